@@ -1,0 +1,675 @@
+//! The policy document and its validation.
+//!
+//! A policy is written in the style of a Kubernetes resource (YAML or JSON):
+//!
+//! ```yaml
+//! apiVersion: router/v1
+//! kind: RoutingPolicy
+//! metadata: {name: demo}
+//! spec:
+//!   queue: {max_size: 1000, timeout_s: 1200, latency_threshold_s: 3.0, ewma_alpha: 0.3, scoring: peak_ewma}
+//!   pools:
+//!     - name: local
+//!       provider: ollama
+//!       model: qwen3:8b
+//!       endpoints: ["http://127.0.0.1:11434"]
+//!       max_concurrency: 4
+//!   routes:
+//!     - name: default
+//!       match: {}
+//!       chain: [local]
+//! ```
+//!
+//! Parsing is two steps. [`PolicyDocument::parse`] turns text into the
+//! document's shape (unknown fields are errors, reported with their path).
+//! [`PolicyDocument::validate`] checks meaning and resolves defaults into a
+//! [`Policy`], the only form the router acts on. Validation collects every
+//! problem before answering, each as a [`FieldError`] naming the field path
+//! (`spec.pools[1].endpoints[0]`) and the reason, so an operator fixes a
+//! document in one pass.
+
+use std::collections::HashSet;
+use std::fmt;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::balance::Scoring;
+use crate::endpoint::Endpoint;
+
+/// The API version this crate understands.
+pub const API_VERSION: &str = "router/v1";
+/// The resource kind of a policy document.
+pub const KIND: &str = "RoutingPolicy";
+
+/// One problem in a policy document.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct FieldError {
+    /// Path of the offending field, e.g. `spec.routes[0].chain[1]`.
+    pub field: String,
+    /// Why it is wrong.
+    pub reason: String,
+}
+
+impl fmt::Display for FieldError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.field, self.reason)
+    }
+}
+
+/// A policy that cannot be used, with every reason found.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub struct PolicyError {
+    /// All problems found, in document order.
+    pub errors: Vec<FieldError>,
+}
+
+impl fmt::Display for PolicyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let n = self.errors.len();
+        write!(f, "invalid policy ({n} error{}): ", if n == 1 { "" } else { "s" })?;
+        for (i, e) in self.errors.iter().enumerate() {
+            if i > 0 {
+                f.write_str("; ")?;
+            }
+            write!(f, "{e}")?;
+        }
+        Ok(())
+    }
+}
+
+impl PolicyError {
+    fn one(field: impl Into<String>, reason: impl Into<String>) -> Self {
+        Self {
+            errors: vec![FieldError {
+                field: field.into(),
+                reason: reason.into(),
+            }],
+        }
+    }
+}
+
+/// Model-serving API spoken by a pool's endpoints.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Provider {
+    /// Any OpenAI-compatible API (cloud or local).
+    #[default]
+    Openai,
+    /// Ollama.
+    Ollama,
+    /// vLLM's OpenAI-compatible server.
+    Vllm,
+    /// Hugging Face Text Generation Inference.
+    Tgi,
+}
+
+/// The document as written.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PolicyDocument {
+    /// Must be `router/v1`.
+    #[serde(rename = "apiVersion")]
+    pub api_version: String,
+    /// Must be `RoutingPolicy`.
+    pub kind: String,
+    /// Name and labels.
+    #[serde(default)]
+    pub metadata: Metadata,
+    /// The policy proper.
+    pub spec: Spec,
+}
+
+/// Document metadata.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Metadata {
+    /// Policy name, shown in logs.
+    #[serde(default)]
+    pub name: String,
+}
+
+/// The policy's content.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Spec {
+    /// Queue settings for pools that do not set their own.
+    #[serde(default)]
+    pub queue: QueueSpec,
+    /// Pools of endpoints.
+    #[serde(default)]
+    pub pools: Vec<PoolSpec>,
+    /// Routes, matched in order.
+    #[serde(default)]
+    pub routes: Vec<RouteSpec>,
+}
+
+/// Queue settings as written; anything left out comes from the defaults
+/// (the `CUSTOM_ROUTER_*` environment).
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct QueueSpec {
+    /// Waiters held at most; when full the oldest is evicted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_size: Option<u64>,
+    /// Seconds a request may wait in the queue.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_s: Option<f64>,
+    /// EWMA latency (seconds) under which a busy endpoint still takes work.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub latency_threshold_s: Option<f64>,
+    /// EWMA smoothing factor in (0, 1].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ewma_alpha: Option<f64>,
+    /// `peak_ewma` (default) or `lowest_ewma`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scoring: Option<Scoring>,
+}
+
+/// A pool as written.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PoolSpec {
+    /// Unique pool name.
+    pub name: String,
+    /// API spoken by the endpoints.
+    #[serde(default)]
+    pub provider: Provider,
+    /// Model name sent upstream (the request's `model` is rewritten to it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// Base URLs of the endpoints.
+    #[serde(default)]
+    pub endpoints: Vec<String>,
+    /// Requests in flight per endpoint at most.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_concurrency: Option<u32>,
+    /// Queue settings for this pool.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue: Option<QueueSpec>,
+}
+
+/// A route as written.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RouteSpec {
+    /// Unique route name.
+    pub name: String,
+    /// What requests the route takes; empty matches everything.
+    #[serde(rename = "match", default)]
+    pub matches: MatchSpec,
+    /// Pools to try, in order.
+    #[serde(default)]
+    pub chain: Vec<String>,
+}
+
+/// Match conditions as written.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MatchSpec {
+    /// Request models (exact, or a prefix ending in `*`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub model: Vec<String>,
+    /// Request path prefix.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path_prefix: Option<String>,
+}
+
+/// Resolved queue settings of a pool.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct QueueSettings {
+    /// Waiters held at most (at least 1).
+    pub max_size: usize,
+    /// How long a request may wait in the queue.
+    pub timeout: Duration,
+    /// EWMA threshold in seconds.
+    pub latency_threshold_s: f64,
+    /// EWMA smoothing factor in (0, 1].
+    pub ewma_alpha: f64,
+    /// Endpoint ranking.
+    pub scoring: Scoring,
+}
+
+impl Default for QueueSettings {
+    /// The Hugging Face defaults, with the load-aware scoring.
+    fn default() -> Self {
+        Self {
+            max_size: 1000,
+            timeout: Duration::from_secs(1200),
+            latency_threshold_s: 3.0,
+            ewma_alpha: 0.3,
+            scoring: Scoring::PeakEwma,
+        }
+    }
+}
+
+/// A validated pool.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Pool {
+    /// Unique name.
+    pub name: String,
+    /// API spoken by the endpoints.
+    pub provider: Provider,
+    /// Model rewritten into requests, if any.
+    pub model: Option<String>,
+    /// Endpoints (may be empty: filled later by `set-backends`).
+    pub endpoints: Vec<Endpoint>,
+    /// Per-endpoint concurrency limit.
+    pub max_concurrency: Option<u32>,
+    /// Queue settings.
+    pub queue: QueueSettings,
+}
+
+/// Validated match conditions.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct RouteMatch {
+    /// Models (exact, or prefix with trailing `*`); empty matches any.
+    pub models: Vec<String>,
+    /// Path prefix; `None` matches any.
+    pub path_prefix: Option<String>,
+}
+
+impl RouteMatch {
+    /// True when the request's model and path fit.
+    pub fn matches(&self, model: Option<&str>, path: &str) -> bool {
+        if let Some(prefix) = &self.path_prefix {
+            if !path.starts_with(prefix.as_str()) {
+                return false;
+            }
+        }
+        if self.models.is_empty() {
+            return true;
+        }
+        let Some(model) = model else { return false };
+        self.models.iter().any(|m| match m.strip_suffix('*') {
+            Some(prefix) => model.starts_with(prefix),
+            None => m == model,
+        })
+    }
+
+    fn is_catch_all(&self) -> bool {
+        self.models.is_empty() && self.path_prefix.as_deref().is_none_or(|p| p == "/" || p.is_empty())
+    }
+}
+
+/// A validated route.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Route {
+    /// Unique name.
+    pub name: String,
+    /// What it takes.
+    pub matches: RouteMatch,
+    /// Pool names, in order; each names a pool of the policy.
+    pub chain: Vec<String>,
+}
+
+/// A validated policy: the only form the router acts on.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Policy {
+    /// `metadata.name`.
+    pub name: String,
+    /// Pools, in document order.
+    pub pools: Vec<Pool>,
+    /// Routes, in match order.
+    pub routes: Vec<Route>,
+}
+
+impl Policy {
+    /// The sidecar policy: one empty pool named `default` behind one
+    /// catch-all route, filled by `set-backends`.
+    pub fn sidecar(queue: QueueSettings, max_concurrency: Option<u32>) -> Self {
+        Self {
+            name: "sidecar".into(),
+            pools: vec![Pool {
+                name: "default".into(),
+                provider: Provider::Openai,
+                model: None,
+                endpoints: Vec::new(),
+                max_concurrency,
+                queue,
+            }],
+            routes: vec![Route {
+                name: "default".into(),
+                matches: RouteMatch::default(),
+                chain: vec!["default".into()],
+            }],
+        }
+    }
+
+    /// The first route that fits the request.
+    pub fn route_for(&self, model: Option<&str>, path: &str) -> Option<&Route> {
+        self.routes.iter().find(|r| r.matches.matches(model, path))
+    }
+
+    /// The pool of that name.
+    pub fn pool(&self, name: &str) -> Option<&Pool> {
+        self.pools.iter().find(|p| p.name == name)
+    }
+}
+
+impl PolicyDocument {
+    /// Parses YAML or JSON. Shape errors (unknown fields, wrong types) come
+    /// back with their field path.
+    pub fn parse(text: &str) -> Result<Self, PolicyError> {
+        let trimmed = text.trim_start();
+        if trimmed.starts_with('{') {
+            let mut de = serde_json::Deserializer::from_str(text);
+            serde_path_to_error::deserialize(&mut de).map_err(|e| shape_error(e.path(), e.inner()))
+        } else {
+            let de = serde_yaml_ng::Deserializer::from_str(text);
+            serde_path_to_error::deserialize(de).map_err(|e| shape_error(e.path(), e.inner()))
+        }
+    }
+
+    /// Checks meaning and resolves defaults. Every problem is reported.
+    pub fn validate(&self, defaults: &QueueSettings) -> Result<Policy, PolicyError> {
+        let mut errs = Errors::default();
+        if self.api_version != API_VERSION {
+            errs.push("apiVersion", format!("must be {API_VERSION:?}"));
+        }
+        if self.kind != KIND {
+            errs.push("kind", format!("must be {KIND:?}"));
+        }
+        let spec_queue = resolve_queue(&self.spec.queue, defaults, "spec.queue", &mut errs);
+
+        if self.spec.pools.is_empty() {
+            errs.push("spec.pools", "at least one pool is required");
+        }
+        let mut pools = Vec::new();
+        let mut pool_names = HashSet::new();
+        for (i, p) in self.spec.pools.iter().enumerate() {
+            let at = format!("spec.pools[{i}]");
+            check_name(&p.name, &format!("{at}.name"), &mut errs);
+            if !pool_names.insert(p.name.as_str()) {
+                errs.push(format!("{at}.name"), format!("duplicate pool name {:?}", p.name));
+            }
+            let mut endpoints = Vec::new();
+            for (j, e) in p.endpoints.iter().enumerate() {
+                match Endpoint::parse(e) {
+                    Ok(ep) if endpoints.contains(&ep) => {
+                        errs.push(format!("{at}.endpoints[{j}]"), format!("duplicate endpoint {ep}"))
+                    }
+                    Ok(ep) => endpoints.push(ep),
+                    Err(err) => errs.push(format!("{at}.endpoints[{j}]"), err.to_string()),
+                }
+            }
+            if p.max_concurrency == Some(0) {
+                errs.push(format!("{at}.max_concurrency"), "must be at least 1 (leave it out for no limit)");
+            }
+            if let Some(m) = &p.model {
+                if m.trim().is_empty() {
+                    errs.push(format!("{at}.model"), "must not be empty");
+                }
+            }
+            let queue = match &p.queue {
+                Some(q) => resolve_queue(q, &spec_queue, &format!("{at}.queue"), &mut errs),
+                None => spec_queue,
+            };
+            pools.push(Pool {
+                name: p.name.clone(),
+                provider: p.provider,
+                model: p.model.clone(),
+                endpoints,
+                max_concurrency: p.max_concurrency,
+                queue,
+            });
+        }
+
+        if self.spec.routes.is_empty() {
+            errs.push("spec.routes", "at least one route is required");
+        }
+        let mut routes: Vec<Route> = Vec::new();
+        let mut route_names = HashSet::new();
+        for (i, r) in self.spec.routes.iter().enumerate() {
+            let at = format!("spec.routes[{i}]");
+            check_name(&r.name, &format!("{at}.name"), &mut errs);
+            if !route_names.insert(r.name.as_str()) {
+                errs.push(format!("{at}.name"), format!("duplicate route name {:?}", r.name));
+            }
+            if r.chain.is_empty() {
+                errs.push(format!("{at}.chain"), "must name at least one pool");
+            }
+            let mut seen = HashSet::new();
+            for (j, name) in r.chain.iter().enumerate() {
+                if !pool_names.contains(name.as_str()) {
+                    errs.push(format!("{at}.chain[{j}]"), format!("unknown pool {name:?}"));
+                } else if !seen.insert(name.as_str()) {
+                    errs.push(format!("{at}.chain[{j}]"), format!("pool {name:?} appears twice"));
+                }
+            }
+            for (j, m) in r.matches.model.iter().enumerate() {
+                if m.is_empty() || m == "*" {
+                    errs.push(
+                        format!("{at}.match.model[{j}]"),
+                        "empty or bare \"*\" pattern; leave model out to match any model",
+                    );
+                }
+            }
+            if let Some(p) = &r.matches.path_prefix {
+                if !p.starts_with('/') {
+                    errs.push(format!("{at}.match.path_prefix"), "must start with '/'");
+                }
+            }
+            let matches = RouteMatch {
+                models: r.matches.model.clone(),
+                path_prefix: r.matches.path_prefix.clone(),
+            };
+            if let Some(earlier) = routes.iter().find(|e| e.matches.is_catch_all()) {
+                errs.push(
+                    format!("{at}.match"),
+                    format!("can never match: route {:?} before it matches every request", earlier.name),
+                );
+            }
+            routes.push(Route {
+                name: r.name.clone(),
+                matches,
+                chain: r.chain.clone(),
+            });
+        }
+
+        errs.finish(Policy {
+            name: self.metadata.name.clone(),
+            pools,
+            routes,
+        })
+    }
+}
+
+/// Parses and validates in one step.
+pub fn load(text: &str, defaults: &QueueSettings) -> Result<Policy, PolicyError> {
+    PolicyDocument::parse(text)?.validate(defaults)
+}
+
+#[derive(Default)]
+struct Errors(Vec<FieldError>);
+
+impl Errors {
+    fn push(&mut self, field: impl Into<String>, reason: impl Into<String>) {
+        self.0.push(FieldError {
+            field: field.into(),
+            reason: reason.into(),
+        });
+    }
+
+    fn finish<T>(self, value: T) -> Result<T, PolicyError> {
+        if self.0.is_empty() {
+            Ok(value)
+        } else {
+            Err(PolicyError { errors: self.0 })
+        }
+    }
+}
+
+fn shape_error(path: &serde_path_to_error::Path, inner: &dyn fmt::Display) -> PolicyError {
+    let field = path.to_string();
+    let field = if field == "." || field.is_empty() {
+        "(document)".to_string()
+    } else {
+        field
+    };
+    PolicyError::one(field, inner.to_string())
+}
+
+fn check_name(name: &str, field: &str, errs: &mut Errors) {
+    let ok = !name.is_empty()
+        && name.len() <= 63
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.');
+    if !ok {
+        errs.push(field, "must be 1-63 characters of letters, digits, '-', '_' or '.'");
+    }
+}
+
+fn resolve_queue(q: &QueueSpec, base: &QueueSettings, at: &str, errs: &mut Errors) -> QueueSettings {
+    let mut out = *base;
+    if let Some(n) = q.max_size {
+        if n == 0 {
+            errs.push(format!("{at}.max_size"), "must be at least 1");
+        } else {
+            out.max_size = usize::try_from(n).unwrap_or(usize::MAX);
+        }
+    }
+    if let Some(t) = q.timeout_s {
+        match positive_duration(t) {
+            Some(d) => out.timeout = d,
+            None => errs.push(format!("{at}.timeout_s"), "must be a positive number of seconds"),
+        }
+    }
+    if let Some(t) = q.latency_threshold_s {
+        if t.is_finite() && t > 0.0 {
+            out.latency_threshold_s = t;
+        } else {
+            errs.push(format!("{at}.latency_threshold_s"), "must be a positive number of seconds");
+        }
+    }
+    if let Some(a) = q.ewma_alpha {
+        if a > 0.0 && a <= 1.0 {
+            out.ewma_alpha = a;
+        } else {
+            errs.push(format!("{at}.ewma_alpha"), "must be in (0, 1]");
+        }
+    }
+    if let Some(s) = q.scoring {
+        out.scoring = s;
+    }
+    out
+}
+
+/// A positive, finite number of seconds as a duration.
+pub fn positive_duration(seconds: f64) -> Option<Duration> {
+    if seconds.is_finite() && seconds > 0.0 && seconds < 1e9 {
+        Some(Duration::from_secs_f64(seconds))
+    } else {
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"
+apiVersion: router/v1
+kind: RoutingPolicy
+metadata: {name: demo}
+spec:
+  queue: {max_size: 10, timeout_s: 5}
+  pools:
+    - name: fast
+      provider: vllm
+      model: small
+      endpoints: ["127.0.0.1:9001", "http://127.0.0.1:9002"]
+      max_concurrency: 2
+    - name: cloud
+      endpoints: ["https://api.example.com/v1"]
+      queue: {ewma_alpha: 0.5, scoring: lowest_ewma}
+  routes:
+    - name: chat
+      match: {model: ["gpt-*"], path_prefix: /v1}
+      chain: [fast, cloud]
+    - name: default
+      chain: [cloud]
+"#;
+
+    #[test]
+    fn parses_and_resolves_defaults() {
+        let p = load(GOOD, &QueueSettings::default()).unwrap();
+        assert_eq!(p.name, "demo");
+        assert_eq!(p.pools.len(), 2);
+        let fast = p.pool("fast").unwrap();
+        assert_eq!(fast.queue.max_size, 10);
+        assert_eq!(fast.queue.timeout, Duration::from_secs(5));
+        assert_eq!(fast.queue.ewma_alpha, 0.3);
+        assert_eq!(fast.provider, Provider::Vllm);
+        let cloud = p.pool("cloud").unwrap();
+        assert_eq!(cloud.queue.ewma_alpha, 0.5);
+        assert_eq!(cloud.queue.max_size, 10);
+        assert_eq!(cloud.queue.scoring, Scoring::LowestEwma);
+        assert_eq!(p.route_for(Some("gpt-4o"), "/v1/chat/completions").unwrap().name, "chat");
+        assert_eq!(p.route_for(Some("llama"), "/v1/chat/completions").unwrap().name, "default");
+        assert_eq!(p.route_for(None, "/health").unwrap().name, "default");
+    }
+
+    #[test]
+    fn json_is_accepted() {
+        let doc = PolicyDocument::parse(GOOD).unwrap();
+        let json = serde_json::to_string(&doc).unwrap();
+        assert_eq!(PolicyDocument::parse(&json).unwrap(), doc);
+    }
+
+    #[test]
+    fn unknown_field_is_reported_with_its_path() {
+        let text = GOOD.replace("max_concurrency: 2", "max_concurency: 2");
+        let err = PolicyDocument::parse(&text).unwrap_err();
+        assert_eq!(err.errors.len(), 1);
+        assert_eq!(err.errors[0].field, "spec.pools[0].max_concurency");
+        assert!(err.errors[0].reason.contains("max_concurency"), "{err}");
+    }
+
+    #[test]
+    fn every_error_at_once() {
+        let text = r#"
+apiVersion: router/v2
+kind: RoutingPolicy
+spec:
+  queue: {ewma_alpha: 1.5}
+  pools:
+    - name: a
+      endpoints: ["ftp://x:1", "h:1", "h:1"]
+      max_concurrency: 0
+    - name: a
+  routes:
+    - name: all
+      chain: [a, b]
+    - name: never
+      match: {model: [x]}
+      chain: []
+"#;
+        let err = load(text, &QueueSettings::default()).unwrap_err();
+        let fields: Vec<&str> = err.errors.iter().map(|e| e.field.as_str()).collect();
+        assert_eq!(
+            fields,
+            vec![
+                "apiVersion",
+                "spec.queue.ewma_alpha",
+                "spec.pools[0].endpoints[0]",
+                "spec.pools[0].endpoints[2]",
+                "spec.pools[0].max_concurrency",
+                "spec.pools[1].name",
+                "spec.routes[0].chain[1]",
+                "spec.routes[1].chain",
+                "spec.routes[1].match",
+            ],
+            "{err}"
+        );
+        assert!(err.to_string().contains("unknown pool \"b\""));
+    }
+
+    #[test]
+    fn sidecar_policy_has_one_default_route() {
+        let p = Policy::sidecar(QueueSettings::default(), None);
+        assert_eq!(p.route_for(Some("m"), "/x").unwrap().chain, vec!["default"]);
+        assert!(p.pool("default").unwrap().endpoints.is_empty());
+    }
+}

@@ -1,0 +1,179 @@
+//! Backend endpoint addresses.
+//!
+//! An endpoint is a *base URL*: the client's request path continues from
+//! the endpoint's own path, the way the OpenAI SDKs treat `base_url`
+//! (`https://openrouter.ai/api/v1` + `/chat/completions`). The Hugging Face
+//! sidecar contract sends bare `host:port` pairs, which mean `http://host:port`.
+
+use std::fmt;
+
+/// Why an address was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum EndpointError {
+    /// The address is empty or blank.
+    #[error("empty address")]
+    Empty,
+    /// The scheme is neither `http` nor `https`.
+    #[error("unsupported scheme {0:?} (use http or https)")]
+    Scheme(String),
+    /// The address does not parse as `host:port` or a URL.
+    #[error("not a valid host:port or URL: {0}")]
+    Invalid(String),
+    /// A query string or fragment was given; a base URL cannot carry one.
+    #[error("a base URL cannot have a query or fragment")]
+    Query,
+}
+
+/// URL scheme of an endpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Scheme {
+    /// Plain HTTP (local GPU backends, sidecar peers).
+    Http,
+    /// HTTPS (cloud APIs).
+    Https,
+}
+
+/// A parsed, normalised backend address.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Endpoint {
+    scheme: Scheme,
+    authority: String,
+    base_path: String,
+}
+
+impl Endpoint {
+    /// Parses `host:port`, `http://host:port[/path]` or `https://host[:port][/path]`.
+    pub fn parse(input: &str) -> Result<Self, EndpointError> {
+        let input = input.trim();
+        if input.is_empty() {
+            return Err(EndpointError::Empty);
+        }
+        let (scheme, rest) = match input.split_once("://") {
+            Some((s, rest)) => match s.to_ascii_lowercase().as_str() {
+                "http" => (Scheme::Http, rest),
+                "https" => (Scheme::Https, rest),
+                _ => return Err(EndpointError::Scheme(s.to_string())),
+            },
+            None => (Scheme::Http, input),
+        };
+        if rest.contains('?') || rest.contains('#') {
+            return Err(EndpointError::Query);
+        }
+        let (authority, path) = match rest.find('/') {
+            Some(i) => (&rest[..i], &rest[i..]),
+            None => (rest, ""),
+        };
+        let parsed: http::uri::Authority = authority
+            .parse()
+            .map_err(|_| EndpointError::Invalid(input.to_string()))?;
+        if parsed.host().is_empty() || authority.contains('@') {
+            return Err(EndpointError::Invalid(input.to_string()));
+        }
+        if scheme == Scheme::Http && parsed.port().is_none() && !input.contains("://") {
+            // A bare "host" without a port is almost always a mistake in the
+            // sidecar contract, which always sends host:port.
+            return Err(EndpointError::Invalid(format!("{input} (missing port)")));
+        }
+        let base_path = path.trim_end_matches('/').to_string();
+        // Validate the path as a URI path.
+        if !base_path.is_empty() && base_path.parse::<http::uri::PathAndQuery>().is_err() {
+            return Err(EndpointError::Invalid(input.to_string()));
+        }
+        Ok(Self {
+            scheme,
+            authority: parsed.as_str().to_ascii_lowercase(),
+            base_path,
+        })
+    }
+
+    /// The scheme.
+    pub fn scheme(&self) -> Scheme {
+        self.scheme
+    }
+
+    /// `host[:port]`, lower-cased.
+    pub fn authority(&self) -> &str {
+        &self.authority
+    }
+
+    /// The base path without a trailing slash (empty for none).
+    pub fn base_path(&self) -> &str {
+        &self.base_path
+    }
+
+    /// The upstream path and query for a client path: the client's path
+    /// continues from the base path. A client path that repeats the last
+    /// segment of the base (`/v1` + `/v1/chat/completions`) is not doubled:
+    /// OpenAI-style clients send `/v1/...` and endpoints are written as
+    /// `https://host/api/v1`.
+    pub fn join(&self, path_and_query: &str) -> String {
+        if self.base_path.is_empty() {
+            return path_and_query.to_string();
+        }
+        let last = self
+            .base_path
+            .rsplit('/')
+            .next()
+            .filter(|s| !s.is_empty())
+            .map(|s| format!("/{s}"));
+        if let Some(last) = last {
+            if let Some(rest) = path_and_query.strip_prefix(last.as_str()) {
+                if rest.is_empty() || rest.starts_with('/') || rest.starts_with('?') {
+                    return format!("{}{}", self.base_path, rest);
+                }
+            }
+        }
+        format!("{}{}", self.base_path, path_and_query)
+    }
+}
+
+impl fmt::Display for Endpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let scheme = match self.scheme {
+            Scheme::Http => "http",
+            Scheme::Https => "https",
+        };
+        write!(f, "{scheme}://{}{}", self.authority, self.base_path)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bare_host_port_means_http() {
+        let e = Endpoint::parse("10.0.0.5:8080").unwrap();
+        assert_eq!(e.scheme(), Scheme::Http);
+        assert_eq!(e.authority(), "10.0.0.5:8080");
+        assert_eq!(e.to_string(), "http://10.0.0.5:8080");
+        assert_eq!(e, Endpoint::parse("http://10.0.0.5:8080/").unwrap());
+    }
+
+    #[test]
+    fn https_base_url_keeps_its_path() {
+        let e = Endpoint::parse("https://openrouter.ai/api/v1").unwrap();
+        assert_eq!(e.scheme(), Scheme::Https);
+        assert_eq!(e.base_path(), "/api/v1");
+        assert_eq!(e.join("/v1/chat/completions"), "/api/v1/chat/completions");
+        assert_eq!(e.join("/chat/completions"), "/api/v1/chat/completions");
+        assert_eq!(e.join("/v1?x=1"), "/api/v1?x=1");
+        assert_eq!(e.join("/v12/x"), "/api/v1/v12/x");
+    }
+
+    #[test]
+    fn no_base_path_passes_the_path_through() {
+        let e = Endpoint::parse("http://127.0.0.1:11434").unwrap();
+        assert_eq!(e.join("/api/ps"), "/api/ps");
+    }
+
+    #[test]
+    fn rejects_bad_addresses() {
+        assert_eq!(Endpoint::parse(" "), Err(EndpointError::Empty));
+        assert!(matches!(Endpoint::parse("ftp://x:1"), Err(EndpointError::Scheme(_))));
+        assert!(matches!(Endpoint::parse("host"), Err(EndpointError::Invalid(_))));
+        assert!(matches!(Endpoint::parse("http://a b:1"), Err(EndpointError::Invalid(_))));
+        assert!(matches!(Endpoint::parse("http://u:p@h:1"), Err(EndpointError::Invalid(_))));
+        assert_eq!(Endpoint::parse("http://h:1/?a"), Err(EndpointError::Query));
+    }
+}

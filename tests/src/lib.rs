@@ -1,1 +1,3 @@
-//! placeholder
+//! Test kit for cross-program tests: mock model endpoints and helpers.
+#![forbid(unsafe_code)]
+pub mod mock;

@@ -1,1 +1,121 @@
-fn main() {}
+//! `mock-model`: runs one mock OpenAI-compatible model endpoint on
+//! `127.0.0.1:PORT` until Ctrl-C, for trying the router by hand.
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, ValueEnum};
+use router_tests::mock::{Behavior, MockConfig, MockModel, OverCap};
+
+/// Runs a mock OpenAI-compatible model endpoint until Ctrl-C.
+#[derive(Parser, Debug)]
+#[command(name = "mock-model", version)]
+struct Args {
+    /// Port to listen on (on 127.0.0.1).
+    #[arg(long, default_value_t = 8001)]
+    port: u16,
+    /// Name echoed in `x-mock-name` and `served_by`.
+    #[arg(long, default_value = "mock")]
+    name: String,
+    /// Service time of each request, in milliseconds.
+    #[arg(long, default_value_t = 0)]
+    latency_ms: u64,
+    /// Requests served at once (unlimited when absent).
+    #[arg(long)]
+    max_concurrency: Option<usize>,
+    /// What happens past --max-concurrency.
+    #[arg(long, value_enum, default_value_t = OverCapArg::Queue)]
+    over_cap: OverCapArg,
+    /// json | sse | hang | status:<code> | malformed | redirect:<url>
+    #[arg(long, default_value = "json", value_parser = parse_behavior)]
+    behavior: BehaviorArg,
+    /// SSE events per answer (with --behavior sse).
+    #[arg(long, default_value_t = 5)]
+    sse_chunks: usize,
+    /// Pause between SSE events, in milliseconds (with --behavior sse).
+    #[arg(long, default_value_t = 50)]
+    sse_interval_ms: u64,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum OverCapArg {
+    /// Wait for a slot.
+    Queue,
+    /// Answer 429 with Retry-After at once.
+    Reject429,
+}
+
+/// `--behavior` as parsed; `sse` is completed by the `--sse-*` flags.
+#[derive(Clone, Debug)]
+enum BehaviorArg {
+    Sse,
+    Other(Behavior),
+}
+
+fn parse_behavior(text: &str) -> Result<BehaviorArg, String> {
+    let behavior = match text {
+        "json" => Behavior::Json,
+        "sse" => return Ok(BehaviorArg::Sse),
+        "hang" => Behavior::Hang,
+        "malformed" => Behavior::MalformedJson,
+        _ => {
+            if let Some(code) = text.strip_prefix("status:") {
+                let code = code
+                    .parse::<u16>()
+                    .ok()
+                    .filter(|code| (100..=999).contains(code))
+                    .ok_or_else(|| format!("{code:?} is not an HTTP status code"))?;
+                Behavior::Status(code)
+            } else if let Some(url) = text.strip_prefix("redirect:") {
+                Behavior::Redirect(url.to_owned())
+            } else {
+                return Err(
+                    "expected json, sse, hang, status:<code>, malformed or redirect:<url>"
+                        .to_owned(),
+                );
+            }
+        }
+    };
+    Ok(BehaviorArg::Other(behavior))
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let args = Args::parse();
+    let behavior = match args.behavior {
+        BehaviorArg::Sse => Behavior::Sse {
+            chunks: args.sse_chunks,
+            interval: Duration::from_millis(args.sse_interval_ms),
+        },
+        BehaviorArg::Other(behavior) => behavior,
+    };
+    let config = MockConfig {
+        name: args.name,
+        latency: Duration::from_millis(args.latency_ms),
+        max_concurrency: args.max_concurrency,
+        over_cap: match args.over_cap {
+            OverCapArg::Queue => OverCap::Queue,
+            OverCapArg::Reject429 => OverCap::Reject429,
+        },
+        behavior,
+    };
+    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, args.port));
+    let mock = match MockModel::start_on(addr, config).await {
+        Ok(mock) => mock,
+        Err(error) => {
+            eprintln!("mock-model: cannot start on {addr}: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    println!("mock-model {} listening on {}", mock.name(), mock.url());
+    let result = tokio::signal::ctrl_c().await;
+    mock.stop().await;
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("mock-model: cannot wait for Ctrl-C: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,1 +1,297 @@
-fn main() {}
+//! `proxy-bench`: measures the latency the router adds in front of a model
+//! server, and its throughput, against calling the server directly and
+//! against nginx as a reference reverse proxy.
+//!
+//! See `bench/README.md` for what it measures and its caveats.
+
+mod backend;
+mod load;
+mod procs;
+mod report;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use bytes::Bytes;
+use clap::{Parser, ValueEnum};
+use hyper::{Method, StatusCode};
+
+use crate::backend::{Backend, RESPONSE_BODY};
+use crate::load::{Conn, LoadConfig, REQUEST_BODY, REQUEST_PATH};
+use crate::procs::{ChildGuard, RouterSpec};
+use crate::report::{FixedStats, MaxStats, Report, Settings, TargetResult};
+
+/// The error type of the harness.
+pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// What can be benchmarked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Target {
+    /// The in-process backend, no proxy.
+    Direct,
+    /// The router (`router-proxy`) in sidecar mode.
+    Router,
+    /// nginx as a keep-alive reverse proxy.
+    Nginx,
+}
+
+impl Target {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Direct => "direct",
+            Self::Router => "router",
+            Self::Nginx => "nginx",
+        }
+    }
+}
+
+/// Benchmark the router's data plane against direct calls and nginx.
+#[derive(Debug, Parser)]
+#[command(name = "proxy-bench", version)]
+struct Args {
+    /// Fixed-rate phase: requests per second (open loop).
+    #[arg(long, default_value_t = 1000)]
+    rate: u64,
+    /// Measured seconds of each phase.
+    #[arg(long, default_value_t = 10.0)]
+    duration: f64,
+    /// Seconds of each phase that are run but not measured.
+    #[arg(long, default_value_t = 2.0)]
+    warmup: f64,
+    /// Keep-alive connections (one worker each) in both phases.
+    #[arg(long, default_value_t = 32)]
+    concurrency: usize,
+    /// Per-request timeout in seconds (a timeout counts as an error).
+    #[arg(long, default_value_t = 10.0)]
+    timeout: f64,
+    /// Worker threads of the load generator's runtime. The backend has its
+    /// own single thread.
+    #[arg(long, default_value_t = 1)]
+    client_threads: usize,
+    /// Targets to run, in order.
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "direct,router,nginx"
+    )]
+    targets: Vec<Target>,
+    /// The router binary [default: router-proxy next to this binary].
+    #[arg(long)]
+    router_bin: Option<PathBuf>,
+    /// Extra argument for the router (repeatable).
+    #[arg(long = "router-arg", allow_hyphen_values = true)]
+    router_args: Vec<String>,
+    /// Extra environment for the router, KEY=VALUE (repeatable).
+    #[arg(long = "router-env")]
+    router_env: Vec<String>,
+    /// The nginx binary [default: nginx on PATH, or /usr/sbin/nginx].
+    #[arg(long)]
+    nginx_bin: Option<PathBuf>,
+    /// nginx worker_processes (the router's runtime uses all cores too).
+    #[arg(long, default_value_t = 2)]
+    nginx_workers: usize,
+    /// Print the report as one JSON object instead of the table.
+    #[arg(long)]
+    json: bool,
+    /// Keep the temp dir (router stderr, nginx config and logs).
+    #[arg(long)]
+    keep_tmp: bool,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    match run(&args) {
+        Ok(report) => {
+            if args.json {
+                println!("{}", report.to_json());
+            } else {
+                print!("{}", report.to_text());
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("proxy-bench: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn seconds(name: &str, v: f64) -> Result<Duration, BoxError> {
+    Duration::try_from_secs_f64(v).map_err(|e| format!("--{name} {v}: {e}").into())
+}
+
+fn default_router_bin() -> PathBuf {
+    std::env::current_exe()
+        .ok()
+        .and_then(|exe| exe.parent().map(|dir| dir.join("router-proxy")))
+        .filter(|p| p.is_file())
+        .unwrap_or_else(|| PathBuf::from("target/release/router-proxy"))
+}
+
+/// A temp dir removed on drop unless asked to keep it.
+struct TempDir {
+    path: PathBuf,
+    keep: bool,
+}
+
+impl TempDir {
+    fn new(keep: bool) -> Result<Self, BoxError> {
+        let path = std::env::temp_dir().join(format!("proxy-bench-{}", std::process::id()));
+        if path.exists() {
+            std::fs::remove_dir_all(&path)?;
+        }
+        std::fs::create_dir_all(&path)?;
+        Ok(Self { path, keep })
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        if self.keep {
+            eprintln!("kept {}", self.path.display());
+        } else {
+            let _ = std::fs::remove_dir_all(&self.path);
+        }
+    }
+}
+
+fn run(args: &Args) -> Result<Report, BoxError> {
+    if args.concurrency == 0 || args.rate == 0 || args.client_threads == 0 {
+        return Err("--concurrency, --rate and --client-threads must be positive".into());
+    }
+    let cfg = LoadConfig {
+        concurrency: args.concurrency,
+        warmup: seconds("warmup", args.warmup)?,
+        duration: seconds("duration", args.duration)?,
+        timeout: seconds("timeout", args.timeout)?,
+    };
+    if cfg.duration.is_zero() {
+        return Err("--duration must be positive".into());
+    }
+    let tmp = TempDir::new(args.keep_tmp)?;
+    let backend = Backend::start()?;
+    eprintln!("backend listening on {}", backend.addr);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(args.client_threads)
+        .thread_name("bench-client")
+        .enable_all()
+        .build()?;
+
+    let router_bin = args.router_bin.clone().unwrap_or_else(default_router_bin);
+    let mut results = Vec::new();
+    for &target in &args.targets {
+        let name = target.name();
+        let mut result = TargetResult {
+            name,
+            ..TargetResult::default()
+        };
+        let started: Result<(Option<ChildGuard>, std::net::SocketAddr), BoxError> = match target {
+            Target::Direct => Ok((None, backend.addr)),
+            Target::Router => {
+                let spec = RouterSpec {
+                    bin: &router_bin,
+                    args: &args.router_args,
+                    env: &args.router_env,
+                    stderr_path: tmp.path.join("router-stderr.log"),
+                };
+                rt.block_on(procs::start_router(&spec, backend.addr))
+                    .map(|(g, a)| (Some(g), a))
+            }
+            Target::Nginx => match procs::find_nginx(args.nginx_bin.as_deref()) {
+                None => Err("nginx not found on PATH (install it or pass --nginx-bin)".into()),
+                Some(bin) => rt
+                    .block_on(procs::start_nginx(
+                        &bin,
+                        &tmp.path,
+                        backend.addr,
+                        args.nginx_workers.max(1),
+                    ))
+                    .map(|(g, a)| (Some(g), a)),
+            },
+        };
+        let (mut guard, addr) = match started {
+            Ok(s) => s,
+            Err(e) => {
+                eprintln!("{name} not available: {e}");
+                result.unavailable = Some(e.to_string());
+                results.push(result);
+                continue;
+            }
+        };
+        if let Err(e) = rt.block_on(check_target(addr, &mut result)) {
+            eprintln!("{name} not available: {e}");
+            result.unavailable = Some(e.to_string());
+            results.push(result);
+            continue;
+        }
+        let hits_before = backend.hits();
+        eprintln!(
+            "{name} ({addr}): fixed rate {} req/s for {} s + {} s warmup ...",
+            args.rate, args.duration, args.warmup
+        );
+        let fixed = FixedStats::from_run(rt.block_on(load::fixed_rate(addr, args.rate, cfg)));
+        eprintln!(
+            "{name}: closed loop, {} connections, {} s + {} s warmup ...",
+            args.concurrency, args.duration, args.warmup
+        );
+        let max = rt.block_on(load::max_throughput(addr, cfg));
+        result.max = Some(MaxStats::from_run(&max, cfg.duration.as_secs_f64()));
+        result.fixed = Some(fixed);
+        result.backend_hits = backend.hits() - hits_before;
+        if let Some(g) = guard.as_mut() {
+            if let Some(why) = g.exited() {
+                result.warnings.push(format!("{why} during the run"));
+            }
+        }
+        drop(guard);
+        results.push(result);
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    drop(backend);
+    Ok(Report {
+        settings: Settings {
+            rate: args.rate,
+            warmup_s: args.warmup,
+            duration_s: args.duration,
+            concurrency: args.concurrency,
+            client_threads: args.client_threads,
+            nginx_workers: args.nginx_workers.max(1),
+        },
+        targets: results,
+    })
+}
+
+/// One request through the target before loading it: it must answer 200;
+/// a body different from the backend's is noted as a warning.
+async fn check_target(
+    addr: std::net::SocketAddr,
+    result: &mut TargetResult,
+) -> Result<(), BoxError> {
+    let mut conn = Conn::new(addr);
+    let (status, body) = conn
+        .request(
+            Method::POST,
+            REQUEST_PATH,
+            Bytes::from_static(REQUEST_BODY.as_bytes()),
+            Duration::from_secs(5),
+        )
+        .await
+        .map_err(|e| format!("check request failed: {e}"))?;
+    if status != StatusCode::OK {
+        return Err(format!(
+            "check request answered {status}: {}",
+            String::from_utf8_lossy(&body)
+        )
+        .into());
+    }
+    if body != RESPONSE_BODY.as_bytes() {
+        result.warnings.push(format!(
+            "answer body differs from the backend's ({} bytes vs {})",
+            body.len(),
+            RESPONSE_BODY.len()
+        ));
+    }
+    Ok(())
+}

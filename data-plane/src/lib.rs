@@ -1,1 +1,259 @@
-//! placeholder
+//! `router-proxy`: the data plane of the LLM traffic router.
+//!
+//! An HTTP proxy that puts every model call through a route decision, a
+//! bounded per-pool queue and an EWMA-ranked endpoint choice, then streams
+//! the backend's answer back and writes one route decision log line.
+//!
+//! Modules, in the order a request meets them:
+//!
+//! - [`handler`]: the request path, from arrival to the log line;
+//! - [`admin`]: `/_custom_router/set-backends`, `health`, `metrics`;
+//! - [`config`]: the immutable [`config::Snapshot`] and its atomic swaps;
+//! - [`pool`]: the bounded FIFO and event-driven dispatch of one pool;
+//! - [`forward`]: the upstream client and the streaming body wrapper;
+//! - [`route_log`], [`metrics`]: what the proxy tells operators;
+//! - [`reload`]: standalone mode's policy file watcher;
+//! - [`settings`], [`error`]: environment and typed errors.
+//!
+//! [`start`] runs a proxy in-process (what `main` and the tests do).
+
+#![forbid(unsafe_code)]
+
+pub mod admin;
+pub mod config;
+pub mod error;
+pub mod forward;
+pub mod handler;
+pub mod metrics;
+pub mod pool;
+pub mod reload;
+pub mod route_log;
+pub mod settings;
+
+use std::convert::Infallible;
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use router_policy::Policy;
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+
+use crate::config::ConfigStore;
+use crate::forward::UpstreamClient;
+use crate::metrics::Metrics;
+use crate::route_log::RouteLog;
+pub use crate::settings::Settings;
+
+/// Where the proxy's policy comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Mode {
+    /// One pool named `default`, filled by `set-backends`.
+    Sidecar,
+    /// A policy file, watched and reloaded.
+    Standalone {
+        /// The file.
+        policy: PathBuf,
+    },
+}
+
+/// What [`start`] needs.
+pub struct ProxyOptions {
+    /// Environment settings.
+    pub settings: Settings,
+    /// Policy source.
+    pub mode: Mode,
+    /// Where route decision lines go (stdout in production).
+    pub route_log: Box<dyn Write + Send>,
+}
+
+/// Errors that stop the proxy from starting.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The policy file cannot be used.
+    #[error(transparent)]
+    Policy(#[from] reload::PolicyFileError),
+    /// The listener could not be bound.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The upstream client could not be built.
+    #[error(transparent)]
+    Client(#[from] forward::ClientError),
+    /// Another I/O failure at startup.
+    #[error("startup: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// State shared by every request.
+pub struct Shared {
+    /// Environment settings.
+    pub settings: Settings,
+    /// The current config.
+    pub config: Arc<ConfigStore>,
+    /// Metrics registry.
+    pub metrics: Arc<Metrics>,
+    /// Route decision log.
+    pub route_log: RouteLog,
+    /// Upstream HTTP client.
+    pub client: UpstreamClient,
+}
+
+/// A proxy running in this process.
+pub struct RunningProxy {
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl RunningProxy {
+    /// The address it listens on.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Its config store (to inspect or change in tests and embedders).
+    pub fn config(&self) -> &Arc<ConfigStore> {
+        &self.shared.config
+    }
+
+    /// Stops accepting connections and background tasks.
+    pub fn shutdown(self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+impl Drop for RunningProxy {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+/// Starts a proxy: loads the policy, binds, and serves in background tasks.
+pub async fn start(options: ProxyOptions) -> Result<RunningProxy, StartError> {
+    let ProxyOptions {
+        settings,
+        mode,
+        route_log,
+    } = options;
+    let metrics = Arc::new(Metrics::new());
+    let (policy, origin, watched) = match &mode {
+        Mode::Sidecar => (
+            Policy::sidecar(settings.queue, settings.max_concurrency),
+            "sidecar",
+            None,
+        ),
+        Mode::Standalone { policy } => {
+            let (p, bytes) = reload::load_policy_file(policy, &settings.queue)?;
+            (p, "file", Some((policy.clone(), bytes)))
+        }
+    };
+    let config = Arc::new(ConfigStore::new(policy, origin, Arc::clone(&metrics)));
+    let client = forward::build_client(&settings)?;
+    let addr = SocketAddr::new(settings.bind, settings.port);
+    let listener = TcpListener::bind(addr)
+        .await
+        .map_err(|source| StartError::Bind { addr, source })?;
+    let addr = listener.local_addr()?;
+    let shared = Arc::new(Shared {
+        route_log: RouteLog::spawn(route_log, Arc::clone(&metrics))?,
+        settings,
+        config: Arc::clone(&config),
+        metrics,
+        client,
+    });
+
+    let mut tasks = vec![tokio::spawn(accept_loop(listener, Arc::clone(&shared)))];
+    if let Some((path, bytes)) = watched {
+        tasks.push(tokio::spawn(reload::watch_policy_file(
+            path,
+            Arc::clone(&config),
+            shared.settings.queue,
+            shared.settings.policy_poll_interval,
+            bytes,
+        )));
+    }
+    tasks.push(tokio::spawn(state_log(Arc::clone(&shared))));
+    Ok(RunningProxy {
+        addr,
+        shared,
+        tasks,
+    })
+}
+
+async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
+    loop {
+        let (stream, remote) = match listener.accept().await {
+            Ok(s) => s,
+            Err(e) => {
+                // Out of file descriptors and the like: back off briefly
+                // instead of spinning.
+                tracing::warn!(error = %e, "accept failed");
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let shared = Arc::clone(&shared);
+        tokio::spawn(async move {
+            let svc_shared = Arc::clone(&shared);
+            let service = service_fn(move |req| {
+                let shared = Arc::clone(&svc_shared);
+                async move { Ok::<_, Infallible>(handler::handle(shared, remote, req).await) }
+            });
+            let conn = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(shared.settings.client_header_timeout)
+                .keep_alive(true)
+                .serve_connection(TokioIo::new(stream), service);
+            if let Err(e) = conn.await {
+                tracing::debug!(%remote, error = %e, "client connection ended with an error");
+            }
+        });
+    }
+}
+
+/// The periodic backend-state log line, one per pool, on stderr.
+async fn state_log(shared: Arc<Shared>) {
+    let mut ticker = tokio::time::interval(shared.settings.state_log_interval);
+    ticker.tick().await;
+    loop {
+        ticker.tick().await;
+        let snapshot = shared.config.load();
+        for pool in snapshot.pool_status() {
+            let backends: Vec<String> = pool
+                .endpoints
+                .iter()
+                .map(|e| match e.ewma_s {
+                    Some(s) => format!(
+                        "{} in_flight={} ewma_ms={:.1}",
+                        e.addr,
+                        e.in_flight,
+                        s * 1e3
+                    ),
+                    None => format!("{} in_flight={} ewma_ms=untried", e.addr, e.in_flight),
+                })
+                .collect();
+            tracing::info!(
+                target: "router_proxy::state",
+                pool = &*pool.name,
+                queue_depth = pool.queue_depth,
+                oldest_wait_ms = pool.oldest_wait.map_or(0, |d| d.as_millis() as u64),
+                version = &*snapshot.version,
+                backends = %backends.join(", "),
+                "backend state"
+            );
+        }
+    }
+}

@@ -1,1 +1,120 @@
-fn main() {}
+//! `router-proxy`: run the data plane.
+//!
+//! No flags: sidecar mode (Hugging Face custom-router contract).
+//! `--policy FILE`: standalone mode, the file watched and reloaded.
+
+#![forbid(unsafe_code)]
+
+use std::io::BufWriter;
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Parser;
+use router_proxy::{Mode, ProxyOptions, Settings};
+
+/// The LLM traffic router's data-plane proxy.
+#[derive(Parser, Debug)]
+#[command(name = "router-proxy", version, about)]
+struct Args {
+    /// Standalone mode: route by this policy file (YAML or JSON), reloaded on change.
+    #[arg(long, value_name = "FILE")]
+    policy: Option<PathBuf>,
+    /// Port to listen on (overrides CUSTOM_ROUTER_PORT).
+    #[arg(long)]
+    port: Option<u16>,
+    /// Address to listen on (overrides CUSTOM_ROUTER_BIND).
+    #[arg(long)]
+    bind: Option<IpAddr>,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .init();
+    let mut settings = match Settings::from_env() {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("router-proxy: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    if let Some(p) = args.port {
+        settings.port = p;
+    }
+    if let Some(b) = args.bind {
+        settings.bind = b;
+    }
+    let mode = match args.policy {
+        Some(policy) => Mode::Standalone { policy },
+        None => Mode::Sidecar,
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("router-proxy: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(run(settings, mode))
+}
+
+async fn run(settings: Settings, mode: Mode) -> ExitCode {
+    let admin_open = settings.admin_token.is_none();
+    let options = ProxyOptions {
+        settings,
+        mode: mode.clone(),
+        route_log: Box::new(BufWriter::new(std::io::stdout())),
+    };
+    let proxy = match router_proxy::start(options).await {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("router-proxy: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let mode_text = match &mode {
+        Mode::Sidecar => "sidecar".to_string(),
+        Mode::Standalone { policy } => format!("standalone ({})", policy.display()),
+    };
+    tracing::info!(
+        addr = %proxy.local_addr(),
+        mode = %mode_text,
+        version = &*proxy.config().load().version,
+        "router-proxy listening"
+    );
+    if admin_open {
+        tracing::warn!(
+            "admin endpoints (/_custom_router/set-backends) are open: set CUSTOM_ROUTER_ADMIN_TOKEN to require a bearer token"
+        );
+    } else {
+        tracing::info!("admin endpoints require a bearer token");
+    }
+    shutdown_signal().await;
+    tracing::info!("shutting down");
+    proxy.shutdown();
+    ExitCode::SUCCESS
+}
+
+async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        if let Ok(mut term) = signal(SignalKind::terminate()) {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+            return;
+        }
+    }
+    let _ = tokio::signal::ctrl_c().await;
+}

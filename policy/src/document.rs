@@ -67,7 +67,11 @@ pub struct PolicyError {
 impl fmt::Display for PolicyError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let n = self.errors.len();
-        write!(f, "invalid policy ({n} error{}): ", if n == 1 { "" } else { "s" })?;
+        write!(
+            f,
+            "invalid policy ({n} error{}): ",
+            if n == 1 { "" } else { "s" }
+        )?;
         for (i, e) in self.errors.iter().enumerate() {
             if i > 0 {
                 f.write_str("; ")?;
@@ -288,7 +292,11 @@ impl RouteMatch {
     }
 
     fn is_catch_all(&self) -> bool {
-        self.models.is_empty() && self.path_prefix.as_deref().is_none_or(|p| p == "/" || p.is_empty())
+        self.models.is_empty()
+            && self
+                .path_prefix
+                .as_deref()
+                .is_none_or(|p| p == "/" || p.is_empty())
     }
 }
 
@@ -381,20 +389,27 @@ impl PolicyDocument {
             let at = format!("spec.pools[{i}]");
             check_name(&p.name, &format!("{at}.name"), &mut errs);
             if !pool_names.insert(p.name.as_str()) {
-                errs.push(format!("{at}.name"), format!("duplicate pool name {:?}", p.name));
+                errs.push(
+                    format!("{at}.name"),
+                    format!("duplicate pool name {:?}", p.name),
+                );
             }
             let mut endpoints = Vec::new();
             for (j, e) in p.endpoints.iter().enumerate() {
                 match Endpoint::parse(e) {
-                    Ok(ep) if endpoints.contains(&ep) => {
-                        errs.push(format!("{at}.endpoints[{j}]"), format!("duplicate endpoint {ep}"))
-                    }
+                    Ok(ep) if endpoints.contains(&ep) => errs.push(
+                        format!("{at}.endpoints[{j}]"),
+                        format!("duplicate endpoint {ep}"),
+                    ),
                     Ok(ep) => endpoints.push(ep),
                     Err(err) => errs.push(format!("{at}.endpoints[{j}]"), err.to_string()),
                 }
             }
             if p.max_concurrency == Some(0) {
-                errs.push(format!("{at}.max_concurrency"), "must be at least 1 (leave it out for no limit)");
+                errs.push(
+                    format!("{at}.max_concurrency"),
+                    "must be at least 1 (leave it out for no limit)",
+                );
             }
             if let Some(m) = &p.model {
                 if m.trim().is_empty() {
@@ -424,7 +439,10 @@ impl PolicyDocument {
             let at = format!("spec.routes[{i}]");
             check_name(&r.name, &format!("{at}.name"), &mut errs);
             if !route_names.insert(r.name.as_str()) {
-                errs.push(format!("{at}.name"), format!("duplicate route name {:?}", r.name));
+                errs.push(
+                    format!("{at}.name"),
+                    format!("duplicate route name {:?}", r.name),
+                );
             }
             if r.chain.is_empty() {
                 errs.push(format!("{at}.chain"), "must name at least one pool");
@@ -434,7 +452,10 @@ impl PolicyDocument {
                 if !pool_names.contains(name.as_str()) {
                     errs.push(format!("{at}.chain[{j}]"), format!("unknown pool {name:?}"));
                 } else if !seen.insert(name.as_str()) {
-                    errs.push(format!("{at}.chain[{j}]"), format!("pool {name:?} appears twice"));
+                    errs.push(
+                        format!("{at}.chain[{j}]"),
+                        format!("pool {name:?} appears twice"),
+                    );
                 }
             }
             for (j, m) in r.matches.model.iter().enumerate() {
@@ -457,7 +478,10 @@ impl PolicyDocument {
             if let Some(earlier) = routes.iter().find(|e| e.matches.is_catch_all()) {
                 errs.push(
                     format!("{at}.match"),
-                    format!("can never match: route {:?} before it matches every request", earlier.name),
+                    format!(
+                        "can never match: route {:?} before it matches every request",
+                        earlier.name
+                    ),
                 );
             }
             routes.push(Route {
@@ -517,11 +541,19 @@ fn check_name(name: &str, field: &str, errs: &mut Errors) {
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.');
     if !ok {
-        errs.push(field, "must be 1-63 characters of letters, digits, '-', '_' or '.'");
+        errs.push(
+            field,
+            "must be 1-63 characters of letters, digits, '-', '_' or '.'",
+        );
     }
 }
 
-fn resolve_queue(q: &QueueSpec, base: &QueueSettings, at: &str, errs: &mut Errors) -> QueueSettings {
+fn resolve_queue(
+    q: &QueueSpec,
+    base: &QueueSettings,
+    at: &str,
+    errs: &mut Errors,
+) -> QueueSettings {
     let mut out = *base;
     if let Some(n) = q.max_size {
         if n == 0 {
@@ -533,14 +565,20 @@ fn resolve_queue(q: &QueueSpec, base: &QueueSettings, at: &str, errs: &mut Error
     if let Some(t) = q.timeout_s {
         match positive_duration(t) {
             Some(d) => out.timeout = d,
-            None => errs.push(format!("{at}.timeout_s"), "must be a positive number of seconds"),
+            None => errs.push(
+                format!("{at}.timeout_s"),
+                "must be a positive number of seconds",
+            ),
         }
     }
     if let Some(t) = q.latency_threshold_s {
         if t.is_finite() && t > 0.0 {
             out.latency_threshold_s = t;
         } else {
-            errs.push(format!("{at}.latency_threshold_s"), "must be a positive number of seconds");
+            errs.push(
+                format!("{at}.latency_threshold_s"),
+                "must be a positive number of seconds",
+            );
         }
     }
     if let Some(a) = q.ewma_alpha {
@@ -606,8 +644,18 @@ spec:
         assert_eq!(cloud.queue.ewma_alpha, 0.5);
         assert_eq!(cloud.queue.max_size, 10);
         assert_eq!(cloud.queue.scoring, Scoring::LowestEwma);
-        assert_eq!(p.route_for(Some("gpt-4o"), "/v1/chat/completions").unwrap().name, "chat");
-        assert_eq!(p.route_for(Some("llama"), "/v1/chat/completions").unwrap().name, "default");
+        assert_eq!(
+            p.route_for(Some("gpt-4o"), "/v1/chat/completions")
+                .unwrap()
+                .name,
+            "chat"
+        );
+        assert_eq!(
+            p.route_for(Some("llama"), "/v1/chat/completions")
+                .unwrap()
+                .name,
+            "default"
+        );
         assert_eq!(p.route_for(None, "/health").unwrap().name, "default");
     }
 

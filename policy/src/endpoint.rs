@@ -170,10 +170,22 @@ mod tests {
     #[test]
     fn rejects_bad_addresses() {
         assert_eq!(Endpoint::parse(" "), Err(EndpointError::Empty));
-        assert!(matches!(Endpoint::parse("ftp://x:1"), Err(EndpointError::Scheme(_))));
-        assert!(matches!(Endpoint::parse("host"), Err(EndpointError::Invalid(_))));
-        assert!(matches!(Endpoint::parse("http://a b:1"), Err(EndpointError::Invalid(_))));
-        assert!(matches!(Endpoint::parse("http://u:p@h:1"), Err(EndpointError::Invalid(_))));
+        assert!(matches!(
+            Endpoint::parse("ftp://x:1"),
+            Err(EndpointError::Scheme(_))
+        ));
+        assert!(matches!(
+            Endpoint::parse("host"),
+            Err(EndpointError::Invalid(_))
+        ));
+        assert!(matches!(
+            Endpoint::parse("http://a b:1"),
+            Err(EndpointError::Invalid(_))
+        ));
+        assert!(matches!(
+            Endpoint::parse("http://u:p@h:1"),
+            Err(EndpointError::Invalid(_))
+        ));
         assert_eq!(Endpoint::parse("http://h:1/?a"), Err(EndpointError::Query));
     }
 }

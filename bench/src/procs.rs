@@ -1,0 +1,288 @@
+//! The proxies under test, run as child processes: the router and nginx.
+
+use std::fs::File;
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use bytes::Bytes;
+use hyper::{Method, StatusCode};
+use tokio::time::Instant;
+
+use crate::load::Conn;
+use crate::BoxError;
+
+/// A child process that is stopped (SIGTERM, then SIGKILL) when dropped,
+/// including on every error path.
+pub(crate) struct ChildGuard {
+    name: &'static str,
+    child: Child,
+}
+
+impl ChildGuard {
+    fn spawn(name: &'static str, cmd: &mut Command) -> Result<Self, BoxError> {
+        let child = cmd
+            .spawn()
+            .map_err(|e| format!("cannot start {name} ({:?}): {e}", cmd.get_program()))?;
+        Ok(Self { name, child })
+    }
+
+    /// `Some(description)` if the process has already exited.
+    pub(crate) fn exited(&mut self) -> Option<String> {
+        match self.child.try_wait() {
+            Ok(Some(status)) => Some(format!("{} exited early: {status}", self.name)),
+            Ok(None) => None,
+            Err(e) => Some(format!("cannot wait for {}: {e}", self.name)),
+        }
+    }
+}
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        if let Ok(Some(_)) = self.child.try_wait() {
+            return;
+        }
+        // A polite stop first: nginx's master only takes its workers down on
+        // a signal it can catch. `kill` the utility keeps this crate free of
+        // unsafe code.
+        let pid = self.child.id().to_string();
+        let termed = Command::new("kill")
+            .args(["-TERM", &pid])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        if termed {
+            let deadline = std::time::Instant::now() + Duration::from_secs(5);
+            while std::time::Instant::now() < deadline {
+                if let Ok(Some(_)) = self.child.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            eprintln!("{} ignored SIGTERM for 5 s; killing it", self.name);
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A free TCP port on 127.0.0.1 (bound, then released; racy but fine here).
+pub(crate) fn free_port() -> Result<u16, BoxError> {
+    let l = TcpListener::bind("127.0.0.1:0")?;
+    Ok(l.local_addr()?.port())
+}
+
+/// The last `max` bytes of a text file, for error messages.
+pub(crate) fn tail(path: &Path, max: usize) -> String {
+    match std::fs::read(path) {
+        Ok(bytes) => {
+            let from = bytes.len().saturating_sub(max);
+            String::from_utf8_lossy(&bytes[from..]).trim().to_string()
+        }
+        Err(e) => format!("(cannot read {}: {e})", path.display()),
+    }
+}
+
+/// How to start the router.
+pub(crate) struct RouterSpec<'a> {
+    /// The binary.
+    pub(crate) bin: &'a Path,
+    /// Extra command-line arguments.
+    pub(crate) args: &'a [String],
+    /// Extra environment, `KEY=VALUE`.
+    pub(crate) env: &'a [String],
+    /// Where its stderr goes.
+    pub(crate) stderr_path: PathBuf,
+}
+
+/// Starts the router in sidecar mode, waits for its health endpoint and
+/// points it at `backend`.
+pub(crate) async fn start_router(
+    spec: &RouterSpec<'_>,
+    backend: SocketAddr,
+) -> Result<(ChildGuard, SocketAddr), BoxError> {
+    if !spec.bin.is_file() {
+        return Err(format!("binary not found at {}", spec.bin.display()).into());
+    }
+    let port = free_port()?;
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    let mut cmd = Command::new(spec.bin);
+    cmd.args(spec.args)
+        .env("CUSTOM_ROUTER_PORT", port.to_string())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(File::create(&spec.stderr_path)?);
+    for kv in spec.env {
+        let (k, v) = kv
+            .split_once('=')
+            .ok_or_else(|| format!("--router-env wants KEY=VALUE, got {kv:?}"))?;
+        cmd.env(k, v);
+    }
+    let mut guard = ChildGuard::spawn("router", &mut cmd)?;
+
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut conn = Conn::new(addr);
+    let mut last_err = String::from("no answer yet");
+    loop {
+        if let Some(why) = guard.exited() {
+            return Err(format!("{why}; stderr: {}", tail(&spec.stderr_path, 2000)).into());
+        }
+        if Instant::now() >= deadline {
+            return Err(format!(
+                "GET /_custom_router/health did not answer 200 within 20 s (last: {last_err}); stderr: {}",
+                tail(&spec.stderr_path, 2000)
+            )
+            .into());
+        }
+        match conn
+            .request(
+                Method::GET,
+                "/_custom_router/health",
+                Bytes::new(),
+                Duration::from_secs(2),
+            )
+            .await
+        {
+            Ok((StatusCode::OK, _)) => break,
+            Ok((status, body)) => {
+                last_err = format!("{status}: {}", String::from_utf8_lossy(&body));
+            }
+            Err(e) => last_err = e.to_string(),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    let body = serde_json::json!({ "backends": [backend.to_string()] }).to_string();
+    let (status, answer) = conn
+        .request(
+            Method::POST,
+            "/_custom_router/set-backends",
+            Bytes::from(body),
+            Duration::from_secs(5),
+        )
+        .await
+        .map_err(|e| format!("POST /_custom_router/set-backends failed: {e}"))?;
+    let parsed: Option<serde_json::Value> = serde_json::from_slice(&answer).ok();
+    let ok = parsed
+        .as_ref()
+        .and_then(|v| v.get("ok"))
+        .and_then(serde_json::Value::as_bool)
+        == Some(true);
+    if status != StatusCode::OK || !ok {
+        return Err(format!(
+            "POST /_custom_router/set-backends answered {status}: {}",
+            String::from_utf8_lossy(&answer)
+        )
+        .into());
+    }
+    Ok((guard, addr))
+}
+
+/// Finds nginx: the explicit path, else `nginx` on PATH, else the usual
+/// sbin locations (root's PATH has them, other users' often do not).
+pub(crate) fn find_nginx(explicit: Option<&Path>) -> Option<PathBuf> {
+    if let Some(p) = explicit {
+        return Some(p.to_path_buf());
+    }
+    let from_path = std::env::var_os("PATH")
+        .map(|paths| std::env::split_paths(&paths).collect::<Vec<_>>())
+        .unwrap_or_default();
+    from_path
+        .into_iter()
+        .chain([PathBuf::from("/usr/sbin"), PathBuf::from("/usr/local/sbin")])
+        .map(|dir| dir.join("nginx"))
+        .find(|p| p.is_file())
+}
+
+/// The nginx configuration: a keep-alive reverse proxy, everything inside
+/// `dir` so it runs as any user without touching /etc or /var.
+fn nginx_config(dir: &Path, port: u16, backend: SocketAddr, workers: usize) -> String {
+    let d = dir.display();
+    format!(
+        r#"daemon off;
+master_process on;
+worker_processes {workers};
+pid {d}/nginx.pid;
+error_log {d}/nginx-error.log warn;
+
+events {{
+    worker_connections 4096;
+}}
+
+http {{
+    access_log off;
+    client_body_temp_path {d}/client_body;
+    proxy_temp_path {d}/proxy;
+    fastcgi_temp_path {d}/fastcgi;
+    uwsgi_temp_path {d}/uwsgi;
+    scgi_temp_path {d}/scgi;
+
+    upstream bench_backend {{
+        server {backend};
+        keepalive 64;
+        keepalive_requests 1000000;
+    }}
+
+    server {{
+        listen 127.0.0.1:{port};
+        keepalive_requests 1000000;
+        location / {{
+            proxy_pass http://bench_backend;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+        }}
+    }}
+}}
+"#
+    )
+}
+
+/// Starts nginx as a reverse proxy to `backend` and waits until it accepts
+/// connections.
+pub(crate) async fn start_nginx(
+    bin: &Path,
+    dir: &Path,
+    backend: SocketAddr,
+    workers: usize,
+) -> Result<(ChildGuard, SocketAddr), BoxError> {
+    let port = free_port()?;
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    let conf = dir.join("nginx.conf");
+    std::fs::write(&conf, nginx_config(dir, port, backend, workers))?;
+    let err_path = dir.join("nginx-stderr.log");
+    let mut cmd = Command::new(bin);
+    cmd.arg("-p")
+        .arg(dir)
+        .arg("-c")
+        .arg(&conf)
+        .arg("-e")
+        .arg(dir.join("nginx-error.log"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(File::create(&err_path)?);
+    let mut guard = ChildGuard::spawn("nginx", &mut cmd)?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Some(why) = guard.exited() {
+            return Err(format!(
+                "{why}; stderr: {}; error.log: {}",
+                tail(&err_path, 2000),
+                tail(&dir.join("nginx-error.log"), 2000)
+            )
+            .into());
+        }
+        if tokio::net::TcpStream::connect(addr).await.is_ok() {
+            return Ok((guard, addr));
+        }
+        if Instant::now() >= deadline {
+            return Err(format!(
+                "nginx did not listen on {addr} within 10 s; stderr: {}",
+                tail(&err_path, 2000)
+            )
+            .into());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

@@ -1,0 +1,359 @@
+//! Turning raw runs into numbers, the text table and the JSON object.
+
+use std::fmt::Write as _;
+
+use serde_json::{json, Value};
+
+use crate::load::{FixedRun, MaxRun};
+
+/// Latency percentiles, in milliseconds.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Percentiles {
+    pub(crate) p50: f64,
+    pub(crate) p90: f64,
+    pub(crate) p99: f64,
+    pub(crate) max: f64,
+}
+
+impl Percentiles {
+    /// Nearest-rank percentiles of `samples` (nanoseconds); `None` if empty.
+    pub(crate) fn of(samples: &mut [u64]) -> Option<Self> {
+        if samples.is_empty() {
+            return None;
+        }
+        samples.sort_unstable();
+        let at = |p: f64| -> f64 {
+            let rank = ((p / 100.0) * samples.len() as f64).ceil() as usize;
+            let idx = rank.clamp(1, samples.len()) - 1;
+            samples[idx] as f64 / 1e6
+        };
+        Some(Self {
+            p50: at(50.0),
+            p90: at(90.0),
+            p99: at(99.0),
+            max: at(100.0),
+        })
+    }
+
+    fn to_json(self) -> Value {
+        json!({
+            "p50_ms": round3(self.p50),
+            "p90_ms": round3(self.p90),
+            "p99_ms": round3(self.p99),
+            "max_ms": round3(self.max),
+        })
+    }
+}
+
+/// The fixed-rate phase, summarised.
+#[derive(Clone, Debug)]
+pub(crate) struct FixedStats {
+    pub(crate) scheduled: u64,
+    pub(crate) ok: u64,
+    pub(crate) errors: u64,
+    pub(crate) achieved_rps: f64,
+    /// From the intended send time (coordinated-omission corrected).
+    pub(crate) latency: Option<Percentiles>,
+    /// From the actual send time.
+    pub(crate) service: Option<Percentiles>,
+}
+
+impl FixedStats {
+    /// Summarises a raw run.
+    pub(crate) fn from_run(mut run: FixedRun) -> Self {
+        let ok = run.latencies_ns.len() as u64;
+        let secs = run.elapsed.as_secs_f64();
+        Self {
+            scheduled: run.scheduled,
+            ok,
+            errors: run.errors,
+            achieved_rps: if secs > 0.0 { ok as f64 / secs } else { 0.0 },
+            latency: Percentiles::of(&mut run.latencies_ns),
+            service: Percentiles::of(&mut run.service_ns),
+        }
+    }
+}
+
+/// The max-throughput phase, summarised.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct MaxStats {
+    pub(crate) ok: u64,
+    pub(crate) errors: u64,
+    pub(crate) rps: f64,
+}
+
+impl MaxStats {
+    /// Summarises a raw run over `secs` measured seconds.
+    pub(crate) fn from_run(run: &MaxRun, secs: f64) -> Self {
+        Self {
+            ok: run.ok,
+            errors: run.errors,
+            rps: if secs > 0.0 {
+                run.ok as f64 / secs
+            } else {
+                0.0
+            },
+        }
+    }
+}
+
+/// Everything measured for one target.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct TargetResult {
+    pub(crate) name: &'static str,
+    /// Why it could not be measured (or was skipped).
+    pub(crate) unavailable: Option<String>,
+    /// Things noticed while measuring it.
+    pub(crate) warnings: Vec<String>,
+    pub(crate) fixed: Option<FixedStats>,
+    pub(crate) max: Option<MaxStats>,
+    /// Requests the backend answered while this target was measured.
+    pub(crate) backend_hits: u64,
+}
+
+/// The run's settings, echoed in the report.
+#[derive(Clone, Debug)]
+pub(crate) struct Settings {
+    pub(crate) rate: u64,
+    pub(crate) warmup_s: f64,
+    pub(crate) duration_s: f64,
+    pub(crate) concurrency: usize,
+    pub(crate) client_threads: usize,
+    pub(crate) nginx_workers: usize,
+}
+
+/// The whole report.
+#[derive(Clone, Debug)]
+pub(crate) struct Report {
+    pub(crate) settings: Settings,
+    pub(crate) targets: Vec<TargetResult>,
+}
+
+/// One informational goal.
+struct Goal {
+    name: String,
+    value: Option<f64>,
+    unit: &'static str,
+    pass: Option<bool>,
+}
+
+impl Report {
+    fn get(&self, name: &str) -> Option<&TargetResult> {
+        self.targets.iter().find(|t| t.name == name)
+    }
+
+    fn latency(&self, name: &str) -> Option<Percentiles> {
+        self.get(name)?.fixed.as_ref()?.latency
+    }
+
+    fn rps(&self, name: &str) -> Option<f64> {
+        self.get(name)?.max.map(|m| m.rps)
+    }
+
+    fn added(&self, name: &str) -> Option<(f64, f64)> {
+        let t = self.latency(name)?;
+        let d = self.latency("direct")?;
+        Some((t.p50 - d.p50, t.p99 - d.p99))
+    }
+
+    fn ratio(&self, a: &str, b: &str) -> Option<f64> {
+        let (a, b) = (self.rps(a)?, self.rps(b)?);
+        (b > 0.0).then(|| a / b)
+    }
+
+    fn goals(&self) -> Vec<Goal> {
+        let added = self.added("router");
+        let rate = self.settings.rate;
+        let lat_goal = |name: String, v: Option<f64>, limit: f64| Goal {
+            name,
+            value: v,
+            unit: "ms",
+            pass: v.map(|v| v < limit),
+        };
+        let tp = self.ratio("router", "nginx");
+        vec![
+            lat_goal(
+                format!("router added p50 < 0.2 ms at {rate} rps"),
+                added.map(|a| a.0),
+                0.2,
+            ),
+            lat_goal(
+                format!("router added p99 < 1 ms at {rate} rps"),
+                added.map(|a| a.1),
+                1.0,
+            ),
+            Goal {
+                name: "router throughput >= 0.9 x nginx".into(),
+                value: tp,
+                unit: "x",
+                pass: tp.map(|r| r >= 0.9),
+            },
+        ]
+    }
+
+    /// The report as one JSON object.
+    pub(crate) fn to_json(&self) -> Value {
+        let s = &self.settings;
+        let targets: Vec<Value> = self
+            .targets
+            .iter()
+            .map(|t| {
+                json!({
+                    "name": t.name,
+                    "available": t.unavailable.is_none(),
+                    "unavailable_reason": t.unavailable,
+                    "warnings": t.warnings,
+                    "backend_hits": t.backend_hits,
+                    "fixed_rate": t.fixed.as_ref().map(|f| json!({
+                        "scheduled": f.scheduled,
+                        "ok": f.ok,
+                        "errors": f.errors,
+                        "achieved_rps": round3(f.achieved_rps),
+                        "latency": f.latency.map(Percentiles::to_json),
+                        "service_time": f.service.map(Percentiles::to_json),
+                    })),
+                    "max_throughput": t.max.map(|m| json!({
+                        "ok": m.ok,
+                        "errors": m.errors,
+                        "rps": round3(m.rps),
+                    })),
+                })
+            })
+            .collect();
+        let added = |name: &str| {
+            self.added(name)
+                .map(|(p50, p99)| json!({"p50_ms": round3(p50), "p99_ms": round3(p99)}))
+        };
+        let goals: Vec<Value> = self
+            .goals()
+            .into_iter()
+            .map(|g| {
+                json!({
+                    "goal": g.name,
+                    "value": g.value.map(round3),
+                    "unit": g.unit,
+                    "result": verdict(g.pass),
+                })
+            })
+            .collect();
+        json!({
+            "settings": {
+                "rate_rps": s.rate,
+                "warmup_s": s.warmup_s,
+                "duration_s": s.duration_s,
+                "concurrency": s.concurrency,
+                "client_threads": s.client_threads,
+                "nginx_workers": s.nginx_workers,
+                "latency_origin": "intended send time when behind schedule, else actual send time",
+            },
+            "targets": targets,
+            "comparison": {
+                "router_added_latency": added("router"),
+                "nginx_added_latency": added("nginx"),
+                "router_over_nginx_throughput": self.ratio("router", "nginx").map(round3),
+                "router_over_direct_throughput": self.ratio("router", "direct").map(round3),
+                "nginx_over_direct_throughput": self.ratio("nginx", "direct").map(round3),
+            },
+            "goals": goals,
+        })
+    }
+
+    /// The report as a text table.
+    pub(crate) fn to_text(&self) -> String {
+        let s = &self.settings;
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "proxy-bench: fixed rate {} req/s (open loop), then closed loop; warmup {} s, \
+             duration {} s, {} connections, {} client thread(s), nginx {} worker(s)\n",
+            s.rate, s.warmup_s, s.duration_s, s.concurrency, s.client_threads, s.nginx_workers
+        );
+        let _ = writeln!(
+            out,
+            "{:<8} | {:>8} {:>8} {:>8} {:>8} {:>9} {:>6} | {:>10} {:>6}",
+            "target",
+            "p50 ms",
+            "p90 ms",
+            "p99 ms",
+            "max ms",
+            "rate/s",
+            "errors",
+            "max rps",
+            "errors"
+        );
+        let _ = writeln!(out, "{}", "-".repeat(92));
+        for t in &self.targets {
+            if let Some(why) = &t.unavailable {
+                let _ = writeln!(out, "{:<8} | not measured: {why}", t.name);
+                continue;
+            }
+            let (lat, rate, ferr) = match &t.fixed {
+                Some(f) => (f.latency, f.achieved_rps, f.errors),
+                None => (None, 0.0, 0),
+            };
+            let cell = |v: Option<f64>| v.map_or_else(|| "-".to_string(), |v| format!("{v:.3}"));
+            let (mrps, merr) = t.max.map_or((0.0, 0), |m| (m.rps, m.errors));
+            let _ = writeln!(
+                out,
+                "{:<8} | {:>8} {:>8} {:>8} {:>8} {:>9.1} {:>6} | {:>10.0} {:>6}",
+                t.name,
+                cell(lat.map(|l| l.p50)),
+                cell(lat.map(|l| l.p90)),
+                cell(lat.map(|l| l.p99)),
+                cell(lat.map(|l| l.max)),
+                rate,
+                ferr,
+                mrps,
+                merr
+            );
+            for w in &t.warnings {
+                let _ = writeln!(out, "{:<8} |   warning: {w}", "");
+            }
+        }
+        let _ = writeln!(out);
+        let ms = |v: Option<(f64, f64)>| {
+            v.map_or_else(
+                || "n/a".to_string(),
+                |(a, b)| format!("p50 {a:+.3} ms, p99 {b:+.3} ms"),
+            )
+        };
+        let x = |v: Option<f64>| v.map_or_else(|| "n/a".to_string(), |v| format!("{v:.3}"));
+        let _ = writeln!(
+            out,
+            "router added latency (router - direct): {}",
+            ms(self.added("router"))
+        );
+        let _ = writeln!(
+            out,
+            "nginx  added latency (nginx - direct):  {}",
+            ms(self.added("nginx"))
+        );
+        let _ = writeln!(
+            out,
+            "throughput ratio router/nginx: {}   router/direct: {}   nginx/direct: {}",
+            x(self.ratio("router", "nginx")),
+            x(self.ratio("router", "direct")),
+            x(self.ratio("nginx", "direct"))
+        );
+        let _ = writeln!(out, "\ngoals (informational):");
+        for g in self.goals() {
+            let value = g
+                .value
+                .map_or_else(|| "n/a".to_string(), |v| format!("{v:.3} {}", g.unit));
+            let _ = writeln!(out, "  {:<42} {:>12}  {}", g.name, value, verdict(g.pass));
+        }
+        out
+    }
+}
+
+fn verdict(pass: Option<bool>) -> &'static str {
+    match pass {
+        Some(true) => "PASS",
+        Some(false) => "FAIL",
+        None => "N/A",
+    }
+}
+
+fn round3(v: f64) -> f64 {
+    (v * 1000.0).round() / 1000.0
+}

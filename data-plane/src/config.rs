@@ -1,0 +1,220 @@
+//! The proxy's configuration: one immutable snapshot, swapped atomically.
+//!
+//! A [`Snapshot`] is everything a request needs to be routed: the validated
+//! policy, the pools' runtimes, and the version that names it. Requests load
+//! the current snapshot once (a lock-free [`ArcSwap`] read) and use it to
+//! the end, so a change never shows a request half of the old config and
+//! half of the new.
+//!
+//! Changes come from several places: the policy file (standalone mode), the
+//! `set-backends` admin call, and later the control plane's stream. They all
+//! go through [`ConfigStore`], which builds the next snapshot off to the
+//! side from a validated [`Policy`] plus the backend sets `set-backends`
+//! installed, reconciles the pool runtimes (pools that stay keep their
+//! queue and EWMA state; removed pools shed their waiters), and only then
+//! swaps it in. A change that fails validation never reaches this module:
+//! the caller keeps serving the last good snapshot.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+
+use arc_swap::ArcSwap;
+use router_policy::{Endpoint, Policy};
+
+use crate::metrics::Metrics;
+use crate::pool::{PoolRuntime, PoolSettings, PoolStatus};
+
+/// Errors of config changes.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    /// `set-backends` named a pool the policy does not have.
+    #[error("unknown pool {0:?}")]
+    UnknownPool(String),
+}
+
+/// The config a request is routed by.
+pub struct Snapshot {
+    /// Names this config (`x-router-config-version`, logs, metrics).
+    pub version: Arc<str>,
+    /// The policy, with `set-backends` overrides applied to its pools.
+    pub policy: Arc<Policy>,
+    /// Runtime of each pool, by name.
+    pub pools: HashMap<String, Arc<PoolRuntime>>,
+}
+
+impl Snapshot {
+    /// Live status of every pool, in policy order.
+    pub fn pool_status(&self) -> Vec<PoolStatus> {
+        self.policy
+            .pools
+            .iter()
+            .filter_map(|p| self.pools.get(&p.name))
+            .map(|p| p.status())
+            .collect()
+    }
+}
+
+struct Source {
+    /// The policy as last applied (file, sidecar default, control plane).
+    policy: Policy,
+    /// Endpoints installed by `set-backends`, by pool; they replace the
+    /// policy's endpoints for that pool until the pool disappears.
+    overrides: BTreeMap<String, Vec<Endpoint>>,
+    /// Label of where the policy came from (`sidecar`, `file`, ...).
+    origin: String,
+    changes: u64,
+}
+
+/// Holds the current snapshot and serialises changes to it.
+pub struct ConfigStore {
+    current: ArcSwap<Snapshot>,
+    source: Mutex<Source>,
+    metrics: Arc<Metrics>,
+}
+
+impl ConfigStore {
+    /// A store serving `policy` from the start.
+    pub fn new(policy: Policy, origin: &str, metrics: Arc<Metrics>) -> Self {
+        let mut source = Source {
+            policy,
+            overrides: BTreeMap::new(),
+            origin: origin.to_string(),
+            changes: 0,
+        };
+        let snapshot = build(&mut source, &HashMap::new(), &metrics);
+        metrics.config_change(Some(&snapshot.version));
+        Self {
+            current: ArcSwap::from_pointee(snapshot),
+            source: Mutex::new(source),
+            metrics,
+        }
+    }
+
+    /// The snapshot to route by.
+    pub fn load(&self) -> Arc<Snapshot> {
+        self.current.load_full()
+    }
+
+    /// Applies a validated policy; returns the new version.
+    pub fn apply_policy(&self, policy: Policy, origin: &str) -> Arc<str> {
+        self.change(|src| {
+            src.overrides.retain(|pool, _| policy.pool(pool).is_some());
+            src.policy = policy;
+            src.origin = origin.to_string();
+            Ok(())
+        })
+        .unwrap_or_else(|_: ConfigError| self.load().version.clone())
+    }
+
+    /// Replaces the endpoints of one pool (the `set-backends` call).
+    pub fn set_backends(
+        &self,
+        pool: &str,
+        endpoints: Vec<Endpoint>,
+    ) -> Result<Arc<str>, ConfigError> {
+        self.change(|src| {
+            if src.policy.pool(pool).is_none() {
+                return Err(ConfigError::UnknownPool(pool.to_string()));
+            }
+            src.overrides.insert(pool.to_string(), endpoints);
+            Ok(())
+        })
+    }
+
+    /// Counts a change that was refused before it reached the store.
+    pub fn rejected(&self) {
+        self.metrics.config_change(None);
+    }
+
+    fn change(
+        &self,
+        edit: impl FnOnce(&mut Source) -> Result<(), ConfigError>,
+    ) -> Result<Arc<str>, ConfigError> {
+        let mut src = self.source.lock().unwrap_or_else(|e| e.into_inner());
+        edit(&mut src)?;
+        let old = self.current.load_full();
+        let next = build(&mut src, &old.pools, &self.metrics);
+        for (name, pool) in &old.pools {
+            if !next.pools.contains_key(name) {
+                pool.close();
+            }
+        }
+        let version = Arc::clone(&next.version);
+        self.current.store(Arc::new(next));
+        self.metrics.config_change(Some(&version));
+        Ok(version)
+    }
+}
+
+/// Builds the next snapshot, reusing the runtimes of pools that stay.
+fn build(src: &mut Source, old: &HashMap<String, Arc<PoolRuntime>>, metrics: &Metrics) -> Snapshot {
+    src.changes += 1;
+    let mut policy = src.policy.clone();
+    for pool in &mut policy.pools {
+        if let Some(eps) = src.overrides.get(&pool.name) {
+            pool.endpoints = eps.clone();
+        }
+    }
+    let mut pools = HashMap::with_capacity(policy.pools.len());
+    for p in &policy.pools {
+        let settings = PoolSettings {
+            queue: p.queue,
+            max_concurrency: p.max_concurrency,
+        };
+        let runtime = match old.get(&p.name) {
+            Some(rt) => {
+                rt.update(settings, &p.endpoints);
+                Arc::clone(rt)
+            }
+            None => PoolRuntime::new(
+                &p.name,
+                settings,
+                &p.endpoints,
+                metrics.pool_counters(&p.name),
+            ),
+        };
+        pools.insert(p.name.clone(), runtime);
+    }
+    Snapshot {
+        version: format!("{}-{}", src.origin, src.changes).into(),
+        policy: Arc::new(policy),
+        pools,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use router_policy::QueueSettings;
+
+    #[tokio::test]
+    async fn set_backends_and_reload_keep_pool_state() {
+        let store = ConfigStore::new(
+            Policy::sidecar(QueueSettings::default(), None),
+            "sidecar",
+            Arc::new(Metrics::new()),
+        );
+        let v1 = store.load().version.clone();
+        assert!(!store.load().pools["default"].has_endpoints());
+        let ep = Endpoint::parse("127.0.0.1:9").unwrap();
+        let v2 = store.set_backends("default", vec![ep.clone()]).unwrap();
+        assert_ne!(v1, v2);
+        let pool = Arc::clone(&store.load().pools["default"]);
+        assert!(pool.has_endpoints());
+        let lease = pool.acquire().await.unwrap();
+        // A policy reload keeps the set-backends endpoints and the runtime.
+        store.apply_policy(
+            Policy::sidecar(QueueSettings::default(), Some(2)),
+            "sidecar",
+        );
+        let after = store.load();
+        assert!(Arc::ptr_eq(&pool, &after.pools["default"]));
+        assert_eq!(after.policy.pools[0].endpoints, vec![ep]);
+        assert_eq!(after.pool_status()[0].endpoints[0].in_flight, 1);
+        drop(lease);
+        assert_eq!(
+            store.set_backends("nope", vec![]),
+            Err(ConfigError::UnknownPool("nope".into()))
+        );
+    }
+}

@@ -1,0 +1,158 @@
+//! The proxy's errors, classified by type.
+//!
+//! Every way a request can fail without a backend's answer is one variant
+//! of [`ProxyError`]; the variant alone decides the HTTP status, the
+//! OpenAI-shaped error `type`, the outcome label in metrics and logs, and
+//! whether `Retry-After` is sent. Nothing downstream inspects message text.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{header, HeaderValue, Response, StatusCode};
+
+/// Why a request was answered by the router itself.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ProxyError {
+    /// Evicted as the oldest waiter of a full queue.
+    #[error("evicted from the full queue of pool {pool}")]
+    QueueFull {
+        /// Pool whose queue was full.
+        pool: String,
+    },
+    /// Waited past the pool's queue timeout.
+    #[error("waited {waited_ms} ms in the queue of pool {pool}, past its timeout")]
+    QueueTimeout {
+        /// Pool.
+        pool: String,
+        /// Time spent waiting.
+        waited_ms: u64,
+    },
+    /// No pool of the route has a backend to send to.
+    #[error("no backend available: {detail}")]
+    NoBackend {
+        /// Which pools were looked at and why each was passed over.
+        detail: String,
+    },
+    /// The request body or a header is malformed.
+    #[error("{0}")]
+    InvalidRequest(String),
+    /// The request body is over the limit.
+    #[error("request body over the limit of {limit} bytes")]
+    PayloadTooLarge {
+        /// The limit.
+        limit: usize,
+    },
+    /// The client did not send its body in time.
+    #[error("the request body did not arrive within {0:?}")]
+    RequestTimeout(Duration),
+    /// The backend could not be reached or broke the connection.
+    #[error("upstream {endpoint} failed: {detail}")]
+    Upstream {
+        /// The endpoint tried.
+        endpoint: String,
+        /// What went wrong.
+        detail: String,
+    },
+    /// An admin call without a valid bearer token.
+    #[error("missing or invalid bearer token")]
+    Unauthorized,
+    /// Unknown admin path.
+    #[error("not found")]
+    NotFound,
+    /// Known path, wrong method.
+    #[error("method not allowed")]
+    MethodNotAllowed,
+}
+
+impl ProxyError {
+    /// The HTTP status of the answer.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            Self::QueueFull { .. } | Self::QueueTimeout { .. } | Self::NoBackend { .. } => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
+            Self::InvalidRequest(_) => StatusCode::BAD_REQUEST,
+            Self::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::RequestTimeout(_) => StatusCode::REQUEST_TIMEOUT,
+            Self::Upstream { .. } => StatusCode::BAD_GATEWAY,
+            Self::Unauthorized => StatusCode::UNAUTHORIZED,
+            Self::NotFound => StatusCode::NOT_FOUND,
+            Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+        }
+    }
+
+    /// The error `type` in the JSON body, also the outcome label in
+    /// metrics and in the route decision log.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::QueueFull { .. } => "queue_full",
+            Self::QueueTimeout { .. } => "queue_timeout",
+            Self::NoBackend { .. } => "no_backend",
+            Self::InvalidRequest(_) => "invalid_request",
+            Self::PayloadTooLarge { .. } => "payload_too_large",
+            Self::RequestTimeout(_) => "request_timeout",
+            Self::Upstream { .. } => "upstream_error",
+            Self::Unauthorized => "unauthorized",
+            Self::NotFound => "not_found",
+            Self::MethodNotAllowed => "method_not_allowed",
+        }
+    }
+
+    /// True for the load-shedding answers (counted as sheds).
+    pub fn is_shed(&self) -> bool {
+        matches!(
+            self,
+            Self::QueueFull { .. } | Self::QueueTimeout { .. } | Self::NoBackend { .. }
+        )
+    }
+
+    /// The OpenAI-shaped JSON answer.
+    pub fn to_response(&self, request_id: Option<&str>) -> Response<Bytes> {
+        let body = serde_json::json!({
+            "error": {
+                "message": self.to_string(),
+                "type": self.kind(),
+                "code": self.kind(),
+                "request_id": request_id,
+            }
+        });
+        let mut resp = Response::new(Bytes::from(body.to_string()));
+        *resp.status_mut() = self.status();
+        let headers = resp.headers_mut();
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        if self.status() == StatusCode::SERVICE_UNAVAILABLE {
+            headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        if matches!(self, Self::Unauthorized) {
+            headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        resp
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shed_answers_are_typed_json_with_retry_after() {
+        let e = ProxyError::QueueFull { pool: "p".into() };
+        let resp = e.to_response(Some("r1"));
+        assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(resp.headers()[header::RETRY_AFTER], "1");
+        let v: serde_json::Value = serde_json::from_slice(resp.body()).unwrap();
+        assert_eq!(v["error"]["type"], "queue_full");
+        assert_eq!(v["error"]["request_id"], "r1");
+        assert!(e.is_shed());
+    }
+
+    #[test]
+    fn client_errors_have_no_retry_after() {
+        let resp = ProxyError::PayloadTooLarge { limit: 1 }.to_response(None);
+        assert_eq!(resp.status(), StatusCode::PAYLOAD_TOO_LARGE);
+        assert!(resp.headers().get(header::RETRY_AFTER).is_none());
+    }
+}

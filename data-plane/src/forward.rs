@@ -1,0 +1,312 @@
+//! Sending a request to an endpoint and streaming its answer back.
+//!
+//! - One keep-alive connection pool to all backends (hyper-util's client),
+//!   HTTP/1.1 over plain TCP or rustls (webpki roots, plus an optional
+//!   extra CA file for private endpoints). Redirects are never followed: a
+//!   3xx is the backend's answer and goes back to the client as is.
+//! - Hop-by-hop headers (RFC 9110 §7.6.1), and every header the
+//!   `Connection` header names, are removed in both directions; the
+//!   client's address is appended to `X-Forwarded-For`.
+//! - The answer's body is passed through frame by frame ([`TrackedBody`]),
+//!   so server-sent events reach the client as the backend produces them.
+//!   The wrapper notices the first data frame (the latency sample: time to
+//!   first byte) and the end of the body (or the client going away), and
+//!   then runs the request's completion exactly once.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http_body::{Body, Frame, SizeHint};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper_rustls::HttpsConnector;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+use router_policy::Scheme;
+
+use crate::settings::Settings;
+
+/// The client used for every upstream call.
+pub type UpstreamClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
+
+/// Errors building the upstream client.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The extra CA file could not be read or parsed.
+    #[error("CUSTOM_ROUTER_UPSTREAM_CA_FILE {path}: {detail}")]
+    CaFile {
+        /// The file.
+        path: String,
+        /// What went wrong.
+        detail: String,
+    },
+    /// rustls refused the configuration.
+    #[error("TLS setup: {0}")]
+    Tls(String),
+}
+
+/// Builds the upstream client with keep-alive pooling and TLS.
+pub fn build_client(settings: &Settings) -> Result<UpstreamClient, ClientError> {
+    let mut roots = rustls::RootCertStore::empty();
+    roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
+    if let Some(path) = &settings.upstream_ca_file {
+        let ca_err = |detail: String| ClientError::CaFile {
+            path: path.display().to_string(),
+            detail,
+        };
+        let pem = std::fs::read(path).map_err(|e| ca_err(e.to_string()))?;
+        let mut added = 0;
+        for cert in rustls_pemfile::certs(&mut pem.as_slice()) {
+            let cert = cert.map_err(|e| ca_err(e.to_string()))?;
+            roots.add(cert).map_err(|e| ca_err(e.to_string()))?;
+            added += 1;
+        }
+        if added == 0 {
+            return Err(ca_err("no PEM certificate found".into()));
+        }
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let tls = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| ClientError::Tls(e.to_string()))?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+
+    let mut http = HttpConnector::new();
+    http.enforce_http(false);
+    http.set_nodelay(true);
+    http.set_connect_timeout(Some(settings.connect_timeout));
+    http.set_keepalive(Some(Duration::from_secs(60)));
+    let connector = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(tls)
+        .https_or_http()
+        .enable_http1()
+        .wrap_connector(http);
+    Ok(Client::builder(TokioExecutor::new())
+        .pool_idle_timeout(Duration::from_secs(90))
+        .pool_max_idle_per_host(256)
+        .pool_timer(TokioTimer::new())
+        .build(connector))
+}
+
+const HOP_BY_HOP: [&str; 8] = [
+    "connection",
+    "keep-alive",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "upgrade",
+];
+
+/// Removes hop-by-hop headers, including those named in `Connection`.
+/// (`Transfer-Encoding` is handled by hyper's framing on each side.)
+pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    if let Some(conn) = headers.get(header::CONNECTION) {
+        let named: Vec<HeaderName> = conn
+            .to_str()
+            .unwrap_or("")
+            .split(',')
+            .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
+            .collect();
+        for name in named {
+            headers.remove(name);
+        }
+    }
+    for name in HOP_BY_HOP {
+        headers.remove(name);
+    }
+    headers.remove(header::TRANSFER_ENCODING);
+}
+
+/// The absolute upstream URI for a client path on an endpoint.
+pub fn upstream_uri(
+    endpoint: &router_policy::Endpoint,
+    path_and_query: &str,
+) -> Result<http::Uri, http::Error> {
+    let scheme = match endpoint.scheme() {
+        Scheme::Http => "http",
+        Scheme::Https => "https",
+    };
+    let uri = http::Uri::builder()
+        .scheme(scheme)
+        .authority(endpoint.authority())
+        .path_and_query(endpoint.join(path_and_query))
+        .build()?;
+    Ok(uri)
+}
+
+/// Adds `X-Forwarded-For` (appended), `-Proto` and `-Host` (kept if a
+/// proxy in front already set them).
+pub fn add_forwarded(
+    headers: &mut HeaderMap,
+    client_ip: std::net::IpAddr,
+    original_host: Option<HeaderValue>,
+) {
+    let xff = HeaderName::from_static("x-forwarded-for");
+    let ip = client_ip.to_string();
+    let value = match headers.get(&xff).and_then(|v| v.to_str().ok()) {
+        Some(prev) if !prev.trim().is_empty() => format!("{prev}, {ip}"),
+        _ => ip,
+    };
+    if let Ok(v) = HeaderValue::from_str(&value) {
+        headers.insert(xff, v);
+    }
+    headers
+        .entry(HeaderName::from_static("x-forwarded-proto"))
+        .or_insert(HeaderValue::from_static("http"));
+    if let Some(host) = original_host {
+        headers
+            .entry(HeaderName::from_static("x-forwarded-host"))
+            .or_insert(host);
+    }
+}
+
+/// What happens when a proxied answer's body ends.
+pub trait Completion: Send + 'static {
+    /// The first data frame went out (time to first byte).
+    fn first_byte(&mut self);
+    /// The body ended (`ok` true) or was cut (upstream error, client gone).
+    fn finish(self: Box<Self>, end: BodyEnd);
+}
+
+/// How a proxied body ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BodyEnd {
+    /// Every byte went to the client.
+    Complete,
+    /// The backend broke the stream.
+    UpstreamError,
+    /// The client went away before the end.
+    ClientGone,
+}
+
+/// A response body passed through frame by frame, with a completion hook.
+pub struct TrackedBody {
+    inner: Incoming,
+    completion: Option<Box<dyn Completion>>,
+    seen_data: bool,
+}
+
+impl TrackedBody {
+    /// Wraps `inner`; `completion` runs exactly once.
+    pub fn new(inner: Incoming, completion: Box<dyn Completion>) -> Self {
+        Self {
+            inner,
+            completion: Some(completion),
+            seen_data: false,
+        }
+    }
+
+    fn finish(&mut self, end: BodyEnd) {
+        if let Some(mut c) = self.completion.take() {
+            if !self.seen_data && end == BodyEnd::Complete {
+                // An empty body: its end is the first byte.
+                c.first_byte();
+            }
+            c.finish(end);
+        }
+    }
+}
+
+impl Body for TrackedBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let this = self.get_mut();
+        let frame = ready!(Pin::new(&mut this.inner).poll_frame(cx));
+        match &frame {
+            Some(Ok(f)) => {
+                if f.is_data() && !this.seen_data {
+                    this.seen_data = true;
+                    if let Some(c) = this.completion.as_mut() {
+                        c.first_byte();
+                    }
+                }
+                if this.inner.is_end_stream() {
+                    this.finish(BodyEnd::Complete);
+                }
+            }
+            Some(Err(_)) => this.finish(BodyEnd::UpstreamError),
+            None => this.finish(BodyEnd::Complete),
+        }
+        Poll::Ready(frame)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+impl Drop for TrackedBody {
+    fn drop(&mut self) {
+        let end = if self.inner.is_end_stream() {
+            BodyEnd::Complete
+        } else {
+            BodyEnd::ClientGone
+        };
+        self.finish(end);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hop_by_hop_and_connection_named_headers_are_removed() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            "connection",
+            HeaderValue::from_static("keep-alive, x-secret-hop"),
+        );
+        h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
+        h.insert("x-secret-hop", HeaderValue::from_static("1"));
+        h.insert("te", HeaderValue::from_static("trailers"));
+        h.insert("upgrade", HeaderValue::from_static("websocket"));
+        h.insert("proxy-authorization", HeaderValue::from_static("Basic x"));
+        h.insert("authorization", HeaderValue::from_static("Bearer keep"));
+        h.insert("content-type", HeaderValue::from_static("application/json"));
+        strip_hop_by_hop(&mut h);
+        let left: Vec<_> = h.keys().map(|k| k.as_str()).collect();
+        assert_eq!(left, vec!["authorization", "content-type"]);
+    }
+
+    #[test]
+    fn forwarded_headers() {
+        let mut h = HeaderMap::new();
+        h.insert("x-forwarded-for", HeaderValue::from_static("203.0.113.7"));
+        add_forwarded(
+            &mut h,
+            "127.0.0.1".parse().unwrap(),
+            Some(HeaderValue::from_static("router:3000")),
+        );
+        assert_eq!(h["x-forwarded-for"], "203.0.113.7, 127.0.0.1");
+        assert_eq!(h["x-forwarded-proto"], "http");
+        assert_eq!(h["x-forwarded-host"], "router:3000");
+    }
+
+    #[test]
+    fn upstream_uri_joins_base_paths() {
+        let e = router_policy::Endpoint::parse("https://api.example.com/api/v1").unwrap();
+        let uri = upstream_uri(&e, "/v1/chat/completions?x=1").unwrap();
+        assert_eq!(
+            uri.to_string(),
+            "https://api.example.com/api/v1/chat/completions?x=1"
+        );
+    }
+}

@@ -1,0 +1,646 @@
+//! A pool's bounded FIFO queue and its endpoints.
+//!
+//! Each pool owns one mutex-protected [`PoolState`]: its endpoints (with
+//! their EWMA latency and in-flight count) and a FIFO of waiting requests.
+//! A request asks for a [`Lease`] on an endpoint:
+//!
+//! - With no endpoint at all, it is refused at once (`no_backend`): there
+//!   is nothing to wait for.
+//! - With an empty queue and an eligible endpoint (see
+//!   [`router_policy::balance`]), it gets its lease at once without
+//!   touching the queue.
+//! - Otherwise it joins the back of the queue. If the queue is then over
+//!   its size, the *oldest* waiter is evicted with `queue_full` (it has
+//!   already waited longest and is the most likely to miss its deadline).
+//!   A waiter that reaches the queue timeout leaves with `queue_timeout`.
+//!   A waiter whose client goes away (its future is dropped) leaves the
+//!   queue at once.
+//!
+//! Dispatch is event-driven, with no polling tick: everything that can make
+//! an endpoint eligible (a lease released, an EWMA sample folded in,
+//! endpoints added) runs [`PoolState::dispatch`] under the same lock, which
+//! hands leases to waiters from the front of the queue until no endpoint is
+//! eligible. Because an idle endpoint is always eligible and every lease is
+//! released when its request ends (the lease's `Drop`), a non-empty pool
+//! never stalls.
+//!
+//! Exactly one answer per waiter: a waiter's oneshot sender is consumed by
+//! whichever comes first (grant, eviction, shutdown), and the timeout path
+//! removes the waiter under the lock before deciding, so a grant racing a
+//! timeout is either received or was never sent. A grant sent to a waiter
+//! that vanished in between is taken back under the lock.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use prometheus_client::metrics::counter::Counter;
+use router_policy::balance::{self, failure_sample, EndpointLoad};
+use router_policy::{Endpoint, QueueSettings};
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+
+/// Why a pool refused a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shed {
+    /// Evicted as the oldest waiter of a full queue.
+    QueueFull,
+    /// Waited past the queue timeout.
+    QueueTimeout,
+    /// The pool has no endpoints (or was removed).
+    NoBackend,
+}
+
+/// Counters a pool increments; the HF `custom_router_requests_*_total`.
+#[derive(Clone, Default)]
+pub struct PoolCounters {
+    /// Leases granted.
+    pub dispatched: Counter,
+    /// Waiters evicted from a full queue.
+    pub evicted: Counter,
+    /// Waiters timed out in the queue.
+    pub timed_out: Counter,
+}
+
+/// A pool's settings that can change on reload.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PoolSettings {
+    /// Queue and scoring.
+    pub queue: QueueSettings,
+    /// Per-endpoint concurrency limit.
+    pub max_concurrency: Option<u32>,
+}
+
+/// What one attempt taught us about an endpoint's latency.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Sample {
+    /// The endpoint answered; latency to its first byte.
+    Success(Duration),
+    /// The attempt failed after this long (connect error, timeout, 429, 5xx).
+    Failure(Duration),
+}
+
+/// A live view of one endpoint, for health, metrics and the state log.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EndpointStatus {
+    /// `http://host:port[/base]`.
+    pub addr: Arc<str>,
+    /// Requests in flight.
+    pub in_flight: u32,
+    /// EWMA latency in seconds, `None` before the first answer.
+    pub ewma_s: Option<f64>,
+}
+
+/// A live view of one pool.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PoolStatus {
+    /// Pool name.
+    pub name: Arc<str>,
+    /// Requests waiting.
+    pub queue_depth: usize,
+    /// How long the oldest waiter has waited.
+    pub oldest_wait: Option<Duration>,
+    /// Endpoints.
+    pub endpoints: Vec<EndpointStatus>,
+}
+
+/// One pool: endpoints, queue, dispatcher.
+pub struct PoolRuntime {
+    name: Arc<str>,
+    state: Mutex<PoolState>,
+    counters: PoolCounters,
+}
+
+struct EndpointState {
+    id: u64,
+    endpoint: Arc<Endpoint>,
+    addr: Arc<str>,
+    ewma: Option<f64>,
+    in_flight: u32,
+}
+
+struct Waiter {
+    id: u64,
+    enqueued_at: Instant,
+    tx: oneshot::Sender<Result<Lease, Shed>>,
+}
+
+struct PoolState {
+    settings: PoolSettings,
+    endpoints: Vec<EndpointState>,
+    queue: VecDeque<Waiter>,
+    loads: Vec<EndpointLoad>,
+    next_id: u64,
+    rotation: usize,
+    closed: bool,
+}
+
+impl PoolRuntime {
+    /// A pool with these endpoints.
+    pub fn new(
+        name: &str,
+        settings: PoolSettings,
+        endpoints: &[Endpoint],
+        counters: PoolCounters,
+    ) -> Arc<Self> {
+        let pool = Arc::new(Self {
+            name: name.into(),
+            state: Mutex::new(PoolState {
+                settings,
+                endpoints: Vec::new(),
+                queue: VecDeque::new(),
+                loads: Vec::new(),
+                next_id: 0,
+                rotation: 0,
+                closed: false,
+            }),
+            counters,
+        });
+        pool.update(settings, endpoints);
+        pool
+    }
+
+    /// The pool's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn lock(&self) -> MutexGuard<'_, PoolState> {
+        // A panic while holding this lock would be a bug in this module;
+        // the state is still consistent enough to keep serving.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// True when the pool has at least one endpoint.
+    pub fn has_endpoints(&self) -> bool {
+        let st = self.lock();
+        !st.closed && !st.endpoints.is_empty()
+    }
+
+    /// Replaces settings and endpoints. Endpoints that stay keep their EWMA
+    /// and in-flight count; removed ones are forgotten (their in-flight
+    /// requests finish; their leases then release nothing). With no
+    /// endpoints left, every waiter is answered `no_backend` at once.
+    pub fn update(self: &Arc<Self>, settings: PoolSettings, endpoints: &[Endpoint]) {
+        let mut st = self.lock();
+        st.settings = settings;
+        let mut old = std::mem::take(&mut st.endpoints);
+        for ep in endpoints {
+            let kept = old
+                .iter()
+                .position(|e| *e.endpoint == *ep)
+                .map(|i| old.swap_remove(i));
+            let state = match kept {
+                Some(s) => s,
+                None => {
+                    st.next_id += 1;
+                    EndpointState {
+                        id: st.next_id,
+                        addr: ep.to_string().into(),
+                        endpoint: Arc::new(ep.clone()),
+                        ewma: None,
+                        in_flight: 0,
+                    }
+                }
+            };
+            st.endpoints.push(state);
+        }
+        if st.endpoints.is_empty() {
+            st.shed_all(Shed::NoBackend);
+        } else {
+            self.dispatch(&mut st);
+        }
+    }
+
+    /// Removes the pool from service: waiters get `no_backend`, new
+    /// requests too; requests in flight finish.
+    pub fn close(&self) {
+        let mut st = self.lock();
+        st.closed = true;
+        st.endpoints.clear();
+        st.shed_all(Shed::NoBackend);
+    }
+
+    /// Waits for an endpoint. Cancel-safe: dropping the future leaves the
+    /// queue at once.
+    pub async fn acquire(self: &Arc<Self>) -> Result<Lease, Shed> {
+        let (id, mut rx, timeout_at) = {
+            let mut st = self.lock();
+            if st.closed || st.endpoints.is_empty() {
+                return Err(Shed::NoBackend);
+            }
+            let now = Instant::now();
+            if st.queue.is_empty() {
+                if let Some(lease) = self.try_grant(&mut st, now) {
+                    self.counters.dispatched.inc();
+                    return Ok(lease);
+                }
+            }
+            st.next_id += 1;
+            let id = st.next_id;
+            let (tx, rx) = oneshot::channel();
+            st.queue.push_back(Waiter {
+                id,
+                enqueued_at: now,
+                tx,
+            });
+            if st.queue.len() > st.settings.queue.max_size {
+                if let Some(oldest) = st.queue.pop_front() {
+                    self.counters.evicted.inc();
+                    let _ = oldest.tx.send(Err(Shed::QueueFull));
+                }
+            }
+            (id, rx, now + st.settings.queue.timeout)
+        };
+        let mut guard = QueuedGuard {
+            pool: self,
+            id,
+            armed: true,
+        };
+        match tokio::time::timeout_at(timeout_at, &mut rx).await {
+            Ok(Ok(grant)) => {
+                guard.armed = false;
+                grant
+            }
+            // The sender was dropped without a word: the pool went away.
+            Ok(Err(_)) => {
+                guard.armed = false;
+                Err(Shed::NoBackend)
+            }
+            Err(_elapsed) => {
+                guard.armed = false;
+                if self.remove_waiter(id) {
+                    self.counters.timed_out.inc();
+                    Err(Shed::QueueTimeout)
+                } else {
+                    // Granted or evicted at the same instant: that answer
+                    // is already in the channel.
+                    rx.try_recv().unwrap_or(Err(Shed::QueueTimeout))
+                }
+            }
+        }
+    }
+
+    fn remove_waiter(&self, id: u64) -> bool {
+        let mut st = self.lock();
+        match st.queue.iter().position(|w| w.id == id) {
+            Some(i) => {
+                st.queue.remove(i);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Picks an eligible endpoint and charges it one request.
+    fn try_grant(self: &Arc<Self>, st: &mut PoolState, enqueued_at: Instant) -> Option<Lease> {
+        let PoolState {
+            settings,
+            endpoints,
+            loads,
+            rotation,
+            ..
+        } = st;
+        loads.clear();
+        loads.extend(endpoints.iter().map(|e| EndpointLoad {
+            ewma: e.ewma,
+            in_flight: e.in_flight,
+            max_concurrency: settings.max_concurrency,
+            available: true,
+        }));
+        *rotation = rotation.wrapping_add(1);
+        let i = balance::choose(
+            loads,
+            settings.queue.scoring,
+            settings.queue.latency_threshold_s,
+            *rotation,
+        )?;
+        let e = &mut endpoints[i];
+        e.in_flight += 1;
+        Some(Lease {
+            pool: Arc::clone(self),
+            endpoint_id: e.id,
+            endpoint: Arc::clone(&e.endpoint),
+            addr: Arc::clone(&e.addr),
+            queue_wait: enqueued_at.elapsed(),
+            armed: true,
+        })
+    }
+
+    /// Hands leases to waiters from the front while endpoints are eligible.
+    fn dispatch(self: &Arc<Self>, st: &mut PoolState) {
+        while let Some(front) = st.queue.front() {
+            if front.tx.is_closed() {
+                st.queue.pop_front();
+                continue;
+            }
+            let enqueued_at = front.enqueued_at;
+            let Some(lease) = self.try_grant(st, enqueued_at) else {
+                break;
+            };
+            let Some(waiter) = st.queue.pop_front() else {
+                break;
+            };
+            match waiter.tx.send(Ok(lease)) {
+                Ok(()) => {
+                    self.counters.dispatched.inc();
+                }
+                Err(Ok(mut lease)) => {
+                    // The waiter vanished after the check above: take the
+                    // lease back here, under the lock we already hold.
+                    lease.armed = false;
+                    st.uncharge(lease.endpoint_id);
+                }
+                Err(Err(_)) => {}
+            }
+        }
+    }
+
+    fn release(self: &Arc<Self>, endpoint_id: u64) {
+        let mut st = self.lock();
+        st.uncharge(endpoint_id);
+        self.dispatch(&mut st);
+    }
+
+    fn observe(self: &Arc<Self>, endpoint_id: u64, sample: Sample) {
+        let mut st = self.lock();
+        let q = st.settings.queue;
+        if let Some(e) = st.endpoints.iter_mut().find(|e| e.id == endpoint_id) {
+            let value = match sample {
+                Sample::Success(d) => d.as_secs_f64(),
+                Sample::Failure(d) => failure_sample(d.as_secs_f64(), q.latency_threshold_s),
+            };
+            e.ewma = Some(q.scoring.update(e.ewma, value, q.ewma_alpha));
+        }
+        self.dispatch(&mut st);
+    }
+
+    /// A consistent view of the pool right now.
+    pub fn status(&self) -> PoolStatus {
+        let st = self.lock();
+        PoolStatus {
+            name: Arc::clone(&self.name),
+            queue_depth: st.queue.len(),
+            oldest_wait: st.queue.front().map(|w| w.enqueued_at.elapsed()),
+            endpoints: st
+                .endpoints
+                .iter()
+                .map(|e| EndpointStatus {
+                    addr: Arc::clone(&e.addr),
+                    in_flight: e.in_flight,
+                    ewma_s: e.ewma,
+                })
+                .collect(),
+        }
+    }
+}
+
+impl PoolState {
+    fn uncharge(&mut self, endpoint_id: u64) {
+        if let Some(e) = self.endpoints.iter_mut().find(|e| e.id == endpoint_id) {
+            e.in_flight = e.in_flight.saturating_sub(1);
+        }
+    }
+
+    fn shed_all(&mut self, why: Shed) {
+        for w in self.queue.drain(..) {
+            let _ = w.tx.send(Err(why));
+        }
+    }
+}
+
+/// Removes a queued waiter whose future was dropped (client gone).
+struct QueuedGuard<'a> {
+    pool: &'a Arc<PoolRuntime>,
+    id: u64,
+    armed: bool,
+}
+
+impl Drop for QueuedGuard<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.pool.remove_waiter(self.id);
+        }
+    }
+}
+
+/// The right to send one request to one endpoint. Dropping it releases the
+/// endpoint's slot and wakes the next waiter.
+pub struct Lease {
+    pool: Arc<PoolRuntime>,
+    endpoint_id: u64,
+    endpoint: Arc<Endpoint>,
+    addr: Arc<str>,
+    queue_wait: Duration,
+    armed: bool,
+}
+
+impl Lease {
+    /// The endpoint to send to.
+    pub fn endpoint(&self) -> &Endpoint {
+        &self.endpoint
+    }
+
+    /// The endpoint's address label.
+    pub fn addr(&self) -> &Arc<str> {
+        &self.addr
+    }
+
+    /// The pool's name.
+    pub fn pool_name(&self) -> &str {
+        &self.pool.name
+    }
+
+    /// How long the request waited in the queue.
+    pub fn queue_wait(&self) -> Duration {
+        self.queue_wait
+    }
+
+    /// Folds what the attempt taught us into the endpoint's EWMA.
+    pub fn observe(&self, sample: Sample) {
+        self.pool.observe(self.endpoint_id, sample);
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        if self.armed {
+            self.pool.release(self.endpoint_id);
+        }
+    }
+}
+
+impl std::fmt::Debug for Lease {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Lease")
+            .field("pool", &self.pool.name)
+            .field("addr", &self.addr)
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use router_policy::Scoring;
+
+    fn settings(max_size: usize, timeout_ms: u64, max_concurrency: Option<u32>) -> PoolSettings {
+        PoolSettings {
+            queue: QueueSettings {
+                max_size,
+                timeout: Duration::from_millis(timeout_ms),
+                latency_threshold_s: 3.0,
+                ewma_alpha: 0.3,
+                scoring: Scoring::PeakEwma,
+            },
+            max_concurrency,
+        }
+    }
+
+    fn eps(addrs: &[&str]) -> Vec<Endpoint> {
+        addrs.iter().map(|a| Endpoint::parse(a).unwrap()).collect()
+    }
+
+    fn pool(
+        max_size: usize,
+        timeout_ms: u64,
+        cap: Option<u32>,
+        addrs: &[&str],
+    ) -> Arc<PoolRuntime> {
+        PoolRuntime::new(
+            "p",
+            settings(max_size, timeout_ms, cap),
+            &eps(addrs),
+            PoolCounters::default(),
+        )
+    }
+
+    fn in_flight(p: &PoolRuntime) -> u32 {
+        p.status().endpoints.iter().map(|e| e.in_flight).sum()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn no_endpoints_is_an_immediate_no_backend() {
+        let p = pool(10, 1_000_000, None, &[]);
+        let started = Instant::now();
+        assert_eq!(p.acquire().await.unwrap_err(), Shed::NoBackend);
+        assert_eq!(started.elapsed(), Duration::ZERO);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_freed_slot_wakes_the_next_waiter_without_a_tick() {
+        let p = pool(10, 60_000, Some(1), &["h:1"]);
+        let first = p.acquire().await.unwrap();
+        let waiter = tokio::spawn({
+            let p = Arc::clone(&p);
+            async move { p.acquire().await.map(|l| l.queue_wait()) }
+        });
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        assert_eq!(p.status().queue_depth, 1);
+        drop(first);
+        let waited = waiter.await.unwrap().unwrap();
+        // Woken exactly when the slot was freed: no 50 ms polling step.
+        assert_eq!(waited, Duration::from_millis(250));
+        assert_eq!(in_flight(&p), 0);
+        assert_eq!(p.counters.dispatched.get(), 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_oldest_waiter_is_evicted_when_the_queue_is_full() {
+        let p = pool(2, 60_000, Some(1), &["h:1"]);
+        let _busy = p.acquire().await.unwrap();
+        let mut waiters = Vec::new();
+        for _ in 0..3 {
+            let p2 = Arc::clone(&p);
+            waiters.push(tokio::spawn(async move { p2.acquire().await }));
+            tokio::task::yield_now().await;
+        }
+        let oldest = waiters.remove(0).await.unwrap();
+        assert_eq!(oldest.unwrap_err(), Shed::QueueFull);
+        assert_eq!(p.status().queue_depth, 2);
+        assert_eq!(p.counters.evicted.get(), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_waiter_past_the_timeout_is_shed() {
+        let p = pool(10, 500, Some(1), &["h:1"]);
+        let _busy = p.acquire().await.unwrap();
+        let started = Instant::now();
+        assert_eq!(p.acquire().await.unwrap_err(), Shed::QueueTimeout);
+        assert_eq!(started.elapsed(), Duration::from_millis(500));
+        assert_eq!(p.status().queue_depth, 0);
+        assert_eq!(p.counters.timed_out.get(), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_dropped_waiter_leaves_the_queue_at_once() {
+        let p = pool(10, 60_000, Some(1), &["h:1"]);
+        let busy = p.acquire().await.unwrap();
+        let waiter = tokio::spawn({
+            let p = Arc::clone(&p);
+            async move { p.acquire().await }
+        });
+        tokio::task::yield_now().await;
+        assert_eq!(p.status().queue_depth, 1);
+        waiter.abort();
+        let _ = waiter.await;
+        assert_eq!(p.status().queue_depth, 0);
+        drop(busy);
+        assert_eq!(in_flight(&p), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn emptying_the_pool_sheds_waiters_and_keeps_in_flight_sane() {
+        let p = pool(10, 60_000, Some(1), &["h:1"]);
+        let busy = p.acquire().await.unwrap();
+        let waiter = tokio::spawn({
+            let p = Arc::clone(&p);
+            async move { p.acquire().await }
+        });
+        tokio::task::yield_now().await;
+        p.update(settings(10, 60_000, Some(1)), &[]);
+        assert_eq!(waiter.await.unwrap().unwrap_err(), Shed::NoBackend);
+        // The removed endpoint's lease releases nothing and breaks nothing.
+        drop(busy);
+        p.update(settings(10, 60_000, Some(1)), &eps(&["h:2"]));
+        let l = p.acquire().await.unwrap();
+        assert_eq!(l.endpoint().authority(), "h:2");
+        drop(l);
+        assert_eq!(in_flight(&p), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn untried_endpoints_get_one_probe_each() {
+        let p = pool(10, 60_000, None, &["h:1", "h:2"]);
+        let a = p.acquire().await.unwrap();
+        let b = p.acquire().await.unwrap();
+        assert_ne!(a.endpoint(), b.endpoint());
+        // Both probes in flight and no samples: the third request waits.
+        let third = tokio::spawn({
+            let p = Arc::clone(&p);
+            async move { p.acquire().await.map(|l| l.endpoint().clone()) }
+        });
+        tokio::task::yield_now().await;
+        assert_eq!(p.status().queue_depth, 1);
+        b.observe(Sample::Success(Duration::from_millis(10)));
+        // The sample makes b's endpoint eligible (under threshold) at once.
+        assert_eq!(&third.await.unwrap().unwrap(), b.endpoint());
+        drop((a, b));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn failures_count_as_slow() {
+        let p = pool(10, 60_000, None, &["h:1", "h:2"]);
+        let a = p.acquire().await.unwrap();
+        let b = p.acquire().await.unwrap();
+        a.observe(Sample::Failure(Duration::from_micros(50)));
+        b.observe(Sample::Success(Duration::from_millis(100)));
+        let (dead, live) = (a.endpoint().clone(), b.endpoint().clone());
+        drop((a, b));
+        for _ in 0..5 {
+            let l = p.acquire().await.unwrap();
+            assert_eq!(l.endpoint(), &live, "a failing endpoint must not look fast");
+            assert_ne!(l.endpoint(), &dead);
+        }
+    }
+}

@@ -1,0 +1,278 @@
+//! Process settings from the `CUSTOM_ROUTER_*` environment.
+//!
+//! The Hugging Face custom router is configured by six variables; we read
+//! them with the same names and defaults, plus a few of our own. Every value
+//! is checked: a bad one stops startup with an error that names the
+//! variable, never a silent fallback to the default.
+
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use router_policy::document::positive_duration;
+use router_policy::{QueueSettings, Scoring};
+
+/// A variable whose value cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid value for {var}: {shown}: expected {expected}")]
+pub struct SettingsError {
+    /// The variable's name.
+    pub var: &'static str,
+    /// The value as given (quoted), or a placeholder for secrets.
+    pub shown: String,
+    /// What would have been accepted.
+    pub expected: &'static str,
+}
+
+/// Everything the proxy process reads from its environment.
+#[derive(Clone, PartialEq)]
+pub struct Settings {
+    /// Address to listen on (`CUSTOM_ROUTER_BIND`, default `0.0.0.0`).
+    pub bind: IpAddr,
+    /// Port (`CUSTOM_ROUTER_PORT`, default 3000).
+    pub port: u16,
+    /// Queue defaults for pools that do not set their own
+    /// (`CUSTOM_ROUTER_QUEUE_MAX_SIZE`, `_QUEUE_TIMEOUT`,
+    /// `_LATENCY_THRESHOLD`, `_EWMA_ALPHA`, `_SCORING`).
+    pub queue: QueueSettings,
+    /// Per-endpoint concurrency limit of the sidecar pool
+    /// (`CUSTOM_ROUTER_MAX_CONCURRENCY`, default 0 = no limit, as Hugging Face).
+    pub max_concurrency: Option<u32>,
+    /// Interval of the backend-state log (`CUSTOM_ROUTER_STATE_LOG_INTERVAL`, 30 s).
+    pub state_log_interval: Duration,
+    /// Bearer token guarding the admin calls (`CUSTOM_ROUTER_ADMIN_TOKEN`).
+    pub admin_token: Option<String>,
+    /// Largest accepted request body (`CUSTOM_ROUTER_MAX_BODY_BYTES`, 32 MiB).
+    pub max_body_bytes: usize,
+    /// Time a client has to send its request headers
+    /// (`CUSTOM_ROUTER_CLIENT_HEADER_TIMEOUT`, 30 s).
+    pub client_header_timeout: Duration,
+    /// Time a client has to send its request body
+    /// (`CUSTOM_ROUTER_CLIENT_BODY_TIMEOUT`, 60 s).
+    pub client_body_timeout: Duration,
+    /// TCP connect timeout to backends (`CUSTOM_ROUTER_CONNECT_TIMEOUT`, 5 s).
+    pub connect_timeout: Duration,
+    /// Extra PEM roots trusted for HTTPS backends, beside the webpki roots
+    /// (`CUSTOM_ROUTER_UPSTREAM_CA_FILE`).
+    pub upstream_ca_file: Option<PathBuf>,
+    /// How often the standalone policy file is checked for changes
+    /// (`CUSTOM_ROUTER_POLICY_POLL_INTERVAL`, 1 s).
+    pub policy_poll_interval: Duration,
+}
+
+impl std::fmt::Debug for Settings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Settings")
+            .field("bind", &self.bind)
+            .field("port", &self.port)
+            .field("queue", &self.queue)
+            .field("max_concurrency", &self.max_concurrency)
+            .field(
+                "admin_token",
+                &self.admin_token.as_ref().map(|_| "<redacted>"),
+            )
+            .field("max_body_bytes", &self.max_body_bytes)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            bind: IpAddr::from([0, 0, 0, 0]),
+            port: 3000,
+            queue: QueueSettings::default(),
+            max_concurrency: None,
+            state_log_interval: Duration::from_secs(30),
+            admin_token: None,
+            max_body_bytes: 32 * 1024 * 1024,
+            client_header_timeout: Duration::from_secs(30),
+            client_body_timeout: Duration::from_secs(60),
+            connect_timeout: Duration::from_secs(5),
+            upstream_ca_file: None,
+            policy_poll_interval: Duration::from_secs(1),
+        }
+    }
+}
+
+impl Settings {
+    /// Reads the process environment.
+    pub fn from_env() -> Result<Self, SettingsError> {
+        Self::from_lookup(|name| std::env::var(name).ok())
+    }
+
+    /// Reads settings through `lookup` (the environment, or a map in tests).
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, SettingsError> {
+        let mut s = Self::default();
+        let get = |var: &'static str| lookup(var).map(|v| (var, v));
+
+        if let Some((var, v)) = get("CUSTOM_ROUTER_BIND") {
+            s.bind = v
+                .trim()
+                .parse()
+                .map_err(|_| bad(var, &v, "an IP address"))?;
+        }
+        if let Some((var, v)) = get("CUSTOM_ROUTER_PORT") {
+            s.port = v
+                .trim()
+                .parse()
+                .map_err(|_| bad(var, &v, "a port number 0-65535"))?;
+        }
+        if let Some((var, v)) = get("CUSTOM_ROUTER_LATENCY_THRESHOLD") {
+            s.queue.latency_threshold_s = seconds(var, &v)?.as_secs_f64();
+        }
+        if let Some((var, v)) = get("CUSTOM_ROUTER_QUEUE_MAX_SIZE") {
+            s.queue.max_size = match v.trim().parse::<usize>() {
+                Ok(n) if n >= 1 => n,
+                _ => return Err(bad(var, &v, "an integer of at least 1")),
+            };
+        }
+        if let Some((var, v)) = get("CUSTOM_ROUTER_QUEUE_TIMEOUT") {
+            s.queue.timeout = seconds(var, &v)?;
+        }
+        if let Some((var, v)) = get("CUSTOM_ROUTER_EWMA_ALPHA") {
+            s.queue.ewma_alpha = match v.trim().parse::<f64>() {
+                Ok(a) if a > 0.0 && a <= 1.0 => a,
+                _ => return Err(bad(var, &v, "a number in (0, 1]")),
+            };
+        }
+        if let Some((var, v)) = get("CUSTOM_ROUTER_SCORING") {
+            s.queue.scoring =
+                Scoring::parse(v.trim()).ok_or_else(|| bad(var, &v, "peak_ewma or lowest_ewma"))?;
+        }
+        if let Some((var, v)) = get("CUSTOM_ROUTER_STATE_LOG_INTERVAL") {
+            s.state_log_interval = seconds(var, &v)?;
+        }
+        if let Some((var, v)) = get("CUSTOM_ROUTER_MAX_CONCURRENCY") {
+            s.max_concurrency = match v.trim().parse::<u32>() {
+                Ok(0) => None,
+                Ok(n) => Some(n),
+                Err(_) => return Err(bad(var, &v, "a non-negative integer (0 = no limit)")),
+            };
+        }
+        if let Some((_, v)) = get("CUSTOM_ROUTER_ADMIN_TOKEN") {
+            if v.trim().is_empty() {
+                return Err(SettingsError {
+                    var: "CUSTOM_ROUTER_ADMIN_TOKEN",
+                    shown: "(empty)".into(),
+                    expected: "a non-empty token, or the variable unset",
+                });
+            }
+            s.admin_token = Some(v.trim().to_string());
+        }
+        if let Some((var, v)) = get("CUSTOM_ROUTER_MAX_BODY_BYTES") {
+            s.max_body_bytes = match v.trim().parse::<usize>() {
+                Ok(n) if n >= 1 => n,
+                _ => return Err(bad(var, &v, "a positive number of bytes")),
+            };
+        }
+        if let Some((var, v)) = get("CUSTOM_ROUTER_CLIENT_HEADER_TIMEOUT") {
+            s.client_header_timeout = seconds(var, &v)?;
+        }
+        if let Some((var, v)) = get("CUSTOM_ROUTER_CLIENT_BODY_TIMEOUT") {
+            s.client_body_timeout = seconds(var, &v)?;
+        }
+        if let Some((var, v)) = get("CUSTOM_ROUTER_CONNECT_TIMEOUT") {
+            s.connect_timeout = seconds(var, &v)?;
+        }
+        if let Some((var, v)) = get("CUSTOM_ROUTER_UPSTREAM_CA_FILE") {
+            if v.trim().is_empty() {
+                return Err(bad(var, &v, "a path to a PEM file"));
+            }
+            s.upstream_ca_file = Some(PathBuf::from(v.trim()));
+        }
+        if let Some((var, v)) = get("CUSTOM_ROUTER_POLICY_POLL_INTERVAL") {
+            s.policy_poll_interval = seconds(var, &v)?;
+        }
+        Ok(s)
+    }
+}
+
+fn bad(var: &'static str, value: &str, expected: &'static str) -> SettingsError {
+    SettingsError {
+        var,
+        shown: format!("{value:?}"),
+        expected,
+    }
+}
+
+fn seconds(var: &'static str, value: &str) -> Result<Duration, SettingsError> {
+    value
+        .trim()
+        .parse::<f64>()
+        .ok()
+        .and_then(positive_duration)
+        .ok_or_else(|| bad(var, value, "a positive number of seconds"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn with(vars: &[(&str, &str)]) -> Result<Settings, SettingsError> {
+        let map: HashMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        Settings::from_lookup(|k| map.get(k).cloned())
+    }
+
+    #[test]
+    fn hugging_face_defaults() {
+        let s = with(&[]).unwrap();
+        assert_eq!(s.port, 3000);
+        assert_eq!(s.queue.latency_threshold_s, 3.0);
+        assert_eq!(s.queue.max_size, 1000);
+        assert_eq!(s.queue.timeout, Duration::from_secs(1200));
+        assert_eq!(s.queue.ewma_alpha, 0.3);
+        assert_eq!(s.state_log_interval, Duration::from_secs(30));
+        assert_eq!(s.admin_token, None);
+    }
+
+    #[test]
+    fn values_are_read() {
+        let s = with(&[
+            ("CUSTOM_ROUTER_PORT", "8080"),
+            ("CUSTOM_ROUTER_LATENCY_THRESHOLD", "2.5"),
+            ("CUSTOM_ROUTER_QUEUE_MAX_SIZE", "10"),
+            ("CUSTOM_ROUTER_QUEUE_TIMEOUT", "0.5"),
+            ("CUSTOM_ROUTER_EWMA_ALPHA", "1"),
+            ("CUSTOM_ROUTER_SCORING", "lowest_ewma"),
+            ("CUSTOM_ROUTER_MAX_CONCURRENCY", "4"),
+        ])
+        .unwrap();
+        assert_eq!(s.port, 8080);
+        assert_eq!(s.queue.latency_threshold_s, 2.5);
+        assert_eq!(s.queue.max_size, 10);
+        assert_eq!(s.queue.timeout, Duration::from_millis(500));
+        assert_eq!(s.queue.scoring, Scoring::LowestEwma);
+        assert_eq!(s.max_concurrency, Some(4));
+    }
+
+    #[test]
+    fn a_bad_value_names_its_variable() {
+        for (var, value) in [
+            ("CUSTOM_ROUTER_PORT", "http"),
+            ("CUSTOM_ROUTER_PORT", "70000"),
+            ("CUSTOM_ROUTER_LATENCY_THRESHOLD", "-1"),
+            ("CUSTOM_ROUTER_QUEUE_MAX_SIZE", "0"),
+            ("CUSTOM_ROUTER_QUEUE_TIMEOUT", "NaN"),
+            ("CUSTOM_ROUTER_EWMA_ALPHA", "1.5"),
+            ("CUSTOM_ROUTER_EWMA_ALPHA", "0"),
+            ("CUSTOM_ROUTER_STATE_LOG_INTERVAL", "soon"),
+            ("CUSTOM_ROUTER_SCORING", "random"),
+        ] {
+            let err = with(&[(var, value)]).unwrap_err();
+            assert_eq!(err.var, var);
+            assert!(err.to_string().contains(var), "{err}");
+        }
+    }
+
+    #[test]
+    fn the_admin_token_is_never_shown() {
+        let s = with(&[("CUSTOM_ROUTER_ADMIN_TOKEN", "s3cret")]).unwrap();
+        assert_eq!(s.admin_token.as_deref(), Some("s3cret"));
+        assert!(!format!("{s:?}").contains("s3cret"));
+    }
+}

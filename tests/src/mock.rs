@@ -150,6 +150,8 @@ pub struct MockStats {
     /// [`OverCap::Reject429`] (a 429 from [`Behavior::Status`] counts as
     /// completed instead).
     pub rejected_429: u64,
+    /// TCP connections accepted (a keep-alive client reuses them).
+    pub connections: u64,
 }
 
 /// A request as the mock received it.
@@ -324,6 +326,7 @@ async fn serve(listener: TcpListener, shared: Arc<Shared>, mut shutdown: oneshot
             _ = &mut shutdown => break,
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => {
+                    lock(&shared.stats).connections += 1;
                     connections.spawn(serve_connection(stream, Arc::clone(&shared)));
                 }
                 // E.g. out of file descriptors: back off instead of spinning.

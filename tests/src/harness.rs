@@ -1,0 +1,272 @@
+//! Starting a router in-process and talking to it over real sockets.
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, Method, Request, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use router_proxy::{Mode, ProxyOptions, RunningProxy, Settings};
+use serde_json::Value;
+
+/// Route decision lines written by a proxy under test.
+#[derive(Clone, Default)]
+pub struct LogCapture(Arc<Mutex<Vec<u8>>>);
+
+impl Write for LogCapture {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl LogCapture {
+    /// Every complete line so far, parsed as JSON.
+    pub fn lines(&self) -> Vec<Value> {
+        let bytes = self.0.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        String::from_utf8_lossy(&bytes)
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .map(|l| serde_json::from_str(l).expect("route log line is JSON"))
+            .collect()
+    }
+
+    /// Waits (up to 5 s) until at least `n` lines were written.
+    pub async fn wait_for(&self, n: usize) -> Vec<Value> {
+        for _ in 0..500 {
+            let lines = self.lines();
+            if lines.len() >= n {
+                return lines;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("expected {n} route log lines, got {}", self.lines().len());
+    }
+}
+
+/// A proxy under test, listening on 127.0.0.1.
+pub struct TestProxy {
+    /// The running proxy.
+    pub proxy: RunningProxy,
+    /// Its route decision log.
+    pub log: LogCapture,
+    /// A client for it.
+    pub client: TestClient,
+}
+
+impl TestProxy {
+    /// Starts a sidecar-mode proxy with `settings` (bind and port are set
+    /// to 127.0.0.1:0).
+    pub async fn sidecar(settings: Settings) -> Self {
+        Self::start(settings, Mode::Sidecar).await
+    }
+
+    /// Starts a proxy in `mode`.
+    pub async fn start(mut settings: Settings, mode: Mode) -> Self {
+        settings.bind = [127, 0, 0, 1].into();
+        settings.port = 0;
+        let log = LogCapture::default();
+        let proxy = router_proxy::start(ProxyOptions {
+            settings,
+            mode,
+            route_log: Box::new(log.clone()),
+        })
+        .await
+        .expect("proxy starts");
+        Self {
+            proxy,
+            log,
+            client: TestClient::new(),
+        }
+    }
+
+    /// The proxy's address.
+    pub fn addr(&self) -> SocketAddr {
+        self.proxy.local_addr()
+    }
+
+    /// `http://127.0.0.1:PORT` + `path`.
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.addr(), path)
+    }
+
+    /// `POST /_custom_router/set-backends`; panics unless it answers 200.
+    pub async fn set_backends(&self, backends: &[String]) {
+        let body = serde_json::json!({ "backends": backends }).to_string();
+        let r = self
+            .client
+            .send(
+                Method::POST,
+                &self.url("/_custom_router/set-backends"),
+                &[],
+                body,
+            )
+            .await;
+        assert_eq!(r.status, StatusCode::OK, "set-backends: {}", r.text());
+    }
+
+    /// `GET /_custom_router/health` as JSON.
+    pub async fn health(&self) -> Value {
+        let r = self
+            .client
+            .send(Method::GET, &self.url("/_custom_router/health"), &[], "")
+            .await;
+        assert_eq!(r.status, StatusCode::OK);
+        r.json()
+    }
+
+    /// `GET /metrics` text.
+    pub async fn metrics(&self) -> String {
+        self.client
+            .send(Method::GET, &self.url("/metrics"), &[], "")
+            .await
+            .text()
+    }
+
+    /// A chat completion for `model`.
+    pub async fn chat(&self, model: &str) -> TestResponse {
+        let body = serde_json::json!({
+            "model": model,
+            "messages": [{"role": "user", "content": "hi"}],
+        })
+        .to_string();
+        self.client
+            .send(
+                Method::POST,
+                &self.url("/v1/chat/completions"),
+                &[("content-type", "application/json")],
+                body,
+            )
+            .await
+    }
+}
+
+/// A keep-alive HTTP/1.1 client.
+#[derive(Clone)]
+pub struct TestClient {
+    client: Client<HttpConnector, Full<Bytes>>,
+}
+
+impl Default for TestClient {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl TestClient {
+    /// A new client with its own connection pool.
+    pub fn new() -> Self {
+        Self {
+            client: Client::builder(TokioExecutor::new()).build(HttpConnector::new()),
+        }
+    }
+
+    /// Sends a request and reads the whole answer.
+    pub async fn send(
+        &self,
+        method: Method,
+        url: &str,
+        headers: &[(&str, &str)],
+        body: impl Into<Bytes>,
+    ) -> TestResponse {
+        let mut req = Request::builder().method(method).uri(url);
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        let req = req
+            .body(Full::new(body.into()))
+            .expect("valid test request");
+        let resp = self.client.request(req).await.expect("request sent");
+        let (parts, body) = resp.into_parts();
+        let body = body.collect().await.expect("body read").to_bytes();
+        TestResponse {
+            status: parts.status,
+            headers: parts.headers,
+            body,
+        }
+    }
+
+    /// Sends a request and returns the streaming response.
+    pub async fn stream(
+        &self,
+        method: Method,
+        url: &str,
+        body: impl Into<Bytes>,
+    ) -> http::Response<hyper::body::Incoming> {
+        let req = Request::builder()
+            .method(method)
+            .uri(url)
+            .header("content-type", "application/json")
+            .body(Full::new(body.into()))
+            .expect("valid test request");
+        self.client.request(req).await.expect("request sent")
+    }
+}
+
+/// A complete answer.
+#[derive(Debug, Clone)]
+pub struct TestResponse {
+    /// Status.
+    pub status: StatusCode,
+    /// Headers.
+    pub headers: HeaderMap,
+    /// Body.
+    pub body: Bytes,
+}
+
+impl TestResponse {
+    /// Body as text.
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+
+    /// Body as JSON.
+    pub fn json(&self) -> Value {
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.text()))
+    }
+
+    /// The `error.type` of a router error.
+    pub fn error_type(&self) -> String {
+        self.json()["error"]["type"]
+            .as_str()
+            .unwrap_or("")
+            .to_string()
+    }
+
+    /// A header as text.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+}
+
+/// Polls `cond` every 10 ms until it holds, or panics after `within`.
+pub async fn eventually(within: Duration, what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + within;
+    while !cond() {
+        if tokio::time::Instant::now() > deadline {
+            panic!("timed out waiting for: {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Sum of the in-flight counts in a health answer.
+pub fn health_in_flight(health: &Value) -> u64 {
+    health["backends"]
+        .as_array()
+        .map(|b| b.iter().map(|e| e["in_flight"].as_u64().unwrap_or(0)).sum())
+        .unwrap_or(0)
+}

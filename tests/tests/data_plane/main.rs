@@ -1,0 +1,31 @@
+//! Data-plane integration tests: a real `router-proxy` in-process on
+//! 127.0.0.1, real HTTP, mock model endpoints on their own sockets.
+//! One module per feature.
+
+mod balance;
+mod exactly_once;
+mod queue;
+mod reload;
+mod sidecar;
+mod transport;
+
+use std::time::Duration;
+
+use router_proxy::Settings;
+use router_tests::mock::{MockConfig, MockModel};
+
+/// A mock with a name and a fixed latency.
+pub async fn mock(name: &str, latency_ms: u64) -> MockModel {
+    MockModel::start(MockConfig {
+        name: name.into(),
+        latency: Duration::from_millis(latency_ms),
+        ..MockConfig::default()
+    })
+    .await
+    .expect("mock starts")
+}
+
+/// Settings for a sidecar under test.
+pub fn settings() -> Settings {
+    Settings::default()
+}

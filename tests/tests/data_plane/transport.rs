@@ -1,0 +1,259 @@
+//! HTTP proxy correctness: headers, redirects, SSE, keep-alive, limits and
+//! timeouts against slow clients.
+
+use std::time::{Duration, Instant};
+
+use http::{Method, StatusCode};
+use http_body_util::BodyExt;
+use router_tests::harness::{eventually, TestProxy};
+use router_tests::mock::{Behavior, MockConfig, MockModel};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use crate::{mock, settings};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn headers_are_forwarded_cleanly_with_the_request_id() {
+    let backend = mock("b", 0).await;
+    let proxy = TestProxy::sidecar(settings()).await;
+    proxy.set_backends(&[backend.host_port()]).await;
+    let r = proxy
+        .client
+        .send(
+            Method::POST,
+            &proxy.url("/v1/chat/completions?trace=1"),
+            &[
+                ("connection", "keep-alive, x-hop-secret"),
+                ("x-hop-secret", "must not pass"),
+                ("keep-alive", "timeout=5"),
+                ("te", "trailers"),
+                ("proxy-authorization", "Basic abc"),
+                ("authorization", "Bearer end-to-end"),
+                ("x-forwarded-for", "203.0.113.9"),
+                ("x-request-id", "req-42"),
+                ("content-type", "application/json"),
+            ],
+            r#"{"model":"m"}"#,
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(r.header("x-request-id"), Some("req-42"));
+    let got = backend.requests();
+    assert_eq!(got.len(), 1);
+    let h = &got[0].headers;
+    assert_eq!(got[0].path, "/v1/chat/completions?trace=1");
+    for hop in ["x-hop-secret", "keep-alive", "te", "proxy-authorization"] {
+        assert!(h.get(hop).is_none(), "{hop} was forwarded");
+    }
+    assert_eq!(h["authorization"], "Bearer end-to-end");
+    assert_eq!(h["x-forwarded-for"], "203.0.113.9, 127.0.0.1");
+    assert_eq!(h["x-forwarded-proto"], "http");
+    assert_eq!(h["x-request-id"], "req-42");
+    assert_eq!(h["idempotency-key"], "req-42");
+    assert_eq!(h["host"], backend.host_port().as_str());
+    assert_eq!(h["x-forwarded-host"], proxy.addr().to_string().as_str());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_id_is_generated_when_absent() {
+    let backend = mock("b", 0).await;
+    let proxy = TestProxy::sidecar(settings()).await;
+    proxy.set_backends(&[backend.host_port()]).await;
+    let r = proxy.chat("m").await;
+    let id = r.header("x-request-id").unwrap().to_string();
+    // UUIDv7: version nibble 7.
+    assert_eq!(id.len(), 36);
+    assert_eq!(&id[14..15], "7");
+    assert_eq!(
+        backend.requests()[0].headers["idempotency-key"],
+        id.as_str()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redirects_go_back_to_the_client_unfollowed() {
+    let backend = MockModel::start(MockConfig {
+        behavior: Behavior::Redirect("http://127.0.0.1:9/elsewhere".into()),
+        ..MockConfig::default()
+    })
+    .await
+    .unwrap();
+    let proxy = TestProxy::sidecar(settings()).await;
+    proxy.set_backends(&[backend.host_port()]).await;
+    let r = proxy.chat("m").await;
+    assert_eq!(r.status, StatusCode::FOUND);
+    assert_eq!(r.header("location"), Some("http://127.0.0.1:9/elsewhere"));
+    assert_eq!(backend.stats().received, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sse_chunks_reach_the_client_before_the_stream_ends() {
+    let backend = MockModel::start(MockConfig {
+        name: "streamer".into(),
+        behavior: Behavior::Sse {
+            chunks: 5,
+            interval: Duration::from_millis(150),
+        },
+        ..MockConfig::default()
+    })
+    .await
+    .unwrap();
+    let proxy = TestProxy::sidecar(settings()).await;
+    proxy.set_backends(&[backend.host_port()]).await;
+    let started = Instant::now();
+    let resp = proxy
+        .client
+        .stream(
+            Method::POST,
+            &proxy.url("/v1/chat/completions"),
+            r#"{"model":"m","stream":true}"#,
+        )
+        .await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert_eq!(resp.headers()["content-type"], "text/event-stream");
+    let mut body = resp.into_body();
+    let first = loop {
+        let frame = body.frame().await.expect("a frame").expect("no error");
+        if let Ok(data) = frame.into_data() {
+            break data;
+        }
+    };
+    let first_at = started.elapsed();
+    assert!(String::from_utf8_lossy(&first).contains("tok0"));
+    // The backend is still producing: the stream has not ended.
+    assert_eq!(backend.stats().completed, 0);
+    let rest = body.collect().await.unwrap().to_bytes();
+    let ended_at = started.elapsed();
+    let rest = String::from_utf8_lossy(&rest);
+    assert!(rest.contains("tok4") && rest.contains("[DONE]"), "{rest}");
+    assert!(
+        ended_at >= first_at + Duration::from_millis(500),
+        "first chunk at {first_at:?}, end at {ended_at:?}"
+    );
+    let lines = proxy.log.wait_for(1).await;
+    // The latency sample is the time to the first byte, not to the end.
+    let ttfb = lines[0]["attempts"][0]["latency_ms"].as_f64().unwrap();
+    assert!(ttfb < 400.0, "ttfb {ttfb}");
+    assert!(lines[0]["elapsed_ms"].as_f64().unwrap() >= 600.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_connections_are_kept_alive() {
+    let backend = mock("b", 0).await;
+    let proxy = TestProxy::sidecar(settings()).await;
+    proxy.set_backends(&[backend.host_port()]).await;
+    for _ in 0..20 {
+        assert_eq!(proxy.chat("m").await.status, StatusCode::OK);
+    }
+    assert_eq!(backend.stats().received, 20);
+    assert_eq!(
+        backend.stats().connections,
+        1,
+        "one pooled connection reused"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bodies_over_the_limit_get_413() {
+    let backend = mock("b", 0).await;
+    let mut s = settings();
+    s.max_body_bytes = 1024;
+    let proxy = TestProxy::sidecar(s).await;
+    proxy.set_backends(&[backend.host_port()]).await;
+    let big = format!(r#"{{"model":"m","pad":"{}"}}"#, "x".repeat(2048));
+    let r = proxy
+        .client
+        .send(
+            Method::POST,
+            &proxy.url("/v1/chat/completions"),
+            &[],
+            big.clone(),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(r.error_type(), "payload_too_large");
+
+    // Chunked, with no Content-Length to check up front.
+    let mut conn = TcpStream::connect(proxy.addr()).await.unwrap();
+    let chunk = format!("{:x}\r\n{}\r\n0\r\n\r\n", big.len(), big);
+    let req = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n{chunk}"
+    );
+    conn.write_all(req.as_bytes()).await.unwrap();
+    let mut buf = vec![0u8; 4096];
+    let n = conn.read(&mut buf).await.unwrap();
+    let head = String::from_utf8_lossy(&buf[..n]);
+    assert!(head.starts_with("HTTP/1.1 413"), "{head}");
+    assert_eq!(backend.stats().received, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_json_gets_a_400_json_error() {
+    let backend = mock("b", 0).await;
+    let proxy = TestProxy::sidecar(settings()).await;
+    proxy.set_backends(&[backend.host_port()]).await;
+    let r = proxy
+        .client
+        .send(
+            Method::POST,
+            &proxy.url("/v1/chat/completions"),
+            &[],
+            "{\"model\": ",
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST);
+    assert_eq!(r.error_type(), "invalid_request");
+    assert_eq!(backend.stats().received, 0);
+    // Non-JSON paths pass through untouched.
+    let r = proxy
+        .client
+        .send(
+            Method::POST,
+            &proxy.url("/generate"),
+            &[],
+            "not json at all",
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(backend.requests()[0].body, "not json at all");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_clients_are_timed_out() {
+    let mut s = settings();
+    s.client_body_timeout = Duration::from_millis(300);
+    s.client_header_timeout = Duration::from_millis(300);
+    let proxy = TestProxy::sidecar(s).await;
+
+    // Headers, then only part of the promised body.
+    let mut conn = TcpStream::connect(proxy.addr()).await.unwrap();
+    conn.write_all(
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: 100\r\n\r\n{\"model\"",
+    )
+    .await
+    .unwrap();
+    let mut buf = vec![0u8; 4096];
+    let started = Instant::now();
+    let n = tokio::time::timeout(Duration::from_secs(3), conn.read(&mut buf))
+        .await
+        .expect("answered before 3 s")
+        .unwrap();
+    assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 408"));
+    assert!(started.elapsed() >= Duration::from_millis(250));
+
+    // Headers that never finish: the connection is closed.
+    let mut conn = TcpStream::connect(proxy.addr()).await.unwrap();
+    conn.write_all(b"GET / HTTP/1.1\r\nhost: x\r\n")
+        .await
+        .unwrap();
+    let n = tokio::time::timeout(Duration::from_secs(3), conn.read(&mut buf))
+        .await
+        .expect("closed before 3 s")
+        .unwrap_or(0);
+    let text = String::from_utf8_lossy(&buf[..n]);
+    assert!(n == 0 || text.starts_with("HTTP/1.1 408"), "{text}");
+    eventually(Duration::from_secs(1), "log", || {
+        proxy.log.lines().len() == 1
+    })
+    .await;
+}

@@ -92,6 +92,10 @@ struct Args {
     /// nginx worker_processes (the router's runtime uses all cores too).
     #[arg(long, default_value_t = 2)]
     nginx_workers: usize,
+    /// Run all targets this many times (interleaved); the summary takes the
+    /// median of each number across rounds.
+    #[arg(long, default_value_t = 1)]
+    rounds: usize,
     /// Print the report as one JSON object instead of the table.
     #[arg(long)]
     json: bool,
@@ -179,88 +183,117 @@ fn run(args: &Args) -> Result<Report, BoxError> {
         .enable_all()
         .build()?;
 
-    let router_bin = args.router_bin.clone().unwrap_or_else(default_router_bin);
-    let mut results = Vec::new();
-    for &target in &args.targets {
-        let name = target.name();
-        let mut result = TargetResult {
-            name,
-            ..TargetResult::default()
-        };
-        let started: Result<(Option<ChildGuard>, std::net::SocketAddr), BoxError> = match target {
-            Target::Direct => Ok((None, backend.addr)),
-            Target::Router => {
-                let spec = RouterSpec {
-                    bin: &router_bin,
-                    args: &args.router_args,
-                    env: &args.router_env,
-                    stderr_path: tmp.path.join("router-stderr.log"),
-                };
-                rt.block_on(procs::start_router(&spec, backend.addr))
-                    .map(|(g, a)| (Some(g), a))
-            }
-            Target::Nginx => match procs::find_nginx(args.nginx_bin.as_deref()) {
-                None => Err("nginx not found on PATH (install it or pass --nginx-bin)".into()),
-                Some(bin) => rt
-                    .block_on(procs::start_nginx(
-                        &bin,
-                        &tmp.path,
-                        backend.addr,
-                        args.nginx_workers.max(1),
-                    ))
-                    .map(|(g, a)| (Some(g), a)),
-            },
-        };
-        let (mut guard, addr) = match started {
-            Ok(s) => s,
-            Err(e) => {
-                eprintln!("{name} not available: {e}");
-                result.unavailable = Some(e.to_string());
-                results.push(result);
-                continue;
-            }
-        };
-        if let Err(e) = rt.block_on(check_target(addr, &mut result)) {
-            eprintln!("{name} not available: {e}");
-            result.unavailable = Some(e.to_string());
-            results.push(result);
-            continue;
+    let env = Env {
+        args,
+        cfg,
+        rt: &rt,
+        backend: &backend,
+        tmp: &tmp.path,
+        router_bin: args.router_bin.clone().unwrap_or_else(default_router_bin),
+    };
+    let mut rounds = Vec::new();
+    for round in 1..=args.rounds.max(1) {
+        if args.rounds > 1 {
+            eprintln!("--- round {round} of {}", args.rounds);
         }
-        let hits_before = backend.hits();
-        eprintln!(
-            "{name} ({addr}): fixed rate {} req/s for {} s + {} s warmup ...",
-            args.rate, args.duration, args.warmup
-        );
-        let fixed = FixedStats::from_run(rt.block_on(load::fixed_rate(addr, args.rate, cfg)));
-        eprintln!(
-            "{name}: closed loop, {} connections, {} s + {} s warmup ...",
-            args.concurrency, args.duration, args.warmup
-        );
-        let max = rt.block_on(load::max_throughput(addr, cfg));
-        result.max = Some(MaxStats::from_run(&max, cfg.duration.as_secs_f64()));
-        result.fixed = Some(fixed);
-        result.backend_hits = backend.hits() - hits_before;
-        if let Some(g) = guard.as_mut() {
-            if let Some(why) = g.exited() {
-                result.warnings.push(format!("{why} during the run"));
-            }
+        let mut results = Vec::new();
+        for &target in &args.targets {
+            results.push(measure_target(&env, target));
+            std::thread::sleep(Duration::from_millis(500));
         }
-        drop(guard);
-        results.push(result);
-        std::thread::sleep(Duration::from_millis(500));
+        rounds.push(results);
     }
     drop(backend);
-    Ok(Report {
-        settings: Settings {
+    Ok(Report::new(
+        Settings {
             rate: args.rate,
             warmup_s: args.warmup,
             duration_s: args.duration,
             concurrency: args.concurrency,
             client_threads: args.client_threads,
             nginx_workers: args.nginx_workers.max(1),
+            rounds: args.rounds.max(1),
         },
-        targets: results,
-    })
+        rounds,
+    ))
+}
+
+/// What measuring one target needs.
+struct Env<'a> {
+    args: &'a Args,
+    cfg: LoadConfig,
+    rt: &'a tokio::runtime::Runtime,
+    backend: &'a Backend,
+    tmp: &'a std::path::Path,
+    router_bin: PathBuf,
+}
+
+/// Starts `target` (if it is a process), runs both phases against it and
+/// stops it again.
+fn measure_target(env: &Env<'_>, target: Target) -> TargetResult {
+    let (args, cfg, rt, backend) = (env.args, env.cfg, env.rt, env.backend);
+    let name = target.name();
+    let mut result = TargetResult {
+        name,
+        ..TargetResult::default()
+    };
+    let started: Result<(Option<ChildGuard>, std::net::SocketAddr), BoxError> = match target {
+        Target::Direct => Ok((None, backend.addr)),
+        Target::Router => {
+            let spec = RouterSpec {
+                bin: &env.router_bin,
+                args: &args.router_args,
+                env: &args.router_env,
+                stderr_path: env.tmp.join("router-stderr.log"),
+            };
+            rt.block_on(procs::start_router(&spec, backend.addr))
+                .map(|(g, a)| (Some(g), a))
+        }
+        Target::Nginx => match procs::find_nginx(args.nginx_bin.as_deref()) {
+            None => Err("nginx not found on PATH (install it or pass --nginx-bin)".into()),
+            Some(bin) => rt
+                .block_on(procs::start_nginx(
+                    &bin,
+                    env.tmp,
+                    backend.addr,
+                    args.nginx_workers.max(1),
+                ))
+                .map(|(g, a)| (Some(g), a)),
+        },
+    };
+    let (mut guard, addr) = match started {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("{name} not available: {e}");
+            result.unavailable = Some(e.to_string());
+            return result;
+        }
+    };
+    if let Err(e) = rt.block_on(check_target(addr, &mut result)) {
+        eprintln!("{name} not available: {e}");
+        result.unavailable = Some(e.to_string());
+        return result;
+    }
+    let hits_before = backend.hits();
+    eprintln!(
+        "{name} ({addr}): fixed rate {} req/s for {} s + {} s warmup ...",
+        args.rate, args.duration, args.warmup
+    );
+    let fixed = FixedStats::from_run(rt.block_on(load::fixed_rate(addr, args.rate, cfg)));
+    eprintln!(
+        "{name}: closed loop, {} connections, {} s + {} s warmup ...",
+        args.concurrency, args.duration, args.warmup
+    );
+    let max = rt.block_on(load::max_throughput(addr, cfg));
+    result.max = Some(MaxStats::from_run(&max, cfg.duration.as_secs_f64()));
+    result.fixed = Some(fixed);
+    result.backend_hits = backend.hits() - hits_before;
+    if let Some(g) = guard.as_mut() {
+        if let Some(why) = g.exited() {
+            result.warnings.push(format!("{why} during the run"));
+        }
+    }
+    result
 }
 
 /// One request through the target before loading it: it must answer 200;

@@ -120,13 +120,96 @@ pub(crate) struct Settings {
     pub(crate) concurrency: usize,
     pub(crate) client_threads: usize,
     pub(crate) nginx_workers: usize,
+    pub(crate) rounds: usize,
 }
 
 /// The whole report.
 #[derive(Clone, Debug)]
 pub(crate) struct Report {
-    pub(crate) settings: Settings,
-    pub(crate) targets: Vec<TargetResult>,
+    settings: Settings,
+    /// Each round's results, targets in run order.
+    rounds: Vec<Vec<TargetResult>>,
+    /// One result per target: the median over rounds of each number (sums
+    /// for counts).
+    targets: Vec<TargetResult>,
+}
+
+fn median(mut v: Vec<f64>) -> Option<f64> {
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    Some(if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    })
+}
+
+fn median_percentiles(all: &[Percentiles]) -> Option<Percentiles> {
+    let field = |f: fn(&Percentiles) -> f64| median(all.iter().map(f).collect());
+    Some(Percentiles {
+        p50: field(|p| p.p50)?,
+        p90: field(|p| p.p90)?,
+        p99: field(|p| p.p99)?,
+        max: field(|p| p.max)?,
+    })
+}
+
+/// Folds one target's results over all rounds into one.
+fn summarise(name: &'static str, runs: &[&TargetResult]) -> TargetResult {
+    let many = runs.len() > 1;
+    let mut out = TargetResult {
+        name,
+        ..TargetResult::default()
+    };
+    for (i, r) in runs.iter().enumerate() {
+        let prefix = if many {
+            format!("round {}: ", i + 1)
+        } else {
+            String::new()
+        };
+        out.warnings
+            .extend(r.warnings.iter().map(|w| format!("{prefix}{w}")));
+        out.backend_hits += r.backend_hits;
+    }
+    let fixed: Vec<&FixedStats> = runs.iter().filter_map(|r| r.fixed.as_ref()).collect();
+    let max: Vec<MaxStats> = runs.iter().filter_map(|r| r.max).collect();
+    if fixed.is_empty() && max.is_empty() {
+        out.unavailable = Some(
+            runs.iter()
+                .find_map(|r| r.unavailable.clone())
+                .unwrap_or_else(|| "not run".into()),
+        );
+        return out;
+    }
+    for (i, r) in runs.iter().enumerate() {
+        if let Some(why) = &r.unavailable {
+            out.warnings
+                .push(format!("round {}: not measured: {why}", i + 1));
+        }
+    }
+    if !fixed.is_empty() {
+        let lat: Vec<Percentiles> = fixed.iter().filter_map(|f| f.latency).collect();
+        let svc: Vec<Percentiles> = fixed.iter().filter_map(|f| f.service).collect();
+        out.fixed = Some(FixedStats {
+            scheduled: fixed.iter().map(|f| f.scheduled).sum(),
+            ok: fixed.iter().map(|f| f.ok).sum(),
+            errors: fixed.iter().map(|f| f.errors).sum(),
+            achieved_rps: median(fixed.iter().map(|f| f.achieved_rps).collect()).unwrap_or(0.0),
+            latency: median_percentiles(&lat),
+            service: median_percentiles(&svc),
+        });
+    }
+    if !max.is_empty() {
+        out.max = Some(MaxStats {
+            ok: max.iter().map(|m| m.ok).sum(),
+            errors: max.iter().map(|m| m.errors).sum(),
+            rps: median(max.iter().map(|m| m.rps).collect()).unwrap_or(0.0),
+        });
+    }
+    out
 }
 
 /// One informational goal.
@@ -138,6 +221,29 @@ struct Goal {
 }
 
 impl Report {
+    /// Builds the report and its per-target summary.
+    pub(crate) fn new(settings: Settings, rounds: Vec<Vec<TargetResult>>) -> Self {
+        let mut names: Vec<&'static str> = Vec::new();
+        for t in rounds.iter().flatten() {
+            if !names.contains(&t.name) {
+                names.push(t.name);
+            }
+        }
+        let targets = names
+            .iter()
+            .map(|&name| {
+                let runs: Vec<&TargetResult> =
+                    rounds.iter().flatten().filter(|t| t.name == name).collect();
+                summarise(name, &runs)
+            })
+            .collect();
+        Self {
+            settings,
+            rounds,
+            targets,
+        }
+    }
+
     fn get(&self, name: &str) -> Option<&TargetResult> {
         self.targets.iter().find(|t| t.name == name)
     }
@@ -194,31 +300,11 @@ impl Report {
     /// The report as one JSON object.
     pub(crate) fn to_json(&self) -> Value {
         let s = &self.settings;
-        let targets: Vec<Value> = self
-            .targets
+        let targets: Vec<Value> = self.targets.iter().map(target_json).collect();
+        let rounds: Vec<Value> = self
+            .rounds
             .iter()
-            .map(|t| {
-                json!({
-                    "name": t.name,
-                    "available": t.unavailable.is_none(),
-                    "unavailable_reason": t.unavailable,
-                    "warnings": t.warnings,
-                    "backend_hits": t.backend_hits,
-                    "fixed_rate": t.fixed.as_ref().map(|f| json!({
-                        "scheduled": f.scheduled,
-                        "ok": f.ok,
-                        "errors": f.errors,
-                        "achieved_rps": round3(f.achieved_rps),
-                        "latency": f.latency.map(Percentiles::to_json),
-                        "service_time": f.service.map(Percentiles::to_json),
-                    })),
-                    "max_throughput": t.max.map(|m| json!({
-                        "ok": m.ok,
-                        "errors": m.errors,
-                        "rps": round3(m.rps),
-                    })),
-                })
-            })
+            .map(|r| Value::Array(r.iter().map(target_json).collect()))
             .collect();
         let added = |name: &str| {
             self.added(name)
@@ -244,9 +330,12 @@ impl Report {
                 "concurrency": s.concurrency,
                 "client_threads": s.client_threads,
                 "nginx_workers": s.nginx_workers,
+                "rounds": s.rounds,
+                "summary": "median over rounds of each number; counts are summed",
                 "latency_origin": "intended send time when behind schedule, else actual send time",
             },
             "targets": targets,
+            "rounds": rounds,
             "comparison": {
                 "router_added_latency": added("router"),
                 "nginx_added_latency": added("nginx"),
@@ -265,8 +354,23 @@ impl Report {
         let _ = writeln!(
             out,
             "proxy-bench: fixed rate {} req/s (open loop), then closed loop; warmup {} s, \
-             duration {} s, {} connections, {} client thread(s), nginx {} worker(s)\n",
-            s.rate, s.warmup_s, s.duration_s, s.concurrency, s.client_threads, s.nginx_workers
+             duration {} s, {} connections, {} client thread(s), nginx {} worker(s), {} round(s)",
+            s.rate,
+            s.warmup_s,
+            s.duration_s,
+            s.concurrency,
+            s.client_threads,
+            s.nginx_workers,
+            s.rounds
+        );
+        let _ = writeln!(
+            out,
+            "latency at the fixed rate from the intended send time (see README){}\n",
+            if s.rounds > 1 {
+                "; each number is the median over rounds"
+            } else {
+                ""
+            }
         );
         let _ = writeln!(
             out,
@@ -310,6 +414,27 @@ impl Report {
                 let _ = writeln!(out, "{:<8} |   warning: {w}", "");
             }
         }
+        if self.rounds.len() > 1 {
+            let _ = writeln!(
+                out,
+                "\nper round (p50 / p99 ms at the fixed rate, max rps):"
+            );
+            for (i, round) in self.rounds.iter().enumerate() {
+                let cells: Vec<String> = round
+                    .iter()
+                    .map(|t| {
+                        let lat = t.fixed.as_ref().and_then(|f| f.latency);
+                        match (lat, t.max) {
+                            (Some(l), Some(m)) => {
+                                format!("{} {:.3} / {:.3} / {:.0}", t.name, l.p50, l.p99, m.rps)
+                            }
+                            _ => format!("{} n/a", t.name),
+                        }
+                    })
+                    .collect();
+                let _ = writeln!(out, "  round {}: {}", i + 1, cells.join("  |  "));
+            }
+        }
         let _ = writeln!(out);
         let ms = |v: Option<(f64, f64)>| {
             v.map_or_else(
@@ -344,6 +469,29 @@ impl Report {
         }
         out
     }
+}
+
+fn target_json(t: &TargetResult) -> Value {
+    json!({
+        "name": t.name,
+        "available": t.unavailable.is_none(),
+        "unavailable_reason": t.unavailable,
+        "warnings": t.warnings,
+        "backend_hits": t.backend_hits,
+        "fixed_rate": t.fixed.as_ref().map(|f| json!({
+            "scheduled": f.scheduled,
+            "ok": f.ok,
+            "errors": f.errors,
+            "achieved_rps": round3(f.achieved_rps),
+            "latency": f.latency.map(Percentiles::to_json),
+            "service_time": f.service.map(Percentiles::to_json),
+        })),
+        "max_throughput": t.max.map(|m| json!({
+            "ok": m.ok,
+            "errors": m.errors,
+            "rps": round3(m.rps),
+        })),
+    })
 }
 
 fn verdict(pass: Option<bool>) -> &'static str {

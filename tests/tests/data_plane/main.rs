@@ -2,11 +2,14 @@
 //! 127.0.0.1, real HTTP, mock model endpoints on their own sockets.
 //! One module per feature.
 
+#![allow(clippy::unwrap_used)]
+
 mod balance;
 mod exactly_once;
 mod queue;
 mod reload;
 mod sidecar;
+mod tls;
 mod transport;
 
 use std::time::Duration;

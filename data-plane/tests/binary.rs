@@ -107,6 +107,7 @@ fn sidecar_logs_its_state_and_writes_route_lines_to_stdout() {
     assert!(state.contains("queue_depth=0"), "{state}");
 
     let _ = child.kill();
+    let _ = child.wait();
     let mut stdout = String::new();
     child
         .stdout

@@ -137,9 +137,15 @@ pub struct Metadata {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Spec {
+    /// Deadlines and timeouts for routes that do not set their own.
+    #[serde(default)]
+    pub defaults: DefaultsSpec,
     /// Queue settings for pools that do not set their own.
     #[serde(default)]
     pub queue: QueueSpec,
+    /// Per-endpoint circuit breaker.
+    #[serde(default)]
+    pub circuit_breaker: CircuitSpec,
     /// Pools of endpoints.
     #[serde(default)]
     pub pools: Vec<PoolSpec>,
@@ -170,6 +176,64 @@ pub struct QueueSpec {
     pub scoring: Option<Scoring>,
 }
 
+/// Request defaults as written.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DefaultsSpec {
+    /// End-to-end budget of a request without `X-Router-Deadline-Ms`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deadline_ms: Option<u64>,
+    /// Longest single attempt (queue wait included).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempt_timeout_ms: Option<u64>,
+}
+
+/// Circuit breaker settings as written.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CircuitSpec {
+    /// Consecutive failures that open an endpoint's circuit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub consecutive_errors: Option<u32>,
+    /// Seconds it stays open before one probe is let through.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub open_duration_s: Option<f64>,
+}
+
+/// An endpoint as written: a base URL, or `{url, drain}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum EndpointSpec {
+    /// Just the base URL.
+    Url(String),
+    /// With options.
+    Detailed(EndpointOptions),
+}
+
+/// An endpoint with options.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EndpointOptions {
+    /// Base URL.
+    pub url: String,
+    /// Drained: no new requests; those in flight finish.
+    #[serde(default)]
+    pub drain: bool,
+}
+
+impl EndpointSpec {
+    fn url(&self) -> &str {
+        match self {
+            Self::Url(u) => u,
+            Self::Detailed(d) => &d.url,
+        }
+    }
+
+    fn drain(&self) -> bool {
+        matches!(self, Self::Detailed(d) if d.drain)
+    }
+}
+
 /// A pool as written.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -184,10 +248,16 @@ pub struct PoolSpec {
     pub model: Option<String>,
     /// Base URLs of the endpoints.
     #[serde(default)]
-    pub endpoints: Vec<String>,
+    pub endpoints: Vec<EndpointSpec>,
     /// Requests in flight per endpoint at most.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_concurrency: Option<u32>,
+    /// Longest attempt on this pool; overrides the route's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempt_timeout_ms: Option<u64>,
+    /// Drain the whole pool: no new requests; those in flight finish.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub drain: bool,
     /// Queue settings for this pool.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub queue: Option<QueueSpec>,
@@ -205,6 +275,44 @@ pub struct RouteSpec {
     /// Pools to try, in order.
     #[serde(default)]
     pub chain: Vec<String>,
+    /// End-to-end budget of a request without `X-Router-Deadline-Ms`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deadline_ms: Option<u64>,
+    /// Longest single attempt (a pool's own setting wins).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempt_timeout_ms: Option<u64>,
+    /// Failures that move the request to the next pool.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_on: Option<Vec<RetryOn>>,
+    /// Fall back along the chain at all (default true).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fallback: Option<bool>,
+}
+
+/// A failure that may move a request to the next pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RetryOn {
+    /// The endpoint could not be reached (refused, reset before an answer, TLS).
+    ConnectError,
+    /// The attempt ran out of time (queue wait included).
+    Timeout,
+    /// The endpoint answered 429.
+    Status429,
+    /// The endpoint answered 5xx.
+    Status5xx,
+    /// A JSON answer that does not parse.
+    MalformedJson,
+}
+
+impl RetryOn {
+    /// The default set: everything but `malformed_json`.
+    pub const DEFAULT: [RetryOn; 4] = [
+        RetryOn::ConnectError,
+        RetryOn::Timeout,
+        RetryOn::Status429,
+        RetryOn::Status5xx,
+    ];
 }
 
 /// Match conditions as written.
@@ -262,6 +370,30 @@ pub struct Pool {
     pub max_concurrency: Option<u32>,
     /// Queue settings.
     pub queue: QueueSettings,
+    /// Longest attempt on this pool (wins over the route's).
+    pub attempt_timeout: Option<Duration>,
+    /// The whole pool is drained.
+    pub drain: bool,
+    /// Endpoints drained one by one.
+    pub drained: Vec<Endpoint>,
+}
+
+/// Resolved circuit breaker settings.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CircuitSettings {
+    /// Consecutive failures that open the circuit (at least 1).
+    pub consecutive_errors: u32,
+    /// How long it stays open before a probe.
+    pub open_duration: Duration,
+}
+
+impl Default for CircuitSettings {
+    fn default() -> Self {
+        Self {
+            consecutive_errors: 3,
+            open_duration: Duration::from_secs(60),
+        }
+    }
 }
 
 /// Validated match conditions.
@@ -309,6 +441,21 @@ pub struct Route {
     pub matches: RouteMatch,
     /// Pool names, in order; each names a pool of the policy.
     pub chain: Vec<String>,
+    /// Deadline of requests without a deadline header.
+    pub deadline: Option<Duration>,
+    /// Longest single attempt.
+    pub attempt_timeout: Option<Duration>,
+    /// Failures that move a request to the next pool.
+    pub retry_on: Vec<RetryOn>,
+    /// Whether the request may move past the first pool that takes it.
+    pub fallback: bool,
+}
+
+impl Route {
+    /// True when `failure` moves the request on.
+    pub fn retries_on(&self, failure: RetryOn) -> bool {
+        self.fallback && self.retry_on.contains(&failure)
+    }
 }
 
 /// A validated policy: the only form the router acts on.
@@ -320,6 +467,8 @@ pub struct Policy {
     pub pools: Vec<Pool>,
     /// Routes, in match order.
     pub routes: Vec<Route>,
+    /// Circuit breaker settings.
+    pub circuit: CircuitSettings,
 }
 
 impl Policy {
@@ -335,12 +484,20 @@ impl Policy {
                 endpoints: Vec::new(),
                 max_concurrency,
                 queue,
+                attempt_timeout: None,
+                drain: false,
+                drained: Vec::new(),
             }],
             routes: vec![Route {
                 name: "default".into(),
                 matches: RouteMatch::default(),
                 chain: vec!["default".into()],
+                deadline: None,
+                attempt_timeout: None,
+                retry_on: RetryOn::DEFAULT.to_vec(),
+                fallback: true,
             }],
+            circuit: CircuitSettings::default(),
         }
     }
 
@@ -379,6 +536,29 @@ impl PolicyDocument {
             errs.push("kind", format!("must be {KIND:?}"));
         }
         let spec_queue = resolve_queue(&self.spec.queue, defaults, "spec.queue", &mut errs);
+        let default_deadline = millis(self.spec.defaults.deadline_ms, "spec.defaults.deadline_ms", &mut errs);
+        let default_attempt = millis(
+            self.spec.defaults.attempt_timeout_ms,
+            "spec.defaults.attempt_timeout_ms",
+            &mut errs,
+        );
+        let mut circuit = CircuitSettings::default();
+        if let Some(n) = self.spec.circuit_breaker.consecutive_errors {
+            if n == 0 {
+                errs.push("spec.circuit_breaker.consecutive_errors", "must be at least 1");
+            } else {
+                circuit.consecutive_errors = n;
+            }
+        }
+        if let Some(t) = self.spec.circuit_breaker.open_duration_s {
+            match positive_duration(t) {
+                Some(d) => circuit.open_duration = d,
+                None => errs.push(
+                    "spec.circuit_breaker.open_duration_s",
+                    "must be a positive number of seconds",
+                ),
+            }
+        }
 
         if self.spec.pools.is_empty() {
             errs.push("spec.pools", "at least one pool is required");
@@ -395,16 +575,27 @@ impl PolicyDocument {
                 );
             }
             let mut endpoints = Vec::new();
+            let mut drained = Vec::new();
             for (j, e) in p.endpoints.iter().enumerate() {
-                match Endpoint::parse(e) {
+                match Endpoint::parse(e.url()) {
                     Ok(ep) if endpoints.contains(&ep) => errs.push(
                         format!("{at}.endpoints[{j}]"),
                         format!("duplicate endpoint {ep}"),
                     ),
-                    Ok(ep) => endpoints.push(ep),
+                    Ok(ep) => {
+                        if e.drain() {
+                            drained.push(ep.clone());
+                        }
+                        endpoints.push(ep);
+                    }
                     Err(err) => errs.push(format!("{at}.endpoints[{j}]"), err.to_string()),
                 }
             }
+            let attempt_timeout = millis(
+                p.attempt_timeout_ms,
+                &format!("{at}.attempt_timeout_ms"),
+                &mut errs,
+            );
             if p.max_concurrency == Some(0) {
                 errs.push(
                     format!("{at}.max_concurrency"),
@@ -427,6 +618,9 @@ impl PolicyDocument {
                 endpoints,
                 max_concurrency: p.max_concurrency,
                 queue,
+                attempt_timeout,
+                drain: p.drain,
+                drained,
             });
         }
 
@@ -484,10 +678,31 @@ impl PolicyDocument {
                     ),
                 );
             }
+            let deadline = millis(r.deadline_ms, &format!("{at}.deadline_ms"), &mut errs).or(default_deadline);
+            let attempt_timeout =
+                millis(r.attempt_timeout_ms, &format!("{at}.attempt_timeout_ms"), &mut errs).or(default_attempt);
+            let retry_on = match &r.retry_on {
+                Some(list) => {
+                    let mut out: Vec<RetryOn> = Vec::new();
+                    for (j, f) in list.iter().enumerate() {
+                        if out.contains(f) {
+                            errs.push(format!("{at}.retry_on[{j}]"), "listed twice");
+                        } else {
+                            out.push(*f);
+                        }
+                    }
+                    out
+                }
+                None => RetryOn::DEFAULT.to_vec(),
+            };
             routes.push(Route {
                 name: r.name.clone(),
                 matches,
                 chain: r.chain.clone(),
+                deadline,
+                attempt_timeout,
+                retry_on,
+                fallback: r.fallback.unwrap_or(true),
             });
         }
 
@@ -495,6 +710,7 @@ impl PolicyDocument {
             name: self.metadata.name.clone(),
             pools,
             routes,
+            circuit,
         })
     }
 }
@@ -592,6 +808,17 @@ fn resolve_queue(
         out.scoring = s;
     }
     out
+}
+
+fn millis(value: Option<u64>, field: &str, errs: &mut Errors) -> Option<Duration> {
+    match value {
+        Some(0) => {
+            errs.push(field, "must be a positive number of milliseconds");
+            None
+        }
+        Some(ms) => Some(Duration::from_millis(ms)),
+        None => None,
+    }
 }
 
 /// A positive, finite number of seconds as a duration.

@@ -13,11 +13,13 @@
 #![forbid(unsafe_code)]
 
 pub mod balance;
+pub mod deadline;
 pub mod document;
 pub mod endpoint;
 
 pub use balance::{EndpointLoad, Scoring};
 pub use document::{
-    FieldError, Policy, PolicyError, Pool, Provider, QueueSettings, Route, RouteMatch,
+    CircuitSettings, FieldError, Policy, PolicyError, Pool, Provider, QueueSettings, RetryOn,
+    Route, RouteMatch,
 };
 pub use endpoint::{Endpoint, EndpointError, Scheme};

@@ -96,6 +96,10 @@ struct Args {
     /// median of each number across rounds.
     #[arg(long, default_value_t = 1)]
     rounds: usize,
+    /// Before each target, wait up to this many seconds for the machine to
+    /// be quiet (under 15% CPU used by other processes); 0 = just check.
+    #[arg(long, default_value_t = 0.0)]
+    wait_idle: f64,
     /// Print the report as one JSON object instead of the table.
     #[arg(long)]
     json: bool,
@@ -218,6 +222,28 @@ fn run(args: &Args) -> Result<Report, BoxError> {
     ))
 }
 
+/// Above this CPU use (percent of the machine) by others, a target's
+/// numbers are flagged as disturbed.
+const BUSY_LIMIT_PCT: f64 = 15.0;
+
+/// Samples how busy the machine is before loading a target; with
+/// `wait_idle` > 0, keeps sampling up to that many seconds until it is
+/// quiet.
+fn quiet_check(wait_idle: f64) -> Option<f64> {
+    let deadline = std::time::Instant::now() + Duration::from_secs_f64(wait_idle.max(0.0));
+    let mut announced = false;
+    loop {
+        let busy = procs::machine_busy(Duration::from_millis(500))?;
+        if busy <= BUSY_LIMIT_PCT || std::time::Instant::now() >= deadline {
+            return Some(busy);
+        }
+        if !announced {
+            eprintln!("machine {busy:.0}% busy with other work; waiting up to {wait_idle} s for it to quiet down ...");
+            announced = true;
+        }
+    }
+}
+
 /// What measuring one target needs.
 struct Env<'a> {
     args: &'a Args,
@@ -273,6 +299,16 @@ fn measure_target(env: &Env<'_>, target: Target) -> TargetResult {
         eprintln!("{name} not available: {e}");
         result.unavailable = Some(e.to_string());
         return result;
+    }
+    result.busy_before_pct = quiet_check(args.wait_idle);
+    if let Some(busy) = result.busy_before_pct {
+        if busy > BUSY_LIMIT_PCT {
+            let w = format!(
+                "the machine was {busy:.0}% busy with other work just before this target: numbers are disturbed"
+            );
+            eprintln!("{name}: warning: {w}");
+            result.warnings.push(w);
+        }
     }
     let hits_before = backend.hits();
     eprintln!(

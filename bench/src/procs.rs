@@ -111,6 +111,7 @@ pub(crate) async fn start_router(
     let mut cmd = Command::new(spec.bin);
     cmd.args(spec.args)
         .env("CUSTOM_ROUTER_PORT", port.to_string())
+        .env("CUSTOM_ROUTER_BIND", "127.0.0.1")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(File::create(&spec.stderr_path)?);
@@ -285,4 +286,30 @@ pub(crate) async fn start_nginx(
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// Aggregate CPU counters from /proc/stat: (busy, total) jiffies.
+fn cpu_counters() -> Option<(u64, u64)> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let line = stat.lines().next()?;
+    let vals: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|v| v.parse().ok())
+        .collect();
+    // user nice system idle iowait irq softirq steal ...
+    let total: u64 = vals.iter().take(8).sum();
+    let idle = vals.get(3)? + vals.get(4).copied().unwrap_or(0);
+    Some((total - idle, total))
+}
+
+/// How busy the whole machine is (percent of all cores) over `window`,
+/// while this harness puts no load on it. `None` where /proc/stat is
+/// missing.
+pub(crate) fn machine_busy(window: Duration) -> Option<f64> {
+    let (b0, t0) = cpu_counters()?;
+    std::thread::sleep(window);
+    let (b1, t1) = cpu_counters()?;
+    let dt = t1.checked_sub(t0)?;
+    (dt > 0).then(|| 100.0 * (b1.saturating_sub(b0)) as f64 / dt as f64)
 }

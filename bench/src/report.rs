@@ -109,6 +109,8 @@ pub(crate) struct TargetResult {
     pub(crate) max: Option<MaxStats>,
     /// Requests the backend answered while this target was measured.
     pub(crate) backend_hits: u64,
+    /// CPU use of the whole machine (percent) sampled just before loading.
+    pub(crate) busy_before_pct: Option<f64>,
 }
 
 /// The run's settings, echoed in the report.
@@ -173,6 +175,10 @@ fn summarise(name: &'static str, runs: &[&TargetResult]) -> TargetResult {
         out.warnings
             .extend(r.warnings.iter().map(|w| format!("{prefix}{w}")));
         out.backend_hits += r.backend_hits;
+        out.busy_before_pct = match (out.busy_before_pct, r.busy_before_pct) {
+            (Some(a), Some(b)) => Some(a.max(b)),
+            (a, b) => a.or(b),
+        };
     }
     let fixed: Vec<&FixedStats> = runs.iter().filter_map(|r| r.fixed.as_ref()).collect();
     let max: Vec<MaxStats> = runs.iter().filter_map(|r| r.max).collect();
@@ -478,6 +484,7 @@ fn target_json(t: &TargetResult) -> Value {
         "unavailable_reason": t.unavailable,
         "warnings": t.warnings,
         "backend_hits": t.backend_hits,
+        "machine_busy_before_pct": t.busy_before_pct.map(round3),
         "fixed_rate": t.fixed.as_ref().map(|f| json!({
             "scheduled": f.scheduled,
             "ok": f.ok,

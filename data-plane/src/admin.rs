@@ -85,7 +85,8 @@ fn health(shared: &Shared) -> Response<Bytes> {
                     "addr": &*e.addr,
                     "in_flight": e.in_flight,
                     "ewma_latency": e.ewma_s,
-                    "circuit": "closed",
+                    "circuit": e.circuit.as_str(),
+                    "draining": e.draining,
                 })
             })
         })

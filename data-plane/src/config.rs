@@ -160,6 +160,9 @@ fn build(src: &mut Source, old: &HashMap<String, Arc<PoolRuntime>>, metrics: &Me
         let settings = PoolSettings {
             queue: p.queue,
             max_concurrency: p.max_concurrency,
+            circuit: policy.circuit,
+            drain: p.drain,
+            drained: p.drained.clone(),
         };
         let runtime = match old.get(&p.name) {
             Some(rt) => {
@@ -195,13 +198,16 @@ mod tests {
             Arc::new(Metrics::new()),
         );
         let v1 = store.load().version.clone();
-        assert!(!store.load().pools["default"].has_endpoints());
+        assert_eq!(
+            store.load().pools["default"].availability(),
+            crate::pool::Availability::NoEndpoints
+        );
         let ep = Endpoint::parse("127.0.0.1:9").unwrap();
         let v2 = store.set_backends("default", vec![ep.clone()]).unwrap();
         assert_ne!(v1, v2);
         let pool = Arc::clone(&store.load().pools["default"]);
-        assert!(pool.has_endpoints());
-        let lease = pool.acquire().await.unwrap();
+        assert_eq!(pool.availability(), crate::pool::Availability::Ready);
+        let lease = pool.acquire(None).await.unwrap();
         // A policy reload keeps the set-backends endpoints and the runtime.
         store.apply_policy(
             Policy::sidecar(QueueSettings::default(), Some(2)),

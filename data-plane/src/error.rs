@@ -33,6 +33,19 @@ pub enum ProxyError {
         /// Which pools were looked at and why each was passed over.
         detail: String,
     },
+    /// No pool can answer inside what is left of the deadline, or it ran out.
+    #[error("deadline exhausted: {detail}")]
+    DeadlineExhausted {
+        /// What was tried and skipped.
+        detail: String,
+    },
+    /// A retry of a request whose answer cannot be replayed (it was
+    /// streamed), or that is still streaming.
+    #[error("request {0} was already answered as a stream or is still streaming; it is not generated twice")]
+    DuplicateRequest(String),
+    /// An `Idempotency-Key` reused with a different request.
+    #[error("Idempotency-Key {0} was used for a different request")]
+    IdempotencyMismatch(String),
     /// The request body or a header is malformed.
     #[error("{0}")]
     InvalidRequest(String),
@@ -71,6 +84,9 @@ impl ProxyError {
             Self::QueueFull { .. } | Self::QueueTimeout { .. } | Self::NoBackend { .. } => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
+            Self::DeadlineExhausted { .. } => StatusCode::GATEWAY_TIMEOUT,
+            Self::DuplicateRequest(_) => StatusCode::CONFLICT,
+            Self::IdempotencyMismatch(_) => StatusCode::UNPROCESSABLE_ENTITY,
             Self::InvalidRequest(_) => StatusCode::BAD_REQUEST,
             Self::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::RequestTimeout(_) => StatusCode::REQUEST_TIMEOUT,
@@ -88,6 +104,9 @@ impl ProxyError {
             Self::QueueFull { .. } => "queue_full",
             Self::QueueTimeout { .. } => "queue_timeout",
             Self::NoBackend { .. } => "no_backend",
+            Self::DeadlineExhausted { .. } => "deadline_exhausted",
+            Self::DuplicateRequest(_) => "duplicate_request",
+            Self::IdempotencyMismatch(_) => "idempotency_mismatch",
             Self::InvalidRequest(_) => "invalid_request",
             Self::PayloadTooLarge { .. } => "payload_too_large",
             Self::RequestTimeout(_) => "request_timeout",
@@ -102,7 +121,10 @@ impl ProxyError {
     pub fn is_shed(&self) -> bool {
         matches!(
             self,
-            Self::QueueFull { .. } | Self::QueueTimeout { .. } | Self::NoBackend { .. }
+            Self::QueueFull { .. }
+                | Self::QueueTimeout { .. }
+                | Self::NoBackend { .. }
+                | Self::DeadlineExhausted { .. }
         )
     }
 

@@ -13,6 +13,7 @@
 //!   first byte) and the end of the body (or the client going away), and
 //!   then runs the request's completion exactly once.
 
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
@@ -28,6 +29,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use router_policy::Scheme;
+use tokio::time::{Instant, Sleep};
 
 use crate::settings::Settings;
 
@@ -172,7 +174,7 @@ pub fn add_forwarded(
 pub trait Completion: Send + 'static {
     /// The first data frame went out (time to first byte).
     fn first_byte(&mut self);
-    /// The body ended (`ok` true) or was cut (upstream error, client gone).
+    /// The body ended, was cut, or the client went away.
     fn finish(self: Box<Self>, end: BodyEnd);
 }
 
@@ -185,22 +187,47 @@ pub enum BodyEnd {
     UpstreamError,
     /// The client went away before the end.
     ClientGone,
+    /// The request's deadline came first: the stream was cut.
+    DeadlineCut,
 }
 
-/// A response body passed through frame by frame, with a completion hook.
+/// Error type of proxied bodies.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The one SSE event sent when a stream is cut at its deadline.
+const DEADLINE_EVENT: &str = "event: error\ndata: {\"error\":{\"type\":\"deadline_exhausted\",\"code\":\"deadline_exhausted\",\"message\":\"the request's deadline ran out; the stream was cut\"}}\n\n";
+
+/// A response body passed through frame by frame, with a completion hook
+/// and an optional deadline.
+///
+/// At the deadline the upstream body is dropped (which closes the upstream
+/// connection, so the backend stops generating). A server-sent-events
+/// stream then gets one `event: error` naming `deadline_exhausted` and ends
+/// cleanly: the client keeps everything it already received. Any other
+/// body is aborted (the client sees a truncated answer, not a complete
+/// one).
 pub struct TrackedBody {
-    inner: Incoming,
+    inner: Option<Incoming>,
     completion: Option<Box<dyn Completion>>,
     seen_data: bool,
+    deadline: Option<Pin<Box<Sleep>>>,
+    sse: bool,
 }
 
 impl TrackedBody {
     /// Wraps `inner`; `completion` runs exactly once.
-    pub fn new(inner: Incoming, completion: Box<dyn Completion>) -> Self {
+    pub fn new(
+        inner: Incoming,
+        completion: Box<dyn Completion>,
+        deadline: Option<Instant>,
+        sse: bool,
+    ) -> Self {
         Self {
-            inner,
+            inner: Some(inner),
             completion: Some(completion),
             seen_data: false,
+            deadline: deadline.map(|d| Box::pin(tokio::time::sleep_until(d))),
+            sse,
         }
     }
 
@@ -217,14 +244,33 @@ impl TrackedBody {
 
 impl Body for TrackedBody {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = BoxError;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = self.get_mut();
-        let frame = ready!(Pin::new(&mut this.inner).poll_frame(cx));
+        if let Some(sleep) = this.deadline.as_mut() {
+            if sleep.as_mut().poll(cx).is_ready() {
+                this.deadline = None;
+                // Dropping the upstream body cancels the backend's work.
+                this.inner = None;
+                this.finish(BodyEnd::DeadlineCut);
+                return if this.sse {
+                    Poll::Ready(Some(Ok(Frame::data(Bytes::from_static(
+                        DEADLINE_EVENT.as_bytes(),
+                    )))))
+                } else {
+                    Poll::Ready(Some(Err("deadline exhausted: answer cut".into())))
+                };
+            }
+        }
+        let Some(inner) = this.inner.as_mut() else {
+            return Poll::Ready(None);
+        };
+        let frame = ready!(Pin::new(&mut *inner).poll_frame(cx));
+        let ended = inner.is_end_stream();
         match &frame {
             Some(Ok(f)) => {
                 if f.is_data() && !this.seen_data {
@@ -233,28 +279,31 @@ impl Body for TrackedBody {
                         c.first_byte();
                     }
                 }
-                if this.inner.is_end_stream() {
+                if ended {
                     this.finish(BodyEnd::Complete);
                 }
             }
             Some(Err(_)) => this.finish(BodyEnd::UpstreamError),
             None => this.finish(BodyEnd::Complete),
         }
-        Poll::Ready(frame)
+        Poll::Ready(frame.map(|f| f.map_err(BoxError::from)))
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        self.inner.as_ref().is_none_or(|b| b.is_end_stream()) && self.completion.is_none()
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
+        match &self.inner {
+            Some(b) if self.deadline.is_none() => b.size_hint(),
+            _ => SizeHint::default(),
+        }
     }
 }
 
 impl Drop for TrackedBody {
     fn drop(&mut self) {
-        let end = if self.inner.is_end_stream() {
+        let end = if self.inner.as_ref().is_some_and(|b| b.is_end_stream()) {
             BodyEnd::Complete
         } else {
             BodyEnd::ClientGone

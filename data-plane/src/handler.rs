@@ -1,39 +1,52 @@
-//! The request path: read, route, queue, forward, answer, log.
+//! The request path: read, route, walk the chain inside the deadline,
+//! answer exactly once, log.
 //!
 //! ```text
 //! request ─▶ admin? ─▶ request id ─▶ body (limit, timeout) ─▶ model (JSON paths)
-//!        ─▶ route (first match) ─▶ pool (first in chain with endpoints)
-//!        ─▶ lease (queue) ─▶ forward ─▶ stream answer ─▶ route log + metrics
+//!   ─▶ route (first match) ─▶ deadline (header, else route default)
+//!   ─▶ Idempotency-Key: join the request in flight / replay a stored answer
+//!   ─▶ for each pool of the chain:
+//!        unavailable (no endpoints, drained, circuits open)  → skip
+//!        plan_attempt (deadline share, p95, queue wait)       → skip, or try with a timeout
+//!        lease (queue) → forward → answer head (JSON answers: whole body)
+//!        retryable failure and fallback allowed               → next pool, same request id
+//!   ─▶ answer (stream or buffered) ─▶ route log + metrics
 //! ```
 //!
-//! Every request ends in exactly one of three ways, and each writes one
-//! route decision log line and one `router_requests_total` sample:
-//! the router answers it itself ([`Pending::reject`]), the backend's answer
-//! is streamed to the end or cut ([`Finisher`], run by the body wrapper),
-//! or the client goes away first ([`Pending`]'s `Drop`).
+//! Every request ends in exactly one of three ways, each writing one route
+//! decision line and one `router_requests_total` sample: the router answers
+//! it itself ([`Pending::reject`]), a backend's answer is passed on (a
+//! buffered answer at once; a stream by [`Finisher`] when it ends), or the
+//! client goes away first ([`Pending`]'s `Drop`).
+//!
+//! An abandoned attempt (timed out, or failed over) is cancelled by
+//! dropping its future or body, which closes its upstream connection, so
+//! the backend can stop generating.
 
 use std::borrow::Cow;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
-use http::header::{self, HeaderName, HeaderValue};
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
+use router_policy::deadline::{plan_attempt, AttemptPlan, Budget};
+use router_policy::{RetryOn, Route};
 use serde::Deserialize;
 use tokio::time::Instant;
 
+use crate::config::Snapshot;
 use crate::error::ProxyError;
-use crate::forward::{self, BodyEnd, Completion, TrackedBody};
-use crate::pool::{Lease, Sample, Shed};
+use crate::forward::{self, BodyEnd, BoxError, Completion, TrackedBody};
+use crate::idempotency::{self, Claim, FollowResult, LeaderGuard, StoredAnswer};
+use crate::pool::{Availability, Lease, PoolRuntime, Sample, Shed};
 use crate::route_log::{rfc3339, AttemptRecord, RouteRecord};
 use crate::Shared;
 
-/// Error type of response bodies.
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// The body type of every response the proxy sends.
 pub type ProxyBody = UnsyncBoxBody<Bytes, BoxError>;
 
@@ -45,11 +58,20 @@ const OPENAI_JSON_PATHS: [&str; 4] = [
     "/v1/responses",
 ];
 
+/// JSON answers up to this size are read whole before they are passed on
+/// (so a malformed one can fail over and a complete one can be replayed).
+const BUFFERED_ANSWER_LIMIT: usize = 16 * 1024 * 1024;
+
+/// The longest deadline a client may ask for.
+const MAX_DEADLINE_MS: u64 = 24 * 3600 * 1000;
+
 const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
+const X_ROUTER_DEADLINE_MS: HeaderName = HeaderName::from_static("x-router-deadline-ms");
 const X_ROUTER_ROUTE: HeaderName = HeaderName::from_static("x-router-route");
 const X_ROUTER_ATTEMPTS: HeaderName = HeaderName::from_static("x-router-attempts");
 const X_ROUTER_CONFIG_VERSION: HeaderName = HeaderName::from_static("x-router-config-version");
+const X_ROUTER_REPLAYED: HeaderName = HeaderName::from_static("x-router-replayed");
 
 /// A body the router made itself.
 pub fn full(body: Response<Bytes>) -> Response<ProxyBody> {
@@ -69,21 +91,24 @@ pub async fn handle(
     let snapshot = shared.config.load();
     let mut pending = Pending::new(Arc::clone(&shared), &req, Arc::clone(&snapshot.version));
 
-    let request_id = match request_id(req.headers()) {
-        Ok(id) => id,
+    match request_id(req.headers()) {
+        Ok(id) => pending.record.request_id = id,
+        Err(e) => return pending.reject(e),
+    }
+    let header_deadline = match deadline_header(req.headers()) {
+        Ok(d) => d,
         Err(e) => return pending.reject(e),
     };
-    pending.record.request_id = request_id;
-
     let (parts, body) = req.into_parts();
     let body = match read_body(&shared, &parts.headers, body).await {
         Ok(b) => b,
         Err(e) => return pending.reject(e),
     };
-    let path = parts.uri.path();
-    let peek = if parts.method == Method::POST && OPENAI_JSON_PATHS.contains(&path) {
-        match serde_json::from_slice::<ModelPeek<'_>>(&body) {
-            Ok(p) => Some(p),
+    let path = parts.uri.path().to_string();
+    let json_call = parts.method == Method::POST && OPENAI_JSON_PATHS.contains(&path.as_str());
+    let (model, streaming) = if json_call {
+        match serde_json::from_slice::<BodyPeek<'_>>(&body) {
+            Ok(p) => (p.model.map(Cow::into_owned), p.stream.unwrap_or(false)),
             Err(e) => {
                 return pending.reject(ProxyError::InvalidRequest(format!(
                     "request body is not valid JSON: {e}"
@@ -91,184 +116,522 @@ pub async fn handle(
             }
         }
     } else {
-        None
+        (None, false)
     };
-    let model = peek.as_ref().and_then(|p| p.model.as_deref());
-    pending.record.model = model.map(str::to_string);
+    pending.record.model = model.clone();
 
-    let Some(route) = snapshot.policy.route_for(model, path) else {
+    let Some(route) = snapshot.policy.route_for(model.as_deref(), &path) else {
         return pending.reject(ProxyError::NoBackend {
             detail: "no route matches this request".into(),
         });
     };
     pending.record.route = Some(route.name.clone());
-    let mut skipped = Vec::new();
-    let mut chosen = None;
-    for name in &route.chain {
-        match snapshot.pools.get(name) {
-            Some(p) if p.has_endpoints() => {
-                chosen = Some(p);
-                break;
+    let deadline = header_deadline.or(route.deadline);
+    pending.record.deadline_ms = deadline.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+    let deadline_at = deadline.map(|d| pending.t0 + d);
+
+    // Idempotency: join a request in flight, or replay a stored answer.
+    let key = parts
+        .headers
+        .get(IDEMPOTENCY_KEY)
+        .and_then(|v| v.to_str().ok())
+        .map(|k| k.trim().to_string());
+    let mut leader = None;
+    if let Some(key) = key {
+        let fp = idempotency::fingerprint(parts.method.as_str(), &path, &body);
+        let wait_until = deadline_at.unwrap_or_else(|| pending.t0 + shared.settings.queue.timeout);
+        let mut claims = 0;
+        loop {
+            claims += 1;
+            match shared.idempotency.claim(&key, fp, streaming) {
+                Claim::Leader(g) => {
+                    leader = Some(g);
+                    break;
+                }
+                Claim::Untracked => break,
+                Claim::Replay(stored) => return pending.replay(&stored),
+                Claim::Duplicate => return pending.reject(ProxyError::DuplicateRequest(key)),
+                Claim::Mismatch => return pending.reject(ProxyError::IdempotencyMismatch(key)),
+                Claim::Follower(f) => match tokio::time::timeout_at(wait_until, f.wait()).await {
+                    Ok(FollowResult::Replay(stored)) => return pending.replay(&stored),
+                    Ok(FollowResult::Duplicate) => {
+                        return pending.reject(ProxyError::DuplicateRequest(key))
+                    }
+                    // The first request ended without an answer to share:
+                    // route this one (a bounded number of times).
+                    Ok(FollowResult::LeaderGone) if claims < 3 => continue,
+                    Ok(FollowResult::LeaderGone) => break,
+                    Err(_) => {
+                        return pending.reject(ProxyError::DeadlineExhausted {
+                            detail: "waited for the first request with this Idempotency-Key".into(),
+                        })
+                    }
+                },
             }
-            _ => skipped.push(format!("{name}: no endpoints")),
         }
     }
-    let Some(pool) = chosen else {
-        return pending.reject(ProxyError::NoBackend {
-            detail: format!("route {:?}: {}", route.name, skipped.join("; ")),
-        });
-    };
-    let pool_name = pool.name().to_string();
-    pending.record.first_route = Some(pool_name.clone());
-    pending.record.reason = if skipped.is_empty() {
-        format!("route {:?}; pool {pool_name:?} first in chain", route.name)
-    } else {
-        format!(
-            "route {:?}; pool {pool_name:?} first in chain with endpoints (skipped {})",
-            route.name,
-            skipped.join("; ")
-        )
-    };
 
-    // The pool's model replaces the client's, for OpenAI-style bodies.
-    let pool_model = snapshot
-        .policy
-        .pool(&pool_name)
-        .and_then(|p| p.model.as_deref());
-    let body = match (peek.is_some(), pool_model) {
-        (true, Some(m)) if model != Some(m) => match rewrite_model(&body, m) {
-            Some(b) => b,
-            None => body,
-        },
-        _ => body,
-    };
-
-    let lease = match pool.acquire().await {
-        Ok(l) => l,
-        Err(shed) => {
-            let waited = pending.t0.elapsed();
-            let err = match shed {
-                Shed::QueueFull => ProxyError::QueueFull { pool: pool_name },
-                Shed::QueueTimeout => ProxyError::QueueTimeout {
-                    pool: pool_name,
-                    waited_ms: u64::try_from(waited.as_millis()).unwrap_or(u64::MAX),
-                },
-                Shed::NoBackend => ProxyError::NoBackend {
-                    detail: format!("pool {pool_name:?} has no endpoints"),
-                },
-            };
-            pending.record.queue_wait_ms = ms(waited);
-            return pending.reject(err);
-        }
-    };
-    pending.record.queue_wait_ms = ms(lease.queue_wait());
-    shared
-        .metrics
-        .queue_wait(&pool_name, lease.queue_wait().as_secs_f64());
-    forward_to(pending, lease, parts, body, remote).await
-}
-
-async fn forward_to(
-    mut pending: Pending,
-    lease: Lease,
-    parts: http::request::Parts,
-    body: Bytes,
-    remote: SocketAddr,
-) -> Response<ProxyBody> {
-    let shared = Arc::clone(&pending.shared);
-    let path_and_query = parts.uri.path_and_query().map_or("/", |p| p.as_str());
-    let uri = match forward::upstream_uri(lease.endpoint(), path_and_query) {
-        Ok(u) => u,
-        Err(e) => {
-            return pending.reject(ProxyError::InvalidRequest(format!("bad request path: {e}")))
-        }
-    };
     let mut headers = parts.headers;
     let original_host = headers.get(header::HOST).cloned();
     forward::strip_hop_by_hop(&mut headers);
     headers.remove(header::HOST);
     headers.remove(header::CONTENT_LENGTH);
+    headers.remove(X_ROUTER_DEADLINE_MS);
     forward::add_forwarded(&mut headers, remote.ip(), original_host);
     if let Ok(id) = HeaderValue::from_str(&pending.record.request_id) {
         headers.insert(X_REQUEST_ID, id.clone());
         headers.insert(IDEMPOTENCY_KEY, id);
     }
-    let mut upstream = Request::new(Full::new(body));
-    *upstream.method_mut() = parts.method;
-    *upstream.uri_mut() = uri;
-    *upstream.headers_mut() = headers;
-
-    let pool = lease.pool_name().to_string();
-    let started = Instant::now();
-    let result = shared.client.request(upstream).await;
-    let elapsed = started.elapsed();
-    let mut attempt = AttemptRecord {
-        pool: pool.clone(),
-        endpoint: lease.addr().to_string(),
-        outcome: "ok",
-        status: None,
-        latency_ms: ms(elapsed),
+    let exchange = Exchange {
+        shared,
+        snapshot: Arc::clone(&snapshot),
+        method: parts.method,
+        path_and_query: parts
+            .uri
+            .path_and_query()
+            .map_or_else(|| "/".to_string(), |p| p.as_str().to_string()),
+        headers,
+        body,
+        json_call,
+        streaming,
+        model,
+        deadline_at,
     };
-    let resp = match result {
-        Ok(r) => r,
-        Err(e) => {
-            lease.observe(Sample::Failure(elapsed));
-            attempt.outcome = if e.is_connect() {
-                "connect_error"
+    exchange.walk_chain(pending, route, leader).await
+}
+
+/// Everything an attempt needs to build its upstream request.
+struct Exchange {
+    shared: Arc<Shared>,
+    snapshot: Arc<Snapshot>,
+    method: Method,
+    path_and_query: String,
+    headers: HeaderMap,
+    body: Bytes,
+    json_call: bool,
+    streaming: bool,
+    model: Option<String>,
+    deadline_at: Option<Instant>,
+}
+
+/// How one attempt ended.
+enum AttemptEnd {
+    /// A streamed answer to pass on.
+    Stream {
+        resp: Response<Incoming>,
+        lease: Lease,
+        started: Instant,
+        record: AttemptRecord,
+    },
+    /// A complete answer.
+    Whole {
+        head: http::response::Parts,
+        body: Bytes,
+        record: AttemptRecord,
+    },
+    /// Failed; `held` is the backend's failure answer, if it gave one.
+    Failed {
+        retry: RetryOn,
+        record: AttemptRecord,
+        held: Option<Held>,
+    },
+    /// The pool shed the request before it was sent.
+    Shed(Shed),
+}
+
+/// A failure answer kept in case no later pool answers.
+enum Held {
+    Stream(Response<Incoming>, Lease, Instant),
+    Whole(http::response::Parts, Bytes),
+}
+
+impl Exchange {
+    async fn walk_chain(
+        self,
+        mut pending: Pending,
+        route: &Route,
+        mut leader: Option<LeaderGuard>,
+    ) -> Response<ProxyBody> {
+        let chain: Vec<&Arc<PoolRuntime>> = route
+            .chain
+            .iter()
+            .filter_map(|name| self.snapshot.pools.get(name))
+            .collect();
+        let mut notes: Vec<String> = Vec::new();
+        let mut held: Option<(Held, AttemptRecord)> = None;
+        let mut last_error: Option<ProxyError> = None;
+        let mut time_skips = 0;
+        let mut attempted = 0usize;
+
+        for (i, pool) in chain.iter().enumerate() {
+            if attempted > 0 && !route.fallback {
+                break;
+            }
+            let name = pool.name();
+            let availability = pool.availability();
+            if availability != Availability::Ready {
+                notes.push(format!("{name}: {}", availability.as_str()));
+                continue;
+            }
+            let later: Vec<&&Arc<PoolRuntime>> = if route.fallback {
+                chain[i + 1..]
+                    .iter()
+                    .filter(|p| p.availability() == Availability::Ready)
+                    .collect()
             } else {
-                "upstream_error"
+                Vec::new()
             };
-            let err = ProxyError::Upstream {
-                endpoint: attempt.endpoint.clone(),
-                detail: attempt.outcome.replace('_', " "),
+            let now = Instant::now();
+            let policy_pool = self.snapshot.policy.pool(name);
+            let budget = Budget {
+                remaining: self.deadline_at.map(|d| d.saturating_duration_since(now)),
+                attempt_timeout: policy_pool
+                    .and_then(|p| p.attempt_timeout)
+                    .or(route.attempt_timeout),
+                next_p95: later.first().and_then(|p| p.outlook().p95),
+                last_candidate: later.is_empty(),
             };
-            pending.record.first_outcome = attempt.outcome.to_string();
-            pending.record.attempts.push(attempt);
-            pending.pool = Some(pool);
-            return pending.reject(err);
+            let timeout = match plan_attempt(budget, pool.outlook()) {
+                AttemptPlan::Skip(why) => {
+                    time_skips += 1;
+                    notes.push(format!("{name}: skipped, {why}"));
+                    continue;
+                }
+                AttemptPlan::Try { timeout } => timeout,
+            };
+            // A new attempt: the failure answer kept so far is dropped
+            // (its upstream connection closes).
+            held = None;
+            attempted += 1;
+            if attempted == 1 {
+                pending.record.first_route = Some(name.to_string());
+            }
+            let attempt_deadline = timeout.map(|t| now + t);
+            match self.attempt(pool, attempt_deadline, timeout).await {
+                AttemptEnd::Stream {
+                    resp,
+                    lease,
+                    started,
+                    record,
+                } => {
+                    pending.note_attempt(record, attempted);
+                    pending.record.reason = reason(route, name, &notes);
+                    if let Some(g) = leader.take() {
+                        g.streamed();
+                    }
+                    return pending.commit_stream(
+                        resp,
+                        lease,
+                        started,
+                        self.deadline_at,
+                        attempted,
+                    );
+                }
+                AttemptEnd::Whole { head, body, record } => {
+                    pending.note_attempt(record, attempted);
+                    pending.record.reason = reason(route, name, &notes);
+                    return pending.commit_whole(head, body, leader.take(), name, attempted);
+                }
+                AttemptEnd::Failed {
+                    retry,
+                    record,
+                    held: answer,
+                } => {
+                    let outcome = record.outcome;
+                    notes.push(format!("{name}: {outcome}"));
+                    pending.note_attempt(record.clone(), attempted);
+                    let retryable = route.retries_on(retry);
+                    match answer {
+                        Some(h) => held = Some((h, record)),
+                        None => {
+                            last_error = Some(match retry {
+                                RetryOn::Timeout => ProxyError::DeadlineExhausted {
+                                    detail: format!(
+                                        "{name}: no answer within {} ms",
+                                        record.latency_ms.round()
+                                    ),
+                                },
+                                _ => ProxyError::Upstream {
+                                    endpoint: record.endpoint.clone(),
+                                    detail: outcome.replace('_', " "),
+                                },
+                            })
+                        }
+                    }
+                    if !retryable {
+                        break;
+                    }
+                }
+                AttemptEnd::Shed(shed) => {
+                    let err = match shed {
+                        Shed::QueueFull => ProxyError::QueueFull {
+                            pool: name.to_string(),
+                        },
+                        Shed::QueueTimeout => ProxyError::QueueTimeout {
+                            pool: name.to_string(),
+                            waited_ms: millis(now.elapsed()),
+                        },
+                        Shed::NoBackend => ProxyError::NoBackend {
+                            detail: format!("pool {name:?} has no endpoints"),
+                        },
+                        Shed::AttemptTimeout => ProxyError::DeadlineExhausted {
+                            detail: format!("{name}: queued past the attempt timeout"),
+                        },
+                    };
+                    notes.push(format!("{name}: {}", err.kind()));
+                    pending.record.queue_wait_ms = ms(now.elapsed());
+                    pending.pool = Some(name.to_string());
+                    last_error = Some(err);
+                    if !route.fallback {
+                        break;
+                    }
+                }
+            }
         }
-    };
-    let status = resp.status();
-    let failed = status.is_server_error() || status == StatusCode::TOO_MANY_REQUESTS;
-    attempt.status = Some(status.as_u16());
-    attempt.outcome = outcome_of(status);
-    if failed {
-        lease.observe(Sample::Failure(elapsed));
+
+        // No pool answered. Never answer after the deadline with anything
+        // but deadline_exhausted; otherwise pass on the last backend
+        // failure answer, or say why nothing was tried.
+        let past_deadline = self.deadline_at.is_some_and(|d| Instant::now() >= d);
+        pending.record.reason = format!("route {:?}: {}", route.name, notes.join("; "));
+        if past_deadline {
+            return pending.reject(ProxyError::DeadlineExhausted {
+                detail: notes.join("; "),
+            });
+        }
+        if let Some((h, record)) = held {
+            let name = record.pool.clone();
+            return match h {
+                Held::Stream(resp, lease, started) => {
+                    pending.commit_stream(resp, lease, started, self.deadline_at, attempted)
+                }
+                Held::Whole(head, body) => pending.commit_whole(head, body, None, &name, attempted),
+            };
+        }
+        let err = match last_error {
+            Some(e) => e,
+            None if time_skips > 0 => ProxyError::DeadlineExhausted {
+                detail: notes.join("; "),
+            },
+            None => ProxyError::NoBackend {
+                detail: format!("route {:?}: {}", route.name, notes.join("; ")),
+            },
+        };
+        pending.reject(err)
     }
-    let (mut head, incoming) = resp.into_parts();
-    forward::strip_hop_by_hop(&mut head.headers);
-    let record = pending.take_record();
-    let finisher = Finisher {
-        shared: Arc::clone(&shared),
-        lease,
-        record,
-        attempt,
-        t0: pending.t0,
-        started,
-        sample_on_first_byte: !failed,
-        status: status.as_u16(),
-    };
-    let mut resp = Response::from_parts(head, ());
-    set_router_headers(&mut resp, &finisher.record, Some(&pool), 1);
-    resp.map(|()| {
-        TrackedBody::new(incoming, Box::new(finisher))
-            .map_err(BoxError::from)
-            .boxed_unsync()
-    })
+
+    /// One attempt on one pool, bounded by `deadline` (queue wait included).
+    async fn attempt(
+        &self,
+        pool: &Arc<PoolRuntime>,
+        deadline: Option<Instant>,
+        timeout: Option<Duration>,
+    ) -> AttemptEnd {
+        let lease = match pool.acquire(deadline).await {
+            Ok(l) => l,
+            Err(shed) => return AttemptEnd::Shed(shed),
+        };
+        self.shared
+            .metrics
+            .queue_wait(pool.name(), lease.queue_wait().as_secs_f64());
+        let started = Instant::now();
+        let mut record = AttemptRecord {
+            pool: pool.name().to_string(),
+            endpoint: lease.addr().to_string(),
+            outcome: "ok",
+            status: None,
+            latency_ms: 0.0,
+            queue_wait_ms: ms(lease.queue_wait()),
+            timeout_ms: timeout.map(millis),
+        };
+        let upstream = match self.upstream_request(&lease, pool.name()) {
+            Ok(r) => r,
+            Err(e) => {
+                record.outcome = "invalid_request";
+                return AttemptEnd::Failed {
+                    retry: RetryOn::ConnectError,
+                    record: AttemptRecord {
+                        endpoint: e,
+                        ..record
+                    },
+                    held: None,
+                };
+            }
+        };
+        let sent = self.shared.client.request(upstream);
+        let result = match deadline {
+            Some(d) => match tokio::time::timeout_at(d, sent).await {
+                Ok(r) => r,
+                Err(_) => {
+                    // Dropping `sent` closed the upstream connection.
+                    let waited = started.elapsed();
+                    lease.observe(Sample::Timeout(waited));
+                    record.outcome = "timeout";
+                    record.latency_ms = ms(waited);
+                    return AttemptEnd::Failed {
+                        retry: RetryOn::Timeout,
+                        record,
+                        held: None,
+                    };
+                }
+            },
+            None => sent.await,
+        };
+        let resp = match result {
+            Ok(r) => r,
+            Err(e) => {
+                let waited = started.elapsed();
+                lease.observe(Sample::Failure(waited));
+                record.outcome = if e.is_connect() {
+                    "connect_error"
+                } else {
+                    "upstream_error"
+                };
+                record.latency_ms = ms(waited);
+                return AttemptEnd::Failed {
+                    retry: RetryOn::ConnectError,
+                    record,
+                    held: None,
+                };
+            }
+        };
+        let status = resp.status();
+        record.status = Some(status.as_u16());
+        let failure = if status == StatusCode::TOO_MANY_REQUESTS {
+            Some((RetryOn::Status429, "status_429"))
+        } else if status.is_server_error() {
+            Some((RetryOn::Status5xx, "status_5xx"))
+        } else {
+            None
+        };
+        if let Some((retry, outcome)) = failure {
+            let waited = started.elapsed();
+            lease.observe(Sample::Failure(waited));
+            record.outcome = outcome;
+            record.latency_ms = ms(waited);
+            return AttemptEnd::Failed {
+                retry,
+                record,
+                held: Some(Held::Stream(resp, lease, started)),
+            };
+        }
+        if !self.should_buffer(&resp) {
+            return AttemptEnd::Stream {
+                resp,
+                lease,
+                started,
+                record,
+            };
+        }
+        // A JSON answer: read it whole inside the attempt's time.
+        let (head, incoming) = resp.into_parts();
+        let read = Limited::new(incoming, BUFFERED_ANSWER_LIMIT).collect();
+        let body = match deadline {
+            Some(d) => match tokio::time::timeout_at(d, read).await {
+                Ok(r) => r,
+                Err(_) => {
+                    let waited = started.elapsed();
+                    lease.observe(Sample::Timeout(waited));
+                    record.outcome = "timeout";
+                    record.latency_ms = ms(waited);
+                    return AttemptEnd::Failed {
+                        retry: RetryOn::Timeout,
+                        record,
+                        held: None,
+                    };
+                }
+            },
+            None => read.await,
+        };
+        let waited = started.elapsed();
+        record.latency_ms = ms(waited);
+        let body = match body {
+            Ok(b) => b.to_bytes(),
+            Err(_) => {
+                lease.observe(Sample::Failure(waited));
+                record.outcome = "upstream_error";
+                return AttemptEnd::Failed {
+                    retry: RetryOn::ConnectError,
+                    record,
+                    held: None,
+                };
+            }
+        };
+        if head.status.is_success()
+            && serde_json::from_slice::<serde::de::IgnoredAny>(&body).is_err()
+        {
+            lease.observe(Sample::Failure(waited));
+            record.outcome = "malformed_json";
+            return AttemptEnd::Failed {
+                retry: RetryOn::MalformedJson,
+                record,
+                held: Some(Held::Whole(head, body)),
+            };
+        }
+        lease.observe(Sample::Success(waited));
+        AttemptEnd::Whole { head, body, record }
+    }
+
+    /// Non-streaming OpenAI-style calls with a JSON answer of known,
+    /// modest size are read whole.
+    fn should_buffer(&self, resp: &Response<Incoming>) -> bool {
+        if !self.json_call || self.streaming {
+            return false;
+        }
+        let json = resp
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|ct| ct.contains("json"));
+        let small = resp
+            .headers()
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<usize>().ok())
+            .is_none_or(|n| n <= BUFFERED_ANSWER_LIMIT);
+        json && small
+    }
+
+    fn upstream_request(&self, lease: &Lease, pool: &str) -> Result<Request<Full<Bytes>>, String> {
+        let uri = forward::upstream_uri(lease.endpoint(), &self.path_and_query)
+            .map_err(|e| format!("bad upstream URI: {e}"))?;
+        let pool_model = self
+            .snapshot
+            .policy
+            .pool(pool)
+            .and_then(|p| p.model.as_deref());
+        let body = match pool_model {
+            Some(m) if self.json_call && self.model.as_deref() != Some(m) => {
+                rewrite_model(&self.body, m).unwrap_or_else(|| self.body.clone())
+            }
+            _ => self.body.clone(),
+        };
+        let mut req = Request::new(Full::new(body));
+        *req.method_mut() = self.method.clone();
+        *req.uri_mut() = uri;
+        *req.headers_mut() = self.headers.clone();
+        Ok(req)
+    }
 }
 
-fn outcome_of(status: StatusCode) -> &'static str {
-    if status == StatusCode::TOO_MANY_REQUESTS {
-        "status_429"
-    } else if status.is_server_error() {
-        "status_5xx"
+fn reason(route: &Route, pool: &str, notes: &[String]) -> String {
+    if notes.is_empty() {
+        format!("route {:?}; pool {pool:?} first in chain", route.name)
     } else {
-        "ok"
+        format!(
+            "route {:?}; pool {pool:?} after {}",
+            route.name,
+            notes.join("; ")
+        )
     }
 }
 
-fn ms(d: std::time::Duration) -> f64 {
+fn ms(d: Duration) -> f64 {
     (d.as_secs_f64() * 1e6).round() / 1e3
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
 fn set_router_headers<B>(
@@ -292,7 +655,7 @@ fn set_router_headers<B>(
 
 /// The request id: the client's `Idempotency-Key` or `X-Request-Id`, else a
 /// new UUIDv7.
-fn request_id(headers: &http::HeaderMap) -> Result<String, ProxyError> {
+fn request_id(headers: &HeaderMap) -> Result<String, ProxyError> {
     let given = headers
         .get(IDEMPOTENCY_KEY)
         .or_else(|| headers.get(X_REQUEST_ID));
@@ -307,9 +670,21 @@ fn request_id(headers: &http::HeaderMap) -> Result<String, ProxyError> {
     }
 }
 
+fn deadline_header(headers: &HeaderMap) -> Result<Option<Duration>, ProxyError> {
+    let Some(v) = headers.get(X_ROUTER_DEADLINE_MS) else {
+        return Ok(None);
+    };
+    match v.to_str().ok().and_then(|s| s.trim().parse::<u64>().ok()) {
+        Some(ms) if ms >= 1 && ms <= MAX_DEADLINE_MS => Ok(Some(Duration::from_millis(ms))),
+        _ => Err(ProxyError::InvalidRequest(format!(
+            "X-Router-Deadline-Ms must be a whole number of milliseconds from 1 to {MAX_DEADLINE_MS}"
+        ))),
+    }
+}
+
 async fn read_body(
     shared: &Shared,
-    headers: &http::HeaderMap,
+    headers: &HeaderMap,
     body: Incoming,
 ) -> Result<Bytes, ProxyError> {
     let limit = shared.settings.max_body_bytes;
@@ -336,9 +711,11 @@ async fn read_body(
 /// The fields of an OpenAI-style body the router reads. Parsing into this
 /// (instead of a full `Value`) checks the JSON syntax without building it.
 #[derive(Deserialize)]
-struct ModelPeek<'a> {
+struct BodyPeek<'a> {
     #[serde(borrow, default)]
     model: Option<Cow<'a, str>>,
+    #[serde(default)]
+    stream: Option<bool>,
 }
 
 fn rewrite_model(body: &[u8], model: &str) -> Option<Bytes> {
@@ -381,6 +758,21 @@ impl Pending {
         std::mem::take(&mut self.record)
     }
 
+    fn note_attempt(&mut self, attempt: AttemptRecord, n: usize) {
+        if n == 1 {
+            self.record.first_outcome = attempt.outcome.to_string();
+        } else {
+            self.record.fallback_outcome = Some(attempt.outcome.to_string());
+        }
+        self.record.queue_wait_ms += attempt.queue_wait_ms;
+        self.pool = Some(attempt.pool.clone());
+        // The same attempt may be noted once as failed, then committed as
+        // the answer passed on: keep one entry per attempt.
+        if self.record.attempts.len() < n {
+            self.record.attempts.push(attempt);
+        }
+    }
+
     /// Answers with the router's own error.
     fn reject(mut self, err: ProxyError) -> Response<ProxyBody> {
         let mut record = self.take_record();
@@ -408,6 +800,114 @@ impl Pending {
             pool,
         );
         full(resp)
+    }
+
+    /// Answers with a stored answer (an `Idempotency-Key` retry).
+    fn replay(mut self, stored: &StoredAnswer) -> Response<ProxyBody> {
+        let mut record = self.take_record();
+        record.first_outcome = "replayed".into();
+        record.reason = "Idempotency-Key retry: the stored answer of the first request".into();
+        let mut resp = Response::new(stored.body.clone());
+        *resp.status_mut() = stored.status;
+        *resp.headers_mut() = stored.headers.clone();
+        resp.headers_mut()
+            .insert(X_ROUTER_REPLAYED, HeaderValue::from_static("true"));
+        let pool = resp
+            .headers()
+            .get(X_ROUTER_ROUTE)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
+        set_router_headers(&mut resp, &record, pool.as_deref(), 0);
+        finish_record(
+            &self.shared,
+            record,
+            self.t0,
+            "replayed",
+            stored.status.as_u16(),
+            pool,
+        );
+        full(resp)
+    }
+
+    /// Passes on a complete backend answer.
+    fn commit_whole(
+        mut self,
+        mut head: http::response::Parts,
+        body: Bytes,
+        leader: Option<LeaderGuard>,
+        pool: &str,
+        attempts: usize,
+    ) -> Response<ProxyBody> {
+        let mut record = self.take_record();
+        let outcome = record.attempts.last().map_or("ok", |a| a.outcome);
+        record.final_route = Some(pool.to_string());
+        forward::strip_hop_by_hop(&mut head.headers);
+        head.headers.remove(header::CONTENT_LENGTH);
+        let mut resp = Response::from_parts(head, body);
+        set_router_headers(&mut resp, &record, Some(pool), attempts);
+        if let Some(g) = leader {
+            if outcome == "ok" {
+                g.store(StoredAnswer {
+                    status: resp.status(),
+                    headers: resp.headers().clone(),
+                    body: resp.body().clone(),
+                });
+            }
+        }
+        let status = resp.status().as_u16();
+        finish_record(
+            &self.shared,
+            record,
+            self.t0,
+            outcome,
+            status,
+            Some(pool.to_string()),
+        );
+        full(resp)
+    }
+
+    /// Passes on a streamed backend answer; the log line is written when
+    /// the stream ends.
+    fn commit_stream(
+        mut self,
+        resp: Response<Incoming>,
+        lease: Lease,
+        started: Instant,
+        deadline_at: Option<Instant>,
+        attempts: usize,
+    ) -> Response<ProxyBody> {
+        let mut record = self.take_record();
+        let pool = lease.pool_name().to_string();
+        record.final_route = Some(pool.clone());
+        let attempt = record.attempts.pop().unwrap_or_default();
+        let (mut head, incoming) = resp.into_parts();
+        forward::strip_hop_by_hop(&mut head.headers);
+        let sse = head
+            .headers
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|ct| ct.starts_with("text/event-stream"));
+        if deadline_at.is_some() {
+            // The body may be cut (and an SSE error event added).
+            head.headers.remove(header::CONTENT_LENGTH);
+        }
+        let failed = attempt.outcome != "ok";
+        let status = head.status.as_u16();
+        let mut resp = Response::from_parts(head, ());
+        set_router_headers(&mut resp, &record, Some(&pool), attempts);
+        let finisher = Finisher {
+            shared: Arc::clone(&self.shared),
+            lease,
+            record,
+            attempt,
+            t0: self.t0,
+            started,
+            sample_on_first_byte: !failed,
+            status,
+        };
+        resp.map(|()| {
+            TrackedBody::new(incoming, Box::new(finisher), deadline_at, sse).boxed_unsync()
+        })
     }
 }
 
@@ -437,6 +937,12 @@ fn finish_record(
     if record.first_outcome.is_empty() {
         record.first_outcome = outcome.to_string();
     }
+    if record.attempts.len() > 1 {
+        shared.metrics.fallback(
+            record.first_route.as_deref().unwrap_or(""),
+            pool.as_deref().unwrap_or(""),
+        );
+    }
     let labels = crate::metrics::RequestLabels {
         route: record.route.clone().unwrap_or_default(),
         pool: pool.unwrap_or_default(),
@@ -446,7 +952,7 @@ fn finish_record(
     shared.route_log.emit(&record);
 }
 
-/// Runs when a forwarded answer's body ends.
+/// Runs when a streamed answer's body ends.
 struct Finisher {
     shared: Arc<Shared>,
     lease: Lease,
@@ -481,6 +987,7 @@ impl Completion for Finisher {
             BodyEnd::Complete => attempt.outcome,
             BodyEnd::UpstreamError => "upstream_reset",
             BodyEnd::ClientGone => "client_cancelled",
+            BodyEnd::DeadlineCut => "deadline_exhausted",
         };
         if end == BodyEnd::UpstreamError {
             lease.observe(Sample::Failure(t0.elapsed()));
@@ -489,9 +996,15 @@ impl Completion for Finisher {
         let pool = lease.pool_name().to_string();
         // Release the endpoint before logging: the slot is free now.
         drop(lease);
-        record.first_outcome = outcome.to_string();
-        record.final_route = Some(pool.clone());
+        if record.attempts.is_empty() {
+            record.first_outcome = outcome.to_string();
+        } else {
+            record.fallback_outcome = Some(outcome.to_string());
+        }
         record.attempts.push(attempt);
+        if end == BodyEnd::DeadlineCut {
+            shared.metrics.shed(&pool, "deadline_exhausted");
+        }
         finish_record(&shared, record, t0, outcome, status, Some(pool));
     }
 }

@@ -24,6 +24,7 @@ pub mod config;
 pub mod error;
 pub mod forward;
 pub mod handler;
+pub mod idempotency;
 pub mod metrics;
 pub mod pool;
 pub mod reload;
@@ -104,6 +105,8 @@ pub struct Shared {
     pub route_log: RouteLog,
     /// Upstream HTTP client.
     pub client: UpstreamClient,
+    /// `Idempotency-Key` requests in flight and recent answers.
+    pub idempotency: Arc<idempotency::IdempotencyCache>,
 }
 
 /// A proxy running in this process.
@@ -166,12 +169,17 @@ pub async fn start(options: ProxyOptions) -> Result<RunningProxy, StartError> {
         .await
         .map_err(|source| StartError::Bind { addr, source })?;
     let addr = listener.local_addr()?;
+    let (settings_ttl, settings_keys) = (settings.idempotency_ttl, settings.idempotency_max_keys);
     let shared = Arc::new(Shared {
         route_log: RouteLog::spawn(route_log, Arc::clone(&metrics))?,
         settings,
         config: Arc::clone(&config),
         metrics,
         client,
+        idempotency: Arc::new(idempotency::IdempotencyCache::new(
+            settings_ttl,
+            settings_keys,
+        )),
     });
 
     let mut tasks = vec![tokio::spawn(accept_loop(listener, Arc::clone(&shared)))];

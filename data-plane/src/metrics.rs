@@ -64,6 +64,15 @@ pub struct ShedLabels {
     pub reason: String,
 }
 
+/// Label set `{from, to}`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FallbackLabels {
+    /// First pool tried.
+    pub from: String,
+    /// Pool that gave the final answer (empty when none did).
+    pub to: String,
+}
+
 /// Label set `{version}`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct VersionLabel {
@@ -100,6 +109,8 @@ pub struct Metrics {
     duration: Family<RequestLabels, Histogram, fn() -> Histogram>,
     queue_wait: Family<PoolLabel, Histogram, fn() -> Histogram>,
     sheds: Family<ShedLabels, Counter>,
+    fallbacks: Family<FallbackLabels, Counter>,
+    circuit_open: Family<BackendLabels, Gauge>,
     config_info: Family<VersionLabel, Gauge>,
     config_reloads: Family<ResultLabel, Counter>,
     route_log_dropped: Counter,
@@ -129,6 +140,8 @@ impl Metrics {
             duration: Family::new_with_constructor(latency_histogram),
             queue_wait: Family::new_with_constructor(latency_histogram),
             sheds: Family::default(),
+            fallbacks: Family::default(),
+            circuit_open: Family::default(),
             config_info: Family::default(),
             config_reloads: Family::default(),
             route_log_dropped: Counter::default(),
@@ -185,6 +198,16 @@ impl Metrics {
         );
         registry.register("router_sheds", "Requests shed, by reason", m.sheds.clone());
         registry.register(
+            "router_fallbacks",
+            "Requests that needed more than one attempt, by first and final pool",
+            m.fallbacks.clone(),
+        );
+        registry.register(
+            "router_circuit_state",
+            "Circuit breaker per endpoint: 0 closed, 1 open, 2 half-open",
+            m.circuit_open.clone(),
+        );
+        registry.register(
             "router_config_info",
             "The config version applied (value 1)",
             m.config_info.clone(),
@@ -226,6 +249,16 @@ impl Metrics {
             .get_or_create(&ShedLabels {
                 pool: pool.to_string(),
                 reason: reason.to_string(),
+            })
+            .inc();
+    }
+
+    /// Counts a request that needed a fallback.
+    pub fn fallback(&self, from: &str, to: &str) {
+        self.fallbacks
+            .get_or_create(&FallbackLabels {
+                from: from.to_string(),
+                to: to.to_string(),
             })
             .inc();
     }
@@ -273,6 +306,7 @@ impl Metrics {
         self.oldest_age.clear();
         self.ewma.clear();
         self.inflight.clear();
+        self.circuit_open.clear();
         for p in pools {
             let pl = PoolLabel {
                 pool: p.name.to_string(),
@@ -292,6 +326,12 @@ impl Metrics {
                     self.ewma.get_or_create(&bl).set(ewma);
                 }
                 self.inflight.get_or_create(&bl).set(i64::from(e.in_flight));
+                let circuit = match e.circuit {
+                    crate::pool::CircuitState::Closed => 0,
+                    crate::pool::CircuitState::Open => 1,
+                    crate::pool::CircuitState::HalfOpen => 2,
+                };
+                self.circuit_open.get_or_create(&bl).set(circuit);
             }
         }
         let mut out = String::with_capacity(8192);

@@ -36,7 +36,8 @@ use std::time::Duration;
 
 use prometheus_client::metrics::counter::Counter;
 use router_policy::balance::{self, failure_sample, EndpointLoad};
-use router_policy::{Endpoint, QueueSettings};
+use router_policy::deadline::PoolOutlook;
+use router_policy::{CircuitSettings, Endpoint, QueueSettings};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
@@ -47,8 +48,113 @@ pub enum Shed {
     QueueFull,
     /// Waited past the queue timeout.
     QueueTimeout,
-    /// The pool has no endpoints (or was removed).
+    /// The pool has no endpoints (or was removed, or drained).
     NoBackend,
+    /// The attempt's own deadline came first.
+    AttemptTimeout,
+}
+
+/// Whether a pool can take a request at all right now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Availability {
+    /// At least one endpoint can take requests (now or after queueing).
+    Ready,
+    /// No endpoints configured.
+    NoEndpoints,
+    /// Every endpoint (or the pool) is drained.
+    Drained,
+    /// Every endpoint that is not drained has an open circuit.
+    CircuitsOpen,
+}
+
+impl Availability {
+    /// Text for the route log's reason.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Ready => "ready",
+            Self::NoEndpoints => "no endpoints",
+            Self::Drained => "drained",
+            Self::CircuitsOpen => "every circuit open",
+        }
+    }
+}
+
+/// An endpoint's circuit breaker, as shown in health and metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CircuitState {
+    /// Traffic flows.
+    Closed,
+    /// No traffic until the open period ends.
+    Open,
+    /// One probe in flight decides.
+    HalfOpen,
+}
+
+impl CircuitState {
+    /// `closed`, `open`, `half_open`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Closed => "closed",
+            Self::Open => "open",
+            Self::HalfOpen => "half_open",
+        }
+    }
+}
+
+/// Circuit breaker state machine of one endpoint.
+///
+/// `Closed` counts consecutive failures; at the threshold it opens for the
+/// configured duration. An open circuit whose time is up admits exactly one
+/// request (the probe) and becomes `HalfOpen`: the probe's success closes
+/// it, its failure reopens it for twice as long as last time (capped at 16×).
+/// A probe that ends without a verdict (client gone) lets the next request
+/// probe instead.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Circuit {
+    Closed { failures: u32 },
+    Open { until: Instant, reopenings: u32 },
+    HalfOpen { reopenings: u32 },
+}
+
+impl Circuit {
+    fn admits(&self, now: Instant) -> bool {
+        match *self {
+            Circuit::Closed { .. } => true,
+            Circuit::Open { until, .. } => now >= until,
+            Circuit::HalfOpen { .. } => false,
+        }
+    }
+
+    fn state(&self, now: Instant) -> CircuitState {
+        match *self {
+            Circuit::Closed { .. } => CircuitState::Closed,
+            Circuit::Open { until, .. } if now >= until => CircuitState::HalfOpen,
+            Circuit::Open { .. } => CircuitState::Open,
+            Circuit::HalfOpen { .. } => CircuitState::HalfOpen,
+        }
+    }
+
+    fn on_failure(&mut self, now: Instant, settings: &CircuitSettings) {
+        *self = match *self {
+            Circuit::Closed { failures } if failures + 1 >= settings.consecutive_errors => {
+                Circuit::Open {
+                    until: now + settings.open_duration,
+                    reopenings: 0,
+                }
+            }
+            Circuit::Closed { failures } => Circuit::Closed {
+                failures: failures + 1,
+            },
+            Circuit::HalfOpen { reopenings } => {
+                let r = (reopenings + 1).min(4);
+                Circuit::Open {
+                    until: now + settings.open_duration * (1 << r),
+                    reopenings: r,
+                }
+            }
+            open @ Circuit::Open { .. } => open,
+        };
+    }
 }
 
 /// Counters a pool increments; the HF `custom_router_requests_*_total`.
@@ -63,21 +169,47 @@ pub struct PoolCounters {
 }
 
 /// A pool's settings that can change on reload.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct PoolSettings {
     /// Queue and scoring.
     pub queue: QueueSettings,
     /// Per-endpoint concurrency limit.
     pub max_concurrency: Option<u32>,
+    /// Circuit breaker.
+    pub circuit: CircuitSettings,
+    /// The whole pool is drained.
+    pub drain: bool,
+    /// Endpoints drained one by one.
+    pub drained: Vec<Endpoint>,
 }
+
+impl PoolSettings {
+    /// Settings with no draining and the default circuit breaker.
+    pub fn new(queue: QueueSettings, max_concurrency: Option<u32>) -> Self {
+        Self {
+            queue,
+            max_concurrency,
+            circuit: CircuitSettings::default(),
+            drain: false,
+            drained: Vec::new(),
+        }
+    }
+}
+
+/// How many recent latencies a pool keeps for its p95.
+const LATENCY_WINDOW: usize = 128;
+/// How long a latency sample counts toward the p95.
+const LATENCY_MAX_AGE: Duration = Duration::from_secs(60);
 
 /// What one attempt taught us about an endpoint's latency.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Sample {
     /// The endpoint answered; latency to its first byte.
     Success(Duration),
-    /// The attempt failed after this long (connect error, timeout, 429, 5xx).
+    /// The attempt failed after this long (connect error, 429, 5xx).
     Failure(Duration),
+    /// The attempt was given up after this long without an answer.
+    Timeout(Duration),
 }
 
 /// A live view of one endpoint, for health, metrics and the state log.
@@ -89,6 +221,10 @@ pub struct EndpointStatus {
     pub in_flight: u32,
     /// EWMA latency in seconds, `None` before the first answer.
     pub ewma_s: Option<f64>,
+    /// Circuit breaker state.
+    pub circuit: CircuitState,
+    /// Drained (no new requests).
+    pub draining: bool,
 }
 
 /// A live view of one pool.
@@ -117,6 +253,8 @@ struct EndpointState {
     addr: Arc<str>,
     ewma: Option<f64>,
     in_flight: u32,
+    draining: bool,
+    circuit: Circuit,
 }
 
 struct Waiter {
@@ -130,6 +268,8 @@ struct PoolState {
     endpoints: Vec<EndpointState>,
     queue: VecDeque<Waiter>,
     loads: Vec<EndpointLoad>,
+    latencies: VecDeque<(Instant, Duration)>,
+    wake_at: Option<Instant>,
     next_id: u64,
     rotation: usize,
     closed: bool,
@@ -146,10 +286,12 @@ impl PoolRuntime {
         let pool = Arc::new(Self {
             name: name.into(),
             state: Mutex::new(PoolState {
-                settings,
+                settings: settings.clone(),
                 endpoints: Vec::new(),
                 queue: VecDeque::new(),
                 loads: Vec::new(),
+                latencies: VecDeque::new(),
+                wake_at: None,
                 next_id: 0,
                 rotation: 0,
                 closed: false,
@@ -171,10 +313,50 @@ impl PoolRuntime {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// True when the pool has at least one endpoint.
-    pub fn has_endpoints(&self) -> bool {
+    /// Whether the pool can take requests at all.
+    pub fn availability(&self) -> Availability {
         let st = self.lock();
-        !st.closed && !st.endpoints.is_empty()
+        if st.closed || st.endpoints.is_empty() {
+            return Availability::NoEndpoints;
+        }
+        if st.settings.drain || st.endpoints.iter().all(|e| e.draining) {
+            return Availability::Drained;
+        }
+        let now = Instant::now();
+        let open = |e: &EndpointState| {
+            !matches!(e.circuit, Circuit::Closed { .. }) && !e.circuit.admits(now)
+        };
+        if st.endpoints.iter().filter(|e| !e.draining).all(open) {
+            return Availability::CircuitsOpen;
+        }
+        Availability::Ready
+    }
+
+    /// What the deadline planner needs to know about this pool now.
+    pub fn outlook(&self) -> PoolOutlook {
+        let mut st = self.lock();
+        let now = Instant::now();
+        st.expire_latencies(now);
+        let p95 = st.p95();
+        st.fill_loads(now);
+        let free_now = st.queue.is_empty()
+            && balance::choose(
+                &st.loads,
+                st.settings.queue.scoring,
+                st.settings.queue.latency_threshold_s,
+                st.rotation,
+            )
+            .is_some();
+        let expected_wait = if free_now {
+            Some(Duration::ZERO)
+        } else {
+            st.expected_wait()
+        };
+        PoolOutlook {
+            free_now,
+            expected_wait,
+            p95,
+        }
     }
 
     /// Replaces settings and endpoints. Endpoints that stay keep their EWMA
@@ -183,7 +365,6 @@ impl PoolRuntime {
     /// endpoints left, every waiter is answered `no_backend` at once.
     pub fn update(self: &Arc<Self>, settings: PoolSettings, endpoints: &[Endpoint]) {
         let mut st = self.lock();
-        st.settings = settings;
         let mut old = std::mem::take(&mut st.endpoints);
         for ep in endpoints {
             let kept = old
@@ -200,12 +381,19 @@ impl PoolRuntime {
                         endpoint: Arc::new(ep.clone()),
                         ewma: None,
                         in_flight: 0,
+                        draining: false,
+                        circuit: Circuit::Closed { failures: 0 },
                     }
                 }
             };
             st.endpoints.push(state);
         }
-        if st.endpoints.is_empty() {
+        for e in &mut st.endpoints {
+            e.draining = settings.drain || settings.drained.contains(&e.endpoint);
+        }
+        st.settings = settings;
+        let all_drained = st.endpoints.iter().all(|e| e.draining);
+        if st.endpoints.is_empty() || all_drained {
             st.shed_all(Shed::NoBackend);
         } else {
             self.dispatch(&mut st);
@@ -221,12 +409,16 @@ impl PoolRuntime {
         st.shed_all(Shed::NoBackend);
     }
 
-    /// Waits for an endpoint. Cancel-safe: dropping the future leaves the
-    /// queue at once.
-    pub async fn acquire(self: &Arc<Self>) -> Result<Lease, Shed> {
-        let (id, mut rx, timeout_at) = {
+    /// Waits for an endpoint, at most until the queue timeout or
+    /// `attempt_deadline`, whichever comes first. Cancel-safe: dropping the
+    /// future leaves the queue at once.
+    pub async fn acquire(
+        self: &Arc<Self>,
+        attempt_deadline: Option<Instant>,
+    ) -> Result<Lease, Shed> {
+        let (id, mut rx, timeout_at, on_timeout) = {
             let mut st = self.lock();
-            if st.closed || st.endpoints.is_empty() {
+            if st.closed || st.endpoints.is_empty() || st.endpoints.iter().all(|e| e.draining) {
                 return Err(Shed::NoBackend);
             }
             let now = Instant::now();
@@ -250,7 +442,12 @@ impl PoolRuntime {
                     let _ = oldest.tx.send(Err(Shed::QueueFull));
                 }
             }
-            (id, rx, now + st.settings.queue.timeout)
+            self.dispatch(&mut st);
+            let queue_deadline = now + st.settings.queue.timeout;
+            match attempt_deadline {
+                Some(d) if d < queue_deadline => (id, rx, d, Shed::AttemptTimeout),
+                _ => (id, rx, queue_deadline, Shed::QueueTimeout),
+            }
         };
         let mut guard = QueuedGuard {
             pool: self,
@@ -270,12 +467,14 @@ impl PoolRuntime {
             Err(_elapsed) => {
                 guard.armed = false;
                 if self.remove_waiter(id) {
-                    self.counters.timed_out.inc();
-                    Err(Shed::QueueTimeout)
+                    if on_timeout == Shed::QueueTimeout {
+                        self.counters.timed_out.inc();
+                    }
+                    Err(on_timeout)
                 } else {
                     // Granted or evicted at the same instant: that answer
                     // is already in the channel.
-                    rx.try_recv().unwrap_or(Err(Shed::QueueTimeout))
+                    rx.try_recv().unwrap_or(Err(on_timeout))
                 }
             }
         }
@@ -294,35 +493,32 @@ impl PoolRuntime {
 
     /// Picks an eligible endpoint and charges it one request.
     fn try_grant(self: &Arc<Self>, st: &mut PoolState, enqueued_at: Instant) -> Option<Lease> {
-        let PoolState {
-            settings,
-            endpoints,
-            loads,
-            rotation,
-            ..
-        } = st;
-        loads.clear();
-        loads.extend(endpoints.iter().map(|e| EndpointLoad {
-            ewma: e.ewma,
-            in_flight: e.in_flight,
-            max_concurrency: settings.max_concurrency,
-            available: true,
-        }));
-        *rotation = rotation.wrapping_add(1);
+        let now = Instant::now();
+        st.fill_loads(now);
+        st.rotation = st.rotation.wrapping_add(1);
         let i = balance::choose(
-            loads,
-            settings.queue.scoring,
-            settings.queue.latency_threshold_s,
-            *rotation,
+            &st.loads,
+            st.settings.queue.scoring,
+            st.settings.queue.latency_threshold_s,
+            st.rotation,
         )?;
-        let e = &mut endpoints[i];
+        let e = &mut st.endpoints[i];
         e.in_flight += 1;
+        let probe = match e.circuit {
+            Circuit::Open { reopenings, .. } => {
+                e.circuit = Circuit::HalfOpen { reopenings };
+                true
+            }
+            _ => false,
+        };
         Some(Lease {
             pool: Arc::clone(self),
             endpoint_id: e.id,
             endpoint: Arc::clone(&e.endpoint),
             addr: Arc::clone(&e.addr),
-            queue_wait: enqueued_at.elapsed(),
+            queue_wait: now.saturating_duration_since(enqueued_at),
+            probe,
+            sampled: std::sync::atomic::AtomicBool::new(false),
             armed: true,
         })
     }
@@ -349,26 +545,84 @@ impl PoolRuntime {
                     // The waiter vanished after the check above: take the
                     // lease back here, under the lock we already hold.
                     lease.armed = false;
-                    st.uncharge(lease.endpoint_id);
+                    st.uncharge(lease.endpoint_id, lease.probe);
                 }
                 Err(Err(_)) => {}
             }
         }
+        if !st.queue.is_empty() {
+            self.schedule_wake(st);
+        }
     }
 
-    fn release(self: &Arc<Self>, endpoint_id: u64) {
+    /// Waiters remain and nothing is eligible: if an open circuit will
+    /// admit a probe later, wake the dispatcher then (a timer event, not a
+    /// polling tick).
+    fn schedule_wake(self: &Arc<Self>, st: &mut PoolState) {
+        let next = st
+            .endpoints
+            .iter()
+            .filter(|e| !e.draining)
+            .filter_map(|e| match e.circuit {
+                Circuit::Open { until, .. } => Some(until),
+                _ => None,
+            })
+            .min();
+        let Some(at) = next else { return };
+        if st.wake_at.is_some_and(|w| w <= at) {
+            return;
+        }
+        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        st.wake_at = Some(at);
+        let pool = Arc::downgrade(self);
+        handle.spawn(async move {
+            tokio::time::sleep_until(at).await;
+            if let Some(pool) = pool.upgrade() {
+                let mut st = pool.lock();
+                if st.wake_at == Some(at) {
+                    st.wake_at = None;
+                }
+                pool.dispatch(&mut st);
+            }
+        });
+    }
+
+    fn release(self: &Arc<Self>, endpoint_id: u64, unjudged_probe: bool) {
         let mut st = self.lock();
-        st.uncharge(endpoint_id);
+        st.uncharge(endpoint_id, unjudged_probe);
         self.dispatch(&mut st);
     }
 
     fn observe(self: &Arc<Self>, endpoint_id: u64, sample: Sample) {
         let mut st = self.lock();
+        let now = Instant::now();
         let q = st.settings.queue;
+        let circuit = st.settings.circuit;
+        match sample {
+            Sample::Success(d) | Sample::Timeout(d) => {
+                st.latencies.push_back((now, d));
+                if st.latencies.len() > LATENCY_WINDOW {
+                    st.latencies.pop_front();
+                }
+            }
+            Sample::Failure(_) => {}
+        }
         if let Some(e) = st.endpoints.iter_mut().find(|e| e.id == endpoint_id) {
             let value = match sample {
-                Sample::Success(d) => d.as_secs_f64(),
-                Sample::Failure(d) => failure_sample(d.as_secs_f64(), q.latency_threshold_s),
+                Sample::Success(d) => {
+                    e.circuit = Circuit::Closed { failures: 0 };
+                    d.as_secs_f64()
+                }
+                Sample::Failure(d) | Sample::Timeout(d) => {
+                    let before = e.circuit.state(now);
+                    e.circuit.on_failure(now, &circuit);
+                    if before != CircuitState::Open && e.circuit.state(now) == CircuitState::Open {
+                        tracing::warn!(pool = &*self.name, endpoint = &*e.addr, "circuit opened");
+                    }
+                    failure_sample(d.as_secs_f64(), q.latency_threshold_s)
+                }
             };
             e.ewma = Some(q.scoring.update(e.ewma, value, q.ewma_alpha));
         }
@@ -389,6 +643,8 @@ impl PoolRuntime {
                     addr: Arc::clone(&e.addr),
                     in_flight: e.in_flight,
                     ewma_s: e.ewma,
+                    circuit: e.circuit.state(Instant::now()),
+                    draining: e.draining,
                 })
                 .collect(),
         }
@@ -396,10 +652,68 @@ impl PoolRuntime {
 }
 
 impl PoolState {
-    fn uncharge(&mut self, endpoint_id: u64) {
+    fn uncharge(&mut self, endpoint_id: u64, unjudged_probe: bool) {
         if let Some(e) = self.endpoints.iter_mut().find(|e| e.id == endpoint_id) {
             e.in_flight = e.in_flight.saturating_sub(1);
+            if let (true, Circuit::HalfOpen { reopenings }) = (unjudged_probe, e.circuit) {
+                // The probe ended without a verdict: let the next one try.
+                e.circuit = Circuit::Open {
+                    until: Instant::now(),
+                    reopenings,
+                };
+            }
         }
+    }
+
+    fn fill_loads(&mut self, now: Instant) {
+        let max_concurrency = self.settings.max_concurrency;
+        self.loads.clear();
+        self.loads
+            .extend(self.endpoints.iter().map(|e| EndpointLoad {
+                ewma: e.ewma,
+                in_flight: e.in_flight,
+                max_concurrency,
+                available: !e.draining && e.circuit.admits(now),
+            }));
+    }
+
+    fn expire_latencies(&mut self, now: Instant) {
+        while self
+            .latencies
+            .front()
+            .is_some_and(|(at, _)| now.saturating_duration_since(*at) > LATENCY_MAX_AGE)
+        {
+            self.latencies.pop_front();
+        }
+    }
+
+    fn p95(&self) -> Option<Duration> {
+        if self.latencies.is_empty() {
+            return None;
+        }
+        let mut v: Vec<Duration> = self.latencies.iter().map(|(_, d)| *d).collect();
+        v.sort_unstable();
+        let rank = (v.len() * 95).div_ceil(100).max(1) - 1;
+        v.get(rank).copied()
+    }
+
+    /// Queue wait estimate: the waiters ahead (and this request) served by
+    /// the open slots at the best endpoint's EWMA. `None` without an EWMA.
+    fn expected_wait(&self) -> Option<Duration> {
+        let now = Instant::now();
+        let usable: Vec<&EndpointState> = self
+            .endpoints
+            .iter()
+            .filter(|e| !e.draining && e.circuit.admits(now))
+            .collect();
+        let service = usable.iter().filter_map(|e| e.ewma).reduce(f64::min)?;
+        let slots: u32 = usable
+            .iter()
+            .map(|e| self.settings.max_concurrency.unwrap_or(e.in_flight.max(1)))
+            .sum();
+        let ahead = self.queue.len() as f64 + 1.0;
+        let wait = service * ahead / f64::from(slots.max(1));
+        Some(Duration::from_secs_f64(wait.min(1e6)))
     }
 
     fn shed_all(&mut self, why: Shed) {
@@ -432,6 +746,9 @@ pub struct Lease {
     endpoint: Arc<Endpoint>,
     addr: Arc<str>,
     queue_wait: Duration,
+    /// This request is a half-open circuit's probe.
+    probe: bool,
+    sampled: std::sync::atomic::AtomicBool,
     armed: bool,
 }
 
@@ -458,6 +775,8 @@ impl Lease {
 
     /// Folds what the attempt taught us into the endpoint's EWMA.
     pub fn observe(&self, sample: Sample) {
+        self.sampled
+            .store(true, std::sync::atomic::Ordering::Relaxed);
         self.pool.observe(self.endpoint_id, sample);
     }
 }
@@ -465,7 +784,8 @@ impl Lease {
 impl Drop for Lease {
     fn drop(&mut self) {
         if self.armed {
-            self.pool.release(self.endpoint_id);
+            let unjudged = self.probe && !self.sampled.load(std::sync::atomic::Ordering::Relaxed);
+            self.pool.release(self.endpoint_id, unjudged);
         }
     }
 }
@@ -485,8 +805,8 @@ mod tests {
     use router_policy::Scoring;
 
     fn settings(max_size: usize, timeout_ms: u64, max_concurrency: Option<u32>) -> PoolSettings {
-        PoolSettings {
-            queue: QueueSettings {
+        PoolSettings::new(
+            QueueSettings {
                 max_size,
                 timeout: Duration::from_millis(timeout_ms),
                 latency_threshold_s: 3.0,
@@ -494,7 +814,7 @@ mod tests {
                 scoring: Scoring::PeakEwma,
             },
             max_concurrency,
-        }
+        )
     }
 
     fn eps(addrs: &[&str]) -> Vec<Endpoint> {
@@ -523,17 +843,17 @@ mod tests {
     async fn no_endpoints_is_an_immediate_no_backend() {
         let p = pool(10, 1_000_000, None, &[]);
         let started = Instant::now();
-        assert_eq!(p.acquire().await.unwrap_err(), Shed::NoBackend);
+        assert_eq!(p.acquire(None).await.unwrap_err(), Shed::NoBackend);
         assert_eq!(started.elapsed(), Duration::ZERO);
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_freed_slot_wakes_the_next_waiter_without_a_tick() {
         let p = pool(10, 60_000, Some(1), &["h:1"]);
-        let first = p.acquire().await.unwrap();
+        let first = p.acquire(None).await.unwrap();
         let waiter = tokio::spawn({
             let p = Arc::clone(&p);
-            async move { p.acquire().await.map(|l| l.queue_wait()) }
+            async move { p.acquire(None).await.map(|l| l.queue_wait()) }
         });
         tokio::time::sleep(Duration::from_millis(250)).await;
         assert_eq!(p.status().queue_depth, 1);
@@ -548,11 +868,11 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn the_oldest_waiter_is_evicted_when_the_queue_is_full() {
         let p = pool(2, 60_000, Some(1), &["h:1"]);
-        let _busy = p.acquire().await.unwrap();
+        let _busy = p.acquire(None).await.unwrap();
         let mut waiters = Vec::new();
         for _ in 0..3 {
             let p2 = Arc::clone(&p);
-            waiters.push(tokio::spawn(async move { p2.acquire().await }));
+            waiters.push(tokio::spawn(async move { p2.acquire(None).await }));
             tokio::task::yield_now().await;
         }
         let oldest = waiters.remove(0).await.unwrap();
@@ -564,9 +884,9 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_waiter_past_the_timeout_is_shed() {
         let p = pool(10, 500, Some(1), &["h:1"]);
-        let _busy = p.acquire().await.unwrap();
+        let _busy = p.acquire(None).await.unwrap();
         let started = Instant::now();
-        assert_eq!(p.acquire().await.unwrap_err(), Shed::QueueTimeout);
+        assert_eq!(p.acquire(None).await.unwrap_err(), Shed::QueueTimeout);
         assert_eq!(started.elapsed(), Duration::from_millis(500));
         assert_eq!(p.status().queue_depth, 0);
         assert_eq!(p.counters.timed_out.get(), 1);
@@ -575,10 +895,10 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_dropped_waiter_leaves_the_queue_at_once() {
         let p = pool(10, 60_000, Some(1), &["h:1"]);
-        let busy = p.acquire().await.unwrap();
+        let busy = p.acquire(None).await.unwrap();
         let waiter = tokio::spawn({
             let p = Arc::clone(&p);
-            async move { p.acquire().await }
+            async move { p.acquire(None).await }
         });
         tokio::task::yield_now().await;
         assert_eq!(p.status().queue_depth, 1);
@@ -592,10 +912,10 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn emptying_the_pool_sheds_waiters_and_keeps_in_flight_sane() {
         let p = pool(10, 60_000, Some(1), &["h:1"]);
-        let busy = p.acquire().await.unwrap();
+        let busy = p.acquire(None).await.unwrap();
         let waiter = tokio::spawn({
             let p = Arc::clone(&p);
-            async move { p.acquire().await }
+            async move { p.acquire(None).await }
         });
         tokio::task::yield_now().await;
         p.update(settings(10, 60_000, Some(1)), &[]);
@@ -603,7 +923,7 @@ mod tests {
         // The removed endpoint's lease releases nothing and breaks nothing.
         drop(busy);
         p.update(settings(10, 60_000, Some(1)), &eps(&["h:2"]));
-        let l = p.acquire().await.unwrap();
+        let l = p.acquire(None).await.unwrap();
         assert_eq!(l.endpoint().authority(), "h:2");
         drop(l);
         assert_eq!(in_flight(&p), 0);
@@ -612,13 +932,13 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn untried_endpoints_get_one_probe_each() {
         let p = pool(10, 60_000, None, &["h:1", "h:2"]);
-        let a = p.acquire().await.unwrap();
-        let b = p.acquire().await.unwrap();
+        let a = p.acquire(None).await.unwrap();
+        let b = p.acquire(None).await.unwrap();
         assert_ne!(a.endpoint(), b.endpoint());
         // Both probes in flight and no samples: the third request waits.
         let third = tokio::spawn({
             let p = Arc::clone(&p);
-            async move { p.acquire().await.map(|l| l.endpoint().clone()) }
+            async move { p.acquire(None).await.map(|l| l.endpoint().clone()) }
         });
         tokio::task::yield_now().await;
         assert_eq!(p.status().queue_depth, 1);
@@ -631,14 +951,14 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn failures_count_as_slow() {
         let p = pool(10, 60_000, None, &["h:1", "h:2"]);
-        let a = p.acquire().await.unwrap();
-        let b = p.acquire().await.unwrap();
+        let a = p.acquire(None).await.unwrap();
+        let b = p.acquire(None).await.unwrap();
         a.observe(Sample::Failure(Duration::from_micros(50)));
         b.observe(Sample::Success(Duration::from_millis(100)));
         let (dead, live) = (a.endpoint().clone(), b.endpoint().clone());
         drop((a, b));
         for _ in 0..5 {
-            let l = p.acquire().await.unwrap();
+            let l = p.acquire(None).await.unwrap();
             assert_eq!(l.endpoint(), &live, "a failing endpoint must not look fast");
             assert_ne!(l.endpoint(), &dead);
         }

@@ -19,7 +19,7 @@ use crate::metrics::Metrics;
 const CAPACITY: usize = 8192;
 
 /// One attempt to send the request to an endpoint.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct AttemptRecord {
     /// Pool.
     pub pool: String,
@@ -29,8 +29,12 @@ pub struct AttemptRecord {
     pub outcome: &'static str,
     /// Upstream HTTP status, if one came back.
     pub status: Option<u16>,
-    /// Time to the answer's first byte (or to the failure).
+    /// Time to the answer's first byte (or to the failure), after the queue.
     pub latency_ms: f64,
+    /// Time spent in the pool's queue before this attempt was sent.
+    pub queue_wait_ms: f64,
+    /// The attempt's timeout, when it had one.
+    pub timeout_ms: Option<u64>,
 }
 
 /// One request's routing story.

@@ -58,6 +58,11 @@ pub struct Settings {
     /// How often the standalone policy file is checked for changes
     /// (`CUSTOM_ROUTER_POLICY_POLL_INTERVAL`, 1 s).
     pub policy_poll_interval: Duration,
+    /// How long answers are kept for `Idempotency-Key` retries
+    /// (`CUSTOM_ROUTER_IDEMPOTENCY_TTL`, 300 s).
+    pub idempotency_ttl: Duration,
+    /// Keys tracked at most (`CUSTOM_ROUTER_IDEMPOTENCY_MAX_KEYS`, 10000).
+    pub idempotency_max_keys: usize,
 }
 
 impl std::fmt::Debug for Settings {
@@ -91,6 +96,8 @@ impl Default for Settings {
             connect_timeout: Duration::from_secs(5),
             upstream_ca_file: None,
             policy_poll_interval: Duration::from_secs(1),
+            idempotency_ttl: Duration::from_secs(300),
+            idempotency_max_keys: 10_000,
         }
     }
 }
@@ -183,6 +190,15 @@ impl Settings {
         }
         if let Some((var, v)) = get("CUSTOM_ROUTER_POLICY_POLL_INTERVAL") {
             s.policy_poll_interval = seconds(var, &v)?;
+        }
+        if let Some((var, v)) = get("CUSTOM_ROUTER_IDEMPOTENCY_TTL") {
+            s.idempotency_ttl = seconds(var, &v)?;
+        }
+        if let Some((var, v)) = get("CUSTOM_ROUTER_IDEMPOTENCY_MAX_KEYS") {
+            s.idempotency_max_keys = match v.trim().parse::<usize>() {
+                Ok(n) if n >= 1 => n,
+                _ => return Err(bad(var, &v, "an integer of at least 1")),
+            };
         }
         Ok(s)
     }

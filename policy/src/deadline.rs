@@ -184,13 +184,23 @@ mod tests {
             next_p95: Some(ms(400)),
             last_candidate: false,
         };
-        assert_eq!(plan_attempt(b, free(None)), AttemptPlan::Try { timeout: Some(ms(3000)) });
+        assert_eq!(
+            plan_attempt(b, free(None)),
+            AttemptPlan::Try {
+                timeout: Some(ms(3000))
+            }
+        );
         // Later in the deadline the reserve decides.
         let b = Budget {
             remaining: Some(ms(2000)),
             ..b
         };
-        assert_eq!(plan_attempt(b, free(None)), AttemptPlan::Try { timeout: Some(ms(1600)) });
+        assert_eq!(
+            plan_attempt(b, free(None)),
+            AttemptPlan::Try {
+                timeout: Some(ms(1600))
+            }
+        );
     }
 
     #[test]
@@ -201,7 +211,12 @@ mod tests {
             next_p95: Some(ms(400)),
             last_candidate: true,
         };
-        assert_eq!(plan_attempt(b, free(Some(400))), AttemptPlan::Try { timeout: Some(ms(4600)) });
+        assert_eq!(
+            plan_attempt(b, free(Some(400))),
+            AttemptPlan::Try {
+                timeout: Some(ms(4600))
+            }
+        );
     }
 
     #[test]
@@ -229,7 +244,10 @@ mod tests {
             last_candidate: true,
         };
         let plan = plan_attempt(b, free(Some(7000)));
-        assert!(matches!(plan, AttemptPlan::Skip(SkipReason::TooSlow { .. })));
+        assert!(matches!(
+            plan,
+            AttemptPlan::Skip(SkipReason::TooSlow { .. })
+        ));
         if let AttemptPlan::Skip(r) = plan {
             assert_eq!(
                 r.to_string(),
@@ -251,12 +269,20 @@ mod tests {
             expected_wait: Some(ms(700)),
             p95: Some(ms(300)),
         };
-        assert!(matches!(plan_attempt(b, busy), AttemptPlan::Skip(SkipReason::TooSlow { .. })));
+        assert!(matches!(
+            plan_attempt(b, busy),
+            AttemptPlan::Skip(SkipReason::TooSlow { .. })
+        ));
         let busy = PoolOutlook {
             expected_wait: Some(ms(600)),
             ..busy
         };
-        assert_eq!(plan_attempt(b, busy), AttemptPlan::Try { timeout: Some(ms(1000)) });
+        assert_eq!(
+            plan_attempt(b, busy),
+            AttemptPlan::Try {
+                timeout: Some(ms(1000))
+            }
+        );
     }
 
     #[test]
@@ -272,12 +298,20 @@ mod tests {
             next_p95: None,
             last_candidate: false,
         };
-        assert_eq!(plan_attempt(b, busy), AttemptPlan::Skip(SkipReason::BusyUnmeasured));
+        assert_eq!(
+            plan_attempt(b, busy),
+            AttemptPlan::Skip(SkipReason::BusyUnmeasured)
+        );
         let b = Budget {
             last_candidate: true,
             ..b
         };
-        assert_eq!(plan_attempt(b, busy), AttemptPlan::Try { timeout: Some(ms(3000)) });
+        assert_eq!(
+            plan_attempt(b, busy),
+            AttemptPlan::Try {
+                timeout: Some(ms(3000))
+            }
+        );
     }
 
     #[test]
@@ -289,7 +323,10 @@ mod tests {
             last_candidate: false,
         };
         let plan = plan_attempt(b, free(None));
-        assert_eq!(plan, AttemptPlan::Skip(SkipReason::NoTimeLeft { reserved: ms(400) }));
+        assert_eq!(
+            plan,
+            AttemptPlan::Skip(SkipReason::NoTimeLeft { reserved: ms(400) })
+        );
         let b = Budget {
             remaining: Some(Duration::ZERO),
             last_candidate: true,
@@ -297,7 +334,9 @@ mod tests {
         };
         assert_eq!(
             plan_attempt(b, free(None)),
-            AttemptPlan::Skip(SkipReason::NoTimeLeft { reserved: Duration::ZERO })
+            AttemptPlan::Skip(SkipReason::NoTimeLeft {
+                reserved: Duration::ZERO
+            })
         );
     }
 
@@ -309,6 +348,9 @@ mod tests {
             next_p95: Some(ms(400)),
             last_candidate: false,
         };
-        assert_eq!(plan_attempt(b, free(Some(60_000))), AttemptPlan::Try { timeout: None });
+        assert_eq!(
+            plan_attempt(b, free(Some(60_000))),
+            AttemptPlan::Try { timeout: None }
+        );
     }
 }

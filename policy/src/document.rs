@@ -536,7 +536,11 @@ impl PolicyDocument {
             errs.push("kind", format!("must be {KIND:?}"));
         }
         let spec_queue = resolve_queue(&self.spec.queue, defaults, "spec.queue", &mut errs);
-        let default_deadline = millis(self.spec.defaults.deadline_ms, "spec.defaults.deadline_ms", &mut errs);
+        let default_deadline = millis(
+            self.spec.defaults.deadline_ms,
+            "spec.defaults.deadline_ms",
+            &mut errs,
+        );
         let default_attempt = millis(
             self.spec.defaults.attempt_timeout_ms,
             "spec.defaults.attempt_timeout_ms",
@@ -545,7 +549,10 @@ impl PolicyDocument {
         let mut circuit = CircuitSettings::default();
         if let Some(n) = self.spec.circuit_breaker.consecutive_errors {
             if n == 0 {
-                errs.push("spec.circuit_breaker.consecutive_errors", "must be at least 1");
+                errs.push(
+                    "spec.circuit_breaker.consecutive_errors",
+                    "must be at least 1",
+                );
             } else {
                 circuit.consecutive_errors = n;
             }
@@ -678,9 +685,14 @@ impl PolicyDocument {
                     ),
                 );
             }
-            let deadline = millis(r.deadline_ms, &format!("{at}.deadline_ms"), &mut errs).or(default_deadline);
-            let attempt_timeout =
-                millis(r.attempt_timeout_ms, &format!("{at}.attempt_timeout_ms"), &mut errs).or(default_attempt);
+            let deadline =
+                millis(r.deadline_ms, &format!("{at}.deadline_ms"), &mut errs).or(default_deadline);
+            let attempt_timeout = millis(
+                r.attempt_timeout_ms,
+                &format!("{at}.attempt_timeout_ms"),
+                &mut errs,
+            )
+            .or(default_attempt);
             let retry_on = match &r.retry_on {
                 Some(list) => {
                     let mut out: Vec<RetryOn> = Vec::new();

@@ -52,7 +52,7 @@ use serde_json::{json, Value};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore};
 use tokio::task::{JoinHandle, JoinSet};
-use tokio::time::Sleep;
+use tokio::time::{Instant, Sleep};
 
 /// Header echoed on every response with the mock's [`MockConfig::name`].
 pub const MOCK_NAME_HEADER: &str = "x-mock-name";
@@ -165,6 +165,17 @@ pub struct ReceivedRequest {
     pub headers: HeaderMap,
     /// The full request body.
     pub body: Bytes,
+    /// When it arrived.
+    pub received_at: Instant,
+}
+
+/// A request whose answer the mock produced in full: a generation paid for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Generation {
+    /// The request's `X-Request-Id`, if it had one.
+    pub request_id: Option<String>,
+    /// When the last byte of the answer was produced.
+    pub at: Instant,
 }
 
 /// A running mock model endpoint. Dropping it shuts the server down in the
@@ -218,6 +229,7 @@ impl MockModel {
             name_header,
             stats: Mutex::new(MockStats::default()),
             requests: Mutex::new(Vec::new()),
+            generations: Mutex::new(Vec::new()),
             next_id: AtomicU64::new(1),
         });
         let (shutdown, shutdown_rx) = oneshot::channel();
@@ -266,6 +278,11 @@ impl MockModel {
         *lock(&self.shared.stats)
     }
 
+    /// Every answer produced in full so far, in order.
+    pub fn generations(&self) -> Vec<Generation> {
+        lock(&self.shared.generations).clone()
+    }
+
     /// Every request received so far (health checks excluded), in order.
     pub fn requests(&self) -> Vec<ReceivedRequest> {
         lock(&self.shared.requests).clone()
@@ -294,6 +311,7 @@ struct Shared {
     live: Mutex<Live>,
     stats: Mutex<MockStats>,
     requests: Mutex<Vec<ReceivedRequest>>,
+    generations: Mutex<Vec<Generation>>,
     /// Numbers the `chatcmpl-<n>` ids.
     next_id: AtomicU64,
 }
@@ -385,6 +403,7 @@ async fn handle(
         (live.behavior.clone(), live.latency)
     };
     lock(&shared.requests).push(ReceivedRequest {
+        received_at: Instant::now(),
         method: parts.method.to_string(),
         path: parts
             .uri
@@ -394,7 +413,7 @@ async fn handle(
         body,
     });
     lock(&shared.stats).received += 1;
-    let mut tracker = Tracker::new(Arc::clone(&shared));
+    let mut tracker = Tracker::new(Arc::clone(&shared), request_id.clone());
 
     let permit = match (&shared.slots, shared.over_cap) {
         (None, _) => None,
@@ -565,6 +584,7 @@ enum Outcome {
 /// body, and settles the counters and the concurrency slot when dropped.
 struct Tracker {
     shared: Arc<Shared>,
+    request_id: Option<String>,
     /// Whether this request counts in `in_flight`.
     serving: bool,
     /// The concurrency slot, released after the counters are updated.
@@ -573,9 +593,10 @@ struct Tracker {
 }
 
 impl Tracker {
-    fn new(shared: Arc<Shared>) -> Tracker {
+    fn new(shared: Arc<Shared>, request_id: Option<String>) -> Tracker {
         Tracker {
             shared,
+            request_id,
             serving: false,
             permit: None,
             outcome: Outcome::Unfinished,
@@ -609,7 +630,13 @@ impl Drop for Tracker {
         }
         match self.outcome {
             Outcome::Unfinished => stats.cancelled += 1,
-            Outcome::Completed => stats.completed += 1,
+            Outcome::Completed => {
+                stats.completed += 1;
+                lock(&self.shared.generations).push(Generation {
+                    request_id: self.request_id.take(),
+                    at: Instant::now(),
+                });
+            }
             Outcome::Rejected => {}
         }
         drop(stats);

@@ -1,17 +1,16 @@
-//! `mock-model`: runs one mock OpenAI-compatible model endpoint on
+//! `routerctl mock`: runs one mock OpenAI-compatible model endpoint on
 //! `127.0.0.1:PORT` until Ctrl-C, for trying the router by hand.
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::{Parser, ValueEnum};
-use router_tests::mock::{Behavior, MockConfig, MockModel, OverCap};
+use crate::mock::{Behavior, MockConfig, MockModel, OverCap};
+use clap::{Args, ValueEnum};
 
 /// Runs a mock OpenAI-compatible model endpoint until Ctrl-C.
-#[derive(Parser, Debug)]
-#[command(name = "mock-model", version)]
-struct Args {
+#[derive(Args, Debug)]
+pub struct MockArgs {
     /// Port to listen on (on 127.0.0.1).
     #[arg(long, default_value_t = 8001)]
     port: u16,
@@ -80,9 +79,8 @@ fn parse_behavior(text: &str) -> Result<BehaviorArg, String> {
     Ok(BehaviorArg::Other(behavior))
 }
 
-#[tokio::main]
-async fn main() -> ExitCode {
-    let args = Args::parse();
+/// Runs the mock until Ctrl-C.
+pub async fn run(args: MockArgs) -> ExitCode {
     let behavior = match args.behavior {
         BehaviorArg::Sse => Behavior::Sse {
             chunks: args.sse_chunks,
@@ -104,17 +102,17 @@ async fn main() -> ExitCode {
     let mock = match MockModel::start_on(addr, config).await {
         Ok(mock) => mock,
         Err(error) => {
-            eprintln!("mock-model: cannot start on {addr}: {error}");
+            eprintln!("routerctl mock: cannot start on {addr}: {error}");
             return ExitCode::FAILURE;
         }
     };
-    println!("mock-model {} listening on {}", mock.name(), mock.url());
+    println!("mock {} listening on {}", mock.name(), mock.url());
     let result = tokio::signal::ctrl_c().await;
     mock.stop().await;
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
-            eprintln!("mock-model: cannot wait for Ctrl-C: {error}");
+            eprintln!("routerctl mock: cannot wait for Ctrl-C: {error}");
             ExitCode::FAILURE
         }
     }

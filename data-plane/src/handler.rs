@@ -675,7 +675,7 @@ fn deadline_header(headers: &HeaderMap) -> Result<Option<Duration>, ProxyError> 
         return Ok(None);
     };
     match v.to_str().ok().and_then(|s| s.trim().parse::<u64>().ok()) {
-        Some(ms) if ms >= 1 && ms <= MAX_DEADLINE_MS => Ok(Some(Duration::from_millis(ms))),
+        Some(ms) if (1..=MAX_DEADLINE_MS).contains(&ms) => Ok(Some(Duration::from_millis(ms))),
         _ => Err(ProxyError::InvalidRequest(format!(
             "X-Router-Deadline-Ms must be a whole number of milliseconds from 1 to {MAX_DEADLINE_MS}"
         ))),

@@ -50,7 +50,7 @@ use crate::route_log::RouteLog;
 pub use crate::settings::Settings;
 
 /// Where the proxy's policy comes from.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum Mode {
     /// One pool named `default`, filled by `set-backends`.
     Sidecar,
@@ -59,6 +59,9 @@ pub enum Mode {
         /// The file.
         policy: PathBuf,
     },
+    /// A policy given in-process (embedders, `routerctl drill`); changed
+    /// through [`RunningProxy::config`].
+    Inline(Box<Policy>),
 }
 
 /// What [`start`] needs.
@@ -161,6 +164,7 @@ pub async fn start(options: ProxyOptions) -> Result<RunningProxy, StartError> {
             let (p, bytes) = reload::load_policy_file(policy, &settings.queue)?;
             (p, "file", Some((policy.clone(), bytes)))
         }
+        Mode::Inline(policy) => ((**policy).clone(), "inline", None),
     };
     let config = Arc::new(ConfigStore::new(policy, origin, Arc::clone(&metrics)));
     let client = forward::build_client(&settings)?;

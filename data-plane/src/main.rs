@@ -85,6 +85,7 @@ async fn run(settings: Settings, mode: Mode) -> ExitCode {
     let mode_text = match &mode {
         Mode::Sidecar => "sidecar".to_string(),
         Mode::Standalone { policy } => format!("standalone ({})", policy.display()),
+        Mode::Inline(_) => "inline".to_string(),
     };
     tracing::info!(
         addr = %proxy.local_addr(),

@@ -298,8 +298,10 @@ pub enum RetryOn {
     /// The attempt ran out of time (queue wait included).
     Timeout,
     /// The endpoint answered 429.
+    #[serde(rename = "status_429")]
     Status429,
     /// The endpoint answered 5xx.
+    #[serde(rename = "status_5xx")]
     Status5xx,
     /// A JSON answer that does not parse.
     MalformedJson,
@@ -759,7 +761,13 @@ fn shape_error(path: &serde_path_to_error::Path, inner: &dyn fmt::Display) -> Po
     } else {
         field
     };
-    PolicyError::one(field, inner.to_string())
+    // Some deserializers already prefix their message with the path.
+    let reason = inner.to_string();
+    let reason = reason
+        .strip_prefix(&format!("{field}: "))
+        .map(str::to_string)
+        .unwrap_or(reason);
+    PolicyError::one(field, reason)
 }
 
 fn check_name(name: &str, field: &str, errs: &mut Errors) {
@@ -951,6 +959,61 @@ spec:
             "{err}"
         );
         assert!(err.to_string().contains("unknown pool \"b\""));
+    }
+
+    #[test]
+    fn deadlines_retries_and_draining() {
+        let text = r#"
+apiVersion: router/v1
+kind: RoutingPolicy
+spec:
+  defaults: {deadline_ms: 8000, attempt_timeout_ms: 5000}
+  circuit_breaker: {consecutive_errors: 2, open_duration_s: 10}
+  pools:
+    - name: a
+      endpoints: ["h:1", {url: "h:2", drain: true}]
+      attempt_timeout_ms: 3000
+    - name: b
+      endpoints: ["h:3"]
+      drain: true
+  routes:
+    - name: s
+      match: {model: [x]}
+      chain: [b]
+    - name: r
+      chain: [a, b]
+      retry_on: [timeout, status_429]
+      fallback: false
+"#;
+        let p = load(text, &QueueSettings::default()).unwrap();
+        let a = p.pool("a").unwrap();
+        assert_eq!(a.attempt_timeout, Some(Duration::from_secs(3)));
+        assert_eq!(a.drained, vec![Endpoint::parse("h:2").unwrap()]);
+        assert!(p.pool("b").unwrap().drain);
+        let r = &p.routes[1];
+        assert_eq!(r.deadline, Some(Duration::from_secs(8)));
+        assert_eq!(r.attempt_timeout, Some(Duration::from_secs(5)));
+        assert_eq!(r.retry_on, vec![RetryOn::Timeout, RetryOn::Status429]);
+        assert!(!r.fallback);
+        assert!(
+            !r.retries_on(RetryOn::Timeout),
+            "fallback off: nothing retries"
+        );
+        assert_eq!(p.routes[0].retry_on, RetryOn::DEFAULT.to_vec());
+        assert!(p.routes[0].retries_on(RetryOn::Status5xx));
+        assert_eq!(p.circuit.consecutive_errors, 2);
+
+        let bad = text
+            .replace("status_429]", "status_418]")
+            .replace("8000", "0");
+        let err = load(&bad, &QueueSettings::default()).unwrap_err();
+        assert_eq!(err.errors[0].field, "spec.routes[1].retry_on[1]");
+        assert!(
+            err.errors[0]
+                .reason
+                .starts_with("unknown variant `status_418`"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -1,4 +1,6 @@
-//! Test kit for cross-program tests: mock model endpoints and helpers.
+//! Test kit for cross-program tests: a harness that starts the router
+//! in-process, and the mock model endpoints (from `routerctl`, which ships
+//! them for `routerctl mock` and `routerctl drill`).
 #![forbid(unsafe_code)]
 pub mod harness;
-pub mod mock;
+pub use routerctl::mock;

@@ -1,0 +1,776 @@
+//! `routerctl drill`: the fallback drill, replayed against the router.
+//!
+//! Two mock model endpoints stand in for a saturating primary and a small
+//! fallback; a load generator sends a fixed schedule of requests (40 at 10
+//! per second by default) through the router, each with its own request id;
+//! then the drill checks what happened against the expectations of each
+//! scenario and prints a verdict.
+//!
+//! | scenario | primary | fallback | expectation |
+//! |---|---|---|---|
+//! | `baseline` | cap 2, 6 s | 0.4 s | all 200, none from the primary (6 s never fits the 3 s attempt), p50 < 1 s, p95 < 3.5 s |
+//! | `baseline-long-attempt` | cap 2, 6 s, 7 s attempt | 0.4 s | all 200, 1 to 3 from the primary |
+//! | `fallback-degraded` | cap 2, 6 s | 7 s | nothing after the deadline (+100 ms); every failure `deadline_exhausted`; no generation completes after its deadline |
+//! | `primary-hang` | accepts, answers after 30 s | 0.4 s | all 200 from the fallback, none later than attempt + fallback + 100 ms; once given up on, the primary is skipped at once |
+//! | `drain` | cap 2, 0.2 s, drained mid-run | 0.4 s | all 200; no request reaches the primary after the drain |
+//!
+//! Every scenario also counts *duplicate generations*: request ids that the
+//! mocks answered in full more than once (the double spend the drill is
+//! about). It must be 0.
+//!
+//! By default the drill starts the router in-process with the drill's
+//! policy (see [`drill_policy`]). With `--target URL` it sends the same
+//! load to an already running router, which must route to the drill's mock
+//! ports (`--primary-port`, `--fallback-port`); `drain` needs the built-in
+//! router and is skipped then.
+//!
+//! [`DrillConfig::scaled`] divides every duration (and multiplies the
+//! rate), so the test suite replays the same scenarios at 1/20 scale.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::{Ipv4Addr, SocketAddr};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Method, Request, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use router_policy::document::load;
+use router_policy::{Policy, QueueSettings};
+use router_proxy::{Mode, ProxyOptions, RunningProxy, Settings};
+use serde::Serialize;
+use tokio::time::Instant;
+
+use crate::mock::{MockConfig, MockModel};
+
+/// The drill's parameters (full scale by default).
+#[derive(Debug, Clone, PartialEq)]
+pub struct DrillConfig {
+    /// Requests per second.
+    pub rate: f64,
+    /// Requests per scenario.
+    pub count: usize,
+    /// Primary service time.
+    pub primary_service: Duration,
+    /// Primary concurrency cap (requests past it wait at the primary).
+    pub primary_cap: usize,
+    /// Fallback service time.
+    pub fallback_service: Duration,
+    /// Fallback service time in `fallback-degraded`.
+    pub degraded_fallback_service: Duration,
+    /// How long the primary sleeps in `primary-hang`.
+    pub hang: Duration,
+    /// Primary service time in `drain` (healthy, so it carries traffic).
+    pub drain_primary_service: Duration,
+    /// End-to-end deadline of each request.
+    pub deadline: Duration,
+    /// The primary pool's attempt timeout.
+    pub primary_attempt: Duration,
+    /// The primary attempt timeout of `baseline-long-attempt`.
+    pub long_primary_attempt: Duration,
+    /// Slack allowed on timing checks (100 ms at full scale).
+    pub tolerance: Duration,
+    /// Send the load to this router instead of an in-process one.
+    pub target: Option<String>,
+    /// Mock ports (0: any free port).
+    pub primary_port: u16,
+    /// Mock ports (0: any free port).
+    pub fallback_port: u16,
+}
+
+impl Default for DrillConfig {
+    fn default() -> Self {
+        Self {
+            rate: 10.0,
+            count: 40,
+            primary_service: Duration::from_secs(6),
+            primary_cap: 2,
+            fallback_service: Duration::from_millis(400),
+            degraded_fallback_service: Duration::from_secs(7),
+            hang: Duration::from_secs(30),
+            drain_primary_service: Duration::from_millis(200),
+            deadline: Duration::from_secs(8),
+            primary_attempt: Duration::from_secs(3),
+            long_primary_attempt: Duration::from_secs(7),
+            tolerance: Duration::from_millis(100),
+            target: None,
+            primary_port: 0,
+            fallback_port: 0,
+        }
+    }
+}
+
+impl DrillConfig {
+    /// The same drill with every duration divided by `factor` and the rate
+    /// multiplied by it. Timing slack shrinks too, but not below 40 ms
+    /// (scheduling noise does not scale).
+    pub fn scaled(self, factor: f64) -> Self {
+        let f = factor.max(1.0);
+        let d = |x: Duration| x.div_f64(f);
+        Self {
+            rate: self.rate * f,
+            primary_service: d(self.primary_service),
+            fallback_service: d(self.fallback_service),
+            degraded_fallback_service: d(self.degraded_fallback_service),
+            hang: d(self.hang),
+            drain_primary_service: d(self.drain_primary_service),
+            deadline: d(self.deadline),
+            primary_attempt: d(self.primary_attempt),
+            long_primary_attempt: d(self.long_primary_attempt),
+            tolerance: d(self.tolerance).max(Duration::from_millis(40)),
+            ..self
+        }
+    }
+}
+
+/// A drill scenario.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scenario {
+    /// Saturated primary, healthy fallback.
+    Baseline,
+    /// Baseline with a primary attempt timeout long enough for its 6 s.
+    BaselineLongAttempt,
+    /// The fallback is slower than the deadline allows.
+    FallbackDegraded,
+    /// The primary accepts and never answers in time.
+    PrimaryHang,
+    /// The primary is drained halfway through.
+    Drain,
+}
+
+impl Scenario {
+    /// Every scenario, in the order `all` runs them.
+    pub const ALL: [Scenario; 5] = [
+        Scenario::Baseline,
+        Scenario::BaselineLongAttempt,
+        Scenario::FallbackDegraded,
+        Scenario::PrimaryHang,
+        Scenario::Drain,
+    ];
+
+    /// Its name on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Scenario::Baseline => "baseline",
+            Scenario::BaselineLongAttempt => "baseline-long-attempt",
+            Scenario::FallbackDegraded => "fallback-degraded",
+            Scenario::PrimaryHang => "primary-hang",
+            Scenario::Drain => "drain",
+        }
+    }
+
+    /// Parses a name.
+    pub fn parse(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|s| s.name() == name)
+    }
+}
+
+/// One check of a scenario.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Check {
+    /// What is expected.
+    pub expect: String,
+    /// What was seen.
+    pub seen: String,
+    /// Held or not.
+    pub pass: bool,
+}
+
+/// What a scenario did.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ScenarioReport {
+    /// Scenario name.
+    pub scenario: String,
+    /// Requests sent.
+    pub requests: usize,
+    /// Final route (pool in `x-router-route`, or `shed`) → count.
+    pub routes: BTreeMap<String, usize>,
+    /// Shed reason (error type) → count.
+    pub sheds: BTreeMap<String, usize>,
+    /// Request ids generated in full more than once.
+    pub duplicate_generations: usize,
+    /// Elapsed time percentiles, seconds.
+    pub p50_s: f64,
+    /// 95th percentile, seconds.
+    pub p95_s: f64,
+    /// Slowest, seconds.
+    pub max_s: f64,
+    /// Every check.
+    pub checks: Vec<Check>,
+    /// All checks held.
+    pub pass: bool,
+    /// Why the scenario was not run, when it was not.
+    pub skipped: Option<String>,
+}
+
+/// One request's result.
+#[derive(Debug, Clone)]
+struct Outcome {
+    id: String,
+    sent_at: Instant,
+    status: u16,
+    route: Option<String>,
+    error: Option<String>,
+    elapsed: Duration,
+}
+
+/// The drill's policy: primary then fallback, the deadline as the default,
+/// the attempt timeout on the primary pool only (the fallback is bounded by
+/// the deadline alone).
+pub fn drill_policy(
+    cfg: &DrillConfig,
+    primary: &str,
+    fallback: &str,
+    primary_attempt: Duration,
+    drain_primary: bool,
+) -> String {
+    format!(
+        r#"apiVersion: router/v1
+kind: RoutingPolicy
+metadata: {{name: drill}}
+spec:
+  defaults: {{deadline_ms: {deadline}}}
+  circuit_breaker: {{consecutive_errors: 3, open_duration_s: 30}}
+  pools:
+    - name: primary
+      provider: openai
+      endpoints: ["{primary}"]
+      max_concurrency: {cap}
+      attempt_timeout_ms: {attempt}
+      drain: {drain_primary}
+    - name: fallback
+      provider: openai
+      endpoints: ["{fallback}"]
+  routes:
+    - name: default
+      chain: [primary, fallback]
+      retry_on: [connect_error, timeout, status_429, status_5xx]
+"#,
+        deadline = cfg.deadline.as_millis().max(1),
+        cap = cfg.primary_cap,
+        attempt = primary_attempt.as_millis().max(1),
+    )
+}
+
+fn parse_policy(text: &str) -> Result<Policy, String> {
+    load(text, &QueueSettings::default()).map_err(|e| e.to_string())
+}
+
+/// Runs one scenario.
+pub async fn run_scenario(scenario: Scenario, cfg: &DrillConfig) -> Result<ScenarioReport, String> {
+    if scenario == Scenario::Drain && cfg.target.is_some() {
+        return Ok(skipped(
+            scenario,
+            "drain changes the router's config: it needs the built-in router",
+        ));
+    }
+    let primary_latency = match scenario {
+        Scenario::PrimaryHang => cfg.hang,
+        Scenario::Drain => cfg.drain_primary_service,
+        _ => cfg.primary_service,
+    };
+    let fallback_latency = match scenario {
+        Scenario::FallbackDegraded => cfg.degraded_fallback_service,
+        _ => cfg.fallback_service,
+    };
+    let primary_attempt = match scenario {
+        Scenario::BaselineLongAttempt => cfg.long_primary_attempt,
+        _ => cfg.primary_attempt,
+    };
+    let primary = MockModel::start_on(
+        SocketAddr::from((Ipv4Addr::LOCALHOST, cfg.primary_port)),
+        MockConfig {
+            name: "primary".into(),
+            latency: primary_latency,
+            max_concurrency: Some(cfg.primary_cap),
+            ..MockConfig::default()
+        },
+    )
+    .await
+    .map_err(|e| format!("cannot start the primary mock: {e}"))?;
+    let fallback = MockModel::start_on(
+        SocketAddr::from((Ipv4Addr::LOCALHOST, cfg.fallback_port)),
+        MockConfig {
+            name: "fallback".into(),
+            latency: fallback_latency,
+            ..MockConfig::default()
+        },
+    )
+    .await
+    .map_err(|e| format!("cannot start the fallback mock: {e}"))?;
+
+    let (proxy, base) = match &cfg.target {
+        Some(url) => (None, url.trim_end_matches('/').to_string()),
+        None => {
+            let text = drill_policy(cfg, &primary.url(), &fallback.url(), primary_attempt, false);
+            let policy = parse_policy(&text)?;
+            let settings = Settings {
+                bind: [127, 0, 0, 1].into(),
+                port: 0,
+                ..Settings::default()
+            };
+            let proxy = router_proxy::start(ProxyOptions {
+                settings,
+                mode: Mode::Inline(Box::new(policy)),
+                route_log: Box::new(std::io::sink()),
+            })
+            .await
+            .map_err(|e| format!("cannot start the router: {e}"))?;
+            let base = format!("http://{}", proxy.local_addr());
+            (Some(proxy), base)
+        }
+    };
+
+    let started = Instant::now();
+    let run_length = Duration::from_secs_f64(cfg.count as f64 / cfg.rate);
+    let drain_at = started + run_length / 2;
+    let client: Client<HttpConnector, Full<Bytes>> =
+        Client::builder(TokioExecutor::new()).build(HttpConnector::new());
+    let mut tasks = Vec::with_capacity(cfg.count);
+    for i in 0..cfg.count {
+        let at = started + Duration::from_secs_f64(i as f64 / cfg.rate);
+        let client = client.clone();
+        let url = format!("{base}/v1/chat/completions");
+        let id = format!("drill-{}-{i}", scenario.name());
+        tasks.push(tokio::spawn(async move {
+            tokio::time::sleep_until(at).await;
+            send(&client, &url, id, at).await
+        }));
+    }
+    let drained = if scenario == Scenario::Drain {
+        tokio::time::sleep_until(drain_at).await;
+        let text = drill_policy(cfg, &primary.url(), &fallback.url(), primary_attempt, true);
+        let policy = parse_policy(&text)?;
+        if let Some(p) = &proxy {
+            p.config().apply_policy(policy, "drill");
+        }
+        Some(Instant::now())
+    } else {
+        None
+    };
+    let mut outcomes = Vec::with_capacity(cfg.count);
+    for t in tasks {
+        outcomes.push(t.await.map_err(|e| format!("load task failed: {e}"))?);
+    }
+    // Let abandoned work at the mocks settle, so a late double generation
+    // would be counted.
+    let settle_until = Instant::now() + primary_latency.min(cfg.deadline) + cfg.tolerance;
+    while Instant::now() < settle_until
+        && (primary.stats().in_flight > 0 || fallback.stats().in_flight > 0)
+    {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let report = judge(
+        scenario,
+        cfg,
+        primary_attempt,
+        fallback_latency,
+        &outcomes,
+        &primary,
+        &fallback,
+        drained,
+    );
+    stop(proxy);
+    primary.stop().await;
+    fallback.stop().await;
+    Ok(report)
+}
+
+fn stop(proxy: Option<RunningProxy>) {
+    if let Some(p) = proxy {
+        p.shutdown();
+    }
+}
+
+fn skipped(scenario: Scenario, why: &str) -> ScenarioReport {
+    ScenarioReport {
+        scenario: scenario.name().into(),
+        requests: 0,
+        routes: BTreeMap::new(),
+        sheds: BTreeMap::new(),
+        duplicate_generations: 0,
+        p50_s: 0.0,
+        p95_s: 0.0,
+        max_s: 0.0,
+        checks: Vec::new(),
+        pass: true,
+        skipped: Some(why.into()),
+    }
+}
+
+async fn send(
+    client: &Client<HttpConnector, Full<Bytes>>,
+    url: &str,
+    id: String,
+    at: Instant,
+) -> Outcome {
+    let body =
+        format!(r#"{{"model":"drill","messages":[{{"role":"user","content":"request {id}"}}]}}"#);
+    let req = Request::builder()
+        .method(Method::POST)
+        .uri(url)
+        .header("content-type", "application/json")
+        .header("x-request-id", id.as_str())
+        .body(Full::new(Bytes::from(body)));
+    let mut out = Outcome {
+        id,
+        sent_at: at,
+        status: 0,
+        route: None,
+        error: None,
+        elapsed: Duration::ZERO,
+    };
+    let Ok(req) = req else {
+        out.error = Some("bad request".into());
+        return out;
+    };
+    match client.request(req).await {
+        Ok(resp) => {
+            out.status = resp.status().as_u16();
+            out.route = resp
+                .headers()
+                .get("x-router-route")
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string);
+            let body = resp.into_body().collect().await.map(|b| b.to_bytes());
+            out.elapsed = at.elapsed();
+            if out.status != StatusCode::OK.as_u16() {
+                out.error = body
+                    .ok()
+                    .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+                    .and_then(|v| v["error"]["type"].as_str().map(str::to_string))
+                    .or_else(|| Some(format!("status_{}", out.status)));
+            }
+        }
+        Err(e) => {
+            out.elapsed = at.elapsed();
+            out.error = Some(format!("transport: {e}"));
+        }
+    }
+    out
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let rank = ((sorted.len() as f64 * p).ceil() as usize).clamp(1, sorted.len()) - 1;
+    sorted[rank]
+}
+
+fn check(checks: &mut Vec<Check>, expect: impl Into<String>, seen: impl Into<String>, pass: bool) {
+    checks.push(Check {
+        expect: expect.into(),
+        seen: seen.into(),
+        pass,
+    });
+}
+
+fn secs(d: Duration) -> String {
+    format!("{:.3}s", d.as_secs_f64())
+}
+
+#[allow(clippy::too_many_arguments)]
+fn judge(
+    scenario: Scenario,
+    cfg: &DrillConfig,
+    primary_attempt: Duration,
+    fallback_latency: Duration,
+    outcomes: &[Outcome],
+    primary: &MockModel,
+    fallback: &MockModel,
+    drained: Option<Instant>,
+) -> ScenarioReport {
+    let mut routes: BTreeMap<String, usize> = BTreeMap::new();
+    let mut sheds: BTreeMap<String, usize> = BTreeMap::new();
+    for o in outcomes {
+        let key = if o.status == 200 {
+            o.route.clone().unwrap_or_else(|| "?".into())
+        } else {
+            "shed".into()
+        };
+        *routes.entry(key).or_default() += 1;
+        if let Some(e) = &o.error {
+            *sheds.entry(e.clone()).or_default() += 1;
+        }
+    }
+    let mut generations: HashMap<String, Vec<Instant>> = HashMap::new();
+    for g in primary
+        .generations()
+        .into_iter()
+        .chain(fallback.generations())
+    {
+        if let Some(id) = g.request_id {
+            generations.entry(id).or_default().push(g.at);
+        }
+    }
+    let duplicates = generations.values().filter(|v| v.len() > 1).count();
+    let mut elapsed: Vec<Duration> = outcomes.iter().map(|o| o.elapsed).collect();
+    elapsed.sort_unstable();
+    let (p50, p95, max) = (
+        percentile(&elapsed, 0.50),
+        percentile(&elapsed, 0.95),
+        elapsed.last().copied().unwrap_or_default(),
+    );
+    let n = outcomes.len();
+    let ok = outcomes.iter().filter(|o| o.status == 200).count();
+    let by = |pool: &str| {
+        outcomes
+            .iter()
+            .filter(|o| o.status == 200 && o.route.as_deref() == Some(pool))
+            .count()
+    };
+    let scale = cfg.deadline.as_secs_f64() / 8.0;
+    let tol = cfg.tolerance;
+    let mut checks = Vec::new();
+    check(
+        &mut checks,
+        "no duplicate generations",
+        duplicates.to_string(),
+        duplicates == 0,
+    );
+    match scenario {
+        Scenario::Baseline => {
+            check(
+                &mut checks,
+                format!("all {n} answered 200"),
+                format!("{ok}/{n}"),
+                ok == n,
+            );
+            check(
+                &mut checks,
+                "none served by the primary",
+                by("primary").to_string(),
+                by("primary") == 0,
+            );
+            check(
+                &mut checks,
+                "no sheds",
+                sheds.values().sum::<usize>().to_string(),
+                sheds.is_empty(),
+            );
+            let p50_max = Duration::from_secs_f64(1.0 * scale);
+            let p95_max = Duration::from_secs_f64(3.5 * scale);
+            check(
+                &mut checks,
+                format!("p50 under {}", secs(p50_max)),
+                secs(p50),
+                p50 < p50_max,
+            );
+            check(
+                &mut checks,
+                format!("p95 under {}", secs(p95_max)),
+                secs(p95),
+                p95 < p95_max,
+            );
+        }
+        Scenario::BaselineLongAttempt => {
+            let p = by("primary");
+            check(
+                &mut checks,
+                format!("all {n} answered 200"),
+                format!("{ok}/{n}"),
+                ok == n,
+            );
+            check(
+                &mut checks,
+                "1 to 3 served by the primary",
+                p.to_string(),
+                (1..=3).contains(&p),
+            );
+            check(
+                &mut checks,
+                "the rest by the fallback",
+                by("fallback").to_string(),
+                by("fallback") + p == n,
+            );
+            check(
+                &mut checks,
+                "no sheds",
+                sheds.values().sum::<usize>().to_string(),
+                sheds.is_empty(),
+            );
+        }
+        Scenario::FallbackDegraded => {
+            let limit = cfg.deadline + tol;
+            check(
+                &mut checks,
+                format!("no answer after {}", secs(limit)),
+                secs(max),
+                max <= limit,
+            );
+            let bad: Vec<&String> = sheds
+                .keys()
+                .filter(|k| *k != "deadline_exhausted")
+                .collect();
+            check(
+                &mut checks,
+                "every non-200 is deadline_exhausted",
+                if bad.is_empty() {
+                    "yes".into()
+                } else {
+                    format!("{bad:?}")
+                },
+                bad.is_empty(),
+            );
+            let sent: HashMap<&str, Instant> = outcomes
+                .iter()
+                .map(|o| (o.id.as_str(), o.sent_at))
+                .collect();
+            let late = generations
+                .iter()
+                .filter(|(id, ats)| {
+                    sent.get(id.as_str()).is_some_and(|s| {
+                        ats.iter().any(|a| a.saturating_duration_since(*s) > limit)
+                    })
+                })
+                .count();
+            check(
+                &mut checks,
+                "no generation completes after its deadline",
+                late.to_string(),
+                late == 0,
+            );
+        }
+        Scenario::PrimaryHang => {
+            check(
+                &mut checks,
+                format!("all {n} answered 200"),
+                format!("{ok}/{n}"),
+                ok == n,
+            );
+            check(
+                &mut checks,
+                "all by the fallback",
+                by("fallback").to_string(),
+                by("fallback") == n,
+            );
+            let limit = primary_attempt + fallback_latency + tol;
+            check(
+                &mut checks,
+                format!("none waits more than {}", secs(limit)),
+                secs(max),
+                max <= limit,
+            );
+            // After the first attempt was given up on, the primary is
+            // skipped at once: later requests take the fallback's time only.
+            let first_sent = outcomes.first().map(|o| o.sent_at);
+            let later_slow = outcomes
+                .iter()
+                .filter(|o| first_sent.is_some_and(|f| o.sent_at > f + primary_attempt + tol))
+                .filter(|o| o.elapsed > fallback_latency + tol)
+                .count();
+            check(
+                &mut checks,
+                "after the first timeout the primary is skipped at once",
+                format!("{later_slow} later requests waited on it"),
+                later_slow == 0,
+            );
+        }
+        Scenario::Drain => {
+            check(
+                &mut checks,
+                format!("all {n} answered 200"),
+                format!("{ok}/{n}"),
+                ok == n,
+            );
+            let at = drained.unwrap_or_else(Instant::now);
+            let before = primary
+                .requests()
+                .iter()
+                .filter(|r| r.received_at < at)
+                .count();
+            let after = primary
+                .requests()
+                .iter()
+                .filter(|r| r.received_at >= at)
+                .count();
+            check(
+                &mut checks,
+                "the primary carried traffic before the drain",
+                before.to_string(),
+                before > 0,
+            );
+            check(
+                &mut checks,
+                "no request reaches the primary after the drain",
+                after.to_string(),
+                after == 0,
+            );
+        }
+    }
+    let pass = checks.iter().all(|c| c.pass);
+    ScenarioReport {
+        scenario: scenario.name().into(),
+        requests: n,
+        routes,
+        sheds,
+        duplicate_generations: duplicates,
+        p50_s: p50.as_secs_f64(),
+        p95_s: p95.as_secs_f64(),
+        max_s: max.as_secs_f64(),
+        checks,
+        pass,
+        skipped: None,
+    }
+}
+
+/// The drill's table, as printed.
+pub fn render_table(reports: &[ScenarioReport]) -> String {
+    let mut out = String::new();
+    out.push_str(&format!(
+        "{:<22} {:>4} {:>8} {:>9} {:<26} {:>4} {:>8} {:>8} {:>8}  {}\n",
+        "scenario", "reqs", "primary", "fallback", "sheds", "dup", "p50", "p95", "max", "verdict"
+    ));
+    for r in reports {
+        if let Some(why) = &r.skipped {
+            out.push_str(&format!("{:<22} SKIPPED: {why}\n", r.scenario));
+            continue;
+        }
+        let sheds = if r.sheds.is_empty() {
+            "-".to_string()
+        } else {
+            r.sheds
+                .iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect::<Vec<_>>()
+                .join(",")
+        };
+        out.push_str(&format!(
+            "{:<22} {:>4} {:>8} {:>9} {:<26} {:>4} {:>7.3}s {:>7.3}s {:>7.3}s  {}\n",
+            r.scenario,
+            r.requests,
+            r.routes.get("primary").copied().unwrap_or(0),
+            r.routes.get("fallback").copied().unwrap_or(0),
+            sheds,
+            r.duplicate_generations,
+            r.p50_s,
+            r.p95_s,
+            r.max_s,
+            if r.pass { "PASS" } else { "FAIL" }
+        ));
+        for c in &r.checks {
+            out.push_str(&format!(
+                "    {} {} (seen: {})\n",
+                if c.pass { "ok  " } else { "FAIL" },
+                c.expect,
+                c.seen
+            ));
+        }
+    }
+    out
+}
+
+/// Runs several scenarios one after another.
+pub async fn run_all(
+    scenarios: &[Scenario],
+    cfg: &DrillConfig,
+) -> Result<Vec<ScenarioReport>, String> {
+    let mut reports = Vec::new();
+    for s in scenarios {
+        reports.push(run_scenario(*s, cfg).await?);
+    }
+    Ok(reports)
+}

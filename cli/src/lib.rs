@@ -1,0 +1,11 @@
+//! `routerctl`: the router's command line.
+//!
+//! - [`drill`]: the fallback drill (`routerctl drill`);
+//! - [`mock`]: mock OpenAI-compatible model endpoints (`routerctl mock`,
+//!   and the drill's and the tests' backends).
+
+#![forbid(unsafe_code)]
+
+pub mod drill;
+pub mod mock;
+pub mod mock_cmd;

@@ -29,6 +29,9 @@ pub(crate) const RESPONSE_BODY: &str = concat!(
     r#""usage":{"prompt_tokens":9,"completion_tokens":12,"total_tokens":21}}"#
 );
 
+/// The backend thread's name (its CPU time is read by this name).
+pub(crate) const THREAD_NAME: &str = "bench-backend";
+
 /// A running backend; stops its runtime when dropped.
 pub(crate) struct Backend {
     /// Where it listens.
@@ -51,7 +54,7 @@ impl Backend {
         let (stop_tx, stop_rx) = oneshot::channel();
         let thread_hits = Arc::clone(&hits);
         let thread = std::thread::Builder::new()
-            .name("bench-backend".into())
+            .name(THREAD_NAME.into())
             .spawn(move || {
                 rt.block_on(async move {
                     let listener = match tokio::net::TcpListener::from_std(std_listener) {

@@ -15,6 +15,7 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
+use crate::procs::CpuSource;
 use crate::BoxError;
 
 /// The request body every benchmark request carries.
@@ -150,6 +151,9 @@ pub(crate) struct FixedRun {
     pub(crate) errors: u64,
     /// Wall time from the first to the last measured slot's completion.
     pub(crate) elapsed: Duration,
+    /// CPU time used during the measured window by each of the sources
+    /// passed in, in order.
+    pub(crate) cpu: Vec<Option<Duration>>,
 }
 
 /// Open-loop fixed-rate phase.
@@ -161,13 +165,19 @@ pub(crate) struct FixedRun {
 /// charged to the target). If the slot is already overdue — every
 /// connection was busy — the clock starts at the slot's scheduled time, so
 /// queueing behind a slow target is counted (no coordinated omission).
-pub(crate) async fn fixed_rate(addr: SocketAddr, rate: u64, cfg: LoadConfig) -> FixedRun {
+pub(crate) async fn fixed_rate(
+    addr: SocketAddr,
+    rate: u64,
+    cfg: LoadConfig,
+    cpu: Vec<CpuSource>,
+) -> FixedRun {
     let rate = rate.max(1);
     let total = cfg.warmup + cfg.duration;
     let total_slots = (total.as_secs_f64() * rate as f64) as u64;
     let warm_slots = (cfg.warmup.as_secs_f64() * rate as f64) as u64;
     let start = Instant::now() + Duration::from_millis(20);
     let next = Arc::new(AtomicU64::new(0));
+    let probe = spawn_cpu_probe(cpu, start + cfg.warmup, start + total);
 
     let mut workers = Vec::with_capacity(cfg.concurrency);
     for _ in 0..cfg.concurrency {
@@ -223,6 +233,7 @@ pub(crate) async fn fixed_rate(addr: SocketAddr, rate: u64, cfg: LoadConfig) -> 
         }
     }
     all.elapsed = last_done.saturating_duration_since(measured_start);
+    all.cpu = join_probe(probe).await;
     all
 }
 
@@ -233,15 +244,23 @@ pub(crate) struct MaxRun {
     pub(crate) ok: u64,
     /// Failed requests completed inside the measured window.
     pub(crate) errors: u64,
+    /// CPU time used during the measured window by each of the sources
+    /// passed in, in order.
+    pub(crate) cpu: Vec<Option<Duration>>,
 }
 
 /// Closed-loop phase: every worker sends its next request as soon as the
 /// previous answer is read. Only completions inside
 /// `[start + warmup, start + warmup + duration)` count.
-pub(crate) async fn max_throughput(addr: SocketAddr, cfg: LoadConfig) -> MaxRun {
+pub(crate) async fn max_throughput(
+    addr: SocketAddr,
+    cfg: LoadConfig,
+    cpu: Vec<CpuSource>,
+) -> MaxRun {
     let start = Instant::now();
     let measure_from = start + cfg.warmup;
     let end = measure_from + cfg.duration;
+    let probe = spawn_cpu_probe(cpu, measure_from, end);
     let mut workers = Vec::with_capacity(cfg.concurrency);
     for _ in 0..cfg.concurrency {
         workers.push(tokio::spawn(async move {
@@ -278,9 +297,48 @@ pub(crate) async fn max_throughput(addr: SocketAddr, cfg: LoadConfig) -> MaxRun 
             Err(e) => eprintln!("load worker panicked: {e}"),
         }
     }
+    all.cpu = join_probe(probe).await;
     all
 }
 
 fn nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+type Probe = Option<tokio::task::JoinHandle<Vec<Option<Duration>>>>;
+
+/// Samples the sources' CPU time at `from` and `to`, on a blocking thread
+/// (reading /proc is file I/O).
+fn spawn_cpu_probe(cpu: Vec<CpuSource>, from: Instant, to: Instant) -> Probe {
+    if cpu.is_empty() {
+        return None;
+    }
+    Some(tokio::spawn(async move {
+        let sample = |sources: Vec<CpuSource>| {
+            tokio::task::spawn_blocking(move || {
+                let times: Vec<Option<Duration>> =
+                    sources.iter().map(CpuSource::cpu_time).collect();
+                (sources, times)
+            })
+        };
+        tokio::time::sleep_until(from).await;
+        let Ok((cpu, a)) = sample(cpu).await else {
+            return Vec::new();
+        };
+        tokio::time::sleep_until(to).await;
+        let Ok((_, b)) = sample(cpu).await else {
+            return Vec::new();
+        };
+        a.into_iter()
+            .zip(b)
+            .map(|(a, b)| b?.checked_sub(a?))
+            .collect()
+    }))
+}
+
+async fn join_probe(probe: Probe) -> Vec<Option<Duration>> {
+    match probe {
+        Some(p) => p.await.unwrap_or_default(),
+        None => Vec::new(),
+    }
 }

@@ -19,8 +19,11 @@ use hyper::{Method, StatusCode};
 
 use crate::backend::{Backend, RESPONSE_BODY};
 use crate::load::{Conn, LoadConfig, REQUEST_BODY, REQUEST_PATH};
-use crate::procs::{ChildGuard, RouterSpec};
+use crate::procs::{ChildGuard, CpuSource, RouterSpec};
 use crate::report::{FixedStats, MaxStats, Report, Settings, TargetResult};
+
+/// The load generator's threads' name (their CPU time is read by it).
+const CLIENT_THREAD_NAME: &str = "bench-client";
 
 /// The error type of the harness.
 pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -183,7 +186,7 @@ fn run(args: &Args) -> Result<Report, BoxError> {
     eprintln!("backend listening on {}", backend.addr);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(args.client_threads)
-        .thread_name("bench-client")
+        .thread_name(CLIENT_THREAD_NAME)
         .enable_all()
         .build()?;
 
@@ -315,12 +318,24 @@ fn measure_target(env: &Env<'_>, target: Target) -> TargetResult {
         "{name} ({addr}): fixed rate {} req/s for {} s + {} s warmup ...",
         args.rate, args.duration, args.warmup
     );
-    let fixed = FixedStats::from_run(rt.block_on(load::fixed_rate(addr, args.rate, cfg)));
+    // CPU of: the target, the backend thread, the load generator's threads.
+    let cpu = vec![
+        match &guard {
+            Some(g) => g.cpu_source(),
+            None => CpuSource::Thread(backend::THREAD_NAME),
+        },
+        CpuSource::Thread(backend::THREAD_NAME),
+        CpuSource::Thread(CLIENT_THREAD_NAME),
+    ];
+    let fixed = FixedStats::from_run(
+        rt.block_on(load::fixed_rate(addr, args.rate, cfg, cpu.clone())),
+        cfg.duration.as_secs_f64(),
+    );
     eprintln!(
         "{name}: closed loop, {} connections, {} s + {} s warmup ...",
         args.concurrency, args.duration, args.warmup
     );
-    let max = rt.block_on(load::max_throughput(addr, cfg));
+    let max = rt.block_on(load::max_throughput(addr, cfg, cpu));
     result.max = Some(MaxStats::from_run(&max, cfg.duration.as_secs_f64()));
     result.fixed = Some(fixed);
     result.backend_hits = backend.hits() - hits_before;

@@ -28,6 +28,12 @@ impl ChildGuard {
         Ok(Self { name, child })
     }
 
+    /// Where its CPU time can be read: the process and its direct children
+    /// (nginx's workers).
+    pub(crate) fn cpu_source(&self) -> CpuSource {
+        CpuSource::Tree(self.child.id())
+    }
+
     /// `Some(description)` if the process has already exited.
     pub(crate) fn exited(&mut self) -> Option<String> {
         match self.child.try_wait() {
@@ -312,4 +318,81 @@ pub(crate) fn machine_busy(window: Duration) -> Option<f64> {
     let (b1, t1) = cpu_counters()?;
     let dt = t1.checked_sub(t0)?;
     (dt > 0).then(|| 100.0 * (b1.saturating_sub(b0)) as f64 / dt as f64)
+}
+
+/// Whose CPU time to measure.
+#[derive(Clone, Debug)]
+pub(crate) enum CpuSource {
+    /// A process and its direct children.
+    Tree(u32),
+    /// A thread of this process, by name (the backend).
+    Thread(&'static str),
+}
+
+impl CpuSource {
+    /// Total user + system CPU time so far; `None` where /proc is missing.
+    pub(crate) fn cpu_time(&self) -> Option<Duration> {
+        let ticks = match self {
+            Self::Tree(pid) => {
+                let mut total = 0;
+                for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+                    let Some(other) = entry
+                        .file_name()
+                        .to_str()
+                        .and_then(|n| n.parse::<u32>().ok())
+                    else {
+                        continue;
+                    };
+                    if let Some((ppid, t)) = stat_ticks(&entry.path().join("stat")) {
+                        if other == *pid || ppid == *pid {
+                            total += t;
+                        }
+                    }
+                }
+                total
+            }
+            Self::Thread(name) => {
+                let mut total = 0;
+                for entry in std::fs::read_dir("/proc/self/task").ok()?.flatten() {
+                    let comm =
+                        std::fs::read_to_string(entry.path().join("comm")).unwrap_or_default();
+                    if comm.trim() == *name {
+                        total += stat_ticks(&entry.path().join("stat")).map_or(0, |(_, t)| t);
+                    }
+                }
+                total
+            }
+        };
+        Some(Duration::from_secs_f64(
+            ticks as f64 / clock_ticks_per_sec(),
+        ))
+    }
+}
+
+/// (parent pid, utime + stime in clock ticks) from a /proc stat file.
+fn stat_ticks(path: &Path) -> Option<(u32, u64)> {
+    let stat = std::fs::read_to_string(path).ok()?;
+    // The command name may hold spaces and parentheses: split after the last ')'.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // fields[0] is field 3 (state): ppid is field 4, utime 14, stime 15.
+    let ppid = fields.get(1)?.parse().ok()?;
+    let utime: u64 = fields.get(11)?.parse().ok()?;
+    let stime: u64 = fields.get(12)?.parse().ok()?;
+    Some((ppid, utime + stime))
+}
+
+/// USER_HZ, from `getconf CLK_TCK` (100 on every usual Linux).
+fn clock_ticks_per_sec() -> f64 {
+    static HZ: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
+    *HZ.get_or_init(|| {
+        Command::new("getconf")
+            .arg("CLK_TCK")
+            .output()
+            .ok()
+            .and_then(|o| String::from_utf8(o.stdout).ok())
+            .and_then(|s| s.trim().parse().ok())
+            .filter(|hz: &f64| *hz > 0.0)
+            .unwrap_or(100.0)
+    })
 }

@@ -56,14 +56,17 @@ pub(crate) struct FixedStats {
     pub(crate) latency: Option<Percentiles>,
     /// From the actual send time.
     pub(crate) service: Option<Percentiles>,
+    /// CPU the target used, percent of one core.
+    pub(crate) cpu_pct: Option<f64>,
 }
 
 impl FixedStats {
-    /// Summarises a raw run.
-    pub(crate) fn from_run(mut run: FixedRun) -> Self {
+    /// Summarises a raw run whose measured window was `window_s` seconds.
+    pub(crate) fn from_run(mut run: FixedRun, window_s: f64) -> Self {
         let ok = run.latencies_ns.len() as u64;
         let secs = run.elapsed.as_secs_f64();
         Self {
+            cpu_pct: pct(run.cpu.first(), window_s),
             scheduled: run.scheduled,
             ok,
             errors: run.errors,
@@ -80,12 +83,30 @@ pub(crate) struct MaxStats {
     pub(crate) ok: u64,
     pub(crate) errors: u64,
     pub(crate) rps: f64,
+    /// CPU the target used, percent of one core.
+    pub(crate) cpu_pct: Option<f64>,
+    /// CPU the backend thread used, percent of one core.
+    pub(crate) backend_cpu_pct: Option<f64>,
+    /// CPU the load generator used, percent of one core.
+    pub(crate) client_cpu_pct: Option<f64>,
+    /// CPU the target used per successful request, microseconds.
+    pub(crate) cpu_us_per_req: Option<f64>,
 }
 
 impl MaxStats {
     /// Summarises a raw run over `secs` measured seconds.
     pub(crate) fn from_run(run: &MaxRun, secs: f64) -> Self {
         Self {
+            cpu_pct: pct(run.cpu.first(), secs),
+            backend_cpu_pct: pct(run.cpu.get(1), secs),
+            client_cpu_pct: pct(run.cpu.get(2), secs),
+            cpu_us_per_req: run
+                .cpu
+                .first()
+                .copied()
+                .flatten()
+                .filter(|_| run.ok > 0)
+                .map(|c| 1e6 * c.as_secs_f64() / run.ok as f64),
             ok: run.ok,
             errors: run.errors,
             rps: if secs > 0.0 {
@@ -204,6 +225,7 @@ fn summarise(name: &'static str, runs: &[&TargetResult]) -> TargetResult {
             ok: fixed.iter().map(|f| f.ok).sum(),
             errors: fixed.iter().map(|f| f.errors).sum(),
             achieved_rps: median(fixed.iter().map(|f| f.achieved_rps).collect()).unwrap_or(0.0),
+            cpu_pct: median(fixed.iter().filter_map(|f| f.cpu_pct).collect()),
             latency: median_percentiles(&lat),
             service: median_percentiles(&svc),
         });
@@ -213,6 +235,10 @@ fn summarise(name: &'static str, runs: &[&TargetResult]) -> TargetResult {
             ok: max.iter().map(|m| m.ok).sum(),
             errors: max.iter().map(|m| m.errors).sum(),
             rps: median(max.iter().map(|m| m.rps).collect()).unwrap_or(0.0),
+            cpu_pct: median(max.iter().filter_map(|m| m.cpu_pct).collect()),
+            backend_cpu_pct: median(max.iter().filter_map(|m| m.backend_cpu_pct).collect()),
+            client_cpu_pct: median(max.iter().filter_map(|m| m.client_cpu_pct).collect()),
+            cpu_us_per_req: median(max.iter().filter_map(|m| m.cpu_us_per_req).collect()),
         });
     }
     out
@@ -371,7 +397,8 @@ impl Report {
         );
         let _ = writeln!(
             out,
-            "latency at the fixed rate from the intended send time (see README){}\n",
+            "latency at the fixed rate from the intended send time (see README); cpu% = CPU of \
+             the target (backend thread for direct, proxy process for the others), % of one core{}\n",
             if s.rounds > 1 {
                 "; each number is the median over rounds"
             } else {
@@ -380,7 +407,7 @@ impl Report {
         );
         let _ = writeln!(
             out,
-            "{:<8} | {:>8} {:>8} {:>8} {:>8} {:>9} {:>6} | {:>10} {:>6}",
+            "{:<8} | {:>7} {:>7} {:>7} {:>7} {:>7} {:>6} {:>5} | {:>8} {:>6} {:>5} {:>6}",
             "target",
             "p50 ms",
             "p90 ms",
@@ -388,24 +415,29 @@ impl Report {
             "max ms",
             "rate/s",
             "errors",
+            "cpu%",
             "max rps",
-            "errors"
+            "errors",
+            "cpu%",
+            "us/req"
         );
-        let _ = writeln!(out, "{}", "-".repeat(92));
+        let _ = writeln!(out, "{}", "-".repeat(101));
         for t in &self.targets {
             if let Some(why) = &t.unavailable {
                 let _ = writeln!(out, "{:<8} | not measured: {why}", t.name);
                 continue;
             }
-            let (lat, rate, ferr) = match &t.fixed {
-                Some(f) => (f.latency, f.achieved_rps, f.errors),
-                None => (None, 0.0, 0),
+            let (lat, rate, ferr, fcpu) = match &t.fixed {
+                Some(f) => (f.latency, f.achieved_rps, f.errors, f.cpu_pct),
+                None => (None, 0.0, 0, None),
             };
             let cell = |v: Option<f64>| v.map_or_else(|| "-".to_string(), |v| format!("{v:.3}"));
+            let cell0 = |v: Option<f64>| v.map_or_else(|| "-".to_string(), |v| format!("{v:.0}"));
+            let cell1 = |v: Option<f64>| v.map_or_else(|| "-".to_string(), |v| format!("{v:.1}"));
             let (mrps, merr) = t.max.map_or((0.0, 0), |m| (m.rps, m.errors));
             let _ = writeln!(
                 out,
-                "{:<8} | {:>8} {:>8} {:>8} {:>8} {:>9.1} {:>6} | {:>10.0} {:>6}",
+                "{:<8} | {:>7} {:>7} {:>7} {:>7} {:>7.1} {:>6} {:>5} | {:>8.0} {:>6} {:>5} {:>6}",
                 t.name,
                 cell(lat.map(|l| l.p50)),
                 cell(lat.map(|l| l.p90)),
@@ -413,9 +445,33 @@ impl Report {
                 cell(lat.map(|l| l.max)),
                 rate,
                 ferr,
+                cell0(fcpu),
                 mrps,
-                merr
+                merr,
+                cell0(t.max.and_then(|m| m.cpu_pct)),
+                cell1(t.max.and_then(|m| m.cpu_us_per_req))
             );
+            if let Some(m) = t.max {
+                if t.name != "direct" {
+                    let _ = writeln!(
+                        out,
+                        "{:<8} |   cpu at max rps, % of one core: {} {}, backend {}, load generator {}",
+                        "",
+                        t.name,
+                        cell0(m.cpu_pct),
+                        cell0(m.backend_cpu_pct),
+                        cell0(m.client_cpu_pct)
+                    );
+                } else {
+                    let _ = writeln!(
+                        out,
+                        "{:<8} |   cpu at max rps, % of one core: backend {}, load generator {}",
+                        "",
+                        cell0(m.backend_cpu_pct),
+                        cell0(m.client_cpu_pct)
+                    );
+                }
+            }
             for w in &t.warnings {
                 let _ = writeln!(out, "{:<8} |   warning: {w}", "");
             }
@@ -490,6 +546,7 @@ fn target_json(t: &TargetResult) -> Value {
             "ok": f.ok,
             "errors": f.errors,
             "achieved_rps": round3(f.achieved_rps),
+            "cpu_pct_of_one_core": f.cpu_pct.map(round3),
             "latency": f.latency.map(Percentiles::to_json),
             "service_time": f.service.map(Percentiles::to_json),
         })),
@@ -497,8 +554,18 @@ fn target_json(t: &TargetResult) -> Value {
             "ok": m.ok,
             "errors": m.errors,
             "rps": round3(m.rps),
+            "cpu_pct_of_one_core": m.cpu_pct.map(round3),
+            "backend_cpu_pct_of_one_core": m.backend_cpu_pct.map(round3),
+            "load_generator_cpu_pct_of_one_core": m.client_cpu_pct.map(round3),
+            "cpu_us_per_request": m.cpu_us_per_req.map(round3),
         })),
     })
+}
+
+/// `cpu` over `secs`, as percent of one core.
+fn pct(cpu: Option<&Option<std::time::Duration>>, secs: f64) -> Option<f64> {
+    let cpu = (*cpu?)?;
+    (secs > 0.0).then(|| 100.0 * cpu.as_secs_f64() / secs)
 }
 
 fn verdict(pass: Option<bool>) -> &'static str {

@@ -191,6 +191,9 @@ pub struct ScenarioReport {
     pub sheds: BTreeMap<String, usize>,
     /// Request ids generated in full more than once.
     pub duplicate_generations: usize,
+    /// Generations started at a mock and cancelled (the router gave up on
+    /// them); wasted work, but not paid twice.
+    pub abandoned: u64,
     /// Elapsed time percentiles, seconds.
     pub p50_s: f64,
     /// 95th percentile, seconds.
@@ -391,6 +394,7 @@ fn skipped(scenario: Scenario, why: &str) -> ScenarioReport {
         routes: BTreeMap::new(),
         sheds: BTreeMap::new(),
         duplicate_generations: 0,
+        abandoned: 0,
         p50_s: 0.0,
         p95_s: 0.0,
         max_s: 0.0,
@@ -708,6 +712,7 @@ fn judge(
         routes,
         sheds,
         duplicate_generations: duplicates,
+        abandoned: primary.stats().cancelled + fallback.stats().cancelled,
         p50_s: p50.as_secs_f64(),
         p95_s: p95.as_secs_f64(),
         max_s: max.as_secs_f64(),
@@ -721,8 +726,18 @@ fn judge(
 pub fn render_table(reports: &[ScenarioReport]) -> String {
     let mut out = String::new();
     out.push_str(&format!(
-        "{:<22} {:>4} {:>8} {:>9} {:<26} {:>4} {:>8} {:>8} {:>8}  {}\n",
-        "scenario", "reqs", "primary", "fallback", "sheds", "dup", "p50", "p95", "max", "verdict"
+        "{:<22} {:>4} {:>8} {:>9} {:<26} {:>4} {:>9} {:>8} {:>8} {:>8}  {}\n",
+        "scenario",
+        "reqs",
+        "primary",
+        "fallback",
+        "sheds",
+        "dup",
+        "abandoned",
+        "p50",
+        "p95",
+        "max",
+        "verdict"
     ));
     for r in reports {
         if let Some(why) = &r.skipped {
@@ -739,13 +754,14 @@ pub fn render_table(reports: &[ScenarioReport]) -> String {
                 .join(",")
         };
         out.push_str(&format!(
-            "{:<22} {:>4} {:>8} {:>9} {:<26} {:>4} {:>7.3}s {:>7.3}s {:>7.3}s  {}\n",
+            "{:<22} {:>4} {:>8} {:>9} {:<26} {:>4} {:>9} {:>7.3}s {:>7.3}s {:>7.3}s  {}\n",
             r.scenario,
             r.requests,
             r.routes.get("primary").copied().unwrap_or(0),
             r.routes.get("fallback").copied().unwrap_or(0),
             sheds,
             r.duplicate_generations,
+            r.abandoned,
             r.p50_s,
             r.p95_s,
             r.max_s,

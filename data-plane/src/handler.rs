@@ -375,7 +375,9 @@ impl Exchange {
                             detail: format!("pool {name:?} has no endpoints"),
                         },
                         Shed::AttemptTimeout => ProxyError::DeadlineExhausted {
-                            detail: format!("{name}: queued past the attempt timeout"),
+                            detail: format!(
+                                "{name}: no answer possible in the time left after queueing"
+                            ),
                         },
                     };
                     notes.push(format!("{name}: {}", err.kind()));
@@ -431,6 +433,15 @@ impl Exchange {
             Ok(l) => l,
             Err(shed) => return AttemptEnd::Shed(shed),
         };
+        // Queued: the pool may have learned meanwhile that it cannot answer
+        // in what is left (its first answers came back). Then do not start
+        // a generation that would be cut: give the slot back at once.
+        if let (Some(d), false) = (deadline, lease.queue_wait().is_zero()) {
+            let left = d.saturating_duration_since(Instant::now());
+            if pool.outlook().p95.is_some_and(|p95| p95 >= left) {
+                return AttemptEnd::Shed(Shed::AttemptTimeout);
+            }
+        }
         self.shared
             .metrics
             .queue_wait(pool.name(), lease.queue_wait().as_secs_f64());

@@ -92,6 +92,20 @@ impl TestProxy {
         }
     }
 
+    /// Starts a proxy routing by the policy `yaml` (given in-process).
+    pub async fn with_policy(settings: Settings, yaml: &str) -> Self {
+        let policy =
+            router_policy::document::load(yaml, &settings.queue).expect("valid test policy");
+        Self::start(settings, Mode::Inline(Box::new(policy))).await
+    }
+
+    /// Applies a new policy, as a reload would.
+    pub fn apply(&self, yaml: &str) {
+        let policy = router_policy::document::load(yaml, &router_policy::QueueSettings::default())
+            .expect("valid test policy");
+        self.proxy.config().apply_policy(policy, "test");
+    }
+
     /// The proxy's address.
     pub fn addr(&self) -> SocketAddr {
         self.proxy.local_addr()
@@ -133,6 +147,20 @@ impl TestProxy {
             .send(Method::GET, &self.url("/metrics"), &[], "")
             .await
             .text()
+    }
+
+    /// A chat completion with extra headers.
+    pub async fn chat_with(&self, headers: &[(&str, &str)], body: &str) -> TestResponse {
+        let mut all = vec![("content-type", "application/json")];
+        all.extend_from_slice(headers);
+        self.client
+            .send(
+                Method::POST,
+                &self.url("/v1/chat/completions"),
+                &all,
+                body.to_string(),
+            )
+            .await
     }
 
     /// A chat completion for `model`.

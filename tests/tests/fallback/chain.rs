@@ -1,0 +1,277 @@
+//! Walking the chain: failover on retryable failures with the same request
+//! id, cancellation of the abandoned attempt, configurable retry_on, the
+//! fallback switch, circuits, draining.
+
+use std::time::{Duration, Instant};
+
+use http::StatusCode;
+use router_tests::harness::{eventually, TestProxy};
+use router_tests::mock::{Behavior, MOCK_NAME_HEADER};
+
+use crate::{mock, settings, two_pools};
+
+const BODY: &str = r#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hanging_primary_is_given_up_at_the_attempt_timeout_and_cancelled() {
+    let primary = mock("primary", 0, Behavior::Hang).await;
+    let fallback = mock("fallback", 20, Behavior::Json).await;
+    let policy = two_pools(
+        &primary.url(),
+        &fallback.url(),
+        "",
+        "attempt_timeout_ms: 200",
+    );
+    let proxy = TestProxy::with_policy(settings(), &policy).await;
+
+    let started = Instant::now();
+    let r = proxy
+        .chat_with(
+            &[("x-request-id", "one-id"), ("x-router-deadline-ms", "2000")],
+            BODY,
+        )
+        .await;
+    let took = started.elapsed();
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    assert_eq!(r.header(MOCK_NAME_HEADER), Some("fallback"));
+    assert_eq!(r.header("x-router-route"), Some("fallback"));
+    assert_eq!(r.header("x-router-attempts"), Some("2"));
+    assert!(
+        took >= Duration::from_millis(200) && took < Duration::from_millis(600),
+        "{took:?}"
+    );
+    // The abandoned attempt's connection was closed: the primary can stop.
+    eventually(Duration::from_secs(2), "primary cancelled", || {
+        primary.stats().cancelled == 1
+    })
+    .await;
+    assert_eq!(primary.stats().completed, 0);
+    // Same request id on both attempts, as both headers.
+    for m in [&primary, &fallback] {
+        let req = &m.requests()[0];
+        assert_eq!(req.headers["x-request-id"], "one-id");
+        assert_eq!(req.headers["idempotency-key"], "one-id");
+    }
+    let l = &proxy.log.wait_for(1).await[0];
+    assert_eq!(l["first_route"], "primary");
+    assert_eq!(l["first_outcome"], "timeout");
+    assert_eq!(l["fallback_outcome"], "ok");
+    assert_eq!(l["final_route"], "fallback");
+    assert_eq!(l["deadline_ms"], 2000);
+    assert_eq!(l["attempts"].as_array().unwrap().len(), 2);
+    assert_eq!(l["attempts"][0]["timeout_ms"], 200);
+    assert_eq!(l["attempts"][1]["pool"], "fallback");
+    let m = proxy.metrics().await;
+    assert!(
+        m.contains("router_fallbacks_total{from=\"primary\",to=\"fallback\"} 1"),
+        "{m}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failures_in_retry_on_fail_over_and_others_are_passed_back() {
+    let primary = mock("primary", 0, Behavior::Status(503)).await;
+    let fallback = mock("fallback", 0, Behavior::Json).await;
+    // A circuit that does not open here: this test is about retry_on.
+    let no_breaker = |p: String| {
+        p.replace(
+            "spec:\n",
+            "spec:\n  circuit_breaker: {consecutive_errors: 100}\n",
+        )
+    };
+    let policy = no_breaker(two_pools(&primary.url(), &fallback.url(), "", ""));
+    let proxy = TestProxy::with_policy(settings(), &policy).await;
+    let r = proxy.chat_with(&[], BODY).await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(r.header(MOCK_NAME_HEADER), Some("fallback"));
+
+    primary.set_behavior(Behavior::Status(429));
+    let r = proxy.chat_with(&[], BODY).await;
+    assert_eq!(r.header(MOCK_NAME_HEADER), Some("fallback"));
+
+    // 429 is no longer in retry_on: the primary's answer goes back as is.
+    proxy.apply(&no_breaker(two_pools(
+        &primary.url(),
+        &fallback.url(),
+        "retry_on: [timeout, status_5xx]",
+        "",
+    )));
+    let r = proxy.chat_with(&[], BODY).await;
+    assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(r.header(MOCK_NAME_HEADER), Some("primary"));
+    assert_eq!(r.header("retry-after"), Some("1"));
+
+    // A client error (400) is an answer, not a failure.
+    primary.set_behavior(Behavior::Status(400));
+    let r = proxy.chat_with(&[], BODY).await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST);
+    assert_eq!(fallback.stats().received, 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_last_failure_is_passed_back_when_every_pool_fails() {
+    let primary = mock("primary", 0, Behavior::Status(500)).await;
+    let fallback = mock("fallback", 0, Behavior::Status(502)).await;
+    let proxy = TestProxy::with_policy(
+        settings(),
+        &two_pools(&primary.url(), &fallback.url(), "", ""),
+    )
+    .await;
+    let r = proxy.chat_with(&[], BODY).await;
+    assert_eq!(r.status, StatusCode::BAD_GATEWAY);
+    assert_eq!(r.header(MOCK_NAME_HEADER), Some("fallback"));
+    assert_eq!(r.header("x-router-attempts"), Some("2"));
+    let l = &proxy.log.wait_for(1).await[0];
+    assert_eq!(l["first_outcome"], "status_5xx");
+    assert_eq!(l["fallback_outcome"], "status_5xx");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fallback_is_switched_off_and_on_by_a_file_reload() {
+    let primary = mock("primary", 0, Behavior::Status(503)).await;
+    let fallback = mock("fallback", 0, Behavior::Json).await;
+    let dir = std::env::temp_dir().join(format!("router-fallback-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("policy.yaml");
+    std::fs::write(
+        &path,
+        two_pools(&primary.url(), &fallback.url(), "fallback: false", ""),
+    )
+    .unwrap();
+    let mut s = settings();
+    s.policy_poll_interval = Duration::from_millis(30);
+    let proxy = TestProxy::start(
+        s,
+        router_proxy::Mode::Standalone {
+            policy: path.clone(),
+        },
+    )
+    .await;
+    let r = proxy.chat_with(&[], BODY).await;
+    assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(r.header(MOCK_NAME_HEADER), Some("primary"));
+    assert_eq!(fallback.stats().received, 0);
+
+    std::fs::write(
+        &path,
+        two_pools(&primary.url(), &fallback.url(), "fallback: true", ""),
+    )
+    .unwrap();
+    let mut served = None;
+    for _ in 0..200 {
+        let r = proxy.chat_with(&[], BODY).await;
+        if r.status == StatusCode::OK {
+            served = r.header(MOCK_NAME_HEADER).map(str::to_string);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(served.as_deref(), Some("fallback"));
+    let _ = std::fs::remove_file(&path);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_circuit_is_skipped_at_once() {
+    let primary = mock("primary", 0, Behavior::Status(500)).await;
+    let fallback = mock("fallback", 0, Behavior::Json).await;
+    let policy = two_pools(&primary.url(), &fallback.url(), "", "").replace(
+        "spec:\n",
+        "spec:\n  circuit_breaker: {consecutive_errors: 3, open_duration_s: 60}\n",
+    );
+    let proxy = TestProxy::with_policy(settings(), &policy).await;
+    for _ in 0..3 {
+        assert_eq!(proxy.chat_with(&[], BODY).await.status, StatusCode::OK);
+    }
+    assert_eq!(primary.stats().received, 3);
+    let h = proxy.health().await;
+    let primary_health = h["backends"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|b| b["pool"] == "primary")
+        .unwrap()
+        .clone();
+    assert_eq!(primary_health["circuit"], "open");
+    for _ in 0..5 {
+        let r = proxy.chat_with(&[], BODY).await;
+        assert_eq!(r.status, StatusCode::OK);
+        assert_eq!(r.header("x-router-attempts"), Some("1"));
+    }
+    assert_eq!(primary.stats().received, 3, "no traffic to an open circuit");
+    let l = proxy.log.wait_for(8).await;
+    assert!(
+        l[7]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("primary: every circuit open"),
+        "{}",
+        l[7]
+    );
+    let m = proxy.metrics().await;
+    assert!(
+        m.contains(&format!(
+            "router_circuit_state{{pool=\"primary\",addr=\"{}\"}} 1",
+            primary.url()
+        )),
+        "{m}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drained_endpoint_takes_no_new_requests_and_finishes_its_own() {
+    let a = mock("a", 300, Behavior::Json).await;
+    let b = mock("b", 0, Behavior::Json).await;
+    let policy = |endpoints: String| {
+        format!(
+            r#"apiVersion: router/v1
+kind: RoutingPolicy
+spec:
+  pools:
+    - name: p
+      endpoints: [{endpoints}]
+  routes:
+    - name: r
+      chain: [p]
+"#
+        )
+    };
+    let proxy = TestProxy::with_policy(settings(), &policy(format!("\"{}\"", a.url()))).await;
+    let slow = tokio::spawn({
+        let client = proxy.client.clone();
+        let url = proxy.url("/v1/chat/completions");
+        async move { client.send(http::Method::POST, &url, &[], BODY).await }
+    });
+    eventually(Duration::from_secs(2), "a busy", || {
+        a.stats().in_flight == 1
+    })
+    .await;
+    // Drain a (a config change) and add b.
+    proxy.apply(&policy(format!(
+        "{{url: \"{}\", drain: true}}, \"{}\"",
+        a.url(),
+        b.url()
+    )));
+    for _ in 0..10 {
+        let r = proxy.chat_with(&[], BODY).await;
+        assert_eq!(r.status, StatusCode::OK);
+        assert_eq!(r.header(MOCK_NAME_HEADER), Some("b"));
+    }
+    assert_eq!(
+        a.stats().received,
+        1,
+        "a drained endpoint takes nothing new"
+    );
+    assert_eq!(
+        slow.await.unwrap().status,
+        StatusCode::OK,
+        "in-flight work finishes"
+    );
+    let h = proxy.health().await;
+    let drained: Vec<bool> = h["backends"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["draining"].as_bool().unwrap())
+        .collect();
+    assert_eq!(drained, vec![true, false]);
+}

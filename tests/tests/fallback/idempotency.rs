@@ -1,0 +1,101 @@
+//! A client retry with an `Idempotency-Key` never generates twice.
+
+use std::time::Duration;
+
+use futures_util::future::join_all;
+use http::StatusCode;
+use router_tests::harness::TestProxy;
+use router_tests::mock::Behavior;
+
+use crate::{mock, settings};
+
+fn policy(url: &str) -> String {
+    format!(
+        r#"apiVersion: router/v1
+kind: RoutingPolicy
+spec:
+  pools:
+    - name: only
+      endpoints: ["{url}"]
+  routes:
+    - name: r
+      chain: [only]
+"#
+    )
+}
+
+const BODY: &str = r#"{"model":"m","messages":[{"role":"user","content":"pay once"}]}"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_in_flight_joins_and_a_later_one_gets_the_stored_answer() {
+    let m = mock("m", 200, Behavior::Json).await;
+    let proxy = TestProxy::with_policy(settings(), &policy(&m.url())).await;
+    let key = [("idempotency-key", "order-77")];
+    let both = join_all((0..3).map(|_| proxy.chat_with(&key, BODY))).await;
+    for r in &both {
+        assert_eq!(r.status, StatusCode::OK);
+        assert_eq!(r.body, both[0].body, "every copy is the one answer");
+    }
+    assert_eq!(m.stats().received, 1, "generated once");
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let again = proxy.chat_with(&key, BODY).await;
+    assert_eq!(again.status, StatusCode::OK);
+    assert_eq!(again.header("x-router-replayed"), Some("true"));
+    assert_eq!(again.body, both[0].body);
+    assert_eq!(m.stats().received, 1);
+    // The same key with another request is a client bug.
+    let other = proxy
+        .chat_with(
+            &key,
+            r#"{"model":"m","messages":[{"role":"user","content":"pay twice"}]}"#,
+        )
+        .await;
+    assert_eq!(other.status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(other.error_type(), "idempotency_mismatch");
+    let lines = proxy.log.wait_for(5).await;
+    assert_eq!(
+        lines.iter().filter(|l| l["outcome"] == "replayed").count(),
+        3
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_streamed_answer_is_not_generated_again() {
+    let m = mock(
+        "m",
+        0,
+        Behavior::Sse {
+            chunks: 3,
+            interval: Duration::from_millis(10),
+        },
+    )
+    .await;
+    let proxy = TestProxy::with_policy(settings(), &policy(&m.url())).await;
+    let key = [("idempotency-key", "stream-1")];
+    let body = r#"{"model":"m","stream":true}"#;
+    let first = proxy.chat_with(&key, body).await;
+    assert_eq!(first.status, StatusCode::OK);
+    let retry = proxy.chat_with(&key, body).await;
+    assert_eq!(retry.status, StatusCode::CONFLICT);
+    assert_eq!(retry.error_type(), "duplicate_request");
+    assert_eq!(m.stats().received, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_first_request_does_not_block_its_retry() {
+    let m = mock("m", 0, Behavior::Status(503)).await;
+    let proxy = TestProxy::with_policy(settings(), &policy(&m.url())).await;
+    let key = [("idempotency-key", "retry-me")];
+    assert_eq!(
+        proxy.chat_with(&key, BODY).await.status,
+        StatusCode::SERVICE_UNAVAILABLE
+    );
+    m.set_behavior(Behavior::Json);
+    let r = proxy.chat_with(&key, BODY).await;
+    assert_eq!(
+        r.status,
+        StatusCode::OK,
+        "nothing was generated the first time: route again"
+    );
+    assert_eq!(m.stats().received, 2);
+}

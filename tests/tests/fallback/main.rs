@@ -1,0 +1,52 @@
+//! Fallback inside the deadline, no double spend, shedding, draining, and
+//! the drill at 1/20 scale. Real sockets; mock model endpoints.
+
+#![allow(clippy::unwrap_used)]
+
+mod chain;
+mod deadline;
+mod drill;
+mod idempotency;
+
+use std::time::Duration;
+
+use router_proxy::Settings;
+use router_tests::mock::{Behavior, MockConfig, MockModel};
+
+/// A mock with a name, a latency and a behavior.
+pub async fn mock(name: &str, latency_ms: u64, behavior: Behavior) -> MockModel {
+    MockModel::start(MockConfig {
+        name: name.into(),
+        latency: Duration::from_millis(latency_ms),
+        behavior,
+        ..MockConfig::default()
+    })
+    .await
+    .expect("mock starts")
+}
+
+/// A two-pool policy: `primary` then `fallback`.
+pub fn two_pools(primary: &str, fallback: &str, extra_route: &str, primary_extra: &str) -> String {
+    format!(
+        r#"apiVersion: router/v1
+kind: RoutingPolicy
+metadata: {{name: test}}
+spec:
+  pools:
+    - name: primary
+      endpoints: ["{primary}"]
+      {primary_extra}
+    - name: fallback
+      endpoints: ["{fallback}"]
+  routes:
+    - name: default
+      chain: [primary, fallback]
+      {extra_route}
+"#
+    )
+}
+
+/// Default settings.
+pub fn settings() -> Settings {
+    Settings::default()
+}

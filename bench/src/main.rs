@@ -229,6 +229,11 @@ fn run(args: &Args) -> Result<Report, BoxError> {
 /// numbers are flagged as disturbed.
 const BUSY_LIMIT_PCT: f64 = 15.0;
 
+/// Above this CPU use by processes other than the target, the backend and
+/// the load generator during a phase (percent of one core), the phase is
+/// flagged as disturbed.
+const OTHER_LIMIT_PCT: f64 = 20.0;
+
 /// Samples how busy the machine is before loading a target; with
 /// `wait_idle` > 0, keeps sampling up to that many seconds until it is
 /// quiet.
@@ -318,7 +323,8 @@ fn measure_target(env: &Env<'_>, target: Target) -> TargetResult {
         "{name} ({addr}): fixed rate {} req/s for {} s + {} s warmup ...",
         args.rate, args.duration, args.warmup
     );
-    // CPU of: the target, the backend thread, the load generator's threads.
+    // CPU of: the target, the backend thread, the load generator's threads,
+    // the whole machine.
     let cpu = vec![
         match &guard {
             Some(g) => g.cpu_source(),
@@ -326,6 +332,7 @@ fn measure_target(env: &Env<'_>, target: Target) -> TargetResult {
         },
         CpuSource::Thread(backend::THREAD_NAME),
         CpuSource::Thread(CLIENT_THREAD_NAME),
+        CpuSource::Machine,
     ];
     let fixed = FixedStats::from_run(
         rt.block_on(load::fixed_rate(addr, args.rate, cfg, cpu.clone())),
@@ -339,6 +346,21 @@ fn measure_target(env: &Env<'_>, target: Target) -> TargetResult {
     result.max = Some(MaxStats::from_run(&max, cfg.duration.as_secs_f64()));
     result.fixed = Some(fixed);
     result.backend_hits = backend.hits() - hits_before;
+    for (phase, other) in [
+        (
+            "fixed-rate",
+            result.fixed.as_ref().and_then(|f| f.other_cpu_pct),
+        ),
+        ("max-throughput", result.max.and_then(|m| m.other_cpu_pct)),
+    ] {
+        if let Some(other) = other.filter(|&o| o > OTHER_LIMIT_PCT) {
+            let w = format!(
+                "other processes used {other:.0}% of a core during the {phase} phase: numbers are disturbed"
+            );
+            eprintln!("{name}: warning: {w}");
+            result.warnings.push(w);
+        }
+    }
     if let Some(g) = guard.as_mut() {
         if let Some(why) = g.exited() {
             result.warnings.push(format!("{why} during the run"));

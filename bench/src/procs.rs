@@ -325,8 +325,10 @@ pub(crate) fn machine_busy(window: Duration) -> Option<f64> {
 pub(crate) enum CpuSource {
     /// A process and its direct children.
     Tree(u32),
-    /// A thread of this process, by name (the backend).
+    /// Threads of this process, by name (the backend, the load generator).
     Thread(&'static str),
+    /// The whole machine (all processes, all cores).
+    Machine,
 }
 
 impl CpuSource {
@@ -362,6 +364,7 @@ impl CpuSource {
                 }
                 total
             }
+            Self::Machine => cpu_counters()?.0,
         };
         Some(Duration::from_secs_f64(
             ticks as f64 / clock_ticks_per_sec(),

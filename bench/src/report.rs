@@ -58,6 +58,8 @@ pub(crate) struct FixedStats {
     pub(crate) service: Option<Percentiles>,
     /// CPU the target used, percent of one core.
     pub(crate) cpu_pct: Option<f64>,
+    /// CPU used by other processes on the machine, percent of one core.
+    pub(crate) other_cpu_pct: Option<f64>,
 }
 
 impl FixedStats {
@@ -67,6 +69,7 @@ impl FixedStats {
         let secs = run.elapsed.as_secs_f64();
         Self {
             cpu_pct: pct(run.cpu.first(), window_s),
+            other_cpu_pct: other_pct(&run.cpu, window_s),
             scheduled: run.scheduled,
             ok,
             errors: run.errors,
@@ -85,6 +88,8 @@ pub(crate) struct MaxStats {
     pub(crate) rps: f64,
     /// CPU the target used, percent of one core.
     pub(crate) cpu_pct: Option<f64>,
+    /// CPU used by other processes on the machine, percent of one core.
+    pub(crate) other_cpu_pct: Option<f64>,
     /// CPU the backend thread used, percent of one core.
     pub(crate) backend_cpu_pct: Option<f64>,
     /// CPU the load generator used, percent of one core.
@@ -98,6 +103,7 @@ impl MaxStats {
     pub(crate) fn from_run(run: &MaxRun, secs: f64) -> Self {
         Self {
             cpu_pct: pct(run.cpu.first(), secs),
+            other_cpu_pct: other_pct(&run.cpu, secs),
             backend_cpu_pct: pct(run.cpu.get(1), secs),
             client_cpu_pct: pct(run.cpu.get(2), secs),
             cpu_us_per_req: run
@@ -226,6 +232,7 @@ fn summarise(name: &'static str, runs: &[&TargetResult]) -> TargetResult {
             errors: fixed.iter().map(|f| f.errors).sum(),
             achieved_rps: median(fixed.iter().map(|f| f.achieved_rps).collect()).unwrap_or(0.0),
             cpu_pct: median(fixed.iter().filter_map(|f| f.cpu_pct).collect()),
+            other_cpu_pct: median(fixed.iter().filter_map(|f| f.other_cpu_pct).collect()),
             latency: median_percentiles(&lat),
             service: median_percentiles(&svc),
         });
@@ -236,6 +243,7 @@ fn summarise(name: &'static str, runs: &[&TargetResult]) -> TargetResult {
             errors: max.iter().map(|m| m.errors).sum(),
             rps: median(max.iter().map(|m| m.rps).collect()).unwrap_or(0.0),
             cpu_pct: median(max.iter().filter_map(|m| m.cpu_pct).collect()),
+            other_cpu_pct: median(max.iter().filter_map(|m| m.other_cpu_pct).collect()),
             backend_cpu_pct: median(max.iter().filter_map(|m| m.backend_cpu_pct).collect()),
             client_cpu_pct: median(max.iter().filter_map(|m| m.client_cpu_pct).collect()),
             cpu_us_per_req: median(max.iter().filter_map(|m| m.cpu_us_per_req).collect()),
@@ -455,20 +463,22 @@ impl Report {
                 if t.name != "direct" {
                     let _ = writeln!(
                         out,
-                        "{:<8} |   cpu at max rps, % of one core: {} {}, backend {}, load generator {}",
+                        "{:<8} |   cpu at max rps, % of one core: {} {}, backend {}, load generator {}, other {}",
                         "",
                         t.name,
                         cell0(m.cpu_pct),
                         cell0(m.backend_cpu_pct),
-                        cell0(m.client_cpu_pct)
+                        cell0(m.client_cpu_pct),
+                        cell0(m.other_cpu_pct)
                     );
                 } else {
                     let _ = writeln!(
                         out,
-                        "{:<8} |   cpu at max rps, % of one core: backend {}, load generator {}",
+                        "{:<8} |   cpu at max rps, % of one core: backend {}, load generator {}, other {}",
                         "",
                         cell0(m.backend_cpu_pct),
-                        cell0(m.client_cpu_pct)
+                        cell0(m.client_cpu_pct),
+                        cell0(m.other_cpu_pct)
                     );
                 }
             }
@@ -547,6 +557,7 @@ fn target_json(t: &TargetResult) -> Value {
             "errors": f.errors,
             "achieved_rps": round3(f.achieved_rps),
             "cpu_pct_of_one_core": f.cpu_pct.map(round3),
+            "other_processes_cpu_pct_of_one_core": f.other_cpu_pct.map(round3),
             "latency": f.latency.map(Percentiles::to_json),
             "service_time": f.service.map(Percentiles::to_json),
         })),
@@ -557,9 +568,25 @@ fn target_json(t: &TargetResult) -> Value {
             "cpu_pct_of_one_core": m.cpu_pct.map(round3),
             "backend_cpu_pct_of_one_core": m.backend_cpu_pct.map(round3),
             "load_generator_cpu_pct_of_one_core": m.client_cpu_pct.map(round3),
+            "other_processes_cpu_pct_of_one_core": m.other_cpu_pct.map(round3),
             "cpu_us_per_request": m.cpu_us_per_req.map(round3),
         })),
     })
+}
+
+/// CPU of everything else on the machine: sources are [target, backend,
+/// load generator, machine]; for `direct` the target is the backend.
+fn other_pct(cpu: &[Option<std::time::Duration>], secs: f64) -> Option<f64> {
+    let [target, backend, client, machine] = cpu else {
+        return None;
+    };
+    let (target, backend, client, machine) = ((*target)?, (*backend)?, (*client)?, (*machine)?);
+    let ours = if target == backend {
+        backend + client
+    } else {
+        target + backend + client
+    };
+    Some(pct(Some(&Some(machine.saturating_sub(ours))), secs)?.max(0.0))
 }
 
 /// `cpu` over `secs`, as percent of one core.

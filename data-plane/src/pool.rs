@@ -963,4 +963,122 @@ mod tests {
             assert_ne!(l.endpoint(), &dead);
         }
     }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_attempt_deadline_before_the_queue_timeout_wins() {
+        let p = pool(10, 60_000, Some(1), &["h:1"]);
+        let _busy = p.acquire(None).await.unwrap();
+        let started = Instant::now();
+        let deadline = started + Duration::from_millis(300);
+        assert_eq!(p.acquire(Some(deadline)).await.unwrap_err(), Shed::AttemptTimeout);
+        assert_eq!(started.elapsed(), Duration::from_millis(300));
+        // An attempt timeout is not a queue timeout.
+        assert_eq!(p.counters.timed_out.get(), 0);
+        assert_eq!(p.status().queue_depth, 0);
+    }
+
+    fn with_breaker(addrs: &[&str], errors: u32, open_ms: u64) -> Arc<PoolRuntime> {
+        let mut s = settings(10, 60_000, None);
+        s.circuit = CircuitSettings {
+            consecutive_errors: errors,
+            open_duration: Duration::from_millis(open_ms),
+        };
+        PoolRuntime::new("p", s, &eps(addrs), PoolCounters::default())
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_circuit_opens_probes_once_and_backs_off() {
+        let p = with_breaker(&["h:1"], 2, 1000);
+        for _ in 0..2 {
+            let l = p.acquire(None).await.unwrap();
+            l.observe(Sample::Failure(Duration::from_millis(1)));
+        }
+        assert_eq!(p.status().endpoints[0].circuit, CircuitState::Open);
+        assert_eq!(p.availability(), Availability::CircuitsOpen);
+        tokio::time::advance(Duration::from_millis(1000)).await;
+        assert_eq!(p.status().endpoints[0].circuit, CircuitState::HalfOpen);
+        assert_eq!(p.availability(), Availability::Ready);
+        // One probe; a second request waits for its verdict.
+        let probe = p.acquire(None).await.unwrap();
+        let second = tokio::spawn({
+            let p = Arc::clone(&p);
+            async move { p.acquire(Some(Instant::now() + Duration::from_millis(50))).await }
+        });
+        assert_eq!(second.await.unwrap().unwrap_err(), Shed::AttemptTimeout);
+        // The probe fails: open again, for twice as long.
+        probe.observe(Sample::Failure(Duration::from_millis(1)));
+        drop(probe);
+        assert_eq!(p.status().endpoints[0].circuit, CircuitState::Open);
+        tokio::time::advance(Duration::from_millis(1999)).await;
+        assert_eq!(p.status().endpoints[0].circuit, CircuitState::Open);
+        tokio::time::advance(Duration::from_millis(1)).await;
+        let probe = p.acquire(None).await.unwrap();
+        probe.observe(Sample::Success(Duration::from_millis(5)));
+        drop(probe);
+        assert_eq!(p.status().endpoints[0].circuit, CircuitState::Closed);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_waiter_is_woken_when_the_circuit_admits_a_probe() {
+        let p = with_breaker(&["h:1"], 1, 500);
+        let l = p.acquire(None).await.unwrap();
+        l.observe(Sample::Timeout(Duration::from_millis(100)));
+        drop(l);
+        let started = Instant::now();
+        // Queued behind an open circuit: no release will ever come, only
+        // the timer.
+        let lease = p.acquire(None).await.unwrap();
+        assert_eq!(started.elapsed(), Duration::from_millis(500));
+        drop(lease);
+        // A probe that ends without a verdict lets the next one probe.
+        assert_eq!(p.status().endpoints[0].circuit, CircuitState::HalfOpen);
+        let again = p.acquire(None).await.unwrap();
+        drop(again);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn drained_endpoints_take_nothing_new() {
+        let p = pool(10, 60_000, None, &["h:1", "h:2"]);
+        let busy = p.acquire(None).await.unwrap();
+        let drained = busy.endpoint().clone();
+        let mut s = settings(10, 60_000, None);
+        s.drained = vec![drained.clone()];
+        p.update(s, &eps(&["h:1", "h:2"]));
+        for _ in 0..5 {
+            let l = p.acquire(None).await.unwrap();
+            assert_ne!(l.endpoint(), &drained);
+        }
+        drop(busy);
+        let mut s = settings(10, 60_000, None);
+        s.drain = true;
+        p.update(s, &eps(&["h:1", "h:2"]));
+        assert_eq!(p.availability(), Availability::Drained);
+        assert_eq!(p.acquire(None).await.unwrap_err(), Shed::NoBackend);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_outlook_estimates_wait_and_p95() {
+        let p = pool(10, 60_000, Some(1), &["h:1"]);
+        assert_eq!(
+            p.outlook(),
+            PoolOutlook {
+                free_now: true,
+                expected_wait: Some(Duration::ZERO),
+                p95: None
+            }
+        );
+        let l = p.acquire(None).await.unwrap();
+        // Busy and unmeasured: the wait cannot be estimated.
+        assert_eq!(p.outlook().expected_wait, None);
+        l.observe(Sample::Success(Duration::from_millis(200)));
+        let o = p.outlook();
+        assert!(!o.free_now);
+        assert_eq!(o.p95, Some(Duration::from_millis(200)));
+        // One slot at 200 ms: this request would wait about 200 ms.
+        assert_eq!(o.expected_wait, Some(Duration::from_millis(200)));
+        drop(l);
+        // Samples older than a minute no longer count.
+        tokio::time::advance(Duration::from_secs(61)).await;
+        assert_eq!(p.outlook().p95, None);
+    }
 }

@@ -454,6 +454,7 @@ impl Exchange {
             latency_ms: 0.0,
             queue_wait_ms: ms(lease.queue_wait()),
             timeout_ms: timeout.map(millis),
+            ..AttemptRecord::default()
         };
         let upstream = match self.upstream_request(&lease, pool.name()) {
             Ok(r) => r,
@@ -568,9 +569,8 @@ impl Exchange {
                 };
             }
         };
-        if head.status.is_success()
-            && serde_json::from_slice::<serde::de::IgnoredAny>(&body).is_err()
-        {
+        let answer = serde_json::from_slice::<AnswerPeek>(&body);
+        if head.status.is_success() && answer.is_err() {
             lease.observe(Sample::Failure(waited));
             record.outcome = "malformed_json";
             return AttemptEnd::Failed {
@@ -578,6 +578,10 @@ impl Exchange {
                 record,
                 held: Some(Held::Whole(head, body)),
             };
+        }
+        if let Ok(Some(usage)) = answer.map(|a| a.usage) {
+            record.tokens_in = usage.prompt_tokens.or(usage.input_tokens);
+            record.tokens_out = usage.completion_tokens.or(usage.output_tokens);
         }
         lease.observe(Sample::Success(waited));
         AttemptEnd::Whole { head, body, record }
@@ -729,6 +733,28 @@ struct BodyPeek<'a> {
     stream: Option<bool>,
 }
 
+/// The fields of a JSON answer the router reads (and a syntax check of
+/// the rest).
+#[derive(Deserialize)]
+struct AnswerPeek {
+    #[serde(default)]
+    usage: Option<Usage>,
+}
+
+/// Token counts, in the chat (`prompt_`/`completion_`) or responses
+/// (`input_`/`output_`) spelling.
+#[derive(Deserialize)]
+struct Usage {
+    #[serde(default)]
+    prompt_tokens: Option<u64>,
+    #[serde(default)]
+    completion_tokens: Option<u64>,
+    #[serde(default)]
+    input_tokens: Option<u64>,
+    #[serde(default)]
+    output_tokens: Option<u64>,
+}
+
 fn rewrite_model(body: &[u8], model: &str) -> Option<Bytes> {
     let mut map: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(body).ok()?;
     map.insert("model".into(), serde_json::Value::String(model.to_string()));
@@ -770,6 +796,10 @@ impl Pending {
     }
 
     fn note_attempt(&mut self, attempt: AttemptRecord, n: usize) {
+        if attempt.tokens_in.is_some() || attempt.tokens_out.is_some() {
+            self.record.tokens_in = attempt.tokens_in;
+            self.record.tokens_out = attempt.tokens_out;
+        }
         if n == 1 {
             self.record.first_outcome = attempt.outcome.to_string();
         } else {

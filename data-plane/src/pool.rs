@@ -970,7 +970,10 @@ mod tests {
         let _busy = p.acquire(None).await.unwrap();
         let started = Instant::now();
         let deadline = started + Duration::from_millis(300);
-        assert_eq!(p.acquire(Some(deadline)).await.unwrap_err(), Shed::AttemptTimeout);
+        assert_eq!(
+            p.acquire(Some(deadline)).await.unwrap_err(),
+            Shed::AttemptTimeout
+        );
         assert_eq!(started.elapsed(), Duration::from_millis(300));
         // An attempt timeout is not a queue timeout.
         assert_eq!(p.counters.timed_out.get(), 0);
@@ -1002,7 +1005,10 @@ mod tests {
         let probe = p.acquire(None).await.unwrap();
         let second = tokio::spawn({
             let p = Arc::clone(&p);
-            async move { p.acquire(Some(Instant::now() + Duration::from_millis(50))).await }
+            async move {
+                p.acquire(Some(Instant::now() + Duration::from_millis(50)))
+                    .await
+            }
         });
         assert_eq!(second.await.unwrap().unwrap_err(), Shed::AttemptTimeout);
         // The probe fails: open again, for twice as long.

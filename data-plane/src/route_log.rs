@@ -35,6 +35,12 @@ pub struct AttemptRecord {
     pub queue_wait_ms: f64,
     /// The attempt's timeout, when it had one.
     pub timeout_ms: Option<u64>,
+    /// Input tokens the answer's `usage` reported (logged per request).
+    #[serde(skip)]
+    pub tokens_in: Option<u64>,
+    /// Output tokens the answer's `usage` reported (logged per request).
+    #[serde(skip)]
+    pub tokens_out: Option<u64>,
 }
 
 /// One request's routing story.

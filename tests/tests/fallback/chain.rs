@@ -69,6 +69,30 @@ async fn a_hanging_primary_is_given_up_at_the_attempt_timeout_and_cancelled() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_route_can_set_the_attempt_timeout_too() {
+    let primary = mock("primary", 0, Behavior::Hang).await;
+    let fallback = mock("fallback", 0, Behavior::Json).await;
+    let policy = two_pools(
+        &primary.url(),
+        &fallback.url(),
+        "attempt_timeout_ms: 150",
+        "",
+    );
+    let proxy = TestProxy::with_policy(settings(), &policy).await;
+    let started = Instant::now();
+    let r = proxy.chat_with(&[], BODY).await;
+    assert_eq!(r.header(MOCK_NAME_HEADER), Some("fallback"));
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_millis(150) && took < Duration::from_millis(450),
+        "{took:?}"
+    );
+    let l = &proxy.log.wait_for(1).await[0];
+    assert_eq!(l["attempts"][0]["timeout_ms"], 150);
+    assert_eq!(l["deadline_ms"], serde_json::Value::Null);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failures_in_retry_on_fail_over_and_others_are_passed_back() {
     let primary = mock("primary", 0, Behavior::Status(503)).await;
     let fallback = mock("fallback", 0, Behavior::Json).await;

@@ -146,6 +146,13 @@ pub struct Spec {
     /// Per-endpoint circuit breaker.
     #[serde(default)]
     pub circuit_breaker: CircuitSpec,
+    /// Where the approval token for `requires_approval` routes comes from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval: Option<ApprovalSpec>,
+    /// Seconds a pool stays degraded for structured output after a
+    /// malformed structured answer (default 60).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub structured_output_degrade_s: Option<f64>,
     /// Pools of endpoints.
     #[serde(default)]
     pub pools: Vec<PoolSpec>,
@@ -186,6 +193,118 @@ pub struct DefaultsSpec {
     /// Longest single attempt (queue wait included).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attempt_timeout_ms: Option<u64>,
+    /// Risk class of requests without `X-Router-Risk` (default READ).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub risk: Option<Risk>,
+}
+
+/// The approval secret as written: the name of the environment variable
+/// holding it (the value itself never appears in a policy).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApprovalSpec {
+    /// Environment variable with the token.
+    pub token_env: String,
+}
+
+/// A request's risk class: what it may do if the model's answer is acted on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum Risk {
+    /// Fetch, list, read.
+    Read,
+    /// Write drafts, plans, summaries.
+    Draft,
+    /// Email, post, deploy, merge.
+    Send,
+    /// Delete, terminate, mutate production.
+    Destructive,
+}
+
+impl Risk {
+    /// Parses `READ`, `DRAFT`, `SEND`, `DESTRUCTIVE` (any case).
+    pub fn parse(s: &str) -> Option<Self> {
+        match s.trim().to_ascii_uppercase().as_str() {
+            "READ" => Some(Self::Read),
+            "DRAFT" => Some(Self::Draft),
+            "SEND" => Some(Self::Send),
+            "DESTRUCTIVE" => Some(Self::Destructive),
+            _ => None,
+        }
+    }
+
+    /// The name in headers and logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Read => "READ",
+            Self::Draft => "DRAFT",
+            Self::Send => "SEND",
+            Self::Destructive => "DESTRUCTIVE",
+        }
+    }
+
+    /// SEND and DESTRUCTIVE requests act on the world: one that may have
+    /// reached a backend is never sent again.
+    pub fn has_side_effects(self) -> bool {
+        matches!(self, Self::Send | Self::Destructive)
+    }
+
+    /// Every class.
+    pub const ALL: [Risk; 4] = [Risk::Read, Risk::Draft, Risk::Send, Risk::Destructive];
+}
+
+/// Gates as written: conditions under which a pool may take a request.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GatesSpec {
+    /// Require a closed circuit and a fresh, healthy capacity probe (default true).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub healthy: Option<bool>,
+    /// Fail when the queue holds more than this.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_queue_depth: Option<u32>,
+    /// Fail when observed latency is more than this fraction of the deadline.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_latency_budget_fraction: Option<f64>,
+    /// Fail when free VRAM is at or below this.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_vram_free_mb: Option<u64>,
+}
+
+/// Prices as written.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PriceSpec {
+    /// USD per 1,000 input tokens.
+    #[serde(default)]
+    pub input_per_1k_usd: f64,
+    /// USD per 1,000 output tokens.
+    #[serde(default)]
+    pub output_per_1k_usd: f64,
+}
+
+/// Kind of capacity probe.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ProbeKind {
+    /// Ollama's `/api/ps`: resident models and their VRAM.
+    Ollama,
+    /// vLLM's `/metrics`: waiting requests, KV-cache usage.
+    Vllm,
+}
+
+/// A capacity probe as written.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProbeSpec {
+    /// What to poll.
+    pub kind: ProbeKind,
+    /// Poll interval (default 1000 ms).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interval_ms: Option<u64>,
+    /// Total VRAM of the endpoint's GPUs (Ollama), to derive the free VRAM.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vram_total_mb: Option<u64>,
 }
 
 /// Circuit breaker settings as written.
@@ -258,6 +377,21 @@ pub struct PoolSpec {
     /// Drain the whole pool: no new requests; those in flight finish.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub drain: bool,
+    /// Conditions for taking a request.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gates: Option<GatesSpec>,
+    /// Whether the pool can produce structured output (default true).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub structured_output: Option<bool>,
+    /// Prices for cost estimates and accounting.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub price: Option<PriceSpec>,
+    /// Environment variable holding the API key sent to the endpoints.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_key_env: Option<String>,
+    /// Capacity probe.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capacity_probe: Option<ProbeSpec>,
     /// Queue settings for this pool.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub queue: Option<QueueSpec>,
@@ -287,6 +421,15 @@ pub struct RouteSpec {
     /// Fall back along the chain at all (default true).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fallback: Option<bool>,
+    /// Requests need a valid `X-Router-Approval` token.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub requires_approval: bool,
+    /// `false`: the request never moves off the chain's first pool.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allow_downgrade: Option<bool>,
+    /// Estimated cost above which a pool is gated out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost_ceiling_per_call_usd: Option<f64>,
 }
 
 /// A failure that may move a request to the next pool.
@@ -327,6 +470,9 @@ pub struct MatchSpec {
     /// Request path prefix.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub path_prefix: Option<String>,
+    /// Risk classes.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub risk: Vec<Risk>,
 }
 
 /// Resolved queue settings of a pool.
@@ -378,6 +524,58 @@ pub struct Pool {
     pub drain: bool,
     /// Endpoints drained one by one.
     pub drained: Vec<Endpoint>,
+    /// Gates.
+    pub gates: Gates,
+    /// Can produce structured output.
+    pub structured_output: bool,
+    /// Prices.
+    pub price: Price,
+    /// Environment variable with the API key.
+    pub api_key_env: Option<String>,
+    /// Capacity probe.
+    pub probe: Option<Probe>,
+}
+
+/// Resolved gates.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Gates {
+    /// Require health.
+    pub healthy: bool,
+    /// Queue depth limit (fails when greater).
+    pub max_queue_depth: Option<u32>,
+    /// Latency limit as a fraction of the deadline (fails when greater).
+    pub max_latency_budget_fraction: Option<f64>,
+    /// Free VRAM floor (fails at or below).
+    pub min_vram_free_mb: Option<u64>,
+}
+
+/// Resolved prices.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Price {
+    /// USD per 1,000 input tokens.
+    pub input_per_1k_usd: f64,
+    /// USD per 1,000 output tokens.
+    pub output_per_1k_usd: f64,
+}
+
+impl Price {
+    /// Cost of a call with these token counts.
+    pub fn cost(&self, input_tokens: u64, output_tokens: u64) -> f64 {
+        (input_tokens as f64 * self.input_per_1k_usd
+            + output_tokens as f64 * self.output_per_1k_usd)
+            / 1000.0
+    }
+}
+
+/// A resolved capacity probe.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Probe {
+    /// What to poll.
+    pub kind: ProbeKind,
+    /// Poll interval.
+    pub interval: Duration,
+    /// Total VRAM (Ollama).
+    pub vram_total_mb: Option<u64>,
 }
 
 /// Resolved circuit breaker settings.
@@ -405,10 +603,17 @@ pub struct RouteMatch {
     pub models: Vec<String>,
     /// Path prefix; `None` matches any.
     pub path_prefix: Option<String>,
+    /// Risk classes; empty matches any.
+    pub risks: Vec<Risk>,
 }
 
 impl RouteMatch {
-    /// True when the request's model and path fit.
+    /// True when the request's risk, model and path fit.
+    pub fn matches_risk(&self, risk: Risk, model: Option<&str>, path: &str) -> bool {
+        (self.risks.is_empty() || self.risks.contains(&risk)) && self.matches(model, path)
+    }
+
+    /// True when the request's model and path fit (risk not considered).
     pub fn matches(&self, model: Option<&str>, path: &str) -> bool {
         if let Some(prefix) = &self.path_prefix {
             if !path.starts_with(prefix.as_str()) {
@@ -426,7 +631,8 @@ impl RouteMatch {
     }
 
     fn is_catch_all(&self) -> bool {
-        self.models.is_empty()
+        self.risks.is_empty()
+            && self.models.is_empty()
             && self
                 .path_prefix
                 .as_deref()
@@ -451,6 +657,12 @@ pub struct Route {
     pub retry_on: Vec<RetryOn>,
     /// Whether the request may move past the first pool that takes it.
     pub fallback: bool,
+    /// Needs a valid approval token.
+    pub requires_approval: bool,
+    /// `false`: only the chain's first pool is ever used.
+    pub allow_downgrade: bool,
+    /// Estimated-cost ceiling per call.
+    pub cost_ceiling_per_call_usd: Option<f64>,
 }
 
 impl Route {
@@ -471,6 +683,12 @@ pub struct Policy {
     pub routes: Vec<Route>,
     /// Circuit breaker settings.
     pub circuit: CircuitSettings,
+    /// Risk of requests without `X-Router-Risk`.
+    pub default_risk: Risk,
+    /// Environment variable with the approval token.
+    pub approval_token_env: Option<String>,
+    /// How long a pool stays degraded for structured output.
+    pub structured_degrade: Duration,
 }
 
 impl Policy {
@@ -489,6 +707,14 @@ impl Policy {
                 attempt_timeout: None,
                 drain: false,
                 drained: Vec::new(),
+                gates: Gates {
+                    healthy: true,
+                    ..Gates::default()
+                },
+                structured_output: true,
+                price: Price::default(),
+                api_key_env: None,
+                probe: None,
             }],
             routes: vec![Route {
                 name: "default".into(),
@@ -498,14 +724,27 @@ impl Policy {
                 attempt_timeout: None,
                 retry_on: RetryOn::DEFAULT.to_vec(),
                 fallback: true,
+                requires_approval: false,
+                allow_downgrade: true,
+                cost_ceiling_per_call_usd: None,
             }],
             circuit: CircuitSettings::default(),
+            default_risk: Risk::Read,
+            approval_token_env: None,
+            structured_degrade: Duration::from_secs(60),
         }
     }
 
     /// The first route that fits the request.
     pub fn route_for(&self, model: Option<&str>, path: &str) -> Option<&Route> {
-        self.routes.iter().find(|r| r.matches.matches(model, path))
+        self.route_for_risk(self.default_risk, model, path)
+    }
+
+    /// The first route that fits the request (risk, model, path).
+    pub fn route_for_risk(&self, risk: Risk, model: Option<&str>, path: &str) -> Option<&Route> {
+        self.routes
+            .iter()
+            .find(|r| r.matches.matches_risk(risk, model, path))
     }
 
     /// The pool of that name.
@@ -616,6 +855,91 @@ impl PolicyDocument {
                     errs.push(format!("{at}.model"), "must not be empty");
                 }
             }
+            let g = p.gates.clone().unwrap_or_default();
+            let gates = Gates {
+                healthy: g.healthy.unwrap_or(true),
+                max_queue_depth: g.max_queue_depth,
+                max_latency_budget_fraction: g.max_latency_budget_fraction,
+                min_vram_free_mb: g.min_vram_free_mb,
+            };
+            if let Some(f) = g.max_latency_budget_fraction {
+                if !(f.is_finite() && f > 0.0) {
+                    errs.push(
+                        format!("{at}.gates.max_latency_budget_fraction"),
+                        "must be a positive fraction: at 0 or below the gate can never hold",
+                    );
+                }
+            }
+            let price = p.price.clone().map_or(Price::default(), |pr| Price {
+                input_per_1k_usd: pr.input_per_1k_usd,
+                output_per_1k_usd: pr.output_per_1k_usd,
+            });
+            for (field, v) in [
+                ("input_per_1k_usd", price.input_per_1k_usd),
+                ("output_per_1k_usd", price.output_per_1k_usd),
+            ] {
+                if !(v.is_finite() && v >= 0.0) {
+                    errs.push(
+                        format!("{at}.price.{field}"),
+                        "must be a non-negative number",
+                    );
+                }
+            }
+            if let Some(env) = &p.api_key_env {
+                if env.is_empty() || !env.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+                    errs.push(
+                        format!("{at}.api_key_env"),
+                        "must be an environment variable name",
+                    );
+                }
+            }
+            let probe = p.capacity_probe.as_ref().map(|c| Probe {
+                kind: c.kind,
+                interval: Duration::from_millis(c.interval_ms.unwrap_or(1000).max(1)),
+                vram_total_mb: c.vram_total_mb,
+            });
+            if let Some(c) = &p.capacity_probe {
+                if c.interval_ms == Some(0) {
+                    errs.push(
+                        format!("{at}.capacity_probe.interval_ms"),
+                        "must be positive",
+                    );
+                }
+                if c.kind == ProbeKind::Ollama
+                    && c.vram_total_mb.is_none()
+                    && g.min_vram_free_mb.is_some()
+                {
+                    errs.push(
+                        format!("{at}.capacity_probe.vram_total_mb"),
+                        "needed to derive free VRAM for gates.min_vram_free_mb",
+                    );
+                }
+                if c.kind == ProbeKind::Vllm && g.min_vram_free_mb.is_some() {
+                    errs.push(
+                        format!("{at}.gates.min_vram_free_mb"),
+                        "a vllm probe does not report free VRAM: the gate could never be checked",
+                    );
+                }
+            }
+            if let (Some(min), Some(total)) = (
+                g.min_vram_free_mb,
+                p.capacity_probe.as_ref().and_then(|c| c.vram_total_mb),
+            ) {
+                if min >= total {
+                    errs.push(
+                        format!("{at}.gates.min_vram_free_mb"),
+                        format!(
+                            "{min} MB can never be free on {total} MB: the gate can never hold"
+                        ),
+                    );
+                }
+            }
+            if g.min_vram_free_mb.is_some() && p.capacity_probe.is_none() {
+                errs.push(
+                    format!("{at}.gates.min_vram_free_mb"),
+                    "needs a capacity_probe to measure free VRAM",
+                );
+            }
             let queue = match &p.queue {
                 Some(q) => resolve_queue(q, &spec_queue, &format!("{at}.queue"), &mut errs),
                 None => spec_queue,
@@ -630,6 +954,11 @@ impl PolicyDocument {
                 attempt_timeout,
                 drain: p.drain,
                 drained,
+                gates,
+                structured_output: p.structured_output.unwrap_or(true),
+                price,
+                api_key_env: p.api_key_env.clone(),
+                probe,
             });
         }
 
@@ -677,7 +1006,22 @@ impl PolicyDocument {
             let matches = RouteMatch {
                 models: r.matches.model.clone(),
                 path_prefix: r.matches.path_prefix.clone(),
+                risks: r.matches.risk.clone(),
             };
+            if let Some(c) = r.cost_ceiling_per_call_usd {
+                if !(c.is_finite() && c >= 0.0) {
+                    errs.push(
+                        format!("{at}.cost_ceiling_per_call_usd"),
+                        "must be a non-negative number",
+                    );
+                }
+            }
+            if r.requires_approval && self.spec.approval.is_none() {
+                errs.push(
+                    format!("{at}.requires_approval"),
+                    "needs spec.approval.token_env: without a token no request could ever pass",
+                );
+            }
             if let Some(earlier) = routes.iter().find(|e| e.matches.is_catch_all()) {
                 errs.push(
                     format!("{at}.match"),
@@ -717,14 +1061,39 @@ impl PolicyDocument {
                 attempt_timeout,
                 retry_on,
                 fallback: r.fallback.unwrap_or(true),
+                requires_approval: r.requires_approval,
+                allow_downgrade: r.allow_downgrade.unwrap_or(true),
+                cost_ceiling_per_call_usd: r.cost_ceiling_per_call_usd,
             });
         }
 
+        let structured_degrade = match self.spec.structured_output_degrade_s {
+            None => Duration::from_secs(60),
+            Some(t) => positive_duration(t).unwrap_or_else(|| {
+                errs.push(
+                    "spec.structured_output_degrade_s",
+                    "must be a positive number of seconds",
+                );
+                Duration::from_secs(60)
+            }),
+        };
+        let approval_token_env = self.spec.approval.as_ref().map(|a| a.token_env.clone());
+        if let Some(env) = &approval_token_env {
+            if env.is_empty() || !env.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+                errs.push(
+                    "spec.approval.token_env",
+                    "must be an environment variable name",
+                );
+            }
+        }
         errs.finish(Policy {
             name: self.metadata.name.clone(),
             pools,
             routes,
             circuit,
+            default_risk: self.spec.defaults.risk.unwrap_or(Risk::Read),
+            approval_token_env,
+            structured_degrade,
         })
     }
 }

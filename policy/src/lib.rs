@@ -14,12 +14,13 @@
 
 pub mod balance;
 pub mod deadline;
+pub mod decide;
 pub mod document;
 pub mod endpoint;
 
 pub use balance::{EndpointLoad, Scoring};
 pub use document::{
-    CircuitSettings, FieldError, Policy, PolicyError, Pool, Provider, QueueSettings, RetryOn,
-    Route, RouteMatch,
+    CircuitSettings, FieldError, Gates, Policy, PolicyError, Pool, Price, Probe, ProbeKind,
+    Provider, QueueSettings, RetryOn, Risk, Route, RouteMatch,
 };
 pub use endpoint::{Endpoint, EndpointError, Scheme};

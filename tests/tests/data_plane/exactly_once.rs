@@ -149,7 +149,7 @@ async fn the_route_decision_log_has_every_contract_field() {
     assert_eq!(
         l["config_version"],
         r.header("x-router-config-version").unwrap()
-    );    // The mock's usage: prompt = ceil(body bytes / 4), completion = 5.
+    ); // The mock's usage: prompt = ceil(body bytes / 4), completion = 5.
     assert_eq!(l["tokens_in"], 5);
     assert_eq!(l["tokens_out"], 5);
 }

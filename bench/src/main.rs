@@ -346,6 +346,18 @@ fn measure_target(env: &Env<'_>, target: Target) -> TargetResult {
     result.max = Some(MaxStats::from_run(&max, cfg.duration.as_secs_f64()));
     result.fixed = Some(fixed);
     result.backend_hits = backend.hits() - hits_before;
+    if target == Target::Router {
+        match rt.block_on(route_log_dropped(addr)) {
+            Ok(Some(0)) => {}
+            Ok(Some(n)) => result.warnings.push(format!(
+                "router_route_log_dropped_total = {n}: the router dropped route-log lines"
+            )),
+            Ok(None) => result
+                .warnings
+                .push("router_route_log_dropped_total not found in /metrics".into()),
+            Err(e) => result.warnings.push(format!("GET /metrics failed: {e}")),
+        }
+    }
     for (phase, other) in [
         (
             "fixed-rate",
@@ -367,6 +379,29 @@ fn measure_target(env: &Env<'_>, target: Target) -> TargetResult {
         }
     }
     result
+}
+
+/// The router's `router_route_log_dropped_total` (lines of the per-request
+/// JSON log it dropped because stdout could not keep up).
+async fn route_log_dropped(addr: std::net::SocketAddr) -> Result<Option<u64>, BoxError> {
+    let (status, body) = Conn::new(addr)
+        .request(
+            Method::GET,
+            "/metrics",
+            Bytes::new(),
+            Duration::from_secs(5),
+        )
+        .await?;
+    if status != StatusCode::OK {
+        return Err(format!("answered {status}").into());
+    }
+    let text = String::from_utf8_lossy(&body);
+    Ok(text
+        .lines()
+        .filter(|l| l.starts_with("router_route_log_dropped_total"))
+        .filter_map(|l| l.split_whitespace().last()?.parse::<f64>().ok())
+        .map(|v| v as u64)
+        .reduce(|a, b| a + b))
 }
 
 /// One request through the target before loading it: it must answer 200;

@@ -66,6 +66,9 @@ pub enum Behavior {
     /// OpenAI chat-completion JSON after `latency`.
     #[default]
     Json,
+    /// Chat-completion JSON whose message content is this text (e.g. a
+    /// JSON document, or not, for structured-output tests).
+    Content(String),
     /// `text/event-stream`: `chunks` SSE `data: {...}` events, `interval`
     /// apart (the first after `latency`), then `data: [DONE]`.
     ///
@@ -230,6 +233,7 @@ impl MockModel {
             stats: Mutex::new(MockStats::default()),
             requests: Mutex::new(Vec::new()),
             generations: Mutex::new(Vec::new()),
+            pages: Mutex::new(std::collections::HashMap::new()),
             next_id: AtomicU64::new(1),
         });
         let (shutdown, shutdown_rx) = oneshot::channel();
@@ -278,6 +282,12 @@ impl MockModel {
         *lock(&self.shared.stats)
     }
 
+    /// Serves `body` with `status` for `GET path` (not recorded or counted),
+    /// e.g. Ollama's `/api/ps` or vLLM's `/metrics` for capacity probes.
+    pub fn set_page(&self, path: &str, status: u16, body: &str) {
+        lock(&self.shared.pages).insert(path.to_string(), (status, body.to_string()));
+    }
+
     /// Every answer produced in full so far, in order.
     pub fn generations(&self) -> Vec<Generation> {
         lock(&self.shared.generations).clone()
@@ -312,6 +322,8 @@ struct Shared {
     stats: Mutex<MockStats>,
     requests: Mutex<Vec<ReceivedRequest>>,
     generations: Mutex<Vec<Generation>>,
+    /// Fixed answers to `GET` paths (capacity probes: `/api/ps`, `/metrics`).
+    pages: Mutex<std::collections::HashMap<String, (u16, String)>>,
     /// Numbers the `chatcmpl-<n>` ids.
     next_id: AtomicU64,
 }
@@ -380,6 +392,14 @@ async fn handle(
         let body = MockBody::full(Bytes::from_static(br#"{"ok":true}"#), None);
         return Ok(shared.respond(StatusCode::OK, Some("application/json"), body));
     }
+    if request.method() == Method::GET {
+        let page = lock(&shared.pages).get(request.uri().path()).cloned();
+        if let Some((status, text)) = page {
+            let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+            let body = MockBody::full(Bytes::from(text), None);
+            return Ok(shared.respond(status, Some("application/json"), body));
+        }
+    }
 
     let (parts, body) = request.into_parts();
     let Ok(body) = body.collect().await.map(|collected| collected.to_bytes()) else {
@@ -435,7 +455,11 @@ async fn handle(
         shared.next_id.fetch_add(1, Ordering::Relaxed)
     );
     let response = match behavior {
-        Behavior::Json => {
+        Behavior::Json | Behavior::Content(_) => {
+            let content = match &behavior {
+                Behavior::Content(c) => c.clone(),
+                _ => format!("hello from {}", shared.name),
+            };
             service_time(latency).await;
             let prompt_tokens = prompt_len.div_ceil(4) as u64;
             let answer = json!({
@@ -446,7 +470,7 @@ async fn handle(
                 "request_id": request_id,
                 "choices": [{
                     "index": 0,
-                    "message": {"role": "assistant", "content": format!("hello from {}", shared.name)},
+                    "message": {"role": "assistant", "content": content},
                     "finish_reason": "stop",
                 }],
                 "usage": {

@@ -32,6 +32,13 @@ pub async fn handle(shared: &Shared, req: Request<Incoming>) -> Response<Bytes> 
                 Err(e) => Err(e),
             }
         }
+
+        "/_custom_router/explain" => {
+            match only(&req, Method::POST).and_then(|()| authorize(shared, &req)) {
+                Ok(()) => explain(shared, req).await,
+                Err(e) => Err(e),
+            }
+        }
         _ => Err(ProxyError::NotFound),
     };
     result.unwrap_or_else(|e| e.to_response(None))
@@ -113,6 +120,39 @@ fn metrics(shared: &Shared) -> Response<Bytes> {
     resp
 }
 
+async fn read_admin_body(shared: &Shared, req: Request<Incoming>) -> Result<Bytes, ProxyError> {
+    let timeout = shared.settings.client_body_timeout;
+    match tokio::time::timeout(
+        timeout,
+        Limited::new(req.into_body(), ADMIN_BODY_LIMIT).collect(),
+    )
+    .await
+    {
+        Err(_) => Err(ProxyError::RequestTimeout(timeout)),
+        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => {
+            Err(ProxyError::PayloadTooLarge {
+                limit: ADMIN_BODY_LIMIT,
+            })
+        }
+        Ok(Err(e)) => Err(ProxyError::InvalidRequest(format!(
+            "could not read the body: {e}"
+        ))),
+        Ok(Ok(b)) => Ok(b.to_bytes()),
+    }
+}
+
+/// `POST /_custom_router/explain`: where would this situation go?
+async fn explain(shared: &Shared, req: Request<Incoming>) -> Result<Response<Bytes>, ProxyError> {
+    let body = read_admin_body(shared, req).await?;
+    let situation: router_policy::decide::Situation = serde_json::from_slice(&body)
+        .map_err(|e| ProxyError::InvalidRequest(format!("not a situation: {e}")))?;
+    let snapshot = shared.config.load();
+    let answer = router_policy::decide::explain(&snapshot.policy, &situation);
+    let value =
+        serde_json::to_value(&answer).map_err(|e| ProxyError::InvalidRequest(e.to_string()))?;
+    Ok(json(StatusCode::OK, &value))
+}
+
 #[derive(Deserialize)]
 struct SetBackends {
     backends: Vec<String>,
@@ -124,26 +164,7 @@ async fn set_backends(
     shared: &Shared,
     req: Request<Incoming>,
 ) -> Result<Response<Bytes>, ProxyError> {
-    let timeout = shared.settings.client_body_timeout;
-    let body = match tokio::time::timeout(
-        timeout,
-        Limited::new(req.into_body(), ADMIN_BODY_LIMIT).collect(),
-    )
-    .await
-    {
-        Err(_) => return Err(ProxyError::RequestTimeout(timeout)),
-        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => {
-            return Err(ProxyError::PayloadTooLarge {
-                limit: ADMIN_BODY_LIMIT,
-            })
-        }
-        Ok(Err(e)) => {
-            return Err(ProxyError::InvalidRequest(format!(
-                "could not read the body: {e}"
-            )))
-        }
-        Ok(Ok(b)) => b.to_bytes(),
-    };
+    let body = read_admin_body(shared, req).await?;
     let parsed: SetBackends = serde_json::from_slice(&body).map_err(|e| {
         ProxyError::InvalidRequest(format!(
             "expected {{\"backends\": [\"host:port\", ...], \"pool\": optional}}: {e}"

@@ -19,10 +19,67 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
+use http::HeaderValue;
 use router_policy::{Endpoint, Policy};
 
+use crate::forward::UpstreamClient;
 use crate::metrics::Metrics;
 use crate::pool::{PoolRuntime, PoolSettings, PoolStatus};
+
+/// Secrets named by the policy, read from the environment when the policy
+/// is applied. Never printed: `Debug` shows only which are present.
+#[derive(Default, Clone)]
+pub struct Secrets {
+    /// The approval token for `requires_approval` routes.
+    pub approval_token: Option<String>,
+    /// `Authorization` header value per pool with `api_key_env`.
+    pub api_keys: HashMap<String, HeaderValue>,
+}
+
+impl std::fmt::Debug for Secrets {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Secrets")
+            .field(
+                "approval_token",
+                &self.approval_token.as_ref().map(|_| "<redacted>"),
+            )
+            .field("api_keys", &self.api_keys.keys().collect::<Vec<_>>())
+            .finish()
+    }
+}
+
+fn read_secrets(policy: &Policy) -> Secrets {
+    let mut secrets = Secrets::default();
+    if let Some(var) = &policy.approval_token_env {
+        match std::env::var(var) {
+            Ok(v) if !v.trim().is_empty() => secrets.approval_token = Some(v.trim().to_string()),
+            _ => tracing::warn!(
+                variable = %var,
+                "approval token variable is not set: routes that require approval refuse every request"
+            ),
+        }
+    }
+    for pool in &policy.pools {
+        let Some(var) = &pool.api_key_env else {
+            continue;
+        };
+        match std::env::var(var).ok().filter(|v| !v.trim().is_empty()) {
+            Some(key) => match HeaderValue::from_str(&format!("Bearer {}", key.trim())) {
+                Ok(mut v) => {
+                    v.set_sensitive(true);
+                    secrets.api_keys.insert(pool.name.clone(), v);
+                }
+                Err(_) => {
+                    tracing::warn!(pool = %pool.name, variable = %var, "API key is not a valid header value; not sent")
+                }
+            },
+            None => {
+                tracing::warn!(pool = %pool.name, variable = %var, "API key variable is not set; requests go without a key")
+            }
+        }
+    }
+    secrets
+}
 
 /// Errors of config changes.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -40,6 +97,8 @@ pub struct Snapshot {
     pub policy: Arc<Policy>,
     /// Runtime of each pool, by name.
     pub pools: HashMap<String, Arc<PoolRuntime>>,
+    /// Secrets named by the policy.
+    pub secrets: Secrets,
 }
 
 impl Snapshot {
@@ -70,23 +129,31 @@ pub struct ConfigStore {
     current: ArcSwap<Snapshot>,
     source: Mutex<Source>,
     metrics: Arc<Metrics>,
+    /// For capacity probes (none in unit tests).
+    client: Option<UpstreamClient>,
 }
 
 impl ConfigStore {
     /// A store serving `policy` from the start.
-    pub fn new(policy: Policy, origin: &str, metrics: Arc<Metrics>) -> Self {
+    pub fn new(
+        policy: Policy,
+        origin: &str,
+        metrics: Arc<Metrics>,
+        client: Option<UpstreamClient>,
+    ) -> Self {
         let mut source = Source {
             policy,
             overrides: BTreeMap::new(),
             origin: origin.to_string(),
             changes: 0,
         };
-        let snapshot = build(&mut source, &HashMap::new(), &metrics);
+        let snapshot = build(&mut source, &HashMap::new(), &metrics, client.as_ref());
         metrics.config_change(Some(&snapshot.version));
         Self {
             current: ArcSwap::from_pointee(snapshot),
             source: Mutex::new(source),
             metrics,
+            client,
         }
     }
 
@@ -133,7 +200,7 @@ impl ConfigStore {
         let mut src = self.source.lock().unwrap_or_else(|e| e.into_inner());
         edit(&mut src)?;
         let old = self.current.load_full();
-        let next = build(&mut src, &old.pools, &self.metrics);
+        let next = build(&mut src, &old.pools, &self.metrics, self.client.as_ref());
         for (name, pool) in &old.pools {
             if !next.pools.contains_key(name) {
                 pool.close();
@@ -147,7 +214,12 @@ impl ConfigStore {
 }
 
 /// Builds the next snapshot, reusing the runtimes of pools that stay.
-fn build(src: &mut Source, old: &HashMap<String, Arc<PoolRuntime>>, metrics: &Metrics) -> Snapshot {
+fn build(
+    src: &mut Source,
+    old: &HashMap<String, Arc<PoolRuntime>>,
+    metrics: &Metrics,
+    client: Option<&UpstreamClient>,
+) -> Snapshot {
     src.changes += 1;
     let mut policy = src.policy.clone();
     for pool in &mut policy.pools {
@@ -163,7 +235,10 @@ fn build(src: &mut Source, old: &HashMap<String, Arc<PoolRuntime>>, metrics: &Me
             circuit: policy.circuit,
             drain: p.drain,
             drained: p.drained.clone(),
+            probe: p.probe,
+            model: p.model.clone(),
         };
+        let probe = p.probe;
         let runtime = match old.get(&p.name) {
             Some(rt) => {
                 rt.update(settings, &p.endpoints);
@@ -176,10 +251,12 @@ fn build(src: &mut Source, old: &HashMap<String, Arc<PoolRuntime>>, metrics: &Me
                 metrics.pool_counters(&p.name),
             ),
         };
+        runtime.ensure_probe(probe, client);
         pools.insert(p.name.clone(), runtime);
     }
     Snapshot {
         version: format!("{}-{}", src.origin, src.changes).into(),
+        secrets: read_secrets(&policy),
         policy: Arc::new(policy),
         pools,
     }
@@ -196,6 +273,7 @@ mod tests {
             Policy::sidecar(QueueSettings::default(), None),
             "sidecar",
             Arc::new(Metrics::new()),
+            None,
         );
         let v1 = store.load().version.clone();
         assert_eq!(

@@ -46,6 +46,15 @@ pub enum ProxyError {
     /// An `Idempotency-Key` reused with a different request.
     #[error("Idempotency-Key {0} was used for a different request")]
     IdempotencyMismatch(String),
+    /// The route needs approval and no valid token was given.
+    #[error("route {0} requires approval: send a valid X-Router-Approval token")]
+    ApprovalRequired(String),
+    /// A cost ceiling forbids every eligible pool.
+    #[error("budget exceeded: {detail}")]
+    BudgetExceeded {
+        /// The decision's reason.
+        detail: String,
+    },
     /// The request body or a header is malformed.
     #[error("{0}")]
     InvalidRequest(String),
@@ -87,6 +96,8 @@ impl ProxyError {
             Self::DeadlineExhausted { .. } => StatusCode::GATEWAY_TIMEOUT,
             Self::DuplicateRequest(_) => StatusCode::CONFLICT,
             Self::IdempotencyMismatch(_) => StatusCode::UNPROCESSABLE_ENTITY,
+            Self::ApprovalRequired(_) => StatusCode::FORBIDDEN,
+            Self::BudgetExceeded { .. } => StatusCode::PAYMENT_REQUIRED,
             Self::InvalidRequest(_) => StatusCode::BAD_REQUEST,
             Self::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::RequestTimeout(_) => StatusCode::REQUEST_TIMEOUT,
@@ -107,6 +118,8 @@ impl ProxyError {
             Self::DeadlineExhausted { .. } => "deadline_exhausted",
             Self::DuplicateRequest(_) => "duplicate_request",
             Self::IdempotencyMismatch(_) => "idempotency_mismatch",
+            Self::ApprovalRequired(_) => "approval_required",
+            Self::BudgetExceeded { .. } => "budget_exceeded",
             Self::InvalidRequest(_) => "invalid_request",
             Self::PayloadTooLarge { .. } => "payload_too_large",
             Self::RequestTimeout(_) => "request_timeout",
@@ -125,6 +138,7 @@ impl ProxyError {
                 | Self::QueueTimeout { .. }
                 | Self::NoBackend { .. }
                 | Self::DeadlineExhausted { .. }
+                | Self::BudgetExceeded { .. }
         )
     }
 

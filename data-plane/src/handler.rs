@@ -35,8 +35,10 @@ use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use router_policy::deadline::{plan_attempt, AttemptPlan, Budget};
-use router_policy::{RetryOn, Route};
+use router_policy::decide::{decide, Refusal, Situation};
+use router_policy::{RetryOn, Risk, Route};
 use serde::Deserialize;
+use subtle::ConstantTimeEq;
 use tokio::time::Instant;
 
 use crate::config::Snapshot;
@@ -72,6 +74,8 @@ const X_ROUTER_ROUTE: HeaderName = HeaderName::from_static("x-router-route");
 const X_ROUTER_ATTEMPTS: HeaderName = HeaderName::from_static("x-router-attempts");
 const X_ROUTER_CONFIG_VERSION: HeaderName = HeaderName::from_static("x-router-config-version");
 const X_ROUTER_REPLAYED: HeaderName = HeaderName::from_static("x-router-replayed");
+const X_ROUTER_RISK: HeaderName = HeaderName::from_static("x-router-risk");
+const X_ROUTER_APPROVAL: HeaderName = HeaderName::from_static("x-router-approval");
 
 /// A body the router made itself.
 pub fn full(body: Response<Bytes>) -> Response<ProxyBody> {
@@ -99,6 +103,18 @@ pub async fn handle(
         Ok(d) => d,
         Err(e) => return pending.reject(e),
     };
+    let risk = match req.headers().get(X_ROUTER_RISK) {
+        None => snapshot.policy.default_risk,
+        Some(v) => match v.to_str().ok().and_then(Risk::parse) {
+            Some(r) => r,
+            None => {
+                return pending.reject(ProxyError::InvalidRequest(
+                    "X-Router-Risk must be READ, DRAFT, SEND or DESTRUCTIVE".into(),
+                ))
+            }
+        },
+    };
+    pending.record.risk = Some(risk.as_str().to_string());
     let (parts, body) = req.into_parts();
     let body = match read_body(&shared, &parts.headers, body).await {
         Ok(b) => b,
@@ -106,9 +122,9 @@ pub async fn handle(
     };
     let path = parts.uri.path().to_string();
     let json_call = parts.method == Method::POST && OPENAI_JSON_PATHS.contains(&path.as_str());
-    let (model, streaming) = if json_call {
+    let peek = if json_call {
         match serde_json::from_slice::<BodyPeek<'_>>(&body) {
-            Ok(p) => (p.model.map(Cow::into_owned), p.stream.unwrap_or(false)),
+            Ok(p) => p,
             Err(e) => {
                 return pending.reject(ProxyError::InvalidRequest(format!(
                     "request body is not valid JSON: {e}"
@@ -116,19 +132,75 @@ pub async fn handle(
             }
         }
     } else {
-        (None, false)
+        BodyPeek::default()
+    };
+    let model = peek.model.clone().map(Cow::into_owned);
+    let streaming = peek.stream.unwrap_or(false);
+    // Structured output: only a non-streaming answer can be checked before
+    // it reaches the client.
+    let structured = match peek.response_format.as_ref().map(|r| r.kind.as_ref()) {
+        Some("json_object" | "json_schema") => serde_json::from_slice::<serde_json::Value>(&body)
+            .ok()
+            .and_then(|v| router_policy::structured::expected(&v)),
+        _ => None,
     };
     pending.record.model = model.clone();
 
-    let Some(route) = snapshot.policy.route_for(model.as_deref(), &path) else {
+    let Some(route) = snapshot
+        .policy
+        .route_for_risk(risk, model.as_deref(), &path)
+    else {
         return pending.reject(ProxyError::NoBackend {
-            detail: "no route matches this request".into(),
+            detail: format!("no route matches risk {}", risk.as_str()),
         });
     };
     pending.record.route = Some(route.name.clone());
+    if route.requires_approval && !approved(&snapshot, req_approval(&parts.headers)) {
+        return pending.reject(ProxyError::ApprovalRequired(route.name.clone()));
+    }
     let deadline = header_deadline.or(route.deadline);
     pending.record.deadline_ms = deadline.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
     let deadline_at = deadline.map(|d| pending.t0 + d);
+
+    // The policy's decision, on live measurements: which pools of the
+    // chain pass their gates.
+    let mut situation = Situation {
+        risk: Some(risk),
+        model: model.clone(),
+        path: Some(path.clone()),
+        structured_output: structured.is_some()
+            || peek
+                .response_format
+                .as_ref()
+                .is_some_and(|r| r.kind != "text"),
+        deadline_ms: pending.record.deadline_ms,
+        input_tokens: Some((body.len() as u64).div_ceil(4)),
+        max_tokens: peek
+            .max_tokens
+            .or(peek.max_completion_tokens)
+            .or(peek.max_output_tokens),
+        pools: Default::default(),
+    };
+    for name in &route.chain {
+        if let Some(p) = snapshot.pools.get(name) {
+            situation.pools.insert(name.clone(), p.measurements());
+        }
+    }
+    let decision = decide(&snapshot.policy, &situation);
+    pending.record.reason = decision.reason.clone();
+    match decision.refusal {
+        Some(Refusal::BudgetExceeded) => {
+            return pending.reject(ProxyError::BudgetExceeded {
+                detail: decision.reason,
+            })
+        }
+        Some(_) => {
+            return pending.reject(ProxyError::NoBackend {
+                detail: decision.reason,
+            })
+        }
+        None => {}
+    }
 
     // Idempotency: join a request in flight, or replay a stored answer.
     let key = parts
@@ -183,6 +255,10 @@ pub async fn handle(
         headers.insert(IDEMPOTENCY_KEY, id);
     }
     let exchange = Exchange {
+        risk,
+        structured,
+        candidates: decision.candidates,
+        estimated_input_tokens: situation.input_tokens.unwrap_or(0),
         shared,
         snapshot: Arc::clone(&snapshot),
         method: parts.method,
@@ -202,6 +278,10 @@ pub async fn handle(
 
 /// Everything an attempt needs to build its upstream request.
 struct Exchange {
+    risk: Risk,
+    structured: Option<router_policy::structured::Expected>,
+    candidates: Vec<String>,
+    estimated_input_tokens: u64,
     shared: Arc<Shared>,
     snapshot: Arc<Snapshot>,
     method: Method,
@@ -252,11 +332,13 @@ impl Exchange {
         route: &Route,
         mut leader: Option<LeaderGuard>,
     ) -> Response<ProxyBody> {
-        let chain: Vec<&Arc<PoolRuntime>> = route
-            .chain
+        let chain: Vec<&Arc<PoolRuntime>> = self
+            .candidates
             .iter()
             .filter_map(|name| self.snapshot.pools.get(name))
             .collect();
+        // The decision's own skips are already in the reason.
+        let decided = std::mem::take(&mut pending.record.reason);
         let mut notes: Vec<String> = Vec::new();
         let mut held: Option<(Held, AttemptRecord)> = None;
         let mut last_error: Option<ProxyError> = None;
@@ -315,7 +397,7 @@ impl Exchange {
                     record,
                 } => {
                     pending.note_attempt(record, attempted);
-                    pending.record.reason = reason(route, name, &notes);
+                    pending.record.reason = reason(&decided, name, &notes);
                     if let Some(g) = leader.take() {
                         g.streamed();
                     }
@@ -329,7 +411,7 @@ impl Exchange {
                 }
                 AttemptEnd::Whole { head, body, record } => {
                     pending.note_attempt(record, attempted);
-                    pending.record.reason = reason(route, name, &notes);
+                    pending.record.reason = reason(&decided, name, &notes);
                     return pending.commit_whole(head, body, leader.take(), name, attempted);
                 }
                 AttemptEnd::Failed {
@@ -340,7 +422,12 @@ impl Exchange {
                     let outcome = record.outcome;
                     notes.push(format!("{name}: {outcome}"));
                     pending.note_attempt(record.clone(), attempted);
-                    let retryable = route.retries_on(retry);
+                    // A request with side effects that may have reached the
+                    // backend is never sent again: only refusals before
+                    // processing (refused connections, 429) move it on.
+                    let reached = !(outcome == "connect_error" || retry == RetryOn::Status429);
+                    let retryable =
+                        route.retries_on(retry) && !(self.risk.has_side_effects() && reached);
                     match answer {
                         Some(h) => held = Some((h, record)),
                         None => {
@@ -395,7 +482,7 @@ impl Exchange {
         // but deadline_exhausted; otherwise pass on the last backend
         // failure answer, or say why nothing was tried.
         let past_deadline = self.deadline_at.is_some_and(|d| Instant::now() >= d);
-        pending.record.reason = format!("route {:?}: {}", route.name, notes.join("; "));
+        pending.record.reason = format!("{decided}; then {}", notes.join("; "));
         if past_deadline {
             return pending.reject(ProxyError::DeadlineExhausted {
                 detail: notes.join("; "),
@@ -518,7 +605,17 @@ impl Exchange {
         };
         if let Some((retry, outcome)) = failure {
             let waited = started.elapsed();
-            lease.observe(Sample::Failure(waited));
+            if retry == RetryOn::Status429 {
+                let retry_after = resp
+                    .headers()
+                    .get(header::RETRY_AFTER)
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| v.trim().parse::<u64>().ok())
+                    .map(Duration::from_secs);
+                lease.observe(Sample::RateLimited(waited, retry_after));
+            } else {
+                lease.observe(Sample::Failure(waited));
+            }
             record.outcome = outcome;
             record.latency_ms = ms(waited);
             return AttemptEnd::Failed {
@@ -570,8 +667,19 @@ impl Exchange {
             }
         };
         let answer = serde_json::from_slice::<AnswerPeek>(&body);
-        if head.status.is_success() && answer.is_err() {
+        let structured_ok = match (&self.structured, head.status.is_success()) {
+            (Some(expected), true) => router_policy::structured::check(&body, expected),
+            _ => Ok(()),
+        };
+        if head.status.is_success() && (answer.is_err() || structured_ok.is_err()) {
             lease.observe(Sample::Failure(waited));
+            if let Err(why) = &structured_ok {
+                // This pool cannot be trusted with structured output for a while.
+                pool.mark_structured_degraded(
+                    Instant::now() + self.snapshot.policy.structured_degrade,
+                );
+                tracing::info!(pool = pool.name(), %why, "malformed structured output; pool degraded for structured requests");
+            }
             record.outcome = "malformed_json";
             return AttemptEnd::Failed {
                 retry: RetryOn::MalformedJson,
@@ -582,6 +690,12 @@ impl Exchange {
         if let Ok(Some(usage)) = answer.map(|a| a.usage) {
             record.tokens_in = usage.prompt_tokens.or(usage.input_tokens);
             record.tokens_out = usage.completion_tokens.or(usage.output_tokens);
+            if let Some(p) = self.snapshot.policy.pool(pool.name()) {
+                record.cost_usd = Some(p.price.cost(
+                    record.tokens_in.unwrap_or(self.estimated_input_tokens),
+                    record.tokens_out.unwrap_or(0),
+                ));
+            }
         }
         lease.observe(Sample::Success(waited));
         AttemptEnd::Whole { head, body, record }
@@ -625,19 +739,19 @@ impl Exchange {
         *req.method_mut() = self.method.clone();
         *req.uri_mut() = uri;
         *req.headers_mut() = self.headers.clone();
+        if let Some(key) = self.snapshot.secrets.api_keys.get(pool) {
+            // The pool's own credential replaces whatever the client sent.
+            req.headers_mut().insert(header::AUTHORIZATION, key.clone());
+        }
         Ok(req)
     }
 }
 
-fn reason(route: &Route, pool: &str, notes: &[String]) -> String {
+fn reason(decided: &str, pool: &str, notes: &[String]) -> String {
     if notes.is_empty() {
-        format!("route {:?}; pool {pool:?} first in chain", route.name)
+        decided.to_string()
     } else {
-        format!(
-            "route {:?}; pool {pool:?} after {}",
-            route.name,
-            notes.join("; ")
-        )
+        format!("{decided}; then {}; answered by {pool}", notes.join("; "))
     }
 }
 
@@ -725,12 +839,39 @@ async fn read_body(
 
 /// The fields of an OpenAI-style body the router reads. Parsing into this
 /// (instead of a full `Value`) checks the JSON syntax without building it.
-#[derive(Deserialize)]
+#[derive(Deserialize, Default)]
 struct BodyPeek<'a> {
     #[serde(borrow, default)]
     model: Option<Cow<'a, str>>,
     #[serde(default)]
     stream: Option<bool>,
+    #[serde(default)]
+    max_tokens: Option<u64>,
+    #[serde(default)]
+    max_completion_tokens: Option<u64>,
+    #[serde(default)]
+    max_output_tokens: Option<u64>,
+    #[serde(default)]
+    response_format: Option<ResponseFormatPeek>,
+}
+
+#[derive(Deserialize)]
+struct ResponseFormatPeek {
+    #[serde(rename = "type", default)]
+    kind: String,
+}
+
+fn req_approval(headers: &HeaderMap) -> Option<&[u8]> {
+    headers.get(X_ROUTER_APPROVAL).map(|v| v.as_bytes())
+}
+
+/// True when the approval token given matches the configured one
+/// (constant-time compare; no token configured means nothing passes).
+fn approved(snapshot: &Snapshot, given: Option<&[u8]>) -> bool {
+    match (&snapshot.secrets.approval_token, given) {
+        (Some(expected), Some(given)) => bool::from(given.ct_eq(expected.as_bytes())),
+        _ => false,
+    }
 }
 
 /// The fields of a JSON answer the router reads (and a syntax check of
@@ -799,6 +940,7 @@ impl Pending {
         if attempt.tokens_in.is_some() || attempt.tokens_out.is_some() {
             self.record.tokens_in = attempt.tokens_in;
             self.record.tokens_out = attempt.tokens_out;
+            self.record.cost_usd = attempt.cost_usd;
         }
         if n == 1 {
             self.record.first_outcome = attempt.outcome.to_string();
@@ -990,6 +1132,14 @@ fn finish_record(
         outcome: outcome.to_string(),
     };
     shared.metrics.request_done(&labels, elapsed.as_secs_f64());
+    if record.tokens_in.is_some() || record.tokens_out.is_some() {
+        shared.metrics.usage(
+            &labels.pool,
+            record.tokens_in.unwrap_or(0),
+            record.tokens_out.unwrap_or(0),
+            record.cost_usd.unwrap_or(0.0),
+        );
+    }
     shared.route_log.emit(&record);
 }
 

@@ -27,6 +27,7 @@ pub mod handler;
 pub mod idempotency;
 pub mod metrics;
 pub mod pool;
+pub mod probe;
 pub mod reload;
 pub mod route_log;
 pub mod settings;
@@ -166,8 +167,13 @@ pub async fn start(options: ProxyOptions) -> Result<RunningProxy, StartError> {
         }
         Mode::Inline(policy) => ((**policy).clone(), "inline", None),
     };
-    let config = Arc::new(ConfigStore::new(policy, origin, Arc::clone(&metrics)));
     let client = forward::build_client(&settings)?;
+    let config = Arc::new(ConfigStore::new(
+        policy,
+        origin,
+        Arc::clone(&metrics),
+        Some(client.clone()),
+    ));
     let addr = SocketAddr::new(settings.bind, settings.port);
     let listener = TcpListener::bind(addr)
         .await

@@ -73,6 +73,15 @@ pub struct FallbackLabels {
     pub to: String,
 }
 
+/// Label set `{pool, kind}`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TokenLabels {
+    /// Pool.
+    pub pool: String,
+    /// `input` or `output`.
+    pub kind: String,
+}
+
 /// Label set `{version}`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct VersionLabel {
@@ -110,6 +119,8 @@ pub struct Metrics {
     queue_wait: Family<PoolLabel, Histogram, fn() -> Histogram>,
     sheds: Family<ShedLabels, Counter>,
     fallbacks: Family<FallbackLabels, Counter>,
+    tokens: Family<TokenLabels, Counter>,
+    cost: Family<PoolLabel, Counter<f64, AtomicU64>>,
     circuit_open: Family<BackendLabels, Gauge>,
     config_info: Family<VersionLabel, Gauge>,
     config_reloads: Family<ResultLabel, Counter>,
@@ -141,6 +152,8 @@ impl Metrics {
             queue_wait: Family::new_with_constructor(latency_histogram),
             sheds: Family::default(),
             fallbacks: Family::default(),
+            tokens: Family::default(),
+            cost: Family::default(),
             circuit_open: Family::default(),
             config_info: Family::default(),
             config_reloads: Family::default(),
@@ -203,6 +216,16 @@ impl Metrics {
             m.fallbacks.clone(),
         );
         registry.register(
+            "router_tokens",
+            "Tokens reported by backends' usage, by pool and kind",
+            m.tokens.clone(),
+        );
+        registry.register(
+            "router_cost_usd",
+            "Cost of answered calls from usage and pool prices, USD",
+            m.cost.clone(),
+        );
+        registry.register(
             "router_circuit_state",
             "Circuit breaker per endpoint: 0 closed, 1 open, 2 half-open",
             m.circuit_open.clone(),
@@ -251,6 +274,25 @@ impl Metrics {
                 reason: reason.to_string(),
             })
             .inc();
+    }
+
+    /// Accounts tokens and cost of one answer.
+    pub fn usage(&self, pool: &str, input: u64, output: u64, cost_usd: f64) {
+        for (kind, n) in [("input", input), ("output", output)] {
+            self.tokens
+                .get_or_create(&TokenLabels {
+                    pool: pool.to_string(),
+                    kind: kind.to_string(),
+                })
+                .inc_by(n);
+        }
+        if cost_usd > 0.0 {
+            self.cost
+                .get_or_create(&PoolLabel {
+                    pool: pool.to_string(),
+                })
+                .inc_by(cost_usd);
+        }
     }
 
     /// Counts a request that needed a fallback.

@@ -37,7 +37,10 @@ use std::time::Duration;
 use prometheus_client::metrics::counter::Counter;
 use router_policy::balance::{self, failure_sample, EndpointLoad};
 use router_policy::deadline::PoolOutlook;
-use router_policy::{CircuitSettings, Endpoint, QueueSettings};
+use router_policy::decide::PoolMeasurements;
+use router_policy::{CircuitSettings, Endpoint, Probe, QueueSettings};
+
+use crate::forward::UpstreamClient;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
@@ -63,8 +66,9 @@ pub enum Availability {
     NoEndpoints,
     /// Every endpoint (or the pool) is drained.
     Drained,
-    /// Every endpoint that is not drained has an open circuit.
-    CircuitsOpen,
+    /// Every endpoint that is not drained has an open circuit or a failing
+    /// (or stale) capacity probe.
+    Unhealthy,
 }
 
 impl Availability {
@@ -74,7 +78,7 @@ impl Availability {
             Self::Ready => "ready",
             Self::NoEndpoints => "no endpoints",
             Self::Drained => "drained",
-            Self::CircuitsOpen => "every circuit open",
+            Self::Unhealthy => "unhealthy (circuits open or capacity probes failing)",
         }
     }
 }
@@ -181,6 +185,10 @@ pub struct PoolSettings {
     pub drain: bool,
     /// Endpoints drained one by one.
     pub drained: Vec<Endpoint>,
+    /// Capacity probe, when configured.
+    pub probe: Option<Probe>,
+    /// The pool's model (to prefer endpoints where it is resident).
+    pub model: Option<String>,
 }
 
 impl PoolSettings {
@@ -192,9 +200,31 @@ impl PoolSettings {
             circuit: CircuitSettings::default(),
             drain: false,
             drained: Vec::new(),
+            probe: None,
+            model: None,
         }
     }
 }
+
+/// What a capacity probe last saw at one endpoint.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProbeReading {
+    /// When.
+    pub at: Instant,
+    /// The probe answered and parsed.
+    pub healthy: bool,
+    /// Free VRAM, MB (Ollama).
+    pub vram_free_mb: Option<u64>,
+    /// Models resident in memory (Ollama).
+    pub resident: Vec<String>,
+    /// Requests waiting inside the server (vLLM).
+    pub waiting: Option<u32>,
+    /// KV-cache usage, 0..1 (vLLM).
+    pub kv_cache_usage: Option<f64>,
+}
+
+/// A reading older than this many probe intervals counts as unknown.
+const PROBE_STALE_INTERVALS: u32 = 3;
 
 /// How many recent latencies a pool keeps for its p95.
 const LATENCY_WINDOW: usize = 128;
@@ -210,6 +240,9 @@ pub enum Sample {
     Failure(Duration),
     /// The attempt was given up after this long without an answer.
     Timeout(Duration),
+    /// A 429 after this long; its `Retry-After`, if any, extends an open
+    /// circuit.
+    RateLimited(Duration, Option<Duration>),
 }
 
 /// A live view of one endpoint, for health, metrics and the state log.
@@ -245,6 +278,8 @@ pub struct PoolRuntime {
     name: Arc<str>,
     state: Mutex<PoolState>,
     counters: PoolCounters,
+    /// The capacity probe task, with the settings it runs with.
+    probe_task: Mutex<Option<(Probe, tokio::task::JoinHandle<()>)>>,
 }
 
 struct EndpointState {
@@ -255,6 +290,17 @@ struct EndpointState {
     in_flight: u32,
     draining: bool,
     circuit: Circuit,
+    probe: Option<ProbeReading>,
+}
+
+impl EndpointState {
+    /// Fresh, healthy probe data when a probe is configured.
+    fn probe_ok(&self, probe: Option<&Probe>, now: Instant) -> bool {
+        let Some(p) = probe else { return true };
+        self.probe.as_ref().is_some_and(|r| {
+            r.healthy && now.saturating_duration_since(r.at) <= p.interval * PROBE_STALE_INTERVALS
+        })
+    }
 }
 
 struct Waiter {
@@ -270,6 +316,7 @@ struct PoolState {
     loads: Vec<EndpointLoad>,
     latencies: VecDeque<(Instant, Duration)>,
     wake_at: Option<Instant>,
+    structured_degraded_until: Option<Instant>,
     next_id: u64,
     rotation: usize,
     closed: bool,
@@ -292,11 +339,13 @@ impl PoolRuntime {
                 loads: Vec::new(),
                 latencies: VecDeque::new(),
                 wake_at: None,
+                structured_degraded_until: None,
                 next_id: 0,
                 rotation: 0,
                 closed: false,
             }),
             counters,
+            probe_task: Mutex::new(None),
         });
         pool.update(settings, endpoints);
         pool
@@ -323,11 +372,18 @@ impl PoolRuntime {
             return Availability::Drained;
         }
         let now = Instant::now();
-        let open = |e: &EndpointState| {
-            !matches!(e.circuit, Circuit::Closed { .. }) && !e.circuit.admits(now)
+        let probe = st.settings.probe;
+        let usable = |e: &&EndpointState| {
+            e.circuit.admits(now) || matches!(e.circuit, Circuit::Closed { .. })
         };
-        if st.endpoints.iter().filter(|e| !e.draining).all(open) {
-            return Availability::CircuitsOpen;
+        let healthy = |e: &&EndpointState| usable(e) && e.probe_ok(probe.as_ref(), now);
+        if !st
+            .endpoints
+            .iter()
+            .filter(|e| !e.draining)
+            .any(|e| healthy(&e))
+        {
+            return Availability::Unhealthy;
         }
         Availability::Ready
     }
@@ -383,6 +439,7 @@ impl PoolRuntime {
                         in_flight: 0,
                         draining: false,
                         circuit: Circuit::Closed { failures: 0 },
+                        probe: None,
                     }
                 }
             };
@@ -400,9 +457,42 @@ impl PoolRuntime {
         }
     }
 
+    /// Starts, restarts or stops the capacity probe task to match `probe`.
+    pub fn ensure_probe(self: &Arc<Self>, probe: Option<Probe>, client: Option<&UpstreamClient>) {
+        let mut task = self.probe_task.lock().unwrap_or_else(|e| e.into_inner());
+        if let (Some(want), Some((running, handle))) = (probe, task.as_ref()) {
+            if want == *running && !handle.is_finished() {
+                return;
+            }
+        }
+        if let Some((_, handle)) = task.take() {
+            handle.abort();
+        }
+        let (Some(probe), Some(client)) = (probe, client) else {
+            return;
+        };
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let handle = rt.spawn(crate::probe::run(
+            Arc::downgrade(self),
+            client.clone(),
+            probe,
+        ));
+        *task = Some((probe, handle));
+    }
+
     /// Removes the pool from service: waiters get `no_backend`, new
     /// requests too; requests in flight finish.
     pub fn close(&self) {
+        if let Some((_, handle)) = self
+            .probe_task
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+        {
+            handle.abort();
+        }
         let mut st = self.lock();
         st.closed = true;
         st.endpoints.clear();
@@ -607,7 +697,7 @@ impl PoolRuntime {
                     st.latencies.pop_front();
                 }
             }
-            Sample::Failure(_) => {}
+            Sample::Failure(_) | Sample::RateLimited(..) => {}
         }
         if let Some(e) = st.endpoints.iter_mut().find(|e| e.id == endpoint_id) {
             let value = match sample {
@@ -615,9 +705,20 @@ impl PoolRuntime {
                     e.circuit = Circuit::Closed { failures: 0 };
                     d.as_secs_f64()
                 }
-                Sample::Failure(d) | Sample::Timeout(d) => {
+                Sample::Failure(d) | Sample::Timeout(d) | Sample::RateLimited(d, _) => {
                     let before = e.circuit.state(now);
                     e.circuit.on_failure(now, &circuit);
+                    if let (
+                        Sample::RateLimited(_, Some(retry_after)),
+                        Circuit::Open { until, reopenings },
+                    ) = (sample, e.circuit)
+                    {
+                        // The provider said when to come back: not before.
+                        e.circuit = Circuit::Open {
+                            until: until.max(now + retry_after),
+                            reopenings,
+                        };
+                    }
                     if before != CircuitState::Open && e.circuit.state(now) == CircuitState::Open {
                         tracing::warn!(pool = &*self.name, endpoint = &*e.addr, "circuit opened");
                     }
@@ -627,6 +728,73 @@ impl PoolRuntime {
             e.ewma = Some(q.scoring.update(e.ewma, value, q.ewma_alpha));
         }
         self.dispatch(&mut st);
+    }
+
+    /// The measurements the policy's gates look at.
+    pub fn measurements(&self) -> PoolMeasurements {
+        let availability = self.availability();
+        let st = self.lock();
+        let now = Instant::now();
+        let fresh: Vec<&ProbeReading> = match st.settings.probe {
+            None => Vec::new(),
+            Some(p) => st
+                .endpoints
+                .iter()
+                .filter(|e| !e.draining)
+                .filter_map(|e| e.probe.as_ref())
+                .filter(|r| {
+                    r.healthy
+                        && now.saturating_duration_since(r.at) <= p.interval * PROBE_STALE_INTERVALS
+                })
+                .collect(),
+        };
+        let waiting: u32 = fresh.iter().filter_map(|r| r.waiting).sum();
+        PoolMeasurements {
+            vram_free_mb: fresh.iter().filter_map(|r| r.vram_free_mb).max(),
+            queue_depth: Some(
+                u32::try_from(st.queue.len())
+                    .unwrap_or(u32::MAX)
+                    .saturating_add(waiting),
+            ),
+            latency_ms: st
+                .endpoints
+                .iter()
+                .filter(|e| !e.draining)
+                .filter_map(|e| e.ewma)
+                .reduce(f64::min)
+                .map(|s| s * 1000.0),
+            healthy: Some(availability == Availability::Ready),
+            structured_degraded: st.structured_degraded_until.is_some_and(|u| now < u),
+            unhealthy_because: (availability != Availability::Ready).then(|| availability.as_str()),
+        }
+    }
+
+    /// Endpoints a capacity probe should poll now.
+    pub fn probe_targets(&self) -> Vec<Endpoint> {
+        let st = self.lock();
+        st.endpoints.iter().map(|e| (*e.endpoint).clone()).collect()
+    }
+
+    /// Records what a capacity probe saw at `endpoint`; a change may make
+    /// endpoints eligible, so waiters are dispatched.
+    pub fn record_probe(self: &Arc<Self>, endpoint: &Endpoint, reading: ProbeReading) {
+        let mut st = self.lock();
+        if let Some(e) = st.endpoints.iter_mut().find(|e| *e.endpoint == *endpoint) {
+            e.probe = Some(reading);
+        }
+        self.dispatch(&mut st);
+    }
+
+    /// Marks the pool degraded for structured output until `until`.
+    pub fn mark_structured_degraded(&self, until: Instant) {
+        let mut st = self.lock();
+        st.structured_degraded_until =
+            Some(st.structured_degraded_until.map_or(until, |u| u.max(until)));
+    }
+
+    /// The pool's capacity probe settings.
+    pub fn probe_settings(&self) -> Option<Probe> {
+        self.lock().settings.probe
     }
 
     /// A consistent view of the pool right now.
@@ -667,13 +835,19 @@ impl PoolState {
 
     fn fill_loads(&mut self, now: Instant) {
         let max_concurrency = self.settings.max_concurrency;
+        let probe = self.settings.probe;
+        let model = self.settings.model.as_deref();
         self.loads.clear();
         self.loads
             .extend(self.endpoints.iter().map(|e| EndpointLoad {
                 ewma: e.ewma,
                 in_flight: e.in_flight,
                 max_concurrency,
-                available: !e.draining && e.circuit.admits(now),
+                available: !e.draining && e.circuit.admits(now) && e.probe_ok(probe.as_ref(), now),
+                preferred: match (model, &e.probe) {
+                    (Some(m), Some(r)) => r.resident.iter().any(|x| x == m),
+                    _ => false,
+                },
             }));
     }
 
@@ -704,7 +878,11 @@ impl PoolState {
         let usable: Vec<&EndpointState> = self
             .endpoints
             .iter()
-            .filter(|e| !e.draining && e.circuit.admits(now))
+            .filter(|e| {
+                !e.draining
+                    && e.circuit.admits(now)
+                    && e.probe_ok(self.settings.probe.as_ref(), now)
+            })
             .collect();
         let service = usable.iter().filter_map(|e| e.ewma).reduce(f64::min)?;
         let slots: u32 = usable
@@ -997,7 +1175,7 @@ mod tests {
             l.observe(Sample::Failure(Duration::from_millis(1)));
         }
         assert_eq!(p.status().endpoints[0].circuit, CircuitState::Open);
-        assert_eq!(p.availability(), Availability::CircuitsOpen);
+        assert_eq!(p.availability(), Availability::Unhealthy);
         tokio::time::advance(Duration::from_millis(1000)).await;
         assert_eq!(p.status().endpoints[0].circuit, CircuitState::HalfOpen);
         assert_eq!(p.availability(), Availability::Ready);

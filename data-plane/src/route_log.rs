@@ -41,6 +41,9 @@ pub struct AttemptRecord {
     /// Output tokens the answer's `usage` reported (logged per request).
     #[serde(skip)]
     pub tokens_out: Option<u64>,
+    /// Cost from `usage` and the pool's prices (logged per request).
+    #[serde(skip)]
+    pub cost_usd: Option<f64>,
 }
 
 /// One request's routing story.

@@ -28,6 +28,10 @@
 //!   it at once (slowdowns are believed immediately), while improvements are
 //!   folded in with the smoothing factor.
 //!
+//! Endpoints where the requested model is already resident (reported by
+//! a capacity probe) are preferred over the others: a cold model load
+//! costs seconds, more than any latency difference the EWMA can show.
+//!
 //! Ties (equal scores) are broken by a rotating start position supplied by
 //! the caller, so equal endpoints share traffic instead of the first one
 //! always winning.
@@ -94,8 +98,11 @@ pub struct EndpointLoad {
     /// Per-endpoint concurrency limit; `None` for no limit.
     pub max_concurrency: Option<u32>,
     /// False when something outside latency rules it out (circuit open,
-    /// draining).
+    /// draining, capacity probe failing).
     pub available: bool,
+    /// Preferred among eligible endpoints (the requested model is already
+    /// resident there: no cold load).
+    pub preferred: bool,
 }
 
 impl EndpointLoad {
@@ -144,7 +151,15 @@ pub fn choose(
             continue;
         }
         let score = e.score(scoring);
-        if best.is_none_or(|(_, s)| score < s) {
+        let better = match best {
+            None => true,
+            Some((j, s)) => {
+                let incumbent_preferred = endpoints[j].preferred;
+                (e.preferred && !incumbent_preferred)
+                    || (e.preferred == incumbent_preferred && score < s)
+            }
+        };
+        if better {
             best = Some((i, score));
         }
     }
@@ -161,6 +176,7 @@ mod tests {
             in_flight,
             max_concurrency: None,
             available: true,
+            preferred: false,
         }
     }
 
@@ -220,6 +236,17 @@ mod tests {
         assert_eq!(choose(&eps, Scoring::LowestEwma, 3.0, 0), Some(0));
         let eps = [ep(Some(0.02), 3), ep(Some(0.2), 0)];
         assert_eq!(choose(&eps, Scoring::PeakEwma, 3.0, 0), Some(0));
+    }
+
+    #[test]
+    fn resident_models_are_preferred() {
+        let mut warm = ep(Some(0.5), 2);
+        warm.preferred = true;
+        let cold = ep(Some(0.05), 0);
+        assert_eq!(choose(&[cold, warm], Scoring::PeakEwma, 3.0, 0), Some(1));
+        // ...but only among eligible endpoints.
+        warm.available = false;
+        assert_eq!(choose(&[cold, warm], Scoring::PeakEwma, 3.0, 0), Some(0));
     }
 
     #[test]

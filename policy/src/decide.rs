@@ -62,6 +62,10 @@ pub struct PoolMeasurements {
     /// Degraded for structured output after a malformed answer.
     #[serde(default)]
     pub structured_degraded: bool,
+    /// Why the pool is unhealthy, when the caller knows (shown in the
+    /// reason instead of the generic text; not part of the situation JSON).
+    #[serde(skip)]
+    pub unhealthy_because: Option<&'static str>,
 }
 
 /// Everything the decision depends on.
@@ -264,7 +268,10 @@ fn gate(
 ) -> Result<(), String> {
     let g = &pool.gates;
     if g.healthy && m.healthy == Some(false) {
-        return Err("unhealthy (circuit open or capacity probe failing)".into());
+        return Err(match m.unhealthy_because {
+            Some(why) => why.to_string(),
+            None => "unhealthy (circuit open or capacity probe failing)".into(),
+        });
     }
     if let (Some(max), Some(depth)) = (g.max_queue_depth, m.queue_depth) {
         if depth > max {

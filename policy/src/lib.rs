@@ -17,6 +17,7 @@ pub mod deadline;
 pub mod decide;
 pub mod document;
 pub mod endpoint;
+pub mod structured;
 
 pub use balance::{EndpointLoad, Scoring};
 pub use document::{

@@ -76,7 +76,7 @@ fn local(healthy: bool, queue_depth: u32, latency_ms: f64, vram_free_mb: u64) ->
         queue_depth: Some(queue_depth),
         latency_ms: Some(latency_ms),
         healthy: Some(healthy),
-        structured_degraded: false,
+        ..PoolMeasurements::default()
     }
 }
 

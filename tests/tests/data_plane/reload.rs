@@ -119,7 +119,7 @@ async fn the_policy_file_is_watched_and_bad_edits_are_rejected() {
     assert_eq!(r.header(MOCK_NAME_HEADER), Some("b"));
     let lines = proxy.log.wait_for(4).await;
     let reason = lines[3]["reason"].as_str().unwrap();
-    assert!(reason.contains("after local: no endpoints"), "{reason}");
+    assert!(reason.contains("local skipped: no endpoints"), "{reason}");
     let _ = std::fs::remove_file(&path);
 }
 

@@ -227,7 +227,7 @@ async fn an_open_circuit_is_skipped_at_once() {
         l[7]["reason"]
             .as_str()
             .unwrap()
-            .contains("primary: every circuit open"),
+            .contains("primary skipped: unhealthy (circuits open"),
         "{}",
         l[7]
     );

@@ -1,0 +1,217 @@
+//! Structured output: is this answer what the request asked for?
+//!
+//! A request asks for structured output with `response_format`
+//! `{"type": "json_object"}` or `{"type": "json_schema", "json_schema":
+//! {"schema": {...}}}`. The answer's text (`choices[0].message.content` for
+//! chat, `choices[0].text` for completions, the first `output_text` of the
+//! responses API) must then parse as JSON and, for `json_schema`, match the
+//! schema.
+//!
+//! The schema check covers the part of JSON Schema that structured-output
+//! APIs accept: `type` (one or a list), `properties`, `required`,
+//! `additionalProperties: false`, `items`, `enum`, `const`, `anyOf`. Other
+//! keywords are ignored (the check never rejects for a keyword it does not
+//! know).
+
+use serde_json::Value;
+
+/// What the request asked for.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Expected {
+    /// Any JSON value (`json_object`).
+    Json,
+    /// JSON matching this schema (`json_schema`).
+    Schema(Value),
+}
+
+/// Reads `response_format` from a request body.
+pub fn expected(request: &Value) -> Option<Expected> {
+    let rf = request
+        .get("response_format")
+        .or_else(|| request.get("text").and_then(|t| t.get("format")))?;
+    match rf.get("type").and_then(Value::as_str)? {
+        "json_object" => Some(Expected::Json),
+        "json_schema" => {
+            let schema = rf
+                .get("json_schema")
+                .and_then(|j| j.get("schema"))
+                .or_else(|| rf.get("schema"))
+                .cloned()
+                .unwrap_or(Value::Bool(true));
+            Some(Expected::Schema(schema))
+        }
+        _ => None,
+    }
+}
+
+/// The answer's text, from a chat, completions or responses answer.
+pub fn answer_text(answer: &Value) -> Option<&str> {
+    if let Some(choice) = answer.get("choices").and_then(|c| c.get(0)) {
+        return choice
+            .get("message")
+            .and_then(|m| m.get("content"))
+            .and_then(Value::as_str)
+            .or_else(|| choice.get("text").and_then(Value::as_str));
+    }
+    answer
+        .get("output")
+        .and_then(Value::as_array)?
+        .iter()
+        .filter_map(|o| o.get("content").and_then(Value::as_array))
+        .flatten()
+        .find_map(|c| c.get("text").and_then(Value::as_str))
+}
+
+/// Checks an answer body against what was asked; `Err` says why not.
+pub fn check(answer_body: &[u8], expected: &Expected) -> Result<(), String> {
+    let answer: Value =
+        serde_json::from_slice(answer_body).map_err(|e| format!("answer is not JSON: {e}"))?;
+    let text = answer_text(&answer).ok_or("answer has no text content")?;
+    let value: Value =
+        serde_json::from_str(text).map_err(|e| format!("content is not JSON: {e}"))?;
+    match expected {
+        Expected::Json => Ok(()),
+        Expected::Schema(schema) => matches(&value, schema, "$"),
+    }
+}
+
+fn type_ok(value: &Value, ty: &str) -> bool {
+    match ty {
+        "object" => value.is_object(),
+        "array" => value.is_array(),
+        "string" => value.is_string(),
+        "number" => value.is_number(),
+        "integer" => value.as_i64().is_some() || value.as_u64().is_some(),
+        "boolean" => value.is_boolean(),
+        "null" => value.is_null(),
+        _ => true,
+    }
+}
+
+/// Does `value` match `schema`? `Err` names the first place it does not.
+pub fn matches(value: &Value, schema: &Value, at: &str) -> Result<(), String> {
+    let Some(schema) = schema.as_object() else {
+        return match schema {
+            Value::Bool(false) => Err(format!("{at}: no value is allowed")),
+            _ => Ok(()),
+        };
+    };
+    if let Some(ty) = schema.get("type") {
+        let ok = match ty {
+            Value::String(t) => type_ok(value, t),
+            Value::Array(ts) => ts
+                .iter()
+                .filter_map(Value::as_str)
+                .any(|t| type_ok(value, t)),
+            _ => true,
+        };
+        if !ok {
+            return Err(format!("{at}: expected type {ty}"));
+        }
+    }
+    if let Some(c) = schema.get("const") {
+        if c != value {
+            return Err(format!("{at}: expected {c}"));
+        }
+    }
+    if let Some(Value::Array(options)) = schema.get("enum") {
+        if !options.contains(value) {
+            return Err(format!("{at}: not one of the allowed values"));
+        }
+    }
+    if let Some(Value::Array(any)) = schema.get("anyOf") {
+        if !any.iter().any(|s| matches(value, s, at).is_ok()) {
+            return Err(format!("{at}: matches none of anyOf"));
+        }
+    }
+    if let Some(obj) = value.as_object() {
+        if let Some(Value::Array(required)) = schema.get("required") {
+            for r in required.iter().filter_map(Value::as_str) {
+                if !obj.contains_key(r) {
+                    return Err(format!("{at}: missing required property {r:?}"));
+                }
+            }
+        }
+        let props = schema.get("properties").and_then(Value::as_object);
+        for (k, v) in obj {
+            match props.and_then(|p| p.get(k)) {
+                Some(s) => matches(v, s, &format!("{at}.{k}"))?,
+                None if schema.get("additionalProperties") == Some(&Value::Bool(false)) => {
+                    return Err(format!("{at}: unexpected property {k:?}"));
+                }
+                None => {}
+            }
+        }
+    }
+    if let (Some(items), Some(arr)) = (schema.get("items"), value.as_array()) {
+        for (i, v) in arr.iter().enumerate() {
+            matches(v, items, &format!("{at}[{i}]"))?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn chat(content: &str) -> Vec<u8> {
+        json!({"choices": [{"message": {"content": content}}]})
+            .to_string()
+            .into_bytes()
+    }
+
+    #[test]
+    fn reads_what_the_request_asked() {
+        assert_eq!(
+            expected(&json!({"response_format": {"type": "json_object"}})),
+            Some(Expected::Json)
+        );
+        assert_eq!(
+            expected(&json!({"response_format": {"type": "text"}})),
+            None
+        );
+        assert_eq!(expected(&json!({})), None);
+        let e = expected(
+            &json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}}),
+        );
+        assert_eq!(e, Some(Expected::Schema(json!({"type": "object"}))));
+    }
+
+    #[test]
+    fn json_object_needs_json_content() {
+        assert!(check(&chat(r#"{"a": 1}"#), &Expected::Json).is_ok());
+        assert!(check(&chat("Sure! Here is your JSON: {"), &Expected::Json).is_err());
+        assert!(check(b"not json", &Expected::Json).is_err());
+        let responses =
+            json!({"output": [{"content": [{"type": "output_text", "text": "[1,2]"}]}]});
+        assert!(check(responses.to_string().as_bytes(), &Expected::Json).is_ok());
+    }
+
+    #[test]
+    fn schemas_are_checked() {
+        let schema = Expected::Schema(json!({
+            "type": "object",
+            "properties": {
+                "city": {"type": "string"},
+                "temp": {"type": ["number", "null"]},
+                "tags": {"type": "array", "items": {"enum": ["a", "b"]}}
+            },
+            "required": ["city"],
+            "additionalProperties": false
+        }));
+        assert!(check(
+            &chat(r#"{"city": "Oslo", "temp": 3.5, "tags": ["a"]}"#),
+            &schema
+        )
+        .is_ok());
+        let err = check(&chat(r#"{"temp": 3}"#), &schema).unwrap_err();
+        assert!(err.contains("missing required property \"city\""), "{err}");
+        assert!(check(&chat(r#"{"city": 1}"#), &schema)
+            .unwrap_err()
+            .contains("$.city"));
+        assert!(check(&chat(r#"{"city": "x", "extra": 1}"#), &schema).is_err());
+        assert!(check(&chat(r#"{"city": "x", "tags": ["c"]}"#), &schema).is_err());
+    }
+}

@@ -1,13 +1,15 @@
-//! `routerctl`: drills and mock endpoints for the LLM router.
+//! `routerctl`: the LLM router's command line.
 
 #![forbid(unsafe_code)]
 
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use routerctl::drill::{self, DrillConfig, Scenario};
 use routerctl::mock_cmd::{self, MockArgs};
+use routerctl::policy_cmd::{self, Output};
 
 /// The LLM router's command line.
 #[derive(Parser, Debug)]
@@ -23,6 +25,44 @@ enum Command {
     Drill(DrillArgs),
     /// Run a mock OpenAI-compatible model endpoint until Ctrl-C.
     Mock(MockArgs),
+    /// Policy documents.
+    #[command(subcommand)]
+    Policy(PolicyCommand),
+    /// Routes.
+    #[command(subcommand)]
+    Route(RouteCommand),
+}
+
+#[derive(Subcommand, Debug)]
+enum PolicyCommand {
+    /// Check a policy file offline; every error with its field path.
+    Validate {
+        /// The policy file (YAML or JSON).
+        #[arg(short = 'f', long = "file")]
+        file: PathBuf,
+        /// table | json
+        #[arg(short = 'o', long = "output", value_enum, default_value_t = Output::Table)]
+        output: Output,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum RouteCommand {
+    /// Where would this situation (JSON on stdin) go, and why?
+    Explain {
+        /// Decide offline with this policy file instead of asking a router.
+        #[arg(short = 'f', long = "file")]
+        file: Option<PathBuf>,
+        /// The router to ask.
+        #[arg(long, env = "ROUTERCTL_SERVER")]
+        server: Option<String>,
+        /// Bearer token for the router's admin calls.
+        #[arg(long, env = "ROUTER_TOKEN", hide_env_values = true)]
+        token: Option<String>,
+        /// table | json | yaml
+        #[arg(short = 'o', long = "output", value_enum, default_value_t = Output::Table)]
+        output: Output,
+    },
 }
 
 /// Flags of `routerctl drill`.
@@ -91,6 +131,18 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Mock(args) => runtime.block_on(mock_cmd::run(args)),
         Command::Drill(args) => runtime.block_on(run_drill(args)),
+        Command::Policy(PolicyCommand::Validate { file, output }) => policy_cmd::validate(&file, output),
+        Command::Route(RouteCommand::Explain {
+            file,
+            server,
+            token,
+            output,
+        }) => runtime.block_on(policy_cmd::explain_cmd(
+            file.as_deref(),
+            server.as_deref(),
+            token.as_deref(),
+            output,
+        )),
     }
 }
 

@@ -131,7 +131,9 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Mock(args) => runtime.block_on(mock_cmd::run(args)),
         Command::Drill(args) => runtime.block_on(run_drill(args)),
-        Command::Policy(PolicyCommand::Validate { file, output }) => policy_cmd::validate(&file, output),
+        Command::Policy(PolicyCommand::Validate { file, output }) => {
+            policy_cmd::validate(&file, output)
+        }
         Command::Route(RouteCommand::Explain {
             file,
             server,

@@ -25,7 +25,8 @@ pub enum Output {
 }
 
 fn read_policy(path: &Path) -> Result<Policy, String> {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
     PolicyDocument::parse(&text)
         .and_then(|d| d.validate(&QueueSettings::default()))
         .map_err(|e| {
@@ -63,14 +64,21 @@ pub fn validate(path: &Path, output: Output) -> ExitCode {
             ExitCode::SUCCESS
         }
         (Err(e), Output::Table) => {
-            eprintln!("{}: invalid policy ({} errors)", path.display(), e.errors.len());
+            eprintln!(
+                "{}: invalid policy ({} errors)",
+                path.display(),
+                e.errors.len()
+            );
             for f in &e.errors {
                 eprintln!("  {}: {}", f.field, f.reason);
             }
             ExitCode::from(1)
         }
         (Err(e), Output::Json | Output::Yaml) => {
-            println!("{}", serde_json::json!({"valid": false, "errors": e.errors}));
+            println!(
+                "{}",
+                serde_json::json!({"valid": false, "errors": e.errors})
+            );
             ExitCode::from(1)
         }
     }
@@ -84,7 +92,10 @@ fn print_explanation(e: &Explanation, output: Output) {
         Output::Table => {
             println!("pool:              {}", e.pool.as_deref().unwrap_or("-"));
             println!("model:             {}", e.model.as_deref().unwrap_or("-"));
-            println!("provider:          {}", e.provider.as_deref().unwrap_or("-"));
+            println!(
+                "provider:          {}",
+                e.provider.as_deref().unwrap_or("-")
+            );
             println!("requires_approval: {}", e.requires_approval);
             println!("reason:            {}", e.reason);
             for s in &e.skipped {
@@ -96,7 +107,12 @@ fn print_explanation(e: &Explanation, output: Output) {
 
 /// `routerctl route explain [-f POLICY] < situation.json`: offline with a
 /// policy file, else asks the router at `server`.
-pub async fn explain_cmd(policy: Option<&Path>, server: Option<&str>, token: Option<&str>, output: Output) -> ExitCode {
+pub async fn explain_cmd(
+    policy: Option<&Path>,
+    server: Option<&str>,
+    token: Option<&str>,
+    output: Output,
+) -> ExitCode {
     let mut input = String::new();
     if let Err(e) = std::io::stdin().read_to_string(&mut input) {
         eprintln!("routerctl: cannot read the situation from stdin: {e}");
@@ -121,7 +137,9 @@ pub async fn explain_cmd(policy: Option<&Path>, server: Option<&str>, token: Opt
         return ExitCode::SUCCESS;
     }
     let Some(server) = server else {
-        eprintln!("routerctl: give -f POLICY, or --server URL (or ROUTERCTL_SERVER) of a running router");
+        eprintln!(
+            "routerctl: give -f POLICY, or --server URL (or ROUTERCTL_SERVER) of a running router"
+        );
         return ExitCode::from(2);
     };
     let url = format!("{}/_custom_router/explain", server.trim_end_matches('/'));
@@ -136,7 +154,8 @@ pub async fn explain_cmd(policy: Option<&Path>, server: Option<&str>, token: Opt
             return ExitCode::from(2);
         }
     };
-    let client: Client<HttpConnector, Full<Bytes>> = Client::builder(TokioExecutor::new()).build(HttpConnector::new());
+    let client: Client<HttpConnector, Full<Bytes>> =
+        Client::builder(TokioExecutor::new()).build(HttpConnector::new());
     let resp = match client.request(req).await {
         Ok(r) => r,
         Err(e) => {
@@ -145,7 +164,12 @@ pub async fn explain_cmd(policy: Option<&Path>, server: Option<&str>, token: Opt
         }
     };
     let status = resp.status();
-    let body = resp.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+    let body = resp
+        .into_body()
+        .collect()
+        .await
+        .map(|b| b.to_bytes())
+        .unwrap_or_default();
     if status == http::StatusCode::UNAUTHORIZED {
         eprintln!("routerctl: the router refused the token (set ROUTER_TOKEN)");
         return ExitCode::FAILURE;
@@ -159,7 +183,10 @@ pub async fn explain_cmd(policy: Option<&Path>, server: Option<&str>, token: Opt
             Ok(v) => {
                 println!("pool:              {}", v["pool"].as_str().unwrap_or("-"));
                 println!("model:             {}", v["model"].as_str().unwrap_or("-"));
-                println!("provider:          {}", v["provider"].as_str().unwrap_or("-"));
+                println!(
+                    "provider:          {}",
+                    v["provider"].as_str().unwrap_or("-")
+                );
                 println!("requires_approval: {}", v["requires_approval"]);
                 println!("reason:            {}", v["reason"].as_str().unwrap_or(""));
             }

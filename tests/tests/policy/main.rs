@@ -1,0 +1,420 @@
+//! The policy engine through the proxy: approval, cost ceilings,
+//! structured output, circuits with Retry-After, capacity probes,
+//! credentials, side-effect safety, explain.
+
+#![allow(clippy::unwrap_used)]
+
+use std::time::{Duration, Instant};
+
+use http::{Method, StatusCode};
+use router_proxy::Settings;
+use router_tests::harness::TestProxy;
+use router_tests::mock::{Behavior, MockConfig, MockModel, MOCK_NAME_HEADER};
+
+async fn mock(name: &str, behavior: Behavior) -> MockModel {
+    MockModel::start(MockConfig {
+        name: name.into(),
+        behavior,
+        ..MockConfig::default()
+    })
+    .await
+    .unwrap()
+}
+
+const CHAT: &str = r#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#;
+const STRUCTURED: &str = r#"{"model":"m","messages":[{"role":"user","content":"hi"}],"response_format":{"type":"json_object"}}"#;
+
+fn two(
+    a: &str,
+    b: &str,
+    spec_extra: &str,
+    a_extra: &str,
+    b_extra: &str,
+    route_extra: &str,
+) -> String {
+    format!(
+        r#"apiVersion: router/v1
+kind: RoutingPolicy
+spec:
+  {spec_extra}
+  pools:
+    - name: local
+      endpoints: ["{a}"]
+      {a_extra}
+    - name: strong
+      endpoints: ["{b}"]
+      {b_extra}
+  routes:
+    - name: default
+      chain: [local, strong]
+      {route_extra}
+"#
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn approval_is_required_and_checked() {
+    std::env::set_var("TEST_APPROVAL_TOKEN_A", "let-it-through");
+    let strong = mock("strong", Behavior::Json).await;
+    let policy = format!(
+        r#"apiVersion: router/v1
+kind: RoutingPolicy
+spec:
+  approval: {{token_env: TEST_APPROVAL_TOKEN_A}}
+  pools:
+    - name: strong
+      endpoints: ["{}"]
+  routes:
+    - name: governed
+      match: {{risk: [SEND, DESTRUCTIVE]}}
+      chain: [strong]
+      requires_approval: true
+      allow_downgrade: false
+    - name: default
+      chain: [strong]
+"#,
+        strong.url()
+    );
+    let proxy = TestProxy::with_policy(Settings::default(), &policy).await;
+    let r = proxy.chat_with(&[("x-router-risk", "SEND")], CHAT).await;
+    assert_eq!(r.status, StatusCode::FORBIDDEN);
+    assert_eq!(r.error_type(), "approval_required");
+    let r = proxy
+        .chat_with(
+            &[
+                ("x-router-risk", "send"),
+                ("x-router-approval", "let-it-through-not"),
+            ],
+            CHAT,
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::FORBIDDEN);
+    assert_eq!(strong.stats().received, 0);
+    let r = proxy
+        .chat_with(
+            &[
+                ("x-router-risk", "DESTRUCTIVE"),
+                ("x-router-approval", "let-it-through"),
+            ],
+            CHAT,
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK);
+    // READ needs nothing.
+    assert_eq!(proxy.chat_with(&[], CHAT).await.status, StatusCode::OK);
+    let r = proxy.chat_with(&[("x-router-risk", "PANIC")], CHAT).await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST);
+    let lines = proxy.log.wait_for(5).await;
+    assert_eq!(lines[2]["risk"], "DESTRUCTIVE");
+    assert_eq!(lines[2]["route"], "governed");
+    for l in &lines {
+        assert!(
+            !l.to_string().contains("let-it-through\""),
+            "the token is never logged"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cost_ceiling_answers_402() {
+    let local = mock("local", Behavior::Json).await;
+    let strong = mock("strong", Behavior::Json).await;
+    let policy = two(
+        &local.url(),
+        &strong.url(),
+        "",
+        "price: {input_per_1k_usd: 0.01, output_per_1k_usd: 0.03}",
+        "price: {input_per_1k_usd: 0.1, output_per_1k_usd: 0.3}",
+        "cost_ceiling_per_call_usd: 0.05",
+    );
+    let proxy = TestProxy::with_policy(Settings::default(), &policy).await;
+    // 100 output tokens: local 0.003 fits.
+    let small = r#"{"model":"m","messages":[],"max_tokens":100}"#;
+    let r = proxy.chat_with(&[], small).await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(r.header(MOCK_NAME_HEADER), Some("local"));
+    let l = &proxy.log.wait_for(1).await[0];
+    assert!(
+        l["cost_usd"].as_f64().unwrap() > 0.0,
+        "cost accounted from usage: {l}"
+    );
+    // 10,000 output tokens: 0.3 on local, 3.0 on strong: nothing fits.
+    let big = r#"{"model":"m","messages":[],"max_tokens":10000}"#;
+    let r = proxy.chat_with(&[], big).await;
+    assert_eq!(r.status, StatusCode::PAYMENT_REQUIRED);
+    assert_eq!(r.error_type(), "budget_exceeded");
+    assert!(r.text().contains("ceiling"));
+    assert_eq!(local.stats().received + strong.stats().received, 1);
+    let m = proxy.metrics().await;
+    assert!(
+        m.contains("router_sheds_total{pool=\"\",reason=\"budget_exceeded\"} 1"),
+        "{m}"
+    );
+    assert!(
+        m.contains("router_tokens_total{pool=\"local\",kind=\"output\"} 5"),
+        "{m}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_malformed_structured_answer_moves_to_the_strong_pool_and_degrades_local() {
+    let local = mock("local", Behavior::Content("Sure! {\"half\": ".into())).await;
+    let strong = mock("strong", Behavior::Content("{\"ok\": true}".into())).await;
+    let policy = two(
+        &local.url(),
+        &strong.url(),
+        "structured_output_degrade_s: 60",
+        "",
+        "",
+        "retry_on: [connect_error, timeout, status_429, status_5xx, malformed_json]",
+    );
+    let proxy = TestProxy::with_policy(Settings::default(), &policy).await;
+    let r = proxy.chat_with(&[], STRUCTURED).await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(r.header(MOCK_NAME_HEADER), Some("strong"));
+    assert_eq!(
+        r.json()["choices"][0]["message"]["content"],
+        "{\"ok\": true}"
+    );
+    let l = &proxy.log.wait_for(1).await[0];
+    assert_eq!(l["first_outcome"], "malformed_json");
+    assert_eq!(l["fallback_outcome"], "ok");
+    // Local is degraded for structured requests: skipped at once now...
+    let r = proxy.chat_with(&[], STRUCTURED).await;
+    assert_eq!(r.header(MOCK_NAME_HEADER), Some("strong"));
+    assert_eq!(local.stats().received, 1);
+    let l = &proxy.log.wait_for(2).await[1];
+    assert!(
+        l["reason"]
+            .as_str()
+            .unwrap()
+            .contains("local skipped: degraded for structured output"),
+        "{l}"
+    );
+    // ...but still serves plain requests.
+    let r = proxy.chat_with(&[], CHAT).await;
+    assert_eq!(r.header(MOCK_NAME_HEADER), Some("local"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_429s_open_the_circuit_and_one_probe_closes_it() {
+    let local = mock("local", Behavior::Status(429)).await;
+    let strong = mock("strong", Behavior::Json).await;
+    let policy = two(
+        &local.url(),
+        &strong.url(),
+        "circuit_breaker: {consecutive_errors: 3, open_duration_s: 0.3}",
+        "",
+        "",
+        "",
+    );
+    let proxy = TestProxy::with_policy(Settings::default(), &policy).await;
+    for _ in 0..3 {
+        let r = proxy.chat_with(&[], CHAT).await;
+        assert_eq!(r.header(MOCK_NAME_HEADER), Some("strong"));
+    }
+    assert_eq!(local.stats().received, 3);
+    let h = proxy.health().await;
+    assert_eq!(h["backends"][0]["circuit"], "open");
+    // Open: traffic moves on without touching local. The mock's 429 said
+    // Retry-After: 1, which outlasts the 0.3 s open period.
+    let opened = Instant::now();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let r = proxy.chat_with(&[], CHAT).await;
+    assert_eq!(r.header(MOCK_NAME_HEADER), Some("strong"));
+    assert_eq!(
+        local.stats().received,
+        3,
+        "Retry-After kept the circuit open"
+    );
+    // After Retry-After: one probe; it succeeds and closes the circuit.
+    local.set_behavior(Behavior::Json);
+    let wait = Duration::from_millis(1050).saturating_sub(opened.elapsed());
+    tokio::time::sleep(wait).await;
+    let r = proxy.chat_with(&[], CHAT).await;
+    assert_eq!(r.header(MOCK_NAME_HEADER), Some("local"), "the probe");
+    assert_eq!(proxy.health().await["backends"][0]["circuit"], "closed");
+    let r = proxy.chat_with(&[], CHAT).await;
+    assert_eq!(r.header(MOCK_NAME_HEADER), Some("local"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ollama_probe_gates_on_free_vram_and_failing_probes_mark_unhealthy() {
+    let local = mock("local", Behavior::Json).await;
+    let strong = mock("strong", Behavior::Json).await;
+    let gib = 1024u64 * 1024 * 1024;
+    let ps = |used_gib: u64| {
+        format!(
+            r#"{{"models":[{{"name":"qwen3:8b","model":"qwen3:8b","size_vram":{}}}]}}"#,
+            used_gib * gib
+        )
+    };
+    local.set_page("/api/ps", 200, &ps(50));
+    let policy = two(
+        &local.url(),
+        &strong.url(),
+        "",
+        "model: qwen3:8b\n      gates: {min_vram_free_mb: 22000}\n      capacity_probe: {kind: ollama, interval_ms: 40, vram_total_mb: 65536}",
+        "",
+        "",
+    );
+    let proxy = TestProxy::with_policy(Settings::default(), &policy).await;
+    // 64 GiB - 50 GiB = 14 GiB free: at or below 22,000 MB.
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let r = proxy.chat_with(&[], CHAT).await;
+    assert_eq!(r.header(MOCK_NAME_HEADER), Some("strong"));
+    let l = &proxy.log.wait_for(1).await[0];
+    assert!(
+        l["reason"]
+            .as_str()
+            .unwrap()
+            .contains("local skipped: free VRAM 14336 MB <= 22000 MB"),
+        "{l}"
+    );
+    // The GPU frees up.
+    local.set_page("/api/ps", 200, &ps(6));
+    let mut served = String::new();
+    for _ in 0..50 {
+        let r = proxy.chat_with(&[], CHAT).await;
+        served = r.header(MOCK_NAME_HEADER).unwrap_or("").to_string();
+        if served == "local" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(served, "local");
+    // The probe starts failing: the pool is unhealthy, not "unknown = fine".
+    local.set_page("/api/ps", 500, "oops");
+    let mut reason = String::new();
+    for _ in 0..100 {
+        let r = proxy.chat_with(&[], CHAT).await;
+        if r.header(MOCK_NAME_HEADER) == Some("strong") {
+            let lines = proxy.log.lines();
+            reason = lines.last().unwrap()["reason"]
+                .as_str()
+                .unwrap()
+                .to_string();
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(reason.contains("local skipped: unhealthy"), "{reason}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_pools_api_key_replaces_the_clients_and_is_never_logged() {
+    std::env::set_var("TEST_POOL_KEY_B", "sk-very-secret");
+    let cloud = mock("cloud", Behavior::Json).await;
+    let policy = format!(
+        r#"apiVersion: router/v1
+kind: RoutingPolicy
+spec:
+  pools:
+    - name: cloud
+      provider: openai
+      model: provider-model
+      endpoints: ["{}/api/v1"]
+      api_key_env: TEST_POOL_KEY_B
+  routes:
+    - name: r
+      chain: [cloud]
+"#,
+        cloud.url()
+    );
+    let proxy = TestProxy::with_policy(Settings::default(), &policy).await;
+    let r = proxy
+        .chat_with(&[("authorization", "Bearer client-key")], CHAT)
+        .await;
+    assert_eq!(r.status, StatusCode::OK);
+    let got = &cloud.requests()[0];
+    assert_eq!(got.headers["authorization"], "Bearer sk-very-secret");
+    assert_eq!(got.path, "/api/v1/chat/completions");
+    let body: serde_json::Value = serde_json::from_slice(&got.body).unwrap();
+    assert_eq!(body["model"], "provider-model");
+    let l = proxy.log.wait_for(1).await;
+    assert!(!l[0].to_string().contains("sk-very-secret"));
+    assert!(!proxy.metrics().await.contains("sk-very-secret"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_send_request_that_may_have_reached_a_backend_is_never_resent() {
+    let local = mock("local", Behavior::Status(503)).await;
+    let strong = mock("strong", Behavior::Json).await;
+    let policy = two(&local.url(), &strong.url(), "", "", "", "");
+    let proxy = TestProxy::with_policy(Settings::default(), &policy).await;
+    // READ falls over as usual.
+    let r = proxy.chat_with(&[], CHAT).await;
+    assert_eq!(r.header(MOCK_NAME_HEADER), Some("strong"));
+    // SEND: local may have acted on it; the 503 goes back, strong never sees it.
+    let r = proxy.chat_with(&[("x-router-risk", "SEND")], CHAT).await;
+    assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(r.header(MOCK_NAME_HEADER), Some("local"));
+    assert_eq!(strong.stats().received, 1);
+    // A refused connection never reached anything: SEND may move on.
+    let local_url = local.url();
+    local.stop().await;
+    let proxy2 = TestProxy::with_policy(
+        Settings::default(),
+        &two(&local_url, &strong.url(), "", "", "", ""),
+    )
+    .await;
+    let r = proxy2.chat_with(&[("x-router-risk", "SEND")], CHAT).await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(r.header(MOCK_NAME_HEADER), Some("strong"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn explain_answers_without_sending_anything() {
+    let local = mock("local", Behavior::Json).await;
+    let policy = include_str!("../../../deploy/examples/agents.yaml");
+    let mut s = Settings::default();
+    s.admin_token = Some("admin".into());
+    let proxy = TestProxy::with_policy(s, policy).await;
+    let situation = r#"{"risk": "READ", "model": "any", "structured_output": false, "deadline_ms": 2000,
+        "pools": {"local-medium": {"vram_free_mb": 30000, "queue_depth": 1, "latency_ms": 300, "healthy": true}}}"#;
+    let url = proxy.url("/_custom_router/explain");
+    let r = proxy.client.send(Method::POST, &url, &[], situation).await;
+    assert_eq!(r.status, StatusCode::UNAUTHORIZED);
+    let r = proxy
+        .client
+        .send(
+            Method::POST,
+            &url,
+            &[("authorization", "Bearer admin")],
+            situation,
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    let e = r.json();
+    assert_eq!(e["pool"], "local-medium");
+    assert_eq!(e["model"], "qwen3.6:27b-q4_K_M");
+    assert_eq!(e["provider"], "ollama");
+    assert_eq!(e["requires_approval"], false);
+    assert_eq!(
+        e["reason"],
+        "route \"default\" (risk READ); local-medium chosen"
+    );
+    assert_eq!(e["skipped"].as_array().unwrap().len(), 0);
+    let r = proxy
+        .client
+        .send(
+            Method::POST,
+            &url,
+            &[("authorization", "Bearer admin")],
+            r#"{"risk": "SEND", "pools": {}}"#,
+        )
+        .await;
+    assert_eq!(r.json()["pool"], "cloud-strong");
+    assert_eq!(r.json()["requires_approval"], true);
+    let r = proxy
+        .client
+        .send(
+            Method::POST,
+            &url,
+            &[("authorization", "Bearer admin")],
+            r#"{"risk": "MAYBE"}"#,
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST);
+    assert_eq!(local.stats().received, 0);
+}

@@ -367,8 +367,10 @@ async fn a_send_request_that_may_have_reached_a_backend_is_never_resent() {
 async fn explain_answers_without_sending_anything() {
     let local = mock("local", Behavior::Json).await;
     let policy = include_str!("../../../deploy/examples/agents.yaml");
-    let mut s = Settings::default();
-    s.admin_token = Some("admin".into());
+    let s = Settings {
+        admin_token: Some("admin".into()),
+        ..Settings::default()
+    };
     let proxy = TestProxy::with_policy(s, policy).await;
     let situation = r#"{"risk": "READ", "model": "any", "structured_output": false, "deadline_ms": 2000,
         "pools": {"local-medium": {"vram_free_mb": 30000, "queue_depth": 1, "latency_ms": 300, "healthy": true}}}"#;

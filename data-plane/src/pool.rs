@@ -315,6 +315,8 @@ struct PoolState {
     queue: VecDeque<Waiter>,
     loads: Vec<EndpointLoad>,
     latencies: VecDeque<(Instant, Duration)>,
+    /// The p95 of `latencies`, recomputed only after they change.
+    p95_cache: Option<Option<Duration>>,
     wake_at: Option<Instant>,
     structured_degraded_until: Option<Instant>,
     next_id: u64,
@@ -338,6 +340,7 @@ impl PoolRuntime {
                 queue: VecDeque::new(),
                 loads: Vec::new(),
                 latencies: VecDeque::new(),
+                p95_cache: None,
                 wake_at: None,
                 structured_degraded_until: None,
                 next_id: 0,
@@ -696,6 +699,7 @@ impl PoolRuntime {
                 if st.latencies.len() > LATENCY_WINDOW {
                     st.latencies.pop_front();
                 }
+                st.p95_cache = None;
             }
             Sample::Failure(_) | Sample::RateLimited(..) => {}
         }
@@ -858,10 +862,20 @@ impl PoolState {
             .is_some_and(|(at, _)| now.saturating_duration_since(*at) > LATENCY_MAX_AGE)
         {
             self.latencies.pop_front();
+            self.p95_cache = None;
         }
     }
 
-    fn p95(&self) -> Option<Duration> {
+    fn p95(&mut self) -> Option<Duration> {
+        if let Some(cached) = self.p95_cache {
+            return cached;
+        }
+        let p95 = self.compute_p95();
+        self.p95_cache = Some(p95);
+        p95
+    }
+
+    fn compute_p95(&self) -> Option<Duration> {
         if self.latencies.is_empty() {
             return None;
         }

@@ -1,22 +1,17 @@
 //! The route decision log: one JSON line per request on stdout.
 //!
-//! Lines are serialised on the request's task and handed to one writer
-//! thread through a bounded channel, so a slow stdout (a pipe nobody reads
-//! fast enough) never blocks request handling: when the channel is full the
-//! line is dropped and counted (`router_route_log_dropped_total`). The
-//! writer flushes whenever it has caught up, so lines appear promptly.
+//! Lines are serialised on the request's task into a shared, bounded
+//! buffer that a writer thread writes out every 10 ms (see [`RouteLog`]),
+//! so a slow stdout (a pipe nobody reads fast enough) never blocks request
+//! handling, and logging costs no thread wake-up per request.
 
 use std::io::Write;
-use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TryRecvError, TrySendError};
-use std::sync::Arc;
-use std::time::SystemTime;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, SystemTime};
 
 use serde::Serialize;
 
 use crate::metrics::Metrics;
-
-/// Lines held at most between the request tasks and the writer thread.
-const CAPACITY: usize = 8192;
 
 /// One attempt to send the request to an endpoint.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
@@ -103,61 +98,71 @@ pub fn rfc3339(t: SystemTime) -> String {
 }
 
 /// Where route records go.
+///
+/// Each request serialises its line and appends it to a shared buffer
+/// (one short lock); a writer thread swaps the buffer out every
+/// [`FLUSH_INTERVAL`] and writes it in one go. Requests never wait for
+/// stdout and never wake the writer, so the log costs no thread wake-up per
+/// request. The buffer is bounded: past [`MAX_BUFFERED`] bytes, lines are
+/// dropped and counted (`router_route_log_dropped_total`).
 #[derive(Clone)]
 pub struct RouteLog {
-    tx: SyncSender<String>,
+    buffer: Arc<Mutex<Vec<u8>>>,
     metrics: Arc<Metrics>,
 }
 
+/// How often buffered lines are written out.
+pub const FLUSH_INTERVAL: Duration = Duration::from_millis(10);
+/// Bytes held at most between two writes.
+pub const MAX_BUFFERED: usize = 8 * 1024 * 1024;
+
 impl RouteLog {
-    /// Starts the writer thread on `out` (stdout in production).
+    /// Starts the writer thread on `out` (stdout in production). The thread
+    /// writes what is left and ends when every `RouteLog` is dropped.
     pub fn spawn(out: Box<dyn Write + Send>, metrics: Arc<Metrics>) -> std::io::Result<Self> {
-        let (tx, rx) = sync_channel::<String>(CAPACITY);
+        let buffer = Arc::new(Mutex::new(Vec::with_capacity(64 * 1024)));
+        let weak = Arc::downgrade(&buffer);
         std::thread::Builder::new()
             .name("route-log".into())
-            .spawn(move || write_lines(rx, out))?;
-        Ok(Self { tx, metrics })
+            .spawn(move || write_lines(&weak, out))?;
+        Ok(Self { buffer, metrics })
     }
 
-    /// Queues one record; drops it (and counts) if the writer is behind.
+    /// Appends one record; drops it (and counts) if the buffer is full.
     pub fn emit(&self, record: &RouteRecord) {
-        let Ok(mut line) = serde_json::to_string(record) else {
+        let mut line = Vec::with_capacity(768);
+        if serde_json::to_writer(&mut line, record).is_err() {
             return;
-        };
-        line.push('\n');
-        match self.tx.try_send(line) {
-            Ok(()) => {}
-            Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
-                self.metrics.route_log_dropped()
-            }
         }
+        line.push(b'\n');
+        let mut buf = self.buffer.lock().unwrap_or_else(|e| e.into_inner());
+        if buf.len() + line.len() > MAX_BUFFERED {
+            drop(buf);
+            self.metrics.route_log_dropped();
+            return;
+        }
+        buf.extend_from_slice(&line);
     }
 }
 
-fn write_lines(rx: Receiver<String>, mut out: Box<dyn Write + Send>) {
-    let mut buffered = false;
+fn write_lines(buffer: &Weak<Mutex<Vec<u8>>>, mut out: Box<dyn Write + Send>) {
+    let mut spare: Vec<u8> = Vec::with_capacity(64 * 1024);
     loop {
-        let line = if buffered {
-            match rx.try_recv() {
-                Ok(l) => l,
-                Err(TryRecvError::Empty) => {
-                    let _ = out.flush();
-                    buffered = false;
-                    continue;
-                }
-                Err(TryRecvError::Disconnected) => break,
-            }
-        } else {
-            match rx.recv() {
-                Ok(l) => l,
-                Err(_) => break,
-            }
+        std::thread::sleep(FLUSH_INTERVAL);
+        let Some(shared) = buffer.upgrade() else {
+            let _ = out.flush();
+            return;
         };
-        if out.write_all(line.as_bytes()).is_err() {
-            // stdout is gone; keep draining so senders never block.
-            continue;
+        {
+            let mut buf = shared.lock().unwrap_or_else(|e| e.into_inner());
+            std::mem::swap(&mut *buf, &mut spare);
         }
-        buffered = true;
+        drop(shared);
+        if !spare.is_empty() {
+            // stdout gone: lines are lost, requests are not affected.
+            let _ = out.write_all(&spare);
+            let _ = out.flush();
+            spare.clear();
+        }
     }
-    let _ = out.flush();
 }

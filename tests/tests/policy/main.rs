@@ -289,11 +289,15 @@ async fn an_ollama_probe_gates_on_free_vram_and_failing_probes_mark_unhealthy() 
     for _ in 0..100 {
         let r = proxy.chat_with(&[], CHAT).await;
         if r.header(MOCK_NAME_HEADER) == Some("strong") {
-            let lines = proxy.log.lines();
-            reason = lines.last().unwrap()["reason"]
-                .as_str()
-                .unwrap()
-                .to_string();
+            let id = r.header("x-request-id").unwrap().to_string();
+            for _ in 0..100 {
+                let lines = proxy.log.lines();
+                if let Some(l) = lines.iter().find(|l| l["request_id"] == id.as_str()) {
+                    reason = l["reason"].as_str().unwrap().to_string();
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
             break;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;

@@ -136,6 +136,8 @@ pub(crate) struct TargetResult {
     pub(crate) max: Option<MaxStats>,
     /// Requests the backend answered while this target was measured.
     pub(crate) backend_hits: u64,
+    /// Other processes used enough CPU to disturb the numbers.
+    pub(crate) disturbed: bool,
     /// CPU use of the whole machine (percent) sampled just before loading.
     pub(crate) busy_before_pct: Option<f64>,
 }
@@ -202,6 +204,7 @@ fn summarise(name: &'static str, runs: &[&TargetResult]) -> TargetResult {
         out.warnings
             .extend(r.warnings.iter().map(|w| format!("{prefix}{w}")));
         out.backend_hits += r.backend_hits;
+        out.disturbed |= r.disturbed;
         out.busy_before_pct = match (out.busy_before_pct, r.busy_before_pct) {
             (Some(a), Some(b)) => Some(a.max(b)),
             (a, b) => a.or(b),
@@ -550,6 +553,7 @@ fn target_json(t: &TargetResult) -> Value {
         "unavailable_reason": t.unavailable,
         "warnings": t.warnings,
         "backend_hits": t.backend_hits,
+        "disturbed": t.disturbed,
         "machine_busy_before_pct": t.busy_before_pct.map(round3),
         "fixed_rate": t.fixed.as_ref().map(|f| json!({
             "scheduled": f.scheduled,

@@ -13,6 +13,11 @@ use std::process::ExitCode;
 use clap::Parser;
 use router_proxy::{Mode, ProxyOptions, Settings};
 
+/// mimalloc: the request path allocates many small, short-lived buffers;
+/// glibc's malloc was ~10% of the proxy's CPU under load.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// The LLM traffic router's data-plane proxy.
 #[derive(Parser, Debug)]
 #[command(name = "router-proxy", version, about)]

@@ -228,6 +228,9 @@ const PROBE_STALE_INTERVALS: u32 = 3;
 
 /// How many recent latencies a pool keeps for its p95.
 const LATENCY_WINDOW: usize = 128;
+/// The p95 is recomputed at most this often under load.
+const P95_REFRESH: Duration = Duration::from_millis(50);
+
 /// How long a latency sample counts toward the p95.
 const LATENCY_MAX_AGE: Duration = Duration::from_secs(60);
 
@@ -315,8 +318,10 @@ struct PoolState {
     queue: VecDeque<Waiter>,
     loads: Vec<EndpointLoad>,
     latencies: VecDeque<(Instant, Duration)>,
-    /// The p95 of `latencies`, recomputed only after they change.
-    p95_cache: Option<Option<Duration>>,
+    /// The p95 of `latencies` and when it was computed: recomputed after
+    /// they change, at most every [`P95_REFRESH`] (it sorts the window).
+    p95_cache: Option<(Instant, Option<Duration>)>,
+    p95_dirty: bool,
     wake_at: Option<Instant>,
     structured_degraded_until: Option<Instant>,
     next_id: u64,
@@ -341,6 +346,7 @@ impl PoolRuntime {
                 loads: Vec::new(),
                 latencies: VecDeque::new(),
                 p95_cache: None,
+                p95_dirty: false,
                 wake_at: None,
                 structured_degraded_until: None,
                 next_id: 0,
@@ -699,7 +705,7 @@ impl PoolRuntime {
                 if st.latencies.len() > LATENCY_WINDOW {
                     st.latencies.pop_front();
                 }
-                st.p95_cache = None;
+                st.p95_dirty = true;
             }
             Sample::Failure(_) | Sample::RateLimited(..) => {}
         }
@@ -862,16 +868,23 @@ impl PoolState {
             .is_some_and(|(at, _)| now.saturating_duration_since(*at) > LATENCY_MAX_AGE)
         {
             self.latencies.pop_front();
-            self.p95_cache = None;
+            self.p95_dirty = true;
         }
     }
 
     fn p95(&mut self) -> Option<Duration> {
-        if let Some(cached) = self.p95_cache {
-            return cached;
+        let now = Instant::now();
+        if let Some((at, cached)) = self.p95_cache {
+            let fresh_enough = now.saturating_duration_since(at) < P95_REFRESH;
+            // The first samples (or the last ones expiring) always count.
+            let emptiness_changed = cached.is_some() == self.latencies.is_empty();
+            if !self.p95_dirty || (fresh_enough && !emptiness_changed) {
+                return cached;
+            }
         }
         let p95 = self.compute_p95();
-        self.p95_cache = Some(p95);
+        self.p95_cache = Some((now, p95));
+        self.p95_dirty = false;
         p95
     }
 

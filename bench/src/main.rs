@@ -194,6 +194,7 @@ fn run(args: &Args) -> Result<Report, BoxError> {
         .enable_all()
         .build()?;
 
+    rt.spawn(stop_on_signal(tmp.path.clone(), args.keep_tmp));
     let env = Env {
         args,
         cfg,
@@ -249,6 +250,39 @@ fn run(args: &Args) -> Result<Report, BoxError> {
 /// Above this CPU use (percent of the machine) by others, a target's
 /// numbers are flagged as disturbed.
 const BUSY_LIMIT_PCT: f64 = 15.0;
+
+/// On SIGINT or SIGTERM: stop the children (nginx, the router), remove the
+/// temp dir and exit 130; the normal clean-up does not run on a signal.
+async fn stop_on_signal(tmp: PathBuf, keep_tmp: bool) {
+    let interrupted = async {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{signal, SignalKind};
+            match signal(SignalKind::terminate()) {
+                Ok(mut term) => {
+                    tokio::select! {
+                        _ = tokio::signal::ctrl_c() => {}
+                        _ = term.recv() => {}
+                    }
+                }
+                Err(_) => {
+                    let _ = tokio::signal::ctrl_c().await;
+                }
+            }
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    };
+    interrupted.await;
+    eprintln!("proxy-bench: interrupted; stopping children");
+    procs::terminate_children();
+    if !keep_tmp {
+        let _ = std::fs::remove_dir_all(&tmp);
+    }
+    std::process::exit(130);
+}
 
 /// Above this CPU use by processes other than the target, the backend and
 /// the load generator during a phase (percent of one core), the phase is

@@ -25,6 +25,9 @@ impl ChildGuard {
         let child = cmd
             .spawn()
             .map_err(|e| format!("cannot start {name} ({:?}): {e}", cmd.get_program()))?;
+        if let Ok(mut live) = LIVE_CHILDREN.lock() {
+            live.push(child.id());
+        }
         Ok(Self { name, child })
     }
 
@@ -46,6 +49,10 @@ impl ChildGuard {
 
 impl Drop for ChildGuard {
     fn drop(&mut self) {
+        let pid = self.child.id();
+        if let Ok(mut live) = LIVE_CHILDREN.lock() {
+            live.retain(|&p| p != pid);
+        }
         if let Ok(Some(_)) = self.child.try_wait() {
             return;
         }
@@ -71,6 +78,25 @@ impl Drop for ChildGuard {
         }
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// Children started and not yet stopped, for the signal handler.
+static LIVE_CHILDREN: std::sync::Mutex<Vec<u32>> = std::sync::Mutex::new(Vec::new());
+
+/// Sends SIGTERM to every child still running (used when the harness is
+/// interrupted, where the guards' destructors do not run).
+pub(crate) fn terminate_children() {
+    let pids = LIVE_CHILDREN
+        .lock()
+        .map(|live| live.clone())
+        .unwrap_or_default();
+    for pid in pids {
+        let _ = Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
     }
 }
 

@@ -1,0 +1,118 @@
+//! `router-control-plane`: stores policy, backend sets and circuit state,
+//! and streams them to proxies over gRPC.
+//!
+//! - [`store`]: persistence behind the [`store::Store`] trait (embedded
+//!   redb file by default);
+//! - [`hub`]: validated changes in, one published snapshot out;
+//! - [`service`]: the `Admin` and `ProxyConfig` gRPC services.
+//!
+//! [`start`] runs a control plane in-process (what `main`, `routerctl up`
+//! and the tests do).
+
+#![forbid(unsafe_code)]
+
+pub mod hub;
+pub mod service;
+pub mod store;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use router_proto::v1::admin_server::AdminServer;
+use router_proto::v1::proxy_config_server::ProxyConfigServer;
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+use tokio_stream::wrappers::TcpListenerStream;
+
+use crate::hub::Hub;
+use crate::service::{auth, AdminService, ProxyConfigService};
+
+/// What [`start`] needs.
+#[derive(Debug, Clone)]
+pub struct ControlPlaneOptions {
+    /// Where to listen.
+    pub listen: SocketAddr,
+    /// Directory of the embedded store.
+    pub data_dir: PathBuf,
+    /// Bearer token required on every call; `None` leaves the API open.
+    pub token: Option<String>,
+}
+
+/// Errors that stop the control plane from starting.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The store could not be opened.
+    #[error(transparent)]
+    Hub(#[from] hub::HubError),
+    /// The listener could not be bound.
+    #[error("cannot listen on {0}: {1}")]
+    Bind(SocketAddr, std::io::Error),
+}
+
+/// A control plane running in this process.
+pub struct RunningControlPlane {
+    addr: SocketAddr,
+    hub: Arc<Hub>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl RunningControlPlane {
+    /// The address it listens on.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Its state.
+    pub fn hub(&self) -> &Arc<Hub> {
+        &self.hub
+    }
+
+    /// Stops serving (streams are cut).
+    pub fn shutdown(self) {}
+}
+
+impl Drop for RunningControlPlane {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+/// Opens the store, binds, and serves in background tasks.
+pub async fn start(options: ControlPlaneOptions) -> Result<RunningControlPlane, StartError> {
+    let store = store::RedbStore::open(&options.data_dir).map_err(hub::HubError::from)?;
+    let hub = Hub::open(Box::new(store))?;
+    let listener = TcpListener::bind(options.listen)
+        .await
+        .map_err(|e| StartError::Bind(options.listen, e))?;
+    let addr = listener.local_addr().map_err(|e| StartError::Bind(options.listen, e))?;
+    let check = auth(options.token.clone());
+    let (health_reporter, health) = tonic_health::server::health_reporter();
+    health_reporter
+        .set_serving::<AdminServer<AdminService>>()
+        .await;
+    let server = tonic::transport::Server::builder()
+        .add_service(health)
+        .add_service(AdminServer::with_interceptor(
+            AdminService { hub: Arc::clone(&hub) },
+            check.clone(),
+        ))
+        .add_service(ProxyConfigServer::with_interceptor(
+            ProxyConfigService { hub: Arc::clone(&hub) },
+            check,
+        ))
+        .serve_with_incoming(TcpListenerStream::new(listener));
+    let serve = tokio::spawn(async move {
+        if let Err(e) = server.await {
+            tracing::error!(error = %e, "control plane server stopped");
+        }
+    });
+    let prune = tokio::spawn(hub::prune_loop(Arc::downgrade(&hub)));
+    Ok(RunningControlPlane {
+        addr,
+        hub,
+        tasks: vec![serve, prune],
+    })
+}

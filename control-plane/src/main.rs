@@ -1,0 +1,80 @@
+//! `router-control-plane`: run the control plane.
+
+#![forbid(unsafe_code)]
+
+use std::io::IsTerminal;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Parser;
+use router_control_plane::{start, ControlPlaneOptions};
+
+/// The LLM router's control plane.
+#[derive(Parser, Debug)]
+#[command(name = "router-control-plane", version, about)]
+struct Args {
+    /// gRPC address.
+    #[arg(long, default_value = "0.0.0.0:50051")]
+    listen: SocketAddr,
+    /// Directory of the embedded store.
+    #[arg(long, default_value = "router-data")]
+    data_dir: PathBuf,
+    /// File holding the bearer token every call must present.
+    #[arg(long)]
+    token_file: Option<PathBuf>,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .init();
+    let token = match &args.token_file {
+        None => None,
+        Some(path) => match std::fs::read_to_string(path) {
+            Ok(t) if !t.trim().is_empty() => Some(t.trim().to_string()),
+            Ok(_) => {
+                eprintln!("router-control-plane: --token-file {} is empty", path.display());
+                return ExitCode::from(2);
+            }
+            Err(e) => {
+                eprintln!("router-control-plane: cannot read --token-file {}: {e}", path.display());
+                return ExitCode::from(2);
+            }
+        },
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("router-control-plane: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(async move {
+        if token.is_none() {
+            tracing::warn!("no --token-file: the admin and proxy APIs are open to anyone who can reach them");
+        }
+        let cp = match start(ControlPlaneOptions {
+            listen: args.listen,
+            data_dir: args.data_dir.clone(),
+            token,
+        })
+        .await
+        {
+            Ok(cp) => cp,
+            Err(e) => {
+                eprintln!("router-control-plane: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
+        tracing::info!(addr = %cp.local_addr(), data_dir = %args.data_dir.display(), "router-control-plane listening");
+        let _ = tokio::signal::ctrl_c().await;
+        ExitCode::SUCCESS
+    })
+}

@@ -1,0 +1,290 @@
+//! The gRPC services: `Admin` for routerctl, `ProxyConfig` for proxies.
+//!
+//! Every call must carry `authorization: Bearer <token>` when the control
+//! plane has a token (`--token-file`); the check is an interceptor in front
+//! of both services, comparing in constant time.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use router_proto::v1 as pb;
+use router_proto::v1::admin_server::Admin;
+use router_proto::v1::proxy_config_server::ProxyConfig;
+use subtle::ConstantTimeEq;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_stream::{Stream, StreamExt};
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::hub::{Hub, HubError};
+
+/// How long a new stream has to say hello.
+const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+
+fn status(e: HubError) -> Status {
+    match e {
+        HubError::Invalid(_) => Status::invalid_argument(e.to_string()),
+        HubError::Conflict { .. } => Status::aborted(e.to_string()),
+        HubError::NotFound(_) => Status::not_found(e.to_string()),
+        HubError::Store(crate::store::StoreError::Conflict { .. }) => Status::aborted(e.to_string()),
+        HubError::Store(_) => Status::unavailable(e.to_string()),
+    }
+}
+
+fn field_errors(errors: Vec<router_policy::FieldError>) -> Vec<pb::FieldError> {
+    errors
+        .into_iter()
+        .map(|e| pb::FieldError {
+            field: e.field,
+            reason: e.reason,
+        })
+        .collect()
+}
+
+/// Builds the bearer-token check for both services.
+pub fn auth(token: Option<String>) -> impl Fn(Request<()>) -> Result<Request<()>, Status> + Clone {
+    move |req: Request<()>| {
+        let Some(expected) = token.as_deref() else {
+            return Ok(req);
+        };
+        let given = req
+            .metadata()
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .unwrap_or("");
+        if bool::from(given.as_bytes().ct_eq(expected.as_bytes())) {
+            Ok(req)
+        } else {
+            Err(Status::unauthenticated("missing or invalid bearer token"))
+        }
+    }
+}
+
+/// The admin service.
+pub struct AdminService {
+    /// Shared state.
+    pub hub: Arc<Hub>,
+}
+
+fn policy_version(p: crate::store::PolicyRecord) -> pb::PolicyVersion {
+    pb::PolicyVersion {
+        version: p.version,
+        document: p.document,
+        applied_at_unix_ms: p.applied_at_unix_ms,
+        author: p.author,
+        note: p.note,
+    }
+}
+
+#[tonic::async_trait]
+impl Admin for AdminService {
+    async fn apply_policy(&self, req: Request<pb::ApplyPolicyRequest>) -> Result<Response<pb::ApplyPolicyResponse>, Status> {
+        let r = req.into_inner();
+        match self.hub.apply_policy(&r.document, r.dry_run, r.expected_version, &r.author) {
+            Ok((version, revision)) => Ok(Response::new(pb::ApplyPolicyResponse {
+                version,
+                applied: !r.dry_run,
+                errors: Vec::new(),
+                revision,
+            })),
+            Err(HubError::Invalid(errors)) => Ok(Response::new(pb::ApplyPolicyResponse {
+                version: 0,
+                applied: false,
+                errors: field_errors(errors),
+                revision: 0,
+            })),
+            Err(e) => Err(status(e)),
+        }
+    }
+
+    async fn get_policy(&self, req: Request<pb::GetPolicyRequest>) -> Result<Response<pb::PolicyVersion>, Status> {
+        let v = req.into_inner().version;
+        self.hub
+            .policy(v)
+            .map(|p| Response::new(policy_version(p)))
+            .ok_or_else(|| Status::not_found(if v == 0 { "no policy applied yet".to_string() } else { format!("no policy version {v}") }))
+    }
+
+    async fn history(&self, _req: Request<pb::HistoryRequest>) -> Result<Response<pb::HistoryResponse>, Status> {
+        Ok(Response::new(pb::HistoryResponse {
+            versions: self.hub.history().into_iter().map(policy_version).collect(),
+        }))
+    }
+
+    async fn rollback(&self, req: Request<pb::RollbackRequest>) -> Result<Response<pb::ApplyPolicyResponse>, Status> {
+        let r = req.into_inner();
+        let (version, revision) = self.hub.rollback(r.to_version, r.expected_version).map_err(status)?;
+        Ok(Response::new(pb::ApplyPolicyResponse {
+            version,
+            applied: true,
+            errors: Vec::new(),
+            revision,
+        }))
+    }
+
+    async fn validate(&self, req: Request<pb::ValidateRequest>) -> Result<Response<pb::ValidateResponse>, Status> {
+        let errors = crate::hub::validate(&req.into_inner().document).err().unwrap_or_default();
+        Ok(Response::new(pb::ValidateResponse {
+            errors: field_errors(errors),
+        }))
+    }
+
+    async fn list_backends(&self, _req: Request<pb::ListBackendsRequest>) -> Result<Response<pb::ListBackendsResponse>, Status> {
+        Ok(Response::new(pb::ListBackendsResponse {
+            pools: self
+                .hub
+                .state()
+                .backends
+                .into_iter()
+                .map(|(pool, b)| pb::PoolBackends {
+                    pool,
+                    endpoints: b.endpoints,
+                    drained: b.drained,
+                })
+                .collect(),
+        }))
+    }
+
+    async fn set_backends(&self, req: Request<pb::SetBackendsRequest>) -> Result<Response<pb::ChangeResponse>, Status> {
+        let r = req.into_inner();
+        let revision = self.hub.set_backends(&r.pool, r.endpoints, r.drained).map_err(status)?;
+        Ok(Response::new(pb::ChangeResponse { revision }))
+    }
+
+    async fn list_circuits(&self, _req: Request<pb::ListCircuitsRequest>) -> Result<Response<pb::ListCircuitsResponse>, Status> {
+        let now = crate::hub::now_ms();
+        Ok(Response::new(pb::ListCircuitsResponse {
+            circuits: self
+                .hub
+                .state()
+                .circuits
+                .into_iter()
+                .filter(|c| c.until_unix_ms > now)
+                .map(|c| pb::CircuitOverride {
+                    pool: c.pool,
+                    endpoint: c.endpoint,
+                    open: c.open,
+                    until_unix_ms: c.until_unix_ms,
+                    source: c.source,
+                })
+                .collect(),
+        }))
+    }
+
+    async fn set_circuit(&self, req: Request<pb::SetCircuitRequest>) -> Result<Response<pb::ChangeResponse>, Status> {
+        let r = req.into_inner();
+        let revision = self
+            .hub
+            .set_circuit(&r.pool, &r.endpoint, r.open, r.for_seconds, "operator")
+            .map_err(status)?;
+        Ok(Response::new(pb::ChangeResponse { revision }))
+    }
+
+    async fn list_proxies(&self, _req: Request<pb::ListProxiesRequest>) -> Result<Response<pb::ListProxiesResponse>, Status> {
+        Ok(Response::new(pb::ListProxiesResponse {
+            proxies: self
+                .hub
+                .proxies()
+                .into_iter()
+                .map(|(node_id, p)| pb::ProxyStatus {
+                    node_id,
+                    applied_revision: p.applied_revision,
+                    last_nack: p.last_nack,
+                    last_seen_unix_ms: p.last_seen_unix_ms,
+                    connected: p.connected,
+                    nacked_revision: p.nacked_revision,
+                })
+                .collect(),
+        }))
+    }
+
+    async fn explain(&self, req: Request<pb::ExplainRequest>) -> Result<Response<pb::ExplainResponse>, Status> {
+        let explanation_json = self.hub.explain(&req.into_inner().situation_json).map_err(status)?;
+        Ok(Response::new(pb::ExplainResponse { explanation_json }))
+    }
+}
+
+/// The proxies' config stream.
+pub struct ProxyConfigService {
+    /// Shared state.
+    pub hub: Arc<Hub>,
+}
+
+type ControlStream = Pin<Box<dyn Stream<Item = Result<pb::ControlMessage, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl ProxyConfig for ProxyConfigService {
+    type StreamStream = ControlStream;
+
+    async fn stream(&self, req: Request<Streaming<pb::ProxyMessage>>) -> Result<Response<ControlStream>, Status> {
+        let mut inbound = req.into_inner();
+        let hello = match tokio::time::timeout(HELLO_TIMEOUT, inbound.next()).await {
+            Ok(Some(Ok(pb::ProxyMessage {
+                msg: Some(pb::proxy_message::Msg::Hello(h)),
+            }))) => h,
+            Ok(_) => return Err(Status::invalid_argument("the first message must be a hello")),
+            Err(_) => return Err(Status::deadline_exceeded("no hello")),
+        };
+        let node = if hello.node_id.is_empty() {
+            format!("proxy-{}", uuid::Uuid::now_v7())
+        } else {
+            hello.node_id.clone()
+        };
+        tracing::info!(node = %node, last_applied = hello.last_applied_revision, "proxy connected");
+        self.hub.proxy_seen(&node, |p| {
+            p.connected = true;
+            p.applied_revision = hello.last_applied_revision;
+        });
+        // Outbound: the current snapshot now, then each change. Bounded:
+        // a slow proxy only ever needs the latest snapshot, which `watch`
+        // keeps for it.
+        let (tx, rx) = mpsc::channel::<Result<pb::ControlMessage, Status>>(4);
+        let mut updates = self.hub.subscribe();
+        let hub = Arc::clone(&self.hub);
+        let out_node = node.clone();
+        tokio::spawn(async move {
+            loop {
+                let published = updates.borrow_and_update().clone();
+                let msg = pb::ControlMessage {
+                    revision: published.revision,
+                    nonce: uuid::Uuid::now_v7().to_string(),
+                    snapshot: Some(published.snapshot.clone()),
+                };
+                if tx.send(Ok(msg)).await.is_err() || updates.changed().await.is_err() {
+                    break;
+                }
+            }
+            tracing::debug!(node = %out_node, "stream writer ended");
+        });
+        // Inbound: ACKs, NACKs, circuit and load reports.
+        let hub = Arc::clone(&hub);
+        tokio::spawn(async move {
+            while let Some(Ok(m)) = inbound.next().await {
+                match m.msg {
+                    Some(pb::proxy_message::Msg::Ack(a)) => hub.proxy_seen(&node, |p| p.applied_revision = a.revision),
+                    Some(pb::proxy_message::Msg::Nack(n)) => {
+                        tracing::warn!(node = %node, revision = n.revision, error = %n.error, "proxy NACKed a snapshot");
+                        hub.proxy_seen(&node, |p| {
+                            p.nacked_revision = n.revision;
+                            p.last_nack = n.error.clone();
+                        });
+                    }
+                    Some(pb::proxy_message::Msg::Circuit(c)) => {
+                        hub.proxy_seen(&node, |_| {});
+                        if let Err(e) = hub.report_circuit(&node, &c) {
+                            tracing::warn!(node = %node, error = %e, "circuit report not stored");
+                        }
+                    }
+                    Some(pb::proxy_message::Msg::Load(_)) | Some(pb::proxy_message::Msg::Hello(_)) | None => {
+                        hub.proxy_seen(&node, |_| {});
+                    }
+                }
+            }
+            hub.proxy_seen(&node, |p| p.connected = false);
+            tracing::info!(node = %node, "proxy disconnected");
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+}

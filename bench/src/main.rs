@@ -254,27 +254,27 @@ const BUSY_LIMIT_PCT: f64 = 15.0;
 /// On SIGINT or SIGTERM: stop the children (nginx, the router), remove the
 /// temp dir and exit 130; the normal clean-up does not run on a signal.
 async fn stop_on_signal(tmp: PathBuf, keep_tmp: bool) {
-    let interrupted = async {
-        #[cfg(unix)]
-        {
-            use tokio::signal::unix::{signal, SignalKind};
-            match signal(SignalKind::terminate()) {
-                Ok(mut term) => {
-                    tokio::select! {
-                        _ = tokio::signal::ctrl_c() => {}
-                        _ = term.recv() => {}
-                    }
-                }
-                Err(_) => {
-                    let _ = tokio::signal::ctrl_c().await;
-                }
-            }
-        }
-        #[cfg(not(unix))]
-        {
-            let _ = tokio::signal::ctrl_c().await;
+    // A handler that cannot be installed must not look like a signal.
+    let ctrl_c = async {
+        if tokio::signal::ctrl_c().await.is_err() {
+            std::future::pending::<()>().await;
         }
     };
+    #[cfg(unix)]
+    let interrupted = async {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    () = ctrl_c => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(_) => ctrl_c.await,
+        }
+    };
+    #[cfg(not(unix))]
+    let interrupted = ctrl_c;
     interrupted.await;
     eprintln!("proxy-bench: interrupted; stopping children");
     procs::terminate_children();

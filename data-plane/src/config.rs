@@ -122,6 +122,9 @@ struct Source {
     /// Label of where the policy came from (`sidecar`, `file`, ...).
     origin: String,
     changes: u64,
+    /// The version the next snapshot is named by, when the source names
+    /// it (the control plane's revision).
+    named_version: Option<String>,
 }
 
 /// Holds the current snapshot and serialises changes to it.
@@ -131,6 +134,8 @@ pub struct ConfigStore {
     metrics: Arc<Metrics>,
     /// For capacity probes (none in unit tests).
     client: Option<UpstreamClient>,
+    /// Where pools report circuit transitions (managed mode).
+    events: Option<tokio::sync::mpsc::Sender<crate::pool::CircuitEvent>>,
 }
 
 impl ConfigStore {
@@ -140,20 +145,23 @@ impl ConfigStore {
         origin: &str,
         metrics: Arc<Metrics>,
         client: Option<UpstreamClient>,
+        events: Option<tokio::sync::mpsc::Sender<crate::pool::CircuitEvent>>,
     ) -> Self {
         let mut source = Source {
             policy,
             overrides: BTreeMap::new(),
             origin: origin.to_string(),
             changes: 0,
+            named_version: None,
         };
-        let snapshot = build(&mut source, &HashMap::new(), &metrics, client.as_ref());
+        let snapshot = build(&mut source, &HashMap::new(), &metrics, client.as_ref(), events.as_ref());
         metrics.config_change(Some(&snapshot.version));
         Self {
             current: ArcSwap::from_pointee(snapshot),
             source: Mutex::new(source),
             metrics,
             client,
+            events,
         }
     }
 
@@ -168,6 +176,19 @@ impl ConfigStore {
             src.overrides.retain(|pool, _| policy.pool(pool).is_some());
             src.policy = policy;
             src.origin = origin.to_string();
+            Ok(())
+        })
+        .unwrap_or_else(|_: ConfigError| self.load().version.clone())
+    }
+
+    /// Applies a whole snapshot from the control plane: the policy, every
+    /// backend set it streams (replacing local ones), named by its revision.
+    pub fn apply_managed(&self, policy: Policy, backends: BTreeMap<String, Vec<Endpoint>>, revision: u64) -> Arc<str> {
+        self.change(|src| {
+            src.policy = policy;
+            src.overrides = backends;
+            src.origin = "cp".into();
+            src.named_version = Some(format!("cp-{revision}"));
             Ok(())
         })
         .unwrap_or_else(|_: ConfigError| self.load().version.clone())
@@ -200,7 +221,7 @@ impl ConfigStore {
         let mut src = self.source.lock().unwrap_or_else(|e| e.into_inner());
         edit(&mut src)?;
         let old = self.current.load_full();
-        let next = build(&mut src, &old.pools, &self.metrics, self.client.as_ref());
+        let next = build(&mut src, &old.pools, &self.metrics, self.client.as_ref(), self.events.as_ref());
         for (name, pool) in &old.pools {
             if !next.pools.contains_key(name) {
                 pool.close();
@@ -219,6 +240,7 @@ fn build(
     old: &HashMap<String, Arc<PoolRuntime>>,
     metrics: &Metrics,
     client: Option<&UpstreamClient>,
+    events: Option<&tokio::sync::mpsc::Sender<crate::pool::CircuitEvent>>,
 ) -> Snapshot {
     src.changes += 1;
     let mut policy = src.policy.clone();
@@ -244,18 +266,21 @@ fn build(
                 rt.update(settings, &p.endpoints);
                 Arc::clone(rt)
             }
-            None => PoolRuntime::new(
-                &p.name,
-                settings,
-                &p.endpoints,
-                metrics.pool_counters(&p.name),
-            ),
+            None => {
+                let mut counters = metrics.pool_counters(&p.name);
+                counters.events = events.cloned();
+                PoolRuntime::new(&p.name, settings, &p.endpoints, counters)
+            },
         };
         runtime.ensure_probe(probe, client);
         pools.insert(p.name.clone(), runtime);
     }
     Snapshot {
-        version: format!("{}-{}", src.origin, src.changes).into(),
+        version: src
+            .named_version
+            .take()
+            .unwrap_or_else(|| format!("{}-{}", src.origin, src.changes))
+            .into(),
         secrets: read_secrets(&policy),
         policy: Arc::new(policy),
         pools,
@@ -273,6 +298,7 @@ mod tests {
             Policy::sidecar(QueueSettings::default(), None),
             "sidecar",
             Arc::new(Metrics::new()),
+            None,
             None,
         );
         let v1 = store.load().version.clone();

@@ -25,6 +25,7 @@ pub mod error;
 pub mod forward;
 pub mod handler;
 pub mod idempotency;
+pub mod managed;
 pub mod metrics;
 pub mod pool;
 pub mod probe;
@@ -63,6 +64,8 @@ pub enum Mode {
     /// A policy given in-process (embedders, `routerctl drill`); changed
     /// through [`RunningProxy::config`].
     Inline(Box<Policy>),
+    /// Config streamed from the control plane.
+    Managed(managed::ManagedOptions),
 }
 
 /// What [`start`] needs.
@@ -166,13 +169,23 @@ pub async fn start(options: ProxyOptions) -> Result<RunningProxy, StartError> {
             (p, "file", Some((policy.clone(), bytes)))
         }
         Mode::Inline(policy) => ((**policy).clone(), "inline", None),
+        // Until the control plane (or the cache) says otherwise: the
+        // sidecar's empty default pool.
+        Mode::Managed(_) => (
+            Policy::sidecar(settings.queue, settings.max_concurrency),
+            "boot",
+            None,
+        ),
     };
     let client = forward::build_client(&settings)?;
+    let (events_tx, events_rx) = tokio::sync::mpsc::channel(256);
+    let managed = matches!(mode, Mode::Managed(_));
     let config = Arc::new(ConfigStore::new(
         policy,
         origin,
         Arc::clone(&metrics),
         Some(client.clone()),
+        managed.then_some(events_tx),
     ));
     let addr = SocketAddr::new(settings.bind, settings.port);
     let listener = TcpListener::bind(addr)
@@ -203,6 +216,20 @@ pub async fn start(options: ProxyOptions) -> Result<RunningProxy, StartError> {
         )));
     }
     tasks.push(tokio::spawn(state_log(Arc::clone(&shared))));
+    if let Mode::Managed(options) = mode {
+        let applied = options
+            .cache_dir
+            .as_deref()
+            .and_then(|dir| managed::apply_cache(&config, dir, &shared.settings.queue))
+            .unwrap_or(0);
+        tasks.push(tokio::spawn(managed::run(
+            options,
+            Arc::clone(&config),
+            shared.settings.queue,
+            events_rx,
+            applied,
+        )));
+    }
     Ok(RunningProxy {
         addr,
         shared,

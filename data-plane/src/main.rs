@@ -31,6 +31,16 @@ struct Args {
     /// Address to listen on (overrides CUSTOM_ROUTER_BIND).
     #[arg(long)]
     bind: Option<IpAddr>,
+    /// Managed mode: stream config from these control planes
+    /// (comma-separated `http://host:port`); the token is `ROUTER_TOKEN`.
+    #[arg(long, value_name = "URL[,URL...]", value_delimiter = ',', conflicts_with = "policy")]
+    control_plane: Vec<String>,
+    /// Managed mode: keep the last good config here, and start from it.
+    #[arg(long, value_name = "DIR")]
+    cache_dir: Option<PathBuf>,
+    /// Managed mode: this proxy's name (default: host name and pid).
+    #[arg(long)]
+    node_id: Option<String>,
 }
 
 fn main() -> ExitCode {
@@ -56,9 +66,35 @@ fn main() -> ExitCode {
     if let Some(b) = args.bind {
         settings.bind = b;
     }
-    let mode = match args.policy {
-        Some(policy) => Mode::Standalone { policy },
-        None => Mode::Sidecar,
+    let mode = match (args.policy, args.control_plane.is_empty()) {
+        (Some(policy), _) => Mode::Standalone { policy },
+        (None, false) => {
+            let addrs: Vec<String> = args
+                .control_plane
+                .iter()
+                .map(|a| {
+                    let a = a.trim();
+                    if a.contains("://") {
+                        a.to_string()
+                    } else {
+                        format!("http://{a}")
+                    }
+                })
+                .collect();
+            let node_id = args.node_id.unwrap_or_else(|| {
+                let host = std::fs::read_to_string("/etc/hostname")
+                    .map(|h| h.trim().to_string())
+                    .unwrap_or_else(|_| "proxy".into());
+                format!("{host}-{}", std::process::id())
+            });
+            Mode::Managed(router_proxy::managed::ManagedOptions {
+                addrs,
+                token: std::env::var("ROUTER_TOKEN").ok().filter(|t| !t.trim().is_empty()),
+                node_id,
+                cache_dir: args.cache_dir,
+            })
+        }
+        (None, true) => Mode::Sidecar,
     };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -91,6 +127,7 @@ async fn run(settings: Settings, mode: Mode) -> ExitCode {
         Mode::Sidecar => "sidecar".to_string(),
         Mode::Standalone { policy } => format!("standalone ({})", policy.display()),
         Mode::Inline(_) => "inline".to_string(),
+        Mode::Managed(m) => format!("managed ({})", m.addrs.join(",")),
     };
     tracing::info!(
         addr = %proxy.local_addr(),

@@ -254,6 +254,7 @@ impl Metrics {
             pool: pool.to_string(),
         };
         PoolCounters {
+            events: None,
             dispatched: self.dispatched.get_or_create(&l).clone(),
             evicted: self.evicted.get_or_create(&l).clone(),
             timed_out: self.timed_out.get_or_create(&l).clone(),

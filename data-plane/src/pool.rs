@@ -161,9 +161,25 @@ impl Circuit {
     }
 }
 
-/// Counters a pool increments; the HF `custom_router_requests_*_total`.
+/// A circuit transition, for the control plane (shared with the fleet).
+#[derive(Debug, Clone, PartialEq)]
+pub struct CircuitEvent {
+    /// Pool.
+    pub pool: String,
+    /// Endpoint URL.
+    pub endpoint: String,
+    /// Opened (true) or closed.
+    pub open: bool,
+    /// Until when it stays open.
+    pub until: Option<Instant>,
+}
+
+/// Counters a pool increments (the HF `custom_router_requests_*_total`),
+/// and where it reports circuit transitions.
 #[derive(Clone, Default)]
 pub struct PoolCounters {
+    /// Circuit transitions go here (managed mode); full: dropped.
+    pub events: Option<tokio::sync::mpsc::Sender<CircuitEvent>>,
     /// Leases granted.
     pub dispatched: Counter,
     /// Waiters evicted from a full queue.
@@ -294,9 +310,20 @@ struct EndpointState {
     draining: bool,
     circuit: Circuit,
     probe: Option<ProbeReading>,
+    /// Forced by the control plane: open (true) or closed, until then.
+    forced: Option<(bool, Instant)>,
 }
 
 impl EndpointState {
+    /// The circuit admits a request now, taking forced states into account.
+    fn admits(&self, now: Instant) -> bool {
+        match self.forced {
+            Some((true, until)) if now < until => false,
+            Some((false, until)) if now < until => true,
+            _ => self.circuit.admits(now),
+        }
+    }
+
     /// Fresh, healthy probe data when a probe is configured.
     fn probe_ok(&self, probe: Option<&Probe>, now: Instant) -> bool {
         let Some(p) = probe else { return true };
@@ -382,9 +409,7 @@ impl PoolRuntime {
         }
         let now = Instant::now();
         let probe = st.settings.probe;
-        let usable = |e: &&EndpointState| {
-            e.circuit.admits(now) || matches!(e.circuit, Circuit::Closed { .. })
-        };
+        let usable = |e: &&EndpointState| e.admits(now);
         let healthy = |e: &&EndpointState| usable(e) && e.probe_ok(probe.as_ref(), now);
         if !st
             .endpoints
@@ -449,6 +474,7 @@ impl PoolRuntime {
                         draining: false,
                         circuit: Circuit::Closed { failures: 0 },
                         probe: None,
+                        forced: None,
                     }
                 }
             };
@@ -712,6 +738,16 @@ impl PoolRuntime {
         if let Some(e) = st.endpoints.iter_mut().find(|e| e.id == endpoint_id) {
             let value = match sample {
                 Sample::Success(d) => {
+                    if !matches!(e.circuit, Circuit::Closed { .. }) {
+                        if let Some(tx) = &self.counters.events {
+                            let _ = tx.try_send(CircuitEvent {
+                                pool: self.name.to_string(),
+                                endpoint: e.addr.to_string(),
+                                open: false,
+                                until: None,
+                            });
+                        }
+                    }
                     e.circuit = Circuit::Closed { failures: 0 };
                     d.as_secs_f64()
                 }
@@ -731,6 +767,14 @@ impl PoolRuntime {
                     }
                     if before != CircuitState::Open && e.circuit.state(now) == CircuitState::Open {
                         tracing::warn!(pool = &*self.name, endpoint = &*e.addr, "circuit opened");
+                        if let (Some(tx), Circuit::Open { until, .. }) = (&self.counters.events, e.circuit) {
+                            let _ = tx.try_send(CircuitEvent {
+                                pool: self.name.to_string(),
+                                endpoint: e.addr.to_string(),
+                                open: true,
+                                until: Some(until),
+                            });
+                        }
                     }
                     failure_sample(d.as_secs_f64(), q.latency_threshold_s)
                 }
@@ -795,6 +839,37 @@ impl PoolRuntime {
         self.dispatch(&mut st);
     }
 
+    /// Applies the control plane's forced circuit states: `(endpoint, open,
+    /// until)`, an endpoint of `None` meaning every endpoint of the pool.
+    /// Anything not listed goes back to the local breaker.
+    pub fn set_forced(self: &Arc<Self>, forced: &[(Option<Endpoint>, bool, Instant)]) {
+        let mut st = self.lock();
+        for e in &mut st.endpoints {
+            e.forced = forced
+                .iter()
+                .filter(|(ep, _, _)| ep.as_ref().is_none_or(|x| *x == *e.endpoint))
+                .map(|(_, open, until)| (*open, *until))
+                // An open override wins over a closed one.
+                .max_by_key(|(open, until)| (*open, *until));
+        }
+        self.dispatch(&mut st);
+        if !st.queue.is_empty() {
+            // A forced-open circuit that expires frees the endpoint.
+            if let Some(at) = st.endpoints.iter().filter_map(|e| e.forced.map(|f| f.1)).min() {
+                let pool = Arc::downgrade(self);
+                if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                    rt.spawn(async move {
+                        tokio::time::sleep_until(at).await;
+                        if let Some(p) = pool.upgrade() {
+                            let mut st = p.lock();
+                            p.dispatch(&mut st);
+                        }
+                    });
+                }
+            }
+        }
+    }
+
     /// Marks the pool degraded for structured output until `until`.
     pub fn mark_structured_degraded(&self, until: Instant) {
         let mut st = self.lock();
@@ -821,7 +896,10 @@ impl PoolRuntime {
                     addr: Arc::clone(&e.addr),
                     in_flight: e.in_flight,
                     ewma_s: e.ewma,
-                    circuit: e.circuit.state(Instant::now()),
+                    circuit: match e.forced {
+                        Some((true, until)) if Instant::now() < until => CircuitState::Open,
+                        _ => e.circuit.state(Instant::now()),
+                    },
                     draining: e.draining,
                 })
                 .collect(),
@@ -853,7 +931,7 @@ impl PoolState {
                 ewma: e.ewma,
                 in_flight: e.in_flight,
                 max_concurrency,
-                available: !e.draining && e.circuit.admits(now) && e.probe_ok(probe.as_ref(), now),
+                available: !e.draining && e.admits(now) && e.probe_ok(probe.as_ref(), now),
                 preferred: match (model, &e.probe) {
                     (Some(m), Some(r)) => r.resident.iter().any(|x| x == m),
                     _ => false,
@@ -906,9 +984,7 @@ impl PoolState {
             .endpoints
             .iter()
             .filter(|e| {
-                !e.draining
-                    && e.circuit.admits(now)
-                    && e.probe_ok(self.settings.probe.as_ref(), now)
+                !e.draining && e.admits(now) && e.probe_ok(self.settings.probe.as_ref(), now)
             })
             .collect();
         let service = usable.iter().filter_map(|e| e.ewma).reduce(f64::min)?;

@@ -1,0 +1,359 @@
+//! Managed mode: config streamed from the control plane.
+//!
+//! One long-lived gRPC stream (`ProxyConfig.Stream`). The proxy says hello
+//! (node id, last applied revision); every snapshot it receives is built
+//! off to the side, validated and swapped in atomically, then ACKed; a
+//! snapshot that cannot be applied is NACKed with the error and the last
+//! good config keeps serving. Every good snapshot is written to
+//! `--cache-dir` (write, fsync, rename) and loaded at the next boot before
+//! dialling, so a proxy restarted while the control plane is down serves
+//! its last config at once. Local circuit transitions are reported on the
+//! same stream; the control plane shares open circuits with every proxy.
+//!
+//! The connection is a small state machine: connect to the next address,
+//! stream until it breaks, back off (jittered exponential, 100 ms doubling
+//! to 10 s, reset after a stream that worked), move to the next address.
+//! It never gives up: without a control plane the proxy keeps serving.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use prost::Message;
+use router_policy::document::load;
+use router_policy::{Endpoint, Policy, QueueSettings};
+use router_proto::v1 as pb;
+use router_proto::v1::proxy_config_client::ProxyConfigClient;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tokio_stream::StreamExt;
+
+use crate::config::ConfigStore;
+use crate::pool::CircuitEvent;
+
+/// Managed mode's settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ManagedOptions {
+    /// Control-plane addresses (`http://host:port`), tried in turn.
+    pub addrs: Vec<String>,
+    /// Bearer token (`ROUTER_TOKEN`).
+    pub token: Option<String>,
+    /// This proxy's name in `proxies list`.
+    pub node_id: String,
+    /// Where the last good snapshot is kept.
+    pub cache_dir: Option<PathBuf>,
+}
+
+const CACHE_FILE: &str = "snapshot.pb";
+
+/// Reads the cached snapshot, if any.
+pub fn read_cache(dir: &Path) -> Option<pb::ControlMessage> {
+    let bytes = std::fs::read(dir.join(CACHE_FILE)).ok()?;
+    pb::ControlMessage::decode(bytes.as_slice()).ok()
+}
+
+fn write_cache(dir: &Path, msg: &pb::ControlMessage) -> std::io::Result<()> {
+    use std::io::Write;
+    std::fs::create_dir_all(dir)?;
+    let tmp = dir.join(format!("{CACHE_FILE}.tmp"));
+    let mut f = std::fs::File::create(&tmp)?;
+    f.write_all(&msg.encode_to_vec())?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, dir.join(CACHE_FILE))?;
+    if let Ok(d) = std::fs::File::open(dir) {
+        let _ = d.sync_all();
+    }
+    Ok(())
+}
+
+/// A snapshot turned into what the proxy runs on.
+pub struct Decoded {
+    /// The policy (drained endpoints of the backend sets folded in).
+    pub policy: Policy,
+    /// Backend sets by pool.
+    pub backends: BTreeMap<String, Vec<Endpoint>>,
+    /// Forced circuits by pool: (endpoint or whole pool, open, until).
+    pub circuits: BTreeMap<String, Vec<(Option<Endpoint>, bool, Instant)>>,
+}
+
+fn unix_ms_to_instant(ms: i64) -> Instant {
+    let now_ms = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+    let left = ms.saturating_sub(now_ms).max(0);
+    Instant::now() + Duration::from_millis(u64::try_from(left).unwrap_or(0))
+}
+
+/// Validates a snapshot; `Err` is the NACK's text.
+pub fn decode(snapshot: &pb::Snapshot, defaults: &QueueSettings) -> Result<Decoded, String> {
+    let mut policy = load(&snapshot.policy_document, defaults).map_err(|e| e.to_string())?;
+    let mut backends = BTreeMap::new();
+    for b in &snapshot.backends {
+        let Some(pool) = policy.pools.iter_mut().find(|p| p.name == b.pool) else {
+            return Err(format!("backends for unknown pool {:?}", b.pool));
+        };
+        let mut eps = Vec::new();
+        for e in &b.endpoints {
+            eps.push(Endpoint::parse(e).map_err(|err| format!("pool {}: {e}: {err}", b.pool))?);
+        }
+        for d in &b.drained {
+            pool.drained.push(Endpoint::parse(d).map_err(|err| format!("pool {}: {d}: {err}", b.pool))?);
+        }
+        backends.insert(b.pool.clone(), eps);
+    }
+    let mut circuits: BTreeMap<String, Vec<_>> = BTreeMap::new();
+    for c in &snapshot.circuits {
+        let ep = if c.endpoint.is_empty() {
+            None
+        } else {
+            Some(Endpoint::parse(&c.endpoint).map_err(|e| format!("circuit {}: {e}", c.endpoint))?)
+        };
+        circuits
+            .entry(c.pool.clone())
+            .or_default()
+            .push((ep, c.open, unix_ms_to_instant(c.until_unix_ms)));
+    }
+    Ok(Decoded {
+        policy,
+        backends,
+        circuits,
+    })
+}
+
+/// Applies a decoded snapshot: one atomic config swap, then the forced
+/// circuits on the new pools.
+pub fn apply(store: &ConfigStore, d: Decoded, revision: u64) -> Arc<str> {
+    let version = store.apply_managed(d.policy, d.backends, revision);
+    let snapshot = store.load();
+    for (name, pool) in &snapshot.pools {
+        let forced = d.circuits.get(name).map(Vec::as_slice).unwrap_or(&[]);
+        pool.set_forced(forced);
+    }
+    version
+}
+
+/// Applies the cached snapshot at boot; returns its revision.
+pub fn apply_cache(store: &ConfigStore, dir: &Path, defaults: &QueueSettings) -> Option<u64> {
+    let msg = read_cache(dir)?;
+    let snapshot = msg.snapshot.as_ref()?;
+    match decode(snapshot, defaults) {
+        Ok(d) => {
+            let version = apply(store, d, msg.revision);
+            tracing::info!(version = &*version, "serving the cached snapshot until the control plane answers");
+            Some(msg.revision)
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "the cached snapshot is unusable");
+            None
+        }
+    }
+}
+
+/// Jittered exponential backoff.
+struct Backoff {
+    attempt: u32,
+    seed: u64,
+}
+
+impl Backoff {
+    fn next(&mut self) -> Duration {
+        let base = Duration::from_millis(100).saturating_mul(1 << self.attempt.min(7));
+        let base = base.min(Duration::from_secs(10));
+        self.attempt += 1;
+        // xorshift: jitter in [50%, 100%] of the base.
+        self.seed ^= self.seed << 13;
+        self.seed ^= self.seed >> 7;
+        self.seed ^= self.seed << 17;
+        let frac = 0.5 + (self.seed % 1000) as f64 / 2000.0;
+        base.mul_f64(frac)
+    }
+
+    fn reset(&mut self) {
+        self.attempt = 0;
+    }
+}
+
+fn unix_ms(at: Option<Instant>) -> i64 {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+    match at {
+        Some(t) => now + i64::try_from(t.saturating_duration_since(Instant::now()).as_millis()).unwrap_or(0),
+        None => now,
+    }
+}
+
+/// Streams config from the control plane forever.
+pub async fn run(
+    options: ManagedOptions,
+    store: Arc<ConfigStore>,
+    defaults: QueueSettings,
+    mut events: mpsc::Receiver<CircuitEvent>,
+    mut applied: u64,
+) {
+    let seed = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(7, |d| d.as_nanos() as u64)
+        | 1;
+    let mut backoff = Backoff { attempt: 0, seed };
+    let mut index = 0usize;
+    loop {
+        let addr = options.addrs[index % options.addrs.len().max(1)].clone();
+        index += 1;
+        match stream_once(&addr, &options, &store, &defaults, &mut events, &mut applied).await {
+            Ok(()) => backoff.reset(),
+            Err(e) => tracing::warn!(control_plane = %addr, error = %e, "control plane stream failed; serving the last good config"),
+        }
+        tokio::time::sleep(backoff.next()).await;
+    }
+}
+
+async fn stream_once(
+    addr: &str,
+    options: &ManagedOptions,
+    store: &ConfigStore,
+    defaults: &QueueSettings,
+    events: &mut mpsc::Receiver<CircuitEvent>,
+    applied: &mut u64,
+) -> Result<(), String> {
+    let endpoint = tonic::transport::Endpoint::from_shared(addr.to_string())
+        .map_err(|e| format!("bad address: {e}"))?
+        .connect_timeout(Duration::from_secs(2))
+        .http2_keep_alive_interval(Duration::from_secs(10))
+        .keep_alive_timeout(Duration::from_secs(5));
+    let channel = endpoint.connect().await.map_err(|e| format!("connect: {e}"))?;
+    let token = options.token.clone();
+    let mut client = ProxyConfigClient::with_interceptor(channel, move |mut req: tonic::Request<()>| {
+        if let Some(t) = &token {
+            if let Ok(v) = format!("Bearer {t}").parse() {
+                req.metadata_mut().insert("authorization", v);
+            }
+        }
+        Ok(req)
+    });
+    let (tx, rx) = mpsc::channel::<pb::ProxyMessage>(16);
+    let hello = pb::ProxyMessage {
+        msg: Some(pb::proxy_message::Msg::Hello(pb::Hello {
+            node_id: options.node_id.clone(),
+            last_applied_revision: *applied,
+        })),
+    };
+    tx.send(hello).await.map_err(|_| "stream closed".to_string())?;
+    let mut inbound = client
+        .stream(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .map_err(|e| format!("stream: {e}"))?
+        .into_inner();
+    tracing::info!(control_plane = %addr, "connected to the control plane");
+    loop {
+        tokio::select! {
+            msg = inbound.next() => {
+                let msg = match msg {
+                    Some(Ok(m)) => m,
+                    Some(Err(e)) => return Err(format!("stream: {e}")),
+                    None => return Ok(()),
+                };
+                let reply = handle(&msg, store, defaults, options.cache_dir.as_deref(), applied);
+                if tx.send(reply).await.is_err() {
+                    return Ok(());
+                }
+            }
+            Some(ev) = events.recv() => {
+                let report = pb::ProxyMessage {
+                    msg: Some(pb::proxy_message::Msg::Circuit(pb::CircuitReport {
+                        pool: ev.pool,
+                        endpoint: ev.endpoint,
+                        open: ev.open,
+                        until_unix_ms: unix_ms(ev.until),
+                    })),
+                };
+                if tx.send(report).await.is_err() {
+                    return Ok(());
+                }
+            }
+        }
+    }
+}
+
+fn handle(
+    msg: &pb::ControlMessage,
+    store: &ConfigStore,
+    defaults: &QueueSettings,
+    cache_dir: Option<&Path>,
+    applied: &mut u64,
+) -> pb::ProxyMessage {
+    let nack = |error: String| {
+        tracing::warn!(revision = msg.revision, %error, "NACK: keeping the last good config");
+        pb::ProxyMessage {
+            msg: Some(pb::proxy_message::Msg::Nack(pb::Nack {
+                revision: msg.revision,
+                nonce: msg.nonce.clone(),
+                error,
+            })),
+        }
+    };
+    let Some(snapshot) = msg.snapshot.as_ref() else {
+        return nack("a message without a snapshot".into());
+    };
+    if snapshot.policy_version == 0 {
+        // The control plane has no policy yet: nothing to apply.
+        return ack(msg);
+    }
+    match decode(snapshot, defaults) {
+        Ok(d) => {
+            let version = apply(store, d, msg.revision);
+            *applied = msg.revision;
+            tracing::info!(version = &*version, "applied the control plane's snapshot");
+            if let Some(dir) = cache_dir {
+                if let Err(e) = write_cache(dir, msg) {
+                    tracing::warn!(error = %e, "cannot write the snapshot cache");
+                }
+            }
+            ack(msg)
+        }
+        Err(e) => nack(e),
+    }
+}
+
+fn ack(msg: &pb::ControlMessage) -> pb::ProxyMessage {
+    pb::ProxyMessage {
+        msg: Some(pb::proxy_message::Msg::Ack(pb::Ack {
+            revision: msg.revision,
+            nonce: msg.nonce.clone(),
+        })),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_grows_with_jitter_and_caps() {
+        let mut b = Backoff { attempt: 0, seed: 42 };
+        let first = b.next();
+        assert!(first >= Duration::from_millis(50) && first <= Duration::from_millis(100));
+        for _ in 0..20 {
+            assert!(b.next() <= Duration::from_secs(10));
+        }
+        b.reset();
+        assert!(b.next() <= Duration::from_millis(100));
+    }
+
+    #[test]
+    fn a_bad_snapshot_is_refused_with_the_reason() {
+        let s = pb::Snapshot {
+            policy_version: 1,
+            policy_document: "apiVersion: router/v1\nkind: RoutingPolicy\nspec: {pools: [{name: a}], routes: [{name: r, chain: [a]}]}\n".into(),
+            backends: vec![pb::PoolBackends {
+                pool: "nope".into(),
+                endpoints: vec![],
+                drained: vec![],
+            }],
+            circuits: vec![],
+        };
+        let err = decode(&s, &QueueSettings::default()).err().unwrap();
+        assert!(err.contains("unknown pool"), "{err}");
+    }
+}

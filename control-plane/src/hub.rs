@@ -160,9 +160,15 @@ impl Hub {
     }
 
     /// Writes `next` if the revision did not move, then publishes it.
-    fn commit(&self, inner: &mut Inner, mut next: State, policy: Option<PolicyRecord>) -> Result<u64, HubError> {
+    fn commit(
+        &self,
+        inner: &mut Inner,
+        mut next: State,
+        policy: Option<PolicyRecord>,
+    ) -> Result<u64, HubError> {
         next.revision = inner.state.revision + 1;
-        self.store.commit(inner.state.revision, &next, policy.as_ref())?;
+        self.store
+            .commit(inner.state.revision, &next, policy.as_ref())?;
         inner.state = next;
         if let Some(p) = policy {
             inner.history.push(p);
@@ -174,7 +180,13 @@ impl Hub {
 
     /// Applies (or with `dry_run` only validates) a policy. Returns the
     /// version it got (or would get) and the revision.
-    pub fn apply_policy(&self, document: &str, dry_run: bool, expected_version: u64, author: &str) -> Result<(u64, u64), HubError> {
+    pub fn apply_policy(
+        &self,
+        document: &str,
+        dry_run: bool,
+        expected_version: u64,
+        author: &str,
+    ) -> Result<(u64, u64), HubError> {
         validate(document).map_err(HubError::Invalid)?;
         let mut inner = self.lock();
         let current = inner.state.policy_version;
@@ -220,11 +232,19 @@ impl Hub {
                     .filter(|p| p.version < current && p.note == "apply")
                     .map(|p| p.version)
                     .max()
-                    .or_else(|| inner.history.iter().filter(|p| p.version < current).map(|p| p.version).max())
+                    .or_else(|| {
+                        inner
+                            .history
+                            .iter()
+                            .filter(|p| p.version < current)
+                            .map(|p| p.version)
+                            .max()
+                    })
             } else {
                 Some(to_version)
             };
-            let target = target.ok_or_else(|| HubError::NotFound("no earlier version to roll back to".into()))?;
+            let target = target
+                .ok_or_else(|| HubError::NotFound("no earlier version to roll back to".into()))?;
             inner
                 .history
                 .iter()
@@ -252,7 +272,11 @@ impl Hub {
     /// A policy version (0: current).
     pub fn policy(&self, version: u64) -> Option<PolicyRecord> {
         let inner = self.lock();
-        let v = if version == 0 { inner.state.policy_version } else { version };
+        let v = if version == 0 {
+            inner.state.policy_version
+        } else {
+            version
+        };
         inner.history.iter().find(|p| p.version == v).cloned()
     }
 
@@ -267,7 +291,12 @@ impl Hub {
     }
 
     /// Replaces a pool's backend set.
-    pub fn set_backends(&self, pool: &str, endpoints: Vec<String>, drained: Vec<String>) -> Result<u64, HubError> {
+    pub fn set_backends(
+        &self,
+        pool: &str,
+        endpoints: Vec<String>,
+        drained: Vec<String>,
+    ) -> Result<u64, HubError> {
         let mut errors = Vec::new();
         for (i, e) in endpoints.iter().enumerate() {
             if let Err(err) = Endpoint::parse(e) {
@@ -295,7 +324,11 @@ impl Hub {
             return Err(HubError::Invalid(errors));
         }
         let mut inner = self.lock();
-        if let Some(p) = inner.history.iter().find(|p| p.version == inner.state.policy_version) {
+        if let Some(p) = inner
+            .history
+            .iter()
+            .find(|p| p.version == inner.state.policy_version)
+        {
             if let Ok(policy) = load(&p.document, &QueueSettings::default()) {
                 if policy.pool(pool).is_none() {
                     return Err(HubError::Invalid(vec![FieldError {
@@ -306,20 +339,20 @@ impl Hub {
             }
         }
         let mut next = inner.state.clone();
-        next.backends.insert(pool.to_string(), BackendSet { endpoints, drained });
+        next.backends
+            .insert(pool.to_string(), BackendSet { endpoints, drained });
         self.commit(&mut inner, next, None)
     }
 
     /// Drains (or undrains) one endpoint of a pool's backend set.
     pub fn drain(&self, pool: &str, endpoint: &str) -> Result<u64, HubError> {
-        let current = self
-            .state()
-            .backends
-            .get(pool)
-            .cloned()
-            .ok_or_else(|| HubError::NotFound(format!("no backend set for pool {pool:?} (set it first)")))?;
+        let current = self.state().backends.get(pool).cloned().ok_or_else(|| {
+            HubError::NotFound(format!("no backend set for pool {pool:?} (set it first)"))
+        })?;
         if !current.endpoints.iter().any(|e| e == endpoint) {
-            return Err(HubError::NotFound(format!("{endpoint} is not a backend of {pool}")));
+            return Err(HubError::NotFound(format!(
+                "{endpoint} is not a backend of {pool}"
+            )));
         }
         let mut drained = current.drained.clone();
         if !drained.iter().any(|d| d == endpoint) {
@@ -330,12 +363,27 @@ impl Hub {
 
     /// Forces a circuit open (or closed) for a while; `open: false` with no
     /// duration clears overrides of that target.
-    pub fn set_circuit(&self, pool: &str, endpoint: &str, open: bool, for_secs: u64, source: &str) -> Result<u64, HubError> {
+    pub fn set_circuit(
+        &self,
+        pool: &str,
+        endpoint: &str,
+        open: bool,
+        for_secs: u64,
+        source: &str,
+    ) -> Result<u64, HubError> {
         let mut inner = self.lock();
         let mut next = inner.state.clone();
-        next.circuits.retain(|c| !(c.pool == pool && c.endpoint == endpoint && (c.source == source || source == "operator")));
+        next.circuits.retain(|c| {
+            !(c.pool == pool
+                && c.endpoint == endpoint
+                && (c.source == source || source == "operator"))
+        });
         if open || for_secs > 0 {
-            let secs = if for_secs == 0 { 300 } else { for_secs.min(86_400) };
+            let secs = if for_secs == 0 {
+                300
+            } else {
+                for_secs.min(86_400)
+            };
             next.circuits.push(CircuitRecord {
                 pool: pool.to_string(),
                 endpoint: endpoint.to_string(),
@@ -355,8 +403,9 @@ impl Hub {
     pub fn report_circuit(&self, node: &str, report: &pb::CircuitReport) -> Result<u64, HubError> {
         let mut inner = self.lock();
         let mut next = inner.state.clone();
-        next.circuits
-            .retain(|c| !(c.pool == report.pool && c.endpoint == report.endpoint && c.source == node));
+        next.circuits.retain(|c| {
+            !(c.pool == report.pool && c.endpoint == report.endpoint && c.source == node)
+        });
         if report.open && report.until_unix_ms > now_ms() {
             next.circuits.push(CircuitRecord {
                 pool: report.pool.clone(),
@@ -400,12 +449,13 @@ impl Hub {
 
     /// Explains a situation against the current policy.
     pub fn explain(&self, situation_json: &str) -> Result<String, HubError> {
-        let situation: router_policy::decide::Situation = serde_json::from_str(situation_json).map_err(|e| {
-            HubError::Invalid(vec![FieldError {
-                field: "situation".into(),
-                reason: e.to_string(),
-            }])
-        })?;
+        let situation: router_policy::decide::Situation = serde_json::from_str(situation_json)
+            .map_err(|e| {
+                HubError::Invalid(vec![FieldError {
+                    field: "situation".into(),
+                    reason: e.to_string(),
+                }])
+            })?;
         let record = self
             .policy(0)
             .ok_or_else(|| HubError::NotFound("no policy applied yet".into()))?;

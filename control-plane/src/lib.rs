@@ -68,8 +68,20 @@ impl RunningControlPlane {
         &self.hub
     }
 
-    /// Stops serving (streams are cut).
-    pub fn shutdown(self) {}
+    /// Stops serving: streams are cut, and the store is closed once every
+    /// task let go of it (bounded wait), so it can be opened again.
+    pub async fn shutdown(mut self) {
+        for t in self.tasks.drain(..) {
+            t.abort();
+            let _ = t.await;
+        }
+        for _ in 0..200 {
+            if Arc::strong_count(&self.hub) == 1 {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    }
 }
 
 impl Drop for RunningControlPlane {
@@ -87,7 +99,9 @@ pub async fn start(options: ControlPlaneOptions) -> Result<RunningControlPlane, 
     let listener = TcpListener::bind(options.listen)
         .await
         .map_err(|e| StartError::Bind(options.listen, e))?;
-    let addr = listener.local_addr().map_err(|e| StartError::Bind(options.listen, e))?;
+    let addr = listener
+        .local_addr()
+        .map_err(|e| StartError::Bind(options.listen, e))?;
     let check = auth(options.token.clone());
     let (health_reporter, health) = tonic_health::server::health_reporter();
     health_reporter
@@ -96,11 +110,15 @@ pub async fn start(options: ControlPlaneOptions) -> Result<RunningControlPlane, 
     let server = tonic::transport::Server::builder()
         .add_service(health)
         .add_service(AdminServer::with_interceptor(
-            AdminService { hub: Arc::clone(&hub) },
+            AdminService {
+                hub: Arc::downgrade(&hub),
+            },
             check.clone(),
         ))
         .add_service(ProxyConfigServer::with_interceptor(
-            ProxyConfigService { hub: Arc::clone(&hub) },
+            ProxyConfigService {
+                hub: Arc::downgrade(&hub),
+            },
             check,
         ))
         .serve_with_incoming(TcpListenerStream::new(listener));

@@ -40,16 +40,25 @@ fn main() -> ExitCode {
         Some(path) => match std::fs::read_to_string(path) {
             Ok(t) if !t.trim().is_empty() => Some(t.trim().to_string()),
             Ok(_) => {
-                eprintln!("router-control-plane: --token-file {} is empty", path.display());
+                eprintln!(
+                    "router-control-plane: --token-file {} is empty",
+                    path.display()
+                );
                 return ExitCode::from(2);
             }
             Err(e) => {
-                eprintln!("router-control-plane: cannot read --token-file {}: {e}", path.display());
+                eprintln!(
+                    "router-control-plane: cannot read --token-file {}: {e}",
+                    path.display()
+                );
                 return ExitCode::from(2);
             }
         },
     };
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(r) => r,
         Err(e) => {
             eprintln!("router-control-plane: {e}");

@@ -5,7 +5,7 @@
 //! of both services, comparing in constant time.
 
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use router_proto::v1 as pb;
@@ -27,7 +27,9 @@ fn status(e: HubError) -> Status {
         HubError::Invalid(_) => Status::invalid_argument(e.to_string()),
         HubError::Conflict { .. } => Status::aborted(e.to_string()),
         HubError::NotFound(_) => Status::not_found(e.to_string()),
-        HubError::Store(crate::store::StoreError::Conflict { .. }) => Status::aborted(e.to_string()),
+        HubError::Store(crate::store::StoreError::Conflict { .. }) => {
+            Status::aborted(e.to_string())
+        }
         HubError::Store(_) => Status::unavailable(e.to_string()),
     }
 }
@@ -62,10 +64,17 @@ pub fn auth(token: Option<String>) -> impl Fn(Request<()>) -> Result<Request<()>
     }
 }
 
-/// The admin service.
+/// The admin service. Services hold the hub weakly: the running control
+/// plane owns it, so stopping it closes the store even while clients are
+/// still connected (their calls then fail as unavailable).
 pub struct AdminService {
     /// Shared state.
-    pub hub: Arc<Hub>,
+    pub hub: Weak<Hub>,
+}
+
+fn upgrade(hub: &Weak<Hub>) -> Result<Arc<Hub>, Status> {
+    hub.upgrade()
+        .ok_or_else(|| Status::unavailable("the control plane is shutting down"))
 }
 
 fn policy_version(p: crate::store::PolicyRecord) -> pb::PolicyVersion {
@@ -80,9 +89,17 @@ fn policy_version(p: crate::store::PolicyRecord) -> pb::PolicyVersion {
 
 #[tonic::async_trait]
 impl Admin for AdminService {
-    async fn apply_policy(&self, req: Request<pb::ApplyPolicyRequest>) -> Result<Response<pb::ApplyPolicyResponse>, Status> {
+    async fn apply_policy(
+        &self,
+        req: Request<pb::ApplyPolicyRequest>,
+    ) -> Result<Response<pb::ApplyPolicyResponse>, Status> {
         let r = req.into_inner();
-        match self.hub.apply_policy(&r.document, r.dry_run, r.expected_version, &r.author) {
+        match upgrade(&self.hub)?.apply_policy(
+            &r.document,
+            r.dry_run,
+            r.expected_version,
+            &r.author,
+        ) {
             Ok((version, revision)) => Ok(Response::new(pb::ApplyPolicyResponse {
                 version,
                 applied: !r.dry_run,
@@ -99,23 +116,44 @@ impl Admin for AdminService {
         }
     }
 
-    async fn get_policy(&self, req: Request<pb::GetPolicyRequest>) -> Result<Response<pb::PolicyVersion>, Status> {
+    async fn get_policy(
+        &self,
+        req: Request<pb::GetPolicyRequest>,
+    ) -> Result<Response<pb::PolicyVersion>, Status> {
         let v = req.into_inner().version;
-        self.hub
+        upgrade(&self.hub)?
             .policy(v)
             .map(|p| Response::new(policy_version(p)))
-            .ok_or_else(|| Status::not_found(if v == 0 { "no policy applied yet".to_string() } else { format!("no policy version {v}") }))
+            .ok_or_else(|| {
+                Status::not_found(if v == 0 {
+                    "no policy applied yet".to_string()
+                } else {
+                    format!("no policy version {v}")
+                })
+            })
     }
 
-    async fn history(&self, _req: Request<pb::HistoryRequest>) -> Result<Response<pb::HistoryResponse>, Status> {
+    async fn history(
+        &self,
+        _req: Request<pb::HistoryRequest>,
+    ) -> Result<Response<pb::HistoryResponse>, Status> {
         Ok(Response::new(pb::HistoryResponse {
-            versions: self.hub.history().into_iter().map(policy_version).collect(),
+            versions: upgrade(&self.hub)?
+                .history()
+                .into_iter()
+                .map(policy_version)
+                .collect(),
         }))
     }
 
-    async fn rollback(&self, req: Request<pb::RollbackRequest>) -> Result<Response<pb::ApplyPolicyResponse>, Status> {
+    async fn rollback(
+        &self,
+        req: Request<pb::RollbackRequest>,
+    ) -> Result<Response<pb::ApplyPolicyResponse>, Status> {
         let r = req.into_inner();
-        let (version, revision) = self.hub.rollback(r.to_version, r.expected_version).map_err(status)?;
+        let (version, revision) = upgrade(&self.hub)?
+            .rollback(r.to_version, r.expected_version)
+            .map_err(status)?;
         Ok(Response::new(pb::ApplyPolicyResponse {
             version,
             applied: true,
@@ -124,17 +162,24 @@ impl Admin for AdminService {
         }))
     }
 
-    async fn validate(&self, req: Request<pb::ValidateRequest>) -> Result<Response<pb::ValidateResponse>, Status> {
-        let errors = crate::hub::validate(&req.into_inner().document).err().unwrap_or_default();
+    async fn validate(
+        &self,
+        req: Request<pb::ValidateRequest>,
+    ) -> Result<Response<pb::ValidateResponse>, Status> {
+        let errors = crate::hub::validate(&req.into_inner().document)
+            .err()
+            .unwrap_or_default();
         Ok(Response::new(pb::ValidateResponse {
             errors: field_errors(errors),
         }))
     }
 
-    async fn list_backends(&self, _req: Request<pb::ListBackendsRequest>) -> Result<Response<pb::ListBackendsResponse>, Status> {
+    async fn list_backends(
+        &self,
+        _req: Request<pb::ListBackendsRequest>,
+    ) -> Result<Response<pb::ListBackendsResponse>, Status> {
         Ok(Response::new(pb::ListBackendsResponse {
-            pools: self
-                .hub
+            pools: upgrade(&self.hub)?
                 .state()
                 .backends
                 .into_iter()
@@ -147,17 +192,24 @@ impl Admin for AdminService {
         }))
     }
 
-    async fn set_backends(&self, req: Request<pb::SetBackendsRequest>) -> Result<Response<pb::ChangeResponse>, Status> {
+    async fn set_backends(
+        &self,
+        req: Request<pb::SetBackendsRequest>,
+    ) -> Result<Response<pb::ChangeResponse>, Status> {
         let r = req.into_inner();
-        let revision = self.hub.set_backends(&r.pool, r.endpoints, r.drained).map_err(status)?;
+        let revision = upgrade(&self.hub)?
+            .set_backends(&r.pool, r.endpoints, r.drained)
+            .map_err(status)?;
         Ok(Response::new(pb::ChangeResponse { revision }))
     }
 
-    async fn list_circuits(&self, _req: Request<pb::ListCircuitsRequest>) -> Result<Response<pb::ListCircuitsResponse>, Status> {
+    async fn list_circuits(
+        &self,
+        _req: Request<pb::ListCircuitsRequest>,
+    ) -> Result<Response<pb::ListCircuitsResponse>, Status> {
         let now = crate::hub::now_ms();
         Ok(Response::new(pb::ListCircuitsResponse {
-            circuits: self
-                .hub
+            circuits: upgrade(&self.hub)?
                 .state()
                 .circuits
                 .into_iter()
@@ -173,19 +225,23 @@ impl Admin for AdminService {
         }))
     }
 
-    async fn set_circuit(&self, req: Request<pb::SetCircuitRequest>) -> Result<Response<pb::ChangeResponse>, Status> {
+    async fn set_circuit(
+        &self,
+        req: Request<pb::SetCircuitRequest>,
+    ) -> Result<Response<pb::ChangeResponse>, Status> {
         let r = req.into_inner();
-        let revision = self
-            .hub
+        let revision = upgrade(&self.hub)?
             .set_circuit(&r.pool, &r.endpoint, r.open, r.for_seconds, "operator")
             .map_err(status)?;
         Ok(Response::new(pb::ChangeResponse { revision }))
     }
 
-    async fn list_proxies(&self, _req: Request<pb::ListProxiesRequest>) -> Result<Response<pb::ListProxiesResponse>, Status> {
+    async fn list_proxies(
+        &self,
+        _req: Request<pb::ListProxiesRequest>,
+    ) -> Result<Response<pb::ListProxiesResponse>, Status> {
         Ok(Response::new(pb::ListProxiesResponse {
-            proxies: self
-                .hub
+            proxies: upgrade(&self.hub)?
                 .proxies()
                 .into_iter()
                 .map(|(node_id, p)| pb::ProxyStatus {
@@ -200,8 +256,13 @@ impl Admin for AdminService {
         }))
     }
 
-    async fn explain(&self, req: Request<pb::ExplainRequest>) -> Result<Response<pb::ExplainResponse>, Status> {
-        let explanation_json = self.hub.explain(&req.into_inner().situation_json).map_err(status)?;
+    async fn explain(
+        &self,
+        req: Request<pb::ExplainRequest>,
+    ) -> Result<Response<pb::ExplainResponse>, Status> {
+        let explanation_json = upgrade(&self.hub)?
+            .explain(&req.into_inner().situation_json)
+            .map_err(status)?;
         Ok(Response::new(pb::ExplainResponse { explanation_json }))
     }
 }
@@ -209,7 +270,7 @@ impl Admin for AdminService {
 /// The proxies' config stream.
 pub struct ProxyConfigService {
     /// Shared state.
-    pub hub: Arc<Hub>,
+    pub hub: Weak<Hub>,
 }
 
 type ControlStream = Pin<Box<dyn Stream<Item = Result<pb::ControlMessage, Status>> + Send>>;
@@ -218,13 +279,20 @@ type ControlStream = Pin<Box<dyn Stream<Item = Result<pb::ControlMessage, Status
 impl ProxyConfig for ProxyConfigService {
     type StreamStream = ControlStream;
 
-    async fn stream(&self, req: Request<Streaming<pb::ProxyMessage>>) -> Result<Response<ControlStream>, Status> {
+    async fn stream(
+        &self,
+        req: Request<Streaming<pb::ProxyMessage>>,
+    ) -> Result<Response<ControlStream>, Status> {
         let mut inbound = req.into_inner();
         let hello = match tokio::time::timeout(HELLO_TIMEOUT, inbound.next()).await {
             Ok(Some(Ok(pb::ProxyMessage {
                 msg: Some(pb::proxy_message::Msg::Hello(h)),
             }))) => h,
-            Ok(_) => return Err(Status::invalid_argument("the first message must be a hello")),
+            Ok(_) => {
+                return Err(Status::invalid_argument(
+                    "the first message must be a hello",
+                ))
+            }
             Err(_) => return Err(Status::deadline_exceeded("no hello")),
         };
         let node = if hello.node_id.is_empty() {
@@ -233,7 +301,7 @@ impl ProxyConfig for ProxyConfigService {
             hello.node_id.clone()
         };
         tracing::info!(node = %node, last_applied = hello.last_applied_revision, "proxy connected");
-        self.hub.proxy_seen(&node, |p| {
+        upgrade(&self.hub)?.proxy_seen(&node, |p| {
             p.connected = true;
             p.applied_revision = hello.last_applied_revision;
         });
@@ -241,8 +309,10 @@ impl ProxyConfig for ProxyConfigService {
         // a slow proxy only ever needs the latest snapshot, which `watch`
         // keeps for it.
         let (tx, rx) = mpsc::channel::<Result<pb::ControlMessage, Status>>(4);
-        let mut updates = self.hub.subscribe();
-        let hub = Arc::clone(&self.hub);
+        let mut updates = upgrade(&self.hub)?.subscribe();
+        // The stream's tasks hold the hub weakly: a stopped control plane
+        // lets go of its store even while proxies are still connected.
+        let hub = self.hub.clone();
         let out_node = node.clone();
         tokio::spawn(async move {
             loop {
@@ -259,11 +329,13 @@ impl ProxyConfig for ProxyConfigService {
             tracing::debug!(node = %out_node, "stream writer ended");
         });
         // Inbound: ACKs, NACKs, circuit and load reports.
-        let hub = Arc::clone(&hub);
         tokio::spawn(async move {
             while let Some(Ok(m)) = inbound.next().await {
+                let Some(hub) = hub.upgrade() else { break };
                 match m.msg {
-                    Some(pb::proxy_message::Msg::Ack(a)) => hub.proxy_seen(&node, |p| p.applied_revision = a.revision),
+                    Some(pb::proxy_message::Msg::Ack(a)) => {
+                        hub.proxy_seen(&node, |p| p.applied_revision = a.revision)
+                    }
                     Some(pb::proxy_message::Msg::Nack(n)) => {
                         tracing::warn!(node = %node, revision = n.revision, error = %n.error, "proxy NACKed a snapshot");
                         hub.proxy_seen(&node, |p| {
@@ -277,12 +349,16 @@ impl ProxyConfig for ProxyConfigService {
                             tracing::warn!(node = %node, error = %e, "circuit report not stored");
                         }
                     }
-                    Some(pb::proxy_message::Msg::Load(_)) | Some(pb::proxy_message::Msg::Hello(_)) | None => {
+                    Some(pb::proxy_message::Msg::Load(_))
+                    | Some(pb::proxy_message::Msg::Hello(_))
+                    | None => {
                         hub.proxy_seen(&node, |_| {});
                     }
                 }
             }
-            hub.proxy_seen(&node, |p| p.connected = false);
+            if let Some(hub) = hub.upgrade() {
+                hub.proxy_seen(&node, |p| p.connected = false);
+            }
             tracing::info!(node = %node, "proxy disconnected");
         });
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))

@@ -97,7 +97,12 @@ pub trait Store: Send + Sync {
     fn load(&self) -> Result<(State, Vec<PolicyRecord>), StoreError>;
     /// Writes `state` (and a new policy version) if the stored revision is
     /// still `expected_revision`.
-    fn commit(&self, expected_revision: u64, state: &State, policy: Option<&PolicyRecord>) -> Result<(), StoreError>;
+    fn commit(
+        &self,
+        expected_revision: u64,
+        state: &State,
+        policy: Option<&PolicyRecord>,
+    ) -> Result<(), StoreError>;
 }
 
 /// The embedded single-file store.
@@ -137,12 +142,21 @@ impl Store for RedbStore {
         Ok((state, history))
     }
 
-    fn commit(&self, expected_revision: u64, state: &State, policy: Option<&PolicyRecord>) -> Result<(), StoreError> {
+    fn commit(
+        &self,
+        expected_revision: u64,
+        state: &State,
+        policy: Option<&PolicyRecord>,
+    ) -> Result<(), StoreError> {
         let tx = self.db.begin_write().map_err(backend)?;
         {
             let mut meta = tx.open_table(META).map_err(backend)?;
             let actual = match meta.get(STATE_KEY).map_err(backend)? {
-                Some(v) => serde_json::from_slice::<State>(v.value()).map_err(backend)?.revision,
+                Some(v) => {
+                    serde_json::from_slice::<State>(v.value())
+                        .map_err(backend)?
+                        .revision
+                }
                 None => 0,
             };
             if actual != expected_revision {
@@ -156,7 +170,9 @@ impl Store for RedbStore {
             if let Some(p) = policy {
                 let mut policies = tx.open_table(POLICIES).map_err(backend)?;
                 let bytes = serde_json::to_vec(p).map_err(backend)?;
-                policies.insert(p.version, bytes.as_slice()).map_err(backend)?;
+                policies
+                    .insert(p.version, bytes.as_slice())
+                    .map_err(backend)?;
             }
         }
         tx.commit().map_err(backend)?;
@@ -193,7 +209,10 @@ mod tests {
             // A writer that read revision 0 loses.
             assert!(matches!(
                 store.commit(0, &next, None),
-                Err(StoreError::Conflict { expected: 0, actual: 1 })
+                Err(StoreError::Conflict {
+                    expected: 0,
+                    actual: 1
+                })
             ));
         }
         let store = RedbStore::open(&dir).unwrap();

@@ -154,7 +154,13 @@ impl ConfigStore {
             changes: 0,
             named_version: None,
         };
-        let snapshot = build(&mut source, &HashMap::new(), &metrics, client.as_ref(), events.as_ref());
+        let snapshot = build(
+            &mut source,
+            &HashMap::new(),
+            &metrics,
+            client.as_ref(),
+            events.as_ref(),
+        );
         metrics.config_change(Some(&snapshot.version));
         Self {
             current: ArcSwap::from_pointee(snapshot),
@@ -183,7 +189,12 @@ impl ConfigStore {
 
     /// Applies a whole snapshot from the control plane: the policy, every
     /// backend set it streams (replacing local ones), named by its revision.
-    pub fn apply_managed(&self, policy: Policy, backends: BTreeMap<String, Vec<Endpoint>>, revision: u64) -> Arc<str> {
+    pub fn apply_managed(
+        &self,
+        policy: Policy,
+        backends: BTreeMap<String, Vec<Endpoint>>,
+        revision: u64,
+    ) -> Arc<str> {
         self.change(|src| {
             src.policy = policy;
             src.overrides = backends;
@@ -221,7 +232,13 @@ impl ConfigStore {
         let mut src = self.source.lock().unwrap_or_else(|e| e.into_inner());
         edit(&mut src)?;
         let old = self.current.load_full();
-        let next = build(&mut src, &old.pools, &self.metrics, self.client.as_ref(), self.events.as_ref());
+        let next = build(
+            &mut src,
+            &old.pools,
+            &self.metrics,
+            self.client.as_ref(),
+            self.events.as_ref(),
+        );
         for (name, pool) in &old.pools {
             if !next.pools.contains_key(name) {
                 pool.close();
@@ -270,7 +287,7 @@ fn build(
                 let mut counters = metrics.pool_counters(&p.name);
                 counters.events = events.cloned();
                 PoolRuntime::new(&p.name, settings, &p.endpoints, counters)
-            },
+            }
         };
         runtime.ensure_probe(probe, client);
         pools.insert(p.name.clone(), runtime);

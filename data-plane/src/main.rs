@@ -33,7 +33,12 @@ struct Args {
     bind: Option<IpAddr>,
     /// Managed mode: stream config from these control planes
     /// (comma-separated `http://host:port`); the token is `ROUTER_TOKEN`.
-    #[arg(long, value_name = "URL[,URL...]", value_delimiter = ',', conflicts_with = "policy")]
+    #[arg(
+        long,
+        value_name = "URL[,URL...]",
+        value_delimiter = ',',
+        conflicts_with = "policy"
+    )]
     control_plane: Vec<String>,
     /// Managed mode: keep the last good config here, and start from it.
     #[arg(long, value_name = "DIR")]
@@ -89,7 +94,9 @@ fn main() -> ExitCode {
             });
             Mode::Managed(router_proxy::managed::ManagedOptions {
                 addrs,
-                token: std::env::var("ROUTER_TOKEN").ok().filter(|t| !t.trim().is_empty()),
+                token: std::env::var("ROUTER_TOKEN")
+                    .ok()
+                    .filter(|t| !t.trim().is_empty()),
                 node_id,
                 cache_dir: args.cache_dir,
             })

@@ -98,7 +98,8 @@ pub fn decode(snapshot: &pb::Snapshot, defaults: &QueueSettings) -> Result<Decod
             eps.push(Endpoint::parse(e).map_err(|err| format!("pool {}: {e}: {err}", b.pool))?);
         }
         for d in &b.drained {
-            pool.drained.push(Endpoint::parse(d).map_err(|err| format!("pool {}: {d}: {err}", b.pool))?);
+            pool.drained
+                .push(Endpoint::parse(d).map_err(|err| format!("pool {}: {d}: {err}", b.pool))?);
         }
         backends.insert(b.pool.clone(), eps);
     }
@@ -109,10 +110,11 @@ pub fn decode(snapshot: &pb::Snapshot, defaults: &QueueSettings) -> Result<Decod
         } else {
             Some(Endpoint::parse(&c.endpoint).map_err(|e| format!("circuit {}: {e}", c.endpoint))?)
         };
-        circuits
-            .entry(c.pool.clone())
-            .or_default()
-            .push((ep, c.open, unix_ms_to_instant(c.until_unix_ms)));
+        circuits.entry(c.pool.clone()).or_default().push((
+            ep,
+            c.open,
+            unix_ms_to_instant(c.until_unix_ms),
+        ));
     }
     Ok(Decoded {
         policy,
@@ -140,7 +142,10 @@ pub fn apply_cache(store: &ConfigStore, dir: &Path, defaults: &QueueSettings) ->
     match decode(snapshot, defaults) {
         Ok(d) => {
             let version = apply(store, d, msg.revision);
-            tracing::info!(version = &*version, "serving the cached snapshot until the control plane answers");
+            tracing::info!(
+                version = &*version,
+                "serving the cached snapshot until the control plane answers"
+            );
             Some(msg.revision)
         }
         Err(e) => {
@@ -179,7 +184,10 @@ fn unix_ms(at: Option<Instant>) -> i64 {
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
     match at {
-        Some(t) => now + i64::try_from(t.saturating_duration_since(Instant::now()).as_millis()).unwrap_or(0),
+        Some(t) => {
+            now + i64::try_from(t.saturating_duration_since(Instant::now()).as_millis())
+                .unwrap_or(0)
+        }
         None => now,
     }
 }
@@ -201,9 +209,20 @@ pub async fn run(
     loop {
         let addr = options.addrs[index % options.addrs.len().max(1)].clone();
         index += 1;
-        match stream_once(&addr, &options, &store, &defaults, &mut events, &mut applied).await {
+        match stream_once(
+            &addr,
+            &options,
+            &store,
+            &defaults,
+            &mut events,
+            &mut applied,
+        )
+        .await
+        {
             Ok(()) => backoff.reset(),
-            Err(e) => tracing::warn!(control_plane = %addr, error = %e, "control plane stream failed; serving the last good config"),
+            Err(e) => {
+                tracing::warn!(control_plane = %addr, error = %e, "control plane stream failed; serving the last good config")
+            }
         }
         tokio::time::sleep(backoff.next()).await;
     }
@@ -222,16 +241,20 @@ async fn stream_once(
         .connect_timeout(Duration::from_secs(2))
         .http2_keep_alive_interval(Duration::from_secs(10))
         .keep_alive_timeout(Duration::from_secs(5));
-    let channel = endpoint.connect().await.map_err(|e| format!("connect: {e}"))?;
+    let channel = endpoint
+        .connect()
+        .await
+        .map_err(|e| format!("connect: {e}"))?;
     let token = options.token.clone();
-    let mut client = ProxyConfigClient::with_interceptor(channel, move |mut req: tonic::Request<()>| {
-        if let Some(t) = &token {
-            if let Ok(v) = format!("Bearer {t}").parse() {
-                req.metadata_mut().insert("authorization", v);
+    let mut client =
+        ProxyConfigClient::with_interceptor(channel, move |mut req: tonic::Request<()>| {
+            if let Some(t) = &token {
+                if let Ok(v) = format!("Bearer {t}").parse() {
+                    req.metadata_mut().insert("authorization", v);
+                }
             }
-        }
-        Ok(req)
-    });
+            Ok(req)
+        });
     let (tx, rx) = mpsc::channel::<pb::ProxyMessage>(16);
     let hello = pb::ProxyMessage {
         msg: Some(pb::proxy_message::Msg::Hello(pb::Hello {
@@ -239,7 +262,9 @@ async fn stream_once(
             last_applied_revision: *applied,
         })),
     };
-    tx.send(hello).await.map_err(|_| "stream closed".to_string())?;
+    tx.send(hello)
+        .await
+        .map_err(|_| "stream closed".to_string())?;
     let mut inbound = client
         .stream(tokio_stream::wrappers::ReceiverStream::new(rx))
         .await
@@ -331,7 +356,10 @@ mod tests {
 
     #[test]
     fn backoff_grows_with_jitter_and_caps() {
-        let mut b = Backoff { attempt: 0, seed: 42 };
+        let mut b = Backoff {
+            attempt: 0,
+            seed: 42,
+        };
         let first = b.next();
         assert!(first >= Duration::from_millis(50) && first <= Duration::from_millis(100));
         for _ in 0..20 {

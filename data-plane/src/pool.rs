@@ -767,7 +767,9 @@ impl PoolRuntime {
                     }
                     if before != CircuitState::Open && e.circuit.state(now) == CircuitState::Open {
                         tracing::warn!(pool = &*self.name, endpoint = &*e.addr, "circuit opened");
-                        if let (Some(tx), Circuit::Open { until, .. }) = (&self.counters.events, e.circuit) {
+                        if let (Some(tx), Circuit::Open { until, .. }) =
+                            (&self.counters.events, e.circuit)
+                        {
                             let _ = tx.try_send(CircuitEvent {
                                 pool: self.name.to_string(),
                                 endpoint: e.addr.to_string(),
@@ -855,7 +857,12 @@ impl PoolRuntime {
         self.dispatch(&mut st);
         if !st.queue.is_empty() {
             // A forced-open circuit that expires frees the endpoint.
-            if let Some(at) = st.endpoints.iter().filter_map(|e| e.forced.map(|f| f.1)).min() {
+            if let Some(at) = st
+                .endpoints
+                .iter()
+                .filter_map(|e| e.forced.map(|f| f.1))
+                .min()
+            {
                 let pool = Arc::downgrade(self);
                 if let Ok(rt) = tokio::runtime::Handle::try_current() {
                     rt.spawn(async move {

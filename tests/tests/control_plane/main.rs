@@ -1,0 +1,413 @@
+//! The control plane with managed proxies, all in-process on 127.0.0.1:
+//! apply reaches every proxy; invalid policies, NACKs, conflicts and
+//! missing tokens; the control plane going away and coming back; circuits
+//! shared across the fleet.
+
+#![allow(clippy::unwrap_used)]
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use http::StatusCode;
+use router_control_plane::{start, ControlPlaneOptions, RunningControlPlane};
+use router_proto::v1 as pb;
+use router_proto::v1::admin_client::AdminClient;
+use router_proxy::managed::ManagedOptions;
+use router_proxy::{Mode, Settings};
+use router_tests::harness::TestProxy;
+use router_tests::mock::{Behavior, MockConfig, MockModel, MOCK_NAME_HEADER};
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::Channel;
+
+const TOKEN: &str = "cp-test-token";
+
+fn temp(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("router-cp-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+async fn control_plane(dir: &Path, listen: SocketAddr) -> RunningControlPlane {
+    start(ControlPlaneOptions {
+        listen,
+        data_dir: dir.to_path_buf(),
+        token: Some(TOKEN.into()),
+    })
+    .await
+    .unwrap()
+}
+
+type Admin = AdminClient<
+    InterceptedService<
+        Channel,
+        Box<dyn FnMut(tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> + Send>,
+    >,
+>;
+
+async fn admin(addr: SocketAddr, token: Option<&'static str>) -> Admin {
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let f: AddToken = Box::new(move |mut req: tonic::Request<()>| {
+        if let Some(t) = token {
+            req.metadata_mut()
+                .insert("authorization", format!("Bearer {t}").parse().unwrap());
+        }
+        Ok(req)
+    });
+    AdminClient::with_interceptor(channel, f)
+}
+
+async fn managed_proxy(cp: SocketAddr, node: &str, cache: Option<PathBuf>) -> TestProxy {
+    TestProxy::start(
+        Settings::default(),
+        Mode::Managed(ManagedOptions {
+            addrs: vec![format!("http://{cp}")],
+            token: Some(TOKEN.into()),
+            node_id: node.into(),
+            cache_dir: cache,
+        }),
+    )
+    .await
+}
+
+fn policy(primary: &str, fallback: &str) -> String {
+    format!(
+        r#"apiVersion: router/v1
+kind: RoutingPolicy
+spec:
+  circuit_breaker: {{consecutive_errors: 2, open_duration_s: 30}}
+  pools:
+    - name: primary
+      endpoints: ["{primary}"]
+    - name: fallback
+      endpoints: ["{fallback}"]
+  routes:
+    - name: default
+      chain: [primary, fallback]
+"#
+    )
+}
+
+async fn version_of(p: &TestProxy) -> String {
+    p.health().await["config_version"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+async fn wait_version(p: &TestProxy, want: &str) {
+    for _ in 0..300 {
+        if version_of(p).await == want {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("proxy stuck at {}, wanted {want}", version_of(p).await);
+}
+
+async fn mock(name: &str, behavior: Behavior) -> MockModel {
+    MockModel::start(MockConfig {
+        name: name.into(),
+        behavior,
+        ..MockConfig::default()
+    })
+    .await
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apply_reaches_every_proxy_and_bad_changes_do_not() {
+    let a = mock("a", Behavior::Json).await;
+    let b = mock("b", Behavior::Json).await;
+    let dir = temp("apply");
+    let cp = control_plane(&dir, "127.0.0.1:0".parse().unwrap()).await;
+    let addr = cp.local_addr();
+    let mut admin = admin(addr, Some(TOKEN)).await;
+    let proxies = [
+        managed_proxy(addr, "p1", None).await,
+        managed_proxy(addr, "p2", None).await,
+        managed_proxy(addr, "p3", None).await,
+    ];
+
+    let r = admin
+        .apply_policy(pb::ApplyPolicyRequest {
+            document: policy(&a.url(), &b.url()),
+            dry_run: false,
+            expected_version: 0,
+            author: "test".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(r.applied && r.errors.is_empty(), "{r:?}");
+    assert_eq!(r.version, 1);
+    let v1 = format!("cp-{}", r.revision);
+    for p in &proxies {
+        wait_version(p, &v1).await;
+        let resp = p.chat("m").await;
+        assert_eq!(resp.status, StatusCode::OK);
+        assert_eq!(resp.header("x-router-config-version"), Some(v1.as_str()));
+    }
+    // Every proxy ACKed.
+    let mut listed = Vec::new();
+    for _ in 0..100 {
+        listed = admin
+            .list_proxies(pb::ListProxiesRequest {})
+            .await
+            .unwrap()
+            .into_inner()
+            .proxies;
+        if listed.len() == 3 && listed.iter().all(|p| p.applied_revision == r.revision) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(listed.len(), 3);
+    assert!(
+        listed
+            .iter()
+            .all(|p| p.connected && p.applied_revision == r.revision),
+        "{listed:?}"
+    );
+
+    // An invalid policy is refused at apply with its field errors; nothing moves.
+    let bad = admin
+        .apply_policy(pb::ApplyPolicyRequest {
+            document: policy(&a.url(), &b.url())
+                .replace("chain: [primary, fallback]", "chain: [primary, nowhere]"),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(!bad.applied);
+    assert_eq!(bad.errors[0].field, "spec.routes[0].chain[1]");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    for p in &proxies {
+        assert_eq!(version_of(p).await, v1);
+    }
+
+    // A stale expected version is a conflict.
+    let stale = admin
+        .apply_policy(pb::ApplyPolicyRequest {
+            document: policy(&a.url(), &b.url()),
+            expected_version: 7,
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(stale.code(), tonic::Code::Aborted, "{stale}");
+
+    // A snapshot the proxies cannot apply (backends for a pool the next
+    // policy drops): they NACK and keep serving the last good config.
+    admin
+        .set_backends(pb::SetBackendsRequest {
+            pool: "fallback".into(),
+            endpoints: vec![b.url()],
+            drained: vec![],
+        })
+        .await
+        .unwrap();
+    for p in &proxies {
+        wait_version(p, &format!("cp-{}", r.revision + 1)).await;
+    }
+    let good_version = version_of(&proxies[0]).await;
+    let only_primary = format!(
+        "apiVersion: router/v1\nkind: RoutingPolicy\nspec:\n  pools: [{{name: primary, endpoints: [\"{}\"]}}]\n  routes: [{{name: default, chain: [primary]}}]\n",
+        a.url()
+    );
+    let applied = admin
+        .apply_policy(pb::ApplyPolicyRequest {
+            document: only_primary,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(applied.applied);
+    let mut nacked = Vec::new();
+    for _ in 0..200 {
+        nacked = admin
+            .list_proxies(pb::ListProxiesRequest {})
+            .await
+            .unwrap()
+            .into_inner()
+            .proxies;
+        if nacked.iter().all(|p| p.nacked_revision == applied.revision) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    for p in &nacked {
+        assert_eq!(p.nacked_revision, applied.revision, "{nacked:?}");
+        assert!(p.last_nack.contains("unknown pool"), "{}", p.last_nack);
+    }
+    for p in &proxies {
+        assert_eq!(version_of(p).await, good_version);
+        assert_eq!(p.chat("m").await.status, StatusCode::OK);
+    }
+    drop(cp);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_without_the_token_are_refused() {
+    let dir = temp("auth");
+    let cp = control_plane(&dir, "127.0.0.1:0".parse().unwrap()).await;
+    let mut anonymous = admin(cp.local_addr(), None).await;
+    let err = anonymous.history(pb::HistoryRequest {}).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::Unauthenticated);
+    let mut wrong = admin(cp.local_addr(), Some("nope")).await;
+    let err = wrong
+        .list_proxies(pb::ListProxiesRequest {})
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::Unauthenticated);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proxies_outlive_the_control_plane_which_keeps_its_history() {
+    let a = mock("a", Behavior::Json).await;
+    let b = mock("b", Behavior::Json).await;
+    let dir = temp("restart");
+    let cache = temp("restart-cache");
+    let cp = control_plane(&dir, "127.0.0.1:0".parse().unwrap()).await;
+    let addr = cp.local_addr();
+    let mut admin1 = admin(addr, Some(TOKEN)).await;
+    let doc1 = policy(&a.url(), &b.url());
+    let doc2 = doc1.replace("chain: [primary, fallback]", "chain: [fallback, primary]");
+    for doc in [&doc1, &doc2] {
+        admin1
+            .apply_policy(pb::ApplyPolicyRequest {
+                document: doc.clone(),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+    }
+    let proxy = managed_proxy(addr, "survivor", Some(cache.clone())).await;
+    wait_version(&proxy, "cp-2").await;
+    assert_eq!(proxy.chat("m").await.header(MOCK_NAME_HEADER), Some("b"));
+
+    // The control plane goes away: no request fails.
+    drop(admin1);
+    cp.shutdown().await;
+    for _ in 0..50 {
+        assert_eq!(proxy.chat("m").await.status, StatusCode::OK);
+    }
+    // A proxy started while it is down serves from its disk cache.
+    let restarted = managed_proxy(addr, "restarted", Some(cache.clone())).await;
+    assert_eq!(version_of(&restarted).await, "cp-2");
+    assert_eq!(
+        restarted.chat("m").await.header(MOCK_NAME_HEADER),
+        Some("b")
+    );
+
+    // The control plane comes back on the same address with its history;
+    // a rollback reaches the proxies that reconnect.
+    let cp = control_plane(&dir, addr).await;
+    let mut admin2 = admin(addr, Some(TOKEN)).await;
+    let history = admin2
+        .history(pb::HistoryRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .versions;
+    assert_eq!(
+        history.iter().map(|v| v.version).collect::<Vec<_>>(),
+        vec![1, 2]
+    );
+    let rb = admin2
+        .rollback(pb::RollbackRequest {
+            to_version: 1,
+            expected_version: 2,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(rb.version, 3);
+    let current = admin2
+        .get_policy(pb::GetPolicyRequest { version: 0 })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(current.document, doc1);
+    assert_eq!(current.note, "rollback to 1");
+    for p in [&proxy, &restarted] {
+        wait_version(p, &format!("cp-{}", rb.revision)).await;
+        assert_eq!(p.chat("m").await.header(MOCK_NAME_HEADER), Some("a"));
+    }
+    drop(cp);
+    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(&cache);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_circuit_reported_by_one_proxy_stops_the_others() {
+    let dead = mock("dead", Behavior::Status(500)).await;
+    let ok = mock("ok", Behavior::Json).await;
+    let dir = temp("circuits");
+    let cp = control_plane(&dir, "127.0.0.1:0".parse().unwrap()).await;
+    let addr = cp.local_addr();
+    let mut admin = admin(addr, Some(TOKEN)).await;
+    admin
+        .apply_policy(pb::ApplyPolicyRequest {
+            document: policy(&dead.url(), &ok.url()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let p1 = managed_proxy(addr, "p1", None).await;
+    let p2 = managed_proxy(addr, "p2", None).await;
+    wait_version(&p1, "cp-1").await;
+    wait_version(&p2, "cp-1").await;
+    // p1 sees two failures: its circuit opens and it tells the fleet.
+    for _ in 0..2 {
+        assert_eq!(p1.chat("m").await.header(MOCK_NAME_HEADER), Some("ok"));
+    }
+    assert_eq!(dead.stats().received, 2);
+    let mut circuits = Vec::new();
+    for _ in 0..200 {
+        circuits = admin
+            .list_circuits(pb::ListCircuitsRequest {})
+            .await
+            .unwrap()
+            .into_inner()
+            .circuits;
+        if !circuits.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(circuits.len(), 1, "{circuits:?}");
+    assert_eq!(circuits[0].source, "p1");
+    assert_eq!(circuits[0].endpoint, dead.url());
+    wait_version(&p2, "cp-2").await;
+    // p2 never sends to the dead endpoint.
+    for _ in 0..5 {
+        let r = p2.chat("m").await;
+        assert_eq!(r.header(MOCK_NAME_HEADER), Some("ok"));
+        assert_eq!(r.header("x-router-attempts"), Some("1"));
+    }
+    assert_eq!(dead.stats().received, 2);
+    assert_eq!(p2.health().await["backends"][0]["circuit"], "open");
+    // An operator closes it again.
+    admin
+        .set_circuit(pb::SetCircuitRequest {
+            pool: "primary".into(),
+            endpoint: dead.url(),
+            open: false,
+            for_seconds: 0,
+        })
+        .await
+        .unwrap();
+    wait_version(&p2, "cp-3").await;
+    assert_eq!(p2.health().await["backends"][0]["circuit"], "closed");
+    drop(cp);
+    let _ = std::fs::remove_dir_all(&dir);
+}

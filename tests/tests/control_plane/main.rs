@@ -38,12 +38,9 @@ async fn control_plane(dir: &Path, listen: SocketAddr) -> RunningControlPlane {
     .unwrap()
 }
 
-type Admin = AdminClient<
-    InterceptedService<
-        Channel,
-        Box<dyn FnMut(tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> + Send>,
-    >,
->;
+type AddToken =
+    Box<dyn FnMut(tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> + Send>;
+type Admin = AdminClient<InterceptedService<Channel, AddToken>>;
 
 async fn admin(addr: SocketAddr, token: Option<&'static str>) -> Admin {
     let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))

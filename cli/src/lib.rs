@@ -3,11 +3,16 @@
 //! - [`drill`]: the fallback drill (`routerctl drill`);
 //! - [`mock`]: mock OpenAI-compatible model endpoints (`routerctl mock`,
 //!   and the drill's and the tests' backends);
-//! - [`policy_cmd`]: `routerctl policy validate`, `routerctl route explain`.
+//! - [`policy_cmd`]: `routerctl policy validate`, `routerctl route explain`;
+//! - [`admin_cmd`]: the control plane's commands (`policy apply|get|diff|
+//!   history|rollback`, `backends`, `circuits`, `proxies`);
+//! - [`up`]: `routerctl up`, control plane and proxy in one process.
 
 #![forbid(unsafe_code)]
 
+pub mod admin_cmd;
 pub mod drill;
 pub mod mock;
 pub mod mock_cmd;
 pub mod policy_cmd;
+pub mod up;

@@ -7,20 +7,38 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
+use routerctl::admin_cmd;
 use routerctl::drill::{self, DrillConfig, Scenario};
 use routerctl::mock_cmd::{self, MockArgs};
 use routerctl::policy_cmd::{self, Output};
+use routerctl::up::{self, UpArgs};
 
 /// The LLM router's command line.
 #[derive(Parser, Debug)]
 #[command(name = "routerctl", version, about)]
 struct Cli {
+    /// The control plane (`http://host:port`).
+    #[arg(
+        long,
+        global = true,
+        env = "ROUTERCTL_SERVER",
+        default_value = "http://127.0.0.1:50051"
+    )]
+    server: String,
+    /// Bearer token for the control plane.
+    #[arg(long, global = true, env = "ROUTER_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    /// Output: table | json | yaml.
+    #[arg(short = 'o', long = "output", global = true, value_enum, default_value_t = Output::Table)]
+    output: Output,
     #[command(subcommand)]
     command: Command,
 }
 
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// Run the control plane (embedded store) and one proxy in this process.
+    Up(UpArgs),
     /// Replay the fallback drill and print a verdict per scenario.
     Drill(DrillArgs),
     /// Run a mock OpenAI-compatible model endpoint until Ctrl-C.
@@ -28,6 +46,15 @@ enum Command {
     /// Policy documents.
     #[command(subcommand)]
     Policy(PolicyCommand),
+    /// Backend sets.
+    #[command(subcommand)]
+    Backends(BackendsCommand),
+    /// Circuit overrides.
+    #[command(subcommand)]
+    Circuits(CircuitsCommand),
+    /// Connected proxies.
+    #[command(subcommand)]
+    Proxies(ProxiesCommand),
     /// Routes.
     #[command(subcommand)]
     Route(RouteCommand),
@@ -40,28 +67,104 @@ enum PolicyCommand {
         /// The policy file (YAML or JSON).
         #[arg(short = 'f', long = "file")]
         file: PathBuf,
-        /// table | json
-        #[arg(short = 'o', long = "output", value_enum, default_value_t = Output::Table)]
-        output: Output,
     },
+    /// Validate and apply a policy on the control plane.
+    Apply {
+        /// The policy file.
+        #[arg(short = 'f', long = "file")]
+        file: PathBuf,
+        /// Only validate on the control plane.
+        #[arg(long)]
+        dry_run: bool,
+        /// Refuse unless this is the current version (compare-and-swap).
+        #[arg(long, default_value_t = 0)]
+        expected_version: u64,
+    },
+    /// Print the current (or a given) version.
+    Get {
+        /// Version (default: current).
+        #[arg(long, default_value_t = 0)]
+        version: u64,
+    },
+    /// Compare a file with the applied policy: exit 0 same, 1 different.
+    Diff {
+        /// The policy file.
+        #[arg(short = 'f', long = "file")]
+        file: PathBuf,
+    },
+    /// Every applied version.
+    History,
+    /// Make an earlier version current again.
+    Rollback {
+        /// Version to go back to (default: the one before).
+        #[arg(long, default_value_t = 0)]
+        to: u64,
+        /// Refuse unless this is the current version.
+        #[arg(long, default_value_t = 0)]
+        expected_version: u64,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum BackendsCommand {
+    /// Backend sets by pool.
+    List,
+    /// Replace a pool's endpoints.
+    Set {
+        /// Pool.
+        pool: String,
+        /// Endpoints (`host:port` or URLs).
+        #[arg(required = true)]
+        addrs: Vec<String>,
+    },
+    /// Drain one endpoint: no new requests, in-flight ones finish.
+    Drain {
+        /// Pool.
+        pool: String,
+        /// Endpoint.
+        addr: String,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum CircuitsCommand {
+    /// Overrides in force (operators' and proxies' reports).
+    List,
+    /// Force a circuit open (the whole pool without ADDR).
+    Open {
+        /// Pool.
+        pool: String,
+        /// Endpoint.
+        addr: Option<String>,
+        /// How long (e.g. 30s, 10m); default 5m.
+        #[arg(long = "for", value_parser = humantime::parse_duration)]
+        duration: Option<Duration>,
+    },
+    /// Clear overrides (or force closed for a while with --for).
+    Close {
+        /// Pool.
+        pool: String,
+        /// Endpoint.
+        addr: Option<String>,
+        /// Force closed for this long.
+        #[arg(long = "for", value_parser = humantime::parse_duration)]
+        duration: Option<Duration>,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum ProxiesCommand {
+    /// Each proxy: revision applied, ACK/NACK, last seen.
+    List,
 }
 
 #[derive(Subcommand, Debug)]
 enum RouteCommand {
     /// Where would this situation (JSON on stdin) go, and why?
     Explain {
-        /// Decide offline with this policy file instead of asking a router.
+        /// Decide offline with this policy file instead of asking the control plane.
         #[arg(short = 'f', long = "file")]
         file: Option<PathBuf>,
-        /// The router to ask.
-        #[arg(long, env = "ROUTERCTL_SERVER")]
-        server: Option<String>,
-        /// Bearer token for the router's admin calls.
-        #[arg(long, env = "ROUTER_TOKEN", hide_env_values = true)]
-        token: Option<String>,
-        /// table | json | yaml
-        #[arg(short = 'o', long = "output", value_enum, default_value_t = Output::Table)]
-        output: Output,
     },
 }
 
@@ -128,24 +231,124 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match cli.command {
-        Command::Mock(args) => runtime.block_on(mock_cmd::run(args)),
-        Command::Drill(args) => runtime.block_on(run_drill(args)),
-        Command::Policy(PolicyCommand::Validate { file, output }) => {
-            policy_cmd::validate(&file, output)
+    runtime.block_on(run(cli))
+}
+
+async fn run(cli: Cli) -> ExitCode {
+    let Cli {
+        server,
+        token,
+        output,
+        command,
+    } = cli;
+    let connect = || async {
+        admin_cmd::connect(&server, token.clone())
+            .await
+            .map_err(|e| {
+                eprintln!("routerctl: {e}");
+                ExitCode::FAILURE
+            })
+    };
+    match command {
+        Command::Up(args) => {
+            init_logs();
+            up::run(args).await
         }
-        Command::Route(RouteCommand::Explain {
-            file,
-            server,
-            token,
-            output,
-        }) => runtime.block_on(policy_cmd::explain_cmd(
-            file.as_deref(),
-            server.as_deref(),
-            token.as_deref(),
-            output,
-        )),
+        Command::Mock(args) => mock_cmd::run(args).await,
+        Command::Drill(args) => run_drill(args).await,
+        Command::Policy(PolicyCommand::Validate { file }) => policy_cmd::validate(&file, output),
+        Command::Route(RouteCommand::Explain { file: Some(file) }) => {
+            policy_cmd::explain_cmd(Some(&file), output).await
+        }
+        Command::Route(RouteCommand::Explain { file: None }) => {
+            let mut input = String::new();
+            if let Err(e) = std::io::Read::read_to_string(&mut std::io::stdin(), &mut input) {
+                eprintln!("routerctl: cannot read the situation from stdin: {e}");
+                return ExitCode::from(2);
+            }
+            let mut admin = match connect().await {
+                Ok(a) => a,
+                Err(code) => return code,
+            };
+            match admin_cmd::explain(&mut admin, input).await {
+                Ok(json) => policy_cmd::print_explanation_json(&json, output),
+                Err(e) => {
+                    eprintln!("routerctl: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        other => {
+            let mut admin = match connect().await {
+                Ok(a) => a,
+                Err(code) => return code,
+            };
+            match other {
+                Command::Policy(PolicyCommand::Apply {
+                    file,
+                    dry_run,
+                    expected_version,
+                }) => admin_cmd::apply(&mut admin, &file, dry_run, expected_version, output).await,
+                Command::Policy(PolicyCommand::Get { version }) => {
+                    admin_cmd::get(&mut admin, version, output).await
+                }
+                Command::Policy(PolicyCommand::Diff { file }) => {
+                    admin_cmd::diff(&mut admin, &file).await
+                }
+                Command::Policy(PolicyCommand::History) => {
+                    admin_cmd::history(&mut admin, output).await
+                }
+                Command::Policy(PolicyCommand::Rollback {
+                    to,
+                    expected_version,
+                }) => admin_cmd::rollback(&mut admin, to, expected_version).await,
+                Command::Backends(BackendsCommand::List) => {
+                    admin_cmd::backends_list(&mut admin, output).await
+                }
+                Command::Backends(BackendsCommand::Set { pool, addrs }) => {
+                    admin_cmd::backends_set(&mut admin, &pool, addrs).await
+                }
+                Command::Backends(BackendsCommand::Drain { pool, addr }) => {
+                    admin_cmd::backends_drain(&mut admin, &pool, &addr).await
+                }
+                Command::Circuits(CircuitsCommand::List) => {
+                    admin_cmd::circuits_list(&mut admin, output).await
+                }
+                Command::Circuits(CircuitsCommand::Open {
+                    pool,
+                    addr,
+                    duration,
+                }) => {
+                    let secs = duration.map_or(0, |d| d.as_secs().max(1));
+                    admin_cmd::circuits_set(&mut admin, &pool, addr.as_deref(), true, secs).await
+                }
+                Command::Circuits(CircuitsCommand::Close {
+                    pool,
+                    addr,
+                    duration,
+                }) => {
+                    let secs = duration.map_or(0, |d| d.as_secs().max(1));
+                    admin_cmd::circuits_set(&mut admin, &pool, addr.as_deref(), false, secs).await
+                }
+                Command::Proxies(ProxiesCommand::List) => {
+                    admin_cmd::proxies_list(&mut admin, output).await
+                }
+                _ => ExitCode::from(2),
+            }
+        }
     }
+}
+
+fn init_logs() {
+    use std::io::IsTerminal;
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .init();
 }
 
 async fn run_drill(args: DrillArgs) -> ExitCode {

@@ -4,11 +4,6 @@ use std::io::Read;
 use std::path::Path;
 use std::process::ExitCode;
 
-use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
 use router_policy::decide::{explain, Explanation, Situation};
 use router_policy::document::PolicyDocument;
 use router_policy::{Policy, QueueSettings};
@@ -86,9 +81,8 @@ pub fn validate(path: &Path, output: Output) -> ExitCode {
 
 fn print_explanation(e: &Explanation, output: Output) {
     match output {
-        Output::Json | Output::Yaml => {
-            println!("{}", serde_json::to_string_pretty(e).unwrap_or_default());
-        }
+        Output::Json => println!("{}", serde_json::to_string_pretty(e).unwrap_or_default()),
+        Output::Yaml => print!("{}", serde_yaml_ng::to_string(e).unwrap_or_default()),
         Output::Table => {
             println!("pool:              {}", e.pool.as_deref().unwrap_or("-"));
             println!("model:             {}", e.model.as_deref().unwrap_or("-"));
@@ -105,14 +99,8 @@ fn print_explanation(e: &Explanation, output: Output) {
     }
 }
 
-/// `routerctl route explain [-f POLICY] < situation.json`: offline with a
-/// policy file, else asks the router at `server`.
-pub async fn explain_cmd(
-    policy: Option<&Path>,
-    server: Option<&str>,
-    token: Option<&str>,
-    output: Output,
-) -> ExitCode {
+/// `routerctl route explain -f POLICY < situation.json`: offline.
+pub async fn explain_cmd(policy: Option<&Path>, output: Output) -> ExitCode {
     let mut input = String::new();
     if let Err(e) = std::io::stdin().read_to_string(&mut input) {
         eprintln!("routerctl: cannot read the situation from stdin: {e}");
@@ -125,74 +113,52 @@ pub async fn explain_cmd(
             return ExitCode::from(2);
         }
     };
-    if let Some(path) = policy {
-        let policy = match read_policy(path) {
-            Ok(p) => p,
-            Err(e) => {
-                eprint!("routerctl: {e}");
-                return ExitCode::from(1);
-            }
-        };
-        print_explanation(&explain(&policy, &situation), output);
-        return ExitCode::SUCCESS;
-    }
-    let Some(server) = server else {
-        eprintln!(
-            "routerctl: give -f POLICY, or --server URL (or ROUTERCTL_SERVER) of a running router"
-        );
+    let Some(path) = policy else {
+        eprintln!("routerctl: give -f POLICY");
         return ExitCode::from(2);
     };
-    let url = format!("{}/_custom_router/explain", server.trim_end_matches('/'));
-    let mut req = http::Request::post(&url).header("content-type", "application/json");
-    if let Some(t) = token {
-        req = req.header("authorization", format!("Bearer {t}"));
-    }
-    let req = match req.body(Full::new(Bytes::from(input))) {
-        Ok(r) => r,
+    let policy = match read_policy(path) {
+        Ok(p) => p,
         Err(e) => {
-            eprintln!("routerctl: bad server URL {url}: {e}");
-            return ExitCode::from(2);
+            eprint!("routerctl: {e}");
+            return ExitCode::from(1);
         }
     };
-    let client: Client<HttpConnector, Full<Bytes>> =
-        Client::builder(TokioExecutor::new()).build(HttpConnector::new());
-    let resp = match client.request(req).await {
-        Ok(r) => r,
+    print_explanation(&explain(&policy, &situation), output);
+    ExitCode::SUCCESS
+}
+
+/// Prints an explanation that came back from the control plane as JSON.
+pub fn print_explanation_json(json: &str, output: Output) -> ExitCode {
+    let v: serde_json::Value = match serde_json::from_str(json) {
+        Ok(v) => v,
         Err(e) => {
-            eprintln!("routerctl: cannot reach {url}: {e}");
+            eprintln!("routerctl: unexpected answer: {e}");
             return ExitCode::FAILURE;
         }
     };
-    let status = resp.status();
-    let body = resp
-        .into_body()
-        .collect()
-        .await
-        .map(|b| b.to_bytes())
-        .unwrap_or_default();
-    if status == http::StatusCode::UNAUTHORIZED {
-        eprintln!("routerctl: the router refused the token (set ROUTER_TOKEN)");
-        return ExitCode::FAILURE;
-    }
-    if !status.is_success() {
-        eprintln!("routerctl: {status}: {}", String::from_utf8_lossy(&body));
-        return ExitCode::FAILURE;
-    }
     match output {
-        Output::Table => match serde_json::from_slice::<serde_json::Value>(&body) {
-            Ok(v) => {
-                println!("pool:              {}", v["pool"].as_str().unwrap_or("-"));
-                println!("model:             {}", v["model"].as_str().unwrap_or("-"));
-                println!(
-                    "provider:          {}",
-                    v["provider"].as_str().unwrap_or("-")
-                );
-                println!("requires_approval: {}", v["requires_approval"]);
-                println!("reason:            {}", v["reason"].as_str().unwrap_or(""));
+        Output::Json => println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default()),
+        Output::Yaml => print!("{}", serde_yaml_ng::to_string(&v).unwrap_or_default()),
+        Output::Table => {
+            println!("pool:              {}", v["pool"].as_str().unwrap_or("-"));
+            println!("model:             {}", v["model"].as_str().unwrap_or("-"));
+            println!(
+                "provider:          {}",
+                v["provider"].as_str().unwrap_or("-")
+            );
+            println!("requires_approval: {}", v["requires_approval"]);
+            println!("reason:            {}", v["reason"].as_str().unwrap_or(""));
+            if let Some(skipped) = v["skipped"].as_array() {
+                for s in skipped {
+                    println!(
+                        "skipped:           {}: {}",
+                        s["pool"].as_str().unwrap_or(""),
+                        s["why"].as_str().unwrap_or("")
+                    );
+                }
             }
-            Err(_) => println!("{}", String::from_utf8_lossy(&body)),
-        },
-        _ => println!("{}", String::from_utf8_lossy(&body)),
+        }
     }
     ExitCode::SUCCESS
 }

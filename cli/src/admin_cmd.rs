@@ -1,0 +1,493 @@
+//! `routerctl` commands that talk to the control plane over gRPC.
+//!
+//! `--server` (or `ROUTERCTL_SERVER`, default `http://127.0.0.1:50051`)
+//! and the token `ROUTER_TOKEN`. Tables by default, `-o json|yaml`.
+//! Exit codes as kubectl: 0 done, 1 refused or failed (with the reason),
+//! and `policy diff` 0 when the same, 1 when different.
+
+use std::path::Path;
+use std::process::ExitCode;
+
+use router_proto::v1 as pb;
+use router_proto::v1::admin_client::AdminClient;
+use serde_json::{json, Value};
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::Channel;
+
+use crate::policy_cmd::Output;
+
+/// Adds the bearer token to every call.
+#[derive(Clone)]
+pub struct Token(Option<String>);
+
+impl tonic::service::Interceptor for Token {
+    fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        if let Some(t) = &self.0 {
+            if let Ok(v) = format!("Bearer {t}").parse() {
+                req.metadata_mut().insert("authorization", v);
+            }
+        }
+        Ok(req)
+    }
+}
+
+/// An admin client.
+pub type Admin = AdminClient<InterceptedService<Channel, Token>>;
+
+/// Connects to the control plane.
+pub async fn connect(server: &str, token: Option<String>) -> Result<Admin, String> {
+    let url = if server.contains("://") {
+        server.to_string()
+    } else {
+        format!("http://{server}")
+    };
+    let channel = tonic::transport::Endpoint::from_shared(url.clone())
+        .map_err(|e| format!("bad --server {url}: {e}"))?
+        .connect_timeout(std::time::Duration::from_secs(3))
+        .connect()
+        .await
+        .map_err(|e| format!("cannot reach the control plane at {url}: {e}"))?;
+    Ok(AdminClient::with_interceptor(channel, Token(token)))
+}
+
+/// A gRPC error as a person reads it.
+pub fn explain_status(s: &tonic::Status) -> String {
+    match s.code() {
+        tonic::Code::Unauthenticated => {
+            "the control plane refused the token (set ROUTER_TOKEN)".into()
+        }
+        tonic::Code::Aborted => format!(
+            "conflict: {} (get the current version and try again)",
+            s.message()
+        ),
+        tonic::Code::Unavailable => format!("the control plane is unavailable: {}", s.message()),
+        _ => format!("{:?}: {}", s.code(), s.message()),
+    }
+}
+
+fn fail(msg: impl std::fmt::Display) -> ExitCode {
+    eprintln!("routerctl: {msg}");
+    ExitCode::FAILURE
+}
+
+fn print_value(v: &Value, output: Output) {
+    match output {
+        Output::Json => println!("{}", serde_json::to_string_pretty(v).unwrap_or_default()),
+        Output::Yaml => print!("{}", serde_yaml_ng::to_string(v).unwrap_or_default()),
+        Output::Table => println!("{v}"),
+    }
+}
+
+fn when(ms: i64) -> String {
+    if ms <= 0 {
+        return "-".into();
+    }
+    let t =
+        std::time::UNIX_EPOCH + std::time::Duration::from_millis(u64::try_from(ms).unwrap_or(0));
+    humantime::format_rfc3339_seconds(t).to_string()
+}
+
+fn print_errors(errors: &[pb::FieldError]) {
+    for e in errors {
+        eprintln!("  {}: {}", e.field, e.reason);
+    }
+}
+
+/// `policy apply -f FILE [--dry-run] [--expected-version N]`.
+pub async fn apply(
+    admin: &mut Admin,
+    file: &Path,
+    dry_run: bool,
+    expected_version: u64,
+    output: Output,
+) -> ExitCode {
+    let document = match std::fs::read_to_string(file) {
+        Ok(d) => d,
+        Err(e) => return fail(format!("cannot read {}: {e}", file.display())),
+    };
+    let author = std::env::var("USER").unwrap_or_else(|_| "routerctl".into());
+    let r = match admin
+        .apply_policy(pb::ApplyPolicyRequest {
+            document,
+            dry_run,
+            expected_version,
+            author,
+        })
+        .await
+    {
+        Ok(r) => r.into_inner(),
+        Err(s) => return fail(explain_status(&s)),
+    };
+    if !r.errors.is_empty() {
+        eprintln!(
+            "routerctl: {}: refused ({} errors)",
+            file.display(),
+            r.errors.len()
+        );
+        print_errors(&r.errors);
+        return ExitCode::FAILURE;
+    }
+    match output {
+        Output::Table if dry_run => println!(
+            "{}: valid; would become version {}",
+            file.display(),
+            r.version
+        ),
+        Output::Table => println!(
+            "applied: policy version {} (revision {})",
+            r.version, r.revision
+        ),
+        _ => print_value(
+            &json!({"version": r.version, "revision": r.revision, "applied": r.applied}),
+            output,
+        ),
+    }
+    ExitCode::SUCCESS
+}
+
+/// `policy get [--version N]`.
+pub async fn get(admin: &mut Admin, version: u64, output: Output) -> ExitCode {
+    match admin.get_policy(pb::GetPolicyRequest { version }).await {
+        Ok(r) => {
+            let p = r.into_inner();
+            match output {
+                Output::Table => {
+                    println!(
+                        "# version {} applied {} by {} ({})",
+                        p.version,
+                        when(p.applied_at_unix_ms),
+                        p.author,
+                        p.note
+                    );
+                    print!("{}", p.document);
+                }
+                _ => print_value(
+                    &json!({"version": p.version, "applied_at": when(p.applied_at_unix_ms), "author": p.author, "note": p.note, "document": p.document}),
+                    output,
+                ),
+            }
+            ExitCode::SUCCESS
+        }
+        Err(s) => fail(explain_status(&s)),
+    }
+}
+
+/// A line diff (longest common subsequence), `-`/`+` prefixed.
+pub fn line_diff(old: &str, new: &str) -> Vec<String> {
+    let a: Vec<&str> = old.lines().collect();
+    let b: Vec<&str> = new.lines().collect();
+    let (n, m) = (a.len(), b.len());
+    let mut lcs = vec![vec![0u32; m + 1]; n + 1];
+    for i in (0..n).rev() {
+        for j in (0..m).rev() {
+            lcs[i][j] = if a[i] == b[j] {
+                lcs[i + 1][j + 1] + 1
+            } else {
+                lcs[i + 1][j].max(lcs[i][j + 1])
+            };
+        }
+    }
+    let (mut i, mut j, mut out) = (0, 0, Vec::new());
+    while i < n && j < m {
+        if a[i] == b[j] {
+            i += 1;
+            j += 1;
+        } else if lcs[i + 1][j] >= lcs[i][j + 1] {
+            out.push(format!("-{}", a[i]));
+            i += 1;
+        } else {
+            out.push(format!("+{}", b[j]));
+            j += 1;
+        }
+    }
+    out.extend(a[i..].iter().map(|l| format!("-{l}")));
+    out.extend(b[j..].iter().map(|l| format!("+{l}")));
+    out
+}
+
+/// `policy diff -f FILE`: 0 when the file is what is applied, 1 otherwise.
+pub async fn diff(admin: &mut Admin, file: &Path) -> ExitCode {
+    let local = match std::fs::read_to_string(file) {
+        Ok(d) => d,
+        Err(e) => return fail(format!("cannot read {}: {e}", file.display())),
+    };
+    let current = match admin.get_policy(pb::GetPolicyRequest { version: 0 }).await {
+        Ok(r) => r.into_inner().document,
+        Err(s) if s.code() == tonic::Code::NotFound => String::new(),
+        Err(s) => return fail(explain_status(&s)),
+    };
+    let same_meaning = matches!(
+        (
+            router_policy::document::PolicyDocument::parse(&local),
+            router_policy::document::PolicyDocument::parse(&current)
+        ),
+        (Ok(a), Ok(b)) if a == b
+    );
+    if same_meaning {
+        return ExitCode::SUCCESS;
+    }
+    for l in line_diff(&current, &local) {
+        println!("{l}");
+    }
+    ExitCode::FAILURE
+}
+
+/// `policy history`.
+pub async fn history(admin: &mut Admin, output: Output) -> ExitCode {
+    let versions = match admin.history(pb::HistoryRequest {}).await {
+        Ok(r) => r.into_inner().versions,
+        Err(s) => return fail(explain_status(&s)),
+    };
+    match output {
+        Output::Table => {
+            println!("{:<8} {:<21} {:<16} NOTE", "VERSION", "APPLIED", "AUTHOR");
+            for v in &versions {
+                println!("{:<8} {:<21} {:<16} {}", v.version, when(v.applied_at_unix_ms), v.author, v.note);
+            }
+        }
+        _ => print_value(
+            &Value::Array(
+                versions
+                    .iter()
+                    .map(|v| json!({"version": v.version, "applied_at": when(v.applied_at_unix_ms), "author": v.author, "note": v.note}))
+                    .collect(),
+            ),
+            output,
+        ),
+    }
+    ExitCode::SUCCESS
+}
+
+/// `policy rollback [--to N]`.
+pub async fn rollback(admin: &mut Admin, to: u64, expected_version: u64) -> ExitCode {
+    match admin
+        .rollback(pb::RollbackRequest {
+            to_version: to,
+            expected_version,
+        })
+        .await
+    {
+        Ok(r) => {
+            let r = r.into_inner();
+            println!(
+                "rolled back: policy version {} (revision {})",
+                r.version, r.revision
+            );
+            ExitCode::SUCCESS
+        }
+        Err(s) => fail(explain_status(&s)),
+    }
+}
+
+/// `backends list`.
+pub async fn backends_list(admin: &mut Admin, output: Output) -> ExitCode {
+    let pools = match admin.list_backends(pb::ListBackendsRequest {}).await {
+        Ok(r) => r.into_inner().pools,
+        Err(s) => return fail(explain_status(&s)),
+    };
+    match output {
+        Output::Table => {
+            println!("{:<20} {:<40} STATE", "POOL", "ENDPOINT");
+            for p in &pools {
+                for e in &p.endpoints {
+                    let state = if p.drained.contains(e) {
+                        "draining"
+                    } else {
+                        "active"
+                    };
+                    println!("{:<20} {:<40} {state}", p.pool, e);
+                }
+            }
+        }
+        _ => print_value(
+            &Value::Array(
+                pools
+                    .iter()
+                    .map(
+                        |p| json!({"pool": p.pool, "endpoints": p.endpoints, "drained": p.drained}),
+                    )
+                    .collect(),
+            ),
+            output,
+        ),
+    }
+    ExitCode::SUCCESS
+}
+
+/// `backends set POOL ADDR...`.
+pub async fn backends_set(admin: &mut Admin, pool: &str, endpoints: Vec<String>) -> ExitCode {
+    match admin
+        .set_backends(pb::SetBackendsRequest {
+            pool: pool.to_string(),
+            endpoints,
+            drained: Vec::new(),
+        })
+        .await
+    {
+        Ok(r) => {
+            println!(
+                "backends of {pool} set (revision {})",
+                r.into_inner().revision
+            );
+            ExitCode::SUCCESS
+        }
+        Err(s) => fail(explain_status(&s)),
+    }
+}
+
+/// `backends drain POOL ADDR`.
+pub async fn backends_drain(admin: &mut Admin, pool: &str, addr: &str) -> ExitCode {
+    let pools = match admin.list_backends(pb::ListBackendsRequest {}).await {
+        Ok(r) => r.into_inner().pools,
+        Err(s) => return fail(explain_status(&s)),
+    };
+    let Some(current) = pools.into_iter().find(|p| p.pool == pool) else {
+        return fail(format!(
+            "no backend set for pool {pool} (routerctl backends set {pool} ...)"
+        ));
+    };
+    if !current.endpoints.iter().any(|e| e == addr) {
+        return fail(format!("{addr} is not a backend of {pool}"));
+    }
+    let mut drained = current.drained;
+    if !drained.iter().any(|d| d == addr) {
+        drained.push(addr.to_string());
+    }
+    match admin
+        .set_backends(pb::SetBackendsRequest {
+            pool: pool.to_string(),
+            endpoints: current.endpoints,
+            drained,
+        })
+        .await
+    {
+        Ok(r) => {
+            println!(
+                "{addr} of {pool} draining (revision {})",
+                r.into_inner().revision
+            );
+            ExitCode::SUCCESS
+        }
+        Err(s) => fail(explain_status(&s)),
+    }
+}
+
+/// `circuits list`.
+pub async fn circuits_list(admin: &mut Admin, output: Output) -> ExitCode {
+    let circuits = match admin.list_circuits(pb::ListCircuitsRequest {}).await {
+        Ok(r) => r.into_inner().circuits,
+        Err(s) => return fail(explain_status(&s)),
+    };
+    match output {
+        Output::Table => {
+            println!("{:<16} {:<36} {:<7} {:<21} SOURCE", "POOL", "ENDPOINT", "STATE", "UNTIL");
+            for c in &circuits {
+                let ep = if c.endpoint.is_empty() { "(all)" } else { &c.endpoint };
+                let state = if c.open { "open" } else { "closed" };
+                println!("{:<16} {:<36} {:<7} {:<21} {}", c.pool, ep, state, when(c.until_unix_ms), c.source);
+            }
+        }
+        _ => print_value(
+            &Value::Array(
+                circuits
+                    .iter()
+                    .map(|c| json!({"pool": c.pool, "endpoint": c.endpoint, "open": c.open, "until": when(c.until_unix_ms), "source": c.source}))
+                    .collect(),
+            ),
+            output,
+        ),
+    }
+    ExitCode::SUCCESS
+}
+
+/// `circuits open|close POOL [ADDR] [--for DURATION]`.
+pub async fn circuits_set(
+    admin: &mut Admin,
+    pool: &str,
+    addr: Option<&str>,
+    open: bool,
+    for_secs: u64,
+) -> ExitCode {
+    match admin
+        .set_circuit(pb::SetCircuitRequest {
+            pool: pool.to_string(),
+            endpoint: addr.unwrap_or("").to_string(),
+            open,
+            for_seconds: for_secs,
+        })
+        .await
+    {
+        Ok(r) => {
+            let what = if open { "opened" } else { "closed" };
+            println!(
+                "circuit {what} for {pool} {} (revision {})",
+                addr.unwrap_or("(all)"),
+                r.into_inner().revision
+            );
+            ExitCode::SUCCESS
+        }
+        Err(s) => fail(explain_status(&s)),
+    }
+}
+
+/// `proxies list`.
+pub async fn proxies_list(admin: &mut Admin, output: Output) -> ExitCode {
+    let proxies = match admin.list_proxies(pb::ListProxiesRequest {}).await {
+        Ok(r) => r.into_inner().proxies,
+        Err(s) => return fail(explain_status(&s)),
+    };
+    match output {
+        Output::Table => {
+            println!("{:<24} {:<9} {:<10} {:<21} LAST NACK", "NODE", "REVISION", "STATE", "LAST SEEN");
+            for p in &proxies {
+                let state = match (p.connected, p.nacked_revision > p.applied_revision) {
+                    (false, _) => "gone",
+                    (true, true) => "NACK",
+                    (true, false) => "ACK",
+                };
+                println!(
+                    "{:<24} {:<9} {:<10} {:<21} {}",
+                    p.node_id,
+                    p.applied_revision,
+                    state,
+                    when(p.last_seen_unix_ms),
+                    p.last_nack
+                );
+            }
+        }
+        _ => print_value(
+            &Value::Array(
+                proxies
+                    .iter()
+                    .map(|p| {
+                        json!({"node_id": p.node_id, "applied_revision": p.applied_revision, "nacked_revision": p.nacked_revision,
+                               "last_nack": p.last_nack, "connected": p.connected, "last_seen": when(p.last_seen_unix_ms)})
+                    })
+                    .collect(),
+            ),
+            output,
+        ),
+    }
+    ExitCode::SUCCESS
+}
+
+/// `route explain` against the control plane's current policy.
+pub async fn explain(admin: &mut Admin, situation_json: String) -> Result<String, String> {
+    admin
+        .explain(pb::ExplainRequest { situation_json })
+        .await
+        .map(|r| r.into_inner().explanation_json)
+        .map_err(|s| explain_status(&s))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn line_diff_marks_changes() {
+        let d = line_diff("a\nb\nc\n", "a\nx\nc\nd\n");
+        assert_eq!(d, vec!["-b", "+x", "+d"]);
+        assert!(line_diff("same\n", "same\n").is_empty());
+    }
+}

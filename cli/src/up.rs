@@ -1,0 +1,174 @@
+//! `routerctl up`: the control plane (embedded store) and one managed proxy
+//! in one process; with no policy, built-in demo endpoints, so that a new
+//! user can send a request at once.
+
+use std::io::BufWriter;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use router_control_plane::{start, ControlPlaneOptions};
+use router_proxy::managed::ManagedOptions;
+use router_proxy::{Mode, ProxyOptions, Settings};
+
+use crate::mock::{MockConfig, MockModel};
+
+/// Flags of `routerctl up`.
+#[derive(clap::Args, Debug)]
+pub struct UpArgs {
+    /// Apply this policy instead of the built-in demo.
+    #[arg(short = 'f', long = "file")]
+    pub file: Option<PathBuf>,
+    /// The proxy's port.
+    #[arg(long, default_value_t = 3000)]
+    pub port: u16,
+    /// The control plane's address.
+    #[arg(long, default_value = "127.0.0.1:50051")]
+    pub grpc: SocketAddr,
+    /// Where the control plane keeps its store and the proxy its cache.
+    #[arg(long, default_value = "router-data")]
+    pub data_dir: PathBuf,
+}
+
+fn demo_policy(local: &str, cloud: &str) -> String {
+    format!(
+        r#"apiVersion: router/v1
+kind: RoutingPolicy
+metadata: {{name: demo}}
+spec:
+  defaults: {{deadline_ms: 5000, attempt_timeout_ms: 2000}}
+  pools:
+    - name: local-gpu
+      provider: vllm
+      model: demo-small
+      endpoints: ["{local}"]
+      max_concurrency: 4
+    - name: cloud
+      provider: openai
+      model: demo-large
+      endpoints: ["{cloud}"]
+      price: {{input_per_1k_usd: 0.0005, output_per_1k_usd: 0.0015}}
+  routes:
+    - name: default
+      chain: [local-gpu, cloud]
+      cost_ceiling_per_call_usd: 0.05
+"#
+    )
+}
+
+/// Runs until Ctrl-C.
+pub async fn run(args: UpArgs) -> ExitCode {
+    let token = std::env::var("ROUTER_TOKEN")
+        .ok()
+        .filter(|t| !t.trim().is_empty());
+    let cp = match start(ControlPlaneOptions {
+        listen: args.grpc,
+        data_dir: args.data_dir.join("control-plane"),
+        token: token.clone(),
+    })
+    .await
+    {
+        Ok(cp) => cp,
+        Err(e) => {
+            eprintln!("routerctl up: control plane: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let mut mocks = Vec::new();
+    let document = match &args.file {
+        Some(path) => match std::fs::read_to_string(path) {
+            Ok(d) => d,
+            Err(e) => {
+                eprintln!("routerctl up: cannot read {}: {e}", path.display());
+                return ExitCode::FAILURE;
+            }
+        },
+        None => {
+            let local = MockModel::start(MockConfig {
+                name: "local-gpu".into(),
+                latency: Duration::from_millis(40),
+                max_concurrency: Some(4),
+                ..MockConfig::default()
+            })
+            .await;
+            let cloud = MockModel::start(MockConfig {
+                name: "cloud".into(),
+                latency: Duration::from_millis(300),
+                ..MockConfig::default()
+            })
+            .await;
+            match (local, cloud) {
+                (Ok(l), Ok(c)) => {
+                    let doc = demo_policy(&l.url(), &c.url());
+                    mocks.push(l);
+                    mocks.push(c);
+                    doc
+                }
+                (Err(e), _) | (_, Err(e)) => {
+                    eprintln!("routerctl up: demo endpoints: {e}");
+                    return ExitCode::FAILURE;
+                }
+            }
+        }
+    };
+    match cp.hub().apply_policy(&document, false, 0, "routerctl up") {
+        Ok((version, _)) => tracing::info!(version, "policy applied"),
+        Err(e) => {
+            eprintln!("routerctl up: the policy was refused: {e}");
+            return ExitCode::FAILURE;
+        }
+    }
+    let mut settings = match Settings::from_env() {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("routerctl up: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    settings.bind = [127, 0, 0, 1].into();
+    settings.port = args.port;
+    let proxy = match router_proxy::start(ProxyOptions {
+        settings,
+        mode: Mode::Managed(ManagedOptions {
+            addrs: vec![format!("http://{}", cp.local_addr())],
+            token,
+            node_id: "routerctl-up".into(),
+            cache_dir: Some(args.data_dir.join("proxy-cache")),
+        }),
+        route_log: Box::new(BufWriter::new(std::io::stdout())),
+    })
+    .await
+    {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("routerctl up: proxy: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let proxy_addr = proxy.local_addr();
+    eprintln!();
+    eprintln!("router is up");
+    eprintln!("  proxy:         http://{proxy_addr}   (route decisions: one JSON line per request on stdout)");
+    eprintln!(
+        "  control plane: http://{}   (data: {})",
+        cp.local_addr(),
+        args.data_dir.display()
+    );
+    if args.file.is_none() {
+        eprintln!("  demo endpoints: local-gpu (40 ms, 4 at a time) then cloud (300 ms)");
+    }
+    eprintln!();
+    eprintln!("try:");
+    eprintln!(
+        "  curl -s http://{proxy_addr}/v1/chat/completions -H 'content-type: application/json' \\\n       -d '{{\"model\":\"demo\",\"messages\":[{{\"role\":\"user\",\"content\":\"hi\"}}]}}'"
+    );
+    eprintln!("  curl -s http://{proxy_addr}/_custom_router/health");
+    eprintln!("  routerctl proxies list      routerctl policy history      routerctl policy get");
+    eprintln!();
+    let _ = tokio::signal::ctrl_c().await;
+    proxy.shutdown();
+    cp.shutdown().await;
+    drop(mocks);
+    ExitCode::SUCCESS
+}

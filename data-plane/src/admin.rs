@@ -184,6 +184,29 @@ async fn set_backends(
     }
     let pool = parsed.pool.as_deref().unwrap_or("default");
     let count = endpoints.len();
+    if let Some(cp) = &shared.control_plane {
+        // Managed: the control plane owns backend sets, so every proxy
+        // learns this one (and this proxy gets it back on its stream).
+        let revision = crate::managed::forward_set_backends(cp, pool, &endpoints)
+            .await
+            .map_err(|e| match e {
+                crate::managed::ForwardError::Refused(why) => ProxyError::InvalidRequest(why),
+                crate::managed::ForwardError::Unreachable(why) => ProxyError::Upstream {
+                    endpoint: "control plane".into(),
+                    detail: why,
+                },
+            })?;
+        tracing::info!(
+            pool,
+            backends = count,
+            revision,
+            "backends set through the control plane"
+        );
+        return Ok(json(
+            StatusCode::OK,
+            &serde_json::json!({"ok": true, "revision": revision}),
+        ));
+    }
     let version = shared
         .config
         .set_backends(pool, endpoints)

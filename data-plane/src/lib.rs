@@ -114,6 +114,8 @@ pub struct Shared {
     pub client: UpstreamClient,
     /// `Idempotency-Key` requests in flight and recent answers.
     pub idempotency: Arc<idempotency::IdempotencyCache>,
+    /// Managed mode: where `set-backends` is forwarded.
+    pub control_plane: Option<managed::ManagedOptions>,
 }
 
 /// A proxy running in this process.
@@ -199,6 +201,10 @@ pub async fn start(options: ProxyOptions) -> Result<RunningProxy, StartError> {
         config: Arc::clone(&config),
         metrics,
         client,
+        control_plane: match &mode {
+            Mode::Managed(m) => Some(m.clone()),
+            _ => None,
+        },
         idempotency: Arc::new(idempotency::IdempotencyCache::new(
             settings_ttl,
             settings_keys,

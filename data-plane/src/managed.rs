@@ -192,6 +192,67 @@ fn unix_ms(at: Option<Instant>) -> i64 {
     }
 }
 
+/// Why a forwarded `set-backends` failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ForwardError {
+    /// The control plane refused the change.
+    #[error("{0}")]
+    Refused(String),
+    /// No control plane could be reached.
+    #[error("{0}")]
+    Unreachable(String),
+}
+
+/// Forwards a `set-backends` call to the first control plane that answers;
+/// returns the new revision.
+pub async fn forward_set_backends(
+    options: &ManagedOptions,
+    pool: &str,
+    endpoints: &[Endpoint],
+) -> Result<u64, ForwardError> {
+    let mut last = String::from("no control plane address");
+    for addr in &options.addrs {
+        let channel = match tonic::transport::Endpoint::from_shared(addr.clone()) {
+            Ok(e) => match e.connect_timeout(Duration::from_secs(2)).connect().await {
+                Ok(c) => c,
+                Err(err) => {
+                    last = format!("{addr}: {err}");
+                    continue;
+                }
+            },
+            Err(err) => {
+                last = format!("{addr}: {err}");
+                continue;
+            }
+        };
+        let token = options.token.clone();
+        let mut admin = router_proto::v1::admin_client::AdminClient::with_interceptor(
+            channel,
+            move |mut req: tonic::Request<()>| {
+                if let Some(t) = &token {
+                    if let Ok(v) = format!("Bearer {t}").parse() {
+                        req.metadata_mut().insert("authorization", v);
+                    }
+                }
+                Ok(req)
+            },
+        );
+        let request = pb::SetBackendsRequest {
+            pool: pool.to_string(),
+            endpoints: endpoints.iter().map(ToString::to_string).collect(),
+            drained: Vec::new(),
+        };
+        match admin.set_backends(request).await {
+            Ok(r) => return Ok(r.into_inner().revision),
+            Err(s) if s.code() == tonic::Code::InvalidArgument => {
+                return Err(ForwardError::Refused(s.message().to_string()))
+            }
+            Err(s) => last = format!("{addr}: {}", s.message()),
+        }
+    }
+    Err(ForwardError::Unreachable(last))
+}
+
 /// Streams config from the control plane forever.
 pub async fn run(
     options: ManagedOptions,

@@ -131,6 +131,21 @@ impl TestProxy {
         assert_eq!(r.status, StatusCode::OK, "set-backends: {}", r.text());
     }
 
+    /// `POST /_custom_router/set-backends` for a named pool.
+    pub async fn set_backends_pool(&self, pool: &str, backends: &[String]) {
+        let body = serde_json::json!({ "backends": backends, "pool": pool }).to_string();
+        let r = self
+            .client
+            .send(
+                Method::POST,
+                &self.url("/_custom_router/set-backends"),
+                &[],
+                body,
+            )
+            .await;
+        assert_eq!(r.status, StatusCode::OK, "set-backends: {}", r.text());
+    }
+
     /// `GET /_custom_router/health` as JSON.
     pub async fn health(&self) -> Value {
         let r = self

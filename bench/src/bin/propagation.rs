@@ -73,7 +73,12 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
 
 type Arrivals = Arc<Mutex<Vec<(u64, Instant)>>>;
 
-async fn client(addr: String, node: String, arrivals: Arrivals, ready: mpsc::Sender<()>) -> Result<(), String> {
+async fn client(
+    addr: String,
+    node: String,
+    arrivals: Arrivals,
+    ready: mpsc::Sender<()>,
+) -> Result<(), String> {
     let channel = tonic::transport::Endpoint::from_shared(addr)
         .map_err(|e| e.to_string())?
         .connect()
@@ -97,7 +102,10 @@ async fn client(addr: String, node: String, arrivals: Arrivals, ready: mpsc::Sen
     let mut first = true;
     while let Some(Ok(m)) = inbound.next().await {
         let at = Instant::now();
-        arrivals.lock().unwrap_or_else(|e| e.into_inner()).push((m.revision, at));
+        arrivals
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((m.revision, at));
         let _ = tx
             .send(pb::ProxyMessage {
                 msg: Some(pb::proxy_message::Msg::Ack(pb::Ack {
@@ -222,8 +230,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     if args.json {
         println!("{}", serde_json::Value::Array(results));
     } else {
-        println!("propagation from ApplyPolicy to each proxy's stream ({} applies per size)", args.applies);
-        println!("{:>8} {:>11} {:>9} {:>9} {:>9} {:>14}", "proxies", "deliveries", "p50 ms", "p99 ms", "max ms", "cp RSS MiB");
+        println!(
+            "propagation from ApplyPolicy to each proxy's stream ({} applies per size)",
+            args.applies
+        );
+        println!(
+            "{:>8} {:>11} {:>9} {:>9} {:>9} {:>14}",
+            "proxies", "deliveries", "p50 ms", "p99 ms", "max ms", "cp RSS MiB"
+        );
         for r in &results {
             println!(
                 "{:>8} {:>5}/{:<5} {:>9.2} {:>9.2} {:>9.2} {:>14.1}",

@@ -393,6 +393,13 @@ async fn an_open_circuit_reported_by_one_proxy_stops_the_others() {
     }
     assert_eq!(dead.stats().received, 2);
     assert_eq!(p2.health().await["backends"][0]["circuit"], "open");
+    // set-backends on a managed proxy goes through the control plane, so
+    // every proxy learns it.
+    let spare = mock("spare", Behavior::Json).await;
+    p1.set_backends_pool("fallback", &[spare.url()]).await;
+    wait_version(&p2, "cp-3").await;
+    let r = p2.chat("m").await;
+    assert_eq!(r.header(MOCK_NAME_HEADER), Some("spare"));
     // An operator closes it again.
     admin
         .set_circuit(pb::SetCircuitRequest {
@@ -403,7 +410,7 @@ async fn an_open_circuit_reported_by_one_proxy_stops_the_others() {
         })
         .await
         .unwrap();
-    wait_version(&p2, "cp-3").await;
+    wait_version(&p2, "cp-4").await;
     assert_eq!(p2.health().await["backends"][0]["circuit"], "closed");
     drop(cp);
     let _ = std::fs::remove_dir_all(&dir);

@@ -557,24 +557,10 @@ impl Exchange {
                 };
             }
         };
-        let sent = self.shared.client.request(upstream);
-        let result = match deadline {
-            Some(d) => match tokio::time::timeout_at(d, sent).await {
-                Ok(r) => r,
-                Err(_) => {
-                    // Dropping `sent` closed the upstream connection.
-                    let waited = started.elapsed();
-                    lease.observe(Sample::Timeout(waited));
-                    record.outcome = "timeout";
-                    record.latency_ms = ms(waited);
-                    return AttemptEnd::Failed {
-                        retry: RetryOn::Timeout,
-                        record,
-                        held: None,
-                    };
-                }
-            },
-            None => sent.await,
+        // On a timeout, dropping the request future closes the upstream
+        // connection: the backend can stop generating.
+        let Some(result) = within(deadline, self.shared.client.request(upstream)).await else {
+            return timed_out(&lease, record, started);
         };
         let resp = match result {
             Ok(r) => r,
@@ -635,22 +621,8 @@ impl Exchange {
         // A JSON answer: read it whole inside the attempt's time.
         let (head, incoming) = resp.into_parts();
         let read = Limited::new(incoming, BUFFERED_ANSWER_LIMIT).collect();
-        let body = match deadline {
-            Some(d) => match tokio::time::timeout_at(d, read).await {
-                Ok(r) => r,
-                Err(_) => {
-                    let waited = started.elapsed();
-                    lease.observe(Sample::Timeout(waited));
-                    record.outcome = "timeout";
-                    record.latency_ms = ms(waited);
-                    return AttemptEnd::Failed {
-                        retry: RetryOn::Timeout,
-                        record,
-                        held: None,
-                    };
-                }
-            },
-            None => read.await,
+        let Some(body) = within(deadline, read).await else {
+            return timed_out(&lease, record, started);
         };
         let waited = started.elapsed();
         record.latency_ms = ms(waited);
@@ -744,6 +716,27 @@ impl Exchange {
             req.headers_mut().insert(header::AUTHORIZATION, key.clone());
         }
         Ok(req)
+    }
+}
+
+/// Runs `work` until `deadline` (if any); `None` when the deadline came first.
+async fn within<F: std::future::Future>(deadline: Option<Instant>, work: F) -> Option<F::Output> {
+    match deadline {
+        Some(d) => tokio::time::timeout_at(d, work).await.ok(),
+        None => Some(work.await),
+    }
+}
+
+/// The attempt ran out of time: a slow sample, and a retryable failure.
+fn timed_out(lease: &Lease, mut record: AttemptRecord, started: Instant) -> AttemptEnd {
+    let waited = started.elapsed();
+    lease.observe(Sample::Timeout(waited));
+    record.outcome = "timeout";
+    record.latency_ms = ms(waited);
+    AttemptEnd::Failed {
+        retry: RetryOn::Timeout,
+        record,
+        held: None,
     }
 }
 

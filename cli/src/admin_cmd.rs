@@ -35,15 +35,17 @@ impl tonic::service::Interceptor for Token {
 pub type Admin = AdminClient<InterceptedService<Channel, Token>>;
 
 /// Connects to the control plane.
-pub async fn connect(server: &str, token: Option<String>) -> Result<Admin, String> {
+pub async fn connect(
+    server: &str,
+    token: Option<String>,
+    ca_pem: Option<&str>,
+) -> Result<Admin, String> {
     let url = if server.contains("://") {
         server.to_string()
     } else {
         format!("http://{server}")
     };
-    let channel = tonic::transport::Endpoint::from_shared(url.clone())
-        .map_err(|e| format!("bad --server {url}: {e}"))?
-        .connect_timeout(std::time::Duration::from_secs(3))
+    let channel = router_proxy::managed::grpc_endpoint(&url, ca_pem)?
         .connect()
         .await
         .map_err(|e| format!("cannot reach the control plane at {url}: {e}"))?;

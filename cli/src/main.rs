@@ -28,6 +28,9 @@ struct Cli {
     /// Bearer token for the control plane.
     #[arg(long, global = true, env = "ROUTER_TOKEN", hide_env_values = true)]
     token: Option<String>,
+    /// A CA (PEM) to trust for an `https://` control plane.
+    #[arg(long, global = true, env = "ROUTERCTL_CA_FILE")]
+    ca_file: Option<PathBuf>,
     /// Output: table | json | yaml.
     #[arg(short = 'o', long = "output", global = true, value_enum, default_value_t = Output::Table)]
     output: Output,
@@ -238,11 +241,22 @@ async fn run(cli: Cli) -> ExitCode {
     let Cli {
         server,
         token,
+        ca_file,
         output,
         command,
     } = cli;
+    let ca_pem = match &ca_file {
+        None => None,
+        Some(p) => match std::fs::read_to_string(p) {
+            Ok(pem) => Some(pem),
+            Err(e) => {
+                eprintln!("routerctl: cannot read --ca-file {}: {e}", p.display());
+                return ExitCode::from(2);
+            }
+        },
+    };
     let connect = || async {
-        admin_cmd::connect(&server, token.clone())
+        admin_cmd::connect(&server, token.clone(), ca_pem.as_deref())
             .await
             .map_err(|e| {
                 eprintln!("routerctl: {e}");

@@ -66,6 +66,7 @@ pub async fn run(args: UpArgs) -> ExitCode {
         listen: args.grpc,
         data_dir: args.data_dir.join("control-plane"),
         token: token.clone(),
+        tls: None,
     })
     .await
     {
@@ -135,6 +136,7 @@ pub async fn run(args: UpArgs) -> ExitCode {
             token,
             node_id: "routerctl-up".into(),
             cache_dir: Some(args.data_dir.join("proxy-cache")),
+            ca_pem: None,
         }),
         route_log: Box::new(BufWriter::new(std::io::stdout())),
     })

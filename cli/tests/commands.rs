@@ -40,6 +40,7 @@ async fn policy_commands_against_a_control_plane() {
         listen: "127.0.0.1:0".parse().unwrap(),
         data_dir: dir.join("cp"),
         token: Some("tok".into()),
+        tls: None,
     })
     .await
     .unwrap();

@@ -37,6 +37,8 @@ pub struct ControlPlaneOptions {
     pub data_dir: PathBuf,
     /// Bearer token required on every call; `None` leaves the API open.
     pub token: Option<String>,
+    /// TLS certificate chain and key (PEM); `None` serves plain HTTP/2.
+    pub tls: Option<(String, String)>,
 }
 
 /// Errors that stop the control plane from starting.
@@ -48,6 +50,9 @@ pub enum StartError {
     /// The listener could not be bound.
     #[error("cannot listen on {0}: {1}")]
     Bind(SocketAddr, std::io::Error),
+    /// The TLS certificate or key is unusable.
+    #[error("TLS: {0}")]
+    Tls(String),
 }
 
 /// A control plane running in this process.
@@ -107,7 +112,15 @@ pub async fn start(options: ControlPlaneOptions) -> Result<RunningControlPlane, 
     health_reporter
         .set_serving::<AdminServer<AdminService>>()
         .await;
-    let server = tonic::transport::Server::builder()
+    let mut builder = tonic::transport::Server::builder();
+    if let Some((cert, key)) = &options.tls {
+        let tls = tonic::transport::ServerTlsConfig::new()
+            .identity(tonic::transport::Identity::from_pem(cert, key));
+        builder = builder
+            .tls_config(tls)
+            .map_err(|e| StartError::Tls(e.to_string()))?;
+    }
+    let server = builder
         .add_service(health)
         .add_service(AdminServer::with_interceptor(
             AdminService {

@@ -23,6 +23,12 @@ struct Args {
     /// File holding the bearer token every call must present.
     #[arg(long)]
     token_file: Option<PathBuf>,
+    /// TLS certificate chain (PEM); with --tls-key, serve over TLS.
+    #[arg(long, requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// TLS private key (PEM).
+    #[arg(long, requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
 }
 
 fn main() -> ExitCode {
@@ -55,6 +61,16 @@ fn main() -> ExitCode {
             }
         },
     };
+    let tls = match (&args.tls_cert, &args.tls_key) {
+        (Some(c), Some(k)) => match (std::fs::read_to_string(c), std::fs::read_to_string(k)) {
+            (Ok(c), Ok(k)) => Some((c, k)),
+            (Err(e), _) | (_, Err(e)) => {
+                eprintln!("router-control-plane: cannot read the TLS files: {e}");
+                return ExitCode::from(2);
+            }
+        },
+        _ => None,
+    };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -73,6 +89,7 @@ fn main() -> ExitCode {
             listen: args.listen,
             data_dir: args.data_dir.clone(),
             token,
+            tls,
         })
         .await
         {

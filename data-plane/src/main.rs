@@ -46,6 +46,9 @@ struct Args {
     /// Managed mode: this proxy's name (default: host name and pid).
     #[arg(long)]
     node_id: Option<String>,
+    /// Managed mode: a CA (PEM) to trust for `https://` control planes.
+    #[arg(long, value_name = "FILE")]
+    control_plane_ca: Option<PathBuf>,
 }
 
 fn main() -> ExitCode {
@@ -92,6 +95,19 @@ fn main() -> ExitCode {
                     .unwrap_or_else(|_| "proxy".into());
                 format!("{host}-{}", std::process::id())
             });
+            let ca_pem = match &args.control_plane_ca {
+                None => None,
+                Some(path) => match std::fs::read_to_string(path) {
+                    Ok(pem) => Some(pem),
+                    Err(e) => {
+                        eprintln!(
+                            "router-proxy: cannot read --control-plane-ca {}: {e}",
+                            path.display()
+                        );
+                        return ExitCode::from(2);
+                    }
+                },
+            };
             Mode::Managed(router_proxy::managed::ManagedOptions {
                 addrs,
                 token: std::env::var("ROUTER_TOKEN")
@@ -99,6 +115,7 @@ fn main() -> ExitCode {
                     .filter(|t| !t.trim().is_empty()),
                 node_id,
                 cache_dir: args.cache_dir,
+                ca_pem,
             })
         }
         (None, true) => Mode::Sidecar,

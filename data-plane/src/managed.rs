@@ -43,6 +43,29 @@ pub struct ManagedOptions {
     pub node_id: String,
     /// Where the last good snapshot is kept.
     pub cache_dir: Option<PathBuf>,
+    /// Extra CA (PEM) for `https://` control planes, beside the webpki roots.
+    pub ca_pem: Option<String>,
+}
+
+/// A gRPC endpoint for a control-plane address: plain for `http://`, TLS
+/// (webpki roots plus `ca_pem`) for `https://`.
+pub fn grpc_endpoint(
+    addr: &str,
+    ca_pem: Option<&str>,
+) -> Result<tonic::transport::Endpoint, String> {
+    let mut endpoint = tonic::transport::Endpoint::from_shared(addr.to_string())
+        .map_err(|e| format!("bad address {addr}: {e}"))?
+        .connect_timeout(Duration::from_secs(2));
+    if addr.starts_with("https://") {
+        let mut tls = tonic::transport::ClientTlsConfig::new().with_webpki_roots();
+        if let Some(pem) = ca_pem {
+            tls = tls.ca_certificate(tonic::transport::Certificate::from_pem(pem));
+        }
+        endpoint = endpoint
+            .tls_config(tls)
+            .map_err(|e| format!("TLS for {addr}: {e}"))?;
+    }
+    Ok(endpoint)
 }
 
 const CACHE_FILE: &str = "snapshot.pb";
@@ -212,8 +235,8 @@ pub async fn forward_set_backends(
 ) -> Result<u64, ForwardError> {
     let mut last = String::from("no control plane address");
     for addr in &options.addrs {
-        let channel = match tonic::transport::Endpoint::from_shared(addr.clone()) {
-            Ok(e) => match e.connect_timeout(Duration::from_secs(2)).connect().await {
+        let channel = match grpc_endpoint(addr, options.ca_pem.as_deref()) {
+            Ok(e) => match e.connect().await {
                 Ok(c) => c,
                 Err(err) => {
                     last = format!("{addr}: {err}");
@@ -297,9 +320,7 @@ async fn stream_once(
     events: &mut mpsc::Receiver<CircuitEvent>,
     applied: &mut u64,
 ) -> Result<(), String> {
-    let endpoint = tonic::transport::Endpoint::from_shared(addr.to_string())
-        .map_err(|e| format!("bad address: {e}"))?
-        .connect_timeout(Duration::from_secs(2))
+    let endpoint = grpc_endpoint(addr, options.ca_pem.as_deref())?
         .http2_keep_alive_interval(Duration::from_secs(10))
         .keep_alive_timeout(Duration::from_secs(5));
     let channel = endpoint

@@ -33,6 +33,7 @@ async fn control_plane(dir: &Path, listen: SocketAddr) -> RunningControlPlane {
         listen,
         data_dir: dir.to_path_buf(),
         token: Some(TOKEN.into()),
+        tls: None,
     })
     .await
     .unwrap()
@@ -66,6 +67,7 @@ async fn managed_proxy(cp: SocketAddr, node: &str, cache: Option<PathBuf>) -> Te
             token: Some(TOKEN.into()),
             node_id: node.into(),
             cache_dir: cache,
+            ca_pem: None,
         }),
     )
     .await
@@ -413,5 +415,52 @@ async fn an_open_circuit_reported_by_one_proxy_stops_the_others() {
     wait_version(&p2, "cp-4").await;
     assert_eq!(p2.health().await["backends"][0]["circuit"], "closed");
     drop(cp);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_control_plane_can_serve_tls() {
+    let a = mock("a", Behavior::Json).await;
+    let ck = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
+    let dir = temp("tls");
+    let cp = start(ControlPlaneOptions {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        data_dir: dir.clone(),
+        token: Some(TOKEN.into()),
+        tls: Some((ck.cert.pem(), ck.signing_key.serialize_pem())),
+    })
+    .await
+    .unwrap();
+    let url = format!("https://localhost:{}", cp.local_addr().port());
+    cp.hub()
+        .apply_policy(&policy(&a.url(), &a.url()), false, 0, "test")
+        .unwrap();
+    let trusted = TestProxy::start(
+        Settings::default(),
+        Mode::Managed(ManagedOptions {
+            addrs: vec![url.clone()],
+            token: Some(TOKEN.into()),
+            node_id: "tls".into(),
+            cache_dir: None,
+            ca_pem: Some(ck.cert.pem()),
+        }),
+    )
+    .await;
+    wait_version(&trusted, "cp-1").await;
+    // Without the CA the certificate is refused: the proxy stays on its boot config.
+    let untrusting = TestProxy::start(
+        Settings::default(),
+        Mode::Managed(ManagedOptions {
+            addrs: vec![url],
+            token: Some(TOKEN.into()),
+            node_id: "no-ca".into(),
+            cache_dir: None,
+            ca_pem: None,
+        }),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(version_of(&untrusting).await, "boot-1");
+    cp.shutdown().await;
     let _ = std::fs::remove_dir_all(&dir);
 }

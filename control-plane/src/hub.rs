@@ -187,7 +187,17 @@ impl Hub {
         expected_version: u64,
         author: &str,
     ) -> Result<(u64, u64), HubError> {
-        validate(document).map_err(HubError::Invalid)?;
+        let span = tracing::info_span!(
+            "policy.apply",
+            dry_run,
+            router.policy_version = tracing::field::Empty,
+            router.revision = tracing::field::Empty
+        );
+        let _entered = span.enter();
+        {
+            let _validate = tracing::info_span!("policy.validate").entered();
+            validate(document).map_err(HubError::Invalid)?;
+        }
         let mut inner = self.lock();
         let current = inner.state.policy_version;
         if expected_version != 0 && expected_version != current {
@@ -210,6 +220,8 @@ impl Hub {
         let mut next = inner.state.clone();
         next.policy_version = version;
         let revision = self.commit(&mut inner, next, Some(record))?;
+        span.record("router.policy_version", version);
+        span.record("router.revision", revision);
         tracing::info!(version, revision, author, "policy applied");
         Ok((version, revision))
     }

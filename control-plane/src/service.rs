@@ -16,6 +16,7 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status, Streaming};
+use tracing::Instrument;
 
 use crate::hub::{Hub, HubError};
 
@@ -322,7 +323,10 @@ impl ProxyConfig for ProxyConfigService {
                     nonce: uuid::Uuid::now_v7().to_string(),
                     snapshot: Some(published.snapshot.clone()),
                 };
-                if tx.send(Ok(msg)).await.is_err() || updates.changed().await.is_err() {
+                let push = tracing::info_span!("config.push", router.node = %out_node, router.revision = published.revision);
+                if tx.send(Ok(msg)).instrument(push).await.is_err()
+                    || updates.changed().await.is_err()
+                {
                     break;
                 }
             }

@@ -229,8 +229,15 @@ impl ConfigStore {
         &self,
         edit: impl FnOnce(&mut Source) -> Result<(), ConfigError>,
     ) -> Result<Arc<str>, ConfigError> {
+        let span = tracing::info_span!(
+            "config.apply",
+            router.config_origin = tracing::field::Empty,
+            router.config_version = tracing::field::Empty
+        );
+        let _entered = span.enter();
         let mut src = self.source.lock().unwrap_or_else(|e| e.into_inner());
         edit(&mut src)?;
+        span.record("router.config_origin", src.origin.as_str());
         let old = self.current.load_full();
         let next = build(
             &mut src,
@@ -245,6 +252,7 @@ impl ConfigStore {
             }
         }
         let version = Arc::clone(&next.version);
+        span.record("router.config_version", &*version);
         self.current.store(Arc::new(next));
         self.metrics.config_change(Some(&version));
         Ok(version)

@@ -47,7 +47,10 @@ use crate::forward::{self, BodyEnd, BoxError, Completion, TrackedBody};
 use crate::idempotency::{self, Claim, FollowResult, LeaderGuard, StoredAnswer};
 use crate::pool::{Availability, Lease, PoolRuntime, Sample, Shed};
 use crate::route_log::{rfc3339, AttemptRecord, RouteRecord};
+use crate::telemetry;
 use crate::Shared;
+use opentelemetry::trace::{SpanKind, Status, TraceContextExt, Tracer};
+use opentelemetry::KeyValue;
 
 /// The body type of every response the proxy sends.
 pub type ProxyBody = UnsyncBoxBody<Bytes, BoxError>;
@@ -94,6 +97,18 @@ pub async fn handle(
     }
     let snapshot = shared.config.load();
     let mut pending = Pending::new(Arc::clone(&shared), &req, Arc::clone(&snapshot.version));
+    if telemetry::enabled() {
+        // The server span, a child of the client's `traceparent` if any.
+        let parent = telemetry::extract(req.headers());
+        let tracer = telemetry::tracer();
+        let span = tracer
+            .span_builder(format!("{} {}", req.method(), req.uri().path()))
+            .with_kind(SpanKind::Server)
+            .start_with_context(&tracer, &parent);
+        let cx = parent.with_span(span);
+        pending.record.trace_id = telemetry::trace_id(&cx);
+        pending.record.otel = Some(cx);
+    }
 
     match request_id(req.headers()) {
         Ok(id) => pending.record.request_id = id,
@@ -255,6 +270,8 @@ pub async fn handle(
         headers.insert(IDEMPOTENCY_KEY, id);
     }
     let exchange = Exchange {
+        otel: pending.record.otel.clone(),
+        operation: operation_name(&path),
         risk,
         structured,
         candidates: decision.candidates,
@@ -278,6 +295,10 @@ pub async fn handle(
 
 /// Everything an attempt needs to build its upstream request.
 struct Exchange {
+    /// The server span's context (tracing on).
+    otel: Option<opentelemetry::Context>,
+    /// `gen_ai.operation.name` of the call.
+    operation: &'static str,
     risk: Risk,
     structured: Option<router_policy::structured::Expected>,
     candidates: Vec<String>,
@@ -428,6 +449,15 @@ impl Exchange {
                     let reached = !(outcome == "connect_error" || retry == RetryOn::Status429);
                     let retryable =
                         route.retries_on(retry) && !(self.risk.has_side_effects() && reached);
+                    if let (Some(cx), true) = (&self.otel, retryable) {
+                        cx.span().add_event(
+                            "fallback",
+                            vec![
+                                KeyValue::new("router.pool", name.to_string()),
+                                KeyValue::new("router.outcome", outcome),
+                            ],
+                        );
+                    }
                     match answer {
                         Some(h) => held = Some((h, record)),
                         None => {
@@ -516,6 +546,75 @@ impl Exchange {
         deadline: Option<Instant>,
         timeout: Option<Duration>,
     ) -> AttemptEnd {
+        let Some(parent) = &self.otel else {
+            return self.attempt_inner(pool, deadline, timeout, None).await;
+        };
+        // A client span per attempt; its context goes upstream as `traceparent`.
+        let policy_pool = self.snapshot.policy.pool(pool.name());
+        let model = policy_pool
+            .and_then(|p| p.model.clone())
+            .or_else(|| self.model.clone())
+            .unwrap_or_default();
+        let tracer = telemetry::tracer();
+        let span = tracer
+            .span_builder(format!("{} {model}", self.operation))
+            .with_kind(SpanKind::Client)
+            .start_with_context(&tracer, parent);
+        let cx = parent.with_span(span);
+        let end = self.attempt_inner(pool, deadline, timeout, Some(&cx)).await;
+        let span = cx.span();
+        span.set_attribute(KeyValue::new("gen_ai.operation.name", self.operation));
+        span.set_attribute(KeyValue::new("gen_ai.request.model", model));
+        if let Some(p) = policy_pool {
+            span.set_attribute(KeyValue::new(
+                "gen_ai.provider.name",
+                provider_name(p.provider),
+            ));
+        }
+        span.set_attribute(KeyValue::new("router.pool", pool.name().to_string()));
+        if let Some(t) = timeout {
+            span.set_attribute(KeyValue::new("router.attempt_timeout_ms", millis(t) as i64));
+        }
+        let record = match &end {
+            AttemptEnd::Stream { record, .. }
+            | AttemptEnd::Whole { record, .. }
+            | AttemptEnd::Failed { record, .. } => Some(record),
+            AttemptEnd::Shed(shed) => {
+                span.set_attribute(KeyValue::new("router.outcome", format!("{shed:?}")));
+                None
+            }
+        };
+        if let Some(r) = record {
+            span.set_attribute(KeyValue::new("server.address", r.endpoint.clone()));
+            span.set_attribute(KeyValue::new("router.outcome", r.outcome));
+            span.set_attribute(KeyValue::new("router.queue_wait_ms", r.queue_wait_ms));
+            if let Some(s) = r.status {
+                span.set_attribute(KeyValue::new("http.response.status_code", i64::from(s)));
+            }
+            if let Some(m) = &r.response_model {
+                span.set_attribute(KeyValue::new("gen_ai.response.model", m.clone()));
+            }
+            if let Some(n) = r.tokens_in {
+                span.set_attribute(KeyValue::new("gen_ai.usage.input_tokens", n as i64));
+            }
+            if let Some(n) = r.tokens_out {
+                span.set_attribute(KeyValue::new("gen_ai.usage.output_tokens", n as i64));
+            }
+            if r.outcome != "ok" {
+                span.set_status(Status::error(r.outcome));
+            }
+        }
+        span.end();
+        end
+    }
+
+    async fn attempt_inner(
+        &self,
+        pool: &Arc<PoolRuntime>,
+        deadline: Option<Instant>,
+        timeout: Option<Duration>,
+        otel: Option<&opentelemetry::Context>,
+    ) -> AttemptEnd {
         let lease = match pool.acquire(deadline).await {
             Ok(l) => l,
             Err(shed) => return AttemptEnd::Shed(shed),
@@ -544,7 +643,12 @@ impl Exchange {
             ..AttemptRecord::default()
         };
         let upstream = match self.upstream_request(&lease, pool.name()) {
-            Ok(r) => r,
+            Ok(mut r) => {
+                if let Some(cx) = otel {
+                    telemetry::inject(cx, r.headers_mut());
+                }
+                r
+            }
             Err(e) => {
                 record.outcome = "invalid_request";
                 return AttemptEnd::Failed {
@@ -658,6 +762,9 @@ impl Exchange {
                 record,
                 held: Some(Held::Whole(head, body)),
             };
+        }
+        if let Ok(a) = &answer {
+            record.response_model.clone_from(&a.model);
         }
         if let Ok(Some(usage)) = answer.map(|a| a.usage) {
             record.tokens_in = usage.prompt_tokens.or(usage.input_tokens);
@@ -872,7 +979,27 @@ fn approved(snapshot: &Snapshot, given: Option<&[u8]>) -> bool {
 #[derive(Deserialize)]
 struct AnswerPeek {
     #[serde(default)]
+    model: Option<String>,
+    #[serde(default)]
     usage: Option<Usage>,
+}
+
+/// `gen_ai.operation.name` for an OpenAI-style path.
+fn operation_name(path: &str) -> &'static str {
+    match path {
+        "/v1/completions" => "text_completion",
+        "/v1/embeddings" => "embeddings",
+        _ => "chat",
+    }
+}
+
+fn provider_name(p: router_policy::Provider) -> &'static str {
+    match p {
+        router_policy::Provider::Openai => "openai",
+        router_policy::Provider::Ollama => "ollama",
+        router_policy::Provider::Vllm => "vllm",
+        router_policy::Provider::Tgi => "tgi",
+    }
 }
 
 /// Token counts, in the chat (`prompt_`/`completion_`) or responses
@@ -935,6 +1062,11 @@ impl Pending {
             self.record.tokens_out = attempt.tokens_out;
             self.record.cost_usd = attempt.cost_usd;
         }
+        if attempt.response_model.is_some() {
+            self.record
+                .response_model
+                .clone_from(&attempt.response_model);
+        }
         if n == 1 {
             self.record.first_outcome = attempt.outcome.to_string();
         } else {
@@ -960,6 +1092,15 @@ impl Pending {
             self.shared
                 .metrics
                 .shed(pool.as_deref().unwrap_or(""), err.kind());
+            if let Some(cx) = &record.otel {
+                let name = if matches!(err, ProxyError::QueueFull { .. }) {
+                    "evicted"
+                } else {
+                    "shed"
+                };
+                cx.span()
+                    .add_event(name, vec![KeyValue::new("router.reason", err.kind())]);
+            }
         }
         if record.reason.is_empty() {
             record.reason = err.to_string();
@@ -1125,6 +1266,9 @@ fn finish_record(
         outcome: outcome.to_string(),
     };
     shared.metrics.request_done(&labels, elapsed.as_secs_f64());
+    if let Some(cx) = record.otel.take() {
+        end_server_span(&cx, &record, &labels.pool);
+    }
     if record.tokens_in.is_some() || record.tokens_out.is_some() {
         shared.metrics.usage(
             &labels.pool,
@@ -1134,6 +1278,49 @@ fn finish_record(
         );
     }
     shared.route_log.emit(&record);
+}
+
+/// Annotates and ends the request's server span.
+fn end_server_span(cx: &opentelemetry::Context, record: &RouteRecord, pool: &str) {
+    let span = cx.span();
+    let mut attrs = vec![
+        KeyValue::new("http.request.method", record.method.clone()),
+        KeyValue::new("url.path", record.path.clone()),
+        KeyValue::new("http.response.status_code", i64::from(record.status)),
+        KeyValue::new("router.request_id", record.request_id.clone()),
+        KeyValue::new("router.config_version", record.config_version.clone()),
+        KeyValue::new("router.outcome", record.outcome.clone()),
+        KeyValue::new("router.reason", record.reason.clone()),
+        KeyValue::new("router.queue_wait_ms", record.queue_wait_ms),
+        KeyValue::new("router.attempts", record.attempts.len() as i64),
+        KeyValue::new("gen_ai.operation.name", operation_name(&record.path)),
+    ];
+    let optional = [
+        ("router.route", record.route.clone()),
+        ("router.pool", (!pool.is_empty()).then(|| pool.to_string())),
+        ("router.risk", record.risk.clone()),
+        ("gen_ai.request.model", record.model.clone()),
+        ("gen_ai.response.model", record.response_model.clone()),
+    ];
+    for (k, v) in optional {
+        if let Some(v) = v {
+            attrs.push(KeyValue::new(k, v));
+        }
+    }
+    if let Some(d) = record.deadline_ms {
+        attrs.push(KeyValue::new("router.deadline_ms", d as i64));
+    }
+    if let Some(n) = record.tokens_in {
+        attrs.push(KeyValue::new("gen_ai.usage.input_tokens", n as i64));
+    }
+    if let Some(n) = record.tokens_out {
+        attrs.push(KeyValue::new("gen_ai.usage.output_tokens", n as i64));
+    }
+    span.set_attributes(attrs);
+    if record.status >= 500 || record.outcome != "ok" && record.outcome != "replayed" {
+        span.set_status(Status::error(record.outcome.clone()));
+    }
+    span.end();
 }
 
 /// Runs when a streamed answer's body ends.

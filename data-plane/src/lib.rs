@@ -32,6 +32,7 @@ pub mod probe;
 pub mod reload;
 pub mod route_log;
 pub mod settings;
+pub mod telemetry;
 
 use std::convert::Infallible;
 use std::io::Write;

@@ -53,14 +53,6 @@ struct Args {
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .init();
     let mut settings = match Settings::from_env() {
         Ok(s) => s,
         Err(e) => {
@@ -130,7 +122,38 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    runtime.block_on(run(settings, mode))
+    runtime.block_on(async move {
+        // Tracing export needs the runtime; logs go to stderr either way.
+        let provider = match router_proxy::telemetry::init("router-proxy") {
+            Ok(p) => p,
+            Err(e) => {
+                eprintln!("router-proxy: OpenTelemetry: {e}");
+                return ExitCode::from(2);
+            }
+        };
+        init_logs(provider.as_ref());
+        let code = run(settings, mode).await;
+        if let Some(p) = provider {
+            let _ = p.shutdown();
+        }
+        code
+    })
+}
+
+fn init_logs(provider: Option<&opentelemetry_sdk::trace::SdkTracerProvider>) {
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let fmt = tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal());
+    let otel = provider.map(router_proxy::telemetry::layer);
+    tracing_subscriber::registry()
+        .with(filter)
+        .with(fmt)
+        .with(otel)
+        .init();
 }
 
 async fn run(settings: Settings, mode: Mode) -> ExitCode {

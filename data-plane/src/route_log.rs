@@ -39,11 +39,20 @@ pub struct AttemptRecord {
     /// Cost from `usage` and the pool's prices (logged per request).
     #[serde(skip)]
     pub cost_usd: Option<f64>,
+    /// The model the answer says it came from.
+    #[serde(skip)]
+    pub response_model: Option<String>,
 }
 
 /// One request's routing story.
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, Serialize)]
 pub struct RouteRecord {
+    /// The request's server span (when tracing is on); ended with the record.
+    #[serde(skip)]
+    pub otel: Option<opentelemetry::Context>,
+    /// The model the answer says it came from (a span attribute).
+    #[serde(skip)]
+    pub response_model: Option<String>,
     /// Request id (client's `Idempotency-Key`/`X-Request-Id`, or generated).
     pub request_id: String,
     /// When the request arrived (RFC 3339, UTC).

@@ -3,4 +3,5 @@
 //! them for `routerctl mock` and `routerctl drill`).
 #![forbid(unsafe_code)]
 pub mod harness;
+pub mod otlp;
 pub use routerctl::mock;

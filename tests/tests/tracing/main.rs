@@ -1,0 +1,252 @@
+//! OpenTelemetry end to end, against a real OTLP/gRPC receiver: a request
+//! that falls back is one trace with the server span and two attempt
+//! spans; the backend gets the trace context; a policy apply is traced.
+//! (Its own test binary: the tracer provider is process-global.)
+
+#![allow(clippy::unwrap_used)]
+
+use std::time::Duration;
+
+use http::StatusCode;
+use opentelemetry_proto::tonic::trace::v1::span::SpanKind;
+use opentelemetry_proto::tonic::trace::v1::Span;
+use router_proxy::Settings;
+use router_tests::harness::TestProxy;
+use router_tests::mock::{Behavior, MockConfig, MockModel, MOCK_NAME_HEADER};
+use router_tests::otlp::{attr, hex, OtlpReceiver};
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+
+const TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
+const PARENT: &str = "00f067aa0ba902b7";
+
+async fn mock(name: &str, behavior: Behavior) -> MockModel {
+    MockModel::start(MockConfig {
+        name: name.into(),
+        behavior,
+        ..MockConfig::default()
+    })
+    .await
+    .unwrap()
+}
+
+async fn wait_spans(
+    receiver: &OtlpReceiver,
+    provider: &opentelemetry_sdk::trace::SdkTracerProvider,
+    pred: impl Fn(&[Span]) -> bool,
+) -> Vec<Span> {
+    for _ in 0..200 {
+        let _ = provider.force_flush();
+        let spans = receiver.spans();
+        if pred(&spans) {
+            return spans;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!(
+        "spans did not arrive: {:#?}",
+        receiver.spans().iter().map(|s| &s.name).collect::<Vec<_>>()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fallback_is_one_trace_and_a_policy_apply_is_traced() {
+    let receiver = OtlpReceiver::start().await.unwrap();
+    std::env::set_var("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint());
+    std::env::set_var("OTEL_SERVICE_NAME", "router-proxy-test");
+    let provider = router_proxy::telemetry::init("router-proxy")
+        .unwrap()
+        .expect("export is on");
+    tracing_subscriber::registry()
+        .with(router_proxy::telemetry::layer(&provider))
+        .init();
+
+    let primary = mock("primary", Behavior::Status(503)).await;
+    let fallback = mock("fallback", Behavior::Json).await;
+    let policy = format!(
+        r#"apiVersion: router/v1
+kind: RoutingPolicy
+spec:
+  pools:
+    - name: primary
+      provider: vllm
+      model: small
+      endpoints: ["{}"]
+    - name: fallback
+      provider: openai
+      model: big
+      endpoints: ["{}"]
+  routes:
+    - name: default
+      chain: [primary, fallback]
+"#,
+        primary.url(),
+        fallback.url()
+    );
+    let proxy = TestProxy::with_policy(Settings::default(), &policy).await;
+    let traceparent = format!("00-{TRACE}-{PARENT}-01");
+    let r = proxy
+        .chat_with(
+            &[
+                ("traceparent", traceparent.as_str()),
+                ("x-request-id", "traced-1"),
+            ],
+            r#"{"model":"client-model","messages":[{"role":"user","content":"hi"}]}"#,
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(r.header(MOCK_NAME_HEADER), Some("fallback"));
+
+    // Both backends got the trace context, each from its own attempt span.
+    let sent_primary = primary.requests()[0].headers["traceparent"]
+        .to_str()
+        .unwrap()
+        .to_string();
+    let sent_fallback = fallback.requests()[0].headers["traceparent"]
+        .to_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        sent_primary.starts_with(&format!("00-{TRACE}-")),
+        "{sent_primary}"
+    );
+    assert!(
+        sent_fallback.starts_with(&format!("00-{TRACE}-")),
+        "{sent_fallback}"
+    );
+    assert_ne!(sent_primary, sent_fallback);
+
+    let spans = wait_spans(&receiver, &provider, |s| {
+        s.iter().filter(|s| hex(&s.trace_id) == TRACE).count() >= 3
+    })
+    .await;
+    let trace: Vec<&Span> = spans.iter().filter(|s| hex(&s.trace_id) == TRACE).collect();
+    let servers: Vec<&&Span> = trace
+        .iter()
+        .filter(|s| s.kind == SpanKind::Server as i32)
+        .collect();
+    assert_eq!(servers.len(), 1, "{trace:#?}");
+    let server = servers[0];
+    assert_eq!(
+        hex(&server.parent_span_id),
+        PARENT,
+        "the client's span is the parent"
+    );
+    assert_eq!(attr(server, "router.route").as_deref(), Some("default"));
+    assert_eq!(attr(server, "router.outcome").as_deref(), Some("ok"));
+    assert_eq!(
+        attr(server, "router.request_id").as_deref(),
+        Some("traced-1")
+    );
+    assert_eq!(attr(server, "router.attempts").as_deref(), Some("2"));
+    assert_eq!(
+        attr(server, "router.config_version").as_deref(),
+        Some("inline-1")
+    );
+    assert_eq!(
+        attr(server, "http.response.status_code").as_deref(),
+        Some("200")
+    );
+    assert_eq!(
+        attr(server, "gen_ai.operation.name").as_deref(),
+        Some("chat")
+    );
+    assert_eq!(
+        attr(server, "gen_ai.request.model").as_deref(),
+        Some("client-model")
+    );
+    assert!(attr(server, "router.reason")
+        .unwrap()
+        .contains("primary: status_5xx"));
+    assert!(
+        server.events.iter().any(|e| e.name == "fallback"),
+        "{:?}",
+        server.events
+    );
+
+    let mut clients: Vec<&&Span> = trace
+        .iter()
+        .filter(|s| s.kind == SpanKind::Client as i32)
+        .collect();
+    clients.sort_by_key(|s| s.start_time_unix_nano);
+    assert_eq!(clients.len(), 2, "{trace:#?}");
+    for c in &clients {
+        assert_eq!(
+            c.parent_span_id, server.span_id,
+            "attempts are children of the server span"
+        );
+        assert_eq!(attr(c, "gen_ai.operation.name").as_deref(), Some("chat"));
+    }
+    assert_eq!(attr(clients[0], "router.pool").as_deref(), Some("primary"));
+    assert_eq!(
+        attr(clients[0], "router.outcome").as_deref(),
+        Some("status_5xx")
+    );
+    assert_eq!(
+        attr(clients[0], "http.response.status_code").as_deref(),
+        Some("503")
+    );
+    assert_eq!(
+        attr(clients[0], "gen_ai.provider.name").as_deref(),
+        Some("vllm")
+    );
+    assert_eq!(
+        attr(clients[0], "gen_ai.request.model").as_deref(),
+        Some("small")
+    );
+    assert_eq!(attr(clients[1], "router.pool").as_deref(), Some("fallback"));
+    assert_eq!(attr(clients[1], "router.outcome").as_deref(), Some("ok"));
+    assert_eq!(
+        attr(clients[1], "gen_ai.request.model").as_deref(),
+        Some("big")
+    );
+    assert_eq!(
+        attr(clients[1], "gen_ai.response.model").as_deref(),
+        Some("big")
+    );
+    assert!(attr(clients[1], "gen_ai.usage.input_tokens").is_some());
+    assert_eq!(
+        attr(clients[1], "gen_ai.usage.output_tokens").as_deref(),
+        Some("5")
+    );
+    assert!(sent_fallback.contains(&hex(&clients[1].span_id)));
+
+    // The route decision log line names the trace.
+    let line = &proxy.log.wait_for(1).await[0];
+    assert_eq!(line["trace_id"], TRACE);
+
+    // Config changes are traced: the proxy's apply carries the version...
+    proxy.apply(&policy.replace("chain: [primary, fallback]", "chain: [fallback]"));
+    let spans = wait_spans(&receiver, &provider, |s| {
+        s.iter().any(|s| {
+            s.name == "config.apply"
+                && attr(s, "router.config_version").as_deref() == Some("test-2")
+        })
+    })
+    .await;
+    assert!(spans.iter().any(|s| s.name == "config.apply"));
+
+    // ...and so is the control plane's apply, validation and push.
+    let dir = std::env::temp_dir().join(format!("router-trace-cp-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let cp = router_control_plane::start(router_control_plane::ControlPlaneOptions {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        data_dir: dir.clone(),
+        token: None,
+        tls: None,
+    })
+    .await
+    .unwrap();
+    cp.hub().apply_policy(&policy, false, 0, "test").unwrap();
+    let spans = wait_spans(&receiver, &provider, |s| {
+        s.iter().any(|s| s.name == "policy.apply")
+    })
+    .await;
+    let apply = spans.iter().find(|s| s.name == "policy.apply").unwrap();
+    assert_eq!(attr(apply, "router.policy_version").as_deref(), Some("1"));
+    let validate = spans.iter().find(|s| s.name == "policy.validate").unwrap();
+    assert_eq!(validate.parent_span_id, apply.span_id);
+    cp.shutdown().await;
+    let _ = std::fs::remove_dir_all(&dir);
+    let _ = provider.shutdown();
+}

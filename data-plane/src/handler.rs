@@ -602,6 +602,16 @@ impl Exchange {
             }
             if r.outcome != "ok" {
                 span.set_status(Status::error(r.outcome));
+                // The failure may have opened the endpoint's circuit.
+                let open = pool.status().endpoints.iter().any(|e| {
+                    *e.addr == *r.endpoint && e.circuit == crate::pool::CircuitState::Open
+                });
+                if open {
+                    span.add_event(
+                        "circuit_open",
+                        vec![KeyValue::new("server.address", r.endpoint.clone())],
+                    );
+                }
             }
         }
         span.end();

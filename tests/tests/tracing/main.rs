@@ -67,7 +67,7 @@ async fn a_fallback_is_one_trace_and_a_policy_apply_is_traced() {
         r#"apiVersion: router/v1
 kind: RoutingPolicy
 spec:
-  circuit_breaker: {consecutive_errors: 1, open_duration_s: 60}
+  circuit_breaker: {{consecutive_errors: 1, open_duration_s: 60}}
   pools:
     - name: primary
       provider: vllm

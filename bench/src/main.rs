@@ -293,14 +293,23 @@ const OTHER_LIMIT_PCT: f64 = 20.0;
 /// `wait_idle` > 0, keeps sampling up to that many seconds until it is
 /// quiet.
 fn quiet_check(wait_idle: f64) -> Option<f64> {
+    // Quiet means this many 0.5 s samples in a row under the limit: a
+    // build has short lulls between its steps.
+    const QUIET_SAMPLES: usize = 4;
     let deadline = std::time::Instant::now() + Duration::from_secs_f64(wait_idle.max(0.0));
     let mut announced = false;
+    let mut quiet = 0;
     loop {
         let busy = procs::machine_busy(Duration::from_millis(500))?;
-        if busy <= BUSY_LIMIT_PCT || std::time::Instant::now() >= deadline {
+        quiet = if busy <= BUSY_LIMIT_PCT { quiet + 1 } else { 0 };
+        let waiting = std::time::Instant::now() < deadline;
+        if busy > BUSY_LIMIT_PCT && !waiting {
             return Some(busy);
         }
-        if !announced {
+        if quiet >= QUIET_SAMPLES || (quiet > 0 && !waiting) {
+            return Some(busy);
+        }
+        if busy > BUSY_LIMIT_PCT && !announced {
             eprintln!("machine {busy:.0}% busy with other work; waiting up to {wait_idle} s for it to quiet down ...");
             announced = true;
         }

@@ -673,7 +673,8 @@ impl Exchange {
         };
         // On a timeout, dropping the request future closes the upstream
         // connection: the backend can stop generating.
-        let Some(result) = within(deadline, self.shared.client.request(upstream)).await else {
+        let client = crate::worker_client().unwrap_or_else(|| self.shared.client.clone());
+        let Some(result) = within(deadline, client.request(upstream)).await else {
             return timed_out(&lease, record, started);
         };
         let resp = match result {

@@ -43,7 +43,7 @@ use std::sync::Arc;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use router_policy::Policy;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
 
 use crate::config::ConfigStore;
@@ -212,7 +212,16 @@ pub async fn start(options: ProxyOptions) -> Result<RunningProxy, StartError> {
         )),
     });
 
-    let mut tasks = vec![tokio::spawn(accept_loop(listener, Arc::clone(&shared)))];
+    let workers = match shared.settings.workers {
+        0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        n => n,
+    };
+    let handoffs = start_workers(&shared, workers)?;
+    let mut tasks = vec![tokio::spawn(accept_loop(
+        listener,
+        Arc::clone(&shared),
+        handoffs,
+    ))];
     if let Some((path, bytes)) = watched {
         tasks.push(tokio::spawn(reload::watch_policy_file(
             path,
@@ -244,7 +253,84 @@ pub async fn start(options: ProxyOptions) -> Result<RunningProxy, StartError> {
     })
 }
 
-async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
+thread_local! {
+    /// This worker thread's upstream client (connections owned by its runtime).
+    static WORKER_CLIENT: std::cell::RefCell<Option<UpstreamClient>> = const { std::cell::RefCell::new(None) };
+}
+
+/// The upstream client of the worker thread running this request, if any.
+pub fn worker_client() -> Option<UpstreamClient> {
+    WORKER_CLIENT.with(|c| c.borrow().clone())
+}
+
+/// Accepted connections handed to one worker.
+type Handoff = tokio::sync::mpsc::Sender<(std::net::TcpStream, SocketAddr)>;
+
+/// Starts the connection-serving workers: one thread each, each with its
+/// own single-threaded runtime and upstream client. A connection (and every
+/// request on it, and the upstream connections those use) lives on one
+/// thread, so a request never wakes another thread: the multi-threaded
+/// scheduler's cross-thread wake-ups were the proxy's largest cost beyond
+/// nginx's (see docs/benchmarks.md). Returns the hand-off channels.
+fn start_workers(shared: &Arc<Shared>, n: usize) -> Result<Vec<Handoff>, StartError> {
+    let mut handoffs = Vec::with_capacity(n);
+    for i in 0..n {
+        // Bounded: a worker that cannot keep up makes the accept loop
+        // refuse connections instead of queueing them without limit.
+        let (tx, mut rx) = tokio::sync::mpsc::channel::<(std::net::TcpStream, SocketAddr)>(1024);
+        let shared = Arc::clone(shared);
+        let client = forward::build_client(&shared.settings)?;
+        std::thread::Builder::new()
+            .name(format!("router-worker-{i}"))
+            .spawn(move || {
+                let runtime = match tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                {
+                    Ok(r) => r,
+                    Err(e) => {
+                        tracing::error!(error = %e, "worker runtime failed to start");
+                        return;
+                    }
+                };
+                WORKER_CLIENT.with(|c| *c.borrow_mut() = Some(client));
+                runtime.block_on(async move {
+                    while let Some((std_stream, remote)) = rx.recv().await {
+                        match TcpStream::from_std(std_stream) {
+                            Ok(stream) => {
+                                tokio::spawn(serve_connection(Arc::clone(&shared), stream, remote));
+                            }
+                            Err(e) => {
+                                tracing::debug!(%remote, error = %e, "cannot adopt a connection")
+                            }
+                        }
+                    }
+                });
+            })?;
+        handoffs.push(tx);
+    }
+    Ok(handoffs)
+}
+
+async fn serve_connection(shared: Arc<Shared>, stream: TcpStream, remote: SocketAddr) {
+    let _ = stream.set_nodelay(true);
+    let svc_shared = Arc::clone(&shared);
+    let service = service_fn(move |req| {
+        let shared = Arc::clone(&svc_shared);
+        async move { Ok::<_, Infallible>(handler::handle(shared, remote, req).await) }
+    });
+    let conn = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(shared.settings.client_header_timeout)
+        .keep_alive(true)
+        .serve_connection(TokioIo::new(stream), service);
+    if let Err(e) = conn.await {
+        tracing::debug!(%remote, error = %e, "client connection ended with an error");
+    }
+}
+
+async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, workers: Vec<Handoff>) {
+    let mut next = 0usize;
     loop {
         let (stream, remote) = match listener.accept().await {
             Ok(s) => s,
@@ -256,23 +342,21 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
                 continue;
             }
         };
-        let _ = stream.set_nodelay(true);
-        let shared = Arc::clone(&shared);
-        tokio::spawn(async move {
-            let svc_shared = Arc::clone(&shared);
-            let service = service_fn(move |req| {
-                let shared = Arc::clone(&svc_shared);
-                async move { Ok::<_, Infallible>(handler::handle(shared, remote, req).await) }
-            });
-            let conn = hyper::server::conn::http1::Builder::new()
-                .timer(TokioTimer::new())
-                .header_read_timeout(shared.settings.client_header_timeout)
-                .keep_alive(true)
-                .serve_connection(TokioIo::new(stream), service);
-            if let Err(e) = conn.await {
-                tracing::debug!(%remote, error = %e, "client connection ended with an error");
+        if workers.is_empty() {
+            tokio::spawn(serve_connection(Arc::clone(&shared), stream, remote));
+            continue;
+        }
+        // Round-robin over the workers (the connection, not each request).
+        let worker = &workers[next % workers.len()];
+        next = next.wrapping_add(1);
+        match stream.into_std() {
+            Ok(s) => {
+                if worker.try_send((s, remote)).is_err() {
+                    tracing::warn!(%remote, "worker saturated; connection refused");
+                }
             }
-        });
+            Err(e) => tracing::debug!(%remote, error = %e, "cannot hand off a connection"),
+        }
     }
 }
 

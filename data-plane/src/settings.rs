@@ -63,6 +63,8 @@ pub struct Settings {
     pub idempotency_ttl: Duration,
     /// Keys tracked at most (`CUSTOM_ROUTER_IDEMPOTENCY_MAX_KEYS`, 10000).
     pub idempotency_max_keys: usize,
+    /// Connection-serving threads (`CUSTOM_ROUTER_WORKERS`, 0 = one per core).
+    pub workers: usize,
 }
 
 impl std::fmt::Debug for Settings {
@@ -98,6 +100,7 @@ impl Default for Settings {
             policy_poll_interval: Duration::from_secs(1),
             idempotency_ttl: Duration::from_secs(300),
             idempotency_max_keys: 10_000,
+            workers: 0,
         }
     }
 }
@@ -193,6 +196,14 @@ impl Settings {
         }
         if let Some((var, v)) = get("CUSTOM_ROUTER_IDEMPOTENCY_TTL") {
             s.idempotency_ttl = seconds(var, &v)?;
+        }
+        if let Some((var, v)) = get("CUSTOM_ROUTER_WORKERS") {
+            s.workers = v
+                .trim()
+                .parse::<usize>()
+                .ok()
+                .filter(|n| *n <= 1024)
+                .ok_or_else(|| bad(var, &v, "a number of threads from 0 (one per core) to 1024"))?;
         }
         if let Some((var, v)) = get("CUSTOM_ROUTER_IDEMPOTENCY_MAX_KEYS") {
             s.idempotency_max_keys = match v.trim().parse::<usize>() {

@@ -10,29 +10,15 @@ use std::process::ExitCode;
 
 use router_proto::v1 as pb;
 use router_proto::v1::admin_client::AdminClient;
+use router_proto::BearerToken;
 use serde_json::{json, Value};
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 
 use crate::policy_cmd::Output;
 
-/// Adds the bearer token to every call.
-#[derive(Clone)]
-pub struct Token(Option<String>);
-
-impl tonic::service::Interceptor for Token {
-    fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
-        if let Some(t) = &self.0 {
-            if let Ok(v) = format!("Bearer {t}").parse() {
-                req.metadata_mut().insert("authorization", v);
-            }
-        }
-        Ok(req)
-    }
-}
-
 /// An admin client.
-pub type Admin = AdminClient<InterceptedService<Channel, Token>>;
+pub type Admin = AdminClient<InterceptedService<Channel, BearerToken>>;
 
 /// Connects to the control plane.
 pub async fn connect(
@@ -49,7 +35,7 @@ pub async fn connect(
         .connect()
         .await
         .map_err(|e| format!("cannot reach the control plane at {url}: {e}"))?;
-    Ok(AdminClient::with_interceptor(channel, Token(token)))
+    Ok(AdminClient::with_interceptor(channel, BearerToken(token)))
 }
 
 /// A gRPC error as a person reads it.

@@ -248,17 +248,9 @@ pub async fn forward_set_backends(
                 continue;
             }
         };
-        let token = options.token.clone();
         let mut admin = router_proto::v1::admin_client::AdminClient::with_interceptor(
             channel,
-            move |mut req: tonic::Request<()>| {
-                if let Some(t) = &token {
-                    if let Ok(v) = format!("Bearer {t}").parse() {
-                        req.metadata_mut().insert("authorization", v);
-                    }
-                }
-                Ok(req)
-            },
+            router_proto::BearerToken(options.token.clone()),
         );
         let request = pb::SetBackendsRequest {
             pool: pool.to_string(),
@@ -327,16 +319,10 @@ async fn stream_once(
         .connect()
         .await
         .map_err(|e| format!("connect: {e}"))?;
-    let token = options.token.clone();
-    let mut client =
-        ProxyConfigClient::with_interceptor(channel, move |mut req: tonic::Request<()>| {
-            if let Some(t) = &token {
-                if let Ok(v) = format!("Bearer {t}").parse() {
-                    req.metadata_mut().insert("authorization", v);
-                }
-            }
-            Ok(req)
-        });
+    let mut client = ProxyConfigClient::with_interceptor(
+        channel,
+        router_proto::BearerToken(options.token.clone()),
+    );
     let (tx, rx) = mpsc::channel::<pb::ProxyMessage>(16);
     let hello = pb::ProxyMessage {
         msg: Some(pb::proxy_message::Msg::Hello(pb::Hello {

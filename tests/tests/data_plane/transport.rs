@@ -140,16 +140,20 @@ async fn sse_chunks_reach_the_client_before_the_stream_ends() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn upstream_connections_are_kept_alive() {
     let backend = mock("b", 0).await;
-    let proxy = TestProxy::sidecar(settings()).await;
+    let mut s = settings();
+    s.workers = 2;
+    let proxy = TestProxy::sidecar(s).await;
     proxy.set_backends(&[backend.host_port()]).await;
     for _ in 0..20 {
         assert_eq!(proxy.chat("m").await.status, StatusCode::OK);
     }
     assert_eq!(backend.stats().received, 20);
-    assert_eq!(
-        backend.stats().connections,
-        1,
-        "one pooled connection reused"
+    // Each worker thread keeps its own pool: at most one upstream
+    // connection per worker, reused for every request.
+    let connections = backend.stats().connections;
+    assert!(
+        (1..=2).contains(&connections),
+        "{connections} connections for 20 requests"
     );
 }
 

@@ -884,10 +884,6 @@ impl PoolRuntime {
             Some(st.structured_degraded_until.map_or(until, |u| u.max(until)));
     }
 
-    /// The pool's capacity probe settings.
-    pub fn probe_settings(&self) -> Option<Probe> {
-        self.lock().settings.probe
-    }
 
     /// A consistent view of the pool right now.
     pub fn status(&self) -> PoolStatus {

@@ -80,6 +80,12 @@ fn json(status: StatusCode, value: &serde_json::Value) -> Response<Bytes> {
 }
 
 fn health(shared: &Shared) -> Response<Bytes> {
+    if shared.draining.load(std::sync::atomic::Ordering::Relaxed) {
+        return json(
+            StatusCode::SERVICE_UNAVAILABLE,
+            &serde_json::json!({"ok": false, "draining": true}),
+        );
+    }
     let snapshot = shared.config.load();
     let pools = snapshot.pool_status();
     let queue_depth: usize = pools.iter().map(|p| p.queue_depth).sum();

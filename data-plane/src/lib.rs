@@ -117,6 +117,10 @@ pub struct Shared {
     pub idempotency: Arc<idempotency::IdempotencyCache>,
     /// Managed mode: where `set-backends` is forwarded.
     pub control_plane: Option<managed::ManagedOptions>,
+    /// Set when draining: health answers 503 so load balancers move on.
+    pub draining: std::sync::atomic::AtomicBool,
+    /// Flips to true to ask every connection to finish gracefully.
+    shutdown: tokio::sync::watch::Sender<bool>,
 }
 
 /// A proxy running in this process.
@@ -124,6 +128,8 @@ pub struct RunningProxy {
     addr: SocketAddr,
     shared: Arc<Shared>,
     tasks: Vec<JoinHandle<()>>,
+    /// One per worker thread, closed when its last connection is done.
+    workers_done: Vec<tokio::sync::oneshot::Receiver<()>>,
 }
 
 impl RunningProxy {
@@ -142,6 +148,28 @@ impl RunningProxy {
         for t in &self.tasks {
             t.abort();
         }
+    }
+
+    /// Drains: health turns 503, no new connections are accepted, every
+    /// open connection finishes the request it is serving (keep-alive is
+    /// turned off), then the proxy stops. Waits at most `timeout`; returns
+    /// true when everything finished in time.
+    pub async fn drain(mut self, timeout: std::time::Duration) -> bool {
+        self.shared
+            .draining
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        // The accept loop owns the hand-off channels: stopping it lets each
+        // worker finish once its connections are done.
+        if let Some(accept) = self.tasks.first() {
+            accept.abort();
+        }
+        self.shared.shutdown.send_replace(true);
+        let done = futures_util::future::join_all(std::mem::take(&mut self.workers_done));
+        let finished = tokio::time::timeout(timeout, done).await.is_ok();
+        for t in &self.tasks {
+            t.abort();
+        }
+        finished
     }
 }
 
@@ -202,6 +230,8 @@ pub async fn start(options: ProxyOptions) -> Result<RunningProxy, StartError> {
         config: Arc::clone(&config),
         metrics,
         client,
+        draining: std::sync::atomic::AtomicBool::new(false),
+        shutdown: tokio::sync::watch::channel(false).0,
         control_plane: match &mode {
             Mode::Managed(m) => Some(m.clone()),
             _ => None,
@@ -216,7 +246,7 @@ pub async fn start(options: ProxyOptions) -> Result<RunningProxy, StartError> {
         0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
         n => n,
     };
-    let handoffs = start_workers(&shared, workers)?;
+    let (handoffs, workers_done) = start_workers(&shared, workers)?;
     let mut tasks = vec![tokio::spawn(accept_loop(
         listener,
         Arc::clone(&shared),
@@ -250,6 +280,7 @@ pub async fn start(options: ProxyOptions) -> Result<RunningProxy, StartError> {
         addr,
         shared,
         tasks,
+        workers_done,
     })
 }
 
@@ -272,9 +303,15 @@ type Handoff = tokio::sync::mpsc::Sender<(std::net::TcpStream, SocketAddr)>;
 /// thread, so a request never wakes another thread: the multi-threaded
 /// scheduler's cross-thread wake-ups were the proxy's largest cost beyond
 /// nginx's (see docs/benchmarks.md). Returns the hand-off channels.
-fn start_workers(shared: &Arc<Shared>, n: usize) -> Result<Vec<Handoff>, StartError> {
+fn start_workers(
+    shared: &Arc<Shared>,
+    n: usize,
+) -> Result<(Vec<Handoff>, Vec<tokio::sync::oneshot::Receiver<()>>), StartError> {
     let mut handoffs = Vec::with_capacity(n);
+    let mut dones = Vec::with_capacity(n);
     for i in 0..n {
+        let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
+        dones.push(done_rx);
         // Bounded: a worker that cannot keep up makes the accept loop
         // refuse connections instead of queueing them without limit.
         let (tx, mut rx) = tokio::sync::mpsc::channel::<(std::net::TcpStream, SocketAddr)>(1024);
@@ -295,21 +332,29 @@ fn start_workers(shared: &Arc<Shared>, n: usize) -> Result<Vec<Handoff>, StartEr
                 };
                 WORKER_CLIENT.with(|c| *c.borrow_mut() = Some(client));
                 runtime.block_on(async move {
-                    while let Some((std_stream, remote)) = rx.recv().await {
-                        match TcpStream::from_std(std_stream) {
-                            Ok(stream) => {
-                                tokio::spawn(serve_connection(Arc::clone(&shared), stream, remote));
-                            }
-                            Err(e) => {
-                                tracing::debug!(%remote, error = %e, "cannot adopt a connection")
-                            }
+                    let mut connections = tokio::task::JoinSet::new();
+                    loop {
+                        tokio::select! {
+                            next = rx.recv() => match next {
+                                Some((std_stream, remote)) => match TcpStream::from_std(std_stream) {
+                                    Ok(stream) => {
+                                        connections.spawn(serve_connection(Arc::clone(&shared), stream, remote));
+                                    }
+                                    Err(e) => tracing::debug!(%remote, error = %e, "cannot adopt a connection"),
+                                },
+                                None => break,
+                            },
+                            Some(_) = connections.join_next(), if !connections.is_empty() => {}
                         }
                     }
+                    // No more connections will come: let these finish.
+                    while connections.join_next().await.is_some() {}
+                    let _ = done_tx.send(());
                 });
             })?;
         handoffs.push(tx);
     }
-    Ok(handoffs)
+    Ok((handoffs, dones))
 }
 
 async fn serve_connection(shared: Arc<Shared>, stream: TcpStream, remote: SocketAddr) {
@@ -324,7 +369,24 @@ async fn serve_connection(shared: Arc<Shared>, stream: TcpStream, remote: Socket
         .header_read_timeout(shared.settings.client_header_timeout)
         .keep_alive(true)
         .serve_connection(TokioIo::new(stream), service);
-    if let Err(e) = conn.await {
+    tokio::pin!(conn);
+    let mut shutdown = shared.shutdown.subscribe();
+    let result = loop {
+        if *shutdown.borrow_and_update() {
+            // Finish the request in progress, then close.
+            conn.as_mut().graceful_shutdown();
+            break conn.as_mut().await;
+        }
+        tokio::select! {
+            r = conn.as_mut() => break r,
+            changed = shutdown.changed() => {
+                if changed.is_err() {
+                    break conn.as_mut().await;
+                }
+            }
+        }
+    };
+    if let Err(e) = result {
         tracing::debug!(%remote, error = %e, "client connection ended with an error");
     }
 }

@@ -190,10 +190,20 @@ async fn run(settings: Settings, mode: Mode) -> ExitCode {
         tracing::info!("admin endpoints require a bearer token");
     }
     shutdown_signal().await;
-    tracing::info!("shutting down");
-    proxy.shutdown();
+    tracing::info!(
+        timeout_s = DRAIN_TIMEOUT.as_secs(),
+        "draining: finishing requests in flight"
+    );
+    if proxy.drain(DRAIN_TIMEOUT).await {
+        tracing::info!("drained");
+    } else {
+        tracing::warn!("drain timed out; closing the remaining connections");
+    }
     ExitCode::SUCCESS
 }
+
+/// How long a stopping proxy waits for requests in flight.
+const DRAIN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
 async fn shutdown_signal() {
     #[cfg(unix)]

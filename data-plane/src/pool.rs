@@ -884,7 +884,6 @@ impl PoolRuntime {
             Some(st.structured_degraded_until.map_or(until, |u| u.max(until)));
     }
 
-
     /// A consistent view of the pool right now.
     pub fn status(&self) -> PoolStatus {
         let st = self.lock();

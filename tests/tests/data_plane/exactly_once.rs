@@ -153,3 +153,45 @@ async fn the_route_decision_log_has_every_contract_field() {
     assert_eq!(l["tokens_in"], 5);
     assert_eq!(l["tokens_out"], 5);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn draining_finishes_requests_in_flight_then_stops() {
+    let backend = mock("slow", 400).await;
+    let TestProxy { proxy, client, .. } = TestProxy::sidecar(settings()).await;
+    let addr = proxy.local_addr();
+    let url = format!("http://{addr}");
+    let body = serde_json::json!({"backends": [backend.host_port()]}).to_string();
+    let r = client
+        .send(
+            Method::POST,
+            &format!("{url}/_custom_router/set-backends"),
+            &[],
+            body,
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK);
+    let in_flight = tokio::spawn({
+        let client = client.clone();
+        let url = format!("{url}/v1/chat/completions");
+        async move {
+            client
+                .send(Method::POST, &url, &[], r#"{"model":"m"}"#)
+                .await
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let started = std::time::Instant::now();
+    assert!(proxy.drain(Duration::from_secs(5)).await, "drained in time");
+    // The request in flight was answered, then the proxy stopped.
+    assert_eq!(in_flight.await.unwrap().status, StatusCode::OK);
+    assert!(
+        started.elapsed() >= Duration::from_millis(250),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(backend.stats().completed, 1);
+    assert!(
+        tokio::net::TcpStream::connect(addr).await.is_err(),
+        "no new connections after a drain"
+    );
+}

@@ -376,13 +376,14 @@ impl Exchange {
                 notes.push(format!("{name}: {}", availability.as_str()));
                 continue;
             }
-            let later: Vec<&&Arc<PoolRuntime>> = if route.fallback {
+            // The next pool that could take the request, if this one fails
+            // (looked up lazily: only the first available one matters).
+            let next = if route.fallback {
                 chain[i + 1..]
                     .iter()
-                    .filter(|p| p.availability() == Availability::Ready)
-                    .collect()
+                    .find(|p| p.availability() == Availability::Ready)
             } else {
-                Vec::new()
+                None
             };
             let now = Instant::now();
             let policy_pool = self.snapshot.policy.pool(name);
@@ -391,8 +392,8 @@ impl Exchange {
                 attempt_timeout: policy_pool
                     .and_then(|p| p.attempt_timeout)
                     .or(route.attempt_timeout),
-                next_p95: later.first().and_then(|p| p.outlook().p95),
-                last_candidate: later.is_empty(),
+                next_p95: next.and_then(|p| p.outlook().p95),
+                last_candidate: next.is_none(),
             };
             let timeout = match plan_attempt(budget, pool.outlook()) {
                 AttemptPlan::Skip(why) => {

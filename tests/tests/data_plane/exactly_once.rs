@@ -7,9 +7,9 @@ use futures_util::future::join_all;
 use http::{Method, StatusCode};
 use http_body_util::BodyExt;
 use router_tests::harness::{eventually, health_in_flight, TestProxy};
-use router_tests::mock::{Behavior, MockConfig, MockModel};
+use router_tests::mock::Behavior;
 
-use crate::{mock, settings};
+use crate::{mock, mock_with, settings};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn removing_a_backend_with_requests_in_flight() {
@@ -45,15 +45,15 @@ async fn removing_a_backend_with_requests_in_flight() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_leaving_mid_stream_frees_the_slot_and_cancels_upstream() {
-    let backend = MockModel::start(MockConfig {
-        behavior: Behavior::Sse {
+    let backend = mock_with(
+        "mock",
+        0,
+        Behavior::Sse {
             chunks: 100,
             interval: Duration::from_millis(50),
         },
-        ..MockConfig::default()
-    })
-    .await
-    .unwrap();
+    )
+    .await;
     let proxy = TestProxy::sidecar(settings()).await;
     proxy.set_backends(&[backend.host_port()]).await;
     let resp = proxy
@@ -80,12 +80,7 @@ async fn a_client_leaving_mid_stream_frees_the_slot_and_cancels_upstream() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn upstream_errors_are_passed_back_and_counted_as_failures() {
-    let backend = MockModel::start(MockConfig {
-        behavior: Behavior::Status(503),
-        ..MockConfig::default()
-    })
-    .await
-    .unwrap();
+    let backend = mock_with("mock", 0, Behavior::Status(503)).await;
     let proxy = TestProxy::sidecar(settings()).await;
     proxy.set_backends(&[backend.host_port()]).await;
     let r = proxy.chat("m").await;

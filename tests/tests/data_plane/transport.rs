@@ -6,11 +6,11 @@ use std::time::{Duration, Instant};
 use http::{Method, StatusCode};
 use http_body_util::BodyExt;
 use router_tests::harness::{eventually, TestProxy};
-use router_tests::mock::{Behavior, MockConfig, MockModel};
+use router_tests::mock::Behavior;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::{mock, settings};
+use crate::{mock, mock_with, settings};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn headers_are_forwarded_cleanly_with_the_request_id() {
@@ -72,12 +72,12 @@ async fn a_request_id_is_generated_when_absent() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redirects_go_back_to_the_client_unfollowed() {
-    let backend = MockModel::start(MockConfig {
-        behavior: Behavior::Redirect("http://127.0.0.1:9/elsewhere".into()),
-        ..MockConfig::default()
-    })
-    .await
-    .unwrap();
+    let backend = mock_with(
+        "mock",
+        0,
+        Behavior::Redirect("http://127.0.0.1:9/elsewhere".into()),
+    )
+    .await;
     let proxy = TestProxy::sidecar(settings()).await;
     proxy.set_backends(&[backend.host_port()]).await;
     let r = proxy.chat("m").await;
@@ -88,16 +88,15 @@ async fn redirects_go_back_to_the_client_unfollowed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sse_chunks_reach_the_client_before_the_stream_ends() {
-    let backend = MockModel::start(MockConfig {
-        name: "streamer".into(),
-        behavior: Behavior::Sse {
+    let backend = mock_with(
+        "streamer",
+        0,
+        Behavior::Sse {
             chunks: 5,
             interval: Duration::from_millis(150),
         },
-        ..MockConfig::default()
-    })
-    .await
-    .unwrap();
+    )
+    .await;
     let proxy = TestProxy::sidecar(settings()).await;
     proxy.set_backends(&[backend.host_port()]).await;
     let started = Instant::now();

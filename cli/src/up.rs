@@ -64,7 +64,7 @@ pub async fn run(args: UpArgs) -> ExitCode {
         .filter(|t| !t.trim().is_empty());
     let cp = match start(ControlPlaneOptions {
         listen: args.grpc,
-        data_dir: args.data_dir.join("control-plane"),
+        store: router_control_plane::StoreLocation::Embedded(args.data_dir.join("control-plane")),
         token: token.clone(),
         tls: None,
     })
@@ -113,7 +113,7 @@ pub async fn run(args: UpArgs) -> ExitCode {
             }
         }
     };
-    match cp.hub().apply_policy(&document, false, 0, "routerctl up") {
+    match cp.hub().apply_policy(&document, false, 0, "routerctl up").await {
         Ok((version, _)) => tracing::info!(version, "policy applied"),
         Err(e) => {
             eprintln!("routerctl up: the policy was refused: {e}");

@@ -38,7 +38,7 @@ async fn policy_commands_against_a_control_plane() {
     std::fs::create_dir_all(&dir).unwrap();
     let cp = start(ControlPlaneOptions {
         listen: "127.0.0.1:0".parse().unwrap(),
-        data_dir: dir.join("cp"),
+        store: router_control_plane::StoreLocation::Embedded(dir.join("cp")),
         token: Some("tok".into()),
         tls: None,
     })

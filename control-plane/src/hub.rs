@@ -1,23 +1,45 @@
 //! The control plane's state machine: validated changes in, snapshots out.
 //!
 //! Every change (a policy apply or rollback, a backend set, a circuit
-//! override or report) is checked, written to the [`Store`] as a
-//! compare-and-swap on the revision, and only then made current and
-//! published: every connected proxy's stream task is watching the one
-//! [`Published`] value and sends the new snapshot at once. Expired circuit
-//! overrides are pruned by a periodic task (and never sent: each carries
-//! its own expiry, so nothing stays stuck if the control plane goes away).
+//! override or report) is a read-modify-write: plan the next [`State`] from
+//! the current one, write it to the [`Store`] as a compare-and-swap on the
+//! revision, and only then make it current and publish it. Every connected
+//! proxy's stream task watches the one [`Published`] value and sends the
+//! new snapshot at once.
+//!
+//! With several replicas on one store, another replica may have written
+//! first: the compare-and-swap fails, the hub reloads and plans again from
+//! the newer state (so an apply that expected version 3 is refused as a
+//! conflict once another replica made version 4). Writes of other replicas
+//! also arrive through [`Store::follow`] and are published the same way,
+//! so a proxy sees a change whichever replica it is connected to.
+//!
+//! Work that must happen once (pruning expired circuit overrides and old
+//! policy versions) runs in [`maintenance_loop`] on the replica that holds
+//! the store's singleton lease. Expired overrides are never sent anyway:
+//! each carries its own expiry, so nothing stays stuck if no replica prunes.
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use router_policy::document::{load, PolicyDocument};
 use router_policy::{Endpoint, FieldError, QueueSettings};
 use router_proto::v1 as pb;
 use tokio::sync::watch;
+use tracing::Instrument;
 
-use crate::store::{BackendSet, CircuitRecord, PolicyRecord, State, Store, StoreError};
+use crate::store::{
+    BackendSet, CircuitRecord, Contents, PolicyRecord, State, Store, StoreChange, StoreError,
+    StoreEvent,
+};
+
+/// How many times a change is planned again after losing a
+/// compare-and-swap to another replica.
+const WRITE_ATTEMPTS: usize = 16;
+
+/// How many policy versions the history keeps (the current one is always kept).
+pub const HISTORY_LIMIT: usize = 100;
 
 /// Why a change was refused.
 #[derive(Debug, thiserror::Error)]
@@ -39,6 +61,15 @@ pub enum HubError {
     /// The store failed.
     #[error(transparent)]
     Store(#[from] StoreError),
+}
+
+/// A committed change.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Committed {
+    /// The revision naming the new state.
+    pub revision: u64,
+    /// The policy version current in it.
+    pub policy_version: u64,
 }
 
 /// What proxies are sent: the revision and its snapshot.
@@ -75,7 +106,44 @@ struct Inner {
 pub struct Hub {
     store: Box<dyn Store>,
     inner: Mutex<Inner>,
+    /// One read-modify-write at a time in this replica (other replicas are
+    /// kept out by the store's compare-and-swap).
+    writer: tokio::sync::Mutex<()>,
     published: watch::Sender<Arc<Published>>,
+}
+
+impl Inner {
+    /// Takes a newer state (and policy changes); true if the state moved.
+    fn install(&mut self, state: Option<State>, events: Vec<StoreEvent>) -> bool {
+        for event in events {
+            match event {
+                StoreEvent::Policy(p) => {
+                    if let Err(i) = self.history.binary_search_by_key(&p.version, |h| h.version) {
+                        self.history.insert(i, p);
+                    }
+                }
+                StoreEvent::PolicyRemoved(v) => self.history.retain(|h| h.version != v),
+                StoreEvent::State(_) => {}
+            }
+        }
+        match state {
+            Some(s) if s.revision > self.state.revision => {
+                self.state = s;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    fn next_policy_version(&self) -> u64 {
+        self.history
+            .iter()
+            .map(|p| p.version)
+            .max()
+            .unwrap_or(0)
+            .max(self.state.policy_version)
+            + 1
+    }
 }
 
 /// Now, in Unix milliseconds.
@@ -134,20 +202,58 @@ pub fn validate(document: &str) -> Result<(), Vec<FieldError>> {
 }
 
 impl Hub {
-    /// Loads the state from `store`.
-    pub fn open(store: Box<dyn Store>) -> Result<Arc<Self>, HubError> {
-        let (state, history) = store.load()?;
+    /// Loads the state from `store`, and follows other writers' changes
+    /// (when the store has any) for as long as the hub lives.
+    pub async fn open(store: Box<dyn Store>) -> Result<Arc<Self>, HubError> {
+        let Contents { state, history } = store.load().await?;
         let inner = Inner {
             state,
             history,
             proxies: BTreeMap::new(),
         };
         let (published, _) = watch::channel(Arc::new(snapshot_of(&inner)));
-        Ok(Arc::new(Self {
+        let changes = store.follow();
+        let hub = Arc::new(Self {
             store,
             inner: Mutex::new(inner),
+            writer: tokio::sync::Mutex::new(()),
             published,
-        }))
+        });
+        if let Some(changes) = changes {
+            tokio::spawn(follow_store(Arc::downgrade(&hub), changes));
+        }
+        Ok(hub)
+    }
+
+    /// Takes in a change another writer made (or a fresh listing).
+    pub fn take_change(&self, change: StoreChange) {
+        let mut inner = self.lock();
+        let moved = match change {
+            StoreChange::Relisted(contents) => {
+                if contents.state.revision >= inner.state.revision {
+                    let moved = contents.state.revision > inner.state.revision;
+                    inner.state = contents.state;
+                    inner.history = contents.history;
+                    moved
+                } else {
+                    false
+                }
+            }
+            StoreChange::Changed(events) => {
+                let state = events
+                    .iter()
+                    .filter_map(|e| match e {
+                        StoreEvent::State(s) => Some(s.clone()),
+                        _ => None,
+                    })
+                    .max_by_key(|s| s.revision);
+                inner.install(state, events)
+            }
+        };
+        if moved {
+            tracing::info!(revision = inner.state.revision, policy_version = inner.state.policy_version, "state changed by another replica");
+            self.published.send_replace(Arc::new(snapshot_of(&inner)));
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -159,28 +265,56 @@ impl Hub {
         self.published.subscribe()
     }
 
-    /// Writes `next` if the revision did not move, then publishes it.
-    fn commit(
-        &self,
-        inner: &mut Inner,
-        mut next: State,
-        policy: Option<PolicyRecord>,
-    ) -> Result<u64, HubError> {
-        next.revision = inner.state.revision + 1;
-        self.store
-            .commit(inner.state.revision, &next, policy.as_ref())?;
-        inner.state = next;
-        if let Some(p) = policy {
-            inner.history.push(p);
+    /// The read-modify-write every change goes through: `plan` gives the
+    /// next state (and a new policy version), or `None` when nothing
+    /// changes; it is planned again from a reloaded state when another
+    /// writer won the compare-and-swap.
+    async fn change<F>(&self, mut plan: F) -> Result<Committed, HubError>
+    where
+        F: FnMut(&Inner) -> Result<Option<(State, Option<PolicyRecord>)>, HubError>,
+    {
+        let _writer = self.writer.lock().await;
+        let mut attempt = 0;
+        loop {
+            let (expected, next, policy) = {
+                let inner = self.lock();
+                match plan(&inner)? {
+                    None => {
+                        return Ok(Committed {
+                            revision: inner.state.revision,
+                            policy_version: inner.state.policy_version,
+                        })
+                    }
+                    Some((next, policy)) => (inner.state.revision, next, policy),
+                }
+            };
+            match self.store.commit(expected, &next, policy.as_ref()).await {
+                Ok(revision) => {
+                    let policy_version = next.policy_version;
+                    let mut inner = self.lock();
+                    let state = State { revision, ..next };
+                    let moved = inner.install(Some(state), policy.into_iter().map(StoreEvent::Policy).collect());
+                    if moved {
+                        self.published.send_replace(Arc::new(snapshot_of(&inner)));
+                    }
+                    return Ok(Committed {
+                        revision,
+                        policy_version,
+                    });
+                }
+                Err(StoreError::Conflict { .. }) if attempt + 1 < WRITE_ATTEMPTS => {
+                    attempt += 1;
+                    let contents = self.store.load().await?;
+                    self.take_change(StoreChange::Relisted(contents));
+                }
+                Err(e) => return Err(e.into()),
+            }
         }
-        let revision = inner.state.revision;
-        self.published.send_replace(Arc::new(snapshot_of(inner)));
-        Ok(revision)
     }
 
     /// Applies (or with `dry_run` only validates) a policy. Returns the
     /// version it got (or would get) and the revision.
-    pub fn apply_policy(
+    pub async fn apply_policy(
         &self,
         document: &str,
         dry_run: bool,
@@ -193,92 +327,119 @@ impl Hub {
             router.policy_version = tracing::field::Empty,
             router.revision = tracing::field::Empty
         );
-        let _entered = span.enter();
-        {
-            let _validate = tracing::info_span!("policy.validate").entered();
-            validate(document).map_err(HubError::Invalid)?;
+        async {
+            {
+                let _validate = tracing::info_span!("policy.validate").entered();
+                validate(document).map_err(HubError::Invalid)?;
+            }
+            let check = |inner: &Inner| {
+                let current = inner.state.policy_version;
+                if expected_version != 0 && expected_version != current {
+                    return Err(HubError::Conflict {
+                        expected: expected_version,
+                        current,
+                    });
+                }
+                Ok(inner.next_policy_version())
+            };
+            if dry_run {
+                let inner = self.lock();
+                return Ok((check(&inner)?, inner.state.revision));
+            }
+            let done = self
+                .change(|inner| {
+                    let version = check(inner)?;
+                    let record = PolicyRecord {
+                        version,
+                        document: document.to_string(),
+                        applied_at_unix_ms: now_ms(),
+                        author: author.to_string(),
+                        note: "apply".into(),
+                    };
+                    let mut next = inner.state.clone();
+                    next.policy_version = version;
+                    Ok(Some((next, Some(record))))
+                })
+                .await?;
+            let span = tracing::Span::current();
+            span.record("router.policy_version", done.policy_version);
+            span.record("router.revision", done.revision);
+            tracing::info!(
+                version = done.policy_version,
+                revision = done.revision,
+                author,
+                "policy applied"
+            );
+            Ok((done.policy_version, done.revision))
         }
-        let mut inner = self.lock();
-        let current = inner.state.policy_version;
-        if expected_version != 0 && expected_version != current {
-            return Err(HubError::Conflict {
-                expected: expected_version,
-                current,
-            });
-        }
-        let version = inner.history.iter().map(|p| p.version).max().unwrap_or(0) + 1;
-        if dry_run {
-            return Ok((version, inner.state.revision));
-        }
-        let record = PolicyRecord {
-            version,
-            document: document.to_string(),
-            applied_at_unix_ms: now_ms(),
-            author: author.to_string(),
-            note: "apply".into(),
-        };
-        let mut next = inner.state.clone();
-        next.policy_version = version;
-        let revision = self.commit(&mut inner, next, Some(record))?;
-        span.record("router.policy_version", version);
-        span.record("router.revision", revision);
-        tracing::info!(version, revision, author, "policy applied");
-        Ok((version, revision))
+        .instrument(span)
+        .await
     }
 
     /// Makes an earlier version current again (as a new version).
-    pub fn rollback(&self, to_version: u64, expected_version: u64) -> Result<(u64, u64), HubError> {
-        let document = {
-            let inner = self.lock();
-            let current = inner.state.policy_version;
-            if expected_version != 0 && expected_version != current {
-                return Err(HubError::Conflict {
-                    expected: expected_version,
-                    current,
-                });
-            }
-            let target = if to_version == 0 {
-                inner
+    pub async fn rollback(
+        &self,
+        to_version: u64,
+        expected_version: u64,
+    ) -> Result<(u64, u64), HubError> {
+        let mut target = 0;
+        let done = self
+            .change(|inner| {
+                let current = inner.state.policy_version;
+                if expected_version != 0 && expected_version != current {
+                    return Err(HubError::Conflict {
+                        expected: expected_version,
+                        current,
+                    });
+                }
+                let wanted = if to_version == 0 {
+                    inner
+                        .history
+                        .iter()
+                        .filter(|p| p.version < current && p.note == "apply")
+                        .map(|p| p.version)
+                        .max()
+                        .or_else(|| {
+                            inner
+                                .history
+                                .iter()
+                                .filter(|p| p.version < current)
+                                .map(|p| p.version)
+                                .max()
+                        })
+                } else {
+                    Some(to_version)
+                };
+                let wanted = wanted.ok_or_else(|| {
+                    HubError::NotFound("no earlier version to roll back to".into())
+                })?;
+                let document = inner
                     .history
                     .iter()
-                    .filter(|p| p.version < current && p.note == "apply")
-                    .map(|p| p.version)
-                    .max()
-                    .or_else(|| {
-                        inner
-                            .history
-                            .iter()
-                            .filter(|p| p.version < current)
-                            .map(|p| p.version)
-                            .max()
-                    })
-            } else {
-                Some(to_version)
-            };
-            let target = target
-                .ok_or_else(|| HubError::NotFound("no earlier version to roll back to".into()))?;
-            inner
-                .history
-                .iter()
-                .find(|p| p.version == target)
-                .map(|p| (target, p.document.clone()))
-                .ok_or_else(|| HubError::NotFound(format!("no policy version {target}")))?
-        };
-        let (target, document) = document;
-        let mut inner = self.lock();
-        let version = inner.history.iter().map(|p| p.version).max().unwrap_or(0) + 1;
-        let record = PolicyRecord {
-            version,
-            document,
-            applied_at_unix_ms: now_ms(),
-            author: "rollback".into(),
-            note: format!("rollback to {target}"),
-        };
-        let mut next = inner.state.clone();
-        next.policy_version = version;
-        let revision = self.commit(&mut inner, next, Some(record))?;
-        tracing::info!(version, target, revision, "policy rolled back");
-        Ok((version, revision))
+                    .find(|p| p.version == wanted)
+                    .map(|p| p.document.clone())
+                    .ok_or_else(|| HubError::NotFound(format!("no policy version {wanted}")))?;
+                target = wanted;
+                let version = inner.next_policy_version();
+                let record = PolicyRecord {
+                    version,
+                    document,
+                    applied_at_unix_ms: now_ms(),
+                    author: "rollback".into(),
+                    note: format!("rollback to {wanted}"),
+                };
+                let mut next = inner.state.clone();
+                next.policy_version = version;
+                Ok(Some((next, Some(record))))
+            })
+            .await?;
+        tracing::info!(
+            version = done.policy_version,
+            target,
+            revision = done.revision,
+            "policy rolled back"
+        );
+        Ok((done.policy_version, done.revision))
     }
 
     /// A policy version (0: current).
@@ -303,7 +464,7 @@ impl Hub {
     }
 
     /// Replaces a pool's backend set.
-    pub fn set_backends(
+    pub async fn set_backends(
         &self,
         pool: &str,
         endpoints: Vec<String>,
@@ -335,47 +496,44 @@ impl Hub {
         if !errors.is_empty() {
             return Err(HubError::Invalid(errors));
         }
-        let mut inner = self.lock();
-        if let Some(p) = inner
-            .history
-            .iter()
-            .find(|p| p.version == inner.state.policy_version)
-        {
-            if let Ok(policy) = load(&p.document, &QueueSettings::default()) {
-                if policy.pool(pool).is_none() {
-                    return Err(HubError::Invalid(vec![FieldError {
-                        field: "pool".into(),
-                        reason: format!("the current policy has no pool {pool:?}"),
-                    }]));
-                }
-            }
-        }
-        let mut next = inner.state.clone();
-        next.backends
-            .insert(pool.to_string(), BackendSet { endpoints, drained });
-        self.commit(&mut inner, next, None)
+        let set = BackendSet { endpoints, drained };
+        self.change(|inner| {
+            check_pool_exists(inner, pool)?;
+            let mut next = inner.state.clone();
+            next.backends.insert(pool.to_string(), set.clone());
+            Ok(Some((next, None)))
+        })
+        .await
+        .map(|c| c.revision)
     }
 
-    /// Drains (or undrains) one endpoint of a pool's backend set.
-    pub fn drain(&self, pool: &str, endpoint: &str) -> Result<u64, HubError> {
-        let current = self.state().backends.get(pool).cloned().ok_or_else(|| {
-            HubError::NotFound(format!("no backend set for pool {pool:?} (set it first)"))
-        })?;
-        if !current.endpoints.iter().any(|e| e == endpoint) {
-            return Err(HubError::NotFound(format!(
-                "{endpoint} is not a backend of {pool}"
-            )));
-        }
-        let mut drained = current.drained.clone();
-        if !drained.iter().any(|d| d == endpoint) {
-            drained.push(endpoint.to_string());
-        }
-        self.set_backends(pool, current.endpoints, drained)
+    /// Drains one endpoint of a pool's backend set.
+    pub async fn drain(&self, pool: &str, endpoint: &str) -> Result<u64, HubError> {
+        self.change(|inner| {
+            let current = inner.state.backends.get(pool).ok_or_else(|| {
+                HubError::NotFound(format!("no backend set for pool {pool:?} (set it first)"))
+            })?;
+            if !current.endpoints.iter().any(|e| e == endpoint) {
+                return Err(HubError::NotFound(format!(
+                    "{endpoint} is not a backend of {pool}"
+                )));
+            }
+            if current.drained.iter().any(|d| d == endpoint) {
+                return Ok(None);
+            }
+            let mut next = inner.state.clone();
+            if let Some(set) = next.backends.get_mut(pool) {
+                set.drained.push(endpoint.to_string());
+            }
+            Ok(Some((next, None)))
+        })
+        .await
+        .map(|c| c.revision)
     }
 
     /// Forces a circuit open (or closed) for a while; `open: false` with no
     /// duration clears overrides of that target.
-    pub fn set_circuit(
+    pub async fn set_circuit(
         &self,
         pool: &str,
         endpoint: &str,
@@ -383,67 +541,101 @@ impl Hub {
         for_secs: u64,
         source: &str,
     ) -> Result<u64, HubError> {
-        let mut inner = self.lock();
-        let mut next = inner.state.clone();
-        next.circuits.retain(|c| {
-            !(c.pool == pool
-                && c.endpoint == endpoint
-                && (c.source == source || source == "operator"))
-        });
-        if open || for_secs > 0 {
-            let secs = if for_secs == 0 {
-                300
-            } else {
-                for_secs.min(86_400)
-            };
-            next.circuits.push(CircuitRecord {
-                pool: pool.to_string(),
-                endpoint: endpoint.to_string(),
-                open,
-                until_unix_ms: now_ms() + i64::try_from(secs * 1000).unwrap_or(i64::MAX),
-                source: source.to_string(),
+        let secs = if for_secs == 0 {
+            300
+        } else {
+            for_secs.min(86_400)
+        };
+        let until = now_ms() + i64::try_from(secs * 1000).unwrap_or(i64::MAX);
+        self.change(|inner| {
+            let mut next = inner.state.clone();
+            next.circuits.retain(|c| {
+                !(c.pool == pool
+                    && c.endpoint == endpoint
+                    && (c.source == source || source == "operator"))
             });
-        }
-        if next.circuits == inner.state.circuits {
-            return Ok(inner.state.revision);
-        }
-        self.commit(&mut inner, next, None)
+            if open || for_secs > 0 {
+                next.circuits.push(CircuitRecord {
+                    pool: pool.to_string(),
+                    endpoint: endpoint.to_string(),
+                    open,
+                    until_unix_ms: until,
+                    source: source.to_string(),
+                });
+            }
+            Ok((next.circuits != inner.state.circuits).then_some((next, None)))
+        })
+        .await
+        .map(|c| c.revision)
     }
 
     /// A proxy's circuit transition: an open circuit is shared with every
     /// proxy until its expiry; a closed one withdraws that proxy's report.
-    pub fn report_circuit(&self, node: &str, report: &pb::CircuitReport) -> Result<u64, HubError> {
-        let mut inner = self.lock();
-        let mut next = inner.state.clone();
-        next.circuits.retain(|c| {
-            !(c.pool == report.pool && c.endpoint == report.endpoint && c.source == node)
-        });
-        if report.open && report.until_unix_ms > now_ms() {
-            next.circuits.push(CircuitRecord {
-                pool: report.pool.clone(),
-                endpoint: report.endpoint.clone(),
-                open: true,
-                // A proxy may not hold the fleet's circuit open for long.
-                until_unix_ms: report.until_unix_ms.min(now_ms() + 600_000),
-                source: node.to_string(),
+    /// Reports through different replicas land in the one stored list, so
+    /// the fleet has one view.
+    pub async fn report_circuit(
+        &self,
+        node: &str,
+        report: &pb::CircuitReport,
+    ) -> Result<u64, HubError> {
+        self.change(|inner| {
+            let now = now_ms();
+            let mut next = inner.state.clone();
+            next.circuits.retain(|c| {
+                !(c.pool == report.pool && c.endpoint == report.endpoint && c.source == node)
             });
-        }
-        if next.circuits == inner.state.circuits {
-            return Ok(inner.state.revision);
-        }
-        self.commit(&mut inner, next, None)
+            if report.open && report.until_unix_ms > now {
+                next.circuits.push(CircuitRecord {
+                    pool: report.pool.clone(),
+                    endpoint: report.endpoint.clone(),
+                    open: true,
+                    // A proxy may not hold the fleet's circuit open for long.
+                    until_unix_ms: report.until_unix_ms.min(now + 600_000),
+                    source: node.to_string(),
+                });
+            }
+            Ok((next.circuits != inner.state.circuits).then_some((next, None)))
+        })
+        .await
+        .map(|c| c.revision)
     }
 
     /// Drops expired circuit overrides (a change only when some expired).
-    pub fn prune_expired(&self) -> Result<(), HubError> {
-        let mut inner = self.lock();
-        let now = now_ms();
-        if inner.state.circuits.iter().all(|c| c.until_unix_ms > now) {
-            return Ok(());
+    pub async fn prune_expired(&self) -> Result<(), HubError> {
+        self.change(|inner| {
+            let now = now_ms();
+            if inner.state.circuits.iter().all(|c| c.until_unix_ms > now) {
+                return Ok(None);
+            }
+            let mut next = inner.state.clone();
+            next.circuits.retain(|c| c.until_unix_ms > now);
+            Ok(Some((next, None)))
+        })
+        .await
+        .map(|_| ())
+    }
+
+    /// Removes all but the newest [`HISTORY_LIMIT`] policy versions (never
+    /// the current one). Returns how many went.
+    pub async fn prune_history(&self) -> Result<usize, HubError> {
+        let old: Vec<u64> = {
+            let inner = self.lock();
+            let excess = inner.history.len().saturating_sub(HISTORY_LIMIT);
+            inner
+                .history
+                .iter()
+                .take(excess)
+                .map(|p| p.version)
+                .filter(|v| *v != inner.state.policy_version)
+                .collect()
+        };
+        if old.is_empty() {
+            return Ok(0);
         }
-        let mut next = inner.state.clone();
-        next.circuits.retain(|c| c.until_unix_ms > now);
-        self.commit(&mut inner, next, None).map(|_| ())
+        self.store.remove_policies(&old).await?;
+        self.lock().history.retain(|p| !old.contains(&p.version));
+        tracing::info!(removed = old.len(), "old policy versions pruned");
+        Ok(old.len())
     }
 
     /// Records what a proxy said.
@@ -483,14 +675,59 @@ impl Hub {
     }
 }
 
-/// Runs [`Hub::prune_expired`] every second until the hub is gone.
-pub async fn prune_loop(hub: std::sync::Weak<Hub>) {
+/// Refuses a backend set for a pool the current policy does not have.
+fn check_pool_exists(inner: &Inner, pool: &str) -> Result<(), HubError> {
+    let Some(p) = inner
+        .history
+        .iter()
+        .find(|p| p.version == inner.state.policy_version)
+    else {
+        return Ok(());
+    };
+    match load(&p.document, &QueueSettings::default()) {
+        Ok(policy) if policy.pool(pool).is_none() => Err(HubError::Invalid(vec![FieldError {
+            field: "pool".into(),
+            reason: format!("the current policy has no pool {pool:?}"),
+        }])),
+        _ => Ok(()),
+    }
+}
+
+/// Applies other writers' changes to the hub until either goes away.
+async fn follow_store(hub: Weak<Hub>, mut changes: tokio::sync::mpsc::Receiver<StoreChange>) {
+    while let Some(change) = changes.recv().await {
+        let Some(hub) = hub.upgrade() else { return };
+        hub.take_change(change);
+    }
+}
+
+/// Every second, on the replica holding the singleton lease: prunes
+/// expired circuit overrides and old policy versions. Ends with the hub.
+pub async fn maintenance_loop(hub: Weak<Hub>) {
     let mut tick = tokio::time::interval(Duration::from_secs(1));
+    let mut leading = false;
     loop {
         tick.tick().await;
         let Some(h) = hub.upgrade() else { return };
-        if let Err(e) = h.prune_expired() {
+        let now_leading = match h.store.hold_singleton().await {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot renew the singleton lease");
+                false
+            }
+        };
+        if now_leading != leading {
+            tracing::info!(leading = now_leading, "singleton lease changed hands");
+            leading = now_leading;
+        }
+        if !leading {
+            continue;
+        }
+        if let Err(e) = h.prune_expired().await {
             tracing::warn!(error = %e, "pruning expired circuits failed");
+        }
+        if let Err(e) = h.prune_history().await {
+            tracing::warn!(error = %e, "pruning policy history failed");
         }
     }
 }

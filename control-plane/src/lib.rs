@@ -1,8 +1,8 @@
 //! `router-control-plane`: stores policy, backend sets and circuit state,
 //! and streams them to proxies over gRPC.
 //!
-//! - [`store`]: persistence behind the [`store::Store`] trait (embedded
-//!   redb file by default);
+//! - [`store`]: persistence behind the [`store::Store`] trait (an embedded
+//!   redb file by default; etcd for several replicas);
 //! - [`hub`]: validated changes in, one published snapshot out;
 //! - [`service`]: the `Admin` and `ProxyConfig` gRPC services.
 //!
@@ -33,12 +33,27 @@ use crate::service::{auth, AdminService, ProxyConfigService};
 pub struct ControlPlaneOptions {
     /// Where to listen.
     pub listen: SocketAddr,
-    /// Directory of the embedded store.
-    pub data_dir: PathBuf,
+    /// Where the state is kept.
+    pub store: StoreLocation,
     /// Bearer token required on every call; `None` leaves the API open.
     pub token: Option<String>,
     /// TLS certificate chain and key (PEM); `None` serves plain HTTP/2.
     pub tls: Option<(String, String)>,
+}
+
+/// Where the control plane keeps its state.
+#[derive(Debug, Clone)]
+pub enum StoreLocation {
+    /// The embedded single-file store in this directory (one replica).
+    Embedded(PathBuf),
+    /// etcd, shared by several replicas.
+    #[cfg(feature = "etcd")]
+    Etcd {
+        /// Members and key prefix.
+        address: store::etcd::EtcdAddress,
+        /// This replica's name (in the singleton lease and logs).
+        node_id: String,
+    },
 }
 
 /// Errors that stop the control plane from starting.
@@ -99,8 +114,18 @@ impl Drop for RunningControlPlane {
 
 /// Opens the store, binds, and serves in background tasks.
 pub async fn start(options: ControlPlaneOptions) -> Result<RunningControlPlane, StartError> {
-    let store = store::RedbStore::open(&options.data_dir).map_err(hub::HubError::from)?;
-    let hub = Hub::open(Box::new(store))?;
+    let store: Box<dyn store::Store> = match &options.store {
+        StoreLocation::Embedded(dir) => {
+            Box::new(store::RedbStore::open(dir).map_err(hub::HubError::from)?)
+        }
+        #[cfg(feature = "etcd")]
+        StoreLocation::Etcd { address, node_id } => Box::new(
+            store::etcd::EtcdStore::connect(address, node_id)
+                .await
+                .map_err(hub::HubError::from)?,
+        ),
+    };
+    let hub = Hub::open(store).await?;
     let listener = TcpListener::bind(options.listen)
         .await
         .map_err(|e| StartError::Bind(options.listen, e))?;
@@ -140,10 +165,10 @@ pub async fn start(options: ControlPlaneOptions) -> Result<RunningControlPlane, 
             tracing::error!(error = %e, "control plane server stopped");
         }
     });
-    let prune = tokio::spawn(hub::prune_loop(Arc::downgrade(&hub)));
+    let maintenance = tokio::spawn(hub::maintenance_loop(Arc::downgrade(&hub)));
     Ok(RunningControlPlane {
         addr,
         hub,
-        tasks: vec![serve, prune],
+        tasks: vec![serve, maintenance],
     })
 }

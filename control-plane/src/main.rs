@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
-use router_control_plane::{start, ControlPlaneOptions};
+use router_control_plane::{start, ControlPlaneOptions, StoreLocation};
 
 /// The LLM router's control plane.
 #[derive(Parser, Debug)]
@@ -17,9 +17,16 @@ struct Args {
     /// gRPC address.
     #[arg(long, default_value = "0.0.0.0:50051")]
     listen: SocketAddr,
-    /// Directory of the embedded store.
+    /// Directory of the embedded store (one replica).
     #[arg(long, default_value = "router-data")]
     data_dir: PathBuf,
+    /// Share state with other replicas through etcd:
+    /// `etcd://host:2379[,host:2379...][/prefix]` (instead of --data-dir).
+    #[arg(long, env = "ROUTER_STORE")]
+    store: Option<String>,
+    /// This replica's name (etcd store): shown as the singleton lease holder.
+    #[arg(long, env = "ROUTER_NODE_ID")]
+    node_id: Option<String>,
     /// File holding the bearer token every call must present.
     #[arg(long)]
     token_file: Option<PathBuf>,
@@ -71,6 +78,23 @@ fn main() -> ExitCode {
         },
         _ => None,
     };
+    let store = match args.store.as_deref() {
+        None => StoreLocation::Embedded(args.data_dir.clone()),
+        Some(url) => match router_control_plane::store::etcd::EtcdAddress::parse(url) {
+            Ok(address) => StoreLocation::Etcd {
+                address,
+                node_id: args.node_id.clone().unwrap_or_else(default_node_id),
+            },
+            Err(e) => {
+                eprintln!("router-control-plane: --store: {e}");
+                return ExitCode::from(2);
+            }
+        },
+    };
+    let store_name = match &store {
+        StoreLocation::Embedded(dir) => dir.display().to_string(),
+        StoreLocation::Etcd { address, .. } => format!("etcd {} {}", address.endpoints.join(","), address.prefix),
+    };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -87,7 +111,7 @@ fn main() -> ExitCode {
         }
         let cp = match start(ControlPlaneOptions {
             listen: args.listen,
-            data_dir: args.data_dir.clone(),
+            store,
             token,
             tls,
         })
@@ -99,8 +123,16 @@ fn main() -> ExitCode {
                 return ExitCode::FAILURE;
             }
         };
-        tracing::info!(addr = %cp.local_addr(), data_dir = %args.data_dir.display(), "router-control-plane listening");
+        tracing::info!(addr = %cp.local_addr(), store = %store_name, "router-control-plane listening");
         let _ = tokio::signal::ctrl_c().await;
         ExitCode::SUCCESS
     })
+}
+
+/// The host name (a pod's name in Kubernetes), else a random id.
+fn default_node_id() -> String {
+    std::env::var("HOSTNAME")
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| format!("cp-{}", uuid::Uuid::now_v7()))
 }

@@ -100,7 +100,9 @@ impl Admin for AdminService {
             r.dry_run,
             r.expected_version,
             &r.author,
-        ) {
+        )
+        .await
+        {
             Ok((version, revision)) => Ok(Response::new(pb::ApplyPolicyResponse {
                 version,
                 applied: !r.dry_run,
@@ -154,6 +156,7 @@ impl Admin for AdminService {
         let r = req.into_inner();
         let (version, revision) = upgrade(&self.hub)?
             .rollback(r.to_version, r.expected_version)
+            .await
             .map_err(status)?;
         Ok(Response::new(pb::ApplyPolicyResponse {
             version,
@@ -200,6 +203,7 @@ impl Admin for AdminService {
         let r = req.into_inner();
         let revision = upgrade(&self.hub)?
             .set_backends(&r.pool, r.endpoints, r.drained)
+            .await
             .map_err(status)?;
         Ok(Response::new(pb::ChangeResponse { revision }))
     }
@@ -233,6 +237,7 @@ impl Admin for AdminService {
         let r = req.into_inner();
         let revision = upgrade(&self.hub)?
             .set_circuit(&r.pool, &r.endpoint, r.open, r.for_seconds, "operator")
+            .await
             .map_err(status)?;
         Ok(Response::new(pb::ChangeResponse { revision }))
     }
@@ -349,7 +354,7 @@ impl ProxyConfig for ProxyConfigService {
                     }
                     Some(pb::proxy_message::Msg::Circuit(c)) => {
                         hub.proxy_seen(&node, |_| {});
-                        if let Err(e) = hub.report_circuit(&node, &c) {
+                        if let Err(e) = hub.report_circuit(&node, &c).await {
                             tracing::warn!(node = %node, error = %e, "circuit report not stored");
                         }
                     }

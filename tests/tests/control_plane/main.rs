@@ -31,7 +31,7 @@ fn temp(name: &str) -> PathBuf {
 async fn control_plane(dir: &Path, listen: SocketAddr) -> RunningControlPlane {
     start(ControlPlaneOptions {
         listen,
-        data_dir: dir.to_path_buf(),
+        store: router_control_plane::StoreLocation::Embedded(dir.to_path_buf()),
         token: Some(TOKEN.into()),
         tls: None,
     })
@@ -425,7 +425,7 @@ async fn the_control_plane_can_serve_tls() {
     let dir = temp("tls");
     let cp = start(ControlPlaneOptions {
         listen: "127.0.0.1:0".parse().unwrap(),
-        data_dir: dir.clone(),
+        store: router_control_plane::StoreLocation::Embedded(dir.clone()),
         token: Some(TOKEN.into()),
         tls: Some((ck.cert.pem(), ck.signing_key.serialize_pem())),
     })
@@ -434,6 +434,7 @@ async fn the_control_plane_can_serve_tls() {
     let url = format!("https://localhost:{}", cp.local_addr().port());
     cp.hub()
         .apply_policy(&policy(&a.url(), &a.url()), false, 0, "test")
+        .await
         .unwrap();
     let trusted = TestProxy::start(
         Settings::default(),

@@ -232,13 +232,13 @@ spec:
     let _ = std::fs::remove_dir_all(&dir);
     let cp = router_control_plane::start(router_control_plane::ControlPlaneOptions {
         listen: "127.0.0.1:0".parse().unwrap(),
-        data_dir: dir.clone(),
+        store: router_control_plane::StoreLocation::Embedded(dir.clone()),
         token: None,
         tls: None,
     })
     .await
     .unwrap();
-    cp.hub().apply_policy(&policy, false, 0, "test").unwrap();
+    cp.hub().apply_policy(&policy, false, 0, "test").await.unwrap();
     let spans = wait_spans(&receiver, &provider, |s| {
         s.iter().any(|s| s.name == "policy.apply")
     })

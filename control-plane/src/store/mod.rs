@@ -2,18 +2,33 @@
 //!
 //! Everything the control plane knows is one [`State`] (the current
 //! revision, the current policy version, backend sets, circuit overrides)
-//! plus the policy history. [`Store`] persists them; every write is a
-//! compare-and-swap on the revision, so two writers can never both win
-//! (the etcd implementation of a later issue relies on the same contract).
+//! plus the policy history. [`Store`] persists them. Every write is a
+//! compare-and-swap on the revision, so of two writers that read the same
+//! revision exactly one wins and the other gets [`StoreError::Conflict`].
 //!
-//! [`RedbStore`] keeps them in one embedded file (`<data-dir>/router.redb`):
-//! nothing to install, crash-safe (redb commits are durable and atomic).
+//! Two implementations:
+//!
+//! - [`RedbStore`] (the default) keeps everything in one embedded file
+//!   (`<data-dir>/router.redb`): nothing to install, crash-safe (redb
+//!   commits are durable and atomic). One process writes it, so it has no
+//!   changes to follow and always holds the singleton lease.
+//! - [`EtcdStore`](etcd::EtcdStore) (feature `etcd`) shares the state
+//!   between control-plane replicas through etcd. The revision is the etcd
+//!   `mod_revision` of the state key, so every replica names the same state
+//!   with the same number; each replica follows the others' writes by
+//!   list-then-watch ([`Store::follow`]).
 
 use std::collections::BTreeMap;
+use std::future::Future;
 use std::path::Path;
+use std::pin::Pin;
 
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 use serde::{Deserialize, Serialize};
+use tokio::sync::mpsc;
+
+#[cfg(feature = "etcd")]
+pub mod etcd;
 
 const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
 const POLICIES: TableDefinition<u64, &[u8]> = TableDefinition::new("policies");
@@ -30,12 +45,15 @@ pub enum StoreError {
         /// What the store has.
         actual: u64,
     },
-    /// The database failed.
+    /// The database failed or could not be reached.
     #[error("store: {0}")]
     Backend(String),
+    /// The database did not answer in time.
+    #[error("store: no answer within {0:?}")]
+    Timeout(std::time::Duration),
 }
 
-fn backend(e: impl std::fmt::Display) -> StoreError {
+pub(crate) fn backend(e: impl std::fmt::Display) -> StoreError {
     StoreError::Backend(e.to_string())
 }
 
@@ -91,18 +109,64 @@ pub struct State {
     pub circuits: Vec<CircuitRecord>,
 }
 
+/// What a [`Store`] holds: the state and the policy history (oldest first).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Contents {
+    /// The current state; its `revision` names it.
+    pub state: State,
+    /// Every stored policy version, oldest first.
+    pub history: Vec<PolicyRecord>,
+}
+
+/// A change another writer made, as [`Store::follow`] reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreChange {
+    /// Everything, read afresh: when following starts, and whenever the
+    /// change feed lost its place (the etcd watch revision was compacted).
+    Relisted(Contents),
+    /// What one write changed (one etcd revision), applied together.
+    Changed(Vec<StoreEvent>),
+}
+
+/// One key's change inside a [`StoreChange::Changed`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreEvent {
+    /// The state, as of its revision.
+    State(State),
+    /// A policy version was stored.
+    Policy(PolicyRecord),
+    /// A policy version was removed (history pruning).
+    PolicyRemoved(u64),
+}
+
+/// The future every [`Store`] call returns.
+pub type StoreFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send + 'a>>;
+
 /// Persistence of the control plane.
 pub trait Store: Send + Sync {
-    /// The current state and the policy history (oldest first).
-    fn load(&self) -> Result<(State, Vec<PolicyRecord>), StoreError>;
+    /// The current state and the policy history.
+    fn load(&self) -> StoreFuture<'_, Contents>;
+
     /// Writes `state` (and a new policy version) if the stored revision is
-    /// still `expected_revision`.
-    fn commit(
-        &self,
+    /// still `expected_revision`; returns the revision that names the new
+    /// state (`state.revision` is ignored).
+    fn commit<'a>(
+        &'a self,
         expected_revision: u64,
-        state: &State,
-        policy: Option<&PolicyRecord>,
-    ) -> Result<(), StoreError>;
+        state: &'a State,
+        policy: Option<&'a PolicyRecord>,
+    ) -> StoreFuture<'a, u64>;
+
+    /// Removes old policy versions.
+    fn remove_policies<'a>(&'a self, versions: &'a [u64]) -> StoreFuture<'a, ()>;
+
+    /// Other writers' changes, from a fresh listing on: `None` when this
+    /// process is the only writer. The feed ends when the receiver is dropped.
+    fn follow(&self) -> Option<mpsc::Receiver<StoreChange>>;
+
+    /// Whether this process holds the lease for work that must run once
+    /// across replicas (expiring circuits, pruning history); renews it.
+    fn hold_singleton(&self) -> StoreFuture<'_, bool>;
 }
 
 /// The embedded single-file store.
@@ -123,10 +187,8 @@ impl RedbStore {
         tx.commit().map_err(backend)?;
         Ok(Self { db })
     }
-}
 
-impl Store for RedbStore {
-    fn load(&self) -> Result<(State, Vec<PolicyRecord>), StoreError> {
+    fn load_now(&self) -> Result<Contents, StoreError> {
         let tx = self.db.begin_read().map_err(backend)?;
         let meta = tx.open_table(META).map_err(backend)?;
         let state = match meta.get(STATE_KEY).map_err(backend)? {
@@ -139,16 +201,17 @@ impl Store for RedbStore {
             let (_, v) = entry.map_err(backend)?;
             history.push(serde_json::from_slice(v.value()).map_err(backend)?);
         }
-        Ok((state, history))
+        Ok(Contents { state, history })
     }
 
-    fn commit(
+    fn commit_now(
         &self,
         expected_revision: u64,
         state: &State,
         policy: Option<&PolicyRecord>,
-    ) -> Result<(), StoreError> {
+    ) -> Result<u64, StoreError> {
         let tx = self.db.begin_write().map_err(backend)?;
+        let revision = expected_revision + 1;
         {
             let mut meta = tx.open_table(META).map_err(backend)?;
             let actual = match meta.get(STATE_KEY).map_err(backend)? {
@@ -165,7 +228,11 @@ impl Store for RedbStore {
                     actual,
                 });
             }
-            let bytes = serde_json::to_vec(state).map_err(backend)?;
+            let stored = State {
+                revision,
+                ..state.clone()
+            };
+            let bytes = serde_json::to_vec(&stored).map_err(backend)?;
             meta.insert(STATE_KEY, bytes.as_slice()).map_err(backend)?;
             if let Some(p) = policy {
                 let mut policies = tx.open_table(POLICIES).map_err(backend)?;
@@ -176,7 +243,51 @@ impl Store for RedbStore {
             }
         }
         tx.commit().map_err(backend)?;
-        Ok(())
+        Ok(revision)
+    }
+
+    fn remove_now(&self, versions: &[u64]) -> Result<(), StoreError> {
+        let tx = self.db.begin_write().map_err(backend)?;
+        {
+            let mut policies = tx.open_table(POLICIES).map_err(backend)?;
+            for v in versions {
+                policies.remove(*v).map_err(backend)?;
+            }
+        }
+        tx.commit().map_err(backend)
+    }
+}
+
+// redb calls are short local transactions (a commit is one fsync); they
+// run inline rather than on the blocking pool.
+impl Store for RedbStore {
+    fn load(&self) -> StoreFuture<'_, Contents> {
+        Box::pin(std::future::ready(self.load_now()))
+    }
+
+    fn commit<'a>(
+        &'a self,
+        expected_revision: u64,
+        state: &'a State,
+        policy: Option<&'a PolicyRecord>,
+    ) -> StoreFuture<'a, u64> {
+        Box::pin(std::future::ready(self.commit_now(
+            expected_revision,
+            state,
+            policy,
+        )))
+    }
+
+    fn remove_policies<'a>(&'a self, versions: &'a [u64]) -> StoreFuture<'a, ()> {
+        Box::pin(std::future::ready(self.remove_now(versions)))
+    }
+
+    fn follow(&self) -> Option<mpsc::Receiver<StoreChange>> {
+        None
+    }
+
+    fn hold_singleton(&self) -> StoreFuture<'_, bool> {
+        Box::pin(std::future::ready(Ok(true)))
     }
 }
 
@@ -184,13 +295,13 @@ impl Store for RedbStore {
 mod tests {
     use super::*;
 
-    #[test]
-    fn commits_are_compare_and_swap_and_survive_reopening() {
+    #[tokio::test]
+    async fn commits_are_compare_and_swap_and_survive_reopening() {
         let dir = std::env::temp_dir().join(format!("router-store-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         {
             let store = RedbStore::open(&dir).unwrap();
-            let (s, h) = store.load().unwrap();
+            let Contents { state: s, history: h } = store.load().await.unwrap();
             assert_eq!(s, State::default());
             assert!(h.is_empty());
             let next = State {
@@ -205,10 +316,10 @@ mod tests {
                 author: "me".into(),
                 note: "apply".into(),
             };
-            store.commit(0, &next, Some(&p)).unwrap();
+            assert_eq!(store.commit(0, &next, Some(&p)).await.unwrap(), 1);
             // A writer that read revision 0 loses.
             assert!(matches!(
-                store.commit(0, &next, None),
+                store.commit(0, &next, None).await,
                 Err(StoreError::Conflict {
                     expected: 0,
                     actual: 1
@@ -216,10 +327,12 @@ mod tests {
             ));
         }
         let store = RedbStore::open(&dir).unwrap();
-        let (s, h) = store.load().unwrap();
+        let Contents { state: s, history: h } = store.load().await.unwrap();
         assert_eq!(s.revision, 1);
         assert_eq!(h.len(), 1);
         assert_eq!(h[0].document, "doc");
+        store.remove_policies(&[1]).await.unwrap();
+        assert!(store.load().await.unwrap().history.is_empty());
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

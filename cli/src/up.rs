@@ -113,7 +113,11 @@ pub async fn run(args: UpArgs) -> ExitCode {
             }
         }
     };
-    match cp.hub().apply_policy(&document, false, 0, "routerctl up").await {
+    match cp
+        .hub()
+        .apply_policy(&document, false, 0, "routerctl up")
+        .await
+    {
         Ok((version, _)) => tracing::info!(version, "policy applied"),
         Err(e) => {
             eprintln!("routerctl up: the policy was refused: {e}");

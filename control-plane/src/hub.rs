@@ -251,7 +251,11 @@ impl Hub {
             }
         };
         if moved {
-            tracing::info!(revision = inner.state.revision, policy_version = inner.state.policy_version, "state changed by another replica");
+            tracing::info!(
+                revision = inner.state.revision,
+                policy_version = inner.state.policy_version,
+                "state changed by another replica"
+            );
             self.published.send_replace(Arc::new(snapshot_of(&inner)));
         }
     }
@@ -293,7 +297,10 @@ impl Hub {
                     let policy_version = next.policy_version;
                     let mut inner = self.lock();
                     let state = State { revision, ..next };
-                    let moved = inner.install(Some(state), policy.into_iter().map(StoreEvent::Policy).collect());
+                    let moved = inner.install(
+                        Some(state),
+                        policy.into_iter().map(StoreEvent::Policy).collect(),
+                    );
                     if moved {
                         self.published.send_replace(Arc::new(snapshot_of(&inner)));
                     }
@@ -636,6 +643,13 @@ impl Hub {
         self.lock().history.retain(|p| !old.contains(&p.version));
         tracing::info!(removed = old.len(), "old policy versions pruned");
         Ok(old.len())
+    }
+
+    /// Gives the store's singleton lease up (on shutdown).
+    pub async fn release_singleton(&self) {
+        if let Err(e) = self.store.release_singleton().await {
+            tracing::warn!(error = %e, "cannot release the singleton lease; it expires on its own");
+        }
     }
 
     /// Records what a proxy said.

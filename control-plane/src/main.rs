@@ -93,7 +93,9 @@ fn main() -> ExitCode {
     };
     let store_name = match &store {
         StoreLocation::Embedded(dir) => dir.display().to_string(),
-        StoreLocation::Etcd { address, .. } => format!("etcd {} {}", address.endpoints.join(","), address.prefix),
+        StoreLocation::Etcd { address, .. } => {
+            format!("etcd {} {}", address.endpoints.join(","), address.prefix)
+        }
     };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -124,7 +126,9 @@ fn main() -> ExitCode {
             }
         };
         tracing::info!(addr = %cp.local_addr(), store = %store_name, "router-control-plane listening");
-        let _ = tokio::signal::ctrl_c().await;
+        shutdown_signal().await;
+        tracing::info!("shutting down");
+        cp.shutdown().await;
         ExitCode::SUCCESS
     })
 }
@@ -135,4 +139,20 @@ fn default_node_id() -> String {
         .ok()
         .filter(|h| !h.is_empty())
         .unwrap_or_else(|| format!("cp-{}", uuid::Uuid::now_v7()))
+}
+
+/// SIGTERM (what Kubernetes sends) or Ctrl-C.
+async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        if let Ok(mut term) = signal(SignalKind::terminate()) {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+            return;
+        }
+    }
+    let _ = tokio::signal::ctrl_c().await;
 }

@@ -95,13 +95,9 @@ impl Admin for AdminService {
         req: Request<pb::ApplyPolicyRequest>,
     ) -> Result<Response<pb::ApplyPolicyResponse>, Status> {
         let r = req.into_inner();
-        match upgrade(&self.hub)?.apply_policy(
-            &r.document,
-            r.dry_run,
-            r.expected_version,
-            &r.author,
-        )
-        .await
+        match upgrade(&self.hub)?
+            .apply_policy(&r.document, r.dry_run, r.expected_version, &r.author)
+            .await
         {
             Ok((version, revision)) => Ok(Response::new(pb::ApplyPolicyResponse {
                 version,

@@ -32,14 +32,13 @@
 use std::time::Duration;
 
 use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, KeyValue, LeaseKeepAliveStream,
-    LeaseKeeper, PutOptions, Txn, TxnOp, TxnOpResponse, WatchOptions,
+    Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, KeyValue,
+    LeaseKeepAliveStream, LeaseKeeper, PutOptions, Txn, TxnOp, TxnOpResponse, WatchOptions,
 };
 use tokio::sync::{mpsc, Mutex};
 
 use super::{
-    backend, Contents, PolicyRecord, State, Store, StoreChange, StoreError, StoreEvent,
-    StoreFuture,
+    backend, Contents, PolicyRecord, State, Store, StoreChange, StoreError, StoreEvent, StoreFuture,
 };
 
 /// Longest wait for one etcd call.
@@ -62,9 +61,9 @@ pub struct EtcdAddress {
 impl EtcdAddress {
     /// Parses `etcd://host:port[,host:port...][/prefix]`.
     pub fn parse(url: &str) -> Result<Self, String> {
-        let rest = url
-            .strip_prefix("etcd://")
-            .ok_or_else(|| format!("{url:?}: an etcd store is etcd://host:port[,host:port...][/prefix]"))?;
+        let rest = url.strip_prefix("etcd://").ok_or_else(|| {
+            format!("{url:?}: an etcd store is etcd://host:port[,host:port...][/prefix]")
+        })?;
         let (hosts, prefix) = match rest.find('/') {
             Some(i) => (&rest[..i], &rest[i..]),
             None => (rest, "/router"),
@@ -129,7 +128,10 @@ impl Lease {
             let answer = self.answers.message().await.ok()??;
             Some(answer.ttl() > 0)
         };
-        matches!(tokio::time::timeout(CALL_TIMEOUT, renewed).await, Ok(Some(true)))
+        matches!(
+            tokio::time::timeout(CALL_TIMEOUT, renewed).await,
+            Ok(Some(true))
+        )
     }
 }
 
@@ -184,14 +186,20 @@ impl EtcdStore {
     /// a listing instead; this is for resuming, and for tests.
     pub fn follow_from(&self, from: i64) -> mpsc::Receiver<StoreChange> {
         let (tx, rx) = mpsc::channel(64);
-        tokio::spawn(follow(self.client.clone(), self.keys.clone(), Some(from), tx));
+        tokio::spawn(follow(
+            self.client.clone(),
+            self.keys.clone(),
+            Some(from),
+            tx,
+        ));
         rx
     }
 
     /// The current etcd revision (of the whole key space).
     pub async fn etcd_revision(&self) -> Result<i64, StoreError> {
         let mut client = self.client.clone();
-        let resp = call(client.get(self.keys.state(), Some(GetOptions::new().with_count_only()))).await?;
+        let resp =
+            call(client.get(self.keys.state(), Some(GetOptions::new().with_count_only()))).await?;
         Ok(resp.header().map_or(0, |h| h.revision()))
     }
 }
@@ -304,7 +312,12 @@ async fn follow(client: Client, keys: Keys, mut from: Option<i64>, tx: mpsc::Sen
     }
 }
 
-async fn watch(client: &Client, keys: &Keys, start: i64, tx: &mpsc::Sender<StoreChange>) -> WatchEnd {
+async fn watch(
+    client: &Client,
+    keys: &Keys,
+    start: i64,
+    tx: &mpsc::Sender<StoreChange>,
+) -> WatchEnd {
     let options = WatchOptions::new().with_prefix().with_start_revision(start);
     let mut client = client.clone();
     let mut stream = match call(client.watch(keys.prefix.clone(), Some(options))).await {
@@ -416,7 +429,9 @@ impl Store for EtcdStore {
                 .op_responses()
                 .into_iter()
                 .find_map(|r| match r {
-                    TxnOpResponse::Get(g) => Some(g.kvs().first().map_or(0, KeyValue::mod_revision)),
+                    TxnOpResponse::Get(g) => {
+                        Some(g.kvs().first().map_or(0, KeyValue::mod_revision))
+                    }
                     _ => None,
                 })
                 .unwrap_or(0);
@@ -491,6 +506,17 @@ impl Store for EtcdStore {
             }))
         })
     }
+
+    fn release_singleton(&self) -> StoreFuture<'_, ()> {
+        Box::pin(async move {
+            let Some(lease) = self.lease.lock().await.take() else {
+                return Ok(());
+            };
+            let mut client = self.client.clone();
+            call(client.lease_revoke(lease.id)).await?;
+            Ok(())
+        })
+    }
 }
 
 #[cfg(test)]
@@ -506,7 +532,14 @@ mod tests {
         );
         assert_eq!(a.prefix, "/prod/router/");
         assert_eq!(EtcdAddress::parse("etcd://h:1").unwrap().prefix, "/router/");
-        for bad in ["http://h:1", "etcd://", "etcd://h", "etcd://h:x", "etcd://:1", "etcd://h:1/"] {
+        for bad in [
+            "http://h:1",
+            "etcd://",
+            "etcd://h",
+            "etcd://h:x",
+            "etcd://:1",
+            "etcd://h:1/",
+        ] {
             assert!(EtcdAddress::parse(bad).is_err(), "{bad} accepted");
         }
     }

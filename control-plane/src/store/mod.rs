@@ -167,6 +167,12 @@ pub trait Store: Send + Sync {
     /// Whether this process holds the lease for work that must run once
     /// across replicas (expiring circuits, pruning history); renews it.
     fn hold_singleton(&self) -> StoreFuture<'_, bool>;
+
+    /// Gives the singleton lease up (on shutdown), so another replica
+    /// takes the work over at once rather than when the lease expires.
+    fn release_singleton(&self) -> StoreFuture<'_, ()> {
+        Box::pin(std::future::ready(Ok(())))
+    }
 }
 
 /// The embedded single-file store.
@@ -301,7 +307,10 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
         {
             let store = RedbStore::open(&dir).unwrap();
-            let Contents { state: s, history: h } = store.load().await.unwrap();
+            let Contents {
+                state: s,
+                history: h,
+            } = store.load().await.unwrap();
             assert_eq!(s, State::default());
             assert!(h.is_empty());
             let next = State {
@@ -327,7 +336,10 @@ mod tests {
             ));
         }
         let store = RedbStore::open(&dir).unwrap();
-        let Contents { state: s, history: h } = store.load().await.unwrap();
+        let Contents {
+            state: s,
+            history: h,
+        } = store.load().await.unwrap();
         assert_eq!(s.revision, 1);
         assert_eq!(h.len(), 1);
         assert_eq!(h[0].document, "doc");

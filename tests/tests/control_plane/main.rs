@@ -12,15 +12,11 @@ use std::time::Duration;
 use http::StatusCode;
 use router_control_plane::{start, ControlPlaneOptions, RunningControlPlane};
 use router_proto::v1 as pb;
-use router_proto::v1::admin_client::AdminClient;
 use router_proxy::managed::ManagedOptions;
 use router_proxy::{Mode, Settings};
+use router_tests::control::{admin, managed_proxy, mock, policy, version_of, wait_version, TOKEN};
 use router_tests::harness::TestProxy;
-use router_tests::mock::{Behavior, MockConfig, MockModel, MOCK_NAME_HEADER};
-use tonic::service::interceptor::InterceptedService;
-use tonic::transport::Channel;
-
-const TOKEN: &str = "cp-test-token";
+use router_tests::mock::{Behavior, MOCK_NAME_HEADER};
 
 fn temp(name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("router-cp-{}-{name}", std::process::id()));
@@ -39,85 +35,6 @@ async fn control_plane(dir: &Path, listen: SocketAddr) -> RunningControlPlane {
     .unwrap()
 }
 
-type AddToken =
-    Box<dyn FnMut(tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> + Send>;
-type Admin = AdminClient<InterceptedService<Channel, AddToken>>;
-
-async fn admin(addr: SocketAddr, token: Option<&'static str>) -> Admin {
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    let f: AddToken = Box::new(move |mut req: tonic::Request<()>| {
-        if let Some(t) = token {
-            req.metadata_mut()
-                .insert("authorization", format!("Bearer {t}").parse().unwrap());
-        }
-        Ok(req)
-    });
-    AdminClient::with_interceptor(channel, f)
-}
-
-async fn managed_proxy(cp: SocketAddr, node: &str, cache: Option<PathBuf>) -> TestProxy {
-    TestProxy::start(
-        Settings::default(),
-        Mode::Managed(ManagedOptions {
-            addrs: vec![format!("http://{cp}")],
-            token: Some(TOKEN.into()),
-            node_id: node.into(),
-            cache_dir: cache,
-            ca_pem: None,
-        }),
-    )
-    .await
-}
-
-fn policy(primary: &str, fallback: &str) -> String {
-    format!(
-        r#"apiVersion: router/v1
-kind: RoutingPolicy
-spec:
-  circuit_breaker: {{consecutive_errors: 2, open_duration_s: 30}}
-  pools:
-    - name: primary
-      endpoints: ["{primary}"]
-    - name: fallback
-      endpoints: ["{fallback}"]
-  routes:
-    - name: default
-      chain: [primary, fallback]
-"#
-    )
-}
-
-async fn version_of(p: &TestProxy) -> String {
-    p.health().await["config_version"]
-        .as_str()
-        .unwrap()
-        .to_string()
-}
-
-async fn wait_version(p: &TestProxy, want: &str) {
-    for _ in 0..300 {
-        if version_of(p).await == want {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("proxy stuck at {}, wanted {want}", version_of(p).await);
-}
-
-async fn mock(name: &str, behavior: Behavior) -> MockModel {
-    MockModel::start(MockConfig {
-        name: name.into(),
-        behavior,
-        ..MockConfig::default()
-    })
-    .await
-    .unwrap()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn apply_reaches_every_proxy_and_bad_changes_do_not() {
     let a = mock("a", Behavior::Json).await;
@@ -127,9 +44,9 @@ async fn apply_reaches_every_proxy_and_bad_changes_do_not() {
     let addr = cp.local_addr();
     let mut admin = admin(addr, Some(TOKEN)).await;
     let proxies = [
-        managed_proxy(addr, "p1", None).await,
-        managed_proxy(addr, "p2", None).await,
-        managed_proxy(addr, "p3", None).await,
+        managed_proxy(&[addr], "p1", None).await,
+        managed_proxy(&[addr], "p2", None).await,
+        managed_proxy(&[addr], "p3", None).await,
     ];
 
     let r = admin
@@ -289,7 +206,7 @@ async fn proxies_outlive_the_control_plane_which_keeps_its_history() {
             .await
             .unwrap();
     }
-    let proxy = managed_proxy(addr, "survivor", Some(cache.clone())).await;
+    let proxy = managed_proxy(&[addr], "survivor", Some(cache.clone())).await;
     wait_version(&proxy, "cp-2").await;
     assert_eq!(proxy.chat("m").await.header(MOCK_NAME_HEADER), Some("b"));
 
@@ -300,7 +217,7 @@ async fn proxies_outlive_the_control_plane_which_keeps_its_history() {
         assert_eq!(proxy.chat("m").await.status, StatusCode::OK);
     }
     // A proxy started while it is down serves from its disk cache.
-    let restarted = managed_proxy(addr, "restarted", Some(cache.clone())).await;
+    let restarted = managed_proxy(&[addr], "restarted", Some(cache.clone())).await;
     assert_eq!(version_of(&restarted).await, "cp-2");
     assert_eq!(
         restarted.chat("m").await.header(MOCK_NAME_HEADER),
@@ -361,8 +278,8 @@ async fn an_open_circuit_reported_by_one_proxy_stops_the_others() {
         })
         .await
         .unwrap();
-    let p1 = managed_proxy(addr, "p1", None).await;
-    let p2 = managed_proxy(addr, "p2", None).await;
+    let p1 = managed_proxy(&[addr], "p1", None).await;
+    let p2 = managed_proxy(&[addr], "p2", None).await;
     wait_version(&p1, "cp-1").await;
     wait_version(&p2, "cp-1").await;
     // p1 sees two failures: its circuit opens and it tells the fleet.

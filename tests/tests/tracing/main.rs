@@ -238,7 +238,10 @@ spec:
     })
     .await
     .unwrap();
-    cp.hub().apply_policy(&policy, false, 0, "test").await.unwrap();
+    cp.hub()
+        .apply_policy(&policy, false, 0, "test")
+        .await
+        .unwrap();
     let spans = wait_spans(&receiver, &provider, |s| {
         s.iter().any(|s| s.name == "policy.apply")
     })

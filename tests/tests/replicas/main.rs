@@ -1,0 +1,529 @@
+//! Several control-plane replicas on one real etcd (Debian's
+//! `etcd-server`, started on 127.0.0.1 by the test), with managed proxies
+//! split across them: changes made through one replica reach proxies on
+//! every replica; a replica killed hands its proxies to another without a
+//! failed request; concurrent applies race fairly; an etcd restart and a
+//! compaction are survived without restarting anything.
+
+#![allow(clippy::unwrap_used)]
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::StatusCode;
+use router_control_plane::store::etcd::{EtcdAddress, EtcdStore};
+use router_control_plane::store::{PolicyRecord, State, Store, StoreChange, StoreEvent};
+use router_control_plane::{start, ControlPlaneOptions, RunningControlPlane, StoreLocation};
+use router_proto::v1 as pb;
+use router_tests::control::{admin, managed_proxy, mock, policy, version_of, wait_version, TOKEN};
+use router_tests::etcd::EtcdServer;
+use router_tests::harness::eventually;
+use router_tests::mock::{Behavior, MOCK_NAME_HEADER};
+
+async fn replica(etcd: &EtcdServer, node: &str) -> RunningControlPlane {
+    start(ControlPlaneOptions {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        store: StoreLocation::Etcd {
+            address: EtcdAddress::parse(&etcd.store_url("router")).unwrap(),
+            node_id: node.into(),
+        },
+        token: Some(TOKEN.into()),
+        tls: None,
+    })
+    .await
+    .unwrap()
+}
+
+async fn apply(
+    cp: SocketAddr,
+    document: String,
+    expected_version: u64,
+) -> Result<pb::ApplyPolicyResponse, tonic::Status> {
+    admin(cp, Some(TOKEN))
+        .await
+        .apply_policy(pb::ApplyPolicyRequest {
+            document,
+            dry_run: false,
+            expected_version,
+            author: "test".into(),
+        })
+        .await
+        .map(tonic::Response::into_inner)
+}
+
+async fn connected_proxies(cp: SocketAddr) -> Vec<pb::ProxyStatus> {
+    admin(cp, Some(TOKEN))
+        .await
+        .list_proxies(pb::ListProxiesRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .proxies
+        .into_iter()
+        .filter(|p| p.connected)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_through_one_replica_reaches_proxies_on_every_replica() {
+    let etcd = EtcdServer::start("reach").await;
+    let x = mock("x", Behavior::Json).await;
+    let y = mock("y", Behavior::Json).await;
+    let a = replica(&etcd, "cp-a").await;
+    let b = replica(&etcd, "cp-b").await;
+    let (ra, rb) = (a.local_addr(), b.local_addr());
+    let on_a = [
+        managed_proxy(&[ra, rb], "p1", None).await,
+        managed_proxy(&[ra, rb], "p2", None).await,
+    ];
+    let on_b = [
+        managed_proxy(&[rb, ra], "p3", None).await,
+        managed_proxy(&[rb, ra], "p4", None).await,
+    ];
+
+    let r = apply(ra, policy(&x.url(), &y.url()), 0).await.unwrap();
+    assert!(r.applied, "{r:?}");
+    assert_eq!(r.version, 1);
+    // Every replica names the state with the same etcd revision.
+    let v = format!("cp-{}", r.revision);
+    for p in on_a.iter().chain(&on_b) {
+        wait_version(p, &v).await;
+        assert_eq!(p.chat("m").await.header(MOCK_NAME_HEADER), Some("x"));
+    }
+    // Each replica serves its own proxies.
+    let names = |ps: Vec<pb::ProxyStatus>| {
+        let mut n: Vec<String> = ps.into_iter().map(|p| p.node_id).collect();
+        n.sort();
+        n
+    };
+    assert_eq!(names(connected_proxies(ra).await), ["p1", "p2"]);
+    assert_eq!(names(connected_proxies(rb).await), ["p3", "p4"]);
+
+    // The other way round: backends set through B reach the proxies on A,
+    // and B's history has A's version.
+    let history = admin(rb, Some(TOKEN))
+        .await
+        .history(pb::HistoryRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .versions;
+    assert_eq!(history.len(), 1);
+    assert_eq!(history[0].author, "test");
+    let z = mock("z", Behavior::Json).await;
+    let changed = admin(rb, Some(TOKEN))
+        .await
+        .set_backends(pb::SetBackendsRequest {
+            pool: "primary".into(),
+            endpoints: vec![z.url()],
+            drained: vec![],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let v2 = format!("cp-{}", changed.revision);
+    for p in on_a.iter().chain(&on_b) {
+        wait_version(p, &v2).await;
+        assert_eq!(p.chat("m").await.header(MOCK_NAME_HEADER), Some("z"));
+    }
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_applies_with_the_same_expected_version_have_one_winner() {
+    let etcd = EtcdServer::start("race").await;
+    let x = mock("x", Behavior::Json).await;
+    let a = replica(&etcd, "cp-a").await;
+    let b = replica(&etcd, "cp-b").await;
+    let (ra, rb) = (a.local_addr(), b.local_addr());
+    apply(ra, policy(&x.url(), &x.url()), 0).await.unwrap();
+    eventually(Duration::from_secs(5), "B has version 1", || {
+        b.hub().state().policy_version == 1
+    })
+    .await;
+
+    // Ten applies, five through each replica, all expecting version 1.
+    let mut racers = Vec::new();
+    for i in 0..10u32 {
+        let cp = if i % 2 == 0 { ra } else { rb };
+        let doc = policy(&x.url(), &x.url()).replace(
+            "consecutive_errors: 2",
+            &format!("consecutive_errors: {}", i + 3),
+        );
+        racers.push(tokio::spawn(async move { apply(cp, doc, 1).await }));
+    }
+    let mut won = Vec::new();
+    let mut conflicts = 0;
+    for r in racers {
+        match r.await.unwrap() {
+            Ok(resp) => {
+                assert!(resp.applied);
+                won.push(resp);
+            }
+            Err(s) => {
+                assert_eq!(s.code(), tonic::Code::Aborted, "{s}");
+                conflicts += 1;
+            }
+        }
+    }
+    assert_eq!(won.len(), 1, "exactly one winner: {won:?}");
+    assert_eq!(conflicts, 9);
+    assert_eq!(won[0].version, 2);
+    // Both replicas agree on the result.
+    for cp in [&a, &b] {
+        eventually(Duration::from_secs(5), "replicas agree", || {
+            let s = cp.hub().state();
+            s.policy_version == 2 && s.revision == won[0].revision && cp.hub().history().len() == 2
+        })
+        .await;
+    }
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_replica_hands_its_proxies_over_without_a_failed_request() {
+    let etcd = EtcdServer::start("kill").await;
+    let x = mock("x", Behavior::Json).await;
+    let y = mock("y", Behavior::Json).await;
+    let a = replica(&etcd, "cp-a").await;
+    let b = replica(&etcd, "cp-b").await;
+    let (ra, rb) = (a.local_addr(), b.local_addr());
+    let r1 = apply(ra, policy(&x.url(), &y.url()), 0).await.unwrap();
+    let v1 = format!("cp-{}", r1.revision);
+    let proxies = Arc::new([
+        managed_proxy(&[ra, rb], "p1", None).await,
+        managed_proxy(&[ra, rb], "p2", None).await,
+        managed_proxy(&[rb, ra], "p3", None).await,
+    ]);
+    for p in proxies.iter() {
+        wait_version(p, &v1).await;
+    }
+    assert_eq!(connected_proxies(ra).await.len(), 2);
+
+    // Traffic through every proxy for the whole test.
+    let sent = Arc::new(AtomicU64::new(0));
+    let failed = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let load = {
+        let (proxies, sent, failed, stop) =
+            (proxies.clone(), sent.clone(), failed.clone(), stop.clone());
+        tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                for p in proxies.iter() {
+                    let status = p.chat("m").await.status;
+                    sent.fetch_add(1, Ordering::Relaxed);
+                    if status != StatusCode::OK {
+                        failed.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
+        })
+    };
+
+    a.shutdown().await;
+    // A's proxies keep their config and move to B.
+    for p in proxies.iter() {
+        assert_eq!(version_of(p).await, v1);
+    }
+    let mut on_b = Vec::new();
+    for _ in 0..100 {
+        on_b = connected_proxies(rb).await;
+        if on_b.len() == 3 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(on_b.len(), 3, "{on_b:?}");
+    // B answers from the same state: the revision the proxies hold is current.
+    assert!(
+        on_b.iter().all(|p| p.applied_revision == r1.revision),
+        "{on_b:?}"
+    );
+    // And a change through B reaches all of them.
+    let r2 = apply(rb, policy(&y.url(), &x.url()), 1).await.unwrap();
+    for p in proxies.iter() {
+        wait_version(p, &format!("cp-{}", r2.revision)).await;
+    }
+    stop.store(true, Ordering::Relaxed);
+    load.await.unwrap();
+    assert!(
+        sent.load(Ordering::Relaxed) > 30,
+        "too little traffic: {}",
+        sent.load(Ordering::Relaxed)
+    );
+    assert_eq!(
+        failed.load(Ordering::Relaxed),
+        0,
+        "failed requests during the failover"
+    );
+    assert_eq!(
+        proxies[0].chat("m").await.header(MOCK_NAME_HEADER),
+        Some("y")
+    );
+    b.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_recover_from_an_etcd_restart_without_restarting() {
+    let mut etcd = EtcdServer::start("restart").await;
+    let x = mock("x", Behavior::Json).await;
+    let y = mock("y", Behavior::Json).await;
+    let a = replica(&etcd, "cp-a").await;
+    let b = replica(&etcd, "cp-b").await;
+    let (ra, rb) = (a.local_addr(), b.local_addr());
+    let r1 = apply(ra, policy(&x.url(), &y.url()), 0).await.unwrap();
+    let on_b = managed_proxy(&[rb], "p-b", None).await;
+    let on_a = managed_proxy(&[ra], "p-a", None).await;
+    wait_version(&on_b, &format!("cp-{}", r1.revision)).await;
+    wait_version(&on_a, &format!("cp-{}", r1.revision)).await;
+
+    etcd.stop();
+    // Writes fail with a clear error; proxies keep serving.
+    let err = apply(ra, policy(&y.url(), &x.url()), 0).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::Unavailable, "{err}");
+    assert!(err.message().contains("store"), "{err}");
+    assert_eq!(on_a.chat("m").await.status, StatusCode::OK);
+    assert_eq!(on_b.chat("m").await.status, StatusCode::OK);
+
+    etcd.resume().await;
+    // The same replicas, untouched, write and follow again.
+    let mut r2 = None;
+    for _ in 0..100 {
+        match apply(ra, policy(&y.url(), &x.url()), 0).await {
+            Ok(r) => {
+                r2 = Some(r);
+                break;
+            }
+            Err(e) => assert_eq!(e.code(), tonic::Code::Unavailable, "{e}"),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let r2 = r2.expect("replica A could not write after etcd came back");
+    let v2 = format!("cp-{}", r2.revision);
+    wait_version(&on_a, &v2).await;
+    // B's watch resumed: the change made through A reaches B's proxy.
+    eventually(Duration::from_secs(10), "B follows again", || {
+        b.hub().state().revision == r2.revision
+    })
+    .await;
+    wait_version(&on_b, &v2).await;
+    assert_eq!(on_b.chat("m").await.header(MOCK_NAME_HEADER), Some("y"));
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
+fn state(policy_version: u64) -> State {
+    State {
+        policy_version,
+        ..State::default()
+    }
+}
+
+fn record(version: u64) -> PolicyRecord {
+    PolicyRecord {
+        version,
+        document: format!("doc {version}"),
+        applied_at_unix_ms: 0,
+        author: "test".into(),
+        note: "apply".into(),
+    }
+}
+
+async fn next_change(rx: &mut tokio::sync::mpsc::Receiver<StoreChange>) -> StoreChange {
+    tokio::time::timeout(Duration::from_secs(10), rx.recv())
+        .await
+        .expect("no change within 10 s")
+        .expect("the feed ended")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_compacted_watch_relists_and_misses_nothing() {
+    let etcd = EtcdServer::start("compact").await;
+    let address = EtcdAddress::parse(&etcd.store_url("router")).unwrap();
+    let writer = EtcdStore::connect(&address, "w").await.unwrap();
+    let reader = EtcdStore::connect(&address, "r").await.unwrap();
+    let mut revision = writer.commit(0, &state(1), Some(&record(1))).await.unwrap();
+    let resume_at = reader.etcd_revision().await.unwrap() + 1;
+
+    // Without a compaction, resuming replays each change in order.
+    revision = writer
+        .commit(revision, &state(2), Some(&record(2)))
+        .await
+        .unwrap();
+    let mut resumed = reader.follow_from(resume_at);
+    match next_change(&mut resumed).await {
+        StoreChange::Changed(events) => {
+            assert!(
+                events.contains(&StoreEvent::Policy(record(2))),
+                "{events:?}"
+            );
+            assert!(events
+                .iter()
+                .any(|e| matches!(e, StoreEvent::State(s) if s.revision == revision)));
+        }
+        other => panic!("expected the change itself, got {other:?}"),
+    }
+    drop(resumed);
+
+    // Two more changes, then the history they are in is compacted away:
+    // resuming from before them must relist, and the listing has them all.
+    for v in 3..=4 {
+        revision = writer
+            .commit(revision, &state(v), Some(&record(v)))
+            .await
+            .unwrap();
+    }
+    etcd.compact().await;
+    let mut resumed = reader.follow_from(resume_at);
+    match next_change(&mut resumed).await {
+        StoreChange::Relisted(contents) => {
+            assert_eq!(contents.state.revision, revision);
+            assert_eq!(contents.state.policy_version, 4);
+            assert_eq!(
+                contents
+                    .history
+                    .iter()
+                    .map(|p| p.version)
+                    .collect::<Vec<_>>(),
+                [1, 2, 3, 4]
+            );
+        }
+        other => panic!("expected a relist, got {other:?}"),
+    }
+    // And it follows on from the listing: the next write arrives as a change.
+    revision = writer
+        .commit(revision, &state(5), Some(&record(5)))
+        .await
+        .unwrap();
+    match next_change(&mut resumed).await {
+        StoreChange::Changed(events) => {
+            assert!(events.iter().any(|e| matches!(e, StoreEvent::State(s) if s.revision == revision && s.policy_version == 5)));
+        }
+        other => panic!("expected the next change, got {other:?}"),
+    }
+    // A writer that read an old revision loses.
+    assert!(matches!(
+        writer.commit(revision - 1, &state(9), None).await,
+        Err(router_control_plane::store::StoreError::Conflict { .. })
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn circuit_reports_through_both_replicas_form_one_fleet_view() {
+    let etcd = EtcdServer::start("circuits").await;
+    let x = mock("x", Behavior::Json).await;
+    let a = replica(&etcd, "cp-a").await;
+    let b = replica(&etcd, "cp-b").await;
+    apply(a.local_addr(), policy(&x.url(), &x.url()), 0)
+        .await
+        .unwrap();
+    // Twenty proxies report at once, half through each replica: no report
+    // is lost to a lost update.
+    let until = router_control_plane::hub::now_ms() + 60_000;
+    let mut reports = Vec::new();
+    for i in 0..20 {
+        let hub = if i % 2 == 0 {
+            a.hub().clone()
+        } else {
+            b.hub().clone()
+        };
+        reports.push(tokio::spawn(async move {
+            hub.report_circuit(
+                &format!("proxy-{i}"),
+                &pb::CircuitReport {
+                    pool: "primary".into(),
+                    endpoint: format!("http://10.0.0.{i}:8000"),
+                    open: true,
+                    until_unix_ms: until,
+                },
+            )
+            .await
+        }));
+    }
+    for r in reports {
+        r.await.unwrap().unwrap();
+    }
+    for cp in [&a, &b] {
+        eventually(
+            Duration::from_secs(5),
+            "every report on both replicas",
+            || cp.hub().state().circuits.len() == 20,
+        )
+        .await;
+    }
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn once_only_work_runs_on_the_lease_holder_and_moves_when_it_stops() {
+    let etcd = EtcdServer::start("lease").await;
+    let x = mock("x", Behavior::Json).await;
+    let a = replica(&etcd, "cp-a").await;
+    let b = replica(&etcd, "cp-b").await;
+    apply(a.local_addr(), policy(&x.url(), &x.url()), 0)
+        .await
+        .unwrap();
+    let mut client = etcd.client().await;
+    let holder = |c: &mut etcd_client::Client| {
+        let mut c = c.clone();
+        async move {
+            c.get("/router/singleton", None)
+                .await
+                .unwrap()
+                .kvs()
+                .first()
+                .map(|kv| kv.value_str().unwrap().to_string())
+        }
+    };
+    let mut first = None;
+    for _ in 0..50 {
+        first = holder(&mut client).await;
+        if first.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let first = first.expect("no replica took the singleton lease");
+    // An override that expires is pruned (by the holder) from both replicas' state.
+    a.hub()
+        .set_circuit("primary", &x.url(), true, 1, "operator")
+        .await
+        .unwrap();
+    for cp in [&a, &b] {
+        eventually(Duration::from_secs(5), "override pruned", || {
+            cp.hub().state().circuits.is_empty()
+        })
+        .await;
+    }
+    // The holder stops: the other replica takes the lease over.
+    let (stopping, staying, other) = if first == "cp-a" {
+        (a, b, "cp-b")
+    } else {
+        (b, a, "cp-a")
+    };
+    stopping.shutdown().await;
+    let mut now = None;
+    for _ in 0..50 {
+        now = holder(&mut client).await;
+        if now.as_deref() == Some(other) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(now.as_deref(), Some(other));
+    staying
+        .hub()
+        .set_circuit("primary", &x.url(), true, 1, "operator")
+        .await
+        .unwrap();
+    eventually(Duration::from_secs(5), "pruned by the new holder", || {
+        staying.hub().state().circuits.is_empty()
+    })
+    .await;
+    staying.shutdown().await;
+}

@@ -41,6 +41,10 @@ pub struct ControlPlaneOptions {
     pub tls: Option<(String, String)>,
 }
 
+/// How long a starting replica waits for etcd to answer.
+#[cfg(feature = "etcd")]
+const ETCD_STARTUP_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// Where the control plane keeps its state.
 #[derive(Debug, Clone)]
 pub enum StoreLocation {
@@ -120,11 +124,15 @@ pub async fn start(options: ControlPlaneOptions) -> Result<RunningControlPlane, 
             Box::new(store::RedbStore::open(dir).map_err(hub::HubError::from)?)
         }
         #[cfg(feature = "etcd")]
-        StoreLocation::Etcd { address, node_id } => Box::new(
-            store::etcd::EtcdStore::connect(address, node_id)
+        StoreLocation::Etcd { address, node_id } => {
+            let etcd = store::etcd::EtcdStore::connect(address, node_id)
                 .await
-                .map_err(hub::HubError::from)?,
-        ),
+                .map_err(hub::HubError::from)?;
+            etcd.wait_ready(ETCD_STARTUP_WAIT)
+                .await
+                .map_err(hub::HubError::from)?;
+            Box::new(etcd)
+        }
     };
     let hub = Hub::open(store).await?;
     let listener = TcpListener::bind(options.listen)

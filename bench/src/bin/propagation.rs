@@ -8,6 +8,12 @@
 //! client the time from the start of the apply call to the arrival of the
 //! snapshot with the new revision (the ACK leaves right after). It also
 //! reads the control plane's resident memory with all streams connected.
+//!
+//! With `--etcd --replicas 2` it starts a local etcd (Debian's
+//! `etcd-server`, or `ETCD_BIN`) and that many control-plane replicas on
+//! it; the clients are spread round-robin across the replicas and every
+//! apply goes through the first one, so most deliveries cross replicas
+//! (apply → etcd transaction → the other replicas' watch → their streams).
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -37,6 +43,47 @@ struct Args {
     /// Print one JSON object.
     #[arg(long)]
     json: bool,
+    /// Share state through a local etcd started for the run.
+    #[arg(long)]
+    etcd: bool,
+    /// Control-plane replicas (more than one needs --etcd).
+    #[arg(long, default_value_t = 1)]
+    replicas: usize,
+}
+
+fn free_port() -> std::io::Result<u16> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+    Ok(l.local_addr()?.port())
+}
+
+/// Starts a one-member etcd in `dir`; returns it and its client address.
+fn start_etcd(dir: &std::path::Path) -> Result<(Killer, String), Box<dyn std::error::Error>> {
+    let bin = std::env::var("ETCD_BIN").unwrap_or_else(|_| "etcd".into());
+    let (client, peer) = (free_port()?, free_port()?);
+    let client_url = format!("http://127.0.0.1:{client}");
+    let peer_url = format!("http://127.0.0.1:{peer}");
+    let child = Command::new(&bin)
+        .args(["--name", "bench", "--data-dir"])
+        .arg(dir.join("etcd"))
+        .args([
+            "--listen-client-urls",
+            &client_url,
+            "--advertise-client-urls",
+            &client_url,
+            "--listen-peer-urls",
+            &peer_url,
+            "--initial-advertise-peer-urls",
+            &peer_url,
+            "--initial-cluster",
+            &format!("bench={peer_url}"),
+            "--log-level",
+            "error",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("cannot start {bin} (apt-get install etcd-server): {e}"))?;
+    Ok((Killer(child), format!("127.0.0.1:{client}")))
 }
 
 struct Killer(Child);
@@ -129,25 +176,43 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         Some(b) => b.clone(),
         None => std::env::current_exe()?.with_file_name("router-control-plane"),
     };
-    let port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0")?;
-        l.local_addr()?.port()
-    };
+    if args.replicas > 1 && !args.etcd {
+        return Err("--replicas above 1 needs --etcd".into());
+    }
     let dir = std::env::temp_dir().join(format!("propagation-bench-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    let child = Command::new(&bin)
-        .args(["--listen", &format!("127.0.0.1:{port}"), "--data-dir"])
-        .arg(&dir)
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .map_err(|e| format!("cannot start {}: {e}", bin.display()))?;
-    let pid = child.id();
-    let _guard = Killer(child);
-    let addr = format!("http://127.0.0.1:{port}");
+    std::fs::create_dir_all(&dir)?;
+    let mut guards = Vec::new();
+    let store = if args.etcd {
+        let (etcd, endpoint) = start_etcd(&dir)?;
+        guards.push(etcd);
+        Some(format!("etcd://{endpoint}/bench"))
+    } else {
+        None
+    };
+    let mut pids = Vec::new();
+    let mut addrs = Vec::new();
+    for i in 0..args.replicas.max(1) {
+        let port = free_port()?;
+        let mut cmd = Command::new(&bin);
+        cmd.args(["--listen", &format!("127.0.0.1:{port}")]);
+        match &store {
+            Some(url) => cmd.args(["--store", url, "--node-id", &format!("cp-{i}")]),
+            None => cmd.arg("--data-dir").arg(&dir),
+        };
+        let child = cmd
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| format!("cannot start {}: {e}", bin.display()))?;
+        pids.push(child.id());
+        guards.push(Killer(child));
+        addrs.push(format!("http://127.0.0.1:{port}"));
+    }
+    let addr = addrs[0].clone();
     let mut admin = None;
-    for _ in 0..100 {
+    for _ in 0..200 {
         if let Ok(c) = AdminClient::connect(addr.clone()).await {
             admin = Some(c);
             break;
@@ -170,7 +235,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         // Grow the fleet to n streams.
         let (ready_tx, mut ready_rx) = mpsc::channel(n.max(1));
         for i in connected..n {
-            let (addr, arrivals, ready) = (addr.clone(), Arc::clone(&arrivals), ready_tx.clone());
+            let (addr, arrivals, ready) = (
+                addrs[i % addrs.len()].clone(),
+                Arc::clone(&arrivals),
+                ready_tx.clone(),
+            );
             tokio::spawn(async move {
                 if let Err(e) = client(addr, format!("bench-{i}"), arrivals, ready).await {
                     eprintln!("client {i}: {e}");
@@ -184,7 +253,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         connected = n;
         tokio::time::sleep(Duration::from_millis(300)).await;
-        let rss = rss_kib(pid);
+        let rss = pids.iter().filter_map(|p| rss_kib(*p)).max();
         let mut latencies = Vec::with_capacity(n * args.applies);
         for _ in 0..args.applies {
             let started = Instant::now();
@@ -225,14 +294,18 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             "p99_ms": ms(percentile(&latencies, 0.99)),
             "max_ms": ms(latencies.last().copied().unwrap_or_default()),
             "control_plane_rss_mib": rss.map(|k| k as f64 / 1024.0),
+            "replicas": addrs.len(),
+            "store": if args.etcd { "etcd" } else { "embedded" },
         }));
     }
     if args.json {
         println!("{}", serde_json::Value::Array(results));
     } else {
         println!(
-            "propagation from ApplyPolicy to each proxy's stream ({} applies per size)",
-            args.applies
+            "propagation from ApplyPolicy to each proxy's stream ({} applies per size; {} replica(s), {} store)",
+            args.applies,
+            addrs.len(),
+            if args.etcd { "etcd" } else { "embedded" }
         );
         println!(
             "{:>8} {:>11} {:>9} {:>9} {:>9} {:>14}",
@@ -252,6 +325,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         println!("targets: p99 < 50 ms at 100 proxies, < 500 ms at 1,000");
     }
+    drop(guards);
     let _ = std::fs::remove_dir_all(&dir);
     Ok(())
 }

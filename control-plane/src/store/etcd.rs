@@ -181,6 +181,24 @@ impl EtcdStore {
         })
     }
 
+    /// Waits until etcd answers (a control plane may start before its
+    /// etcd does); gives up after `within` with the last error.
+    pub async fn wait_ready(&self, within: Duration) -> Result<(), StoreError> {
+        let deadline = tokio::time::Instant::now() + within;
+        let mut backoff = BACKOFF_MIN;
+        loop {
+            match self.etcd_revision().await {
+                Ok(_) => return Ok(()),
+                Err(e) if tokio::time::Instant::now() + backoff >= deadline => return Err(e),
+                Err(e) => {
+                    tracing::warn!(error = %e, retry_in = ?backoff, "etcd is not answering yet");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(BACKOFF_MAX);
+                }
+            }
+        }
+    }
+
     /// Follows changes from etcd revision `from` on (a fresh listing first
     /// if that revision has been compacted). [`Store::follow`] starts with
     /// a listing instead; this is for resuming, and for tests.

@@ -1,7 +1,8 @@
 //! `routerctl mock`: runs one mock OpenAI-compatible model endpoint on
-//! `127.0.0.1:PORT` until Ctrl-C, for trying the router by hand.
+//! `127.0.0.1:PORT` (or `--bind ADDR`) until Ctrl-C, for trying the router
+//! by hand and for the compose files' demo endpoints.
 
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -11,9 +12,12 @@ use clap::{Args, ValueEnum};
 /// Runs a mock OpenAI-compatible model endpoint until Ctrl-C.
 #[derive(Args, Debug)]
 pub struct MockArgs {
-    /// Port to listen on (on 127.0.0.1).
+    /// Port to listen on.
     #[arg(long, default_value_t = 8001)]
     port: u16,
+    /// Address to listen on (`0.0.0.0` to be reachable from other containers).
+    #[arg(long, default_value_t = IpAddr::V4(Ipv4Addr::LOCALHOST))]
+    bind: IpAddr,
     /// Name echoed in `x-mock-name` and `served_by`.
     #[arg(long, default_value = "mock")]
     name: String,
@@ -98,7 +102,7 @@ pub async fn run(args: MockArgs) -> ExitCode {
         },
         behavior,
     };
-    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, args.port));
+    let addr = SocketAddr::new(args.bind, args.port);
     let mock = match MockModel::start_on(addr, config).await {
         Ok(mock) => mock,
         Err(error) => {

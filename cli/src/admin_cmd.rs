@@ -426,7 +426,10 @@ pub async fn proxies_list(admin: &mut Admin, output: Output) -> ExitCode {
     };
     match output {
         Output::Table => {
-            println!("{:<24} {:<9} {:<10} {:<21} LAST NACK", "NODE", "REVISION", "STATE", "LAST SEEN");
+            println!(
+                "{:<24} {:<16} {:<9} {:<10} {:<21} LAST NACK",
+                "NODE", "CONTROL PLANE", "REVISION", "STATE", "LAST SEEN"
+            );
             for p in &proxies {
                 let state = match (p.connected, p.nacked_revision > p.applied_revision) {
                     (false, _) => "gone",
@@ -434,8 +437,9 @@ pub async fn proxies_list(admin: &mut Admin, output: Output) -> ExitCode {
                     (true, false) => "ACK",
                 };
                 println!(
-                    "{:<24} {:<9} {:<10} {:<21} {}",
+                    "{:<24} {:<16} {:<9} {:<10} {:<21} {}",
                     p.node_id,
+                    if p.control_plane.is_empty() { "-" } else { &p.control_plane },
                     p.applied_revision,
                     state,
                     when(p.last_seen_unix_ms),
@@ -449,7 +453,7 @@ pub async fn proxies_list(admin: &mut Admin, output: Output) -> ExitCode {
                     .iter()
                     .map(|p| {
                         json!({"node_id": p.node_id, "applied_revision": p.applied_revision, "nacked_revision": p.nacked_revision,
-                               "last_nack": p.last_nack, "connected": p.connected, "last_seen": when(p.last_seen_unix_ms)})
+                               "last_nack": p.last_nack, "connected": p.connected, "control_plane": p.control_plane, "last_seen": when(p.last_seen_unix_ms)})
                     })
                     .collect(),
             ),

@@ -81,25 +81,14 @@ pub struct Published {
     pub snapshot: pb::Snapshot,
 }
 
-/// A proxy as the control plane sees it.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct ProxyRecord {
-    /// Revision it last ACKed.
-    pub applied_revision: u64,
-    /// Revision it last NACKed, and why.
-    pub nacked_revision: u64,
-    /// The NACK's error.
-    pub last_nack: String,
-    /// Last message (Unix ms).
-    pub last_seen_unix_ms: i64,
-    /// Stream open now.
-    pub connected: bool,
-}
+pub use crate::store::ProxyRecord;
 
 struct Inner {
     state: State,
     history: Vec<PolicyRecord>,
     proxies: BTreeMap<String, ProxyRecord>,
+    /// Proxies whose record changed since it was last published.
+    proxies_changed: std::collections::BTreeSet<String>,
 }
 
 /// The control plane's state, shared by the admin and stream services.
@@ -210,6 +199,7 @@ impl Hub {
             state,
             history,
             proxies: BTreeMap::new(),
+            proxies_changed: Default::default(),
         };
         let (published, _) = watch::channel(Arc::new(snapshot_of(&inner)));
         let changes = store.follow();
@@ -645,10 +635,10 @@ impl Hub {
         Ok(old.len())
     }
 
-    /// Gives the store's singleton lease up (on shutdown).
-    pub async fn release_singleton(&self) {
-        if let Err(e) = self.store.release_singleton().await {
-            tracing::warn!(error = %e, "cannot release the singleton lease; it expires on its own");
+    /// Gives the store's leases up (on shutdown).
+    pub async fn release_leases(&self) {
+        if let Err(e) = self.store.release_leases().await {
+            tracing::warn!(error = %e, "cannot release the leases; they expire on their own");
         }
     }
 
@@ -657,12 +647,59 @@ impl Hub {
         let mut inner = self.lock();
         let rec = inner.proxies.entry(node.to_string()).or_default();
         rec.last_seen_unix_ms = now_ms();
+        self.store.replica().clone_into(&mut rec.control_plane);
         update(rec);
+        inner.proxies_changed.insert(node.to_string());
     }
 
-    /// Every proxy seen.
+    /// Every proxy seen by this replica.
     pub fn proxies(&self) -> BTreeMap<String, ProxyRecord> {
         self.lock().proxies.clone()
+    }
+
+    /// Every proxy of the fleet: this replica's, and those the other
+    /// replicas published (within a second of their change). A proxy that
+    /// moved between replicas is shown where it is connected now, else
+    /// where it was seen last.
+    pub async fn fleet_proxies(&self) -> BTreeMap<String, ProxyRecord> {
+        let mut fleet = self.proxies();
+        let published = match self.store.fleet_proxies().await {
+            Ok(Some(p)) => p,
+            Ok(None) => return fleet,
+            Err(e) => {
+                tracing::warn!(error = %e, "other replicas' proxies unavailable; listing this replica's");
+                return fleet;
+            }
+        };
+        for (node, record) in published {
+            let better = match fleet.get(&node) {
+                None => true,
+                Some(have) => {
+                    (record.connected, record.last_seen_unix_ms)
+                        > (have.connected, have.last_seen_unix_ms)
+                }
+            };
+            if better {
+                fleet.insert(node, record);
+            }
+        }
+        fleet
+    }
+
+    /// Publishes the proxy records that changed (every second).
+    async fn publish_proxies(&self) {
+        let (all, changed) = {
+            let mut inner = self.lock();
+            let changed: Vec<String> = std::mem::take(&mut inner.proxies_changed)
+                .into_iter()
+                .collect();
+            (inner.proxies.clone(), changed)
+        };
+        if let Err(e) = self.store.publish_proxies(&all, &changed).await {
+            tracing::warn!(error = %e, "cannot publish this replica's proxies");
+            // Try those again next time.
+            self.lock().proxies_changed.extend(changed);
+        }
     }
 
     /// Explains a situation against the current policy.
@@ -715,14 +752,16 @@ async fn follow_store(hub: Weak<Hub>, mut changes: tokio::sync::mpsc::Receiver<S
     }
 }
 
-/// Every second, on the replica holding the singleton lease: prunes
-/// expired circuit overrides and old policy versions. Ends with the hub.
+/// Every second: publishes this replica's proxy records, and on the
+/// replica holding the singleton lease, prunes expired circuit overrides
+/// and old policy versions. Ends with the hub.
 pub async fn maintenance_loop(hub: Weak<Hub>) {
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     let mut leading = false;
     loop {
         tick.tick().await;
         let Some(h) = hub.upgrade() else { return };
+        h.publish_proxies().await;
         let now_leading = match h.store.hold_singleton().await {
             Ok(l) => l,
             Err(e) => {

@@ -99,7 +99,7 @@ impl RunningControlPlane {
             t.abort();
             let _ = t.await;
         }
-        self.hub.release_singleton().await;
+        self.hub.release_leases().await;
         for _ in 0..200 {
             if Arc::strong_count(&self.hub) == 1 {
                 break;

@@ -244,7 +244,8 @@ impl Admin for AdminService {
     ) -> Result<Response<pb::ListProxiesResponse>, Status> {
         Ok(Response::new(pb::ListProxiesResponse {
             proxies: upgrade(&self.hub)?
-                .proxies()
+                .fleet_proxies()
+                .await
                 .into_iter()
                 .map(|(node_id, p)| pb::ProxyStatus {
                     node_id,
@@ -253,6 +254,7 @@ impl Admin for AdminService {
                     last_seen_unix_ms: p.last_seen_unix_ms,
                     connected: p.connected,
                     nacked_revision: p.nacked_revision,
+                    control_plane: p.control_plane,
                 })
                 .collect(),
         }))

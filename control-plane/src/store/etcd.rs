@@ -7,6 +7,7 @@
 //! | `state` | the [`State`] as JSON; its etcd `mod_revision` is the revision |
 //! | `policies/<version, 20 digits>` | a [`PolicyRecord`] as JSON |
 //! | `singleton` | the node id of the replica holding the singleton lease |
+//! | `proxies/<replica>/<proxy>` | a replica's record of a proxy, on that replica's presence lease |
 //!
 //! **Writes** are one etcd transaction: *if `mod_revision(state)` is still
 //! the revision the writer read, put the state (and the new policy
@@ -28,6 +29,12 @@
 //! lease owns the `singleton` key. The key is created only if absent and is
 //! attached to a lease of [`SINGLETON_TTL`]; a replica that stops renewing
 //! loses it within that time and another takes over.
+//!
+//! **The fleet's proxies**: each replica publishes the records of the
+//! proxies it serves (changed ones, once a second) under its own key per
+//! proxy, attached to its own presence lease, so `proxies list` through any
+//! replica shows the whole fleet and a dead replica's records vanish within
+//! [`PRESENCE_TTL`]. No two replicas write the same key, so no write races.
 
 use std::time::Duration;
 
@@ -37,14 +44,21 @@ use etcd_client::{
 };
 use tokio::sync::{mpsc, Mutex};
 
+use std::collections::BTreeMap;
+
 use super::{
-    backend, Contents, PolicyRecord, State, Store, StoreChange, StoreError, StoreEvent, StoreFuture,
+    backend, Contents, PolicyRecord, ProxyRecord, State, Store, StoreChange, StoreError,
+    StoreEvent, StoreFuture,
 };
 
 /// Longest wait for one etcd call.
 const CALL_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long the singleton lease outlives its holder's last renewal.
 pub const SINGLETON_TTL: Duration = Duration::from_secs(10);
+/// How long a replica's proxy records outlive its last renewal.
+pub const PRESENCE_TTL: Duration = Duration::from_secs(15);
+/// etcd refuses transactions of more than 128 operations by default.
+const TXN_OPS: usize = 100;
 /// Resume and relist backoff bounds.
 const BACKOFF_MIN: Duration = Duration::from_millis(100);
 const BACKOFF_MAX: Duration = Duration::from_secs(5);
@@ -111,6 +125,21 @@ impl Keys {
     fn singleton(&self) -> String {
         format!("{}singleton", self.prefix)
     }
+    fn proxies(&self) -> String {
+        format!("{}proxies/", self.prefix)
+    }
+    fn proxy(&self, replica: &str, node: &str) -> String {
+        format!("{}proxies/{replica}/{node}", self.prefix)
+    }
+}
+
+/// A proxy record as published: the node id travels in the value, so
+/// any node id works in a key.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct PublishedProxy {
+    node: String,
+    #[serde(flatten)]
+    record: ProxyRecord,
 }
 
 /// A held lease and its renewal stream.
@@ -141,6 +170,7 @@ pub struct EtcdStore {
     keys: Keys,
     node: String,
     lease: Mutex<Option<Lease>>,
+    presence: Mutex<Option<Lease>>,
 }
 
 async fn call<T, F>(f: F) -> Result<T, StoreError>
@@ -178,7 +208,33 @@ impl EtcdStore {
             },
             node: node.to_string(),
             lease: Mutex::new(None),
+            presence: Mutex::new(None),
         })
+    }
+
+    /// Renews the lease in `slot`, or grants a new one of `ttl`; true when
+    /// the lease is new (everything attached to the old one is gone).
+    async fn keep_lease(
+        &self,
+        slot: &mut Option<Lease>,
+        ttl: Duration,
+    ) -> Result<bool, StoreError> {
+        if let Some(lease) = slot.as_mut() {
+            if lease.renew().await {
+                return Ok(false);
+            }
+        }
+        *slot = None;
+        let mut client = self.client.clone();
+        let granted =
+            call(client.lease_grant(i64::try_from(ttl.as_secs()).unwrap_or(10), None)).await?;
+        let (keeper, answers) = call(client.lease_keep_alive(granted.id())).await?;
+        *slot = Some(Lease {
+            id: granted.id(),
+            keeper,
+            answers,
+        });
+        Ok(true)
     }
 
     /// Waits until etcd answers (a control plane may start before its
@@ -484,22 +540,7 @@ impl Store for EtcdStore {
     fn hold_singleton(&self) -> StoreFuture<'_, bool> {
         Box::pin(async move {
             let mut held = self.lease.lock().await;
-            let alive = match held.as_mut() {
-                Some(lease) => lease.renew().await,
-                None => false,
-            };
-            if !alive {
-                *held = None;
-                let mut client = self.client.clone();
-                let ttl = i64::try_from(SINGLETON_TTL.as_secs()).unwrap_or(10);
-                let granted = call(client.lease_grant(ttl, None)).await?;
-                let (keeper, answers) = call(client.lease_keep_alive(granted.id())).await?;
-                *held = Some(Lease {
-                    id: granted.id(),
-                    keeper,
-                    answers,
-                });
-            }
+            self.keep_lease(&mut held, SINGLETON_TTL).await?;
             let Some(lease) = held.as_ref() else {
                 return Ok(false);
             };
@@ -525,13 +566,75 @@ impl Store for EtcdStore {
         })
     }
 
-    fn release_singleton(&self) -> StoreFuture<'_, ()> {
+    fn replica(&self) -> &str {
+        &self.node
+    }
+
+    fn publish_proxies<'a>(
+        &'a self,
+        all: &'a BTreeMap<String, ProxyRecord>,
+        changed: &'a [String],
+    ) -> StoreFuture<'a, ()> {
         Box::pin(async move {
-            let Some(lease) = self.lease.lock().await.take() else {
+            let mut presence = self.presence.lock().await;
+            let fresh = self.keep_lease(&mut presence, PRESENCE_TTL).await?;
+            let Some(lease) = presence.as_ref().map(|l| l.id) else {
                 return Ok(());
             };
+            // A new lease has nothing attached yet: publish everything.
+            let nodes: Vec<&String> = if fresh {
+                all.keys().collect()
+            } else {
+                changed.iter().filter(|n| all.contains_key(*n)).collect()
+            };
+            for chunk in nodes.chunks(TXN_OPS) {
+                let mut puts = Vec::with_capacity(chunk.len());
+                for node in chunk {
+                    let Some(record) = all.get(*node) else {
+                        continue;
+                    };
+                    let value = serde_json::to_vec(&PublishedProxy {
+                        node: (*node).clone(),
+                        record: record.clone(),
+                    })
+                    .map_err(backend)?;
+                    puts.push(TxnOp::put(
+                        self.keys.proxy(&self.node, node),
+                        value,
+                        Some(PutOptions::new().with_lease(lease)),
+                    ));
+                }
+                let mut client = self.client.clone();
+                call(client.txn(Txn::new().and_then(puts))).await?;
+            }
+            Ok(())
+        })
+    }
+
+    fn fleet_proxies(&self) -> StoreFuture<'_, Option<Vec<(String, ProxyRecord)>>> {
+        Box::pin(async move {
             let mut client = self.client.clone();
-            call(client.lease_revoke(lease.id)).await?;
+            let resp = call(client.get(self.keys.proxies(), Some(GetOptions::new().with_prefix())))
+                .await?;
+            Ok(Some(
+                resp.kvs()
+                    .iter()
+                    .filter_map(|kv| serde_json::from_slice::<PublishedProxy>(kv.value()).ok())
+                    .map(|p| (p.node, p.record))
+                    .collect(),
+            ))
+        })
+    }
+
+    fn release_leases(&self) -> StoreFuture<'_, ()> {
+        Box::pin(async move {
+            for slot in [&self.lease, &self.presence] {
+                let Some(lease) = slot.lock().await.take() else {
+                    continue;
+                };
+                let mut client = self.client.clone();
+                call(client.lease_revoke(lease.id)).await?;
+            }
             Ok(())
         })
     }

@@ -96,6 +96,24 @@ pub struct PolicyRecord {
     pub note: String,
 }
 
+/// A proxy as the replica it talks to sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct ProxyRecord {
+    /// Revision it last ACKed.
+    pub applied_revision: u64,
+    /// Revision it last NACKed, and why.
+    pub nacked_revision: u64,
+    /// The NACK's error.
+    pub last_nack: String,
+    /// Last message (Unix ms).
+    pub last_seen_unix_ms: i64,
+    /// Stream open now.
+    pub connected: bool,
+    /// The replica that wrote this record (empty with one control plane).
+    #[serde(default)]
+    pub control_plane: String,
+}
+
 /// The control plane's current state.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct State {
@@ -168,9 +186,34 @@ pub trait Store: Send + Sync {
     /// across replicas (expiring circuits, pruning history); renews it.
     fn hold_singleton(&self) -> StoreFuture<'_, bool>;
 
-    /// Gives the singleton lease up (on shutdown), so another replica
-    /// takes the work over at once rather than when the lease expires.
-    fn release_singleton(&self) -> StoreFuture<'_, ()> {
+    /// This replica's name in a multi-replica store (empty otherwise).
+    fn replica(&self) -> &str {
+        ""
+    }
+
+    /// Shares this replica's view of its proxies with the other replicas,
+    /// renewing the lease that makes those records vanish if this replica
+    /// dies. `all` is every record; `changed` the node ids that changed
+    /// since the last call. Called every second; a no-op for a single writer.
+    fn publish_proxies<'a>(
+        &'a self,
+        all: &'a BTreeMap<String, ProxyRecord>,
+        changed: &'a [String],
+    ) -> StoreFuture<'a, ()> {
+        let _ = (all, changed);
+        Box::pin(std::future::ready(Ok(())))
+    }
+
+    /// Every replica's proxies, as each replica published them: node id →
+    /// one record per replica. `None` when this process is the only one.
+    fn fleet_proxies(&self) -> StoreFuture<'_, Option<Vec<(String, ProxyRecord)>>> {
+        Box::pin(std::future::ready(Ok(None)))
+    }
+
+    /// Gives this replica's leases up (on shutdown): another replica takes
+    /// the singleton work over at once rather than when the lease expires,
+    /// and this replica's proxy records go at once.
+    fn release_leases(&self) -> StoreFuture<'_, ()> {
         Box::pin(std::future::ready(Ok(())))
     }
 }

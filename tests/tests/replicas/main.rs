@@ -92,14 +92,33 @@ async fn a_change_through_one_replica_reaches_proxies_on_every_replica() {
         wait_version(p, &v).await;
         assert_eq!(p.chat("m").await.header(MOCK_NAME_HEADER), Some("x"));
     }
-    // Each replica serves its own proxies.
-    let names = |ps: Vec<pb::ProxyStatus>| {
-        let mut n: Vec<String> = ps.into_iter().map(|p| p.node_id).collect();
-        n.sort();
-        n
-    };
-    assert_eq!(names(connected_proxies(ra).await), ["p1", "p2"]);
-    assert_eq!(names(connected_proxies(rb).await), ["p3", "p4"]);
+    // Each replica serves its own proxies, and either lists the whole fleet.
+    for cp in [ra, rb] {
+        let mut fleet = Vec::new();
+        for _ in 0..100 {
+            fleet = connected_proxies(cp).await;
+            if fleet.len() == 4 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let mut seen: Vec<(String, String)> = fleet
+            .into_iter()
+            .map(|p| (p.node_id, p.control_plane))
+            .collect();
+        seen.sort();
+        let want = [
+            ("p1", "cp-a"),
+            ("p2", "cp-a"),
+            ("p3", "cp-b"),
+            ("p4", "cp-b"),
+        ];
+        assert_eq!(
+            seen,
+            want.map(|(n, c)| (n.to_string(), c.to_string())),
+            "the fleet as {cp} lists it"
+        );
+    }
 
     // The other way round: backends set through B reach the proxies on A,
     // and B's history has A's version.
@@ -202,7 +221,7 @@ async fn a_killed_replica_hands_its_proxies_over_without_a_failed_request() {
     for p in proxies.iter() {
         wait_version(p, &v1).await;
     }
-    assert_eq!(connected_proxies(ra).await.len(), 2);
+    assert_eq!(a.hub().proxies().len(), 2, "p1 and p2 on A");
 
     // Traffic through every proxy for the whole test.
     let sent = Arc::new(AtomicU64::new(0));
@@ -232,6 +251,7 @@ async fn a_killed_replica_hands_its_proxies_over_without_a_failed_request() {
     let mut on_b = Vec::new();
     for _ in 0..100 {
         on_b = connected_proxies(rb).await;
+        on_b.retain(|p| p.control_plane == "cp-b");
         if on_b.len() == 3 {
             break;
         }

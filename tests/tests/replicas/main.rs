@@ -36,6 +36,11 @@ async fn replica(etcd: &EtcdServer, node: &str) -> RunningControlPlane {
     .unwrap()
 }
 
+/// Replicas `cp-a` and `cp-b` on `etcd`.
+async fn two_replicas(etcd: &EtcdServer) -> (RunningControlPlane, RunningControlPlane) {
+    (replica(etcd, "cp-a").await, replica(etcd, "cp-b").await)
+}
+
 async fn apply(
     cp: SocketAddr,
     document: String,
@@ -71,8 +76,7 @@ async fn a_change_through_one_replica_reaches_proxies_on_every_replica() {
     let etcd = EtcdServer::start("reach").await;
     let x = mock("x", Behavior::Json).await;
     let y = mock("y", Behavior::Json).await;
-    let a = replica(&etcd, "cp-a").await;
-    let b = replica(&etcd, "cp-b").await;
+    let (a, b) = two_replicas(&etcd).await;
     let (ra, rb) = (a.local_addr(), b.local_addr());
     let on_a = [
         managed_proxy(&[ra, rb], "p1", None).await,
@@ -155,8 +159,7 @@ async fn a_change_through_one_replica_reaches_proxies_on_every_replica() {
 async fn concurrent_applies_with_the_same_expected_version_have_one_winner() {
     let etcd = EtcdServer::start("race").await;
     let x = mock("x", Behavior::Json).await;
-    let a = replica(&etcd, "cp-a").await;
-    let b = replica(&etcd, "cp-b").await;
+    let (a, b) = two_replicas(&etcd).await;
     let (ra, rb) = (a.local_addr(), b.local_addr());
     apply(ra, policy(&x.url(), &x.url()), 0).await.unwrap();
     eventually(Duration::from_secs(5), "B has version 1", || {
@@ -208,8 +211,7 @@ async fn a_killed_replica_hands_its_proxies_over_without_a_failed_request() {
     let etcd = EtcdServer::start("kill").await;
     let x = mock("x", Behavior::Json).await;
     let y = mock("y", Behavior::Json).await;
-    let a = replica(&etcd, "cp-a").await;
-    let b = replica(&etcd, "cp-b").await;
+    let (a, b) = two_replicas(&etcd).await;
     let (ra, rb) = (a.local_addr(), b.local_addr());
     let r1 = apply(ra, policy(&x.url(), &y.url()), 0).await.unwrap();
     let v1 = format!("cp-{}", r1.revision);
@@ -292,8 +294,7 @@ async fn replicas_recover_from_an_etcd_restart_without_restarting() {
     let mut etcd = EtcdServer::start("restart").await;
     let x = mock("x", Behavior::Json).await;
     let y = mock("y", Behavior::Json).await;
-    let a = replica(&etcd, "cp-a").await;
-    let b = replica(&etcd, "cp-b").await;
+    let (a, b) = two_replicas(&etcd).await;
     let (ra, rb) = (a.local_addr(), b.local_addr());
     let r1 = apply(ra, policy(&x.url(), &y.url()), 0).await.unwrap();
     let on_b = managed_proxy(&[rb], "p-b", None).await;
@@ -436,8 +437,7 @@ async fn a_compacted_watch_relists_and_misses_nothing() {
 async fn circuit_reports_through_both_replicas_form_one_fleet_view() {
     let etcd = EtcdServer::start("circuits").await;
     let x = mock("x", Behavior::Json).await;
-    let a = replica(&etcd, "cp-a").await;
-    let b = replica(&etcd, "cp-b").await;
+    let (a, b) = two_replicas(&etcd).await;
     apply(a.local_addr(), policy(&x.url(), &x.url()), 0)
         .await
         .unwrap();
@@ -483,8 +483,7 @@ async fn circuit_reports_through_both_replicas_form_one_fleet_view() {
 async fn once_only_work_runs_on_the_lease_holder_and_moves_when_it_stops() {
     let etcd = EtcdServer::start("lease").await;
     let x = mock("x", Behavior::Json).await;
-    let a = replica(&etcd, "cp-a").await;
-    let b = replica(&etcd, "cp-b").await;
+    let (a, b) = two_replicas(&etcd).await;
     apply(a.local_addr(), policy(&x.url(), &x.url()), 0)
         .await
         .unwrap();

@@ -107,9 +107,19 @@ const HOP_BY_HOP: [&str; 8] = [
     "upgrade",
 ];
 
+/// True for a hop-by-hop header name (or `Transfer-Encoding`).
+fn is_hop_by_hop(name: &HeaderName) -> bool {
+    name == header::TRANSFER_ENCODING || HOP_BY_HOP.contains(&name.as_str())
+}
+
 /// Removes hop-by-hop headers, including those named in `Connection`.
 /// (`Transfer-Encoding` is handled by hyper's framing on each side.)
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    // Usually there is none: one pass over the few names present instead
+    // of a lookup (parse, hash, probe) per hop-by-hop name.
+    if !headers.keys().any(is_hop_by_hop) {
+        return;
+    }
     if let Some(conn) = headers.get(header::CONNECTION) {
         let named: Vec<HeaderName> = conn
             .to_str()
@@ -144,29 +154,39 @@ pub fn upstream_uri(
     Ok(uri)
 }
 
+const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
+
+/// A client's IP address as a header value (made once per connection).
+pub fn client_ip_header(ip: std::net::IpAddr) -> HeaderValue {
+    // An IP address is always a valid header value.
+    HeaderValue::try_from(ip.to_string()).unwrap_or_else(|_| HeaderValue::from_static("unknown"))
+}
+
 /// Adds `X-Forwarded-For` (appended), `-Proto` and `-Host` (kept if a
-/// proxy in front already set them).
+/// proxy in front already set them). `client_ip` is from
+/// [`client_ip_header`].
 pub fn add_forwarded(
     headers: &mut HeaderMap,
-    client_ip: std::net::IpAddr,
+    client_ip: &HeaderValue,
     original_host: Option<HeaderValue>,
 ) {
-    let xff = HeaderName::from_static("x-forwarded-for");
-    let ip = client_ip.to_string();
-    let value = match headers.get(&xff).and_then(|v| v.to_str().ok()) {
-        Some(prev) if !prev.trim().is_empty() => format!("{prev}, {ip}"),
-        _ => ip,
+    let value = match headers.get(X_FORWARDED_FOR).and_then(|v| v.to_str().ok()) {
+        Some(prev) if !prev.trim().is_empty() => {
+            let ip = client_ip.to_str().unwrap_or("");
+            HeaderValue::from_str(&format!("{prev}, {ip}")).ok()
+        }
+        _ => Some(client_ip.clone()),
     };
-    if let Ok(v) = HeaderValue::from_str(&value) {
-        headers.insert(xff, v);
+    if let Some(v) = value {
+        headers.insert(X_FORWARDED_FOR, v);
     }
     headers
-        .entry(HeaderName::from_static("x-forwarded-proto"))
+        .entry(X_FORWARDED_PROTO)
         .or_insert(HeaderValue::from_static("http"));
     if let Some(host) = original_host {
-        headers
-            .entry(HeaderName::from_static("x-forwarded-host"))
-            .or_insert(host);
+        headers.entry(X_FORWARDED_HOST).or_insert(host);
     }
 }
 
@@ -339,14 +359,15 @@ mod tests {
     fn forwarded_headers() {
         let mut h = HeaderMap::new();
         h.insert("x-forwarded-for", HeaderValue::from_static("203.0.113.7"));
-        add_forwarded(
-            &mut h,
-            "127.0.0.1".parse().unwrap(),
-            Some(HeaderValue::from_static("router:3000")),
-        );
+        let ip = client_ip_header("127.0.0.1".parse().unwrap());
+        add_forwarded(&mut h, &ip, Some(HeaderValue::from_static("router:3000")));
         assert_eq!(h["x-forwarded-for"], "203.0.113.7, 127.0.0.1");
         assert_eq!(h["x-forwarded-proto"], "http");
         assert_eq!(h["x-forwarded-host"], "router:3000");
+        let mut h = HeaderMap::new();
+        add_forwarded(&mut h, &client_ip_header("::1".parse().unwrap()), None);
+        assert_eq!(h["x-forwarded-for"], "::1");
+        assert!(!h.contains_key("x-forwarded-host"));
     }
 
     #[test]

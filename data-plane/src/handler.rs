@@ -24,7 +24,6 @@
 //! the backend can stop generating.
 
 use std::borrow::Cow;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -46,7 +45,7 @@ use crate::error::ProxyError;
 use crate::forward::{self, BodyEnd, BoxError, Completion, TrackedBody};
 use crate::idempotency::{self, Claim, FollowResult, LeaderGuard, StoredAnswer};
 use crate::pool::{Availability, Lease, PoolRuntime, Sample, Shed};
-use crate::route_log::{rfc3339, AttemptRecord, RouteRecord};
+use crate::route_log::{AttemptRecord, RouteRecord, Timestamp};
 use crate::telemetry;
 use crate::Shared;
 use opentelemetry::trace::{SpanKind, Status, TraceContextExt, Tracer};
@@ -85,10 +84,11 @@ pub fn full(body: Response<Bytes>) -> Response<ProxyBody> {
     body.map(|b| Full::new(b).map_err(|never| match never {}).boxed_unsync())
 }
 
-/// Handles one proxied request.
+/// Handles one proxied request from a client at `client_ip` (see
+/// [`forward::client_ip_header`]).
 pub async fn handle(
     shared: Arc<Shared>,
-    remote: SocketAddr,
+    client_ip: HeaderValue,
     req: Request<Incoming>,
 ) -> Response<ProxyBody> {
     let path = req.uri().path();
@@ -111,7 +111,10 @@ pub async fn handle(
     }
 
     match request_id(req.headers()) {
-        Ok(id) => pending.record.request_id = id,
+        Ok(id) => {
+            pending.id_header = HeaderValue::from_str(&id).ok();
+            pending.record.request_id = id;
+        }
         Err(e) => return pending.reject(e),
     }
     let header_deadline = match deadline_header(req.headers()) {
@@ -129,7 +132,7 @@ pub async fn handle(
             }
         },
     };
-    pending.record.risk = Some(risk.as_str().to_string());
+    pending.record.risk = Some(risk.as_str());
     let (parts, body) = req.into_parts();
     let body = match read_body(&shared, &parts.headers, body).await {
         Ok(b) => b,
@@ -264,10 +267,10 @@ pub async fn handle(
     headers.remove(header::HOST);
     headers.remove(header::CONTENT_LENGTH);
     headers.remove(X_ROUTER_DEADLINE_MS);
-    forward::add_forwarded(&mut headers, remote.ip(), original_host);
-    if let Ok(id) = HeaderValue::from_str(&pending.record.request_id) {
+    forward::add_forwarded(&mut headers, &client_ip, original_host);
+    if let Some(id) = &pending.id_header {
         headers.insert(X_REQUEST_ID, id.clone());
-        headers.insert(IDEMPOTENCY_KEY, id);
+        headers.insert(IDEMPOTENCY_KEY, id.clone());
     }
     let exchange = Exchange {
         otel: pending.record.otel.clone(),
@@ -371,6 +374,7 @@ impl Exchange {
                 break;
             }
             let name = pool.name();
+            let shared_name = pool.shared_name();
             let availability = pool.availability();
             if availability != Availability::Ready {
                 notes.push(format!("{name}: {}", availability.as_str()));
@@ -408,7 +412,7 @@ impl Exchange {
             held = None;
             attempted += 1;
             if attempted == 1 {
-                pending.record.first_route = Some(name.to_string());
+                pending.record.first_route = Some(Arc::clone(shared_name));
             }
             let attempt_deadline = timeout.map(|t| now + t);
             match self.attempt(pool, attempt_deadline, timeout).await {
@@ -434,7 +438,7 @@ impl Exchange {
                 AttemptEnd::Whole { head, body, record } => {
                     pending.note_attempt(record, attempted);
                     pending.record.reason = reason(&decided, name, &notes);
-                    return pending.commit_whole(head, body, leader.take(), name, attempted);
+                    return pending.commit_whole(head, body, leader.take(), shared_name, attempted);
                 }
                 AttemptEnd::Failed {
                     retry,
@@ -470,7 +474,7 @@ impl Exchange {
                                     ),
                                 },
                                 _ => ProxyError::Upstream {
-                                    endpoint: record.endpoint.clone(),
+                                    endpoint: record.endpoint.to_string(),
                                     detail: outcome.replace('_', " "),
                                 },
                             })
@@ -500,7 +504,7 @@ impl Exchange {
                     };
                     notes.push(format!("{name}: {}", err.kind()));
                     pending.record.queue_wait_ms = ms(now.elapsed());
-                    pending.pool = Some(name.to_string());
+                    pending.pool = Some(Arc::clone(shared_name));
                     last_error = Some(err);
                     if !route.fallback {
                         break;
@@ -644,8 +648,8 @@ impl Exchange {
             .queue_wait(pool.name(), lease.queue_wait().as_secs_f64());
         let started = Instant::now();
         let mut record = AttemptRecord {
-            pool: pool.name().to_string(),
-            endpoint: lease.addr().to_string(),
+            pool: Arc::clone(pool.shared_name()),
+            endpoint: Arc::clone(lease.addr()),
             outcome: "ok",
             status: None,
             latency_ms: 0.0,
@@ -665,7 +669,7 @@ impl Exchange {
                 return AttemptEnd::Failed {
                     retry: RetryOn::ConnectError,
                     record: AttemptRecord {
-                        endpoint: e,
+                        endpoint: e.into(),
                         ..record
                     },
                     held: None,
@@ -878,12 +882,20 @@ fn millis(d: Duration) -> u64 {
 fn set_router_headers<B>(
     resp: &mut Response<B>,
     record: &RouteRecord,
+    id: Option<&HeaderValue>,
     pool: Option<&str>,
     attempts: usize,
 ) {
     let h = resp.headers_mut();
-    if let Ok(v) = HeaderValue::from_str(&record.request_id) {
-        h.insert(X_REQUEST_ID, v);
+    match id {
+        Some(v) => {
+            h.insert(X_REQUEST_ID, v.clone());
+        }
+        None => {
+            if let Ok(v) = HeaderValue::from_str(&record.request_id) {
+                h.insert(X_REQUEST_ID, v);
+            }
+        }
     }
     if let Some(Ok(v)) = pool.map(HeaderValue::from_str) {
         h.insert(X_ROUTER_ROUTE, v);
@@ -901,7 +913,13 @@ fn request_id(headers: &HeaderMap) -> Result<String, ProxyError> {
         .get(IDEMPOTENCY_KEY)
         .or_else(|| headers.get(X_REQUEST_ID));
     match given {
-        None => Ok(uuid::Uuid::now_v7().to_string()),
+        None => {
+            let mut buf = uuid::Uuid::encode_buffer();
+            Ok(uuid::Uuid::now_v7()
+                .hyphenated()
+                .encode_lower(&mut buf)
+                .to_string())
+        }
         Some(v) => match v.to_str() {
             Ok(s) if !s.trim().is_empty() && s.len() <= 255 => Ok(s.trim().to_string()),
             _ => Err(ProxyError::InvalidRequest(
@@ -1041,16 +1059,18 @@ struct Pending {
     record: RouteRecord,
     answered: bool,
     t0: Instant,
-    pool: Option<String>,
+    pool: Option<Arc<str>>,
+    /// The request id as a header value, once known.
+    id_header: Option<HeaderValue>,
 }
 
 impl Pending {
     fn new(shared: Arc<Shared>, req: &Request<Incoming>, version: Arc<str>) -> Self {
         let record = RouteRecord {
-            offered_at: rfc3339(SystemTime::now()),
-            method: req.method().to_string(),
+            offered_at: Timestamp(SystemTime::now()),
+            method: req.method().clone(),
             path: req.uri().path().to_string(),
-            config_version: version.to_string(),
+            config_version: version,
             ..RouteRecord::default()
         };
         Self {
@@ -1059,6 +1079,7 @@ impl Pending {
             answered: false,
             t0: Instant::now(),
             pool: None,
+            id_header: None,
         }
     }
 
@@ -1080,9 +1101,9 @@ impl Pending {
                 .clone_from(&attempt.response_model);
         }
         if n == 1 {
-            self.record.first_outcome = attempt.outcome.to_string();
+            self.record.first_outcome = attempt.outcome;
         } else {
-            self.record.fallback_outcome = Some(attempt.outcome.to_string());
+            self.record.fallback_outcome = Some(attempt.outcome);
         }
         self.record.queue_wait_ms += attempt.queue_wait_ms;
         self.pool = Some(attempt.pool.clone());
@@ -1098,7 +1119,7 @@ impl Pending {
         let mut record = self.take_record();
         let pool = self.pool.take().or_else(|| record.first_route.clone());
         if record.first_outcome.is_empty() {
-            record.first_outcome = err.kind().to_string();
+            record.first_outcome = err.kind();
         }
         if err.is_shed() {
             self.shared
@@ -1119,7 +1140,13 @@ impl Pending {
         }
         let id = (!record.request_id.is_empty()).then_some(record.request_id.as_str());
         let mut resp = err.to_response(id);
-        set_router_headers(&mut resp, &record, None, record.attempts.len());
+        set_router_headers(
+            &mut resp,
+            &record,
+            self.id_header.as_ref(),
+            None,
+            record.attempts.len(),
+        );
         finish_record(
             &self.shared,
             record,
@@ -1134,7 +1161,7 @@ impl Pending {
     /// Answers with a stored answer (an `Idempotency-Key` retry).
     fn replay(mut self, stored: &StoredAnswer) -> Response<ProxyBody> {
         let mut record = self.take_record();
-        record.first_outcome = "replayed".into();
+        record.first_outcome = "replayed";
         record.reason = "Idempotency-Key retry: the stored answer of the first request".into();
         let mut resp = Response::new(stored.body.clone());
         *resp.status_mut() = stored.status;
@@ -1145,8 +1172,14 @@ impl Pending {
             .headers()
             .get(X_ROUTER_ROUTE)
             .and_then(|v| v.to_str().ok())
-            .map(str::to_string);
-        set_router_headers(&mut resp, &record, pool.as_deref(), 0);
+            .map(Arc::<str>::from);
+        set_router_headers(
+            &mut resp,
+            &record,
+            self.id_header.as_ref(),
+            pool.as_deref(),
+            0,
+        );
         finish_record(
             &self.shared,
             record,
@@ -1164,16 +1197,22 @@ impl Pending {
         mut head: http::response::Parts,
         body: Bytes,
         leader: Option<LeaderGuard>,
-        pool: &str,
+        pool: &Arc<str>,
         attempts: usize,
     ) -> Response<ProxyBody> {
         let mut record = self.take_record();
         let outcome = record.attempts.last().map_or("ok", |a| a.outcome);
-        record.final_route = Some(pool.to_string());
+        record.final_route = Some(Arc::clone(pool));
         forward::strip_hop_by_hop(&mut head.headers);
         head.headers.remove(header::CONTENT_LENGTH);
         let mut resp = Response::from_parts(head, body);
-        set_router_headers(&mut resp, &record, Some(pool), attempts);
+        set_router_headers(
+            &mut resp,
+            &record,
+            self.id_header.as_ref(),
+            Some(pool),
+            attempts,
+        );
         if let Some(g) = leader {
             if outcome == "ok" {
                 g.store(StoredAnswer {
@@ -1190,7 +1229,7 @@ impl Pending {
             self.t0,
             outcome,
             status,
-            Some(pool.to_string()),
+            Some(Arc::clone(pool)),
         );
         full(resp)
     }
@@ -1206,8 +1245,8 @@ impl Pending {
         attempts: usize,
     ) -> Response<ProxyBody> {
         let mut record = self.take_record();
-        let pool = lease.pool_name().to_string();
-        record.final_route = Some(pool.clone());
+        let pool = Arc::clone(lease.pool_name());
+        record.final_route = Some(Arc::clone(&pool));
         let attempt = record.attempts.pop().unwrap_or_default();
         let (mut head, incoming) = resp.into_parts();
         forward::strip_hop_by_hop(&mut head.headers);
@@ -1223,7 +1262,13 @@ impl Pending {
         let failed = attempt.outcome != "ok";
         let status = head.status.as_u16();
         let mut resp = Response::from_parts(head, ());
-        set_router_headers(&mut resp, &record, Some(&pool), attempts);
+        set_router_headers(
+            &mut resp,
+            &record,
+            self.id_header.as_ref(),
+            Some(&pool),
+            attempts,
+        );
         let finisher = Finisher {
             shared: Arc::clone(&self.shared),
             lease,
@@ -1255,16 +1300,16 @@ fn finish_record(
     shared: &Shared,
     mut record: RouteRecord,
     t0: Instant,
-    outcome: &str,
+    outcome: &'static str,
     status: u16,
-    pool: Option<String>,
+    pool: Option<Arc<str>>,
 ) {
     let elapsed = t0.elapsed();
     record.elapsed_ms = ms(elapsed);
-    record.outcome = outcome.to_string();
+    record.outcome = outcome;
     record.status = status;
     if record.first_outcome.is_empty() {
-        record.first_outcome = outcome.to_string();
+        record.first_outcome = outcome;
     }
     if record.attempts.len() > 1 {
         shared.metrics.fallback(
@@ -1274,7 +1319,7 @@ fn finish_record(
     }
     let labels = crate::metrics::RequestLabels {
         route: record.route.clone().unwrap_or_default(),
-        pool: pool.unwrap_or_default(),
+        pool: pool.as_deref().unwrap_or_default().to_string(),
         outcome: outcome.to_string(),
     };
     shared.metrics.request_done(&labels, elapsed.as_secs_f64());
@@ -1296,12 +1341,12 @@ fn finish_record(
 fn end_server_span(cx: &opentelemetry::Context, record: &RouteRecord, pool: &str) {
     let span = cx.span();
     let mut attrs = vec![
-        KeyValue::new("http.request.method", record.method.clone()),
+        KeyValue::new("http.request.method", record.method.to_string()),
         KeyValue::new("url.path", record.path.clone()),
         KeyValue::new("http.response.status_code", i64::from(record.status)),
         KeyValue::new("router.request_id", record.request_id.clone()),
-        KeyValue::new("router.config_version", record.config_version.clone()),
-        KeyValue::new("router.outcome", record.outcome.clone()),
+        KeyValue::new("router.config_version", record.config_version.to_string()),
+        KeyValue::new("router.outcome", record.outcome),
         KeyValue::new("router.reason", record.reason.clone()),
         KeyValue::new("router.queue_wait_ms", record.queue_wait_ms),
         KeyValue::new("router.attempts", record.attempts.len() as i64),
@@ -1310,7 +1355,7 @@ fn end_server_span(cx: &opentelemetry::Context, record: &RouteRecord, pool: &str
     let optional = [
         ("router.route", record.route.clone()),
         ("router.pool", (!pool.is_empty()).then(|| pool.to_string())),
-        ("router.risk", record.risk.clone()),
+        ("router.risk", record.risk.map(str::to_string)),
         ("gen_ai.request.model", record.model.clone()),
         ("gen_ai.response.model", record.response_model.clone()),
     ];
@@ -1330,7 +1375,7 @@ fn end_server_span(cx: &opentelemetry::Context, record: &RouteRecord, pool: &str
     }
     span.set_attributes(attrs);
     if record.status >= 500 || record.outcome != "ok" && record.outcome != "replayed" {
-        span.set_status(Status::error(record.outcome.clone()));
+        span.set_status(Status::error(record.outcome));
     }
     span.end();
 }
@@ -1376,13 +1421,13 @@ impl Completion for Finisher {
             lease.observe(Sample::Failure(t0.elapsed()));
         }
         attempt.outcome = outcome;
-        let pool = lease.pool_name().to_string();
+        let pool = Arc::clone(lease.pool_name());
         // Release the endpoint before logging: the slot is free now.
         drop(lease);
         if record.attempts.is_empty() {
-            record.first_outcome = outcome.to_string();
+            record.first_outcome = outcome;
         } else {
-            record.fallback_outcome = Some(outcome.to_string());
+            record.fallback_outcome = Some(outcome);
         }
         record.attempts.push(attempt);
         if end == BodyEnd::DeadlineCut {

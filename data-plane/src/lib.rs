@@ -360,9 +360,11 @@ fn start_workers(
 async fn serve_connection(shared: Arc<Shared>, stream: TcpStream, remote: SocketAddr) {
     let _ = stream.set_nodelay(true);
     let svc_shared = Arc::clone(&shared);
+    let client_ip = forward::client_ip_header(remote.ip());
     let service = service_fn(move |req| {
         let shared = Arc::clone(&svc_shared);
-        async move { Ok::<_, Infallible>(handler::handle(shared, remote, req).await) }
+        let client_ip = client_ip.clone();
+        async move { Ok::<_, Infallible>(handler::handle(shared, client_ip, req).await) }
     });
     let conn = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())

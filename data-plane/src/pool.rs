@@ -392,6 +392,11 @@ impl PoolRuntime {
         &self.name
     }
 
+    /// The pool's name, shared (a clone costs no allocation).
+    pub fn shared_name(&self) -> &Arc<str> {
+        &self.name
+    }
+
     fn lock(&self) -> MutexGuard<'_, PoolState> {
         // A panic while holding this lock would be a bug in this module;
         // the state is still consistent enough to keep serving.
@@ -1047,7 +1052,7 @@ impl Lease {
     }
 
     /// The pool's name.
-    pub fn pool_name(&self) -> &str {
+    pub fn pool_name(&self) -> &Arc<str> {
         &self.pool.name
     }
 

@@ -353,9 +353,7 @@ impl Hub {
                         author: author.to_string(),
                         note: "apply".into(),
                     };
-                    let mut next = inner.state.clone();
-                    next.policy_version = version;
-                    Ok(Some((next, Some(record))))
+                    Ok(Some((with_policy(inner, document, version), Some(record))))
                 })
                 .await?;
             let span = tracing::Span::current();
@@ -418,6 +416,7 @@ impl Hub {
                     .ok_or_else(|| HubError::NotFound(format!("no policy version {wanted}")))?;
                 target = wanted;
                 let version = inner.next_policy_version();
+                let next = with_policy(inner, &document, version);
                 let record = PolicyRecord {
                     version,
                     document,
@@ -425,8 +424,6 @@ impl Hub {
                     author: "rollback".into(),
                     note: format!("rollback to {wanted}"),
                 };
-                let mut next = inner.state.clone();
-                next.policy_version = version;
                 Ok(Some((next, Some(record))))
             })
             .await?;
@@ -724,6 +721,26 @@ impl Hub {
             }])
         })
     }
+}
+
+/// The next state with `document` current: backend sets and circuit
+/// overrides of pools it no longer has are dropped (proxies would refuse a
+/// snapshot with a backend set for an unknown pool).
+fn with_policy(inner: &Inner, document: &str, version: u64) -> State {
+    let mut next = inner.state.clone();
+    next.policy_version = version;
+    if let Ok(policy) = load(document, &QueueSettings::default()) {
+        let before = next.backends.len();
+        next.backends.retain(|pool, _| policy.pool(pool).is_some());
+        next.circuits.retain(|c| policy.pool(&c.pool).is_some());
+        if next.backends.len() != before {
+            tracing::info!(
+                dropped = before - next.backends.len(),
+                "backend sets of pools the new policy removes are dropped"
+            );
+        }
+    }
+    next
 }
 
 /// Refuses a backend set for a pool the current policy does not have.

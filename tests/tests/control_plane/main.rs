@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use http::StatusCode;
+use router_control_plane::store::{BackendSet, StoreChange, StoreEvent};
 use router_control_plane::{start, ControlPlaneOptions, RunningControlPlane};
 use router_proto::v1 as pb;
 use router_proxy::managed::ManagedOptions;
@@ -118,8 +119,8 @@ async fn apply_reaches_every_proxy_and_bad_changes_do_not() {
         .unwrap_err();
     assert_eq!(stale.code(), tonic::Code::Aborted, "{stale}");
 
-    // A snapshot the proxies cannot apply (backends for a pool the next
-    // policy drops): they NACK and keep serving the last good config.
+    // A policy that drops a pool drops that pool's backend set too (a
+    // snapshot with a set for an unknown pool is one proxies refuse).
     admin
         .set_backends(pb::SetBackendsRequest {
             pool: "fallback".into(),
@@ -131,7 +132,6 @@ async fn apply_reaches_every_proxy_and_bad_changes_do_not() {
     for p in &proxies {
         wait_version(p, &format!("cp-{}", r.revision + 1)).await;
     }
-    let good_version = version_of(&proxies[0]).await;
     let only_primary = format!(
         "apiVersion: router/v1\nkind: RoutingPolicy\nspec:\n  pools: [{{name: primary, endpoints: [\"{}\"]}}]\n  routes: [{{name: default, chain: [primary]}}]\n",
         a.url()
@@ -145,6 +145,33 @@ async fn apply_reaches_every_proxy_and_bad_changes_do_not() {
         .unwrap()
         .into_inner();
     assert!(applied.applied);
+    let good_version = format!("cp-{}", applied.revision);
+    for p in &proxies {
+        wait_version(p, &good_version).await;
+    }
+    let pools = admin
+        .list_backends(pb::ListBackendsRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .pools;
+    assert!(pools.iter().all(|p| p.pool != "fallback"), "{pools:?}");
+
+    // A snapshot the proxies cannot apply (as from a replica of another
+    // version: a backend set for a pool the policy lacks): they NACK it and
+    // keep serving the last good config.
+    let mut skewed = cp.hub().state();
+    skewed.revision += 1;
+    skewed.backends.insert(
+        "ghost".into(),
+        BackendSet {
+            endpoints: vec![b.url()],
+            drained: vec![],
+        },
+    );
+    let bad_revision = skewed.revision;
+    cp.hub()
+        .take_change(StoreChange::Changed(vec![StoreEvent::State(skewed)]));
     let mut nacked = Vec::new();
     for _ in 0..200 {
         nacked = admin
@@ -153,13 +180,13 @@ async fn apply_reaches_every_proxy_and_bad_changes_do_not() {
             .unwrap()
             .into_inner()
             .proxies;
-        if nacked.iter().all(|p| p.nacked_revision == applied.revision) {
+        if nacked.iter().all(|p| p.nacked_revision == bad_revision) {
             break;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     for p in &nacked {
-        assert_eq!(p.nacked_revision, applied.revision, "{nacked:?}");
+        assert_eq!(p.nacked_revision, bad_revision, "{nacked:?}");
         assert!(p.last_nack.contains("unknown pool"), "{}", p.last_nack);
     }
     for p in &proxies {

@@ -154,6 +154,68 @@ pub fn upstream_uri(
     Ok(uri)
 }
 
+/// An endpoint's scheme, authority and `Host` header, parsed once (when
+/// the endpoint is added to its pool) instead of for every request.
+#[derive(Debug, Clone)]
+pub struct UpstreamTarget {
+    scheme: http::uri::Scheme,
+    authority: http::uri::Authority,
+    /// Whether the endpoint has a base path (then every path is joined).
+    base_path: bool,
+    /// What hyper-util's client would set as `Host` for this endpoint.
+    host: HeaderValue,
+}
+
+impl UpstreamTarget {
+    /// Parses an endpoint; `None` when its URI would not be valid (the
+    /// request path then reports the error).
+    pub fn new(endpoint: &router_policy::Endpoint) -> Option<Self> {
+        let uri = upstream_uri(endpoint, "/").ok()?;
+        let scheme = uri.scheme()?.clone();
+        let authority = uri.authority()?.clone();
+        // As hyper-util's client: the host, with the port unless it is the
+        // scheme's default.
+        let host = uri.host()?;
+        let default_port = match endpoint.scheme() {
+            Scheme::Http => 80,
+            Scheme::Https => 443,
+        };
+        let host = match uri.port_u16() {
+            Some(port) if port != default_port => HeaderValue::from_str(&format!("{host}:{port}")),
+            _ => HeaderValue::from_str(host),
+        }
+        .ok()?;
+        Some(Self {
+            scheme,
+            authority,
+            base_path: !endpoint.base_path().is_empty(),
+            host,
+        })
+    }
+
+    /// The `Host` header for requests to this endpoint.
+    pub fn host(&self) -> &HeaderValue {
+        &self.host
+    }
+
+    /// The absolute upstream URI for a client path (as [`upstream_uri`]).
+    pub fn uri(
+        &self,
+        endpoint: &router_policy::Endpoint,
+        path_and_query: &http::uri::PathAndQuery,
+    ) -> Result<http::Uri, http::Error> {
+        let mut parts = http::uri::Parts::default();
+        parts.scheme = Some(self.scheme.clone());
+        parts.authority = Some(self.authority.clone());
+        parts.path_and_query = Some(if self.base_path {
+            http::uri::PathAndQuery::try_from(endpoint.join(path_and_query.as_str()))?
+        } else {
+            path_and_query.clone()
+        });
+        Ok(http::Uri::from_parts(parts)?)
+    }
+}
+
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
@@ -368,6 +430,39 @@ mod tests {
         add_forwarded(&mut h, &client_ip_header("::1".parse().unwrap()), None);
         assert_eq!(h["x-forwarded-for"], "::1");
         assert!(!h.contains_key("x-forwarded-host"));
+    }
+
+    #[test]
+    fn upstream_targets_make_the_same_uris_and_hosts_as_the_client_would() {
+        let pq = |s: &str| http::uri::PathAndQuery::try_from(s).unwrap();
+        for (endpoint, path, host) in [
+            (
+                "127.0.0.1:8000",
+                "/v1/chat/completions?x=1",
+                "127.0.0.1:8000",
+            ),
+            ("http://example.com:80", "/v1/models", "example.com"),
+            (
+                "https://api.example.com/api/v1",
+                "/v1/chat/completions",
+                "api.example.com",
+            ),
+            (
+                "https://api.example.com:8443/v1",
+                "/v1/x?y",
+                "api.example.com:8443",
+            ),
+            ("http://[::1]:9000", "/", "[::1]:9000"),
+        ] {
+            let e = router_policy::Endpoint::parse(endpoint).unwrap();
+            let t = UpstreamTarget::new(&e).unwrap();
+            assert_eq!(
+                t.uri(&e, &pq(path)).unwrap(),
+                upstream_uri(&e, path).unwrap(),
+                "{endpoint} {path}"
+            );
+            assert_eq!(t.host(), host, "{endpoint}");
+        }
     }
 
     #[test]

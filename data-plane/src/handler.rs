@@ -285,7 +285,8 @@ pub async fn handle(
         path_and_query: parts
             .uri
             .path_and_query()
-            .map_or_else(|| "/".to_string(), |p| p.as_str().to_string()),
+            .cloned()
+            .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/")),
         headers,
         body,
         json_call,
@@ -309,7 +310,7 @@ struct Exchange {
     shared: Arc<Shared>,
     snapshot: Arc<Snapshot>,
     method: Method,
-    path_and_query: String,
+    path_and_query: http::uri::PathAndQuery,
     headers: HeaderMap,
     body: Bytes,
     json_call: bool,
@@ -817,8 +818,11 @@ impl Exchange {
     }
 
     fn upstream_request(&self, lease: &Lease, pool: &str) -> Result<Request<Full<Bytes>>, String> {
-        let uri = forward::upstream_uri(lease.endpoint(), &self.path_and_query)
-            .map_err(|e| format!("bad upstream URI: {e}"))?;
+        let uri = match lease.target() {
+            Some(t) => t.uri(lease.endpoint(), &self.path_and_query),
+            None => forward::upstream_uri(lease.endpoint(), self.path_and_query.as_str()),
+        }
+        .map_err(|e| format!("bad upstream URI: {e}"))?;
         let pool_model = self
             .snapshot
             .policy
@@ -837,6 +841,11 @@ impl Exchange {
         if let Some(key) = self.snapshot.secrets.api_keys.get(pool) {
             // The pool's own credential replaces whatever the client sent.
             req.headers_mut().insert(header::AUTHORIZATION, key.clone());
+        }
+        if let Some(t) = lease.target() {
+            // The value the client would compute for every request (last,
+            // where it would add it).
+            req.headers_mut().insert(header::HOST, t.host().clone());
         }
         Ok(req)
     }
@@ -1317,18 +1326,19 @@ fn finish_record(
             pool.as_deref().unwrap_or(""),
         );
     }
-    let labels = crate::metrics::RequestLabels {
-        route: record.route.clone().unwrap_or_default(),
-        pool: pool.as_deref().unwrap_or_default().to_string(),
-        outcome: outcome.to_string(),
-    };
-    shared.metrics.request_done(&labels, elapsed.as_secs_f64());
+    let pool = pool.as_deref().unwrap_or_default();
+    shared.metrics.request_done(
+        record.route.as_deref().unwrap_or_default(),
+        pool,
+        outcome,
+        elapsed.as_secs_f64(),
+    );
     if let Some(cx) = record.otel.take() {
-        end_server_span(&cx, &record, &labels.pool);
+        end_server_span(&cx, &record, pool);
     }
     if record.tokens_in.is_some() || record.tokens_out.is_some() {
         shared.metrics.usage(
-            &labels.pool,
+            pool,
             record.tokens_in.unwrap_or(0),
             record.tokens_out.unwrap_or(0),
             record.cost_usd.unwrap_or(0.0),

@@ -103,8 +103,59 @@ fn latency_histogram() -> Histogram {
     Histogram::new(exponential_buckets(0.001, 2.0, 17))
 }
 
+/// Handles of one `{route, pool, outcome}` series pair.
+struct RequestSeries {
+    metrics: u64,
+    route: Box<str>,
+    pool: Box<str>,
+    outcome: Box<str>,
+    requests: Counter,
+    duration: Histogram,
+}
+
+/// Handles of one pool's series, made on first use.
+struct PoolSeries {
+    metrics: u64,
+    pool: Box<str>,
+    queue_wait: Option<Histogram>,
+    tokens: Option<(Counter, Counter)>,
+    cost: Option<Counter<f64, AtomicU64>>,
+}
+
+/// Series handles a thread has used: the request path finds its series
+/// here (a few string compares, no lock) instead of hashing a fresh label
+/// set into the family's locked map for every request. Families on the
+/// request path are never cleared, so a handle stays the series it names.
+#[derive(Default)]
+struct SeriesCache {
+    requests: Vec<RequestSeries>,
+    pools: Vec<PoolSeries>,
+}
+
+/// Entries a thread keeps at most (then it starts over).
+const SERIES_CACHE_MAX: usize = 256;
+
+thread_local! {
+    static SERIES: std::cell::RefCell<SeriesCache> = std::cell::RefCell::new(SeriesCache::default());
+}
+
+fn with_cache<T>(f: impl FnOnce(&mut SeriesCache) -> T) -> T {
+    SERIES.with(|c| {
+        let mut c = c.borrow_mut();
+        if c.requests.len() + c.pools.len() > SERIES_CACHE_MAX {
+            *c = SeriesCache::default();
+        }
+        f(&mut c)
+    })
+}
+
+/// Tells `Metrics` instances apart in the thread-local caches.
+static NEXT_METRICS_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
 /// Every series the proxy exports.
 pub struct Metrics {
+    /// Its key in the thread-local series caches.
+    id: u64,
     registry: Registry,
     scrape: Mutex<()>,
     queue_depth: Family<PoolLabel, Gauge>,
@@ -138,6 +189,7 @@ impl Metrics {
     pub fn new() -> Self {
         let mut registry = Registry::default();
         let m = Self {
+            id: NEXT_METRICS_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             registry: Registry::default(),
             scrape: Mutex::new(()),
             queue_depth: Family::default(),
@@ -262,9 +314,60 @@ impl Metrics {
     }
 
     /// Counts one finished request.
-    pub fn request_done(&self, labels: &RequestLabels, seconds: f64) {
-        self.requests.get_or_create(labels).inc();
-        self.duration.get_or_create(labels).observe(seconds);
+    pub fn request_done(&self, route: &str, pool: &str, outcome: &str, seconds: f64) {
+        let (requests, duration) = with_cache(|c| {
+            let found = c.requests.iter().find(|s| {
+                s.metrics == self.id
+                    && *s.route == *route
+                    && *s.pool == *pool
+                    && *s.outcome == *outcome
+            });
+            if let Some(s) = found {
+                return (s.requests.clone(), s.duration.clone());
+            }
+            let labels = RequestLabels {
+                route: route.to_string(),
+                pool: pool.to_string(),
+                outcome: outcome.to_string(),
+            };
+            let s = RequestSeries {
+                metrics: self.id,
+                requests: self.requests.get_or_create(&labels).clone(),
+                duration: self.duration.get_or_create(&labels).clone(),
+                route: labels.route.into(),
+                pool: labels.pool.into(),
+                outcome: labels.outcome.into(),
+            };
+            let handles = (s.requests.clone(), s.duration.clone());
+            c.requests.push(s);
+            handles
+        });
+        requests.inc();
+        duration.observe(seconds);
+    }
+
+    /// This pool's cached series handles.
+    fn pool_series<T>(&self, pool: &str, f: impl FnOnce(&mut PoolSeries) -> T) -> T {
+        with_cache(|c| {
+            let i = match c
+                .pools
+                .iter()
+                .position(|s| s.metrics == self.id && *s.pool == *pool)
+            {
+                Some(i) => i,
+                None => {
+                    c.pools.push(PoolSeries {
+                        metrics: self.id,
+                        pool: pool.into(),
+                        queue_wait: None,
+                        tokens: None,
+                        cost: None,
+                    });
+                    c.pools.len() - 1
+                }
+            };
+            f(&mut c.pools[i])
+        })
     }
 
     /// Counts one shed.
@@ -279,20 +382,36 @@ impl Metrics {
 
     /// Accounts tokens and cost of one answer.
     pub fn usage(&self, pool: &str, input: u64, output: u64, cost_usd: f64) {
-        for (kind, n) in [("input", input), ("output", output)] {
-            self.tokens
-                .get_or_create(&TokenLabels {
-                    pool: pool.to_string(),
-                    kind: kind.to_string(),
+        let (tokens_in, tokens_out) = self.pool_series(pool, |s| {
+            s.tokens
+                .get_or_insert_with(|| {
+                    let counter = |kind: &str| {
+                        self.tokens
+                            .get_or_create(&TokenLabels {
+                                pool: pool.to_string(),
+                                kind: kind.to_string(),
+                            })
+                            .clone()
+                    };
+                    (counter("input"), counter("output"))
                 })
-                .inc_by(n);
-        }
+                .clone()
+        });
+        tokens_in.inc_by(input);
+        tokens_out.inc_by(output);
         if cost_usd > 0.0 {
-            self.cost
-                .get_or_create(&PoolLabel {
-                    pool: pool.to_string(),
-                })
-                .inc_by(cost_usd);
+            let cost = self.pool_series(pool, |s| {
+                s.cost
+                    .get_or_insert_with(|| {
+                        self.cost
+                            .get_or_create(&PoolLabel {
+                                pool: pool.to_string(),
+                            })
+                            .clone()
+                    })
+                    .clone()
+            });
+            cost.inc_by(cost_usd);
         }
     }
 
@@ -308,11 +427,18 @@ impl Metrics {
 
     /// Records a queue wait.
     pub fn queue_wait(&self, pool: &str, seconds: f64) {
-        self.queue_wait
-            .get_or_create(&PoolLabel {
-                pool: pool.to_string(),
-            })
-            .observe(seconds);
+        let histogram = self.pool_series(pool, |s| {
+            s.queue_wait
+                .get_or_insert_with(|| {
+                    self.queue_wait
+                        .get_or_create(&PoolLabel {
+                            pool: pool.to_string(),
+                        })
+                        .clone()
+                })
+                .clone()
+        });
+        histogram.observe(seconds);
     }
 
     /// Records a config change applied (with its version) or rejected.
@@ -381,5 +507,40 @@ impl Metrics {
         // Writing into a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn line<'a>(text: &'a str, prefix: &str) -> Option<&'a str> {
+        text.lines().find(|l| l.starts_with(prefix))
+    }
+
+    #[test]
+    fn cached_series_stay_with_their_registry_and_labels() {
+        let (a, b) = (Metrics::new(), Metrics::new());
+        for _ in 0..3 {
+            a.request_done("r", "p", "ok", 0.01);
+            a.queue_wait("p", 0.0);
+        }
+        a.request_done("r", "p", "status_5xx", 0.01);
+        b.request_done("r", "p", "ok", 0.01);
+        a.usage("p", 5, 7, 0.0);
+        b.usage("p", 1, 2, 0.5);
+        let (ta, tb) = (a.render(&[]), b.render(&[]));
+        let ok = r#"router_requests_total{route="r",pool="p",outcome="ok"}"#;
+        assert_eq!(line(&ta, ok), Some(&*format!("{ok} 3")));
+        assert_eq!(line(&tb, ok), Some(&*format!("{ok} 1")));
+        let failed = r#"router_requests_total{route="r",pool="p",outcome="status_5xx"}"#;
+        assert_eq!(line(&ta, failed), Some(&*format!("{failed} 1")));
+        assert_eq!(line(&tb, failed), None);
+        assert!(ta.contains(r#"router_queue_wait_seconds_count{pool="p"} 3"#));
+        assert!(ta.contains(r#"router_tokens_total{pool="p",kind="output"} 7"#));
+        assert!(tb.contains(r#"router_tokens_total{pool="p",kind="input"} 1"#));
+        // No cost series until a cost is counted.
+        assert!(!ta.contains("router_cost_usd_total{"));
+        assert!(tb.contains(r#"router_cost_usd_total{pool="p"} 0.5"#));
     }
 }

@@ -304,6 +304,8 @@ pub struct PoolRuntime {
 struct EndpointState {
     id: u64,
     endpoint: Arc<Endpoint>,
+    /// Its URI parts and `Host` header, parsed once.
+    target: Option<Arc<crate::forward::UpstreamTarget>>,
     addr: Arc<str>,
     ewma: Option<f64>,
     in_flight: u32,
@@ -474,6 +476,7 @@ impl PoolRuntime {
                         id: st.next_id,
                         addr: ep.to_string().into(),
                         endpoint: Arc::new(ep.clone()),
+                        target: crate::forward::UpstreamTarget::new(ep).map(Arc::new),
                         ewma: None,
                         in_flight: 0,
                         draining: false,
@@ -645,6 +648,7 @@ impl PoolRuntime {
             pool: Arc::clone(self),
             endpoint_id: e.id,
             endpoint: Arc::clone(&e.endpoint),
+            target: e.target.clone(),
             addr: Arc::clone(&e.addr),
             queue_wait: now.saturating_duration_since(enqueued_at),
             probe,
@@ -1032,6 +1036,7 @@ pub struct Lease {
     pool: Arc<PoolRuntime>,
     endpoint_id: u64,
     endpoint: Arc<Endpoint>,
+    target: Option<Arc<crate::forward::UpstreamTarget>>,
     addr: Arc<str>,
     queue_wait: Duration,
     /// This request is a half-open circuit's probe.
@@ -1044,6 +1049,11 @@ impl Lease {
     /// The endpoint to send to.
     pub fn endpoint(&self) -> &Endpoint {
         &self.endpoint
+    }
+
+    /// The endpoint's URI parts and `Host` header, when they parse.
+    pub fn target(&self) -> Option<&crate::forward::UpstreamTarget> {
+        self.target.as_deref()
     }
 
     /// The endpoint's address label.

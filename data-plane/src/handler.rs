@@ -184,8 +184,9 @@ pub async fn handle(
     // chain pass their gates.
     let mut situation = Situation {
         risk: Some(risk),
-        model: model.clone(),
-        path: Some(path.clone()),
+        // Taken back after the decision.
+        model,
+        path: Some(path),
         structured_output: structured.is_some()
             || peek
                 .response_format
@@ -205,17 +206,19 @@ pub async fn handle(
         }
     }
     let decision = decide(&snapshot.policy, &situation);
-    pending.record.reason = decision.reason.clone();
+    let (model, path) = (
+        situation.model.take(),
+        situation.path.take().unwrap_or_default(),
+    );
+    pending.record.reason = decision.reason;
     match decision.refusal {
         Some(Refusal::BudgetExceeded) => {
-            return pending.reject(ProxyError::BudgetExceeded {
-                detail: decision.reason,
-            })
+            let detail = pending.record.reason.clone();
+            return pending.reject(ProxyError::BudgetExceeded { detail });
         }
         Some(_) => {
-            return pending.reject(ProxyError::NoBackend {
-                detail: decision.reason,
-            })
+            let detail = pending.record.reason.clone();
+            return pending.reject(ProxyError::NoBackend { detail });
         }
         None => {}
     }

@@ -166,6 +166,16 @@ fn json_str(out: &mut Vec<u8>, s: &str) {
     }
 }
 
+/// Appends a string that never needs escaping (the router's own outcome
+/// names, risk classes, an HTTP method token) as a JSON string.
+fn json_plain(out: &mut Vec<u8>, s: &str) {
+    debug_assert!(!needs_escape(s.as_bytes()), "{s:?}");
+    out.reserve(s.len() + 2);
+    out.push(b'"');
+    out.extend_from_slice(s.as_bytes());
+    out.push(b'"');
+}
+
 fn json_opt_str(out: &mut Vec<u8>, s: Option<&str>) {
     match s {
         Some(s) => json_str(out, s),
@@ -221,7 +231,7 @@ impl AttemptRecord {
         out.extend_from_slice(b",\"endpoint\":");
         json_str(out, &self.endpoint);
         out.extend_from_slice(b",\"outcome\":");
-        json_str(out, self.outcome);
+        json_plain(out, self.outcome);
         out.extend_from_slice(b",\"status\":");
         json_opt_u64(out, self.status.map(u64::from));
         out.extend_from_slice(b",\"latency_ms\":");
@@ -248,7 +258,8 @@ impl RouteRecord {
             humantime::format_rfc3339_millis(self.offered_at.0)
         );
         out.extend_from_slice(b"\",\"method\":");
-        json_str(out, self.method.as_str());
+        // A method is a token: no quote, backslash or control character.
+        json_plain(out, self.method.as_str());
         out.extend_from_slice(b",\"path\":");
         json_str(out, &self.path);
         out.extend_from_slice(b",\"route\":");
@@ -256,13 +267,16 @@ impl RouteRecord {
         out.extend_from_slice(b",\"first_route\":");
         json_opt_str(out, self.first_route.as_deref());
         out.extend_from_slice(b",\"first_outcome\":");
-        json_str(out, self.first_outcome);
+        json_plain(out, self.first_outcome);
         out.extend_from_slice(b",\"fallback_outcome\":");
-        json_opt_str(out, self.fallback_outcome);
+        match self.fallback_outcome {
+            Some(o) => json_plain(out, o),
+            None => out.extend_from_slice(b"null"),
+        }
         out.extend_from_slice(b",\"final_route\":");
         json_opt_str(out, self.final_route.as_deref());
         out.extend_from_slice(b",\"outcome\":");
-        json_str(out, self.outcome);
+        json_plain(out, self.outcome);
         out.extend_from_slice(b",\"status\":");
         json_u64(out, u64::from(self.status));
         out.extend_from_slice(b",\"elapsed_ms\":");
@@ -279,7 +293,10 @@ impl RouteRecord {
             a.write_json(out);
         }
         out.extend_from_slice(b"],\"risk\":");
-        json_opt_str(out, self.risk);
+        match self.risk {
+            Some(r) => json_plain(out, r),
+            None => out.extend_from_slice(b"null"),
+        }
         out.extend_from_slice(b",\"reason\":");
         json_str(out, &self.reason);
         out.extend_from_slice(b",\"model\":");

@@ -307,6 +307,19 @@ fn gate(
     Ok(())
 }
 
+/// Appends `s` as `{:?}` would write it.
+fn push_debug_str(out: &mut String, s: &str) {
+    if s.bytes()
+        .all(|b| (0x20..0x7f).contains(&b) && b != b'"' && b != b'\\')
+    {
+        out.push('"');
+        out.push_str(s);
+        out.push('"');
+    } else {
+        let _ = write!(out, "{s:?}");
+    }
+}
+
 fn reason_text(
     route: &Route,
     risk: Risk,
@@ -314,13 +327,22 @@ fn reason_text(
     skipped: &[Skipped],
     refusal: Option<Refusal>,
 ) -> String {
-    let mut out = format!("route {:?} (risk {})", route.name, risk.as_str());
+    // Built with pushes rather than `format!` (this runs for every
+    // request); the same text.
+    let mut out = String::with_capacity(64 + route.name.len());
+    out.push_str("route ");
+    push_debug_str(&mut out, &route.name);
+    out.push_str(" (risk ");
+    out.push_str(risk.as_str());
+    out.push(')');
     for s in skipped {
         let _ = write!(out, "; {} skipped: {}", s.pool, s.why);
     }
     match (candidates.first(), refusal) {
         (Some(first), _) => {
-            let _ = write!(out, "; {first} chosen");
+            out.push_str("; ");
+            out.push_str(first);
+            out.push_str(" chosen");
         }
         (None, Some(Refusal::BudgetExceeded)) => {
             out.push_str("; every pool is over the cost ceiling")
@@ -351,5 +373,29 @@ pub fn explain(policy: &Policy, situation: &Situation) -> Explanation {
         route: d.route,
         candidates: d.candidates,
         refusal: d.refusal,
+    }
+}
+
+#[cfg(test)]
+mod reason_tests {
+    use super::push_debug_str;
+
+    #[test]
+    fn debug_strings_match_the_formatter() {
+        for s in [
+            "default",
+            "",
+            "a b~",
+            "quo\"te",
+            "back\\slash",
+            "tab\t",
+            "é",
+            "\u{7f}",
+            "\u{301}x",
+        ] {
+            let mut out = String::new();
+            push_debug_str(&mut out, s);
+            assert_eq!(out, format!("{s:?}"));
+        }
     }
 }

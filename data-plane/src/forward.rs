@@ -1,6 +1,6 @@
 //! Sending a request to an endpoint and streaming its answer back.
 //!
-//! - One keep-alive connection pool to all backends (hyper-util's client),
+//! - A keep-alive connection pool per worker thread ([`crate::upstream`]),
 //!   HTTP/1.1 over plain TCP or rustls (webpki roots, plus an optional
 //!   extra CA file for private endpoints). Redirects are never followed: a
 //!   3xx is the backend's answer and goes back to the client as is.
@@ -22,19 +22,13 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http_body::{Body, Frame, SizeHint};
-use http_body_util::Full;
-use hyper::body::Incoming;
-use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::{TokioExecutor, TokioTimer};
 use router_policy::Scheme;
 use tokio::time::{Instant, Sleep};
 
 use crate::settings::Settings;
-
-/// The client used for every upstream call.
-pub type UpstreamClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
+pub use crate::upstream::UpstreamClient;
+use crate::upstream::{PoolKey, UpstreamBody};
 
 /// Errors building the upstream client.
 #[derive(Debug, thiserror::Error)]
@@ -52,7 +46,7 @@ pub enum ClientError {
     Tls(String),
 }
 
-/// Builds the upstream client with keep-alive pooling and TLS.
+/// Builds an upstream client (keep-alive pool, TLS): one per worker thread.
 pub fn build_client(settings: &Settings) -> Result<UpstreamClient, ClientError> {
     let mut roots = rustls::RootCertStore::empty();
     roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
@@ -89,11 +83,7 @@ pub fn build_client(settings: &Settings) -> Result<UpstreamClient, ClientError> 
         .https_or_http()
         .enable_http1()
         .wrap_connector(http);
-    Ok(Client::builder(TokioExecutor::new())
-        .pool_idle_timeout(Duration::from_secs(90))
-        .pool_max_idle_per_host(256)
-        .pool_timer(TokioTimer::new())
-        .build(connector))
+    Ok(UpstreamClient::new(connector))
 }
 
 const HOP_BY_HOP: [&str; 8] = [
@@ -158,11 +148,12 @@ pub fn upstream_uri(
 /// the endpoint is added to its pool) instead of for every request.
 #[derive(Debug, Clone)]
 pub struct UpstreamTarget {
-    scheme: http::uri::Scheme,
-    authority: http::uri::Authority,
+    /// The connection pool's key of the endpoint.
+    key: PoolKey,
     /// Whether the endpoint has a base path (then every path is joined).
     base_path: bool,
-    /// What hyper-util's client would set as `Host` for this endpoint.
+    /// The `Host` header: the host, with the port unless it is the
+    /// scheme's default.
     host: HeaderValue,
 }
 
@@ -171,25 +162,10 @@ impl UpstreamTarget {
     /// request path then reports the error).
     pub fn new(endpoint: &router_policy::Endpoint) -> Option<Self> {
         let uri = upstream_uri(endpoint, "/").ok()?;
-        let scheme = uri.scheme()?.clone();
-        let authority = uri.authority()?.clone();
-        // As hyper-util's client: the host, with the port unless it is the
-        // scheme's default.
-        let host = uri.host()?;
-        let default_port = match endpoint.scheme() {
-            Scheme::Http => 80,
-            Scheme::Https => 443,
-        };
-        let host = match uri.port_u16() {
-            Some(port) if port != default_port => HeaderValue::from_str(&format!("{host}:{port}")),
-            _ => HeaderValue::from_str(host),
-        }
-        .ok()?;
         Some(Self {
-            scheme,
-            authority,
+            key: PoolKey::of(&uri)?,
             base_path: !endpoint.base_path().is_empty(),
-            host,
+            host: crate::upstream::host_header(&uri)?,
         })
     }
 
@@ -198,21 +174,23 @@ impl UpstreamTarget {
         &self.host
     }
 
-    /// The absolute upstream URI for a client path (as [`upstream_uri`]).
+    /// The endpoint's key in the connection pool.
+    pub fn key(&self) -> &PoolKey {
+        &self.key
+    }
+
+    /// The upstream request's URI for a client path, in origin form (the
+    /// path and query of [`upstream_uri`]).
     pub fn uri(
         &self,
         endpoint: &router_policy::Endpoint,
         path_and_query: &http::uri::PathAndQuery,
     ) -> Result<http::Uri, http::Error> {
-        let mut parts = http::uri::Parts::default();
-        parts.scheme = Some(self.scheme.clone());
-        parts.authority = Some(self.authority.clone());
-        parts.path_and_query = Some(if self.base_path {
+        Ok(http::Uri::from(if self.base_path {
             http::uri::PathAndQuery::try_from(endpoint.join(path_and_query.as_str()))?
         } else {
             path_and_query.clone()
-        });
-        Ok(http::Uri::from_parts(parts)?)
+        }))
     }
 }
 
@@ -289,7 +267,7 @@ const DEADLINE_EVENT: &str = "event: error\ndata: {\"error\":{\"type\":\"deadlin
 /// body is aborted (the client sees a truncated answer, not a complete
 /// one).
 pub struct TrackedBody {
-    inner: Option<Incoming>,
+    inner: Option<UpstreamBody>,
     completion: Option<Box<dyn Completion>>,
     seen_data: bool,
     deadline: Option<Pin<Box<Sleep>>>,
@@ -299,7 +277,7 @@ pub struct TrackedBody {
 impl TrackedBody {
     /// Wraps `inner`; `completion` runs exactly once.
     pub fn new(
-        inner: Incoming,
+        inner: UpstreamBody,
         completion: Box<dyn Completion>,
         deadline: Option<Instant>,
         sse: bool,
@@ -456,11 +434,13 @@ mod tests {
         ] {
             let e = router_policy::Endpoint::parse(endpoint).unwrap();
             let t = UpstreamTarget::new(&e).unwrap();
+            let absolute = upstream_uri(&e, path).unwrap();
             assert_eq!(
                 t.uri(&e, &pq(path)).unwrap(),
-                upstream_uri(&e, path).unwrap(),
+                absolute.path_and_query().unwrap().as_str(),
                 "{endpoint} {path}"
             );
+            assert_eq!(t.key(), &PoolKey::of(&absolute).unwrap(), "{endpoint}");
             assert_eq!(t.host(), host, "{endpoint}");
         }
     }

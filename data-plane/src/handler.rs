@@ -47,6 +47,7 @@ use crate::idempotency::{self, Claim, FollowResult, LeaderGuard, StoredAnswer};
 use crate::pool::{Availability, Lease, PoolRuntime, Sample, Shed};
 use crate::route_log::{AttemptRecord, RouteRecord, Timestamp};
 use crate::telemetry;
+use crate::upstream::UpstreamBody;
 use crate::Shared;
 use opentelemetry::trace::{SpanKind, Status, TraceContextExt, Tracer};
 use opentelemetry::KeyValue;
@@ -326,7 +327,7 @@ struct Exchange {
 enum AttemptEnd {
     /// A streamed answer to pass on.
     Stream {
-        resp: Response<Incoming>,
+        resp: Response<UpstreamBody>,
         lease: Lease,
         started: Instant,
         record: AttemptRecord,
@@ -349,7 +350,7 @@ enum AttemptEnd {
 
 /// A failure answer kept in case no later pool answers.
 enum Held {
-    Stream(Response<Incoming>, Lease, Instant),
+    Stream(Response<UpstreamBody>, Lease, Instant),
     Whole(http::response::Parts, Bytes),
 }
 
@@ -683,7 +684,8 @@ impl Exchange {
         // On a timeout, dropping the request future closes the upstream
         // connection: the backend can stop generating.
         let client = crate::worker_client().unwrap_or_else(|| self.shared.client.clone());
-        let Some(result) = within(deadline, client.request(upstream)).await else {
+        let sent = client.send(lease.target().map(|t| t.key()), upstream);
+        let Some(result) = within(deadline, sent).await else {
             return timed_out(&lease, record, started);
         };
         let resp = match result {
@@ -802,7 +804,7 @@ impl Exchange {
 
     /// Non-streaming OpenAI-style calls with a JSON answer of known,
     /// modest size are read whole.
-    fn should_buffer(&self, resp: &Response<Incoming>) -> bool {
+    fn should_buffer(&self, resp: &Response<UpstreamBody>) -> bool {
         if !self.json_call || self.streaming {
             return false;
         }
@@ -1250,7 +1252,7 @@ impl Pending {
     /// the stream ends.
     fn commit_stream(
         mut self,
-        resp: Response<Incoming>,
+        resp: Response<UpstreamBody>,
         lease: Lease,
         started: Instant,
         deadline_at: Option<Instant>,

@@ -10,7 +10,8 @@
 //! - [`admin`]: `/_custom_router/set-backends`, `health`, `metrics`;
 //! - [`config`]: the immutable [`config::Snapshot`] and its atomic swaps;
 //! - [`pool`]: the bounded FIFO and event-driven dispatch of one pool;
-//! - [`forward`]: the upstream client and the streaming body wrapper;
+//! - [`forward`]: the upstream request and the streaming body wrapper;
+//! - [`upstream`]: the per-worker upstream connection pool;
 //! - [`route_log`], [`metrics`]: what the proxy tells operators;
 //! - [`reload`]: standalone mode's policy file watcher;
 //! - [`settings`], [`error`]: environment and typed errors.
@@ -33,6 +34,7 @@ pub mod reload;
 pub mod route_log;
 pub mod settings;
 pub mod telemetry;
+pub mod upstream;
 
 use std::convert::Infallible;
 use std::io::Write;

@@ -12,7 +12,7 @@
 //! | `baseline-long-attempt` | cap 2, 6 s, 7 s attempt | 0.4 s | all 200, 1 to 3 from the primary |
 //! | `fallback-degraded` | cap 2, 6 s | 7 s | nothing after the deadline (+100 ms); every failure `deadline_exhausted`; no generation completes after its deadline |
 //! | `primary-hang` | accepts, answers after 30 s | 0.4 s | all 200 from the fallback, none later than attempt + fallback + 100 ms; once given up on, the primary is skipped at once |
-//! | `drain` | cap 2, 0.2 s, drained mid-run | 0.4 s | all 200; no request reaches the primary after the drain |
+//! | `drain` | cap 2, 0.2 s, drained mid-run | 0.4 s | all 200; no request sent after the drain reaches the primary |
 //!
 //! Every scenario also counts *duplicate generations*: request ids that the
 //! mocks answered in full more than once (the double spend the drill is
@@ -665,17 +665,26 @@ fn judge(
             );
         }
         Scenario::Drain => {
+            // Judged by when the client sent each request: one sent before
+            // the drain may still be on its way to the primary when the
+            // drain lands, and that is allowed; one sent after must not.
             let at = drained.unwrap_or_else(Instant::now);
-            let before = primary
-                .requests()
+            let sent_after: std::collections::HashSet<&str> = outcomes
                 .iter()
-                .filter(|r| r.received_at < at)
-                .count();
-            let after = primary
-                .requests()
+                .filter(|o| o.sent_at >= at)
+                .map(|o| o.id.as_str())
+                .collect();
+            let at_primary = primary.requests();
+            let after = at_primary
                 .iter()
-                .filter(|r| r.received_at >= at)
+                .filter(|r| {
+                    r.headers
+                        .get("x-request-id")
+                        .and_then(|v| v.to_str().ok())
+                        .is_some_and(|id| sent_after.contains(id))
+                })
                 .count();
+            let before = at_primary.len() - after;
             check(
                 &mut checks,
                 "the primary carried traffic before the drain",
@@ -684,7 +693,7 @@ fn judge(
             );
             check(
                 &mut checks,
-                "no request reaches the primary after the drain",
+                "no request sent after the drain reaches the primary",
                 after.to_string(),
                 after == 0,
             );

@@ -86,7 +86,7 @@ fn main() -> ExitCode {
                 node_id: args.node_id.clone().unwrap_or_else(default_node_id),
             },
             Err(e) => {
-                eprintln!("router-control-plane: --store: {e}");
+                eprintln!("router-control-plane: --store (ROUTER_STORE): {e}");
                 return ExitCode::from(2);
             }
         },

@@ -546,3 +546,90 @@ async fn once_only_work_runs_on_the_lease_holder_and_moves_when_it_stops() {
     .await;
     staying.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crashed_replica_loses_its_leases_when_they_expire() {
+    let etcd = EtcdServer::start("crash").await;
+    let x = mock("x", Behavior::Json).await;
+    let a = replica(&etcd, "cp-a").await;
+    apply(a.local_addr(), policy(&x.url(), &x.url()), 0)
+        .await
+        .unwrap();
+    // A alone holds the singleton lease and serves `lonely`.
+    let lonely = managed_proxy(&[a.local_addr()], "lonely", None).await;
+    let mut client = etcd.client().await;
+    let mut holder = String::new();
+    for _ in 0..50 {
+        holder = client
+            .get("/router/singleton", None)
+            .await
+            .unwrap()
+            .kvs()
+            .first()
+            .map(|kv| kv.value_str().unwrap().to_string())
+            .unwrap_or_default();
+        if holder == "cp-a" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(holder, "cp-a");
+    let b = replica(&etcd, "cp-b").await;
+    let fleet = |cp: SocketAddr| async move {
+        admin(cp, Some(TOKEN))
+            .await
+            .list_proxies(pb::ListProxiesRequest {})
+            .await
+            .unwrap()
+            .into_inner()
+            .proxies
+    };
+    let mut seen = Vec::new();
+    for _ in 0..50 {
+        seen = fleet(b.local_addr()).await;
+        if !seen.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(seen.len(), 1, "B sees A's proxy: {seen:?}");
+
+    // A crashes: no goodbye, its leases are simply no longer renewed.
+    let crashed_at = std::time::Instant::now();
+    drop(a);
+    let mut took_over = None;
+    let mut vanished = None;
+    while crashed_at.elapsed() < Duration::from_secs(25)
+        && (took_over.is_none() || vanished.is_none())
+    {
+        let now = client
+            .get("/router/singleton", None)
+            .await
+            .unwrap()
+            .kvs()
+            .first()
+            .map(|kv| kv.value_str().unwrap().to_string());
+        if took_over.is_none() && now.as_deref() == Some("cp-b") {
+            took_over = Some(crashed_at.elapsed());
+        }
+        if vanished.is_none() && fleet(b.local_addr()).await.is_empty() {
+            vanished = Some(crashed_at.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let took_over = took_over.expect("B never took the singleton lease over");
+    let vanished = vanished.expect("the crashed replica's proxy records never vanished");
+    eprintln!("singleton taken over after {took_over:?}; records gone after {vanished:?}");
+    // Not much after the leases' time to live (10 s and 15 s).
+    assert!(
+        took_over <= Duration::from_secs(13),
+        "took over after {took_over:?}"
+    );
+    assert!(
+        vanished <= Duration::from_secs(18),
+        "records vanished after {vanished:?}"
+    );
+    // The proxy kept its config all along.
+    assert_eq!(lonely.chat("m").await.status, StatusCode::OK);
+    b.shutdown().await;
+}

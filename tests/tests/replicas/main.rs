@@ -36,6 +36,46 @@ async fn replica(etcd: &EtcdServer, node: &str) -> RunningControlPlane {
     .unwrap()
 }
 
+/// The replica holding the singleton lease, as etcd says.
+async fn singleton_holder(etcd: &EtcdServer) -> Option<String> {
+    etcd.client()
+        .await
+        .get("/router/singleton", None)
+        .await
+        .unwrap()
+        .kvs()
+        .first()
+        .map(|kv| kv.value_str().unwrap().to_string())
+}
+
+/// Waits (5 s at most) until `want` holds the singleton lease, or anyone
+/// when `want` is `None`; returns the holder.
+async fn wait_singleton(etcd: &EtcdServer, want: Option<&str>) -> String {
+    for _ in 0..50 {
+        if let Some(h) = singleton_holder(etcd).await {
+            if want.is_none_or(|w| w == h) {
+                return h;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!(
+        "singleton lease not held by {want:?}: {:?}",
+        singleton_holder(etcd).await
+    );
+}
+
+/// Every proxy of the fleet, as the replica at `cp` lists it.
+async fn fleet(cp: SocketAddr) -> Vec<pb::ProxyStatus> {
+    admin(cp, Some(TOKEN))
+        .await
+        .list_proxies(pb::ListProxiesRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .proxies
+}
+
 /// Replicas `cp-a` and `cp-b` on `etcd`.
 async fn two_replicas(etcd: &EtcdServer) -> (RunningControlPlane, RunningControlPlane) {
     (replica(etcd, "cp-a").await, replica(etcd, "cp-b").await)
@@ -59,16 +99,9 @@ async fn apply(
 }
 
 async fn connected_proxies(cp: SocketAddr) -> Vec<pb::ProxyStatus> {
-    admin(cp, Some(TOKEN))
-        .await
-        .list_proxies(pb::ListProxiesRequest {})
-        .await
-        .unwrap()
-        .into_inner()
-        .proxies
-        .into_iter()
-        .filter(|p| p.connected)
-        .collect()
+    let mut proxies = fleet(cp).await;
+    proxies.retain(|p| p.connected);
+    proxies
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -487,27 +520,7 @@ async fn once_only_work_runs_on_the_lease_holder_and_moves_when_it_stops() {
     apply(a.local_addr(), policy(&x.url(), &x.url()), 0)
         .await
         .unwrap();
-    let mut client = etcd.client().await;
-    let holder = |c: &mut etcd_client::Client| {
-        let mut c = c.clone();
-        async move {
-            c.get("/router/singleton", None)
-                .await
-                .unwrap()
-                .kvs()
-                .first()
-                .map(|kv| kv.value_str().unwrap().to_string())
-        }
-    };
-    let mut first = None;
-    for _ in 0..50 {
-        first = holder(&mut client).await;
-        if first.is_some() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let first = first.expect("no replica took the singleton lease");
+    let first = wait_singleton(&etcd, None).await;
     // An override that expires is pruned (by the holder) from both replicas' state.
     a.hub()
         .set_circuit("primary", &x.url(), true, 1, "operator")
@@ -526,15 +539,7 @@ async fn once_only_work_runs_on_the_lease_holder_and_moves_when_it_stops() {
         (b, a, "cp-a")
     };
     stopping.shutdown().await;
-    let mut now = None;
-    for _ in 0..50 {
-        now = holder(&mut client).await;
-        if now.as_deref() == Some(other) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert_eq!(now.as_deref(), Some(other));
+    wait_singleton(&etcd, Some(other)).await;
     staying
         .hub()
         .set_circuit("primary", &x.url(), true, 1, "operator")
@@ -557,33 +562,8 @@ async fn a_crashed_replica_loses_its_leases_when_they_expire() {
         .unwrap();
     // A alone holds the singleton lease and serves `lonely`.
     let lonely = managed_proxy(&[a.local_addr()], "lonely", None).await;
-    let mut client = etcd.client().await;
-    let mut holder = String::new();
-    for _ in 0..50 {
-        holder = client
-            .get("/router/singleton", None)
-            .await
-            .unwrap()
-            .kvs()
-            .first()
-            .map(|kv| kv.value_str().unwrap().to_string())
-            .unwrap_or_default();
-        if holder == "cp-a" {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert_eq!(holder, "cp-a");
+    wait_singleton(&etcd, Some("cp-a")).await;
     let b = replica(&etcd, "cp-b").await;
-    let fleet = |cp: SocketAddr| async move {
-        admin(cp, Some(TOKEN))
-            .await
-            .list_proxies(pb::ListProxiesRequest {})
-            .await
-            .unwrap()
-            .into_inner()
-            .proxies
-    };
     let mut seen = Vec::new();
     for _ in 0..50 {
         seen = fleet(b.local_addr()).await;
@@ -602,13 +582,7 @@ async fn a_crashed_replica_loses_its_leases_when_they_expire() {
     while crashed_at.elapsed() < Duration::from_secs(25)
         && (took_over.is_none() || vanished.is_none())
     {
-        let now = client
-            .get("/router/singleton", None)
-            .await
-            .unwrap()
-            .kvs()
-            .first()
-            .map(|kv| kv.value_str().unwrap().to_string());
+        let now = singleton_holder(&etcd).await;
         if took_over.is_none() && now.as_deref() == Some("cp-b") {
             took_over = Some(crashed_at.elapsed());
         }

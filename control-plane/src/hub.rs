@@ -102,8 +102,10 @@ pub struct Hub {
 }
 
 impl Inner {
-    /// Takes a newer state (and policy changes); true if the state moved.
-    fn install(&mut self, state: Option<State>, events: Vec<StoreEvent>) -> bool {
+    /// Takes what one write changed: policy versions stored or removed, and
+    /// the state if it is newer than ours. True if the state moved.
+    fn install(&mut self, events: Vec<StoreEvent>) -> bool {
+        let mut moved = false;
         for event in events {
             match event {
                 StoreEvent::Policy(p) => {
@@ -112,16 +114,14 @@ impl Inner {
                     }
                 }
                 StoreEvent::PolicyRemoved(v) => self.history.retain(|h| h.version != v),
+                StoreEvent::State(s) if s.revision > self.state.revision => {
+                    self.state = s;
+                    moved = true;
+                }
                 StoreEvent::State(_) => {}
             }
         }
-        match state {
-            Some(s) if s.revision > self.state.revision => {
-                self.state = s;
-                true
-            }
-            _ => false,
-        }
+        moved
     }
 
     fn next_policy_version(&self) -> u64 {
@@ -229,16 +229,7 @@ impl Hub {
                     false
                 }
             }
-            StoreChange::Changed(events) => {
-                let state = events
-                    .iter()
-                    .filter_map(|e| match e {
-                        StoreEvent::State(s) => Some(s.clone()),
-                        _ => None,
-                    })
-                    .max_by_key(|s| s.revision);
-                inner.install(state, events)
-            }
+            StoreChange::Changed(events) => inner.install(events),
         };
         if moved {
             tracing::info!(
@@ -286,11 +277,9 @@ impl Hub {
                 Ok(revision) => {
                     let policy_version = next.policy_version;
                     let mut inner = self.lock();
-                    let state = State { revision, ..next };
-                    let moved = inner.install(
-                        Some(state),
-                        policy.into_iter().map(StoreEvent::Policy).collect(),
-                    );
+                    let mut events = vec![StoreEvent::State(State { revision, ..next })];
+                    events.extend(policy.map(StoreEvent::Policy));
+                    let moved = inner.install(events);
                     if moved {
                         self.published.send_replace(Arc::new(snapshot_of(&inner)));
                     }

@@ -176,6 +176,13 @@ fn json_plain(out: &mut Vec<u8>, s: &str) {
     out.push(b'"');
 }
 
+fn json_opt_plain(out: &mut Vec<u8>, s: Option<&str>) {
+    match s {
+        Some(s) => json_plain(out, s),
+        None => out.extend_from_slice(b"null"),
+    }
+}
+
 fn json_opt_str(out: &mut Vec<u8>, s: Option<&str>) {
     match s {
         Some(s) => json_str(out, s),
@@ -269,10 +276,7 @@ impl RouteRecord {
         out.extend_from_slice(b",\"first_outcome\":");
         json_plain(out, self.first_outcome);
         out.extend_from_slice(b",\"fallback_outcome\":");
-        match self.fallback_outcome {
-            Some(o) => json_plain(out, o),
-            None => out.extend_from_slice(b"null"),
-        }
+        json_opt_plain(out, self.fallback_outcome);
         out.extend_from_slice(b",\"final_route\":");
         json_opt_str(out, self.final_route.as_deref());
         out.extend_from_slice(b",\"outcome\":");
@@ -293,10 +297,7 @@ impl RouteRecord {
             a.write_json(out);
         }
         out.extend_from_slice(b"],\"risk\":");
-        match self.risk {
-            Some(r) => json_plain(out, r),
-            None => out.extend_from_slice(b"null"),
-        }
+        json_opt_plain(out, self.risk);
         out.extend_from_slice(b",\"reason\":");
         json_str(out, &self.reason);
         out.extend_from_slice(b",\"model\":");

@@ -259,13 +259,13 @@ impl EtcdStore {
     /// if that revision has been compacted). [`Store::follow`] starts with
     /// a listing instead; this is for resuming, and for tests.
     pub fn follow_from(&self, from: i64) -> mpsc::Receiver<StoreChange> {
+        self.spawn_follower(Some(from))
+    }
+
+    /// Starts a follower (see [`follow`]); it ends when the receiver goes.
+    fn spawn_follower(&self, from: Option<i64>) -> mpsc::Receiver<StoreChange> {
         let (tx, rx) = mpsc::channel(64);
-        tokio::spawn(follow(
-            self.client.clone(),
-            self.keys.clone(),
-            Some(from),
-            tx,
-        ));
+        tokio::spawn(follow(self.client.clone(), self.keys.clone(), from, tx));
         rx
     }
 
@@ -532,9 +532,7 @@ impl Store for EtcdStore {
     }
 
     fn follow(&self) -> Option<mpsc::Receiver<StoreChange>> {
-        let (tx, rx) = mpsc::channel(64);
-        tokio::spawn(follow(self.client.clone(), self.keys.clone(), None, tx));
-        Some(rx)
+        Some(self.spawn_follower(None))
     }
 
     fn hold_singleton(&self) -> StoreFuture<'_, bool> {

@@ -8,18 +8,9 @@ use std::time::{Duration, Instant};
 
 use http::{Method, StatusCode};
 use router_proxy::Settings;
+use router_tests::control::mock;
 use router_tests::harness::TestProxy;
-use router_tests::mock::{Behavior, MockConfig, MockModel, MOCK_NAME_HEADER};
-
-async fn mock(name: &str, behavior: Behavior) -> MockModel {
-    MockModel::start(MockConfig {
-        name: name.into(),
-        behavior,
-        ..MockConfig::default()
-    })
-    .await
-    .unwrap()
-}
+use router_tests::mock::{Behavior, MOCK_NAME_HEADER};
 
 const CHAT: &str = r#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#;
 const STRUCTURED: &str = r#"{"model":"m","messages":[{"role":"user","content":"hi"}],"response_format":{"type":"json_object"}}"#;

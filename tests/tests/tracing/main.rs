@@ -11,24 +11,15 @@ use http::StatusCode;
 use opentelemetry_proto::tonic::trace::v1::span::SpanKind;
 use opentelemetry_proto::tonic::trace::v1::Span;
 use router_proxy::Settings;
+use router_tests::control::mock;
 use router_tests::harness::TestProxy;
-use router_tests::mock::{Behavior, MockConfig, MockModel, MOCK_NAME_HEADER};
+use router_tests::mock::{Behavior, MOCK_NAME_HEADER};
 use router_tests::otlp::{attr, hex, OtlpReceiver};
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 
 const TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
 const PARENT: &str = "00f067aa0ba902b7";
-
-async fn mock(name: &str, behavior: Behavior) -> MockModel {
-    MockModel::start(MockConfig {
-        name: name.into(),
-        behavior,
-        ..MockConfig::default()
-    })
-    .await
-    .unwrap()
-}
 
 async fn wait_spans(
     receiver: &OtlpReceiver,

@@ -94,7 +94,9 @@ pub async fn handle(
 ) -> Response<ProxyBody> {
     let path = req.uri().path();
     if path.starts_with("/_custom_router/") || path == "/metrics" {
-        return full(crate::admin::handle(&shared, req).await);
+        // Boxed: the admin future is large and rare; unboxed, it would set
+        // the size of every request's future.
+        return full(Box::pin(crate::admin::handle(&shared, req)).await);
     }
     let snapshot = shared.config.load();
     let mut pending = Pending::new(Arc::clone(&shared), &req, Arc::clone(&snapshot.version));
@@ -857,10 +859,18 @@ impl Exchange {
 }
 
 /// Runs `work` until `deadline` (if any); `None` when the deadline came first.
-async fn within<F: std::future::Future>(deadline: Option<Instant>, work: F) -> Option<F::Output> {
+///
+/// A plain function returning a combinator, not an `async fn`: an `async fn`
+/// would keep `work` as an argument *and* inside the timeout it awaits,
+/// doubling the size of every future that awaits this one.
+fn within<F: std::future::Future>(
+    deadline: Option<Instant>,
+    work: F,
+) -> impl std::future::Future<Output = Option<F::Output>> {
+    use futures_util::future::{Either, FutureExt};
     match deadline {
-        Some(d) => tokio::time::timeout_at(d, work).await.ok(),
-        None => Some(work.await),
+        Some(d) => Either::Left(tokio::time::timeout_at(d, work).map(Result::ok)),
+        None => Either::Right(work.map(Some)),
     }
 }
 

@@ -287,7 +287,10 @@ impl UpstreamClient {
                 },
             }
         }
-        let mut tx = self.connect(key).await?;
+        // Boxed: connecting is the rare path, and its future (connector,
+        // TLS, handshake) would otherwise make every request's future
+        // larger by its size, and every move of it copy that much more.
+        let mut tx = Box::pin(self.connect(key)).await?;
         match tx.try_send_request(req).await {
             Ok(resp) => Ok(self.wrap(resp, tx, key)),
             Err(e) => Err(e.into_error().into()),

@@ -930,6 +930,11 @@ fn set_router_headers<B>(
     }
 }
 
+thread_local! {
+    /// Keeps this thread's request ids ordered (v7: time, then a counter).
+    static UUID_V7: uuid::ContextV7 = const { uuid::ContextV7::new() };
+}
+
 /// The request id: the client's `Idempotency-Key` or `X-Request-Id`, else a
 /// new UUIDv7.
 fn request_id(headers: &HeaderMap) -> Result<String, ProxyError> {
@@ -939,10 +944,10 @@ fn request_id(headers: &HeaderMap) -> Result<String, ProxyError> {
     match given {
         None => {
             let mut buf = uuid::Uuid::encode_buffer();
-            Ok(uuid::Uuid::now_v7()
-                .hyphenated()
-                .encode_lower(&mut buf)
-                .to_string())
+            // A per-thread v7 context: `Uuid::now_v7` would take one global
+            // mutex, shared by every worker thread, on every request.
+            let id = UUID_V7.with(|ctx| uuid::Uuid::new_v7(uuid::Timestamp::now(ctx)));
+            Ok(id.hyphenated().encode_lower(&mut buf).to_string())
         }
         Some(v) => match v.to_str() {
             Ok(s) if !s.trim().is_empty() && s.len() <= 255 => Ok(s.trim().to_string()),

@@ -21,6 +21,7 @@
 #![forbid(unsafe_code)]
 
 pub mod admin;
+pub mod balance_workers;
 pub mod config;
 pub mod error;
 pub mod forward;
@@ -296,8 +297,13 @@ pub fn worker_client() -> Option<UpstreamClient> {
     WORKER_CLIENT.with(|c| c.borrow().clone())
 }
 
-/// Accepted connections handed to one worker.
-type Handoff = tokio::sync::mpsc::Sender<(std::net::TcpStream, SocketAddr)>;
+/// A connection-serving worker thread, as the accept loop sees it.
+struct Worker {
+    /// Accepted connections handed to the worker.
+    handoff: tokio::sync::mpsc::Sender<(std::net::TcpStream, SocketAddr)>,
+    /// Its runtime's counters (busy time, for connection placement).
+    metrics: tokio::runtime::RuntimeMetrics,
+}
 
 /// Starts the connection-serving workers: one thread each, each with its
 /// own single-threaded runtime and upstream client. A connection (and every
@@ -308,7 +314,7 @@ type Handoff = tokio::sync::mpsc::Sender<(std::net::TcpStream, SocketAddr)>;
 fn start_workers(
     shared: &Arc<Shared>,
     n: usize,
-) -> Result<(Vec<Handoff>, Vec<tokio::sync::oneshot::Receiver<()>>), StartError> {
+) -> Result<(Vec<Worker>, Vec<tokio::sync::oneshot::Receiver<()>>), StartError> {
     let mut handoffs = Vec::with_capacity(n);
     let mut dones = Vec::with_capacity(n);
     for i in 0..n {
@@ -319,19 +325,13 @@ fn start_workers(
         let (tx, mut rx) = tokio::sync::mpsc::channel::<(std::net::TcpStream, SocketAddr)>(1024);
         let shared = Arc::clone(shared);
         let client = forward::build_client(&shared.settings)?;
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let metrics = runtime.metrics();
         std::thread::Builder::new()
             .name(format!("router-worker-{i}"))
             .spawn(move || {
-                let runtime = match tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                {
-                    Ok(r) => r,
-                    Err(e) => {
-                        tracing::error!(error = %e, "worker runtime failed to start");
-                        return;
-                    }
-                };
                 WORKER_CLIENT.with(|c| *c.borrow_mut() = Some(client));
                 runtime.block_on(async move {
                     let mut connections = tokio::task::JoinSet::new();
@@ -354,7 +354,7 @@ fn start_workers(
                     let _ = done_tx.send(());
                 });
             })?;
-        handoffs.push(tx);
+        handoffs.push(Worker { handoff: tx, metrics });
     }
     Ok((handoffs, dones))
 }
@@ -395,8 +395,10 @@ async fn serve_connection(shared: Arc<Shared>, stream: TcpStream, remote: Socket
     }
 }
 
-async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, workers: Vec<Handoff>) {
-    let mut next = 0usize;
+async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, workers: Vec<Worker>) {
+    let mut chooser =
+        balance_workers::WorkerChooser::new(shared.settings.connection_balance, workers.len());
+    let mut totals = Vec::with_capacity(workers.len());
     loop {
         let (stream, remote) = match listener.accept().await {
             Ok(s) => s,
@@ -412,12 +414,23 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, workers: Vec<Ha
             tokio::spawn(serve_connection(Arc::clone(&shared), stream, remote));
             continue;
         }
-        // Round-robin over the workers (the connection, not each request).
-        let worker = &workers[next % workers.len()];
-        next = next.wrapping_add(1);
+        // Placed per connection, not per request (see `balance_workers`).
+        let now = std::time::Instant::now();
+        if chooser.sample_due(now) {
+            totals.clear();
+            totals.extend(
+                workers
+                    .iter()
+                    .map(|w| w.metrics.worker_total_busy_duration(0)),
+            );
+            chooser.sample(now, &totals);
+        }
+        let Some(worker) = workers.get(chooser.choose()) else {
+            continue;
+        };
         match stream.into_std() {
             Ok(s) => {
-                if worker.try_send((s, remote)).is_err() {
+                if worker.handoff.try_send((s, remote)).is_err() {
                     tracing::warn!(%remote, "worker saturated; connection refused");
                 }
             }

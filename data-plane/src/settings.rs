@@ -65,6 +65,9 @@ pub struct Settings {
     pub idempotency_max_keys: usize,
     /// Connection-serving threads (`CUSTOM_ROUTER_WORKERS`, 0 = one per core).
     pub workers: usize,
+    /// How new connections are placed on those threads
+    /// (`CUSTOM_ROUTER_CONNECTION_BALANCE`, `pack` or `spread`; `pack`).
+    pub connection_balance: crate::balance_workers::ConnectionBalance,
 }
 
 impl std::fmt::Debug for Settings {
@@ -101,6 +104,7 @@ impl Default for Settings {
             idempotency_ttl: Duration::from_secs(300),
             idempotency_max_keys: 10_000,
             workers: 0,
+            connection_balance: crate::balance_workers::ConnectionBalance::Pack,
         }
     }
 }
@@ -204,6 +208,10 @@ impl Settings {
                 .ok()
                 .filter(|n| *n <= 1024)
                 .ok_or_else(|| bad(var, &v, "a number of threads from 0 (one per core) to 1024"))?;
+        }
+        if let Some((var, v)) = get("CUSTOM_ROUTER_CONNECTION_BALANCE") {
+            s.connection_balance = crate::balance_workers::ConnectionBalance::parse(&v)
+                .ok_or_else(|| bad(var, &v, "pack or spread"))?;
         }
         if let Some((var, v)) = get("CUSTOM_ROUTER_IDEMPOTENCY_MAX_KEYS") {
             s.idempotency_max_keys = match v.trim().parse::<usize>() {

@@ -189,8 +189,14 @@ mod tests {
 
     #[test]
     fn parse_names() {
-        assert_eq!(ConnectionBalance::parse(" pack"), Some(ConnectionBalance::Pack));
-        assert_eq!(ConnectionBalance::parse("spread"), Some(ConnectionBalance::Spread));
+        assert_eq!(
+            ConnectionBalance::parse(" pack"),
+            Some(ConnectionBalance::Pack)
+        );
+        assert_eq!(
+            ConnectionBalance::parse("spread"),
+            Some(ConnectionBalance::Spread)
+        );
         assert_eq!(ConnectionBalance::parse("even"), None);
     }
 }

@@ -27,6 +27,8 @@ pub mod error;
 pub mod forward;
 pub mod handler;
 pub mod idempotency;
+/// One-pass readers for the fields the router takes from JSON bodies.
+pub mod json_peek;
 pub mod managed;
 pub mod metrics;
 pub mod pool;

@@ -36,7 +36,6 @@ use hyper::body::Incoming;
 use router_policy::deadline::{plan_attempt, AttemptPlan, Budget};
 use router_policy::decide::{decide, Refusal, Situation};
 use router_policy::{RetryOn, Risk, Route};
-use serde::Deserialize;
 use subtle::ConstantTimeEq;
 use tokio::time::Instant;
 
@@ -44,6 +43,7 @@ use crate::config::Snapshot;
 use crate::error::ProxyError;
 use crate::forward::{self, BodyEnd, BoxError, Completion, TrackedBody};
 use crate::idempotency::{self, Claim, FollowResult, LeaderGuard, StoredAnswer};
+use crate::json_peek::RequestPeek;
 use crate::pool::{Availability, Lease, PoolRuntime, Sample, Shed};
 use crate::route_log::{AttemptRecord, RouteRecord, Timestamp};
 use crate::telemetry;
@@ -144,7 +144,7 @@ pub async fn handle(
     let path = parts.uri.path().to_string();
     let json_call = parts.method == Method::POST && OPENAI_JSON_PATHS.contains(&path.as_str());
     let peek = if json_call {
-        match serde_json::from_slice::<BodyPeek<'_>>(&body) {
+        match crate::json_peek::peek_request(&body) {
             Ok(p) => p,
             Err(e) => {
                 return pending.reject(ProxyError::InvalidRequest(format!(
@@ -153,7 +153,7 @@ pub async fn handle(
             }
         }
     } else {
-        BodyPeek::default()
+        RequestPeek::default()
     };
     let model = peek.model.clone().map(Cow::into_owned);
     let streaming = peek.stream.unwrap_or(false);
@@ -766,7 +766,7 @@ impl Exchange {
                 };
             }
         };
-        let answer = serde_json::from_slice::<AnswerPeek>(&body);
+        let answer = crate::json_peek::peek_answer(&body);
         let structured_ok = match (&self.structured, head.status.is_success()) {
             (Some(expected), true) => router_policy::structured::check(&body, expected),
             _ => Ok(()),
@@ -996,30 +996,6 @@ async fn read_body(
     }
 }
 
-/// The fields of an OpenAI-style body the router reads. Parsing into this
-/// (instead of a full `Value`) checks the JSON syntax without building it.
-#[derive(Deserialize, Default)]
-struct BodyPeek<'a> {
-    #[serde(borrow, default)]
-    model: Option<Cow<'a, str>>,
-    #[serde(default)]
-    stream: Option<bool>,
-    #[serde(default)]
-    max_tokens: Option<u64>,
-    #[serde(default)]
-    max_completion_tokens: Option<u64>,
-    #[serde(default)]
-    max_output_tokens: Option<u64>,
-    #[serde(default)]
-    response_format: Option<ResponseFormatPeek>,
-}
-
-#[derive(Deserialize)]
-struct ResponseFormatPeek {
-    #[serde(rename = "type", default)]
-    kind: String,
-}
-
 fn req_approval(headers: &HeaderMap) -> Option<&[u8]> {
     headers.get(X_ROUTER_APPROVAL).map(|v| v.as_bytes())
 }
@@ -1031,16 +1007,6 @@ fn approved(snapshot: &Snapshot, given: Option<&[u8]>) -> bool {
         (Some(expected), Some(given)) => bool::from(given.ct_eq(expected.as_bytes())),
         _ => false,
     }
-}
-
-/// The fields of a JSON answer the router reads (and a syntax check of
-/// the rest).
-#[derive(Deserialize)]
-struct AnswerPeek {
-    #[serde(default)]
-    model: Option<String>,
-    #[serde(default)]
-    usage: Option<Usage>,
 }
 
 /// `gen_ai.operation.name` for an OpenAI-style path.
@@ -1059,20 +1025,6 @@ fn provider_name(p: router_policy::Provider) -> &'static str {
         router_policy::Provider::Vllm => "vllm",
         router_policy::Provider::Tgi => "tgi",
     }
-}
-
-/// Token counts, in the chat (`prompt_`/`completion_`) or responses
-/// (`input_`/`output_`) spelling.
-#[derive(Deserialize)]
-struct Usage {
-    #[serde(default)]
-    prompt_tokens: Option<u64>,
-    #[serde(default)]
-    completion_tokens: Option<u64>,
-    #[serde(default)]
-    input_tokens: Option<u64>,
-    #[serde(default)]
-    output_tokens: Option<u64>,
 }
 
 fn rewrite_model(body: &[u8], model: &str) -> Option<Bytes> {

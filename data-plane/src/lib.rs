@@ -356,7 +356,10 @@ fn start_workers(
                     let _ = done_tx.send(());
                 });
             })?;
-        handoffs.push(Worker { handoff: tx, metrics });
+        handoffs.push(Worker {
+            handoff: tx,
+            metrics,
+        });
     }
     Ok((handoffs, dones))
 }

@@ -205,7 +205,9 @@ pub async fn handle(
     };
     for name in &route.chain {
         if let Some(p) = snapshot.pools.get(name) {
-            situation.pools.insert(name.clone(), p.measurements());
+            // The request's own start time: a few microseconds old, and one
+            // clock reading instead of one per pool call.
+            situation.pools.insert(name.clone(), p.measurements_at(pending.t0));
         }
     }
     let decision = decide(&snapshot.policy, &situation);
@@ -382,7 +384,8 @@ impl Exchange {
             }
             let name = pool.name();
             let shared_name = pool.shared_name();
-            let availability = pool.availability();
+            let now = Instant::now();
+            let availability = pool.availability_at(now);
             if availability != Availability::Ready {
                 notes.push(format!("{name}: {}", availability.as_str()));
                 continue;
@@ -392,21 +395,20 @@ impl Exchange {
             let next = if route.fallback {
                 chain[i + 1..]
                     .iter()
-                    .find(|p| p.availability() == Availability::Ready)
+                    .find(|p| p.availability_at(now) == Availability::Ready)
             } else {
                 None
             };
-            let now = Instant::now();
             let policy_pool = self.snapshot.policy.pool(name);
             let budget = Budget {
                 remaining: self.deadline_at.map(|d| d.saturating_duration_since(now)),
                 attempt_timeout: policy_pool
                     .and_then(|p| p.attempt_timeout)
                     .or(route.attempt_timeout),
-                next_p95: next.and_then(|p| p.outlook().p95),
+                next_p95: next.and_then(|p| p.outlook_at(now).p95),
                 last_candidate: next.is_none(),
             };
-            let timeout = match plan_attempt(budget, pool.outlook()) {
+            let timeout = match plan_attempt(budget, pool.outlook_at(now)) {
                 AttemptPlan::Skip(why) => {
                     time_skips += 1;
                     notes.push(format!("{name}: skipped, {why}"));

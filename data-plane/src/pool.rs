@@ -407,34 +407,25 @@ impl PoolRuntime {
 
     /// Whether the pool can take requests at all.
     pub fn availability(&self) -> Availability {
-        let st = self.lock();
-        if st.closed || st.endpoints.is_empty() {
-            return Availability::NoEndpoints;
-        }
-        if st.settings.drain || st.endpoints.iter().all(|e| e.draining) {
-            return Availability::Drained;
-        }
-        let now = Instant::now();
-        let probe = st.settings.probe;
-        let usable = |e: &&EndpointState| e.admits(now);
-        let healthy = |e: &&EndpointState| usable(e) && e.probe_ok(probe.as_ref(), now);
-        if !st
-            .endpoints
-            .iter()
-            .filter(|e| !e.draining)
-            .any(|e| healthy(&e))
-        {
-            return Availability::Unhealthy;
-        }
-        Availability::Ready
+        self.availability_at(Instant::now())
+    }
+
+    /// [`Self::availability`] as of `now` (a request passes its own clock
+    /// reading to the pool calls it makes before dispatch).
+    pub fn availability_at(&self, now: Instant) -> Availability {
+        availability_of(&self.lock(), now)
     }
 
     /// What the deadline planner needs to know about this pool now.
     pub fn outlook(&self) -> PoolOutlook {
+        self.outlook_at(Instant::now())
+    }
+
+    /// [`Self::outlook`] as of `now`.
+    pub fn outlook_at(&self, now: Instant) -> PoolOutlook {
         let mut st = self.lock();
-        let now = Instant::now();
         st.expire_latencies(now);
-        let p95 = st.p95();
+        let p95 = st.p95(now);
         st.fill_loads(now);
         let free_now = st.queue.is_empty()
             && balance::choose(
@@ -447,7 +438,7 @@ impl PoolRuntime {
         let expected_wait = if free_now {
             Some(Duration::ZERO)
         } else {
-            st.expected_wait()
+            st.expected_wait(now)
         };
         PoolOutlook {
             free_now,
@@ -455,7 +446,31 @@ impl PoolRuntime {
             p95,
         }
     }
+}
 
+/// Whether a pool in state `st` can take requests at all, as of `now`.
+fn availability_of(st: &PoolState, now: Instant) -> Availability {
+    if st.closed || st.endpoints.is_empty() {
+        return Availability::NoEndpoints;
+    }
+    if st.settings.drain || st.endpoints.iter().all(|e| e.draining) {
+        return Availability::Drained;
+    }
+    let probe = st.settings.probe;
+    let usable = |e: &&EndpointState| e.admits(now);
+    let healthy = |e: &&EndpointState| usable(e) && e.probe_ok(probe.as_ref(), now);
+    if !st
+        .endpoints
+        .iter()
+        .filter(|e| !e.draining)
+        .any(|e| healthy(&e))
+    {
+        return Availability::Unhealthy;
+    }
+    Availability::Ready
+}
+
+impl PoolRuntime {
     /// Replaces settings and endpoints. Endpoints that stay keep their EWMA
     /// and in-flight count; removed ones are forgotten (their in-flight
     /// requests finish; their leases then release nothing). With no
@@ -556,7 +571,7 @@ impl PoolRuntime {
             }
             let now = Instant::now();
             if st.queue.is_empty() {
-                if let Some(lease) = self.try_grant(&mut st, now) {
+                if let Some(lease) = self.try_grant(&mut st, now, now) {
                     self.counters.dispatched.inc();
                     return Ok(lease);
                 }
@@ -625,8 +640,12 @@ impl PoolRuntime {
     }
 
     /// Picks an eligible endpoint and charges it one request.
-    fn try_grant(self: &Arc<Self>, st: &mut PoolState, enqueued_at: Instant) -> Option<Lease> {
-        let now = Instant::now();
+    fn try_grant(
+        self: &Arc<Self>,
+        st: &mut PoolState,
+        enqueued_at: Instant,
+        now: Instant,
+    ) -> Option<Lease> {
         st.fill_loads(now);
         st.rotation = st.rotation.wrapping_add(1);
         let i = balance::choose(
@@ -659,13 +678,16 @@ impl PoolRuntime {
 
     /// Hands leases to waiters from the front while endpoints are eligible.
     fn dispatch(self: &Arc<Self>, st: &mut PoolState) {
+        // Read the clock only when someone is waiting (not on every release).
+        let mut now = None;
         while let Some(front) = st.queue.front() {
             if front.tx.is_closed() {
                 st.queue.pop_front();
                 continue;
             }
             let enqueued_at = front.enqueued_at;
-            let Some(lease) = self.try_grant(st, enqueued_at) else {
+            let now = *now.get_or_insert_with(Instant::now);
+            let Some(lease) = self.try_grant(st, enqueued_at, now) else {
                 break;
             };
             let Some(waiter) = st.queue.pop_front() else {
@@ -797,9 +819,13 @@ impl PoolRuntime {
 
     /// The measurements the policy's gates look at.
     pub fn measurements(&self) -> PoolMeasurements {
-        let availability = self.availability();
+        self.measurements_at(Instant::now())
+    }
+
+    /// [`Self::measurements`] as of `now`.
+    pub fn measurements_at(&self, now: Instant) -> PoolMeasurements {
         let st = self.lock();
-        let now = Instant::now();
+        let availability = availability_of(&st, now);
         let fresh: Vec<&ProbeReading> = match st.settings.probe {
             None => Vec::new(),
             Some(p) => st
@@ -961,8 +987,7 @@ impl PoolState {
         }
     }
 
-    fn p95(&mut self) -> Option<Duration> {
-        let now = Instant::now();
+    fn p95(&mut self, now: Instant) -> Option<Duration> {
         if let Some((at, cached)) = self.p95_cache {
             let fresh_enough = now.saturating_duration_since(at) < P95_REFRESH;
             // The first samples (or the last ones expiring) always count.
@@ -989,8 +1014,7 @@ impl PoolState {
 
     /// Queue wait estimate: the waiters ahead (and this request) served by
     /// the open slots at the best endpoint's EWMA. `None` without an EWMA.
-    fn expected_wait(&self) -> Option<Duration> {
-        let now = Instant::now();
+    fn expected_wait(&self, now: Instant) -> Option<Duration> {
         let usable: Vec<&EndpointState> = self
             .endpoints
             .iter()

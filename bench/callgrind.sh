@@ -17,7 +17,7 @@ mkdir -p "$out"
 rm -f "$out"/callgrind.out.*
 CUSTOM_ROUTER_PORT=$port CUSTOM_ROUTER_BIND=127.0.0.1 RUST_LOG=warn \
   valgrind --tool=callgrind --callgrind-out-file="$out/callgrind.out.%p" \
-  "$target_dir/release/router-proxy" >/dev/null 2>"$out/valgrind.log" &
+  "${CG_BIN:-$target_dir/release/router-proxy}" >/dev/null 2>"$out/valgrind.log" &
 vg=$!
 trap 'kill -TERM $vg 2>/dev/null || true' EXIT
 for _ in $(seq 1 300); do

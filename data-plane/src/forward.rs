@@ -372,8 +372,107 @@ impl Drop for TrackedBody {
     }
 }
 
+/// Why [`read_whole`] stopped.
+#[derive(Debug)]
+pub enum ReadWholeError {
+    /// The body is longer than the limit.
+    TooLarge,
+    /// The body broke off.
+    Body(BoxError),
+}
+
+/// Reads a whole body of at most `limit` bytes.
+///
+/// What `Limited::new(body, limit).collect()` did, for less: the usual
+/// body (a small JSON document) arrives as one data frame, which is
+/// returned as it is, with no queue of frames allocated and no copy; only a
+/// body of several frames is copied into one buffer. Trailers are dropped.
+pub async fn read_whole<B>(body: B, limit: usize) -> Result<Bytes, ReadWholeError>
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    use http_body_util::BodyExt;
+    let mut body = std::pin::pin!(body);
+    let mut first: Option<Bytes> = None;
+    let mut joined: Option<bytes::BytesMut> = None;
+    let mut len = 0usize;
+    while let Some(frame) = body.as_mut().frame().await {
+        let frame = frame.map_err(|e| ReadWholeError::Body(e.into()))?;
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        len = len.saturating_add(data.len());
+        if len > limit {
+            return Err(ReadWholeError::TooLarge);
+        }
+        match (&first, &mut joined) {
+            (None, _) => first = Some(data),
+            (Some(_), Some(buf)) => buf.extend_from_slice(&data),
+            (Some(head), None) => {
+                let mut buf = bytes::BytesMut::with_capacity(len);
+                buf.extend_from_slice(head);
+                buf.extend_from_slice(&data);
+                joined = Some(buf);
+            }
+        }
+    }
+    Ok(match joined {
+        Some(buf) => buf.freeze(),
+        None => first.unwrap_or_default(),
+    })
+}
+
 #[cfg(test)]
 mod tests {
+    fn frames(
+        chunks: &[&'static str],
+    ) -> http_body_util::StreamBody<
+        futures_util::stream::Iter<
+            std::vec::IntoIter<Result<Frame<Bytes>, std::convert::Infallible>>,
+        >,
+    > {
+        let v: Vec<Result<Frame<Bytes>, std::convert::Infallible>> = chunks
+            .iter()
+            .map(|c| Ok(Frame::data(Bytes::from_static(c.as_bytes()))))
+            .collect();
+        http_body_util::StreamBody::new(futures_util::stream::iter(v))
+    }
+
+    #[tokio::test]
+    async fn read_whole_joins_frames_and_keeps_a_single_one_as_is() {
+        let one = Bytes::from_static(b"{\"a\":1}");
+        let got = read_whole(http_body_util::Full::new(one.clone()), 100)
+            .await
+            .ok();
+        assert_eq!(
+            got.as_ref().map(|b| b.as_ptr()),
+            Some(one.as_ptr()),
+            "no copy"
+        );
+        let got = read_whole(frames(&["ab", "", "cd", "e"]), 5).await.ok();
+        assert_eq!(got.as_deref(), Some(&b"abcde"[..]));
+        let got = read_whole(frames(&[]), 5).await.ok();
+        assert_eq!(got.as_deref(), Some(&b""[..]));
+    }
+
+    #[tokio::test]
+    async fn read_whole_refuses_a_body_over_the_limit_and_passes_errors_on() {
+        assert!(matches!(
+            read_whole(frames(&["abc", "def"]), 5).await,
+            Err(ReadWholeError::TooLarge)
+        ));
+        assert!(read_whole(frames(&["abc", "de"]), 5).await.is_ok());
+        let broken = http_body_util::StreamBody::new(futures_util::stream::iter(vec![
+            Ok(Frame::data(Bytes::from_static(b"ab"))),
+            Err(std::io::Error::other("reset")),
+        ]));
+        assert!(matches!(
+            read_whole(broken, 100).await,
+            Err(ReadWholeError::Body(e)) if e.to_string() == "reset"
+        ));
+    }
+
     use super::*;
 
     #[test]

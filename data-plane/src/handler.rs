@@ -31,7 +31,7 @@ use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::combinators::UnsyncBoxBody;
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use router_policy::deadline::{plan_attempt, AttemptPlan, Budget};
 use router_policy::decide::{decide, Refusal, Situation};
@@ -41,7 +41,7 @@ use tokio::time::Instant;
 
 use crate::config::Snapshot;
 use crate::error::ProxyError;
-use crate::forward::{self, BodyEnd, BoxError, Completion, TrackedBody};
+use crate::forward::{self, BodyEnd, BoxError, Completion, ReadWholeError, TrackedBody};
 use crate::idempotency::{self, Claim, FollowResult, LeaderGuard, StoredAnswer};
 use crate::json_peek::RequestPeek;
 use crate::pool::{Availability, Lease, PoolRuntime, Sample, Shed};
@@ -207,7 +207,9 @@ pub async fn handle(
         if let Some(p) = snapshot.pools.get(name) {
             // The request's own start time: a few microseconds old, and one
             // clock reading instead of one per pool call.
-            situation.pools.insert(name.clone(), p.measurements_at(pending.t0));
+            situation
+                .pools
+                .insert(name.clone(), p.measurements_at(pending.t0));
         }
     }
     let decision = decide(&snapshot.policy, &situation);
@@ -750,14 +752,14 @@ impl Exchange {
         }
         // A JSON answer: read it whole inside the attempt's time.
         let (head, incoming) = resp.into_parts();
-        let read = Limited::new(incoming, BUFFERED_ANSWER_LIMIT).collect();
+        let read = forward::read_whole(incoming, BUFFERED_ANSWER_LIMIT);
         let Some(body) = within(deadline, read).await else {
             return timed_out(&lease, record, started);
         };
         let waited = started.elapsed();
         record.latency_ms = ms(waited);
         let body = match body {
-            Ok(b) => b.to_bytes(),
+            Ok(b) => b,
             Err(_) => {
                 lease.observe(Sample::Failure(waited));
                 record.outcome = "upstream_error";
@@ -768,7 +770,7 @@ impl Exchange {
                 };
             }
         };
-        let answer = crate::json_peek::peek_answer(&body);
+        let mut answer = crate::json_peek::peek_answer(&body);
         let structured_ok = match (&self.structured, head.status.is_success()) {
             (Some(expected), true) => router_policy::structured::check(&body, expected),
             _ => Ok(()),
@@ -789,8 +791,8 @@ impl Exchange {
                 held: Some(Held::Whole(head, body)),
             };
         }
-        if let Ok(a) = &answer {
-            record.response_model.clone_from(&a.model);
+        if let Ok(a) = &mut answer {
+            record.response_model = a.model.take();
         }
         if let Ok(Some(usage)) = answer.map(|a| a.usage) {
             record.tokens_in = usage.prompt_tokens.or(usage.input_tokens);
@@ -923,13 +925,46 @@ fn set_router_headers<B>(
             }
         }
     }
-    if let Some(Ok(v)) = pool.map(HeaderValue::from_str) {
+    if let Some(v) = pool.and_then(name_header) {
         h.insert(X_ROUTER_ROUTE, v);
     }
-    h.insert(X_ROUTER_ATTEMPTS, HeaderValue::from(attempts));
-    if let Ok(v) = HeaderValue::from_str(&record.config_version) {
+    h.insert(X_ROUTER_ATTEMPTS, count_header(attempts));
+    if let Some(v) = name_header(&record.config_version) {
         h.insert(X_ROUTER_CONFIG_VERSION, v);
     }
+}
+
+/// A header value for a small count, without an allocation below 10.
+fn count_header(n: usize) -> HeaderValue {
+    const SMALL: [&str; 10] = ["0", "1", "2", "3", "4", "5", "6", "7", "8", "9"];
+    match SMALL.get(n) {
+        Some(s) => HeaderValue::from_static(s),
+        None => HeaderValue::from(n),
+    }
+}
+
+/// The header value of a pool name or config version. The same few names
+/// come back on every answer, so each thread keeps the values it made
+/// (a clone shares the bytes) instead of copying and checking the name
+/// per answer.
+fn name_header(name: &str) -> Option<HeaderValue> {
+    const KEPT: usize = 16;
+    thread_local! {
+        static MADE: std::cell::RefCell<Vec<(Box<str>, HeaderValue)>> =
+            const { std::cell::RefCell::new(Vec::new()) };
+    }
+    MADE.with(|made| {
+        let mut made = made.borrow_mut();
+        if let Some((_, v)) = made.iter().find(|(n, _)| **n == *name) {
+            return Some(v.clone());
+        }
+        let v = HeaderValue::from_str(name).ok()?;
+        if made.len() == KEPT {
+            made.remove(0);
+        }
+        made.push((name.into(), v.clone()));
+        Some(v)
+    })
 }
 
 thread_local! {
@@ -986,13 +1021,11 @@ async fn read_body(
         return Err(ProxyError::PayloadTooLarge { limit });
     }
     let timeout = shared.settings.client_body_timeout;
-    match tokio::time::timeout(timeout, Limited::new(body, limit).collect()).await {
+    match tokio::time::timeout(timeout, forward::read_whole(body, limit)).await {
         Err(_) => Err(ProxyError::RequestTimeout(timeout)),
-        Ok(Ok(collected)) => Ok(collected.to_bytes()),
-        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => {
-            Err(ProxyError::PayloadTooLarge { limit })
-        }
-        Ok(Err(e)) => Err(ProxyError::InvalidRequest(format!(
+        Ok(Ok(body)) => Ok(body),
+        Ok(Err(ReadWholeError::TooLarge)) => Err(ProxyError::PayloadTooLarge { limit }),
+        Ok(Err(ReadWholeError::Body(e))) => Err(ProxyError::InvalidRequest(format!(
             "could not read the request body: {e}"
         ))),
     }
@@ -1072,16 +1105,15 @@ impl Pending {
         std::mem::take(&mut self.record)
     }
 
-    fn note_attempt(&mut self, attempt: AttemptRecord, n: usize) {
+    fn note_attempt(&mut self, mut attempt: AttemptRecord, n: usize) {
         if attempt.tokens_in.is_some() || attempt.tokens_out.is_some() {
             self.record.tokens_in = attempt.tokens_in;
             self.record.tokens_out = attempt.tokens_out;
             self.record.cost_usd = attempt.cost_usd;
         }
         if attempt.response_model.is_some() {
-            self.record
-                .response_model
-                .clone_from(&attempt.response_model);
+            // Moved: an attempt's own copy is never logged.
+            self.record.response_model = attempt.response_model.take();
         }
         if n == 1 {
             self.record.first_outcome = attempt.outcome;

@@ -15,7 +15,9 @@
 //! swaps it in. A change that fails validation never reaches this module:
 //! the caller keeps serving the last good snapshot.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
+
+use fnv::FnvHashMap;
 use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
@@ -33,7 +35,7 @@ pub struct Secrets {
     /// The approval token for `requires_approval` routes.
     pub approval_token: Option<String>,
     /// `Authorization` header value per pool with `api_key_env`.
-    pub api_keys: HashMap<String, HeaderValue>,
+    pub api_keys: FnvHashMap<String, HeaderValue>,
 }
 
 impl std::fmt::Debug for Secrets {
@@ -95,8 +97,10 @@ pub struct Snapshot {
     pub version: Arc<str>,
     /// The policy, with `set-backends` overrides applied to its pools.
     pub policy: Arc<Policy>,
-    /// Runtime of each pool, by name.
-    pub pools: HashMap<String, Arc<PoolRuntime>>,
+    /// Runtime of each pool, by name. (FNV: looked up several times per
+    /// request, with short trusted keys; SipHash cost more than the rest of
+    /// the lookup.)
+    pub pools: FnvHashMap<String, Arc<PoolRuntime>>,
     /// Secrets named by the policy.
     pub secrets: Secrets,
 }
@@ -156,7 +160,7 @@ impl ConfigStore {
         };
         let snapshot = build(
             &mut source,
-            &HashMap::new(),
+            &FnvHashMap::default(),
             &metrics,
             client.as_ref(),
             events.as_ref(),
@@ -262,7 +266,7 @@ impl ConfigStore {
 /// Builds the next snapshot, reusing the runtimes of pools that stay.
 fn build(
     src: &mut Source,
-    old: &HashMap<String, Arc<PoolRuntime>>,
+    old: &FnvHashMap<String, Arc<PoolRuntime>>,
     metrics: &Metrics,
     client: Option<&UpstreamClient>,
     events: Option<&tokio::sync::mpsc::Sender<crate::pool::CircuitEvent>>,
@@ -274,7 +278,7 @@ fn build(
             pool.endpoints = eps.clone();
         }
     }
-    let mut pools = HashMap::with_capacity(policy.pools.len());
+    let mut pools = FnvHashMap::with_capacity_and_hasher(policy.pools.len(), Default::default());
     for p in &policy.pools {
         let settings = PoolSettings {
             queue: p.queue,

@@ -425,13 +425,13 @@ where
 
 #[cfg(test)]
 mod tests {
-    fn frames(
-        chunks: &[&'static str],
-    ) -> http_body_util::StreamBody<
+    type Frames = http_body_util::StreamBody<
         futures_util::stream::Iter<
             std::vec::IntoIter<Result<Frame<Bytes>, std::convert::Infallible>>,
         >,
-    > {
+    >;
+
+    fn frames(chunks: &[&'static str]) -> Frames {
         let v: Vec<Result<Frame<Bytes>, std::convert::Infallible>> = chunks
             .iter()
             .map(|c| Ok(Frame::data(Bytes::from_static(c.as_bytes()))))

@@ -23,6 +23,8 @@ use hyper_util::rt::TokioIo;
 use tokio::net::{TcpListener, TcpStream};
 
 type Body = UnsyncBoxBody<Bytes, hyper::Error>;
+/// A client connection's own upstream connection, opened on first use.
+type Upstream = Arc<tokio::sync::Mutex<Option<hyper::client::conn::http1::SendRequest<Incoming>>>>;
 
 fn text(status: StatusCode, s: &'static str) -> Response<Body> {
     let mut r = Response::new(
@@ -55,9 +57,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 }
 
 async fn serve(stream: TcpStream, backend: Arc<Mutex<Option<String>>>) {
-    // This connection's upstream connection, opened on first use.
-    let upstream: Arc<tokio::sync::Mutex<Option<hyper::client::conn::http1::SendRequest<Incoming>>>> =
-        Arc::new(tokio::sync::Mutex::new(None));
+    let upstream: Upstream = Arc::new(tokio::sync::Mutex::new(None));
     let service = hyper::service::service_fn(move |req: Request<Incoming>| {
         let backend = Arc::clone(&backend);
         let upstream = Arc::clone(&upstream);
@@ -71,7 +71,7 @@ async fn serve(stream: TcpStream, backend: Arc<Mutex<Option<String>>>) {
 async fn handle(
     req: Request<Incoming>,
     backend: Arc<Mutex<Option<String>>>,
-    upstream: Arc<tokio::sync::Mutex<Option<hyper::client::conn::http1::SendRequest<Incoming>>>>,
+    upstream: Upstream,
 ) -> Response<Body> {
     match req.uri().path() {
         "/_custom_router/health" => return text(StatusCode::OK, "ok"),

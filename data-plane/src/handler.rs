@@ -362,7 +362,7 @@ enum Held {
 
 impl Exchange {
     async fn walk_chain(
-        self,
+        mut self,
         mut pending: Pending,
         route: &Route,
         mut leader: Option<LeaderGuard>,
@@ -426,7 +426,15 @@ impl Exchange {
                 pending.record.first_route = Some(Arc::clone(shared_name));
             }
             let attempt_deadline = timeout.map(|t| now + t);
-            match self.attempt(pool, attempt_deadline, timeout).await {
+            // The client's headers go to the last attempt there can be as
+            // they are; earlier ones send a copy.
+            let last_chance = !route.fallback || i + 1 == chain.len();
+            let headers = if last_chance {
+                std::mem::take(&mut self.headers)
+            } else {
+                self.headers.clone()
+            };
+            match self.attempt(pool, attempt_deadline, timeout, headers).await {
                 AttemptEnd::Stream {
                     resp,
                     lease,
@@ -561,9 +569,12 @@ impl Exchange {
         pool: &Arc<PoolRuntime>,
         deadline: Option<Instant>,
         timeout: Option<Duration>,
+        headers: HeaderMap,
     ) -> AttemptEnd {
         let Some(parent) = &self.otel else {
-            return self.attempt_inner(pool, deadline, timeout, None).await;
+            return self
+                .attempt_inner(pool, deadline, timeout, headers, None)
+                .await;
         };
         // A client span per attempt; its context goes upstream as `traceparent`.
         let policy_pool = self.snapshot.policy.pool(pool.name());
@@ -577,7 +588,9 @@ impl Exchange {
             .with_kind(SpanKind::Client)
             .start_with_context(&tracer, parent);
         let cx = parent.with_span(span);
-        let end = self.attempt_inner(pool, deadline, timeout, Some(&cx)).await;
+        let end = self
+            .attempt_inner(pool, deadline, timeout, headers, Some(&cx))
+            .await;
         let span = cx.span();
         span.set_attribute(KeyValue::new("gen_ai.operation.name", self.operation));
         span.set_attribute(KeyValue::new("gen_ai.request.model", model));
@@ -639,6 +652,7 @@ impl Exchange {
         pool: &Arc<PoolRuntime>,
         deadline: Option<Instant>,
         timeout: Option<Duration>,
+        headers: HeaderMap,
         otel: Option<&opentelemetry::Context>,
     ) -> AttemptEnd {
         let lease = match pool.acquire(deadline).await {
@@ -668,7 +682,7 @@ impl Exchange {
             timeout_ms: timeout.map(millis),
             ..AttemptRecord::default()
         };
-        let upstream = match self.upstream_request(&lease, pool.name()) {
+        let upstream = match self.upstream_request(&lease, pool.name(), headers) {
             Ok(mut r) => {
                 if let Some(cx) = otel {
                     telemetry::inject(cx, r.headers_mut());
@@ -828,7 +842,12 @@ impl Exchange {
         json && small
     }
 
-    fn upstream_request(&self, lease: &Lease, pool: &str) -> Result<Request<Full<Bytes>>, String> {
+    fn upstream_request(
+        &self,
+        lease: &Lease,
+        pool: &str,
+        headers: HeaderMap,
+    ) -> Result<Request<Full<Bytes>>, String> {
         let uri = match lease.target() {
             Some(t) => t.uri(lease.endpoint(), &self.path_and_query),
             None => forward::upstream_uri(lease.endpoint(), self.path_and_query.as_str()),
@@ -848,7 +867,7 @@ impl Exchange {
         let mut req = Request::new(Full::new(body));
         *req.method_mut() = self.method.clone();
         *req.uri_mut() = uri;
-        *req.headers_mut() = self.headers.clone();
+        *req.headers_mut() = headers;
         if let Some(key) = self.snapshot.secrets.api_keys.get(pool) {
             // The pool's own credential replaces whatever the client sent.
             req.headers_mut().insert(header::AUTHORIZATION, key.clone());

@@ -12,6 +12,8 @@
 //! - [`pool`]: the bounded FIFO and event-driven dispatch of one pool;
 //! - [`forward`]: the upstream request and the streaming body wrapper;
 //! - [`upstream`]: the per-worker upstream connection pool;
+//! - [`balance_workers`]: which worker thread a new connection goes to;
+//! - [`json_peek`]: the request and answer fields read from JSON bodies;
 //! - [`route_log`], [`metrics`]: what the proxy tells operators;
 //! - [`reload`]: standalone mode's policy file watcher;
 //! - [`settings`], [`error`]: environment and typed errors.

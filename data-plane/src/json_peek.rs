@@ -4,7 +4,7 @@
 //! that is not valid JSON, so everything else in the body has to be checked,
 //! though none of it is kept.
 //!
-//! [`peek_request`] and [`peek_answer`] do that in one pass over the bytes
+//! [`peek_request`](crate::json_peek::peek_request) and [`peek_answer`](crate::json_peek::peek_answer) do that in one pass over the bytes
 //! with a small byte cursor:
 //!
 //! - the fields we read are decoded, and only they: a string that needs no

@@ -20,11 +20,7 @@ CUSTOM_ROUTER_PORT=$port CUSTOM_ROUTER_BIND=127.0.0.1 RUST_LOG=warn \
   "${CG_BIN:-$target_dir/release/router-proxy}" >/dev/null 2>"$out/valgrind.log" &
 vg=$!
 trap 'kill -TERM $vg 2>/dev/null || true' EXIT
-for _ in $(seq 1 300); do
-  if curl -fsS "http://127.0.0.1:$port/_custom_router/health" >/dev/null 2>&1; then break; fi
-  sleep 0.2
-done
-"$target_dir/release/count-load" --target "127.0.0.1:$port" --warmup 2000 \
+"$target_dir/release/count-load" --target "127.0.0.1:$port" --wait-ready 60 --warmup 2000 \
   --requests "$requests" --concurrency "$concurrency" \
   --between "callgrind_control -z $vg >/dev/null" \
   --after "callgrind_control -d $vg >/dev/null" | tee "$out/load.txt"

@@ -15,11 +15,7 @@ tmp=$(mktemp -d)
 CUSTOM_ROUTER_PORT=$port CUSTOM_ROUTER_BIND=127.0.0.1 RUST_LOG=warn "$bin" >/dev/null 2>"$tmp/stderr" &
 pid=$!
 trap 'kill $pid 2>/dev/null || true; rm -rf "$tmp"' EXIT
-for _ in $(seq 1 100); do
-  if curl -fsS "http://127.0.0.1:$port/_custom_router/health" >/dev/null 2>&1; then break; fi
-  sleep 0.1
-done
-"$target_dir/release/count-load" --target "127.0.0.1:$port" --warmup 10000 \
+"$target_dir/release/count-load" --target "127.0.0.1:$port" --wait-ready 10 --warmup 10000 \
   --requests "$requests" --concurrency "$concurrency" \
   --between "cut -d' ' -f14,15 /proc/$pid/stat > $tmp/before" \
   --after "cut -d' ' -f14,15 /proc/$pid/stat > $tmp/after" > "$tmp/load"

@@ -54,6 +54,10 @@ struct Args {
     /// `callgrind_control -d PID`.
     #[arg(long)]
     after: Option<String>,
+    /// Wait up to this many seconds for the router to accept connections
+    /// (one that was just started, perhaps under valgrind).
+    #[arg(long, default_value_t = 0)]
+    wait_ready: u64,
 }
 
 fn main() -> ExitCode {
@@ -79,7 +83,16 @@ fn main() -> ExitCode {
 
 async fn run(args: &Args) -> Result<(), BoxError> {
     let backend = backend::Backend::start()?;
-    let mut admin = connect(args.target).await?;
+    let ready_by = Instant::now() + Duration::from_secs(args.wait_ready);
+    let mut admin = loop {
+        match connect(args.target).await {
+            Ok(c) => break c,
+            Err(_) if Instant::now() < ready_by => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => return Err(e),
+        }
+    };
     let body = format!(r#"{{"backends":["{}"]}}"#, backend.addr);
     let (status, answer) = send(
         &mut admin,

@@ -319,7 +319,7 @@ fn start_workers(
     shared: &Arc<Shared>,
     n: usize,
 ) -> Result<(Vec<Worker>, Vec<tokio::sync::oneshot::Receiver<()>>), StartError> {
-    let mut handoffs = Vec::with_capacity(n);
+    let mut workers = Vec::with_capacity(n);
     let mut dones = Vec::with_capacity(n);
     for i in 0..n {
         let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
@@ -358,12 +358,12 @@ fn start_workers(
                     let _ = done_tx.send(());
                 });
             })?;
-        handoffs.push(Worker {
+        workers.push(Worker {
             handoff: tx,
             metrics,
         });
     }
-    Ok((handoffs, dones))
+    Ok((workers, dones))
 }
 
 async fn serve_connection(shared: Arc<Shared>, stream: TcpStream, remote: SocketAddr) {

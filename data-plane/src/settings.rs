@@ -263,6 +263,10 @@ mod tests {
         assert_eq!(s.queue.ewma_alpha, 0.3);
         assert_eq!(s.state_log_interval, Duration::from_secs(30));
         assert_eq!(s.admin_token, None);
+        assert_eq!(
+            s.connection_balance,
+            crate::balance_workers::ConnectionBalance::Pack
+        );
     }
 
     #[test]
@@ -275,8 +279,13 @@ mod tests {
             ("CUSTOM_ROUTER_EWMA_ALPHA", "1"),
             ("CUSTOM_ROUTER_SCORING", "lowest_ewma"),
             ("CUSTOM_ROUTER_MAX_CONCURRENCY", "4"),
+            ("CUSTOM_ROUTER_CONNECTION_BALANCE", "spread"),
         ])
         .unwrap();
+        assert_eq!(
+            s.connection_balance,
+            crate::balance_workers::ConnectionBalance::Spread
+        );
         assert_eq!(s.port, 8080);
         assert_eq!(s.queue.latency_threshold_s, 2.5);
         assert_eq!(s.queue.max_size, 10);
@@ -297,6 +306,8 @@ mod tests {
             ("CUSTOM_ROUTER_EWMA_ALPHA", "0"),
             ("CUSTOM_ROUTER_STATE_LOG_INTERVAL", "soon"),
             ("CUSTOM_ROUTER_SCORING", "random"),
+            ("CUSTOM_ROUTER_WORKERS", "many"),
+            ("CUSTOM_ROUTER_CONNECTION_BALANCE", "even"),
         ] {
             let err = with(&[(var, value)]).unwrap_err();
             assert_eq!(err.var, var);

@@ -95,6 +95,8 @@ pub enum ConfigError {
 pub struct Snapshot {
     /// Names this config (`x-router-config-version`, logs, metrics).
     pub version: Arc<str>,
+    /// `version` as the `x-router-config-version` answer header.
+    pub version_header: Option<HeaderValue>,
     /// The policy, with `set-backends` overrides applied to its pools.
     pub policy: Arc<Policy>,
     /// Runtime of each pool, by name. (FNV: looked up several times per
@@ -304,12 +306,14 @@ fn build(
         runtime.ensure_probe(probe, client);
         pools.insert(p.name.clone(), runtime);
     }
+    let version: Arc<str> = src
+        .named_version
+        .take()
+        .unwrap_or_else(|| format!("{}-{}", src.origin, src.changes))
+        .into();
     Snapshot {
-        version: src
-            .named_version
-            .take()
-            .unwrap_or_else(|| format!("{}-{}", src.origin, src.changes))
-            .into(),
+        version_header: HeaderValue::from_str(&version).ok(),
+        version,
         secrets: read_secrets(&policy),
         policy: Arc::new(policy),
         pools,

@@ -99,7 +99,7 @@ pub async fn handle(
         return full(Box::pin(crate::admin::handle(&shared, req)).await);
     }
     let snapshot = shared.config.load();
-    let mut pending = Pending::new(Arc::clone(&shared), &req, Arc::clone(&snapshot.version));
+    let mut pending = Pending::new(Arc::clone(&shared), &req, &snapshot);
     if telemetry::enabled() {
         // The server span, a child of the client's `traceparent` if any.
         let parent = telemetry::extract(req.headers());
@@ -457,7 +457,15 @@ impl Exchange {
                 AttemptEnd::Whole { head, body, record } => {
                     pending.note_attempt(record, attempted);
                     pending.record.reason = reason(&decided, name, &notes);
-                    return pending.commit_whole(head, body, leader.take(), shared_name, attempted);
+                    let route = pool.route_header().cloned();
+                    return pending.commit_whole(
+                        head,
+                        body,
+                        leader.take(),
+                        shared_name,
+                        route,
+                        attempted,
+                    );
                 }
                 AttemptEnd::Failed {
                     retry,
@@ -548,7 +556,11 @@ impl Exchange {
                 Held::Stream(resp, lease, started) => {
                     pending.commit_stream(resp, lease, started, self.deadline_at, attempted)
                 }
-                Held::Whole(head, body) => pending.commit_whole(head, body, None, &name, attempted),
+                Held::Whole(head, body) => {
+                    let pools = &self.snapshot.pools;
+                    let route = pools.get(&*name).and_then(|p| p.route_header().cloned());
+                    pending.commit_whole(head, body, None, &name, route, attempted)
+                }
             };
         }
         let err = match last_error {
@@ -930,7 +942,8 @@ fn set_router_headers<B>(
     resp: &mut Response<B>,
     record: &RouteRecord,
     id: Option<&HeaderValue>,
-    pool: Option<&str>,
+    route: Option<HeaderValue>,
+    version: Option<&HeaderValue>,
     attempts: usize,
 ) {
     let h = resp.headers_mut();
@@ -944,12 +957,12 @@ fn set_router_headers<B>(
             }
         }
     }
-    if let Some(v) = pool.and_then(name_header) {
+    if let Some(v) = route {
         h.insert(X_ROUTER_ROUTE, v);
     }
     h.insert(X_ROUTER_ATTEMPTS, count_header(attempts));
-    if let Some(v) = name_header(&record.config_version) {
-        h.insert(X_ROUTER_CONFIG_VERSION, v);
+    if let Some(v) = version {
+        h.insert(X_ROUTER_CONFIG_VERSION, v.clone());
     }
 }
 
@@ -960,30 +973,6 @@ fn count_header(n: usize) -> HeaderValue {
         Some(s) => HeaderValue::from_static(s),
         None => HeaderValue::from(n),
     }
-}
-
-/// The header value of a pool name or config version. The same few names
-/// come back on every answer, so each thread keeps the values it made
-/// (a clone shares the bytes) instead of copying and checking the name
-/// per answer.
-fn name_header(name: &str) -> Option<HeaderValue> {
-    const KEPT: usize = 16;
-    thread_local! {
-        static MADE: std::cell::RefCell<Vec<(Box<str>, HeaderValue)>> =
-            const { std::cell::RefCell::new(Vec::new()) };
-    }
-    MADE.with(|made| {
-        let mut made = made.borrow_mut();
-        if let Some((_, v)) = made.iter().find(|(n, _)| **n == *name) {
-            return Some(v.clone());
-        }
-        let v = HeaderValue::from_str(name).ok()?;
-        if made.len() == KEPT {
-            made.remove(0);
-        }
-        made.push((name.into(), v.clone()));
-        Some(v)
-    })
 }
 
 thread_local! {
@@ -1097,15 +1086,17 @@ struct Pending {
     pool: Option<Arc<str>>,
     /// The request id as a header value, once known.
     id_header: Option<HeaderValue>,
+    /// The config version as a header value.
+    version_header: Option<HeaderValue>,
 }
 
 impl Pending {
-    fn new(shared: Arc<Shared>, req: &Request<Incoming>, version: Arc<str>) -> Self {
+    fn new(shared: Arc<Shared>, req: &Request<Incoming>, snapshot: &Snapshot) -> Self {
         let record = RouteRecord {
             offered_at: Timestamp(SystemTime::now()),
             method: req.method().clone(),
             path: req.uri().path().to_string(),
-            config_version: version,
+            config_version: Arc::clone(&snapshot.version),
             ..RouteRecord::default()
         };
         Self {
@@ -1115,6 +1106,7 @@ impl Pending {
             t0: Instant::now(),
             pool: None,
             id_header: None,
+            version_header: snapshot.version_header.clone(),
         }
     }
 
@@ -1179,6 +1171,7 @@ impl Pending {
             &record,
             self.id_header.as_ref(),
             None,
+            self.version_header.as_ref(),
             record.attempts.len(),
         );
         finish_record(
@@ -1207,11 +1200,13 @@ impl Pending {
             .get(X_ROUTER_ROUTE)
             .and_then(|v| v.to_str().ok())
             .map(Arc::<str>::from);
+        // The stored answer keeps its own `x-router-route`.
         set_router_headers(
             &mut resp,
             &record,
             self.id_header.as_ref(),
-            pool.as_deref(),
+            None,
+            self.version_header.as_ref(),
             0,
         );
         finish_record(
@@ -1232,6 +1227,7 @@ impl Pending {
         body: Bytes,
         leader: Option<LeaderGuard>,
         pool: &Arc<str>,
+        route: Option<HeaderValue>,
         attempts: usize,
     ) -> Response<ProxyBody> {
         let mut record = self.take_record();
@@ -1244,7 +1240,8 @@ impl Pending {
             &mut resp,
             &record,
             self.id_header.as_ref(),
-            Some(pool),
+            route,
+            self.version_header.as_ref(),
             attempts,
         );
         if let Some(g) = leader {
@@ -1300,7 +1297,8 @@ impl Pending {
             &mut resp,
             &record,
             self.id_header.as_ref(),
-            Some(&pool),
+            lease.route_header().cloned(),
+            self.version_header.as_ref(),
             attempts,
         );
         let finisher = Finisher {

@@ -295,6 +295,8 @@ pub struct PoolStatus {
 /// One pool: endpoints, queue, dispatcher.
 pub struct PoolRuntime {
     name: Arc<str>,
+    /// The name as the `x-router-route` answer header (made once).
+    route_header: Option<http::HeaderValue>,
     state: Mutex<PoolState>,
     counters: PoolCounters,
     /// The capacity probe task, with the settings it runs with.
@@ -368,6 +370,7 @@ impl PoolRuntime {
     ) -> Arc<Self> {
         let pool = Arc::new(Self {
             name: name.into(),
+            route_header: http::HeaderValue::from_str(name).ok(),
             state: Mutex::new(PoolState {
                 settings: settings.clone(),
                 endpoints: Vec::new(),
@@ -397,6 +400,11 @@ impl PoolRuntime {
     /// The pool's name, shared (a clone costs no allocation).
     pub fn shared_name(&self) -> &Arc<str> {
         &self.name
+    }
+
+    /// The pool's name as an `x-router-route` header value.
+    pub fn route_header(&self) -> Option<&http::HeaderValue> {
+        self.route_header.as_ref()
     }
 
     fn lock(&self) -> MutexGuard<'_, PoolState> {
@@ -1088,6 +1096,11 @@ impl Lease {
     /// The pool's name.
     pub fn pool_name(&self) -> &Arc<str> {
         &self.pool.name
+    }
+
+    /// The pool's name as an `x-router-route` header value.
+    pub fn route_header(&self) -> Option<&http::HeaderValue> {
+        self.pool.route_header()
     }
 
     /// How long the request waited in the queue.

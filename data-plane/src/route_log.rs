@@ -310,30 +310,35 @@ macro_rules! opt_key {
     };
 }
 
-/// An optional string field: its key and the string, or its key and `null`.
+/// An optional string field: its key and the string (its contents written
+/// by `contents`), or its key and `null`.
 #[inline(always)]
-fn json_opt_str(out: &mut Vec<u8>, key: OptKey, s: Option<&str>) {
+fn json_opt_with(
+    out: &mut Vec<u8>,
+    key: OptKey,
+    s: Option<&str>,
+    contents: fn(&mut Vec<u8>, &str),
+) {
     match s {
         Some(s) => {
             out.extend_from_slice(key.some);
-            json_str_contents(out, s);
+            contents(out, s);
             out.push(b'"');
         }
         None => out.extend_from_slice(key.none),
     }
 }
 
+/// An optional string field, escaped as JSON needs.
+#[inline(always)]
+fn json_opt_str(out: &mut Vec<u8>, key: OptKey, s: Option<&str>) {
+    json_opt_with(out, key, s, json_str_contents);
+}
+
 /// [`json_opt_str`] for strings that never need escaping.
 #[inline(always)]
 fn json_opt_plain(out: &mut Vec<u8>, key: OptKey, s: Option<&str>) {
-    match s {
-        Some(s) => {
-            out.extend_from_slice(key.some);
-            json_plain_contents(out, s);
-            out.push(b'"');
-        }
-        None => out.extend_from_slice(key.none),
-    }
+    json_opt_with(out, key, s, json_plain_contents);
 }
 
 /// An optional number field: its key and the number, or its key and `null`.

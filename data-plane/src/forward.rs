@@ -99,7 +99,12 @@ const HOP_BY_HOP: [&str; 8] = [
 
 /// True for a hop-by-hop header name (or `Transfer-Encoding`).
 fn is_hop_by_hop(name: &HeaderName) -> bool {
-    name == header::TRANSFER_ENCODING || HOP_BY_HOP.contains(&name.as_str())
+    is_hop_by_hop_name(name.as_str())
+}
+
+/// [`is_hop_by_hop`] on a lower-case name's text.
+pub fn is_hop_by_hop_name(name: &str) -> bool {
+    name == "transfer-encoding" || HOP_BY_HOP.contains(&name)
 }
 
 /// Removes hop-by-hop headers, including those named in `Connection`.
@@ -206,13 +211,15 @@ pub fn client_ip_header(ip: std::net::IpAddr) -> HeaderValue {
 
 /// Adds `X-Forwarded-For` (appended), `-Proto` and `-Host` (kept if a
 /// proxy in front already set them). `client_ip` is from
-/// [`client_ip_header`].
+/// [`client_ip_header`]; `seen` is what the client sent of them (see
+/// [`crate::request_headers`]), so nothing is looked up here.
 pub fn add_forwarded(
     headers: &mut HeaderMap,
     client_ip: &HeaderValue,
     original_host: Option<HeaderValue>,
+    seen: &crate::request_headers::RequestHeaders,
 ) {
-    let value = match headers.get(X_FORWARDED_FOR).and_then(|v| v.to_str().ok()) {
+    let value = match seen.forwarded_for.as_ref().and_then(|v| v.to_str().ok()) {
         Some(prev) if !prev.trim().is_empty() => {
             let ip = client_ip.to_str().unwrap_or("");
             HeaderValue::from_str(&format!("{prev}, {ip}")).ok()
@@ -222,11 +229,11 @@ pub fn add_forwarded(
     if let Some(v) = value {
         headers.insert(X_FORWARDED_FOR, v);
     }
-    headers
-        .entry(X_FORWARDED_PROTO)
-        .or_insert(HeaderValue::from_static("http"));
-    if let Some(host) = original_host {
-        headers.entry(X_FORWARDED_HOST).or_insert(host);
+    if !seen.forwarded_proto {
+        headers.append(X_FORWARDED_PROTO, HeaderValue::from_static("http"));
+    }
+    if let (Some(host), false) = (original_host, seen.forwarded_host) {
+        headers.append(X_FORWARDED_HOST, host);
     }
 }
 
@@ -499,14 +506,42 @@ mod tests {
         let mut h = HeaderMap::new();
         h.insert("x-forwarded-for", HeaderValue::from_static("203.0.113.7"));
         let ip = client_ip_header("127.0.0.1".parse().unwrap());
-        add_forwarded(&mut h, &ip, Some(HeaderValue::from_static("router:3000")));
+        h.insert("x-forwarded-host", HeaderValue::from_static("edge:443"));
+        let seen = crate::request_headers::RequestHeaders::scan(&h);
+        add_forwarded(
+            &mut h,
+            &ip,
+            Some(HeaderValue::from_static("router:3000")),
+            &seen,
+        );
         assert_eq!(h["x-forwarded-for"], "203.0.113.7, 127.0.0.1");
         assert_eq!(h["x-forwarded-proto"], "http");
-        assert_eq!(h["x-forwarded-host"], "router:3000");
+        // A proxy in front set the host: kept, not doubled.
+        assert_eq!(h["x-forwarded-host"], "edge:443");
+        assert_eq!(h.get_all("x-forwarded-host").iter().count(), 1);
         let mut h = HeaderMap::new();
-        add_forwarded(&mut h, &client_ip_header("::1".parse().unwrap()), None);
+        let seen = crate::request_headers::RequestHeaders::scan(&h);
+        add_forwarded(
+            &mut h,
+            &client_ip_header("::1".parse().unwrap()),
+            None,
+            &seen,
+        );
         assert_eq!(h["x-forwarded-for"], "::1");
         assert!(!h.contains_key("x-forwarded-host"));
+        let mut h = HeaderMap::new();
+        h.insert("x-forwarded-proto", HeaderValue::from_static("https"));
+        let seen = crate::request_headers::RequestHeaders::scan(&h);
+        let host = Some(HeaderValue::from_static("router:3000"));
+        add_forwarded(
+            &mut h,
+            &client_ip_header("::1".parse().unwrap()),
+            host,
+            &seen,
+        );
+        assert_eq!(h["x-forwarded-proto"], "https");
+        assert_eq!(h.get_all("x-forwarded-proto").iter().count(), 1);
+        assert_eq!(h["x-forwarded-host"], "router:3000");
     }
 
     #[test]

@@ -45,6 +45,7 @@ use crate::forward::{self, BodyEnd, BoxError, Completion, ReadWholeError, Tracke
 use crate::idempotency::{self, Claim, FollowResult, LeaderGuard, StoredAnswer};
 use crate::json_peek::RequestPeek;
 use crate::pool::{Availability, Lease, PoolRuntime, Sample, Shed};
+use crate::request_headers::RequestHeaders;
 use crate::route_log::{AttemptRecord, RouteRecord, Timestamp};
 use crate::telemetry;
 use crate::upstream::UpstreamBody;
@@ -77,8 +78,6 @@ const X_ROUTER_ROUTE: HeaderName = HeaderName::from_static("x-router-route");
 const X_ROUTER_ATTEMPTS: HeaderName = HeaderName::from_static("x-router-attempts");
 const X_ROUTER_CONFIG_VERSION: HeaderName = HeaderName::from_static("x-router-config-version");
 const X_ROUTER_REPLAYED: HeaderName = HeaderName::from_static("x-router-replayed");
-const X_ROUTER_RISK: HeaderName = HeaderName::from_static("x-router-risk");
-const X_ROUTER_APPROVAL: HeaderName = HeaderName::from_static("x-router-approval");
 
 /// A body the router made itself.
 pub fn full(body: Response<Bytes>) -> Response<ProxyBody> {
@@ -113,18 +112,19 @@ pub async fn handle(
         pending.record.otel = Some(cx);
     }
 
-    match request_id(req.headers()) {
-        Ok(id) => {
-            pending.id_header = HeaderValue::from_str(&id).ok();
+    let seen = RequestHeaders::scan(req.headers());
+    match request_id(&seen, pending.record.offered_at.0) {
+        Ok((id, header)) => {
+            pending.id_header = header;
             pending.record.request_id = id;
         }
         Err(e) => return pending.reject(e),
     }
-    let header_deadline = match deadline_header(req.headers()) {
+    let header_deadline = match deadline_header(seen.deadline_ms.as_ref()) {
         Ok(d) => d,
         Err(e) => return pending.reject(e),
     };
-    let risk = match req.headers().get(X_ROUTER_RISK) {
+    let risk = match &seen.risk {
         None => snapshot.policy.default_risk,
         Some(v) => match v.to_str().ok().and_then(Risk::parse) {
             Some(r) => r,
@@ -137,7 +137,7 @@ pub async fn handle(
     };
     pending.record.risk = Some(risk.as_str());
     let (parts, body) = req.into_parts();
-    let body = match read_body(&shared, &parts.headers, body).await {
+    let body = match read_body(&shared, seen.content_length.as_ref(), body).await {
         Ok(b) => b,
         Err(e) => return pending.reject(e),
     };
@@ -176,7 +176,8 @@ pub async fn handle(
         });
     };
     pending.record.route = Some(route.name.clone());
-    if route.requires_approval && !approved(&snapshot, req_approval(&parts.headers)) {
+    let approval = seen.approval.as_ref().map(HeaderValue::as_bytes);
+    if route.requires_approval && !approved(&snapshot, approval) {
         return pending.reject(ProxyError::ApprovalRequired(route.name.clone()));
     }
     let deadline = header_deadline.or(route.deadline);
@@ -231,9 +232,9 @@ pub async fn handle(
     }
 
     // Idempotency: join a request in flight, or replay a stored answer.
-    let key = parts
-        .headers
-        .get(IDEMPOTENCY_KEY)
+    let key = seen
+        .idempotency_key
+        .as_ref()
         .and_then(|v| v.to_str().ok())
         .map(|k| k.trim().to_string());
     let mut leader = None;
@@ -271,13 +272,21 @@ pub async fn handle(
         }
     }
 
+    // The scan said which of these are there: absent ones are not looked up.
     let mut headers = parts.headers;
-    let original_host = headers.get(header::HOST).cloned();
-    forward::strip_hop_by_hop(&mut headers);
-    headers.remove(header::HOST);
-    headers.remove(header::CONTENT_LENGTH);
-    headers.remove(X_ROUTER_DEADLINE_MS);
-    forward::add_forwarded(&mut headers, &client_ip, original_host);
+    if seen.hop_by_hop {
+        forward::strip_hop_by_hop(&mut headers);
+    }
+    if seen.host.is_some() {
+        headers.remove(header::HOST);
+    }
+    if seen.content_length.is_some() {
+        headers.remove(header::CONTENT_LENGTH);
+    }
+    if seen.deadline_ms.is_some() {
+        headers.remove(X_ROUTER_DEADLINE_MS);
+    }
+    forward::add_forwarded(&mut headers, &client_ip, seen.host.clone(), &seen);
     if let Some(id) = &pending.id_header {
         headers.insert(X_REQUEST_ID, id.clone());
         headers.insert(IDEMPOTENCY_KEY, id.clone());
@@ -980,22 +989,39 @@ thread_local! {
     static UUID_V7: uuid::ContextV7 = const { uuid::ContextV7::new() };
 }
 
-/// The request id: the client's `Idempotency-Key` or `X-Request-Id`, else a
-/// new UUIDv7.
-fn request_id(headers: &HeaderMap) -> Result<String, ProxyError> {
-    let given = headers
-        .get(IDEMPOTENCY_KEY)
-        .or_else(|| headers.get(X_REQUEST_ID));
-    match given {
+/// The request id and its header value: the client's `Idempotency-Key` or
+/// `X-Request-Id`, else a new UUIDv7 stamped `now` (the request's arrival,
+/// already read: no second clock reading).
+fn request_id(
+    seen: &RequestHeaders,
+    now: SystemTime,
+) -> Result<(String, Option<HeaderValue>), ProxyError> {
+    match seen.idempotency_key.as_ref().or(seen.request_id.as_ref()) {
         None => {
-            let mut buf = uuid::Uuid::encode_buffer();
+            let since = now
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .unwrap_or_default();
             // A per-thread v7 context: `Uuid::now_v7` would take one global
             // mutex, shared by every worker thread, on every request.
-            let id = UUID_V7.with(|ctx| uuid::Uuid::new_v7(uuid::Timestamp::now(ctx)));
-            Ok(id.hyphenated().encode_lower(&mut buf).to_string())
+            let id = UUID_V7.with(|ctx| {
+                let ts = uuid::Timestamp::from_unix(ctx, since.as_secs(), since.subsec_nanos());
+                uuid::Uuid::new_v7(ts)
+            });
+            let mut buf = uuid::Uuid::encode_buffer();
+            let text = id.hyphenated().encode_lower(&mut buf);
+            Ok((text.to_string(), HeaderValue::from_str(text).ok()))
         }
         Some(v) => match v.to_str() {
-            Ok(s) if !s.trim().is_empty() && s.len() <= 255 => Ok(s.trim().to_string()),
+            Ok(s) if !s.trim().is_empty() && s.len() <= 255 => {
+                let id = s.trim();
+                // The client's own value when it needs no trimming.
+                let header = if id.len() == s.len() {
+                    Some(v.clone())
+                } else {
+                    HeaderValue::from_str(id).ok()
+                };
+                Ok((id.to_string(), header))
+            }
             _ => Err(ProxyError::InvalidRequest(
                 "Idempotency-Key / X-Request-Id must be 1-255 visible ASCII characters".into(),
             )),
@@ -1003,8 +1029,8 @@ fn request_id(headers: &HeaderMap) -> Result<String, ProxyError> {
     }
 }
 
-fn deadline_header(headers: &HeaderMap) -> Result<Option<Duration>, ProxyError> {
-    let Some(v) = headers.get(X_ROUTER_DEADLINE_MS) else {
+fn deadline_header(value: Option<&HeaderValue>) -> Result<Option<Duration>, ProxyError> {
+    let Some(v) = value else {
         return Ok(None);
     };
     match v.to_str().ok().and_then(|s| s.trim().parse::<u64>().ok()) {
@@ -1017,12 +1043,11 @@ fn deadline_header(headers: &HeaderMap) -> Result<Option<Duration>, ProxyError> 
 
 async fn read_body(
     shared: &Shared,
-    headers: &HeaderMap,
+    content_length: Option<&HeaderValue>,
     body: Incoming,
 ) -> Result<Bytes, ProxyError> {
     let limit = shared.settings.max_body_bytes;
-    let declared = headers
-        .get(header::CONTENT_LENGTH)
+    let declared = content_length
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|n| n > limit as u64) {
@@ -1037,10 +1062,6 @@ async fn read_body(
             "could not read the request body: {e}"
         ))),
     }
-}
-
-fn req_approval(headers: &HeaderMap) -> Option<&[u8]> {
-    headers.get(X_ROUTER_APPROVAL).map(|v| v.as_bytes())
 }
 
 /// True when the approval token given matches the configured one

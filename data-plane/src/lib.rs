@@ -36,6 +36,7 @@ pub mod metrics;
 pub mod pool;
 pub mod probe;
 pub mod reload;
+pub mod request_headers;
 pub mod route_log;
 pub mod settings;
 pub mod telemetry;

@@ -1,12 +1,29 @@
 //! The route decision: which pools of which route may take a request, and
 //! why the others may not.
 //!
-//! [`decide`] is a pure function of the policy and a [`Situation`] (the
-//! request's risk, model, path, structured-output need, deadline, size, and
-//! the live measurements of each pool). The same inputs always give the
-//! same [`Decision`] and the same reason text. The proxy calls it with live
-//! measurements for every request; `POST /_custom_router/explain` and
-//! `routerctl route explain` call it with a situation a person wrote.
+//! Two entry points share one core (the gate loop, the cost estimate and
+//! the reason text), so they can never disagree:
+//!
+//! - [`decide`] is a pure function of the policy and a [`Situation`] (the
+//!   request's risk, model, path, structured-output need, deadline, size,
+//!   and the live measurements of each pool). It finds the route itself and
+//!   answers with an owned [`Decision`] (names, skipped pools, costs).
+//!   `POST /_custom_router/explain`, `routerctl route explain` and the
+//!   control plane call it with a situation a person wrote.
+//! - [`decide_on_route`] is the per-request path of the proxy, which has
+//!   already found the route (it needs it earlier, for the approval check
+//!   and the deadline). It takes the request's facts borrowed
+//!   ([`RequestFacts`]), asks for each pool's measurements through a
+//!   closure as the gate loop reaches it, and answers with a [`Verdict`]:
+//!   the candidates as indices into the route's chain, the refusal and the
+//!   reason. It allocates only the candidates and the reason, where
+//!   `decide` with its inputs costs a map node and a name clone per
+//!   measured pool, a name clone per candidate and skipped pool, a cost
+//!   map, and a second route lookup.
+//!
+//! The same inputs always give the same decision and the same reason text.
+//! The rules (step 1 is `decide`'s; the caller of `decide_on_route` has
+//! done it):
 //!
 //! 1. The first route whose `match` fits (risk, model, path) applies.
 //! 2. Each pool of its chain is checked against its gates, in this order,
@@ -33,7 +50,7 @@
 //!    out every pool that passed the other gates, else `no_backend`.
 
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
+use std::fmt::{self, Write as _};
 
 use serde::{Deserialize, Serialize};
 
@@ -163,11 +180,78 @@ pub struct Explanation {
     pub refusal: Option<Refusal>,
 }
 
+/// The request's path when a situation does not give one.
+const DEFAULT_PATH: &str = "/v1/chat/completions";
+
+/// The request's facts, borrowed: what a [`Situation`] holds, minus the
+/// pools' measurements.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RequestFacts<'a> {
+    /// Risk class, already resolved (the policy's default applied by the
+    /// caller).
+    pub risk: Risk,
+    /// The request's model (for the route lookup).
+    pub model: Option<&'a str>,
+    /// The request's path (for the route lookup).
+    pub path: &'a str,
+    /// The request asks for structured output.
+    pub structured_output: bool,
+    /// The request's own deadline; the route's default applies when `None`.
+    pub deadline_ms: Option<u64>,
+    /// Estimated prompt tokens.
+    pub input_tokens: Option<u64>,
+    /// The request's `max_tokens` ([`DEFAULT_MAX_TOKENS`] when `None`).
+    pub max_tokens: Option<u64>,
+}
+
+impl Situation {
+    /// The situation's request facts, with `default_risk` (the policy's)
+    /// when it sets no risk and `/v1/chat/completions` when it sets no path:
+    /// what [`decide`] uses.
+    pub fn facts(&self, default_risk: Risk) -> RequestFacts<'_> {
+        RequestFacts {
+            risk: self.risk.unwrap_or(default_risk),
+            model: self.model.as_deref(),
+            path: self.path.as_deref().unwrap_or(DEFAULT_PATH),
+            structured_output: self.structured_output,
+            deadline_ms: self.deadline_ms,
+            input_tokens: self.input_tokens,
+            max_tokens: self.max_tokens,
+        }
+    }
+}
+
+/// The decision for one request on a route already chosen, without copies
+/// of names: what [`decide_on_route`] answers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Verdict {
+    /// Indices into the route's `chain` of the pools that may take the
+    /// request, in chain order; the first is the route's answer.
+    pub candidates: Vec<usize>,
+    /// Why nothing can take the request, when so (never
+    /// [`Refusal::NoRoute`]: finding the route is the caller's business).
+    pub refusal: Option<Refusal>,
+    /// The same reason text [`decide`] gives for the same inputs.
+    pub reason: String,
+}
+
+impl Verdict {
+    /// The candidates' pool names, given the route the verdict is for (an
+    /// index past that route's chain is left out rather than a panic).
+    pub fn candidate_names<'r>(&'r self, route: &'r Route) -> impl Iterator<Item = &'r str> + 'r {
+        self.candidates
+            .iter()
+            .filter_map(|&i| route.chain.get(i).map(String::as_str))
+    }
+}
+
 /// Decides. Never panics; the same inputs give the same output.
+///
+/// Finds the route for the situation's risk, model and path, then runs the
+/// same gate loop as [`decide_on_route`].
 pub fn decide(policy: &Policy, situation: &Situation) -> Decision {
-    let risk = situation.risk.unwrap_or(policy.default_risk);
-    let path = situation.path.as_deref().unwrap_or("/v1/chat/completions");
-    let model = situation.model.as_deref();
+    let facts = situation.facts(policy.default_risk);
+    let (risk, model, path) = (facts.risk, facts.model, facts.path);
     let Some(route) = policy.route_for_risk(risk, model, path) else {
         return Decision {
             route: None,
@@ -183,61 +267,25 @@ pub fn decide(policy: &Policy, situation: &Situation) -> Decision {
             ),
         };
     };
-    let deadline_ms = situation.deadline_ms.or_else(|| {
-        route
-            .deadline
-            .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-    });
     let mut candidates = Vec::new();
     let mut skipped = Vec::new();
     let mut costs = BTreeMap::new();
-    let mut cost_only = 0;
-    for (i, name) in route.chain.iter().enumerate() {
-        let Some(pool) = policy.pool(name) else {
-            skipped.push(Skipped {
-                pool: name.clone(),
-                why: "not in the policy".into(),
-            });
-            continue;
-        };
-        if !route.allow_downgrade && i > 0 {
-            skipped.push(Skipped {
-                pool: name.clone(),
-                why: "allow_downgrade is false: only the first pool of the chain".into(),
-            });
-            continue;
-        }
-        let m = situation.pools.get(name).copied().unwrap_or_default();
-        let cost = estimate_cost(pool, situation);
-        match gate(
-            pool,
-            route,
-            &m,
-            situation.structured_output,
-            deadline_ms,
-            cost,
-        ) {
-            Ok(()) => {
-                costs.insert(name.clone(), cost);
-                candidates.push(name.clone());
+    let (refusal, reason) = decide_core(
+        policy,
+        route,
+        &facts,
+        |_, name| situation.pools.get(name).copied(),
+        |_, name, outcome| match outcome {
+            Ok(cost) => {
+                costs.insert(name.to_owned(), cost);
+                candidates.push(name.to_owned());
             }
-            Err(why) => {
-                if why.starts_with("estimated cost") {
-                    cost_only += 1;
-                }
-                skipped.push(Skipped {
-                    pool: name.clone(),
-                    why,
-                });
-            }
-        }
-    }
-    let refusal = match (candidates.is_empty(), cost_only > 0) {
-        (false, _) => None,
-        (true, true) => Some(Refusal::BudgetExceeded),
-        (true, false) => Some(Refusal::NoBackend),
-    };
-    let reason = reason_text(route, risk, &candidates, &skipped, refusal);
+            Err(gated) => skipped.push(Skipped {
+                pool: name.to_owned(),
+                why: gated.to_string(),
+            }),
+        },
+    );
     Decision {
         route: Some(route.name.clone()),
         risk,
@@ -250,12 +298,224 @@ pub fn decide(policy: &Policy, situation: &Situation) -> Decision {
     }
 }
 
+/// Decides for one request on `route`, the route the caller already found
+/// for it (normally `policy.route_for_risk(facts.risk, facts.model,
+/// facts.path)`; this function does not look it up again, so `facts.model`
+/// and `facts.path` are not read). The proxy's per-request path.
+///
+/// The gate loop, cost estimate and reason text are [`decide`]'s own: for a
+/// situation `s` and `route` the route `decide` matches,
+/// `decide_on_route(policy, route, &s.facts(policy.default_risk), |_, name|
+/// s.pools.get(name).copied())` gives the same candidates (as chain
+/// indices), the same refusal and the same reason.
+///
+/// `measure(index, name)` gives the live measurements of the pool at
+/// `route.chain[index]`, or `None` when the pool is not measured (taken as
+/// healthy with no measurements, as a pool a [`Situation`] does not list).
+/// It is called at most once per chain position, in chain order, and only
+/// for pools that reach the gates: not for a name the policy lacks, nor for
+/// any pool after the first when the route has `allow_downgrade: false`.
+///
+/// Allocates only [`Verdict::candidates`] (once, at the first candidate)
+/// and [`Verdict::reason`]: no name is copied and no map is built. Whether
+/// the route needs an approval token is `route.requires_approval`.
+pub fn decide_on_route(
+    policy: &Policy,
+    route: &Route,
+    facts: &RequestFacts<'_>,
+    measure: impl FnMut(usize, &str) -> Option<PoolMeasurements>,
+) -> Verdict {
+    let mut candidates = Vec::new();
+    let (refusal, reason) = decide_core(policy, route, facts, measure, |i, _, outcome| {
+        if outcome.is_ok() {
+            if candidates.capacity() == 0 {
+                // Room for every pool that may still pass.
+                let room = if route.allow_downgrade {
+                    route.chain.len() - i
+                } else {
+                    1
+                };
+                candidates.reserve_exact(room);
+            }
+            candidates.push(i);
+        }
+    });
+    Verdict {
+        candidates,
+        refusal,
+        reason,
+    }
+}
+
 /// The estimated cost of the request on `pool`.
 pub fn estimate_cost(pool: &Pool, situation: &Situation) -> f64 {
+    cost_of(pool, situation.input_tokens, situation.max_tokens)
+}
+
+/// The estimated cost of the request on `pool`, from borrowed facts: the
+/// same as [`estimate_cost`] on the situation the facts come from.
+pub fn estimate_request_cost(pool: &Pool, facts: &RequestFacts<'_>) -> f64 {
+    cost_of(pool, facts.input_tokens, facts.max_tokens)
+}
+
+fn cost_of(pool: &Pool, input_tokens: Option<u64>, max_tokens: Option<u64>) -> f64 {
     pool.price.cost(
-        situation.input_tokens.unwrap_or(0),
-        situation.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS),
+        input_tokens.unwrap_or(0),
+        max_tokens.unwrap_or(DEFAULT_MAX_TOKENS),
     )
+}
+
+/// The one gate loop behind [`decide`] and [`decide_on_route`].
+///
+/// Walks `route.chain` in order and tells `visit` about each pool: its
+/// chain index, its name, and `Ok(estimated cost)` when it is a candidate
+/// or `Err` with the first gate that failed. Returns the refusal and the
+/// reason text, written as the loop goes (the skipped pools come before
+/// the chosen one in the text, and the chosen one is the first candidate).
+fn decide_core<'p>(
+    policy: &'p Policy,
+    route: &'p Route,
+    facts: &RequestFacts<'_>,
+    mut measure: impl FnMut(usize, &str) -> Option<PoolMeasurements>,
+    mut visit: impl FnMut(usize, &'p str, Result<f64, &Gated>),
+) -> (Option<Refusal>, String) {
+    let deadline_ms = facts.deadline_ms.or_else(|| {
+        route
+            .deadline
+            .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+    });
+    // Built with pushes rather than `format!` (this runs for every
+    // request).
+    let mut reason = String::with_capacity(64 + route.name.len());
+    reason.push_str("route ");
+    push_debug_str(&mut reason, &route.name);
+    reason.push_str(" (risk ");
+    reason.push_str(facts.risk.as_str());
+    reason.push(')');
+    let mut chosen: Option<&str> = None;
+    let mut over_ceiling = false;
+    for (i, name) in route.chain.iter().enumerate() {
+        let outcome = match policy.pool(name) {
+            None => Err(Gated::NotInPolicy),
+            Some(_) if !route.allow_downgrade && i > 0 => Err(Gated::NoDowngrade),
+            Some(pool) => {
+                let m = measure(i, name).unwrap_or_default();
+                let cost = estimate_request_cost(pool, facts);
+                gate(pool, route, &m, facts.structured_output, deadline_ms, cost).map(|()| cost)
+            }
+        };
+        match &outcome {
+            Ok(_) => {
+                chosen.get_or_insert(name);
+            }
+            Err(gated) => {
+                over_ceiling |= matches!(gated, Gated::Cost { .. });
+                reason.push_str("; ");
+                reason.push_str(name);
+                reason.push_str(" skipped: ");
+                gated.write_to(&mut reason);
+            }
+        }
+        visit(i, name, outcome.as_ref().map(|&cost| cost));
+    }
+    let refusal = match (chosen, over_ceiling) {
+        (Some(_), _) => None,
+        (None, true) => Some(Refusal::BudgetExceeded),
+        (None, false) => Some(Refusal::NoBackend),
+    };
+    match chosen {
+        Some(first) => {
+            reason.push_str("; ");
+            reason.push_str(first);
+            reason.push_str(" chosen");
+        }
+        None if over_ceiling => reason.push_str("; every pool is over the cost ceiling"),
+        None => reason.push_str("; no pool can take it"),
+    }
+    (refusal, reason)
+}
+
+/// Why a pool of the chain is passed over: the first gate that failed.
+/// Its text (`Display`) is the `why` of [`Skipped`] and the reason's.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Gated {
+    /// The chain names a pool the policy lacks.
+    NotInPolicy,
+    /// `allow_downgrade: false` and not the chain's first pool.
+    NoDowngrade,
+    /// Unhealthy, with the caller's reason when it gave one.
+    Unhealthy(Option<&'static str>),
+    /// Queue depth above `max_queue_depth`.
+    QueueDepth { depth: u32, max: u32 },
+    /// Latency above the fraction of the deadline.
+    Latency {
+        latency: f64,
+        fraction: f64,
+        deadline: u64,
+        limit: f64,
+    },
+    /// Free VRAM at or below `min_vram_free_mb`.
+    Vram { free: u64, min: u64 },
+    /// Structured output asked of a pool without it.
+    NoStructured,
+    /// Structured output asked of a pool degraded for it.
+    StructuredDegraded,
+    /// Estimated cost above the route's ceiling.
+    Cost { cost: f64, ceiling: f64 },
+}
+
+impl Gated {
+    /// Appends the text to `out` (fixed texts without the formatter).
+    fn write_to(&self, out: &mut String) {
+        match self.fixed_text() {
+            Some(text) => out.push_str(text),
+            None => {
+                let _ = write!(out, "{self}");
+            }
+        }
+    }
+
+    fn fixed_text(&self) -> Option<&'static str> {
+        Some(match *self {
+            Self::NotInPolicy => "not in the policy",
+            Self::NoDowngrade => "allow_downgrade is false: only the first pool of the chain",
+            Self::Unhealthy(Some(why)) => why,
+            Self::Unhealthy(None) => "unhealthy (circuit open or capacity probe failing)",
+            Self::NoStructured => "no structured output",
+            Self::StructuredDegraded => {
+                "degraded for structured output (a recent malformed answer)"
+            }
+            Self::QueueDepth { .. }
+            | Self::Latency { .. }
+            | Self::Vram { .. }
+            | Self::Cost { .. } => return None,
+        })
+    }
+}
+
+impl fmt::Display for Gated {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Some(text) = self.fixed_text() {
+            return f.write_str(text);
+        }
+        match *self {
+            Self::QueueDepth { depth, max } => write!(f, "queue depth {depth} > {max}"),
+            Self::Latency {
+                latency,
+                fraction,
+                deadline,
+                limit,
+            } => write!(
+                f,
+                "latency {latency:.0} ms > {fraction} x {deadline} ms deadline ({limit:.0} ms)"
+            ),
+            Self::Vram { free, min } => write!(f, "free VRAM {free} MB <= {min} MB"),
+            Self::Cost { cost, ceiling } => {
+                write!(f, "estimated cost ${cost:.4} > ceiling ${ceiling:.4}")
+            }
+            _ => Ok(()),
+        }
+    }
 }
 
 fn gate(
@@ -265,43 +525,43 @@ fn gate(
     structured: bool,
     deadline_ms: Option<u64>,
     cost: f64,
-) -> Result<(), String> {
+) -> Result<(), Gated> {
     let g = &pool.gates;
     if g.healthy && m.healthy == Some(false) {
-        return Err(match m.unhealthy_because {
-            Some(why) => why.to_string(),
-            None => "unhealthy (circuit open or capacity probe failing)".into(),
-        });
+        return Err(Gated::Unhealthy(m.unhealthy_because));
     }
     if let (Some(max), Some(depth)) = (g.max_queue_depth, m.queue_depth) {
         if depth > max {
-            return Err(format!("queue depth {depth} > {max}"));
+            return Err(Gated::QueueDepth { depth, max });
         }
     }
-    if let (Some(f), Some(latency), Some(deadline)) =
+    if let (Some(fraction), Some(latency), Some(deadline)) =
         (g.max_latency_budget_fraction, m.latency_ms, deadline_ms)
     {
-        let limit = f * deadline as f64;
+        let limit = fraction * deadline as f64;
         if latency > limit {
-            return Err(format!(
-                "latency {latency:.0} ms > {f} x {deadline} ms deadline ({limit:.0} ms)"
-            ));
+            return Err(Gated::Latency {
+                latency,
+                fraction,
+                deadline,
+                limit,
+            });
         }
     }
     if let (Some(min), Some(free)) = (g.min_vram_free_mb, m.vram_free_mb) {
         if free <= min {
-            return Err(format!("free VRAM {free} MB <= {min} MB"));
+            return Err(Gated::Vram { free, min });
         }
     }
     if structured && !pool.structured_output {
-        return Err("no structured output".into());
+        return Err(Gated::NoStructured);
     }
     if structured && m.structured_degraded {
-        return Err("degraded for structured output (a recent malformed answer)".into());
+        return Err(Gated::StructuredDegraded);
     }
     if let Some(ceiling) = route.cost_ceiling_per_call_usd {
         if cost > ceiling {
-            return Err(format!("estimated cost ${cost:.4} > ceiling ${ceiling:.4}"));
+            return Err(Gated::Cost { cost, ceiling });
         }
     }
     Ok(())
@@ -318,38 +578,6 @@ fn push_debug_str(out: &mut String, s: &str) {
     } else {
         let _ = write!(out, "{s:?}");
     }
-}
-
-fn reason_text(
-    route: &Route,
-    risk: Risk,
-    candidates: &[String],
-    skipped: &[Skipped],
-    refusal: Option<Refusal>,
-) -> String {
-    // Built with pushes rather than `format!` (this runs for every
-    // request); the same text.
-    let mut out = String::with_capacity(64 + route.name.len());
-    out.push_str("route ");
-    push_debug_str(&mut out, &route.name);
-    out.push_str(" (risk ");
-    out.push_str(risk.as_str());
-    out.push(')');
-    for s in skipped {
-        let _ = write!(out, "; {} skipped: {}", s.pool, s.why);
-    }
-    match (candidates.first(), refusal) {
-        (Some(first), _) => {
-            out.push_str("; ");
-            out.push_str(first);
-            out.push_str(" chosen");
-        }
-        (None, Some(Refusal::BudgetExceeded)) => {
-            out.push_str("; every pool is over the cost ceiling")
-        }
-        (None, _) => out.push_str("; no pool can take it"),
-    }
-    out
 }
 
 /// The contract's `explain` answer for a situation.
@@ -397,5 +625,168 @@ mod reason_tests {
             push_debug_str(&mut out, s);
             assert_eq!(out, format!("{s:?}"));
         }
+    }
+}
+
+#[cfg(test)]
+mod on_route_tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use crate::document::load;
+    use crate::QueueSettings;
+
+    /// Three pools behind one catch-all route; `route` is appended to the
+    /// route's lines.
+    fn policy(route: &str) -> Policy {
+        let text = format!(
+            "apiVersion: router/v1
+kind: RoutingPolicy
+spec:
+  defaults: {{deadline_ms: 10000}}
+  pools:
+    - name: local
+      endpoints: [\"h1:1\"]
+      gates: {{healthy: true, max_queue_depth: 4}}
+    - name: small
+      endpoints: [\"h2:1\"]
+      price: {{input_per_1k_usd: 0.001, output_per_1k_usd: 0.002}}
+    - name: cloud
+      endpoints: [\"h3:1\"]
+      price: {{input_per_1k_usd: 0.01, output_per_1k_usd: 0.03}}
+  routes:
+    - name: default
+      chain: [local, small, cloud]
+{route}"
+        );
+        load(&text, &QueueSettings::default()).unwrap()
+    }
+
+    fn facts() -> RequestFacts<'static> {
+        RequestFacts {
+            risk: Risk::Read,
+            model: Some("llama3"),
+            path: "/v1/chat/completions",
+            structured_output: false,
+            deadline_ms: None,
+            input_tokens: Some(1000),
+            max_tokens: Some(1000),
+        }
+    }
+
+    fn queue(depth: u32) -> PoolMeasurements {
+        PoolMeasurements {
+            queue_depth: Some(depth),
+            healthy: Some(true),
+            ..PoolMeasurements::default()
+        }
+    }
+
+    /// `decide_on_route` with `depths` as each pool's queue depth, and the
+    /// chain indices it asked measurements for.
+    fn verdict(policy: &Policy, depths: [u32; 3]) -> (Verdict, Vec<usize>) {
+        let route = &policy.routes[0];
+        let mut asked = Vec::new();
+        let v = decide_on_route(policy, route, &facts(), |i, name| {
+            assert_eq!(name, route.chain[i]);
+            asked.push(i);
+            Some(queue(depths[i]))
+        });
+        (v, asked)
+    }
+
+    /// The same through `decide`, for comparison.
+    fn decision(policy: &Policy, depths: [u32; 3]) -> Decision {
+        let f = facts();
+        let situation = Situation {
+            risk: Some(f.risk),
+            model: f.model.map(str::to_string),
+            path: Some(f.path.to_string()),
+            input_tokens: f.input_tokens,
+            max_tokens: f.max_tokens,
+            pools: ["local", "small", "cloud"]
+                .iter()
+                .zip(depths)
+                .map(|(name, d)| (name.to_string(), queue(d)))
+                .collect(),
+            ..Situation::default()
+        };
+        decide(policy, &situation)
+    }
+
+    #[test]
+    fn every_pool_passes() {
+        let p = policy("");
+        let (v, asked) = verdict(&p, [4, 0, 0]);
+        assert_eq!(v.candidates, [0, 1, 2]);
+        assert_eq!(v.refusal, None);
+        assert_eq!(v.reason, "route \"default\" (risk READ); local chosen");
+        assert_eq!(asked, [0, 1, 2]);
+        let names: Vec<&str> = v.candidate_names(&p.routes[0]).collect();
+        let d = decision(&p, [4, 0, 0]);
+        assert_eq!(names, d.candidates);
+        assert_eq!(v.reason, d.reason);
+    }
+
+    #[test]
+    fn a_pool_gated_by_queue_depth_is_skipped() {
+        let p = policy("");
+        let (v, _) = verdict(&p, [5, 9, 9]);
+        assert_eq!(v.candidates, [1, 2]);
+        assert_eq!(v.refusal, None);
+        assert_eq!(
+            v.reason,
+            "route \"default\" (risk READ); local skipped: queue depth 5 > 4; small chosen"
+        );
+        assert_eq!(v.reason, decision(&p, [5, 9, 9]).reason);
+    }
+
+    #[test]
+    fn over_the_ceiling_everywhere_is_budget_exceeded() {
+        // Costs: local 0, small $0.003, cloud $0.04. The queue rules out
+        // local; the ceiling the other two.
+        let p = policy("      cost_ceiling_per_call_usd: 0.002\n");
+        let (v, _) = verdict(&p, [5, 0, 0]);
+        assert_eq!(v.candidates, Vec::<usize>::new());
+        assert_eq!(v.refusal, Some(Refusal::BudgetExceeded));
+        assert_eq!(
+            v.reason,
+            "route \"default\" (risk READ); local skipped: queue depth 5 > 4; \
+             small skipped: estimated cost $0.0030 > ceiling $0.0020; \
+             cloud skipped: estimated cost $0.0400 > ceiling $0.0020; \
+             every pool is over the cost ceiling"
+        );
+        let d = decision(&p, [5, 0, 0]);
+        assert_eq!(d.refusal, v.refusal);
+        assert_eq!(d.reason, v.reason);
+
+        // Under the ceiling, local is the answer again.
+        let (v, _) = verdict(&p, [0, 0, 0]);
+        assert_eq!(v.candidates, [0]);
+        assert_eq!(v.refusal, None);
+    }
+
+    #[test]
+    fn without_downgrade_only_the_first_pool_is_measured_or_chosen() {
+        let p = policy("      allow_downgrade: false\n");
+        let (v, asked) = verdict(&p, [0, 0, 0]);
+        assert_eq!(v.candidates, [0]);
+        assert_eq!(asked, [0]);
+        let later = "allow_downgrade is false: only the first pool of the chain";
+        assert_eq!(
+            v.reason,
+            format!(
+                "route \"default\" (risk READ); small skipped: {later}; \
+                 cloud skipped: {later}; local chosen"
+            )
+        );
+
+        let (v, asked) = verdict(&p, [5, 0, 0]);
+        assert_eq!(v.candidates, Vec::<usize>::new());
+        assert_eq!(v.refusal, Some(Refusal::NoBackend));
+        assert_eq!(asked, [0]);
+        assert!(v.reason.ends_with("; no pool can take it"), "{}", v.reason);
+        let d = decision(&p, [5, 0, 0]);
+        assert_eq!((d.refusal, &d.reason), (v.refusal, &v.reason));
     }
 }

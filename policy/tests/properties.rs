@@ -1,13 +1,14 @@
 //! Properties of the decision: deterministic, total (never panics), and
 //! consistent (the chosen pool passed every gate; every other pool of the
-//! chain is either a later candidate or skipped with a reason).
+//! chain is either a later candidate or skipped with a reason); and the
+//! proxy's entry point, `decide_on_route`, agrees with `decide`.
 
 #![allow(clippy::unwrap_used)]
 
 use std::collections::BTreeMap;
 
 use proptest::prelude::*;
-use router_policy::decide::{decide, explain, PoolMeasurements, Situation};
+use router_policy::decide::{decide, decide_on_route, explain, PoolMeasurements, Situation};
 use router_policy::document::load;
 use router_policy::{Policy, QueueSettings, Risk};
 
@@ -147,6 +148,27 @@ fn situation() -> impl Strategy<Value = Situation> {
         })
 }
 
+/// A situation that may leave pools unmeasured and may say why an
+/// unhealthy pool is (the proxy does; a situation's JSON cannot).
+fn sparse_situation() -> impl Strategy<Value = Situation> {
+    (
+        situation(),
+        proptest::collection::vec(any::<bool>(), 4),
+        proptest::option::of(prop_oneof![Just("drained"), Just("no endpoints")]),
+    )
+        .prop_map(|(mut s, keep, because)| {
+            for (name, keep) in POOLS.iter().zip(keep) {
+                if !keep {
+                    s.pools.remove(*name);
+                }
+            }
+            for m in s.pools.values_mut() {
+                m.unhealthy_because = because;
+            }
+            s
+        })
+}
+
 fn policy() -> impl Strategy<Value = Policy> {
     (
         proptest::collection::vec(pool_params(), 4),
@@ -200,5 +222,25 @@ proptest! {
             }
         }
         prop_assert_eq!(d.requires_approval, route.requires_approval);
+    }
+
+    #[test]
+    fn decide_on_route_agrees_with_decide(p in policy(), s in sparse_situation()) {
+        let d = decide(&p, &s);
+        let name = d.route.as_ref().expect("a catch-all route exists");
+        let route = p.routes.iter().find(|r| &r.name == name).unwrap();
+        let mut asked = Vec::new();
+        let v = decide_on_route(&p, route, &s.facts(p.default_risk), |i, pool| {
+            asked.push(i);
+            assert_eq!(pool, route.chain[i]);
+            s.pools.get(pool).copied()
+        });
+        let names: Vec<&str> = v.candidate_names(route).collect();
+        prop_assert_eq!(names, d.candidates.iter().map(String::as_str).collect::<Vec<_>>());
+        prop_assert_eq!(v.refusal, d.refusal);
+        prop_assert_eq!(&v.reason, &d.reason);
+        // Each pool measured at most once, in chain order.
+        prop_assert!(asked.windows(2).all(|w| w[0] < w[1]), "{:?}", asked);
+        prop_assert!(v.candidates.capacity() <= route.chain.len());
     }
 }

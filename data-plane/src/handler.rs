@@ -30,18 +30,17 @@ use std::time::{Duration, SystemTime};
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
-use http_body_util::combinators::UnsyncBoxBody;
-use http_body_util::{BodyExt, Full};
+use http_body_util::{Either, Full};
 use hyper::body::Incoming;
 use router_policy::deadline::{plan_attempt, AttemptPlan, Budget};
-use router_policy::decide::{decide, Refusal, Situation};
+use router_policy::decide::{decide_on_route, Refusal, RequestFacts};
 use router_policy::{RetryOn, Risk, Route};
 use subtle::ConstantTimeEq;
 use tokio::time::Instant;
 
 use crate::config::Snapshot;
 use crate::error::ProxyError;
-use crate::forward::{self, BodyEnd, BoxError, Completion, ReadWholeError, TrackedBody};
+use crate::forward::{self, BodyEnd, Completion, ReadWholeError, TrackedBody};
 use crate::idempotency::{self, Claim, FollowResult, LeaderGuard, StoredAnswer};
 use crate::json_peek::RequestPeek;
 use crate::pool::{Availability, Lease, PoolRuntime, Sample, Shed};
@@ -53,8 +52,11 @@ use crate::Shared;
 use opentelemetry::trace::{SpanKind, Status, TraceContextExt, Tracer};
 use opentelemetry::KeyValue;
 
-/// The body type of every response the proxy sends.
-pub type ProxyBody = UnsyncBoxBody<Bytes, BoxError>;
+/// The body type of every response the proxy sends: a whole body (the
+/// router's own answers, buffered backend answers) or a backend stream
+/// passed on. An enum rather than a boxed body: no allocation and no
+/// dynamic call per answer.
+pub type ProxyBody = Either<Full<Bytes>, TrackedBody>;
 
 /// Paths whose JSON body's `model` selects the route.
 const OPENAI_JSON_PATHS: [&str; 4] = [
@@ -81,7 +83,7 @@ const X_ROUTER_REPLAYED: HeaderName = HeaderName::from_static("x-router-replayed
 
 /// A body the router made itself.
 pub fn full(body: Response<Bytes>) -> Response<ProxyBody> {
-    body.map(|b| Full::new(b).map_err(|never| match never {}).boxed_unsync())
+    body.map(|b| Either::Left(Full::new(b)))
 }
 
 /// Handles one proxied request from a client at `client_ip` (see
@@ -141,8 +143,8 @@ pub async fn handle(
         Ok(b) => b,
         Err(e) => return pending.reject(e),
     };
-    let path = parts.uri.path().to_string();
-    let json_call = parts.method == Method::POST && OPENAI_JSON_PATHS.contains(&path.as_str());
+    let path = parts.uri.path();
+    let json_call = parts.method == Method::POST && OPENAI_JSON_PATHS.contains(&path);
     let peek = if json_call {
         match crate::json_peek::peek_request(&body) {
             Ok(p) => p,
@@ -167,10 +169,7 @@ pub async fn handle(
     };
     pending.record.model = model.clone();
 
-    let Some(route) = snapshot
-        .policy
-        .route_for_risk(risk, model.as_deref(), &path)
-    else {
+    let Some(route) = snapshot.policy.route_for_risk(risk, model.as_deref(), path) else {
         return pending.reject(ProxyError::NoBackend {
             detail: format!("no route matches risk {}", risk.as_str()),
         });
@@ -186,11 +185,10 @@ pub async fn handle(
 
     // The policy's decision, on live measurements: which pools of the
     // chain pass their gates.
-    let mut situation = Situation {
-        risk: Some(risk),
-        // Taken back after the decision.
-        model,
-        path: Some(path),
+    let facts = RequestFacts {
+        risk,
+        model: model.as_deref(),
+        path,
         structured_output: structured.is_some()
             || peek
                 .response_format
@@ -202,22 +200,16 @@ pub async fn handle(
             .max_tokens
             .or(peek.max_completion_tokens)
             .or(peek.max_output_tokens),
-        pools: Default::default(),
     };
-    for name in &route.chain {
-        if let Some(p) = snapshot.pools.get(name) {
-            // The request's own start time: a few microseconds old, and one
-            // clock reading instead of one per pool call.
-            situation
-                .pools
-                .insert(name.clone(), p.measurements_at(pending.t0));
-        }
-    }
-    let decision = decide(&snapshot.policy, &situation);
-    let (model, path) = (
-        situation.model.take(),
-        situation.path.take().unwrap_or_default(),
-    );
+    // Measured at the request's own start time: a few microseconds old,
+    // and one clock reading instead of one per pool call.
+    let decision = decide_on_route(&snapshot.policy, route, &facts, |_, name| {
+        snapshot
+            .pools
+            .get(name)
+            .map(|p| p.measurements_at(pending.t0))
+    });
+    let estimated_input_tokens = facts.input_tokens.unwrap_or(0);
     pending.record.reason = decision.reason;
     match decision.refusal {
         Some(Refusal::BudgetExceeded) => {
@@ -239,7 +231,7 @@ pub async fn handle(
         .map(|k| k.trim().to_string());
     let mut leader = None;
     if let Some(key) = key {
-        let fp = idempotency::fingerprint(parts.method.as_str(), &path, &body);
+        let fp = idempotency::fingerprint(parts.method.as_str(), path, &body);
         let wait_until = deadline_at.unwrap_or_else(|| pending.t0 + shared.settings.queue.timeout);
         let mut claims = 0;
         loop {
@@ -293,11 +285,11 @@ pub async fn handle(
     }
     let exchange = Exchange {
         otel: pending.record.otel.clone(),
-        operation: operation_name(&path),
+        operation: operation_name(path),
         risk,
         structured,
         candidates: decision.candidates,
-        estimated_input_tokens: situation.input_tokens.unwrap_or(0),
+        estimated_input_tokens,
         shared,
         snapshot: Arc::clone(&snapshot),
         method: parts.method,
@@ -324,7 +316,8 @@ struct Exchange {
     operation: &'static str,
     risk: Risk,
     structured: Option<router_policy::structured::Expected>,
-    candidates: Vec<String>,
+    /// Indices into the route's chain of the pools that may take it.
+    candidates: Vec<usize>,
     estimated_input_tokens: u64,
     shared: Arc<Shared>,
     snapshot: Arc<Snapshot>,
@@ -379,10 +372,11 @@ impl Exchange {
         let chain: Vec<&Arc<PoolRuntime>> = self
             .candidates
             .iter()
+            .filter_map(|&i| route.chain.get(i))
             .filter_map(|name| self.snapshot.pools.get(name))
             .collect();
         // The decision's own skips are already in the reason.
-        let decided = std::mem::take(&mut pending.record.reason);
+        let mut decided = std::mem::take(&mut pending.record.reason);
         let mut notes: Vec<String> = Vec::new();
         let mut held: Option<(Held, AttemptRecord)> = None;
         let mut last_error: Option<ProxyError> = None;
@@ -451,7 +445,7 @@ impl Exchange {
                     record,
                 } => {
                     pending.note_attempt(record, attempted);
-                    pending.record.reason = reason(&decided, name, &notes);
+                    pending.record.reason = reason(std::mem::take(&mut decided), name, &notes);
                     if let Some(g) = leader.take() {
                         g.streamed();
                     }
@@ -465,7 +459,7 @@ impl Exchange {
                 }
                 AttemptEnd::Whole { head, body, record } => {
                     pending.note_attempt(record, attempted);
-                    pending.record.reason = reason(&decided, name, &notes);
+                    pending.record.reason = reason(std::mem::take(&mut decided), name, &notes);
                     let route = pool.route_header().cloned();
                     return pending.commit_whole(
                         head,
@@ -931,9 +925,12 @@ fn timed_out(lease: &Lease, mut record: AttemptRecord, started: Instant) -> Atte
     }
 }
 
-fn reason(decided: &str, pool: &str, notes: &[String]) -> String {
+/// The log line's reason for an answered request: the decision's own,
+/// then what happened on the way (the decision's text moved, not copied,
+/// when nothing did).
+fn reason(decided: String, pool: &str, notes: &[String]) -> String {
     if notes.is_empty() {
-        decided.to_string()
+        decided
     } else {
         format!("{decided}; then {}; answered by {pool}", notes.join("; "))
     }
@@ -1333,7 +1330,12 @@ impl Pending {
             status,
         };
         resp.map(|()| {
-            TrackedBody::new(incoming, Box::new(finisher), deadline_at, sse).boxed_unsync()
+            Either::Right(TrackedBody::new(
+                incoming,
+                Box::new(finisher),
+                deadline_at,
+                sse,
+            ))
         })
     }
 }

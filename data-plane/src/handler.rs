@@ -269,12 +269,8 @@ pub async fn handle(
     if seen.hop_by_hop {
         forward::strip_hop_by_hop(&mut headers);
     }
-    if seen.host.is_some() {
-        headers.remove(header::HOST);
-    }
-    if seen.content_length.is_some() {
-        headers.remove(header::CONTENT_LENGTH);
-    }
+    // `Host` is replaced and `Content-Length` kept or replaced when the
+    // upstream request is made (`upstream_request`).
     if seen.deadline_ms.is_some() {
         headers.remove(X_ROUTER_DEADLINE_MS);
     }
@@ -873,11 +869,21 @@ impl Exchange {
             .policy
             .pool(pool)
             .and_then(|p| p.model.as_deref());
-        let body = match pool_model {
+        let rewritten = match pool_model {
             Some(m) if self.json_call && self.model.as_deref() != Some(m) => {
-                rewrite_model(&self.body, m).unwrap_or_else(|| self.body.clone())
+                rewrite_model(&self.body, m)
             }
-            _ => self.body.clone(),
+            _ => None,
+        };
+        let mut headers = headers;
+        // The client's `Content-Length` is right for its own body (hyper
+        // read the body by it); a rewritten body gets its own.
+        let body = match rewritten {
+            Some(b) => {
+                headers.insert(header::CONTENT_LENGTH, HeaderValue::from(b.len()));
+                b
+            }
+            None => self.body.clone(),
         };
         let mut req = Request::new(Full::new(body));
         *req.method_mut() = self.method.clone();
@@ -887,10 +893,15 @@ impl Exchange {
             // The pool's own credential replaces whatever the client sent.
             req.headers_mut().insert(header::AUTHORIZATION, key.clone());
         }
-        if let Some(t) = lease.target() {
-            // The value the client would compute for every request (last,
-            // where it would add it).
-            req.headers_mut().insert(header::HOST, t.host().clone());
+        match lease.target() {
+            // The value a client of the backend would send.
+            Some(t) => {
+                req.headers_mut().insert(header::HOST, t.host().clone());
+            }
+            // hyper's client adds none: the URI's authority is the host.
+            None => {
+                req.headers_mut().remove(header::HOST);
+            }
         }
         Ok(req)
     }
@@ -1251,8 +1262,9 @@ impl Pending {
         let mut record = self.take_record();
         let outcome = record.attempts.last().map_or("ok", |a| a.outcome);
         record.final_route = Some(Arc::clone(pool));
+        // The backend's `Content-Length`, if it sent one, is the length of
+        // `body` (hyper read the body by it): kept, not recomputed.
         forward::strip_hop_by_hop(&mut head.headers);
-        head.headers.remove(header::CONTENT_LENGTH);
         let mut resp = Response::from_parts(head, body);
         set_router_headers(
             &mut resp,

@@ -52,6 +52,10 @@ async fn headers_are_forwarded_cleanly_with_the_request_id() {
     assert_eq!(h["idempotency-key"], "req-42");
     assert_eq!(h["host"], backend.host_port().as_str());
     assert_eq!(h["x-forwarded-host"], proxy.addr().to_string().as_str());
+    // The body goes as it came, with its length.
+    assert_eq!(got[0].body.as_ref(), br#"{"model":"m"}"#);
+    assert_eq!(h["content-length"], "13");
+    assert_eq!(h.get_all("content-length").iter().count(), 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

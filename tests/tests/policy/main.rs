@@ -326,6 +326,12 @@ spec:
     assert_eq!(got.path, "/api/v1/chat/completions");
     let body: serde_json::Value = serde_json::from_slice(&got.body).unwrap();
     assert_eq!(body["model"], "provider-model");
+    // The rewritten body goes with its own length, not the client's.
+    assert_ne!(got.body.len(), CHAT.len());
+    assert_eq!(
+        got.headers["content-length"],
+        got.body.len().to_string().as_str()
+    );
     let l = proxy.log.wait_for(1).await;
     assert!(!l[0].to_string().contains("sk-very-secret"));
     assert!(!proxy.metrics().await.contains("sk-very-secret"));

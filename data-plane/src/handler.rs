@@ -88,220 +88,232 @@ pub fn full(body: Response<Bytes>) -> Response<ProxyBody> {
 
 /// Handles one proxied request from a client at `client_ip` (see
 /// [`forward::client_ip_header`]).
-pub async fn handle(
+///
+/// Not an `async fn`: an `async fn` future keeps its arguments twice (as
+/// given, and as the body's locals), and every move of the future copies
+/// both; an `async move` block uses them in place.
+pub fn handle(
     shared: Arc<Shared>,
     client_ip: HeaderValue,
     req: Request<Incoming>,
-) -> Response<ProxyBody> {
-    let path = req.uri().path();
-    if path.starts_with("/_custom_router/") || path == "/metrics" {
-        // Boxed: the admin future is large and rare; unboxed, it would set
-        // the size of every request's future.
-        return full(Box::pin(crate::admin::handle(&shared, req)).await);
-    }
-    let snapshot = shared.config.load();
-    let mut pending = Pending::new(Arc::clone(&shared), &req, &snapshot);
-    if telemetry::enabled() {
-        // The server span, a child of the client's `traceparent` if any.
-        let parent = telemetry::extract(req.headers());
-        let tracer = telemetry::tracer();
-        let span = tracer
-            .span_builder(format!("{} {}", req.method(), req.uri().path()))
-            .with_kind(SpanKind::Server)
-            .start_with_context(&tracer, &parent);
-        let cx = parent.with_span(span);
-        pending.record.trace_id = telemetry::trace_id(&cx);
-        pending.record.otel = Some(cx);
-    }
-
-    let seen = RequestHeaders::scan(req.headers());
-    match request_id(&seen, pending.record.offered_at.0) {
-        Ok((id, header)) => {
-            pending.id_header = header;
-            pending.record.request_id = id;
+) -> impl std::future::Future<Output = Response<ProxyBody>> {
+    async move {
+        let path = req.uri().path();
+        if path.starts_with("/_custom_router/") || path == "/metrics" {
+            // Boxed: the admin future is large and rare; unboxed, it would set
+            // the size of every request's future.
+            return full(Box::pin(crate::admin::handle(&shared, req)).await);
         }
-        Err(e) => return pending.reject(e),
-    }
-    let header_deadline = match deadline_header(seen.deadline_ms.as_ref()) {
-        Ok(d) => d,
-        Err(e) => return pending.reject(e),
-    };
-    let risk = match &seen.risk {
-        None => snapshot.policy.default_risk,
-        Some(v) => match v.to_str().ok().and_then(Risk::parse) {
-            Some(r) => r,
-            None => {
-                return pending.reject(ProxyError::InvalidRequest(
-                    "X-Router-Risk must be READ, DRAFT, SEND or DESTRUCTIVE".into(),
-                ))
+        let snapshot = shared.config.load();
+        let mut pending = Pending::new(Arc::clone(&shared), &req, &snapshot);
+        if telemetry::enabled() {
+            // The server span, a child of the client's `traceparent` if any.
+            let parent = telemetry::extract(req.headers());
+            let tracer = telemetry::tracer();
+            let span = tracer
+                .span_builder(format!("{} {}", req.method(), req.uri().path()))
+                .with_kind(SpanKind::Server)
+                .start_with_context(&tracer, &parent);
+            let cx = parent.with_span(span);
+            pending.record.trace_id = telemetry::trace_id(&cx);
+            pending.record.otel = Some(cx);
+        }
+
+        let seen = RequestHeaders::scan(req.headers());
+        match request_id(&seen, pending.record.offered_at.0) {
+            Ok((id, header)) => {
+                pending.id_header = header;
+                pending.record.request_id = id;
             }
-        },
-    };
-    pending.record.risk = Some(risk.as_str());
-    let (parts, body) = req.into_parts();
-    let body = match read_body(&shared, seen.content_length.as_ref(), body).await {
-        Ok(b) => b,
-        Err(e) => return pending.reject(e),
-    };
-    let path = parts.uri.path();
-    let json_call = parts.method == Method::POST && OPENAI_JSON_PATHS.contains(&path);
-    let peek = if json_call {
-        match crate::json_peek::peek_request(&body) {
-            Ok(p) => p,
-            Err(e) => {
-                return pending.reject(ProxyError::InvalidRequest(format!(
-                    "request body is not valid JSON: {e}"
-                )))
-            }
+            Err(e) => return pending.reject(e),
         }
-    } else {
-        RequestPeek::default()
-    };
-    let model = peek.model.clone().map(Cow::into_owned);
-    let streaming = peek.stream.unwrap_or(false);
-    // Structured output: only a non-streaming answer can be checked before
-    // it reaches the client.
-    let structured = match peek.response_format.as_ref().map(|r| r.kind.as_ref()) {
-        Some("json_object" | "json_schema") => serde_json::from_slice::<serde_json::Value>(&body)
-            .ok()
-            .and_then(|v| router_policy::structured::expected(&v)),
-        _ => None,
-    };
-    pending.record.model = model.clone();
-
-    let Some(route) = snapshot.policy.route_for_risk(risk, model.as_deref(), path) else {
-        return pending.reject(ProxyError::NoBackend {
-            detail: format!("no route matches risk {}", risk.as_str()),
-        });
-    };
-    pending.record.route = Some(route.name.clone());
-    let approval = seen.approval.as_ref().map(HeaderValue::as_bytes);
-    if route.requires_approval && !approved(&snapshot, approval) {
-        return pending.reject(ProxyError::ApprovalRequired(route.name.clone()));
-    }
-    let deadline = header_deadline.or(route.deadline);
-    pending.record.deadline_ms = deadline.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
-    let deadline_at = deadline.map(|d| pending.t0 + d);
-
-    // The policy's decision, on live measurements: which pools of the
-    // chain pass their gates.
-    let facts = RequestFacts {
-        risk,
-        model: model.as_deref(),
-        path,
-        structured_output: structured.is_some()
-            || peek
-                .response_format
-                .as_ref()
-                .is_some_and(|r| r.kind != "text"),
-        deadline_ms: pending.record.deadline_ms,
-        input_tokens: Some((body.len() as u64).div_ceil(4)),
-        max_tokens: peek
-            .max_tokens
-            .or(peek.max_completion_tokens)
-            .or(peek.max_output_tokens),
-    };
-    // Measured at the request's own start time: a few microseconds old,
-    // and one clock reading instead of one per pool call.
-    let decision = decide_on_route(&snapshot.policy, route, &facts, |_, name| {
-        snapshot
-            .pools
-            .get(name)
-            .map(|p| p.measurements_at(pending.t0))
-    });
-    let estimated_input_tokens = facts.input_tokens.unwrap_or(0);
-    pending.record.reason = decision.reason;
-    match decision.refusal {
-        Some(Refusal::BudgetExceeded) => {
-            let detail = pending.record.reason.clone();
-            return pending.reject(ProxyError::BudgetExceeded { detail });
-        }
-        Some(_) => {
-            let detail = pending.record.reason.clone();
-            return pending.reject(ProxyError::NoBackend { detail });
-        }
-        None => {}
-    }
-
-    // Idempotency: join a request in flight, or replay a stored answer.
-    let key = seen
-        .idempotency_key
-        .as_ref()
-        .and_then(|v| v.to_str().ok())
-        .map(|k| k.trim().to_string());
-    let mut leader = None;
-    if let Some(key) = key {
-        let fp = idempotency::fingerprint(parts.method.as_str(), path, &body);
-        let wait_until = deadline_at.unwrap_or_else(|| pending.t0 + shared.settings.queue.timeout);
-        let mut claims = 0;
-        loop {
-            claims += 1;
-            match shared.idempotency.claim(&key, fp, streaming) {
-                Claim::Leader(g) => {
-                    leader = Some(g);
-                    break;
+        let header_deadline = match deadline_header(seen.deadline_ms.as_ref()) {
+            Ok(d) => d,
+            Err(e) => return pending.reject(e),
+        };
+        let risk = match &seen.risk {
+            None => snapshot.policy.default_risk,
+            Some(v) => match v.to_str().ok().and_then(Risk::parse) {
+                Some(r) => r,
+                None => {
+                    return pending.reject(ProxyError::InvalidRequest(
+                        "X-Router-Risk must be READ, DRAFT, SEND or DESTRUCTIVE".into(),
+                    ))
                 }
-                Claim::Untracked => break,
-                Claim::Replay(stored) => return pending.replay(&stored),
-                Claim::Duplicate => return pending.reject(ProxyError::DuplicateRequest(key)),
-                Claim::Mismatch => return pending.reject(ProxyError::IdempotencyMismatch(key)),
-                Claim::Follower(f) => match tokio::time::timeout_at(wait_until, f.wait()).await {
-                    Ok(FollowResult::Replay(stored)) => return pending.replay(&stored),
-                    Ok(FollowResult::Duplicate) => {
-                        return pending.reject(ProxyError::DuplicateRequest(key))
+            },
+        };
+        pending.record.risk = Some(risk.as_str());
+        let (parts, body) = req.into_parts();
+        let body = match read_body(&shared, seen.content_length.as_ref(), body).await {
+            Ok(b) => b,
+            Err(e) => return pending.reject(e),
+        };
+        let path = parts.uri.path();
+        let json_call = parts.method == Method::POST && OPENAI_JSON_PATHS.contains(&path);
+        let peek = if json_call {
+            match crate::json_peek::peek_request(&body) {
+                Ok(p) => p,
+                Err(e) => {
+                    return pending.reject(ProxyError::InvalidRequest(format!(
+                        "request body is not valid JSON: {e}"
+                    )))
+                }
+            }
+        } else {
+            RequestPeek::default()
+        };
+        let model = peek.model.clone().map(Cow::into_owned);
+        let streaming = peek.stream.unwrap_or(false);
+        // Structured output: only a non-streaming answer can be checked before
+        // it reaches the client.
+        let structured = match peek.response_format.as_ref().map(|r| r.kind.as_ref()) {
+            Some("json_object" | "json_schema") => {
+                serde_json::from_slice::<serde_json::Value>(&body)
+                    .ok()
+                    .and_then(|v| router_policy::structured::expected(&v))
+            }
+            _ => None,
+        };
+        pending.record.model = model.clone();
+
+        let Some(route) = snapshot.policy.route_for_risk(risk, model.as_deref(), path) else {
+            return pending.reject(ProxyError::NoBackend {
+                detail: format!("no route matches risk {}", risk.as_str()),
+            });
+        };
+        pending.record.route = Some(route.name.clone());
+        let approval = seen.approval.as_ref().map(HeaderValue::as_bytes);
+        if route.requires_approval && !approved(&snapshot, approval) {
+            return pending.reject(ProxyError::ApprovalRequired(route.name.clone()));
+        }
+        let deadline = header_deadline.or(route.deadline);
+        pending.record.deadline_ms =
+            deadline.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        let deadline_at = deadline.map(|d| pending.t0 + d);
+
+        // The policy's decision, on live measurements: which pools of the
+        // chain pass their gates.
+        let facts = RequestFacts {
+            risk,
+            model: model.as_deref(),
+            path,
+            structured_output: structured.is_some()
+                || peek
+                    .response_format
+                    .as_ref()
+                    .is_some_and(|r| r.kind != "text"),
+            deadline_ms: pending.record.deadline_ms,
+            input_tokens: Some((body.len() as u64).div_ceil(4)),
+            max_tokens: peek
+                .max_tokens
+                .or(peek.max_completion_tokens)
+                .or(peek.max_output_tokens),
+        };
+        // Measured at the request's own start time: a few microseconds old,
+        // and one clock reading instead of one per pool call.
+        let decision = decide_on_route(&snapshot.policy, route, &facts, |_, name| {
+            snapshot
+                .pools
+                .get(name)
+                .map(|p| p.measurements_at(pending.t0))
+        });
+        let estimated_input_tokens = facts.input_tokens.unwrap_or(0);
+        pending.record.reason = decision.reason;
+        match decision.refusal {
+            Some(Refusal::BudgetExceeded) => {
+                let detail = pending.record.reason.clone();
+                return pending.reject(ProxyError::BudgetExceeded { detail });
+            }
+            Some(_) => {
+                let detail = pending.record.reason.clone();
+                return pending.reject(ProxyError::NoBackend { detail });
+            }
+            None => {}
+        }
+
+        // Idempotency: join a request in flight, or replay a stored answer.
+        let key = seen
+            .idempotency_key
+            .as_ref()
+            .and_then(|v| v.to_str().ok())
+            .map(|k| k.trim().to_string());
+        let mut leader = None;
+        if let Some(key) = key {
+            let fp = idempotency::fingerprint(parts.method.as_str(), path, &body);
+            let wait_until =
+                deadline_at.unwrap_or_else(|| pending.t0 + shared.settings.queue.timeout);
+            let mut claims = 0;
+            loop {
+                claims += 1;
+                match shared.idempotency.claim(&key, fp, streaming) {
+                    Claim::Leader(g) => {
+                        leader = Some(g);
+                        break;
                     }
-                    // The first request ended without an answer to share:
-                    // route this one (a bounded number of times).
-                    Ok(FollowResult::LeaderGone) if claims < 3 => continue,
-                    Ok(FollowResult::LeaderGone) => break,
-                    Err(_) => {
-                        return pending.reject(ProxyError::DeadlineExhausted {
-                            detail: "waited for the first request with this Idempotency-Key".into(),
-                        })
-                    }
-                },
+                    Claim::Untracked => break,
+                    Claim::Replay(stored) => return pending.replay(&stored),
+                    Claim::Duplicate => return pending.reject(ProxyError::DuplicateRequest(key)),
+                    Claim::Mismatch => return pending.reject(ProxyError::IdempotencyMismatch(key)),
+                    Claim::Follower(f) => match tokio::time::timeout_at(wait_until, f.wait()).await
+                    {
+                        Ok(FollowResult::Replay(stored)) => return pending.replay(&stored),
+                        Ok(FollowResult::Duplicate) => {
+                            return pending.reject(ProxyError::DuplicateRequest(key))
+                        }
+                        // The first request ended without an answer to share:
+                        // route this one (a bounded number of times).
+                        Ok(FollowResult::LeaderGone) if claims < 3 => continue,
+                        Ok(FollowResult::LeaderGone) => break,
+                        Err(_) => {
+                            return pending.reject(ProxyError::DeadlineExhausted {
+                                detail: "waited for the first request with this Idempotency-Key"
+                                    .into(),
+                            })
+                        }
+                    },
+                }
             }
         }
-    }
 
-    // The scan said which of these are there: absent ones are not looked up.
-    let mut headers = parts.headers;
-    if seen.hop_by_hop {
-        forward::strip_hop_by_hop(&mut headers);
+        // The scan said which of these are there: absent ones are not looked up.
+        let mut headers = parts.headers;
+        if seen.hop_by_hop {
+            forward::strip_hop_by_hop(&mut headers);
+        }
+        // `Host` is replaced and `Content-Length` kept or replaced when the
+        // upstream request is made (`upstream_request`).
+        if seen.deadline_ms.is_some() {
+            headers.remove(X_ROUTER_DEADLINE_MS);
+        }
+        forward::add_forwarded(&mut headers, &client_ip, seen.host.clone(), &seen);
+        if let Some(id) = &pending.id_header {
+            headers.insert(X_REQUEST_ID, id.clone());
+            headers.insert(IDEMPOTENCY_KEY, id.clone());
+        }
+        let exchange = Exchange {
+            otel: pending.record.otel.clone(),
+            operation: operation_name(path),
+            risk,
+            structured,
+            candidates: decision.candidates,
+            estimated_input_tokens,
+            shared,
+            snapshot: Arc::clone(&snapshot),
+            method: parts.method,
+            path_and_query: parts
+                .uri
+                .path_and_query()
+                .cloned()
+                .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/")),
+            headers,
+            body,
+            json_call,
+            streaming,
+            model,
+            deadline_at,
+        };
+        exchange.walk_chain(pending, route, leader).await
     }
-    // `Host` is replaced and `Content-Length` kept or replaced when the
-    // upstream request is made (`upstream_request`).
-    if seen.deadline_ms.is_some() {
-        headers.remove(X_ROUTER_DEADLINE_MS);
-    }
-    forward::add_forwarded(&mut headers, &client_ip, seen.host.clone(), &seen);
-    if let Some(id) = &pending.id_header {
-        headers.insert(X_REQUEST_ID, id.clone());
-        headers.insert(IDEMPOTENCY_KEY, id.clone());
-    }
-    let exchange = Exchange {
-        otel: pending.record.otel.clone(),
-        operation: operation_name(path),
-        risk,
-        structured,
-        candidates: decision.candidates,
-        estimated_input_tokens,
-        shared,
-        snapshot: Arc::clone(&snapshot),
-        method: parts.method,
-        path_and_query: parts
-            .uri
-            .path_and_query()
-            .cloned()
-            .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/")),
-        headers,
-        body,
-        json_call,
-        streaming,
-        model,
-        deadline_at,
-    };
-    exchange.walk_chain(pending, route, leader).await
 }
 
 /// Everything an attempt needs to build its upstream request.
@@ -359,234 +371,255 @@ enum Held {
 }
 
 impl Exchange {
-    async fn walk_chain(
+    /// Tries the decision's pools in order. (An `async move` block, like
+    /// [`handle`], so that `self` and `pending` are kept once.)
+    fn walk_chain<'r>(
         mut self,
         mut pending: Pending,
-        route: &Route,
+        route: &'r Route,
         mut leader: Option<LeaderGuard>,
-    ) -> Response<ProxyBody> {
-        let chain: Vec<&Arc<PoolRuntime>> = self
-            .candidates
-            .iter()
-            .filter_map(|&i| route.chain.get(i))
-            .filter_map(|name| self.snapshot.pools.get(name))
-            .collect();
-        // The decision's own skips are already in the reason.
-        let mut decided = std::mem::take(&mut pending.record.reason);
-        let mut notes: Vec<String> = Vec::new();
-        let mut held: Option<(Held, AttemptRecord)> = None;
-        let mut last_error: Option<ProxyError> = None;
-        let mut time_skips = 0;
-        let mut attempted = 0usize;
+    ) -> impl std::future::Future<Output = Response<ProxyBody>> + 'r {
+        async move {
+            let chain: Vec<&Arc<PoolRuntime>> = self
+                .candidates
+                .iter()
+                .filter_map(|&i| route.chain.get(i))
+                .filter_map(|name| self.snapshot.pools.get(name))
+                .collect();
+            // The decision's own skips are already in the reason.
+            let mut decided = std::mem::take(&mut pending.record.reason);
+            let mut notes: Vec<String> = Vec::new();
+            let mut held: Option<(Held, AttemptRecord)> = None;
+            let mut last_error: Option<ProxyError> = None;
+            let mut time_skips = 0;
+            let mut attempted = 0usize;
 
-        for (i, pool) in chain.iter().enumerate() {
-            if attempted > 0 && !route.fallback {
-                break;
-            }
-            let name = pool.name();
-            let shared_name = pool.shared_name();
-            let now = Instant::now();
-            let availability = pool.availability_at(now);
-            if availability != Availability::Ready {
-                notes.push(format!("{name}: {}", availability.as_str()));
-                continue;
-            }
-            // The next pool that could take the request, if this one fails
-            // (looked up lazily: only the first available one matters).
-            let next = if route.fallback {
-                chain[i + 1..]
-                    .iter()
-                    .find(|p| p.availability_at(now) == Availability::Ready)
-            } else {
-                None
-            };
-            let policy_pool = self.snapshot.policy.pool(name);
-            let budget = Budget {
-                remaining: self.deadline_at.map(|d| d.saturating_duration_since(now)),
-                attempt_timeout: policy_pool
-                    .and_then(|p| p.attempt_timeout)
-                    .or(route.attempt_timeout),
-                next_p95: next.and_then(|p| p.outlook_at(now).p95),
-                last_candidate: next.is_none(),
-            };
-            let timeout = match plan_attempt(budget, pool.outlook_at(now)) {
-                AttemptPlan::Skip(why) => {
-                    time_skips += 1;
-                    notes.push(format!("{name}: skipped, {why}"));
+            for (i, pool) in chain.iter().enumerate() {
+                if attempted > 0 && !route.fallback {
+                    break;
+                }
+                let name = pool.name();
+                let shared_name = pool.shared_name();
+                let now = Instant::now();
+                let availability = pool.availability_at(now);
+                if availability != Availability::Ready {
+                    notes.push(format!("{name}: {}", availability.as_str()));
                     continue;
                 }
-                AttemptPlan::Try { timeout } => timeout,
-            };
-            // A new attempt: the failure answer kept so far is dropped
-            // (its upstream connection closes).
-            held = None;
-            attempted += 1;
-            if attempted == 1 {
-                pending.record.first_route = Some(Arc::clone(shared_name));
-            }
-            let attempt_deadline = timeout.map(|t| now + t);
-            // The client's headers go to the last attempt there can be as
-            // they are; earlier ones send a copy.
-            let last_chance = !route.fallback || i + 1 == chain.len();
-            let headers = if last_chance {
-                std::mem::take(&mut self.headers)
-            } else {
-                self.headers.clone()
-            };
-            match self.attempt(pool, attempt_deadline, timeout, headers).await {
-                AttemptEnd::Stream {
-                    resp,
-                    lease,
-                    started,
-                    record,
-                } => {
-                    pending.note_attempt(record, attempted);
-                    pending.record.reason = reason(std::mem::take(&mut decided), name, &notes);
-                    if let Some(g) = leader.take() {
-                        g.streamed();
+                // The next pool that could take the request, if this one fails
+                // (looked up lazily: only the first available one matters).
+                let next = if route.fallback {
+                    chain[i + 1..]
+                        .iter()
+                        .find(|p| p.availability_at(now) == Availability::Ready)
+                } else {
+                    None
+                };
+                let policy_pool = self.snapshot.policy.pool(name);
+                let budget = Budget {
+                    remaining: self.deadline_at.map(|d| d.saturating_duration_since(now)),
+                    attempt_timeout: policy_pool
+                        .and_then(|p| p.attempt_timeout)
+                        .or(route.attempt_timeout),
+                    next_p95: next.and_then(|p| p.outlook_at(now).p95),
+                    last_candidate: next.is_none(),
+                };
+                let timeout = match plan_attempt(budget, pool.outlook_at(now)) {
+                    AttemptPlan::Skip(why) => {
+                        time_skips += 1;
+                        notes.push(format!("{name}: skipped, {why}"));
+                        continue;
                     }
-                    return pending.commit_stream(
+                    AttemptPlan::Try { timeout } => timeout,
+                };
+                // A new attempt: the failure answer kept so far is dropped
+                // (its upstream connection closes).
+                held = None;
+                attempted += 1;
+                if attempted == 1 {
+                    pending.record.first_route = Some(Arc::clone(shared_name));
+                }
+                let attempt_deadline = timeout.map(|t| now + t);
+                // The client's headers go to the last attempt there can be as
+                // they are; earlier ones send a copy.
+                let last_chance = !route.fallback || i + 1 == chain.len();
+                let headers = if last_chance {
+                    std::mem::take(&mut self.headers)
+                } else {
+                    self.headers.clone()
+                };
+                match self.attempt(pool, attempt_deadline, timeout, headers).await {
+                    AttemptEnd::Stream {
                         resp,
                         lease,
                         started,
-                        self.deadline_at,
-                        attempted,
-                    );
-                }
-                AttemptEnd::Whole { head, body, record } => {
-                    pending.note_attempt(record, attempted);
-                    pending.record.reason = reason(std::mem::take(&mut decided), name, &notes);
-                    let route = pool.route_header().cloned();
-                    return pending.commit_whole(
-                        head,
-                        body,
-                        leader.take(),
-                        shared_name,
-                        route,
-                        attempted,
-                    );
-                }
-                AttemptEnd::Failed {
-                    retry,
-                    record,
-                    held: answer,
-                } => {
-                    let outcome = record.outcome;
-                    notes.push(format!("{name}: {outcome}"));
-                    pending.note_attempt(record.clone(), attempted);
-                    // A request with side effects that may have reached the
-                    // backend is never sent again: only refusals before
-                    // processing (refused connections, 429) move it on.
-                    let reached = !(outcome == "connect_error" || retry == RetryOn::Status429);
-                    let retryable =
-                        route.retries_on(retry) && !(self.risk.has_side_effects() && reached);
-                    if let (Some(cx), true) = (&self.otel, retryable) {
-                        cx.span().add_event(
-                            "fallback",
-                            vec![
-                                KeyValue::new("router.pool", name.to_string()),
-                                KeyValue::new("router.outcome", outcome),
-                            ],
+                        record,
+                    } => {
+                        pending.note_attempt(record, attempted);
+                        pending.record.reason = reason(std::mem::take(&mut decided), name, &notes);
+                        if let Some(g) = leader.take() {
+                            g.streamed();
+                        }
+                        return pending.commit_stream(
+                            resp,
+                            lease,
+                            started,
+                            self.deadline_at,
+                            attempted,
                         );
                     }
-                    match answer {
-                        Some(h) => held = Some((h, record)),
-                        None => {
-                            last_error = Some(match retry {
-                                RetryOn::Timeout => ProxyError::DeadlineExhausted {
-                                    detail: format!(
-                                        "{name}: no answer within {} ms",
-                                        record.latency_ms.round()
-                                    ),
-                                },
-                                _ => ProxyError::Upstream {
-                                    endpoint: record.endpoint.to_string(),
-                                    detail: outcome.replace('_', " "),
-                                },
-                            })
+                    AttemptEnd::Whole { head, body, record } => {
+                        pending.note_attempt(record, attempted);
+                        pending.record.reason = reason(std::mem::take(&mut decided), name, &notes);
+                        let route = pool.route_header().cloned();
+                        return pending.commit_whole(
+                            head,
+                            body,
+                            leader.take(),
+                            shared_name,
+                            route,
+                            attempted,
+                        );
+                    }
+                    AttemptEnd::Failed {
+                        retry,
+                        record,
+                        held: answer,
+                    } => {
+                        let outcome = record.outcome;
+                        notes.push(format!("{name}: {outcome}"));
+                        pending.note_attempt(record.clone(), attempted);
+                        // A request with side effects that may have reached the
+                        // backend is never sent again: only refusals before
+                        // processing (refused connections, 429) move it on.
+                        let reached = !(outcome == "connect_error" || retry == RetryOn::Status429);
+                        let retryable =
+                            route.retries_on(retry) && !(self.risk.has_side_effects() && reached);
+                        if let (Some(cx), true) = (&self.otel, retryable) {
+                            cx.span().add_event(
+                                "fallback",
+                                vec![
+                                    KeyValue::new("router.pool", name.to_string()),
+                                    KeyValue::new("router.outcome", outcome),
+                                ],
+                            );
+                        }
+                        match answer {
+                            Some(h) => held = Some((h, record)),
+                            None => {
+                                last_error = Some(match retry {
+                                    RetryOn::Timeout => ProxyError::DeadlineExhausted {
+                                        detail: format!(
+                                            "{name}: no answer within {} ms",
+                                            record.latency_ms.round()
+                                        ),
+                                    },
+                                    _ => ProxyError::Upstream {
+                                        endpoint: record.endpoint.to_string(),
+                                        detail: outcome.replace('_', " "),
+                                    },
+                                })
+                            }
+                        }
+                        if !retryable {
+                            break;
                         }
                     }
-                    if !retryable {
-                        break;
-                    }
-                }
-                AttemptEnd::Shed(shed) => {
-                    let err = match shed {
-                        Shed::QueueFull => ProxyError::QueueFull {
-                            pool: name.to_string(),
-                        },
-                        Shed::QueueTimeout => ProxyError::QueueTimeout {
-                            pool: name.to_string(),
-                            waited_ms: millis(now.elapsed()),
-                        },
-                        Shed::NoBackend => ProxyError::NoBackend {
-                            detail: format!("pool {name:?} has no endpoints"),
-                        },
-                        Shed::AttemptTimeout => ProxyError::DeadlineExhausted {
-                            detail: format!(
-                                "{name}: no answer possible in the time left after queueing"
-                            ),
-                        },
-                    };
-                    notes.push(format!("{name}: {}", err.kind()));
-                    pending.record.queue_wait_ms = ms(now.elapsed());
-                    pending.pool = Some(Arc::clone(shared_name));
-                    last_error = Some(err);
-                    if !route.fallback {
-                        break;
+                    AttemptEnd::Shed(shed) => {
+                        let err = match shed {
+                            Shed::QueueFull => ProxyError::QueueFull {
+                                pool: name.to_string(),
+                            },
+                            Shed::QueueTimeout => ProxyError::QueueTimeout {
+                                pool: name.to_string(),
+                                waited_ms: millis(now.elapsed()),
+                            },
+                            Shed::NoBackend => ProxyError::NoBackend {
+                                detail: format!("pool {name:?} has no endpoints"),
+                            },
+                            Shed::AttemptTimeout => ProxyError::DeadlineExhausted {
+                                detail: format!(
+                                    "{name}: no answer possible in the time left after queueing"
+                                ),
+                            },
+                        };
+                        notes.push(format!("{name}: {}", err.kind()));
+                        pending.record.queue_wait_ms = ms(now.elapsed());
+                        pending.pool = Some(Arc::clone(shared_name));
+                        last_error = Some(err);
+                        if !route.fallback {
+                            break;
+                        }
                     }
                 }
             }
-        }
 
-        // No pool answered. Never answer after the deadline with anything
-        // but deadline_exhausted; otherwise pass on the last backend
-        // failure answer, or say why nothing was tried.
-        let past_deadline = self.deadline_at.is_some_and(|d| Instant::now() >= d);
-        pending.record.reason = format!("{decided}; then {}", notes.join("; "));
-        if past_deadline {
-            return pending.reject(ProxyError::DeadlineExhausted {
-                detail: notes.join("; "),
-            });
-        }
-        if let Some((h, record)) = held {
-            let name = record.pool.clone();
-            return match h {
-                Held::Stream(resp, lease, started) => {
-                    pending.commit_stream(resp, lease, started, self.deadline_at, attempted)
-                }
-                Held::Whole(head, body) => {
-                    let pools = &self.snapshot.pools;
-                    let route = pools.get(&*name).and_then(|p| p.route_header().cloned());
-                    pending.commit_whole(head, body, None, &name, route, attempted)
-                }
+            // No pool answered. Never answer after the deadline with anything
+            // but deadline_exhausted; otherwise pass on the last backend
+            // failure answer, or say why nothing was tried.
+            let past_deadline = self.deadline_at.is_some_and(|d| Instant::now() >= d);
+            pending.record.reason = format!("{decided}; then {}", notes.join("; "));
+            if past_deadline {
+                return pending.reject(ProxyError::DeadlineExhausted {
+                    detail: notes.join("; "),
+                });
+            }
+            if let Some((h, record)) = held {
+                let name = record.pool.clone();
+                return match h {
+                    Held::Stream(resp, lease, started) => {
+                        pending.commit_stream(resp, lease, started, self.deadline_at, attempted)
+                    }
+                    Held::Whole(head, body) => {
+                        let pools = &self.snapshot.pools;
+                        let route = pools.get(&*name).and_then(|p| p.route_header().cloned());
+                        pending.commit_whole(head, body, None, &name, route, attempted)
+                    }
+                };
+            }
+            let err = match last_error {
+                Some(e) => e,
+                None if time_skips > 0 => ProxyError::DeadlineExhausted {
+                    detail: notes.join("; "),
+                },
+                None => ProxyError::NoBackend {
+                    detail: format!("route {:?}: {}", route.name, notes.join("; ")),
+                },
             };
+            pending.reject(err)
         }
-        let err = match last_error {
-            Some(e) => e,
-            None if time_skips > 0 => ProxyError::DeadlineExhausted {
-                detail: notes.join("; "),
-            },
-            None => ProxyError::NoBackend {
-                detail: format!("route {:?}: {}", route.name, notes.join("; ")),
-            },
-        };
-        pending.reject(err)
     }
 
     /// One attempt on one pool, bounded by `deadline` (queue wait included).
-    async fn attempt(
+    ///
+    /// With tracing off this is [`Exchange::attempt_inner`] itself; with
+    /// it on, that wrapped in a client span, boxed (its span bookkeeping
+    /// would otherwise make every request's future larger).
+    fn attempt<'a>(
+        &'a self,
+        pool: &'a Arc<PoolRuntime>,
+        deadline: Option<Instant>,
+        timeout: Option<Duration>,
+        headers: HeaderMap,
+    ) -> impl std::future::Future<Output = AttemptEnd> + 'a {
+        use futures_util::future::Either;
+        match &self.otel {
+            None => Either::Left(self.attempt_inner(pool, deadline, timeout, headers, None)),
+            Some(parent) => Either::Right(Box::pin(
+                self.attempt_traced(parent, pool, deadline, timeout, headers),
+            )),
+        }
+    }
+
+    /// [`Exchange::attempt`] with tracing on.
+    async fn attempt_traced(
         &self,
+        parent: &opentelemetry::Context,
         pool: &Arc<PoolRuntime>,
         deadline: Option<Instant>,
         timeout: Option<Duration>,
         headers: HeaderMap,
     ) -> AttemptEnd {
-        let Some(parent) = &self.otel else {
-            return self
-                .attempt_inner(pool, deadline, timeout, headers, None)
-                .await;
-        };
         // A client span per attempt; its context goes upstream as `traceparent`.
         let policy_pool = self.snapshot.policy.pool(pool.name());
         let model = policy_pool
@@ -658,179 +691,183 @@ impl Exchange {
         end
     }
 
-    async fn attempt_inner(
-        &self,
-        pool: &Arc<PoolRuntime>,
+    /// One attempt, untraced. (An `async move` block, like [`handle`], so
+    /// that its arguments are kept once.)
+    fn attempt_inner<'a>(
+        &'a self,
+        pool: &'a Arc<PoolRuntime>,
         deadline: Option<Instant>,
         timeout: Option<Duration>,
         headers: HeaderMap,
-        otel: Option<&opentelemetry::Context>,
-    ) -> AttemptEnd {
-        let lease = match pool.acquire(deadline).await {
-            Ok(l) => l,
-            Err(shed) => return AttemptEnd::Shed(shed),
-        };
-        // Queued: the pool may have learned meanwhile that it cannot answer
-        // in what is left (its first answers came back). Then do not start
-        // a generation that would be cut: give the slot back at once.
-        if let (Some(d), false) = (deadline, lease.queue_wait().is_zero()) {
-            let left = d.saturating_duration_since(Instant::now());
-            if pool.outlook().p95.is_some_and(|p95| p95 >= left) {
-                return AttemptEnd::Shed(Shed::AttemptTimeout);
-            }
-        }
-        self.shared
-            .metrics
-            .queue_wait(pool.name(), lease.queue_wait().as_secs_f64());
-        let started = Instant::now();
-        let mut record = AttemptRecord {
-            pool: Arc::clone(pool.shared_name()),
-            endpoint: Arc::clone(lease.addr()),
-            outcome: "ok",
-            status: None,
-            latency_ms: 0.0,
-            queue_wait_ms: ms(lease.queue_wait()),
-            timeout_ms: timeout.map(millis),
-            ..AttemptRecord::default()
-        };
-        let upstream = match self.upstream_request(&lease, pool.name(), headers) {
-            Ok(mut r) => {
-                if let Some(cx) = otel {
-                    telemetry::inject(cx, r.headers_mut());
+        otel: Option<&'a opentelemetry::Context>,
+    ) -> impl std::future::Future<Output = AttemptEnd> + 'a {
+        async move {
+            let lease = match pool.acquire(deadline).await {
+                Ok(l) => l,
+                Err(shed) => return AttemptEnd::Shed(shed),
+            };
+            // Queued: the pool may have learned meanwhile that it cannot answer
+            // in what is left (its first answers came back). Then do not start
+            // a generation that would be cut: give the slot back at once.
+            if let (Some(d), false) = (deadline, lease.queue_wait().is_zero()) {
+                let left = d.saturating_duration_since(Instant::now());
+                if pool.outlook().p95.is_some_and(|p95| p95 >= left) {
+                    return AttemptEnd::Shed(Shed::AttemptTimeout);
                 }
-                r
             }
-            Err(e) => {
-                record.outcome = "invalid_request";
-                return AttemptEnd::Failed {
-                    retry: RetryOn::ConnectError,
-                    record: AttemptRecord {
-                        endpoint: e.into(),
-                        ..record
-                    },
-                    held: None,
-                };
-            }
-        };
-        // On a timeout, dropping the request future closes the upstream
-        // connection: the backend can stop generating.
-        let client = crate::worker_client().unwrap_or_else(|| self.shared.client.clone());
-        let sent = client.send(lease.target().map(|t| t.key()), upstream);
-        let Some(result) = within(deadline, sent).await else {
-            return timed_out(&lease, record, started);
-        };
-        let resp = match result {
-            Ok(r) => r,
-            Err(e) => {
+            self.shared
+                .metrics
+                .queue_wait(pool.name(), lease.queue_wait().as_secs_f64());
+            let started = Instant::now();
+            let mut record = AttemptRecord {
+                pool: Arc::clone(pool.shared_name()),
+                endpoint: Arc::clone(lease.addr()),
+                outcome: "ok",
+                status: None,
+                latency_ms: 0.0,
+                queue_wait_ms: ms(lease.queue_wait()),
+                timeout_ms: timeout.map(millis),
+                ..AttemptRecord::default()
+            };
+            let upstream = match self.upstream_request(&lease, pool.name(), headers) {
+                Ok(mut r) => {
+                    if let Some(cx) = otel {
+                        telemetry::inject(cx, r.headers_mut());
+                    }
+                    r
+                }
+                Err(e) => {
+                    record.outcome = "invalid_request";
+                    return AttemptEnd::Failed {
+                        retry: RetryOn::ConnectError,
+                        record: AttemptRecord {
+                            endpoint: e.into(),
+                            ..record
+                        },
+                        held: None,
+                    };
+                }
+            };
+            // On a timeout, dropping the request future closes the upstream
+            // connection: the backend can stop generating.
+            let client = crate::worker_client().unwrap_or_else(|| self.shared.client.clone());
+            let sent = client.send(lease.target().map(|t| t.key()), upstream);
+            let Some(result) = within(deadline, sent).await else {
+                return timed_out(&lease, record, started);
+            };
+            let resp = match result {
+                Ok(r) => r,
+                Err(e) => {
+                    let waited = started.elapsed();
+                    lease.observe(Sample::Failure(waited));
+                    record.outcome = if e.is_connect() {
+                        "connect_error"
+                    } else {
+                        "upstream_error"
+                    };
+                    record.latency_ms = ms(waited);
+                    return AttemptEnd::Failed {
+                        retry: RetryOn::ConnectError,
+                        record,
+                        held: None,
+                    };
+                }
+            };
+            let status = resp.status();
+            record.status = Some(status.as_u16());
+            let failure = if status == StatusCode::TOO_MANY_REQUESTS {
+                Some((RetryOn::Status429, "status_429"))
+            } else if status.is_server_error() {
+                Some((RetryOn::Status5xx, "status_5xx"))
+            } else {
+                None
+            };
+            if let Some((retry, outcome)) = failure {
                 let waited = started.elapsed();
-                lease.observe(Sample::Failure(waited));
-                record.outcome = if e.is_connect() {
-                    "connect_error"
+                if retry == RetryOn::Status429 {
+                    let retry_after = resp
+                        .headers()
+                        .get(header::RETRY_AFTER)
+                        .and_then(|v| v.to_str().ok())
+                        .and_then(|v| v.trim().parse::<u64>().ok())
+                        .map(Duration::from_secs);
+                    lease.observe(Sample::RateLimited(waited, retry_after));
                 } else {
-                    "upstream_error"
-                };
+                    lease.observe(Sample::Failure(waited));
+                }
+                record.outcome = outcome;
                 record.latency_ms = ms(waited);
                 return AttemptEnd::Failed {
-                    retry: RetryOn::ConnectError,
+                    retry,
                     record,
-                    held: None,
+                    held: Some(Held::Stream(resp, lease, started)),
                 };
             }
-        };
-        let status = resp.status();
-        record.status = Some(status.as_u16());
-        let failure = if status == StatusCode::TOO_MANY_REQUESTS {
-            Some((RetryOn::Status429, "status_429"))
-        } else if status.is_server_error() {
-            Some((RetryOn::Status5xx, "status_5xx"))
-        } else {
-            None
-        };
-        if let Some((retry, outcome)) = failure {
+            if !self.should_buffer(&resp) {
+                return AttemptEnd::Stream {
+                    resp,
+                    lease,
+                    started,
+                    record,
+                };
+            }
+            // A JSON answer: read it whole inside the attempt's time.
+            let (head, incoming) = resp.into_parts();
+            let read = forward::read_whole(incoming, BUFFERED_ANSWER_LIMIT);
+            let Some(body) = within(deadline, read).await else {
+                return timed_out(&lease, record, started);
+            };
             let waited = started.elapsed();
-            if retry == RetryOn::Status429 {
-                let retry_after = resp
-                    .headers()
-                    .get(header::RETRY_AFTER)
-                    .and_then(|v| v.to_str().ok())
-                    .and_then(|v| v.trim().parse::<u64>().ok())
-                    .map(Duration::from_secs);
-                lease.observe(Sample::RateLimited(waited, retry_after));
-            } else {
-                lease.observe(Sample::Failure(waited));
-            }
-            record.outcome = outcome;
             record.latency_ms = ms(waited);
-            return AttemptEnd::Failed {
-                retry,
-                record,
-                held: Some(Held::Stream(resp, lease, started)),
+            let body = match body {
+                Ok(b) => b,
+                Err(_) => {
+                    lease.observe(Sample::Failure(waited));
+                    record.outcome = "upstream_error";
+                    return AttemptEnd::Failed {
+                        retry: RetryOn::ConnectError,
+                        record,
+                        held: None,
+                    };
+                }
             };
-        }
-        if !self.should_buffer(&resp) {
-            return AttemptEnd::Stream {
-                resp,
-                lease,
-                started,
-                record,
+            let mut answer = crate::json_peek::peek_answer(&body);
+            let structured_ok = match (&self.structured, head.status.is_success()) {
+                (Some(expected), true) => router_policy::structured::check(&body, expected),
+                _ => Ok(()),
             };
-        }
-        // A JSON answer: read it whole inside the attempt's time.
-        let (head, incoming) = resp.into_parts();
-        let read = forward::read_whole(incoming, BUFFERED_ANSWER_LIMIT);
-        let Some(body) = within(deadline, read).await else {
-            return timed_out(&lease, record, started);
-        };
-        let waited = started.elapsed();
-        record.latency_ms = ms(waited);
-        let body = match body {
-            Ok(b) => b,
-            Err(_) => {
+            if head.status.is_success() && (answer.is_err() || structured_ok.is_err()) {
                 lease.observe(Sample::Failure(waited));
-                record.outcome = "upstream_error";
+                if let Err(why) = &structured_ok {
+                    // This pool cannot be trusted with structured output for a while.
+                    pool.mark_structured_degraded(
+                        Instant::now() + self.snapshot.policy.structured_degrade,
+                    );
+                    tracing::info!(pool = pool.name(), %why, "malformed structured output; pool degraded for structured requests");
+                }
+                record.outcome = "malformed_json";
                 return AttemptEnd::Failed {
-                    retry: RetryOn::ConnectError,
+                    retry: RetryOn::MalformedJson,
                     record,
-                    held: None,
+                    held: Some(Held::Whole(head, body)),
                 };
             }
-        };
-        let mut answer = crate::json_peek::peek_answer(&body);
-        let structured_ok = match (&self.structured, head.status.is_success()) {
-            (Some(expected), true) => router_policy::structured::check(&body, expected),
-            _ => Ok(()),
-        };
-        if head.status.is_success() && (answer.is_err() || structured_ok.is_err()) {
-            lease.observe(Sample::Failure(waited));
-            if let Err(why) = &structured_ok {
-                // This pool cannot be trusted with structured output for a while.
-                pool.mark_structured_degraded(
-                    Instant::now() + self.snapshot.policy.structured_degrade,
-                );
-                tracing::info!(pool = pool.name(), %why, "malformed structured output; pool degraded for structured requests");
+            if let Ok(a) = &mut answer {
+                record.response_model = a.model.take();
             }
-            record.outcome = "malformed_json";
-            return AttemptEnd::Failed {
-                retry: RetryOn::MalformedJson,
-                record,
-                held: Some(Held::Whole(head, body)),
-            };
-        }
-        if let Ok(a) = &mut answer {
-            record.response_model = a.model.take();
-        }
-        if let Ok(Some(usage)) = answer.map(|a| a.usage) {
-            record.tokens_in = usage.prompt_tokens.or(usage.input_tokens);
-            record.tokens_out = usage.completion_tokens.or(usage.output_tokens);
-            if let Some(p) = self.snapshot.policy.pool(pool.name()) {
-                record.cost_usd = Some(p.price.cost(
-                    record.tokens_in.unwrap_or(self.estimated_input_tokens),
-                    record.tokens_out.unwrap_or(0),
-                ));
+            if let Ok(Some(usage)) = answer.map(|a| a.usage) {
+                record.tokens_in = usage.prompt_tokens.or(usage.input_tokens);
+                record.tokens_out = usage.completion_tokens.or(usage.output_tokens);
+                if let Some(p) = self.snapshot.policy.pool(pool.name()) {
+                    record.cost_usd = Some(p.price.cost(
+                        record.tokens_in.unwrap_or(self.estimated_input_tokens),
+                        record.tokens_out.unwrap_or(0),
+                    ));
+                }
             }
+            lease.observe(Sample::Success(waited));
+            AttemptEnd::Whole { head, body, record }
         }
-        lease.observe(Sample::Success(waited));
-        AttemptEnd::Whole { head, body, record }
     }
 
     /// Non-streaming OpenAI-style calls with a JSON answer of known,

@@ -374,7 +374,9 @@ async fn serve_connection(shared: Arc<Shared>, stream: TcpStream, remote: Socket
     let service = service_fn(move |req| {
         let shared = Arc::clone(&svc_shared);
         let client_ip = client_ip.clone();
-        async move { Ok::<_, Infallible>(handler::handle(shared, client_ip, req).await) }
+        // A combinator, not an `async` block: the block would keep its own
+        // copies of the arguments beside the handler's future.
+        futures_util::FutureExt::map(handler::handle(shared, client_ip, req), Ok::<_, Infallible>)
     });
     let conn = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())

@@ -876,14 +876,20 @@ impl Exchange {
         if !self.json_call || self.streaming {
             return false;
         }
-        let json = resp
-            .headers()
-            .get(header::CONTENT_TYPE)
+        // One pass over the answer's few headers instead of two lookups
+        // (each header by its first value, as a lookup would give).
+        let (mut content_type, mut length) = (None, None);
+        for (name, value) in resp.headers() {
+            if name == header::CONTENT_TYPE {
+                content_type = content_type.or(Some(value));
+            } else if name == header::CONTENT_LENGTH {
+                length = length.or(Some(value));
+            }
+        }
+        let json = content_type
             .and_then(|v| v.to_str().ok())
             .is_some_and(|ct| ct.contains("json"));
-        let small = resp
-            .headers()
-            .get(header::CONTENT_LENGTH)
+        let small = length
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.parse::<usize>().ok())
             .is_none_or(|n| n <= BUFFERED_ANSWER_LIMIT);
@@ -1054,7 +1060,9 @@ fn request_id(
             });
             let mut buf = uuid::Uuid::encode_buffer();
             let text = id.hyphenated().encode_lower(&mut buf);
-            Ok((text.to_string(), HeaderValue::from_str(text).ok()))
+            // `to_owned`, not `to_string`: on a `&mut str` the latter goes
+            // through the formatter.
+            Ok(((*text).to_owned(), HeaderValue::from_str(text).ok()))
         }
         Some(v) => match v.to_str() {
             Ok(s) if !s.trim().is_empty() && s.len() <= 255 => {

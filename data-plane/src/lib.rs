@@ -39,6 +39,7 @@ pub mod reload;
 pub mod request_headers;
 pub mod route_log;
 pub mod settings;
+pub mod stop_signal;
 pub mod telemetry;
 pub mod upstream;
 
@@ -127,8 +128,8 @@ pub struct Shared {
     pub control_plane: Option<managed::ManagedOptions>,
     /// Set when draining: health answers 503 so load balancers move on.
     pub draining: std::sync::atomic::AtomicBool,
-    /// Flips to true to ask every connection to finish gracefully.
-    shutdown: tokio::sync::watch::Sender<bool>,
+    /// Asks every connection to finish gracefully.
+    stops: stop_signal::StopSignals,
 }
 
 /// A proxy running in this process.
@@ -171,7 +172,7 @@ impl RunningProxy {
         if let Some(accept) = self.tasks.first() {
             accept.abort();
         }
-        self.shared.shutdown.send_replace(true);
+        self.shared.stops.stop_all();
         let done = futures_util::future::join_all(std::mem::take(&mut self.workers_done));
         let finished = tokio::time::timeout(timeout, done).await.is_ok();
         for t in &self.tasks {
@@ -239,7 +240,7 @@ pub async fn start(options: ProxyOptions) -> Result<RunningProxy, StartError> {
         metrics,
         client,
         draining: std::sync::atomic::AtomicBool::new(false),
-        shutdown: tokio::sync::watch::channel(false).0,
+        stops: stop_signal::StopSignals::default(),
         control_plane: match &mode {
             Mode::Managed(m) => Some(m.clone()),
             _ => None,
@@ -384,22 +385,17 @@ async fn serve_connection(shared: Arc<Shared>, stream: TcpStream, remote: Socket
         .keep_alive(true)
         .serve_connection(TokioIo::new(stream), service);
     tokio::pin!(conn);
-    let mut shutdown = shared.shutdown.subscribe();
-    let result = loop {
-        if *shutdown.borrow_and_update() {
+    let stop = shared.stops.register();
+    let mut stopping = false;
+    let result = std::future::poll_fn(|cx| {
+        if !stopping && stop.poll_stopped(cx) {
             // Finish the request in progress, then close.
             conn.as_mut().graceful_shutdown();
-            break conn.as_mut().await;
+            stopping = true;
         }
-        tokio::select! {
-            r = conn.as_mut() => break r,
-            changed = shutdown.changed() => {
-                if changed.is_err() {
-                    break conn.as_mut().await;
-                }
-            }
-        }
-    };
+        std::future::Future::poll(conn.as_mut(), cx)
+    })
+    .await;
     if let Err(e) = result {
         tracing::debug!(%remote, error = %e, "client connection ended with an error");
     }

@@ -1447,7 +1447,7 @@ fn finish_record(
             record.cost_usd.unwrap_or(0.0),
         );
     }
-    shared.route_log.emit(&record);
+    shared.route_log.emit(record);
 }
 
 /// Annotates and ends the request's server span.

@@ -3,8 +3,10 @@
 # callgrind: start the release router under valgrind, send a warmup, zero
 # the counters, send --requests benchmark requests (count-load), dump, stop.
 #   bench/callgrind.sh [OUT_DIR] [REQUESTS] [CONCURRENCY]
-# Prints the instructions per request; the profile is OUT_DIR/callgrind.out.*
-# (read it with callgrind_annotate). Build first:
+# Prints the instructions per request, all threads together and on the
+# request path alone (every thread but the route-log writer's); the
+# profiles are OUT_DIR/callgrind.out.*, one per thread (read them with
+# callgrind_annotate). Build first:
 #   cargo build --release -p router-proxy -p router-bench
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,7 +18,7 @@ target_dir="${CARGO_TARGET_DIR:-target}"
 mkdir -p "$out"
 rm -f "$out"/callgrind.out.*
 CUSTOM_ROUTER_PORT=$port CUSTOM_ROUTER_BIND=127.0.0.1 RUST_LOG=warn \
-  valgrind --tool=callgrind --callgrind-out-file="$out/callgrind.out.%p" \
+  valgrind --tool=callgrind --separate-threads=yes --callgrind-out-file="$out/callgrind.out.%p" \
   "${CG_BIN:-$target_dir/release/router-proxy}" >/dev/null 2>"$out/valgrind.log" &
 vg=$!
 trap 'kill -TERM $vg 2>/dev/null || true' EXIT
@@ -27,7 +29,17 @@ trap 'kill -TERM $vg 2>/dev/null || true' EXIT
 kill -TERM $vg
 wait $vg || true
 trap - EXIT
-# The dump taken after the counted requests (suffix .1) holds them alone.
-dump=$(ls "$out"/callgrind.out.*.1 2>/dev/null | head -1)
-ir=$(grep -E '^(summary|totals):' "$dump" | head -1 | awk '{print $2}')
-echo "instructions: $ir over $requests requests = $((ir / requests)) per request ($dump)"
+# The dump taken after the counted requests (part 1) holds them alone, one
+# file per thread. The route-log writer thread formats the log lines off the
+# request path: counted apart.
+total=0
+writer=0
+for f in "$out"/callgrind.out.*.1-*; do
+  ir=$(grep -E '^(summary|totals):' "$f" | head -1 | awk '{print $2}')
+  total=$((total + ir))
+  if grep -q 'route_log::write_lines' "$f"; then
+    writer=$((writer + ir))
+  fi
+done
+echo "instructions: $total over $requests requests = $((total / requests)) per request, all threads"
+echo "request path (all but the route-log writer): $(((total - writer) / requests)) per request; route-log writer: $((writer / requests))"

@@ -23,7 +23,6 @@
 //! dropping its future or body, which closes its upstream connection, so
 //! the backend can stop generating.
 
-use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -162,7 +161,9 @@ pub fn handle(
         } else {
             RequestPeek::default()
         };
-        let model = peek.model.clone().map(Cow::into_owned);
+        // One copy of the model name, shared by the log record and the
+        // attempts.
+        let model: Option<Arc<str>> = peek.model.as_deref().map(Arc::from);
         let streaming = peek.stream.unwrap_or(false);
         // Structured output: only a non-streaming answer can be checked before
         // it reaches the client.
@@ -335,7 +336,7 @@ struct Exchange {
     body: Bytes,
     json_call: bool,
     streaming: bool,
-    model: Option<String>,
+    model: Option<Arc<str>>,
     deadline_at: Option<Instant>,
 }
 
@@ -380,12 +381,16 @@ impl Exchange {
         mut leader: Option<LeaderGuard>,
     ) -> impl std::future::Future<Output = Response<ProxyBody>> + 'r {
         async move {
-            let chain: Vec<&Arc<PoolRuntime>> = self
-                .candidates
-                .iter()
-                .filter_map(|&i| route.chain.get(i))
-                .filter_map(|name| self.snapshot.pools.get(name))
-                .collect();
+            // The decision's candidates (chain positions) and their pools,
+            // looked up as they are needed: no list is built per request.
+            let candidates = std::mem::take(&mut self.candidates);
+            let snapshot = Arc::clone(&self.snapshot);
+            let pool_at = |k: &usize| {
+                route
+                    .chain
+                    .get(*k)
+                    .and_then(|name| snapshot.pools.get(name))
+            };
             // The decision's own skips are already in the reason.
             let mut decided = std::mem::take(&mut pending.record.reason);
             let mut notes: Vec<String> = Vec::new();
@@ -394,7 +399,11 @@ impl Exchange {
             let mut time_skips = 0;
             let mut attempted = 0usize;
 
-            for (i, pool) in chain.iter().enumerate() {
+            for (i, k) in candidates.iter().enumerate() {
+                let Some(pool) = pool_at(k) else {
+                    continue;
+                };
+                let later = || candidates[i + 1..].iter().filter_map(pool_at);
                 if attempted > 0 && !route.fallback {
                     break;
                 }
@@ -409,9 +418,7 @@ impl Exchange {
                 // The next pool that could take the request, if this one fails
                 // (looked up lazily: only the first available one matters).
                 let next = if route.fallback {
-                    chain[i + 1..]
-                        .iter()
-                        .find(|p| p.availability_at(now) == Availability::Ready)
+                    later().find(|p| p.availability_at(now) == Availability::Ready)
                 } else {
                     None
                 };
@@ -442,7 +449,7 @@ impl Exchange {
                 let attempt_deadline = timeout.map(|t| now + t);
                 // The client's headers go to the last attempt there can be as
                 // they are; earlier ones send a copy.
-                let last_chance = !route.fallback || i + 1 == chain.len();
+                let last_chance = !route.fallback || later().next().is_none();
                 let headers = if last_chance {
                     std::mem::take(&mut self.headers)
                 } else {
@@ -624,7 +631,7 @@ impl Exchange {
         let policy_pool = self.snapshot.policy.pool(pool.name());
         let model = policy_pool
             .and_then(|p| p.model.clone())
-            .or_else(|| self.model.clone())
+            .or_else(|| self.model.as_deref().map(str::to_string))
             .unwrap_or_default();
         let tracer = telemetry::tracer();
         let span = tracer
@@ -1469,7 +1476,10 @@ fn end_server_span(cx: &opentelemetry::Context, record: &RouteRecord, pool: &str
         ("router.route", record.route.clone()),
         ("router.pool", (!pool.is_empty()).then(|| pool.to_string())),
         ("router.risk", record.risk.map(str::to_string)),
-        ("gen_ai.request.model", record.model.clone()),
+        (
+            "gen_ai.request.model",
+            record.model.as_deref().map(str::to_string),
+        ),
         ("gen_ai.response.model", record.response_model.clone()),
     ];
     for (k, v) in optional {

@@ -118,7 +118,7 @@ pub struct RouteRecord {
     /// Why this route and pool were chosen.
     pub reason: String,
     /// The request's `model`, when it had one.
-    pub model: Option<String>,
+    pub model: Option<Arc<str>>,
     /// Input tokens reported by the backend.
     pub tokens_in: Option<u64>,
     /// Output tokens reported by the backend.

@@ -335,7 +335,9 @@ impl UpstreamClient {
             .await
             .map_err(UpstreamError::Connect)?;
         let io = connector.call(uri).await.map_err(UpstreamError::Connect)?;
-        let (tx, conn) = http1::handshake(io).await?;
+        // One plain write per request (head and small body copied into one
+        // buffer), as on the server side.
+        let (tx, conn) = http1::Builder::new().writev(false).handshake(io).await?;
         let upstream = Arc::clone(&key.0);
         tokio::spawn(async move {
             if let Err(e) = conn.await {

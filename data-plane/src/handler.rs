@@ -410,11 +410,13 @@ impl Exchange {
                 let name = pool.name();
                 let shared_name = pool.shared_name();
                 let now = Instant::now();
-                let availability = pool.availability_at(now);
-                if availability != Availability::Ready {
-                    notes.push(format!("{name}: {}", availability.as_str()));
-                    continue;
-                }
+                let outlook = match pool.ready_outlook_at(now) {
+                    Ok(o) => o,
+                    Err(unavailable) => {
+                        notes.push(format!("{name}: {}", unavailable.as_str()));
+                        continue;
+                    }
+                };
                 // The next pool that could take the request, if this one fails
                 // (looked up lazily: only the first available one matters).
                 let next = if route.fallback {
@@ -431,7 +433,7 @@ impl Exchange {
                     next_p95: next.and_then(|p| p.outlook_at(now).p95),
                     last_candidate: next.is_none(),
                 };
-                let timeout = match plan_attempt(budget, pool.outlook_at(now)) {
+                let timeout = match plan_attempt(budget, outlook) {
                     AttemptPlan::Skip(why) => {
                         time_skips += 1;
                         notes.push(format!("{name}: skipped, {why}"));
@@ -872,7 +874,7 @@ impl Exchange {
                     ));
                 }
             }
-            lease.observe(Sample::Success(waited));
+            lease.finish(Sample::Success(waited));
             AttemptEnd::Whole { head, body, record }
         }
     }

@@ -431,28 +431,43 @@ impl PoolRuntime {
 
     /// [`Self::outlook`] as of `now`.
     pub fn outlook_at(&self, now: Instant) -> PoolOutlook {
+        outlook_of(&mut self.lock(), now)
+    }
+
+    /// The outlook as of `now` when the pool can take requests, else why
+    /// not: [`Self::availability_at`] and [`Self::outlook_at`] under one
+    /// lock.
+    pub fn ready_outlook_at(&self, now: Instant) -> Result<PoolOutlook, Availability> {
         let mut st = self.lock();
-        st.expire_latencies(now);
-        let p95 = st.p95(now);
-        st.fill_loads(now);
-        let free_now = st.queue.is_empty()
-            && balance::choose(
-                &st.loads,
-                st.settings.queue.scoring,
-                st.settings.queue.latency_threshold_s,
-                st.rotation,
-            )
-            .is_some();
-        let expected_wait = if free_now {
-            Some(Duration::ZERO)
-        } else {
-            st.expected_wait(now)
-        };
-        PoolOutlook {
-            free_now,
-            expected_wait,
-            p95,
+        match availability_of(&st, now) {
+            Availability::Ready => Ok(outlook_of(&mut st, now)),
+            other => Err(other),
         }
+    }
+}
+
+/// [`PoolRuntime::outlook_at`] on a locked state.
+fn outlook_of(st: &mut PoolState, now: Instant) -> PoolOutlook {
+    st.expire_latencies(now);
+    let p95 = st.p95(now);
+    st.fill_loads(now);
+    let free_now = st.queue.is_empty()
+        && balance::choose(
+            &st.loads,
+            st.settings.queue.scoring,
+            st.settings.queue.latency_threshold_s,
+            st.rotation,
+        )
+        .is_some();
+    let expected_wait = if free_now {
+        Some(Duration::ZERO)
+    } else {
+        st.expected_wait(now)
+    };
+    PoolOutlook {
+        free_now,
+        expected_wait,
+        p95,
     }
 }
 
@@ -761,6 +776,20 @@ impl PoolRuntime {
 
     fn observe(self: &Arc<Self>, endpoint_id: u64, sample: Sample) {
         let mut st = self.lock();
+        self.record_sample(&mut st, endpoint_id, sample);
+        self.dispatch(&mut st);
+    }
+
+    /// [`Self::observe`] and [`Self::release`] under one lock.
+    fn observe_and_release(self: &Arc<Self>, endpoint_id: u64, sample: Sample) {
+        let mut st = self.lock();
+        self.record_sample(&mut st, endpoint_id, sample);
+        // Sampled: a probe's verdict is in.
+        st.uncharge(endpoint_id, false);
+        self.dispatch(&mut st);
+    }
+
+    fn record_sample(&self, st: &mut PoolState, endpoint_id: u64, sample: Sample) {
         let now = Instant::now();
         let q = st.settings.queue;
         let circuit = st.settings.circuit;
@@ -822,7 +851,6 @@ impl PoolRuntime {
             };
             e.ewma = Some(q.scoring.update(e.ewma, value, q.ewma_alpha));
         }
-        self.dispatch(&mut st);
     }
 
     /// The measurements the policy's gates look at.
@@ -1114,6 +1142,19 @@ impl Lease {
             .store(true, std::sync::atomic::Ordering::Relaxed);
         self.pool.observe(self.endpoint_id, sample);
     }
+
+    /// Records the attempt's sample and gives the slot back: what
+    /// [`Lease::observe`] then dropping the lease do, under one lock.
+    pub fn finish(mut self, sample: Sample) {
+        self.sampled
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        if self.armed {
+            self.armed = false;
+            self.pool.observe_and_release(self.endpoint_id, sample);
+        } else {
+            self.pool.observe(self.endpoint_id, sample);
+        }
+    }
 }
 
 impl Drop for Lease {
@@ -1357,6 +1398,37 @@ mod tests {
         probe.observe(Sample::Success(Duration::from_millis(5)));
         drop(probe);
         assert_eq!(p.status().endpoints[0].circuit, CircuitState::Closed);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn finish_records_the_sample_and_frees_the_slot_for_the_next_waiter() {
+        let p = pool(10, 60_000, Some(1), &["h:1"]);
+        let first = p.acquire(None).await.unwrap();
+        let waiter = tokio::spawn({
+            let p = Arc::clone(&p);
+            async move { p.acquire(None).await.map(|l| l.queue_wait()) }
+        });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(p.status().queue_depth, 1);
+        first.finish(Sample::Success(Duration::from_millis(40)));
+        assert_eq!(p.status().endpoints[0].ewma_s, Some(0.04));
+        let waited = waiter.await.unwrap().unwrap();
+        assert_eq!(waited, Duration::from_millis(100));
+        assert_eq!(in_flight(&p), 0);
+        assert_eq!(p.counters.dispatched.get(), 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_probe_finished_with_a_success_closes_the_circuit() {
+        let p = with_breaker(&["h:1"], 1, 500);
+        let l = p.acquire(None).await.unwrap();
+        l.finish(Sample::Timeout(Duration::from_millis(100)));
+        assert_eq!(p.status().endpoints[0].circuit, CircuitState::Open);
+        tokio::time::advance(Duration::from_millis(500)).await;
+        let probe = p.acquire(None).await.unwrap();
+        probe.finish(Sample::Success(Duration::from_millis(5)));
+        assert_eq!(p.status().endpoints[0].circuit, CircuitState::Closed);
+        assert_eq!(in_flight(&p), 0);
     }
 
     #[tokio::test(start_paused = true)]

@@ -91,6 +91,7 @@ pub fn full(body: Response<Bytes>) -> Response<ProxyBody> {
 /// Not an `async fn`: an `async fn` future keeps its arguments twice (as
 /// given, and as the body's locals), and every move of the future copies
 /// both; an `async move` block uses them in place.
+#[allow(clippy::manual_async_fn)] // on purpose: see `handle`
 pub fn handle(
     shared: Arc<Shared>,
     client_ip: HeaderValue,
@@ -374,6 +375,7 @@ enum Held {
 impl Exchange {
     /// Tries the decision's pools in order. (An `async move` block, like
     /// [`handle`], so that `self` and `pending` are kept once.)
+    #[allow(clippy::manual_async_fn)] // on purpose: see `handle`
     fn walk_chain<'r>(
         mut self,
         mut pending: Pending,
@@ -702,6 +704,7 @@ impl Exchange {
 
     /// One attempt, untraced. (An `async move` block, like [`handle`], so
     /// that its arguments are kept once.)
+    #[allow(clippy::manual_async_fn)] // on purpose: see `handle`
     fn attempt_inner<'a>(
         &'a self,
         pool: &'a Arc<PoolRuntime>,

@@ -144,7 +144,7 @@ pub fn handle(
         };
         pending.record.risk = Some(risk.as_str());
         let (parts, body) = req.into_parts();
-        let body = match read_body(&shared, seen.content_length.as_ref(), body).await {
+        let body = match read_body(&shared, pending.t0, seen.content_length.as_ref(), body).await {
             Ok(b) => b,
             Err(e) => return pending.reject(e),
         };
@@ -459,7 +459,10 @@ impl Exchange {
                 } else {
                     self.headers.clone()
                 };
-                match self.attempt(pool, attempt_deadline, timeout, headers).await {
+                match self
+                    .attempt(pool, now, attempt_deadline, timeout, headers)
+                    .await
+                {
                     AttemptEnd::Stream {
                         resp,
                         lease,
@@ -609,15 +612,16 @@ impl Exchange {
     fn attempt<'a>(
         &'a self,
         pool: &'a Arc<PoolRuntime>,
+        now: Instant,
         deadline: Option<Instant>,
         timeout: Option<Duration>,
         headers: HeaderMap,
     ) -> impl std::future::Future<Output = AttemptEnd> + 'a {
         use futures_util::future::Either;
         match &self.otel {
-            None => Either::Left(self.attempt_inner(pool, deadline, timeout, headers, None)),
+            None => Either::Left(self.attempt_inner(pool, now, deadline, timeout, headers, None)),
             Some(parent) => Either::Right(Box::pin(
-                self.attempt_traced(parent, pool, deadline, timeout, headers),
+                self.attempt_traced(parent, pool, now, deadline, timeout, headers),
             )),
         }
     }
@@ -627,6 +631,7 @@ impl Exchange {
         &self,
         parent: &opentelemetry::Context,
         pool: &Arc<PoolRuntime>,
+        now: Instant,
         deadline: Option<Instant>,
         timeout: Option<Duration>,
         headers: HeaderMap,
@@ -644,7 +649,7 @@ impl Exchange {
             .start_with_context(&tracer, parent);
         let cx = parent.with_span(span);
         let end = self
-            .attempt_inner(pool, deadline, timeout, headers, Some(&cx))
+            .attempt_inner(pool, now, deadline, timeout, headers, Some(&cx))
             .await;
         let span = cx.span();
         span.set_attribute(KeyValue::new("gen_ai.operation.name", self.operation));
@@ -708,13 +713,14 @@ impl Exchange {
     fn attempt_inner<'a>(
         &'a self,
         pool: &'a Arc<PoolRuntime>,
+        now: Instant,
         deadline: Option<Instant>,
         timeout: Option<Duration>,
         headers: HeaderMap,
         otel: Option<&'a opentelemetry::Context>,
     ) -> impl std::future::Future<Output = AttemptEnd> + 'a {
         async move {
-            let lease = match pool.acquire(deadline).await {
+            let lease = match pool.acquire_at(deadline, now).await {
                 Ok(l) => l,
                 Err(shed) => return AttemptEnd::Shed(shed),
             };
@@ -730,7 +736,12 @@ impl Exchange {
             self.shared
                 .metrics
                 .queue_wait(pool.name(), lease.queue_wait().as_secs_f64());
-            let started = Instant::now();
+            // Sent now: the walk's clock reading when there was no wait.
+            let started = if lease.queue_wait().is_zero() {
+                now
+            } else {
+                Instant::now()
+            };
             let mut record = AttemptRecord {
                 pool: Arc::clone(pool.shared_name()),
                 endpoint: Arc::clone(lease.addr()),
@@ -829,7 +840,8 @@ impl Exchange {
             let Some(body) = within(deadline, read).await else {
                 return timed_out(&lease, record, started);
             };
-            let waited = started.elapsed();
+            let answered = Instant::now();
+            let waited = answered.saturating_duration_since(started);
             record.latency_ms = ms(waited);
             let body = match body {
                 Ok(b) => b,
@@ -877,7 +889,7 @@ impl Exchange {
                     ));
                 }
             }
-            lease.finish(Sample::Success(waited));
+            lease.finish(Sample::Success(waited), answered);
             AttemptEnd::Whole { head, body, record }
         }
     }
@@ -1108,6 +1120,7 @@ fn deadline_header(value: Option<&HeaderValue>) -> Result<Option<Duration>, Prox
 
 async fn read_body(
     shared: &Shared,
+    t0: Instant,
     content_length: Option<&HeaderValue>,
     body: Incoming,
 ) -> Result<Bytes, ProxyError> {
@@ -1119,7 +1132,8 @@ async fn read_body(
         return Err(ProxyError::PayloadTooLarge { limit });
     }
     let timeout = shared.settings.client_body_timeout;
-    match tokio::time::timeout(timeout, forward::read_whole(body, limit)).await {
+    // From the request's arrival (already read), not a new clock reading.
+    match tokio::time::timeout_at(t0 + timeout, forward::read_whole(body, limit)).await {
         Err(_) => Err(ProxyError::RequestTimeout(timeout)),
         Ok(Ok(body)) => Ok(body),
         Ok(Err(ReadWholeError::TooLarge)) => Err(ProxyError::PayloadTooLarge { limit }),

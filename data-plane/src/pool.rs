@@ -587,12 +587,21 @@ impl PoolRuntime {
         self: &Arc<Self>,
         attempt_deadline: Option<Instant>,
     ) -> Result<Lease, Shed> {
+        self.acquire_at(attempt_deadline, Instant::now()).await
+    }
+
+    /// [`Self::acquire`], the caller having read the clock (`now`) just
+    /// before.
+    pub async fn acquire_at(
+        self: &Arc<Self>,
+        attempt_deadline: Option<Instant>,
+        now: Instant,
+    ) -> Result<Lease, Shed> {
         let (id, mut rx, timeout_at, on_timeout) = {
             let mut st = self.lock();
             if st.closed || st.endpoints.is_empty() || st.endpoints.iter().all(|e| e.draining) {
                 return Err(Shed::NoBackend);
             }
-            let now = Instant::now();
             if st.queue.is_empty() {
                 if let Some(lease) = self.try_grant(&mut st, now, now) {
                     self.counters.dispatched.inc();
@@ -776,21 +785,20 @@ impl PoolRuntime {
 
     fn observe(self: &Arc<Self>, endpoint_id: u64, sample: Sample) {
         let mut st = self.lock();
-        self.record_sample(&mut st, endpoint_id, sample);
+        self.record_sample(&mut st, endpoint_id, sample, Instant::now());
         self.dispatch(&mut st);
     }
 
-    /// [`Self::observe`] and [`Self::release`] under one lock.
-    fn observe_and_release(self: &Arc<Self>, endpoint_id: u64, sample: Sample) {
+    /// [`Self::observe`] (as of `now`) and [`Self::release`] under one lock.
+    fn observe_and_release(self: &Arc<Self>, endpoint_id: u64, sample: Sample, now: Instant) {
         let mut st = self.lock();
-        self.record_sample(&mut st, endpoint_id, sample);
+        self.record_sample(&mut st, endpoint_id, sample, now);
         // Sampled: a probe's verdict is in.
         st.uncharge(endpoint_id, false);
         self.dispatch(&mut st);
     }
 
-    fn record_sample(&self, st: &mut PoolState, endpoint_id: u64, sample: Sample) {
-        let now = Instant::now();
+    fn record_sample(&self, st: &mut PoolState, endpoint_id: u64, sample: Sample, now: Instant) {
         let q = st.settings.queue;
         let circuit = st.settings.circuit;
         match sample {
@@ -1143,14 +1151,15 @@ impl Lease {
         self.pool.observe(self.endpoint_id, sample);
     }
 
-    /// Records the attempt's sample and gives the slot back: what
-    /// [`Lease::observe`] then dropping the lease do, under one lock.
-    pub fn finish(mut self, sample: Sample) {
+    /// Records the attempt's sample, taken at `now`, and gives the slot
+    /// back: what [`Lease::observe`] then dropping the lease do, under one
+    /// lock.
+    pub fn finish(mut self, sample: Sample, now: Instant) {
         self.sampled
             .store(true, std::sync::atomic::Ordering::Relaxed);
         if self.armed {
             self.armed = false;
-            self.pool.observe_and_release(self.endpoint_id, sample);
+            self.pool.observe_and_release(self.endpoint_id, sample, now);
         } else {
             self.pool.observe(self.endpoint_id, sample);
         }
@@ -1410,7 +1419,7 @@ mod tests {
         });
         tokio::time::sleep(Duration::from_millis(100)).await;
         assert_eq!(p.status().queue_depth, 1);
-        first.finish(Sample::Success(Duration::from_millis(40)));
+        first.finish(Sample::Success(Duration::from_millis(40)), Instant::now());
         assert_eq!(p.status().endpoints[0].ewma_s, Some(0.04));
         let waited = waiter.await.unwrap().unwrap();
         assert_eq!(waited, Duration::from_millis(100));
@@ -1422,11 +1431,11 @@ mod tests {
     async fn a_probe_finished_with_a_success_closes_the_circuit() {
         let p = with_breaker(&["h:1"], 1, 500);
         let l = p.acquire(None).await.unwrap();
-        l.finish(Sample::Timeout(Duration::from_millis(100)));
+        l.finish(Sample::Timeout(Duration::from_millis(100)), Instant::now());
         assert_eq!(p.status().endpoints[0].circuit, CircuitState::Open);
         tokio::time::advance(Duration::from_millis(500)).await;
         let probe = p.acquire(None).await.unwrap();
-        probe.finish(Sample::Success(Duration::from_millis(5)));
+        probe.finish(Sample::Success(Duration::from_millis(5)), Instant::now());
         assert_eq!(p.status().endpoints[0].circuit, CircuitState::Closed);
         assert_eq!(in_flight(&p), 0);
     }

@@ -115,15 +115,15 @@ pub fn handle(
                 .with_kind(SpanKind::Server)
                 .start_with_context(&tracer, &parent);
             let cx = parent.with_span(span);
-            pending.record.trace_id = telemetry::trace_id(&cx);
-            pending.record.otel = Some(cx);
+            pending.rec().trace_id = telemetry::trace_id(&cx);
+            pending.rec().otel = Some(cx);
         }
 
         let seen = RequestHeaders::scan(req.headers());
-        match request_id(&seen, pending.record.offered_at.0) {
+        match request_id(&seen, pending.rec().offered_at.0) {
             Ok((id, header)) => {
                 pending.id_header = header;
-                pending.record.request_id = id;
+                pending.rec().request_id = id;
             }
             Err(e) => return pending.reject(e),
         }
@@ -142,7 +142,7 @@ pub fn handle(
                 }
             },
         };
-        pending.record.risk = Some(risk.as_str());
+        pending.rec().risk = Some(risk.as_str());
         let (parts, body) = req.into_parts();
         let body = match read_body(&shared, pending.t0, seen.content_length.as_ref(), body).await {
             Ok(b) => b,
@@ -176,20 +176,20 @@ pub fn handle(
             }
             _ => None,
         };
-        pending.record.model = model.clone();
+        pending.rec().model = model.clone();
 
         let Some(route) = snapshot.policy.route_for_risk(risk, model.as_deref(), path) else {
             return pending.reject(ProxyError::NoBackend {
                 detail: format!("no route matches risk {}", risk.as_str()),
             });
         };
-        pending.record.route = Some(route.name.clone());
+        pending.rec().route = Some(route.name.clone());
         let approval = seen.approval.as_ref().map(HeaderValue::as_bytes);
         if route.requires_approval && !approved(&snapshot, approval) {
             return pending.reject(ProxyError::ApprovalRequired(route.name.clone()));
         }
         let deadline = header_deadline.or(route.deadline);
-        pending.record.deadline_ms =
+        pending.rec().deadline_ms =
             deadline.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
         let deadline_at = deadline.map(|d| pending.t0 + d);
 
@@ -204,7 +204,7 @@ pub fn handle(
                     .response_format
                     .as_ref()
                     .is_some_and(|r| r.kind != "text"),
-            deadline_ms: pending.record.deadline_ms,
+            deadline_ms: pending.rec().deadline_ms,
             input_tokens: Some((body.len() as u64).div_ceil(4)),
             max_tokens: peek
                 .max_tokens
@@ -220,14 +220,14 @@ pub fn handle(
                 .map(|p| p.measurements_at(pending.t0))
         });
         let estimated_input_tokens = facts.input_tokens.unwrap_or(0);
-        pending.record.reason = decision.reason;
+        pending.rec().reason = decision.reason;
         match decision.refusal {
             Some(Refusal::BudgetExceeded) => {
-                let detail = pending.record.reason.clone();
+                let detail = pending.rec().reason.clone();
                 return pending.reject(ProxyError::BudgetExceeded { detail });
             }
             Some(_) => {
-                let detail = pending.record.reason.clone();
+                let detail = pending.rec().reason.clone();
                 return pending.reject(ProxyError::NoBackend { detail });
             }
             None => {}
@@ -293,7 +293,7 @@ pub fn handle(
             headers.insert(IDEMPOTENCY_KEY, id.clone());
         }
         let exchange = Exchange {
-            otel: pending.record.otel.clone(),
+            otel: pending.rec().otel.clone(),
             operation: operation_name(path),
             risk,
             structured,
@@ -394,7 +394,7 @@ impl Exchange {
                     .and_then(|name| snapshot.pools.get(name))
             };
             // The decision's own skips are already in the reason.
-            let mut decided = std::mem::take(&mut pending.record.reason);
+            let mut decided = std::mem::take(&mut pending.rec().reason);
             let mut notes: Vec<String> = Vec::new();
             let mut held: Option<(Held, AttemptRecord)> = None;
             let mut last_error: Option<ProxyError> = None;
@@ -448,7 +448,7 @@ impl Exchange {
                 held = None;
                 attempted += 1;
                 if attempted == 1 {
-                    pending.record.first_route = Some(Arc::clone(shared_name));
+                    pending.rec().first_route = Some(Arc::clone(shared_name));
                 }
                 let attempt_deadline = timeout.map(|t| now + t);
                 // The client's headers go to the last attempt there can be as
@@ -470,7 +470,7 @@ impl Exchange {
                         record,
                     } => {
                         pending.note_attempt(record, attempted);
-                        pending.record.reason = reason(std::mem::take(&mut decided), name, &notes);
+                        pending.rec().reason = reason(std::mem::take(&mut decided), name, &notes);
                         if let Some(g) = leader.take() {
                             g.streamed();
                         }
@@ -484,7 +484,7 @@ impl Exchange {
                     }
                     AttemptEnd::Whole { head, body, record } => {
                         pending.note_attempt(record, attempted);
-                        pending.record.reason = reason(std::mem::take(&mut decided), name, &notes);
+                        pending.rec().reason = reason(std::mem::take(&mut decided), name, &notes);
                         let route = pool.route_header().cloned();
                         return pending.commit_whole(
                             head,
@@ -558,7 +558,7 @@ impl Exchange {
                             },
                         };
                         notes.push(format!("{name}: {}", err.kind()));
-                        pending.record.queue_wait_ms = ms(now.elapsed());
+                        pending.rec().queue_wait_ms = ms(now.elapsed());
                         pending.pool = Some(Arc::clone(shared_name));
                         last_error = Some(err);
                         if !route.fallback {
@@ -572,7 +572,7 @@ impl Exchange {
             // but deadline_exhausted; otherwise pass on the last backend
             // failure answer, or say why nothing was tried.
             let past_deadline = self.deadline_at.is_some_and(|d| Instant::now() >= d);
-            pending.record.reason = format!("{decided}; then {}", notes.join("; "));
+            pending.rec().reason = format!("{decided}; then {}", notes.join("; "));
             if past_deadline {
                 return pending.reject(ProxyError::DeadlineExhausted {
                     detail: notes.join("; "),
@@ -1180,7 +1180,10 @@ fn rewrite_model(body: &[u8], model: &str) -> Option<Bytes> {
 /// (the client went away), its log line says so.
 struct Pending {
     shared: Arc<Shared>,
-    record: RouteRecord,
+    /// Boxed: the record is most of a pending request's size, and it is
+    /// moved several times (into the walk, the answer, the log queue).
+    /// `None` only once taken (`answered`).
+    record: Option<Box<RouteRecord>>,
     answered: bool,
     t0: Instant,
     pool: Option<Arc<str>>,
@@ -1192,16 +1195,16 @@ struct Pending {
 
 impl Pending {
     fn new(shared: Arc<Shared>, req: &Request<Incoming>, snapshot: &Snapshot) -> Self {
-        let record = RouteRecord {
+        let record = Box::new(RouteRecord {
             offered_at: Timestamp(SystemTime::now()),
             method: req.method().clone(),
             path: req.uri().path().to_string(),
             config_version: Arc::clone(&snapshot.version),
             ..RouteRecord::default()
-        };
+        });
         Self {
             shared,
-            record,
+            record: Some(record),
             answered: false,
             t0: Instant::now(),
             pool: None,
@@ -1210,33 +1213,38 @@ impl Pending {
         }
     }
 
+    /// The record being filled in.
+    fn rec(&mut self) -> &mut RouteRecord {
+        self.record.get_or_insert_with(Box::default)
+    }
+
     /// Takes the record to finish it elsewhere; the drop guard is off.
-    fn take_record(&mut self) -> RouteRecord {
+    fn take_record(&mut self) -> Box<RouteRecord> {
         self.answered = true;
-        std::mem::take(&mut self.record)
+        self.record.take().unwrap_or_default()
     }
 
     fn note_attempt(&mut self, mut attempt: AttemptRecord, n: usize) {
         if attempt.tokens_in.is_some() || attempt.tokens_out.is_some() {
-            self.record.tokens_in = attempt.tokens_in;
-            self.record.tokens_out = attempt.tokens_out;
-            self.record.cost_usd = attempt.cost_usd;
+            self.rec().tokens_in = attempt.tokens_in;
+            self.rec().tokens_out = attempt.tokens_out;
+            self.rec().cost_usd = attempt.cost_usd;
         }
         if attempt.response_model.is_some() {
             // Moved: an attempt's own copy is never logged.
-            self.record.response_model = attempt.response_model.take();
+            self.rec().response_model = attempt.response_model.take();
         }
         if n == 1 {
-            self.record.first_outcome = attempt.outcome;
+            self.rec().first_outcome = attempt.outcome;
         } else {
-            self.record.fallback_outcome = Some(attempt.outcome);
+            self.rec().fallback_outcome = Some(attempt.outcome);
         }
-        self.record.queue_wait_ms += attempt.queue_wait_ms;
+        self.rec().queue_wait_ms += attempt.queue_wait_ms;
         self.pool = Some(attempt.pool.clone());
         // The same attempt may be noted once as failed, then committed as
         // the answer passed on: keep one entry per attempt.
-        if self.record.attempts.len() < n {
-            self.record.attempts.push(attempt);
+        if self.rec().attempts.len() < n {
+            self.rec().attempts.push(attempt);
         }
     }
 
@@ -1426,7 +1434,7 @@ impl Pending {
 impl Drop for Pending {
     fn drop(&mut self) {
         if !self.answered {
-            let record = std::mem::take(&mut self.record);
+            let record = self.record.take().unwrap_or_default();
             let pool = self.pool.take().or_else(|| record.first_route.clone());
             // 499: nginx's "client closed request".
             finish_record(&self.shared, record, self.t0, "client_cancelled", 499, pool);
@@ -1436,7 +1444,7 @@ impl Drop for Pending {
 
 fn finish_record(
     shared: &Shared,
-    mut record: RouteRecord,
+    mut record: Box<RouteRecord>,
     t0: Instant,
     outcome: &'static str,
     status: u16,
@@ -1526,7 +1534,7 @@ fn end_server_span(cx: &opentelemetry::Context, record: &RouteRecord, pool: &str
 struct Finisher {
     shared: Arc<Shared>,
     lease: Lease,
-    record: RouteRecord,
+    record: Box<RouteRecord>,
     attempt: AttemptRecord,
     t0: Instant,
     started: Instant,

@@ -775,67 +775,69 @@ impl Exchange {
             // connection: the backend can stop generating.
             let client = crate::worker_client().unwrap_or_else(|| self.shared.client.clone());
             let sent = client.send(lease.target().map(|t| t.key()), upstream);
-            let Some(result) = within(deadline, sent).await else {
-                return timed_out(&lease, record, started);
-            };
-            let resp = match result {
-                Ok(r) => r,
-                Err(e) => {
+            // The answer's head, in a block of its own: what it binds is not
+            // kept (in the future's state) while the body is read.
+            let (head, incoming) = {
+                let resp = match within(deadline, sent).await {
+                    None => return timed_out(&lease, record, started),
+                    Some(Ok(r)) => r,
+                    Some(Err(e)) => {
+                        let waited = started.elapsed();
+                        lease.observe(Sample::Failure(waited));
+                        record.outcome = if e.is_connect() {
+                            "connect_error"
+                        } else {
+                            "upstream_error"
+                        };
+                        record.latency_ms = ms(waited);
+                        return AttemptEnd::Failed {
+                            retry: RetryOn::ConnectError,
+                            record,
+                            held: None,
+                        };
+                    }
+                };
+                let status = resp.status();
+                record.status = Some(status.as_u16());
+                let failure = if status == StatusCode::TOO_MANY_REQUESTS {
+                    Some((RetryOn::Status429, "status_429"))
+                } else if status.is_server_error() {
+                    Some((RetryOn::Status5xx, "status_5xx"))
+                } else {
+                    None
+                };
+                if let Some((retry, outcome)) = failure {
                     let waited = started.elapsed();
-                    lease.observe(Sample::Failure(waited));
-                    record.outcome = if e.is_connect() {
-                        "connect_error"
+                    if retry == RetryOn::Status429 {
+                        let retry_after = resp
+                            .headers()
+                            .get(header::RETRY_AFTER)
+                            .and_then(|v| v.to_str().ok())
+                            .and_then(|v| v.trim().parse::<u64>().ok())
+                            .map(Duration::from_secs);
+                        lease.observe(Sample::RateLimited(waited, retry_after));
                     } else {
-                        "upstream_error"
-                    };
+                        lease.observe(Sample::Failure(waited));
+                    }
+                    record.outcome = outcome;
                     record.latency_ms = ms(waited);
                     return AttemptEnd::Failed {
-                        retry: RetryOn::ConnectError,
+                        retry,
                         record,
-                        held: None,
+                        held: Some(Held::Stream(resp, lease, started)),
                     };
                 }
-            };
-            let status = resp.status();
-            record.status = Some(status.as_u16());
-            let failure = if status == StatusCode::TOO_MANY_REQUESTS {
-                Some((RetryOn::Status429, "status_429"))
-            } else if status.is_server_error() {
-                Some((RetryOn::Status5xx, "status_5xx"))
-            } else {
-                None
-            };
-            if let Some((retry, outcome)) = failure {
-                let waited = started.elapsed();
-                if retry == RetryOn::Status429 {
-                    let retry_after = resp
-                        .headers()
-                        .get(header::RETRY_AFTER)
-                        .and_then(|v| v.to_str().ok())
-                        .and_then(|v| v.trim().parse::<u64>().ok())
-                        .map(Duration::from_secs);
-                    lease.observe(Sample::RateLimited(waited, retry_after));
-                } else {
-                    lease.observe(Sample::Failure(waited));
+                if !self.should_buffer(&resp) {
+                    return AttemptEnd::Stream {
+                        resp,
+                        lease,
+                        started,
+                        record,
+                    };
                 }
-                record.outcome = outcome;
-                record.latency_ms = ms(waited);
-                return AttemptEnd::Failed {
-                    retry,
-                    record,
-                    held: Some(Held::Stream(resp, lease, started)),
-                };
-            }
-            if !self.should_buffer(&resp) {
-                return AttemptEnd::Stream {
-                    resp,
-                    lease,
-                    started,
-                    record,
-                };
-            }
-            // A JSON answer: read it whole inside the attempt's time.
-            let (head, incoming) = resp.into_parts();
+                // A JSON answer: read it whole inside the attempt's time.
+                resp.into_parts()
+            };
             let read = forward::read_whole(incoming, BUFFERED_ANSWER_LIMIT);
             let Some(body) = within(deadline, read).await else {
                 return timed_out(&lease, record, started);

@@ -398,21 +398,15 @@ impl<'a> Parser<'a> {
     /// The opening `{` of the body.
     #[inline(always)]
     fn top_level_object(&mut self) -> Result<()> {
-        if self.eat(b'{') {
-            return Ok(());
-        }
-        match self.ws() {
-            Some(b'{') => {
-                self.i += 1;
-                Ok(())
-            }
-            None => Err(self.peek_error(Code::EofWhileParsingValue)),
+        match self.eat_after_ws(b'{') {
+            Ok(()) => Ok(()),
+            Err(None) => Err(self.peek_error(Code::EofWhileParsingValue)),
             // Where serde's derived struct would take the fields in order.
-            Some(b'[') => {
+            Err(Some(b'[')) => {
                 Err(self
                     .peek_error_message("invalid type: sequence, expected a JSON object".into()))
             }
-            Some(_) => Err(self.invalid_type("a JSON object")),
+            Err(Some(_)) => Err(self.invalid_type("a JSON object")),
         }
     }
 
@@ -422,20 +416,14 @@ impl<'a> Parser<'a> {
     /// read, for [`Self::array_fields`]).
     #[inline(always)]
     fn nested(&mut self, expecting: &str) -> Result<bool> {
-        if self.eat(b'{') {
-            return Ok(true);
-        }
-        match self.ws() {
-            Some(b'{') => {
-                self.i += 1;
-                Ok(true)
-            }
-            Some(b'[') => {
+        match self.eat_after_ws(b'{') {
+            Ok(()) => Ok(true),
+            Err(Some(b'[')) => {
                 self.i += 1;
                 Ok(false)
             }
-            None => Err(self.peek_error(Code::EofWhileParsingValue)),
-            Some(_) => Err(self.invalid_type(expecting)),
+            Err(None) => Err(self.peek_error(Code::EofWhileParsingValue)),
+            Err(Some(_)) => Err(self.invalid_type(expecting)),
         }
     }
 
@@ -545,16 +533,10 @@ impl<'a> Parser<'a> {
 
     #[inline(always)]
     fn colon(&mut self) -> Result<()> {
-        if self.eat(b':') {
-            return Ok(());
-        }
-        match self.ws() {
-            Some(b':') => {
-                self.i += 1;
-                Ok(())
-            }
-            Some(_) => Err(self.peek_error(Code::ExpectedColon)),
-            None => Err(self.peek_error(Code::EofWhileParsingObject)),
+        match self.eat_after_ws(b':') {
+            Ok(()) => Ok(()),
+            Err(Some(_)) => Err(self.peek_error(Code::ExpectedColon)),
+            Err(None) => Err(self.peek_error(Code::EofWhileParsingObject)),
         }
     }
 
@@ -587,16 +569,10 @@ impl<'a> Parser<'a> {
 
     #[inline(always)]
     fn string(&mut self) -> Result<Cow<'a, str>> {
-        if self.eat(b'"') {
-            return self.string_body();
-        }
-        match self.ws() {
-            Some(b'"') => {
-                self.i += 1;
-                self.string_body()
-            }
-            None => Err(self.peek_error(Code::EofWhileParsingValue)),
-            Some(_) => Err(self.invalid_type("a string")),
+        match self.eat_after_ws(b'"') {
+            Ok(()) => self.string_body(),
+            Err(None) => Err(self.peek_error(Code::EofWhileParsingValue)),
+            Err(Some(_)) => Err(self.invalid_type("a string")),
         }
     }
 
@@ -965,6 +941,22 @@ impl<'a> Parser<'a> {
             self.i += 1;
         }
         found
+    }
+
+    /// Reads `c` if it is next, at once (compact JSON) or after
+    /// whitespace; else the byte found instead, unread (`None`: the end).
+    #[inline(always)]
+    fn eat_after_ws(&mut self, c: u8) -> std::result::Result<(), Option<u8>> {
+        if self.eat(c) {
+            return Ok(());
+        }
+        match self.ws() {
+            Some(b) if b == c => {
+                self.i += 1;
+                Ok(())
+            }
+            other => Err(other),
+        }
     }
 
     /// Skips whitespace; the next byte.

@@ -42,7 +42,7 @@ use crate::error::ProxyError;
 use crate::forward::{self, BodyEnd, Completion, ReadWholeError, TrackedBody};
 use crate::idempotency::{self, Claim, FollowResult, LeaderGuard, StoredAnswer};
 use crate::json_peek::RequestPeek;
-use crate::pool::{Availability, Lease, PoolRuntime, Sample, Shed};
+use crate::pool::{Lease, PoolRuntime, Sample, Shed};
 use crate::request_headers::RequestHeaders;
 use crate::route_log::{AttemptRecord, RouteRecord, Timestamp};
 use crate::telemetry;
@@ -91,7 +91,7 @@ pub fn full(body: Response<Bytes>) -> Response<ProxyBody> {
 /// Not an `async fn`: an `async fn` future keeps its arguments twice (as
 /// given, and as the body's locals), and every move of the future copies
 /// both; an `async move` block uses them in place.
-#[allow(clippy::manual_async_fn)] // on purpose: see `handle`
+#[allow(clippy::manual_async_fn)] // on purpose: see above
 pub fn handle(
     shared: Arc<Shared>,
     client_ip: HeaderValue,
@@ -385,14 +385,9 @@ impl Exchange {
         async move {
             // The decision's candidates (chain positions) and their pools,
             // looked up as they are needed: no list is built per request.
-            let candidates = std::mem::take(&mut self.candidates);
-            let snapshot = Arc::clone(&self.snapshot);
-            let pool_at = |k: &usize| {
-                route
-                    .chain
-                    .get(*k)
-                    .and_then(|name| snapshot.pools.get(name))
-            };
+            let candidates = &self.candidates;
+            let pools = &self.snapshot.pools;
+            let pool_at = |k: &usize| route.chain.get(*k).and_then(|name| pools.get(name));
             // The decision's own skips are already in the reason.
             let mut decided = std::mem::take(&mut pending.rec().reason);
             let mut notes: Vec<String> = Vec::new();
@@ -419,10 +414,11 @@ impl Exchange {
                         continue;
                     }
                 };
-                // The next pool that could take the request, if this one fails
-                // (looked up lazily: only the first available one matters).
+                // The outlook of the next pool that could take the request, if
+                // this one fails (looked up lazily: only the first available
+                // one matters).
                 let next = if route.fallback {
-                    later().find(|p| p.availability_at(now) == Availability::Ready)
+                    later().find_map(|p| p.ready_outlook_at(now).ok())
                 } else {
                     None
                 };
@@ -432,7 +428,7 @@ impl Exchange {
                     attempt_timeout: policy_pool
                         .and_then(|p| p.attempt_timeout)
                         .or(route.attempt_timeout),
-                    next_p95: next.and_then(|p| p.outlook_at(now).p95),
+                    next_p95: next.and_then(|o| o.p95),
                     last_candidate: next.is_none(),
                 };
                 let timeout = match plan_attempt(budget, outlook) {
@@ -1184,9 +1180,8 @@ struct Pending {
     shared: Arc<Shared>,
     /// Boxed: the record is most of a pending request's size, and it is
     /// moved several times (into the walk, the answer, the log queue).
-    /// `None` only once taken (`answered`).
+    /// `None` once taken to answer: the drop guard is then off.
     record: Option<Box<RouteRecord>>,
-    answered: bool,
     t0: Instant,
     pool: Option<Arc<str>>,
     /// The request id as a header value, once known.
@@ -1207,7 +1202,6 @@ impl Pending {
         Self {
             shared,
             record: Some(record),
-            answered: false,
             t0: Instant::now(),
             pool: None,
             id_header: None,
@@ -1222,31 +1216,31 @@ impl Pending {
 
     /// Takes the record to finish it elsewhere; the drop guard is off.
     fn take_record(&mut self) -> Box<RouteRecord> {
-        self.answered = true;
         self.record.take().unwrap_or_default()
     }
 
     fn note_attempt(&mut self, mut attempt: AttemptRecord, n: usize) {
+        self.pool = Some(attempt.pool.clone());
+        let rec = self.rec();
         if attempt.tokens_in.is_some() || attempt.tokens_out.is_some() {
-            self.rec().tokens_in = attempt.tokens_in;
-            self.rec().tokens_out = attempt.tokens_out;
-            self.rec().cost_usd = attempt.cost_usd;
+            rec.tokens_in = attempt.tokens_in;
+            rec.tokens_out = attempt.tokens_out;
+            rec.cost_usd = attempt.cost_usd;
         }
         if attempt.response_model.is_some() {
             // Moved: an attempt's own copy is never logged.
-            self.rec().response_model = attempt.response_model.take();
+            rec.response_model = attempt.response_model.take();
         }
         if n == 1 {
-            self.rec().first_outcome = attempt.outcome;
+            rec.first_outcome = attempt.outcome;
         } else {
-            self.rec().fallback_outcome = Some(attempt.outcome);
+            rec.fallback_outcome = Some(attempt.outcome);
         }
-        self.rec().queue_wait_ms += attempt.queue_wait_ms;
-        self.pool = Some(attempt.pool.clone());
+        rec.queue_wait_ms += attempt.queue_wait_ms;
         // The same attempt may be noted once as failed, then committed as
         // the answer passed on: keep one entry per attempt.
-        if self.rec().attempts.len() < n {
-            self.rec().attempts.push(attempt);
+        if rec.attempts.len() < n {
+            rec.attempts.push(attempt);
         }
     }
 
@@ -1435,8 +1429,7 @@ impl Pending {
 
 impl Drop for Pending {
     fn drop(&mut self) {
-        if !self.answered {
-            let record = self.record.take().unwrap_or_default();
+        if let Some(record) = self.record.take() {
             let pool = self.pool.take().or_else(|| record.first_route.clone());
             // 499: nginx's "client closed request".
             finish_record(&self.shared, record, self.t0, "client_cancelled", 499, pool);

@@ -7,6 +7,7 @@
 //! Modules, in the order a request meets them:
 //!
 //! - [`handler`]: the request path, from arrival to the log line;
+//! - [`request_headers`]: the client headers the router reads, in one pass;
 //! - [`admin`]: `/_custom_router/set-backends`, `health`, `metrics`;
 //! - [`config`]: the immutable [`config::Snapshot`] and its atomic swaps;
 //! - [`pool`]: the bounded FIFO and event-driven dispatch of one pool;
@@ -15,6 +16,7 @@
 //! - [`balance_workers`]: which worker thread a new connection goes to;
 //! - [`json_peek`]: the request and answer fields read from JSON bodies;
 //! - [`route_log`], [`metrics`]: what the proxy tells operators;
+//! - [`stop_signal`]: how a drain reaches every open connection;
 //! - [`reload`]: standalone mode's policy file watcher;
 //! - [`settings`], [`error`]: environment and typed errors.
 //!

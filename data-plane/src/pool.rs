@@ -415,28 +415,17 @@ impl PoolRuntime {
 
     /// Whether the pool can take requests at all.
     pub fn availability(&self) -> Availability {
-        self.availability_at(Instant::now())
-    }
-
-    /// [`Self::availability`] as of `now` (a request passes its own clock
-    /// reading to the pool calls it makes before dispatch).
-    pub fn availability_at(&self, now: Instant) -> Availability {
-        availability_of(&self.lock(), now)
+        availability_of(&self.lock(), Instant::now())
     }
 
     /// What the deadline planner needs to know about this pool now.
     pub fn outlook(&self) -> PoolOutlook {
-        self.outlook_at(Instant::now())
+        outlook_of(&mut self.lock(), Instant::now())
     }
 
-    /// [`Self::outlook`] as of `now`.
-    pub fn outlook_at(&self, now: Instant) -> PoolOutlook {
-        outlook_of(&mut self.lock(), now)
-    }
-
-    /// The outlook as of `now` when the pool can take requests, else why
-    /// not: [`Self::availability_at`] and [`Self::outlook_at`] under one
-    /// lock.
+    /// The outlook as of `now` (a request passes its own clock reading)
+    /// when the pool can take requests, else why not: [`Self::availability`]
+    /// and [`Self::outlook`] under one lock.
     pub fn ready_outlook_at(&self, now: Instant) -> Result<PoolOutlook, Availability> {
         let mut st = self.lock();
         match availability_of(&st, now) {
@@ -446,7 +435,7 @@ impl PoolRuntime {
     }
 }
 
-/// [`PoolRuntime::outlook_at`] on a locked state.
+/// [`PoolRuntime::outlook`] on a locked state.
 fn outlook_of(st: &mut PoolState, now: Instant) -> PoolOutlook {
     st.expire_latencies(now);
     let p95 = st.p95(now);

@@ -311,59 +311,48 @@ macro_rules! opt_key {
     };
 }
 
-/// An optional string field: its key and the string (its contents written
-/// by `contents`), or its key and `null`.
+/// An optional field: its key and the value (written by `write`), or its
+/// key and `null`.
 #[inline(always)]
-fn json_opt_with(
-    out: &mut Vec<u8>,
-    key: OptKey,
-    s: Option<&str>,
-    contents: fn(&mut Vec<u8>, &str),
-) {
-    match s {
-        Some(s) => {
+fn json_opt<T>(out: &mut Vec<u8>, key: OptKey, v: Option<T>, write: impl FnOnce(&mut Vec<u8>, T)) {
+    match v {
+        Some(v) => {
             out.extend_from_slice(key.some);
-            contents(out, s);
-            out.push(b'"');
+            write(out, v);
         }
         None => out.extend_from_slice(key.none),
     }
 }
 
-/// An optional string field, escaped as JSON needs.
+/// An optional string field, escaped as JSON needs (its key ends with the
+/// opening quote).
 #[inline(always)]
 fn json_opt_str(out: &mut Vec<u8>, key: OptKey, s: Option<&str>) {
-    json_opt_with(out, key, s, json_str_contents);
+    json_opt(out, key, s, |out, s| {
+        json_str_contents(out, s);
+        out.push(b'"');
+    });
 }
 
 /// [`json_opt_str`] for strings that never need escaping.
 #[inline(always)]
 fn json_opt_plain(out: &mut Vec<u8>, key: OptKey, s: Option<&str>) {
-    json_opt_with(out, key, s, json_plain_contents);
+    json_opt(out, key, s, |out, s| {
+        json_plain_contents(out, s);
+        out.push(b'"');
+    });
 }
 
-/// An optional number field: its key and the number, or its key and `null`.
+/// An optional number field.
 #[inline(always)]
 fn json_opt_u64(out: &mut Vec<u8>, key: OptKey, n: Option<u64>) {
-    match n {
-        Some(n) => {
-            out.extend_from_slice(key.some);
-            json_u64(out, n);
-        }
-        None => out.extend_from_slice(key.none),
-    }
+    json_opt(out, key, n, json_u64);
 }
 
 /// [`json_opt_u64`] for a float.
 #[inline(always)]
 fn json_opt_f64(out: &mut Vec<u8>, key: OptKey, x: Option<f64>) {
-    match x {
-        Some(x) => {
-            out.extend_from_slice(key.some);
-            json_f64(out, x);
-        }
-        None => out.extend_from_slice(key.none),
-    }
+    json_opt(out, key, x, json_f64);
 }
 
 // ---- Integers ----

@@ -347,21 +347,12 @@ pub fn decide_on_route(
     }
 }
 
-/// The estimated cost of the request on `pool`.
-pub fn estimate_cost(pool: &Pool, situation: &Situation) -> f64 {
-    cost_of(pool, situation.input_tokens, situation.max_tokens)
-}
-
-/// The estimated cost of the request on `pool`, from borrowed facts: the
-/// same as [`estimate_cost`] on the situation the facts come from.
-pub fn estimate_request_cost(pool: &Pool, facts: &RequestFacts<'_>) -> f64 {
-    cost_of(pool, facts.input_tokens, facts.max_tokens)
-}
-
-fn cost_of(pool: &Pool, input_tokens: Option<u64>, max_tokens: Option<u64>) -> f64 {
+/// The estimated cost of the request on `pool`: prompt tokens at the input
+/// price, `max_tokens` (else [`DEFAULT_MAX_TOKENS`]) at the output price.
+fn estimate_cost(pool: &Pool, facts: &RequestFacts<'_>) -> f64 {
     pool.price.cost(
-        input_tokens.unwrap_or(0),
-        max_tokens.unwrap_or(DEFAULT_MAX_TOKENS),
+        facts.input_tokens.unwrap_or(0),
+        facts.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS),
     )
 }
 
@@ -400,7 +391,7 @@ fn decide_core<'p>(
             Some(_) if !route.allow_downgrade && i > 0 => Err(Gated::NoDowngrade),
             Some(pool) => {
                 let m = measure(i, name).unwrap_or_default();
-                let cost = estimate_request_cost(pool, facts);
+                let cost = estimate_cost(pool, facts);
                 gate(pool, route, &m, facts.structured_output, deadline_ms, cost).map(|()| cost)
             }
         };

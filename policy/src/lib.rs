@@ -9,6 +9,13 @@
 //!   into a [`Policy`]; every error at once, each with its field path.
 //! - [`endpoint`]: backend addresses (`host:port`, `http://…`, `https://…/v1`).
 //! - [`balance`]: EWMA bookkeeping and the choice of an endpoint inside a pool.
+//! - [`decide`]: the per-request decision: route, gates, candidate pools, reason.
+//! - [`deadline`]: how long an attempt may take; pools skipped for time.
+//! - [`outcome`]: how a request or an attempt ended ([`Outcome`]), and the
+//!   questions the chain asks of it.
+//! - [`fallback`]: what follows an attempt ([`next_step`]): answer, next
+//!   pool, or stop, and why.
+//! - [`structured`]: structured-output (JSON schema) checks of answers.
 
 #![forbid(unsafe_code)]
 
@@ -17,6 +24,8 @@ pub mod deadline;
 pub mod decide;
 pub mod document;
 pub mod endpoint;
+pub mod fallback;
+pub mod outcome;
 pub mod structured;
 
 pub use balance::{EndpointLoad, Scoring};
@@ -25,3 +34,5 @@ pub use document::{
     Provider, QueueSettings, RetryOn, Risk, Route, RouteMatch,
 };
 pub use endpoint::{Endpoint, EndpointError, Scheme};
+pub use fallback::{next_step, Step, StopReason};
+pub use outcome::Outcome;

@@ -1,0 +1,323 @@
+//! How a request, or one attempt of it, ended: one type for every ending.
+//!
+//! Every place that records an ending (the route log, `router_*` metrics,
+//! OpenTelemetry spans, the typed error body) writes [`Outcome::as_str`],
+//! so the labels cannot drift apart, and every place that *decides* on an
+//! ending asks the enum a question instead of comparing text:
+//!
+//! - [`Outcome::retry_class`]: which `retry_on` entry of a route covers it
+//!   (`None`: it is not a backend failure a route can retry);
+//! - [`Outcome::may_have_reached_backend`]: whether the backend may have
+//!   started work on the request (the rule that keeps SEND and DESTRUCTIVE
+//!   requests from being sent twice, [`crate::fallback`]);
+//! - [`Outcome::is_shed`]: the router's own load-shedding answers, which
+//!   never reached a backend and are counted as sheds.
+//!
+//! The labels are part of the contract (the route log and the
+//! `router_requests_total{outcome}` label); [`Outcome::ALL`] lists them all
+//! and the tests pin each one.
+
+use std::fmt;
+
+use serde::{Serialize, Serializer};
+
+use crate::document::RetryOn;
+
+/// How a request, or one attempt of it, ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Outcome {
+    /// A backend answered (2xx–4xx other than 429), passed on.
+    #[default]
+    Ok,
+    /// An `Idempotency-Key` retry answered with the stored answer.
+    Replayed,
+    /// The endpoint could not be reached: refused, or the connection
+    /// failed before the request was written.
+    ConnectError,
+    /// The connection broke after the request may have been written, or
+    /// the answer's body could not be read.
+    UpstreamError,
+    /// No answer inside the attempt's timeout (queue wait included).
+    Timeout,
+    /// The endpoint answered 429 (it refused the work).
+    Status429,
+    /// The endpoint answered 5xx.
+    Status5xx,
+    /// A 2xx JSON answer that does not parse, or fails the requested
+    /// structured-output schema.
+    MalformedJson,
+    /// A streamed answer the backend cut before its end.
+    UpstreamReset,
+    /// The client went away before its answer was complete.
+    ClientCancelled,
+    /// No pool could answer inside the deadline, or a stream outlived it.
+    DeadlineExhausted,
+    /// Evicted as the oldest waiter of a full queue.
+    QueueFull,
+    /// Waited past the pool's queue timeout.
+    QueueTimeout,
+    /// No pool has an endpoint to send to.
+    NoBackend,
+    /// A retry of a request that was streamed or is still streaming.
+    DuplicateRequest,
+    /// An `Idempotency-Key` reused with a different request.
+    IdempotencyMismatch,
+    /// The route needs approval and no valid token was given.
+    ApprovalRequired,
+    /// A cost ceiling forbids every eligible pool.
+    BudgetExceeded,
+    /// A malformed request (or an upstream request that could not be made).
+    InvalidRequest,
+    /// The request body is over the limit.
+    PayloadTooLarge,
+    /// The client did not send its body in time.
+    RequestTimeout,
+    /// An admin call without a valid token.
+    Unauthorized,
+    /// Unknown admin path.
+    NotFound,
+    /// Known admin path, wrong method.
+    MethodNotAllowed,
+}
+
+impl Outcome {
+    /// Every outcome, in declaration order.
+    pub const ALL: [Outcome; 24] = [
+        Outcome::Ok,
+        Outcome::Replayed,
+        Outcome::ConnectError,
+        Outcome::UpstreamError,
+        Outcome::Timeout,
+        Outcome::Status429,
+        Outcome::Status5xx,
+        Outcome::MalformedJson,
+        Outcome::UpstreamReset,
+        Outcome::ClientCancelled,
+        Outcome::DeadlineExhausted,
+        Outcome::QueueFull,
+        Outcome::QueueTimeout,
+        Outcome::NoBackend,
+        Outcome::DuplicateRequest,
+        Outcome::IdempotencyMismatch,
+        Outcome::ApprovalRequired,
+        Outcome::BudgetExceeded,
+        Outcome::InvalidRequest,
+        Outcome::PayloadTooLarge,
+        Outcome::RequestTimeout,
+        Outcome::Unauthorized,
+        Outcome::NotFound,
+        Outcome::MethodNotAllowed,
+    ];
+
+    /// The label in logs, metrics, spans and error bodies.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Ok => "ok",
+            Self::Replayed => "replayed",
+            Self::ConnectError => "connect_error",
+            Self::UpstreamError => "upstream_error",
+            Self::Timeout => "timeout",
+            Self::Status429 => "status_429",
+            Self::Status5xx => "status_5xx",
+            Self::MalformedJson => "malformed_json",
+            Self::UpstreamReset => "upstream_reset",
+            Self::ClientCancelled => "client_cancelled",
+            Self::DeadlineExhausted => "deadline_exhausted",
+            Self::QueueFull => "queue_full",
+            Self::QueueTimeout => "queue_timeout",
+            Self::NoBackend => "no_backend",
+            Self::DuplicateRequest => "duplicate_request",
+            Self::IdempotencyMismatch => "idempotency_mismatch",
+            Self::ApprovalRequired => "approval_required",
+            Self::BudgetExceeded => "budget_exceeded",
+            Self::InvalidRequest => "invalid_request",
+            Self::PayloadTooLarge => "payload_too_large",
+            Self::RequestTimeout => "request_timeout",
+            Self::Unauthorized => "unauthorized",
+            Self::NotFound => "not_found",
+            Self::MethodNotAllowed => "method_not_allowed",
+        }
+    }
+
+    /// A backend's answer was passed on (or replayed).
+    pub const fn is_success(self) -> bool {
+        matches!(self, Self::Ok | Self::Replayed)
+    }
+
+    /// The `retry_on` entry of a route that covers this failure; `None` for
+    /// answers and for endings that are not a backend's failure.
+    ///
+    /// A request that could not even be made for an endpoint
+    /// ([`Outcome::InvalidRequest`] on an attempt) counts as a connect error:
+    /// another pool's endpoint may work.
+    pub const fn retry_class(self) -> Option<RetryOn> {
+        match self {
+            Self::ConnectError | Self::UpstreamError | Self::InvalidRequest => {
+                Some(RetryOn::ConnectError)
+            }
+            Self::Timeout => Some(RetryOn::Timeout),
+            Self::Status429 => Some(RetryOn::Status429),
+            Self::Status5xx => Some(RetryOn::Status5xx),
+            Self::MalformedJson => Some(RetryOn::MalformedJson),
+            _ => None,
+        }
+    }
+
+    /// False only when the backend provably did not start work on the
+    /// request: the connection was refused, the backend refused it with
+    /// 429, or the router never sent it (an upstream request that could not
+    /// be made, a shed, any of the router's own answers). Everything else
+    /// (a timeout, a 5xx, a connection broken after writing, a malformed
+    /// answer) may have started a generation.
+    ///
+    /// As an attempt's ending, [`Outcome::DeadlineExhausted`] is the router
+    /// giving a queued slot back unused because the answer could no longer
+    /// come in time: nothing was sent.
+    pub const fn may_have_reached_backend(self) -> bool {
+        match self {
+            Self::ConnectError | Self::Status429 | Self::InvalidRequest => false,
+            Self::DuplicateRequest
+            | Self::IdempotencyMismatch
+            | Self::ApprovalRequired
+            | Self::PayloadTooLarge
+            | Self::RequestTimeout
+            | Self::Unauthorized
+            | Self::NotFound
+            | Self::MethodNotAllowed => false,
+            other => !other.is_shed(),
+        }
+    }
+
+    /// The router's own load-shedding answers.
+    pub const fn is_shed(self) -> bool {
+        matches!(
+            self,
+            Self::QueueFull
+                | Self::QueueTimeout
+                | Self::NoBackend
+                | Self::DeadlineExhausted
+                | Self::BudgetExceeded
+        )
+    }
+}
+
+impl fmt::Display for Outcome {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl Serialize for Outcome {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn labels_are_the_contract() {
+        let labels: Vec<&str> = Outcome::ALL.iter().map(|o| o.as_str()).collect();
+        assert_eq!(
+            labels,
+            [
+                "ok",
+                "replayed",
+                "connect_error",
+                "upstream_error",
+                "timeout",
+                "status_429",
+                "status_5xx",
+                "malformed_json",
+                "upstream_reset",
+                "client_cancelled",
+                "deadline_exhausted",
+                "queue_full",
+                "queue_timeout",
+                "no_backend",
+                "duplicate_request",
+                "idempotency_mismatch",
+                "approval_required",
+                "budget_exceeded",
+                "invalid_request",
+                "payload_too_large",
+                "request_timeout",
+                "unauthorized",
+                "not_found",
+                "method_not_allowed",
+            ]
+        );
+        // Distinct: a label names one outcome.
+        let mut sorted = labels.clone();
+        sorted.sort_unstable();
+        sorted.dedup();
+        assert_eq!(sorted.len(), labels.len());
+    }
+
+    #[test]
+    fn each_backend_failure_has_its_retry_class() {
+        assert_eq!(
+            Outcome::ConnectError.retry_class(),
+            Some(RetryOn::ConnectError)
+        );
+        assert_eq!(
+            Outcome::UpstreamError.retry_class(),
+            Some(RetryOn::ConnectError)
+        );
+        assert_eq!(Outcome::Timeout.retry_class(), Some(RetryOn::Timeout));
+        assert_eq!(Outcome::Status429.retry_class(), Some(RetryOn::Status429));
+        assert_eq!(Outcome::Status5xx.retry_class(), Some(RetryOn::Status5xx));
+        assert_eq!(
+            Outcome::MalformedJson.retry_class(),
+            Some(RetryOn::MalformedJson)
+        );
+        for o in [
+            Outcome::Ok,
+            Outcome::Replayed,
+            Outcome::ClientCancelled,
+            Outcome::QueueFull,
+            Outcome::UpstreamReset,
+        ] {
+            assert_eq!(o.retry_class(), None, "{o}");
+        }
+    }
+
+    #[test]
+    fn only_refusals_before_work_never_reached_the_backend() {
+        let never: Vec<Outcome> = Outcome::ALL
+            .into_iter()
+            .filter(|o| o.retry_class().is_some() && !o.may_have_reached_backend())
+            .collect();
+        assert_eq!(
+            never,
+            [
+                Outcome::ConnectError,
+                Outcome::Status429,
+                Outcome::InvalidRequest
+            ]
+        );
+        // Sheds never left the router.
+        for o in Outcome::ALL.into_iter().filter(|o| o.is_shed()) {
+            assert!(!o.may_have_reached_backend(), "{o}");
+        }
+        // What may have started a generation.
+        for o in [
+            Outcome::UpstreamError,
+            Outcome::Timeout,
+            Outcome::Status5xx,
+            Outcome::MalformedJson,
+            Outcome::Ok,
+        ] {
+            assert!(o.may_have_reached_backend(), "{o}");
+        }
+    }
+
+    #[test]
+    fn serializes_as_its_label() {
+        let s = serde_json::to_string(&Outcome::Status5xx).unwrap_or_default();
+        assert_eq!(s, "\"status_5xx\"");
+        assert_eq!(Outcome::QueueFull.to_string(), "queue_full");
+    }
+}

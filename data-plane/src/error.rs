@@ -2,13 +2,14 @@
 //!
 //! Every way a request can fail without a backend's answer is one variant
 //! of [`ProxyError`]; the variant alone decides the HTTP status, the
-//! OpenAI-shaped error `type`, the outcome label in metrics and logs, and
+//! OpenAI-shaped error `type`, the [`Outcome`] in metrics and logs, and
 //! whether `Retry-After` is sent. Nothing downstream inspects message text.
 
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::{header, HeaderValue, Response, StatusCode};
+use router_policy::Outcome;
 
 /// Why a request was answered by the router itself.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -108,38 +109,36 @@ impl ProxyError {
         }
     }
 
-    /// The error `type` in the JSON body, also the outcome label in
-    /// metrics and in the route decision log.
-    pub fn kind(&self) -> &'static str {
+    /// The outcome this answer records: its label is the error `type` in
+    /// the JSON body and the outcome in metrics and the route log.
+    pub fn outcome(&self) -> Outcome {
         match self {
-            Self::QueueFull { .. } => "queue_full",
-            Self::QueueTimeout { .. } => "queue_timeout",
-            Self::NoBackend { .. } => "no_backend",
-            Self::DeadlineExhausted { .. } => "deadline_exhausted",
-            Self::DuplicateRequest(_) => "duplicate_request",
-            Self::IdempotencyMismatch(_) => "idempotency_mismatch",
-            Self::ApprovalRequired(_) => "approval_required",
-            Self::BudgetExceeded { .. } => "budget_exceeded",
-            Self::InvalidRequest(_) => "invalid_request",
-            Self::PayloadTooLarge { .. } => "payload_too_large",
-            Self::RequestTimeout(_) => "request_timeout",
-            Self::Upstream { .. } => "upstream_error",
-            Self::Unauthorized => "unauthorized",
-            Self::NotFound => "not_found",
-            Self::MethodNotAllowed => "method_not_allowed",
+            Self::QueueFull { .. } => Outcome::QueueFull,
+            Self::QueueTimeout { .. } => Outcome::QueueTimeout,
+            Self::NoBackend { .. } => Outcome::NoBackend,
+            Self::DeadlineExhausted { .. } => Outcome::DeadlineExhausted,
+            Self::DuplicateRequest(_) => Outcome::DuplicateRequest,
+            Self::IdempotencyMismatch(_) => Outcome::IdempotencyMismatch,
+            Self::ApprovalRequired(_) => Outcome::ApprovalRequired,
+            Self::BudgetExceeded { .. } => Outcome::BudgetExceeded,
+            Self::InvalidRequest(_) => Outcome::InvalidRequest,
+            Self::PayloadTooLarge { .. } => Outcome::PayloadTooLarge,
+            Self::RequestTimeout(_) => Outcome::RequestTimeout,
+            Self::Upstream { .. } => Outcome::UpstreamError,
+            Self::Unauthorized => Outcome::Unauthorized,
+            Self::NotFound => Outcome::NotFound,
+            Self::MethodNotAllowed => Outcome::MethodNotAllowed,
         }
+    }
+
+    /// The error `type` in the JSON body ([`ProxyError::outcome`]'s label).
+    pub fn kind(&self) -> &'static str {
+        self.outcome().as_str()
     }
 
     /// True for the load-shedding answers (counted as sheds).
     pub fn is_shed(&self) -> bool {
-        matches!(
-            self,
-            Self::QueueFull { .. }
-                | Self::QueueTimeout { .. }
-                | Self::NoBackend { .. }
-                | Self::DeadlineExhausted { .. }
-                | Self::BudgetExceeded { .. }
-        )
+        self.outcome().is_shed()
     }
 
     /// The OpenAI-shaped JSON answer.

@@ -295,16 +295,6 @@ pub async fn start(options: ProxyOptions) -> Result<RunningProxy, StartError> {
     })
 }
 
-thread_local! {
-    /// This worker thread's upstream client (connections owned by its runtime).
-    static WORKER_CLIENT: std::cell::RefCell<Option<UpstreamClient>> = const { std::cell::RefCell::new(None) };
-}
-
-/// The upstream client of the worker thread running this request, if any.
-pub fn worker_client() -> Option<UpstreamClient> {
-    WORKER_CLIENT.with(|c| c.borrow().clone())
-}
-
 /// A connection-serving worker thread, as the accept loop sees it.
 struct Worker {
     /// Accepted connections handed to the worker.
@@ -340,7 +330,6 @@ fn start_workers(
         std::thread::Builder::new()
             .name(format!("router-worker-{i}"))
             .spawn(move || {
-                WORKER_CLIENT.with(|c| *c.borrow_mut() = Some(client));
                 runtime.block_on(async move {
                     let mut connections = tokio::task::JoinSet::new();
                     loop {
@@ -348,7 +337,12 @@ fn start_workers(
                             next = rx.recv() => match next {
                                 Some((std_stream, remote)) => match TcpStream::from_std(std_stream) {
                                     Ok(stream) => {
-                                        connections.spawn(serve_connection(Arc::clone(&shared), stream, remote));
+                                        connections.spawn(serve_connection(
+                                            Arc::clone(&shared),
+                                            client.clone(),
+                                            stream,
+                                            remote,
+                                        ));
                                     }
                                     Err(e) => tracing::debug!(%remote, error = %e, "cannot adopt a connection"),
                                 },
@@ -370,16 +364,27 @@ fn start_workers(
     Ok((workers, dones))
 }
 
-async fn serve_connection(shared: Arc<Shared>, stream: TcpStream, remote: SocketAddr) {
+/// Serves one client connection; its requests' attempts use `client`, the
+/// upstream connection pool of the thread it runs on.
+async fn serve_connection(
+    shared: Arc<Shared>,
+    client: UpstreamClient,
+    stream: TcpStream,
+    remote: SocketAddr,
+) {
     let _ = stream.set_nodelay(true);
     let svc_shared = Arc::clone(&shared);
     let client_ip = forward::client_ip_header(remote.ip());
     let service = service_fn(move |req| {
         let shared = Arc::clone(&svc_shared);
         let client_ip = client_ip.clone();
+        let client = client.clone();
         // A combinator, not an `async` block: the block would keep its own
         // copies of the arguments beside the handler's future.
-        futures_util::FutureExt::map(handler::handle(shared, client_ip, req), Ok::<_, Infallible>)
+        futures_util::FutureExt::map(
+            handler::handle(shared, client, client_ip, req),
+            Ok::<_, Infallible>,
+        )
     });
     let conn = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())
@@ -423,7 +428,13 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, workers: Vec<Wo
             }
         };
         if workers.is_empty() {
-            tokio::spawn(serve_connection(Arc::clone(&shared), stream, remote));
+            let client = shared.client.clone();
+            tokio::spawn(serve_connection(
+                Arc::clone(&shared),
+                client,
+                stream,
+                remote,
+            ));
             continue;
         }
         // Placed per connection, not per request (see `balance_workers`).

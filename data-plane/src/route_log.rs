@@ -11,6 +11,7 @@ use std::io::Write;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use router_policy::Outcome;
 use serde::Serialize;
 
 use crate::metrics::Metrics;
@@ -22,8 +23,8 @@ pub struct AttemptRecord {
     pub pool: Arc<str>,
     /// Endpoint address.
     pub endpoint: Arc<str>,
-    /// `ok`, `status_5xx`, `status_429`, `connect_error`, `client_cancelled`, ...
-    pub outcome: &'static str,
+    /// How the attempt ended.
+    pub outcome: Outcome,
     /// Upstream HTTP status, if one came back.
     pub status: Option<u16>,
     /// Time to the answer's first byte (or to the failure), after the queue.
@@ -96,13 +97,13 @@ pub struct RouteRecord {
     /// First pool chosen.
     pub first_route: Option<Arc<str>>,
     /// Outcome of the first attempt (or the shed reason).
-    pub first_outcome: &'static str,
+    pub first_outcome: Option<Outcome>,
     /// Outcome of a fallback attempt, when there was one.
-    pub fallback_outcome: Option<&'static str>,
+    pub fallback_outcome: Option<Outcome>,
     /// Pool that gave the final answer.
     pub final_route: Option<Arc<str>>,
     /// Final outcome: `ok`, an upstream failure, or the error type.
-    pub outcome: &'static str,
+    pub outcome: Outcome,
     /// HTTP status sent to the client.
     pub status: u16,
     /// Time from arrival to the end of the answer.
@@ -647,7 +648,7 @@ impl AttemptRecord {
         out.extend_from_slice(b"\",\"endpoint\":\"");
         json_str_contents(out, &self.endpoint);
         out.extend_from_slice(b"\",\"outcome\":\"");
-        json_plain_contents(out, self.outcome);
+        json_plain_contents(out, self.outcome.as_str());
         json_opt_u64(
             out,
             opt_key!("\"", "status", ""),
@@ -686,14 +687,21 @@ impl RouteRecord {
         json_opt_str(out, opt_key!("\"", "route", "\""), self.route.as_deref());
         let first_route = self.first_route.as_deref();
         json_opt_str(out, opt_key!("", "first_route", "\""), first_route);
-        out.extend_from_slice(b",\"first_outcome\":\"");
-        json_plain_contents(out, self.first_outcome);
-        let fallback = opt_key!("\"", "fallback_outcome", "\"");
-        json_opt_plain(out, fallback, self.fallback_outcome);
+        // Always set on a finished record (`null` only on a blank one).
+        match self.first_outcome {
+            Some(o) => {
+                out.extend_from_slice(b",\"first_outcome\":\"");
+                json_plain_contents(out, o.as_str());
+                out.push(b'"');
+            }
+            None => out.extend_from_slice(b",\"first_outcome\":null"),
+        }
+        let fallback = opt_key!("", "fallback_outcome", "\"");
+        json_opt_plain(out, fallback, self.fallback_outcome.map(Outcome::as_str));
         let final_route = self.final_route.as_deref();
         json_opt_str(out, opt_key!("", "final_route", "\""), final_route);
         out.extend_from_slice(b",\"outcome\":\"");
-        json_plain_contents(out, self.outcome);
+        json_plain_contents(out, self.outcome.as_str());
         out.extend_from_slice(b"\",\"status\":");
         json_u64(out, u64::from(self.status));
         out.extend_from_slice(b",\"elapsed_ms\":");
@@ -852,7 +860,7 @@ mod tests {
         drop(unstick);
     }
 
-    fn attempt(pool: &str, outcome: &'static str) -> AttemptRecord {
+    fn attempt(pool: &str, outcome: Outcome) -> AttemptRecord {
         AttemptRecord {
             pool: pool.into(),
             endpoint: "http://127.0.0.1:8000/v1".into(),
@@ -1165,15 +1173,18 @@ mod tests {
             path: "/v1/chat/completions".into(),
             route: Some("default".into()),
             first_route: Some("primary".into()),
-            first_outcome: "status_5xx",
-            fallback_outcome: Some("ok"),
+            first_outcome: Some(Outcome::Status5xx),
+            fallback_outcome: Some(Outcome::Ok),
             final_route: Some("fallback".into()),
-            outcome: "ok",
+            outcome: Outcome::Ok,
             status: 200,
             elapsed_ms: 0.1,
             deadline_ms: Some(u64::MAX),
             queue_wait_ms: 1e-7,
-            attempts: vec![attempt("primary", "status_5xx"), attempt("fallback", "ok")],
+            attempts: vec![
+                attempt("primary", Outcome::Status5xx),
+                attempt("fallback", Outcome::Ok),
+            ],
             risk: Some("READ"),
             reason: "route \"default\" (risk READ);\n\tthen primary: status_5xx".into(),
             model: Some("llama3.1:8b".into()),
@@ -1211,7 +1222,12 @@ mod tests {
             "/v1/chat/completions?q=\"x\"",
             "\u{8}\u{c}\r\u{b}",
         ];
-        const PLAIN: [&str; 4] = ["ok", "status_5xx", "connect_error", "READ"];
+        const PLAIN: [Outcome; 4] = [
+            Outcome::Ok,
+            Outcome::Status5xx,
+            Outcome::ConnectError,
+            Outcome::ClientCancelled,
+        ];
         let pick = |rng: &mut Rng| STRINGS[rng.below(8) as usize];
         let some = |rng: &mut Rng| rng.below(3) > 0;
         let float = |rng: &mut Rng| match rng.below(6) {
@@ -1245,7 +1261,7 @@ mod tests {
             path: pick(rng).into(),
             route: some(rng).then(|| pick(rng).into()),
             first_route: some(rng).then(|| pick(rng).into()),
-            first_outcome: PLAIN[rng.below(4) as usize],
+            first_outcome: Some(PLAIN[rng.below(4) as usize]),
             fallback_outcome: some(rng).then(|| PLAIN[rng.below(4) as usize]),
             final_route: some(rng).then(|| pick(rng).into()),
             outcome: PLAIN[rng.below(4) as usize],
@@ -1254,7 +1270,8 @@ mod tests {
             deadline_ms: some(rng).then(|| rng.next() >> rng.below(64)),
             queue_wait_ms: float(rng),
             attempts,
-            risk: some(rng).then(|| PLAIN[rng.below(4) as usize]),
+            risk: some(rng)
+                .then(|| ["READ", "DRAFT", "SEND", "DESTRUCTIVE"][rng.below(4) as usize]),
             reason: pick(rng).into(),
             model: some(rng).then(|| pick(rng).into()),
             tokens_in: some(rng).then(|| rng.next() >> rng.below(64)),

@@ -1,0 +1,364 @@
+//! A request not answered yet ([`Pending`]), and the four ways it is
+//! answered: the router's own typed error, a stored answer replayed, a
+//! complete backend answer, or a backend stream passed on.
+//!
+//! Each answer takes the request's route record out of `Pending` (which
+//! turns its drop guard off) and either finishes it at once
+//! ([`super::finish::finish_record`]) or hands it to the stream's
+//! [`Finisher`], which finishes it when the body ends. A `Pending` dropped
+//! with its record still in it is a client that went away
+//! ([`super::finish`]).
+
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use bytes::Bytes;
+use http::header::{self, HeaderValue};
+use http::{Request, Response};
+use http_body_util::Either;
+use hyper::body::Incoming;
+use opentelemetry::trace::TraceContextExt;
+use opentelemetry::KeyValue;
+use router_policy::Outcome;
+use tokio::time::Instant;
+
+use super::finish::{finish_record, Finisher};
+use super::{
+    full, ProxyBody, X_REQUEST_ID, X_ROUTER_ATTEMPTS, X_ROUTER_CONFIG_VERSION, X_ROUTER_REPLAYED,
+    X_ROUTER_ROUTE,
+};
+use crate::config::Snapshot;
+use crate::error::ProxyError;
+use crate::forward::{self, TrackedBody};
+use crate::idempotency::{LeaderGuard, StoredAnswer};
+use crate::pool::Lease;
+use crate::route_log::{AttemptRecord, RouteRecord, Timestamp};
+use crate::upstream::UpstreamBody;
+use crate::Shared;
+
+/// A request the router has not answered yet. If it is dropped unanswered
+/// (the client went away), its log line says so.
+pub(super) struct Pending {
+    pub(super) shared: Arc<Shared>,
+    /// Boxed: the record is most of a pending request's size, and it is
+    /// moved several times (into the walk, the answer, the log queue).
+    /// `None` once taken to answer: the drop guard is then off.
+    pub(super) record: Option<Box<RouteRecord>>,
+    /// When the request arrived.
+    pub(super) t0: Instant,
+    /// The pool the request ended on, once known.
+    pub(super) pool: Option<Arc<str>>,
+    /// The request id as a header value, once known.
+    pub(super) id_header: Option<HeaderValue>,
+    /// The config version as a header value.
+    version_header: Option<HeaderValue>,
+}
+
+impl Pending {
+    pub(super) fn new(shared: Arc<Shared>, req: &Request<Incoming>, snapshot: &Snapshot) -> Self {
+        let record = Box::new(RouteRecord {
+            offered_at: Timestamp(SystemTime::now()),
+            method: req.method().clone(),
+            path: req.uri().path().to_string(),
+            config_version: Arc::clone(&snapshot.version),
+            ..RouteRecord::default()
+        });
+        Self {
+            shared,
+            record: Some(record),
+            t0: Instant::now(),
+            pool: None,
+            id_header: None,
+            version_header: snapshot.version_header.clone(),
+        }
+    }
+
+    /// The record being filled in.
+    pub(super) fn rec(&mut self) -> &mut RouteRecord {
+        self.record.get_or_insert_with(Box::default)
+    }
+
+    /// Takes the record to finish it elsewhere; the drop guard is off.
+    fn take_record(&mut self) -> Box<RouteRecord> {
+        self.record.take().unwrap_or_default()
+    }
+
+    /// Notes the `n`th attempt (1-based) in the record.
+    pub(super) fn note_attempt(&mut self, mut attempt: AttemptRecord, n: usize) {
+        self.pool = Some(attempt.pool.clone());
+        let rec = self.rec();
+        if attempt.tokens_in.is_some() || attempt.tokens_out.is_some() {
+            rec.tokens_in = attempt.tokens_in;
+            rec.tokens_out = attempt.tokens_out;
+            rec.cost_usd = attempt.cost_usd;
+        }
+        if attempt.response_model.is_some() {
+            // Moved: an attempt's own copy is never logged.
+            rec.response_model = attempt.response_model.take();
+        }
+        if n == 1 {
+            rec.first_outcome = Some(attempt.outcome);
+        } else {
+            rec.fallback_outcome = Some(attempt.outcome);
+        }
+        rec.queue_wait_ms += attempt.queue_wait_ms;
+        // The same attempt may be noted once as failed, then committed as
+        // the answer passed on: keep one entry per attempt.
+        if rec.attempts.len() < n {
+            rec.attempts.push(attempt);
+        }
+    }
+
+    /// Answers with the router's own error.
+    pub(super) fn reject(mut self, err: ProxyError) -> Response<ProxyBody> {
+        let mut record = self.take_record();
+        let pool = self.pool.take().or_else(|| record.first_route.clone());
+        let outcome = err.outcome();
+        record.first_outcome.get_or_insert(outcome);
+        if outcome.is_shed() {
+            self.shared
+                .metrics
+                .shed(pool.as_deref().unwrap_or(""), outcome.as_str());
+            if let Some(cx) = &record.otel {
+                let name = if outcome == Outcome::QueueFull {
+                    "evicted"
+                } else {
+                    "shed"
+                };
+                cx.span()
+                    .add_event(name, vec![KeyValue::new("router.reason", outcome.as_str())]);
+            }
+        }
+        if record.reason.is_empty() {
+            record.reason = err.to_string();
+        }
+        let id = (!record.request_id.is_empty()).then_some(record.request_id.as_str());
+        let mut resp = err.to_response(id);
+        set_router_headers(
+            &mut resp,
+            &record,
+            self.id_header.as_ref(),
+            None,
+            self.version_header.as_ref(),
+            record.attempts.len(),
+        );
+        let status = resp.status().as_u16();
+        finish_record(&self.shared, record, self.t0, outcome, status, pool);
+        full(resp)
+    }
+
+    /// Answers with a stored answer (an `Idempotency-Key` retry).
+    pub(super) fn replay(mut self, stored: &StoredAnswer) -> Response<ProxyBody> {
+        let mut record = self.take_record();
+        record.first_outcome = Some(Outcome::Replayed);
+        record.reason = "Idempotency-Key retry: the stored answer of the first request".into();
+        let mut resp = Response::new(stored.body.clone());
+        *resp.status_mut() = stored.status;
+        *resp.headers_mut() = stored.headers.clone();
+        resp.headers_mut()
+            .insert(X_ROUTER_REPLAYED, HeaderValue::from_static("true"));
+        let pool = resp
+            .headers()
+            .get(X_ROUTER_ROUTE)
+            .and_then(|v| v.to_str().ok())
+            .map(Arc::<str>::from);
+        // The stored answer keeps its own `x-router-route`.
+        set_router_headers(
+            &mut resp,
+            &record,
+            self.id_header.as_ref(),
+            None,
+            self.version_header.as_ref(),
+            0,
+        );
+        finish_record(
+            &self.shared,
+            record,
+            self.t0,
+            Outcome::Replayed,
+            stored.status.as_u16(),
+            pool,
+        );
+        full(resp)
+    }
+
+    /// Passes on a complete backend answer.
+    pub(super) fn commit_whole(
+        mut self,
+        mut head: http::response::Parts,
+        body: Bytes,
+        leader: Option<LeaderGuard>,
+        pool: &Arc<str>,
+        route: Option<HeaderValue>,
+        attempts: usize,
+    ) -> Response<ProxyBody> {
+        let mut record = self.take_record();
+        let outcome = record.attempts.last().map_or(Outcome::Ok, |a| a.outcome);
+        record.final_route = Some(Arc::clone(pool));
+        // The backend's `Content-Length`, if it sent one, is the length of
+        // `body` (hyper read the body by it): kept, not recomputed.
+        forward::strip_hop_by_hop(&mut head.headers);
+        let mut resp = Response::from_parts(head, body);
+        set_router_headers(
+            &mut resp,
+            &record,
+            self.id_header.as_ref(),
+            route,
+            self.version_header.as_ref(),
+            attempts,
+        );
+        if let Some(g) = leader {
+            if outcome == Outcome::Ok {
+                g.store(StoredAnswer {
+                    status: resp.status(),
+                    headers: resp.headers().clone(),
+                    body: resp.body().clone(),
+                });
+            }
+        }
+        let status = resp.status().as_u16();
+        finish_record(
+            &self.shared,
+            record,
+            self.t0,
+            outcome,
+            status,
+            Some(Arc::clone(pool)),
+        );
+        full(resp)
+    }
+
+    /// Passes on a streamed backend answer; the log line is written when
+    /// the stream ends.
+    pub(super) fn commit_stream(
+        mut self,
+        resp: Response<UpstreamBody>,
+        lease: Lease,
+        started: Instant,
+        deadline_at: Option<Instant>,
+        attempts: usize,
+    ) -> Response<ProxyBody> {
+        let mut record = self.take_record();
+        let pool = Arc::clone(lease.pool_name());
+        record.final_route = Some(Arc::clone(&pool));
+        let attempt = record.attempts.pop().unwrap_or_default();
+        let (mut head, incoming) = resp.into_parts();
+        forward::strip_hop_by_hop(&mut head.headers);
+        let sse = head
+            .headers
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|ct| ct.starts_with("text/event-stream"));
+        if deadline_at.is_some() {
+            // The body may be cut (and an SSE error event added).
+            head.headers.remove(header::CONTENT_LENGTH);
+        }
+        let failed = !attempt.outcome.is_success();
+        let status = head.status.as_u16();
+        let mut resp = Response::from_parts(head, ());
+        set_router_headers(
+            &mut resp,
+            &record,
+            self.id_header.as_ref(),
+            lease.route_header().cloned(),
+            self.version_header.as_ref(),
+            attempts,
+        );
+        let finisher = Finisher {
+            shared: Arc::clone(&self.shared),
+            lease,
+            record,
+            attempt,
+            t0: self.t0,
+            started,
+            sample_on_first_byte: !failed,
+            status,
+        };
+        resp.map(|()| {
+            Either::Right(TrackedBody::new(
+                incoming,
+                Box::new(finisher),
+                deadline_at,
+                sse,
+            ))
+        })
+    }
+}
+
+fn set_router_headers<B>(
+    resp: &mut Response<B>,
+    record: &RouteRecord,
+    id: Option<&HeaderValue>,
+    route: Option<HeaderValue>,
+    version: Option<&HeaderValue>,
+    attempts: usize,
+) {
+    let h = resp.headers_mut();
+    match id {
+        Some(v) => {
+            h.insert(X_REQUEST_ID, v.clone());
+        }
+        None => {
+            if let Ok(v) = HeaderValue::from_str(&record.request_id) {
+                h.insert(X_REQUEST_ID, v);
+            }
+        }
+    }
+    if let Some(v) = route {
+        h.insert(X_ROUTER_ROUTE, v);
+    }
+    h.insert(X_ROUTER_ATTEMPTS, count_header(attempts));
+    if let Some(v) = version {
+        h.insert(X_ROUTER_CONFIG_VERSION, v.clone());
+    }
+}
+
+/// A header value for a small count, without an allocation below 10.
+fn count_header(n: usize) -> HeaderValue {
+    const SMALL: [&str; 10] = ["0", "1", "2", "3", "4", "5", "6", "7", "8", "9"];
+    match SMALL.get(n) {
+        Some(s) => HeaderValue::from_static(s),
+        None => HeaderValue::from(n),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_are_headers_with_or_without_the_table() {
+        assert_eq!(count_header(0), "0");
+        assert_eq!(count_header(9), "9");
+        assert_eq!(count_header(10), "10");
+        assert_eq!(count_header(123), "123");
+    }
+
+    #[test]
+    fn router_headers_carry_the_id_route_attempts_and_version() {
+        let record = RouteRecord {
+            request_id: "generated-1".into(),
+            ..RouteRecord::default()
+        };
+        let mut resp = Response::new(());
+        set_router_headers(
+            &mut resp,
+            &record,
+            None,
+            Some(HeaderValue::from_static("primary")),
+            Some(&HeaderValue::from_static("v7")),
+            2,
+        );
+        let h = resp.headers();
+        assert_eq!(h[X_REQUEST_ID], "generated-1");
+        assert_eq!(h[X_ROUTER_ROUTE], "primary");
+        assert_eq!(h[X_ROUTER_ATTEMPTS], "2");
+        assert_eq!(h[X_ROUTER_CONFIG_VERSION], "v7");
+        // The client's own id header wins over the record's text.
+        let mut resp = Response::new(());
+        let id = HeaderValue::from_static("client-id");
+        set_router_headers(&mut resp, &record, Some(&id), None, None, 0);
+        assert_eq!(resp.headers()[X_REQUEST_ID], "client-id");
+        assert!(resp.headers().get(X_ROUTER_ROUTE).is_none());
+    }
+}

@@ -1,0 +1,318 @@
+//! The chain walk: the decision's candidate pools tried in order, inside
+//! the request's deadline.
+//!
+//! For each candidate pool:
+//!
+//! 1. a pool that cannot take anything now (no endpoints, drained, every
+//!    circuit open) is passed over, with its reason;
+//! 2. [`plan_attempt`] (pure) gives the attempt's timeout, or skips the pool
+//!    when its expected wait plus p95 cannot fit what is left (keeping the
+//!    next pool's p95 in reserve);
+//! 3. the attempt runs ([`super::attempt`]) and ends with an
+//!    [`Outcome`](router_policy::Outcome);
+//! 4. [`next_step`] (pure) says what follows: pass the answer on, try the
+//!    next pool (same request id), or stop and say why.
+//!
+//! When no pool answers, the request gets, in this order of preference:
+//! `deadline_exhausted` if the deadline has passed; the last backend
+//! failure answer as it came (a 503, a 429...); `deadline_exhausted` if
+//! pools were skipped for time; the last shed or failure; `no_backend`.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::header::HeaderMap;
+use http::{Method, Response};
+use opentelemetry::trace::TraceContextExt;
+use opentelemetry::KeyValue;
+use router_policy::deadline::{plan_attempt, AttemptPlan, Budget};
+use router_policy::{next_step, Outcome, Risk, Route, Step};
+use tokio::time::Instant;
+
+use super::answer::Pending;
+use super::attempt::{Attempt, AttemptEnd, Held};
+use super::ProxyBody;
+use crate::config::Snapshot;
+use crate::error::ProxyError;
+use crate::forward::UpstreamClient;
+use crate::idempotency::LeaderGuard;
+use crate::pool::Shed;
+use crate::route_log::AttemptRecord;
+use crate::Shared;
+
+/// A request ready to be sent: what every attempt needs to build its
+/// upstream request, and what the walk needs to decide.
+pub(super) struct Exchange {
+    /// The server span's context (tracing on).
+    pub(super) otel: Option<opentelemetry::Context>,
+    /// `gen_ai.operation.name` of the call.
+    pub(super) operation: &'static str,
+    pub(super) risk: Risk,
+    pub(super) structured: Option<router_policy::structured::Expected>,
+    /// Indices into the route's chain of the pools that may take it.
+    pub(super) candidates: Vec<usize>,
+    pub(super) estimated_input_tokens: u64,
+    pub(super) shared: Arc<Shared>,
+    /// The upstream connection pool of the worker thread serving the request.
+    pub(super) client: UpstreamClient,
+    pub(super) snapshot: Arc<Snapshot>,
+    pub(super) method: Method,
+    pub(super) path_and_query: http::uri::PathAndQuery,
+    pub(super) headers: HeaderMap,
+    pub(super) body: Bytes,
+    pub(super) json_call: bool,
+    pub(super) streaming: bool,
+    pub(super) model: Option<Arc<str>>,
+    pub(super) deadline_at: Option<Instant>,
+}
+
+impl Exchange {
+    /// Tries the decision's pools in order. (An `async move` block, like
+    /// [`super::handle`], so that `self` and `pending` are kept once.)
+    #[allow(clippy::manual_async_fn)] // on purpose: see `handle`
+    pub(super) fn walk_chain<'r>(
+        mut self,
+        mut pending: Pending,
+        route: &'r Route,
+        mut leader: Option<LeaderGuard>,
+    ) -> impl std::future::Future<Output = Response<ProxyBody>> + 'r {
+        async move {
+            // The decision's candidates (chain positions) and their pools,
+            // looked up as they are needed: no list is built per request.
+            let candidates = &self.candidates;
+            let pools = &self.snapshot.pools;
+            let pool_at = |k: &usize| route.chain.get(*k).and_then(|name| pools.get(name));
+            // The decision's own skips are already in the reason.
+            let mut decided = std::mem::take(&mut pending.rec().reason);
+            let mut notes: Vec<String> = Vec::new();
+            let mut held: Option<(Held, AttemptRecord)> = None;
+            let mut last_error: Option<ProxyError> = None;
+            let mut time_skips = 0;
+            let mut attempted = 0usize;
+
+            for (i, k) in candidates.iter().enumerate() {
+                let Some(pool) = pool_at(k) else {
+                    continue;
+                };
+                let later = || candidates[i + 1..].iter().filter_map(pool_at);
+                let name = pool.name();
+                let now = Instant::now();
+                let outlook = match pool.ready_outlook_at(now) {
+                    Ok(o) => o,
+                    Err(unavailable) => {
+                        notes.push(format!("{name}: {}", unavailable.as_str()));
+                        continue;
+                    }
+                };
+                // The outlook of the next pool that could take the request, if
+                // this one fails (looked up lazily: only the first available
+                // one matters).
+                let next = if route.fallback {
+                    later().find_map(|p| p.ready_outlook_at(now).ok())
+                } else {
+                    None
+                };
+                let policy_pool = self.snapshot.policy.pool(name);
+                let budget = Budget {
+                    remaining: self.deadline_at.map(|d| d.saturating_duration_since(now)),
+                    attempt_timeout: policy_pool
+                        .and_then(|p| p.attempt_timeout)
+                        .or(route.attempt_timeout),
+                    next_p95: next.and_then(|o| o.p95),
+                    last_candidate: next.is_none(),
+                };
+                let timeout = match plan_attempt(budget, outlook) {
+                    AttemptPlan::Skip(why) => {
+                        time_skips += 1;
+                        notes.push(format!("{name}: skipped, {why}"));
+                        continue;
+                    }
+                    AttemptPlan::Try { timeout } => timeout,
+                };
+                // A new attempt: the failure answer kept so far is dropped
+                // (its upstream connection closes).
+                held = None;
+                attempted += 1;
+                if attempted == 1 {
+                    pending.rec().first_route = Some(Arc::clone(pool.shared_name()));
+                }
+                // The client's headers go to the last attempt there can be as
+                // they are; earlier ones send a copy.
+                let last_chance = !route.fallback || later().next().is_none();
+                let headers = if last_chance {
+                    std::mem::take(&mut self.headers)
+                } else {
+                    self.headers.clone()
+                };
+                let attempt = Attempt {
+                    pool,
+                    planned_at: now,
+                    deadline: timeout.map(|t| now + t),
+                    timeout,
+                    headers,
+                };
+                let (outcome, failure) = match self.attempt(attempt).await {
+                    AttemptEnd::Stream {
+                        resp,
+                        lease,
+                        started,
+                        record,
+                    } => {
+                        pending.note_attempt(record, attempted);
+                        pending.rec().reason = reason(std::mem::take(&mut decided), name, &notes);
+                        if let Some(g) = leader.take() {
+                            g.streamed();
+                        }
+                        return pending.commit_stream(
+                            resp,
+                            lease,
+                            started,
+                            self.deadline_at,
+                            attempted,
+                        );
+                    }
+                    AttemptEnd::Whole { head, body, record } => {
+                        pending.note_attempt(record, attempted);
+                        pending.rec().reason = reason(std::mem::take(&mut decided), name, &notes);
+                        let route = pool.route_header().cloned();
+                        return pending.commit_whole(
+                            head,
+                            body,
+                            leader.take(),
+                            pool.shared_name(),
+                            route,
+                            attempted,
+                        );
+                    }
+                    AttemptEnd::Failed {
+                        record,
+                        held: answer,
+                    } => {
+                        let outcome = record.outcome;
+                        notes.push(format!("{name}: {outcome}"));
+                        pending.note_attempt(record.clone(), attempted);
+                        let error = match answer {
+                            Some(h) => {
+                                held = Some((h, record));
+                                None
+                            }
+                            None if outcome == Outcome::Timeout => {
+                                Some(ProxyError::DeadlineExhausted {
+                                    detail: format!(
+                                        "{name}: no answer within {} ms",
+                                        record.latency_ms.round()
+                                    ),
+                                })
+                            }
+                            None => Some(ProxyError::Upstream {
+                                endpoint: record.endpoint.to_string(),
+                                detail: outcome.as_str().replace('_', " "),
+                            }),
+                        };
+                        (outcome, error)
+                    }
+                    AttemptEnd::Shed(shed) => {
+                        let err = shed_error(shed, name, now);
+                        notes.push(format!("{name}: {}", err.kind()));
+                        pending.rec().queue_wait_ms = super::ms(now.elapsed());
+                        pending.pool = Some(Arc::clone(pool.shared_name()));
+                        (err.outcome(), Some(err))
+                    }
+                };
+                if failure.is_some() {
+                    last_error = failure;
+                }
+                let time_left = self
+                    .deadline_at
+                    .map(|d| d.saturating_duration_since(Instant::now()));
+                match next_step(route, self.risk, outcome, time_left) {
+                    Step::NextPool => {
+                        if let Some(cx) = &self.otel {
+                            cx.span().add_event(
+                                "fallback",
+                                vec![
+                                    KeyValue::new("router.pool", name.to_string()),
+                                    KeyValue::new("router.outcome", outcome.as_str()),
+                                ],
+                            );
+                        }
+                    }
+                    Step::Stop(why) => {
+                        // The walk ends here; say why unless it is plain
+                        // (nothing after, or fallback off).
+                        if later().next().is_some() && route.fallback {
+                            notes.push(format!("stopped: {why}"));
+                        }
+                        break;
+                    }
+                    // A failed attempt is never an answer.
+                    Step::Answer => break,
+                }
+            }
+
+            // No pool answered. Never answer after the deadline with anything
+            // but deadline_exhausted; otherwise pass on the last backend
+            // failure answer, or say why nothing was tried.
+            let past_deadline = self.deadline_at.is_some_and(|d| Instant::now() >= d);
+            pending.rec().reason = format!("{decided}; then {}", notes.join("; "));
+            if past_deadline {
+                return pending.reject(ProxyError::DeadlineExhausted {
+                    detail: notes.join("; "),
+                });
+            }
+            if let Some((h, record)) = held {
+                return match h {
+                    Held::Stream(resp, lease, started) => {
+                        pending.commit_stream(resp, lease, started, self.deadline_at, attempted)
+                    }
+                    Held::Whole(head, body) => {
+                        let name = record.pool;
+                        let route = pools.get(&*name).and_then(|p| p.route_header().cloned());
+                        pending.commit_whole(head, body, None, &name, route, attempted)
+                    }
+                };
+            }
+            let err = match last_error {
+                Some(e) => e,
+                None if time_skips > 0 => ProxyError::DeadlineExhausted {
+                    detail: notes.join("; "),
+                },
+                None => ProxyError::NoBackend {
+                    detail: format!("route {:?}: {}", route.name, notes.join("; ")),
+                },
+            };
+            pending.reject(err)
+        }
+    }
+}
+
+/// The router's answer for a pool that shed the request (`now`: when the
+/// walk reached the pool).
+fn shed_error(shed: Shed, pool: &str, now: Instant) -> ProxyError {
+    match shed {
+        Shed::QueueFull => ProxyError::QueueFull {
+            pool: pool.to_string(),
+        },
+        Shed::QueueTimeout => ProxyError::QueueTimeout {
+            pool: pool.to_string(),
+            waited_ms: super::millis(now.elapsed()),
+        },
+        Shed::NoBackend => ProxyError::NoBackend {
+            detail: format!("pool {pool:?} has no endpoints"),
+        },
+        Shed::AttemptTimeout => ProxyError::DeadlineExhausted {
+            detail: format!("{pool}: no answer possible in the time left after queueing"),
+        },
+    }
+}
+
+/// The log line's reason for an answered request: the decision's own,
+/// then what happened on the way (the decision's text moved, not copied,
+/// when nothing did).
+fn reason(decided: String, pool: &str, notes: &[String]) -> String {
+    if notes.is_empty() {
+        decided
+    } else {
+        format!("{decided}; then {}; answered by {pool}", notes.join("; "))
+    }
+}

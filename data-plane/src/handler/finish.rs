@@ -1,0 +1,170 @@
+//! The end of every request: one route record queued for the log, one
+//! `router_requests_total` sample, usage and fallback counters, and the
+//! server span ended. Reached exactly once per request, from one of:
+//!
+//! - an answer made at once ([`super::answer`]'s `reject`, `replay`,
+//!   `commit_whole`);
+//! - a streamed answer's end ([`Finisher`], run by `TrackedBody` when the
+//!   body completes, breaks, is cut at the deadline, or the client leaves);
+//! - a client that went away before any answer (`Pending`'s `Drop`:
+//!   `client_cancelled`, logged with nginx's status 499).
+
+use std::sync::Arc;
+
+use router_policy::Outcome;
+use tokio::time::Instant;
+
+use super::answer::Pending;
+use super::{ms, spans};
+use crate::forward::{BodyEnd, Completion};
+use crate::pool::{Lease, Sample};
+use crate::route_log::{AttemptRecord, RouteRecord};
+use crate::Shared;
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        if let Some(record) = self.record.take() {
+            let pool = self.pool.take().or_else(|| record.first_route.clone());
+            // 499: nginx's "client closed request".
+            finish_record(
+                &self.shared,
+                record,
+                self.t0,
+                Outcome::ClientCancelled,
+                499,
+                pool,
+            );
+        }
+    }
+}
+
+/// Completes `record` (its outcome, status and elapsed time), counts it,
+/// ends its span and queues it for the route log.
+pub(super) fn finish_record(
+    shared: &Shared,
+    mut record: Box<RouteRecord>,
+    t0: Instant,
+    outcome: Outcome,
+    status: u16,
+    pool: Option<Arc<str>>,
+) {
+    let elapsed = t0.elapsed();
+    record.elapsed_ms = ms(elapsed);
+    record.outcome = outcome;
+    record.status = status;
+    record.first_outcome.get_or_insert(outcome);
+    if record.attempts.len() > 1 {
+        shared.metrics.fallback(
+            record.first_route.as_deref().unwrap_or(""),
+            pool.as_deref().unwrap_or(""),
+        );
+    }
+    let pool = pool.as_deref().unwrap_or_default();
+    shared.metrics.request_done(
+        record.route.as_deref().unwrap_or_default(),
+        pool,
+        outcome.as_str(),
+        elapsed.as_secs_f64(),
+    );
+    if let Some(cx) = record.otel.take() {
+        spans::end_server_span(&cx, &record, pool);
+    }
+    if record.tokens_in.is_some() || record.tokens_out.is_some() {
+        shared.metrics.usage(
+            pool,
+            record.tokens_in.unwrap_or(0),
+            record.tokens_out.unwrap_or(0),
+            record.cost_usd.unwrap_or(0.0),
+        );
+    }
+    shared.route_log.emit(record);
+}
+
+/// Runs when a streamed answer's body ends.
+pub(super) struct Finisher {
+    pub(super) shared: Arc<Shared>,
+    pub(super) lease: Lease,
+    pub(super) record: Box<RouteRecord>,
+    pub(super) attempt: AttemptRecord,
+    pub(super) t0: Instant,
+    pub(super) started: Instant,
+    pub(super) sample_on_first_byte: bool,
+    pub(super) status: u16,
+}
+
+/// How a stream that began with `attempt_outcome` ended.
+fn stream_outcome(attempt_outcome: Outcome, end: BodyEnd) -> Outcome {
+    match end {
+        BodyEnd::Complete => attempt_outcome,
+        BodyEnd::UpstreamError => Outcome::UpstreamReset,
+        BodyEnd::ClientGone => Outcome::ClientCancelled,
+        BodyEnd::DeadlineCut => Outcome::DeadlineExhausted,
+    }
+}
+
+impl Completion for Finisher {
+    fn first_byte(&mut self) {
+        let ttfb = self.started.elapsed();
+        self.attempt.latency_ms = ms(ttfb);
+        if self.sample_on_first_byte {
+            self.lease.observe(Sample::Success(ttfb));
+        }
+    }
+
+    fn finish(self: Box<Self>, end: BodyEnd) {
+        let Finisher {
+            shared,
+            lease,
+            mut record,
+            mut attempt,
+            t0,
+            status,
+            ..
+        } = *self;
+        let outcome = stream_outcome(attempt.outcome, end);
+        if end == BodyEnd::UpstreamError {
+            lease.observe(Sample::Failure(t0.elapsed()));
+        }
+        attempt.outcome = outcome;
+        let pool = Arc::clone(lease.pool_name());
+        // Release the endpoint before logging: the slot is free now.
+        drop(lease);
+        if record.attempts.is_empty() {
+            record.first_outcome = Some(outcome);
+        } else {
+            record.fallback_outcome = Some(outcome);
+        }
+        record.attempts.push(attempt);
+        if end == BodyEnd::DeadlineCut {
+            shared.metrics.shed(&pool, outcome.as_str());
+        }
+        finish_record(&shared, record, t0, outcome, status, Some(pool));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stream_ends_as_its_body_did() {
+        assert_eq!(stream_outcome(Outcome::Ok, BodyEnd::Complete), Outcome::Ok);
+        // A failure answer passed on as a stream keeps its own outcome.
+        assert_eq!(
+            stream_outcome(Outcome::Status5xx, BodyEnd::Complete),
+            Outcome::Status5xx
+        );
+        assert_eq!(
+            stream_outcome(Outcome::Ok, BodyEnd::UpstreamError),
+            Outcome::UpstreamReset
+        );
+        assert_eq!(
+            stream_outcome(Outcome::Ok, BodyEnd::ClientGone),
+            Outcome::ClientCancelled
+        );
+        assert_eq!(
+            stream_outcome(Outcome::Ok, BodyEnd::DeadlineCut),
+            Outcome::DeadlineExhausted
+        );
+    }
+}

@@ -1,0 +1,450 @@
+//! A request's arrival: everything read and decided before any pool is
+//! tried.
+//!
+//! In order: the admin paths are handed off; the request id, deadline and
+//! risk headers are read (one pass, [`RequestHeaders::scan`]); the body is
+//! read (bounded, with a timeout) and, on OpenAI-style JSON paths, peeked
+//! for its `model`, `stream`, `response_format` and token cap; the route is
+//! matched and its approval checked; the policy's decision picks the
+//! candidate pools; a request with an `Idempotency-Key` joins the one in
+//! flight, replays a stored answer, or leads. What is left is an
+//! [`Exchange`] for the chain walk ([`super::chain`]).
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use crate::json_peek::RequestPeek;
+use bytes::Bytes;
+use http::header::HeaderValue;
+use http::{Method, Request, Response};
+use hyper::body::Incoming;
+use router_policy::decide::{decide_on_route, Refusal, RequestFacts};
+use router_policy::Risk;
+use subtle::ConstantTimeEq;
+use tokio::time::Instant;
+
+use super::answer::Pending;
+use super::chain::Exchange;
+use super::{full, spans, ProxyBody, IDEMPOTENCY_KEY, X_REQUEST_ID, X_ROUTER_DEADLINE_MS};
+use crate::config::Snapshot;
+use crate::error::ProxyError;
+use crate::forward::{self, ReadWholeError, UpstreamClient};
+use crate::idempotency::{self, Claim, FollowResult, LeaderGuard};
+use crate::request_headers::RequestHeaders;
+use crate::Shared;
+
+/// Paths whose JSON body's `model` selects the route.
+const OPENAI_JSON_PATHS: [&str; 4] = [
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/embeddings",
+    "/v1/responses",
+];
+
+/// The longest deadline a client may ask for.
+const MAX_DEADLINE_MS: u64 = 24 * 3600 * 1000;
+
+/// Handles one proxied request from a client at `client_ip` (see
+/// [`forward::client_ip_header`]); its attempts go through `client`, the
+/// upstream connection pool of the worker thread serving the connection.
+///
+/// Not an `async fn`: an `async fn` future keeps its arguments twice (as
+/// given, and as the body's locals), and every move of the future copies
+/// both; an `async move` block uses them in place.
+#[allow(clippy::manual_async_fn)] // on purpose: see above
+pub fn handle(
+    shared: Arc<Shared>,
+    client: UpstreamClient,
+    client_ip: HeaderValue,
+    req: Request<Incoming>,
+) -> impl std::future::Future<Output = Response<ProxyBody>> {
+    async move {
+        let path = req.uri().path();
+        if path.starts_with("/_custom_router/") || path == "/metrics" {
+            // Boxed: the admin future is large and rare; unboxed, it would set
+            // the size of every request's future.
+            return full(Box::pin(crate::admin::handle(&shared, req)).await);
+        }
+        let snapshot = shared.config.load();
+        let mut pending = Pending::new(Arc::clone(&shared), &req, &snapshot);
+        if crate::telemetry::enabled() {
+            spans::start_server_span(&req, pending.rec());
+        }
+
+        let seen = RequestHeaders::scan(req.headers());
+        match request_id(&seen, pending.rec().offered_at.0) {
+            Ok((id, header)) => {
+                pending.id_header = header;
+                pending.rec().request_id = id;
+            }
+            Err(e) => return pending.reject(e),
+        }
+        let header_deadline = match deadline_header(seen.deadline_ms.as_ref()) {
+            Ok(d) => d,
+            Err(e) => return pending.reject(e),
+        };
+        let risk = match &seen.risk {
+            None => snapshot.policy.default_risk,
+            Some(v) => match v.to_str().ok().and_then(Risk::parse) {
+                Some(r) => r,
+                None => {
+                    return pending.reject(ProxyError::InvalidRequest(
+                        "X-Router-Risk must be READ, DRAFT, SEND or DESTRUCTIVE".into(),
+                    ))
+                }
+            },
+        };
+        pending.rec().risk = Some(risk.as_str());
+        let (parts, body) = req.into_parts();
+        let body = match read_body(&shared, pending.t0, seen.content_length.as_ref(), body).await {
+            Ok(b) => b,
+            Err(e) => return pending.reject(e),
+        };
+        let path = parts.uri.path();
+        let json_call = parts.method == Method::POST && OPENAI_JSON_PATHS.contains(&path);
+        let peek = if json_call {
+            match crate::json_peek::peek_request(&body) {
+                Ok(p) => p,
+                Err(e) => {
+                    return pending.reject(ProxyError::InvalidRequest(format!(
+                        "request body is not valid JSON: {e}"
+                    )))
+                }
+            }
+        } else {
+            RequestPeek::default()
+        };
+        // One copy of the model name, shared by the log record and the
+        // attempts.
+        let model: Option<Arc<str>> = peek.model.as_deref().map(Arc::from);
+        let streaming = peek.stream.unwrap_or(false);
+        // Structured output: only a non-streaming answer can be checked before
+        // it reaches the client.
+        let structured = match peek.response_format.as_ref().map(|r| r.kind.as_ref()) {
+            Some("json_object" | "json_schema") => {
+                serde_json::from_slice::<serde_json::Value>(&body)
+                    .ok()
+                    .and_then(|v| router_policy::structured::expected(&v))
+            }
+            _ => None,
+        };
+        pending.rec().model = model.clone();
+
+        let Some(route) = snapshot.policy.route_for_risk(risk, model.as_deref(), path) else {
+            return pending.reject(ProxyError::NoBackend {
+                detail: format!("no route matches risk {}", risk.as_str()),
+            });
+        };
+        pending.rec().route = Some(route.name.clone());
+        let approval = seen.approval.as_ref().map(HeaderValue::as_bytes);
+        if route.requires_approval && !approved(&snapshot, approval) {
+            return pending.reject(ProxyError::ApprovalRequired(route.name.clone()));
+        }
+        let deadline = header_deadline.or(route.deadline);
+        pending.rec().deadline_ms =
+            deadline.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        let deadline_at = deadline.map(|d| pending.t0 + d);
+
+        // The policy's decision, on live measurements: which pools of the
+        // chain pass their gates.
+        let facts = RequestFacts {
+            risk,
+            model: model.as_deref(),
+            path,
+            structured_output: structured.is_some()
+                || peek
+                    .response_format
+                    .as_ref()
+                    .is_some_and(|r| r.kind != "text"),
+            deadline_ms: pending.rec().deadline_ms,
+            input_tokens: Some((body.len() as u64).div_ceil(4)),
+            max_tokens: peek
+                .max_tokens
+                .or(peek.max_completion_tokens)
+                .or(peek.max_output_tokens),
+        };
+        // Measured at the request's own start time: a few microseconds old,
+        // and one clock reading instead of one per pool call.
+        let decision = decide_on_route(&snapshot.policy, route, &facts, |_, name| {
+            snapshot
+                .pools
+                .get(name)
+                .map(|p| p.measurements_at(pending.t0))
+        });
+        let estimated_input_tokens = facts.input_tokens.unwrap_or(0);
+        pending.rec().reason = decision.reason;
+        match decision.refusal {
+            Some(Refusal::BudgetExceeded) => {
+                let detail = pending.rec().reason.clone();
+                return pending.reject(ProxyError::BudgetExceeded { detail });
+            }
+            Some(_) => {
+                let detail = pending.rec().reason.clone();
+                return pending.reject(ProxyError::NoBackend { detail });
+            }
+            None => {}
+        }
+
+        // Idempotency: join a request in flight, or replay a stored answer.
+        let key = seen
+            .idempotency_key
+            .as_ref()
+            .and_then(|v| v.to_str().ok())
+            .map(|k| k.trim().to_string());
+        let mut leader = None;
+        if let Some(key) = key {
+            let fp = idempotency::fingerprint(parts.method.as_str(), path, &body);
+            let wait_until =
+                deadline_at.unwrap_or_else(|| pending.t0 + shared.settings.queue.timeout);
+            match lead_or_follow(&shared, key, fp, streaming, wait_until).await {
+                Ok(guard) => leader = guard,
+                Err(Joined::Replay(stored)) => return pending.replay(&stored),
+                Err(Joined::Refused(e)) => return pending.reject(e),
+            }
+        }
+
+        // The scan said which of these are there: absent ones are not looked up.
+        let mut headers = parts.headers;
+        if seen.hop_by_hop {
+            forward::strip_hop_by_hop(&mut headers);
+        }
+        // `Host` is replaced and `Content-Length` kept or replaced when the
+        // upstream request is made (`upstream_request`).
+        if seen.deadline_ms.is_some() {
+            headers.remove(X_ROUTER_DEADLINE_MS);
+        }
+        forward::add_forwarded(&mut headers, &client_ip, seen.host.clone(), &seen);
+        if let Some(id) = &pending.id_header {
+            headers.insert(X_REQUEST_ID, id.clone());
+            headers.insert(IDEMPOTENCY_KEY, id.clone());
+        }
+        let exchange = Exchange {
+            otel: pending.rec().otel.clone(),
+            operation: spans::operation_name(path),
+            risk,
+            structured,
+            candidates: decision.candidates,
+            estimated_input_tokens,
+            shared,
+            client,
+            snapshot: Arc::clone(&snapshot),
+            method: parts.method,
+            path_and_query: parts
+                .uri
+                .path_and_query()
+                .cloned()
+                .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/")),
+            headers,
+            body,
+            json_call,
+            streaming,
+            model,
+            deadline_at,
+        };
+        exchange.walk_chain(pending, route, leader).await
+    }
+}
+
+/// How a keyed request that does not lead ends.
+enum Joined {
+    /// The first request's stored answer.
+    Replay(Arc<idempotency::StoredAnswer>),
+    /// A typed refusal (duplicate, mismatch, waited too long).
+    Refused(ProxyError),
+}
+
+/// Claims `key`: `Ok(Some(guard))` to lead (route it and store its
+/// answer), `Ok(None)` to route it untracked, or how it ends without
+/// routing. A follower waits for the leader until `wait_until`; when the
+/// leader ends without an answer to share, the claim is tried again (at
+/// most three times).
+async fn lead_or_follow(
+    shared: &Shared,
+    key: String,
+    fp: u64,
+    streaming: bool,
+    wait_until: Instant,
+) -> Result<Option<LeaderGuard>, Joined> {
+    let mut claims = 0;
+    loop {
+        claims += 1;
+        match shared.idempotency.claim(&key, fp, streaming) {
+            Claim::Leader(g) => return Ok(Some(g)),
+            Claim::Untracked => return Ok(None),
+            Claim::Replay(stored) => return Err(Joined::Replay(stored)),
+            Claim::Duplicate => return Err(Joined::Refused(ProxyError::DuplicateRequest(key))),
+            Claim::Mismatch => return Err(Joined::Refused(ProxyError::IdempotencyMismatch(key))),
+            Claim::Follower(f) => match tokio::time::timeout_at(wait_until, f.wait()).await {
+                Ok(FollowResult::Replay(stored)) => return Err(Joined::Replay(stored)),
+                Ok(FollowResult::Duplicate) => {
+                    return Err(Joined::Refused(ProxyError::DuplicateRequest(key)))
+                }
+                // The first request ended without an answer to share:
+                // route this one (a bounded number of times).
+                Ok(FollowResult::LeaderGone) if claims < 3 => continue,
+                Ok(FollowResult::LeaderGone) => return Ok(None),
+                Err(_) => {
+                    return Err(Joined::Refused(ProxyError::DeadlineExhausted {
+                        detail: "waited for the first request with this Idempotency-Key".into(),
+                    }))
+                }
+            },
+        }
+    }
+}
+
+thread_local! {
+    /// Keeps this thread's request ids ordered (v7: time, then a counter).
+    static UUID_V7: uuid::ContextV7 = const { uuid::ContextV7::new() };
+}
+
+/// The request id and its header value: the client's `Idempotency-Key` or
+/// `X-Request-Id`, else a new UUIDv7 stamped `now` (the request's arrival,
+/// already read: no second clock reading).
+fn request_id(
+    seen: &RequestHeaders,
+    now: SystemTime,
+) -> Result<(String, Option<HeaderValue>), ProxyError> {
+    match seen.idempotency_key.as_ref().or(seen.request_id.as_ref()) {
+        None => {
+            let since = now
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .unwrap_or_default();
+            // A per-thread v7 context: `Uuid::now_v7` would take one global
+            // mutex, shared by every worker thread, on every request.
+            let id = UUID_V7.with(|ctx| {
+                let ts = uuid::Timestamp::from_unix(ctx, since.as_secs(), since.subsec_nanos());
+                uuid::Uuid::new_v7(ts)
+            });
+            let mut buf = uuid::Uuid::encode_buffer();
+            let text = id.hyphenated().encode_lower(&mut buf);
+            // `to_owned`, not `to_string`: on a `&mut str` the latter goes
+            // through the formatter.
+            Ok(((*text).to_owned(), HeaderValue::from_str(text).ok()))
+        }
+        Some(v) => match v.to_str() {
+            Ok(s) if !s.trim().is_empty() && s.len() <= 255 => {
+                let id = s.trim();
+                // The client's own value when it needs no trimming.
+                let header = if id.len() == s.len() {
+                    Some(v.clone())
+                } else {
+                    HeaderValue::from_str(id).ok()
+                };
+                Ok((id.to_string(), header))
+            }
+            _ => Err(ProxyError::InvalidRequest(
+                "Idempotency-Key / X-Request-Id must be 1-255 visible ASCII characters".into(),
+            )),
+        },
+    }
+}
+
+fn deadline_header(value: Option<&HeaderValue>) -> Result<Option<Duration>, ProxyError> {
+    let Some(v) = value else {
+        return Ok(None);
+    };
+    match v.to_str().ok().and_then(|s| s.trim().parse::<u64>().ok()) {
+        Some(ms) if (1..=MAX_DEADLINE_MS).contains(&ms) => Ok(Some(Duration::from_millis(ms))),
+        _ => Err(ProxyError::InvalidRequest(format!(
+            "X-Router-Deadline-Ms must be a whole number of milliseconds from 1 to {MAX_DEADLINE_MS}"
+        ))),
+    }
+}
+
+async fn read_body(
+    shared: &Shared,
+    t0: Instant,
+    content_length: Option<&HeaderValue>,
+    body: Incoming,
+) -> Result<Bytes, ProxyError> {
+    let limit = shared.settings.max_body_bytes;
+    let declared = content_length
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return Err(ProxyError::PayloadTooLarge { limit });
+    }
+    let timeout = shared.settings.client_body_timeout;
+    // From the request's arrival (already read), not a new clock reading.
+    match tokio::time::timeout_at(t0 + timeout, forward::read_whole(body, limit)).await {
+        Err(_) => Err(ProxyError::RequestTimeout(timeout)),
+        Ok(Ok(body)) => Ok(body),
+        Ok(Err(ReadWholeError::TooLarge)) => Err(ProxyError::PayloadTooLarge { limit }),
+        Ok(Err(ReadWholeError::Body(e))) => Err(ProxyError::InvalidRequest(format!(
+            "could not read the request body: {e}"
+        ))),
+    }
+}
+
+/// True when the approval token given matches the configured one
+/// (constant-time compare; no token configured means nothing passes).
+fn approved(snapshot: &Snapshot, given: Option<&[u8]>) -> bool {
+    match (&snapshot.secrets.approval_token, given) {
+        (Some(expected), Some(given)) => bool::from(given.ct_eq(expected.as_bytes())),
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scanned(headers: &[(&str, &str)]) -> RequestHeaders {
+        let mut map = http::HeaderMap::new();
+        for (k, v) in headers {
+            if let (Ok(k), Ok(v)) = (
+                http::header::HeaderName::from_bytes(k.as_bytes()),
+                HeaderValue::from_str(v),
+            ) {
+                map.append(k, v);
+            }
+        }
+        RequestHeaders::scan(&map)
+    }
+
+    #[test]
+    fn the_request_id_is_the_clients_key_trimmed_else_a_new_uuid_v7() {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        let (id, header) = request_id(&scanned(&[("idempotency-key", " k-1 ")]), now)
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(id, "k-1");
+        assert_eq!(
+            header.as_ref().map(HeaderValue::as_bytes),
+            Some(&b"k-1"[..])
+        );
+        // The key wins over X-Request-Id.
+        let (id, _) = request_id(
+            &scanned(&[("x-request-id", "r-1"), ("idempotency-key", "k-2")]),
+            now,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(id, "k-2");
+        let (a, _) = request_id(&scanned(&[]), now).unwrap_or_else(|e| panic!("{e}"));
+        let (b, _) = request_id(&scanned(&[]), now).unwrap_or_else(|e| panic!("{e}"));
+        let ua = uuid::Uuid::parse_str(&a).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(ua.get_version_num(), 7);
+        assert!(a < b, "ordered on one thread: {a} {b}");
+    }
+
+    #[test]
+    fn a_blank_or_long_request_id_is_refused() {
+        let now = SystemTime::UNIX_EPOCH;
+        assert!(request_id(&scanned(&[("x-request-id", "  ")]), now).is_err());
+        let long = "x".repeat(256);
+        assert!(request_id(&scanned(&[("x-request-id", long.as_str())]), now).is_err());
+    }
+
+    #[test]
+    fn the_deadline_header_is_whole_milliseconds_in_range() {
+        let v = |s: &'static str| HeaderValue::from_static(s);
+        assert_eq!(deadline_header(None), Ok(None));
+        assert_eq!(
+            deadline_header(Some(&v(" 1500 "))),
+            Ok(Some(Duration::from_millis(1500)))
+        );
+        for bad in ["0", "-1", "1.5", "x", "86400001"] {
+            assert!(deadline_header(Some(&v(bad))).is_err(), "{bad}");
+        }
+    }
+}

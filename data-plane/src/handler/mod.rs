@@ -1,0 +1,85 @@
+//! The request path: read, route, walk the chain inside the deadline,
+//! answer exactly once, log.
+//!
+//! One file per step, in the order a request meets them:
+//!
+//! ```text
+//! ingress.rs   admin? ─▶ request id ─▶ deadline, risk ─▶ body (limit, timeout)
+//!              ─▶ model (JSON paths) ─▶ route (first match), approval
+//!              ─▶ decide_on_route (gates on live measurements)
+//!              ─▶ Idempotency-Key: join the request in flight / replay / lead
+//! chain.rs     for each candidate pool of the route:
+//!                unavailable (no endpoints, drained, circuits open) → skip
+//!                plan_attempt (deadline share, p95, queue wait)      → skip, or try
+//!                attempt ─▶ router_policy::next_step(outcome): answer / next pool / stop
+//! attempt.rs   lease (queue) ─▶ send ─▶ answer head (JSON answers: whole body)
+//!              ─▶ the attempt's Outcome, its latency sample, its record
+//! upstream_request.rs  URI, model rewrite, the pool's own key, Host
+//! answer.rs    Pending: the router's own answer, a replay, or the backend's
+//!              answer passed on (buffered, or streamed through TrackedBody)
+//! finish.rs    one route record + metrics per request (at once, or when a
+//!              stream ends, or when the client goes away)
+//! spans.rs     OpenTelemetry attributes of the server and client spans
+//! ```
+//!
+//! The rules live in `router_policy` and are only carried out here: the
+//! route and its gates ([`router_policy::decide`]), the time an attempt may
+//! take ([`router_policy::deadline`]), and what follows a failed attempt
+//! ([`router_policy::fallback::next_step`], on the typed
+//! [`router_policy::Outcome`]).
+//!
+//! Every request ends in exactly one of three ways, each writing one route
+//! decision line and one `router_requests_total` sample: the router answers
+//! it itself (`Pending::reject`), a backend's answer is passed on (a
+//! buffered answer at once; a stream by `Finisher` when it ends), or the
+//! client goes away first (`Pending`'s `Drop`).
+//!
+//! An abandoned attempt (timed out, or failed over) is cancelled by
+//! dropping its future or body, which closes its upstream connection, so
+//! the backend can stop generating.
+
+mod answer;
+mod attempt;
+mod chain;
+mod finish;
+mod ingress;
+mod spans;
+mod upstream_request;
+
+use bytes::Bytes;
+use http::header::HeaderName;
+use http::Response;
+use http_body_util::{Either, Full};
+
+use crate::forward::TrackedBody;
+
+pub use ingress::handle;
+
+/// The body type of every response the proxy sends: a whole body (the
+/// router's own answers, buffered backend answers) or a backend stream
+/// passed on. An enum rather than a boxed body: no allocation and no
+/// dynamic call per answer.
+pub type ProxyBody = Either<Full<Bytes>, TrackedBody>;
+
+/// A body the router made itself.
+pub fn full(body: Response<Bytes>) -> Response<ProxyBody> {
+    body.map(|b| Either::Left(Full::new(b)))
+}
+
+const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
+const X_ROUTER_DEADLINE_MS: HeaderName = HeaderName::from_static("x-router-deadline-ms");
+const X_ROUTER_ROUTE: HeaderName = HeaderName::from_static("x-router-route");
+const X_ROUTER_ATTEMPTS: HeaderName = HeaderName::from_static("x-router-attempts");
+const X_ROUTER_CONFIG_VERSION: HeaderName = HeaderName::from_static("x-router-config-version");
+const X_ROUTER_REPLAYED: HeaderName = HeaderName::from_static("x-router-replayed");
+
+/// Milliseconds with microsecond precision, as the route log writes them.
+fn ms(d: std::time::Duration) -> f64 {
+    (d.as_secs_f64() * 1e6).round() / 1e3
+}
+
+/// Whole milliseconds, saturating.
+fn millis(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}

@@ -6,4 +6,4 @@ pub mod control;
 pub mod etcd;
 pub mod harness;
 pub mod otlp;
-pub use routerctl::mock;
+pub use router_mock as mock;

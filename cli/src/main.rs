@@ -265,7 +265,7 @@ async fn run(cli: Cli) -> ExitCode {
     };
     match command {
         Command::Up(args) => {
-            init_logs();
+            router_process::init_logs();
             up::run(args).await
         }
         Command::Mock(args) => mock_cmd::run(args).await,
@@ -351,18 +351,6 @@ async fn run(cli: Cli) -> ExitCode {
             }
         }
     }
-}
-
-fn init_logs() {
-    use std::io::IsTerminal;
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .init();
 }
 
 async fn run_drill(args: DrillArgs) -> ExitCode {

@@ -43,7 +43,7 @@ use router_proxy::{Mode, ProxyOptions, RunningProxy, Settings};
 use serde::Serialize;
 use tokio::time::Instant;
 
-use crate::mock::{MockConfig, MockModel};
+use router_mock::{MockConfig, MockModel};
 
 /// The drill's parameters (full scale by default).
 #[derive(Debug, Clone, PartialEq)]

@@ -1,8 +1,9 @@
 //! `routerctl`: the router's command line.
 //!
 //! - [`drill`]: the fallback drill (`routerctl drill`);
-//! - [`mock`]: mock OpenAI-compatible model endpoints (`routerctl mock`,
-//!   and the drill's and the tests' backends);
+//! - [`mock_cmd`]: `routerctl mock`, one mock model endpoint from the
+//!   `router-mock` crate (which also serves the drill's, `up`'s and the
+//!   tests' backends);
 //! - [`policy_cmd`]: `routerctl policy validate`, `routerctl route explain`;
 //! - [`admin_cmd`]: the control plane's commands (`policy apply|get|diff|
 //!   history|rollback`, `backends`, `circuits`, `proxies`);
@@ -12,7 +13,6 @@
 
 pub mod admin_cmd;
 pub mod drill;
-pub mod mock;
 pub mod mock_cmd;
 pub mod policy_cmd;
 pub mod up;

@@ -13,9 +13,25 @@ use routerctl::mock_cmd::{self, MockArgs};
 use routerctl::policy_cmd::{self, Output};
 use routerctl::up::{self, UpArgs};
 
+/// `routerctl -h`'s first line.
+const ABOUT: &str =
+    "The LLM router's command line: run it, operate it, drill it, mock its backends.";
+
+/// `routerctl --help`'s description: what each group of commands is for.
+const LONG_ABOUT: &str = "The LLM router's command line.
+
+  up            the control plane and a proxy in one process (demo endpoints
+                when no policy is given)
+  policy, backends, circuits, proxies, route explain
+                operate a running control plane (--server, --token)
+  policy validate, route explain -f FILE
+                offline: check a policy, explain a routing decision
+  drill         replay the fallback drill and print a verdict per scenario
+  mock          run a mock OpenAI-compatible model endpoint";
+
 /// The LLM router's command line.
 #[derive(Parser, Debug)]
-#[command(name = "routerctl", version, about)]
+#[command(name = "routerctl", version, about = ABOUT, long_about = LONG_ABOUT)]
 struct Cli {
     /// The control plane (`http://host:port`).
     #[arg(
@@ -265,7 +281,7 @@ async fn run(cli: Cli) -> ExitCode {
     };
     match command {
         Command::Up(args) => {
-            init_logs();
+            router_process::init_logs();
             up::run(args).await
         }
         Command::Mock(args) => mock_cmd::run(args).await,
@@ -351,18 +367,6 @@ async fn run(cli: Cli) -> ExitCode {
             }
         }
     }
-}
-
-fn init_logs() {
-    use std::io::IsTerminal;
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .init();
 }
 
 async fn run_drill(args: DrillArgs) -> ExitCode {

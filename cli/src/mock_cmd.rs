@@ -6,8 +6,8 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::process::ExitCode;
 use std::time::Duration;
 
-use crate::mock::{Behavior, MockConfig, MockModel, OverCap};
 use clap::{Args, ValueEnum};
+use router_mock::{Behavior, MockConfig, MockModel, OverCap};
 
 /// Runs a mock OpenAI-compatible model endpoint until Ctrl-C.
 #[derive(Args, Debug)]

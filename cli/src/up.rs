@@ -12,7 +12,7 @@ use router_control_plane::{start, ControlPlaneOptions};
 use router_proxy::managed::ManagedOptions;
 use router_proxy::{Mode, ProxyOptions, Settings};
 
-use crate::mock::{MockConfig, MockModel};
+use router_mock::{MockConfig, MockModel};
 
 /// Flags of `routerctl up`.
 #[derive(clap::Args, Debug)]

@@ -28,6 +28,38 @@ fn text(o: &Output) -> String {
     )
 }
 
+/// `-h` and `--help` describe routerctl as it is: every subcommand listed,
+/// no "(soon)" left from before the control plane existed.
+#[test]
+fn help_lists_the_real_subcommands() {
+    for flag in ["-h", "--help"] {
+        let o = Command::new(BIN).arg(flag).output().unwrap();
+        assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+        let help = String::from_utf8_lossy(&o.stdout);
+        assert!(!help.contains("soon"), "{help}");
+        assert!(help.contains("The LLM router's command line"), "{help}");
+        let commands = help
+            .split("Commands:")
+            .nth(1)
+            .and_then(|rest| rest.split("Options:").next())
+            .unwrap_or_else(|| panic!("no Commands section: {help}"));
+        let listed: Vec<&str> = commands
+            .lines()
+            .filter_map(|line| line.split_whitespace().next())
+            .collect();
+        for name in [
+            "up", "drill", "mock", "policy", "backends", "circuits", "proxies", "route",
+        ] {
+            assert!(listed.contains(&name), "{name} missing from {listed:?}");
+        }
+    }
+    let o = Command::new(BIN)
+        .args(["route", "--help"])
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&o.stdout).contains("explain"));
+}
+
 const GOOD: &str = "apiVersion: router/v1\nkind: RoutingPolicy\nspec:\n  pools: [{name: a, endpoints: [\"127.0.0.1:9\"]}]\n  routes: [{name: r, chain: [a]}]\n";
 const BAD: &str = "apiVersion: router/v1\nkind: RoutingPolicy\nspec:\n  pools: [{name: a}, {name: a}]\n  routes: [{name: r, chain: [b]}]\n";
 

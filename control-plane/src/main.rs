@@ -2,7 +2,6 @@
 
 #![forbid(unsafe_code)]
 
-use std::io::IsTerminal;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -40,14 +39,7 @@ struct Args {
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .init();
+    router_process::init_logs();
     let token = match &args.token_file {
         None => None,
         Some(path) => match std::fs::read_to_string(path) {
@@ -126,7 +118,7 @@ fn main() -> ExitCode {
             }
         };
         tracing::info!(addr = %cp.local_addr(), store = %store_name, "router-control-plane listening");
-        shutdown_signal().await;
+        router_process::shutdown_signal().await;
         tracing::info!("shutting down");
         cp.shutdown().await;
         ExitCode::SUCCESS
@@ -139,20 +131,4 @@ fn default_node_id() -> String {
         .ok()
         .filter(|h| !h.is_empty())
         .unwrap_or_else(|| format!("cp-{}", uuid::Uuid::now_v7()))
-}
-
-/// SIGTERM (what Kubernetes sends) or Ctrl-C.
-async fn shutdown_signal() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{signal, SignalKind};
-        if let Ok(mut term) = signal(SignalKind::terminate()) {
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
-                _ = term.recv() => {}
-            }
-            return;
-        }
-    }
-    let _ = tokio::signal::ctrl_c().await;
 }

@@ -5,7 +5,7 @@
 
 #![forbid(unsafe_code)]
 
-use std::io::{BufWriter, IsTerminal};
+use std::io::BufWriter;
 use std::net::IpAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -143,15 +143,9 @@ fn main() -> ExitCode {
 fn init_logs(provider: Option<&opentelemetry_sdk::trace::SdkTracerProvider>) {
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let fmt = tracing_subscriber::fmt::layer()
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal());
     let otel = provider.map(router_proxy::telemetry::layer);
     tracing_subscriber::registry()
-        .with(filter)
-        .with(fmt)
+        .with(router_process::log_layer())
         .with(otel)
         .init();
 }
@@ -189,7 +183,7 @@ async fn run(settings: Settings, mode: Mode) -> ExitCode {
     } else {
         tracing::info!("admin endpoints require a bearer token");
     }
-    shutdown_signal().await;
+    router_process::shutdown_signal().await;
     tracing::info!(
         timeout_s = DRAIN_TIMEOUT.as_secs(),
         "draining: finishing requests in flight"
@@ -204,18 +198,3 @@ async fn run(settings: Settings, mode: Mode) -> ExitCode {
 
 /// How long a stopping proxy waits for requests in flight.
 const DRAIN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
-
-async fn shutdown_signal() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{signal, SignalKind};
-        if let Ok(mut term) = signal(SignalKind::terminate()) {
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
-                _ = term.recv() => {}
-            }
-            return;
-        }
-    }
-    let _ = tokio::signal::ctrl_c().await;
-}

@@ -10,7 +10,6 @@ use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 
 use crate::harness::TestProxy;
-use crate::mock::{Behavior, MockConfig, MockModel};
 
 /// The bearer token the tests' control planes require.
 pub const TOKEN: &str = "cp-test-token";
@@ -94,15 +93,4 @@ pub async fn wait_version(p: &TestProxy, want: &str) {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     panic!("proxy stuck at {}, wanted {want}", version_of(p).await);
-}
-
-/// A mock model endpoint named `name`.
-pub async fn mock(name: &str, behavior: Behavior) -> MockModel {
-    MockModel::start(MockConfig {
-        name: name.into(),
-        behavior,
-        ..MockConfig::default()
-    })
-    .await
-    .unwrap_or_else(|e| panic!("mock {name}: {e}"))
 }

@@ -1,9 +1,11 @@
 //! Test kit for cross-program tests: a harness that starts the router
-//! in-process, and the mock model endpoints (from `routerctl`, which ships
-//! them for `routerctl mock` and `routerctl drill`), and a real etcd.
+//! in-process ([`harness`]), control planes and managed proxies
+//! ([`control`]), one helper per kind of mock model endpoint ([`mocks`],
+//! over the `router-mock` crate that `routerctl mock` and the drill use
+//! too), a real etcd ([`etcd`]) and an OTLP collector ([`otlp`]).
 #![forbid(unsafe_code)]
 pub mod control;
 pub mod etcd;
 pub mod harness;
+pub mod mocks;
 pub mod otlp;
-pub use routerctl::mock;

@@ -12,12 +12,13 @@ use std::time::Duration;
 use http::StatusCode;
 use router_control_plane::store::{BackendSet, StoreChange, StoreEvent};
 use router_control_plane::{start, ControlPlaneOptions, RunningControlPlane};
+use router_mock::{Behavior, MOCK_NAME_HEADER};
 use router_proto::v1 as pb;
 use router_proxy::managed::ManagedOptions;
 use router_proxy::{Mode, Settings};
-use router_tests::control::{admin, managed_proxy, mock, policy, version_of, wait_version, TOKEN};
+use router_tests::control::{admin, managed_proxy, policy, version_of, wait_version, TOKEN};
 use router_tests::harness::TestProxy;
-use router_tests::mock::{Behavior, MOCK_NAME_HEADER};
+use router_tests::mocks::mock;
 
 fn temp(name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("router-cp-{}-{name}", std::process::id()));

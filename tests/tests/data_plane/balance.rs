@@ -5,11 +5,12 @@ use std::collections::HashMap;
 
 use futures_util::future::join_all;
 use http::StatusCode;
+use router_mock::{Behavior, MOCK_NAME_HEADER};
 use router_policy::Scoring;
 use router_tests::harness::{health_in_flight, TestProxy};
-use router_tests::mock::MOCK_NAME_HEADER;
+use router_tests::mocks::{mock, mock_latency};
 
-use crate::{mock, settings};
+use crate::settings;
 
 async fn served_by(proxy: &TestProxy, n: usize, concurrency: usize) -> HashMap<String, usize> {
     let mut counts = HashMap::new();
@@ -25,8 +26,8 @@ async fn served_by(proxy: &TestProxy, n: usize, concurrency: usize) -> HashMap<S
 }
 
 async fn fast_share(scoring: Scoring) -> f64 {
-    let fast = mock("fast", 20).await;
-    let slow = mock("slow", 200).await;
+    let fast = mock_latency("fast", 20).await;
+    let slow = mock_latency("slow", 200).await;
     let mut s = settings();
     s.queue.scoring = scoring;
     let proxy = TestProxy::sidecar(s).await;
@@ -54,7 +55,11 @@ async fn warmed_up_traffic_goes_to_the_fast_backend_with_lowest_ewma() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn untried_backends_are_probed_first_and_ties_spread() {
-    let mocks = [mock("a", 5).await, mock("b", 5).await, mock("c", 5).await];
+    let mocks = [
+        mock_latency("a", 5).await,
+        mock_latency("b", 5).await,
+        mock_latency("c", 5).await,
+    ];
     let proxy = TestProxy::sidecar(settings()).await;
     proxy
         .set_backends(&mocks.iter().map(|m| m.host_port()).collect::<Vec<_>>())
@@ -76,8 +81,8 @@ async fn untried_backends_are_probed_first_and_ties_spread() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_backend_does_not_attract_traffic() {
-    let live = mock("live", 10).await;
-    let dead = mock("dead", 0).await;
+    let live = mock_latency("live", 10).await;
+    let dead = mock("dead", Behavior::Json).await;
     let dead_addr = dead.host_port();
     dead.stop().await; // connection refused from now on, in microseconds
     let proxy = TestProxy::sidecar(settings()).await;
@@ -99,8 +104,8 @@ async fn a_dead_backend_does_not_attract_traffic() {
 }
 
 async fn burst_split(scoring: Scoring) -> (usize, usize) {
-    let a = mock("a", 150).await;
-    let b = mock("b", 150).await;
+    let a = mock_latency("a", 150).await;
+    let b = mock_latency("b", 150).await;
     let mut s = settings();
     s.queue.scoring = scoring;
     let proxy = TestProxy::sidecar(s).await;

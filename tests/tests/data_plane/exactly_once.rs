@@ -6,15 +6,16 @@ use std::time::Duration;
 use futures_util::future::join_all;
 use http::{Method, StatusCode};
 use http_body_util::BodyExt;
+use router_mock::Behavior;
 use router_tests::harness::{eventually, health_in_flight, TestProxy};
-use router_tests::mock::Behavior;
+use router_tests::mocks::{mock, mock_latency, mock_sse};
 
-use crate::{mock, mock_with, settings};
+use crate::settings;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn removing_a_backend_with_requests_in_flight() {
-    let a = mock("a", 300).await;
-    let b = mock("b", 300).await;
+    let a = mock_latency("a", 300).await;
+    let b = mock_latency("b", 300).await;
     let proxy = TestProxy::sidecar(settings()).await;
     proxy.set_backends(&[a.host_port(), b.host_port()]).await;
     // Warm both so traffic spreads.
@@ -45,15 +46,7 @@ async fn removing_a_backend_with_requests_in_flight() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_leaving_mid_stream_frees_the_slot_and_cancels_upstream() {
-    let backend = mock_with(
-        "mock",
-        0,
-        Behavior::Sse {
-            chunks: 100,
-            interval: Duration::from_millis(50),
-        },
-    )
-    .await;
+    let backend = mock_sse("mock", 100, 50).await;
     let proxy = TestProxy::sidecar(settings()).await;
     proxy.set_backends(&[backend.host_port()]).await;
     let resp = proxy
@@ -80,7 +73,7 @@ async fn a_client_leaving_mid_stream_frees_the_slot_and_cancels_upstream() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn upstream_errors_are_passed_back_and_counted_as_failures() {
-    let backend = mock_with("mock", 0, Behavior::Status(503)).await;
+    let backend = mock("mock", Behavior::Status(503)).await;
     let proxy = TestProxy::sidecar(settings()).await;
     proxy.set_backends(&[backend.host_port()]).await;
     let r = proxy.chat("m").await;
@@ -95,7 +88,7 @@ async fn upstream_errors_are_passed_back_and_counted_as_failures() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_route_decision_log_has_every_contract_field() {
-    let backend = mock("b", 10).await;
+    let backend = mock_latency("b", 10).await;
     let proxy = TestProxy::sidecar(settings()).await;
     proxy.set_backends(&[backend.host_port()]).await;
     let r = proxy
@@ -151,7 +144,7 @@ async fn the_route_decision_log_has_every_contract_field() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn draining_finishes_requests_in_flight_then_stops() {
-    let backend = mock("slow", 400).await;
+    let backend = mock_latency("slow", 400).await;
     let TestProxy { proxy, client, .. } = TestProxy::sidecar(settings()).await;
     let addr = proxy.local_addr();
     let url = format!("http://{addr}");

@@ -5,10 +5,9 @@ use std::time::{Duration, Instant};
 use futures_util::future::join_all;
 use http::{Method, StatusCode};
 use router_tests::harness::{eventually, health_in_flight, TestProxy};
-use router_tests::mock::MockConfig;
-use router_tests::mock::MockModel;
+use router_tests::mocks::mock_latency;
 
-use crate::{mock, settings};
+use crate::settings;
 
 fn chat_body() -> &'static str {
     r#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#
@@ -16,7 +15,7 @@ fn chat_body() -> &'static str {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_queue_evicts_its_oldest_waiter() {
-    let backend = mock("slow", 400).await;
+    let backend = mock_latency("slow", 400).await;
     let mut s = settings();
     s.max_concurrency = Some(1);
     s.queue.max_size = 2;
@@ -65,7 +64,7 @@ async fn a_full_queue_evicts_its_oldest_waiter() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiter_past_the_queue_timeout_gets_503() {
-    let backend = mock("slow", 1500).await;
+    let backend = mock_latency("slow", 1500).await;
     let mut s = settings();
     s.max_concurrency = Some(1);
     s.queue.timeout = Duration::from_millis(200);
@@ -95,7 +94,7 @@ async fn a_waiter_past_the_queue_timeout_gets_503() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_disconnects_leaves_the_queue_at_once() {
-    let backend = mock("slow", 800).await;
+    let backend = mock_latency("slow", 800).await;
     let mut s = settings();
     s.max_concurrency = Some(1);
     let proxy = TestProxy::sidecar(s).await;
@@ -133,13 +132,7 @@ async fn a_client_that_disconnects_leaves_the_queue_at_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_thousand_concurrent_requests_into_a_queue_of_ten() {
-    let backend = MockModel::start(MockConfig {
-        name: "slow".into(),
-        latency: Duration::from_millis(20),
-        ..MockConfig::default()
-    })
-    .await
-    .unwrap();
+    let backend = mock_latency("slow", 20).await;
     let mut s = settings();
     s.max_concurrency = Some(2);
     s.queue.max_size = 10;
@@ -192,7 +185,7 @@ async fn two_thousand_concurrent_requests_into_a_queue_of_ten() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn removing_every_backend_answers_the_queued_at_once() {
-    let backend = mock("slow", 600).await;
+    let backend = mock_latency("slow", 600).await;
     let mut s = settings();
     s.max_concurrency = Some(1);
     let proxy = TestProxy::sidecar(s).await;

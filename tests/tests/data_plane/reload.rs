@@ -6,11 +6,12 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use http::StatusCode;
+use router_mock::{Behavior, MOCK_NAME_HEADER};
 use router_proxy::Mode;
 use router_tests::harness::TestProxy;
-use router_tests::mock::MOCK_NAME_HEADER;
+use router_tests::mocks::mock;
 
-use crate::{mock, settings};
+use crate::settings;
 
 fn policy(chain: &str, a: &str, b: &str) -> String {
     format!(
@@ -58,8 +59,8 @@ async fn wait_for_version_change(proxy: &TestProxy, from: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_policy_file_is_watched_and_bad_edits_are_rejected() {
-    let a = mock("a", 0).await;
-    let b = mock("b", 0).await;
+    let a = mock("a", Behavior::Json).await;
+    let b = mock("b", Behavior::Json).await;
     let path = temp_file("watch");
     std::fs::write(&path, policy("local, cloud", &a.url(), &b.url())).unwrap();
     let mut s = settings();

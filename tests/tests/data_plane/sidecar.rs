@@ -3,14 +3,16 @@
 use std::time::Instant;
 
 use http::{Method, StatusCode};
+use router_mock::Behavior;
 use router_tests::harness::TestProxy;
+use router_tests::mocks::mock;
 
-use crate::{mock, settings};
+use crate::settings;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn health_set_backends_and_metrics_follow_the_contract() {
-    let a = mock("a", 0).await;
-    let b = mock("b", 0).await;
+    let a = mock("a", Behavior::Json).await;
+    let b = mock("b", Behavior::Json).await;
     let proxy = TestProxy::sidecar(settings()).await;
 
     let h = proxy.health().await;

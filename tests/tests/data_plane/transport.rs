@@ -5,16 +5,17 @@ use std::time::{Duration, Instant};
 
 use http::{Method, StatusCode};
 use http_body_util::BodyExt;
+use router_mock::Behavior;
 use router_tests::harness::{eventually, TestProxy};
-use router_tests::mock::Behavior;
+use router_tests::mocks::{mock, mock_sse};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::{mock, mock_with, settings};
+use crate::settings;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn headers_are_forwarded_cleanly_with_the_request_id() {
-    let backend = mock("b", 0).await;
+    let backend = mock("b", Behavior::Json).await;
     let proxy = TestProxy::sidecar(settings()).await;
     proxy.set_backends(&[backend.host_port()]).await;
     let r = proxy
@@ -60,7 +61,7 @@ async fn headers_are_forwarded_cleanly_with_the_request_id() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_id_is_generated_when_absent() {
-    let backend = mock("b", 0).await;
+    let backend = mock("b", Behavior::Json).await;
     let proxy = TestProxy::sidecar(settings()).await;
     proxy.set_backends(&[backend.host_port()]).await;
     let r = proxy.chat("m").await;
@@ -76,9 +77,8 @@ async fn a_request_id_is_generated_when_absent() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redirects_go_back_to_the_client_unfollowed() {
-    let backend = mock_with(
+    let backend = mock(
         "mock",
-        0,
         Behavior::Redirect("http://127.0.0.1:9/elsewhere".into()),
     )
     .await;
@@ -92,15 +92,7 @@ async fn redirects_go_back_to_the_client_unfollowed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sse_chunks_reach_the_client_before_the_stream_ends() {
-    let backend = mock_with(
-        "streamer",
-        0,
-        Behavior::Sse {
-            chunks: 5,
-            interval: Duration::from_millis(150),
-        },
-    )
-    .await;
+    let backend = mock_sse("streamer", 5, 150).await;
     let proxy = TestProxy::sidecar(settings()).await;
     proxy.set_backends(&[backend.host_port()]).await;
     let started = Instant::now();
@@ -142,7 +134,7 @@ async fn sse_chunks_reach_the_client_before_the_stream_ends() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn upstream_connections_are_kept_alive() {
-    let backend = mock("b", 0).await;
+    let backend = mock("b", Behavior::Json).await;
     let mut s = settings();
     s.workers = 2;
     let proxy = TestProxy::sidecar(s).await;
@@ -162,7 +154,7 @@ async fn upstream_connections_are_kept_alive() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bodies_over_the_limit_get_413() {
-    let backend = mock("b", 0).await;
+    let backend = mock("b", Behavior::Json).await;
     let mut s = settings();
     s.max_body_bytes = 1024;
     let proxy = TestProxy::sidecar(s).await;
@@ -196,7 +188,7 @@ async fn bodies_over_the_limit_get_413() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_json_gets_a_400_json_error() {
-    let backend = mock("b", 0).await;
+    let backend = mock("b", Behavior::Json).await;
     let proxy = TestProxy::sidecar(settings()).await;
     proxy.set_backends(&[backend.host_port()]).await;
     let r = proxy

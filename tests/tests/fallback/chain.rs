@@ -5,17 +5,18 @@
 use std::time::{Duration, Instant};
 
 use http::StatusCode;
+use router_mock::{Behavior, MOCK_NAME_HEADER};
 use router_tests::harness::{eventually, TestProxy};
-use router_tests::mock::{Behavior, MOCK_NAME_HEADER};
+use router_tests::mocks::{mock, mock_latency};
 
-use crate::{mock, settings, two_pools};
+use crate::{settings, two_pools};
 
 const BODY: &str = r#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hanging_primary_is_given_up_at_the_attempt_timeout_and_cancelled() {
-    let primary = mock("primary", 0, Behavior::Hang).await;
-    let fallback = mock("fallback", 20, Behavior::Json).await;
+    let primary = mock("primary", Behavior::Hang).await;
+    let fallback = mock_latency("fallback", 20).await;
     let policy = two_pools(
         &primary.url(),
         &fallback.url(),
@@ -70,8 +71,8 @@ async fn a_hanging_primary_is_given_up_at_the_attempt_timeout_and_cancelled() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_route_can_set_the_attempt_timeout_too() {
-    let primary = mock("primary", 0, Behavior::Hang).await;
-    let fallback = mock("fallback", 0, Behavior::Json).await;
+    let primary = mock("primary", Behavior::Hang).await;
+    let fallback = mock("fallback", Behavior::Json).await;
     let policy = two_pools(
         &primary.url(),
         &fallback.url(),
@@ -94,8 +95,8 @@ async fn the_route_can_set_the_attempt_timeout_too() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failures_in_retry_on_fail_over_and_others_are_passed_back() {
-    let primary = mock("primary", 0, Behavior::Status(503)).await;
-    let fallback = mock("fallback", 0, Behavior::Json).await;
+    let primary = mock("primary", Behavior::Status(503)).await;
+    let fallback = mock("fallback", Behavior::Json).await;
     // A circuit that does not open here: this test is about retry_on.
     let no_breaker = |p: String| {
         p.replace(
@@ -134,8 +135,8 @@ async fn failures_in_retry_on_fail_over_and_others_are_passed_back() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_last_failure_is_passed_back_when_every_pool_fails() {
-    let primary = mock("primary", 0, Behavior::Status(500)).await;
-    let fallback = mock("fallback", 0, Behavior::Status(502)).await;
+    let primary = mock("primary", Behavior::Status(500)).await;
+    let fallback = mock("fallback", Behavior::Status(502)).await;
     let proxy = TestProxy::with_policy(
         settings(),
         &two_pools(&primary.url(), &fallback.url(), "", ""),
@@ -152,8 +153,8 @@ async fn the_last_failure_is_passed_back_when_every_pool_fails() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fallback_is_switched_off_and_on_by_a_file_reload() {
-    let primary = mock("primary", 0, Behavior::Status(503)).await;
-    let fallback = mock("fallback", 0, Behavior::Json).await;
+    let primary = mock("primary", Behavior::Status(503)).await;
+    let fallback = mock("fallback", Behavior::Json).await;
     let dir = std::env::temp_dir().join(format!("router-fallback-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("policy.yaml");
@@ -196,8 +197,8 @@ async fn fallback_is_switched_off_and_on_by_a_file_reload() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_open_circuit_is_skipped_at_once() {
-    let primary = mock("primary", 0, Behavior::Status(500)).await;
-    let fallback = mock("fallback", 0, Behavior::Json).await;
+    let primary = mock("primary", Behavior::Status(500)).await;
+    let fallback = mock("fallback", Behavior::Json).await;
     let policy = two_pools(&primary.url(), &fallback.url(), "", "").replace(
         "spec:\n",
         "spec:\n  circuit_breaker: {consecutive_errors: 3, open_duration_s: 60}\n",
@@ -243,8 +244,8 @@ async fn an_open_circuit_is_skipped_at_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_drained_endpoint_takes_no_new_requests_and_finishes_its_own() {
-    let a = mock("a", 300, Behavior::Json).await;
-    let b = mock("b", 0, Behavior::Json).await;
+    let a = mock_latency("a", 300).await;
+    let b = mock("b", Behavior::Json).await;
     let policy = |endpoints: String| {
         format!(
             r#"apiVersion: router/v1

@@ -5,10 +5,11 @@ use std::time::{Duration, Instant};
 
 use http::{Method, StatusCode};
 use http_body_util::BodyExt;
+use router_mock::Behavior;
 use router_tests::harness::{eventually, TestProxy};
-use router_tests::mock::Behavior;
+use router_tests::mocks::{mock, mock_latency, mock_sse};
 
-use crate::{mock, settings};
+use crate::settings;
 
 fn one_pool(url: &str, defaults: &str) -> String {
     format!(
@@ -30,7 +31,7 @@ const BODY: &str = r#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nothing_is_answered_after_the_deadline() {
-    let slow = mock("slow", 500, Behavior::Json).await;
+    let slow = mock_latency("slow", 500).await;
     let proxy = TestProxy::with_policy(settings(), &one_pool(&slow.url(), "")).await;
     let started = Instant::now();
     let r = proxy
@@ -55,7 +56,7 @@ async fn nothing_is_answered_after_the_deadline() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pool_that_cannot_fit_is_shed_at_once() {
-    let slow = mock("slow", 300, Behavior::Json).await;
+    let slow = mock_latency("slow", 300).await;
     let proxy =
         TestProxy::with_policy(settings(), &one_pool(&slow.url(), "deadline_ms: 5000")).await;
     // The route's default deadline (5 s) lets the first one through and
@@ -83,7 +84,7 @@ async fn a_pool_that_cannot_fit_is_shed_at_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bad_deadline_header_is_a_400() {
-    let m = mock("m", 0, Behavior::Json).await;
+    let m = mock("m", Behavior::Json).await;
     let proxy = TestProxy::with_policy(settings(), &one_pool(&m.url(), "")).await;
     for bad in ["soon", "0", "-5", "99999999999"] {
         let r = proxy
@@ -97,15 +98,7 @@ async fn a_bad_deadline_header_is_a_400() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stream_past_its_deadline_is_cut_with_one_error_event() {
-    let streamer = mock(
-        "streamer",
-        0,
-        Behavior::Sse {
-            chunks: 20,
-            interval: Duration::from_millis(50),
-        },
-    )
-    .await;
+    let streamer = mock_sse("streamer", 20, 50).await;
     let proxy = TestProxy::with_policy(settings(), &one_pool(&streamer.url(), "")).await;
     let req = http::Request::builder()
         .method(Method::POST)
@@ -150,16 +143,8 @@ async fn a_stream_past_its_deadline_is_cut_with_one_error_event() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stream_does_not_fail_over_after_its_first_byte() {
-    let primary = mock(
-        "primary",
-        0,
-        Behavior::Sse {
-            chunks: 50,
-            interval: Duration::from_millis(20),
-        },
-    )
-    .await;
-    let fallback = mock("fallback", 0, Behavior::Json).await;
+    let primary = mock_sse("primary", 50, 20).await;
+    let fallback = mock("fallback", Behavior::Json).await;
     let proxy = TestProxy::with_policy(
         settings(),
         &crate::two_pools(&primary.url(), &fallback.url(), "", ""),

@@ -4,10 +4,11 @@ use std::time::Duration;
 
 use futures_util::future::join_all;
 use http::StatusCode;
+use router_mock::Behavior;
 use router_tests::harness::TestProxy;
-use router_tests::mock::Behavior;
+use router_tests::mocks::{mock, mock_latency, mock_sse};
 
-use crate::{mock, settings};
+use crate::settings;
 
 fn policy(url: &str) -> String {
     format!(
@@ -28,7 +29,7 @@ const BODY: &str = r#"{"model":"m","messages":[{"role":"user","content":"pay onc
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retry_in_flight_joins_and_a_later_one_gets_the_stored_answer() {
-    let m = mock("m", 200, Behavior::Json).await;
+    let m = mock_latency("m", 200).await;
     let proxy = TestProxy::with_policy(settings(), &policy(&m.url())).await;
     let key = [("idempotency-key", "order-77")];
     let both = join_all((0..3).map(|_| proxy.chat_with(&key, BODY))).await;
@@ -61,15 +62,7 @@ async fn a_retry_in_flight_joins_and_a_later_one_gets_the_stored_answer() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_streamed_answer_is_not_generated_again() {
-    let m = mock(
-        "m",
-        0,
-        Behavior::Sse {
-            chunks: 3,
-            interval: Duration::from_millis(10),
-        },
-    )
-    .await;
+    let m = mock_sse("m", 3, 10).await;
     let proxy = TestProxy::with_policy(settings(), &policy(&m.url())).await;
     let key = [("idempotency-key", "stream-1")];
     let body = r#"{"model":"m","stream":true}"#;
@@ -83,7 +76,7 @@ async fn a_streamed_answer_is_not_generated_again() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_first_request_does_not_block_its_retry() {
-    let m = mock("m", 0, Behavior::Status(503)).await;
+    let m = mock("m", Behavior::Status(503)).await;
     let proxy = TestProxy::with_policy(settings(), &policy(&m.url())).await;
     let key = [("idempotency-key", "retry-me")];
     assert_eq!(

@@ -8,22 +8,7 @@ mod deadline;
 mod drill;
 mod idempotency;
 
-use std::time::Duration;
-
 use router_proxy::Settings;
-use router_tests::mock::{Behavior, MockConfig, MockModel};
-
-/// A mock with a name, a latency and a behavior.
-pub async fn mock(name: &str, latency_ms: u64, behavior: Behavior) -> MockModel {
-    MockModel::start(MockConfig {
-        name: name.into(),
-        latency: Duration::from_millis(latency_ms),
-        behavior,
-        ..MockConfig::default()
-    })
-    .await
-    .expect("mock starts")
-}
 
 /// A two-pool policy: `primary` then `fallback`.
 pub fn two_pools(primary: &str, fallback: &str, extra_route: &str, primary_extra: &str) -> String {

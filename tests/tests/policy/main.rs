@@ -7,10 +7,10 @@
 use std::time::{Duration, Instant};
 
 use http::{Method, StatusCode};
+use router_mock::{Behavior, MOCK_NAME_HEADER};
 use router_proxy::Settings;
-use router_tests::control::mock;
 use router_tests::harness::TestProxy;
-use router_tests::mock::{Behavior, MOCK_NAME_HEADER};
+use router_tests::mocks::mock;
 
 const CHAT: &str = r#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#;
 const STRUCTURED: &str = r#"{"model":"m","messages":[{"role":"user","content":"hi"}],"response_format":{"type":"json_object"}}"#;

@@ -16,11 +16,12 @@ use http::StatusCode;
 use router_control_plane::store::etcd::{EtcdAddress, EtcdStore};
 use router_control_plane::store::{PolicyRecord, State, Store, StoreChange, StoreEvent};
 use router_control_plane::{start, ControlPlaneOptions, RunningControlPlane, StoreLocation};
+use router_mock::{Behavior, MOCK_NAME_HEADER};
 use router_proto::v1 as pb;
-use router_tests::control::{admin, managed_proxy, mock, policy, version_of, wait_version, TOKEN};
+use router_tests::control::{admin, managed_proxy, policy, version_of, wait_version, TOKEN};
 use router_tests::etcd::EtcdServer;
 use router_tests::harness::eventually;
-use router_tests::mock::{Behavior, MOCK_NAME_HEADER};
+use router_tests::mocks::mock;
 
 async fn replica(etcd: &EtcdServer, node: &str) -> RunningControlPlane {
     start(ControlPlaneOptions {

@@ -1,0 +1,263 @@
+//! One request, from its head to its response: `GET /health` and the fixed
+//! pages first, then recording and counting, the concurrency cap, and the
+//! answer the current [`Behavior`] calls for (chat-completion JSON, SSE
+//! events, silence, an error, a broken body or a redirect).
+//!
+//! Every answer is built the way a real server would send it: the status and
+//! headers of an OpenAI-compatible endpoint, `x-mock-name` on each, and
+//! OpenAI-style error bodies.
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{HeaderName, HeaderValue, CACHE_CONTROL, CONTENT_TYPE, LOCATION, RETRY_AFTER};
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use serde_json::{json, Value};
+use tokio::time::Instant;
+
+use crate::body::{MockBody, Tracker};
+use crate::server::{lock, Shared};
+use crate::{Behavior, OverCap, ReceivedRequest, MOCK_NAME_HEADER};
+
+/// Completion tokens reported in the `usage` of every JSON answer.
+const COMPLETION_TOKENS: u64 = 5;
+
+/// Waits `latency`; a zero latency does not wait for a timer tick.
+async fn service_time(latency: Duration) {
+    if !latency.is_zero() {
+        tokio::time::sleep(latency).await;
+    }
+}
+
+/// Answers one request. Dropping this future at any await point (client gone)
+/// is accounted for by the [`Tracker`].
+pub(crate) async fn handle(
+    shared: Arc<Shared>,
+    request: Request<Incoming>,
+) -> Result<Response<MockBody>, Infallible> {
+    if request.method() == Method::GET && request.uri().path() == "/health" {
+        let body = MockBody::full(Bytes::from_static(br#"{"ok":true}"#), None);
+        return Ok(shared.respond(StatusCode::OK, Some("application/json"), body));
+    }
+    if request.method() == Method::GET {
+        let page = lock(&shared.pages).get(request.uri().path()).cloned();
+        if let Some((status, text)) = page {
+            let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+            let body = MockBody::full(Bytes::from(text), None);
+            return Ok(shared.respond(status, Some("application/json"), body));
+        }
+    }
+
+    let (parts, body) = request.into_parts();
+    let Ok(body) = body.collect().await.map(|collected| collected.to_bytes()) else {
+        // The client went away while sending the body; nobody will read this.
+        let body = MockBody::full(Bytes::new(), None);
+        return Ok(shared.respond(StatusCode::BAD_REQUEST, None, body));
+    };
+    let request_id = parts
+        .headers
+        .get("x-request-id")
+        .and_then(|value| value.to_str().ok())
+        .map(str::to_owned);
+    let prompt_len = body.len();
+    let model = serde_json::from_slice::<Value>(&body)
+        .ok()
+        .and_then(|json| json.get("model").and_then(Value::as_str).map(str::to_owned))
+        .unwrap_or_else(|| "mock".to_owned());
+
+    let (behavior, latency) = {
+        let live = lock(&shared.live);
+        (live.behavior.clone(), live.latency)
+    };
+    lock(&shared.requests).push(ReceivedRequest {
+        received_at: Instant::now(),
+        method: parts.method.to_string(),
+        path: parts
+            .uri
+            .path_and_query()
+            .map_or_else(|| parts.uri.path().to_owned(), |pq| pq.as_str().to_owned()),
+        headers: parts.headers,
+        body,
+    });
+    lock(&shared.stats).received += 1;
+    let mut tracker = Tracker::new(Arc::clone(&shared), request_id.clone());
+
+    let permit = match (&shared.slots, shared.over_cap) {
+        (None, _) => None,
+        // `acquire_owned` only fails on a closed semaphore, which never happens.
+        (Some(slots), OverCap::Queue) => Arc::clone(slots).acquire_owned().await.ok(),
+        (Some(slots), OverCap::Reject429) => match Arc::clone(slots).try_acquire_owned() {
+            Ok(permit) => Some(permit),
+            Err(_) => {
+                tracker.reject();
+                let message = "mock is at its concurrency limit";
+                return Ok(shared.error_response(StatusCode::TOO_MANY_REQUESTS, message, None));
+            }
+        },
+    };
+    tracker.start_serving(permit);
+
+    let id = format!(
+        "chatcmpl-{}",
+        shared.next_id.fetch_add(1, Ordering::Relaxed)
+    );
+    let response = match behavior {
+        Behavior::Json | Behavior::Content(_) => {
+            let content = match &behavior {
+                Behavior::Content(c) => c.clone(),
+                _ => format!("hello from {}", shared.name),
+            };
+            service_time(latency).await;
+            let prompt_tokens = prompt_len.div_ceil(4) as u64;
+            let answer = json!({
+                "id": id,
+                "object": "chat.completion",
+                "model": model,
+                "served_by": shared.name,
+                "request_id": request_id,
+                "choices": [{
+                    "index": 0,
+                    "message": {"role": "assistant", "content": content},
+                    "finish_reason": "stop",
+                }],
+                "usage": {
+                    "prompt_tokens": prompt_tokens,
+                    "completion_tokens": COMPLETION_TOKENS,
+                    "total_tokens": prompt_tokens + COMPLETION_TOKENS,
+                },
+            });
+            let body = MockBody::full(Bytes::from(answer.to_string()), Some(tracker));
+            shared.respond(StatusCode::OK, Some("application/json"), body)
+        }
+        Behavior::Sse { chunks, interval } => {
+            let frames = sse_frames(&id, &model, &shared.name, chunks, latency, interval);
+            let body = MockBody::new(frames, false, Some(tracker));
+            let mut response = shared.respond(StatusCode::OK, Some("text/event-stream"), body);
+            response
+                .headers_mut()
+                .insert(CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+            response
+        }
+        Behavior::Hang => {
+            // Never answers; the tracker counts the request as cancelled when
+            // hyper drops this future.
+            match std::future::pending::<Infallible>().await {}
+        }
+        Behavior::Status(code) => {
+            service_time(latency).await;
+            let status = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+            let message = format!("mock {} answered {}", shared.name, status.as_u16());
+            shared.error_response(status, &message, Some(tracker))
+        }
+        Behavior::MalformedJson => {
+            service_time(latency).await;
+            let truncated = format!(
+                r#"{{"id":"{id}","object":"chat.completion","choices":[{{"index":0,"message":{{"role":"assi"#
+            );
+            let body = MockBody::full(Bytes::from(truncated), Some(tracker));
+            shared.respond(StatusCode::OK, Some("application/json"), body)
+        }
+        Behavior::Redirect(url) => {
+            service_time(latency).await;
+            match HeaderValue::from_str(&url) {
+                Ok(location) => {
+                    let body = MockBody::full(Bytes::new(), Some(tracker));
+                    let mut response = shared.respond(StatusCode::FOUND, None, body);
+                    response.headers_mut().insert(LOCATION, location);
+                    response
+                }
+                Err(_) => {
+                    let message = format!("redirect URL {url:?} is not a valid header value");
+                    shared.error_response(
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        &message,
+                        Some(tracker),
+                    )
+                }
+            }
+        }
+    };
+    Ok(response)
+}
+
+/// The frames of an SSE answer: `chunks` `chat.completion.chunk` events, the
+/// first after `latency` and the others `interval` apart, then
+/// `data: [DONE]` (after `latency` when there are no chunks), each with the
+/// delay before it.
+fn sse_frames(
+    id: &str,
+    model: &str,
+    served_by: &str,
+    chunks: usize,
+    latency: Duration,
+    interval: Duration,
+) -> VecDeque<(Duration, Bytes)> {
+    let mut frames = VecDeque::with_capacity(chunks + 1);
+    for i in 0..chunks {
+        let event = json!({
+            "id": id,
+            "object": "chat.completion.chunk",
+            "model": model,
+            "served_by": served_by,
+            "choices": [{"index": 0, "delta": {"content": format!("tok{i} ")}}],
+        });
+        let delay = if i == 0 { latency } else { interval };
+        frames.push_back((delay, Bytes::from(format!("data: {event}\n\n"))));
+    }
+    let done_delay = if chunks == 0 { latency } else { Duration::ZERO };
+    frames.push_back((done_delay, Bytes::from_static(b"data: [DONE]\n\n")));
+    frames
+}
+
+impl Shared {
+    /// A response with `x-mock-name` and, if given, a content type.
+    fn respond(
+        &self,
+        status: StatusCode,
+        content_type: Option<&'static str>,
+        body: MockBody,
+    ) -> Response<MockBody> {
+        let mut response = Response::new(body);
+        *response.status_mut() = status;
+        let headers = response.headers_mut();
+        headers.insert(
+            HeaderName::from_static(MOCK_NAME_HEADER),
+            self.name_header.clone(),
+        );
+        if let Some(content_type) = content_type {
+            headers.insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+        }
+        response
+    }
+
+    /// An OpenAI-style error answer; a 429 carries `Retry-After: 1`.
+    fn error_response(
+        &self,
+        status: StatusCode,
+        message: &str,
+        tracker: Option<Tracker>,
+    ) -> Response<MockBody> {
+        let (kind, code) = match status.as_u16() {
+            429 => ("rate_limit_error", json!("rate_limit_exceeded")),
+            400..=499 => ("invalid_request_error", Value::Null),
+            _ => ("server_error", Value::Null),
+        };
+        let error = json!({
+            "error": {"message": message, "type": kind, "param": null, "code": code},
+        });
+        let body = MockBody::full(Bytes::from(error.to_string()), tracker);
+        let mut response = self.respond(status, Some("application/json"), body);
+        if status == StatusCode::TOO_MANY_REQUESTS {
+            response
+                .headers_mut()
+                .insert(RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        response
+    }
+}

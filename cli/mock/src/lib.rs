@@ -1,0 +1,189 @@
+//! `router-mock`: mock model endpoints, in-process HTTP/1.1 servers that
+//! stand in for an OpenAI-compatible model server (Ollama, vLLM, TGI, a
+//! cloud API).
+//!
+//! One implementation serves three users: `routerctl mock` (a mock by hand
+//! or in the compose files), `routerctl drill` and `routerctl up` (their
+//! built-in backends) and the cross-program tests (`router-tests`). It is a
+//! crate of its own so that the tests and the drill exercise the very mock
+//! an operator runs, and so that it does not drag the command line along.
+//!
+//! A [`MockModel`] listens on a real TCP socket, so the router under test talks
+//! to it exactly as it would talk to a real backend. What it simulates:
+//!
+//! - **Service time**: every request takes [`MockConfig::latency`] (measured
+//!   with `tokio::time::sleep`, so tests may pause or scale time).
+//! - **Saturation**: with [`MockConfig::max_concurrency`] set, requests past the
+//!   cap either wait for a slot ([`OverCap::Queue`], like a saturated vLLM) or
+//!   are answered `429` at once with `Retry-After: 1` ([`OverCap::Reject429`]).
+//!   A slot is held for the whole answer, including a streamed one.
+//! - **Answer shapes** ([`Behavior`]): chat-completion JSON, an SSE token
+//!   stream with one flushed frame per chunk, a request that never gets an
+//!   answer, an error status, a broken JSON body, or a redirect. The behavior
+//!   and the latency can be switched while the server runs.
+//! - **Clients going away**: when the client disconnects mid-answer, hyper
+//!   drops the handler or the response body; a drop guard then counts the
+//!   request as cancelled and releases its slot.
+//!
+//! Every request except `GET /health` is recorded ([`MockModel::requests`]) and
+//! counted ([`MockModel::stats`]) before it is served. Every response carries
+//! `x-mock-name: <name>` so a test can tell which backend answered.
+//! `GET /health` always answers `200 {"ok":true}`, whatever the behavior, and
+//! is neither recorded nor counted.
+//!
+//! [`MockModel::stop`] closes the listener and every live connection, so a
+//! stopped mock refuses connections like a backend that went away.
+//!
+//! # Modules
+//!
+//! - this file: the public vocabulary ([`Behavior`], [`OverCap`],
+//!   [`MockConfig`], [`MockStats`], [`ReceivedRequest`], [`Generation`]);
+//! - `server`: [`MockModel`], the handle, and the accept loop that owns the
+//!   connections;
+//! - `answer`: one request from head to response: health and fixed pages,
+//!   recording, the concurrency cap, then each [`Behavior`]'s answer
+//!   (including the SSE events);
+//! - `body`: the response body that produces its frames one by one, each
+//!   after its own delay (what makes SSE stream), and the drop guard that
+//!   settles a request's counters however it ends.
+//!
+//! The behaviour tests, which use only this public API over real sockets,
+//! are in `tests/behaviors.rs`.
+
+#![forbid(unsafe_code)]
+
+mod answer;
+mod body;
+mod server;
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::HeaderMap;
+use tokio::time::Instant;
+
+pub use server::MockModel;
+
+/// Header echoed on every response with the mock's [`MockConfig::name`].
+pub const MOCK_NAME_HEADER: &str = "x-mock-name";
+
+/// How a mock answers a (non-health) request.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub enum Behavior {
+    /// OpenAI chat-completion JSON after `latency`.
+    #[default]
+    Json,
+    /// Chat-completion JSON whose message content is this text (e.g. a
+    /// JSON document, or not, for structured-output tests).
+    Content(String),
+    /// `text/event-stream`: `chunks` SSE `data: {...}` events, `interval`
+    /// apart (the first after `latency`), then `data: [DONE]`.
+    ///
+    /// The response head is sent at once; each event is its own body frame.
+    Sse {
+        /// Number of `chat.completion.chunk` events before `[DONE]`.
+        chunks: usize,
+        /// Pause between two consecutive events.
+        interval: Duration,
+    },
+    /// Accept the request and never answer (until the client goes away).
+    Hang,
+    /// Answer this status with an OpenAI-style JSON error body after
+    /// `latency` (e.g. 500, 503). A 429 also carries `Retry-After: 1`.
+    /// A code outside 100..=999 is answered as 500.
+    Status(u16),
+    /// 200 with content-type `application/json` but a body that is not valid
+    /// JSON, after `latency`.
+    MalformedJson,
+    /// 302 redirect with `Location` set to the given URL, after `latency`.
+    /// A URL that is not a valid header value is answered as 500.
+    Redirect(String),
+}
+
+/// What happens to a request that arrives while `max_concurrency` requests
+/// are being served.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum OverCap {
+    /// Wait for a slot, like a saturated vLLM queueing requests.
+    #[default]
+    Queue,
+    /// Answer `429` at once with `Retry-After: 1`.
+    Reject429,
+}
+
+/// Configuration of a [`MockModel`].
+#[derive(Clone, Debug)]
+pub struct MockConfig {
+    /// Name echoed in `x-mock-name` and in the `served_by` answer field.
+    /// Must be a valid HTTP header value.
+    pub name: String,
+    /// Service time of each request (see [`Behavior`] for where it applies).
+    pub latency: Duration,
+    /// How many requests are served at once; `None` means no limit.
+    pub max_concurrency: Option<usize>,
+    /// What happens to requests past `max_concurrency`.
+    pub over_cap: OverCap,
+    /// How requests are answered.
+    pub behavior: Behavior,
+}
+
+impl Default for MockConfig {
+    fn default() -> Self {
+        MockConfig {
+            name: "mock".to_owned(),
+            latency: Duration::ZERO,
+            max_concurrency: None,
+            over_cap: OverCap::Queue,
+            behavior: Behavior::Json,
+        }
+    }
+}
+
+/// Counters of a [`MockModel`], as returned by [`MockModel::stats`].
+///
+/// Health checks are not counted. Once the mock is idle,
+/// `received == completed + cancelled + rejected_429`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MockStats {
+    /// Requests received (their body fully read).
+    pub received: u64,
+    /// Requests whose full answer was produced.
+    pub completed: u64,
+    /// Requests whose client went away before the answer finished, including
+    /// requests dropped while queued or hanging.
+    pub cancelled: u64,
+    /// Requests currently holding a slot (being served, not queued).
+    pub in_flight: u64,
+    /// Highest `in_flight` seen.
+    pub max_in_flight: u64,
+    /// Requests answered 429 because the concurrency cap was reached with
+    /// [`OverCap::Reject429`] (a 429 from [`Behavior::Status`] counts as
+    /// completed instead).
+    pub rejected_429: u64,
+    /// TCP connections accepted (a keep-alive client reuses them).
+    pub connections: u64,
+}
+
+/// A request as the mock received it.
+#[derive(Clone, Debug)]
+pub struct ReceivedRequest {
+    /// HTTP method, e.g. `POST`.
+    pub method: String,
+    /// Path and query, e.g. `/v1/chat/completions?x=1`.
+    pub path: String,
+    /// Request headers.
+    pub headers: HeaderMap,
+    /// The full request body.
+    pub body: Bytes,
+    /// When it arrived.
+    pub received_at: Instant,
+}
+
+/// A request whose answer the mock produced in full: a generation paid for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Generation {
+    /// The request's `X-Request-Id`, if it had one.
+    pub request_id: Option<String>,
+    /// When the last byte of the answer was produced.
+    pub at: Instant,
+}

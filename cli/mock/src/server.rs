@@ -1,0 +1,216 @@
+//! The running mock: [`MockModel`], the handle a test or `routerctl` holds,
+//! the state it shares with every request ([`Shared`]), and the accept loop
+//! that owns the connections, so that stopping the mock closes them all.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::io;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use http::header::HeaderValue;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{oneshot, Semaphore};
+use tokio::task::{JoinHandle, JoinSet};
+
+use crate::answer::handle;
+use crate::{Behavior, Generation, MockConfig, MockStats, OverCap, ReceivedRequest};
+
+/// A running mock model endpoint. Dropping it shuts the server down in the
+/// background; [`MockModel::stop`] does so and waits until it is done.
+pub struct MockModel {
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+    /// Dropping this sender tells the server task to shut down.
+    shutdown: oneshot::Sender<()>,
+    server: JoinHandle<()>,
+}
+
+impl fmt::Debug for MockModel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MockModel")
+            .field("name", &self.shared.name)
+            .field("addr", &self.addr)
+            .finish_non_exhaustive()
+    }
+}
+
+impl MockModel {
+    /// Starts a mock on `127.0.0.1` with a port picked by the system.
+    pub async fn start(config: MockConfig) -> io::Result<MockModel> {
+        Self::start_on(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)), config).await
+    }
+
+    /// Starts a mock listening on `addr`.
+    ///
+    /// Fails if the address cannot be bound or if the name is not a valid
+    /// header value.
+    pub async fn start_on(addr: SocketAddr, config: MockConfig) -> io::Result<MockModel> {
+        let name_header = HeaderValue::from_str(&config.name).map_err(|_| {
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("mock name {:?} is not a valid header value", config.name),
+            )
+        })?;
+        let listener = TcpListener::bind(addr).await?;
+        let addr = listener.local_addr()?;
+        let shared = Arc::new(Shared {
+            slots: config
+                .max_concurrency
+                .map(|cap| Arc::new(Semaphore::new(cap))),
+            over_cap: config.over_cap,
+            live: Mutex::new(Live {
+                behavior: config.behavior,
+                latency: config.latency,
+            }),
+            name: config.name,
+            name_header,
+            stats: Mutex::new(MockStats::default()),
+            requests: Mutex::new(Vec::new()),
+            generations: Mutex::new(Vec::new()),
+            pages: Mutex::new(HashMap::new()),
+            next_id: AtomicU64::new(1),
+        });
+        let (shutdown, shutdown_rx) = oneshot::channel();
+        let server = tokio::spawn(serve(listener, Arc::clone(&shared), shutdown_rx));
+        Ok(MockModel {
+            addr,
+            shared,
+            shutdown,
+            server,
+        })
+    }
+
+    /// The address the mock listens on.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Base URL, e.g. `http://127.0.0.1:40123`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// `host:port`, e.g. `127.0.0.1:40123`.
+    pub fn host_port(&self) -> String {
+        self.addr.to_string()
+    }
+
+    /// The configured name.
+    pub fn name(&self) -> &str {
+        &self.shared.name
+    }
+
+    /// Switches the behavior for requests received from now on (requests
+    /// already received keep the behavior they arrived with).
+    pub fn set_behavior(&self, behavior: Behavior) {
+        lock(&self.shared.live).behavior = behavior;
+    }
+
+    /// Switches the latency for requests received from now on.
+    pub fn set_latency(&self, latency: Duration) {
+        lock(&self.shared.live).latency = latency;
+    }
+
+    /// A snapshot of the counters.
+    pub fn stats(&self) -> MockStats {
+        *lock(&self.shared.stats)
+    }
+
+    /// Serves `body` with `status` for `GET path` (not recorded or counted),
+    /// e.g. Ollama's `/api/ps` or vLLM's `/metrics` for capacity probes.
+    pub fn set_page(&self, path: &str, status: u16, body: &str) {
+        lock(&self.shared.pages).insert(path.to_string(), (status, body.to_string()));
+    }
+
+    /// Every answer produced in full so far, in order.
+    pub fn generations(&self) -> Vec<Generation> {
+        lock(&self.shared.generations).clone()
+    }
+
+    /// Every request received so far (health checks excluded), in order.
+    pub fn requests(&self) -> Vec<ReceivedRequest> {
+        lock(&self.shared.requests).clone()
+    }
+
+    /// Closes the listener and every live connection, then returns. Requests
+    /// that were being answered count as cancelled.
+    pub async fn stop(self) {
+        let MockModel {
+            shutdown, server, ..
+        } = self;
+        drop(shutdown);
+        // The server task never panics; a JoinError could only mean the
+        // runtime is shutting down, and then there is nothing left to wait for.
+        let _ = server.await;
+    }
+}
+
+/// State shared by the handle, the server task and every request.
+pub(crate) struct Shared {
+    pub(crate) name: String,
+    pub(crate) name_header: HeaderValue,
+    /// Concurrency slots, when capped.
+    pub(crate) slots: Option<Arc<Semaphore>>,
+    pub(crate) over_cap: OverCap,
+    pub(crate) live: Mutex<Live>,
+    pub(crate) stats: Mutex<MockStats>,
+    pub(crate) requests: Mutex<Vec<ReceivedRequest>>,
+    pub(crate) generations: Mutex<Vec<Generation>>,
+    /// Fixed answers to `GET` paths (capacity probes: `/api/ps`, `/metrics`).
+    pub(crate) pages: Mutex<HashMap<String, (u16, String)>>,
+    /// Numbers the `chatcmpl-<n>` ids.
+    pub(crate) next_id: AtomicU64,
+}
+
+/// The settings that can change while the mock runs.
+pub(crate) struct Live {
+    pub(crate) behavior: Behavior,
+    pub(crate) latency: Duration,
+}
+
+/// Locks a mutex, ignoring poisoning (the data stays consistent: every
+/// critical section is a few plain assignments).
+pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Accepts connections until `shutdown` fires (or its sender is dropped), then
+/// closes the listener and drops every connection.
+async fn serve(listener: TcpListener, shared: Arc<Shared>, mut shutdown: oneshot::Receiver<()>) {
+    let mut connections = JoinSet::new();
+    loop {
+        tokio::select! {
+            _ = &mut shutdown => break,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => {
+                    lock(&shared.stats).connections += 1;
+                    connections.spawn(serve_connection(stream, Arc::clone(&shared)));
+                }
+                // E.g. out of file descriptors: back off instead of spinning.
+                Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
+            },
+            // Reap finished connections so the set does not grow forever.
+            Some(_) = connections.join_next(), if !connections.is_empty() => {}
+        }
+    }
+    drop(listener);
+    // Aborts every connection and waits until each is dropped, which drops
+    // the in-progress handlers and bodies (counted as cancelled).
+    connections.shutdown().await;
+}
+
+async fn serve_connection(stream: TcpStream, shared: Arc<Shared>) {
+    let _ = stream.set_nodelay(true);
+    let service = service_fn(move |request| handle(Arc::clone(&shared), request));
+    // Connection errors (client gone, malformed request) only end this
+    // connection.
+    let _ = http1::Builder::new()
+        .serve_connection(TokioIo::new(stream), service)
+        .await;
+}

@@ -4,6 +4,9 @@
 //!
 //! See `bench/README.md` for what it measures and its caveats.
 
+// A benchmark measures wall time: std's clock is the point here.
+#![allow(clippy::disallowed_types, clippy::disallowed_methods)]
+
 mod backend;
 mod load;
 mod procs;

@@ -24,7 +24,9 @@
 //! sampled at most every [`SAMPLE_EVERY`] by the accept loop: no cost on
 //! the request path.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 /// How often the workers' busy time is re-read.
 pub const SAMPLE_EVERY: Duration = Duration::from_millis(100);

@@ -2319,6 +2319,7 @@ mod tests {
             const CALLS: u32 = 200_000;
             (0..3)
                 .map(|_| {
+                    #[allow(clippy::disallowed_types)] // a wall-clock micro-benchmark
                     let start = std::time::Instant::now();
                     for _ in 0..CALLS {
                         black_box(f());

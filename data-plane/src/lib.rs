@@ -438,7 +438,7 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, workers: Vec<Wo
             continue;
         }
         // Placed per connection, not per request (see `balance_workers`).
-        let now = std::time::Instant::now();
+        let now = tokio::time::Instant::now();
         if chooser.sample_due(now) {
             totals.clear();
             totals.extend(

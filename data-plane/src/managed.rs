@@ -100,10 +100,17 @@ pub struct Decoded {
     pub circuits: BTreeMap<String, Vec<(Option<Endpoint>, bool, Instant)>>,
 }
 
-fn unix_ms_to_instant(ms: i64) -> Instant {
-    let now_ms = SystemTime::now()
+/// Now, in Unix milliseconds: the control plane speaks wall time (circuit
+/// overrides expire at a wall-clock instant), so this is where it is read.
+#[allow(clippy::disallowed_methods)] // a wall time is the point
+fn unix_now_ms() -> i64 {
+    SystemTime::now()
         .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+fn unix_ms_to_instant(ms: i64) -> Instant {
+    let now_ms = unix_now_ms();
     let left = ms.saturating_sub(now_ms).max(0);
     Instant::now() + Duration::from_millis(u64::try_from(left).unwrap_or(0))
 }
@@ -203,9 +210,7 @@ impl Backoff {
 }
 
 fn unix_ms(at: Option<Instant>) -> i64 {
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+    let now = unix_now_ms();
     match at {
         Some(t) => {
             now + i64::try_from(t.saturating_duration_since(Instant::now()).as_millis())
@@ -276,6 +281,8 @@ pub async fn run(
     mut events: mpsc::Receiver<CircuitEvent>,
     mut applied: u64,
 ) {
+    // Jitter differs between proxies started together.
+    #[allow(clippy::disallowed_methods)]
     let seed = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(7, |d| d.as_nanos() as u64)

@@ -789,6 +789,8 @@ fn write_lines(queue: &Weak<Queue>, mut out: Box<dyn Write + Send>) {
     let mut records: Vec<Box<RouteRecord>> = Vec::with_capacity(1024);
     let mut lines: Vec<u8> = Vec::with_capacity(256 * 1024);
     loop {
+        // Its own OS thread, not a runtime's: a blocking sleep is right.
+        #[allow(clippy::disallowed_methods)]
         std::thread::sleep(FLUSH_INTERVAL);
         let Some(shared) = queue.upgrade() else {
             let _ = out.flush();

@@ -8,6 +8,9 @@
 //! `valgrind --tool=callgrind` and divide its instruction count by the
 //! requests (see docs/benchmarks.md, "Instructions per request").
 
+// A benchmark measures wall time: std's clock is the point here.
+#![allow(clippy::disallowed_types, clippy::disallowed_methods)]
+
 #[path = "../backend.rs"]
 #[allow(dead_code)]
 mod backend;

@@ -11,6 +11,9 @@
 //! first backend is used). Run it with
 //! `proxy-bench --targets router,nginx --router-bin target/release/hyper-floor`.
 
+// A benchmark measures wall time: std's clock is the point here.
+#![allow(clippy::disallowed_types, clippy::disallowed_methods)]
+
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};

@@ -56,8 +56,12 @@ pub(super) struct Pending {
 
 impl Pending {
     pub(super) fn new(shared: Arc<Shared>, req: &Request<Incoming>, snapshot: &Snapshot) -> Self {
+        // The log's `offered_at` is a wall time: the one clock reading
+        // that must not be tokio's.
+        #[allow(clippy::disallowed_methods)]
+        let offered_at = Timestamp(SystemTime::now());
         let record = Box::new(RouteRecord {
-            offered_at: Timestamp(SystemTime::now()),
+            offered_at,
             method: req.method().clone(),
             path: req.uri().path().to_string(),
             config_version: Arc::clone(&snapshot.version),

@@ -168,7 +168,7 @@ async fn draining_finishes_requests_in_flight_then_stops() {
         }
     });
     tokio::time::sleep(Duration::from_millis(100)).await;
-    let started = std::time::Instant::now();
+    let started = tokio::time::Instant::now();
     assert!(proxy.drain(Duration::from_secs(5)).await, "drained in time");
     // The request in flight was answered, then the proxy stopped.
     assert_eq!(in_flight.await.unwrap().status, StatusCode::OK);

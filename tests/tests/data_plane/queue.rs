@@ -1,6 +1,8 @@
 //! The bounded FIFO: eviction, timeout, disconnects, and 2,000 at once.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use futures_util::future::join_all;
 use http::{Method, StatusCode};

@@ -1,6 +1,6 @@
 //! The Hugging Face sidecar contract: set-backends, health, metrics, admin token.
 
-use std::time::Instant;
+use tokio::time::Instant;
 
 use http::{Method, StatusCode};
 use router_mock::Behavior;

@@ -1,7 +1,9 @@
 //! HTTP proxy correctness: headers, redirects, SSE, keep-alive, limits and
 //! timeouts against slow clients.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use http::{Method, StatusCode};
 use http_body_util::BodyExt;

@@ -2,7 +2,9 @@
 //! id, cancellation of the abandoned attempt, configurable retry_on, the
 //! fallback switch, circuits, draining.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use http::StatusCode;
 use router_mock::{Behavior, MOCK_NAME_HEADER};

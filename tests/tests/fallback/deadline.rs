@@ -1,7 +1,9 @@
 //! Shedding against the deadline: 504 at once when nothing fits, never an
 //! answer after the deadline, streams cut cleanly.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use http::{Method, StatusCode};
 use http_body_util::BodyExt;

@@ -4,7 +4,9 @@
 
 #![allow(clippy::unwrap_used)]
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use http::{Method, StatusCode};
 use router_mock::{Behavior, MOCK_NAME_HEADER};

@@ -576,7 +576,7 @@ async fn a_crashed_replica_loses_its_leases_when_they_expire() {
     assert_eq!(seen.len(), 1, "B sees A's proxy: {seen:?}");
 
     // A crashes: no goodbye, its leases are simply no longer renewed.
-    let crashed_at = std::time::Instant::now();
+    let crashed_at = tokio::time::Instant::now();
     drop(a);
     let mut took_over = None;
     let mut vanished = None;

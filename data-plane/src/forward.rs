@@ -20,7 +20,7 @@ use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::header::{HeaderMap, HeaderName, HeaderValue};
 use http_body::{Body, Frame, SizeHint};
 use hyper_util::client::legacy::connect::HttpConnector;
 use router_policy::Scheme;
@@ -84,52 +84,6 @@ pub fn build_client(settings: &Settings) -> Result<UpstreamClient, ClientError> 
         .enable_http1()
         .wrap_connector(http);
     Ok(UpstreamClient::new(connector))
-}
-
-const HOP_BY_HOP: [&str; 8] = [
-    "connection",
-    "keep-alive",
-    "proxy-authenticate",
-    "proxy-authorization",
-    "proxy-connection",
-    "te",
-    "trailer",
-    "upgrade",
-];
-
-/// True for a hop-by-hop header name (or `Transfer-Encoding`).
-fn is_hop_by_hop(name: &HeaderName) -> bool {
-    is_hop_by_hop_name(name.as_str())
-}
-
-/// [`is_hop_by_hop`] on a lower-case name's text.
-pub fn is_hop_by_hop_name(name: &str) -> bool {
-    name == "transfer-encoding" || HOP_BY_HOP.contains(&name)
-}
-
-/// Removes hop-by-hop headers, including those named in `Connection`.
-/// (`Transfer-Encoding` is handled by hyper's framing on each side.)
-pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    // Usually there is none: one pass over the few names present instead
-    // of a lookup (parse, hash, probe) per hop-by-hop name.
-    if !headers.keys().any(is_hop_by_hop) {
-        return;
-    }
-    if let Some(conn) = headers.get(header::CONNECTION) {
-        let named: Vec<HeaderName> = conn
-            .to_str()
-            .unwrap_or("")
-            .split(',')
-            .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
-            .collect();
-        for name in named {
-            headers.remove(name);
-        }
-    }
-    for name in HOP_BY_HOP {
-        headers.remove(name);
-    }
-    headers.remove(header::TRANSFER_ENCODING);
 }
 
 /// The absolute upstream URI for a client path on an endpoint.
@@ -481,25 +435,6 @@ mod tests {
     }
 
     use super::*;
-
-    #[test]
-    fn hop_by_hop_and_connection_named_headers_are_removed() {
-        let mut h = HeaderMap::new();
-        h.insert(
-            "connection",
-            HeaderValue::from_static("keep-alive, x-secret-hop"),
-        );
-        h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
-        h.insert("x-secret-hop", HeaderValue::from_static("1"));
-        h.insert("te", HeaderValue::from_static("trailers"));
-        h.insert("upgrade", HeaderValue::from_static("websocket"));
-        h.insert("proxy-authorization", HeaderValue::from_static("Basic x"));
-        h.insert("authorization", HeaderValue::from_static("Bearer keep"));
-        h.insert("content-type", HeaderValue::from_static("application/json"));
-        strip_hop_by_hop(&mut h);
-        let left: Vec<_> = h.keys().map(|k| k.as_str()).collect();
-        assert_eq!(left, vec!["authorization", "content-type"]);
-    }
 
     #[test]
     fn forwarded_headers() {

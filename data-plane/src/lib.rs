@@ -29,6 +29,7 @@ pub mod balance_workers;
 pub mod config;
 pub mod error;
 pub mod forward;
+mod hop_by_hop;
 pub mod handler;
 pub mod idempotency;
 /// One-pass readers for the fields the router takes from JSON bodies.

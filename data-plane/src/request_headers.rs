@@ -65,7 +65,7 @@ impl RequestHeaders {
                     continue;
                 }
                 n => {
-                    if crate::forward::is_hop_by_hop_name(n) {
+                    if crate::hop_by_hop::is_hop_by_hop_name(n) {
                         seen.hop_by_hop = true;
                     }
                     continue;

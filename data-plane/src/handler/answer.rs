@@ -29,7 +29,7 @@ use super::{
 };
 use crate::config::Snapshot;
 use crate::error::ProxyError;
-use crate::forward::{self, TrackedBody};
+use crate::forward::TrackedBody;
 use crate::idempotency::{LeaderGuard, StoredAnswer};
 use crate::pool::Lease;
 use crate::route_log::{AttemptRecord, RouteRecord, Timestamp};
@@ -201,7 +201,7 @@ impl Pending {
         record.final_route = Some(Arc::clone(pool));
         // The backend's `Content-Length`, if it sent one, is the length of
         // `body` (hyper read the body by it): kept, not recomputed.
-        forward::strip_hop_by_hop(&mut head.headers);
+        crate::hop_by_hop::strip_hop_by_hop(&mut head.headers);
         let mut resp = Response::from_parts(head, body);
         set_router_headers(
             &mut resp,
@@ -247,7 +247,7 @@ impl Pending {
         record.final_route = Some(Arc::clone(&pool));
         let attempt = record.attempts.pop().unwrap_or_default();
         let (mut head, incoming) = resp.into_parts();
-        forward::strip_hop_by_hop(&mut head.headers);
+        crate::hop_by_hop::strip_hop_by_hop(&mut head.headers);
         let sse = head
             .headers
             .get(header::CONTENT_TYPE)

@@ -206,7 +206,7 @@ pub fn handle(
         // The scan said which of these are there: absent ones are not looked up.
         let mut headers = parts.headers;
         if seen.hop_by_hop {
-            forward::strip_hop_by_hop(&mut headers);
+            crate::hop_by_hop::strip_hop_by_hop(&mut headers);
         }
         // `Host` is replaced and `Content-Length` kept or replaced when the
         // upstream request is made (`upstream_request`).

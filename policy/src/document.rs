@@ -1385,6 +1385,244 @@ spec:
         );
     }
 
+    /// Every check `validate` makes, each failing once: the field paths,
+    /// the reasons and their order are the operator-facing contract.
+    #[test]
+    fn every_check_reports_its_field_and_reason_in_order() {
+        let text = r#"
+apiVersion: router/v2
+kind: Policy
+spec:
+  defaults: {deadline_ms: 0, attempt_timeout_ms: 0}
+  queue: {max_size: 0, timeout_s: -1, latency_threshold_s: .nan, ewma_alpha: 0}
+  circuit_breaker: {consecutive_errors: 0, open_duration_s: 0}
+  approval: {token_env: "BAD-NAME"}
+  structured_output_degrade_s: -5
+  pools:
+    - name: "bad name"
+      model: " "
+      endpoints: ["ftp://x:1", "h:1", {url: "h:1", drain: true}]
+      attempt_timeout_ms: 0
+      max_concurrency: 0
+      gates: {max_latency_budget_fraction: 0, min_vram_free_mb: 100}
+      price: {input_per_1k_usd: -1, output_per_1k_usd: .inf}
+      api_key_env: "a-b"
+      queue: {max_size: 0, timeout_s: 0, latency_threshold_s: -1, ewma_alpha: 2}
+    - name: "bad name"
+      endpoints: ["h:2"]
+      capacity_probe: {kind: ollama, interval_ms: 0}
+      gates: {min_vram_free_mb: 1}
+    - name: v
+      capacity_probe: {kind: vllm, vram_total_mb: 8}
+      gates: {min_vram_free_mb: 8}
+    - name: o
+      capacity_probe: {kind: ollama, vram_total_mb: 8}
+      gates: {min_vram_free_mb: 9}
+  routes:
+    - name: ""
+      match: {model: ["", "*"], path_prefix: "v1"}
+      chain: [v, nope, v]
+      deadline_ms: 0
+      attempt_timeout_ms: 0
+      retry_on: [timeout, timeout]
+      cost_ceiling_per_call_usd: -0.5
+      requires_approval: true
+    - name: all
+      chain: []
+    - name: all
+      chain: [o]
+"#;
+        let err = load(text, &QueueSettings::default()).unwrap_err();
+        let got: Vec<(&str, &str)> = err
+            .errors
+            .iter()
+            .map(|e| (e.field.as_str(), e.reason.as_str()))
+            .collect();
+        let want: Vec<(&str, &str)> = vec![
+            ("apiVersion", "must be \"router/v1\""),
+            ("kind", "must be \"RoutingPolicy\""),
+            ("spec.queue.max_size", "must be at least 1"),
+            (
+                "spec.queue.timeout_s",
+                "must be a positive number of seconds",
+            ),
+            (
+                "spec.queue.latency_threshold_s",
+                "must be a positive number of seconds",
+            ),
+            ("spec.queue.ewma_alpha", "must be in (0, 1]"),
+            (
+                "spec.defaults.deadline_ms",
+                "must be a positive number of milliseconds",
+            ),
+            (
+                "spec.defaults.attempt_timeout_ms",
+                "must be a positive number of milliseconds",
+            ),
+            (
+                "spec.circuit_breaker.consecutive_errors",
+                "must be at least 1",
+            ),
+            (
+                "spec.circuit_breaker.open_duration_s",
+                "must be a positive number of seconds",
+            ),
+            (
+                "spec.pools[0].name",
+                "must be 1-63 characters of letters, digits, '-', '_' or '.'",
+            ),
+            (
+                "spec.pools[0].endpoints[0]",
+                "unsupported scheme \"ftp\" (use http or https)",
+            ),
+            (
+                "spec.pools[0].endpoints[2]",
+                "duplicate endpoint http://h:1",
+            ),
+            (
+                "spec.pools[0].attempt_timeout_ms",
+                "must be a positive number of milliseconds",
+            ),
+            (
+                "spec.pools[0].max_concurrency",
+                "must be at least 1 (leave it out for no limit)",
+            ),
+            ("spec.pools[0].model", "must not be empty"),
+            (
+                "spec.pools[0].gates.max_latency_budget_fraction",
+                "must be a positive fraction: at 0 or below the gate can never hold",
+            ),
+            (
+                "spec.pools[0].price.input_per_1k_usd",
+                "must be a non-negative number",
+            ),
+            (
+                "spec.pools[0].price.output_per_1k_usd",
+                "must be a non-negative number",
+            ),
+            (
+                "spec.pools[0].api_key_env",
+                "must be an environment variable name",
+            ),
+            (
+                "spec.pools[0].gates.min_vram_free_mb",
+                "needs a capacity_probe to measure free VRAM",
+            ),
+            ("spec.pools[0].queue.max_size", "must be at least 1"),
+            (
+                "spec.pools[0].queue.timeout_s",
+                "must be a positive number of seconds",
+            ),
+            (
+                "spec.pools[0].queue.latency_threshold_s",
+                "must be a positive number of seconds",
+            ),
+            ("spec.pools[0].queue.ewma_alpha", "must be in (0, 1]"),
+            (
+                "spec.pools[1].name",
+                "must be 1-63 characters of letters, digits, '-', '_' or '.'",
+            ),
+            ("spec.pools[1].name", "duplicate pool name \"bad name\""),
+            (
+                "spec.pools[1].capacity_probe.interval_ms",
+                "must be positive",
+            ),
+            (
+                "spec.pools[1].capacity_probe.vram_total_mb",
+                "needed to derive free VRAM for gates.min_vram_free_mb",
+            ),
+            (
+                "spec.pools[2].gates.min_vram_free_mb",
+                "a vllm probe does not report free VRAM: the gate could never be checked",
+            ),
+            (
+                "spec.pools[2].gates.min_vram_free_mb",
+                "8 MB can never be free on 8 MB: the gate can never hold",
+            ),
+            (
+                "spec.pools[3].gates.min_vram_free_mb",
+                "9 MB can never be free on 8 MB: the gate can never hold",
+            ),
+            (
+                "spec.routes[0].name",
+                "must be 1-63 characters of letters, digits, '-', '_' or '.'",
+            ),
+            ("spec.routes[0].chain[1]", "unknown pool \"nope\""),
+            ("spec.routes[0].chain[2]", "pool \"v\" appears twice"),
+            (
+                "spec.routes[0].match.model[0]",
+                "empty or bare \"*\" pattern; leave model out to match any model",
+            ),
+            (
+                "spec.routes[0].match.model[1]",
+                "empty or bare \"*\" pattern; leave model out to match any model",
+            ),
+            ("spec.routes[0].match.path_prefix", "must start with '/'"),
+            (
+                "spec.routes[0].cost_ceiling_per_call_usd",
+                "must be a non-negative number",
+            ),
+            (
+                "spec.routes[0].deadline_ms",
+                "must be a positive number of milliseconds",
+            ),
+            (
+                "spec.routes[0].attempt_timeout_ms",
+                "must be a positive number of milliseconds",
+            ),
+            ("spec.routes[0].retry_on[1]", "listed twice"),
+            ("spec.routes[1].chain", "must name at least one pool"),
+            ("spec.routes[2].name", "duplicate route name \"all\""),
+            (
+                "spec.routes[2].match",
+                "can never match: route \"all\" before it matches every request",
+            ),
+            (
+                "spec.structured_output_degrade_s",
+                "must be a positive number of seconds",
+            ),
+            (
+                "spec.approval.token_env",
+                "must be an environment variable name",
+            ),
+        ];
+        assert_eq!(got, want, "{err}");
+
+        // The checks that need what the first document has: no pools or
+        // routes at all, and an approval route without a token.
+        let text = "apiVersion: router/v1\nkind: RoutingPolicy\nspec: {}\n";
+        let err = load(text, &QueueSettings::default()).unwrap_err();
+        assert_eq!(
+            err.errors,
+            vec![
+                FieldError {
+                    field: "spec.pools".into(),
+                    reason: "at least one pool is required".into(),
+                },
+                FieldError {
+                    field: "spec.routes".into(),
+                    reason: "at least one route is required".into(),
+                },
+            ]
+        );
+        let text = r#"
+apiVersion: router/v1
+kind: RoutingPolicy
+spec:
+  pools: [{name: a}]
+  routes: [{name: r, chain: [a], requires_approval: true}]
+"#;
+        let err = load(text, &QueueSettings::default()).unwrap_err();
+        assert_eq!(
+            err.errors,
+            vec![FieldError {
+                field: "spec.routes[0].requires_approval".into(),
+                reason: "needs spec.approval.token_env: without a token no request could ever pass"
+                    .into(),
+            }]
+        );
+    }
+
     #[test]
     fn sidecar_policy_has_one_default_route() {
         let p = Policy::sidecar(QueueSettings::default(), None);

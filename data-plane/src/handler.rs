@@ -31,6 +31,7 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::{Either, Full};
 use hyper::body::Incoming;
+use router_json_peek::RequestPeek;
 use router_policy::deadline::{plan_attempt, AttemptPlan, Budget};
 use router_policy::decide::{decide_on_route, Refusal, RequestFacts};
 use router_policy::{RetryOn, Risk, Route};
@@ -41,7 +42,6 @@ use crate::config::Snapshot;
 use crate::error::ProxyError;
 use crate::forward::{self, BodyEnd, Completion, ReadWholeError, TrackedBody};
 use crate::idempotency::{self, Claim, FollowResult, LeaderGuard, StoredAnswer};
-use crate::json_peek::RequestPeek;
 use crate::pool::{Lease, PoolRuntime, Sample, Shed};
 use crate::request_headers::RequestHeaders;
 use crate::route_log::{AttemptRecord, RouteRecord, Timestamp};
@@ -151,7 +151,7 @@ pub fn handle(
         let path = parts.uri.path();
         let json_call = parts.method == Method::POST && OPENAI_JSON_PATHS.contains(&path);
         let peek = if json_call {
-            match crate::json_peek::peek_request(&body) {
+            match router_json_peek::peek_request(&body) {
                 Ok(p) => p,
                 Err(e) => {
                     return pending.reject(ProxyError::InvalidRequest(format!(
@@ -853,7 +853,7 @@ impl Exchange {
                     };
                 }
             };
-            let mut answer = crate::json_peek::peek_answer(&body);
+            let mut answer = router_json_peek::peek_answer(&body);
             let structured_ok = match (&self.structured, head.status.is_success()) {
                 (Some(expected), true) => router_policy::structured::check(&body, expected),
                 _ => Ok(()),

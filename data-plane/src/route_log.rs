@@ -1197,6 +1197,103 @@ mod tests {
         assert!(line(&full).contains(r#""offered_at":"2025-11-24T16:02:03.456Z""#));
     }
 
+    /// A record with every field set: escapes, non-ASCII, large and odd
+    /// numbers, one attempt of each kind.
+    fn pinned_record() -> RouteRecord {
+        RouteRecord {
+            request_id: "id \"q\" \\ \u{1} \u{1f} \u{7f} é 🦀".into(),
+            offered_at: Timestamp(UNIX_EPOCH + Duration::from_millis(1_764_000_123_456)),
+            method: http::Method::POST,
+            path: "/v1/chat/completions".into(),
+            route: Some("default".into()),
+            first_route: Some("primary".into()),
+            first_outcome: "status_5xx",
+            fallback_outcome: Some("ok"),
+            final_route: Some("fallback".into()),
+            outcome: "ok",
+            status: 200,
+            elapsed_ms: 1234.567,
+            deadline_ms: Some(u64::MAX),
+            queue_wait_ms: 1e-7,
+            attempts: vec![
+                attempt("primary", "status_5xx"),
+                AttemptRecord {
+                    status: None,
+                    timeout_ms: None,
+                    latency_ms: 0.1 + 0.2,
+                    queue_wait_ms: 5e-324,
+                    ..attempt("fallback", "ok")
+                },
+            ],
+            risk: Some("READ"),
+            reason: "route \"default\";\n\tthen \u{8}\u{c}\r".into(),
+            model: Some("llama3.1:8b".into()),
+            tokens_in: Some(0),
+            tokens_out: Some(1_000_000),
+            cost_usd: Some(123_456.789e10),
+            trace_id: Some("4bf92f3577b34da6a3ce929d0e0e4736".into()),
+            config_version: "v42".into(),
+            ..RouteRecord::default()
+        }
+    }
+
+    /// The line, pinned byte for byte: these are the bytes the route log
+    /// wrote when it formatted lines by hand (checked against serde_json
+    /// field by field), so a change to the record's fields, their order, or
+    /// to how a value is written shows here. A clock outside 1970-9999 is
+    /// clamped, never a panic.
+    #[test]
+    fn lines_are_pinned_byte_for_byte() {
+        const EMPTY: &str = concat!(
+            r#"{"request_id":"","offered_at":"1970-01-01T00:00:00.000Z","method":"GET","#,
+            r#""path":"","route":null,"first_route":null,"first_outcome":"","#,
+            r#""fallback_outcome":null,"final_route":null,"outcome":"","status":0,"#,
+            r#""elapsed_ms":0.0,"deadline_ms":null,"queue_wait_ms":0.0,"attempts":[],"#,
+            r#""risk":null,"reason":"","model":null,"tokens_in":null,"tokens_out":null,"#,
+            r#""cost_usd":null,"trace_id":null,"config_version":""}"#,
+        );
+        const FULL: &str = concat!(
+            r#"{"request_id":"id \"q\" \\ \u0001 \u001f "#,
+            "\u{7f}",
+            r#" é 🦀","offered_at":"2025-11-24T16:02:03.456Z","method":"POST","#,
+            r#""path":"/v1/chat/completions","route":"default","first_route":"primary","#,
+            r#""first_outcome":"status_5xx","fallback_outcome":"ok","#,
+            r#""final_route":"fallback","outcome":"ok","status":200,"#,
+            r#""elapsed_ms":1234.567,"deadline_ms":18446744073709551615,"#,
+            r#""queue_wait_ms":1e-7,"attempts":[{"pool":"primary","#,
+            r#""endpoint":"http://127.0.0.1:8000/v1","outcome":"status_5xx","#,
+            r#""status":503,"latency_ms":12.345,"queue_wait_ms":0.0,"timeout_ms":1500},"#,
+            r#"{"pool":"fallback","endpoint":"http://127.0.0.1:8000/v1","outcome":"ok","#,
+            r#""status":null,"latency_ms":0.30000000000000004,"queue_wait_ms":5e-324,"#,
+            r#""timeout_ms":null}],"risk":"READ","#,
+            r#""reason":"route \"default\";\n\tthen \b\f\r","model":"llama3.1:8b","#,
+            r#""tokens_in":0,"tokens_out":1000000,"cost_usd":1234567890000000.0,"#,
+            r#""trace_id":"4bf92f3577b34da6a3ce929d0e0e4736","config_version":"v42"}"#,
+        );
+        assert_eq!(line(&RouteRecord::default()), EMPTY);
+        let mut r = pinned_record();
+        assert_eq!(line(&r), FULL);
+        let at = r#""offered_at":"2025-11-24T16:02:03.456Z""#;
+        let elapsed = r#""elapsed_ms":1234.567"#;
+        let cost = r#""cost_usd":1234567890000000.0"#;
+        r.offered_at = Timestamp(UNIX_EPOCH - Duration::from_millis(1));
+        r.elapsed_ms = -0.0;
+        r.cost_usd = Some(f64::NAN);
+        let before_1970 = FULL
+            .replace(at, r#""offered_at":"1970-01-01T00:00:00.000Z""#)
+            .replace(elapsed, r#""elapsed_ms":-0.0"#)
+            .replace(cost, r#""cost_usd":null"#);
+        assert_eq!(line(&r), before_1970);
+        r.offered_at = Timestamp(UNIX_EPOCH + Duration::from_secs(YEAR_10000));
+        r.elapsed_ms = f64::INFINITY;
+        r.cost_usd = Some(-1.5);
+        let after_9999 = FULL
+            .replace(at, r#""offered_at":"9999-12-31T23:59:59.999Z""#)
+            .replace(elapsed, r#""elapsed_ms":null"#)
+            .replace(cost, r#""cost_usd":-1.5"#);
+        assert_eq!(line(&r), after_9999);
+    }
+
     /// A random record: every optional field `None` or `Some`, strings with
     /// and without escapes, unicode, control characters, floats of every
     /// kind, zero to three attempts.

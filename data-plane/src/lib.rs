@@ -14,7 +14,8 @@
 //! - [`forward`]: the upstream request and the streaming body wrapper;
 //! - [`upstream`]: the per-worker upstream connection pool;
 //! - [`balance_workers`]: which worker thread a new connection goes to;
-//! - [`json_peek`]: the request and answer fields read from JSON bodies;
+//! - the request and answer fields read from JSON bodies come from the
+//!   `router-json-peek` crate ([`router_json_peek`]);
 //! - [`route_log`], [`metrics`]: what the proxy tells operators;
 //! - [`stop_signal`]: how a drain reaches every open connection;
 //! - [`reload`]: standalone mode's policy file watcher;
@@ -29,11 +30,9 @@ pub mod balance_workers;
 pub mod config;
 pub mod error;
 pub mod forward;
-mod hop_by_hop;
 pub mod handler;
+mod hop_by_hop;
 pub mod idempotency;
-/// One-pass readers for the fields the router takes from JSON bodies.
-pub mod json_peek;
 pub mod managed;
 pub mod metrics;
 pub mod pool;

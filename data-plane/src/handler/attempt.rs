@@ -246,7 +246,7 @@ impl Exchange {
                     return AttemptEnd::Failed { record, held: None };
                 }
             };
-            let mut answer = crate::json_peek::peek_answer(&body);
+            let mut answer = router_json_peek::peek_answer(&body);
             let structured_ok = match (&self.structured, head.status.is_success()) {
                 (Some(expected), true) => router_policy::structured::check(&body, expected),
                 _ => Ok(()),

@@ -13,11 +13,11 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use crate::json_peek::RequestPeek;
 use bytes::Bytes;
 use http::header::HeaderValue;
 use http::{Method, Request, Response};
 use hyper::body::Incoming;
+use router_json_peek::RequestPeek;
 use router_policy::decide::{decide_on_route, Refusal, RequestFacts};
 use router_policy::Risk;
 use subtle::ConstantTimeEq;
@@ -103,7 +103,7 @@ pub fn handle(
         let path = parts.uri.path();
         let json_call = parts.method == Method::POST && OPENAI_JSON_PATHS.contains(&path);
         let peek = if json_call {
-            match crate::json_peek::peek_request(&body) {
+            match router_json_peek::peek_request(&body) {
                 Ok(p) => p,
                 Err(e) => {
                     return pending.reject(ProxyError::InvalidRequest(format!(

@@ -1,0 +1,127 @@
+//! The policy document and its validation.
+//!
+//! A policy is written in the style of a Kubernetes resource (YAML or JSON):
+//!
+//! ```yaml
+//! apiVersion: router/v1
+//! kind: RoutingPolicy
+//! metadata: {name: demo}
+//! spec:
+//!   queue: {max_size: 1000, timeout_s: 1200, latency_threshold_s: 3.0, ewma_alpha: 0.3, scoring: peak_ewma}
+//!   pools:
+//!     - name: local
+//!       provider: ollama
+//!       model: qwen3:8b
+//!       endpoints: ["http://127.0.0.1:11434"]
+//!       max_concurrency: 4
+//!   routes:
+//!     - name: default
+//!       match: {}
+//!       chain: [local]
+//! ```
+//!
+//! Parsing is two steps. [`PolicyDocument::parse`] turns text into the
+//! document's shape (unknown fields are errors, reported with their path).
+//! [`PolicyDocument::validate`] checks meaning and resolves defaults into a
+//! [`Policy`], the only form the router acts on. Validation collects every
+//! problem before answering, each as a [`FieldError`] naming the field path
+//! (`spec.pools[1].endpoints[0]`) and the reason, so an operator fixes a
+//! document in one pass.
+//!
+//! Module map:
+//! - `spec`: the document as written ([`PolicyDocument`] and its parts) and
+//!   [`PolicyDocument::parse`].
+//! - `validate`: [`PolicyDocument::validate`], one validator per section of
+//!   the document, run in document order.
+//! - `resolved`: the validated [`Policy`] and its parts.
+
+use std::fmt;
+use std::time::Duration;
+
+use serde::Serialize;
+
+mod resolved;
+mod spec;
+mod validate;
+
+#[cfg(test)]
+mod tests;
+
+pub use resolved::{
+    CircuitSettings, Gates, Policy, Pool, Price, Probe, QueueSettings, Route, RouteMatch,
+};
+pub use spec::{
+    ApprovalSpec, CircuitSpec, DefaultsSpec, EndpointOptions, EndpointSpec, GatesSpec, MatchSpec,
+    Metadata, PolicyDocument, PoolSpec, PriceSpec, ProbeKind, ProbeSpec, Provider, QueueSpec,
+    RetryOn, Risk, RouteSpec, Spec,
+};
+
+/// The API version this crate understands.
+pub const API_VERSION: &str = "router/v1";
+/// The resource kind of a policy document.
+pub const KIND: &str = "RoutingPolicy";
+
+/// One problem in a policy document.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct FieldError {
+    /// Path of the offending field, e.g. `spec.routes[0].chain[1]`.
+    pub field: String,
+    /// Why it is wrong.
+    pub reason: String,
+}
+
+impl fmt::Display for FieldError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.field, self.reason)
+    }
+}
+
+/// A policy that cannot be used, with every reason found.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub struct PolicyError {
+    /// All problems found, in document order.
+    pub errors: Vec<FieldError>,
+}
+
+impl fmt::Display for PolicyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let n = self.errors.len();
+        write!(
+            f,
+            "invalid policy ({n} error{}): ",
+            if n == 1 { "" } else { "s" }
+        )?;
+        for (i, e) in self.errors.iter().enumerate() {
+            if i > 0 {
+                f.write_str("; ")?;
+            }
+            write!(f, "{e}")?;
+        }
+        Ok(())
+    }
+}
+
+impl PolicyError {
+    fn one(field: impl Into<String>, reason: impl Into<String>) -> Self {
+        Self {
+            errors: vec![FieldError {
+                field: field.into(),
+                reason: reason.into(),
+            }],
+        }
+    }
+}
+
+/// Parses and validates in one step.
+pub fn load(text: &str, defaults: &QueueSettings) -> Result<Policy, PolicyError> {
+    PolicyDocument::parse(text)?.validate(defaults)
+}
+
+/// A positive, finite number of seconds as a duration.
+pub fn positive_duration(seconds: f64) -> Option<Duration> {
+    if seconds.is_finite() && seconds > 0.0 && seconds < 1e9 {
+        Some(Duration::from_secs_f64(seconds))
+    } else {
+        None
+    }
+}

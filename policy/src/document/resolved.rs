@@ -1,0 +1,289 @@
+//! The validated policy: what the router acts on.
+//!
+//! These types hold no `Option` that a default could fill: defaults are
+//! resolved during validation, so the data plane never re-derives them.
+
+use std::time::Duration;
+
+use crate::balance::Scoring;
+use crate::endpoint::Endpoint;
+
+use super::{ProbeKind, Provider, RetryOn, Risk};
+
+/// Resolved queue settings of a pool.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct QueueSettings {
+    /// Waiters held at most (at least 1).
+    pub max_size: usize,
+    /// How long a request may wait in the queue.
+    pub timeout: Duration,
+    /// EWMA threshold in seconds.
+    pub latency_threshold_s: f64,
+    /// EWMA smoothing factor in (0, 1].
+    pub ewma_alpha: f64,
+    /// Endpoint ranking.
+    pub scoring: Scoring,
+}
+
+impl Default for QueueSettings {
+    /// The Hugging Face defaults, with the load-aware scoring.
+    fn default() -> Self {
+        Self {
+            max_size: 1000,
+            timeout: Duration::from_secs(1200),
+            latency_threshold_s: 3.0,
+            ewma_alpha: 0.3,
+            scoring: Scoring::PeakEwma,
+        }
+    }
+}
+
+/// A validated pool.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Pool {
+    /// Unique name.
+    pub name: String,
+    /// API spoken by the endpoints.
+    pub provider: Provider,
+    /// Model rewritten into requests, if any.
+    pub model: Option<String>,
+    /// Endpoints (may be empty: filled later by `set-backends`).
+    pub endpoints: Vec<Endpoint>,
+    /// Per-endpoint concurrency limit.
+    pub max_concurrency: Option<u32>,
+    /// Queue settings.
+    pub queue: QueueSettings,
+    /// Longest attempt on this pool (wins over the route's).
+    pub attempt_timeout: Option<Duration>,
+    /// The whole pool is drained.
+    pub drain: bool,
+    /// Endpoints drained one by one.
+    pub drained: Vec<Endpoint>,
+    /// Gates.
+    pub gates: Gates,
+    /// Can produce structured output.
+    pub structured_output: bool,
+    /// Prices.
+    pub price: Price,
+    /// Environment variable with the API key.
+    pub api_key_env: Option<String>,
+    /// Capacity probe.
+    pub probe: Option<Probe>,
+}
+
+/// Resolved gates.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Gates {
+    /// Require health.
+    pub healthy: bool,
+    /// Queue depth limit (fails when greater).
+    pub max_queue_depth: Option<u32>,
+    /// Latency limit as a fraction of the deadline (fails when greater).
+    pub max_latency_budget_fraction: Option<f64>,
+    /// Free VRAM floor (fails at or below).
+    pub min_vram_free_mb: Option<u64>,
+}
+
+/// Resolved prices.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Price {
+    /// USD per 1,000 input tokens.
+    pub input_per_1k_usd: f64,
+    /// USD per 1,000 output tokens.
+    pub output_per_1k_usd: f64,
+}
+
+impl Price {
+    /// Cost of a call with these token counts.
+    pub fn cost(&self, input_tokens: u64, output_tokens: u64) -> f64 {
+        (input_tokens as f64 * self.input_per_1k_usd
+            + output_tokens as f64 * self.output_per_1k_usd)
+            / 1000.0
+    }
+}
+
+/// A resolved capacity probe.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Probe {
+    /// What to poll.
+    pub kind: ProbeKind,
+    /// Poll interval.
+    pub interval: Duration,
+    /// Total VRAM (Ollama).
+    pub vram_total_mb: Option<u64>,
+}
+
+/// Resolved circuit breaker settings.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CircuitSettings {
+    /// Consecutive failures that open the circuit (at least 1).
+    pub consecutive_errors: u32,
+    /// How long it stays open before a probe.
+    pub open_duration: Duration,
+}
+
+impl Default for CircuitSettings {
+    fn default() -> Self {
+        Self {
+            consecutive_errors: 3,
+            open_duration: Duration::from_secs(60),
+        }
+    }
+}
+
+/// Validated match conditions.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct RouteMatch {
+    /// Models (exact, or prefix with trailing `*`); empty matches any.
+    pub models: Vec<String>,
+    /// Path prefix; `None` matches any.
+    pub path_prefix: Option<String>,
+    /// Risk classes; empty matches any.
+    pub risks: Vec<Risk>,
+}
+
+impl RouteMatch {
+    /// True when the request's risk, model and path fit.
+    pub fn matches_risk(&self, risk: Risk, model: Option<&str>, path: &str) -> bool {
+        (self.risks.is_empty() || self.risks.contains(&risk)) && self.matches(model, path)
+    }
+
+    /// True when the request's model and path fit (risk not considered).
+    pub fn matches(&self, model: Option<&str>, path: &str) -> bool {
+        if let Some(prefix) = &self.path_prefix {
+            if !path.starts_with(prefix.as_str()) {
+                return false;
+            }
+        }
+        if self.models.is_empty() {
+            return true;
+        }
+        let Some(model) = model else { return false };
+        self.models.iter().any(|m| match m.strip_suffix('*') {
+            Some(prefix) => model.starts_with(prefix),
+            None => m == model,
+        })
+    }
+
+    pub(super) fn is_catch_all(&self) -> bool {
+        self.risks.is_empty()
+            && self.models.is_empty()
+            && self
+                .path_prefix
+                .as_deref()
+                .is_none_or(|p| p == "/" || p.is_empty())
+    }
+}
+
+/// A validated route.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Route {
+    /// Unique name.
+    pub name: String,
+    /// What it takes.
+    pub matches: RouteMatch,
+    /// Pool names, in order; each names a pool of the policy.
+    pub chain: Vec<String>,
+    /// Deadline of requests without a deadline header.
+    pub deadline: Option<Duration>,
+    /// Longest single attempt.
+    pub attempt_timeout: Option<Duration>,
+    /// Failures that move a request to the next pool.
+    pub retry_on: Vec<RetryOn>,
+    /// Whether the request may move past the first pool that takes it.
+    pub fallback: bool,
+    /// Needs a valid approval token.
+    pub requires_approval: bool,
+    /// `false`: only the chain's first pool is ever used.
+    pub allow_downgrade: bool,
+    /// Estimated-cost ceiling per call.
+    pub cost_ceiling_per_call_usd: Option<f64>,
+}
+
+impl Route {
+    /// True when `failure` moves the request on.
+    pub fn retries_on(&self, failure: RetryOn) -> bool {
+        self.fallback && self.retry_on.contains(&failure)
+    }
+}
+
+/// A validated policy: the only form the router acts on.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Policy {
+    /// `metadata.name`.
+    pub name: String,
+    /// Pools, in document order.
+    pub pools: Vec<Pool>,
+    /// Routes, in match order.
+    pub routes: Vec<Route>,
+    /// Circuit breaker settings.
+    pub circuit: CircuitSettings,
+    /// Risk of requests without `X-Router-Risk`.
+    pub default_risk: Risk,
+    /// Environment variable with the approval token.
+    pub approval_token_env: Option<String>,
+    /// How long a pool stays degraded for structured output.
+    pub structured_degrade: Duration,
+}
+
+impl Policy {
+    /// The sidecar policy: one empty pool named `default` behind one
+    /// catch-all route, filled by `set-backends`.
+    pub fn sidecar(queue: QueueSettings, max_concurrency: Option<u32>) -> Self {
+        Self {
+            name: "sidecar".into(),
+            pools: vec![Pool {
+                name: "default".into(),
+                provider: Provider::Openai,
+                model: None,
+                endpoints: Vec::new(),
+                max_concurrency,
+                queue,
+                attempt_timeout: None,
+                drain: false,
+                drained: Vec::new(),
+                gates: Gates {
+                    healthy: true,
+                    ..Gates::default()
+                },
+                structured_output: true,
+                price: Price::default(),
+                api_key_env: None,
+                probe: None,
+            }],
+            routes: vec![Route {
+                name: "default".into(),
+                matches: RouteMatch::default(),
+                chain: vec!["default".into()],
+                deadline: None,
+                attempt_timeout: None,
+                retry_on: RetryOn::DEFAULT.to_vec(),
+                fallback: true,
+                requires_approval: false,
+                allow_downgrade: true,
+                cost_ceiling_per_call_usd: None,
+            }],
+            circuit: CircuitSettings::default(),
+            default_risk: Risk::Read,
+            approval_token_env: None,
+            structured_degrade: Duration::from_secs(60),
+        }
+    }
+
+    /// The first route that fits the request.
+    pub fn route_for(&self, model: Option<&str>, path: &str) -> Option<&Route> {
+        self.route_for_risk(self.default_risk, model, path)
+    }
+
+    /// The first route that fits the request (risk, model, path).
+    pub fn route_for_risk(&self, risk: Risk, model: Option<&str>, path: &str) -> Option<&Route> {
+        self.routes
+            .iter()
+            .find(|r| r.matches.matches_risk(risk, model, path))
+    }
+
+    /// The pool of that name.
+    pub fn pool(&self, name: &str) -> Option<&Pool> {
+        self.pools.iter().find(|p| p.name == name)
+    }
+}

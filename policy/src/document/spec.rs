@@ -1,0 +1,425 @@
+//! The document as written: the shape serde reads, field for field.
+//!
+//! Every struct denies unknown fields, so a misspelt key is an error with
+//! its path rather than a silently ignored setting. Optional settings stay
+//! `Option`s here; validation resolves them.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use super::PolicyError;
+use crate::balance::Scoring;
+
+/// Model-serving API spoken by a pool's endpoints.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Provider {
+    /// Any OpenAI-compatible API (cloud or local).
+    #[default]
+    Openai,
+    /// Ollama.
+    Ollama,
+    /// vLLM's OpenAI-compatible server.
+    Vllm,
+    /// Hugging Face Text Generation Inference.
+    Tgi,
+}
+
+/// The document as written.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PolicyDocument {
+    /// Must be `router/v1`.
+    #[serde(rename = "apiVersion")]
+    pub api_version: String,
+    /// Must be `RoutingPolicy`.
+    pub kind: String,
+    /// Name and labels.
+    #[serde(default)]
+    pub metadata: Metadata,
+    /// The policy proper.
+    pub spec: Spec,
+}
+
+/// Document metadata.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Metadata {
+    /// Policy name, shown in logs.
+    #[serde(default)]
+    pub name: String,
+}
+
+/// The policy's content.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Spec {
+    /// Deadlines and timeouts for routes that do not set their own.
+    #[serde(default)]
+    pub defaults: DefaultsSpec,
+    /// Queue settings for pools that do not set their own.
+    #[serde(default)]
+    pub queue: QueueSpec,
+    /// Per-endpoint circuit breaker.
+    #[serde(default)]
+    pub circuit_breaker: CircuitSpec,
+    /// Where the approval token for `requires_approval` routes comes from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval: Option<ApprovalSpec>,
+    /// Seconds a pool stays degraded for structured output after a
+    /// malformed structured answer (default 60).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub structured_output_degrade_s: Option<f64>,
+    /// Pools of endpoints.
+    #[serde(default)]
+    pub pools: Vec<PoolSpec>,
+    /// Routes, matched in order.
+    #[serde(default)]
+    pub routes: Vec<RouteSpec>,
+}
+
+/// Queue settings as written; anything left out comes from the defaults
+/// (the `CUSTOM_ROUTER_*` environment).
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct QueueSpec {
+    /// Waiters held at most; when full the oldest is evicted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_size: Option<u64>,
+    /// Seconds a request may wait in the queue.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_s: Option<f64>,
+    /// EWMA latency (seconds) under which a busy endpoint still takes work.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub latency_threshold_s: Option<f64>,
+    /// EWMA smoothing factor in (0, 1].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ewma_alpha: Option<f64>,
+    /// `peak_ewma` (default) or `lowest_ewma`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scoring: Option<Scoring>,
+}
+
+/// Request defaults as written.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DefaultsSpec {
+    /// End-to-end budget of a request without `X-Router-Deadline-Ms`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deadline_ms: Option<u64>,
+    /// Longest single attempt (queue wait included).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempt_timeout_ms: Option<u64>,
+    /// Risk class of requests without `X-Router-Risk` (default READ).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub risk: Option<Risk>,
+}
+
+/// The approval secret as written: the name of the environment variable
+/// holding it (the value itself never appears in a policy).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApprovalSpec {
+    /// Environment variable with the token.
+    pub token_env: String,
+}
+
+/// A request's risk class: what it may do if the model's answer is acted on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum Risk {
+    /// Fetch, list, read.
+    Read,
+    /// Write drafts, plans, summaries.
+    Draft,
+    /// Email, post, deploy, merge.
+    Send,
+    /// Delete, terminate, mutate production.
+    Destructive,
+}
+
+impl Risk {
+    /// Parses `READ`, `DRAFT`, `SEND`, `DESTRUCTIVE` (any case).
+    pub fn parse(s: &str) -> Option<Self> {
+        match s.trim().to_ascii_uppercase().as_str() {
+            "READ" => Some(Self::Read),
+            "DRAFT" => Some(Self::Draft),
+            "SEND" => Some(Self::Send),
+            "DESTRUCTIVE" => Some(Self::Destructive),
+            _ => None,
+        }
+    }
+
+    /// The name in headers and logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Read => "READ",
+            Self::Draft => "DRAFT",
+            Self::Send => "SEND",
+            Self::Destructive => "DESTRUCTIVE",
+        }
+    }
+
+    /// SEND and DESTRUCTIVE requests act on the world: one that may have
+    /// reached a backend is never sent again.
+    pub fn has_side_effects(self) -> bool {
+        matches!(self, Self::Send | Self::Destructive)
+    }
+
+    /// Every class.
+    pub const ALL: [Risk; 4] = [Risk::Read, Risk::Draft, Risk::Send, Risk::Destructive];
+}
+
+/// Gates as written: conditions under which a pool may take a request.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GatesSpec {
+    /// Require a closed circuit and a fresh, healthy capacity probe (default true).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub healthy: Option<bool>,
+    /// Fail when the queue holds more than this.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_queue_depth: Option<u32>,
+    /// Fail when observed latency is more than this fraction of the deadline.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_latency_budget_fraction: Option<f64>,
+    /// Fail when free VRAM is at or below this.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_vram_free_mb: Option<u64>,
+}
+
+/// Prices as written.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PriceSpec {
+    /// USD per 1,000 input tokens.
+    #[serde(default)]
+    pub input_per_1k_usd: f64,
+    /// USD per 1,000 output tokens.
+    #[serde(default)]
+    pub output_per_1k_usd: f64,
+}
+
+/// Kind of capacity probe.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ProbeKind {
+    /// Ollama's `/api/ps`: resident models and their VRAM.
+    Ollama,
+    /// vLLM's `/metrics`: waiting requests, KV-cache usage.
+    Vllm,
+}
+
+/// A capacity probe as written.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProbeSpec {
+    /// What to poll.
+    pub kind: ProbeKind,
+    /// Poll interval (default 1000 ms).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interval_ms: Option<u64>,
+    /// Total VRAM of the endpoint's GPUs (Ollama), to derive the free VRAM.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vram_total_mb: Option<u64>,
+}
+
+/// Circuit breaker settings as written.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CircuitSpec {
+    /// Consecutive failures that open an endpoint's circuit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub consecutive_errors: Option<u32>,
+    /// Seconds it stays open before one probe is let through.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub open_duration_s: Option<f64>,
+}
+
+/// An endpoint as written: a base URL, or `{url, drain}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum EndpointSpec {
+    /// Just the base URL.
+    Url(String),
+    /// With options.
+    Detailed(EndpointOptions),
+}
+
+/// An endpoint with options.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EndpointOptions {
+    /// Base URL.
+    pub url: String,
+    /// Drained: no new requests; those in flight finish.
+    #[serde(default)]
+    pub drain: bool,
+}
+
+impl EndpointSpec {
+    pub(super) fn url(&self) -> &str {
+        match self {
+            Self::Url(u) => u,
+            Self::Detailed(d) => &d.url,
+        }
+    }
+
+    pub(super) fn drain(&self) -> bool {
+        matches!(self, Self::Detailed(d) if d.drain)
+    }
+}
+
+/// A pool as written.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PoolSpec {
+    /// Unique pool name.
+    pub name: String,
+    /// API spoken by the endpoints.
+    #[serde(default)]
+    pub provider: Provider,
+    /// Model name sent upstream (the request's `model` is rewritten to it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// Base URLs of the endpoints.
+    #[serde(default)]
+    pub endpoints: Vec<EndpointSpec>,
+    /// Requests in flight per endpoint at most.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_concurrency: Option<u32>,
+    /// Longest attempt on this pool; overrides the route's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempt_timeout_ms: Option<u64>,
+    /// Drain the whole pool: no new requests; those in flight finish.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub drain: bool,
+    /// Conditions for taking a request.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gates: Option<GatesSpec>,
+    /// Whether the pool can produce structured output (default true).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub structured_output: Option<bool>,
+    /// Prices for cost estimates and accounting.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub price: Option<PriceSpec>,
+    /// Environment variable holding the API key sent to the endpoints.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_key_env: Option<String>,
+    /// Capacity probe.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capacity_probe: Option<ProbeSpec>,
+    /// Queue settings for this pool.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue: Option<QueueSpec>,
+}
+
+/// A route as written.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RouteSpec {
+    /// Unique route name.
+    pub name: String,
+    /// What requests the route takes; empty matches everything.
+    #[serde(rename = "match", default)]
+    pub matches: MatchSpec,
+    /// Pools to try, in order.
+    #[serde(default)]
+    pub chain: Vec<String>,
+    /// End-to-end budget of a request without `X-Router-Deadline-Ms`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deadline_ms: Option<u64>,
+    /// Longest single attempt (a pool's own setting wins).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempt_timeout_ms: Option<u64>,
+    /// Failures that move the request to the next pool.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_on: Option<Vec<RetryOn>>,
+    /// Fall back along the chain at all (default true).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fallback: Option<bool>,
+    /// Requests need a valid `X-Router-Approval` token.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub requires_approval: bool,
+    /// `false`: the request never moves off the chain's first pool.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allow_downgrade: Option<bool>,
+    /// Estimated cost above which a pool is gated out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost_ceiling_per_call_usd: Option<f64>,
+}
+
+/// A failure that may move a request to the next pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RetryOn {
+    /// The endpoint could not be reached (refused, reset before an answer, TLS).
+    ConnectError,
+    /// The attempt ran out of time (queue wait included).
+    Timeout,
+    /// The endpoint answered 429.
+    #[serde(rename = "status_429")]
+    Status429,
+    /// The endpoint answered 5xx.
+    #[serde(rename = "status_5xx")]
+    Status5xx,
+    /// A JSON answer that does not parse.
+    MalformedJson,
+}
+
+impl RetryOn {
+    /// The default set: everything but `malformed_json`.
+    pub const DEFAULT: [RetryOn; 4] = [
+        RetryOn::ConnectError,
+        RetryOn::Timeout,
+        RetryOn::Status429,
+        RetryOn::Status5xx,
+    ];
+}
+
+/// Match conditions as written.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MatchSpec {
+    /// Request models (exact, or a prefix ending in `*`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub model: Vec<String>,
+    /// Request path prefix.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path_prefix: Option<String>,
+    /// Risk classes.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub risk: Vec<Risk>,
+}
+
+impl PolicyDocument {
+    /// Parses YAML or JSON. Shape errors (unknown fields, wrong types) come
+    /// back with their field path.
+    pub fn parse(text: &str) -> Result<Self, PolicyError> {
+        let trimmed = text.trim_start();
+        if trimmed.starts_with('{') {
+            let mut de = serde_json::Deserializer::from_str(text);
+            serde_path_to_error::deserialize(&mut de).map_err(|e| shape_error(e.path(), e.inner()))
+        } else {
+            let de = serde_yaml_ng::Deserializer::from_str(text);
+            serde_path_to_error::deserialize(de).map_err(|e| shape_error(e.path(), e.inner()))
+        }
+    }
+}
+
+fn shape_error(path: &serde_path_to_error::Path, inner: &dyn fmt::Display) -> PolicyError {
+    let field = path.to_string();
+    let field = if field == "." || field.is_empty() {
+        "(document)".to_string()
+    } else {
+        field
+    };
+    // Some deserializers already prefix their message with the path.
+    let reason = inner.to_string();
+    let reason = reason
+        .strip_prefix(&format!("{field}: "))
+        .map(str::to_string)
+        .unwrap_or(reason);
+    PolicyError::one(field, reason)
+}

@@ -1,0 +1,415 @@
+//! The document's tests: parsing, resolution of defaults, and every
+//! validation error with its field path.
+
+use std::time::Duration;
+
+use super::*;
+use crate::balance::Scoring;
+use crate::endpoint::Endpoint;
+
+const GOOD: &str = r#"
+apiVersion: router/v1
+kind: RoutingPolicy
+metadata: {name: demo}
+spec:
+  queue: {max_size: 10, timeout_s: 5}
+  pools:
+    - name: fast
+      provider: vllm
+      model: small
+      endpoints: ["127.0.0.1:9001", "http://127.0.0.1:9002"]
+      max_concurrency: 2
+    - name: cloud
+      endpoints: ["https://api.example.com/v1"]
+      queue: {ewma_alpha: 0.5, scoring: lowest_ewma}
+  routes:
+    - name: chat
+      match: {model: ["gpt-*"], path_prefix: /v1}
+      chain: [fast, cloud]
+    - name: default
+      chain: [cloud]
+"#;
+
+#[test]
+fn parses_and_resolves_defaults() {
+    let p = load(GOOD, &QueueSettings::default()).unwrap();
+    assert_eq!(p.name, "demo");
+    assert_eq!(p.pools.len(), 2);
+    let fast = p.pool("fast").unwrap();
+    assert_eq!(fast.queue.max_size, 10);
+    assert_eq!(fast.queue.timeout, Duration::from_secs(5));
+    assert_eq!(fast.queue.ewma_alpha, 0.3);
+    assert_eq!(fast.provider, Provider::Vllm);
+    let cloud = p.pool("cloud").unwrap();
+    assert_eq!(cloud.queue.ewma_alpha, 0.5);
+    assert_eq!(cloud.queue.max_size, 10);
+    assert_eq!(cloud.queue.scoring, Scoring::LowestEwma);
+    assert_eq!(
+        p.route_for(Some("gpt-4o"), "/v1/chat/completions")
+            .unwrap()
+            .name,
+        "chat"
+    );
+    assert_eq!(
+        p.route_for(Some("llama"), "/v1/chat/completions")
+            .unwrap()
+            .name,
+        "default"
+    );
+    assert_eq!(p.route_for(None, "/health").unwrap().name, "default");
+}
+
+#[test]
+fn json_is_accepted() {
+    let doc = PolicyDocument::parse(GOOD).unwrap();
+    let json = serde_json::to_string(&doc).unwrap();
+    assert_eq!(PolicyDocument::parse(&json).unwrap(), doc);
+}
+
+#[test]
+fn unknown_field_is_reported_with_its_path() {
+    let text = GOOD.replace("max_concurrency: 2", "max_concurency: 2");
+    let err = PolicyDocument::parse(&text).unwrap_err();
+    assert_eq!(err.errors.len(), 1);
+    assert_eq!(err.errors[0].field, "spec.pools[0].max_concurency");
+    assert!(err.errors[0].reason.contains("max_concurency"), "{err}");
+}
+
+#[test]
+fn every_error_at_once() {
+    let text = r#"
+apiVersion: router/v2
+kind: RoutingPolicy
+spec:
+  queue: {ewma_alpha: 1.5}
+  pools:
+    - name: a
+      endpoints: ["ftp://x:1", "h:1", "h:1"]
+      max_concurrency: 0
+    - name: a
+  routes:
+    - name: all
+      chain: [a, b]
+    - name: never
+      match: {model: [x]}
+      chain: []
+"#;
+    let err = load(text, &QueueSettings::default()).unwrap_err();
+    let fields: Vec<&str> = err.errors.iter().map(|e| e.field.as_str()).collect();
+    assert_eq!(
+        fields,
+        vec![
+            "apiVersion",
+            "spec.queue.ewma_alpha",
+            "spec.pools[0].endpoints[0]",
+            "spec.pools[0].endpoints[2]",
+            "spec.pools[0].max_concurrency",
+            "spec.pools[1].name",
+            "spec.routes[0].chain[1]",
+            "spec.routes[1].chain",
+            "spec.routes[1].match",
+        ],
+        "{err}"
+    );
+    assert!(err.to_string().contains("unknown pool \"b\""));
+}
+
+#[test]
+fn deadlines_retries_and_draining() {
+    let text = r#"
+apiVersion: router/v1
+kind: RoutingPolicy
+spec:
+  defaults: {deadline_ms: 8000, attempt_timeout_ms: 5000}
+  circuit_breaker: {consecutive_errors: 2, open_duration_s: 10}
+  pools:
+    - name: a
+      endpoints: ["h:1", {url: "h:2", drain: true}]
+      attempt_timeout_ms: 3000
+    - name: b
+      endpoints: ["h:3"]
+      drain: true
+  routes:
+    - name: s
+      match: {model: [x]}
+      chain: [b]
+    - name: r
+      chain: [a, b]
+      retry_on: [timeout, status_429]
+      fallback: false
+"#;
+    let p = load(text, &QueueSettings::default()).unwrap();
+    let a = p.pool("a").unwrap();
+    assert_eq!(a.attempt_timeout, Some(Duration::from_secs(3)));
+    assert_eq!(a.drained, vec![Endpoint::parse("h:2").unwrap()]);
+    assert!(p.pool("b").unwrap().drain);
+    let r = &p.routes[1];
+    assert_eq!(r.deadline, Some(Duration::from_secs(8)));
+    assert_eq!(r.attempt_timeout, Some(Duration::from_secs(5)));
+    assert_eq!(r.retry_on, vec![RetryOn::Timeout, RetryOn::Status429]);
+    assert!(!r.fallback);
+    assert!(
+        !r.retries_on(RetryOn::Timeout),
+        "fallback off: nothing retries"
+    );
+    assert_eq!(p.routes[0].retry_on, RetryOn::DEFAULT.to_vec());
+    assert!(p.routes[0].retries_on(RetryOn::Status5xx));
+    assert_eq!(p.circuit.consecutive_errors, 2);
+
+    let bad = text
+        .replace("status_429]", "status_418]")
+        .replace("8000", "0");
+    let err = load(&bad, &QueueSettings::default()).unwrap_err();
+    assert_eq!(err.errors[0].field, "spec.routes[1].retry_on[1]");
+    assert!(
+        err.errors[0]
+            .reason
+            .starts_with("unknown variant `status_418`"),
+        "{err}"
+    );
+}
+
+/// Every check `validate` makes, each failing once: the field paths,
+/// the reasons and their order are the operator-facing contract.
+#[test]
+fn every_check_reports_its_field_and_reason_in_order() {
+    let text = r#"
+apiVersion: router/v2
+kind: Policy
+spec:
+  defaults: {deadline_ms: 0, attempt_timeout_ms: 0}
+  queue: {max_size: 0, timeout_s: -1, latency_threshold_s: .nan, ewma_alpha: 0}
+  circuit_breaker: {consecutive_errors: 0, open_duration_s: 0}
+  approval: {token_env: "BAD-NAME"}
+  structured_output_degrade_s: -5
+  pools:
+    - name: "bad name"
+      model: " "
+      endpoints: ["ftp://x:1", "h:1", {url: "h:1", drain: true}]
+      attempt_timeout_ms: 0
+      max_concurrency: 0
+      gates: {max_latency_budget_fraction: 0, min_vram_free_mb: 100}
+      price: {input_per_1k_usd: -1, output_per_1k_usd: .inf}
+      api_key_env: "a-b"
+      queue: {max_size: 0, timeout_s: 0, latency_threshold_s: -1, ewma_alpha: 2}
+    - name: "bad name"
+      endpoints: ["h:2"]
+      capacity_probe: {kind: ollama, interval_ms: 0}
+      gates: {min_vram_free_mb: 1}
+    - name: v
+      capacity_probe: {kind: vllm, vram_total_mb: 8}
+      gates: {min_vram_free_mb: 8}
+    - name: o
+      capacity_probe: {kind: ollama, vram_total_mb: 8}
+      gates: {min_vram_free_mb: 9}
+  routes:
+    - name: ""
+      match: {model: ["", "*"], path_prefix: "v1"}
+      chain: [v, nope, v]
+      deadline_ms: 0
+      attempt_timeout_ms: 0
+      retry_on: [timeout, timeout]
+      cost_ceiling_per_call_usd: -0.5
+      requires_approval: true
+    - name: all
+      chain: []
+    - name: all
+      chain: [o]
+"#;
+    let err = load(text, &QueueSettings::default()).unwrap_err();
+    let got: Vec<(&str, &str)> = err
+        .errors
+        .iter()
+        .map(|e| (e.field.as_str(), e.reason.as_str()))
+        .collect();
+    let want: Vec<(&str, &str)> = vec![
+        ("apiVersion", "must be \"router/v1\""),
+        ("kind", "must be \"RoutingPolicy\""),
+        ("spec.queue.max_size", "must be at least 1"),
+        (
+            "spec.queue.timeout_s",
+            "must be a positive number of seconds",
+        ),
+        (
+            "spec.queue.latency_threshold_s",
+            "must be a positive number of seconds",
+        ),
+        ("spec.queue.ewma_alpha", "must be in (0, 1]"),
+        (
+            "spec.defaults.deadline_ms",
+            "must be a positive number of milliseconds",
+        ),
+        (
+            "spec.defaults.attempt_timeout_ms",
+            "must be a positive number of milliseconds",
+        ),
+        (
+            "spec.circuit_breaker.consecutive_errors",
+            "must be at least 1",
+        ),
+        (
+            "spec.circuit_breaker.open_duration_s",
+            "must be a positive number of seconds",
+        ),
+        (
+            "spec.pools[0].name",
+            "must be 1-63 characters of letters, digits, '-', '_' or '.'",
+        ),
+        (
+            "spec.pools[0].endpoints[0]",
+            "unsupported scheme \"ftp\" (use http or https)",
+        ),
+        (
+            "spec.pools[0].endpoints[2]",
+            "duplicate endpoint http://h:1",
+        ),
+        (
+            "spec.pools[0].attempt_timeout_ms",
+            "must be a positive number of milliseconds",
+        ),
+        (
+            "spec.pools[0].max_concurrency",
+            "must be at least 1 (leave it out for no limit)",
+        ),
+        ("spec.pools[0].model", "must not be empty"),
+        (
+            "spec.pools[0].gates.max_latency_budget_fraction",
+            "must be a positive fraction: at 0 or below the gate can never hold",
+        ),
+        (
+            "spec.pools[0].price.input_per_1k_usd",
+            "must be a non-negative number",
+        ),
+        (
+            "spec.pools[0].price.output_per_1k_usd",
+            "must be a non-negative number",
+        ),
+        (
+            "spec.pools[0].api_key_env",
+            "must be an environment variable name",
+        ),
+        (
+            "spec.pools[0].gates.min_vram_free_mb",
+            "needs a capacity_probe to measure free VRAM",
+        ),
+        ("spec.pools[0].queue.max_size", "must be at least 1"),
+        (
+            "spec.pools[0].queue.timeout_s",
+            "must be a positive number of seconds",
+        ),
+        (
+            "spec.pools[0].queue.latency_threshold_s",
+            "must be a positive number of seconds",
+        ),
+        ("spec.pools[0].queue.ewma_alpha", "must be in (0, 1]"),
+        (
+            "spec.pools[1].name",
+            "must be 1-63 characters of letters, digits, '-', '_' or '.'",
+        ),
+        ("spec.pools[1].name", "duplicate pool name \"bad name\""),
+        (
+            "spec.pools[1].capacity_probe.interval_ms",
+            "must be positive",
+        ),
+        (
+            "spec.pools[1].capacity_probe.vram_total_mb",
+            "needed to derive free VRAM for gates.min_vram_free_mb",
+        ),
+        (
+            "spec.pools[2].gates.min_vram_free_mb",
+            "a vllm probe does not report free VRAM: the gate could never be checked",
+        ),
+        (
+            "spec.pools[2].gates.min_vram_free_mb",
+            "8 MB can never be free on 8 MB: the gate can never hold",
+        ),
+        (
+            "spec.pools[3].gates.min_vram_free_mb",
+            "9 MB can never be free on 8 MB: the gate can never hold",
+        ),
+        (
+            "spec.routes[0].name",
+            "must be 1-63 characters of letters, digits, '-', '_' or '.'",
+        ),
+        ("spec.routes[0].chain[1]", "unknown pool \"nope\""),
+        ("spec.routes[0].chain[2]", "pool \"v\" appears twice"),
+        (
+            "spec.routes[0].match.model[0]",
+            "empty or bare \"*\" pattern; leave model out to match any model",
+        ),
+        (
+            "spec.routes[0].match.model[1]",
+            "empty or bare \"*\" pattern; leave model out to match any model",
+        ),
+        ("spec.routes[0].match.path_prefix", "must start with '/'"),
+        (
+            "spec.routes[0].cost_ceiling_per_call_usd",
+            "must be a non-negative number",
+        ),
+        (
+            "spec.routes[0].deadline_ms",
+            "must be a positive number of milliseconds",
+        ),
+        (
+            "spec.routes[0].attempt_timeout_ms",
+            "must be a positive number of milliseconds",
+        ),
+        ("spec.routes[0].retry_on[1]", "listed twice"),
+        ("spec.routes[1].chain", "must name at least one pool"),
+        ("spec.routes[2].name", "duplicate route name \"all\""),
+        (
+            "spec.routes[2].match",
+            "can never match: route \"all\" before it matches every request",
+        ),
+        (
+            "spec.structured_output_degrade_s",
+            "must be a positive number of seconds",
+        ),
+        (
+            "spec.approval.token_env",
+            "must be an environment variable name",
+        ),
+    ];
+    assert_eq!(got, want, "{err}");
+
+    // The checks that need what the first document has: no pools or
+    // routes at all, and an approval route without a token.
+    let text = "apiVersion: router/v1\nkind: RoutingPolicy\nspec: {}\n";
+    let err = load(text, &QueueSettings::default()).unwrap_err();
+    assert_eq!(
+        err.errors,
+        vec![
+            FieldError {
+                field: "spec.pools".into(),
+                reason: "at least one pool is required".into(),
+            },
+            FieldError {
+                field: "spec.routes".into(),
+                reason: "at least one route is required".into(),
+            },
+        ]
+    );
+    let text = r#"
+apiVersion: router/v1
+kind: RoutingPolicy
+spec:
+  pools: [{name: a}]
+  routes: [{name: r, chain: [a], requires_approval: true}]
+"#;
+    let err = load(text, &QueueSettings::default()).unwrap_err();
+    assert_eq!(
+        err.errors,
+        vec![FieldError {
+            field: "spec.routes[0].requires_approval".into(),
+            reason: "needs spec.approval.token_env: without a token no request could ever pass"
+                .into(),
+        }]
+    );
+}
+
+#[test]
+fn sidecar_policy_has_one_default_route() {
+    let p = Policy::sidecar(QueueSettings::default(), None);
+    assert_eq!(p.route_for(Some("m"), "/x").unwrap().chain, vec!["default"]);
+    assert!(p.pool("default").unwrap().endpoints.is_empty());
+}

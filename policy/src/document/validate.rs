@@ -1,0 +1,601 @@
+//! Validation: from the document as written to a [`Policy`].
+//!
+//! [`PolicyDocument::validate`] runs one validator per section of the
+//! document, in this order:
+//!
+//! 1. the header (`apiVersion`, `kind`);
+//! 2. `spec.queue`, the queue settings every pool inherits;
+//! 3. `spec.defaults`, the deadlines every route inherits;
+//! 4. `spec.circuit_breaker`;
+//! 5. `spec.pools`, each pool on its own: endpoints, limits, gates, prices,
+//!    API key, capacity probe (checked against the VRAM gate it feeds),
+//!    queue;
+//! 6. `spec.routes`, each route on its own: chain, match, cost ceiling,
+//!    approval, shadowing by an earlier catch-all route, deadlines, retries;
+//! 7. `spec.structured_output_degrade_s`;
+//! 8. `spec.approval`.
+//!
+//! Each validator pushes every problem it finds into one shared `Errors`
+//! list, with the field's full path, and still returns its resolved value:
+//! an error in one section does not stop the sections after it from being
+//! checked (a route is checked against every pool name, even that of a pool
+//! with a bad endpoint), so the operator sees every problem in one answer.
+//! Only at the end does `validate` decide between a [`Policy`] and a
+//! [`PolicyError`].
+//!
+//! A section that depends on another is handed what it needs and nothing
+//! more: pools get the resolved `spec.queue`; routes get a `RouteContext`
+//! with the pool names, the defaults of `spec.defaults` and whether an
+//! approval token is configured.
+//!
+//! The order of the errors is part of the contract, pinned by the tests:
+//! sections in the order above, pools and routes in document order, and
+//! within one pool or route its fields in the order the checks run.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use super::{
+    positive_duration, ApprovalSpec, CircuitSettings, CircuitSpec, DefaultsSpec, EndpointSpec,
+    FieldError, Gates, GatesSpec, MatchSpec, Policy, PolicyDocument, PolicyError, Pool, PoolSpec,
+    Price, PriceSpec, Probe, ProbeKind, ProbeSpec, QueueSettings, QueueSpec, RetryOn, Risk, Route,
+    RouteMatch, RouteSpec, API_VERSION, KIND,
+};
+use crate::endpoint::Endpoint;
+
+impl PolicyDocument {
+    /// Checks meaning and resolves defaults. Every problem is reported.
+    pub fn validate(&self, defaults: &QueueSettings) -> Result<Policy, PolicyError> {
+        let mut errs = Errors::default();
+        let spec = &self.spec;
+        header(self, &mut errs);
+        let queue = resolve_queue(&spec.queue, defaults, "spec.queue", &mut errs);
+        let request_defaults = request_defaults(&spec.defaults, &mut errs);
+        let circuit = circuit_breaker(&spec.circuit_breaker, &mut errs);
+        let pools = pools(&spec.pools, &queue, &mut errs);
+        let context = RouteContext {
+            pool_names: pools.iter().map(|p| p.name.as_str()).collect(),
+            defaults: request_defaults,
+            approval_configured: spec.approval.is_some(),
+        };
+        let routes = routes(&spec.routes, &context, &mut errs);
+        let structured_degrade = structured_degrade(spec.structured_output_degrade_s, &mut errs);
+        let approval_token_env = approval(spec.approval.as_ref(), &mut errs);
+        errs.finish(Policy {
+            name: self.metadata.name.clone(),
+            pools,
+            routes,
+            circuit,
+            default_risk: spec.defaults.risk.unwrap_or(Risk::Read),
+            approval_token_env,
+            structured_degrade,
+        })
+    }
+}
+
+/// The problems found so far, in the order found.
+#[derive(Default)]
+struct Errors(Vec<FieldError>);
+
+impl Errors {
+    fn push(&mut self, field: impl Into<String>, reason: impl Into<String>) {
+        self.0.push(FieldError {
+            field: field.into(),
+            reason: reason.into(),
+        });
+    }
+
+    fn finish<T>(self, value: T) -> Result<T, PolicyError> {
+        if self.0.is_empty() {
+            Ok(value)
+        } else {
+            Err(PolicyError { errors: self.0 })
+        }
+    }
+}
+
+// ---- Sections of the document, in the order `validate` runs them. ----
+
+/// `apiVersion` and `kind`: this crate reads one version of one kind.
+fn header(doc: &PolicyDocument, errs: &mut Errors) {
+    if doc.api_version != API_VERSION {
+        errs.push("apiVersion", format!("must be {API_VERSION:?}"));
+    }
+    if doc.kind != KIND {
+        errs.push("kind", format!("must be {KIND:?}"));
+    }
+}
+
+/// `spec.defaults`, resolved: what a route without its own settings uses.
+#[derive(Debug, Clone, Copy)]
+struct RequestDefaults {
+    deadline: Option<Duration>,
+    attempt_timeout: Option<Duration>,
+}
+
+/// `spec.defaults`: the deadlines, each positive when given. (The default
+/// risk needs no check: serde only reads the four classes.)
+fn request_defaults(d: &DefaultsSpec, errs: &mut Errors) -> RequestDefaults {
+    RequestDefaults {
+        deadline: millis(d.deadline_ms, "spec.defaults.deadline_ms", errs),
+        attempt_timeout: millis(
+            d.attempt_timeout_ms,
+            "spec.defaults.attempt_timeout_ms",
+            errs,
+        ),
+    }
+}
+
+/// `spec.circuit_breaker`: at least one error to open, a positive open time.
+fn circuit_breaker(c: &CircuitSpec, errs: &mut Errors) -> CircuitSettings {
+    let mut circuit = CircuitSettings::default();
+    if let Some(n) = c.consecutive_errors {
+        if n == 0 {
+            errs.push(
+                "spec.circuit_breaker.consecutive_errors",
+                "must be at least 1",
+            );
+        } else {
+            circuit.consecutive_errors = n;
+        }
+    }
+    if let Some(t) = c.open_duration_s {
+        match positive_duration(t) {
+            Some(d) => circuit.open_duration = d,
+            None => errs.push(
+                "spec.circuit_breaker.open_duration_s",
+                "must be a positive number of seconds",
+            ),
+        }
+    }
+    circuit
+}
+
+/// `spec.pools`: at least one, names unique, then each pool on its own.
+fn pools(specs: &[PoolSpec], queue: &QueueSettings, errs: &mut Errors) -> Vec<Pool> {
+    if specs.is_empty() {
+        errs.push("spec.pools", "at least one pool is required");
+    }
+    let mut names = HashSet::new();
+    let mut pools = Vec::with_capacity(specs.len());
+    for (i, p) in specs.iter().enumerate() {
+        let at = format!("spec.pools[{i}]");
+        unique_name(&p.name, &at, "pool", &mut names, errs);
+        pools.push(pool(p, &at, queue, errs));
+    }
+    pools
+}
+
+/// `spec.routes`: at least one, names unique, then each route on its own
+/// (a route is also checked against the routes before it).
+fn routes(specs: &[RouteSpec], context: &RouteContext<'_>, errs: &mut Errors) -> Vec<Route> {
+    if specs.is_empty() {
+        errs.push("spec.routes", "at least one route is required");
+    }
+    let mut names = HashSet::new();
+    let mut routes = Vec::with_capacity(specs.len());
+    for (i, r) in specs.iter().enumerate() {
+        let at = format!("spec.routes[{i}]");
+        unique_name(&r.name, &at, "route", &mut names, errs);
+        let checked = route(r, &at, &routes, context, errs);
+        routes.push(checked);
+    }
+    routes
+}
+
+/// `spec.structured_output_degrade_s`: positive seconds, default 60.
+fn structured_degrade(seconds: Option<f64>, errs: &mut Errors) -> Duration {
+    const DEFAULT: Duration = Duration::from_secs(60);
+    match seconds {
+        None => DEFAULT,
+        Some(t) => positive_duration(t).unwrap_or_else(|| {
+            errs.push(
+                "spec.structured_output_degrade_s",
+                "must be a positive number of seconds",
+            );
+            DEFAULT
+        }),
+    }
+}
+
+/// `spec.approval`: the token's variable name, if approval is configured.
+fn approval(approval: Option<&ApprovalSpec>, errs: &mut Errors) -> Option<String> {
+    let env = &approval?.token_env;
+    check_env_name(env, "spec.approval.token_env", errs);
+    Some(env.clone())
+}
+
+// ---- One pool. ----
+
+/// One pool: endpoints, limits, model, gates, prices, API key, capacity
+/// probe, queue (inherited from `spec.queue`, field by field).
+fn pool(p: &PoolSpec, at: &str, spec_queue: &QueueSettings, errs: &mut Errors) -> Pool {
+    let (endpoints, drained) = endpoints(&p.endpoints, at, errs);
+    let attempt_timeout = millis(
+        p.attempt_timeout_ms,
+        &format!("{at}.attempt_timeout_ms"),
+        errs,
+    );
+    if p.max_concurrency == Some(0) {
+        errs.push(
+            format!("{at}.max_concurrency"),
+            "must be at least 1 (leave it out for no limit)",
+        );
+    }
+    if let Some(m) = &p.model {
+        if m.trim().is_empty() {
+            errs.push(format!("{at}.model"), "must not be empty");
+        }
+    }
+    let gates_spec = p.gates.clone().unwrap_or_default();
+    let gates = gates(&gates_spec, at, errs);
+    let price = price(p.price.as_ref(), at, errs);
+    if let Some(env) = &p.api_key_env {
+        check_env_name(env, format!("{at}.api_key_env"), errs);
+    }
+    let probe = capacity_probe(p.capacity_probe.as_ref(), &gates_spec, at, errs);
+    let queue = match &p.queue {
+        Some(q) => resolve_queue(q, spec_queue, &format!("{at}.queue"), errs),
+        None => *spec_queue,
+    };
+    Pool {
+        name: p.name.clone(),
+        provider: p.provider,
+        model: p.model.clone(),
+        endpoints,
+        max_concurrency: p.max_concurrency,
+        queue,
+        attempt_timeout,
+        drain: p.drain,
+        drained,
+        gates,
+        structured_output: p.structured_output.unwrap_or(true),
+        price,
+        api_key_env: p.api_key_env.clone(),
+        probe,
+    }
+}
+
+/// A pool's endpoints: each parses and none appears twice. Returns all of
+/// them and, apart, those drained one by one.
+fn endpoints(
+    specs: &[EndpointSpec],
+    at: &str,
+    errs: &mut Errors,
+) -> (Vec<Endpoint>, Vec<Endpoint>) {
+    let mut endpoints = Vec::new();
+    let mut drained = Vec::new();
+    for (j, e) in specs.iter().enumerate() {
+        match Endpoint::parse(e.url()) {
+            Ok(ep) if endpoints.contains(&ep) => errs.push(
+                format!("{at}.endpoints[{j}]"),
+                format!("duplicate endpoint {ep}"),
+            ),
+            Ok(ep) => {
+                if e.drain() {
+                    drained.push(ep.clone());
+                }
+                endpoints.push(ep);
+            }
+            Err(err) => errs.push(format!("{at}.endpoints[{j}]"), err.to_string()),
+        }
+    }
+    (endpoints, drained)
+}
+
+/// A pool's gates: a latency fraction that can hold. (The VRAM gate is
+/// checked with the capacity probe that measures it.)
+fn gates(g: &GatesSpec, at: &str, errs: &mut Errors) -> Gates {
+    if let Some(f) = g.max_latency_budget_fraction {
+        if !(f.is_finite() && f > 0.0) {
+            errs.push(
+                format!("{at}.gates.max_latency_budget_fraction"),
+                "must be a positive fraction: at 0 or below the gate can never hold",
+            );
+        }
+    }
+    Gates {
+        healthy: g.healthy.unwrap_or(true),
+        max_queue_depth: g.max_queue_depth,
+        max_latency_budget_fraction: g.max_latency_budget_fraction,
+        min_vram_free_mb: g.min_vram_free_mb,
+    }
+}
+
+/// A pool's prices: finite and not negative (free when left out).
+fn price(p: Option<&PriceSpec>, at: &str, errs: &mut Errors) -> Price {
+    let price = p.map_or(Price::default(), |p| Price {
+        input_per_1k_usd: p.input_per_1k_usd,
+        output_per_1k_usd: p.output_per_1k_usd,
+    });
+    for (field, v) in [
+        ("input_per_1k_usd", price.input_per_1k_usd),
+        ("output_per_1k_usd", price.output_per_1k_usd),
+    ] {
+        if !(v.is_finite() && v >= 0.0) {
+            errs.push(
+                format!("{at}.price.{field}"),
+                "must be a non-negative number",
+            );
+        }
+    }
+    price
+}
+
+/// A pool's capacity probe, checked against the VRAM gate it has to feed:
+/// a gate on free VRAM needs a probe that reports it (an Ollama probe with
+/// the total VRAM; a vLLM probe never does) and a floor below that total.
+fn capacity_probe(
+    probe: Option<&ProbeSpec>,
+    g: &GatesSpec,
+    at: &str,
+    errs: &mut Errors,
+) -> Option<Probe> {
+    if let Some(c) = probe {
+        if c.interval_ms == Some(0) {
+            errs.push(
+                format!("{at}.capacity_probe.interval_ms"),
+                "must be positive",
+            );
+        }
+        if c.kind == ProbeKind::Ollama && c.vram_total_mb.is_none() && g.min_vram_free_mb.is_some()
+        {
+            errs.push(
+                format!("{at}.capacity_probe.vram_total_mb"),
+                "needed to derive free VRAM for gates.min_vram_free_mb",
+            );
+        }
+        if c.kind == ProbeKind::Vllm && g.min_vram_free_mb.is_some() {
+            errs.push(
+                format!("{at}.gates.min_vram_free_mb"),
+                "a vllm probe does not report free VRAM: the gate could never be checked",
+            );
+        }
+    }
+    if let (Some(min), Some(total)) = (g.min_vram_free_mb, probe.and_then(|c| c.vram_total_mb)) {
+        if min >= total {
+            errs.push(
+                format!("{at}.gates.min_vram_free_mb"),
+                format!("{min} MB can never be free on {total} MB: the gate can never hold"),
+            );
+        }
+    }
+    if g.min_vram_free_mb.is_some() && probe.is_none() {
+        errs.push(
+            format!("{at}.gates.min_vram_free_mb"),
+            "needs a capacity_probe to measure free VRAM",
+        );
+    }
+    probe.map(|c| Probe {
+        kind: c.kind,
+        interval: Duration::from_millis(c.interval_ms.unwrap_or(1000).max(1)),
+        vram_total_mb: c.vram_total_mb,
+    })
+}
+
+// ---- One route. ----
+
+/// What a route is checked against: the rest of the document.
+struct RouteContext<'a> {
+    /// Every pool name, including those of pools with errors.
+    pool_names: HashSet<&'a str>,
+    /// `spec.defaults`, for routes that set no deadline of their own.
+    defaults: RequestDefaults,
+    /// Whether `spec.approval` is there.
+    approval_configured: bool,
+}
+
+/// One route: chain, match, cost ceiling, approval, shadowing by an
+/// `earlier` catch-all route, deadlines (inherited from `spec.defaults`),
+/// retries.
+fn route(
+    r: &RouteSpec,
+    at: &str,
+    earlier: &[Route],
+    context: &RouteContext<'_>,
+    errs: &mut Errors,
+) -> Route {
+    chain(&r.chain, at, &context.pool_names, errs);
+    let matches = route_match(&r.matches, at, errs);
+    if let Some(c) = r.cost_ceiling_per_call_usd {
+        if !(c.is_finite() && c >= 0.0) {
+            errs.push(
+                format!("{at}.cost_ceiling_per_call_usd"),
+                "must be a non-negative number",
+            );
+        }
+    }
+    if r.requires_approval && !context.approval_configured {
+        errs.push(
+            format!("{at}.requires_approval"),
+            "needs spec.approval.token_env: without a token no request could ever pass",
+        );
+    }
+    if let Some(catch_all) = earlier.iter().find(|e| e.matches.is_catch_all()) {
+        errs.push(
+            format!("{at}.match"),
+            format!(
+                "can never match: route {:?} before it matches every request",
+                catch_all.name
+            ),
+        );
+    }
+    let deadline =
+        millis(r.deadline_ms, &format!("{at}.deadline_ms"), errs).or(context.defaults.deadline);
+    let attempt_timeout = millis(
+        r.attempt_timeout_ms,
+        &format!("{at}.attempt_timeout_ms"),
+        errs,
+    )
+    .or(context.defaults.attempt_timeout);
+    let retry_on = retry_on(r.retry_on.as_deref(), at, errs);
+    Route {
+        name: r.name.clone(),
+        matches,
+        chain: r.chain.clone(),
+        deadline,
+        attempt_timeout,
+        retry_on,
+        fallback: r.fallback.unwrap_or(true),
+        requires_approval: r.requires_approval,
+        allow_downgrade: r.allow_downgrade.unwrap_or(true),
+        cost_ceiling_per_call_usd: r.cost_ceiling_per_call_usd,
+    }
+}
+
+/// A route's chain: not empty, each name a pool, no pool twice.
+fn chain(chain: &[String], at: &str, pool_names: &HashSet<&str>, errs: &mut Errors) {
+    if chain.is_empty() {
+        errs.push(format!("{at}.chain"), "must name at least one pool");
+    }
+    let mut seen = HashSet::new();
+    for (j, name) in chain.iter().enumerate() {
+        if !pool_names.contains(name.as_str()) {
+            errs.push(format!("{at}.chain[{j}]"), format!("unknown pool {name:?}"));
+        } else if !seen.insert(name.as_str()) {
+            errs.push(
+                format!("{at}.chain[{j}]"),
+                format!("pool {name:?} appears twice"),
+            );
+        }
+    }
+}
+
+/// A route's match: model patterns that say something, an absolute path
+/// prefix.
+fn route_match(m: &MatchSpec, at: &str, errs: &mut Errors) -> RouteMatch {
+    for (j, pattern) in m.model.iter().enumerate() {
+        if pattern.is_empty() || pattern == "*" {
+            errs.push(
+                format!("{at}.match.model[{j}]"),
+                "empty or bare \"*\" pattern; leave model out to match any model",
+            );
+        }
+    }
+    if let Some(p) = &m.path_prefix {
+        if !p.starts_with('/') {
+            errs.push(format!("{at}.match.path_prefix"), "must start with '/'");
+        }
+    }
+    RouteMatch {
+        models: m.model.clone(),
+        path_prefix: m.path_prefix.clone(),
+        risks: m.risk.clone(),
+    }
+}
+
+/// A route's `retry_on`: no failure listed twice (the default set when
+/// left out).
+fn retry_on(list: Option<&[RetryOn]>, at: &str, errs: &mut Errors) -> Vec<RetryOn> {
+    let Some(list) = list else {
+        return RetryOn::DEFAULT.to_vec();
+    };
+    let mut out: Vec<RetryOn> = Vec::new();
+    for (j, f) in list.iter().enumerate() {
+        if out.contains(f) {
+            errs.push(format!("{at}.retry_on[{j}]"), "listed twice");
+        } else {
+            out.push(*f);
+        }
+    }
+    out
+}
+
+// ---- Checks shared by several sections. ----
+
+/// A pool's or a route's name: well formed, and not taken by an earlier one.
+fn unique_name<'a>(
+    name: &'a str,
+    at: &str,
+    what: &str,
+    seen: &mut HashSet<&'a str>,
+    errs: &mut Errors,
+) {
+    let field = format!("{at}.name");
+    check_name(name, &field, errs);
+    if !seen.insert(name) {
+        errs.push(field, format!("duplicate {what} name {name:?}"));
+    }
+}
+
+fn check_name(name: &str, field: &str, errs: &mut Errors) {
+    let ok = !name.is_empty()
+        && name.len() <= 63
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.');
+    if !ok {
+        errs.push(
+            field,
+            "must be 1-63 characters of letters, digits, '-', '_' or '.'",
+        );
+    }
+}
+
+/// The name of an environment variable (the policy holds names of secrets,
+/// never their values).
+fn check_env_name(env: &str, field: impl Into<String>, errs: &mut Errors) {
+    if env.is_empty() || !env.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+        errs.push(field, "must be an environment variable name");
+    }
+}
+
+/// A queue section (`spec.queue` or a pool's `queue`) over its `base`:
+/// each field given replaces the base's, if valid.
+fn resolve_queue(
+    q: &QueueSpec,
+    base: &QueueSettings,
+    at: &str,
+    errs: &mut Errors,
+) -> QueueSettings {
+    let mut out = *base;
+    if let Some(n) = q.max_size {
+        if n == 0 {
+            errs.push(format!("{at}.max_size"), "must be at least 1");
+        } else {
+            out.max_size = usize::try_from(n).unwrap_or(usize::MAX);
+        }
+    }
+    if let Some(t) = q.timeout_s {
+        match positive_duration(t) {
+            Some(d) => out.timeout = d,
+            None => errs.push(
+                format!("{at}.timeout_s"),
+                "must be a positive number of seconds",
+            ),
+        }
+    }
+    if let Some(t) = q.latency_threshold_s {
+        if t.is_finite() && t > 0.0 {
+            out.latency_threshold_s = t;
+        } else {
+            errs.push(
+                format!("{at}.latency_threshold_s"),
+                "must be a positive number of seconds",
+            );
+        }
+    }
+    if let Some(a) = q.ewma_alpha {
+        if a > 0.0 && a <= 1.0 {
+            out.ewma_alpha = a;
+        } else {
+            errs.push(format!("{at}.ewma_alpha"), "must be in (0, 1]");
+        }
+    }
+    if let Some(s) = q.scoring {
+        out.scoring = s;
+    }
+    out
+}
+
+/// Milliseconds as a duration; 0 is an error (leave the field out instead).
+fn millis(value: Option<u64>, field: &str, errs: &mut Errors) -> Option<Duration> {
+    match value {
+        Some(0) => {
+            errs.push(field, "must be a positive number of milliseconds");
+            None
+        }
+        Some(ms) => Some(Duration::from_millis(ms)),
+        None => None,
+    }
+}

@@ -21,7 +21,7 @@ use crate::Shared;
 const ADMIN_BODY_LIMIT: usize = 1024 * 1024;
 
 /// Handles an admin path.
-pub async fn handle(shared: &Shared, req: Request<Incoming>) -> Response<Bytes> {
+pub(crate) async fn handle(shared: &Shared, req: Request<Incoming>) -> Response<Bytes> {
     let path = req.uri().path().to_string();
     let result = match path.as_str() {
         "/_custom_router/health" => only(&req, Method::GET).map(|()| health(shared)),

@@ -29,11 +29,11 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 /// How often the workers' busy time is re-read.
-pub const SAMPLE_EVERY: Duration = Duration::from_millis(100);
+pub(crate) const SAMPLE_EVERY: Duration = Duration::from_millis(100);
 
 /// Below this fraction of busy time a worker still takes new connections
 /// in [`ConnectionBalance::Pack`] mode.
-pub const PACK_BELOW: f64 = 0.5;
+pub(crate) const PACK_BELOW: f64 = 0.5;
 
 /// How new connections are placed on worker threads
 /// (`CUSTOM_ROUTER_CONNECTION_BALANCE`).
@@ -60,7 +60,7 @@ impl ConnectionBalance {
 /// The placement state of the accept loop: busy fractions of the workers
 /// over the last window, and the round-robin cursor.
 #[derive(Debug)]
-pub struct WorkerChooser {
+pub(crate) struct WorkerChooser {
     mode: ConnectionBalance,
     /// Busy fraction of each worker over the last sampling window.
     busy: Vec<f64>,
@@ -72,7 +72,7 @@ pub struct WorkerChooser {
 
 impl WorkerChooser {
     /// A chooser over `workers` workers (at least one).
-    pub fn new(mode: ConnectionBalance, workers: usize) -> Self {
+    pub(crate) fn new(mode: ConnectionBalance, workers: usize) -> Self {
         let n = workers.max(1);
         Self {
             mode,
@@ -84,7 +84,7 @@ impl WorkerChooser {
     }
 
     /// Whether [`Self::sample`] is due at `now`.
-    pub fn sample_due(&self, now: Instant) -> bool {
+    pub(crate) fn sample_due(&self, now: Instant) -> bool {
         self.mode == ConnectionBalance::Pack
             && self
                 .last_sample
@@ -92,7 +92,7 @@ impl WorkerChooser {
     }
 
     /// Folds in each worker's total busy time, read at `now`.
-    pub fn sample(&mut self, now: Instant, totals: &[Duration]) {
+    pub(crate) fn sample(&mut self, now: Instant, totals: &[Duration]) {
         if let Some(last) = self.last_sample {
             let window = now.saturating_duration_since(last).as_secs_f64();
             if window > 0.0 {
@@ -109,7 +109,7 @@ impl WorkerChooser {
     }
 
     /// The worker for the next connection.
-    pub fn choose(&mut self) -> usize {
+    pub(crate) fn choose(&mut self) -> usize {
         match self.mode {
             ConnectionBalance::Spread => {
                 let i = self.next % self.busy.len();

@@ -31,7 +31,7 @@ use crate::pool::{PoolRuntime, PoolSettings, PoolStatus};
 /// Secrets named by the policy, read from the environment when the policy
 /// is applied. Never printed: `Debug` shows only which are present.
 #[derive(Default, Clone)]
-pub struct Secrets {
+pub(crate) struct Secrets {
     /// The approval token for `requires_approval` routes.
     pub approval_token: Option<String>,
     /// `Authorization` header value per pool with `api_key_env`.
@@ -85,14 +85,14 @@ fn read_secrets(policy: &Policy) -> Secrets {
 
 /// Errors of config changes.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum ConfigError {
+pub(crate) enum ConfigError {
     /// `set-backends` named a pool the policy does not have.
     #[error("unknown pool {0:?}")]
     UnknownPool(String),
 }
 
 /// The config a request is routed by.
-pub struct Snapshot {
+pub(crate) struct Snapshot {
     /// Names this config (`x-router-config-version`, logs, metrics).
     pub version: Arc<str>,
     /// `version` as the `x-router-config-version` answer header.
@@ -109,7 +109,7 @@ pub struct Snapshot {
 
 impl Snapshot {
     /// Live status of every pool, in policy order.
-    pub fn pool_status(&self) -> Vec<PoolStatus> {
+    pub(crate) fn pool_status(&self) -> Vec<PoolStatus> {
         self.policy
             .pools
             .iter()
@@ -146,7 +146,7 @@ pub struct ConfigStore {
 
 impl ConfigStore {
     /// A store serving `policy` from the start.
-    pub fn new(
+    pub(crate) fn new(
         policy: Policy,
         origin: &str,
         metrics: Arc<Metrics>,
@@ -177,8 +177,13 @@ impl ConfigStore {
         }
     }
 
+    /// The version of the config being served.
+    pub fn version(&self) -> Arc<str> {
+        Arc::clone(&self.load().version)
+    }
+
     /// The snapshot to route by.
-    pub fn load(&self) -> Arc<Snapshot> {
+    pub(crate) fn load(&self) -> Arc<Snapshot> {
         self.current.load_full()
     }
 
@@ -195,7 +200,7 @@ impl ConfigStore {
 
     /// Applies a whole snapshot from the control plane: the policy, every
     /// backend set it streams (replacing local ones), named by its revision.
-    pub fn apply_managed(
+    pub(crate) fn apply_managed(
         &self,
         policy: Policy,
         backends: BTreeMap<String, Vec<Endpoint>>,
@@ -212,7 +217,7 @@ impl ConfigStore {
     }
 
     /// Replaces the endpoints of one pool (the `set-backends` call).
-    pub fn set_backends(
+    pub(crate) fn set_backends(
         &self,
         pool: &str,
         endpoints: Vec<Endpoint>,
@@ -227,7 +232,7 @@ impl ConfigStore {
     }
 
     /// Counts a change that was refused before it reached the store.
-    pub fn rejected(&self) {
+    pub(crate) fn rejected(&self) {
         self.metrics.config_change(None);
     }
 

@@ -27,7 +27,7 @@ use router_policy::Scheme;
 use tokio::time::{Instant, Sleep};
 
 use crate::settings::Settings;
-pub use crate::upstream::UpstreamClient;
+pub(crate) use crate::upstream::UpstreamClient;
 use crate::upstream::{PoolKey, UpstreamBody};
 
 /// Errors building the upstream client.
@@ -47,7 +47,7 @@ pub enum ClientError {
 }
 
 /// Builds an upstream client (keep-alive pool, TLS): one per worker thread.
-pub fn build_client(settings: &Settings) -> Result<UpstreamClient, ClientError> {
+pub(crate) fn build_client(settings: &Settings) -> Result<UpstreamClient, ClientError> {
     let mut roots = rustls::RootCertStore::empty();
     roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
     if let Some(path) = &settings.upstream_ca_file {
@@ -87,7 +87,7 @@ pub fn build_client(settings: &Settings) -> Result<UpstreamClient, ClientError> 
 }
 
 /// The absolute upstream URI for a client path on an endpoint.
-pub fn upstream_uri(
+pub(crate) fn upstream_uri(
     endpoint: &router_policy::Endpoint,
     path_and_query: &str,
 ) -> Result<http::Uri, http::Error> {
@@ -106,7 +106,7 @@ pub fn upstream_uri(
 /// An endpoint's scheme, authority and `Host` header, parsed once (when
 /// the endpoint is added to its pool) instead of for every request.
 #[derive(Debug, Clone)]
-pub struct UpstreamTarget {
+pub(crate) struct UpstreamTarget {
     /// The connection pool's key of the endpoint.
     key: PoolKey,
     /// Whether the endpoint has a base path (then every path is joined).
@@ -119,7 +119,7 @@ pub struct UpstreamTarget {
 impl UpstreamTarget {
     /// Parses an endpoint; `None` when its URI would not be valid (the
     /// request path then reports the error).
-    pub fn new(endpoint: &router_policy::Endpoint) -> Option<Self> {
+    pub(crate) fn new(endpoint: &router_policy::Endpoint) -> Option<Self> {
         let uri = upstream_uri(endpoint, "/").ok()?;
         Some(Self {
             key: PoolKey::of(&uri)?,
@@ -129,18 +129,18 @@ impl UpstreamTarget {
     }
 
     /// The `Host` header for requests to this endpoint.
-    pub fn host(&self) -> &HeaderValue {
+    pub(crate) fn host(&self) -> &HeaderValue {
         &self.host
     }
 
     /// The endpoint's key in the connection pool.
-    pub fn key(&self) -> &PoolKey {
+    pub(crate) fn key(&self) -> &PoolKey {
         &self.key
     }
 
     /// The upstream request's URI for a client path, in origin form (the
     /// path and query of [`upstream_uri`]).
-    pub fn uri(
+    pub(crate) fn uri(
         &self,
         endpoint: &router_policy::Endpoint,
         path_and_query: &http::uri::PathAndQuery,
@@ -158,7 +158,7 @@ const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto
 const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
 
 /// A client's IP address as a header value (made once per connection).
-pub fn client_ip_header(ip: std::net::IpAddr) -> HeaderValue {
+pub(crate) fn client_ip_header(ip: std::net::IpAddr) -> HeaderValue {
     // An IP address is always a valid header value.
     HeaderValue::try_from(ip.to_string()).unwrap_or_else(|_| HeaderValue::from_static("unknown"))
 }
@@ -167,7 +167,7 @@ pub fn client_ip_header(ip: std::net::IpAddr) -> HeaderValue {
 /// proxy in front already set them). `client_ip` is from
 /// [`client_ip_header`]; `seen` is what the client sent of them (see
 /// [`crate::request_headers`]), so nothing is looked up here.
-pub fn add_forwarded(
+pub(crate) fn add_forwarded(
     headers: &mut HeaderMap,
     client_ip: &HeaderValue,
     original_host: Option<HeaderValue>,
@@ -192,7 +192,7 @@ pub fn add_forwarded(
 }
 
 /// What happens when a proxied answer's body ends.
-pub trait Completion: Send + 'static {
+pub(crate) trait Completion: Send + 'static {
     /// The first data frame went out (time to first byte).
     fn first_byte(&mut self);
     /// The body ended, was cut, or the client went away.
@@ -201,7 +201,7 @@ pub trait Completion: Send + 'static {
 
 /// How a proxied body ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BodyEnd {
+pub(crate) enum BodyEnd {
     /// Every byte went to the client.
     Complete,
     /// The backend broke the stream.
@@ -213,7 +213,7 @@ pub enum BodyEnd {
 }
 
 /// Error type of proxied bodies.
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// The one SSE event sent when a stream is cut at its deadline.
 const DEADLINE_EVENT: &str = "event: error\ndata: {\"error\":{\"type\":\"deadline_exhausted\",\"code\":\"deadline_exhausted\",\"message\":\"the request's deadline ran out; the stream was cut\"}}\n\n";
@@ -227,7 +227,7 @@ const DEADLINE_EVENT: &str = "event: error\ndata: {\"error\":{\"type\":\"deadlin
 /// cleanly: the client keeps everything it already received. Any other
 /// body is aborted (the client sees a truncated answer, not a complete
 /// one).
-pub struct TrackedBody {
+pub(crate) struct TrackedBody {
     inner: Option<UpstreamBody>,
     completion: Option<Box<dyn Completion>>,
     seen_data: bool,
@@ -237,7 +237,7 @@ pub struct TrackedBody {
 
 impl TrackedBody {
     /// Wraps `inner`; `completion` runs exactly once.
-    pub fn new(
+    pub(crate) fn new(
         inner: UpstreamBody,
         completion: Box<dyn Completion>,
         deadline: Option<Instant>,
@@ -335,7 +335,7 @@ impl Drop for TrackedBody {
 
 /// Why [`read_whole`] stopped.
 #[derive(Debug)]
-pub enum ReadWholeError {
+pub(crate) enum ReadWholeError {
     /// The body is longer than the limit.
     TooLarge,
     /// The body broke off.
@@ -348,7 +348,7 @@ pub enum ReadWholeError {
 /// body (a small JSON document) arrives as one data frame, which is
 /// returned as it is, with no queue of frames allocated and no copy; only a
 /// body of several frames is copied into one buffer. Trailers are dropped.
-pub async fn read_whole<B>(body: B, limit: usize) -> Result<Bytes, ReadWholeError>
+pub(crate) async fn read_whole<B>(body: B, limit: usize) -> Result<Bytes, ReadWholeError>
 where
     B: Body<Data = Bytes>,
     B::Error: Into<BoxError>,

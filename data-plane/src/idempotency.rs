@@ -32,11 +32,11 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 /// Largest answer body kept for replay.
-pub const MAX_STORED_BODY: usize = 1024 * 1024;
+pub(crate) const MAX_STORED_BODY: usize = 1024 * 1024;
 
 /// An answer kept for replay.
 #[derive(Debug, Clone)]
-pub struct StoredAnswer {
+pub(crate) struct StoredAnswer {
     /// Status.
     pub status: StatusCode,
     /// Headers (end-to-end ones).
@@ -73,14 +73,14 @@ struct Inner {
 }
 
 /// The cache of keys in flight and answers recently given.
-pub struct IdempotencyCache {
+pub(crate) struct IdempotencyCache {
     inner: Mutex<Inner>,
     ttl: Duration,
     max_entries: usize,
 }
 
 /// What to do with a request that carries a key.
-pub enum Claim {
+pub(crate) enum Claim {
     /// Route it; report the result through the guard.
     Leader(LeaderGuard),
     /// Wait for the leader, then replay.
@@ -97,7 +97,7 @@ pub enum Claim {
 }
 
 /// The fingerprint of a request: method, path and body.
-pub fn fingerprint(method: &str, path: &str, body: &[u8]) -> u64 {
+pub(crate) fn fingerprint(method: &str, path: &str, body: &[u8]) -> u64 {
     let mut h = DefaultHasher::new();
     method.hash(&mut h);
     path.hash(&mut h);
@@ -107,7 +107,7 @@ pub fn fingerprint(method: &str, path: &str, body: &[u8]) -> u64 {
 
 impl IdempotencyCache {
     /// A cache keeping answers for `ttl`, at most `max_entries` keys.
-    pub fn new(ttl: Duration, max_entries: usize) -> Self {
+    pub(crate) fn new(ttl: Duration, max_entries: usize) -> Self {
         Self {
             inner: Mutex::new(Inner {
                 entries: HashMap::new(),
@@ -123,7 +123,7 @@ impl IdempotencyCache {
     }
 
     /// Looks up `key` and decides.
-    pub fn claim(self: &Arc<Self>, key: &str, fingerprint: u64, streaming: bool) -> Claim {
+    pub(crate) fn claim(self: &Arc<Self>, key: &str, fingerprint: u64, streaming: bool) -> Claim {
         let mut inner = self.lock();
         let now = Instant::now();
         inner.expire(now);
@@ -172,13 +172,9 @@ impl IdempotencyCache {
     }
 
     /// Keys tracked now (in flight and finished).
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    fn len(&self) -> usize {
         self.lock().entries.len()
-    }
-
-    /// True when nothing is tracked.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 
     fn finish(&self, key: &str, fingerprint: u64, outcome: Option<Outcome>) {
@@ -230,7 +226,7 @@ impl Inner {
 /// Held by the leader; tells followers how it ended. Dropped without
 /// [`LeaderGuard::finish`], it releases the key (nothing was generated or
 /// the request was abandoned) and followers route on their own.
-pub struct LeaderGuard {
+pub(crate) struct LeaderGuard {
     cache: Arc<IdempotencyCache>,
     key: String,
     fingerprint: u64,
@@ -239,7 +235,7 @@ pub struct LeaderGuard {
 
 impl LeaderGuard {
     /// A complete backend answer: stored (if it fits) and handed to followers.
-    pub fn store(mut self, answer: StoredAnswer) {
+    pub(crate) fn store(mut self, answer: StoredAnswer) {
         let outcome = if answer.body.len() <= MAX_STORED_BODY {
             Outcome::Stored(Arc::new(answer))
         } else {
@@ -249,7 +245,7 @@ impl LeaderGuard {
     }
 
     /// The answer was streamed (or otherwise cannot be replayed).
-    pub fn streamed(mut self) {
+    pub(crate) fn streamed(mut self) {
         self.finish(Outcome::NotReplayable);
     }
 
@@ -273,12 +269,12 @@ impl Drop for LeaderGuard {
 }
 
 /// A request waiting for its leader.
-pub struct Follower {
+pub(crate) struct Follower {
     rx: watch::Receiver<Option<Outcome>>,
 }
 
 /// How a follower's wait ended.
-pub enum FollowResult {
+pub(crate) enum FollowResult {
     /// The leader's answer.
     Replay(Arc<StoredAnswer>),
     /// The leader's answer cannot be replayed.
@@ -289,7 +285,7 @@ pub enum FollowResult {
 
 impl Follower {
     /// Waits for the leader's outcome.
-    pub async fn wait(mut self) -> FollowResult {
+    pub(crate) async fn wait(mut self) -> FollowResult {
         loop {
             if let Some(outcome) = self.rx.borrow_and_update().clone() {
                 return match outcome {

@@ -25,25 +25,25 @@
 
 #![forbid(unsafe_code)]
 
-pub mod admin;
-pub mod balance_workers;
-pub mod config;
-pub mod error;
-pub mod forward;
-pub mod handler;
+mod admin;
+mod balance_workers;
+mod config;
+mod error;
+mod forward;
+mod handler;
 mod hop_by_hop;
-pub mod idempotency;
+mod idempotency;
 pub mod managed;
-pub mod metrics;
-pub mod pool;
-pub mod probe;
-pub mod reload;
-pub mod request_headers;
-pub mod route_log;
-pub mod settings;
-pub mod stop_signal;
+mod metrics;
+mod pool;
+mod probe;
+mod reload;
+mod request_headers;
+mod route_log;
+mod settings;
+mod stop_signal;
 pub mod telemetry;
-pub mod upstream;
+mod upstream;
 
 use std::convert::Infallible;
 use std::io::Write;
@@ -57,11 +57,13 @@ use router_policy::Policy;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
 
-use crate::config::ConfigStore;
+pub use crate::balance_workers::ConnectionBalance;
+pub use crate::config::ConfigStore;
+pub use crate::error::ProxyError;
 use crate::forward::UpstreamClient;
 use crate::metrics::Metrics;
 use crate::route_log::RouteLog;
-pub use crate::settings::Settings;
+pub use crate::settings::{Settings, SettingsError};
 
 /// Where the proxy's policy comes from.
 #[derive(Debug, Clone, PartialEq)]
@@ -113,23 +115,23 @@ pub enum StartError {
 }
 
 /// State shared by every request.
-pub struct Shared {
+pub(crate) struct Shared {
     /// Environment settings.
-    pub settings: Settings,
+    pub(crate) settings: Settings,
     /// The current config.
-    pub config: Arc<ConfigStore>,
+    pub(crate) config: Arc<ConfigStore>,
     /// Metrics registry.
-    pub metrics: Arc<Metrics>,
+    pub(crate) metrics: Arc<Metrics>,
     /// Route decision log.
-    pub route_log: RouteLog,
+    pub(crate) route_log: RouteLog,
     /// Upstream HTTP client.
-    pub client: UpstreamClient,
+    pub(crate) client: UpstreamClient,
     /// `Idempotency-Key` requests in flight and recent answers.
-    pub idempotency: Arc<idempotency::IdempotencyCache>,
+    pub(crate) idempotency: Arc<idempotency::IdempotencyCache>,
     /// Managed mode: where `set-backends` is forwarded.
-    pub control_plane: Option<managed::ManagedOptions>,
+    pub(crate) control_plane: Option<managed::ManagedOptions>,
     /// Set when draining: health answers 503 so load balancers move on.
-    pub draining: std::sync::atomic::AtomicBool,
+    pub(crate) draining: std::sync::atomic::AtomicBool,
     /// Asks every connection to finish gracefully.
     stops: stop_signal::StopSignals,
 }

@@ -173,7 +173,7 @@ async fn run(settings: Settings, mode: Mode) -> ExitCode {
     tracing::info!(
         addr = %proxy.local_addr(),
         mode = %mode_text,
-        version = &*proxy.config().load().version,
+        version = &*proxy.config().version(),
         "router-proxy listening"
     );
     if admin_open {

@@ -71,7 +71,7 @@ pub fn grpc_endpoint(
 const CACHE_FILE: &str = "snapshot.pb";
 
 /// Reads the cached snapshot, if any.
-pub fn read_cache(dir: &Path) -> Option<pb::ControlMessage> {
+pub(crate) fn read_cache(dir: &Path) -> Option<pb::ControlMessage> {
     let bytes = std::fs::read(dir.join(CACHE_FILE)).ok()?;
     pb::ControlMessage::decode(bytes.as_slice()).ok()
 }
@@ -91,7 +91,7 @@ fn write_cache(dir: &Path, msg: &pb::ControlMessage) -> std::io::Result<()> {
 }
 
 /// A snapshot turned into what the proxy runs on.
-pub struct Decoded {
+pub(crate) struct Decoded {
     /// The policy (drained endpoints of the backend sets folded in).
     pub policy: Policy,
     /// Backend sets by pool.
@@ -116,7 +116,7 @@ fn unix_ms_to_instant(ms: i64) -> Instant {
 }
 
 /// Validates a snapshot; `Err` is the NACK's text.
-pub fn decode(snapshot: &pb::Snapshot, defaults: &QueueSettings) -> Result<Decoded, String> {
+pub(crate) fn decode(snapshot: &pb::Snapshot, defaults: &QueueSettings) -> Result<Decoded, String> {
     let mut policy = load(&snapshot.policy_document, defaults).map_err(|e| e.to_string())?;
     let mut backends = BTreeMap::new();
     for b in &snapshot.backends {
@@ -155,7 +155,7 @@ pub fn decode(snapshot: &pb::Snapshot, defaults: &QueueSettings) -> Result<Decod
 
 /// Applies a decoded snapshot: one atomic config swap, then the forced
 /// circuits on the new pools.
-pub fn apply(store: &ConfigStore, d: Decoded, revision: u64) -> Arc<str> {
+pub(crate) fn apply(store: &ConfigStore, d: Decoded, revision: u64) -> Arc<str> {
     let version = store.apply_managed(d.policy, d.backends, revision);
     let snapshot = store.load();
     for (name, pool) in &snapshot.pools {
@@ -166,7 +166,11 @@ pub fn apply(store: &ConfigStore, d: Decoded, revision: u64) -> Arc<str> {
 }
 
 /// Applies the cached snapshot at boot; returns its revision.
-pub fn apply_cache(store: &ConfigStore, dir: &Path, defaults: &QueueSettings) -> Option<u64> {
+pub(crate) fn apply_cache(
+    store: &ConfigStore,
+    dir: &Path,
+    defaults: &QueueSettings,
+) -> Option<u64> {
     let msg = read_cache(dir)?;
     let snapshot = msg.snapshot.as_ref()?;
     match decode(snapshot, defaults) {
@@ -222,7 +226,7 @@ fn unix_ms(at: Option<Instant>) -> i64 {
 
 /// Why a forwarded `set-backends` failed.
 #[derive(Debug, thiserror::Error)]
-pub enum ForwardError {
+pub(crate) enum ForwardError {
     /// The control plane refused the change.
     #[error("{0}")]
     Refused(String),
@@ -233,7 +237,7 @@ pub enum ForwardError {
 
 /// Forwards a `set-backends` call to the first control plane that answers;
 /// returns the new revision.
-pub async fn forward_set_backends(
+pub(crate) async fn forward_set_backends(
     options: &ManagedOptions,
     pool: &str,
     endpoints: &[Endpoint],
@@ -274,7 +278,7 @@ pub async fn forward_set_backends(
 }
 
 /// Streams config from the control plane forever.
-pub async fn run(
+pub(crate) async fn run(
     options: ManagedOptions,
     store: Arc<ConfigStore>,
     defaults: QueueSettings,

@@ -30,14 +30,14 @@ use crate::pool::{PoolCounters, PoolStatus};
 
 /// Label set `{pool}`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct PoolLabel {
+pub(crate) struct PoolLabel {
     /// Pool name.
     pub pool: String,
 }
 
 /// Label set `{pool, addr}`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct BackendLabels {
+pub(crate) struct BackendLabels {
     /// Pool name.
     pub pool: String,
     /// Endpoint address.
@@ -46,7 +46,7 @@ pub struct BackendLabels {
 
 /// Label set `{route, pool, outcome}`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct RequestLabels {
+pub(crate) struct RequestLabels {
     /// Route name (empty when none matched).
     pub route: String,
     /// Pool that answered or shed (empty when none).
@@ -57,7 +57,7 @@ pub struct RequestLabels {
 
 /// Label set `{pool, reason}`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ShedLabels {
+pub(crate) struct ShedLabels {
     /// Pool (empty when the request never reached one).
     pub pool: String,
     /// Error type.
@@ -66,7 +66,7 @@ pub struct ShedLabels {
 
 /// Label set `{from, to}`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct FallbackLabels {
+pub(crate) struct FallbackLabels {
     /// First pool tried.
     pub from: String,
     /// Pool that gave the final answer (empty when none did).
@@ -75,7 +75,7 @@ pub struct FallbackLabels {
 
 /// Label set `{pool, kind}`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct TokenLabels {
+pub(crate) struct TokenLabels {
     /// Pool.
     pub pool: String,
     /// `input` or `output`.
@@ -84,14 +84,14 @@ pub struct TokenLabels {
 
 /// Label set `{version}`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct VersionLabel {
+pub(crate) struct VersionLabel {
     /// Config version.
     pub version: String,
 }
 
 /// Label set `{result}`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ResultLabel {
+pub(crate) struct ResultLabel {
     /// `applied` or `rejected`.
     pub result: String,
 }
@@ -153,7 +153,7 @@ fn with_cache<T>(f: impl FnOnce(&mut SeriesCache) -> T) -> T {
 static NEXT_METRICS_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 /// Every series the proxy exports.
-pub struct Metrics {
+pub(crate) struct Metrics {
     /// Its key in the thread-local series caches.
     id: u64,
     registry: Registry,
@@ -186,7 +186,7 @@ impl Default for Metrics {
 
 impl Metrics {
     /// Registers every series.
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         let mut registry = Registry::default();
         let m = Self {
             id: NEXT_METRICS_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
@@ -301,7 +301,7 @@ impl Metrics {
     }
 
     /// The counters a pool increments itself.
-    pub fn pool_counters(&self, pool: &str) -> PoolCounters {
+    pub(crate) fn pool_counters(&self, pool: &str) -> PoolCounters {
         let l = PoolLabel {
             pool: pool.to_string(),
         };
@@ -314,7 +314,7 @@ impl Metrics {
     }
 
     /// Counts one finished request.
-    pub fn request_done(&self, route: &str, pool: &str, outcome: &str, seconds: f64) {
+    pub(crate) fn request_done(&self, route: &str, pool: &str, outcome: &str, seconds: f64) {
         let (requests, duration) = with_cache(|c| {
             let found = c.requests.iter().find(|s| {
                 s.metrics == self.id
@@ -371,7 +371,7 @@ impl Metrics {
     }
 
     /// Counts one shed.
-    pub fn shed(&self, pool: &str, reason: &str) {
+    pub(crate) fn shed(&self, pool: &str, reason: &str) {
         self.sheds
             .get_or_create(&ShedLabels {
                 pool: pool.to_string(),
@@ -381,7 +381,7 @@ impl Metrics {
     }
 
     /// Accounts tokens and cost of one answer.
-    pub fn usage(&self, pool: &str, input: u64, output: u64, cost_usd: f64) {
+    pub(crate) fn usage(&self, pool: &str, input: u64, output: u64, cost_usd: f64) {
         let (tokens_in, tokens_out) = self.pool_series(pool, |s| {
             s.tokens
                 .get_or_insert_with(|| {
@@ -416,7 +416,7 @@ impl Metrics {
     }
 
     /// Counts a request that needed a fallback.
-    pub fn fallback(&self, from: &str, to: &str) {
+    pub(crate) fn fallback(&self, from: &str, to: &str) {
         self.fallbacks
             .get_or_create(&FallbackLabels {
                 from: from.to_string(),
@@ -426,7 +426,7 @@ impl Metrics {
     }
 
     /// Records a queue wait.
-    pub fn queue_wait(&self, pool: &str, seconds: f64) {
+    pub(crate) fn queue_wait(&self, pool: &str, seconds: f64) {
         let histogram = self.pool_series(pool, |s| {
             s.queue_wait
                 .get_or_insert_with(|| {
@@ -442,7 +442,7 @@ impl Metrics {
     }
 
     /// Records a config change applied (with its version) or rejected.
-    pub fn config_change(&self, applied_version: Option<&str>) {
+    pub(crate) fn config_change(&self, applied_version: Option<&str>) {
         let result = if applied_version.is_some() {
             "applied"
         } else {
@@ -464,12 +464,12 @@ impl Metrics {
     }
 
     /// Counts a route log line that was dropped.
-    pub fn route_log_dropped(&self) {
+    pub(crate) fn route_log_dropped(&self) {
         self.route_log_dropped.inc();
     }
 
     /// Renders the text exposition, with live gauges rebuilt from `pools`.
-    pub fn render(&self, pools: &[PoolStatus]) -> String {
+    pub(crate) fn render(&self, pools: &[PoolStatus]) -> String {
         let _one_scrape_at_a_time = self.scrape.lock().unwrap_or_else(|e| e.into_inner());
         self.queue_depth.clear();
         self.oldest_age.clear();

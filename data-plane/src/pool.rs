@@ -46,7 +46,7 @@ use tokio::time::Instant;
 
 /// Why a pool refused a request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Shed {
+pub(crate) enum Shed {
     /// Evicted as the oldest waiter of a full queue.
     QueueFull,
     /// Waited past the queue timeout.
@@ -59,7 +59,7 @@ pub enum Shed {
 
 /// Whether a pool can take a request at all right now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Availability {
+pub(crate) enum Availability {
     /// At least one endpoint can take requests (now or after queueing).
     Ready,
     /// No endpoints configured.
@@ -73,7 +73,7 @@ pub enum Availability {
 
 impl Availability {
     /// Text for the route log's reason.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Self::Ready => "ready",
             Self::NoEndpoints => "no endpoints",
@@ -85,7 +85,7 @@ impl Availability {
 
 /// An endpoint's circuit breaker, as shown in health and metrics.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CircuitState {
+pub(crate) enum CircuitState {
     /// Traffic flows.
     Closed,
     /// No traffic until the open period ends.
@@ -96,7 +96,7 @@ pub enum CircuitState {
 
 impl CircuitState {
     /// `closed`, `open`, `half_open`.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Self::Closed => "closed",
             Self::Open => "open",
@@ -163,7 +163,7 @@ impl Circuit {
 
 /// A circuit transition, for the control plane (shared with the fleet).
 #[derive(Debug, Clone, PartialEq)]
-pub struct CircuitEvent {
+pub(crate) struct CircuitEvent {
     /// Pool.
     pub pool: String,
     /// Endpoint URL.
@@ -177,7 +177,7 @@ pub struct CircuitEvent {
 /// Counters a pool increments (the HF `custom_router_requests_*_total`),
 /// and where it reports circuit transitions.
 #[derive(Clone, Default)]
-pub struct PoolCounters {
+pub(crate) struct PoolCounters {
     /// Circuit transitions go here (managed mode); full: dropped.
     pub events: Option<tokio::sync::mpsc::Sender<CircuitEvent>>,
     /// Leases granted.
@@ -190,7 +190,7 @@ pub struct PoolCounters {
 
 /// A pool's settings that can change on reload.
 #[derive(Debug, Clone, PartialEq)]
-pub struct PoolSettings {
+pub(crate) struct PoolSettings {
     /// Queue and scoring.
     pub queue: QueueSettings,
     /// Per-endpoint concurrency limit.
@@ -209,7 +209,7 @@ pub struct PoolSettings {
 
 impl PoolSettings {
     /// Settings with no draining and the default circuit breaker.
-    pub fn new(queue: QueueSettings, max_concurrency: Option<u32>) -> Self {
+    pub(crate) fn new(queue: QueueSettings, max_concurrency: Option<u32>) -> Self {
         Self {
             queue,
             max_concurrency,
@@ -224,7 +224,7 @@ impl PoolSettings {
 
 /// What a capacity probe last saw at one endpoint.
 #[derive(Debug, Clone, PartialEq)]
-pub struct ProbeReading {
+pub(crate) struct ProbeReading {
     /// When.
     pub at: Instant,
     /// The probe answered and parsed.
@@ -252,7 +252,7 @@ const LATENCY_MAX_AGE: Duration = Duration::from_secs(60);
 
 /// What one attempt taught us about an endpoint's latency.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Sample {
+pub(crate) enum Sample {
     /// The endpoint answered; latency to its first byte.
     Success(Duration),
     /// The attempt failed after this long (connect error, 429, 5xx).
@@ -266,7 +266,7 @@ pub enum Sample {
 
 /// A live view of one endpoint, for health, metrics and the state log.
 #[derive(Debug, Clone, PartialEq)]
-pub struct EndpointStatus {
+pub(crate) struct EndpointStatus {
     /// `http://host:port[/base]`.
     pub addr: Arc<str>,
     /// Requests in flight.
@@ -281,7 +281,7 @@ pub struct EndpointStatus {
 
 /// A live view of one pool.
 #[derive(Debug, Clone, PartialEq)]
-pub struct PoolStatus {
+pub(crate) struct PoolStatus {
     /// Pool name.
     pub name: Arc<str>,
     /// Requests waiting.
@@ -293,7 +293,7 @@ pub struct PoolStatus {
 }
 
 /// One pool: endpoints, queue, dispatcher.
-pub struct PoolRuntime {
+pub(crate) struct PoolRuntime {
     name: Arc<str>,
     /// The name as the `x-router-route` answer header (made once).
     route_header: Option<http::HeaderValue>,
@@ -362,7 +362,7 @@ struct PoolState {
 
 impl PoolRuntime {
     /// A pool with these endpoints.
-    pub fn new(
+    pub(crate) fn new(
         name: &str,
         settings: PoolSettings,
         endpoints: &[Endpoint],
@@ -393,17 +393,17 @@ impl PoolRuntime {
     }
 
     /// The pool's name.
-    pub fn name(&self) -> &str {
+    pub(crate) fn name(&self) -> &str {
         &self.name
     }
 
     /// The pool's name, shared (a clone costs no allocation).
-    pub fn shared_name(&self) -> &Arc<str> {
+    pub(crate) fn shared_name(&self) -> &Arc<str> {
         &self.name
     }
 
     /// The pool's name as an `x-router-route` header value.
-    pub fn route_header(&self) -> Option<&http::HeaderValue> {
+    pub(crate) fn route_header(&self) -> Option<&http::HeaderValue> {
         self.route_header.as_ref()
     }
 
@@ -414,19 +414,19 @@ impl PoolRuntime {
     }
 
     /// Whether the pool can take requests at all.
-    pub fn availability(&self) -> Availability {
+    pub(crate) fn availability(&self) -> Availability {
         availability_of(&self.lock(), Instant::now())
     }
 
     /// What the deadline planner needs to know about this pool now.
-    pub fn outlook(&self) -> PoolOutlook {
+    pub(crate) fn outlook(&self) -> PoolOutlook {
         outlook_of(&mut self.lock(), Instant::now())
     }
 
     /// The outlook as of `now` (a request passes its own clock reading)
     /// when the pool can take requests, else why not: [`Self::availability`]
     /// and [`Self::outlook`] under one lock.
-    pub fn ready_outlook_at(&self, now: Instant) -> Result<PoolOutlook, Availability> {
+    pub(crate) fn ready_outlook_at(&self, now: Instant) -> Result<PoolOutlook, Availability> {
         let mut st = self.lock();
         match availability_of(&st, now) {
             Availability::Ready => Ok(outlook_of(&mut st, now)),
@@ -487,7 +487,7 @@ impl PoolRuntime {
     /// and in-flight count; removed ones are forgotten (their in-flight
     /// requests finish; their leases then release nothing). With no
     /// endpoints left, every waiter is answered `no_backend` at once.
-    pub fn update(self: &Arc<Self>, settings: PoolSettings, endpoints: &[Endpoint]) {
+    pub(crate) fn update(self: &Arc<Self>, settings: PoolSettings, endpoints: &[Endpoint]) {
         let mut st = self.lock();
         let mut old = std::mem::take(&mut st.endpoints);
         for ep in endpoints {
@@ -528,7 +528,11 @@ impl PoolRuntime {
     }
 
     /// Starts, restarts or stops the capacity probe task to match `probe`.
-    pub fn ensure_probe(self: &Arc<Self>, probe: Option<Probe>, client: Option<&UpstreamClient>) {
+    pub(crate) fn ensure_probe(
+        self: &Arc<Self>,
+        probe: Option<Probe>,
+        client: Option<&UpstreamClient>,
+    ) {
         let mut task = self.probe_task.lock().unwrap_or_else(|e| e.into_inner());
         if let (Some(want), Some((running, handle))) = (probe, task.as_ref()) {
             if want == *running && !handle.is_finished() {
@@ -554,7 +558,7 @@ impl PoolRuntime {
 
     /// Removes the pool from service: waiters get `no_backend`, new
     /// requests too; requests in flight finish.
-    pub fn close(&self) {
+    pub(crate) fn close(&self) {
         if let Some((_, handle)) = self
             .probe_task
             .lock()
@@ -572,7 +576,7 @@ impl PoolRuntime {
     /// Waits for an endpoint, at most until the queue timeout or
     /// `attempt_deadline`, whichever comes first. Cancel-safe: dropping the
     /// future leaves the queue at once.
-    pub async fn acquire(
+    pub(crate) async fn acquire(
         self: &Arc<Self>,
         attempt_deadline: Option<Instant>,
     ) -> Result<Lease, Shed> {
@@ -581,7 +585,7 @@ impl PoolRuntime {
 
     /// [`Self::acquire`], the caller having read the clock (`now`) just
     /// before.
-    pub async fn acquire_at(
+    pub(crate) async fn acquire_at(
         self: &Arc<Self>,
         attempt_deadline: Option<Instant>,
         now: Instant,
@@ -851,12 +855,12 @@ impl PoolRuntime {
     }
 
     /// The measurements the policy's gates look at.
-    pub fn measurements(&self) -> PoolMeasurements {
+    pub(crate) fn measurements(&self) -> PoolMeasurements {
         self.measurements_at(Instant::now())
     }
 
     /// [`Self::measurements`] as of `now`.
-    pub fn measurements_at(&self, now: Instant) -> PoolMeasurements {
+    pub(crate) fn measurements_at(&self, now: Instant) -> PoolMeasurements {
         let st = self.lock();
         let availability = availability_of(&st, now);
         let fresh: Vec<&ProbeReading> = match st.settings.probe {
@@ -894,14 +898,14 @@ impl PoolRuntime {
     }
 
     /// Endpoints a capacity probe should poll now.
-    pub fn probe_targets(&self) -> Vec<Endpoint> {
+    pub(crate) fn probe_targets(&self) -> Vec<Endpoint> {
         let st = self.lock();
         st.endpoints.iter().map(|e| (*e.endpoint).clone()).collect()
     }
 
     /// Records what a capacity probe saw at `endpoint`; a change may make
     /// endpoints eligible, so waiters are dispatched.
-    pub fn record_probe(self: &Arc<Self>, endpoint: &Endpoint, reading: ProbeReading) {
+    pub(crate) fn record_probe(self: &Arc<Self>, endpoint: &Endpoint, reading: ProbeReading) {
         let mut st = self.lock();
         if let Some(e) = st.endpoints.iter_mut().find(|e| *e.endpoint == *endpoint) {
             e.probe = Some(reading);
@@ -912,7 +916,7 @@ impl PoolRuntime {
     /// Applies the control plane's forced circuit states: `(endpoint, open,
     /// until)`, an endpoint of `None` meaning every endpoint of the pool.
     /// Anything not listed goes back to the local breaker.
-    pub fn set_forced(self: &Arc<Self>, forced: &[(Option<Endpoint>, bool, Instant)]) {
+    pub(crate) fn set_forced(self: &Arc<Self>, forced: &[(Option<Endpoint>, bool, Instant)]) {
         let mut st = self.lock();
         for e in &mut st.endpoints {
             e.forced = forced
@@ -946,14 +950,14 @@ impl PoolRuntime {
     }
 
     /// Marks the pool degraded for structured output until `until`.
-    pub fn mark_structured_degraded(&self, until: Instant) {
+    pub(crate) fn mark_structured_degraded(&self, until: Instant) {
         let mut st = self.lock();
         st.structured_degraded_until =
             Some(st.structured_degraded_until.map_or(until, |u| u.max(until)));
     }
 
     /// A consistent view of the pool right now.
-    pub fn status(&self) -> PoolStatus {
+    pub(crate) fn status(&self) -> PoolStatus {
         let st = self.lock();
         PoolStatus {
             name: Arc::clone(&self.name),
@@ -1089,7 +1093,7 @@ impl Drop for QueuedGuard<'_> {
 
 /// The right to send one request to one endpoint. Dropping it releases the
 /// endpoint's slot and wakes the next waiter.
-pub struct Lease {
+pub(crate) struct Lease {
     pool: Arc<PoolRuntime>,
     endpoint_id: u64,
     endpoint: Arc<Endpoint>,
@@ -1104,37 +1108,37 @@ pub struct Lease {
 
 impl Lease {
     /// The endpoint to send to.
-    pub fn endpoint(&self) -> &Endpoint {
+    pub(crate) fn endpoint(&self) -> &Endpoint {
         &self.endpoint
     }
 
     /// The endpoint's URI parts and `Host` header, when they parse.
-    pub fn target(&self) -> Option<&crate::forward::UpstreamTarget> {
+    pub(crate) fn target(&self) -> Option<&crate::forward::UpstreamTarget> {
         self.target.as_deref()
     }
 
     /// The endpoint's address label.
-    pub fn addr(&self) -> &Arc<str> {
+    pub(crate) fn addr(&self) -> &Arc<str> {
         &self.addr
     }
 
     /// The pool's name.
-    pub fn pool_name(&self) -> &Arc<str> {
+    pub(crate) fn pool_name(&self) -> &Arc<str> {
         &self.pool.name
     }
 
     /// The pool's name as an `x-router-route` header value.
-    pub fn route_header(&self) -> Option<&http::HeaderValue> {
+    pub(crate) fn route_header(&self) -> Option<&http::HeaderValue> {
         self.pool.route_header()
     }
 
     /// How long the request waited in the queue.
-    pub fn queue_wait(&self) -> Duration {
+    pub(crate) fn queue_wait(&self) -> Duration {
         self.queue_wait
     }
 
     /// Folds what the attempt taught us into the endpoint's EWMA.
-    pub fn observe(&self, sample: Sample) {
+    pub(crate) fn observe(&self, sample: Sample) {
         self.sampled
             .store(true, std::sync::atomic::Ordering::Relaxed);
         self.pool.observe(self.endpoint_id, sample);
@@ -1143,7 +1147,7 @@ impl Lease {
     /// Records the attempt's sample, taken at `now`, and gives the slot
     /// back: what [`Lease::observe`] then dropping the lease do, under one
     /// lock.
-    pub fn finish(mut self, sample: Sample, now: Instant) {
+    pub(crate) fn finish(mut self, sample: Sample, now: Instant) {
         self.sampled
             .store(true, std::sync::atomic::Ordering::Relaxed);
         if self.armed {

@@ -47,7 +47,7 @@ struct OllamaModel {
 }
 
 /// Free VRAM (MB) and resident models from an `/api/ps` answer.
-pub fn parse_ollama_ps(
+pub(crate) fn parse_ollama_ps(
     body: &[u8],
     vram_total_mb: Option<u64>,
 ) -> Result<(Option<u64>, Vec<String>), String> {
@@ -65,7 +65,7 @@ pub fn parse_ollama_ps(
 }
 
 /// Waiting requests and KV-cache usage from vLLM's `/metrics`.
-pub fn parse_vllm_metrics(text: &str) -> Result<(Option<u32>, Option<f64>), String> {
+pub(crate) fn parse_vllm_metrics(text: &str) -> Result<(Option<u32>, Option<f64>), String> {
     let mut waiting: Option<f64> = None;
     let mut kv: Option<f64> = None;
     for line in text.lines() {
@@ -130,7 +130,7 @@ async fn fetch(
 }
 
 /// Polls one endpoint once.
-pub async fn probe_once(
+pub(crate) async fn probe_once(
     client: &UpstreamClient,
     endpoint: &Endpoint,
     probe: &Probe,
@@ -179,7 +179,7 @@ pub async fn probe_once(
 
 /// Polls every endpoint of `pool` until the pool is gone or the task is
 /// aborted (on a config change that alters the probe).
-pub async fn run(pool: Weak<PoolRuntime>, client: UpstreamClient, probe: Probe) {
+pub(crate) async fn run(pool: Weak<PoolRuntime>, client: UpstreamClient, probe: Probe) {
     let mut ticker = tokio::time::interval(probe.interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {

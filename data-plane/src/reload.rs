@@ -40,7 +40,7 @@ pub enum PolicyFileError {
 }
 
 /// Reads, parses and validates a policy file.
-pub fn load_policy_file(
+pub(crate) fn load_policy_file(
     path: &Path,
     defaults: &QueueSettings,
 ) -> Result<(Policy, Vec<u8>), PolicyFileError> {
@@ -58,7 +58,7 @@ pub fn load_policy_file(
 
 /// Watches `path` and applies every valid change to `store`, until the
 /// task is aborted.
-pub async fn watch_policy_file(
+pub(crate) async fn watch_policy_file(
     path: PathBuf,
     store: Arc<ConfigStore>,
     defaults: QueueSettings,

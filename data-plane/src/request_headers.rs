@@ -17,7 +17,7 @@ use http::header::{HeaderMap, HeaderValue};
 
 /// What the client sent of the headers the router reads or rewrites.
 #[derive(Debug, Default)]
-pub struct RequestHeaders {
+pub(crate) struct RequestHeaders {
     /// `Idempotency-Key`.
     pub idempotency_key: Option<HeaderValue>,
     /// `X-Request-Id`.
@@ -44,7 +44,7 @@ pub struct RequestHeaders {
 
 impl RequestHeaders {
     /// One pass over `headers`.
-    pub fn scan(headers: &HeaderMap) -> Self {
+    pub(crate) fn scan(headers: &HeaderMap) -> Self {
         let mut seen = Self::default();
         for (name, value) in headers {
             let slot = match name.as_str() {

@@ -25,7 +25,7 @@ use crate::metrics::Metrics;
 
 /// One attempt to send the request to an endpoint.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
-pub struct AttemptRecord {
+pub(crate) struct AttemptRecord {
     /// Pool.
     pub pool: Arc<str>,
     /// Endpoint address.
@@ -56,7 +56,7 @@ pub struct AttemptRecord {
 
 /// A wall-clock time, written as RFC 3339 with milliseconds (UTC).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Timestamp(pub SystemTime);
+pub(crate) struct Timestamp(pub SystemTime);
 
 impl Default for Timestamp {
     fn default() -> Self {
@@ -94,7 +94,7 @@ fn serialize_method<S: serde::Serializer>(m: &http::Method, s: S) -> Result<S::O
 /// fill on the request path: shared names (`Arc<str>`), static outcome
 /// names, and a timestamp formatted only when the line is written.
 #[derive(Debug, Clone, Default, Serialize)]
-pub struct RouteRecord {
+pub(crate) struct RouteRecord {
     /// The request's server span (when tracing is on); ended with the record.
     #[serde(skip)]
     pub otel: Option<opentelemetry::Context>,
@@ -156,7 +156,7 @@ const LINE_RESERVE: usize = 1024;
 
 impl RouteRecord {
     /// Appends the record as one JSON object (no newline).
-    pub fn write_json(&self, out: &mut Vec<u8>) {
+    pub(crate) fn write_json(&self, out: &mut Vec<u8>) {
         out.reserve(LINE_RESERVE);
         // Cannot fail: a Vec takes every write, and every field has a JSON
         // form (clamped timestamps; `null` for floats that are not finite).
@@ -177,7 +177,7 @@ impl RouteRecord {
 /// The queue is bounded: past [`MAX_QUEUED`] records,
 /// records are dropped and counted (`router_route_log_dropped_total`).
 #[derive(Clone)]
-pub struct RouteLog {
+pub(crate) struct RouteLog {
     queue: Arc<Queue>,
     metrics: Arc<Metrics>,
 }
@@ -189,14 +189,17 @@ pub struct RouteLog {
 type Queue = Mutex<Vec<Box<RouteRecord>>>;
 
 /// How often queued records are written out.
-pub const FLUSH_INTERVAL: Duration = Duration::from_millis(10);
+pub(crate) const FLUSH_INTERVAL: Duration = Duration::from_millis(10);
 /// Records held at most between two writes (about 10 MB of lines).
-pub const MAX_QUEUED: usize = 16 * 1024;
+pub(crate) const MAX_QUEUED: usize = 16 * 1024;
 
 impl RouteLog {
     /// Starts the writer thread on `out` (stdout in production). The thread
     /// writes what is left and ends when every `RouteLog` is dropped.
-    pub fn spawn(out: Box<dyn Write + Send>, metrics: Arc<Metrics>) -> std::io::Result<Self> {
+    pub(crate) fn spawn(
+        out: Box<dyn Write + Send>,
+        metrics: Arc<Metrics>,
+    ) -> std::io::Result<Self> {
         let queue = Arc::new(Mutex::new(Vec::with_capacity(1024)));
         let weak = Arc::downgrade(&queue);
         std::thread::Builder::new()
@@ -206,7 +209,7 @@ impl RouteLog {
     }
 
     /// Queues one record; drops it (and counts) if the queue is full.
-    pub fn emit(&self, record: Box<RouteRecord>) {
+    pub(crate) fn emit(&self, record: Box<RouteRecord>) {
         let mut queue = self.queue.lock().unwrap_or_else(|e| e.into_inner());
         if queue.len() >= MAX_QUEUED {
             drop(queue);

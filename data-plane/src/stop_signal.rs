@@ -22,7 +22,7 @@ use futures_util::task::AtomicWaker;
 
 /// One connection's stop flag and the waker of the task serving it.
 #[derive(Debug, Default)]
-pub struct StopSignal {
+pub(crate) struct StopSignal {
     stop: AtomicBool,
     waker: AtomicWaker,
 }
@@ -30,7 +30,7 @@ pub struct StopSignal {
 impl StopSignal {
     /// True once a stop was asked; until then, `cx`'s task is the one
     /// woken when it is.
-    pub fn poll_stopped(&self, cx: &Context<'_>) -> bool {
+    pub(crate) fn poll_stopped(&self, cx: &Context<'_>) -> bool {
         self.waker.register(cx.waker());
         self.stop.load(Ordering::SeqCst)
     }
@@ -43,7 +43,7 @@ impl StopSignal {
 
 /// Every open connection's [`StopSignal`].
 #[derive(Debug, Default)]
-pub struct StopSignals {
+pub(crate) struct StopSignals {
     stopping: AtomicBool,
     open: Mutex<Vec<Weak<StopSignal>>>,
 }
@@ -51,7 +51,7 @@ pub struct StopSignals {
 impl StopSignals {
     /// A signal for a connection that just opened (already stopped if the
     /// proxy is stopping).
-    pub fn register(&self) -> Arc<StopSignal> {
+    pub(crate) fn register(&self) -> Arc<StopSignal> {
         let signal = Arc::new(StopSignal::default());
         {
             let mut open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
@@ -70,7 +70,7 @@ impl StopSignals {
 
     /// Asks every open connection, and every one opened from now on, to
     /// stop.
-    pub fn stop_all(&self) {
+    pub(crate) fn stop_all(&self) {
         self.stopping.store(true, Ordering::SeqCst);
         let open = std::mem::take(&mut *self.open.lock().unwrap_or_else(PoisonError::into_inner));
         for signal in open.iter().filter_map(Weak::upgrade) {

@@ -23,7 +23,7 @@ static ENABLED: AtomicBool = AtomicBool::new(false);
 
 /// True when spans are being exported.
 #[inline]
-pub fn enabled() -> bool {
+pub(crate) fn enabled() -> bool {
     ENABLED.load(Ordering::Relaxed)
 }
 
@@ -78,7 +78,7 @@ where
 }
 
 /// The tracer for request and attempt spans.
-pub fn tracer() -> opentelemetry::global::BoxedTracer {
+pub(crate) fn tracer() -> opentelemetry::global::BoxedTracer {
     opentelemetry::global::tracer("router-proxy")
 }
 
@@ -108,17 +108,17 @@ impl Injector for HeaderInjector<'_> {
 }
 
 /// The trace context the client sent (`traceparent`), if any.
-pub fn extract(headers: &HeaderMap) -> Context {
+pub(crate) fn extract(headers: &HeaderMap) -> Context {
     TraceContextPropagator::new().extract(&HeaderExtractor(headers))
 }
 
 /// Writes `cx` as `traceparent` (and `tracestate`) into `headers`.
-pub fn inject(cx: &Context, headers: &mut HeaderMap) {
+pub(crate) fn inject(cx: &Context, headers: &mut HeaderMap) {
     TraceContextPropagator::new().inject_context(cx, &mut HeaderInjector(headers));
 }
 
 /// The trace id of a context's span, as 32 hex digits (none when invalid).
-pub fn trace_id(cx: &Context) -> Option<String> {
+pub(crate) fn trace_id(cx: &Context) -> Option<String> {
     let sc = cx.span().span_context().clone();
     sc.is_valid().then(|| sc.trace_id().to_string())
 }

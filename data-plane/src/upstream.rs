@@ -63,7 +63,7 @@ use tokio::time::Instant;
 use tower_service::Service;
 
 /// Connections to plain and TLS upstreams.
-pub type Connector = HttpsConnector<HttpConnector>;
+pub(crate) type Connector = HttpsConnector<HttpConnector>;
 
 type Sender = http1::SendRequest<Full<Bytes>>;
 
@@ -75,17 +75,17 @@ type Sending<'a> =
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// Idle connections kept per upstream.
-pub const MAX_IDLE_PER_UPSTREAM: usize = 256;
+pub(crate) const MAX_IDLE_PER_UPSTREAM: usize = 256;
 /// How long a connection may stay idle before it is closed.
-pub const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+pub(crate) const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 
 /// An upstream's identity in the pool: `scheme://authority`, lower case.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct PoolKey(Arc<str>);
+pub(crate) struct PoolKey(Arc<str>);
 
 impl PoolKey {
     /// The key of a scheme and authority.
-    pub fn new(scheme: &Scheme, authority: &Authority) -> Self {
+    pub(crate) fn new(scheme: &Scheme, authority: &Authority) -> Self {
         Self(
             format!("{scheme}://{authority}")
                 .to_ascii_lowercase()
@@ -94,14 +94,14 @@ impl PoolKey {
     }
 
     /// The key of an absolute URI; `None` without scheme or authority.
-    pub fn of(uri: &Uri) -> Option<Self> {
+    pub(crate) fn of(uri: &Uri) -> Option<Self> {
         Some(Self::new(uri.scheme()?, uri.authority()?))
     }
 }
 
 /// The `Host` header for an absolute URI: the host, with the port unless
 /// it is the scheme's default (what hyper-util's client sends).
-pub fn host_header(uri: &Uri) -> Option<HeaderValue> {
+pub(crate) fn host_header(uri: &Uri) -> Option<HeaderValue> {
     let host = uri.host()?;
     let default_port = if uri.scheme() == Some(&Scheme::HTTPS) {
         443
@@ -116,7 +116,7 @@ pub fn host_header(uri: &Uri) -> Option<HeaderValue> {
 
 /// Why an upstream call failed.
 #[derive(Debug, thiserror::Error)]
-pub enum UpstreamError {
+pub(crate) enum UpstreamError {
     /// No connection could be made (refused, timed out, TLS).
     #[error("connect: {0}")]
     Connect(BoxError),
@@ -130,7 +130,7 @@ pub enum UpstreamError {
 
 impl UpstreamError {
     /// True when no connection could be made.
-    pub fn is_connect(&self) -> bool {
+    pub(crate) fn is_connect(&self) -> bool {
         matches!(self, UpstreamError::Connect(_))
     }
 }
@@ -234,7 +234,7 @@ impl Inner {
 /// The keep-alive HTTP/1.1 client of one worker thread (cheap to clone:
 /// clones share the pool).
 #[derive(Clone)]
-pub struct UpstreamClient {
+pub(crate) struct UpstreamClient {
     inner: Arc<Inner>,
 }
 
@@ -246,7 +246,7 @@ impl std::fmt::Debug for UpstreamClient {
 
 impl UpstreamClient {
     /// A client making its connections with `connector`.
-    pub fn new(connector: Connector) -> Self {
+    pub(crate) fn new(connector: Connector) -> Self {
         Self::with_limits(connector, MAX_IDLE_PER_UPSTREAM, IDLE_TIMEOUT)
     }
 
@@ -260,7 +260,7 @@ impl UpstreamClient {
     }
 
     /// Sends a request with an absolute URI (sets `Host` if absent).
-    pub async fn request(
+    pub(crate) async fn request(
         &self,
         req: Request<Full<Bytes>>,
     ) -> Result<Response<UpstreamBody>, UpstreamError> {
@@ -276,7 +276,7 @@ impl UpstreamClient {
     /// the answer. An `async fn` would keep the request and the connect
     /// path's state in its future (about 900 bytes, copied at every move),
     /// whether a connection had to be made or not.
-    pub fn send<'a>(
+    pub(crate) fn send<'a>(
         &'a self,
         key: Option<&'a PoolKey>,
         mut req: Request<Full<Bytes>>,
@@ -453,7 +453,7 @@ async fn sweep(client: Weak<Inner>, every: Duration) {
 /// An upstream answer's body. When it has been read to the end, its
 /// connection goes back to the pool; dropped before that, it closes the
 /// connection (the backend sees the cancellation).
-pub struct UpstreamBody {
+pub(crate) struct UpstreamBody {
     inner: Incoming,
     giveback: Option<GiveBack>,
 }

@@ -52,7 +52,7 @@ const MAX_DEADLINE_MS: u64 = 24 * 3600 * 1000;
 /// given, and as the body's locals), and every move of the future copies
 /// both; an `async move` block uses them in place.
 #[allow(clippy::manual_async_fn)] // on purpose: see above
-pub fn handle(
+pub(crate) fn handle(
     shared: Arc<Shared>,
     client: UpstreamClient,
     client_ip: HeaderValue,

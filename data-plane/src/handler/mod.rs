@@ -53,16 +53,16 @@ use http_body_util::{Either, Full};
 
 use crate::forward::TrackedBody;
 
-pub use ingress::handle;
+pub(crate) use ingress::handle;
 
 /// The body type of every response the proxy sends: a whole body (the
 /// router's own answers, buffered backend answers) or a backend stream
 /// passed on. An enum rather than a boxed body: no allocation and no
 /// dynamic call per answer.
-pub type ProxyBody = Either<Full<Bytes>, TrackedBody>;
+pub(crate) type ProxyBody = Either<Full<Bytes>, TrackedBody>;
 
 /// A body the router made itself.
-pub fn full(body: Response<Bytes>) -> Response<ProxyBody> {
+pub(crate) fn full(body: Response<Bytes>) -> Response<ProxyBody> {
     body.map(|b| Either::Left(Full::new(b)))
 }
 

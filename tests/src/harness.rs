@@ -2,6 +2,7 @@
 
 use std::io::Write;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -156,6 +157,22 @@ impl TestProxy {
         r.json()
     }
 
+    /// Polls `GET /_custom_router/health` every 10 ms until `cond` holds of
+    /// the answer, which it returns; panics after 10 s, naming `what`.
+    pub async fn wait_health(&self, what: &str, cond: impl Fn(&Value) -> bool) -> Value {
+        let deadline = tokio::time::Instant::now() + WAIT_AT_MOST;
+        loop {
+            let health = self.health().await;
+            if cond(&health) {
+                return health;
+            }
+            if tokio::time::Instant::now() > deadline {
+                panic!("timed out waiting for: {what}; health: {health}");
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
     /// `GET /metrics` text.
     pub async fn metrics(&self) -> String {
         self.client
@@ -295,6 +312,11 @@ impl TestResponse {
     }
 }
 
+/// How long the `wait_*` helpers wait for a state change before they
+/// panic: far more than any change takes, so that a loaded machine never
+/// makes them fail, while they return as soon as the change is seen.
+pub const WAIT_AT_MOST: Duration = Duration::from_secs(10);
+
 /// Polls `cond` every 10 ms until it holds, or panics after `within`.
 pub async fn eventually(within: Duration, what: &str, mut cond: impl FnMut() -> bool) {
     let deadline = tokio::time::Instant::now() + within;
@@ -312,4 +334,82 @@ pub fn health_in_flight(health: &Value) -> u64 {
         .as_array()
         .map(|b| b.iter().map(|e| e["in_flight"].as_u64().unwrap_or(0)).sum())
         .unwrap_or(0)
+}
+
+/// A TCP relay on 127.0.0.1 that pipes each connection it accepts to
+/// `target`, byte for byte (TLS goes through untouched), and counts them:
+/// a test sees a client's connection attempts, and when each ended, without
+/// changing what either side sees. Dropping it drops every connection.
+pub struct TcpRelay {
+    addr: SocketAddr,
+    accepted: Arc<AtomicU64>,
+    closed: Arc<AtomicU64>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl TcpRelay {
+    /// Starts a relay to `target`.
+    pub async fn start(target: SocketAddr) -> Self {
+        let listener = tokio::net::TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, 0))
+            .await
+            .expect("relay binds");
+        let addr = listener.local_addr().expect("relay address");
+        let accepted = Arc::new(AtomicU64::new(0));
+        let closed = Arc::new(AtomicU64::new(0));
+        let task = tokio::spawn({
+            let (accepted, closed) = (Arc::clone(&accepted), Arc::clone(&closed));
+            async move {
+                // Owned here, so that aborting the task drops every connection.
+                let mut connections = tokio::task::JoinSet::new();
+                loop {
+                    tokio::select! {
+                        accept = listener.accept() => {
+                            let Ok((mut client, _)) = accept else {
+                                // E.g. out of file descriptors: back off, not spin.
+                                tokio::time::sleep(Duration::from_millis(10)).await;
+                                continue;
+                            };
+                            accepted.fetch_add(1, Ordering::SeqCst);
+                            let closed = Arc::clone(&closed);
+                            connections.spawn(async move {
+                                if let Ok(mut server) = tokio::net::TcpStream::connect(target).await {
+                                    // Ends when both sides are done, or on an error.
+                                    let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                                }
+                                closed.fetch_add(1, Ordering::SeqCst);
+                            });
+                        }
+                        Some(_) = connections.join_next(), if !connections.is_empty() => {}
+                    }
+                }
+            }
+        });
+        Self {
+            addr,
+            accepted,
+            closed,
+            task,
+        }
+    }
+
+    /// The address to give the client.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Connections accepted so far.
+    pub fn accepted(&self) -> u64 {
+        self.accepted.load(Ordering::SeqCst)
+    }
+
+    /// Connections that ended so far (either side closed them).
+    pub fn closed(&self) -> u64 {
+        self.closed.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for TcpRelay {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
 }

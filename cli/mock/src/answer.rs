@@ -46,8 +46,10 @@ pub(crate) async fn handle(
         return Ok(shared.respond(StatusCode::OK, Some("application/json"), body));
     }
     if request.method() == Method::GET {
-        let page = lock(&shared.pages).get(request.uri().path()).cloned();
+        let path = request.uri().path();
+        let page = lock(&shared.pages).get(path).cloned();
         if let Some((status, text)) = page {
+            *lock(&shared.page_hits).entry(path.to_owned()).or_insert(0) += 1;
             let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
             let body = MockBody::full(Bytes::from(text), None);
             return Ok(shared.respond(status, Some("application/json"), body));

@@ -25,8 +25,10 @@
 //!   drops the handler or the response body; a drop guard then counts the
 //!   request as cancelled and releases its slot.
 //!
-//! Every request except `GET /health` is recorded ([`MockModel::requests`]) and
-//! counted ([`MockModel::stats`]) before it is served. Every response carries
+//! Every request except `GET /health` and the fixed pages is recorded
+//! ([`MockModel::requests`]) and counted ([`MockModel::stats`]) before it is
+//! served; a fixed page ([`MockModel::set_page`]) is counted apart
+//! ([`MockModel::page_hits`]). Every response carries
 //! `x-mock-name: <name>` so a test can tell which backend answered.
 //! `GET /health` always answers `200 {"ok":true}`, whatever the behavior, and
 //! is neither recorded nor counted.

@@ -74,6 +74,7 @@ impl MockModel {
             requests: Mutex::new(Vec::new()),
             generations: Mutex::new(Vec::new()),
             pages: Mutex::new(HashMap::new()),
+            page_hits: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(1),
         });
         let (shutdown, shutdown_rx) = oneshot::channel();
@@ -122,10 +123,18 @@ impl MockModel {
         *lock(&self.shared.stats)
     }
 
-    /// Serves `body` with `status` for `GET path` (not recorded or counted),
-    /// e.g. Ollama's `/api/ps` or vLLM's `/metrics` for capacity probes.
+    /// Serves `body` with `status` for `GET path` (not recorded, and not
+    /// counted in [`MockModel::stats`]; see [`MockModel::page_hits`]), e.g.
+    /// Ollama's `/api/ps` or vLLM's `/metrics` for capacity probes.
     pub fn set_page(&self, path: &str, status: u16, body: &str) {
         lock(&self.shared.pages).insert(path.to_string(), (status, body.to_string()));
+    }
+
+    /// How many `GET path` requests were answered with a page set by
+    /// [`MockModel::set_page`] (whatever its status), e.g. how many times a
+    /// capacity probe has polled.
+    pub fn page_hits(&self, path: &str) -> u64 {
+        lock(&self.shared.page_hits).get(path).copied().unwrap_or(0)
     }
 
     /// Every answer produced in full so far, in order.
@@ -164,6 +173,8 @@ pub(crate) struct Shared {
     pub(crate) generations: Mutex<Vec<Generation>>,
     /// Fixed answers to `GET` paths (capacity probes: `/api/ps`, `/metrics`).
     pub(crate) pages: Mutex<HashMap<String, (u16, String)>>,
+    /// How many times each page was served.
+    pub(crate) page_hits: Mutex<HashMap<String, u64>>,
     /// Numbers the `chatcmpl-<n>` ids.
     pub(crate) next_id: AtomicU64,
 }

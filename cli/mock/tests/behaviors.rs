@@ -152,6 +152,37 @@ async fn health_is_always_ok_and_not_counted() {
 }
 
 #[tokio::test]
+async fn pages_are_served_whatever_the_behavior_and_counted_apart() {
+    let mock = MockModel::start(config(Behavior::Hang))
+        .await
+        .expect("start");
+    assert_eq!(mock.page_hits("/api/ps"), 0);
+    mock.set_page("/api/ps", 200, r#"{"models":[]}"#);
+    for _ in 0..2 {
+        let response = send(mock.addr(), "GET", "/api/ps", "")
+            .await
+            .expect("response");
+        assert_eq!(response.status(), StatusCode::OK);
+        assert_eq!(response.headers()[MOCK_NAME_HEADER], "m1");
+        assert_eq!(body_bytes(response).await, r#"{"models":[]}"#);
+    }
+    // Counted by the time the answer is out, whatever its status.
+    assert_eq!(mock.page_hits("/api/ps"), 2);
+    mock.set_page("/api/ps", 500, "oops");
+    let response = send(mock.addr(), "GET", "/api/ps", "")
+        .await
+        .expect("response");
+    assert_eq!(response.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(body_bytes(response).await, "oops");
+    assert_eq!(mock.page_hits("/api/ps"), 3);
+    assert_eq!(mock.page_hits("/metrics"), 0);
+    // Neither recorded nor counted as requests.
+    assert!(mock.requests().is_empty());
+    assert_eq!(mock.stats().received, 0);
+    mock.stop().await;
+}
+
+#[tokio::test]
 async fn queue_serves_one_at_a_time() {
     let mock = MockModel::start(MockConfig {
         latency: Duration::from_millis(50),

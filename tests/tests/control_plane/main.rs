@@ -17,7 +17,7 @@ use router_proto::v1 as pb;
 use router_proxy::managed::ManagedOptions;
 use router_proxy::{Mode, Settings};
 use router_tests::control::{admin, managed_proxy, policy, version_of, wait_version, TOKEN};
-use router_tests::harness::TestProxy;
+use router_tests::harness::{eventually, TcpRelay, TestProxy, WAIT_AT_MOST};
 use router_tests::mocks::mock;
 
 fn temp(name: &str) -> PathBuf {
@@ -104,7 +104,10 @@ async fn apply_reaches_every_proxy_and_bad_changes_do_not() {
         .into_inner();
     assert!(!bad.applied);
     assert_eq!(bad.errors[0].field, "spec.routes[0].chain[1]");
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // Nothing was stored, so there is nothing to send: the proxies stay on
+    // v1 (and the next change below reaches them as the very next revision).
+    assert_eq!(cp.hub().state().revision, r.revision);
+    assert_eq!(cp.hub().history().len(), 1);
     for p in &proxies {
         assert_eq!(version_of(p).await, v1);
     }
@@ -384,7 +387,7 @@ async fn the_control_plane_can_serve_tls() {
     let trusted = TestProxy::start(
         Settings::default(),
         Mode::Managed(ManagedOptions {
-            addrs: vec![url.clone()],
+            addrs: vec![url],
             token: Some(TOKEN.into()),
             node_id: "tls".into(),
             cache_dir: None,
@@ -393,11 +396,13 @@ async fn the_control_plane_can_serve_tls() {
     )
     .await;
     wait_version(&trusted, "cp-1").await;
-    // Without the CA the certificate is refused: the proxy stays on its boot config.
+    // Without the CA the certificate is refused: the proxy stays on its boot
+    // config. It dials through a relay, to see when its first attempt ended.
+    let relay = TcpRelay::start(cp.local_addr()).await;
     let untrusting = TestProxy::start(
         Settings::default(),
         Mode::Managed(ManagedOptions {
-            addrs: vec![url],
+            addrs: vec![format!("https://localhost:{}", relay.addr().port())],
             token: Some(TOKEN.into()),
             node_id: "no-ca".into(),
             cache_dir: None,
@@ -405,7 +410,12 @@ async fn the_control_plane_can_serve_tls() {
         }),
     )
     .await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    eventually(
+        WAIT_AT_MOST,
+        "the first connection of the proxy without the CA to end (its TLS handshake refused)",
+        || relay.closed() >= 1,
+    )
+    .await;
     assert_eq!(version_of(&untrusting).await, "boot-1");
     cp.shutdown().await;
     let _ = std::fs::remove_dir_all(&dir);

@@ -7,7 +7,7 @@ use futures_util::future::join_all;
 use http::{Method, StatusCode};
 use http_body_util::BodyExt;
 use router_mock::Behavior;
-use router_tests::harness::{eventually, health_in_flight, TestProxy};
+use router_tests::harness::{eventually, health_in_flight, TestProxy, WAIT_AT_MOST};
 use router_tests::mocks::{mock, mock_latency, mock_sse};
 
 use crate::settings;
@@ -23,7 +23,11 @@ async fn removing_a_backend_with_requests_in_flight() {
 
     let requests = join_all((0..20).map(|_| proxy.chat("m")));
     let removal = async {
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        // Once all 20 are at the backends (each takes 300 ms there).
+        eventually(WAIT_AT_MOST, "the 20 requests at the backends", || {
+            a.stats().received + b.stats().received == 22
+        })
+        .await;
         proxy.set_backends(&[b.host_port()]).await;
     };
     let (results, ()) = tokio::join!(requests, removal);
@@ -167,7 +171,10 @@ async fn draining_finishes_requests_in_flight_then_stops() {
                 .await
         }
     });
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    eventually(WAIT_AT_MOST, "the request at the backend", || {
+        backend.stats().received == 1
+    })
+    .await;
     let started = tokio::time::Instant::now();
     assert!(proxy.drain(Duration::from_secs(5)).await, "drained in time");
     // The request in flight was answered, then the proxy stopped.

@@ -6,7 +6,7 @@ use tokio::time::Instant;
 
 use futures_util::future::join_all;
 use http::{Method, StatusCode};
-use router_tests::harness::{eventually, health_in_flight, TestProxy};
+use router_tests::harness::{eventually, health_in_flight, TestProxy, WAIT_AT_MOST};
 use router_tests::mocks::mock_latency;
 
 use crate::settings;
@@ -27,6 +27,7 @@ async fn a_full_queue_evicts_its_oldest_waiter() {
     let url = proxy.url("/v1/chat/completions");
     let mut tasks = Vec::new();
     // r0 is dispatched; r1, r2 queue; r3 arrives at a full queue: r1 goes.
+    // Each is sent once the one before is where it should be.
     for i in 0..4 {
         let client = proxy.client.clone();
         let url = url.clone();
@@ -41,7 +42,20 @@ async fn a_full_queue_evicts_its_oldest_waiter() {
                 )
                 .await
         }));
-        tokio::time::sleep(Duration::from_millis(60)).await;
+        match i {
+            0 => {
+                eventually(WAIT_AT_MOST, "r0 at the backend", || {
+                    backend.stats().received == 1
+                })
+                .await
+            }
+            1 | 2 => {
+                proxy
+                    .wait_health(&format!("r{i} queued"), |h| h["queue_depth"] == i)
+                    .await;
+            }
+            _ => {}
+        }
     }
     let results: Vec<_> = join_all(tasks)
         .await
@@ -78,7 +92,10 @@ async fn a_waiter_past_the_queue_timeout_gets_503() {
         let url = proxy.url("/v1/chat/completions");
         async move { client.send(Method::POST, &url, &[], chat_body()).await }
     });
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    eventually(WAIT_AT_MOST, "the first request at the backend", || {
+        backend.stats().received == 1
+    })
+    .await;
     let started = Instant::now();
     let r = proxy.chat("m").await;
     let waited = started.elapsed();
@@ -107,11 +124,26 @@ async fn a_client_that_disconnects_leaves_the_queue_at_once() {
         let url = proxy.url("/v1/chat/completions");
         async move { client.send(Method::POST, &url, &[], chat_body()).await }
     });
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    // The second client gives up after 100 ms: its request future (and
-    // connection) is dropped while it waits in the queue.
-    let gave_up = tokio::time::timeout(Duration::from_millis(100), proxy.chat("m")).await;
-    assert!(gave_up.is_err());
+    eventually(WAIT_AT_MOST, "the first request at the backend", || {
+        backend.stats().received == 1
+    })
+    .await;
+    // The second client gives up once it waits in the queue: its request
+    // future (and connection) is dropped.
+    let second = tokio::spawn({
+        let client = proxy.client.clone();
+        let url = proxy.url("/v1/chat/completions");
+        async move { client.send(Method::POST, &url, &[], chat_body()).await }
+    });
+    proxy
+        .wait_health("the second request queued", |h| h["queue_depth"] == 1)
+        .await;
+    second.abort();
+    let gave_up = second.await;
+    assert!(
+        matches!(&gave_up, Err(e) if e.is_cancelled()),
+        "the second request was answered: {gave_up:?}"
+    );
     let started = Instant::now();
     loop {
         if proxy.health().await["queue_depth"] == 0 {
@@ -200,8 +232,12 @@ async fn removing_every_backend_answers_the_queued_at_once() {
             tokio::spawn(async move { client.send(Method::POST, &url, &[], chat_body()).await })
         })
         .collect();
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    assert_eq!(proxy.health().await["queue_depth"], 2);
+    let health = proxy
+        .wait_health("one request in flight, two queued", |h| {
+            h["queue_depth"] == 2 && health_in_flight(h) == 1
+        })
+        .await;
+    assert_eq!(health["queue_depth"], 2);
     let started = Instant::now();
     proxy.set_backends(&[]).await;
     let results: Vec<_> = join_all(tasks)

@@ -11,7 +11,7 @@ use tokio::time::Instant;
 use http::{Method, StatusCode};
 use router_mock::{Behavior, MOCK_NAME_HEADER};
 use router_proxy::Settings;
-use router_tests::harness::TestProxy;
+use router_tests::harness::{eventually, TestProxy, WAIT_AT_MOST};
 use router_tests::mocks::mock;
 
 const CHAT: &str = r#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#;
@@ -212,6 +212,8 @@ async fn three_429s_open_the_circuit_and_one_probe_closes_it() {
     // Open: traffic moves on without touching local. The mock's 429 said
     // Retry-After: 1, which outlasts the 0.3 s open period.
     let opened = Instant::now();
+    // A real wait, and the point of the test: past the 0.3 s open period,
+    // short of Retry-After's 1 s (the proxy's clock is its own, not pausable).
     tokio::time::sleep(Duration::from_millis(500)).await;
     let r = proxy.chat_with(&[], CHAT).await;
     assert_eq!(r.header(MOCK_NAME_HEADER), Some("strong"));
@@ -222,6 +224,7 @@ async fn three_429s_open_the_circuit_and_one_probe_closes_it() {
     );
     // After Retry-After: one probe; it succeeds and closes the circuit.
     local.set_behavior(Behavior::Json);
+    // A real wait, the behaviour under test: until Retry-After has elapsed.
     let wait = Duration::from_millis(1050).saturating_sub(opened.elapsed());
     tokio::time::sleep(wait).await;
     let r = proxy.chat_with(&[], CHAT).await;
@@ -252,8 +255,12 @@ async fn an_ollama_probe_gates_on_free_vram_and_failing_probes_mark_unhealthy() 
         "",
     );
     let proxy = TestProxy::with_policy(Settings::default(), &policy).await;
-    // 64 GiB - 50 GiB = 14 GiB free: at or below 22,000 MB.
-    tokio::time::sleep(Duration::from_millis(150)).await;
+    // 64 GiB - 50 GiB = 14 GiB free: at or below 22,000 MB. A second poll
+    // starts only once the first one's reading is recorded.
+    eventually(WAIT_AT_MOST, "the first capacity probe reading", || {
+        local.page_hits("/api/ps") >= 2
+    })
+    .await;
     let r = proxy.chat_with(&[], CHAT).await;
     assert_eq!(r.header(MOCK_NAME_HEADER), Some("strong"));
     let l = &proxy.log.wait_for(1).await[0];

@@ -4,22 +4,32 @@
 //! bounded per-pool queue and an EWMA-ranked endpoint choice, then streams
 //! the backend's answer back and writes one route decision log line.
 //!
-//! Modules, in the order a request meets them:
+//! Modules (all private; the public surface is re-exported below), in the
+//! order a request meets them:
 //!
-//! - [`handler`]: the request path, from arrival to the log line;
-//! - [`request_headers`]: the client headers the router reads, in one pass;
-//! - [`admin`]: `/_custom_router/set-backends`, `health`, `metrics`;
-//! - [`config`]: the immutable [`config::Snapshot`] and its atomic swaps;
-//! - [`pool`]: the bounded FIFO and event-driven dispatch of one pool;
-//! - [`forward`]: the upstream request and the streaming body wrapper;
-//! - [`upstream`]: the per-worker upstream connection pool;
-//! - [`balance_workers`]: which worker thread a new connection goes to;
-//! - the request and answer fields read from JSON bodies come from the
-//!   `router-json-peek` crate ([`router_json_peek`]);
-//! - [`route_log`], [`metrics`]: what the proxy tells operators;
-//! - [`stop_signal`]: how a drain reaches every open connection;
-//! - [`reload`]: standalone mode's policy file watcher;
-//! - [`settings`], [`error`]: environment and typed errors.
+//! - `balance_workers`: which worker thread a new connection goes to;
+//! - `stop_signal`: how a drain reaches every open connection;
+//! - `handler`: the request path, one file per step (ingress, chain,
+//!   attempt, upstream_request, answer, finish, spans); the rules it
+//!   carries out are `router_policy`'s (`decide`, `deadline`, `fallback`);
+//! - `request_headers`: the client headers the router reads, in one pass;
+//! - `hop_by_hop`: the per-connection headers never passed on;
+//! - `admin`: `/_custom_router/set-backends`, `health`, `metrics`;
+//! - `idempotency`: `Idempotency-Key` requests in flight and stored answers;
+//! - `config`: the immutable `Snapshot` and its atomic swaps ([`ConfigStore`]);
+//! - `pool`: one pool's circuits, latency window, bounded FIFO and leases;
+//! - `probe`: capacity probes (vLLM `/metrics`, Ollama `/api/ps`);
+//! - `forward`: the upstream client's set-up, URIs, forwarded headers and
+//!   the streaming body wrapper (`TrackedBody`);
+//! - `upstream`: the per-worker upstream connection pool;
+//! - `route_log`, `metrics`, [`telemetry`]: what the proxy tells operators;
+//! - `reload`: standalone mode's policy file watcher;
+//! - [`managed`]: managed mode's control-plane stream and its cache;
+//! - `settings`, `error`: environment and typed errors.
+//!
+//! The request and answer fields read from JSON bodies come from the
+//! `router-json-peek` crate ([`router_json_peek`]), the logging set-up and
+//! signal wait from `router-process`.
 //!
 //! [`start`] runs a proxy in-process (what `main` and the tests do).
 

@@ -6,7 +6,7 @@
 //! `OTEL_SERVICE_NAME`, `OTEL_TRACES_SAMPLER` / `_ARG`. `OTEL_SDK_DISABLED=true`
 //! or `OTEL_TRACES_EXPORTER=none` keep it off.
 //!
-//! Off costs nothing measurable: the request path asks [`enabled`] (one
+//! Off costs nothing measurable: the request path asks `enabled` (one
 //! relaxed atomic load) before it builds a span, an attribute or a header.
 //! On, spans are batched and exported from a task on the proxy's runtime.
 

@@ -25,6 +25,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
+use router_policy::Outcome;
 
 use crate::pool::{PoolCounters, PoolStatus};
 
@@ -108,7 +109,7 @@ struct RequestSeries {
     metrics: u64,
     route: Box<str>,
     pool: Box<str>,
-    outcome: Box<str>,
+    outcome: Outcome,
     requests: Counter,
     duration: Histogram,
 }
@@ -314,13 +315,13 @@ impl Metrics {
     }
 
     /// Counts one finished request.
-    pub(crate) fn request_done(&self, route: &str, pool: &str, outcome: &str, seconds: f64) {
+    pub(crate) fn request_done(&self, route: &str, pool: &str, outcome: Outcome, seconds: f64) {
         let (requests, duration) = with_cache(|c| {
             let found = c.requests.iter().find(|s| {
                 s.metrics == self.id
                     && *s.route == *route
                     && *s.pool == *pool
-                    && *s.outcome == *outcome
+                    && s.outcome == outcome
             });
             if let Some(s) = found {
                 return (s.requests.clone(), s.duration.clone());
@@ -328,7 +329,7 @@ impl Metrics {
             let labels = RequestLabels {
                 route: route.to_string(),
                 pool: pool.to_string(),
-                outcome: outcome.to_string(),
+                outcome: outcome.as_str().to_string(),
             };
             let s = RequestSeries {
                 metrics: self.id,
@@ -336,7 +337,7 @@ impl Metrics {
                 duration: self.duration.get_or_create(&labels).clone(),
                 route: labels.route.into(),
                 pool: labels.pool.into(),
-                outcome: labels.outcome.into(),
+                outcome,
             };
             let handles = (s.requests.clone(), s.duration.clone());
             c.requests.push(s);
@@ -371,11 +372,11 @@ impl Metrics {
     }
 
     /// Counts one shed.
-    pub(crate) fn shed(&self, pool: &str, reason: &str) {
+    pub(crate) fn shed(&self, pool: &str, reason: Outcome) {
         self.sheds
             .get_or_create(&ShedLabels {
                 pool: pool.to_string(),
-                reason: reason.to_string(),
+                reason: reason.as_str().to_string(),
             })
             .inc();
     }
@@ -522,11 +523,11 @@ mod tests {
     fn cached_series_stay_with_their_registry_and_labels() {
         let (a, b) = (Metrics::new(), Metrics::new());
         for _ in 0..3 {
-            a.request_done("r", "p", "ok", 0.01);
+            a.request_done("r", "p", Outcome::Ok, 0.01);
             a.queue_wait("p", 0.0);
         }
-        a.request_done("r", "p", "status_5xx", 0.01);
-        b.request_done("r", "p", "ok", 0.01);
+        a.request_done("r", "p", Outcome::Status5xx, 0.01);
+        b.request_done("r", "p", Outcome::Ok, 0.01);
         a.usage("p", 5, 7, 0.0);
         b.usage("p", 1, 2, 0.5);
         let (ta, tb) = (a.render(&[]), b.render(&[]));

@@ -122,7 +122,7 @@ impl Pending {
         if outcome.is_shed() {
             self.shared
                 .metrics
-                .shed(pool.as_deref().unwrap_or(""), outcome.as_str());
+                .shed(pool.as_deref().unwrap_or(""), outcome);
             if let Some(cx) = &record.otel {
                 let name = if outcome == Outcome::QueueFull {
                     "evicted"

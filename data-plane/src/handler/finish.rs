@@ -63,7 +63,7 @@ pub(super) fn finish_record(
     shared.metrics.request_done(
         record.route.as_deref().unwrap_or_default(),
         pool,
-        outcome.as_str(),
+        outcome,
         elapsed.as_secs_f64(),
     );
     if let Some(cx) = record.otel.take() {
@@ -136,7 +136,7 @@ impl Completion for Finisher {
         }
         record.attempts.push(attempt);
         if end == BodyEnd::DeadlineCut {
-            shared.metrics.shed(&pool, outcome.as_str());
+            shared.metrics.shed(&pool, outcome);
         }
         finish_record(&shared, record, t0, outcome, status, Some(pool));
     }

@@ -1,7 +1,7 @@
 //! Hop-by-hop headers (RFC 9110 §7.6.1): meaningful for one connection
 //! only, so never passed on in either direction, together with every
 //! header the `Connection` header names. Used by the request scan
-//! ([`crate::request_headers`]) and on both sides of the proxy.
+//! (`request_headers`) and on both sides of the proxy.
 
 use http::header::{self, HeaderMap, HeaderName};
 

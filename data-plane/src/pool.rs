@@ -41,6 +41,7 @@ use router_policy::decide::PoolMeasurements;
 use router_policy::{CircuitSettings, Endpoint, Probe, QueueSettings};
 
 use crate::forward::UpstreamClient;
+use crate::probe::{ProbeReading, Probed};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
@@ -222,26 +223,6 @@ impl PoolSettings {
     }
 }
 
-/// What a capacity probe last saw at one endpoint.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ProbeReading {
-    /// When.
-    pub at: Instant,
-    /// The probe answered and parsed.
-    pub healthy: bool,
-    /// Free VRAM, MB (Ollama).
-    pub vram_free_mb: Option<u64>,
-    /// Models resident in memory (Ollama).
-    pub resident: Vec<String>,
-    /// Requests waiting inside the server (vLLM).
-    pub waiting: Option<u32>,
-    /// KV-cache usage, 0..1 (vLLM).
-    pub kv_cache_usage: Option<f64>,
-}
-
-/// A reading older than this many probe intervals counts as unknown.
-const PROBE_STALE_INTERVALS: u32 = 3;
-
 /// How many recent latencies a pool keeps for its p95.
 const LATENCY_WINDOW: usize = 128;
 /// The p95 is recomputed at most this often under load.
@@ -331,9 +312,7 @@ impl EndpointState {
     /// Fresh, healthy probe data when a probe is configured.
     fn probe_ok(&self, probe: Option<&Probe>, now: Instant) -> bool {
         let Some(p) = probe else { return true };
-        self.probe.as_ref().is_some_and(|r| {
-            r.healthy && now.saturating_duration_since(r.at) <= p.interval * PROBE_STALE_INTERVALS
-        })
+        self.probe.as_ref().is_some_and(|r| r.usable(p, now))
     }
 }
 
@@ -866,10 +845,7 @@ impl PoolRuntime {
                 .iter()
                 .filter(|e| !e.draining)
                 .filter_map(|e| e.probe.as_ref())
-                .filter(|r| {
-                    r.healthy
-                        && now.saturating_duration_since(r.at) <= p.interval * PROBE_STALE_INTERVALS
-                })
+                .filter(|r| r.usable(&p, now))
                 .collect(),
         };
         let waiting: u32 = fresh.iter().filter_map(|r| r.waiting).sum();
@@ -891,22 +867,6 @@ impl PoolRuntime {
             structured_degraded: st.structured_degraded_until.is_some_and(|u| now < u),
             unhealthy_because: (availability != Availability::Ready).then(|| availability.as_str()),
         }
-    }
-
-    /// Endpoints a capacity probe should poll now.
-    pub fn probe_targets(&self) -> Vec<Endpoint> {
-        let st = self.lock();
-        st.endpoints.iter().map(|e| (*e.endpoint).clone()).collect()
-    }
-
-    /// Records what a capacity probe saw at `endpoint`; a change may make
-    /// endpoints eligible, so waiters are dispatched.
-    pub fn record_probe(self: &Arc<Self>, endpoint: &Endpoint, reading: ProbeReading) {
-        let mut st = self.lock();
-        if let Some(e) = st.endpoints.iter_mut().find(|e| *e.endpoint == *endpoint) {
-            e.probe = Some(reading);
-        }
-        self.dispatch(&mut st);
     }
 
     /// Applies the control plane's forced circuit states: `(endpoint, open,
@@ -974,6 +934,24 @@ impl PoolRuntime {
                 })
                 .collect(),
         }
+    }
+}
+
+impl Probed for PoolRuntime {
+    /// Endpoints a capacity probe should poll now.
+    fn probe_targets(&self) -> Vec<Endpoint> {
+        let st = self.lock();
+        st.endpoints.iter().map(|e| (*e.endpoint).clone()).collect()
+    }
+
+    /// Records what a capacity probe saw at `endpoint`; a change may make
+    /// endpoints eligible, so waiters are dispatched.
+    fn record_probe(self: &Arc<Self>, endpoint: &Endpoint, reading: ProbeReading) {
+        let mut st = self.lock();
+        if let Some(e) = st.endpoints.iter_mut().find(|e| *e.endpoint == *endpoint) {
+            e.probe = Some(reading);
+        }
+        self.dispatch(&mut st);
     }
 }
 

@@ -153,17 +153,18 @@ impl Breaker {
         self.circuit.effective(now).reported()
     }
 
-    /// Until when the local circuit is open, if it is.
-    pub(super) fn open_until(&self) -> Option<Instant> {
+    /// The next instant after `now` at which [`Self::effective_state`] can
+    /// change by time alone (an override or an open period ending), if any.
+    pub(super) fn next_change(&self, now: Instant) -> Option<Instant> {
+        if let Some(Forced { until, .. }) = self.forced {
+            if now < until {
+                return Some(until);
+            }
+        }
         match self.circuit {
-            Circuit::Open { until, .. } => Some(until),
+            Circuit::Open { until, .. } if now < until => Some(until),
             _ => None,
         }
-    }
-
-    /// When the override ends, if one is set.
-    pub(super) fn forced_until(&self) -> Option<Instant> {
-        self.forced.map(|f| f.until)
     }
 
     /// Sets (or, with `None`, lifts) the override: open or closed, until
@@ -333,7 +334,7 @@ mod tests {
         let mut b = Breaker::new();
         assert_eq!(b.on_failure(now, &s, None), Some(now + MS * 100));
         for expected_ms in [200, 400, 800, 1600, 1600] {
-            now = b.open_until().expect("open until a time");
+            now = b.next_change(now).expect("open until a time");
             assert!(b.on_grant());
             assert_eq!(b.on_failure(now, &s, None), Some(now + MS * expected_ms));
             assert!(!b.admits(now + MS * (expected_ms - 1)));
@@ -396,8 +397,10 @@ mod tests {
         b.set_forced(Some((true, until)));
         assert_eq!(state(&b, t0), CircuitState::Open);
         assert!(!b.admits(until - MS));
+        assert_eq!(b.next_change(t0), Some(until));
         assert!(b.admits(until), "the override ends at its time");
         assert_eq!(state(&b, until), CircuitState::Closed);
+        assert_eq!(b.next_change(until), None);
 
         // Forced closed over an open breaker: the local breaker returns at
         // the override's end, still open.
@@ -406,8 +409,10 @@ mod tests {
         b.set_forced(Some((false, until)));
         assert!(b.admits(until - MS));
         assert_eq!(state(&b, until - MS), CircuitState::Closed);
+        assert_eq!(b.next_change(t0), Some(until));
         assert!(!b.admits(until));
         assert_eq!(state(&b, until), CircuitState::Open);
+        assert_eq!(b.next_change(until), Some(t0 + MS * 10_000));
 
         // Lifted early.
         b.set_forced(None);
@@ -444,5 +449,21 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn next_change_is_only_ever_in_the_future() {
+        let t0 = Instant::now();
+        let s = settings(1, 100);
+        let mut b = Breaker::new();
+        assert_eq!(b.next_change(t0), None);
+        b.on_failure(t0, &s, None);
+        assert_eq!(b.next_change(t0), Some(t0 + MS * 100));
+        // Its time is up: nothing left to wait for (a wake armed for the
+        // past would fire again and again).
+        assert_eq!(b.next_change(t0 + MS * 100), None);
+        b.set_forced(Some((true, t0 + MS * 50)));
+        assert_eq!(b.next_change(t0), Some(t0 + MS * 50));
+        assert_eq!(b.next_change(t0 + MS * 50), Some(t0 + MS * 100));
     }
 }

@@ -21,7 +21,7 @@
 //! the work under the lock is a handful of comparisons per endpoint (pools
 //! have a few endpoints, not hundreds). Dispatch runs on the events that
 //! can change eligibility (a release, a sample, a probe reading, an update,
-//! an override) and on timers for what only time changes, so a
+//! an override) and on the one wake timer for what only time changes, so a
 //! waiter is served the moment it can be, with no polling tick and no task
 //! per request.
 //!
@@ -41,6 +41,7 @@
 //! - `state`: the pool's locked state and the endpoint eligibility rules.
 //! - `status`: [`Availability`], [`PoolStatus`], [`EndpointStatus`], the
 //!   planner's outlook and the gates' measurements.
+//! - `wake`: the pool's one timer, for open periods and overrides ending.
 //! - `tests` (tests only): the pool as a whole, and helpers the others'
 //!   tests share.
 //!
@@ -61,6 +62,7 @@ mod latency;
 mod queue;
 mod state;
 mod status;
+mod wake;
 
 pub use circuit::CircuitState;
 pub use latency::Sample;
@@ -296,7 +298,8 @@ impl PoolRuntime {
 
     /// Applies the control plane's forced circuit states: `(endpoint, open,
     /// until)`, an endpoint of `None` meaning every endpoint of the pool.
-    /// Anything not listed goes back to the local breaker.
+    /// Anything not listed goes back to the local breaker. Waiters are
+    /// dispatched, and woken again when an override ends.
     pub fn set_forced(self: &Arc<Self>, forced: &[(Option<Endpoint>, bool, Instant)]) {
         let mut st = self.lock();
         for e in &mut st.endpoints {
@@ -310,26 +313,6 @@ impl PoolRuntime {
             );
         }
         self.dispatch(&mut st);
-        if !st.queue.is_empty() {
-            // A forced-open circuit that expires frees the endpoint.
-            if let Some(at) = st
-                .endpoints
-                .iter()
-                .filter_map(|e| e.breaker.forced_until())
-                .min()
-            {
-                let pool = Arc::downgrade(self);
-                if let Ok(rt) = tokio::runtime::Handle::try_current() {
-                    rt.spawn(async move {
-                        tokio::time::sleep_until(at).await;
-                        if let Some(p) = pool.upgrade() {
-                            let mut st = p.lock();
-                            p.dispatch(&mut st);
-                        }
-                    });
-                }
-            }
-        }
     }
 
     /// Marks the pool degraded for structured output until `until`.

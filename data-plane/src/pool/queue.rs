@@ -22,7 +22,8 @@
 //! until no endpoint is eligible. Because an idle endpoint is always
 //! eligible and every lease is released when its request ends (the lease's
 //! `Drop`), a non-empty pool never stalls on requests; what time alone
-//! changes (a circuit's open period, an override) timers cover.
+//! changes (a circuit's open period, an override) the pool's wake timer
+//! covers.
 //!
 //! Exactly one answer per waiter: a waiter's oneshot sender is consumed by
 //! whichever comes first (grant, eviction, shutdown), and the timeout path
@@ -180,7 +181,8 @@ impl PoolRuntime {
         })
     }
 
-    /// Hands leases to waiters from the front while endpoints are eligible.
+    /// Hands leases to waiters from the front while endpoints are eligible;
+    /// with waiters left, arms the wake timer for the next circuit change.
     pub(super) fn dispatch(self: &Arc<Self>, st: &mut PoolState) {
         // Read the clock only when someone is waiting (not on every release).
         let mut now = None;
@@ -210,40 +212,19 @@ impl PoolRuntime {
                 Err(Err(_)) => {}
             }
         }
-        if !st.queue.is_empty() {
-            self.schedule_wake(st);
+        // Waiters remain (so the clock was read): nothing is eligible.
+        if let (false, Some(now)) = (st.queue.is_empty(), now) {
+            if let Some(at) = st.next_circuit_change(now) {
+                st.wake.arm(at, self, Self::wake);
+            }
         }
     }
 
-    /// Waiters remain and nothing is eligible: if an open circuit will
-    /// admit a probe later, wake the dispatcher then (a timer event, not a
-    /// polling tick).
-    fn schedule_wake(self: &Arc<Self>, st: &mut PoolState) {
-        let next = st
-            .endpoints
-            .iter()
-            .filter(|e| !e.draining)
-            .filter_map(|e| e.breaker.open_until())
-            .min();
-        let Some(at) = next else { return };
-        if st.wake_at.is_some_and(|w| w <= at) {
-            return;
-        }
-        let Ok(handle) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        st.wake_at = Some(at);
-        let pool = Arc::downgrade(self);
-        handle.spawn(async move {
-            tokio::time::sleep_until(at).await;
-            if let Some(pool) = pool.upgrade() {
-                let mut st = pool.lock();
-                if st.wake_at == Some(at) {
-                    st.wake_at = None;
-                }
-                pool.dispatch(&mut st);
-            }
-        });
+    /// The wake timer's call: an open period or an override ended at `at`.
+    fn wake(self: &Arc<Self>, at: Instant) {
+        let mut st = self.lock();
+        st.wake.fired(at);
+        self.dispatch(&mut st);
     }
 
     fn release(self: &Arc<Self>, endpoint_id: u64, unjudged_probe: bool) {

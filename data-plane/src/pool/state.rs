@@ -20,6 +20,7 @@ use tokio::time::Instant;
 use super::circuit::Breaker;
 use super::latency::LatencyWindow;
 use super::queue::Waiter;
+use super::wake::WakeTimer;
 use super::{Availability, PoolSettings, Shed};
 use crate::forward::UpstreamTarget;
 use crate::probe::ProbeReading;
@@ -79,8 +80,7 @@ pub(super) struct PoolState {
     /// allocation).
     pub(super) loads: Vec<EndpointLoad>,
     pub(super) latencies: LatencyWindow,
-    /// When a wake task is due, if one is.
-    pub(super) wake_at: Option<Instant>,
+    pub(super) wake: WakeTimer,
     pub(super) structured_degraded_until: Option<Instant>,
     /// The last id given to an endpoint or a waiter.
     pub(super) next_id: u64,
@@ -99,7 +99,7 @@ impl PoolState {
             queue: VecDeque::new(),
             loads: Vec::new(),
             latencies: LatencyWindow::default(),
-            wake_at: None,
+            wake: WakeTimer::default(),
             structured_degraded_until: None,
             next_id: 0,
             rotation: 0,
@@ -207,6 +207,16 @@ impl PoolState {
         let ahead = self.queue.len() as f64 + 1.0;
         let wait = service * ahead / f64::from(slots.max(1));
         Some(Duration::from_secs_f64(wait.min(1e6)))
+    }
+
+    /// The next instant at which an endpoint's circuit may start admitting
+    /// by time alone, if any.
+    pub(super) fn next_circuit_change(&self, now: Instant) -> Option<Instant> {
+        self.endpoints
+            .iter()
+            .filter(|e| !e.draining)
+            .filter_map(|e| e.breaker.next_change(now))
+            .min()
     }
 
     /// Answers every waiter `why`.

@@ -1,5 +1,5 @@
-//! The pool as a whole: circuits and overrides seen through acquire and
-//! status; helpers shared by the submodules' tests.
+//! The pool as a whole: circuits, overrides and the wake timer seen
+//! through acquire and status; helpers shared by the submodules' tests.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -124,6 +124,17 @@ async fn a_waiter_is_woken_when_the_circuit_admits_a_probe() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_waiter_behind_a_forced_open_override_is_served_when_it_ends() {
+    let p = pool(10, 60_000, None, &["h:1"]);
+    let started = Instant::now();
+    p.set_forced(&[(None, true, started + Duration::from_millis(300))]);
+    // Queued after the override was set: only the timer can serve it.
+    let lease = p.acquire(None).await.unwrap();
+    assert_eq!(started.elapsed(), Duration::from_millis(300));
+    assert_eq!(lease.queue_wait(), Duration::from_millis(300));
+}
+
+#[tokio::test(start_paused = true)]
 async fn waiters_present_when_an_override_is_set_are_served_when_it_ends() {
     let p = with_breaker(&["h:1", "h:2"], 1, 60_000);
     let started = Instant::now();
@@ -154,6 +165,32 @@ async fn waiters_present_when_an_override_is_set_are_served_when_it_ends() {
     let served = waiter.await.unwrap().unwrap();
     assert_eq!(started.elapsed(), Duration::from_millis(400));
     assert_ne!(served, first);
+}
+
+#[tokio::test(start_paused = true)]
+async fn overrides_set_again_and_again_keep_one_timer() {
+    let p = pool(10, 60_000, None, &["h:1"]);
+    let metrics = tokio::runtime::Handle::current().metrics();
+    let started = Instant::now();
+    p.set_forced(&[(None, true, started + Duration::from_millis(1000))]);
+    let waiter = tokio::spawn({
+        let p = Arc::clone(&p);
+        async move { p.acquire(None).await.map(|l| l.queue_wait()) }
+    });
+    tokio::task::yield_now().await;
+    let tasks = metrics.num_alive_tasks();
+    // The control plane streams the same overrides (the fleet's view)
+    // again and again, each ending a little sooner.
+    for i in 1..=50 {
+        let until = started + Duration::from_millis(1000 - i);
+        p.set_forced(&[(None, true, until)]);
+    }
+    assert_eq!(metrics.num_alive_tasks(), tasks);
+    assert_eq!(
+        waiter.await.unwrap().unwrap(),
+        Duration::from_millis(950),
+        "served when the latest override ends"
+    );
 }
 
 #[tokio::test(start_paused = true)]

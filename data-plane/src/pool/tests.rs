@@ -226,3 +226,53 @@ async fn circuit_transitions_are_reported_to_the_control_plane() {
     assert_eq!(closed.until, None);
     assert!(rx.try_recv().is_err(), "one event per transition");
 }
+
+#[test]
+fn a_full_endpoint_past_its_open_period_waits_for_a_release_not_a_timer() {
+    // A wake re-armed for an instant already past fires again and again:
+    // the runtime never idles, paused time never advances, and the test
+    // would hang. Run it on its own thread and fail after a wall-clock
+    // bound instead.
+    let (done, finished) = std::sync::mpsc::channel();
+    let test = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .unwrap();
+        rt.block_on(full_endpoint_past_its_open_period());
+        let _ = done.send(());
+    });
+    if let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
+        finished.recv_timeout(Duration::from_secs(30))
+    {
+        panic!("the pool kept waking itself instead of waiting for a release");
+    }
+    if let Err(panic) = test.join() {
+        std::panic::resume_unwind(panic);
+    }
+}
+
+async fn full_endpoint_past_its_open_period() {
+    let mut s = settings(10, 60_000, Some(2));
+    s.circuit = CircuitSettings {
+        consecutive_errors: 1,
+        open_duration: Duration::from_millis(100),
+    };
+    let p = PoolRuntime::new("p", s, &eps(&["h:1"]), PoolCounters::default());
+    let a = p.acquire(None).await.unwrap();
+    a.observe(Sample::Success(Duration::from_millis(10)));
+    let b = p.acquire(None).await.unwrap();
+    // A failure opens the circuit with both slots still taken.
+    b.observe(Sample::Failure(Duration::from_millis(1)));
+    let waiter = tokio::spawn({
+        let p = Arc::clone(&p);
+        async move { p.acquire(None).await.map(|l| l.queue_wait()) }
+    });
+    // Past the open period the circuit would admit a probe, but the
+    // endpoint is full: only a release can help.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(p.status().queue_depth, 1);
+    drop((a, b));
+    assert_eq!(waiter.await.unwrap().unwrap(), Duration::from_secs(1));
+}

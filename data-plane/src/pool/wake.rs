@@ -40,10 +40,10 @@ impl WakeTimer {
         target: &Arc<T>,
         on_wake: fn(&Arc<T>, Instant),
     ) {
-        if self.armed.is_some_and(|armed| armed <= at) {
-            return;
-        }
         if let Some(bell) = &self.bell {
+            if self.armed.is_some_and(|armed| armed <= at) && !bell.is_closed() {
+                return;
+            }
             if bell.send(Some(at)).is_ok() {
                 self.armed = Some(at);
                 return;
@@ -143,6 +143,26 @@ mod tests {
             *t.woken.lock().unwrap(),
             vec![t0 + MS * 100, t0 + MS * 1500]
         );
+    }
+
+    #[test]
+    fn a_task_lost_with_its_runtime_is_replaced() {
+        let runtime = || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_time()
+                .start_paused(true)
+                .build()
+                .unwrap()
+        };
+        let t = Arc::new(Target::default());
+        // Armed, then the runtime (and the task) goes before the wake.
+        runtime().block_on(async { arm(&t, Instant::now() + MS * 100) });
+        runtime().block_on(async {
+            let t0 = Instant::now();
+            arm(&t, t0 + MS * 200);
+            tokio::time::sleep(MS * 300).await;
+            assert_eq!(*t.woken.lock().unwrap(), vec![t0 + MS * 200]);
+        });
     }
 
     #[tokio::test(start_paused = true)]

@@ -92,6 +92,7 @@ impl LatencyWindow {
     }
 
     /// Drops the samples older than [`LATENCY_MAX_AGE`] as of `now`.
+    #[inline]
     pub(super) fn expire(&mut self, now: Instant) {
         while self
             .samples
@@ -105,6 +106,7 @@ impl LatencyWindow {
 
     /// The p95 of the window as of `now`, `None` when it is empty (call
     /// [`Self::expire`] first).
+    #[inline]
     pub(super) fn p95(&mut self, now: Instant) -> Option<Duration> {
         if let Some((at, cached)) = self.p95_cache {
             let fresh_enough = now.saturating_duration_since(at) < P95_REFRESH;

@@ -240,6 +240,7 @@ impl PoolRuntime {
     }
 
     /// [`Self::observe`] (as of `now`) and [`Self::release`] under one lock.
+    #[inline]
     fn observe_and_release(self: &Arc<Self>, endpoint_id: u64, sample: Sample, now: Instant) {
         let mut st = self.lock();
         self.record_sample(&mut st, endpoint_id, sample, now);

@@ -14,8 +14,12 @@
 //! endpoint unhealthy; data older than three intervals counts as unknown,
 //! which is not healthy: the endpoint takes no requests until a probe
 //! succeeds again.
+//!
+//! This module knows nothing of pools: a probe task polls whatever
+//! implements [`Probed`] (a pool does) and hands it [`ProbeReading`]s, which
+//! the pool keeps and judges with [`ProbeReading::usable`].
 
-use std::sync::Weak;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -25,10 +29,47 @@ use serde::Deserialize;
 use tokio::time::Instant;
 
 use crate::forward::UpstreamClient;
-use crate::pool::{PoolRuntime, ProbeReading};
 
 /// Largest probe answer read.
 const PROBE_BODY_LIMIT: usize = 4 * 1024 * 1024;
+
+/// A reading older than this many probe intervals counts as unknown.
+const STALE_INTERVALS: u32 = 3;
+
+/// What a capacity probe last saw at one endpoint.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct ProbeReading {
+    /// When.
+    pub at: Instant,
+    /// The probe answered and parsed.
+    pub healthy: bool,
+    /// Free VRAM, MB (Ollama).
+    pub vram_free_mb: Option<u64>,
+    /// Models resident in memory (Ollama).
+    pub resident: Vec<String>,
+    /// Requests waiting inside the server (vLLM).
+    pub waiting: Option<u32>,
+    /// KV-cache usage, 0..1 (vLLM).
+    pub kv_cache_usage: Option<f64>,
+}
+
+impl ProbeReading {
+    /// Whether this reading lets the endpoint take requests as of `now`:
+    /// the probe answered, no more than three of `probe`'s intervals ago.
+    #[inline]
+    pub(crate) fn usable(&self, probe: &Probe, now: Instant) -> bool {
+        self.healthy && now.saturating_duration_since(self.at) <= probe.interval * STALE_INTERVALS
+    }
+}
+
+/// What a probe task polls, and tells what it saw (a pool).
+pub(crate) trait Probed: Send + Sync + 'static {
+    /// The endpoints to poll now.
+    fn probe_targets(&self) -> Vec<Endpoint>;
+
+    /// Records what the probe saw at `endpoint`.
+    fn record_probe(self: &Arc<Self>, endpoint: &Endpoint, reading: ProbeReading);
+}
 
 #[derive(Deserialize)]
 struct OllamaPs {
@@ -179,7 +220,7 @@ pub(crate) async fn probe_once(
 
 /// Polls every endpoint of `pool` until the pool is gone or the task is
 /// aborted (on a config change that alters the probe).
-pub(crate) async fn run(pool: Weak<PoolRuntime>, client: UpstreamClient, probe: Probe) {
+pub(crate) async fn run<P: Probed>(pool: Weak<P>, client: UpstreamClient, probe: Probe) {
     let mut ticker = tokio::time::interval(probe.interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -225,5 +266,31 @@ mod tests {
                     vllm:gpu_cache_usage_perc{model_name=\"m\"} 0.82\n";
         assert_eq!(parse_vllm_metrics(text).unwrap(), (Some(3), Some(0.82)));
         assert!(parse_vllm_metrics("up 1\n").is_err());
+    }
+
+    #[test]
+    fn a_reading_counts_while_healthy_and_at_most_three_intervals_old() {
+        let probe = Probe {
+            kind: ProbeKind::Vllm,
+            interval: Duration::from_secs(1),
+            vram_total_mb: None,
+        };
+        let at = Instant::now();
+        let reading = ProbeReading {
+            at,
+            healthy: true,
+            vram_free_mb: None,
+            resident: Vec::new(),
+            waiting: Some(2),
+            kv_cache_usage: None,
+        };
+        assert!(reading.usable(&probe, at));
+        assert!(reading.usable(&probe, at + Duration::from_secs(3)));
+        assert!(!reading.usable(&probe, at + Duration::from_millis(3001)));
+        let failed = ProbeReading {
+            healthy: false,
+            ..reading
+        };
+        assert!(!failed.usable(&probe, at));
     }
 }

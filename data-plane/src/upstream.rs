@@ -75,9 +75,9 @@ type Sending<'a> =
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// Idle connections kept per upstream.
-pub(crate) const MAX_IDLE_PER_UPSTREAM: usize = 256;
+const MAX_IDLE_PER_UPSTREAM: usize = 256;
 /// How long a connection may stay idle before it is closed.
-pub(crate) const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 
 /// An upstream's identity in the pool: `scheme://authority`, lower case.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]

@@ -1,0 +1,350 @@
+//! A pool: a set of interchangeable endpoints behind one bounded queue.
+//!
+//! A request asks its pool for a [`Lease`] on one endpoint, waiting in a
+//! FIFO while none is eligible. An endpoint can take requests when it is
+//! not drained, its circuit breaker admits, and its capacity probe (if one
+//! is configured) is fresh and healthy; among those, the balancer
+//! ([`router_policy::balance`]) takes one under its concurrency limit that
+//! is idle, untried, or faster than the latency threshold, and picks the
+//! lowest peak-EWMA score (latency × requests in flight), so that slow or
+//! busy endpoints get less traffic without fixed weights.
+//!
+//! Every attempt ends in a [`Sample`] (answered, failed, timed out, rate
+//! limited) which feeds three things at once, under the pool's one lock:
+//! the endpoint's EWMA, the endpoint's circuit breaker, and the pool's
+//! latency window (its p95 is what the deadline planner holds a request's
+//! time left against). Then dispatch runs: the sample may have made an
+//! endpoint eligible for the waiters.
+//!
+//! Why one lock per pool and no background dispatcher: a grant must see
+//! the queue, every endpoint's load and every circuit at one instant, and
+//! the work under the lock is a handful of comparisons per endpoint (pools
+//! have a few endpoints, not hundreds). Dispatch runs on the events that
+//! can change eligibility (a release, a sample, a probe reading, an update,
+//! an override) and on the one wake timer for what only time changes, so a
+//! waiter is served the moment it can be, with no polling tick and no task
+//! per request.
+//!
+//! The request path (`acquire_at`, [`Lease::finish`], [`Lease::observe`],
+//! `ready_outlook_at`, `measurements_at`) was tuned by instruction counts
+//! under callgrind: the caller passes the clock reading it already has,
+//! each call takes the lock once, and a grant reuses the balancer's buffer.
+//! Keep it free of new locks, clock reads and allocations.
+//!
+//! # Modules
+//!
+//! - `circuit`: the circuit-breaker state machine and the control plane's
+//!   overrides, pure; [`CircuitState`].
+//! - `latency`: [`Sample`], the EWMA update, the latency window and its
+//!   p95.
+//! - `queue`: the bounded FIFO, event-driven dispatch, [`Lease`], [`Shed`].
+//! - `state`: the pool's locked state and the endpoint eligibility rules.
+//! - `status`: [`Availability`], [`PoolStatus`], [`EndpointStatus`], the
+//!   planner's outlook and the gates' measurements.
+//! - `wake`: the pool's one timer, for open periods and overrides ending.
+//! - `tests` (tests only): the pool as a whole, and helpers the others'
+//!   tests share.
+//!
+//! Capacity probes live in [`crate::probe`]; a pool implements
+//! [`Probed`] and keeps the [`ProbeReading`]s it is given.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use prometheus_client::metrics::counter::Counter;
+use router_policy::{CircuitSettings, Endpoint, Probe, QueueSettings};
+use tokio::time::Instant;
+
+use crate::forward::UpstreamClient;
+use crate::probe::{ProbeReading, Probed};
+
+mod circuit;
+mod latency;
+mod queue;
+mod state;
+mod status;
+mod wake;
+
+pub(crate) use circuit::CircuitState;
+pub(crate) use latency::Sample;
+pub(crate) use queue::{Lease, Shed};
+pub(crate) use status::{Availability, PoolStatus};
+
+use state::{EndpointState, PoolState};
+
+/// A circuit transition, for the control plane (shared with the fleet).
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct CircuitEvent {
+    /// Pool.
+    pub pool: String,
+    /// Endpoint URL.
+    pub endpoint: String,
+    /// Opened (true) or closed.
+    pub open: bool,
+    /// Until when it stays open.
+    pub until: Option<Instant>,
+}
+
+/// Counters a pool increments (the HF `custom_router_requests_*_total`),
+/// and where it reports circuit transitions.
+#[derive(Clone, Default)]
+pub(crate) struct PoolCounters {
+    /// Circuit transitions go here (managed mode); full: dropped.
+    pub events: Option<tokio::sync::mpsc::Sender<CircuitEvent>>,
+    /// Leases granted.
+    pub dispatched: Counter,
+    /// Waiters evicted from a full queue.
+    pub evicted: Counter,
+    /// Waiters timed out in the queue.
+    pub timed_out: Counter,
+}
+
+/// A pool's settings that can change on reload.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct PoolSettings {
+    /// Queue and scoring.
+    pub queue: QueueSettings,
+    /// Per-endpoint concurrency limit.
+    pub max_concurrency: Option<u32>,
+    /// Circuit breaker.
+    pub circuit: CircuitSettings,
+    /// The whole pool is drained.
+    pub drain: bool,
+    /// Endpoints drained one by one.
+    pub drained: Vec<Endpoint>,
+    /// Capacity probe, when configured.
+    pub probe: Option<Probe>,
+    /// The pool's model (to prefer endpoints where it is resident).
+    pub model: Option<String>,
+}
+
+impl PoolSettings {
+    /// Settings with no draining and the default circuit breaker.
+    #[cfg(test)]
+    pub(crate) fn new(queue: QueueSettings, max_concurrency: Option<u32>) -> Self {
+        Self {
+            queue,
+            max_concurrency,
+            circuit: CircuitSettings::default(),
+            drain: false,
+            drained: Vec::new(),
+            probe: None,
+            model: None,
+        }
+    }
+}
+
+/// One pool: endpoints, queue, dispatcher.
+pub(crate) struct PoolRuntime {
+    name: Arc<str>,
+    /// The name as the `x-router-route` answer header (made once).
+    route_header: Option<http::HeaderValue>,
+    state: Mutex<PoolState>,
+    counters: PoolCounters,
+    /// The capacity probe task, with the settings it runs with.
+    probe_task: Mutex<Option<(Probe, tokio::task::JoinHandle<()>)>>,
+}
+
+impl PoolRuntime {
+    /// A pool with these endpoints.
+    pub(crate) fn new(
+        name: &str,
+        settings: PoolSettings,
+        endpoints: &[Endpoint],
+        counters: PoolCounters,
+    ) -> Arc<Self> {
+        let pool = Arc::new(Self {
+            name: name.into(),
+            route_header: http::HeaderValue::from_str(name).ok(),
+            state: Mutex::new(PoolState::new(settings.clone())),
+            counters,
+            probe_task: Mutex::new(None),
+        });
+        pool.update(settings, endpoints);
+        pool
+    }
+
+    /// The pool's name.
+    pub(crate) fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The pool's name, shared (a clone costs no allocation).
+    pub(crate) fn shared_name(&self) -> &Arc<str> {
+        &self.name
+    }
+
+    /// The pool's name as an `x-router-route` header value.
+    pub(crate) fn route_header(&self) -> Option<&http::HeaderValue> {
+        self.route_header.as_ref()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, PoolState> {
+        // A panic while holding this lock would be a bug in this module;
+        // the state is still consistent enough to keep serving.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Replaces settings and endpoints. Endpoints that stay keep their EWMA
+    /// and in-flight count; removed ones are forgotten (their in-flight
+    /// requests finish; their leases then release nothing). With no
+    /// endpoints left, every waiter is answered `no_backend` at once.
+    pub(crate) fn update(self: &Arc<Self>, settings: PoolSettings, endpoints: &[Endpoint]) {
+        let mut st = self.lock();
+        let mut old = std::mem::take(&mut st.endpoints);
+        for ep in endpoints {
+            let kept = old
+                .iter()
+                .position(|e| *e.endpoint == *ep)
+                .map(|i| old.swap_remove(i));
+            let state = match kept {
+                Some(s) => s,
+                None => {
+                    st.next_id += 1;
+                    EndpointState::new(st.next_id, ep)
+                }
+            };
+            st.endpoints.push(state);
+        }
+        for e in &mut st.endpoints {
+            e.draining = settings.drain || settings.drained.contains(&e.endpoint);
+        }
+        st.settings = settings;
+        let all_drained = st.endpoints.iter().all(|e| e.draining);
+        if st.endpoints.is_empty() || all_drained {
+            st.shed_all(Shed::NoBackend);
+        } else {
+            self.dispatch(&mut st);
+        }
+    }
+
+    /// Starts, restarts or stops the capacity probe task to match `probe`.
+    pub(crate) fn ensure_probe(
+        self: &Arc<Self>,
+        probe: Option<Probe>,
+        client: Option<&UpstreamClient>,
+    ) {
+        let mut task = self.probe_task.lock().unwrap_or_else(|e| e.into_inner());
+        if let (Some(want), Some((running, handle))) = (probe, task.as_ref()) {
+            if want == *running && !handle.is_finished() {
+                return;
+            }
+        }
+        if let Some((_, handle)) = task.take() {
+            handle.abort();
+        }
+        let (Some(probe), Some(client)) = (probe, client) else {
+            return;
+        };
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let handle = rt.spawn(crate::probe::run(
+            Arc::downgrade(self),
+            client.clone(),
+            probe,
+        ));
+        *task = Some((probe, handle));
+    }
+
+    /// Removes the pool from service: waiters get `no_backend`, new
+    /// requests too; requests in flight finish.
+    pub(crate) fn close(&self) {
+        if let Some((_, handle)) = self
+            .probe_task
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+        {
+            handle.abort();
+        }
+        let mut st = self.lock();
+        st.closed = true;
+        st.endpoints.clear();
+        st.shed_all(Shed::NoBackend);
+    }
+
+    /// Folds `sample`, taken at `now`, into the endpoint's EWMA and circuit
+    /// and the pool's latency window; reports circuit transitions.
+    fn record_sample(&self, st: &mut PoolState, endpoint_id: u64, sample: Sample, now: Instant) {
+        let q = st.settings.queue;
+        let circuit = st.settings.circuit;
+        st.latencies.record(sample, now);
+        let Some(e) = st.endpoint_mut(endpoint_id) else {
+            return;
+        };
+        let opened = match sample {
+            Sample::Success(_) => {
+                if e.breaker.on_success() {
+                    self.report(e, false, None);
+                }
+                None
+            }
+            Sample::Failure(_) | Sample::Timeout(_) => e.breaker.on_failure(now, &circuit, None),
+            Sample::RateLimited(_, retry_after) => e.breaker.on_failure(now, &circuit, retry_after),
+        };
+        if let Some(until) = opened {
+            tracing::warn!(pool = &*self.name, endpoint = &*e.addr, "circuit opened");
+            self.report(e, true, Some(until));
+        }
+        e.ewma = Some(latency::fold_ewma(e.ewma, sample, &q));
+    }
+
+    /// Tells the control plane (managed mode) a circuit opened or closed.
+    fn report(&self, e: &EndpointState, open: bool, until: Option<Instant>) {
+        if let Some(tx) = &self.counters.events {
+            let _ = tx.try_send(CircuitEvent {
+                pool: self.name.to_string(),
+                endpoint: e.addr.to_string(),
+                open,
+                until,
+            });
+        }
+    }
+
+    /// Applies the control plane's forced circuit states: `(endpoint, open,
+    /// until)`, an endpoint of `None` meaning every endpoint of the pool.
+    /// Anything not listed goes back to the local breaker. Waiters are
+    /// dispatched, and woken again when an override ends.
+    pub(crate) fn set_forced(self: &Arc<Self>, forced: &[(Option<Endpoint>, bool, Instant)]) {
+        let mut st = self.lock();
+        for e in &mut st.endpoints {
+            e.breaker.set_forced(
+                forced
+                    .iter()
+                    .filter(|(ep, _, _)| ep.as_ref().is_none_or(|x| *x == *e.endpoint))
+                    .map(|(_, open, until)| (*open, *until))
+                    // An open override wins over a closed one.
+                    .max_by_key(|(open, until)| (*open, *until)),
+            );
+        }
+        self.dispatch(&mut st);
+    }
+
+    /// Marks the pool degraded for structured output until `until`.
+    pub(crate) fn mark_structured_degraded(&self, until: Instant) {
+        let mut st = self.lock();
+        st.structured_degraded_until =
+            Some(st.structured_degraded_until.map_or(until, |u| u.max(until)));
+    }
+}
+
+impl Probed for PoolRuntime {
+    /// Endpoints a capacity probe should poll now.
+    fn probe_targets(&self) -> Vec<Endpoint> {
+        let st = self.lock();
+        st.endpoints.iter().map(|e| (*e.endpoint).clone()).collect()
+    }
+
+    /// Records what a capacity probe saw at `endpoint`; a change may make
+    /// endpoints eligible, so waiters are dispatched.
+    fn record_probe(self: &Arc<Self>, endpoint: &Endpoint, reading: ProbeReading) {
+        let mut st = self.lock();
+        if let Some(e) = st.endpoints.iter_mut().find(|e| *e.endpoint == *endpoint) {
+            e.probe = Some(reading);
+        }
+        self.dispatch(&mut st);
+    }
+}
+
+#[cfg(test)]
+mod tests;

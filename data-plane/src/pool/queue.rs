@@ -1,0 +1,538 @@
+//! The bounded FIFO, event-driven dispatch, and the [`Lease`] a request
+//! holds while it uses an endpoint.
+//!
+//! A request asks for a lease:
+//!
+//! - With no endpoint at all, it is refused at once (`no_backend`): there
+//!   is nothing to wait for.
+//! - With an empty queue and an eligible endpoint, it gets its lease at
+//!   once without touching the queue.
+//! - Otherwise it joins the back of the queue. If the queue is then over
+//!   its size, the *oldest* waiter is evicted with `queue_full` (it has
+//!   already waited longest and is the most likely to miss its deadline).
+//!   A waiter that reaches the queue timeout (or its attempt's deadline,
+//!   when sooner) leaves with `queue_timeout` (`attempt_timeout`). A waiter
+//!   whose client goes away (its future is dropped) leaves the queue at
+//!   once.
+//!
+//! Dispatch has no polling tick: everything that can make an endpoint
+//! eligible (a lease released, a sample folded in, a probe reading,
+//! endpoints added, an override set) runs [`PoolRuntime::dispatch`] under
+//! the same lock, which hands leases to waiters from the front of the queue
+//! until no endpoint is eligible. Because an idle endpoint is always
+//! eligible and every lease is released when its request ends (the lease's
+//! `Drop`), a non-empty pool never stalls on requests; what time alone
+//! changes (a circuit's open period, an override) the pool's wake timer
+//! covers.
+//!
+//! Exactly one answer per waiter: a waiter's oneshot sender is consumed by
+//! whichever comes first (grant, eviction, shutdown), and the timeout path
+//! removes the waiter under the lock before deciding, so a grant racing a
+//! timeout is either received or was never sent. A grant sent to a waiter
+//! that vanished in between is taken back under the lock.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use router_policy::Endpoint;
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+
+use super::state::PoolState;
+use super::{PoolRuntime, Sample};
+use crate::forward::UpstreamTarget;
+
+/// Why a pool refused a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Shed {
+    /// Evicted as the oldest waiter of a full queue.
+    QueueFull,
+    /// Waited past the queue timeout.
+    QueueTimeout,
+    /// The pool has no endpoints (or was removed, or drained).
+    NoBackend,
+    /// The attempt's own deadline came first.
+    AttemptTimeout,
+}
+
+/// A request waiting in the queue.
+pub(super) struct Waiter {
+    id: u64,
+    pub(super) enqueued_at: Instant,
+    pub(super) tx: oneshot::Sender<Result<Lease, Shed>>,
+}
+
+impl PoolRuntime {
+    /// Waits for an endpoint, at most until the queue timeout or
+    /// `attempt_deadline`, whichever comes first. Cancel-safe: dropping the
+    /// future leaves the queue at once.
+    #[cfg(test)]
+    pub(crate) async fn acquire(
+        self: &Arc<Self>,
+        attempt_deadline: Option<Instant>,
+    ) -> Result<Lease, Shed> {
+        self.acquire_at(attempt_deadline, Instant::now()).await
+    }
+
+    /// Waits for an endpoint, at most until the queue timeout or
+    /// `attempt_deadline`, whichever comes first; the caller has read the
+    /// clock (`now`) just before. Cancel-safe: dropping the future leaves
+    /// the queue at once.
+    pub(crate) async fn acquire_at(
+        self: &Arc<Self>,
+        attempt_deadline: Option<Instant>,
+        now: Instant,
+    ) -> Result<Lease, Shed> {
+        let (id, mut rx, timeout_at, on_timeout) = {
+            let mut st = self.lock();
+            if st.closed || st.endpoints.is_empty() || st.endpoints.iter().all(|e| e.draining) {
+                return Err(Shed::NoBackend);
+            }
+            if st.queue.is_empty() {
+                if let Some(lease) = self.try_grant(&mut st, now, now) {
+                    self.counters.dispatched.inc();
+                    return Ok(lease);
+                }
+            }
+            st.next_id += 1;
+            let id = st.next_id;
+            let (tx, rx) = oneshot::channel();
+            st.queue.push_back(Waiter {
+                id,
+                enqueued_at: now,
+                tx,
+            });
+            if st.queue.len() > st.settings.queue.max_size {
+                if let Some(oldest) = st.queue.pop_front() {
+                    self.counters.evicted.inc();
+                    let _ = oldest.tx.send(Err(Shed::QueueFull));
+                }
+            }
+            self.dispatch(&mut st);
+            let queue_deadline = now + st.settings.queue.timeout;
+            match attempt_deadline {
+                Some(d) if d < queue_deadline => (id, rx, d, Shed::AttemptTimeout),
+                _ => (id, rx, queue_deadline, Shed::QueueTimeout),
+            }
+        };
+        let mut guard = QueuedGuard {
+            pool: self,
+            id,
+            armed: true,
+        };
+        match tokio::time::timeout_at(timeout_at, &mut rx).await {
+            Ok(Ok(grant)) => {
+                guard.armed = false;
+                grant
+            }
+            // The sender was dropped without a word: the pool went away.
+            Ok(Err(_)) => {
+                guard.armed = false;
+                Err(Shed::NoBackend)
+            }
+            Err(_elapsed) => {
+                guard.armed = false;
+                if self.remove_waiter(id) {
+                    if on_timeout == Shed::QueueTimeout {
+                        self.counters.timed_out.inc();
+                    }
+                    Err(on_timeout)
+                } else {
+                    // Granted or evicted at the same instant: that answer
+                    // is already in the channel.
+                    rx.try_recv().unwrap_or(Err(on_timeout))
+                }
+            }
+        }
+    }
+
+    fn remove_waiter(&self, id: u64) -> bool {
+        let mut st = self.lock();
+        match st.queue.iter().position(|w| w.id == id) {
+            Some(i) => {
+                st.queue.remove(i);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Picks an eligible endpoint and charges it one request.
+    fn try_grant(
+        self: &Arc<Self>,
+        st: &mut PoolState,
+        enqueued_at: Instant,
+        now: Instant,
+    ) -> Option<Lease> {
+        st.fill_loads(now);
+        st.rotation = st.rotation.wrapping_add(1);
+        let i = st.choose()?;
+        let e = &mut st.endpoints[i];
+        e.in_flight += 1;
+        let probe = e.breaker.on_grant();
+        Some(Lease {
+            pool: Arc::clone(self),
+            endpoint_id: e.id,
+            endpoint: Arc::clone(&e.endpoint),
+            target: e.target.clone(),
+            addr: Arc::clone(&e.addr),
+            queue_wait: now.saturating_duration_since(enqueued_at),
+            probe,
+            sampled: AtomicBool::new(false),
+            armed: true,
+        })
+    }
+
+    /// Hands leases to waiters from the front while endpoints are eligible;
+    /// with waiters left, arms the wake timer for the next circuit change.
+    pub(super) fn dispatch(self: &Arc<Self>, st: &mut PoolState) {
+        // Read the clock only when someone is waiting (not on every release).
+        let mut now = None;
+        while let Some(front) = st.queue.front() {
+            if front.tx.is_closed() {
+                st.queue.pop_front();
+                continue;
+            }
+            let enqueued_at = front.enqueued_at;
+            let now = *now.get_or_insert_with(Instant::now);
+            let Some(lease) = self.try_grant(st, enqueued_at, now) else {
+                break;
+            };
+            let Some(waiter) = st.queue.pop_front() else {
+                break;
+            };
+            match waiter.tx.send(Ok(lease)) {
+                Ok(()) => {
+                    self.counters.dispatched.inc();
+                }
+                Err(Ok(mut lease)) => {
+                    // The waiter vanished after the check above: take the
+                    // lease back here, under the lock we already hold.
+                    lease.armed = false;
+                    st.uncharge(lease.endpoint_id, lease.probe);
+                }
+                Err(Err(_)) => {}
+            }
+        }
+        // Waiters remain (so the clock was read): nothing is eligible.
+        if let (false, Some(now)) = (st.queue.is_empty(), now) {
+            if let Some(at) = st.next_circuit_change(now) {
+                st.wake.arm(at, self, Self::wake);
+            }
+        }
+    }
+
+    /// The wake timer's call: an open period or an override ended at `at`.
+    fn wake(self: &Arc<Self>, at: Instant) {
+        let mut st = self.lock();
+        st.wake.fired(at);
+        self.dispatch(&mut st);
+    }
+
+    fn release(self: &Arc<Self>, endpoint_id: u64, unjudged_probe: bool) {
+        let mut st = self.lock();
+        st.uncharge(endpoint_id, unjudged_probe);
+        self.dispatch(&mut st);
+    }
+
+    fn observe(self: &Arc<Self>, endpoint_id: u64, sample: Sample) {
+        let mut st = self.lock();
+        self.record_sample(&mut st, endpoint_id, sample, Instant::now());
+        self.dispatch(&mut st);
+    }
+
+    /// [`Self::observe`] (as of `now`) and [`Self::release`] under one lock.
+    #[inline]
+    fn observe_and_release(self: &Arc<Self>, endpoint_id: u64, sample: Sample, now: Instant) {
+        let mut st = self.lock();
+        self.record_sample(&mut st, endpoint_id, sample, now);
+        // Sampled: a probe's verdict is in.
+        st.uncharge(endpoint_id, false);
+        self.dispatch(&mut st);
+    }
+}
+
+/// Removes a queued waiter whose future was dropped (client gone).
+struct QueuedGuard<'a> {
+    pool: &'a Arc<PoolRuntime>,
+    id: u64,
+    armed: bool,
+}
+
+impl Drop for QueuedGuard<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.pool.remove_waiter(self.id);
+        }
+    }
+}
+
+/// The right to send one request to one endpoint. Dropping it releases the
+/// endpoint's slot and wakes the next waiter.
+pub(crate) struct Lease {
+    pool: Arc<PoolRuntime>,
+    endpoint_id: u64,
+    endpoint: Arc<Endpoint>,
+    target: Option<Arc<UpstreamTarget>>,
+    addr: Arc<str>,
+    queue_wait: Duration,
+    /// This request is a half-open circuit's probe.
+    probe: bool,
+    sampled: AtomicBool,
+    armed: bool,
+}
+
+impl Lease {
+    /// The endpoint to send to.
+    pub(crate) fn endpoint(&self) -> &Endpoint {
+        &self.endpoint
+    }
+
+    /// The endpoint's URI parts and `Host` header, when they parse.
+    pub(crate) fn target(&self) -> Option<&UpstreamTarget> {
+        self.target.as_deref()
+    }
+
+    /// The endpoint's address label.
+    pub(crate) fn addr(&self) -> &Arc<str> {
+        &self.addr
+    }
+
+    /// The pool's name.
+    pub(crate) fn pool_name(&self) -> &Arc<str> {
+        &self.pool.name
+    }
+
+    /// The pool's name as an `x-router-route` header value.
+    pub(crate) fn route_header(&self) -> Option<&http::HeaderValue> {
+        self.pool.route_header()
+    }
+
+    /// How long the request waited in the queue.
+    pub(crate) fn queue_wait(&self) -> Duration {
+        self.queue_wait
+    }
+
+    /// Folds what the attempt taught us into the endpoint's EWMA.
+    pub(crate) fn observe(&self, sample: Sample) {
+        self.sampled.store(true, Ordering::Relaxed);
+        self.pool.observe(self.endpoint_id, sample);
+    }
+
+    /// Records the attempt's sample, taken at `now`, and gives the slot
+    /// back: what [`Lease::observe`] then dropping the lease do, under one
+    /// lock.
+    pub(crate) fn finish(mut self, sample: Sample, now: Instant) {
+        self.sampled.store(true, Ordering::Relaxed);
+        if self.armed {
+            self.armed = false;
+            self.pool.observe_and_release(self.endpoint_id, sample, now);
+        } else {
+            self.pool.observe(self.endpoint_id, sample);
+        }
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        if self.armed {
+            let unjudged = self.probe && !self.sampled.load(Ordering::Relaxed);
+            self.pool.release(self.endpoint_id, unjudged);
+        }
+    }
+}
+
+impl std::fmt::Debug for Lease {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Lease")
+            .field("pool", &self.pool.name)
+            .field("addr", &self.addr)
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::{eps, in_flight, pool, settings};
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn no_endpoints_is_an_immediate_no_backend() {
+        let p = pool(10, 1_000_000, None, &[]);
+        let started = Instant::now();
+        assert_eq!(p.acquire(None).await.unwrap_err(), Shed::NoBackend);
+        assert_eq!(started.elapsed(), Duration::ZERO);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_freed_slot_wakes_the_next_waiter_without_a_tick() {
+        let p = pool(10, 60_000, Some(1), &["h:1"]);
+        let first = p.acquire(None).await.unwrap();
+        let waiter = tokio::spawn({
+            let p = Arc::clone(&p);
+            async move { p.acquire(None).await.map(|l| l.queue_wait()) }
+        });
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        assert_eq!(p.status().queue_depth, 1);
+        drop(first);
+        let waited = waiter.await.unwrap().unwrap();
+        // Woken exactly when the slot was freed: no 50 ms polling step.
+        assert_eq!(waited, Duration::from_millis(250));
+        assert_eq!(in_flight(&p), 0);
+        assert_eq!(p.counters.dispatched.get(), 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_oldest_waiter_is_evicted_when_the_queue_is_full() {
+        let p = pool(2, 60_000, Some(1), &["h:1"]);
+        let _busy = p.acquire(None).await.unwrap();
+        let mut waiters = Vec::new();
+        for _ in 0..3 {
+            let p2 = Arc::clone(&p);
+            waiters.push(tokio::spawn(async move { p2.acquire(None).await }));
+            tokio::task::yield_now().await;
+        }
+        let oldest = waiters.remove(0).await.unwrap();
+        assert_eq!(oldest.unwrap_err(), Shed::QueueFull);
+        assert_eq!(p.status().queue_depth, 2);
+        assert_eq!(p.counters.evicted.get(), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_waiter_past_the_timeout_is_shed() {
+        let p = pool(10, 500, Some(1), &["h:1"]);
+        let _busy = p.acquire(None).await.unwrap();
+        let started = Instant::now();
+        assert_eq!(p.acquire(None).await.unwrap_err(), Shed::QueueTimeout);
+        assert_eq!(started.elapsed(), Duration::from_millis(500));
+        assert_eq!(p.status().queue_depth, 0);
+        assert_eq!(p.counters.timed_out.get(), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_dropped_waiter_leaves_the_queue_at_once() {
+        let p = pool(10, 60_000, Some(1), &["h:1"]);
+        let busy = p.acquire(None).await.unwrap();
+        let waiter = tokio::spawn({
+            let p = Arc::clone(&p);
+            async move { p.acquire(None).await }
+        });
+        tokio::task::yield_now().await;
+        assert_eq!(p.status().queue_depth, 1);
+        waiter.abort();
+        let _ = waiter.await;
+        assert_eq!(p.status().queue_depth, 0);
+        drop(busy);
+        assert_eq!(in_flight(&p), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn emptying_the_pool_sheds_waiters_and_keeps_in_flight_sane() {
+        let p = pool(10, 60_000, Some(1), &["h:1"]);
+        let busy = p.acquire(None).await.unwrap();
+        let waiter = tokio::spawn({
+            let p = Arc::clone(&p);
+            async move { p.acquire(None).await }
+        });
+        tokio::task::yield_now().await;
+        p.update(settings(10, 60_000, Some(1)), &[]);
+        assert_eq!(waiter.await.unwrap().unwrap_err(), Shed::NoBackend);
+        // The removed endpoint's lease releases nothing and breaks nothing.
+        drop(busy);
+        p.update(settings(10, 60_000, Some(1)), &eps(&["h:2"]));
+        let l = p.acquire(None).await.unwrap();
+        assert_eq!(l.endpoint().authority(), "h:2");
+        drop(l);
+        assert_eq!(in_flight(&p), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn untried_endpoints_get_one_probe_each() {
+        let p = pool(10, 60_000, None, &["h:1", "h:2"]);
+        let a = p.acquire(None).await.unwrap();
+        let b = p.acquire(None).await.unwrap();
+        assert_ne!(a.endpoint(), b.endpoint());
+        // Both probes in flight and no samples: the third request waits.
+        let third = tokio::spawn({
+            let p = Arc::clone(&p);
+            async move { p.acquire(None).await.map(|l| l.endpoint().clone()) }
+        });
+        tokio::task::yield_now().await;
+        assert_eq!(p.status().queue_depth, 1);
+        b.observe(Sample::Success(Duration::from_millis(10)));
+        // The sample makes b's endpoint eligible (under threshold) at once.
+        assert_eq!(&third.await.unwrap().unwrap(), b.endpoint());
+        drop((a, b));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn failures_count_as_slow() {
+        let p = pool(10, 60_000, None, &["h:1", "h:2"]);
+        let a = p.acquire(None).await.unwrap();
+        let b = p.acquire(None).await.unwrap();
+        a.observe(Sample::Failure(Duration::from_micros(50)));
+        b.observe(Sample::Success(Duration::from_millis(100)));
+        let (dead, live) = (a.endpoint().clone(), b.endpoint().clone());
+        drop((a, b));
+        for _ in 0..5 {
+            let l = p.acquire(None).await.unwrap();
+            assert_eq!(l.endpoint(), &live, "a failing endpoint must not look fast");
+            assert_ne!(l.endpoint(), &dead);
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_attempt_deadline_before_the_queue_timeout_wins() {
+        let p = pool(10, 60_000, Some(1), &["h:1"]);
+        let _busy = p.acquire(None).await.unwrap();
+        let started = Instant::now();
+        let deadline = started + Duration::from_millis(300);
+        assert_eq!(
+            p.acquire(Some(deadline)).await.unwrap_err(),
+            Shed::AttemptTimeout
+        );
+        assert_eq!(started.elapsed(), Duration::from_millis(300));
+        // An attempt timeout is not a queue timeout.
+        assert_eq!(p.counters.timed_out.get(), 0);
+        assert_eq!(p.status().queue_depth, 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn finish_records_the_sample_and_frees_the_slot_for_the_next_waiter() {
+        let p = pool(10, 60_000, Some(1), &["h:1"]);
+        let first = p.acquire(None).await.unwrap();
+        let waiter = tokio::spawn({
+            let p = Arc::clone(&p);
+            async move { p.acquire(None).await.map(|l| l.queue_wait()) }
+        });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(p.status().queue_depth, 1);
+        first.finish(Sample::Success(Duration::from_millis(40)), Instant::now());
+        assert_eq!(p.status().endpoints[0].ewma_s, Some(0.04));
+        let waited = waiter.await.unwrap().unwrap();
+        assert_eq!(waited, Duration::from_millis(100));
+        assert_eq!(in_flight(&p), 0);
+        assert_eq!(p.counters.dispatched.get(), 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn drained_endpoints_take_nothing_new() {
+        let p = pool(10, 60_000, None, &["h:1", "h:2"]);
+        let busy = p.acquire(None).await.unwrap();
+        let drained = busy.endpoint().clone();
+        let mut s = settings(10, 60_000, None);
+        s.drained = vec![drained.clone()];
+        p.update(s, &eps(&["h:1", "h:2"]));
+        for _ in 0..5 {
+            let l = p.acquire(None).await.unwrap();
+            assert_ne!(l.endpoint(), &drained);
+        }
+        drop(busy);
+        let mut s = settings(10, 60_000, None);
+        s.drain = true;
+        p.update(s, &eps(&["h:1", "h:2"]));
+        assert_eq!(p.availability(), super::super::Availability::Drained);
+        assert_eq!(p.acquire(None).await.unwrap_err(), Shed::NoBackend);
+    }
+}

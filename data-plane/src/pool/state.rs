@@ -1,0 +1,228 @@
+//! What a pool knows, behind its one lock: its endpoints, its queue, its
+//! latencies, and the judgements made from them.
+//!
+//! An endpoint takes requests when it is not drained, its circuit admits
+//! ([`Breaker::admits`]) and, with a capacity probe configured, its last
+//! reading is fresh and healthy ([`ProbeReading::usable`]). Among those,
+//! the balancer ([`router_policy::balance`]) picks by latency and load;
+//! [`PoolState::fill_loads`] gives it what it needs, in a buffer kept
+//! across calls so that a grant allocates nothing.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Duration;
+
+use router_policy::balance::{self, EndpointLoad};
+use router_policy::deadline::PoolOutlook;
+use router_policy::{Endpoint, Probe};
+use tokio::time::Instant;
+
+use super::circuit::Breaker;
+use super::latency::LatencyWindow;
+use super::queue::Waiter;
+use super::wake::WakeTimer;
+use super::{Availability, PoolSettings, Shed};
+use crate::forward::UpstreamTarget;
+use crate::probe::ProbeReading;
+
+/// One endpoint of a pool.
+pub(super) struct EndpointState {
+    /// Names the endpoint to its leases across updates of the pool.
+    pub(super) id: u64,
+    pub(super) endpoint: Arc<Endpoint>,
+    /// Its URI parts and `Host` header, parsed once.
+    pub(super) target: Option<Arc<UpstreamTarget>>,
+    pub(super) addr: Arc<str>,
+    /// EWMA latency, seconds; `None` before the first answer.
+    pub(super) ewma: Option<f64>,
+    pub(super) in_flight: u32,
+    pub(super) draining: bool,
+    pub(super) breaker: Breaker,
+    pub(super) probe: Option<ProbeReading>,
+}
+
+impl EndpointState {
+    /// A new endpoint: closed circuit, nothing measured.
+    pub(super) fn new(id: u64, endpoint: &Endpoint) -> Self {
+        Self {
+            id,
+            addr: endpoint.to_string().into(),
+            endpoint: Arc::new(endpoint.clone()),
+            target: UpstreamTarget::new(endpoint).map(Arc::new),
+            ewma: None,
+            in_flight: 0,
+            draining: false,
+            breaker: Breaker::new(),
+            probe: None,
+        }
+    }
+
+    /// Fresh, healthy probe data when a probe is configured.
+    #[inline]
+    fn probe_ok(&self, probe: Option<&Probe>, now: Instant) -> bool {
+        let Some(p) = probe else { return true };
+        self.probe.as_ref().is_some_and(|r| r.usable(p, now))
+    }
+
+    /// Not drained, the circuit admits, the capacity probe is fine.
+    #[inline]
+    fn usable(&self, probe: Option<&Probe>, now: Instant) -> bool {
+        !self.draining && self.breaker.admits(now) && self.probe_ok(probe, now)
+    }
+}
+
+/// A pool's state, behind its lock.
+pub(super) struct PoolState {
+    pub(super) settings: PoolSettings,
+    pub(super) endpoints: Vec<EndpointState>,
+    pub(super) queue: VecDeque<Waiter>,
+    /// The balancer's input, refilled for every choice (kept to reuse its
+    /// allocation).
+    pub(super) loads: Vec<EndpointLoad>,
+    pub(super) latencies: LatencyWindow,
+    pub(super) wake: WakeTimer,
+    pub(super) structured_degraded_until: Option<Instant>,
+    /// The last id given to an endpoint or a waiter.
+    pub(super) next_id: u64,
+    /// Breaks the balancer's ties in turn.
+    pub(super) rotation: usize,
+    /// Removed from service.
+    pub(super) closed: bool,
+}
+
+impl PoolState {
+    /// Empty, with these settings.
+    pub(super) fn new(settings: PoolSettings) -> Self {
+        Self {
+            settings,
+            endpoints: Vec::new(),
+            queue: VecDeque::new(),
+            loads: Vec::new(),
+            latencies: LatencyWindow::default(),
+            wake: WakeTimer::default(),
+            structured_degraded_until: None,
+            next_id: 0,
+            rotation: 0,
+            closed: false,
+        }
+    }
+
+    /// The endpoint with this id, if still in the pool.
+    #[inline]
+    pub(super) fn endpoint_mut(&mut self, id: u64) -> Option<&mut EndpointState> {
+        self.endpoints.iter_mut().find(|e| e.id == id)
+    }
+
+    /// Whether the pool can take requests at all, as of `now`.
+    pub(super) fn availability(&self, now: Instant) -> Availability {
+        if self.closed || self.endpoints.is_empty() {
+            return Availability::NoEndpoints;
+        }
+        if self.settings.drain || self.endpoints.iter().all(|e| e.draining) {
+            return Availability::Drained;
+        }
+        let probe = self.settings.probe.as_ref();
+        if !self.endpoints.iter().any(|e| e.usable(probe, now)) {
+            return Availability::Unhealthy;
+        }
+        Availability::Ready
+    }
+
+    /// What the deadline planner needs to know about this pool as of
+    /// `now`.
+    pub(super) fn outlook(&mut self, now: Instant) -> PoolOutlook {
+        self.latencies.expire(now);
+        let p95 = self.latencies.p95(now);
+        self.fill_loads(now);
+        let free_now = self.queue.is_empty() && self.choose().is_some();
+        let expected_wait = if free_now {
+            Some(Duration::ZERO)
+        } else {
+            self.expected_wait(now)
+        };
+        PoolOutlook {
+            free_now,
+            expected_wait,
+            p95,
+        }
+    }
+
+    /// The balancer's pick among [`Self::loads`] (fill them first).
+    #[inline]
+    pub(super) fn choose(&self) -> Option<usize> {
+        balance::choose(
+            &self.loads,
+            self.settings.queue.scoring,
+            self.settings.queue.latency_threshold_s,
+            self.rotation,
+        )
+    }
+
+    /// Gives back a request's slot; a probe that ended without a verdict
+    /// lets the next request probe.
+    #[inline]
+    pub(super) fn uncharge(&mut self, endpoint_id: u64, unjudged_probe: bool) {
+        if let Some(e) = self.endpoint_mut(endpoint_id) {
+            e.in_flight = e.in_flight.saturating_sub(1);
+            if unjudged_probe && e.breaker.is_probing() {
+                e.breaker.on_probe_abandoned(Instant::now());
+            }
+        }
+    }
+
+    /// Refills [`Self::loads`] as of `now`.
+    #[inline]
+    pub(super) fn fill_loads(&mut self, now: Instant) {
+        let max_concurrency = self.settings.max_concurrency;
+        let probe = self.settings.probe;
+        let model = self.settings.model.as_deref();
+        self.loads.clear();
+        self.loads
+            .extend(self.endpoints.iter().map(|e| EndpointLoad {
+                ewma: e.ewma,
+                in_flight: e.in_flight,
+                max_concurrency,
+                available: e.usable(probe.as_ref(), now),
+                preferred: match (model, &e.probe) {
+                    (Some(m), Some(r)) => r.resident.iter().any(|x| x == m),
+                    _ => false,
+                },
+            }));
+    }
+
+    /// Queue wait estimate: the waiters ahead (and this request) served by
+    /// the open slots at the best endpoint's EWMA. `None` without an EWMA.
+    fn expected_wait(&self, now: Instant) -> Option<Duration> {
+        let probe = self.settings.probe.as_ref();
+        let usable: Vec<&EndpointState> = self
+            .endpoints
+            .iter()
+            .filter(|e| e.usable(probe, now))
+            .collect();
+        let service = usable.iter().filter_map(|e| e.ewma).reduce(f64::min)?;
+        let slots: u32 = usable
+            .iter()
+            .map(|e| self.settings.max_concurrency.unwrap_or(e.in_flight.max(1)))
+            .sum();
+        let ahead = self.queue.len() as f64 + 1.0;
+        let wait = service * ahead / f64::from(slots.max(1));
+        Some(Duration::from_secs_f64(wait.min(1e6)))
+    }
+
+    /// The next instant at which an endpoint's circuit may start admitting
+    /// by time alone, if any.
+    pub(super) fn next_circuit_change(&self, now: Instant) -> Option<Instant> {
+        self.endpoints
+            .iter()
+            .filter(|e| !e.draining)
+            .filter_map(|e| e.breaker.next_change(now))
+            .min()
+    }
+
+    /// Answers every waiter `why`.
+    pub(super) fn shed_all(&mut self, why: Shed) {
+        for w in self.queue.drain(..) {
+            let _ = w.tx.send(Err(why));
+        }
+    }
+}

@@ -1,0 +1,248 @@
+//! What a pool tells the rest of the router about itself: whether it can
+//! take requests ([`Availability`]), what the deadline planner expects of it
+//! ([`PoolOutlook`]), what the policy's gates measure
+//! ([`PoolMeasurements`]), and a live view for health and metrics
+//! ([`PoolStatus`]).
+//!
+//! Each is read under the pool's lock, in one go, as of one clock reading:
+//! the answers are consistent with each other and with what admission
+//! does at that instant. In particular an endpoint's reported circuit is
+//! [`Breaker::effective_state`](super::circuit::Breaker::effective_state),
+//! the same function admission uses, overrides included.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use router_policy::deadline::PoolOutlook;
+use router_policy::decide::PoolMeasurements;
+use tokio::time::Instant;
+
+use super::{CircuitState, PoolRuntime};
+use crate::probe::ProbeReading;
+
+/// Whether a pool can take a request at all right now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Availability {
+    /// At least one endpoint can take requests (now or after queueing).
+    Ready,
+    /// No endpoints configured.
+    NoEndpoints,
+    /// Every endpoint (or the pool) is drained.
+    Drained,
+    /// Every endpoint that is not drained has an open circuit or a failing
+    /// (or stale) capacity probe.
+    Unhealthy,
+}
+
+impl Availability {
+    /// Text for the route log's reason.
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Self::Ready => "ready",
+            Self::NoEndpoints => "no endpoints",
+            Self::Drained => "drained",
+            Self::Unhealthy => "unhealthy (circuits open or capacity probes failing)",
+        }
+    }
+}
+
+/// A live view of one endpoint, for health, metrics and the state log.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct EndpointStatus {
+    /// `http://host:port[/base]`.
+    pub addr: Arc<str>,
+    /// Requests in flight.
+    pub in_flight: u32,
+    /// EWMA latency in seconds, `None` before the first answer.
+    pub ewma_s: Option<f64>,
+    /// Circuit breaker state, overrides included: what admission goes by.
+    pub circuit: CircuitState,
+    /// Drained (no new requests).
+    pub draining: bool,
+}
+
+/// A live view of one pool.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct PoolStatus {
+    /// Pool name.
+    pub name: Arc<str>,
+    /// Requests waiting.
+    pub queue_depth: usize,
+    /// How long the oldest waiter has waited.
+    pub oldest_wait: Option<Duration>,
+    /// Endpoints.
+    pub endpoints: Vec<EndpointStatus>,
+}
+
+impl PoolRuntime {
+    /// Whether the pool can take requests at all.
+    #[cfg(test)]
+    pub(crate) fn availability(&self) -> Availability {
+        self.lock().availability(Instant::now())
+    }
+
+    /// What the deadline planner needs to know about this pool now.
+    pub(crate) fn outlook(&self) -> PoolOutlook {
+        self.lock().outlook(Instant::now())
+    }
+
+    /// The outlook as of `now` (a request passes its own clock reading)
+    /// when the pool can take requests, else why not (availability and
+    /// [`Self::outlook`] under one lock).
+    pub(crate) fn ready_outlook_at(&self, now: Instant) -> Result<PoolOutlook, Availability> {
+        let mut st = self.lock();
+        match st.availability(now) {
+            Availability::Ready => Ok(st.outlook(now)),
+            other => Err(other),
+        }
+    }
+
+    /// The measurements the policy's gates look at.
+    #[cfg(test)]
+    pub(crate) fn measurements(&self) -> PoolMeasurements {
+        self.measurements_at(Instant::now())
+    }
+
+    /// The measurements the policy's gates look at, as of `now`.
+    pub(crate) fn measurements_at(&self, now: Instant) -> PoolMeasurements {
+        let st = self.lock();
+        let availability = st.availability(now);
+        let fresh: Vec<&ProbeReading> = match st.settings.probe {
+            None => Vec::new(),
+            Some(p) => st
+                .endpoints
+                .iter()
+                .filter(|e| !e.draining)
+                .filter_map(|e| e.probe.as_ref())
+                .filter(|r| r.usable(&p, now))
+                .collect(),
+        };
+        let waiting: u32 = fresh.iter().filter_map(|r| r.waiting).sum();
+        PoolMeasurements {
+            vram_free_mb: fresh.iter().filter_map(|r| r.vram_free_mb).max(),
+            queue_depth: Some(
+                u32::try_from(st.queue.len())
+                    .unwrap_or(u32::MAX)
+                    .saturating_add(waiting),
+            ),
+            latency_ms: st
+                .endpoints
+                .iter()
+                .filter(|e| !e.draining)
+                .filter_map(|e| e.ewma)
+                .reduce(f64::min)
+                .map(|s| s * 1000.0),
+            healthy: Some(availability == Availability::Ready),
+            structured_degraded: st.structured_degraded_until.is_some_and(|u| now < u),
+            unhealthy_because: (availability != Availability::Ready).then(|| availability.as_str()),
+        }
+    }
+
+    /// A consistent view of the pool right now.
+    pub(crate) fn status(&self) -> PoolStatus {
+        let st = self.lock();
+        let now = Instant::now();
+        PoolStatus {
+            name: Arc::clone(&self.name),
+            queue_depth: st.queue.len(),
+            oldest_wait: st
+                .queue
+                .front()
+                .map(|w| now.saturating_duration_since(w.enqueued_at)),
+            endpoints: st
+                .endpoints
+                .iter()
+                .map(|e| EndpointStatus {
+                    addr: Arc::clone(&e.addr),
+                    in_flight: e.in_flight,
+                    ewma_s: e.ewma,
+                    circuit: e.breaker.effective_state(now).reported(),
+                    draining: e.draining,
+                })
+                .collect(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::{pool, with_breaker};
+    use super::super::Sample;
+    use super::*;
+    use router_policy::Endpoint;
+
+    #[tokio::test(start_paused = true)]
+    async fn the_outlook_estimates_wait_and_p95() {
+        let p = pool(10, 60_000, Some(1), &["h:1"]);
+        assert_eq!(
+            p.outlook(),
+            PoolOutlook {
+                free_now: true,
+                expected_wait: Some(Duration::ZERO),
+                p95: None
+            }
+        );
+        let l = p.acquire(None).await.unwrap();
+        // Busy and unmeasured: the wait cannot be estimated.
+        assert_eq!(p.outlook().expected_wait, None);
+        l.observe(Sample::Success(Duration::from_millis(200)));
+        let o = p.outlook();
+        assert!(!o.free_now);
+        assert_eq!(o.p95, Some(Duration::from_millis(200)));
+        // One slot at 200 ms: this request would wait about 200 ms.
+        assert_eq!(o.expected_wait, Some(Duration::from_millis(200)));
+        drop(l);
+        // Samples older than a minute no longer count.
+        tokio::time::advance(Duration::from_secs(61)).await;
+        assert_eq!(p.outlook().p95, None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_forced_closed_endpoint_reports_what_admission_does() {
+        let p = with_breaker(&["h:1"], 1, 60_000);
+        let l = p.acquire(None).await.unwrap();
+        l.finish(Sample::Failure(Duration::from_millis(1)), Instant::now());
+        assert_eq!(p.status().endpoints[0].circuit, CircuitState::Open);
+        assert_eq!(p.availability(), Availability::Unhealthy);
+
+        // The control plane forces it closed: traffic flows again, and
+        // health must say so (it used to keep saying `open`).
+        let h1 = Endpoint::parse("h:1").unwrap();
+        let until = Instant::now() + Duration::from_secs(10);
+        p.set_forced(&[(Some(h1.clone()), false, until)]);
+        assert!(p.outlook().free_now, "admission takes it");
+        assert_eq!(p.availability(), Availability::Ready);
+        assert_eq!(p.status().endpoints[0].circuit, CircuitState::Closed);
+        assert_eq!(p.measurements().healthy, Some(true));
+
+        // The override ends: the local breaker, still open, is back.
+        tokio::time::advance(Duration::from_secs(10)).await;
+        assert!(!p.outlook().free_now);
+        assert_eq!(p.status().endpoints[0].circuit, CircuitState::Open);
+        assert_eq!(p.availability(), Availability::Unhealthy);
+
+        // Forced closed again: a request gets its lease at once.
+        let started = Instant::now();
+        p.set_forced(&[(Some(h1), false, started + Duration::from_secs(10))]);
+        let l = p.acquire(None).await.unwrap();
+        assert_eq!(started.elapsed(), Duration::ZERO);
+        drop(l);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_forced_open_endpoint_reports_open_and_takes_nothing() {
+        let p = pool(10, 60_000, None, &["h:1"]);
+        let until = Instant::now() + Duration::from_secs(10);
+        p.set_forced(&[(None, true, until)]);
+        assert_eq!(p.status().endpoints[0].circuit, CircuitState::Open);
+        assert_eq!(p.availability(), Availability::Unhealthy);
+        assert_eq!(
+            p.measurements().unhealthy_because,
+            Some(Availability::Unhealthy.as_str())
+        );
+        // Anything not listed goes back to the local breaker.
+        p.set_forced(&[]);
+        assert_eq!(p.status().endpoints[0].circuit, CircuitState::Closed);
+        assert_eq!(p.availability(), Availability::Ready);
+    }
+}

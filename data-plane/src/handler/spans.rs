@@ -95,12 +95,7 @@ pub(super) async fn traced_attempt(
         if !r.outcome.is_success() {
             span.set_status(Status::error(r.outcome.as_str()));
             // The failure may have opened the endpoint's circuit.
-            let open = pool
-                .status()
-                .endpoints
-                .iter()
-                .any(|e| *e.addr == *r.endpoint && e.circuit == CircuitState::Open);
-            if open {
+            if pool.circuit_of(&r.endpoint) == Some(CircuitState::Open) {
                 span.add_event(
                     "circuit_open",
                     vec![KeyValue::new("server.address", r.endpoint.clone())],

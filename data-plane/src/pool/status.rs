@@ -162,6 +162,17 @@ impl PoolRuntime {
                 .collect(),
         }
     }
+
+    /// The circuit of the endpoint at `addr` as status reports it; `None`
+    /// when the pool has no such endpoint.
+    pub(crate) fn circuit_of(&self, addr: &str) -> Option<CircuitState> {
+        let st = self.lock();
+        let now = Instant::now();
+        st.endpoints
+            .iter()
+            .find(|e| *e.addr == *addr)
+            .map(|e| e.breaker.effective_state(now).reported())
+    }
 }
 
 #[cfg(test)]
@@ -213,12 +224,15 @@ mod tests {
         assert!(p.outlook().free_now, "admission takes it");
         assert_eq!(p.availability(), Availability::Ready);
         assert_eq!(p.status().endpoints[0].circuit, CircuitState::Closed);
+        assert_eq!(p.circuit_of(&p.status().endpoints[0].addr), Some(CircuitState::Closed));
         assert_eq!(p.measurements().healthy, Some(true));
 
         // The override ends: the local breaker, still open, is back.
         tokio::time::advance(Duration::from_secs(10)).await;
         assert!(!p.outlook().free_now);
         assert_eq!(p.status().endpoints[0].circuit, CircuitState::Open);
+        assert_eq!(p.circuit_of(&p.status().endpoints[0].addr), Some(CircuitState::Open));
+        assert_eq!(p.circuit_of("nowhere:1"), None);
         assert_eq!(p.availability(), Availability::Unhealthy);
 
         // Forced closed again: a request gets its lease at once.

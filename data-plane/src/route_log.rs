@@ -767,7 +767,10 @@ pub(crate) const MAX_QUEUED: usize = 16 * 1024;
 impl RouteLog {
     /// Starts the writer thread on `out` (stdout in production). The thread
     /// writes what is left and ends when every `RouteLog` is dropped.
-    pub(crate) fn spawn(out: Box<dyn Write + Send>, metrics: Arc<Metrics>) -> std::io::Result<Self> {
+    pub(crate) fn spawn(
+        out: Box<dyn Write + Send>,
+        metrics: Arc<Metrics>,
+    ) -> std::io::Result<Self> {
         let queue = Arc::new(Mutex::new(Vec::with_capacity(1024)));
         let weak = Arc::downgrade(&queue);
         std::thread::Builder::new()

@@ -224,14 +224,20 @@ mod tests {
         assert!(p.outlook().free_now, "admission takes it");
         assert_eq!(p.availability(), Availability::Ready);
         assert_eq!(p.status().endpoints[0].circuit, CircuitState::Closed);
-        assert_eq!(p.circuit_of(&p.status().endpoints[0].addr), Some(CircuitState::Closed));
+        assert_eq!(
+            p.circuit_of(&p.status().endpoints[0].addr),
+            Some(CircuitState::Closed)
+        );
         assert_eq!(p.measurements().healthy, Some(true));
 
         // The override ends: the local breaker, still open, is back.
         tokio::time::advance(Duration::from_secs(10)).await;
         assert!(!p.outlook().free_now);
         assert_eq!(p.status().endpoints[0].circuit, CircuitState::Open);
-        assert_eq!(p.circuit_of(&p.status().endpoints[0].addr), Some(CircuitState::Open));
+        assert_eq!(
+            p.circuit_of(&p.status().endpoints[0].addr),
+            Some(CircuitState::Open)
+        );
         assert_eq!(p.circuit_of("nowhere:1"), None);
         assert_eq!(p.availability(), Availability::Unhealthy);
 

@@ -3,6 +3,11 @@
 //! against nginx as a reference reverse proxy.
 //!
 //! See `bench/README.md` for what it measures and its caveats.
+//!
+//! - `backend`: the in-process model server (a fixed JSON answer);
+//! - `procs`: the router and nginx as child processes, started and stopped;
+//! - `load`: the fixed-rate and closed-loop load generators;
+//! - `report`: percentiles, ratios and the text or JSON report.
 
 // A benchmark measures wall time: std's clock is the point here.
 #![allow(clippy::disallowed_types, clippy::disallowed_methods)]

@@ -113,6 +113,25 @@ impl Pending {
         }
     }
 
+    /// The router's headers on an answer to this request (see
+    /// [`set_router_headers`]).
+    fn stamp<B>(
+        &self,
+        resp: &mut Response<B>,
+        record: &RouteRecord,
+        route: Option<HeaderValue>,
+        attempts: usize,
+    ) {
+        set_router_headers(
+            resp,
+            record,
+            self.id_header.as_ref(),
+            route,
+            self.version_header.as_ref(),
+            attempts,
+        );
+    }
+
     /// Answers with the router's own error.
     pub(super) fn reject(mut self, err: ProxyError) -> Response<ProxyBody> {
         let mut record = self.take_record();
@@ -138,14 +157,7 @@ impl Pending {
         }
         let id = (!record.request_id.is_empty()).then_some(record.request_id.as_str());
         let mut resp = err.to_response(id);
-        set_router_headers(
-            &mut resp,
-            &record,
-            self.id_header.as_ref(),
-            None,
-            self.version_header.as_ref(),
-            record.attempts.len(),
-        );
+        self.stamp(&mut resp, &record, None, record.attempts.len());
         let status = resp.status().as_u16();
         finish_record(&self.shared, record, self.t0, outcome, status, pool);
         full(resp)
@@ -167,14 +179,7 @@ impl Pending {
             .and_then(|v| v.to_str().ok())
             .map(Arc::<str>::from);
         // The stored answer keeps its own `x-router-route`.
-        set_router_headers(
-            &mut resp,
-            &record,
-            self.id_header.as_ref(),
-            None,
-            self.version_header.as_ref(),
-            0,
-        );
+        self.stamp(&mut resp, &record, None, 0);
         finish_record(
             &self.shared,
             record,
@@ -203,14 +208,7 @@ impl Pending {
         // `body` (hyper read the body by it): kept, not recomputed.
         crate::hop_by_hop::strip_hop_by_hop(&mut head.headers);
         let mut resp = Response::from_parts(head, body);
-        set_router_headers(
-            &mut resp,
-            &record,
-            self.id_header.as_ref(),
-            route,
-            self.version_header.as_ref(),
-            attempts,
-        );
+        self.stamp(&mut resp, &record, route, attempts);
         if let Some(g) = leader {
             if outcome == Outcome::Ok {
                 g.store(StoredAnswer {
@@ -260,14 +258,7 @@ impl Pending {
         let failed = !attempt.outcome.is_success();
         let status = head.status.as_u16();
         let mut resp = Response::from_parts(head, ());
-        set_router_headers(
-            &mut resp,
-            &record,
-            self.id_header.as_ref(),
-            lease.route_header().cloned(),
-            self.version_header.as_ref(),
-            attempts,
-        );
+        self.stamp(&mut resp, &record, lease.route_header().cloned(), attempts);
         let finisher = Finisher {
             shared: Arc::clone(&self.shared),
             lease,
@@ -289,6 +280,9 @@ impl Pending {
     }
 }
 
+/// `x-request-id` (the client's own value, else the record's id),
+/// `x-router-route` (when given), `x-router-attempts` and
+/// `x-router-config-version`.
 fn set_router_headers<B>(
     resp: &mut Response<B>,
     record: &RouteRecord,

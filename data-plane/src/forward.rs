@@ -7,28 +7,22 @@
 //! - Hop-by-hop headers (RFC 9110 §7.6.1), and every header the
 //!   `Connection` header names, are removed in both directions; the
 //!   client's address is appended to `X-Forwarded-For`.
-//! - The answer's body is passed through frame by frame ([`TrackedBody`]),
-//!   so server-sent events reach the client as the backend produces them.
-//!   The wrapper notices the first data frame (the latency sample: time to
-//!   first byte) and the end of the body (or the client going away), and
-//!   then runs the request's completion exactly once.
+//! - The answer's body is passed through frame by frame
+//!   (`tracked_body::TrackedBody`), so server-sent events reach the client
+//!   as the backend produces them.
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{HeaderMap, HeaderName, HeaderValue};
-use http_body::{Body, Frame, SizeHint};
+use http_body::Body;
 use hyper_util::client::legacy::connect::HttpConnector;
 use router_policy::Scheme;
-use tokio::time::{Instant, Sleep};
 
 use crate::settings::Settings;
+use crate::upstream::PoolKey;
 pub(crate) use crate::upstream::UpstreamClient;
-use crate::upstream::{PoolKey, UpstreamBody};
 
 /// Errors building the upstream client.
 #[derive(Debug, thiserror::Error)]
@@ -191,147 +185,8 @@ pub(crate) fn add_forwarded(
     }
 }
 
-/// What happens when a proxied answer's body ends.
-pub(crate) trait Completion: Send + 'static {
-    /// The first data frame went out (time to first byte).
-    fn first_byte(&mut self);
-    /// The body ended, was cut, or the client went away.
-    fn finish(self: Box<Self>, end: BodyEnd);
-}
-
-/// How a proxied body ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum BodyEnd {
-    /// Every byte went to the client.
-    Complete,
-    /// The backend broke the stream.
-    UpstreamError,
-    /// The client went away before the end.
-    ClientGone,
-    /// The request's deadline came first: the stream was cut.
-    DeadlineCut,
-}
-
 /// Error type of proxied bodies.
 pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
-
-/// The one SSE event sent when a stream is cut at its deadline.
-const DEADLINE_EVENT: &str = "event: error\ndata: {\"error\":{\"type\":\"deadline_exhausted\",\"code\":\"deadline_exhausted\",\"message\":\"the request's deadline ran out; the stream was cut\"}}\n\n";
-
-/// A response body passed through frame by frame, with a completion hook
-/// and an optional deadline.
-///
-/// At the deadline the upstream body is dropped (which closes the upstream
-/// connection, so the backend stops generating). A server-sent-events
-/// stream then gets one `event: error` naming `deadline_exhausted` and ends
-/// cleanly: the client keeps everything it already received. Any other
-/// body is aborted (the client sees a truncated answer, not a complete
-/// one).
-pub(crate) struct TrackedBody {
-    inner: Option<UpstreamBody>,
-    completion: Option<Box<dyn Completion>>,
-    seen_data: bool,
-    deadline: Option<Pin<Box<Sleep>>>,
-    sse: bool,
-}
-
-impl TrackedBody {
-    /// Wraps `inner`; `completion` runs exactly once.
-    pub(crate) fn new(
-        inner: UpstreamBody,
-        completion: Box<dyn Completion>,
-        deadline: Option<Instant>,
-        sse: bool,
-    ) -> Self {
-        Self {
-            inner: Some(inner),
-            completion: Some(completion),
-            seen_data: false,
-            deadline: deadline.map(|d| Box::pin(tokio::time::sleep_until(d))),
-            sse,
-        }
-    }
-
-    fn finish(&mut self, end: BodyEnd) {
-        if let Some(mut c) = self.completion.take() {
-            if !self.seen_data && end == BodyEnd::Complete {
-                // An empty body: its end is the first byte.
-                c.first_byte();
-            }
-            c.finish(end);
-        }
-    }
-}
-
-impl Body for TrackedBody {
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        let this = self.get_mut();
-        if let Some(sleep) = this.deadline.as_mut() {
-            if sleep.as_mut().poll(cx).is_ready() {
-                this.deadline = None;
-                // Dropping the upstream body cancels the backend's work.
-                this.inner = None;
-                this.finish(BodyEnd::DeadlineCut);
-                return if this.sse {
-                    Poll::Ready(Some(Ok(Frame::data(Bytes::from_static(
-                        DEADLINE_EVENT.as_bytes(),
-                    )))))
-                } else {
-                    Poll::Ready(Some(Err("deadline exhausted: answer cut".into())))
-                };
-            }
-        }
-        let Some(inner) = this.inner.as_mut() else {
-            return Poll::Ready(None);
-        };
-        let frame = ready!(Pin::new(&mut *inner).poll_frame(cx));
-        let ended = inner.is_end_stream();
-        match &frame {
-            Some(Ok(f)) => {
-                if f.is_data() && !this.seen_data {
-                    this.seen_data = true;
-                    if let Some(c) = this.completion.as_mut() {
-                        c.first_byte();
-                    }
-                }
-                if ended {
-                    this.finish(BodyEnd::Complete);
-                }
-            }
-            Some(Err(_)) => this.finish(BodyEnd::UpstreamError),
-            None => this.finish(BodyEnd::Complete),
-        }
-        Poll::Ready(frame.map(|f| f.map_err(BoxError::from)))
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.as_ref().is_none_or(|b| b.is_end_stream()) && self.completion.is_none()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        match &self.inner {
-            Some(b) if self.deadline.is_none() => b.size_hint(),
-            _ => SizeHint::default(),
-        }
-    }
-}
-
-impl Drop for TrackedBody {
-    fn drop(&mut self) {
-        let end = if self.inner.as_ref().is_some_and(|b| b.is_end_stream()) {
-            BodyEnd::Complete
-        } else {
-            BodyEnd::ClientGone
-        };
-        self.finish(end);
-    }
-}
 
 /// Why [`read_whole`] stopped.
 #[derive(Debug)]
@@ -386,6 +241,8 @@ where
 
 #[cfg(test)]
 mod tests {
+    use http_body::Frame;
+
     type Frames = http_body_util::StreamBody<
         futures_util::stream::Iter<
             std::vec::IntoIter<Result<Frame<Bytes>, std::convert::Infallible>>,

@@ -19,8 +19,10 @@
 //! - `config`: the immutable `Snapshot` and its atomic swaps ([`ConfigStore`]);
 //! - `pool`: one pool's circuits, latency window, bounded FIFO and leases;
 //! - `probe`: capacity probes (vLLM `/metrics`, Ollama `/api/ps`);
-//! - `forward`: the upstream client's set-up, URIs, forwarded headers and
-//!   the streaming body wrapper (`TrackedBody`);
+//! - `forward`: the upstream client's set-up, URIs and forwarded headers;
+//! - `tracked_body`: a streamed answer on its way to the client, its
+//!   completion run once, its deadline enforced even when the client stops
+//!   reading;
 //! - `upstream`: the per-worker upstream connection pool;
 //! - `route_log`, `metrics`, [`telemetry`]: what the proxy tells operators;
 //! - `reload`: standalone mode's policy file watcher;
@@ -53,6 +55,7 @@ mod route_log;
 mod settings;
 mod stop_signal;
 pub mod telemetry;
+mod tracked_body;
 mod upstream;
 
 use std::convert::Infallible;

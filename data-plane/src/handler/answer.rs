@@ -29,10 +29,10 @@ use super::{
 };
 use crate::config::Snapshot;
 use crate::error::ProxyError;
-use crate::forward::TrackedBody;
 use crate::idempotency::{LeaderGuard, StoredAnswer};
 use crate::pool::Lease;
 use crate::route_log::{AttemptRecord, RouteRecord, Timestamp};
+use crate::tracked_body::TrackedBody;
 use crate::upstream::UpstreamBody;
 use crate::Shared;
 

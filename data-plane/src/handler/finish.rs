@@ -16,9 +16,9 @@ use tokio::time::Instant;
 
 use super::answer::Pending;
 use super::{ms, spans};
-use crate::forward::{BodyEnd, Completion};
 use crate::pool::{Lease, Sample};
 use crate::route_log::{AttemptRecord, RouteRecord};
+use crate::tracked_body::{BodyEnd, Completion};
 use crate::Shared;
 
 impl Drop for Pending {

@@ -51,7 +51,7 @@ use http::header::HeaderName;
 use http::Response;
 use http_body_util::{Either, Full};
 
-use crate::forward::TrackedBody;
+use crate::tracked_body::TrackedBody;
 
 pub(crate) use ingress::handle;
 

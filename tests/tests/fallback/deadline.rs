@@ -179,3 +179,57 @@ async fn a_stream_does_not_fail_over_after_its_first_byte() {
     let l = &proxy.log.wait_for(1).await[0];
     assert_eq!(l["outcome"], "upstream_reset");
 }
+
+/// A client that reads the answer's head and then stops reading: once the
+/// socket buffers are full nothing polls the answer's body, yet at the
+/// deadline the backend is cancelled and the endpoint's slot is freed.
+/// (Before the relay, the deadline was only checked when the body was
+/// polled: the generation went on and the lease was held for as long as
+/// the client stalled.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_reader_does_not_hold_the_backend_past_the_deadline() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    // ~150 bytes an event, as fast as it can: far more than the socket
+    // buffers between a stalled client and the proxy hold.
+    let streamer = mock_sse("streamer", 100_000, 0).await;
+    let proxy = TestProxy::with_policy(settings(), &one_pool(&streamer.url(), "")).await;
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let mut conn = socket.connect(proxy.addr()).await.unwrap();
+    let body = r#"{"model":"m","stream":true}"#;
+    let request = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: router\r\ncontent-type: application/json\r\n\
+         x-router-deadline-ms: 2000\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    conn.write_all(request.as_bytes()).await.unwrap();
+    // The head (and a little of the body), then no more reading.
+    let mut head = [0u8; 512];
+    let n = conn.read(&mut head).await.unwrap();
+    assert!(
+        String::from_utf8_lossy(&head[..n]).starts_with("HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&head[..n])
+    );
+    // The stream is under way and its slot taken.
+    proxy
+        .wait_health("the stream holds its slot", |h| {
+            router_tests::harness::health_in_flight(h) == 1
+        })
+        .await;
+    // Past the deadline, with the client still not reading: the backend
+    // saw the cancellation and the slot is free again.
+    eventually(Duration::from_secs(5), "upstream cancelled", || {
+        streamer.stats().cancelled == 1
+    })
+    .await;
+    proxy
+        .wait_health("the slot is released", |h| {
+            router_tests::harness::health_in_flight(h) == 0
+        })
+        .await;
+    assert_eq!(streamer.stats().completed, 0, "never generated to the end");
+    let l = &proxy.log.wait_for(1).await[0];
+    assert_eq!(l["outcome"], "deadline_exhausted");
+    drop(conn);
+}

@@ -34,6 +34,13 @@ pub enum ProxyError {
         /// Which pools were looked at and why each was passed over.
         detail: String,
     },
+    /// The proxy's own cap on buffered request bytes or open connections
+    /// is reached: try again shortly.
+    #[error("the router is at its limit of {what}; retry shortly")]
+    Overloaded {
+        /// Which limit (`buffered request bytes`, `open connections`).
+        what: &'static str,
+    },
     /// No pool can answer inside what is left of the deadline, or it ran out.
     #[error("deadline exhausted: {detail}")]
     DeadlineExhausted {
@@ -91,9 +98,10 @@ impl ProxyError {
     /// The HTTP status of the answer.
     pub fn status(&self) -> StatusCode {
         match self {
-            Self::QueueFull { .. } | Self::QueueTimeout { .. } | Self::NoBackend { .. } => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
+            Self::QueueFull { .. }
+            | Self::QueueTimeout { .. }
+            | Self::NoBackend { .. }
+            | Self::Overloaded { .. } => StatusCode::SERVICE_UNAVAILABLE,
             Self::DeadlineExhausted { .. } => StatusCode::GATEWAY_TIMEOUT,
             Self::DuplicateRequest(_) => StatusCode::CONFLICT,
             Self::IdempotencyMismatch(_) => StatusCode::UNPROCESSABLE_ENTITY,
@@ -116,6 +124,7 @@ impl ProxyError {
             Self::QueueFull { .. } => Outcome::QueueFull,
             Self::QueueTimeout { .. } => Outcome::QueueTimeout,
             Self::NoBackend { .. } => Outcome::NoBackend,
+            Self::Overloaded { .. } => Outcome::Overloaded,
             Self::DeadlineExhausted { .. } => Outcome::DeadlineExhausted,
             Self::DuplicateRequest(_) => Outcome::DuplicateRequest,
             Self::IdempotencyMismatch(_) => Outcome::IdempotencyMismatch,

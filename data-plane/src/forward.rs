@@ -193,6 +193,8 @@ pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
 pub(crate) enum ReadWholeError {
     /// The body is longer than the limit.
     TooLarge,
+    /// Holding the body would go past the proxy's buffered-bytes cap.
+    OverBudget,
     /// The body broke off.
     Body(BoxError),
 }
@@ -208,7 +210,24 @@ where
     B: Body<Data = Bytes>,
     B::Error: Into<BoxError>,
 {
+    read_whole_admitting(body, limit, |_| true).await
+}
+
+/// [`read_whole`], asking `admit` before keeping each frame whether the
+/// running total may be held ([`ReadWholeError::OverBudget`] when not).
+/// A body of several frames whose length is known is copied into one
+/// buffer of that length (no growth, no second copy).
+pub(crate) async fn read_whole_admitting<B>(
+    body: B,
+    limit: usize,
+    mut admit: impl FnMut(usize) -> bool,
+) -> Result<Bytes, ReadWholeError>
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
     use http_body_util::BodyExt;
+    let known = body.size_hint().exact();
     let mut body = std::pin::pin!(body);
     let mut first: Option<Bytes> = None;
     let mut joined: Option<bytes::BytesMut> = None;
@@ -222,11 +241,18 @@ where
         if len > limit {
             return Err(ReadWholeError::TooLarge);
         }
+        if !admit(len) {
+            return Err(ReadWholeError::OverBudget);
+        }
         match (&first, &mut joined) {
             (None, _) => first = Some(data),
             (Some(_), Some(buf)) => buf.extend_from_slice(&data),
             (Some(head), None) => {
-                let mut buf = bytes::BytesMut::with_capacity(len);
+                let whole = known
+                    .and_then(|n| usize::try_from(n).ok())
+                    .filter(|n| *n <= limit)
+                    .unwrap_or(0);
+                let mut buf = bytes::BytesMut::with_capacity(len.max(whole));
                 buf.extend_from_slice(head);
                 buf.extend_from_slice(&data);
                 joined = Some(buf);

@@ -45,6 +45,7 @@ mod forward;
 mod handler;
 mod hop_by_hop;
 mod idempotency;
+mod limits;
 pub mod managed;
 mod metrics;
 mod pool;
@@ -141,6 +142,10 @@ pub(crate) struct Shared {
     pub(crate) client: UpstreamClient,
     /// `Idempotency-Key` requests in flight and recent answers.
     pub(crate) idempotency: Arc<idempotency::IdempotencyCache>,
+    /// Request bytes held by all requests together, under a cap.
+    pub(crate) buffered: Arc<limits::ByteBudget>,
+    /// Open client connections, under a cap.
+    pub(crate) connections: Arc<limits::ConnectionSlots>,
     /// Managed mode: where `set-backends` is forwarded.
     pub(crate) control_plane: Option<managed::ManagedOptions>,
     /// Set when draining: health answers 503 so load balancers move on.
@@ -250,6 +255,8 @@ pub async fn start(options: ProxyOptions) -> Result<RunningProxy, StartError> {
         .map_err(|source| StartError::Bind { addr, source })?;
     let addr = listener.local_addr()?;
     let (settings_ttl, settings_keys) = (settings.idempotency_ttl, settings.idempotency_max_keys);
+    let (settings_buffered, settings_connections) =
+        (settings.max_buffered_bytes, settings.max_connections);
     let shared = Arc::new(Shared {
         route_log: RouteLog::spawn(route_log, Arc::clone(&metrics))?,
         settings,
@@ -266,6 +273,8 @@ pub async fn start(options: ProxyOptions) -> Result<RunningProxy, StartError> {
             settings_ttl,
             settings_keys,
         )),
+        buffered: limits::ByteBudget::new(settings_buffered),
+        connections: limits::ConnectionSlots::new(settings_connections),
     });
 
     let workers = match shared.settings.workers {
@@ -310,10 +319,14 @@ pub async fn start(options: ProxyOptions) -> Result<RunningProxy, StartError> {
     })
 }
 
+/// An accepted connection on its way to a worker: the socket, its peer,
+/// and its place under the connection cap.
+type Accepted = (std::net::TcpStream, SocketAddr, limits::ConnectionSlot);
+
 /// A connection-serving worker thread, as the accept loop sees it.
 struct Worker {
     /// Accepted connections handed to the worker.
-    handoff: tokio::sync::mpsc::Sender<(std::net::TcpStream, SocketAddr)>,
+    handoff: tokio::sync::mpsc::Sender<Accepted>,
     /// Its runtime's counters (busy time, for connection placement).
     metrics: tokio::runtime::RuntimeMetrics,
 }
@@ -335,7 +348,7 @@ fn start_workers(
         dones.push(done_rx);
         // Bounded: a worker that cannot keep up makes the accept loop
         // refuse connections instead of queueing them without limit.
-        let (tx, mut rx) = tokio::sync::mpsc::channel::<(std::net::TcpStream, SocketAddr)>(1024);
+        let (tx, mut rx) = tokio::sync::mpsc::channel::<Accepted>(1024);
         let shared = Arc::clone(shared);
         let client = forward::build_client(&shared.settings)?;
         let runtime = tokio::runtime::Builder::new_current_thread()
@@ -350,13 +363,14 @@ fn start_workers(
                     loop {
                         tokio::select! {
                             next = rx.recv() => match next {
-                                Some((std_stream, remote)) => match TcpStream::from_std(std_stream) {
+                                Some((std_stream, remote, slot)) => match TcpStream::from_std(std_stream) {
                                     Ok(stream) => {
                                         connections.spawn(serve_connection(
                                             Arc::clone(&shared),
                                             client.clone(),
                                             stream,
                                             remote,
+                                            slot,
                                         ));
                                     }
                                     Err(e) => tracing::debug!(%remote, error = %e, "cannot adopt a connection"),
@@ -380,12 +394,14 @@ fn start_workers(
 }
 
 /// Serves one client connection; its requests' attempts use `client`, the
-/// upstream connection pool of the thread it runs on.
+/// upstream connection pool of the thread it runs on. `_slot` holds its
+/// place under the connection cap until it is done.
 async fn serve_connection(
     shared: Arc<Shared>,
     client: UpstreamClient,
     stream: TcpStream,
     remote: SocketAddr,
+    _slot: limits::ConnectionSlot,
 ) {
     let _ = stream.set_nodelay(true);
     let svc_shared = Arc::clone(&shared);
@@ -442,6 +458,10 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, workers: Vec<Wo
                 continue;
             }
         };
+        let Some(slot) = shared.connections.try_open() else {
+            tokio::spawn(refuse_overloaded(stream));
+            continue;
+        };
         if workers.is_empty() {
             let client = shared.client.clone();
             tokio::spawn(serve_connection(
@@ -449,6 +469,7 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, workers: Vec<Wo
                 client,
                 stream,
                 remote,
+                slot,
             ));
             continue;
         }
@@ -468,13 +489,36 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, workers: Vec<Wo
         };
         match stream.into_std() {
             Ok(s) => {
-                if worker.handoff.try_send((s, remote)).is_err() {
+                if worker.handoff.try_send((s, remote, slot)).is_err() {
                     tracing::warn!(%remote, "worker saturated; connection refused");
                 }
             }
             Err(e) => tracing::debug!(%remote, error = %e, "cannot hand off a connection"),
         }
     }
+}
+
+/// Answers a connection past the cap with a canned `503 overloaded` and
+/// closes it, reading (and dropping) what the client sends for a moment
+/// first so that it sees the answer rather than a reset. Bounded: 1 s and
+/// 64 KiB.
+async fn refuse_overloaded(mut stream: TcpStream) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let wait = std::time::Duration::from_secs(1);
+    let _ = tokio::time::timeout(wait, async {
+        stream.write_all(limits::OVERLOADED_ANSWER).await?;
+        stream.shutdown().await?;
+        let mut sink = [0u8; 4096];
+        let mut read = 0usize;
+        while read < 64 * 1024 {
+            match stream.read(&mut sink).await? {
+                0 => break,
+                n => read += n,
+            }
+        }
+        Ok::<_, std::io::Error>(())
+    })
+    .await;
 }
 
 /// The periodic backend-state log line, one per pool, on stderr.

@@ -23,7 +23,7 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::{BodyExt, Limited};
 use router_policy::{Endpoint, Probe, ProbeKind, Scheme};
 use serde::Deserialize;
 use tokio::time::Instant;
@@ -152,7 +152,7 @@ async fn fetch(
     timeout: Duration,
 ) -> Result<Bytes, String> {
     let req = http::Request::get(uri)
-        .body(Full::new(Bytes::new()))
+        .body(crate::upstream::OutBody::default())
         .map_err(|e| e.to_string())?;
     let work = async {
         let resp = client.request(req).await.map_err(|e| e.to_string())?;

@@ -68,6 +68,11 @@ pub struct Settings {
     /// How new connections are placed on those threads
     /// (`CUSTOM_ROUTER_CONNECTION_BALANCE`, `pack` or `spread`; `pack`).
     pub connection_balance: crate::balance_workers::ConnectionBalance,
+    /// Request bytes held at once by all requests together
+    /// (`CUSTOM_ROUTER_MAX_BUFFERED_BYTES`, 256 MiB).
+    pub max_buffered_bytes: usize,
+    /// Client connections open at once (`CUSTOM_ROUTER_MAX_CONNECTIONS`, 4096).
+    pub max_connections: usize,
 }
 
 impl std::fmt::Debug for Settings {
@@ -105,6 +110,8 @@ impl Default for Settings {
             idempotency_max_keys: 10_000,
             workers: 0,
             connection_balance: crate::balance_workers::ConnectionBalance::Pack,
+            max_buffered_bytes: 256 * 1024 * 1024,
+            max_connections: 4096,
         }
     }
 }
@@ -219,6 +226,18 @@ impl Settings {
                 _ => return Err(bad(var, &v, "an integer of at least 1")),
             };
         }
+        if let Some((var, v)) = get("CUSTOM_ROUTER_MAX_BUFFERED_BYTES") {
+            s.max_buffered_bytes = match v.trim().parse::<usize>() {
+                Ok(n) if n >= 1 => n,
+                _ => return Err(bad(var, &v, "a positive number of bytes")),
+            };
+        }
+        if let Some((var, v)) = get("CUSTOM_ROUTER_MAX_CONNECTIONS") {
+            s.max_connections = match v.trim().parse::<usize>() {
+                Ok(n) if n >= 1 => n,
+                _ => return Err(bad(var, &v, "an integer of at least 1")),
+            };
+        }
         Ok(s)
     }
 }
@@ -263,6 +282,8 @@ mod tests {
         assert_eq!(s.queue.ewma_alpha, 0.3);
         assert_eq!(s.state_log_interval, Duration::from_secs(30));
         assert_eq!(s.admin_token, None);
+        assert_eq!(s.max_buffered_bytes, 256 * 1024 * 1024);
+        assert_eq!(s.max_connections, 4096);
         assert_eq!(
             s.connection_balance,
             crate::balance_workers::ConnectionBalance::Pack
@@ -280,8 +301,12 @@ mod tests {
             ("CUSTOM_ROUTER_SCORING", "lowest_ewma"),
             ("CUSTOM_ROUTER_MAX_CONCURRENCY", "4"),
             ("CUSTOM_ROUTER_CONNECTION_BALANCE", "spread"),
+            ("CUSTOM_ROUTER_MAX_BUFFERED_BYTES", "1048576"),
+            ("CUSTOM_ROUTER_MAX_CONNECTIONS", "16"),
         ])
         .unwrap();
+        assert_eq!(s.max_buffered_bytes, 1 << 20);
+        assert_eq!(s.max_connections, 16);
         assert_eq!(
             s.connection_balance,
             crate::balance_workers::ConnectionBalance::Spread
@@ -308,6 +333,10 @@ mod tests {
             ("CUSTOM_ROUTER_SCORING", "random"),
             ("CUSTOM_ROUTER_WORKERS", "many"),
             ("CUSTOM_ROUTER_CONNECTION_BALANCE", "even"),
+            ("CUSTOM_ROUTER_MAX_BUFFERED_BYTES", "0"),
+            ("CUSTOM_ROUTER_MAX_BUFFERED_BYTES", "1GiB"),
+            ("CUSTOM_ROUTER_MAX_CONNECTIONS", "0"),
+            ("CUSTOM_ROUTER_MAX_CONNECTIONS", "-5"),
         ] {
             let err = with(&[(var, value)]).unwrap_err();
             assert_eq!(err.var, var);

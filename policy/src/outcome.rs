@@ -58,6 +58,8 @@ pub enum Outcome {
     QueueTimeout,
     /// No pool has an endpoint to send to.
     NoBackend,
+    /// The proxy's own memory or connection cap was reached.
+    Overloaded,
     /// A retry of a request that was streamed or is still streaming.
     DuplicateRequest,
     /// An `Idempotency-Key` reused with a different request.
@@ -82,7 +84,7 @@ pub enum Outcome {
 
 impl Outcome {
     /// Every outcome, in declaration order.
-    pub const ALL: [Outcome; 24] = [
+    pub const ALL: [Outcome; 25] = [
         Outcome::Ok,
         Outcome::Replayed,
         Outcome::ConnectError,
@@ -97,6 +99,7 @@ impl Outcome {
         Outcome::QueueFull,
         Outcome::QueueTimeout,
         Outcome::NoBackend,
+        Outcome::Overloaded,
         Outcome::DuplicateRequest,
         Outcome::IdempotencyMismatch,
         Outcome::ApprovalRequired,
@@ -126,6 +129,7 @@ impl Outcome {
             Self::QueueFull => "queue_full",
             Self::QueueTimeout => "queue_timeout",
             Self::NoBackend => "no_backend",
+            Self::Overloaded => "overloaded",
             Self::DuplicateRequest => "duplicate_request",
             Self::IdempotencyMismatch => "idempotency_mismatch",
             Self::ApprovalRequired => "approval_required",
@@ -195,6 +199,7 @@ impl Outcome {
             Self::QueueFull
                 | Self::QueueTimeout
                 | Self::NoBackend
+                | Self::Overloaded
                 | Self::DeadlineExhausted
                 | Self::BudgetExceeded
         )
@@ -237,6 +242,7 @@ mod tests {
                 "queue_full",
                 "queue_timeout",
                 "no_backend",
+                "overloaded",
                 "duplicate_request",
                 "idempotency_mismatch",
                 "approval_required",

@@ -44,6 +44,29 @@ pub fn expected(request: &Value) -> Option<Expected> {
     }
 }
 
+/// [`expected`] read straight from a request body: only the
+/// `response_format` and `text` members are materialized (the messages,
+/// which are most of a large body, are skipped, not copied). `None` when
+/// the body is not a JSON object or asks for no structured output.
+pub fn expected_in_body(body: &[u8]) -> Option<Expected> {
+    #[derive(serde::Deserialize)]
+    struct Formats {
+        #[serde(default)]
+        response_format: Option<Value>,
+        #[serde(default)]
+        text: Option<Value>,
+    }
+    let f: Formats = serde_json::from_slice(body).ok()?;
+    let mut request = serde_json::Map::new();
+    if let Some(rf) = f.response_format {
+        request.insert("response_format".into(), rf);
+    }
+    if let Some(text) = f.text {
+        request.insert("text".into(), text);
+    }
+    expected(&Value::Object(request))
+}
+
 /// The answer's text, from a chat, completions or responses answer.
 pub fn answer_text(answer: &Value) -> Option<&str> {
     if let Some(choice) = answer.get("choices").and_then(|c| c.get(0)) {
@@ -160,6 +183,25 @@ mod tests {
         json!({"choices": [{"message": {"content": content}}]})
             .to_string()
             .into_bytes()
+    }
+
+    #[test]
+    fn the_body_reader_agrees_with_the_value_reader() {
+        for body in [
+            json!({"model": "m", "messages": [{"role": "user", "content": "hi"}],
+                   "response_format": {"type": "json_object"}}),
+            json!({"response_format": {"type": "json_schema",
+                   "json_schema": {"name": "x", "schema": {"type": "object"}}}}),
+            json!({"input": "hi", "text": {"format": {"type": "json_schema",
+                   "schema": {"type": "array"}}}}),
+            json!({"response_format": {"type": "text"}}),
+            json!({"messages": []}),
+        ] {
+            let bytes = body.to_string().into_bytes();
+            assert_eq!(expected_in_body(&bytes), expected(&body), "{body}");
+        }
+        assert_eq!(expected_in_body(b"[1]"), None);
+        assert_eq!(expected_in_body(b"{"), None);
     }
 
     #[test]

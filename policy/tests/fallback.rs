@@ -125,6 +125,7 @@ fn every_outcome_is_decided_for_a_read_on_a_default_route() {
             "queue_full",
             "queue_timeout",
             "no_backend",
+            "overloaded",
             "budget_exceeded",
             "invalid_request",
         ]

@@ -30,6 +30,7 @@ use crate::config::Snapshot;
 use crate::error::ProxyError;
 use crate::forward::{self, ReadWholeError, UpstreamClient};
 use crate::idempotency::{self, Claim, FollowResult, LeaderGuard};
+use crate::limits::Reservation;
 use crate::request_headers::RequestHeaders;
 use crate::Shared;
 
@@ -96,10 +97,13 @@ pub(crate) fn handle(
         };
         pending.rec().risk = Some(risk.as_str());
         let (parts, body) = req.into_parts();
-        let body = match read_body(&shared, pending.t0, seen.content_length.as_ref(), body).await {
-            Ok(b) => b,
-            Err(e) => return pending.reject(e),
-        };
+        // `_reserved` holds the body's bytes under the proxy's cap until the
+        // request is done.
+        let (body, _reserved) =
+            match read_body(&shared, pending.t0, seen.content_length.as_ref(), body).await {
+                Ok(b) => b,
+                Err(e) => return pending.reject(e),
+            };
         let path = parts.uri.path();
         let json_call = parts.method == Method::POST && OPENAI_JSON_PATHS.contains(&path);
         let peek = if json_call {
@@ -122,9 +126,7 @@ pub(crate) fn handle(
         // it reaches the client.
         let structured = match peek.response_format.as_ref().map(|r| r.kind.as_ref()) {
             Some("json_object" | "json_schema") => {
-                serde_json::from_slice::<serde_json::Value>(&body)
-                    .ok()
-                    .and_then(|v| router_policy::structured::expected(&v))
+                router_policy::structured::expected_in_body(&body)
             }
             _ => None,
         };
@@ -352,12 +354,16 @@ fn deadline_header(value: Option<&HeaderValue>) -> Result<Option<Duration>, Prox
     }
 }
 
+/// Reads the request body whole, within the size limit, the body timeout
+/// and the proxy's cap on buffered request bytes; the reservation holds
+/// the body's bytes under that cap until it is dropped (when the request
+/// is done).
 async fn read_body(
     shared: &Shared,
     t0: Instant,
     content_length: Option<&HeaderValue>,
     body: Incoming,
-) -> Result<Bytes, ProxyError> {
+) -> Result<(Bytes, Reservation), ProxyError> {
     let limit = shared.settings.max_body_bytes;
     let declared = content_length
         .and_then(|v| v.to_str().ok())
@@ -367,14 +373,40 @@ async fn read_body(
     }
     let timeout = shared.settings.client_body_timeout;
     // From the request's arrival (already read), not a new clock reading.
-    match tokio::time::timeout_at(t0 + timeout, forward::read_whole(body, limit)).await {
+    let until = t0 + timeout;
+    let mut reserved = shared.buffered.reservation();
+    if let Some(n) = declared.and_then(|n| usize::try_from(n).ok()) {
+        if !reserved.grow_to(n) {
+            // Answered at once; the body is read and dropped meanwhile, so
+            // the client sees the answer, not a reset connection.
+            tokio::spawn(discard(body, until));
+            return Err(OVERLOADED);
+        }
+    }
+    let read = forward::read_whole_admitting(body, limit, |total| reserved.grow_to(total));
+    match tokio::time::timeout_at(until, read).await {
         Err(_) => Err(ProxyError::RequestTimeout(timeout)),
-        Ok(Ok(body)) => Ok(body),
+        Ok(Ok(body)) => Ok((body, reserved)),
         Ok(Err(ReadWholeError::TooLarge)) => Err(ProxyError::PayloadTooLarge { limit }),
+        Ok(Err(ReadWholeError::OverBudget)) => Err(OVERLOADED),
         Ok(Err(ReadWholeError::Body(e))) => Err(ProxyError::InvalidRequest(format!(
             "could not read the request body: {e}"
         ))),
     }
+}
+
+const OVERLOADED: ProxyError = ProxyError::Overloaded {
+    what: "buffered request bytes",
+};
+
+/// Reads `body` to its end (or until `until`) and keeps none of it.
+async fn discard(body: Incoming, until: Instant) {
+    use http_body_util::BodyExt;
+    let mut body = std::pin::pin!(body);
+    let _ = tokio::time::timeout_at(until, async {
+        while let Some(Ok(_)) = body.as_mut().frame().await {}
+    })
+    .await;
 }
 
 /// True when the approval token given matches the configured one

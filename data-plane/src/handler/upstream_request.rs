@@ -5,11 +5,11 @@
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderValue};
 use http::Request;
-use http_body_util::Full;
 
 use super::chain::Exchange;
 use crate::forward;
 use crate::pool::Lease;
+use crate::upstream::OutBody;
 
 impl Exchange {
     /// The upstream request for an attempt on `lease`'s endpoint of `pool`;
@@ -19,7 +19,7 @@ impl Exchange {
         lease: &Lease,
         pool: &str,
         headers: HeaderMap,
-    ) -> Result<Request<Full<Bytes>>, String> {
+    ) -> Result<Request<OutBody>, String> {
         let uri = match lease.target() {
             Some(t) => t.uri(lease.endpoint(), &self.path_and_query),
             None => forward::upstream_uri(lease.endpoint(), self.path_and_query.as_str()),
@@ -46,7 +46,7 @@ impl Exchange {
             }
             None => self.body.clone(),
         };
-        let mut req = Request::new(Full::new(body));
+        let mut req = Request::new(OutBody::new(body));
         *req.method_mut() = self.method.clone();
         *req.uri_mut() = uri;
         *req.headers_mut() = headers;

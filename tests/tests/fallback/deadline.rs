@@ -191,7 +191,7 @@ async fn a_stalled_reader_does_not_hold_the_backend_past_the_deadline() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     // ~150 bytes an event, as fast as it can: far more than the socket
     // buffers between a stalled client and the proxy hold.
-    let streamer = mock_sse("streamer", 100_000, 0).await;
+    let streamer = mock_sse("streamer", 200_000, 0).await;
     let proxy = TestProxy::with_policy(settings(), &one_pool(&streamer.url(), "")).await;
     let socket = tokio::net::TcpSocket::new_v4().unwrap();
     socket.set_recv_buffer_size(4096).unwrap();
@@ -199,7 +199,7 @@ async fn a_stalled_reader_does_not_hold_the_backend_past_the_deadline() {
     let body = r#"{"model":"m","stream":true}"#;
     let request = format!(
         "POST /v1/chat/completions HTTP/1.1\r\nhost: router\r\ncontent-type: application/json\r\n\
-         x-router-deadline-ms: 2000\r\ncontent-length: {}\r\n\r\n{body}",
+         x-router-deadline-ms: 5000\r\ncontent-length: {}\r\n\r\n{body}",
         body.len()
     );
     conn.write_all(request.as_bytes()).await.unwrap();

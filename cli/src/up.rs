@@ -165,6 +165,7 @@ pub async fn run(args: UpArgs) -> ExitCode {
         cp.local_addr(),
         args.data_dir.display()
     );
+    eprintln!("  admin API:     {}", proxy.admin_access());
     if args.file.is_none() {
         eprintln!("  demo endpoints: local-gpu (40 ms, 4 at a time) then cloud (300 ms)");
     }

@@ -499,6 +499,16 @@ async fn a_managed_proxy_never_lends_its_token_to_set_backends() {
         r.text()
     );
     assert_eq!(backends(&mut admin).await, before);
+    let r = open
+        .client
+        .send(
+            http::Method::POST,
+            &open.url("/_custom_router/explain"),
+            &[],
+            r#"{"risk": "READ"}"#,
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::UNAUTHORIZED, "{}", r.text());
     // Unauthenticated health: ok, version, counts; no addresses.
     let h = open
         .client

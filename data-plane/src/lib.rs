@@ -14,7 +14,9 @@
 //!   carries out are `router_policy`'s (`decide`, `deadline`, `fallback`);
 //! - `request_headers`: the client headers the router reads, in one pass;
 //! - `hop_by_hop`: the per-connection headers never passed on;
-//! - `admin`: `/_custom_router/set-backends`, `health`, `metrics`;
+//! - `admin`: `/_custom_router/set-backends`, `explain`, `health`,
+//!   `metrics`, and who may call them in each mode (the peer and the
+//!   admin token);
 //! - `idempotency`: `Idempotency-Key` requests in flight and stored answers;
 //! - `config`: the immutable `Snapshot` and its atomic swaps ([`ConfigStore`]);
 //! - `pool`: one pool's circuits, latency window, bounded FIFO and leases;
@@ -69,7 +71,7 @@ use tokio::task::JoinHandle;
 
 pub use crate::balance_workers::ConnectionBalance;
 pub use crate::config::ConfigStore;
-pub use crate::error::ProxyError;
+pub use crate::error::{Forbidden, ProxyError, Unauthorized};
 use crate::forward::UpstreamClient;
 use crate::metrics::Metrics;
 use crate::route_log::RouteLog;

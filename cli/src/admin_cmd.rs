@@ -26,6 +26,10 @@ pub async fn connect(
     token: Option<String>,
     ca_pem: Option<&str>,
 ) -> Result<Admin, String> {
+    // Checked before dialling: a token that cannot be sent is an error,
+    // not a call without it.
+    let bearer =
+        BearerToken::new(token.as_deref(), "ROUTER_TOKEN (--token)").map_err(|e| e.to_string())?;
     let url = if server.contains("://") {
         server.to_string()
     } else {
@@ -35,7 +39,7 @@ pub async fn connect(
         .connect()
         .await
         .map_err(|e| format!("cannot reach the control plane at {url}: {e}"))?;
-    Ok(AdminClient::with_interceptor(channel, BearerToken(token)))
+    Ok(AdminClient::with_interceptor(channel, bearer))
 }
 
 /// A gRPC error as a person reads it.

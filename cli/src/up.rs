@@ -59,9 +59,13 @@ spec:
 
 /// Runs until Ctrl-C.
 pub async fn run(args: UpArgs) -> ExitCode {
-    let token = std::env::var("ROUTER_TOKEN")
-        .ok()
-        .filter(|t| !t.trim().is_empty());
+    let token = match router_proto::token::from_env("ROUTER_TOKEN") {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("routerctl up: {e}");
+            return ExitCode::from(2);
+        }
+    };
     let cp = match start(ControlPlaneOptions {
         listen: args.grpc,
         store: router_control_plane::StoreLocation::Embedded(args.data_dir.join("control-plane")),
@@ -161,6 +165,7 @@ pub async fn run(args: UpArgs) -> ExitCode {
         cp.local_addr(),
         args.data_dir.display()
     );
+    eprintln!("  admin API:     {}", proxy.admin_access());
     if args.file.is_none() {
         eprintln!("  demo endpoints: local-gpu (40 ms, 4 at a time) then cloud (300 ms)");
     }

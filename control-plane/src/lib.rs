@@ -72,6 +72,9 @@ pub enum StartError {
     /// The TLS certificate or key is unusable.
     #[error("TLS: {0}")]
     Tls(String),
+    /// The token cannot be used (empty, or not a header value).
+    #[error(transparent)]
+    Token(#[from] router_proto::token::TokenError),
 }
 
 /// A control plane running in this process.
@@ -141,7 +144,12 @@ pub async fn start(options: ControlPlaneOptions) -> Result<RunningControlPlane, 
     let addr = listener
         .local_addr()
         .map_err(|e| StartError::Bind(options.listen, e))?;
-    let check = auth(options.token.clone());
+    let secret = options
+        .token
+        .as_deref()
+        .map(|t| router_proto::token::Secret::new(t, "the control plane's token"))
+        .transpose()?;
+    let check = auth(secret);
     let (health_reporter, health) = tonic_health::server::health_reporter();
     health_reporter
         .set_serving::<AdminServer<AdminService>>()

@@ -43,14 +43,17 @@ fn main() -> ExitCode {
     let token = match &args.token_file {
         None => None,
         Some(path) => match std::fs::read_to_string(path) {
-            Ok(t) if !t.trim().is_empty() => Some(t.trim().to_string()),
-            Ok(_) => {
-                eprintln!(
-                    "router-control-plane: --token-file {} is empty",
-                    path.display()
-                );
-                return ExitCode::from(2);
-            }
+            // Trimmed and checked as every token is (`router_proto::token`).
+            Ok(t) => match router_proto::token::normalize(
+                &t,
+                &format!("--token-file {}", path.display()),
+            ) {
+                Ok(t) => Some(t),
+                Err(e) => {
+                    eprintln!("router-control-plane: {e}");
+                    return ExitCode::from(2);
+                }
+            },
             Err(e) => {
                 eprintln!(
                     "router-control-plane: cannot read --token-file {}: {e}",

@@ -2,16 +2,17 @@
 //!
 //! Every call must carry `authorization: Bearer <token>` when the control
 //! plane has a token (`--token-file`); the check is an interceptor in front
-//! of both services, comparing in constant time.
+//! of both services, comparing SHA-256 digests in constant time
+//! (`router_proto::token`).
 
 use std::pin::Pin;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
+use router_proto::token::Secret;
 use router_proto::v1 as pb;
 use router_proto::v1::admin_server::Admin;
 use router_proto::v1::proxy_config_server::ProxyConfig;
-use subtle::ConstantTimeEq;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::{Stream, StreamExt};
@@ -45,19 +46,19 @@ fn field_errors(errors: Vec<router_policy::FieldError>) -> Vec<pb::FieldError> {
         .collect()
 }
 
-/// Builds the bearer-token check for both services.
-pub fn auth(token: Option<String>) -> impl Fn(Request<()>) -> Result<Request<()>, Status> + Clone {
+/// Builds the bearer-token check for both services: `secret` is the
+/// token (`None` leaves the API open); the credential is parsed and
+/// compared by [`router_proto::token`], as the proxy's admin token is.
+pub fn auth(secret: Option<Secret>) -> impl Fn(Request<()>) -> Result<Request<()>, Status> + Clone {
     move |req: Request<()>| {
-        let Some(expected) = token.as_deref() else {
+        let Some(expected) = secret.as_ref() else {
             return Ok(req);
         };
         let given = req
             .metadata()
             .get("authorization")
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .unwrap_or("");
-        if bool::from(given.as_bytes().ct_eq(expected.as_bytes())) {
+            .map(tonic::metadata::MetadataValue::as_bytes);
+        if expected.authorizes(given) {
             Ok(req)
         } else {
             Err(Status::unauthenticated("missing or invalid bearer token"))

@@ -1,47 +1,161 @@
-//! The `/_custom_router/` admin endpoints (and `/metrics`).
+//! The `/_custom_router/` admin endpoints (and `/metrics`), and who may
+//! call them.
 //!
-//! `health` and `metrics` are always open (probes and scrapers carry no
-//! token). `set-backends` changes where traffic goes, so when
-//! `CUSTOM_ROUTER_ADMIN_TOKEN` is set it requires `Authorization: Bearer
-//! <token>`, compared in constant time. Unset, it stays open as in the
-//! Hugging Face router, and the startup log says so.
+//! `set-backends` decides where prompts (and the pools' API keys) go, and
+//! `explain` and health's backend list show the routing, so they are
+//! doors. What opens them depends on the mode ([`AdminAccess`]):
+//!
+//! | mode | `set-backends`, `explain` | `health` |
+//! |---|---|---|
+//! | sidecar, no token | loopback peers only (the Hugging Face contract: the platform calls from inside the pod) | the Hugging Face shape, to anyone |
+//! | sidecar, token | anyone presenting it | the Hugging Face shape, to anyone |
+//! | standalone, inline, managed, no token | nobody (401 naming `CUSTOM_ROUTER_ADMIN_TOKEN`) | ok, version and counts |
+//! | standalone, inline, managed, token | whoever presents it | the backend list with the token |
+//!
+//! A managed proxy refuses `set-backends` even with the token (403): its
+//! backend sets belong to the control plane, where `routerctl backends
+//! set` changes them for every proxy under the operator's own credential.
+//! (It used to forward the call with its own `ROUTER_TOKEN`, so anyone who
+//! could reach a proxy could repoint the whole fleet; forwarding the
+//! caller's token instead would turn the data plane's port into a relay
+//! for control-plane credentials, so the call is refused.)
+//!
+//! The peer is the TCP peer of the connection, never `X-Forwarded-For`:
+//! behind a reverse proxy on the same host every caller is loopback, so
+//! set a token there. `metrics` is always open (scrapers carry no token).
+//! Tokens are checked by [`router_proto::token::Secret`] (SHA-256 digests
+//! compared in constant time).
+
+use std::net::IpAddr;
 
 use bytes::Bytes;
 use http::{header, HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 use router_policy::Endpoint;
+use router_proto::token::{Secret, TokenError};
 use serde::Deserialize;
-use subtle::ConstantTimeEq;
 
-use crate::error::ProxyError;
+use crate::error::{Forbidden, ProxyError, Unauthorized};
 use crate::Shared;
 
 /// Largest admin request body.
 const ADMIN_BODY_LIMIT: usize = 1024 * 1024;
 
-/// Handles an admin path.
-pub(crate) async fn handle(shared: &Shared, req: Request<Incoming>) -> Response<Bytes> {
+/// The mode, as far as the admin doors care.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AdminMode {
+    /// The Hugging Face contract: loopback peers without a token.
+    Sidecar,
+    /// Standalone or inline: a token or nothing.
+    Local,
+    /// Managed: a token or nothing; backend sets are the control plane's.
+    Managed,
+}
+
+/// Who may call the admin endpoints of one proxy.
+#[derive(Debug, Clone)]
+pub(crate) struct AdminAccess {
+    mode: AdminMode,
+    /// `CUSTOM_ROUTER_ADMIN_TOKEN`.
+    token: Option<Secret>,
+}
+
+impl AdminAccess {
+    /// The doors of a proxy in `mode` with `token` (checked again here:
+    /// settings can be built without `Settings::from_env`).
+    pub(crate) fn new(mode: AdminMode, token: Option<&str>) -> Result<Self, TokenError> {
+        let token = token
+            .map(|t| Secret::new(t, "CUSTOM_ROUTER_ADMIN_TOKEN"))
+            .transpose()?;
+        Ok(Self { mode, token })
+    }
+
+    /// May a call from `peer` carrying `authorization` change or see the
+    /// routing?
+    fn authorize(
+        &self,
+        peer: IpAddr,
+        authorization: Option<&HeaderValue>,
+    ) -> Result<(), ProxyError> {
+        match (&self.token, self.mode) {
+            (Some(secret), _) => {
+                if secret.authorizes(authorization.map(HeaderValue::as_bytes)) {
+                    Ok(())
+                } else {
+                    Err(ProxyError::Unauthorized(Unauthorized::Token))
+                }
+            }
+            // An IPv4 peer of a dual-stack listener is `::ffff:a.b.c.d`.
+            (None, AdminMode::Sidecar) if peer.to_canonical().is_loopback() => Ok(()),
+            (None, AdminMode::Sidecar) => Err(ProxyError::Forbidden(Forbidden::NotLoopback)),
+            (None, AdminMode::Local | AdminMode::Managed) => {
+                Err(ProxyError::Unauthorized(Unauthorized::NoTokenConfigured))
+            }
+        }
+    }
+
+    /// Does health show the backend list? Always in sidecar mode (the
+    /// Hugging Face shape); elsewhere only to a caller with the token.
+    fn health_details(&self, authorization: Option<&HeaderValue>) -> bool {
+        match (&self.token, self.mode) {
+            (_, AdminMode::Sidecar) => true,
+            (Some(secret), _) => secret.authorizes(authorization.map(HeaderValue::as_bytes)),
+            (None, _) => false,
+        }
+    }
+
+    /// What the startup log says about the doors.
+    pub(crate) fn describe(&self) -> &'static str {
+        match (self.mode, self.token.is_some()) {
+            (AdminMode::Sidecar, false) => "admin calls (set-backends, explain) are taken from loopback peers only, as CUSTOM_ROUTER_ADMIN_TOKEN is unset; set it to take them from any peer that presents it; health and metrics are open",
+            (AdminMode::Sidecar, true) => "admin calls (set-backends, explain) need Authorization: Bearer <CUSTOM_ROUTER_ADMIN_TOKEN>, from any peer, loopback included; health and metrics are open",
+            (AdminMode::Local, false) => "admin calls (set-backends, explain) are refused and health shows counts only, as CUSTOM_ROUTER_ADMIN_TOKEN is unset; set it to open them to callers that present it; metrics are open",
+            (AdminMode::Local, true) => "admin calls (set-backends, explain) and health's backend list need Authorization: Bearer <CUSTOM_ROUTER_ADMIN_TOKEN>; metrics are open",
+            (AdminMode::Managed, false) => "set-backends is refused (the control plane owns backend sets: routerctl backends set); explain is refused and health shows counts only, as CUSTOM_ROUTER_ADMIN_TOKEN is unset; metrics are open",
+            (AdminMode::Managed, true) => "set-backends is refused (the control plane owns backend sets: routerctl backends set); explain and health's backend list need Authorization: Bearer <CUSTOM_ROUTER_ADMIN_TOKEN>; metrics are open",
+        }
+    }
+}
+
+/// Handles an admin path called from `peer` (the connection's TCP peer).
+pub(crate) async fn handle(
+    shared: &Shared,
+    peer: IpAddr,
+    req: Request<Incoming>,
+) -> Response<Bytes> {
     let path = req.uri().path().to_string();
+    let access = &shared.admin;
+    let authorization = req.headers().get(header::AUTHORIZATION);
     let result = match path.as_str() {
-        "/_custom_router/health" => only(&req, Method::GET).map(|()| health(shared)),
+        "/_custom_router/health" => {
+            only(&req, Method::GET).map(|()| health(shared, access.health_details(authorization)))
+        }
         "/_custom_router/metrics" | "/metrics" => only(&req, Method::GET).map(|()| metrics(shared)),
         "/_custom_router/set-backends" => {
-            match only(&req, Method::POST).and_then(|()| authorize(shared, &req)) {
+            match only(&req, Method::POST).and_then(|()| access.authorize(peer, authorization)) {
+                Ok(()) if access.mode == AdminMode::Managed => {
+                    Err(ProxyError::Forbidden(Forbidden::Managed))
+                }
                 Ok(()) => set_backends(shared, req).await,
                 Err(e) => Err(e),
             }
         }
-
         "/_custom_router/explain" => {
-            match only(&req, Method::POST).and_then(|()| authorize(shared, &req)) {
+            match only(&req, Method::POST).and_then(|()| access.authorize(peer, authorization)) {
                 Ok(()) => explain(shared, req).await,
                 Err(e) => Err(e),
             }
         }
         _ => Err(ProxyError::NotFound),
     };
-    result.unwrap_or_else(|e| e.to_response(None))
+    result.unwrap_or_else(|e| {
+        if matches!(e, ProxyError::Unauthorized(_) | ProxyError::Forbidden(_)) {
+            // The peer and the path, never the header.
+            tracing::warn!(%peer, path, refused = e.kind(), "admin call refused");
+        }
+        e.to_response(None)
+    })
 }
 
 fn only(req: &Request<Incoming>, method: Method) -> Result<(), ProxyError> {
@@ -49,23 +163,6 @@ fn only(req: &Request<Incoming>, method: Method) -> Result<(), ProxyError> {
         Ok(())
     } else {
         Err(ProxyError::MethodNotAllowed)
-    }
-}
-
-fn authorize(shared: &Shared, req: &Request<Incoming>) -> Result<(), ProxyError> {
-    let Some(expected) = shared.settings.admin_token.as_deref() else {
-        return Ok(());
-    };
-    let given = req
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .unwrap_or("");
-    if bool::from(given.as_bytes().ct_eq(expected.as_bytes())) {
-        Ok(())
-    } else {
-        Err(ProxyError::Unauthorized)
     }
 }
 
@@ -79,7 +176,10 @@ fn json(status: StatusCode, value: &serde_json::Value) -> Response<Bytes> {
     resp
 }
 
-fn health(shared: &Shared) -> Response<Bytes> {
+/// `GET /_custom_router/health`: with `details`, the Hugging Face shape
+/// (every backend's address, load and circuit); without, only that it is
+/// up, its config version and counts.
+fn health(shared: &Shared, details: bool) -> Response<Bytes> {
     if shared.draining.load(std::sync::atomic::Ordering::Relaxed) {
         return json(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -89,6 +189,18 @@ fn health(shared: &Shared) -> Response<Bytes> {
     let snapshot = shared.config.load();
     let pools = snapshot.pool_status();
     let queue_depth: usize = pools.iter().map(|p| p.queue_depth).sum();
+    if !details {
+        return json(
+            StatusCode::OK,
+            &serde_json::json!({
+                "ok": true,
+                "queue_depth": queue_depth,
+                "config_version": &*snapshot.version,
+                "pool_count": pools.len(),
+                "backend_count": pools.iter().map(|p| p.endpoints.len()).sum::<usize>(),
+            }),
+        );
+    }
     let backends: Vec<serde_json::Value> = pools
         .iter()
         .flat_map(|p| {
@@ -190,29 +302,6 @@ async fn set_backends(
     }
     let pool = parsed.pool.as_deref().unwrap_or("default");
     let count = endpoints.len();
-    if let Some(cp) = &shared.control_plane {
-        // Managed: the control plane owns backend sets, so every proxy
-        // learns this one (and this proxy gets it back on its stream).
-        let revision = crate::managed::forward_set_backends(cp, pool, &endpoints)
-            .await
-            .map_err(|e| match e {
-                crate::managed::ForwardError::Refused(why) => ProxyError::InvalidRequest(why),
-                crate::managed::ForwardError::Unreachable(why) => ProxyError::Upstream {
-                    endpoint: "control plane".into(),
-                    detail: why,
-                },
-            })?;
-        tracing::info!(
-            pool,
-            backends = count,
-            revision,
-            "backends set through the control plane"
-        );
-        return Ok(json(
-            StatusCode::OK,
-            &serde_json::json!({"ok": true, "revision": revision}),
-        ));
-    }
     let version = shared
         .config
         .set_backends(pool, endpoints)

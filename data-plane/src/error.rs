@@ -75,17 +75,22 @@ pub enum ProxyError {
     /// The client did not send its body in time.
     #[error("the request body did not arrive within {0:?}")]
     RequestTimeout(Duration),
-    /// The backend could not be reached or broke the connection.
-    #[error("upstream {endpoint} failed: {detail}")]
+    /// The backend could not be reached or broke the connection. The
+    /// client's answer names the pool, not the endpoint (an internal
+    /// address); the route log has the endpoint.
+    #[error("a backend of pool {pool} failed: {detail}")]
     Upstream {
-        /// The endpoint tried.
-        endpoint: String,
+        /// The pool tried.
+        pool: String,
         /// What went wrong.
         detail: String,
     },
     /// An admin call without a valid bearer token.
-    #[error("missing or invalid bearer token")]
-    Unauthorized,
+    #[error(transparent)]
+    Unauthorized(Unauthorized),
+    /// An admin call this proxy does not take from this caller.
+    #[error(transparent)]
+    Forbidden(Forbidden),
     /// Unknown admin path.
     #[error("not found")]
     NotFound,
@@ -111,7 +116,8 @@ impl ProxyError {
             Self::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::RequestTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             Self::Upstream { .. } => StatusCode::BAD_GATEWAY,
-            Self::Unauthorized => StatusCode::UNAUTHORIZED,
+            Self::Unauthorized(_) => StatusCode::UNAUTHORIZED,
+            Self::Forbidden(_) => StatusCode::FORBIDDEN,
             Self::NotFound => StatusCode::NOT_FOUND,
             Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
         }
@@ -134,7 +140,8 @@ impl ProxyError {
             Self::PayloadTooLarge { .. } => Outcome::PayloadTooLarge,
             Self::RequestTimeout(_) => Outcome::RequestTimeout,
             Self::Upstream { .. } => Outcome::UpstreamError,
-            Self::Unauthorized => Outcome::Unauthorized,
+            Self::Unauthorized(_) => Outcome::Unauthorized,
+            Self::Forbidden(_) => Outcome::Forbidden,
             Self::NotFound => Outcome::NotFound,
             Self::MethodNotAllowed => Outcome::MethodNotAllowed,
         }
@@ -170,11 +177,35 @@ impl ProxyError {
         if self.status() == StatusCode::SERVICE_UNAVAILABLE {
             headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
         }
-        if matches!(self, Self::Unauthorized) {
+        if matches!(self, Self::Unauthorized(_)) {
             headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         }
         resp
     }
+}
+
+/// Why an admin call needs a token it did not present. Each message says
+/// what to set or send.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum Unauthorized {
+    /// A token is configured and the call did not carry it.
+    #[error("missing or invalid bearer token: send Authorization: Bearer <the CUSTOM_ROUTER_ADMIN_TOKEN of this proxy>")]
+    Token,
+    /// Standalone, managed or inline mode without a token: admin calls are
+    /// closed.
+    #[error("admin calls are closed on this proxy: set CUSTOM_ROUTER_ADMIN_TOKEN and send Authorization: Bearer <token>")]
+    NoTokenConfigured,
+}
+
+/// Why an admin call is refused whatever it carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum Forbidden {
+    /// A sidecar without a token takes admin calls from loopback only.
+    #[error("admin calls are taken from loopback only (127.0.0.0/8, ::1) while CUSTOM_ROUTER_ADMIN_TOKEN is unset: set it and send Authorization: Bearer <token> to call from elsewhere")]
+    NotLoopback,
+    /// A managed proxy's backend sets belong to its control plane.
+    #[error("this proxy is managed by a control plane, which owns the backend sets of every proxy: use `routerctl backends set POOL ADDR...`")]
+    Managed,
 }
 
 #[cfg(test)]
@@ -191,6 +222,39 @@ mod tests {
         assert_eq!(v["error"]["type"], "queue_full");
         assert_eq!(v["error"]["request_id"], "r1");
         assert!(e.is_shed());
+    }
+
+    #[test]
+    fn upstream_failures_do_not_show_the_endpoint() {
+        let e = ProxyError::Upstream {
+            pool: "cloud".into(),
+            detail: "connect error".into(),
+        };
+        let v: serde_json::Value = serde_json::from_slice(e.to_response(None).body()).unwrap();
+        assert_eq!(
+            v["error"]["message"],
+            "a backend of pool cloud failed: connect error"
+        );
+    }
+
+    #[test]
+    fn admin_refusals_say_what_to_set() {
+        for (e, status) in [
+            (ProxyError::Unauthorized(Unauthorized::Token), 401),
+            (
+                ProxyError::Unauthorized(Unauthorized::NoTokenConfigured),
+                401,
+            ),
+            (ProxyError::Forbidden(Forbidden::NotLoopback), 403),
+        ] {
+            let resp = e.to_response(None);
+            assert_eq!(resp.status().as_u16(), status);
+            let v: serde_json::Value = serde_json::from_slice(resp.body()).unwrap();
+            let msg = v["error"]["message"].as_str().unwrap();
+            assert!(msg.contains("CUSTOM_ROUTER_ADMIN_TOKEN"), "{msg}");
+        }
+        let msg = ProxyError::Forbidden(Forbidden::Managed).to_string();
+        assert!(msg.contains("routerctl backends set"), "{msg}");
     }
 
     #[test]

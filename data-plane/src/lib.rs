@@ -14,7 +14,9 @@
 //!   carries out are `router_policy`'s (`decide`, `deadline`, `fallback`);
 //! - `request_headers`: the client headers the router reads, in one pass;
 //! - `hop_by_hop`: the per-connection headers never passed on;
-//! - `admin`: `/_custom_router/set-backends`, `health`, `metrics`;
+//! - `admin`: `/_custom_router/set-backends`, `explain`, `health`,
+//!   `metrics`, and who may call them in each mode (the peer and the
+//!   admin token);
 //! - `idempotency`: `Idempotency-Key` requests in flight and stored answers;
 //! - `config`: the immutable `Snapshot` and its atomic swaps ([`ConfigStore`]);
 //! - `pool`: one pool's circuits, latency window, bounded FIFO and leases;
@@ -73,7 +75,7 @@ use tokio::task::JoinHandle;
 
 pub use crate::balance_workers::ConnectionBalance;
 pub use crate::config::ConfigStore;
-pub use crate::error::ProxyError;
+pub use crate::error::{Forbidden, ProxyError, Unauthorized};
 use crate::forward::UpstreamClient;
 use crate::metrics::Metrics;
 use crate::route_log::RouteLog;
@@ -126,6 +128,10 @@ pub enum StartError {
     /// Another I/O failure at startup.
     #[error("startup: {0}")]
     Io(#[from] std::io::Error),
+    /// A token (`CUSTOM_ROUTER_ADMIN_TOKEN`, `ROUTER_TOKEN`) cannot be
+    /// used; the error names it, never shows it.
+    #[error(transparent)]
+    Token(#[from] router_proto::token::TokenError),
 }
 
 /// State shared by every request.
@@ -146,8 +152,8 @@ pub(crate) struct Shared {
     pub(crate) buffered: Arc<limits::ByteBudget>,
     /// Open client connections, under a cap.
     pub(crate) connections: Arc<limits::ConnectionSlots>,
-    /// Managed mode: where `set-backends` is forwarded.
-    pub(crate) control_plane: Option<managed::ManagedOptions>,
+    /// Who may call the admin endpoints.
+    pub(crate) admin: admin::AdminAccess,
     /// Set when draining: health answers 503 so load balancers move on.
     pub(crate) draining: std::sync::atomic::AtomicBool,
     /// Asks every connection to finish gracefully.
@@ -167,6 +173,12 @@ impl RunningProxy {
     /// The address it listens on.
     pub fn local_addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// Who may call its admin endpoints, in a sentence for the startup
+    /// log.
+    pub fn admin_access(&self) -> &'static str {
+        self.shared.admin.describe()
     }
 
     /// Its config store (to inspect or change in tests and embedders).
@@ -239,6 +251,18 @@ pub async fn start(options: ProxyOptions) -> Result<RunningProxy, StartError> {
             None,
         ),
     };
+    let admin_mode = match &mode {
+        Mode::Sidecar => admin::AdminMode::Sidecar,
+        Mode::Standalone { .. } | Mode::Inline(_) => admin::AdminMode::Local,
+        Mode::Managed(_) => admin::AdminMode::Managed,
+    };
+    let admin = admin::AdminAccess::new(admin_mode, settings.admin_token.as_deref())?;
+    // Built before anything runs: a token that cannot be presented stops
+    // the start instead of leaving the proxy unauthenticated.
+    let control_plane_token = match &mode {
+        Mode::Managed(m) => router_proto::BearerToken::new(m.token.as_deref(), "ROUTER_TOKEN")?,
+        _ => router_proto::BearerToken::default(),
+    };
     let client = forward::build_client(&settings)?;
     let (events_tx, events_rx) = tokio::sync::mpsc::channel(256);
     let managed = matches!(mode, Mode::Managed(_));
@@ -265,10 +289,7 @@ pub async fn start(options: ProxyOptions) -> Result<RunningProxy, StartError> {
         client,
         draining: std::sync::atomic::AtomicBool::new(false),
         stops: stop_signal::StopSignals::default(),
-        control_plane: match &mode {
-            Mode::Managed(m) => Some(m.clone()),
-            _ => None,
-        },
+        admin,
         idempotency: Arc::new(idempotency::IdempotencyCache::new(
             settings_ttl,
             settings_keys,
@@ -305,6 +326,7 @@ pub async fn start(options: ProxyOptions) -> Result<RunningProxy, StartError> {
             .unwrap_or(0);
         tasks.push(tokio::spawn(managed::run(
             options,
+            control_plane_token,
             Arc::clone(&config),
             shared.settings.queue,
             events_rx,
@@ -405,7 +427,10 @@ async fn serve_connection(
 ) {
     let _ = stream.set_nodelay(true);
     let svc_shared = Arc::clone(&shared);
-    let client_ip = forward::client_ip_header(remote.ip());
+    // The peer reaches the handler twice: as the X-Forwarded-For value
+    // passed upstream, and as the address the admin doors check.
+    let peer = remote.ip();
+    let client_ip = forward::client_ip_header(peer);
     let service = service_fn(move |req| {
         let shared = Arc::clone(&svc_shared);
         let client_ip = client_ip.clone();
@@ -413,7 +438,7 @@ async fn serve_connection(
         // A combinator, not an `async` block: the block would keep its own
         // copies of the arguments beside the handler's future.
         futures_util::FutureExt::map(
-            handler::handle(shared, client, client_ip, req),
+            handler::handle(shared, client, peer, client_ip, req),
             Ok::<_, Infallible>,
         )
     });

@@ -100,11 +100,19 @@ fn main() -> ExitCode {
                     }
                 },
             };
+            // Trimmed and checked as every token is: set but unusable
+            // (empty, not a header value, not Unicode) stops the start
+            // instead of connecting without it.
+            let token = match router_proto::token::from_env("ROUTER_TOKEN") {
+                Ok(t) => t,
+                Err(e) => {
+                    eprintln!("router-proxy: {e}");
+                    return ExitCode::from(2);
+                }
+            };
             Mode::Managed(router_proxy::managed::ManagedOptions {
                 addrs,
-                token: std::env::var("ROUTER_TOKEN")
-                    .ok()
-                    .filter(|t| !t.trim().is_empty()),
+                token,
                 node_id,
                 cache_dir: args.cache_dir,
                 ca_pem,
@@ -151,7 +159,6 @@ fn init_logs(provider: Option<&opentelemetry_sdk::trace::SdkTracerProvider>) {
 }
 
 async fn run(settings: Settings, mode: Mode) -> ExitCode {
-    let admin_open = settings.admin_token.is_none();
     let options = ProxyOptions {
         settings,
         mode: mode.clone(),
@@ -159,6 +166,10 @@ async fn run(settings: Settings, mode: Mode) -> ExitCode {
     };
     let proxy = match router_proxy::start(options).await {
         Ok(p) => p,
+        Err(e @ router_proxy::StartError::Token(_)) => {
+            eprintln!("router-proxy: {e}");
+            return ExitCode::from(2);
+        }
         Err(e) => {
             eprintln!("router-proxy: {e}");
             return ExitCode::FAILURE;
@@ -176,13 +187,8 @@ async fn run(settings: Settings, mode: Mode) -> ExitCode {
         version = &*proxy.config().version(),
         "router-proxy listening"
     );
-    if admin_open {
-        tracing::warn!(
-            "admin endpoints (/_custom_router/set-backends) are open: set CUSTOM_ROUTER_ADMIN_TOKEN to require a bearer token"
-        );
-    } else {
-        tracing::info!("admin endpoints require a bearer token");
-    }
+    // Exactly what the admin doors let through in this mode.
+    tracing::info!(mode = %mode_text, "{}", proxy.admin_access());
     router_process::shutdown_signal().await;
     tracing::info!(
         timeout_s = DRAIN_TIMEOUT.as_secs(),

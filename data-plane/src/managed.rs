@@ -37,7 +37,8 @@ use crate::pool::CircuitEvent;
 pub struct ManagedOptions {
     /// Control-plane addresses (`http://host:port`), tried in turn.
     pub addrs: Vec<String>,
-    /// Bearer token (`ROUTER_TOKEN`).
+    /// Bearer token (`ROUTER_TOKEN`), trimmed and checked at start
+    /// (`router_proto::token`): one that cannot be sent stops the proxy.
     pub token: Option<String>,
     /// This proxy's name in `proxies list`.
     pub node_id: String,
@@ -224,62 +225,10 @@ fn unix_ms(at: Option<Instant>) -> i64 {
     }
 }
 
-/// Why a forwarded `set-backends` failed.
-#[derive(Debug, thiserror::Error)]
-pub(crate) enum ForwardError {
-    /// The control plane refused the change.
-    #[error("{0}")]
-    Refused(String),
-    /// No control plane could be reached.
-    #[error("{0}")]
-    Unreachable(String),
-}
-
-/// Forwards a `set-backends` call to the first control plane that answers;
-/// returns the new revision.
-pub(crate) async fn forward_set_backends(
-    options: &ManagedOptions,
-    pool: &str,
-    endpoints: &[Endpoint],
-) -> Result<u64, ForwardError> {
-    let mut last = String::from("no control plane address");
-    for addr in &options.addrs {
-        let channel = match grpc_endpoint(addr, options.ca_pem.as_deref()) {
-            Ok(e) => match e.connect().await {
-                Ok(c) => c,
-                Err(err) => {
-                    last = format!("{addr}: {err}");
-                    continue;
-                }
-            },
-            Err(err) => {
-                last = format!("{addr}: {err}");
-                continue;
-            }
-        };
-        let mut admin = router_proto::v1::admin_client::AdminClient::with_interceptor(
-            channel,
-            router_proto::BearerToken(options.token.clone()),
-        );
-        let request = pb::SetBackendsRequest {
-            pool: pool.to_string(),
-            endpoints: endpoints.iter().map(ToString::to_string).collect(),
-            drained: Vec::new(),
-        };
-        match admin.set_backends(request).await {
-            Ok(r) => return Ok(r.into_inner().revision),
-            Err(s) if s.code() == tonic::Code::InvalidArgument => {
-                return Err(ForwardError::Refused(s.message().to_string()))
-            }
-            Err(s) => last = format!("{addr}: {}", s.message()),
-        }
-    }
-    Err(ForwardError::Unreachable(last))
-}
-
 /// Streams config from the control plane forever.
 pub(crate) async fn run(
     options: ManagedOptions,
+    token: router_proto::BearerToken,
     store: Arc<ConfigStore>,
     defaults: QueueSettings,
     mut events: mpsc::Receiver<CircuitEvent>,
@@ -299,6 +248,7 @@ pub(crate) async fn run(
         match stream_once(
             &addr,
             &options,
+            &token,
             &store,
             &defaults,
             &mut events,
@@ -318,6 +268,7 @@ pub(crate) async fn run(
 async fn stream_once(
     addr: &str,
     options: &ManagedOptions,
+    token: &router_proto::BearerToken,
     store: &ConfigStore,
     defaults: &QueueSettings,
     events: &mut mpsc::Receiver<CircuitEvent>,
@@ -330,10 +281,7 @@ async fn stream_once(
         .connect()
         .await
         .map_err(|e| format!("connect: {e}"))?;
-    let mut client = ProxyConfigClient::with_interceptor(
-        channel,
-        router_proto::BearerToken(options.token.clone()),
-    );
+    let mut client = ProxyConfigClient::with_interceptor(channel, token.clone());
     let (tx, rx) = mpsc::channel::<pb::ProxyMessage>(16);
     let hello = pb::ProxyMessage {
         msg: Some(pb::proxy_message::Msg::Hello(pb::Hello {

@@ -118,8 +118,12 @@ impl Default for Settings {
 
 impl Settings {
     /// Reads the process environment.
+    ///
+    /// A value that is not Unicode is read lossily, so that it fails its
+    /// check with the variable's name instead of passing for unset (an
+    /// admin token that silently vanished would open the admin calls).
     pub fn from_env() -> Result<Self, SettingsError> {
-        Self::from_lookup(|name| std::env::var(name).ok())
+        Self::from_lookup(|name| std::env::var_os(name).map(|v| v.to_string_lossy().into_owned()))
     }
 
     /// Reads settings through `lookup` (the environment, or a map in tests).
@@ -171,15 +175,15 @@ impl Settings {
                 Err(_) => return Err(bad(var, &v, "a non-negative integer (0 = no limit)")),
             };
         }
-        if let Some((_, v)) = get("CUSTOM_ROUTER_ADMIN_TOKEN") {
-            if v.trim().is_empty() {
-                return Err(SettingsError {
-                    var: "CUSTOM_ROUTER_ADMIN_TOKEN",
-                    shown: "(empty)".into(),
-                    expected: "a non-empty token, or the variable unset",
-                });
-            }
-            s.admin_token = Some(v.trim().to_string());
+        if let Some((var, v)) = get("CUSTOM_ROUTER_ADMIN_TOKEN") {
+            // Trimmed and checked as every token is (`router_proto::token`);
+            // the value is never shown.
+            let token = router_proto::token::normalize(&v, var).map_err(|e| SettingsError {
+                var,
+                shown: "(hidden)".into(),
+                expected: e.problem,
+            })?;
+            s.admin_token = Some(token);
         }
         if let Some((var, v)) = get("CUSTOM_ROUTER_MAX_BODY_BYTES") {
             s.max_body_bytes = match v.trim().parse::<usize>() {
@@ -349,5 +353,22 @@ mod tests {
         let s = with(&[("CUSTOM_ROUTER_ADMIN_TOKEN", "s3cret")]).unwrap();
         assert_eq!(s.admin_token.as_deref(), Some("s3cret"));
         assert!(!format!("{s:?}").contains("s3cret"));
+    }
+
+    #[test]
+    fn the_admin_token_is_trimmed_and_must_be_a_header_value() {
+        // A token file's newline is not part of the token.
+        let s = with(&[("CUSTOM_ROUTER_ADMIN_TOKEN", " s3cret\n")]).unwrap();
+        assert_eq!(s.admin_token.as_deref(), Some("s3cret"));
+        // Unusable tokens stop startup, named, never shown; before, a
+        // token with a non-ASCII character was accepted and could never
+        // be presented, and one that was not Unicode passed for unset.
+        for bad in ["", "  ", "s3crét", "two words", "\u{fffd}"] {
+            let err = with(&[("CUSTOM_ROUTER_ADMIN_TOKEN", bad)]).unwrap_err();
+            assert_eq!(err.var, "CUSTOM_ROUTER_ADMIN_TOKEN");
+            if !bad.trim().is_empty() {
+                assert!(!err.to_string().contains(bad), "{err}");
+            }
+        }
     }
 }

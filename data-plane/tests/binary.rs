@@ -52,6 +52,140 @@ fn an_invalid_policy_file_stops_startup() {
     );
 }
 
+/// Issue 14, token details: a token that cannot be sent in a header, or
+/// is not even Unicode, used to pass: a non-Unicode
+/// `CUSTOM_ROUTER_ADMIN_TOKEN` read as unset (admin calls open), a bad
+/// `ROUTER_TOKEN` was silently not sent. Now startup stops, naming the
+/// variable and never showing the value.
+#[test]
+fn an_unusable_token_stops_startup_and_is_named() {
+    use std::ffi::OsString;
+    use std::os::unix::ffi::OsStringExt;
+    let not_unicode = OsString::from_vec(b"adm\xffin".to_vec());
+    let cases: [(&str, OsString, &[&str]); 4] = [
+        ("CUSTOM_ROUTER_ADMIN_TOKEN", not_unicode.clone(), &[]),
+        ("CUSTOM_ROUTER_ADMIN_TOKEN", "two words".into(), &[]),
+        (
+            "ROUTER_TOKEN",
+            not_unicode,
+            &["--control-plane", "http://127.0.0.1:9"],
+        ),
+        (
+            "ROUTER_TOKEN",
+            "t\u{f6}k".into(),
+            &["--control-plane", "http://127.0.0.1:9"],
+        ),
+    ];
+    for (var, value, args) in cases {
+        let mut child = Command::new(BIN)
+            .args(["--bind", "127.0.0.1", "--port", "0"])
+            .args(args)
+            .env(var, &value)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // Its stderr ends when it exits; a proxy that starts anyway never
+        // exits on its own, so it is stopped and the case fails.
+        let (tx, rx) = mpsc::channel::<String>();
+        let mut pipe = child.stderr.take().unwrap();
+        std::thread::spawn(move || {
+            let mut text = String::new();
+            let _ = pipe.read_to_string(&mut text);
+            let _ = tx.send(text);
+        });
+        let Ok(stderr) = rx.recv_timeout(Duration::from_secs(10)) else {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{var}={value:?} did not stop startup");
+        };
+        let status = child.wait().unwrap();
+        assert_eq!(status.code(), Some(2), "{var}={value:?}: {stderr}");
+        assert!(stderr.contains(var), "{stderr}");
+        for shown in ["two words", "adm", "t\u{f6}k"] {
+            assert!(
+                !stderr.contains(shown),
+                "{var}: the value is shown: {stderr}"
+            );
+        }
+    }
+}
+
+/// Issue 14, doors: the startup log says exactly who may call the admin
+/// endpoints, per mode.
+#[test]
+fn the_startup_log_says_who_may_call_the_admin_endpoints() {
+    let dir = std::env::temp_dir().join(format!("router-bin-doors-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let policy = dir.join("p.yaml");
+    std::fs::write(
+        &policy,
+        "apiVersion: router/v1\nkind: RoutingPolicy\nspec:\n  pools: [{name: a, endpoints: [\"http://127.0.0.1:9\"]}]\n  routes: [{name: r, chain: [a]}]\n",
+    )
+    .unwrap();
+    let policy = policy.to_string_lossy().into_owned();
+    let cases: [(&[&str], Option<&str>, &str); 5] = [
+        (&[], None, "taken from loopback peers only"),
+        (&[], Some("t0ken"), "from any peer, loopback included"),
+        (
+            &["--policy", &policy],
+            None,
+            "are refused and health shows counts only",
+        ),
+        (
+            &["--policy", &policy],
+            Some("t0ken"),
+            "health's backend list need Authorization",
+        ),
+        (
+            &["--control-plane", "http://127.0.0.1:9"],
+            None,
+            "set-backends is refused (the control plane owns backend sets",
+        ),
+    ];
+    for (args, token, expected) in cases {
+        let mut cmd = Command::new(BIN);
+        cmd.args(["--bind", "127.0.0.1", "--port", "0"])
+            .args(args)
+            .env("RUST_LOG", "info")
+            .env_remove("CUSTOM_ROUTER_ADMIN_TOKEN")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        if let Some(t) = token {
+            cmd.env("CUSTOM_ROUTER_ADMIN_TOKEN", t);
+        }
+        let mut child = cmd.spawn().unwrap();
+        let (tx, rx) = mpsc::channel::<String>();
+        let stderr = child.stderr.take().unwrap();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut seen = Vec::new();
+        let found = loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match rx.recv_timeout(left) {
+                Ok(l) if l.contains(expected) => break true,
+                Ok(l) => seen.push(l),
+                Err(_) => break false,
+            }
+        };
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(
+            found,
+            "{args:?} token={token:?}: no {expected:?} in {seen:#?}"
+        );
+        assert!(
+            !seen.iter().any(|l| l.contains("t0ken")),
+            "the token is logged: {seen:#?}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 fn http(addr: &str, request: &str) -> String {
     let mut s = TcpStream::connect(addr).unwrap();
     s.write_all(request.as_bytes()).unwrap();
@@ -95,7 +229,7 @@ fn sidecar_logs_its_state_and_writes_route_lines_to_stdout() {
         .and_then(|s| s.split_whitespace().next())
         .unwrap()
         .to_string();
-    wait_line(&|l| l.contains("admin endpoints") && l.contains("open"));
+    wait_line(&|l| l.contains("taken from loopback peers only"));
 
     let resp = http(
         &addr,

@@ -76,6 +76,10 @@ pub enum Outcome {
     RequestTimeout,
     /// An admin call without a valid token.
     Unauthorized,
+    /// An admin call this proxy does not take from this caller (a
+    /// sidecar's non-loopback peer without a token; `set-backends` on a
+    /// managed proxy).
+    Forbidden,
     /// Unknown admin path.
     NotFound,
     /// Known admin path, wrong method.
@@ -84,7 +88,7 @@ pub enum Outcome {
 
 impl Outcome {
     /// Every outcome, in declaration order.
-    pub const ALL: [Outcome; 25] = [
+    pub const ALL: [Outcome; 26] = [
         Outcome::Ok,
         Outcome::Replayed,
         Outcome::ConnectError,
@@ -108,6 +112,7 @@ impl Outcome {
         Outcome::PayloadTooLarge,
         Outcome::RequestTimeout,
         Outcome::Unauthorized,
+        Outcome::Forbidden,
         Outcome::NotFound,
         Outcome::MethodNotAllowed,
     ];
@@ -138,6 +143,7 @@ impl Outcome {
             Self::PayloadTooLarge => "payload_too_large",
             Self::RequestTimeout => "request_timeout",
             Self::Unauthorized => "unauthorized",
+            Self::Forbidden => "forbidden",
             Self::NotFound => "not_found",
             Self::MethodNotAllowed => "method_not_allowed",
         }
@@ -186,6 +192,7 @@ impl Outcome {
             | Self::PayloadTooLarge
             | Self::RequestTimeout
             | Self::Unauthorized
+            | Self::Forbidden
             | Self::NotFound
             | Self::MethodNotAllowed => false,
             other => !other.is_shed(),
@@ -251,6 +258,7 @@ mod tests {
                 "payload_too_large",
                 "request_timeout",
                 "unauthorized",
+                "forbidden",
                 "not_found",
                 "method_not_allowed",
             ]

@@ -11,29 +11,6 @@ pub mod v1 {
 
 pub use v1::*;
 
-/// Adds `authorization: Bearer <token>` to every call of a client (nothing
-/// when the token is `None`): what proxies and `routerctl` present to the
-/// control plane.
-#[derive(Clone, Default)]
-pub struct BearerToken(pub Option<String>);
+pub mod token;
 
-impl tonic::service::Interceptor for BearerToken {
-    fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
-        if let Some(t) = &self.0 {
-            if let Ok(v) = format!("Bearer {t}").parse() {
-                req.metadata_mut().insert("authorization", v);
-            }
-        }
-        Ok(req)
-    }
-}
-
-impl std::fmt::Debug for BearerToken {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(if self.0.is_some() {
-            "BearerToken(<redacted>)"
-        } else {
-            "BearerToken(None)"
-        })
-    }
-}
+pub use token::BearerToken;

@@ -57,6 +57,11 @@ impl LogCapture {
     }
 }
 
+/// The admin token [`TestProxy::start`] gives proxies in standalone,
+/// inline and managed mode when the test sets none (their admin calls and
+/// health details need one); the harness's own admin calls present it.
+pub const ADMIN_TOKEN: &str = "test-admin-token";
+
 /// A proxy under test, listening on 127.0.0.1.
 pub struct TestProxy {
     /// The running proxy.
@@ -65,6 +70,8 @@ pub struct TestProxy {
     pub log: LogCapture,
     /// A client for it.
     pub client: TestClient,
+    /// The admin token it was started with, presented by the helpers.
+    pub admin_token: Option<String>,
 }
 
 impl TestProxy {
@@ -74,10 +81,22 @@ impl TestProxy {
         Self::start(settings, Mode::Sidecar).await
     }
 
-    /// Starts a proxy in `mode`.
+    /// Starts a proxy in `mode` on 127.0.0.1. Outside sidecar mode, a
+    /// proxy without an admin token gets [`ADMIN_TOKEN`] (see
+    /// [`TestProxy::start_as_given`] for one without).
     pub async fn start(mut settings: Settings, mode: Mode) -> Self {
         settings.bind = [127, 0, 0, 1].into();
+        if mode != Mode::Sidecar && settings.admin_token.is_none() {
+            settings.admin_token = Some(ADMIN_TOKEN.into());
+        }
+        Self::start_as_given(settings, mode).await
+    }
+
+    /// Starts a proxy in `mode` with `settings` as they are (bind address
+    /// and admin token included), on a free port.
+    pub async fn start_as_given(mut settings: Settings, mode: Mode) -> Self {
         settings.port = 0;
+        let admin_token = settings.admin_token.clone();
         let log = LogCapture::default();
         let proxy = router_proxy::start(ProxyOptions {
             settings,
@@ -90,7 +109,25 @@ impl TestProxy {
             proxy,
             log,
             client: TestClient::new(),
+            admin_token,
         }
+    }
+
+    /// `Authorization: Bearer <its admin token>`, when it has one.
+    pub fn admin_header(&self) -> Vec<(&'static str, String)> {
+        self.admin_token
+            .iter()
+            .map(|t| ("authorization", format!("Bearer {t}")))
+            .collect()
+    }
+
+    /// An admin call presenting its admin token (if any).
+    pub async fn admin_call(&self, method: Method, path: &str, body: String) -> TestResponse {
+        let auth = self.admin_header();
+        let headers: Vec<(&str, &str)> = auth.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        self.client
+            .send(method, &self.url(path), &headers, body)
+            .await
     }
 
     /// Starts a proxy routing by the policy `yaml` (given in-process).
@@ -112,22 +149,22 @@ impl TestProxy {
         self.proxy.local_addr()
     }
 
-    /// `http://127.0.0.1:PORT` + `path`.
+    /// `http://127.0.0.1:PORT` + `path` (loopback also when it listens on
+    /// every address).
     pub fn url(&self, path: &str) -> String {
-        format!("http://{}{}", self.addr(), path)
+        let mut addr = self.addr();
+        if addr.ip().is_unspecified() {
+            addr.set_ip([127, 0, 0, 1].into());
+        }
+        format!("http://{addr}{path}")
     }
 
-    /// `POST /_custom_router/set-backends`; panics unless it answers 200.
+    /// `POST /_custom_router/set-backends` from 127.0.0.1 with its admin
+    /// token (if any); panics unless it answers 200.
     pub async fn set_backends(&self, backends: &[String]) {
         let body = serde_json::json!({ "backends": backends }).to_string();
         let r = self
-            .client
-            .send(
-                Method::POST,
-                &self.url("/_custom_router/set-backends"),
-                &[],
-                body,
-            )
+            .admin_call(Method::POST, "/_custom_router/set-backends", body)
             .await;
         assert_eq!(r.status, StatusCode::OK, "set-backends: {}", r.text());
     }
@@ -136,22 +173,16 @@ impl TestProxy {
     pub async fn set_backends_pool(&self, pool: &str, backends: &[String]) {
         let body = serde_json::json!({ "backends": backends, "pool": pool }).to_string();
         let r = self
-            .client
-            .send(
-                Method::POST,
-                &self.url("/_custom_router/set-backends"),
-                &[],
-                body,
-            )
+            .admin_call(Method::POST, "/_custom_router/set-backends", body)
             .await;
         assert_eq!(r.status, StatusCode::OK, "set-backends: {}", r.text());
     }
 
-    /// `GET /_custom_router/health` as JSON.
+    /// `GET /_custom_router/health` as JSON, with its admin token (if
+    /// any), so with the backend list.
     pub async fn health(&self) -> Value {
         let r = self
-            .client
-            .send(Method::GET, &self.url("/_custom_router/health"), &[], "")
+            .admin_call(Method::GET, "/_custom_router/health", String::new())
             .await;
         assert_eq!(r.status, StatusCode::OK);
         r.json()

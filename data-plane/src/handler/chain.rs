@@ -204,8 +204,11 @@ impl Exchange {
                                     ),
                                 })
                             }
+                            // The pool, not the endpoint: the client
+                            // is not told internal addresses (the route
+                            // log's attempt has the endpoint).
                             None => Some(ProxyError::Upstream {
-                                endpoint: record.endpoint.to_string(),
+                                pool: name.to_string(),
                                 detail: outcome.as_str().replace('_', " "),
                             }),
                         };

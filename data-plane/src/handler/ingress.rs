@@ -45,9 +45,11 @@ const OPENAI_JSON_PATHS: [&str; 4] = [
 /// The longest deadline a client may ask for.
 const MAX_DEADLINE_MS: u64 = 24 * 3600 * 1000;
 
-/// Handles one proxied request from a client at `client_ip` (see
-/// [`forward::client_ip_header`]); its attempts go through `client`, the
-/// upstream connection pool of the worker thread serving the connection.
+/// Handles one request from the TCP peer `peer` (`client_ip` is its
+/// X-Forwarded-For value, see [`forward::client_ip_header`]); its attempts
+/// go through `client`, the upstream connection pool of the worker thread
+/// serving the connection. Admin paths go to [`crate::admin`], which
+/// checks the peer.
 ///
 /// Not an `async fn`: an `async fn` future keeps its arguments twice (as
 /// given, and as the body's locals), and every move of the future copies
@@ -56,6 +58,7 @@ const MAX_DEADLINE_MS: u64 = 24 * 3600 * 1000;
 pub(crate) fn handle(
     shared: Arc<Shared>,
     client: UpstreamClient,
+    peer: std::net::IpAddr,
     client_ip: HeaderValue,
     req: Request<Incoming>,
 ) -> impl std::future::Future<Output = Response<ProxyBody>> {
@@ -64,7 +67,7 @@ pub(crate) fn handle(
         if path.starts_with("/_custom_router/") || path == "/metrics" {
             // Boxed: the admin future is large and rare; unboxed, it would set
             // the size of every request's future.
-            return full(Box::pin(crate::admin::handle(&shared, req)).await);
+            return full(Box::pin(crate::admin::handle(&shared, peer, req)).await);
         }
         let snapshot = shared.config.load();
         let mut pending = Pending::new(Arc::clone(&shared), &req, &snapshot);

@@ -343,10 +343,17 @@ async fn an_open_circuit_reported_by_one_proxy_stops_the_others() {
     }
     assert_eq!(dead.stats().received, 2);
     assert_eq!(p2.health().await["backends"][0]["circuit"], "open");
-    // set-backends on a managed proxy goes through the control plane, so
-    // every proxy learns it.
+    // Backend sets change at the control plane (`routerctl backends set`;
+    // a managed proxy refuses set-backends), and every proxy learns them.
     let spare = mock("spare", Behavior::Json).await;
-    p1.set_backends_pool("fallback", &[spare.url()]).await;
+    admin
+        .set_backends(pb::SetBackendsRequest {
+            pool: "fallback".into(),
+            endpoints: vec![spare.url()],
+            drained: vec![],
+        })
+        .await
+        .unwrap();
     wait_version(&p2, "cp-3").await;
     let r = p2.chat("m").await;
     assert_eq!(r.header(MOCK_NAME_HEADER), Some("spare"));
@@ -418,5 +425,172 @@ async fn the_control_plane_can_serve_tls() {
     .await;
     assert_eq!(version_of(&untrusting).await, "boot-1");
     cp.shutdown().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The control plane's backend sets.
+async fn backends(admin: &mut router_tests::control::Admin) -> Vec<pb::PoolBackends> {
+    admin
+        .list_backends(pb::ListBackendsRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .pools
+}
+
+/// Issue 14, doors: a managed proxy used to forward `set-backends` to the
+/// control plane with its own `ROUTER_TOKEN`, so anyone who could reach
+/// any proxy's port could send the whole fleet's prompts (and the pool's
+/// API key) to an address of their choice. Now the call is refused: 401
+/// without an admin token (naming the variable to set), 403 with one
+/// (backend sets belong to the control plane), and the fleet's backend
+/// sets stay as they were.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_managed_proxy_never_lends_its_token_to_set_backends() {
+    let primary = mock("primary", Behavior::Json).await;
+    let fallback = mock("fallback", Behavior::Json).await;
+    let dir = temp("lend-token");
+    let cp = control_plane(&dir, "127.0.0.1:0".parse().unwrap()).await;
+    let addr = cp.local_addr();
+    let mut admin = admin(addr, Some(TOKEN)).await;
+    admin
+        .apply_policy(pb::ApplyPolicyRequest {
+            document: policy(&primary.url(), &fallback.url()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let before = backends(&mut admin).await;
+    let attack = r#"{"pool": "fallback", "backends": ["http://evil.example:80"]}"#;
+
+    // As deployed by default: no admin token.
+    let settings = Settings {
+        bind: [127, 0, 0, 1].into(),
+        ..Settings::default()
+    };
+    let mode = |node: &str| {
+        Mode::Managed(ManagedOptions {
+            addrs: vec![format!("http://{addr}")],
+            token: Some(TOKEN.into()),
+            node_id: node.into(),
+            cache_dir: None,
+            ca_pem: None,
+        })
+    };
+    let open = TestProxy::start_as_given(settings.clone(), mode("open")).await;
+    wait_version(&open, "cp-1").await;
+    let r = open
+        .client
+        .send(
+            http::Method::POST,
+            &open.url("/_custom_router/set-backends"),
+            &[],
+            attack,
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::UNAUTHORIZED, "{}", r.text());
+    assert_eq!(r.error_type(), "unauthorized");
+    assert!(
+        r.json()["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("CUSTOM_ROUTER_ADMIN_TOKEN"),
+        "{}",
+        r.text()
+    );
+    assert_eq!(backends(&mut admin).await, before);
+    let r = open
+        .client
+        .send(
+            http::Method::POST,
+            &open.url("/_custom_router/explain"),
+            &[],
+            r#"{"risk": "READ"}"#,
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::UNAUTHORIZED, "{}", r.text());
+    // Unauthenticated health: ok, version, counts; no addresses.
+    let h = open
+        .client
+        .send(
+            http::Method::GET,
+            &open.url("/_custom_router/health"),
+            &[],
+            "",
+        )
+        .await
+        .json();
+    assert_eq!(h["ok"], true);
+    assert_eq!(h["config_version"], "cp-1");
+    assert_eq!(h["pool_count"], 2);
+    assert_eq!(h["backend_count"], 2);
+    assert!(h.get("backends").is_none(), "{h}");
+    assert!(!h.to_string().contains(&primary.url()), "{h}");
+
+    // With an admin token, presented: still refused, pointing at routerctl.
+    let guarded = TestProxy::start_as_given(
+        Settings {
+            admin_token: Some("proxy-admin".into()),
+            ..settings
+        },
+        mode("guarded"),
+    )
+    .await;
+    wait_version(&guarded, "cp-1").await;
+    let r = guarded
+        .client
+        .send(
+            http::Method::POST,
+            &guarded.url("/_custom_router/set-backends"),
+            &[("authorization", "Bearer proxy-admin")],
+            attack,
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::FORBIDDEN, "{}", r.text());
+    assert_eq!(r.error_type(), "forbidden");
+    assert!(r.text().contains("routerctl backends set"), "{}", r.text());
+    assert_eq!(backends(&mut admin).await, before);
+    // The token shows the backend list.
+    let h = guarded.health().await;
+    assert_eq!(h["backends"][0]["addr"], primary.url());
+    // Traffic still goes where the operator said.
+    assert_eq!(
+        open.chat("m").await.header(MOCK_NAME_HEADER),
+        Some("primary")
+    );
+    drop(cp);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Issue 14, token details: a `ROUTER_TOKEN` read from a file keeps its
+/// newline; the proxy used to build a header from it, fail, and connect
+/// without any token. It is trimmed as the control plane trims its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_router_token_with_its_file_newline_still_authenticates() {
+    let ok = mock("ok", Behavior::Json).await;
+    let dir = temp("token-newline");
+    let cp = control_plane(&dir, "127.0.0.1:0".parse().unwrap()).await;
+    let addr = cp.local_addr();
+    let mut admin = admin(addr, Some(TOKEN)).await;
+    admin
+        .apply_policy(pb::ApplyPolicyRequest {
+            document: policy(&ok.url(), &ok.url()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let proxy = TestProxy::start(
+        Settings::default(),
+        Mode::Managed(ManagedOptions {
+            addrs: vec![format!("http://{addr}")],
+            token: Some(format!("{TOKEN}\n")),
+            node_id: "newline".into(),
+            cache_dir: None,
+            ca_pem: None,
+        }),
+    )
+    .await;
+    wait_version(&proxy, "cp-1").await;
+    drop(cp);
     let _ = std::fs::remove_dir_all(&dir);
 }

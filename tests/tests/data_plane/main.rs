@@ -5,6 +5,7 @@
 #![allow(clippy::unwrap_used)]
 
 mod balance;
+mod doors;
 mod exactly_once;
 mod limits;
 mod queue;

@@ -4,12 +4,15 @@
 //! token). `set-backends` changes where traffic goes, so when
 //! `CUSTOM_ROUTER_ADMIN_TOKEN` is set it requires `Authorization: Bearer
 //! <token>`, compared in constant time. Unset, it stays open as in the
-//! Hugging Face router, and the startup log says so.
+//! Hugging Face router, and the startup log says so. Whatever the token,
+//! `set-backends` refuses link-local and cloud metadata addresses the
+//! operator did not allow (`router_policy::guard`).
 
 use bytes::Bytes;
 use http::{header, HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
+use router_policy::guard::backend_refusal;
 use router_policy::Endpoint;
 use serde::Deserialize;
 use subtle::ConstantTimeEq;
@@ -181,7 +184,12 @@ async fn set_backends(
     for (i, b) in parsed.backends.iter().enumerate() {
         match Endpoint::parse(b) {
             Ok(ep) if endpoints.contains(&ep) => {}
-            Ok(ep) => endpoints.push(ep),
+            // Link-local and metadata addresses only when the operator
+            // named them (CUSTOM_ROUTER_ALLOW_BACKEND_HOSTS).
+            Ok(ep) => match backend_refusal(&ep, &shared.settings.guards.backend_hosts) {
+                Some(why) => errors.push(format!("backends[{i}] {b:?}: {why}")),
+                None => endpoints.push(ep),
+            },
             Err(e) => errors.push(format!("backends[{i}] {b:?}: {e}")),
         }
     }

@@ -37,6 +37,7 @@
 
 mod admin;
 mod balance_workers;
+mod clock;
 mod config;
 mod error;
 mod forward;
@@ -49,6 +50,7 @@ mod pool;
 mod probe;
 mod reload;
 mod request_headers;
+mod resolver;
 mod route_log;
 mod settings;
 mod stop_signal;
@@ -219,7 +221,7 @@ pub async fn start(options: ProxyOptions) -> Result<RunningProxy, StartError> {
             None,
         ),
         Mode::Standalone { policy } => {
-            let (p, bytes) = reload::load_policy_file(policy, &settings.queue)?;
+            let (p, bytes) = reload::load_policy_file(policy, &settings.queue, &settings.guards)?;
             (p, "file", Some((policy.clone(), bytes)))
         }
         Mode::Inline(policy) => ((**policy).clone(), "inline", None),
@@ -280,6 +282,7 @@ pub async fn start(options: ProxyOptions) -> Result<RunningProxy, StartError> {
             path,
             Arc::clone(&config),
             shared.settings.queue,
+            shared.settings.guards.clone(),
             shared.settings.policy_poll_interval,
             bytes,
         )));
@@ -289,12 +292,20 @@ pub async fn start(options: ProxyOptions) -> Result<RunningProxy, StartError> {
         let applied = options
             .cache_dir
             .as_deref()
-            .and_then(|dir| managed::apply_cache(&config, dir, &shared.settings.queue))
+            .and_then(|dir| {
+                managed::apply_cache(
+                    &config,
+                    dir,
+                    &shared.settings.queue,
+                    &shared.settings.guards,
+                )
+            })
             .unwrap_or(0);
         tasks.push(tokio::spawn(managed::run(
             options,
             Arc::clone(&config),
             shared.settings.queue,
+            shared.settings.guards.clone(),
             events_rx,
             applied,
         )));

@@ -10,7 +10,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use router_policy::document::positive_duration;
-use router_policy::{QueueSettings, Scoring};
+use router_policy::guard::ALLOW_BACKEND_HOSTS_VAR;
+use router_policy::{Guards, QueueSettings, Scoring};
 
 /// A variable whose value cannot be used.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -68,6 +69,11 @@ pub struct Settings {
     /// How new connections are placed on those threads
     /// (`CUSTOM_ROUTER_CONNECTION_BALANCE`, `pack` or `spread`; `pack`).
     pub connection_balance: crate::balance_workers::ConnectionBalance,
+    /// What a policy may ask of this proxy: the variables a pool's
+    /// `api_key_env` may name (`*_API_KEY`, plus
+    /// `CUSTOM_ROUTER_API_KEY_ENV_ALLOW`) and the link-local or metadata
+    /// hosts allowed as backends (`CUSTOM_ROUTER_ALLOW_BACKEND_HOSTS`).
+    pub guards: Guards,
 }
 
 impl std::fmt::Debug for Settings {
@@ -105,6 +111,7 @@ impl Default for Settings {
             idempotency_max_keys: 10_000,
             workers: 0,
             connection_balance: crate::balance_workers::ConnectionBalance::Pack,
+            guards: Guards::default(),
         }
     }
 }
@@ -219,6 +226,13 @@ impl Settings {
                 _ => return Err(bad(var, &v, "an integer of at least 1")),
             };
         }
+        s.guards = Guards::from_lookup(&lookup).map_err(|e| {
+            let expected = match e.var {
+                ALLOW_BACKEND_HOSTS_VAR => "comma-separated host names or IP addresses",
+                _ => "comma-separated variable names or PREFIX* patterns (a bare * is refused)",
+            };
+            bad(e.var, &e.value, expected)
+        })?;
         Ok(s)
     }
 }
@@ -308,11 +322,31 @@ mod tests {
             ("CUSTOM_ROUTER_SCORING", "random"),
             ("CUSTOM_ROUTER_WORKERS", "many"),
             ("CUSTOM_ROUTER_CONNECTION_BALANCE", "even"),
+            ("CUSTOM_ROUTER_API_KEY_ENV_ALLOW", "*"),
+            ("CUSTOM_ROUTER_API_KEY_ENV_ALLOW", "NOT-A-NAME"),
+            (
+                "CUSTOM_ROUTER_ALLOW_BACKEND_HOSTS",
+                "http://169.254.169.254/",
+            ),
         ] {
             let err = with(&[(var, value)]).unwrap_err();
             assert_eq!(err.var, var);
             assert!(err.to_string().contains(var), "{err}");
         }
+    }
+
+    #[test]
+    fn the_guards_are_read() {
+        let s = with(&[
+            ("CUSTOM_ROUTER_API_KEY_ENV_ALLOW", "HF_TOKEN,VAULT_*"),
+            ("CUSTOM_ROUTER_ALLOW_BACKEND_HOSTS", "169.254.10.1"),
+        ])
+        .unwrap();
+        assert!(s.guards.api_key_env.allows("HF_TOKEN"));
+        assert!(s.guards.api_key_env.allows("VAULT_X"));
+        assert!(!s.guards.api_key_env.allows("AWS_SECRET_ACCESS_KEY"));
+        assert!(s.guards.backend_hosts.allows("169.254.10.1"));
+        assert_eq!(with(&[]).unwrap().guards, Guards::default());
     }
 
     #[test]

@@ -6,6 +6,7 @@
 
 mod balance;
 mod exactly_once;
+mod keys;
 mod queue;
 mod reload;
 mod sidecar;

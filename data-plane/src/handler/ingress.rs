@@ -7,9 +7,10 @@
 //! for its `model`, `stream`, `response_format` and token cap; the route is
 //! matched and its approval checked; the policy's decision picks the
 //! candidate pools; a body whose model a candidate pool rewrites is parsed
-//! (one serde_json cannot re-encode is refused); a request with an `Idempotency-Key` joins the one in
-//! flight, replays a stored answer, or leads. What is left is an
-//! [`Exchange`] for the chain walk ([`super::chain`]).
+//! (one serde_json cannot re-encode is refused); a request with an
+//! `Idempotency-Key` joins the one in flight, replays a stored answer, or
+//! leads; the router's own `X-Router-*` headers are stripped. What is left
+//! is an [`Exchange`] for the chain walk ([`super::chain`]).
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};

@@ -1,4 +1,8 @@
 //! `routerctl policy validate` and `routerctl route explain`.
+//!
+//! Both validate against the guards of this shell's environment
+//! (`CUSTOM_ROUTER_API_KEY_ENV_ALLOW`, `CUSTOM_ROUTER_ALLOW_BACKEND_HOSTS`),
+//! as a proxy started from it would.
 
 use std::io::Read;
 use std::path::Path;
@@ -6,7 +10,12 @@ use std::process::ExitCode;
 
 use router_policy::decide::{explain, Explanation, Situation};
 use router_policy::document::PolicyDocument;
-use router_policy::{Policy, QueueSettings};
+use router_policy::{Guards, Policy, QueueSettings};
+
+/// The guards of this environment, as a proxy would read them.
+fn guards() -> Result<Guards, String> {
+    Guards::from_lookup(|k| std::env::var(k).ok()).map_err(|e| e.to_string())
+}
 
 /// Output format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -22,8 +31,9 @@ pub enum Output {
 fn read_policy(path: &Path) -> Result<Policy, String> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let guards = guards()?;
     PolicyDocument::parse(&text)
-        .and_then(|d| d.validate(&QueueSettings::default()))
+        .and_then(|d| d.validate_with(&QueueSettings::default(), &guards))
         .map_err(|e| {
             let mut out = format!("{}: invalid policy\n", path.display());
             for f in &e.errors {
@@ -43,7 +53,15 @@ pub fn validate(path: &Path, output: Output) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let result = PolicyDocument::parse(&text).and_then(|d| d.validate(&QueueSettings::default()));
+    let guards = match guards() {
+        Ok(g) => g,
+        Err(e) => {
+            eprintln!("routerctl: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let result = PolicyDocument::parse(&text)
+        .and_then(|d| d.validate_with(&QueueSettings::default(), &guards));
     match (result, output) {
         (Ok(p), Output::Table) => {
             println!(

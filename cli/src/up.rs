@@ -66,11 +66,20 @@ pub async fn run(args: UpArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    // The proxy reads the same variables (its settings).
+    let guards = match router_policy::Guards::from_lookup(|k| std::env::var(k).ok()) {
+        Ok(g) => g,
+        Err(e) => {
+            eprintln!("routerctl up: {e}");
+            return ExitCode::from(2);
+        }
+    };
     let cp = match start(ControlPlaneOptions {
         listen: args.grpc,
         store: router_control_plane::StoreLocation::Embedded(args.data_dir.join("control-plane")),
         token: token.clone(),
         tls: None,
+        guards,
     })
     .await
     {

@@ -73,6 +73,7 @@ async fn policy_commands_against_a_control_plane() {
         store: router_control_plane::StoreLocation::Embedded(dir.join("cp")),
         token: Some("tok".into()),
         tls: None,
+        guards: Default::default(),
     })
     .await
     .unwrap();

@@ -23,8 +23,9 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use router_policy::document::{load, PolicyDocument};
-use router_policy::{Endpoint, FieldError, QueueSettings};
+use router_policy::document::{load_with, PolicyDocument};
+use router_policy::guard::backend_refusal;
+use router_policy::{Endpoint, FieldError, Guards, Policy, QueueSettings};
 use router_proto::v1 as pb;
 use tokio::sync::watch;
 use tracing::Instrument;
@@ -99,6 +100,11 @@ pub struct Hub {
     /// kept out by the store's compare-and-swap).
     writer: tokio::sync::Mutex<()>,
     published: watch::Sender<Arc<Published>>,
+    /// What policies and backend sets may ask for (API key variables,
+    /// link-local hosts): this process's `CUSTOM_ROUTER_API_KEY_ENV_ALLOW`
+    /// and `CUSTOM_ROUTER_ALLOW_BACKEND_HOSTS`. Each proxy checks again
+    /// with its own and NACKs what it does not allow.
+    guards: Guards,
 }
 
 impl Inner {
@@ -183,18 +189,25 @@ fn snapshot_of(inner: &Inner) -> Published {
     }
 }
 
-/// Validates a policy document with the same rules as `routerctl policy validate`.
-pub fn validate(document: &str) -> Result<(), Vec<FieldError>> {
+/// Validates a policy document with the same rules as `routerctl policy
+/// validate`, against `guards`.
+pub fn validate(document: &str, guards: &Guards) -> Result<(), Vec<FieldError>> {
     PolicyDocument::parse(document)
-        .and_then(|d| d.validate(&QueueSettings::default()))
+        .and_then(|d| d.validate_with(&QueueSettings::default(), guards))
         .map(|_| ())
         .map_err(|e| e.errors)
 }
 
+/// A stored (so once validated) document, loaded again.
+fn load(document: &str, guards: &Guards) -> Result<Policy, router_policy::PolicyError> {
+    load_with(document, &QueueSettings::default(), guards)
+}
+
 impl Hub {
     /// Loads the state from `store`, and follows other writers' changes
-    /// (when the store has any) for as long as the hub lives.
-    pub async fn open(store: Box<dyn Store>) -> Result<Arc<Self>, HubError> {
+    /// (when the store has any) for as long as the hub lives. Policies and
+    /// backend sets are checked against `guards`.
+    pub async fn open(store: Box<dyn Store>, guards: Guards) -> Result<Arc<Self>, HubError> {
         let Contents { state, history } = store.load().await?;
         let inner = Inner {
             state,
@@ -209,11 +222,17 @@ impl Hub {
             inner: Mutex::new(inner),
             writer: tokio::sync::Mutex::new(()),
             published,
+            guards,
         });
         if let Some(changes) = changes {
             tokio::spawn(follow_store(Arc::downgrade(&hub), changes));
         }
         Ok(hub)
+    }
+
+    /// Validates a policy document against this control plane's guards.
+    pub fn validate(&self, document: &str) -> Result<(), Vec<FieldError>> {
+        validate(document, &self.guards)
     }
 
     /// Takes in a change another writer made (or a fresh listing).
@@ -317,7 +336,7 @@ impl Hub {
         async {
             {
                 let _validate = tracing::info_span!("policy.validate").entered();
-                validate(document).map_err(HubError::Invalid)?;
+                self.validate(document).map_err(HubError::Invalid)?;
             }
             let check = |inner: &Inner| {
                 let current = inner.state.policy_version;
@@ -343,7 +362,8 @@ impl Hub {
                         author: author.to_string(),
                         note: "apply".into(),
                     };
-                    Ok(Some((with_policy(inner, document, version), Some(record))))
+                    let next = with_policy(inner, document, version, &self.guards);
+                    Ok(Some((next, Some(record))))
                 })
                 .await?;
             let span = tracing::Span::current();
@@ -404,9 +424,11 @@ impl Hub {
                     .find(|p| p.version == wanted)
                     .map(|p| p.document.clone())
                     .ok_or_else(|| HubError::NotFound(format!("no policy version {wanted}")))?;
+                // Checked again: the guards may have narrowed since.
+                self.validate(&document).map_err(HubError::Invalid)?;
                 target = wanted;
                 let version = inner.next_policy_version();
-                let next = with_policy(inner, &document, version);
+                let next = with_policy(inner, &document, version, &self.guards);
                 let record = PolicyRecord {
                     version,
                     document,
@@ -456,10 +478,14 @@ impl Hub {
     ) -> Result<u64, HubError> {
         let mut errors = Vec::new();
         for (i, e) in endpoints.iter().enumerate() {
-            if let Err(err) = Endpoint::parse(e) {
+            let refused = match Endpoint::parse(e) {
+                Ok(ep) => backend_refusal(&ep, &self.guards.backend_hosts),
+                Err(err) => Some(err.to_string()),
+            };
+            if let Some(reason) = refused {
                 errors.push(FieldError {
                     field: format!("endpoints[{i}]"),
-                    reason: err.to_string(),
+                    reason,
                 });
             }
         }
@@ -482,7 +508,7 @@ impl Hub {
         }
         let set = BackendSet { endpoints, drained };
         self.change(|inner| {
-            check_pool_exists(inner, pool)?;
+            check_pool_exists(inner, pool, &self.guards)?;
             let mut next = inner.state.clone();
             next.backends.insert(pool.to_string(), set.clone());
             Ok(Some((next, None)))
@@ -701,8 +727,8 @@ impl Hub {
         let record = self
             .policy(0)
             .ok_or_else(|| HubError::NotFound("no policy applied yet".into()))?;
-        let policy = load(&record.document, &QueueSettings::default())
-            .map_err(|e| HubError::Invalid(e.errors))?;
+        let policy =
+            load(&record.document, &self.guards).map_err(|e| HubError::Invalid(e.errors))?;
         let answer = router_policy::decide::explain(&policy, &situation);
         serde_json::to_string(&answer).map_err(|e| {
             HubError::Invalid(vec![FieldError {
@@ -716,10 +742,10 @@ impl Hub {
 /// The next state with `document` current: backend sets and circuit
 /// overrides of pools it no longer has are dropped (proxies would refuse a
 /// snapshot with a backend set for an unknown pool).
-fn with_policy(inner: &Inner, document: &str, version: u64) -> State {
+fn with_policy(inner: &Inner, document: &str, version: u64, guards: &Guards) -> State {
     let mut next = inner.state.clone();
     next.policy_version = version;
-    if let Ok(policy) = load(document, &QueueSettings::default()) {
+    if let Ok(policy) = load(document, guards) {
         let before = next.backends.len();
         next.backends.retain(|pool, _| policy.pool(pool).is_some());
         next.circuits.retain(|c| policy.pool(&c.pool).is_some());
@@ -734,7 +760,7 @@ fn with_policy(inner: &Inner, document: &str, version: u64) -> State {
 }
 
 /// Refuses a backend set for a pool the current policy does not have.
-fn check_pool_exists(inner: &Inner, pool: &str) -> Result<(), HubError> {
+fn check_pool_exists(inner: &Inner, pool: &str, guards: &Guards) -> Result<(), HubError> {
     let Some(p) = inner
         .history
         .iter()
@@ -742,7 +768,7 @@ fn check_pool_exists(inner: &Inner, pool: &str) -> Result<(), HubError> {
     else {
         return Ok(());
     };
-    match load(&p.document, &QueueSettings::default()) {
+    match load(&p.document, guards) {
         Ok(policy) if policy.pool(pool).is_none() => Err(HubError::Invalid(vec![FieldError {
             field: "pool".into(),
             reason: format!("the current policy has no pool {pool:?}"),

@@ -39,6 +39,10 @@ pub struct ControlPlaneOptions {
     pub token: Option<String>,
     /// TLS certificate chain and key (PEM); `None` serves plain HTTP/2.
     pub tls: Option<(String, String)>,
+    /// What policies and backend sets may ask for: API key variables
+    /// (`CUSTOM_ROUTER_API_KEY_ENV_ALLOW`) and link-local hosts
+    /// (`CUSTOM_ROUTER_ALLOW_BACKEND_HOSTS`), as the proxies read them.
+    pub guards: router_policy::Guards,
 }
 
 /// How long a starting replica waits for etcd to answer.
@@ -137,7 +141,7 @@ pub async fn start(options: ControlPlaneOptions) -> Result<RunningControlPlane, 
             Box::new(etcd)
         }
     };
-    let hub = Hub::open(store).await?;
+    let hub = Hub::open(store, options.guards.clone()).await?;
     let listener = TcpListener::bind(options.listen)
         .await
         .map_err(|e| StartError::Bind(options.listen, e))?;

@@ -86,6 +86,15 @@ fn main() -> ExitCode {
             }
         },
     };
+    // The same variables the proxies read: the control plane refuses what
+    // its own list does not allow; each proxy checks again with its own.
+    let guards = match router_policy::Guards::from_lookup(|k| std::env::var(k).ok()) {
+        Ok(g) => g,
+        Err(e) => {
+            eprintln!("router-control-plane: {e}");
+            return ExitCode::from(2);
+        }
+    };
     let store_name = match &store {
         StoreLocation::Embedded(dir) => dir.display().to_string(),
         StoreLocation::Etcd { address, .. } => {
@@ -111,6 +120,7 @@ fn main() -> ExitCode {
             store,
             token,
             tls,
+            guards,
         })
         .await
         {

@@ -167,7 +167,8 @@ impl Admin for AdminService {
         &self,
         req: Request<pb::ValidateRequest>,
     ) -> Result<Response<pb::ValidateResponse>, Status> {
-        let errors = crate::hub::validate(&req.into_inner().document)
+        let errors = upgrade(&self.hub)?
+            .validate(&req.into_inner().document)
             .err()
             .unwrap_or_default();
         Ok(Response::new(pb::ValidateResponse {

@@ -24,7 +24,9 @@
 //! behind a reverse proxy on the same host every caller is loopback, so
 //! set a token there. `metrics` is always open (scrapers carry no token).
 //! Tokens are checked by [`router_proto::token::Secret`] (SHA-256 digests
-//! compared in constant time).
+//! compared in constant time). Whoever calls, `set-backends` refuses
+//! link-local and cloud metadata addresses the operator did not allow
+//! (`router_policy::guard`).
 
 use std::net::IpAddr;
 
@@ -32,6 +34,7 @@ use bytes::Bytes;
 use http::{header, HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
+use router_policy::guard::backend_refusal;
 use router_policy::Endpoint;
 use router_proto::token::{Secret, TokenError};
 use serde::Deserialize;
@@ -293,7 +296,12 @@ async fn set_backends(
     for (i, b) in parsed.backends.iter().enumerate() {
         match Endpoint::parse(b) {
             Ok(ep) if endpoints.contains(&ep) => {}
-            Ok(ep) => endpoints.push(ep),
+            // Link-local and metadata addresses only when the operator
+            // named them (CUSTOM_ROUTER_ALLOW_BACKEND_HOSTS).
+            Ok(ep) => match backend_refusal(&ep, &shared.settings.guards.backend_hosts) {
+                Some(why) => errors.push(format!("backends[{i}] {b:?}: {why}")),
+                None => endpoints.push(ep),
+            },
             Err(e) => errors.push(format!("backends[{i}] {b:?}: {e}")),
         }
     }

@@ -34,8 +34,32 @@ use crate::pool::{PoolRuntime, PoolSettings, PoolStatus};
 pub(crate) struct Secrets {
     /// The approval token for `requires_approval` routes.
     pub approval_token: Option<String>,
-    /// `Authorization` header value per pool with `api_key_env`.
-    pub api_keys: FnvHashMap<String, HeaderValue>,
+    /// The key of each pool with `api_key_env`.
+    pub api_keys: FnvHashMap<String, PoolKey>,
+}
+
+/// A pool's API key and where it may go.
+///
+/// The key goes only to the origins (scheme, host, port) the policy itself
+/// lists for the pool. Endpoints installed by `set-backends` (or a backend
+/// set from the control plane) replace the pool's endpoints but not this
+/// list: whoever may move traffic cannot thereby collect the provider's key.
+/// A request to any other endpoint of the pool goes without it (and
+/// without the client's own `Authorization`, which the key would have
+/// replaced).
+#[derive(Clone)]
+pub(crate) struct PoolKey {
+    /// `Authorization: Bearer <key>`, marked sensitive.
+    pub header: HeaderValue,
+    /// The endpoints the policy lists for the pool.
+    pub origins: Vec<Endpoint>,
+}
+
+impl PoolKey {
+    /// Whether the key may be sent to `endpoint`.
+    pub(crate) fn sent_to(&self, endpoint: &Endpoint) -> bool {
+        self.origins.iter().any(|o| o.same_origin(endpoint))
+    }
 }
 
 impl std::fmt::Debug for Secrets {
@@ -50,6 +74,8 @@ impl std::fmt::Debug for Secrets {
     }
 }
 
+/// Reads the secrets `policy` names; `policy` is the document's own, before
+/// `set-backends` overrides (its endpoints are where pool keys may go).
 fn read_secrets(policy: &Policy) -> Secrets {
     let mut secrets = Secrets::default();
     if let Some(var) = &policy.approval_token_env {
@@ -67,9 +93,13 @@ fn read_secrets(policy: &Policy) -> Secrets {
         };
         match std::env::var(var).ok().filter(|v| !v.trim().is_empty()) {
             Some(key) => match HeaderValue::from_str(&format!("Bearer {}", key.trim())) {
-                Ok(mut v) => {
-                    v.set_sensitive(true);
-                    secrets.api_keys.insert(pool.name.clone(), v);
+                Ok(mut header) => {
+                    header.set_sensitive(true);
+                    let key = PoolKey {
+                        header,
+                        origins: pool.endpoints.clone(),
+                    };
+                    secrets.api_keys.insert(pool.name.clone(), key);
                 }
                 Err(_) => {
                     tracing::warn!(pool = %pool.name, variable = %var, "API key is not a valid header value; not sent")
@@ -279,10 +309,20 @@ fn build(
     events: Option<&tokio::sync::mpsc::Sender<crate::pool::CircuitEvent>>,
 ) -> Snapshot {
     src.changes += 1;
+    let secrets = read_secrets(&src.policy);
     let mut policy = src.policy.clone();
     for pool in &mut policy.pools {
         if let Some(eps) = src.overrides.get(&pool.name) {
             pool.endpoints = eps.clone();
+            if let Some(key) = secrets.api_keys.get(&pool.name) {
+                for ep in eps.iter().filter(|ep| !key.sent_to(ep)) {
+                    tracing::warn!(
+                        pool = %pool.name,
+                        endpoint = %ep,
+                        "the pool's API key is not sent to this endpoint: the policy does not list its origin"
+                    );
+                }
+            }
         }
     }
     let mut pools = FnvHashMap::with_capacity_and_hasher(policy.pools.len(), Default::default());
@@ -319,7 +359,7 @@ fn build(
     Snapshot {
         version_header: HeaderValue::from_str(&version).ok(),
         version,
-        secrets: read_secrets(&policy),
+        secrets,
         policy: Arc::new(policy),
         pools,
     }

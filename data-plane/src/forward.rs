@@ -67,7 +67,11 @@ pub(crate) fn build_client(settings: &Settings) -> Result<UpstreamClient, Client
         .with_root_certificates(roots)
         .with_no_client_auth();
 
-    let mut http = HttpConnector::new();
+    // Names resolving to link-local or metadata addresses are refused
+    // (`crate::resolver`).
+    let mut http = HttpConnector::new_with_resolver(crate::resolver::GuardedResolver::new(
+        settings.guards.backend_hosts.clone(),
+    ));
     http.enforce_http(false);
     http.set_nodelay(true);
     http.set_connect_timeout(Some(settings.connect_timeout));

@@ -181,7 +181,7 @@ impl IdempotencyCache {
         let mut inner = self.lock();
         match outcome {
             Some(outcome) => {
-                let expires = Instant::now() + self.ttl;
+                let expires = crate::clock::later(Instant::now(), self.ttl, crate::clock::A_YEAR);
                 inner.entries.insert(
                     key.to_string(),
                     Entry::Done {

@@ -41,6 +41,7 @@
 
 mod admin;
 mod balance_workers;
+mod clock;
 mod config;
 mod error;
 mod forward;
@@ -54,6 +55,7 @@ mod pool;
 mod probe;
 mod reload;
 mod request_headers;
+mod resolver;
 mod route_log;
 mod settings;
 mod stop_signal;
@@ -239,7 +241,7 @@ pub async fn start(options: ProxyOptions) -> Result<RunningProxy, StartError> {
             None,
         ),
         Mode::Standalone { policy } => {
-            let (p, bytes) = reload::load_policy_file(policy, &settings.queue)?;
+            let (p, bytes) = reload::load_policy_file(policy, &settings.queue, &settings.guards)?;
             (p, "file", Some((policy.clone(), bytes)))
         }
         Mode::Inline(policy) => ((**policy).clone(), "inline", None),
@@ -313,6 +315,7 @@ pub async fn start(options: ProxyOptions) -> Result<RunningProxy, StartError> {
             path,
             Arc::clone(&config),
             shared.settings.queue,
+            shared.settings.guards.clone(),
             shared.settings.policy_poll_interval,
             bytes,
         )));
@@ -322,13 +325,21 @@ pub async fn start(options: ProxyOptions) -> Result<RunningProxy, StartError> {
         let applied = options
             .cache_dir
             .as_deref()
-            .and_then(|dir| managed::apply_cache(&config, dir, &shared.settings.queue))
+            .and_then(|dir| {
+                managed::apply_cache(
+                    &config,
+                    dir,
+                    &shared.settings.queue,
+                    &shared.settings.guards,
+                )
+            })
             .unwrap_or(0);
         tasks.push(tokio::spawn(managed::run(
             options,
             control_plane_token,
             Arc::clone(&config),
             shared.settings.queue,
+            shared.settings.guards.clone(),
             events_rx,
             applied,
         )));

@@ -21,8 +21,9 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use prost::Message;
-use router_policy::document::load;
-use router_policy::{Endpoint, Policy, QueueSettings};
+use router_policy::document::load_with;
+use router_policy::guard::backend_refusal;
+use router_policy::{Endpoint, Guards, Policy, QueueSettings};
 use router_proto::v1 as pb;
 use router_proto::v1::proxy_config_client::ProxyConfigClient;
 use tokio::sync::mpsc;
@@ -110,15 +111,32 @@ fn unix_now_ms() -> i64 {
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }
 
+/// The longest an override from the control plane is held without being
+/// sent again: a far-off (or hostile) expiry must not overflow the clock.
+/// Every snapshot sends the overrides again, so a longer one is renewed.
+const MAX_OVERRIDE: Duration = crate::clock::A_YEAR;
+
+/// The instant a wall-clock expiry (Unix ms) falls on, at most
+/// [`MAX_OVERRIDE`] from now; a past one is now.
 fn unix_ms_to_instant(ms: i64) -> Instant {
-    let now_ms = unix_now_ms();
-    let left = ms.saturating_sub(now_ms).max(0);
-    Instant::now() + Duration::from_millis(u64::try_from(left).unwrap_or(0))
+    let left = ms.saturating_sub(unix_now_ms()).max(0);
+    crate::clock::later(
+        Instant::now(),
+        Duration::from_millis(u64::try_from(left).unwrap_or(0)),
+        MAX_OVERRIDE,
+    )
 }
 
-/// Validates a snapshot; `Err` is the NACK's text.
-pub(crate) fn decode(snapshot: &pb::Snapshot, defaults: &QueueSettings) -> Result<Decoded, String> {
-    let mut policy = load(&snapshot.policy_document, defaults).map_err(|e| e.to_string())?;
+/// Validates a snapshot against this proxy's `guards` (its own API key
+/// variables and backend hosts: the control plane cannot know them); `Err`
+/// is the NACK's text.
+pub(crate) fn decode(
+    snapshot: &pb::Snapshot,
+    defaults: &QueueSettings,
+    guards: &Guards,
+) -> Result<Decoded, String> {
+    let mut policy =
+        load_with(&snapshot.policy_document, defaults, guards).map_err(|e| e.to_string())?;
     let mut backends = BTreeMap::new();
     for b in &snapshot.backends {
         let Some(pool) = policy.pools.iter_mut().find(|p| p.name == b.pool) else {
@@ -126,7 +144,11 @@ pub(crate) fn decode(snapshot: &pb::Snapshot, defaults: &QueueSettings) -> Resul
         };
         let mut eps = Vec::new();
         for e in &b.endpoints {
-            eps.push(Endpoint::parse(e).map_err(|err| format!("pool {}: {e}: {err}", b.pool))?);
+            let ep = Endpoint::parse(e).map_err(|err| format!("pool {}: {e}: {err}", b.pool))?;
+            if let Some(why) = backend_refusal(&ep, &guards.backend_hosts) {
+                return Err(format!("pool {}: {why}", b.pool));
+            }
+            eps.push(ep);
         }
         for d in &b.drained {
             pool.drained
@@ -171,10 +193,11 @@ pub(crate) fn apply_cache(
     store: &ConfigStore,
     dir: &Path,
     defaults: &QueueSettings,
+    guards: &Guards,
 ) -> Option<u64> {
     let msg = read_cache(dir)?;
     let snapshot = msg.snapshot.as_ref()?;
-    match decode(snapshot, defaults) {
+    match decode(snapshot, defaults, guards) {
         Ok(d) => {
             let version = apply(store, d, msg.revision);
             tracing::info!(
@@ -217,10 +240,10 @@ impl Backoff {
 fn unix_ms(at: Option<Instant>) -> i64 {
     let now = unix_now_ms();
     match at {
-        Some(t) => {
-            now + i64::try_from(t.saturating_duration_since(Instant::now()).as_millis())
-                .unwrap_or(0)
-        }
+        Some(t) => now.saturating_add(
+            i64::try_from(t.saturating_duration_since(Instant::now()).as_millis())
+                .unwrap_or(i64::MAX),
+        ),
         None => now,
     }
 }
@@ -231,6 +254,7 @@ pub(crate) async fn run(
     token: router_proto::BearerToken,
     store: Arc<ConfigStore>,
     defaults: QueueSettings,
+    guards: Guards,
     mut events: mpsc::Receiver<CircuitEvent>,
     mut applied: u64,
 ) {
@@ -251,6 +275,7 @@ pub(crate) async fn run(
             &token,
             &store,
             &defaults,
+            &guards,
             &mut events,
             &mut applied,
         )
@@ -265,12 +290,15 @@ pub(crate) async fn run(
     }
 }
 
+// The stream's parts, all owned by `run` and borrowed for one connection.
+#[allow(clippy::too_many_arguments)]
 async fn stream_once(
     addr: &str,
     options: &ManagedOptions,
     token: &router_proto::BearerToken,
     store: &ConfigStore,
     defaults: &QueueSettings,
+    guards: &Guards,
     events: &mut mpsc::Receiver<CircuitEvent>,
     applied: &mut u64,
 ) -> Result<(), String> {
@@ -306,7 +334,14 @@ async fn stream_once(
                     Some(Err(e)) => return Err(format!("stream: {e}")),
                     None => return Ok(()),
                 };
-                let reply = handle(&msg, store, defaults, options.cache_dir.as_deref(), applied);
+                let reply = handle(
+                    &msg,
+                    store,
+                    defaults,
+                    guards,
+                    options.cache_dir.as_deref(),
+                    applied,
+                );
                 if tx.send(reply).await.is_err() {
                     return Ok(());
                 }
@@ -332,6 +367,7 @@ fn handle(
     msg: &pb::ControlMessage,
     store: &ConfigStore,
     defaults: &QueueSettings,
+    guards: &Guards,
     cache_dir: Option<&Path>,
     applied: &mut u64,
 ) -> pb::ProxyMessage {
@@ -352,7 +388,7 @@ fn handle(
         // The control plane has no policy yet: nothing to apply.
         return ack(msg);
     }
-    match decode(snapshot, defaults) {
+    match decode(snapshot, defaults, guards) {
         Ok(d) => {
             let version = apply(store, d, msg.revision);
             *applied = msg.revision;
@@ -408,7 +444,64 @@ mod tests {
             }],
             circuits: vec![],
         };
-        let err = decode(&s, &QueueSettings::default()).err().unwrap();
+        let err = decode(&s, &QueueSettings::default(), &Guards::default())
+            .err()
+            .unwrap();
         assert!(err.contains("unknown pool"), "{err}");
+    }
+
+    #[test]
+    fn a_snapshot_this_proxys_guards_refuse_is_nacked_with_the_reason() {
+        let doc = |var: &str| {
+            format!(
+                "apiVersion: router/v1\nkind: RoutingPolicy\nspec: {{pools: [{{name: a, api_key_env: {var}}}], routes: [{{name: r, chain: [a]}}]}}\n"
+            )
+        };
+        let s = |var: &str, backend: &str| pb::Snapshot {
+            policy_version: 1,
+            policy_document: doc(var),
+            backends: vec![pb::PoolBackends {
+                pool: "a".into(),
+                endpoints: vec![backend.into()],
+                drained: vec![],
+            }],
+            circuits: vec![],
+        };
+        let q = QueueSettings::default();
+        // The control plane may allow what this proxy does not.
+        let err = decode(&s("HF_TOKEN", "127.0.0.1:9"), &q, &Guards::default())
+            .err()
+            .unwrap();
+        assert!(
+            err.contains("spec.pools[0].api_key_env") && err.contains("HF_TOKEN"),
+            "{err}"
+        );
+        let err = decode(
+            &s("A_API_KEY", "169.254.169.254:80"),
+            &q,
+            &Guards::default(),
+        )
+        .err()
+        .unwrap();
+        assert!(
+            err.contains("pool a") && err.contains("link-local"),
+            "{err}"
+        );
+        let allowing = Guards::from_lookup(|k| match k {
+            "CUSTOM_ROUTER_API_KEY_ENV_ALLOW" => Some("HF_TOKEN".into()),
+            "CUSTOM_ROUTER_ALLOW_BACKEND_HOSTS" => Some("169.254.169.254".into()),
+            _ => None,
+        })
+        .unwrap();
+        assert!(decode(&s("HF_TOKEN", "169.254.169.254:80"), &q, &allowing).is_ok());
+    }
+
+    #[test]
+    fn a_far_off_override_expiry_does_not_overflow_the_clock() {
+        let now = Instant::now();
+        let until = unix_ms_to_instant(i64::MAX);
+        assert!(until > now && until <= Instant::now() + MAX_OVERRIDE);
+        assert!(unix_ms_to_instant(i64::MIN) <= Instant::now());
+        assert!(unix_ms(Some(until)) > 0);
     }
 }

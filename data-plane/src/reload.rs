@@ -13,8 +13,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use router_policy::document::load;
-use router_policy::{Policy, PolicyError, QueueSettings};
+use router_policy::document::load_with;
+use router_policy::{Guards, Policy, PolicyError, QueueSettings};
 
 use crate::config::ConfigStore;
 
@@ -39,17 +39,19 @@ pub enum PolicyFileError {
     },
 }
 
-/// Reads, parses and validates a policy file.
+/// Reads, parses and validates a policy file (against this proxy's
+/// `guards`).
 pub(crate) fn load_policy_file(
     path: &Path,
     defaults: &QueueSettings,
+    guards: &Guards,
 ) -> Result<(Policy, Vec<u8>), PolicyFileError> {
     let bytes = std::fs::read(path).map_err(|source| PolicyFileError::Read {
         path: path.to_path_buf(),
         source,
     })?;
     let text = String::from_utf8_lossy(&bytes);
-    let policy = load(&text, defaults).map_err(|source| PolicyFileError::Invalid {
+    let policy = load_with(&text, defaults, guards).map_err(|source| PolicyFileError::Invalid {
         path: path.to_path_buf(),
         source,
     })?;
@@ -62,6 +64,7 @@ pub(crate) async fn watch_policy_file(
     path: PathBuf,
     store: Arc<ConfigStore>,
     defaults: QueueSettings,
+    guards: Guards,
     interval: Duration,
     mut last: Vec<u8>,
 ) {
@@ -82,7 +85,7 @@ pub(crate) async fn watch_policy_file(
             continue;
         }
         let text = String::from_utf8_lossy(&bytes);
-        match load(&text, &defaults) {
+        match load_with(&text, &defaults, &guards) {
             Ok(policy) => {
                 let version = store.apply_policy(policy, "file");
                 tracing::info!(path = %path.display(), version = &*version, "policy reloaded");

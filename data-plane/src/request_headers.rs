@@ -10,10 +10,22 @@
 //! says which headers must go before the request is sent upstream, so an
 //! absent one is never looked up to be removed.
 //!
+//! `X-Router-*` headers are the router's own (the deadline, the risk
+//! class, the approval token): none of them goes to a backend, where the
+//! approval token could be logged or replayed. The scan notes whether any
+//! was sent, so [`strip_router_headers`] runs only when one was: a request
+//! without them pays one prefix compare per header it has, and nothing
+//! more. `Idempotency-Key` and `X-Request-Id` are not `X-Router-*`
+//! headers: they go upstream, as the contract says.
+//!
 //! A header sent more than once counts by its first value, as
 //! `HeaderMap::get` would give.
 
-use http::header::{HeaderMap, HeaderValue};
+use http::header::{HeaderMap, HeaderName, HeaderValue};
+
+/// The prefix of the router's own request headers (lower case, as
+/// `HeaderName`s are).
+const ROUTER_PREFIX: &str = "x-router-";
 
 /// What the client sent of the headers the router reads or rewrites.
 #[derive(Debug, Default)]
@@ -40,6 +52,8 @@ pub(crate) struct RequestHeaders {
     pub forwarded_host: bool,
     /// A hop-by-hop header (or `Transfer-Encoding`) was sent.
     pub hop_by_hop: bool,
+    /// An `X-Router-*` header was sent (any: they are all stripped).
+    pub router_headers: bool,
 }
 
 impl RequestHeaders {
@@ -52,9 +66,18 @@ impl RequestHeaders {
                 "content-length" => &mut seen.content_length,
                 "idempotency-key" => &mut seen.idempotency_key,
                 "x-request-id" => &mut seen.request_id,
-                "x-router-deadline-ms" => &mut seen.deadline_ms,
-                "x-router-risk" => &mut seen.risk,
-                "x-router-approval" => &mut seen.approval,
+                "x-router-deadline-ms" => {
+                    seen.router_headers = true;
+                    &mut seen.deadline_ms
+                }
+                "x-router-risk" => {
+                    seen.router_headers = true;
+                    &mut seen.risk
+                }
+                "x-router-approval" => {
+                    seen.router_headers = true;
+                    &mut seen.approval
+                }
                 "x-forwarded-for" => &mut seen.forwarded_for,
                 "x-forwarded-proto" => {
                     seen.forwarded_proto = true;
@@ -65,7 +88,9 @@ impl RequestHeaders {
                     continue;
                 }
                 n => {
-                    if crate::hop_by_hop::is_hop_by_hop_name(n) {
+                    if n.starts_with(ROUTER_PREFIX) {
+                        seen.router_headers = true;
+                    } else if crate::hop_by_hop::is_hop_by_hop_name(n) {
                         seen.hop_by_hop = true;
                     }
                     continue;
@@ -79,10 +104,21 @@ impl RequestHeaders {
     }
 }
 
+/// Removes every `X-Router-*` header (call it when the scan saw one).
+pub(crate) fn strip_router_headers(headers: &mut HeaderMap) {
+    let names: Vec<HeaderName> = headers
+        .keys()
+        .filter(|n| n.as_str().starts_with(ROUTER_PREFIX))
+        .cloned()
+        .collect();
+    for name in names {
+        headers.remove(name);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use http::header::HeaderName;
 
     fn map(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
         let mut h = HeaderMap::new();
@@ -119,6 +155,41 @@ mod tests {
         assert_eq!(s.forwarded_for, get("x-forwarded-for"));
         assert!(s.forwarded_proto && s.forwarded_host);
         assert!(!s.hop_by_hop);
+        assert!(s.router_headers);
+    }
+
+    #[test]
+    fn router_headers_are_noticed_and_stripped_the_rest_kept() {
+        for name in [
+            "x-router-approval",
+            "x-router-risk",
+            "x-router-deadline-ms",
+            "x-router-anything",
+        ] {
+            let mut h = map(&[
+                ("content-type", "application/json"),
+                (name, "v"),
+                ("idempotency-key", "k"),
+                ("x-request-id", "r"),
+                ("x-routerless", "kept"),
+            ]);
+            assert!(RequestHeaders::scan(&h).router_headers, "{name}");
+            strip_router_headers(&mut h);
+            assert!(h.get(name).is_none(), "{name}");
+            let mut kept: Vec<&str> = h.keys().map(HeaderName::as_str).collect();
+            kept.sort_unstable();
+            assert_eq!(
+                kept,
+                [
+                    "content-type",
+                    "idempotency-key",
+                    "x-request-id",
+                    "x-routerless"
+                ]
+            );
+        }
+        let plain = map(&[("content-type", "application/json"), ("x-request-id", "r")]);
+        assert!(!RequestHeaders::scan(&plain).router_headers);
     }
 
     #[test]
@@ -128,7 +199,7 @@ mod tests {
         assert!(s.idempotency_key.is_none() && s.request_id.is_none());
         assert!(s.deadline_ms.is_none() && s.risk.is_none() && s.approval.is_none());
         assert!(s.forwarded_for.is_none() && !s.forwarded_proto && !s.forwarded_host);
-        assert!(!s.hop_by_hop);
+        assert!(!s.hop_by_hop && !s.router_headers);
     }
 
     #[test]

@@ -10,7 +10,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use router_policy::document::positive_duration;
-use router_policy::{QueueSettings, Scoring};
+use router_policy::guard::ALLOW_BACKEND_HOSTS_VAR;
+use router_policy::{Guards, QueueSettings, Scoring};
 
 /// A variable whose value cannot be used.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -73,6 +74,11 @@ pub struct Settings {
     pub max_buffered_bytes: usize,
     /// Client connections open at once (`CUSTOM_ROUTER_MAX_CONNECTIONS`, 4096).
     pub max_connections: usize,
+    /// What a policy may ask of this proxy: the variables a pool's
+    /// `api_key_env` may name (`*_API_KEY`, plus
+    /// `CUSTOM_ROUTER_API_KEY_ENV_ALLOW`) and the link-local or metadata
+    /// hosts allowed as backends (`CUSTOM_ROUTER_ALLOW_BACKEND_HOSTS`).
+    pub guards: Guards,
 }
 
 impl std::fmt::Debug for Settings {
@@ -112,6 +118,7 @@ impl Default for Settings {
             connection_balance: crate::balance_workers::ConnectionBalance::Pack,
             max_buffered_bytes: 256 * 1024 * 1024,
             max_connections: 4096,
+            guards: Guards::default(),
         }
     }
 }
@@ -242,6 +249,13 @@ impl Settings {
                 _ => return Err(bad(var, &v, "an integer of at least 1")),
             };
         }
+        s.guards = Guards::from_lookup(&lookup).map_err(|e| {
+            let expected = match e.var {
+                ALLOW_BACKEND_HOSTS_VAR => "comma-separated host names or IP addresses",
+                _ => "comma-separated variable names or PREFIX* patterns (a bare * is refused)",
+            };
+            bad(e.var, &e.value, expected)
+        })?;
         Ok(s)
     }
 }
@@ -341,11 +355,31 @@ mod tests {
             ("CUSTOM_ROUTER_MAX_BUFFERED_BYTES", "1GiB"),
             ("CUSTOM_ROUTER_MAX_CONNECTIONS", "0"),
             ("CUSTOM_ROUTER_MAX_CONNECTIONS", "-5"),
+            ("CUSTOM_ROUTER_API_KEY_ENV_ALLOW", "*"),
+            ("CUSTOM_ROUTER_API_KEY_ENV_ALLOW", "NOT-A-NAME"),
+            (
+                "CUSTOM_ROUTER_ALLOW_BACKEND_HOSTS",
+                "http://169.254.169.254/",
+            ),
         ] {
             let err = with(&[(var, value)]).unwrap_err();
             assert_eq!(err.var, var);
             assert!(err.to_string().contains(var), "{err}");
         }
+    }
+
+    #[test]
+    fn the_guards_are_read() {
+        let s = with(&[
+            ("CUSTOM_ROUTER_API_KEY_ENV_ALLOW", "HF_TOKEN,VAULT_*"),
+            ("CUSTOM_ROUTER_ALLOW_BACKEND_HOSTS", "169.254.10.1"),
+        ])
+        .unwrap();
+        assert!(s.guards.api_key_env.allows("HF_TOKEN"));
+        assert!(s.guards.api_key_env.allows("VAULT_X"));
+        assert!(!s.guards.api_key_env.allows("AWS_SECRET_ACCESS_KEY"));
+        assert!(s.guards.backend_hosts.allows("169.254.10.1"));
+        assert_eq!(with(&[]).unwrap().guards, Guards::default());
     }
 
     #[test]

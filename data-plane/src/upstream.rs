@@ -62,7 +62,7 @@ use tokio::time::Instant;
 use tower_service::Service;
 
 /// Connections to plain and TLS upstreams.
-pub(crate) type Connector = HttpsConnector<HttpConnector>;
+pub(crate) type Connector = HttpsConnector<HttpConnector<crate::resolver::GuardedResolver>>;
 
 type Sender = http1::SendRequest<OutBody>;
 
@@ -702,7 +702,9 @@ mod tests {
     }
 
     fn client() -> UpstreamClient {
-        let mut http = HttpConnector::new();
+        let mut http = HttpConnector::new_with_resolver(crate::resolver::GuardedResolver::new(
+            router_policy::HostAllowList::default(),
+        ));
         http.enforce_http(false);
         let tls = rustls::ClientConfig::builder_with_provider(Arc::new(
             rustls::crypto::ring::default_provider(),

@@ -39,6 +39,10 @@ pub struct Endpoint {
     scheme: Scheme,
     authority: String,
     base_path: String,
+    /// Length of the host in `authority` (IPv6 brackets included).
+    host_len: usize,
+    /// The port, the scheme's default when none is written.
+    port: u16,
 }
 
 impl Endpoint {
@@ -79,10 +83,20 @@ impl Endpoint {
         if !base_path.is_empty() && base_path.parse::<http::uri::PathAndQuery>().is_err() {
             return Err(EndpointError::Invalid(input.to_string()));
         }
+        let port = parsed.port_u16().unwrap_or(match scheme {
+            Scheme::Http => 80,
+            Scheme::Https => 443,
+        });
+        let authority = parsed.as_str().to_ascii_lowercase();
+        // `Authority::host` keeps IPv6 brackets; the host is the start of
+        // the authority (no user info: refused above).
+        let host_len = parsed.host().len();
         Ok(Self {
             scheme,
-            authority: parsed.as_str().to_ascii_lowercase(),
+            authority,
             base_path,
+            host_len,
+            port,
         })
     }
 
@@ -99,6 +113,22 @@ impl Endpoint {
     /// The base path without a trailing slash (empty for none).
     pub fn base_path(&self) -> &str {
         &self.base_path
+    }
+
+    /// The host, lower-cased, as written (an IPv6 address in brackets).
+    pub fn host(&self) -> &str {
+        &self.authority[..self.host_len]
+    }
+
+    /// The port: as written, else the scheme's (80, 443).
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Same scheme, host and port (the path does not count): the origin a
+    /// credential may be sent to.
+    pub fn same_origin(&self, other: &Endpoint) -> bool {
+        self.scheme == other.scheme && self.port == other.port && self.host() == other.host()
     }
 
     /// The upstream path and query for a client path: the client's path
@@ -165,6 +195,27 @@ mod tests {
     fn no_base_path_passes_the_path_through() {
         let e = Endpoint::parse("http://127.0.0.1:11434").unwrap();
         assert_eq!(e.join("/api/ps"), "/api/ps");
+    }
+
+    #[test]
+    fn host_port_and_origin() {
+        let e = Endpoint::parse("https://API.example.com/v1").unwrap();
+        assert_eq!((e.host(), e.port()), ("api.example.com", 443));
+        let same = Endpoint::parse("https://api.example.com:443/other").unwrap();
+        assert!(e.same_origin(&same));
+        for other in [
+            "http://api.example.com:443",
+            "https://api.example.com:8443",
+            "https://api.example.com.evil:443",
+            "https://evil.example.com",
+        ] {
+            assert!(!e.same_origin(&Endpoint::parse(other).unwrap()), "{other}");
+        }
+        let v6 = Endpoint::parse("http://[FE80::1]:8080").unwrap();
+        assert_eq!((v6.host(), v6.port()), ("[fe80::1]", 8080));
+        let bare = Endpoint::parse("10.0.0.5:9000").unwrap();
+        assert_eq!((bare.host(), bare.port()), ("10.0.0.5", 9000));
+        assert_eq!(Endpoint::parse("http://h").unwrap().port(), 80);
     }
 
     #[test]

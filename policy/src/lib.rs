@@ -8,6 +8,8 @@
 //! - [`document`]: the policy document (YAML or JSON), parsed and validated
 //!   into a [`Policy`]; every error at once, each with its field path.
 //! - [`endpoint`]: backend addresses (`host:port`, `http://…`, `https://…/v1`).
+//! - [`guard`]: what a policy may ask of the process that applies it (API
+//!   key variables, link-local and metadata backend addresses).
 //! - [`balance`]: EWMA bookkeeping and the choice of an endpoint inside a pool.
 //! - [`decide`]: the per-request decision: route, gates, candidate pools, reason.
 //! - [`deadline`]: how long an attempt may take; pools skipped for time.
@@ -25,6 +27,7 @@ pub mod decide;
 pub mod document;
 pub mod endpoint;
 pub mod fallback;
+pub mod guard;
 pub mod outcome;
 pub mod structured;
 
@@ -35,4 +38,5 @@ pub use document::{
 };
 pub use endpoint::{Endpoint, EndpointError, Scheme};
 pub use fallback::{next_step, Step, StopReason};
+pub use guard::{EnvAllowList, GuardError, Guards, HostAllowList};
 pub use outcome::Outcome;

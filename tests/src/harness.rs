@@ -130,10 +130,11 @@ impl TestProxy {
             .await
     }
 
-    /// Starts a proxy routing by the policy `yaml` (given in-process).
+    /// Starts a proxy routing by the policy `yaml` (given in-process,
+    /// validated against `settings.guards` as the proxy would).
     pub async fn with_policy(settings: Settings, yaml: &str) -> Self {
-        let policy =
-            router_policy::document::load(yaml, &settings.queue).expect("valid test policy");
+        let policy = router_policy::document::load_with(yaml, &settings.queue, &settings.guards)
+            .expect("valid test policy");
         Self::start(settings, Mode::Inline(Box::new(policy))).await
     }
 

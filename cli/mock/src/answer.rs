@@ -157,6 +157,30 @@ pub(crate) async fn handle(
             let message = format!("mock {} answered {}", shared.name, status.as_u16());
             shared.error_response(status, &message, Some(tracker))
         }
+        Behavior::RateLimited(retry_after) => {
+            service_time(latency).await;
+            let message = format!("mock {} is rate limited", shared.name);
+            match HeaderValue::from_str(&retry_after) {
+                Ok(value) => {
+                    let mut response = shared.error_response(
+                        StatusCode::TOO_MANY_REQUESTS,
+                        &message,
+                        Some(tracker),
+                    );
+                    response.headers_mut().insert(RETRY_AFTER, value);
+                    response
+                }
+                Err(_) => {
+                    let message =
+                        format!("Retry-After {retry_after:?} is not a valid header value");
+                    shared.error_response(
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        &message,
+                        Some(tracker),
+                    )
+                }
+            }
+        }
         Behavior::MalformedJson => {
             service_time(latency).await;
             let truncated = format!(

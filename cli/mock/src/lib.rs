@@ -94,6 +94,11 @@ pub enum Behavior {
     /// `latency` (e.g. 500, 503). A 429 also carries `Retry-After: 1`.
     /// A code outside 100..=999 is answered as 500.
     Status(u16),
+    /// A 429 rate-limit error after `latency`, with this `Retry-After`
+    /// value as given (a provider at its quota saying when to come back,
+    /// or a hostile one: `18446744073709551615`). A value that is not a
+    /// valid header value is answered as 500.
+    RateLimited(String),
     /// 200 with content-type `application/json` but a body that is not valid
     /// JSON, after `latency`.
     MalformedJson,

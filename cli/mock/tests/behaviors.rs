@@ -340,6 +340,13 @@ async fn error_malformed_and_redirect_behaviors() {
     assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(response.headers()[RETRY_AFTER], "1");
 
+    mock.set_behavior(Behavior::RateLimited("18446744073709551615".to_owned()));
+    let response = post(mock.addr(), "{}").await;
+    assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(response.headers()[RETRY_AFTER], "18446744073709551615");
+    let error: Value = serde_json::from_slice(&body_bytes(response).await).expect("json");
+    assert_eq!(error["error"]["type"], "rate_limit_error");
+
     mock.set_behavior(Behavior::MalformedJson);
     let response = post(mock.addr(), "{}").await;
     assert_eq!(response.status(), StatusCode::OK);
@@ -352,7 +359,7 @@ async fn error_malformed_and_redirect_behaviors() {
     assert_eq!(response.headers()[LOCATION], "http://elsewhere/v1");
     assert_eq!(response.headers()[MOCK_NAME_HEADER], "m1");
 
-    eventually(&mock, |s| s.completed == 4 && s.rejected_429 == 0).await;
+    eventually(&mock, |s| s.completed == 5 && s.rejected_429 == 0).await;
     mock.stop().await;
 }
 

@@ -60,8 +60,12 @@
 //!
 //! - ignored values are fully checked (string escapes, control characters,
 //!   number grammar, literals, nesting) but, as in serde_json, strings inside
-//!   them are not checked for valid UTF-8 or paired surrogate escapes, and
-//!   their nesting depth is not limited;
+//!   them are not checked for valid UTF-8 or paired surrogate escapes,
+//!   numbers are not checked for range, and their nesting depth is not
+//!   limited. So an accepted body is not always one serde_json can read as
+//!   a `Value`: a caller that re-encodes the body (the proxy rewriting
+//!   `model`) parses it again and refuses it then (the test
+//!   `bodies_the_model_rewrite_cannot_re_encode` lists such bodies);
 //! - keys of the objects we read (the top level, `response_format`, `usage`)
 //!   are unescaped and checked like any decoded string before they are
 //!   matched, so `"mod\u0065l"` is `model`; a known key given twice is an

@@ -23,7 +23,7 @@ use tokio::time::Instant;
 use super::chain::Exchange;
 use super::spans;
 use crate::forward;
-use crate::pool::{Lease, PoolRuntime, Sample, Shed};
+use crate::pool::{Lease, PoolRuntime, Sample, Shed, MAX_RETRY_AFTER};
 use crate::route_log::AttemptRecord;
 use crate::upstream::UpstreamBody;
 
@@ -165,7 +165,7 @@ impl Exchange {
                     record.outcome = Outcome::InvalidRequest;
                     return AttemptEnd::Failed {
                         record: AttemptRecord {
-                            endpoint: e.into(),
+                            endpoint: e.to_string().into(),
                             ..record
                         },
                         held: None,
@@ -206,9 +206,7 @@ impl Exchange {
                         let retry_after = resp
                             .headers()
                             .get(header::RETRY_AFTER)
-                            .and_then(|v| v.to_str().ok())
-                            .and_then(|v| v.trim().parse::<u64>().ok())
-                            .map(Duration::from_secs);
+                            .and_then(retry_after);
                         lease.observe(Sample::RateLimited(waited, retry_after));
                     } else {
                         lease.observe(Sample::Failure(waited));
@@ -255,9 +253,11 @@ impl Exchange {
                 lease.observe(Sample::Failure(waited));
                 if let Err(why) = &structured_ok {
                     // This pool cannot be trusted with structured output for a while.
-                    pool.mark_structured_degraded(
-                        Instant::now() + self.snapshot.policy.structured_degrade,
-                    );
+                    pool.mark_structured_degraded(crate::clock::later(
+                        Instant::now(),
+                        self.snapshot.policy.structured_degrade,
+                        crate::clock::A_YEAR,
+                    ));
                     tracing::info!(pool = pool.name(), %why, "malformed structured output; pool degraded for structured requests");
                 }
                 record.outcome = Outcome::MalformedJson;
@@ -311,6 +311,14 @@ impl Exchange {
     }
 }
 
+/// A `Retry-After` in seconds, at most [`MAX_RETRY_AFTER`] (an hour: the
+/// value is the backend's, and a huge one must neither overflow the clock
+/// nor shut an endpoint out for good). An HTTP date is not read.
+fn retry_after(value: &http::HeaderValue) -> Option<Duration> {
+    let secs = value.to_str().ok()?.trim().parse::<u64>().ok()?;
+    Some(Duration::from_secs(secs).min(MAX_RETRY_AFTER))
+}
+
 /// Runs `work` until `deadline` (if any); `None` when the deadline came first.
 ///
 /// A plain function returning a combinator, not an `async fn`: an `async fn`
@@ -334,4 +342,29 @@ fn timed_out(lease: &Lease, mut record: AttemptRecord, started: Instant) -> Atte
     record.outcome = Outcome::Timeout;
     record.latency_ms = super::ms(waited);
     AttemptEnd::Failed { record, held: None }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_after_is_whole_seconds_capped_at_an_hour() {
+        let v = |s: &'static str| http::HeaderValue::from_static(s);
+        assert_eq!(retry_after(&v(" 2 ")), Some(Duration::from_secs(2)));
+        assert_eq!(retry_after(&v("3600")), Some(MAX_RETRY_AFTER));
+        assert_eq!(
+            retry_after(&v("18446744073709551615")),
+            Some(MAX_RETRY_AFTER)
+        );
+        for ignored in [
+            "",
+            "-1",
+            "1.5",
+            "Wed, 21 Oct 2015 07:28:00 GMT",
+            "99999999999999999999",
+        ] {
+            assert_eq!(retry_after(&v(ignored)), None, "{ignored}");
+        }
+    }
 }

@@ -60,6 +60,9 @@ pub(super) struct Exchange {
     pub(super) path_and_query: http::uri::PathAndQuery,
     pub(super) headers: HeaderMap,
     pub(super) body: Bytes,
+    /// The body parsed for its model to be rewritten, when a candidate
+    /// pool rewrites it (see `upstream_request`).
+    pub(super) parsed: Option<super::upstream_request::ParsedBody>,
     pub(super) json_call: bool,
     pub(super) streaming: bool,
     pub(super) model: Option<Arc<str>>,
@@ -147,7 +150,7 @@ impl Exchange {
                 let attempt = Attempt {
                     pool,
                     planned_at: now,
-                    deadline: timeout.map(|t| now + t),
+                    deadline: timeout.map(|t| crate::clock::later(now, t, crate::clock::A_YEAR)),
                     timeout,
                     headers,
                 };

@@ -6,9 +6,11 @@
 //! read (bounded, with a timeout) and, on OpenAI-style JSON paths, peeked
 //! for its `model`, `stream`, `response_format` and token cap; the route is
 //! matched and its approval checked; the policy's decision picks the
-//! candidate pools; a request with an `Idempotency-Key` joins the one in
-//! flight, replays a stored answer, or leads. What is left is an
-//! [`Exchange`] for the chain walk ([`super::chain`]).
+//! candidate pools; a body whose model a candidate pool rewrites is parsed
+//! (one serde_json cannot re-encode is refused); a request with an
+//! `Idempotency-Key` joins the one in flight, replays a stored answer, or
+//! leads; the router's own `X-Router-*` headers are stripped. What is left
+//! is an [`Exchange`] for the chain walk ([`super::chain`]).
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -25,7 +27,8 @@ use tokio::time::Instant;
 
 use super::answer::Pending;
 use super::chain::Exchange;
-use super::{full, spans, ProxyBody, IDEMPOTENCY_KEY, X_REQUEST_ID, X_ROUTER_DEADLINE_MS};
+use super::upstream_request::ParsedBody;
+use super::{full, spans, ProxyBody, IDEMPOTENCY_KEY, X_REQUEST_ID};
 use crate::config::Snapshot;
 use crate::error::ProxyError;
 use crate::forward::{self, ReadWholeError, UpstreamClient};
@@ -148,7 +151,9 @@ pub(crate) fn handle(
         let deadline = header_deadline.or(route.deadline);
         pending.rec().deadline_ms =
             deadline.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
-        let deadline_at = deadline.map(|d| pending.t0 + d);
+        // Checked: a policy's deadline_ms may be anything up to u64::MAX.
+        let deadline_at =
+            deadline.map(|d| crate::clock::later(pending.t0, d, crate::clock::A_YEAR));
 
         // The policy's decision, on live measurements: which pools of the
         // chain pass their gates.
@@ -190,6 +195,31 @@ pub(crate) fn handle(
             None => {}
         }
 
+        // A pool that may take it rewrites the model: the body must be one
+        // serde_json can re-encode, else the request is refused (never sent
+        // with the client's own model instead).
+        let rewrites = json_call
+            && decision.candidates.iter().any(|k| {
+                route
+                    .chain
+                    .get(*k)
+                    .and_then(|name| snapshot.policy.pool(name))
+                    .and_then(|p| p.model.as_deref())
+                    .is_some_and(|m| model.as_deref() != Some(m))
+            });
+        let parsed = if rewrites {
+            match ParsedBody::parse(&body) {
+                Ok(p) => Some(p),
+                Err(e) => {
+                    return pending.reject(ProxyError::InvalidRequest(format!(
+                        "the request body cannot be re-encoded with the pool's model: {e}"
+                    )))
+                }
+            }
+        } else {
+            None
+        };
+
         // Idempotency: join a request in flight, or replay a stored answer.
         let key = seen
             .idempotency_key
@@ -199,8 +229,13 @@ pub(crate) fn handle(
         let mut leader = None;
         if let Some(key) = key {
             let fp = idempotency::fingerprint(parts.method.as_str(), path, &body);
-            let wait_until =
-                deadline_at.unwrap_or_else(|| pending.t0 + shared.settings.queue.timeout);
+            let wait_until = deadline_at.unwrap_or_else(|| {
+                crate::clock::later(
+                    pending.t0,
+                    shared.settings.queue.timeout,
+                    crate::clock::A_YEAR,
+                )
+            });
             match lead_or_follow(&shared, key, fp, streaming, wait_until).await {
                 Ok(guard) => leader = guard,
                 Err(Joined::Replay(stored)) => return pending.replay(&stored),
@@ -215,8 +250,10 @@ pub(crate) fn handle(
         }
         // `Host` is replaced and `Content-Length` kept or replaced when the
         // upstream request is made (`upstream_request`).
-        if seen.deadline_ms.is_some() {
-            headers.remove(X_ROUTER_DEADLINE_MS);
+        // The router's own headers (the approval token among them) never
+        // reach a backend.
+        if seen.router_headers {
+            crate::request_headers::strip_router_headers(&mut headers);
         }
         forward::add_forwarded(&mut headers, &client_ip, seen.host.clone(), &seen);
         if let Some(id) = &pending.id_header {
@@ -241,6 +278,7 @@ pub(crate) fn handle(
                 .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/")),
             headers,
             body,
+            parsed,
             json_call,
             streaming,
             model,
@@ -376,7 +414,7 @@ async fn read_body(
     }
     let timeout = shared.settings.client_body_timeout;
     // From the request's arrival (already read), not a new clock reading.
-    let until = t0 + timeout;
+    let until = crate::clock::later(t0, timeout, crate::clock::A_YEAR);
     let mut reserved = shared.buffered.reservation();
     if let Some(n) = declared.and_then(|n| usize::try_from(n).ok()) {
         if !reserved.grow_to(n) {

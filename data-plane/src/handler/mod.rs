@@ -68,7 +68,6 @@ pub(crate) fn full(body: Response<Bytes>) -> Response<ProxyBody> {
 
 const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
-const X_ROUTER_DEADLINE_MS: HeaderName = HeaderName::from_static("x-router-deadline-ms");
 const X_ROUTER_ROUTE: HeaderName = HeaderName::from_static("x-router-route");
 const X_ROUTER_ATTEMPTS: HeaderName = HeaderName::from_static("x-router-attempts");
 const X_ROUTER_CONFIG_VERSION: HeaderName = HeaderName::from_static("x-router-config-version");

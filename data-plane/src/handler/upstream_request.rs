@@ -1,15 +1,77 @@
 //! The request an attempt sends: the endpoint's URI, the body (with the
 //! pool's `model` when the pool names one), the pool's own credential in
-//! place of the client's, and the `Host` a client of the backend would send.
+//! place of the client's (only to the origins the policy lists for the
+//! pool: `config::PoolKey`), and the `Host` a client of the backend would
+//! send.
+//!
+//! A body whose model is rewritten is parsed once, at ingress
+//! ([`ParsedBody`]), when any pool the request may go to rewrites it. A
+//! body serde_json cannot take (nesting past its recursion limit, invalid
+//! UTF-8 or a lone surrogate escape inside a string, a number out of
+//! range: all of which the request scanner lets through, as serde_json
+//! itself does when it skips a value) is refused there with 400
+//! `invalid_request`. It is never sent with the client's own model
+//! instead: the pool's model is the one its route promised.
 
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderValue};
 use http::Request;
+use serde::ser::{Serialize, SerializeMap, Serializer};
+use serde_json::{Map, Value};
 
 use super::chain::Exchange;
 use crate::forward;
 use crate::pool::Lease;
 use crate::upstream::OutBody;
+
+/// Why an attempt's request could not be made (it was not sent).
+#[derive(Debug, thiserror::Error)]
+pub(super) enum UpstreamRequestError {
+    /// The endpoint and the path make no URI.
+    #[error("bad upstream URI: {0}")]
+    Uri(#[from] http::Error),
+    /// The pool rewrites the model and the body cannot be re-encoded.
+    #[error("the request body cannot be re-encoded with the pool's model: {0}")]
+    Body(#[from] serde_json::Error),
+}
+
+/// A JSON object request body, parsed for its model to be rewritten.
+pub(super) struct ParsedBody(Map<String, Value>);
+
+impl ParsedBody {
+    /// Parses `body`; the error is serde_json's.
+    pub(super) fn parse(body: &[u8]) -> Result<Self, serde_json::Error> {
+        serde_json::from_slice(body).map(Self)
+    }
+
+    /// The body with its top-level `model` set to `model` (in its place,
+    /// or last when there was none), the rest as it was parsed.
+    fn with_model(&self, model: &str) -> Result<Bytes, serde_json::Error> {
+        serde_json::to_vec(&WithModel(&self.0, model)).map(Bytes::from)
+    }
+}
+
+/// Serialises a map with `model` replaced, without copying the map.
+struct WithModel<'a>(&'a Map<String, Value>, &'a str);
+
+impl Serialize for WithModel<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let WithModel(map, model) = *self;
+        let had = map.contains_key("model");
+        let mut out = s.serialize_map(Some(map.len() + usize::from(!had)))?;
+        for (k, v) in map {
+            if k == "model" {
+                out.serialize_entry(k, model)?;
+            } else {
+                out.serialize_entry(k, v)?;
+            }
+        }
+        if !had {
+            out.serialize_entry("model", model)?;
+        }
+        out.end()
+    }
+}
 
 impl Exchange {
     /// The upstream request for an attempt on `lease`'s endpoint of `pool`;
@@ -19,12 +81,11 @@ impl Exchange {
         lease: &Lease,
         pool: &str,
         headers: HeaderMap,
-    ) -> Result<Request<OutBody>, String> {
+    ) -> Result<Request<OutBody>, UpstreamRequestError> {
         let uri = match lease.target() {
             Some(t) => t.uri(lease.endpoint(), &self.path_and_query),
             None => forward::upstream_uri(lease.endpoint(), self.path_and_query.as_str()),
-        }
-        .map_err(|e| format!("bad upstream URI: {e}"))?;
+        }?;
         let pool_model = self
             .snapshot
             .policy
@@ -32,7 +93,13 @@ impl Exchange {
             .and_then(|p| p.model.as_deref());
         let rewritten = match pool_model {
             Some(m) if self.json_call && self.model.as_deref() != Some(m) => {
-                rewrite_model(&self.body, m)
+                // Parsed at ingress when any candidate rewrites; parsed here
+                // otherwise (never: kept for safety). Either way an error
+                // stops the attempt: the original body never goes instead.
+                Some(match &self.parsed {
+                    Some(p) => p.with_model(m)?,
+                    None => ParsedBody::parse(&self.body)?.with_model(m)?,
+                })
             }
             _ => None,
         };
@@ -51,8 +118,15 @@ impl Exchange {
         *req.uri_mut() = uri;
         *req.headers_mut() = headers;
         if let Some(key) = self.snapshot.secrets.api_keys.get(pool) {
-            // The pool's own credential replaces whatever the client sent.
-            req.headers_mut().insert(header::AUTHORIZATION, key.clone());
+            if key.sent_to(lease.endpoint()) {
+                // The pool's own credential replaces whatever the client sent.
+                req.headers_mut()
+                    .insert(header::AUTHORIZATION, key.header.clone());
+            } else {
+                // An endpoint the policy does not list (set-backends): no
+                // key, and not the client's credential either.
+                req.headers_mut().remove(header::AUTHORIZATION);
+            }
         }
         match lease.target() {
             // The value a client of the backend would send.
@@ -68,30 +142,48 @@ impl Exchange {
     }
 }
 
-/// The JSON body with its top-level `model` set to `model`; `None` when the
-/// body is not a JSON object.
-fn rewrite_model(body: &[u8], model: &str) -> Option<Bytes> {
-    let mut map: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(body).ok()?;
-    map.insert("model".into(), serde_json::Value::String(model.to_string()));
-    serde_json::to_vec(&map).ok().map(Bytes::from)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[test]
-    fn the_model_is_replaced_and_the_rest_kept() {
-        let out = rewrite_model(br#"{"model":"a","messages":[{"role":"user"}]}"#, "b")
-            .unwrap_or_default();
-        let v: serde_json::Value = serde_json::from_slice(&out).unwrap_or_default();
-        assert_eq!(v["model"], "b");
-        assert_eq!(v["messages"][0]["role"], "user");
+    fn rewrite(body: &[u8], model: &str) -> Result<Value, serde_json::Error> {
+        let out = ParsedBody::parse(body)?.with_model(model)?;
+        serde_json::from_slice(&out)
     }
 
     #[test]
-    fn a_body_that_is_not_an_object_is_left_alone() {
-        assert_eq!(rewrite_model(b"[1,2]", "b"), None);
-        assert_eq!(rewrite_model(b"{", "b"), None);
+    fn the_model_is_replaced_and_the_rest_kept() {
+        let v = rewrite(br#"{"model":"a","messages":[{"role":"user"}]}"#, "b").unwrap();
+        assert_eq!(v["model"], "b");
+        assert_eq!(v["messages"][0]["role"], "user");
+        let v = rewrite(br#"{"messages":[]}"#, "b").unwrap();
+        assert_eq!(v["model"], "b");
+        assert_eq!(v.as_object().map(Map::len), Some(2));
+    }
+
+    #[test]
+    fn a_body_that_cannot_be_re_encoded_is_an_error_never_passed_on() {
+        let deep = format!(
+            "{{\"model\":\"a\",\"x\":{}1{}}}",
+            "[".repeat(200),
+            "]".repeat(200)
+        );
+        let mut bad_utf8 = br#"{"model":"a","x":""#.to_vec();
+        bad_utf8.extend_from_slice(&[0xff, 0xfe]);
+        bad_utf8.extend_from_slice(br#""}"#);
+        for body in [
+            b"[1,2]".to_vec(),
+            b"{".to_vec(),
+            deep.into_bytes(),
+            bad_utf8,
+            br#"{"model":"a","x":"\ud800"}"#.to_vec(),
+            br#"{"model":"a","x":1e400}"#.to_vec(),
+        ] {
+            assert!(
+                rewrite(&body, "b").is_err(),
+                "{}",
+                String::from_utf8_lossy(&body)
+            );
+        }
     }
 }

@@ -16,7 +16,10 @@
 //!   last time (capped at 16× the open duration). A probe that ends without
 //!   a verdict (its client went away) lets the next request probe instead.
 //! - A 429's `Retry-After` extends an open circuit: not back before the
-//!   provider said.
+//!   provider said, but never more than [`MAX_RETRY_AFTER`] (an hour) from
+//!   now. Every instant here is computed with checked arithmetic
+//!   ([`crate::clock::later`]): a far-off value from a backend or a policy
+//!   must not overflow the clock.
 //!
 //! The control plane can force an endpoint open or closed until a given
 //! instant (an operator's override, or the fleet sharing what other proxies
@@ -34,6 +37,14 @@ use tokio::time::Instant;
 
 /// The reopening count at which the open period stops doubling (2⁴ = 16×).
 const MAX_REOPENINGS: u32 = 4;
+
+/// The longest a backend's `Retry-After` keeps its endpoint's circuit open.
+pub(crate) const MAX_RETRY_AFTER: Duration = Duration::from_secs(3600);
+
+/// The longest the breaker itself keeps a circuit open (the policy's open
+/// duration, doubled on reopenings): beyond any sensible setting, within
+/// what the clock can represent.
+const MAX_OPEN: Duration = crate::clock::A_YEAR;
 
 /// An endpoint's circuit breaker, as shown in health and metrics.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -225,7 +236,7 @@ impl Breaker {
         self.circuit = match self.circuit {
             Circuit::Closed { failures } if failures + 1 >= settings.consecutive_errors => {
                 Circuit::Open {
-                    until: now + settings.open_duration,
+                    until: crate::clock::later(now, settings.open_duration, MAX_OPEN),
                     reopenings: 0,
                 }
             }
@@ -235,7 +246,11 @@ impl Breaker {
             Circuit::HalfOpen { reopenings } => {
                 let r = (reopenings + 1).min(MAX_REOPENINGS);
                 Circuit::Open {
-                    until: now + settings.open_duration * (1 << r),
+                    until: crate::clock::later(
+                        now,
+                        settings.open_duration.saturating_mul(1 << r),
+                        MAX_OPEN,
+                    ),
                     reopenings: r,
                 }
             }
@@ -244,9 +259,10 @@ impl Breaker {
         if let (Some(retry_after), Circuit::Open { until, reopenings }) =
             (retry_after, self.circuit)
         {
-            // The provider said when to come back: not before.
+            // The provider said when to come back: not before (within
+            // reason: at most an hour).
             self.circuit = Circuit::Open {
-                until: until.max(now + retry_after),
+                until: until.max(crate::clock::later(now, retry_after, MAX_RETRY_AFTER)),
                 reopenings,
             };
         }
@@ -372,6 +388,23 @@ mod tests {
         let mut b = Breaker::new();
         assert_eq!(b.on_failure(t0, &settings(2, 1000), Some(MS * 10)), None);
         assert_eq!(state(&b, t0), CircuitState::Closed);
+    }
+
+    #[test]
+    fn a_huge_retry_after_is_capped_at_an_hour() {
+        let t0 = Instant::now();
+        let s = settings(1, 1000);
+        let mut b = Breaker::new();
+        let until = b.on_failure(t0, &s, Some(Duration::from_secs(u64::MAX)));
+        assert_eq!(until, Some(t0 + MAX_RETRY_AFTER));
+        assert!(b.admits(t0 + MAX_RETRY_AFTER));
+        // A huge open duration (and its doublings) does not overflow either.
+        let huge = CircuitSettings {
+            consecutive_errors: 1,
+            open_duration: Duration::MAX,
+        };
+        let mut b = Breaker::new();
+        assert_eq!(b.on_failure(t0, &huge, None), Some(t0 + MAX_OPEN));
     }
 
     #[test]

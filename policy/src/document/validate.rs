@@ -7,9 +7,10 @@
 //! 2. `spec.queue`, the queue settings every pool inherits;
 //! 3. `spec.defaults`, the deadlines every route inherits;
 //! 4. `spec.circuit_breaker`;
-//! 5. `spec.pools`, each pool on its own: endpoints, limits, gates, prices,
-//!    API key, capacity probe (checked against the VRAM gate it feeds),
-//!    queue;
+//! 5. `spec.pools`, each pool on its own: endpoints (no link-local or
+//!    metadata address the [`Guards`] do not allow), limits, gates, prices,
+//!    API key (a variable the [`Guards`] allow), capacity probe (checked
+//!    against the VRAM gate it feeds), queue;
 //! 6. `spec.routes`, each route on its own: chain, match, cost ceiling,
 //!    approval, shadowing by an earlier catch-all route, deadlines, retries;
 //! 7. `spec.structured_output_degrade_s`;
@@ -42,17 +43,29 @@ use super::{
     RouteMatch, RouteSpec, API_VERSION, KIND,
 };
 use crate::endpoint::Endpoint;
+use crate::guard::{backend_refusal, Guards};
 
 impl PolicyDocument {
-    /// Checks meaning and resolves defaults. Every problem is reported.
+    /// Checks meaning and resolves defaults, with the default [`Guards`].
+    /// Every problem is reported.
     pub fn validate(&self, defaults: &QueueSettings) -> Result<Policy, PolicyError> {
+        self.validate_with(defaults, &Guards::default())
+    }
+
+    /// Checks meaning and resolves defaults; API key variables and backend
+    /// addresses are checked against `guards`. Every problem is reported.
+    pub fn validate_with(
+        &self,
+        defaults: &QueueSettings,
+        guards: &Guards,
+    ) -> Result<Policy, PolicyError> {
         let mut errs = Errors::default();
         let spec = &self.spec;
         header(self, &mut errs);
         let queue = resolve_queue(&spec.queue, defaults, "spec.queue", &mut errs);
         let request_defaults = request_defaults(&spec.defaults, &mut errs);
         let circuit = circuit_breaker(&spec.circuit_breaker, &mut errs);
-        let pools = pools(&spec.pools, &queue, &mut errs);
+        let pools = pools(&spec.pools, &queue, guards, &mut errs);
         let context = RouteContext {
             pool_names: pools.iter().map(|p| p.name.as_str()).collect(),
             defaults: request_defaults,
@@ -152,7 +165,12 @@ fn circuit_breaker(c: &CircuitSpec, errs: &mut Errors) -> CircuitSettings {
 }
 
 /// `spec.pools`: at least one, names unique, then each pool on its own.
-fn pools(specs: &[PoolSpec], queue: &QueueSettings, errs: &mut Errors) -> Vec<Pool> {
+fn pools(
+    specs: &[PoolSpec],
+    queue: &QueueSettings,
+    guards: &Guards,
+    errs: &mut Errors,
+) -> Vec<Pool> {
     if specs.is_empty() {
         errs.push("spec.pools", "at least one pool is required");
     }
@@ -161,7 +179,7 @@ fn pools(specs: &[PoolSpec], queue: &QueueSettings, errs: &mut Errors) -> Vec<Po
     for (i, p) in specs.iter().enumerate() {
         let at = format!("spec.pools[{i}]");
         unique_name(&p.name, &at, "pool", &mut names, errs);
-        pools.push(pool(p, &at, queue, errs));
+        pools.push(pool(p, &at, queue, guards, errs));
     }
     pools
 }
@@ -209,8 +227,14 @@ fn approval(approval: Option<&ApprovalSpec>, errs: &mut Errors) -> Option<String
 
 /// One pool: endpoints, limits, model, gates, prices, API key, capacity
 /// probe, queue (inherited from `spec.queue`, field by field).
-fn pool(p: &PoolSpec, at: &str, spec_queue: &QueueSettings, errs: &mut Errors) -> Pool {
-    let (endpoints, drained) = endpoints(&p.endpoints, at, errs);
+fn pool(
+    p: &PoolSpec,
+    at: &str,
+    spec_queue: &QueueSettings,
+    guards: &Guards,
+    errs: &mut Errors,
+) -> Pool {
+    let (endpoints, drained) = endpoints(&p.endpoints, at, guards, errs);
     let attempt_timeout = millis(
         p.attempt_timeout_ms,
         &format!("{at}.attempt_timeout_ms"),
@@ -231,7 +255,12 @@ fn pool(p: &PoolSpec, at: &str, spec_queue: &QueueSettings, errs: &mut Errors) -
     let gates = gates(&gates_spec, at, errs);
     let price = price(p.price.as_ref(), at, errs);
     if let Some(env) = &p.api_key_env {
-        check_env_name(env, format!("{at}.api_key_env"), errs);
+        let field = format!("{at}.api_key_env");
+        if check_env_name(env, field.clone(), errs) {
+            if let Err(why) = guards.api_key_env.check(env) {
+                errs.push(field, why);
+            }
+        }
     }
     let probe = capacity_probe(p.capacity_probe.as_ref(), &gates_spec, at, errs);
     let queue = match &p.queue {
@@ -256,11 +285,13 @@ fn pool(p: &PoolSpec, at: &str, spec_queue: &QueueSettings, errs: &mut Errors) -
     }
 }
 
-/// A pool's endpoints: each parses and none appears twice. Returns all of
+/// A pool's endpoints: each parses, is not a link-local or metadata
+/// address the guards do not allow, and none appears twice. Returns all of
 /// them and, apart, those drained one by one.
 fn endpoints(
     specs: &[EndpointSpec],
     at: &str,
+    guards: &Guards,
     errs: &mut Errors,
 ) -> (Vec<Endpoint>, Vec<Endpoint>) {
     let mut endpoints = Vec::new();
@@ -272,6 +303,10 @@ fn endpoints(
                 format!("duplicate endpoint {ep}"),
             ),
             Ok(ep) => {
+                if let Some(why) = backend_refusal(&ep, &guards.backend_hosts) {
+                    errs.push(format!("{at}.endpoints[{j}]"), why);
+                    continue;
+                }
                 if e.drain() {
                     drained.push(ep.clone());
                 }
@@ -533,11 +568,13 @@ fn check_name(name: &str, field: &str, errs: &mut Errors) {
 }
 
 /// The name of an environment variable (the policy holds names of secrets,
-/// never their values).
-fn check_env_name(env: &str, field: impl Into<String>, errs: &mut Errors) {
+/// never their values). False (and an error) when it is not one.
+fn check_env_name(env: &str, field: impl Into<String>, errs: &mut Errors) -> bool {
     if env.is_empty() || !env.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
         errs.push(field, "must be an environment variable name");
+        return false;
     }
+    true
 }
 
 /// A queue section (`spec.queue` or a pool's `queue`) over its `base`:

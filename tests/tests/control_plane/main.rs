@@ -32,6 +32,7 @@ async fn control_plane(dir: &Path, listen: SocketAddr) -> RunningControlPlane {
         store: router_control_plane::StoreLocation::Embedded(dir.to_path_buf()),
         token: Some(TOKEN.into()),
         tls: None,
+        guards: Default::default(),
     })
     .await
     .unwrap()
@@ -383,6 +384,7 @@ async fn the_control_plane_can_serve_tls() {
         store: router_control_plane::StoreLocation::Embedded(dir.clone()),
         token: Some(TOKEN.into()),
         tls: Some((ck.cert.pem(), ck.signing_key.serialize_pem())),
+        guards: Default::default(),
     })
     .await
     .unwrap();
@@ -591,6 +593,112 @@ async fn a_router_token_with_its_file_newline_still_authenticates() {
     )
     .await;
     wait_version(&proxy, "cp-1").await;
+    drop(cp);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Issue 14, items 4 and 8: the control plane checks policies and backend
+/// sets against its own guards (the variables the proxies read); a proxy
+/// whose guards are narrower NACKs what it does not allow, with the field
+/// and the reason, and keeps serving its last good config.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_control_plane_checks_its_guards_and_a_stricter_proxy_nacks() {
+    let a = mock("a", Behavior::Json).await;
+    let b = mock("b", Behavior::Json).await;
+    let dir = temp("guards");
+    let cp = start(ControlPlaneOptions {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        store: router_control_plane::StoreLocation::Embedded(dir.clone()),
+        token: Some(TOKEN.into()),
+        tls: None,
+        guards: router_policy::Guards::from_lookup(|k| {
+            (k == "CUSTOM_ROUTER_API_KEY_ENV_ALLOW").then(|| "HF_TOKEN".into())
+        })
+        .unwrap(),
+    })
+    .await
+    .unwrap();
+    let addr = cp.local_addr();
+    let mut admin = admin(addr, Some(TOKEN)).await;
+    let proxy = managed_proxy(&[addr], "strict", None).await;
+    let with_key = |var: &str| {
+        policy(&a.url(), &b.url()).replace(
+            "    - name: primary\n",
+            &format!("    - name: primary\n      api_key_env: {var}\n"),
+        )
+    };
+
+    // Refused by the control plane itself.
+    let r = admin
+        .apply_policy(pb::ApplyPolicyRequest {
+            document: with_key("AWS_SECRET_ACCESS_KEY"),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(!r.applied);
+    assert_eq!(r.errors[0].field, "spec.pools[0].api_key_env", "{r:?}");
+    assert!(r.errors[0].reason.contains("_API_KEY"), "{r:?}");
+    let good = admin
+        .apply_policy(pb::ApplyPolicyRequest {
+            document: policy(&a.url(), &b.url()),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(good.applied, "{good:?}");
+    let good_version = format!("cp-{}", good.revision);
+    wait_version(&proxy, &good_version).await;
+    let refused = admin
+        .set_backends(pb::SetBackendsRequest {
+            pool: "primary".into(),
+            endpoints: vec!["169.254.169.254:80".into()],
+            drained: vec![],
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::InvalidArgument);
+    assert!(
+        refused.message().contains("endpoints[0]") && refused.message().contains("link-local"),
+        "{}",
+        refused.message()
+    );
+
+    // Allowed by the control plane, not by this proxy: NACKed with why.
+    let wider = admin
+        .apply_policy(pb::ApplyPolicyRequest {
+            document: with_key("HF_TOKEN"),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(wider.applied, "{wider:?}");
+    let mut listed = Vec::new();
+    for _ in 0..300 {
+        listed = admin
+            .list_proxies(pb::ListProxiesRequest {})
+            .await
+            .unwrap()
+            .into_inner()
+            .proxies;
+        if listed.iter().any(|p| p.nacked_revision == wider.revision) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let strict = listed.iter().find(|p| p.node_id == "strict").unwrap();
+    assert_eq!(strict.nacked_revision, wider.revision, "{listed:?}");
+    assert!(
+        strict.last_nack.contains("spec.pools[0].api_key_env")
+            && strict.last_nack.contains("HF_TOKEN"),
+        "{}",
+        strict.last_nack
+    );
+    assert_eq!(version_of(&proxy).await, good_version);
+    assert_eq!(proxy.chat("m").await.status, StatusCode::OK);
     drop(cp);
     let _ = std::fs::remove_dir_all(&dir);
 }

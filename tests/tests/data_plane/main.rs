@@ -7,6 +7,7 @@
 mod balance;
 mod doors;
 mod exactly_once;
+mod keys;
 mod limits;
 mod queue;
 mod reload;

@@ -307,7 +307,7 @@ async fn an_ollama_probe_gates_on_free_vram_and_failing_probes_mark_unhealthy() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_pools_api_key_replaces_the_clients_and_is_never_logged() {
-    std::env::set_var("TEST_POOL_KEY_B", "sk-very-secret");
+    std::env::set_var("TEST_POOL_B_API_KEY", "sk-very-secret");
     let cloud = mock("cloud", Behavior::Json).await;
     let policy = format!(
         r#"apiVersion: router/v1
@@ -318,7 +318,7 @@ spec:
       provider: openai
       model: provider-model
       endpoints: ["{}/api/v1"]
-      api_key_env: TEST_POOL_KEY_B
+      api_key_env: TEST_POOL_B_API_KEY
   routes:
     - name: r
       chain: [cloud]

@@ -32,6 +32,7 @@ async fn replica(etcd: &EtcdServer, node: &str) -> RunningControlPlane {
         },
         token: Some(TOKEN.into()),
         tls: None,
+        guards: Default::default(),
     })
     .await
     .unwrap()

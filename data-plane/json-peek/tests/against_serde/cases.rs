@@ -306,6 +306,62 @@ fn deep_nesting_in_ignored_values() {
     }
 }
 
+/// The request bodies of the proxy's model-rewrite refusal (issue 14,
+/// item 10): serde_json *skips* these values without complaint, so the
+/// reference structs accept them and so does the peek (nothing accepted
+/// here that serde_json refuses); but serde_json cannot *read* them as a
+/// `Value`, so a body that must be re-encoded with a pool's model is
+/// refused by the proxy (`handler::upstream_request`), never passed on as
+/// it came.
+#[test]
+fn bodies_the_model_rewrite_cannot_re_encode() {
+    let chat = |content: &[u8]| {
+        let mut b = br#"{"model":"client","messages":[{"role":"user","content":"#.to_vec();
+        b.extend_from_slice(content);
+        b.extend_from_slice(b"}]}");
+        b
+    };
+    let deep = |depth: usize| {
+        format!(
+            r#"{{"model":"client","messages":[],"x":{}1{}}}"#,
+            "[".repeat(depth),
+            "]".repeat(depth)
+        )
+        .into_bytes()
+    };
+    for body in [
+        // Nesting past serde_json's recursion limit (128 levels, the
+        // top-level object included).
+        deep(127),
+        deep(300),
+        // Invalid UTF-8 inside a string: a stray byte, a truncated and an
+        // overlong sequence, an encoded surrogate.
+        chat(b"\"\xff\""),
+        chat(b"\"\xc3\""),
+        chat(b"\"\xc0\x80\""),
+        chat(b"\"\xed\xa0\x80\""),
+        // Lone surrogate escapes.
+        chat(br#""\ud800""#),
+        chat(br#""\udc00x""#),
+        chat(br#""\ud800\u0041""#),
+        // A number out of f64's range.
+        chat(b"1e400"),
+    ] {
+        let peek = check_request(&body);
+        assert!(peek.is_ok(), "{}: {peek:?}", show(&body));
+        assert!(
+            serde_json::from_slice::<serde_json::Value>(&body).is_err(),
+            "{}",
+            show(&body)
+        );
+        check(&body);
+    }
+    // Within the limit, both read it.
+    let ok = deep(126);
+    assert!(check_request(&ok).is_ok());
+    assert!(serde_json::from_slice::<serde_json::Value>(&ok).is_ok());
+}
+
 #[test]
 fn top_level_array_is_refused() {
     for body in ["[]", " [\"m\", true]", "[1,2]"] {

@@ -67,10 +67,18 @@ pub async fn run(args: UpArgs) -> ExitCode {
         store: router_control_plane::StoreLocation::Embedded(args.data_dir.join("control-plane")),
         token: token.clone(),
         tls: None,
+        ..Default::default()
     })
     .await
     {
         Ok(cp) => cp,
+        Err(router_control_plane::StartError::Insecure(addr)) => {
+            eprintln!(
+                "routerctl up: --grpc {addr} is not a loopback address: set ROUTER_TOKEN so the \
+                 control plane requires it (or keep the default 127.0.0.1)"
+            );
+            return ExitCode::from(2);
+        }
         Err(e) => {
             eprintln!("routerctl up: control plane: {e}");
             return ExitCode::FAILURE;

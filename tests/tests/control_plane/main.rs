@@ -32,6 +32,7 @@ async fn control_plane(dir: &Path, listen: SocketAddr) -> RunningControlPlane {
         store: router_control_plane::StoreLocation::Embedded(dir.to_path_buf()),
         token: Some(TOKEN.into()),
         tls: None,
+        ..Default::default()
     })
     .await
     .unwrap()
@@ -376,6 +377,7 @@ async fn the_control_plane_can_serve_tls() {
         store: router_control_plane::StoreLocation::Embedded(dir.clone()),
         token: Some(TOKEN.into()),
         tls: Some((ck.cert.pem(), ck.signing_key.serialize_pem())),
+        ..Default::default()
     })
     .await
     .unwrap();

@@ -15,7 +15,9 @@ use std::time::Duration;
 use http::StatusCode;
 use router_control_plane::store::etcd::{EtcdAddress, EtcdStore};
 use router_control_plane::store::{PolicyRecord, State, Store, StoreChange, StoreEvent};
-use router_control_plane::{start, ControlPlaneOptions, RunningControlPlane, StoreLocation};
+use router_control_plane::{
+    start, ControlPlaneOptions, Limits, RunningControlPlane, StoreLocation,
+};
 use router_mock::{Behavior, MOCK_NAME_HEADER};
 use router_proto::v1 as pb;
 use router_tests::control::{admin, managed_proxy, policy, version_of, wait_version, TOKEN};
@@ -24,6 +26,10 @@ use router_tests::harness::eventually;
 use router_tests::mocks::mock;
 
 async fn replica(etcd: &EtcdServer, node: &str) -> RunningControlPlane {
+    replica_with(etcd, node, Limits::default()).await
+}
+
+async fn replica_with(etcd: &EtcdServer, node: &str, limits: Limits) -> RunningControlPlane {
     start(ControlPlaneOptions {
         listen: "127.0.0.1:0".parse().unwrap(),
         store: StoreLocation::Etcd {
@@ -32,6 +38,8 @@ async fn replica(etcd: &EtcdServer, node: &str) -> RunningControlPlane {
         },
         token: Some(TOKEN.into()),
         tls: None,
+        limits,
+        ..Default::default()
     })
     .await
     .unwrap()
@@ -472,9 +480,13 @@ async fn circuit_reports_through_both_replicas_form_one_fleet_view() {
     let etcd = EtcdServer::start("circuits").await;
     let x = mock("x", Behavior::Json).await;
     let (a, b) = two_replicas(&etcd).await;
-    apply(a.local_addr(), policy(&x.url(), &x.url()), 0)
-        .await
-        .unwrap();
+    // A pool of twenty endpoints (reports must name endpoints of their pool).
+    let endpoints: Vec<String> = (0..20).map(|i| format!("http://10.0.0.{i}:8000")).collect();
+    let document = format!(
+        "apiVersion: router/v1\nkind: RoutingPolicy\nspec:\n  pools:\n    - {{name: primary, endpoints: {endpoints:?}}}\n    - {{name: fallback, endpoints: [\"{}\"]}}\n  routes: [{{name: default, chain: [primary, fallback]}}]\n",
+        x.url()
+    );
+    apply(a.local_addr(), document, 0).await.unwrap();
     // Twenty proxies report at once, half through each replica: no report
     // is lost to a lost update.
     let until = router_control_plane::hub::now_ms() + 60_000;

@@ -226,6 +226,7 @@ spec:
         store: router_control_plane::StoreLocation::Embedded(dir.clone()),
         token: None,
         tls: None,
+        ..Default::default()
     })
     .await
     .unwrap();

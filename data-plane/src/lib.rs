@@ -290,7 +290,7 @@ pub async fn start(options: ProxyOptions) -> Result<RunningProxy, StartError> {
             .cache_dir
             .as_deref()
             .and_then(|dir| managed::apply_cache(&config, dir, &shared.settings.queue))
-            .unwrap_or(0);
+            .unwrap_or_default();
         tasks.push(tokio::spawn(managed::run(
             options,
             Arc::clone(&config),

@@ -5,6 +5,8 @@
 
 #![allow(clippy::unwrap_used)]
 
+mod security;
+
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;

@@ -620,3 +620,75 @@ async fn a_crashed_replica_loses_its_leases_when_they_expire() {
     assert_eq!(lonely.chat("m").await.status, StatusCode::OK);
     b.shutdown().await;
 }
+
+/// The keys of the proxy records published in etcd.
+async fn published_records(etcd: &EtcdServer) -> Vec<String> {
+    etcd.client()
+        .await
+        .get(
+            "/router/proxies/",
+            Some(
+                etcd_client::GetOptions::new()
+                    .with_prefix()
+                    .with_keys_only(),
+            ),
+        )
+        .await
+        .unwrap()
+        .kvs()
+        .iter()
+        .map(|kv| kv.key_str().unwrap().to_string())
+        .collect()
+}
+
+/// Issue 14 (2c, 3) with etcd: the record of a proxy gone for longer than
+/// the TTL leaves etcd too, so no replica lists it any more; and every
+/// replica names the one store with the same id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gone_proxys_record_leaves_etcd_after_the_ttl() {
+    let etcd = EtcdServer::start("record-ttl").await;
+    let limits = Limits {
+        proxy_record_ttl: Duration::from_millis(500),
+        ..Limits::default()
+    };
+    let a = replica_with(&etcd, "cp-a", limits).await;
+    let b = replica_with(&etcd, "cp-b", limits).await;
+    let id_a = a.hub().subscribe().borrow().store_id.clone();
+    let id_b = b.hub().subscribe().borrow().store_id.clone();
+    assert!(!id_a.is_empty());
+    assert_eq!(id_a, id_b, "one store, one id");
+
+    let proxy = managed_proxy(&[a.local_addr()], "short-lived", None).await;
+    let key = "/router/proxies/cp-a/short-lived".to_string();
+    for _ in 0..50 {
+        if published_records(&etcd).await.contains(&key) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(published_records(&etcd).await.contains(&key));
+    assert!(fleet(b.local_addr())
+        .await
+        .iter()
+        .any(|p| p.node_id == "short-lived"));
+
+    drop(proxy);
+    // Gone, then dropped by cp-a after the TTL, and deleted from etcd at
+    // its next publication (while cp-a, and its presence lease, live on).
+    for _ in 0..100 {
+        if !published_records(&etcd).await.contains(&key) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        !published_records(&etcd).await.contains(&key),
+        "{:?}",
+        published_records(&etcd).await
+    );
+    assert!(fleet(b.local_addr())
+        .await
+        .iter()
+        .all(|p| p.node_id != "short-lived"));
+    drop((a, b));
+}

@@ -314,7 +314,8 @@ impl ProxyConfig for ProxyConfigService {
         let node = match stream_node(&role, &hello.node_id) {
             Ok(node) => node,
             Err(e) => {
-                tracing::warn!(node = %hello.node_id.escape_debug(), error = %e.message(), "proxy stream refused");
+                let shown: String = hello.node_id.chars().take(64).collect();
+                tracing::warn!(node = %shown.escape_debug(), error = %e.message(), "proxy stream refused");
                 return Err(e);
             }
         };

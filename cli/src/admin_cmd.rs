@@ -48,6 +48,10 @@ pub fn explain_status(s: &tonic::Status) -> String {
         tonic::Code::Unauthenticated => {
             "the control plane refused the token (set ROUTER_TOKEN)".into()
         }
+        tonic::Code::PermissionDenied => format!(
+            "permission denied: {} (ROUTER_TOKEN must be the operator token)",
+            s.message()
+        ),
         tonic::Code::Aborted => format!(
             "conflict: {} (get the current version and try again)",
             s.message()
@@ -457,7 +461,8 @@ pub async fn proxies_list(admin: &mut Admin, output: Output) -> ExitCode {
                     .iter()
                     .map(|p| {
                         json!({"node_id": p.node_id, "applied_revision": p.applied_revision, "nacked_revision": p.nacked_revision,
-                               "last_nack": p.last_nack, "connected": p.connected, "control_plane": p.control_plane, "last_seen": when(p.last_seen_unix_ms)})
+                               "last_nack": p.last_nack, "connected": p.connected, "control_plane": p.control_plane, "last_seen": when(p.last_seen_unix_ms),
+                               "circuit_reports_dropped": p.circuit_reports_dropped})
                     })
                     .collect(),
             ),

@@ -80,10 +80,18 @@ pub async fn run(args: UpArgs) -> ExitCode {
         token: token.clone(),
         tls: None,
         guards,
+        ..Default::default()
     })
     .await
     {
         Ok(cp) => cp,
+        Err(router_control_plane::StartError::Insecure(addr)) => {
+            eprintln!(
+                "routerctl up: --grpc {addr} is not a loopback address: set ROUTER_TOKEN so the \
+                 control plane requires it (or keep the default 127.0.0.1)"
+            );
+            return ExitCode::from(2);
+        }
         Err(e) => {
             eprintln!("routerctl up: control plane: {e}");
             return ExitCode::FAILURE;

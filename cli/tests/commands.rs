@@ -72,8 +72,13 @@ async fn policy_commands_against_a_control_plane() {
         listen: "127.0.0.1:0".parse().unwrap(),
         store: router_control_plane::StoreLocation::Embedded(dir.join("cp")),
         token: Some("tok".into()),
+        proxy_tokens: vec![router_control_plane::auth::ProxyToken {
+            token: "proxy-tok".into(),
+            node: None,
+        }],
         tls: None,
         guards: Default::default(),
+        ..Default::default()
     })
     .await
     .unwrap();
@@ -183,6 +188,43 @@ async fn policy_commands_against_a_control_plane() {
             let o = run(server, Some("tok"), &["-o", "yaml", "circuits", "list"]);
             assert!(text(&o).contains("source: operator"), "{}", text(&o));
 
+            // A bad circuit override: refused (INVALID_ARGUMENT) with the
+            // field and the reason, exit 1.
+            for (args, field, why) in [
+                (
+                    ["circuits", "open", "a", "127.0.0.1"],
+                    "endpoint: ",
+                    "missing port",
+                ),
+                (
+                    ["circuits", "open", "nope", "127.0.0.1:9"],
+                    "pool: ",
+                    "no pool \"nope\"",
+                ),
+                (
+                    ["circuits", "open", "a", "127.0.0.1:11"],
+                    "endpoint: ",
+                    "is not an endpoint of pool a",
+                ),
+            ] {
+                let o = run(server, Some("tok"), &args);
+                assert_eq!(o.status.code(), Some(1), "{args:?}: {}", text(&o));
+                let t = text(&o);
+                assert!(
+                    t.contains("InvalidArgument") && t.contains(field) && t.contains(why),
+                    "{args:?}: {t}"
+                );
+            }
+
+            // A proxy token cannot administer: permission denied, exit 1,
+            // nothing applied.
+            let o = run(server, Some("proxy-tok"), &["policy", "apply", "-f", &g]);
+            assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+            assert!(text(&o).contains("permission denied"), "{}", text(&o));
+            let o = run(server, Some("tok"), &["-o", "json", "policy", "history"]);
+            let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+            assert_eq!(v.as_array().map(Vec::len), Some(1), "{v}");
+
             // Rollback needs an earlier version.
             let o = run(server, Some("tok"), &["policy", "rollback"]);
             assert_eq!(o.status.code(), Some(1));
@@ -192,5 +234,118 @@ async fn policy_commands_against_a_control_plane() {
     .await
     .unwrap();
     cp.shutdown().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Runs `routerctl up` with `args` and `ROUTER_TOKEN` until it prints that
+/// it is up (then returns the proxy's address, the child still running) or
+/// exits (then its code and stderr).
+fn up(
+    args: &[&str],
+    token: Option<&str>,
+) -> Result<(std::process::Child, String), (Option<i32>, String)> {
+    use std::io::{BufRead, BufReader};
+    let mut c = Command::new(BIN);
+    c.arg("up")
+        .args(args)
+        .env_remove("ROUTER_TOKEN")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped());
+    if let Some(t) = token {
+        c.env("ROUTER_TOKEN", t);
+    }
+    let mut child = c.spawn().unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let mut seen = String::new();
+    loop {
+        match rx.recv_timeout(std::time::Duration::from_secs(20)) {
+            Ok(line) => {
+                if let Some(rest) = line.trim().strip_prefix("proxy:") {
+                    let addr = rest
+                        .split_whitespace()
+                        .next()
+                        .unwrap()
+                        .trim_start_matches("http://")
+                        .to_string();
+                    return Ok((child, addr));
+                }
+                seen.push_str(&line);
+                seen.push('\n');
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                let status = child.wait().unwrap();
+                return Err((status.code(), seen));
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                child.kill().unwrap();
+                panic!("routerctl up neither up nor exited: {seen}");
+            }
+        }
+    }
+}
+
+/// `GET /_custom_router/health` over a plain socket.
+fn health(addr: &str) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.write_all(b"GET /_custom_router/health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut answer = String::new();
+    s.read_to_string(&mut answer).unwrap();
+    answer
+}
+
+/// `routerctl up` binds loopback and works without a token; on another
+/// address it wants ROUTER_TOKEN.
+#[test]
+fn up_works_on_loopback_without_a_token_and_wants_one_elsewhere() {
+    let dir = std::env::temp_dir().join(format!("routerctl-up-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let data = dir.to_str().unwrap();
+    let (mut child, addr) = up(
+        &["--port", "0", "--grpc", "127.0.0.1:0", "--data-dir", data],
+        None,
+    )
+    .unwrap_or_else(|e| panic!("routerctl up did not start: {e:?}"));
+    // The managed proxy gets the demo policy from the tokenless control plane.
+    let mut answer = String::new();
+    for _ in 0..100 {
+        answer = health(&addr);
+        if answer.contains("\"config_version\":\"cp-") {
+            break;
+        }
+        // A plain test thread with no runtime to block or clock to pause.
+        #[allow(clippy::disallowed_methods)]
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    // Started here; stopped by its own handle.
+    child.kill().unwrap();
+    let _ = child.wait();
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(answer.contains("\"config_version\":\"cp-"), "{answer}");
+
+    let refused = up(
+        &["--port", "0", "--grpc", "0.0.0.0:0", "--data-dir", data],
+        None,
+    );
+    match refused {
+        Err((code, stderr)) => {
+            assert_eq!(code, Some(2), "{stderr}");
+            assert!(stderr.contains("ROUTER_TOKEN"), "{stderr}");
+        }
+        Ok((mut child, _)) => {
+            child.kill().unwrap();
+            panic!("routerctl up served 0.0.0.0 without a token");
+        }
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -18,17 +18,31 @@
 //! policy versions) runs in [`maintenance_loop`] on the replica that holds
 //! the store's singleton lease. Expired overrides are never sent anyway:
 //! each carries its own expiry, so nothing stays stuck if no replica prunes.
+//!
+//! What proxies can make the hub hold is bounded ([`Limits`]): the record
+//! of a proxy that went away is dropped once it has been gone for the
+//! record TTL; each proxy's circuit reports pass a token bucket (the excess
+//! is ignored, counted in its record and logged once per burst); a circuit
+//! override must name a pool of the current policy and, when it names an
+//! endpoint, one of that pool's endpoints; and no change is stored whose
+//! snapshot would not fit in one gRPC message
+//! ([`router_proto::MAX_MESSAGE_BYTES`]), so a proxy can always receive
+//! what the control plane holds.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use prost::Message;
 use router_policy::document::{load_with, PolicyDocument};
 use router_policy::guard::backend_refusal;
 use router_policy::{Endpoint, FieldError, Guards, Policy, QueueSettings};
 use router_proto::v1 as pb;
 use tokio::sync::watch;
+use tokio::time::Instant;
 use tracing::Instrument;
+
+use crate::Limits;
 
 use crate::store::{
     BackendSet, CircuitRecord, Contents, PolicyRecord, State, Store, StoreChange, StoreError,
@@ -59,6 +73,17 @@ pub enum HubError {
     /// Nothing to act on.
     #[error("{0}")]
     NotFound(String),
+    /// The snapshot proxies would receive does not fit in one gRPC message.
+    #[error(
+        "the snapshot proxies would receive is {bytes} bytes, over the {limit}-byte gRPC \
+         message limit (make the policy document smaller, or fewer backends)"
+    )]
+    TooLarge {
+        /// The snapshot's encoded size.
+        bytes: usize,
+        /// The limit.
+        limit: usize,
+    },
     /// The store failed.
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -78,6 +103,8 @@ pub struct Committed {
 pub struct Published {
     /// Revision.
     pub revision: u64,
+    /// The store the revision counts in.
+    pub store_id: String,
     /// The snapshot.
     pub snapshot: pb::Snapshot,
 }
@@ -89,12 +116,60 @@ struct Inner {
     history: Vec<PolicyRecord>,
     proxies: BTreeMap<String, ProxyRecord>,
     /// Proxies whose record changed since it was last published.
-    proxies_changed: std::collections::BTreeSet<String>,
+    proxies_changed: BTreeSet<String>,
+    /// Proxies whose record was dropped since the last publication.
+    proxies_removed: BTreeSet<String>,
+    /// Per proxy: open streams and the circuit-report bucket.
+    links: HashMap<String, Link>,
+}
+
+/// What the hub keeps per proxy beside its record (not stored).
+struct Link {
+    /// Streams open with this node id (a record is `connected` while any is).
+    streams: u32,
+    /// Circuit reports it may still send.
+    reports: TokenBucket,
+    /// Whether its reports are being dropped now (to log once per burst).
+    dropping: bool,
+}
+
+/// A token bucket: `burst` at once, `rate` per second in the long run.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct TokenBucket {
+    tokens: f64,
+    last: Instant,
+}
+
+impl TokenBucket {
+    /// A full bucket.
+    pub(crate) fn full(burst: u32, now: Instant) -> Self {
+        Self {
+            tokens: f64::from(burst),
+            last: now,
+        }
+    }
+
+    /// Takes one token if there is one (refilled for the time since the
+    /// last call).
+    pub(crate) fn take(&mut self, burst: u32, rate: f64, now: Instant) -> bool {
+        let elapsed = now.saturating_duration_since(self.last).as_secs_f64();
+        self.tokens = (self.tokens + elapsed * rate.max(0.0)).min(f64::from(burst));
+        self.last = now;
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
 }
 
 /// The control plane's state, shared by the admin and stream services.
 pub struct Hub {
     store: Box<dyn Store>,
+    /// The store's identity, sent with every snapshot.
+    store_id: String,
+    limits: Limits,
     inner: Mutex<Inner>,
     /// One read-modify-write at a time in this replica (other replicas are
     /// kept out by the store's compare-and-swap).
@@ -149,8 +224,7 @@ pub fn now_ms() -> i64 {
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }
 
-fn snapshot_of(inner: &Inner) -> Published {
-    let now = now_ms();
+fn snapshot_of(inner: &Inner, store_id: &str) -> Published {
     let document = inner
         .history
         .iter()
@@ -159,33 +233,154 @@ fn snapshot_of(inner: &Inner) -> Published {
         .unwrap_or_default();
     Published {
         revision: inner.state.revision,
-        snapshot: pb::Snapshot {
-            policy_version: inner.state.policy_version,
-            policy_document: document,
-            backends: inner
-                .state
-                .backends
-                .iter()
-                .map(|(pool, b)| pb::PoolBackends {
-                    pool: pool.clone(),
-                    endpoints: b.endpoints.clone(),
-                    drained: b.drained.clone(),
-                })
-                .collect(),
-            circuits: inner
-                .state
-                .circuits
-                .iter()
-                .filter(|c| c.until_unix_ms > now)
-                .map(|c| pb::CircuitOverride {
-                    pool: c.pool.clone(),
-                    endpoint: c.endpoint.clone(),
-                    open: c.open,
-                    until_unix_ms: c.until_unix_ms,
-                    source: c.source.clone(),
-                })
-                .collect(),
-        },
+        store_id: store_id.to_string(),
+        snapshot: snapshot_for(&inner.state, document),
+    }
+}
+
+/// The snapshot of `state` with its policy `document`.
+fn snapshot_for(state: &State, document: String) -> pb::Snapshot {
+    let now = now_ms();
+    pb::Snapshot {
+        policy_version: state.policy_version,
+        policy_document: document,
+        backends: state
+            .backends
+            .iter()
+            .map(|(pool, b)| pb::PoolBackends {
+                pool: pool.clone(),
+                endpoints: b.endpoints.clone(),
+                drained: b.drained.clone(),
+            })
+            .collect(),
+        circuits: state
+            .circuits
+            .iter()
+            .filter(|c| c.until_unix_ms > now)
+            .map(|c| pb::CircuitOverride {
+                pool: c.pool.clone(),
+                endpoint: c.endpoint.clone(),
+                open: c.open,
+                until_unix_ms: c.until_unix_ms,
+                source: c.source.clone(),
+            })
+            .collect(),
+    }
+}
+
+/// The size of the stream message that would carry `state` with a policy
+/// document of `document_len` bytes, at its largest (the biggest revision,
+/// a nonce, the store id); the document is counted, not copied.
+fn stream_message_len(state: &State, document_len: usize, store_id: &str) -> usize {
+    let without_document = pb::ControlMessage {
+        revision: u64::MAX,
+        nonce: uuid::Uuid::nil().to_string(),
+        snapshot: Some(snapshot_for(state, String::new())),
+        store_id: store_id.to_string(),
+    }
+    .encoded_len();
+    let document = if document_len == 0 {
+        0
+    } else {
+        1 + prost::encoding::encoded_len_varint(document_len as u64) + document_len
+    };
+    // The snapshot's own length prefix grows by at most 4 bytes with the document.
+    without_document + document + 4
+}
+
+/// Refuses a next state whose snapshot would not fit in one gRPC message.
+fn check_fits(state: &State, document_len: usize, store_id: &str) -> Result<(), HubError> {
+    let bytes = stream_message_len(state, document_len, store_id);
+    let limit = router_proto::MAX_MESSAGE_BYTES;
+    if bytes > limit {
+        return Err(HubError::TooLarge { bytes, limit });
+    }
+    Ok(())
+}
+
+/// The policy of `version` in the history, parsed (`None` when there is none
+/// or it does not load).
+fn policy_of(inner: &Inner, version: u64, guards: &Guards) -> Option<Policy> {
+    let record = inner.history.iter().find(|p| p.version == version)?;
+    load(&record.document, guards).ok()
+}
+
+/// Checks a circuit override against `policy` and the backend sets of
+/// `state`: the pool must exist, and a named endpoint must parse (with its
+/// port) and be one of the pool's endpoints (its backend set when it has
+/// one, else the policy's). Every problem, with its field.
+pub fn check_circuit(
+    state: &State,
+    policy: Option<&Policy>,
+    pool: &str,
+    endpoint: &str,
+) -> Result<(), Vec<FieldError>> {
+    let field = |field: &str, reason: String| {
+        vec![FieldError {
+            field: field.into(),
+            reason,
+        }]
+    };
+    if pool.is_empty() {
+        return Err(field("pool", "required".into()));
+    }
+    let Some(policy) = policy else {
+        return Err(field("pool", "no policy applied yet".into()));
+    };
+    let Some(p) = policy.pool(pool) else {
+        return Err(field(
+            "pool",
+            format!("the current policy has no pool {pool:?}"),
+        ));
+    };
+    if endpoint.is_empty() {
+        return Ok(());
+    }
+    let wanted = Endpoint::parse(endpoint).map_err(|e| field("endpoint", e.to_string()))?;
+    let endpoints: Vec<Endpoint> = match state.backends.get(pool) {
+        Some(set) => set
+            .endpoints
+            .iter()
+            .filter_map(|e| Endpoint::parse(e).ok())
+            .collect(),
+        None => p.endpoints.clone(),
+    };
+    if endpoints.contains(&wanted) {
+        return Ok(());
+    }
+    let known: Vec<String> = endpoints.iter().take(5).map(ToString::to_string).collect();
+    Err(field(
+        "endpoint",
+        format!(
+            "{endpoint} is not an endpoint of pool {pool} ({}{})",
+            if known.is_empty() {
+                "it has none".to_string()
+            } else {
+                format!("its endpoints: {}", known.join(", "))
+            },
+            if endpoints.len() > known.len() {
+                ", ..."
+            } else {
+                ""
+            }
+        ),
+    ))
+}
+
+/// Drops the circuit overrides `policy` and the backend sets of `state` no
+/// longer allow (a pool removed, an endpoint no longer in its pool).
+fn retain_valid_circuits(state: &mut State, policy: Option<&Policy>) {
+    let before = state.circuits.len();
+    let circuits = std::mem::take(&mut state.circuits);
+    state.circuits = circuits
+        .into_iter()
+        .filter(|c| check_circuit(state, policy, &c.pool, &c.endpoint).is_ok())
+        .collect();
+    if state.circuits.len() != before {
+        tracing::info!(
+            dropped = before - state.circuits.len(),
+            "circuit overrides of pools or endpoints that are gone are dropped"
+        );
     }
 }
 
@@ -206,19 +401,29 @@ fn load(document: &str, guards: &Guards) -> Result<Policy, router_policy::Policy
 impl Hub {
     /// Loads the state from `store`, and follows other writers' changes
     /// (when the store has any) for as long as the hub lives. Policies and
-    /// backend sets are checked against `guards`.
-    pub async fn open(store: Box<dyn Store>, guards: Guards) -> Result<Arc<Self>, HubError> {
+    /// backend sets are checked against `guards`; what proxies can make it
+    /// hold is bounded by `limits`.
+    pub async fn open(
+        store: Box<dyn Store>,
+        guards: Guards,
+        limits: Limits,
+    ) -> Result<Arc<Self>, HubError> {
+        let store_id = store.identity().await?;
         let Contents { state, history } = store.load().await?;
         let inner = Inner {
             state,
             history,
             proxies: BTreeMap::new(),
-            proxies_changed: Default::default(),
+            proxies_changed: BTreeSet::new(),
+            proxies_removed: BTreeSet::new(),
+            links: HashMap::new(),
         };
-        let (published, _) = watch::channel(Arc::new(snapshot_of(&inner)));
+        let (published, _) = watch::channel(Arc::new(snapshot_of(&inner, &store_id)));
         let changes = store.follow();
         let hub = Arc::new(Self {
             store,
+            store_id,
+            limits,
             inner: Mutex::new(inner),
             writer: tokio::sync::Mutex::new(()),
             published,
@@ -257,7 +462,8 @@ impl Hub {
                 policy_version = inner.state.policy_version,
                 "state changed by another replica"
             );
-            self.published.send_replace(Arc::new(snapshot_of(&inner)));
+            self.published
+                .send_replace(Arc::new(snapshot_of(&inner, &self.store_id)));
         }
     }
 
@@ -290,7 +496,18 @@ impl Hub {
                             policy_version: inner.state.policy_version,
                         })
                     }
-                    Some((next, policy)) => (inner.state.revision, next, policy),
+                    Some((next, policy)) => {
+                        let document_len = match &policy {
+                            Some(p) => p.document.len(),
+                            None => inner
+                                .history
+                                .iter()
+                                .find(|p| p.version == next.policy_version)
+                                .map_or(0, |p| p.document.len()),
+                        };
+                        check_fits(&next, document_len, &self.store_id)?;
+                        (inner.state.revision, next, policy)
+                    }
                 }
             };
             match self.store.commit(expected, &next, policy.as_ref()).await {
@@ -301,7 +518,8 @@ impl Hub {
                     events.extend(policy.map(StoreEvent::Policy));
                     let moved = inner.install(events);
                     if moved {
-                        self.published.send_replace(Arc::new(snapshot_of(&inner)));
+                        self.published
+                            .send_replace(Arc::new(snapshot_of(&inner, &self.store_id)));
                     }
                     return Ok(Committed {
                         revision,
@@ -348,9 +566,19 @@ impl Hub {
                 }
                 Ok(inner.next_policy_version())
             };
+            let too_large = |e: HubError| match e {
+                HubError::TooLarge { .. } => HubError::Invalid(vec![FieldError {
+                    field: "document".into(),
+                    reason: e.to_string(),
+                }]),
+                e => e,
+            };
             if dry_run {
                 let inner = self.lock();
-                return Ok((check(&inner)?, inner.state.revision));
+                let version = check(&inner)?;
+                let next = with_policy(&inner, document, version, &self.guards);
+                check_fits(&next, document.len(), &self.store_id).map_err(too_large)?;
+                return Ok((version, inner.state.revision));
             }
             let done = self
                 .change(|inner| {
@@ -365,7 +593,8 @@ impl Hub {
                     let next = with_policy(inner, document, version, &self.guards);
                     Ok(Some((next, Some(record))))
                 })
-                .await?;
+                .await
+                .map_err(too_large)?;
             let span = tracing::Span::current();
             span.record("router.policy_version", done.policy_version);
             span.record("router.revision", done.revision);
@@ -511,6 +740,10 @@ impl Hub {
             check_pool_exists(inner, pool, &self.guards)?;
             let mut next = inner.state.clone();
             next.backends.insert(pool.to_string(), set.clone());
+            retain_valid_circuits(
+                &mut next,
+                policy_of(inner, inner.state.policy_version, &self.guards).as_ref(),
+            );
             Ok(Some((next, None)))
         })
         .await
@@ -542,7 +775,11 @@ impl Hub {
     }
 
     /// Forces a circuit open (or closed) for a while; `open: false` with no
-    /// duration clears overrides of that target.
+    /// duration clears overrides of that target. A new override must name a
+    /// pool of the current policy and, if any, one of its endpoints
+    /// ([`check_circuit`]), or it is refused with the field; clearing is
+    /// refused only when it matches no override and would be invalid (a
+    /// typo), so an override left on a removed endpoint can still be cleared.
     pub async fn set_circuit(
         &self,
         pool: &str,
@@ -557,14 +794,21 @@ impl Hub {
             for_secs.min(86_400)
         };
         let until = now_ms() + i64::try_from(secs * 1000).unwrap_or(i64::MAX);
+        let creates = open || for_secs > 0;
         self.change(|inner| {
-            let mut next = inner.state.clone();
-            next.circuits.retain(|c| {
-                !(c.pool == pool
+            let matches = |c: &CircuitRecord| {
+                c.pool == pool
                     && c.endpoint == endpoint
-                    && (c.source == source || source == "operator"))
-            });
-            if open || for_secs > 0 {
+                    && (c.source == source || source == "operator")
+            };
+            if creates || !inner.state.circuits.iter().any(matches) {
+                let policy = policy_of(inner, inner.state.policy_version, &self.guards);
+                check_circuit(&inner.state, policy.as_ref(), pool, endpoint)
+                    .map_err(HubError::Invalid)?;
+            }
+            let mut next = inner.state.clone();
+            next.circuits.retain(|c| !matches(c));
+            if creates {
                 next.circuits.push(CircuitRecord {
                     pool: pool.to_string(),
                     endpoint: endpoint.to_string(),
@@ -582,7 +826,9 @@ impl Hub {
     /// A proxy's circuit transition: an open circuit is shared with every
     /// proxy until its expiry; a closed one withdraws that proxy's report.
     /// Reports through different replicas land in the one stored list, so
-    /// the fleet has one view.
+    /// the fleet has one view. An open report is checked as an operator's
+    /// override is ([`check_circuit`]): a proxy of another version cannot
+    /// plant an override the others would have to skip.
     pub async fn report_circuit(
         &self,
         node: &str,
@@ -590,6 +836,16 @@ impl Hub {
     ) -> Result<u64, HubError> {
         self.change(|inner| {
             let now = now_ms();
+            if report.open {
+                let policy = policy_of(inner, inner.state.policy_version, &self.guards);
+                check_circuit(
+                    &inner.state,
+                    policy.as_ref(),
+                    &report.pool,
+                    &report.endpoint,
+                )
+                .map_err(HubError::Invalid)?;
+            }
             let mut next = inner.state.clone();
             next.circuits.retain(|c| {
                 !(c.pool == report.pool && c.endpoint == report.endpoint && c.source == node)
@@ -658,11 +914,108 @@ impl Hub {
     /// Records what a proxy said.
     pub fn proxy_seen(&self, node: &str, update: impl FnOnce(&mut ProxyRecord)) {
         let mut inner = self.lock();
+        Self::touch(&mut inner, self.store.replica(), node, update);
+    }
+
+    fn touch(inner: &mut Inner, replica: &str, node: &str, update: impl FnOnce(&mut ProxyRecord)) {
         let rec = inner.proxies.entry(node.to_string()).or_default();
         rec.last_seen_unix_ms = now_ms();
-        self.store.replica().clone_into(&mut rec.control_plane);
+        replica.clone_into(&mut rec.control_plane);
         update(rec);
         inner.proxies_changed.insert(node.to_string());
+        inner.proxies_removed.remove(node);
+    }
+
+    fn link<'a>(inner: &'a mut Inner, limits: &Limits, node: &str) -> &'a mut Link {
+        inner.links.entry(node.to_string()).or_insert_with(|| Link {
+            streams: 0,
+            reports: TokenBucket::full(limits.circuit_report_burst, Instant::now()),
+            dropping: false,
+        })
+    }
+
+    /// A proxy opened a stream (it is `connected` until its last one closes).
+    pub fn proxy_connected(&self, node: &str, last_applied_revision: u64) {
+        let mut inner = self.lock();
+        Self::link(&mut inner, &self.limits, node).streams += 1;
+        Self::touch(&mut inner, self.store.replica(), node, |p| {
+            p.connected = true;
+            p.applied_revision = last_applied_revision;
+        });
+    }
+
+    /// A proxy's stream closed.
+    pub fn proxy_disconnected(&self, node: &str) {
+        let mut inner = self.lock();
+        let link = Self::link(&mut inner, &self.limits, node);
+        link.streams = link.streams.saturating_sub(1);
+        let connected = link.streams > 0;
+        Self::touch(&mut inner, self.store.replica(), node, |p| {
+            p.connected = connected;
+        });
+    }
+
+    /// Whether a circuit report from `node` may go through its token bucket
+    /// now; one that may not is counted in its record, and the first of a
+    /// burst is logged.
+    pub fn allow_circuit_report(&self, node: &str) -> bool {
+        let limits = self.limits;
+        let mut inner = self.lock();
+        let link = Self::link(&mut inner, &limits, node);
+        let allowed = link.reports.take(
+            limits.circuit_report_burst,
+            limits.circuit_reports_per_second,
+            Instant::now(),
+        );
+        let first_dropped = !allowed && !link.dropping;
+        link.dropping = !allowed;
+        if !allowed {
+            let mut dropped = 0;
+            Self::touch(&mut inner, self.store.replica(), node, |p| {
+                p.circuit_reports_dropped += 1;
+                dropped = p.circuit_reports_dropped;
+            });
+            if first_dropped {
+                tracing::warn!(
+                    node,
+                    dropped,
+                    burst = limits.circuit_report_burst,
+                    per_second = limits.circuit_reports_per_second,
+                    "circuit reports over the rate limit: ignoring the excess"
+                );
+            }
+        }
+        allowed
+    }
+
+    /// Drops the records of proxies gone for longer than the record TTL
+    /// (every replica its own; the store forgets them at the next
+    /// publication). Returns how many went.
+    pub fn prune_proxies(&self) -> usize {
+        let ttl = i64::try_from(self.limits.proxy_record_ttl.as_millis()).unwrap_or(i64::MAX);
+        let cutoff = now_ms().saturating_sub(ttl);
+        let mut inner = self.lock();
+        let gone: Vec<String> = inner
+            .proxies
+            .iter()
+            .filter(|(_, p)| !p.connected && p.last_seen_unix_ms < cutoff)
+            .map(|(node, _)| node.clone())
+            .collect();
+        for node in &gone {
+            inner.proxies.remove(node);
+            inner.proxies_changed.remove(node);
+            if inner.links.get(node).is_some_and(|l| l.streams == 0) {
+                inner.links.remove(node);
+            }
+            inner.proxies_removed.insert(node.clone());
+        }
+        if !gone.is_empty() {
+            tracing::info!(
+                removed = gone.len(),
+                "records of proxies gone for longer than the TTL dropped"
+            );
+        }
+        gone.len()
     }
 
     /// Every proxy seen by this replica.
@@ -701,17 +1054,26 @@ impl Hub {
 
     /// Publishes the proxy records that changed (every second).
     async fn publish_proxies(&self) {
-        let (all, changed) = {
+        let (all, changed, removed) = {
             let mut inner = self.lock();
             let changed: Vec<String> = std::mem::take(&mut inner.proxies_changed)
                 .into_iter()
                 .collect();
-            (inner.proxies.clone(), changed)
+            let removed: Vec<String> = std::mem::take(&mut inner.proxies_removed)
+                .into_iter()
+                .collect();
+            (inner.proxies.clone(), changed, removed)
         };
-        if let Err(e) = self.store.publish_proxies(&all, &changed).await {
+        if let Err(e) = self.store.publish_proxies(&all, &changed, &removed).await {
             tracing::warn!(error = %e, "cannot publish this replica's proxies");
-            // Try those again next time.
-            self.lock().proxies_changed.extend(changed);
+            // Try those again next time (unless they came back meanwhile).
+            let mut inner = self.lock();
+            inner.proxies_changed.extend(changed);
+            let back: Vec<String> = removed
+                .into_iter()
+                .filter(|n| !inner.proxies.contains_key(n))
+                .collect();
+            inner.proxies_removed.extend(back);
         }
     }
 
@@ -739,16 +1101,17 @@ impl Hub {
     }
 }
 
-/// The next state with `document` current: backend sets and circuit
-/// overrides of pools it no longer has are dropped (proxies would refuse a
-/// snapshot with a backend set for an unknown pool).
+/// The next state with `document` current: backend sets of pools it no
+/// longer has are dropped (proxies would refuse a snapshot with a backend
+/// set for an unknown pool), and so are circuit overrides of pools or
+/// endpoints it no longer has.
 fn with_policy(inner: &Inner, document: &str, version: u64, guards: &Guards) -> State {
     let mut next = inner.state.clone();
     next.policy_version = version;
     if let Ok(policy) = load(document, guards) {
         let before = next.backends.len();
         next.backends.retain(|pool, _| policy.pool(pool).is_some());
-        next.circuits.retain(|c| policy.pool(&c.pool).is_some());
+        retain_valid_circuits(&mut next, Some(&policy));
         if next.backends.len() != before {
             tracing::info!(
                 dropped = before - next.backends.len(),
@@ -794,6 +1157,7 @@ pub async fn maintenance_loop(hub: Weak<Hub>) {
     loop {
         tick.tick().await;
         let Some(h) = hub.upgrade() else { return };
+        h.prune_proxies();
         h.publish_proxies().await;
         let now_leading = match h.store.hold_singleton().await {
             Ok(l) => l,
@@ -815,5 +1179,95 @@ pub async fn maintenance_loop(hub: Weak<Hub>) {
         if let Err(e) = h.prune_history().await {
             tracing::warn!(error = %e, "pruning policy history failed");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn the_token_bucket_passes_a_burst_then_the_rate() {
+        let now = Instant::now();
+        let mut bucket = TokenBucket::full(3, now);
+        let passed = (0..10).filter(|_| bucket.take(3, 2.0, now)).count();
+        assert_eq!(passed, 3, "the burst");
+        // Half a second at 2 per second: one more.
+        let later = now + Duration::from_millis(500);
+        assert!(bucket.take(3, 2.0, later));
+        assert!(!bucket.take(3, 2.0, later));
+        // A long pause refills up to the burst, not beyond.
+        let much_later = later + Duration::from_secs(3600);
+        let passed = (0..10).filter(|_| bucket.take(3, 2.0, much_later)).count();
+        assert_eq!(passed, 3);
+    }
+
+    fn pool_policy() -> Policy {
+        load(
+            "apiVersion: router/v1\nkind: RoutingPolicy\nspec:\n  pools: [{name: a, endpoints: [\"127.0.0.1:9\"]}]\n  routes: [{name: r, chain: [a]}]\n",
+            &Guards::default(),
+        )
+        .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    #[test]
+    fn a_circuit_override_must_name_a_pool_and_one_of_its_endpoints() {
+        let policy = pool_policy();
+        let mut state = State::default();
+        let check = |state: &State, pool: &str, endpoint: &str| {
+            check_circuit(state, Some(&policy), pool, endpoint)
+                .map_err(|e| format!("{}: {}", e[0].field, e[0].reason))
+        };
+        assert_eq!(check(&state, "a", ""), Ok(()));
+        assert_eq!(check(&state, "a", "127.0.0.1:9"), Ok(()));
+        // Another spelling of the same endpoint.
+        assert_eq!(check(&state, "a", "http://127.0.0.1:9"), Ok(()));
+        let err = check(&state, "a", "127.0.0.1").unwrap_err();
+        assert!(
+            err.starts_with("endpoint: ") && err.contains("missing port"),
+            "{err}"
+        );
+        let err = check(&state, "b", "").unwrap_err();
+        assert!(err.starts_with("pool: "), "{err}");
+        let err = check(&state, "a", "127.0.0.1:10").unwrap_err();
+        assert!(err.contains("its endpoints: http://127.0.0.1:9"), "{err}");
+        assert!(
+            check_circuit(&state, None, "a", "").is_err(),
+            "no policy yet"
+        );
+        // A backend set replaces the policy's endpoints.
+        state.backends.insert(
+            "a".into(),
+            BackendSet {
+                endpoints: vec!["127.0.0.1:10".into()],
+                drained: vec![],
+            },
+        );
+        assert_eq!(check(&state, "a", "127.0.0.1:10"), Ok(()));
+        assert!(check(&state, "a", "127.0.0.1:9").is_err());
+    }
+
+    #[test]
+    fn the_snapshot_size_is_counted_as_proxies_receive_it() {
+        let state = State {
+            revision: 7,
+            policy_version: 1,
+            ..State::default()
+        };
+        let document = "x".repeat(100_000);
+        let estimate = stream_message_len(&state, document.len(), "store");
+        let sent = pb::ControlMessage {
+            revision: 7,
+            nonce: uuid::Uuid::now_v7().to_string(),
+            snapshot: Some(snapshot_for(&state, document)),
+            store_id: "store".into(),
+        }
+        .encoded_len();
+        assert!(
+            estimate >= sent && estimate <= sent + 32,
+            "{estimate} vs {sent}"
+        );
+        assert!(check_fits(&state, router_proto::MAX_MESSAGE_BYTES, "store").is_err());
+        assert!(check_fits(&state, 1000, "store").is_ok());
     }
 }

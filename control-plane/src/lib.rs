@@ -4,13 +4,18 @@
 //! - [`store`]: persistence behind the [`store::Store`] trait (an embedded
 //!   redb file by default; etcd for several replicas);
 //! - [`hub`]: validated changes in, one published snapshot out;
-//! - [`service`]: the `Admin` and `ProxyConfig` gRPC services.
+//! - [`service`]: the `Admin` and `ProxyConfig` gRPC services;
+//! - [`auth`]: operator and proxy tokens, and which calls each may make.
 //!
 //! [`start`] runs a control plane in-process (what `main`, `routerctl up`
-//! and the tests do).
+//! and the tests do). It is secure by default: it refuses to serve a
+//! non-loopback address without an operator token unless told
+//! [`ControlPlaneOptions::insecure`], and it bounds what proxies can make
+//! it hold ([`Limits`]).
 
 #![forbid(unsafe_code)]
 
+pub mod auth;
 pub mod hub;
 pub mod service;
 pub mod store;
@@ -18,6 +23,7 @@ pub mod store;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use router_proto::v1::admin_server::AdminServer;
 use router_proto::v1::proxy_config_server::ProxyConfigServer;
@@ -25,24 +31,88 @@ use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_stream::wrappers::TcpListenerStream;
 
+use crate::auth::{ProxyToken, Tokens};
 use crate::hub::Hub;
-use crate::service::{auth, AdminService, ProxyConfigService};
+use crate::service::{AdminService, ProxyConfigService};
 
 /// What [`start`] needs.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct ControlPlaneOptions {
     /// Where to listen.
     pub listen: SocketAddr,
     /// Where the state is kept.
     pub store: StoreLocation,
-    /// Bearer token required on every call; `None` leaves the API open.
+    /// The operator token (`--token-file`): every call. With no token at
+    /// all the API is open.
     pub token: Option<String>,
+    /// Proxy tokens (`--proxy-token-file`): the config stream only. They
+    /// need an operator token beside them.
+    pub proxy_tokens: Vec<ProxyToken>,
+    /// Serve an open API on a non-loopback address on purpose
+    /// (`--insecure`); without it, [`start`] refuses.
+    pub insecure: bool,
     /// TLS certificate chain and key (PEM); `None` serves plain HTTP/2.
     pub tls: Option<(String, String)>,
     /// What policies and backend sets may ask for: API key variables
     /// (`CUSTOM_ROUTER_API_KEY_ENV_ALLOW`) and link-local hosts
     /// (`CUSTOM_ROUTER_ALLOW_BACKEND_HOSTS`), as the proxies read them.
     pub guards: router_policy::Guards,
+    /// Bounds on what proxies can make the control plane hold.
+    pub limits: Limits,
+}
+
+impl Default for ControlPlaneOptions {
+    /// Loopback port 50051, the embedded store in `router-data`, no token.
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 50051)),
+            store: StoreLocation::Embedded(PathBuf::from("router-data")),
+            token: None,
+            proxy_tokens: Vec::new(),
+            insecure: false,
+            tls: None,
+            limits: Limits::default(),
+            guards: router_policy::Guards::default(),
+        }
+    }
+}
+
+impl std::fmt::Debug for ControlPlaneOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ControlPlaneOptions")
+            .field("listen", &self.listen)
+            .field("store", &self.store)
+            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .field("proxy_tokens", &self.proxy_tokens)
+            .field("insecure", &self.insecure)
+            .field("tls", &self.tls.is_some())
+            .field("limits", &self.limits)
+            .field("guards", &self.guards)
+            .finish()
+    }
+}
+
+/// Bounds on what proxies can make the control plane hold or do.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Limits {
+    /// How long the record of a proxy that went away is kept (and listed
+    /// by `proxies list`) after it was last seen (`--proxy-record-ttl`).
+    pub proxy_record_ttl: Duration,
+    /// Circuit reports one proxy may send at once (`--circuit-report-burst`).
+    pub circuit_report_burst: u32,
+    /// Circuit reports per second one proxy may send in the long run
+    /// (`--circuit-report-rate`); the excess is ignored and counted.
+    pub circuit_reports_per_second: f64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            proxy_record_ttl: Duration::from_secs(3600),
+            circuit_report_burst: 20,
+            circuit_reports_per_second: 2.0,
+        }
+    }
 }
 
 /// How long a starting replica waits for etcd to answer.
@@ -79,6 +149,28 @@ pub enum StartError {
     /// The token cannot be used (empty, or not a header value).
     #[error(transparent)]
     Token(#[from] router_proto::token::TokenError),
+    /// An open API on an address other machines can reach.
+    #[error(
+        "refusing to serve {0} without a token: it is not a loopback address, so anyone who can \
+         reach it could change the policy. Give an operator token (--token-file FILE, and \
+         --proxy-token-file FILE for proxies), or pass --insecure to serve an open API on purpose"
+    )]
+    Insecure(SocketAddr),
+    /// Proxy tokens without an operator token: nobody could administer it.
+    #[error("proxy tokens (--proxy-token-file) need an operator token (--token-file) beside them")]
+    ProxyTokensWithoutOperator,
+}
+
+/// Refuses an open API on a non-loopback address unless `insecure`, and
+/// proxy tokens without an operator token.
+pub fn check_exposure(options: &ControlPlaneOptions) -> Result<(), StartError> {
+    if options.token.is_none() && !options.proxy_tokens.is_empty() {
+        return Err(StartError::ProxyTokensWithoutOperator);
+    }
+    if options.token.is_none() && !options.insecure && !options.listen.ip().is_loopback() {
+        return Err(StartError::Insecure(options.listen));
+    }
+    Ok(())
 }
 
 /// A control plane running in this process.
@@ -126,6 +218,16 @@ impl Drop for RunningControlPlane {
 
 /// Opens the store, binds, and serves in background tasks.
 pub async fn start(options: ControlPlaneOptions) -> Result<RunningControlPlane, StartError> {
+    check_exposure(&options)?;
+    let tokens = Arc::new(Tokens::new(
+        options.token.as_deref(),
+        &options.proxy_tokens,
+    )?);
+    if tokens.is_open() {
+        tracing::warn!(listen = %options.listen, "no token: the admin and proxy APIs are open to anyone who can reach them");
+    } else if options.tls.is_none() && !options.listen.ip().is_loopback() {
+        tracing::warn!(listen = %options.listen, "no TLS: bearer tokens cross the network in clear (--tls-cert/--tls-key, or a mesh)");
+    }
     let store: Box<dyn store::Store> = match &options.store {
         StoreLocation::Embedded(dir) => {
             Box::new(store::RedbStore::open(dir).map_err(hub::HubError::from)?)
@@ -141,24 +243,22 @@ pub async fn start(options: ControlPlaneOptions) -> Result<RunningControlPlane, 
             Box::new(etcd)
         }
     };
-    let hub = Hub::open(store, options.guards.clone()).await?;
+    let hub = Hub::open(store, options.guards.clone(), options.limits).await?;
     let listener = TcpListener::bind(options.listen)
         .await
         .map_err(|e| StartError::Bind(options.listen, e))?;
     let addr = listener
         .local_addr()
         .map_err(|e| StartError::Bind(options.listen, e))?;
-    let secret = options
-        .token
-        .as_deref()
-        .map(|t| router_proto::token::Secret::new(t, "the control plane's token"))
-        .transpose()?;
-    let check = auth(secret);
     let (health_reporter, health) = tonic_health::server::health_reporter();
     health_reporter
         .set_serving::<AdminServer<AdminService>>()
         .await;
-    let mut builder = tonic::transport::Server::builder();
+    // HTTP/2 keep-alives: a proxy that vanished without closing its stream
+    // is noticed (and its record marked gone) within seconds.
+    let mut builder = tonic::transport::Server::builder()
+        .http2_keepalive_interval(Some(Duration::from_secs(20)))
+        .http2_keepalive_timeout(Some(Duration::from_secs(10)));
     if let Some((cert, key)) = &options.tls {
         let tls = tonic::transport::ServerTlsConfig::new()
             .identity(tonic::transport::Identity::from_pem(cert, key));
@@ -168,17 +268,21 @@ pub async fn start(options: ControlPlaneOptions) -> Result<RunningControlPlane, 
     }
     let server = builder
         .add_service(health)
-        .add_service(AdminServer::with_interceptor(
-            AdminService {
+        .add_service(tonic::service::interceptor::InterceptedService::new(
+            AdminServer::new(AdminService {
                 hub: Arc::downgrade(&hub),
-            },
-            check.clone(),
+            })
+            // Policy documents; answers (history) are not capped.
+            .max_decoding_message_size(router_proto::MAX_MESSAGE_BYTES),
+            crate::auth::admin_check(Arc::clone(&tokens)),
         ))
-        .add_service(ProxyConfigServer::with_interceptor(
-            ProxyConfigService {
+        .add_service(tonic::service::interceptor::InterceptedService::new(
+            ProxyConfigServer::new(ProxyConfigService {
                 hub: Arc::downgrade(&hub),
-            },
-            check,
+            })
+            .max_decoding_message_size(router_proto::MAX_PROXY_MESSAGE_BYTES)
+            .max_encoding_message_size(router_proto::MAX_MESSAGE_BYTES),
+            crate::auth::stream_check(tokens),
         ))
         .serve_with_incoming(TcpListenerStream::new(listener));
     let serve = tokio::spawn(async move {
@@ -192,4 +296,62 @@ pub async fn start(options: ControlPlaneOptions) -> Result<RunningControlPlane, 
         hub,
         tasks: vec![serve, maintenance],
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_open_api_is_refused_off_loopback_unless_insecure() {
+        let at = |listen: &str| ControlPlaneOptions {
+            listen: listen.parse().unwrap_or_else(|e| panic!("{listen}: {e}")),
+            ..ControlPlaneOptions::default()
+        };
+        for public in ["0.0.0.0:50051", "[::]:50051", "10.1.2.3:50051"] {
+            let err = check_exposure(&at(public)).unwrap_err();
+            let text = err.to_string();
+            assert!(
+                text.contains("--token-file") && text.contains("--insecure"),
+                "{text}"
+            );
+            assert!(check_exposure(&ControlPlaneOptions {
+                insecure: true,
+                ..at(public)
+            })
+            .is_ok());
+            assert!(check_exposure(&ControlPlaneOptions {
+                token: Some("t".into()),
+                ..at(public)
+            })
+            .is_ok());
+        }
+        for loopback in ["127.0.0.1:50051", "[::1]:50051", "127.0.0.2:1"] {
+            assert!(check_exposure(&at(loopback)).is_ok(), "{loopback}");
+        }
+        // Proxy tokens alone would leave nobody able to administer it.
+        let proxies_only = ControlPlaneOptions {
+            proxy_tokens: vec![ProxyToken {
+                token: "p".into(),
+                node: None,
+            }],
+            ..at("127.0.0.1:1")
+        };
+        assert!(matches!(
+            check_exposure(&proxies_only),
+            Err(StartError::ProxyTokensWithoutOperator)
+        ));
+        // Debug never shows a token.
+        let shown = format!(
+            "{:?}",
+            ControlPlaneOptions {
+                token: Some("operator-secret".into()),
+                ..proxies_only
+            }
+        );
+        assert!(
+            !shown.contains("secret") && !shown.contains("\"p\""),
+            "{shown}"
+        );
+    }
 }

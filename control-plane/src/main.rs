@@ -1,13 +1,19 @@
 //! `router-control-plane`: run the control plane.
+//!
+//! Flags in, [`start`] out. Secure by default: on an address other than
+//! loopback it refuses to start without an operator token
+//! (`--token-file`) unless told `--insecure`.
 
 #![forbid(unsafe_code)]
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use clap::Parser;
-use router_control_plane::{start, ControlPlaneOptions, StoreLocation};
+use router_control_plane::auth::parse_proxy_tokens;
+use router_control_plane::{check_exposure, start, ControlPlaneOptions, Limits, StoreLocation};
 
 /// The LLM router's control plane.
 #[derive(Parser, Debug)]
@@ -26,9 +32,28 @@ struct Args {
     /// This replica's name (etcd store): shown as the singleton lease holder.
     #[arg(long, env = "ROUTER_NODE_ID")]
     node_id: Option<String>,
-    /// File holding the bearer token every call must present.
+    /// File holding the operator token: every call (admin and stream).
+    /// Required on a non-loopback --listen unless --insecure.
     #[arg(long)]
     token_file: Option<PathBuf>,
+    /// File of proxy tokens, one per line, `TOKEN` or `TOKEN NODE_ID`: they
+    /// open the config stream only (for NODE_ID only, when given).
+    #[arg(long, requires = "token_file")]
+    proxy_token_file: Option<PathBuf>,
+    /// Serve without a token on a non-loopback address, on purpose (anyone
+    /// who reaches the port can change the policy).
+    #[arg(long)]
+    insecure: bool,
+    /// How long the record of a proxy that went away is kept.
+    #[arg(long, default_value = "1h", value_parser = humantime::parse_duration)]
+    proxy_record_ttl: Duration,
+    /// Circuit reports one proxy may send at once.
+    #[arg(long, default_value_t = Limits::default().circuit_report_burst)]
+    circuit_report_burst: u32,
+    /// Circuit reports per second one proxy may send in the long run (the
+    /// excess is ignored and counted).
+    #[arg(long, default_value_t = Limits::default().circuit_reports_per_second)]
+    circuit_report_rate: f64,
     /// TLS certificate chain (PEM); with --tls-key, serve over TLS.
     #[arg(long, requires = "tls_key")]
     tls_cert: Option<PathBuf>,
@@ -57,6 +82,26 @@ fn main() -> ExitCode {
             Err(e) => {
                 eprintln!(
                     "router-control-plane: cannot read --token-file {}: {e}",
+                    path.display()
+                );
+                return ExitCode::from(2);
+            }
+        },
+    };
+    let proxy_tokens = match &args.proxy_token_file {
+        None => Vec::new(),
+        Some(path) => match std::fs::read_to_string(path).map(|t| parse_proxy_tokens(&t)) {
+            Ok(Ok(tokens)) => tokens,
+            Ok(Err(e)) => {
+                eprintln!(
+                    "router-control-plane: --proxy-token-file {}: {e}",
+                    path.display()
+                );
+                return ExitCode::from(2);
+            }
+            Err(e) => {
+                eprintln!(
+                    "router-control-plane: cannot read --proxy-token-file {}: {e}",
                     path.display()
                 );
                 return ExitCode::from(2);
@@ -101,6 +146,24 @@ fn main() -> ExitCode {
             format!("etcd {} {}", address.endpoints.join(","), address.prefix)
         }
     };
+    let options = ControlPlaneOptions {
+        listen: args.listen,
+        store,
+        token,
+        proxy_tokens,
+        insecure: args.insecure,
+        tls,
+        limits: Limits {
+            proxy_record_ttl: args.proxy_record_ttl,
+            circuit_report_burst: args.circuit_report_burst,
+            circuit_reports_per_second: args.circuit_report_rate,
+        },
+        guards,
+    };
+    if let Err(e) = check_exposure(&options) {
+        eprintln!("router-control-plane: {e}");
+        return ExitCode::from(2);
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -112,18 +175,7 @@ fn main() -> ExitCode {
         }
     };
     runtime.block_on(async move {
-        if token.is_none() {
-            tracing::warn!("no --token-file: the admin and proxy APIs are open to anyone who can reach them");
-        }
-        let cp = match start(ControlPlaneOptions {
-            listen: args.listen,
-            store,
-            token,
-            tls,
-            guards,
-        })
-        .await
-        {
+        let cp = match start(options).await {
             Ok(cp) => cp,
             Err(e) => {
                 eprintln!("router-control-plane: {e}");

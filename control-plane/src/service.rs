@@ -1,15 +1,17 @@
 //! The gRPC services: `Admin` for routerctl, `ProxyConfig` for proxies.
 //!
 //! Every call must carry `authorization: Bearer <token>` when the control
-//! plane has a token (`--token-file`); the check is an interceptor in front
-//! of both services, comparing SHA-256 digests in constant time
-//! (`router_proto::token`).
+//! plane has tokens; interceptors in front of both services check them
+//! ([`crate::auth`], comparing digests in constant time as
+//! `router_proto::token` does): `Admin` takes the operator token only, `ProxyConfig`
+//! the operator token or a proxy token, and a proxy token pinned to a node
+//! id opens the stream for that node id only. On the stream, a proxy's
+//! circuit reports go through its rate limit before they reach the hub.
 
 use std::pin::Pin;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use router_proto::token::Secret;
 use router_proto::v1 as pb;
 use router_proto::v1::admin_server::Admin;
 use router_proto::v1::proxy_config_server::ProxyConfig;
@@ -19,14 +21,18 @@ use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status, Streaming};
 use tracing::Instrument;
 
+use crate::auth::Role;
 use crate::hub::{Hub, HubError};
 
 /// How long a new stream has to say hello.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// The longest node id a proxy may give (a DNS name's length).
+const NODE_ID_MAX: usize = 253;
+
 fn status(e: HubError) -> Status {
     match e {
-        HubError::Invalid(_) => Status::invalid_argument(e.to_string()),
+        HubError::Invalid(_) | HubError::TooLarge { .. } => Status::invalid_argument(e.to_string()),
         HubError::Conflict { .. } => Status::aborted(e.to_string()),
         HubError::NotFound(_) => Status::not_found(e.to_string()),
         HubError::Store(crate::store::StoreError::Conflict { .. }) => {
@@ -46,23 +52,21 @@ fn field_errors(errors: Vec<router_policy::FieldError>) -> Vec<pb::FieldError> {
         .collect()
 }
 
-/// Builds the bearer-token check for both services: `secret` is the
-/// token (`None` leaves the API open); the credential is parsed and
-/// compared by [`router_proto::token`], as the proxy's admin token is.
-pub fn auth(secret: Option<Secret>) -> impl Fn(Request<()>) -> Result<Request<()>, Status> + Clone {
-    move |req: Request<()>| {
-        let Some(expected) = secret.as_ref() else {
-            return Ok(req);
-        };
-        let given = req
-            .metadata()
-            .get("authorization")
-            .map(tonic::metadata::MetadataValue::as_bytes);
-        if expected.authorizes(given) {
-            Ok(req)
-        } else {
-            Err(Status::unauthenticated("missing or invalid bearer token"))
-        }
+/// The node id a stream speaks for: the hello's, checked against the
+/// token's pin (a pinned token with no node id in the hello takes the pin).
+fn stream_node(role: &Role, hello_node: &str) -> Result<String, Status> {
+    if hello_node.len() > NODE_ID_MAX || hello_node.chars().any(char::is_control) {
+        return Err(Status::invalid_argument(format!(
+            "node_id: at most {NODE_ID_MAX} bytes, without control characters"
+        )));
+    }
+    match role {
+        Role::Proxy { node: Some(pinned) } if hello_node.is_empty() => Ok(pinned.clone()),
+        Role::Proxy { node: Some(pinned) } if pinned != hello_node => Err(
+            Status::permission_denied("this proxy token is pinned to another node id"),
+        ),
+        _ if hello_node.is_empty() => Ok(format!("proxy-{}", uuid::Uuid::now_v7())),
+        _ => Ok(hello_node.to_string()),
     }
 }
 
@@ -257,6 +261,7 @@ impl Admin for AdminService {
                     connected: p.connected,
                     nacked_revision: p.nacked_revision,
                     control_plane: p.control_plane,
+                    circuit_reports_dropped: p.circuit_reports_dropped,
                 })
                 .collect(),
         }))
@@ -289,6 +294,13 @@ impl ProxyConfig for ProxyConfigService {
         &self,
         req: Request<Streaming<pb::ProxyMessage>>,
     ) -> Result<Response<ControlStream>, Status> {
+        // Set by the interceptor; absent only if the service is mounted
+        // without it, which then grants nothing beyond a proxy's rights.
+        let role = req
+            .extensions()
+            .get::<Role>()
+            .cloned()
+            .unwrap_or(Role::Proxy { node: None });
         let mut inbound = req.into_inner();
         let hello = match tokio::time::timeout(HELLO_TIMEOUT, inbound.next()).await {
             Ok(Some(Ok(pb::ProxyMessage {
@@ -301,16 +313,16 @@ impl ProxyConfig for ProxyConfigService {
             }
             Err(_) => return Err(Status::deadline_exceeded("no hello")),
         };
-        let node = if hello.node_id.is_empty() {
-            format!("proxy-{}", uuid::Uuid::now_v7())
-        } else {
-            hello.node_id.clone()
+        let node = match stream_node(&role, &hello.node_id) {
+            Ok(node) => node,
+            Err(e) => {
+                let shown: String = hello.node_id.chars().take(64).collect();
+                tracing::warn!(node = %shown.escape_debug(), error = %e.message(), "proxy stream refused");
+                return Err(e);
+            }
         };
         tracing::info!(node = %node, last_applied = hello.last_applied_revision, "proxy connected");
-        upgrade(&self.hub)?.proxy_seen(&node, |p| {
-            p.connected = true;
-            p.applied_revision = hello.last_applied_revision;
-        });
+        upgrade(&self.hub)?.proxy_connected(&node, hello.last_applied_revision);
         // Outbound: the current snapshot now, then each change. Bounded:
         // a slow proxy only ever needs the latest snapshot, which `watch`
         // keeps for it.
@@ -327,6 +339,7 @@ impl ProxyConfig for ProxyConfigService {
                     revision: published.revision,
                     nonce: uuid::Uuid::now_v7().to_string(),
                     snapshot: Some(published.snapshot.clone()),
+                    store_id: published.store_id.clone(),
                 };
                 let push = tracing::info_span!("config.push", router.node = %out_node, router.revision = published.revision);
                 if tx.send(Ok(msg)).instrument(push).await.is_err()
@@ -354,6 +367,9 @@ impl ProxyConfig for ProxyConfigService {
                     }
                     Some(pb::proxy_message::Msg::Circuit(c)) => {
                         hub.proxy_seen(&node, |_| {});
+                        if !hub.allow_circuit_report(&node) {
+                            continue;
+                        }
                         if let Err(e) = hub.report_circuit(&node, &c).await {
                             tracing::warn!(node = %node, error = %e, "circuit report not stored");
                         }
@@ -366,7 +382,7 @@ impl ProxyConfig for ProxyConfigService {
                 }
             }
             if let Some(hub) = hub.upgrade() {
-                hub.proxy_seen(&node, |p| p.connected = false);
+                hub.proxy_disconnected(&node);
             }
             tracing::info!(node = %node, "proxy disconnected");
         });

@@ -261,6 +261,13 @@ impl ConfigStore {
         })
     }
 
+    /// Counts circuit overrides of a managed snapshot that were skipped.
+    pub(crate) fn circuit_overrides_skipped(&self, n: usize) {
+        if n > 0 {
+            self.metrics.circuit_overrides_skipped(n);
+        }
+    }
+
     /// Counts a change that was refused before it reached the store.
     pub(crate) fn rejected(&self) {
         self.metrics.config_change(None);

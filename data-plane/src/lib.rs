@@ -333,7 +333,7 @@ pub async fn start(options: ProxyOptions) -> Result<RunningProxy, StartError> {
                     &shared.settings.guards,
                 )
             })
-            .unwrap_or(0);
+            .unwrap_or_default();
         tasks.push(tokio::spawn(managed::run(
             options,
             control_plane_token,

@@ -4,7 +4,25 @@
 //! (node id, last applied revision); every snapshot it receives is built
 //! off to the side, validated and swapped in atomically, then ACKed; a
 //! snapshot that cannot be applied is NACKed with the error and the last
-//! good config keeps serving. Every good snapshot is written to
+//! good config keeps serving. Two rules keep one bad input from freezing
+//! or rolling back the fleet:
+//!
+//! - **Only newer state.** A snapshot whose revision is older than the one
+//!   applied, from the same store (`store_id`), is not applied: it can only
+//!   come from a replica that lags, and applying it would roll the proxy
+//!   back. It is NACKed ("older than the applied revision"), so the lagging
+//!   replica's `proxies list` shows why, while the proxy's applied revision
+//!   stays the newer one. A snapshot from another store (one that was reset
+//!   or replaced) is not compared: its revisions count from elsewhere.
+//! - **One bad circuit override is skipped, not fatal.** An override
+//!   whose endpoint does not parse, whose pool the policy lacks, or whose
+//!   endpoint is not in its pool is skipped (logged, and counted in
+//!   `router_config_circuit_overrides_skipped`); the rest of the snapshot
+//!   is applied and ACKed. Before, one typo NACKed the whole snapshot and
+//!   froze the fleet's config for the override's lifetime.
+//!
+//! Messages are capped at [`router_proto::MAX_MESSAGE_BYTES`] each way, as
+//! on the control plane. Every good snapshot is written to
 //! `--cache-dir` (write, fsync, rename) and loaded at the next boot before
 //! dialling, so a proxy restarted while the control plane is down serves
 //! its last config at once. Local circuit transitions are reported on the
@@ -100,6 +118,32 @@ pub(crate) struct Decoded {
     pub backends: BTreeMap<String, Vec<Endpoint>>,
     /// Forced circuits by pool: (endpoint or whole pool, open, until).
     pub circuits: BTreeMap<String, Vec<(Option<Endpoint>, bool, Instant)>>,
+    /// Circuit overrides that were skipped, each with why.
+    pub skipped: Vec<String>,
+}
+
+/// What the proxy applied last: the revision, and the store it counts in.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Applied {
+    /// The control plane's store (empty: a control plane that does not say).
+    pub store_id: String,
+    /// Its revision (0: nothing yet).
+    pub revision: u64,
+}
+
+impl Applied {
+    /// Why `msg` must not be applied after this: it is older, from the same
+    /// store. `None` when it may be applied.
+    fn refuses(&self, msg: &pb::ControlMessage) -> Option<String> {
+        (self.revision > 0 && msg.store_id == self.store_id && msg.revision < self.revision).then(
+            || {
+                format!(
+                    "revision {} is older than the applied revision {} (a lagging control plane?): ignored",
+                    msg.revision, self.revision
+                )
+            },
+        )
+    }
 }
 
 /// Now, in Unix milliseconds: the control plane speaks wall time (circuit
@@ -127,9 +171,34 @@ fn unix_ms_to_instant(ms: i64) -> Instant {
     )
 }
 
+/// Checks one circuit override against the decoded policy and backend
+/// sets: the endpoint (when named) parses and belongs to the pool.
+fn circuit_target(
+    c: &pb::CircuitOverride,
+    policy: &Policy,
+    backends: &BTreeMap<String, Vec<Endpoint>>,
+) -> Result<Option<Endpoint>, String> {
+    let Some(pool) = policy.pool(&c.pool) else {
+        return Err(format!("no pool {:?} in the policy", c.pool));
+    };
+    if c.endpoint.is_empty() {
+        return Ok(None);
+    }
+    let ep = Endpoint::parse(&c.endpoint).map_err(|e| e.to_string())?;
+    let endpoints = backends.get(&c.pool).unwrap_or(&pool.endpoints);
+    if !endpoints.contains(&ep) {
+        return Err(format!(
+            "{} is not an endpoint of pool {}",
+            c.endpoint, c.pool
+        ));
+    }
+    Ok(Some(ep))
+}
+
 /// Validates a snapshot against this proxy's `guards` (its own API key
 /// variables and backend hosts: the control plane cannot know them); `Err`
-/// is the NACK's text.
+/// is the NACK's text. Circuit overrides that do not fit the snapshot's
+/// own policy are skipped (listed in [`Decoded::skipped`]), not fatal.
 pub(crate) fn decode(
     snapshot: &pb::Snapshot,
     defaults: &QueueSettings,
@@ -157,11 +226,17 @@ pub(crate) fn decode(
         backends.insert(b.pool.clone(), eps);
     }
     let mut circuits: BTreeMap<String, Vec<_>> = BTreeMap::new();
+    let mut skipped = Vec::new();
     for c in &snapshot.circuits {
-        let ep = if c.endpoint.is_empty() {
-            None
-        } else {
-            Some(Endpoint::parse(&c.endpoint).map_err(|e| format!("circuit {}: {e}", c.endpoint))?)
+        let ep = match circuit_target(c, &policy, &backends) {
+            Ok(ep) => ep,
+            Err(why) => {
+                skipped.push(format!(
+                    "circuit override {}/{} (from {}): {why}",
+                    c.pool, c.endpoint, c.source
+                ));
+                continue;
+            }
         };
         circuits.entry(c.pool.clone()).or_default().push((
             ep,
@@ -173,12 +248,17 @@ pub(crate) fn decode(
         policy,
         backends,
         circuits,
+        skipped,
     })
 }
 
 /// Applies a decoded snapshot: one atomic config swap, then the forced
-/// circuits on the new pools.
+/// circuits on the new pools. Skipped overrides are logged and counted.
 pub(crate) fn apply(store: &ConfigStore, d: Decoded, revision: u64) -> Arc<str> {
+    for why in &d.skipped {
+        tracing::warn!(revision, reason = %why, "skipped a circuit override; the rest of the snapshot applies");
+    }
+    store.circuit_overrides_skipped(d.skipped.len());
     let version = store.apply_managed(d.policy, d.backends, revision);
     let snapshot = store.load();
     for (name, pool) in &snapshot.pools {
@@ -188,13 +268,13 @@ pub(crate) fn apply(store: &ConfigStore, d: Decoded, revision: u64) -> Arc<str> 
     version
 }
 
-/// Applies the cached snapshot at boot; returns its revision.
+/// Applies the cached snapshot at boot; returns what it applied.
 pub(crate) fn apply_cache(
     store: &ConfigStore,
     dir: &Path,
     defaults: &QueueSettings,
     guards: &Guards,
-) -> Option<u64> {
+) -> Option<Applied> {
     let msg = read_cache(dir)?;
     let snapshot = msg.snapshot.as_ref()?;
     match decode(snapshot, defaults, guards) {
@@ -204,7 +284,10 @@ pub(crate) fn apply_cache(
                 version = &*version,
                 "serving the cached snapshot until the control plane answers"
             );
-            Some(msg.revision)
+            Some(Applied {
+                store_id: msg.store_id.clone(),
+                revision: msg.revision,
+            })
         }
         Err(e) => {
             tracing::warn!(error = %e, "the cached snapshot is unusable");
@@ -256,7 +339,7 @@ pub(crate) async fn run(
     defaults: QueueSettings,
     guards: Guards,
     mut events: mpsc::Receiver<CircuitEvent>,
-    mut applied: u64,
+    mut applied: Applied,
 ) {
     // Jitter differs between proxies started together.
     #[allow(clippy::disallowed_methods)]
@@ -300,7 +383,7 @@ async fn stream_once(
     defaults: &QueueSettings,
     guards: &Guards,
     events: &mut mpsc::Receiver<CircuitEvent>,
-    applied: &mut u64,
+    applied: &mut Applied,
 ) -> Result<(), String> {
     let endpoint = grpc_endpoint(addr, options.ca_pem.as_deref())?
         .http2_keep_alive_interval(Duration::from_secs(10))
@@ -309,12 +392,14 @@ async fn stream_once(
         .connect()
         .await
         .map_err(|e| format!("connect: {e}"))?;
-    let mut client = ProxyConfigClient::with_interceptor(channel, token.clone());
+    let mut client = ProxyConfigClient::with_interceptor(channel, token.clone())
+        .max_decoding_message_size(router_proto::MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(router_proto::MAX_PROXY_MESSAGE_BYTES);
     let (tx, rx) = mpsc::channel::<pb::ProxyMessage>(16);
     let hello = pb::ProxyMessage {
         msg: Some(pb::proxy_message::Msg::Hello(pb::Hello {
             node_id: options.node_id.clone(),
-            last_applied_revision: *applied,
+            last_applied_revision: applied.revision,
         })),
     };
     tx.send(hello)
@@ -363,13 +448,15 @@ async fn stream_once(
     }
 }
 
-fn handle(
+/// One control message: applied and ACKed, or NACKed (invalid, or older
+/// than what is applied) with the last good config kept.
+pub(crate) fn handle(
     msg: &pb::ControlMessage,
     store: &ConfigStore,
     defaults: &QueueSettings,
     guards: &Guards,
     cache_dir: Option<&Path>,
-    applied: &mut u64,
+    applied: &mut Applied,
 ) -> pb::ProxyMessage {
     let nack = |error: String| {
         tracing::warn!(revision = msg.revision, %error, "NACK: keeping the last good config");
@@ -384,6 +471,16 @@ fn handle(
     let Some(snapshot) = msg.snapshot.as_ref() else {
         return nack("a message without a snapshot".into());
     };
+    if let Some(why) = applied.refuses(msg) {
+        return nack(why);
+    }
+    if !applied.store_id.is_empty() && msg.store_id != applied.store_id {
+        tracing::info!(
+            revision = msg.revision,
+            applied = applied.revision,
+            "the control plane's store changed (reset or replaced): its revisions count afresh"
+        );
+    }
     if snapshot.policy_version == 0 {
         // The control plane has no policy yet: nothing to apply.
         return ack(msg);
@@ -391,7 +488,10 @@ fn handle(
     match decode(snapshot, defaults, guards) {
         Ok(d) => {
             let version = apply(store, d, msg.revision);
-            *applied = msg.revision;
+            *applied = Applied {
+                store_id: msg.store_id.clone(),
+                revision: msg.revision,
+            };
             tracing::info!(version = &*version, "applied the control plane's snapshot");
             if let Some(dir) = cache_dir {
                 if let Err(e) = write_cache(dir, msg) {

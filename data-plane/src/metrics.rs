@@ -9,7 +9,8 @@
 //!   `pool` label (a query without it still sums as before).
 //! - `router_*` series: requests and latency by route, pool and outcome,
 //!   sheds by reason, queue wait, the age of the oldest waiter per pool,
-//!   the applied config version and reloads.
+//!   the applied config version and reloads, circuit overrides from the
+//!   control plane skipped as invalid.
 //!
 //! Gauges that describe live state (queue depth, EWMA, in-flight, oldest
 //! waiter) are rebuilt from the pools at every scrape rather than updated
@@ -177,6 +178,7 @@ pub(crate) struct Metrics {
     config_info: Family<VersionLabel, Gauge>,
     config_reloads: Family<ResultLabel, Counter>,
     route_log_dropped: Counter,
+    circuit_overrides_skipped: Counter,
 }
 
 impl Default for Metrics {
@@ -211,6 +213,7 @@ impl Metrics {
             config_info: Family::default(),
             config_reloads: Family::default(),
             route_log_dropped: Counter::default(),
+            circuit_overrides_skipped: Counter::default(),
         };
         registry.register(
             "custom_router_queue_depth",
@@ -297,6 +300,11 @@ impl Metrics {
             "router_route_log_dropped",
             "Route decision log lines dropped because stdout could not keep up",
             m.route_log_dropped.clone(),
+        );
+        registry.register(
+            "router_config_circuit_overrides_skipped",
+            "Circuit overrides from the control plane skipped as invalid (the rest of the snapshot applied)",
+            m.circuit_overrides_skipped.clone(),
         );
         Self { registry, ..m }
     }
@@ -467,6 +475,11 @@ impl Metrics {
     /// Counts a route log line that was dropped.
     pub(crate) fn route_log_dropped(&self) {
         self.route_log_dropped.inc();
+    }
+
+    /// Counts circuit overrides skipped as invalid.
+    pub(crate) fn circuit_overrides_skipped(&self, n: usize) {
+        self.circuit_overrides_skipped.inc_by(n as u64);
     }
 
     /// Renders the text exposition, with live gauges rebuilt from `pools`.

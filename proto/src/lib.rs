@@ -13,4 +13,16 @@ pub use v1::*;
 
 pub mod token;
 
+/// The largest gRPC message either side of the config stream sends or
+/// accepts (4 MiB, gRPC's usual default, set explicitly on the control
+/// plane's server and the proxy's client so the two cannot drift). The
+/// control plane refuses a change whose snapshot would not fit, rather
+/// than store one that no proxy can receive.
+pub const MAX_MESSAGE_BYTES: usize = 4 * 1024 * 1024;
+
+/// The largest message a proxy sends on the config stream (hello, ACK,
+/// NACK, reports): the control plane refuses bigger ones, so a client
+/// with a proxy token cannot make it buffer megabytes.
+pub const MAX_PROXY_MESSAGE_BYTES: usize = 64 * 1024;
+
 pub use token::BearerToken;

@@ -3,7 +3,9 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use router_proto::v1 as pb;
 use router_proto::v1::admin_client::AdminClient;
+use router_proto::v1::proxy_config_client::ProxyConfigClient;
 use router_proxy::managed::ManagedOptions;
 use router_proxy::{Mode, Settings};
 use tonic::service::interceptor::InterceptedService;
@@ -93,4 +95,203 @@ pub async fn wait_version(p: &TestProxy, want: &str) {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     panic!("proxy stuck at {}, wanted {want}", version_of(p).await);
+}
+
+/// A control plane with the operator token [`TOKEN`] and `proxy_tokens`
+/// (`(token, pinned node)`), its store in `dir`, on 127.0.0.1.
+pub async fn control_plane_with(
+    dir: &std::path::Path,
+    proxy_tokens: &[(&str, Option<&str>)],
+    limits: router_control_plane::Limits,
+) -> router_control_plane::RunningControlPlane {
+    router_control_plane::start(router_control_plane::ControlPlaneOptions {
+        listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+        store: router_control_plane::StoreLocation::Embedded(dir.to_path_buf()),
+        token: Some(TOKEN.into()),
+        proxy_tokens: proxy_tokens
+            .iter()
+            .map(|(token, node)| router_control_plane::auth::ProxyToken {
+                token: (*token).to_string(),
+                node: node.map(str::to_string),
+            })
+            .collect(),
+        limits,
+        ..Default::default()
+    })
+    .await
+    .unwrap_or_else(|e| panic!("control plane: {e}"))
+}
+
+/// A raw config stream, as a proxy opens it: what to send, and what comes.
+pub struct RawStream {
+    /// Messages to the control plane (the hello is already sent).
+    pub tx: tokio::sync::mpsc::Sender<pb::ProxyMessage>,
+    /// Messages from it.
+    pub rx: tonic::Streaming<pb::ControlMessage>,
+}
+
+impl RawStream {
+    /// Opens `ProxyConfig.Stream` on `addr` with `token`, saying hello as `node`.
+    pub async fn open(
+        addr: SocketAddr,
+        token: Option<&str>,
+        node: &str,
+    ) -> Result<Self, tonic::Status> {
+        let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+            .unwrap_or_else(|e| panic!("{addr}: {e}"))
+            .connect()
+            .await
+            .unwrap_or_else(|e| panic!("{addr}: {e}"));
+        let mut client = ProxyConfigClient::with_interceptor(
+            channel,
+            router_proto::BearerToken::new(token, "a test token").unwrap_or_else(|e| panic!("{e}")),
+        );
+        let (tx, rx) = tokio::sync::mpsc::channel(64);
+        tx.send(pb::ProxyMessage {
+            msg: Some(pb::proxy_message::Msg::Hello(pb::Hello {
+                node_id: node.into(),
+                last_applied_revision: 0,
+            })),
+        })
+        .await
+        .unwrap_or_else(|_| panic!("stream closed before the hello"));
+        let rx = client
+            .stream(tokio_stream::wrappers::ReceiverStream::new(rx))
+            .await?
+            .into_inner();
+        Ok(Self { tx, rx })
+    }
+
+    /// The next message from the control plane (5 s at most).
+    pub async fn next(&mut self) -> pb::ControlMessage {
+        match tokio::time::timeout(Duration::from_secs(5), self.rx.message()).await {
+            Ok(Ok(Some(m))) => m,
+            other => panic!("no control message: {other:?}"),
+        }
+    }
+
+    /// Sends one message.
+    pub async fn send(&self, msg: pb::proxy_message::Msg) {
+        self.tx
+            .send(pb::ProxyMessage { msg: Some(msg) })
+            .await
+            .unwrap_or_else(|_| panic!("stream closed"));
+    }
+}
+
+/// A control plane faked in-process: the test decides each message it
+/// sends on a proxy's stream and reads each answer (one stream at a time).
+pub struct FakeControlPlane {
+    addr: SocketAddr,
+    streams: tokio::sync::mpsc::Receiver<FakeStream>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+/// One proxy stream on a [`FakeControlPlane`].
+pub struct FakeStream {
+    /// The proxy's hello.
+    pub hello: pb::Hello,
+    /// Messages to the proxy.
+    pub tx: tokio::sync::mpsc::Sender<Result<pb::ControlMessage, tonic::Status>>,
+    /// The proxy's messages after the hello.
+    pub rx: tonic::Streaming<pb::ProxyMessage>,
+}
+
+impl FakeStream {
+    /// Sends `msg` and returns the proxy's answer to it (ACK or NACK;
+    /// circuit and load reports are skipped), 5 s at most.
+    pub async fn exchange(&mut self, msg: pb::ControlMessage) -> pb::proxy_message::Msg {
+        self.tx
+            .send(Ok(msg))
+            .await
+            .unwrap_or_else(|_| panic!("the proxy's stream is gone"));
+        loop {
+            let m = tokio::time::timeout(Duration::from_secs(5), self.rx.message()).await;
+            match m {
+                Ok(Ok(Some(pb::ProxyMessage {
+                    msg:
+                        Some(m @ (pb::proxy_message::Msg::Ack(_) | pb::proxy_message::Msg::Nack(_))),
+                }))) => return m,
+                Ok(Ok(Some(_))) => {}
+                other => panic!("no answer from the proxy: {other:?}"),
+            }
+        }
+    }
+}
+
+struct FakeService(tokio::sync::mpsc::Sender<FakeStream>);
+
+type FakeOut = std::pin::Pin<
+    Box<dyn tokio_stream::Stream<Item = Result<pb::ControlMessage, tonic::Status>> + Send>,
+>;
+
+#[tonic::async_trait]
+impl router_proto::v1::proxy_config_server::ProxyConfig for FakeService {
+    type StreamStream = FakeOut;
+
+    async fn stream(
+        &self,
+        req: tonic::Request<tonic::Streaming<pb::ProxyMessage>>,
+    ) -> Result<tonic::Response<FakeOut>, tonic::Status> {
+        let mut rx = req.into_inner();
+        let hello = match rx.message().await? {
+            Some(pb::ProxyMessage {
+                msg: Some(pb::proxy_message::Msg::Hello(h)),
+            }) => h,
+            _ => return Err(tonic::Status::invalid_argument("hello first")),
+        };
+        let (tx, out) = tokio::sync::mpsc::channel(4);
+        self.0
+            .send(FakeStream { hello, tx, rx })
+            .await
+            .map_err(|_| tonic::Status::unavailable("test over"))?;
+        Ok(tonic::Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(out),
+        )))
+    }
+}
+
+impl FakeControlPlane {
+    /// Serves on 127.0.0.1:0.
+    pub async fn start() -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .unwrap_or_else(|e| panic!("bind: {e}"));
+        let addr = listener
+            .local_addr()
+            .unwrap_or_else(|e| panic!("bind: {e}"));
+        let (tx, streams) = tokio::sync::mpsc::channel(4);
+        let server = tonic::transport::Server::builder()
+            .add_service(
+                router_proto::v1::proxy_config_server::ProxyConfigServer::new(FakeService(tx)),
+            )
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener));
+        let task = tokio::spawn(async move {
+            let _ = server.await;
+        });
+        Self {
+            addr,
+            streams,
+            task,
+        }
+    }
+
+    /// Its address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The next proxy stream (5 s at most).
+    pub async fn accept(&mut self) -> FakeStream {
+        match tokio::time::timeout(Duration::from_secs(5), self.streams.recv()).await {
+            Ok(Some(s)) => s,
+            _ => panic!("no proxy connected"),
+        }
+    }
+}
+
+impl Drop for FakeControlPlane {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
 }

@@ -6,6 +6,7 @@
 //! |---|---|
 //! | `state` | the [`State`] as JSON; its etcd `mod_revision` is the revision |
 //! | `policies/<version, 20 digits>` | a [`PolicyRecord`] as JSON |
+//! | `store_id` | the store's identity (created by the first replica; see [`Store::identity`]) |
 //! | `singleton` | the node id of the replica holding the singleton lease |
 //! | `proxies/<replica>/<proxy>` | a replica's record of a proxy, on that replica's presence lease |
 //!
@@ -121,6 +122,9 @@ impl Keys {
     }
     fn policy(&self, version: u64) -> String {
         format!("{}policies/{version:020}", self.prefix)
+    }
+    fn store_id(&self) -> String {
+        format!("{}store_id", self.prefix)
     }
     fn singleton(&self) -> String {
         format!("{}singleton", self.prefix)
@@ -462,6 +466,30 @@ async fn watch(
 }
 
 impl Store for EtcdStore {
+    fn identity(&self) -> StoreFuture<'_, String> {
+        Box::pin(async move {
+            // Created only if absent: of replicas starting together, the
+            // first one's id stands, and every one reads it back.
+            let key = self.keys.store_id();
+            let txn = Txn::new()
+                .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
+                .and_then([TxnOp::put(
+                    key.clone(),
+                    uuid::Uuid::now_v7().to_string(),
+                    None,
+                )])
+                .or_else([TxnOp::get(key.clone(), None)]);
+            let mut client = self.client.clone();
+            call(client.txn(txn)).await?;
+            let resp = call(client.get(key, None)).await?;
+            resp.kvs()
+                .first()
+                .and_then(|kv| kv.value_str().ok())
+                .map(str::to_string)
+                .ok_or_else(|| backend("the store id key vanished"))
+        })
+    }
+
     fn load(&self) -> StoreFuture<'_, Contents> {
         Box::pin(async move { list(&self.client, &self.keys).await.map(|(c, _)| c) })
     }
@@ -572,6 +600,7 @@ impl Store for EtcdStore {
         &'a self,
         all: &'a BTreeMap<String, ProxyRecord>,
         changed: &'a [String],
+        removed: &'a [String],
     ) -> StoreFuture<'a, ()> {
         Box::pin(async move {
             let mut presence = self.presence.lock().await;
@@ -604,6 +633,16 @@ impl Store for EtcdStore {
                 }
                 let mut client = self.client.clone();
                 call(client.txn(Txn::new().and_then(puts))).await?;
+            }
+            // Records dropped after the TTL (a fresh lease never had them).
+            let gone: Vec<&String> = removed.iter().filter(|n| !all.contains_key(*n)).collect();
+            for chunk in gone.chunks(TXN_OPS) {
+                let deletes: Vec<TxnOp> = chunk
+                    .iter()
+                    .map(|node| TxnOp::delete(self.keys.proxy(&self.node, node), None))
+                    .collect();
+                let mut client = self.client.clone();
+                call(client.txn(Txn::new().and_then(deletes))).await?;
             }
             Ok(())
         })

@@ -33,6 +33,7 @@ pub mod etcd;
 const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
 const POLICIES: TableDefinition<u64, &[u8]> = TableDefinition::new("policies");
 const STATE_KEY: &str = "state";
+const STORE_ID_KEY: &str = "store_id";
 
 /// Errors of the store.
 #[derive(Debug, thiserror::Error)]
@@ -112,6 +113,9 @@ pub struct ProxyRecord {
     /// The replica that wrote this record (empty with one control plane).
     #[serde(default)]
     pub control_plane: String,
+    /// Circuit reports ignored by the rate limit.
+    #[serde(default)]
+    pub circuit_reports_dropped: u64,
 }
 
 /// The control plane's current state.
@@ -162,6 +166,13 @@ pub type StoreFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, StoreError>>
 
 /// Persistence of the control plane.
 pub trait Store: Send + Sync {
+    /// The store's identity: a random id created with the store (the first
+    /// call creates it), the same for every replica of a shared store. Its
+    /// revisions only grow; a store that was reset or replaced has another
+    /// id, which tells proxies its revisions are not comparable with those
+    /// they applied.
+    fn identity(&self) -> StoreFuture<'_, String>;
+
     /// The current state and the policy history.
     fn load(&self) -> StoreFuture<'_, Contents>;
 
@@ -194,13 +205,16 @@ pub trait Store: Send + Sync {
     /// Shares this replica's view of its proxies with the other replicas,
     /// renewing the lease that makes those records vanish if this replica
     /// dies. `all` is every record; `changed` the node ids that changed
-    /// since the last call. Called every second; a no-op for a single writer.
+    /// since the last call; `removed` those whose records were dropped (gone
+    /// for longer than the TTL). Called every second; a no-op for a single
+    /// writer.
     fn publish_proxies<'a>(
         &'a self,
         all: &'a BTreeMap<String, ProxyRecord>,
         changed: &'a [String],
+        removed: &'a [String],
     ) -> StoreFuture<'a, ()> {
-        let _ = (all, changed);
+        let _ = (all, changed, removed);
         Box::pin(std::future::ready(Ok(())))
     }
 
@@ -235,6 +249,27 @@ impl RedbStore {
         }
         tx.commit().map_err(backend)?;
         Ok(Self { db })
+    }
+
+    fn identity_now(&self) -> Result<String, StoreError> {
+        let tx = self.db.begin_write().map_err(backend)?;
+        let id = {
+            let mut meta = tx.open_table(META).map_err(backend)?;
+            let existing = meta
+                .get(STORE_ID_KEY)
+                .map_err(backend)?
+                .map(|v| String::from_utf8_lossy(v.value()).into_owned());
+            match existing {
+                Some(id) => id,
+                None => {
+                    let id = uuid::Uuid::now_v7().to_string();
+                    meta.insert(STORE_ID_KEY, id.as_bytes()).map_err(backend)?;
+                    id
+                }
+            }
+        };
+        tx.commit().map_err(backend)?;
+        Ok(id)
     }
 
     fn load_now(&self) -> Result<Contents, StoreError> {
@@ -310,6 +345,10 @@ impl RedbStore {
 // redb calls are short local transactions (a commit is one fsync); they
 // run inline rather than on the blocking pool.
 impl Store for RedbStore {
+    fn identity(&self) -> StoreFuture<'_, String> {
+        Box::pin(std::future::ready(self.identity_now()))
+    }
+
     fn load(&self) -> StoreFuture<'_, Contents> {
         Box::pin(std::future::ready(self.load_now()))
     }
@@ -348,8 +387,10 @@ mod tests {
     async fn commits_are_compare_and_swap_and_survive_reopening() {
         let dir = std::env::temp_dir().join(format!("router-store-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
-        {
+        let id = {
             let store = RedbStore::open(&dir).unwrap();
+            let id = store.identity().await.unwrap();
+            assert!(!id.is_empty());
             let Contents {
                 state: s,
                 history: h,
@@ -377,8 +418,10 @@ mod tests {
                     actual: 1
                 })
             ));
-        }
+            id
+        };
         let store = RedbStore::open(&dir).unwrap();
+        assert_eq!(store.identity().await.unwrap(), id, "the identity is kept");
         let Contents {
             state: s,
             history: h,

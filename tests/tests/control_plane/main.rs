@@ -5,6 +5,8 @@
 
 #![allow(clippy::unwrap_used)]
 
+mod security;
+
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -33,6 +35,7 @@ async fn control_plane(dir: &Path, listen: SocketAddr) -> RunningControlPlane {
         token: Some(TOKEN.into()),
         tls: None,
         guards: Default::default(),
+        ..Default::default()
     })
     .await
     .unwrap()
@@ -385,6 +388,7 @@ async fn the_control_plane_can_serve_tls() {
         token: Some(TOKEN.into()),
         tls: Some((ck.cert.pem(), ck.signing_key.serialize_pem())),
         guards: Default::default(),
+        ..Default::default()
     })
     .await
     .unwrap();
@@ -615,6 +619,7 @@ async fn the_control_plane_checks_its_guards_and_a_stricter_proxy_nacks() {
             (k == "CUSTOM_ROUTER_API_KEY_ENV_ALLOW").then(|| "HF_TOKEN".into())
         })
         .unwrap(),
+        ..Default::default()
     })
     .await
     .unwrap();

@@ -15,7 +15,9 @@ use std::time::Duration;
 use http::StatusCode;
 use router_control_plane::store::etcd::{EtcdAddress, EtcdStore};
 use router_control_plane::store::{PolicyRecord, State, Store, StoreChange, StoreEvent};
-use router_control_plane::{start, ControlPlaneOptions, RunningControlPlane, StoreLocation};
+use router_control_plane::{
+    start, ControlPlaneOptions, Limits, RunningControlPlane, StoreLocation,
+};
 use router_mock::{Behavior, MOCK_NAME_HEADER};
 use router_proto::v1 as pb;
 use router_tests::control::{admin, managed_proxy, policy, version_of, wait_version, TOKEN};
@@ -24,6 +26,10 @@ use router_tests::harness::eventually;
 use router_tests::mocks::mock;
 
 async fn replica(etcd: &EtcdServer, node: &str) -> RunningControlPlane {
+    replica_with(etcd, node, Limits::default()).await
+}
+
+async fn replica_with(etcd: &EtcdServer, node: &str, limits: Limits) -> RunningControlPlane {
     start(ControlPlaneOptions {
         listen: "127.0.0.1:0".parse().unwrap(),
         store: StoreLocation::Etcd {
@@ -33,6 +39,8 @@ async fn replica(etcd: &EtcdServer, node: &str) -> RunningControlPlane {
         token: Some(TOKEN.into()),
         tls: None,
         guards: Default::default(),
+        limits,
+        ..Default::default()
     })
     .await
     .unwrap()
@@ -473,9 +481,13 @@ async fn circuit_reports_through_both_replicas_form_one_fleet_view() {
     let etcd = EtcdServer::start("circuits").await;
     let x = mock("x", Behavior::Json).await;
     let (a, b) = two_replicas(&etcd).await;
-    apply(a.local_addr(), policy(&x.url(), &x.url()), 0)
-        .await
-        .unwrap();
+    // A pool of twenty endpoints (reports must name endpoints of their pool).
+    let endpoints: Vec<String> = (0..20).map(|i| format!("http://10.0.0.{i}:8000")).collect();
+    let document = format!(
+        "apiVersion: router/v1\nkind: RoutingPolicy\nspec:\n  pools:\n    - {{name: primary, endpoints: {endpoints:?}}}\n    - {{name: fallback, endpoints: [\"{}\"]}}\n  routes: [{{name: default, chain: [primary, fallback]}}]\n",
+        x.url()
+    );
+    apply(a.local_addr(), document, 0).await.unwrap();
     // Twenty proxies report at once, half through each replica: no report
     // is lost to a lost update.
     let until = router_control_plane::hub::now_ms() + 60_000;
@@ -608,4 +620,76 @@ async fn a_crashed_replica_loses_its_leases_when_they_expire() {
     // The proxy kept its config all along.
     assert_eq!(lonely.chat("m").await.status, StatusCode::OK);
     b.shutdown().await;
+}
+
+/// The keys of the proxy records published in etcd.
+async fn published_records(etcd: &EtcdServer) -> Vec<String> {
+    etcd.client()
+        .await
+        .get(
+            "/router/proxies/",
+            Some(
+                etcd_client::GetOptions::new()
+                    .with_prefix()
+                    .with_keys_only(),
+            ),
+        )
+        .await
+        .unwrap()
+        .kvs()
+        .iter()
+        .map(|kv| kv.key_str().unwrap().to_string())
+        .collect()
+}
+
+/// Issue 14 (2c, 3) with etcd: the record of a proxy gone for longer than
+/// the TTL leaves etcd too, so no replica lists it any more; and every
+/// replica names the one store with the same id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gone_proxys_record_leaves_etcd_after_the_ttl() {
+    let etcd = EtcdServer::start("record-ttl").await;
+    let limits = Limits {
+        proxy_record_ttl: Duration::from_millis(500),
+        ..Limits::default()
+    };
+    let a = replica_with(&etcd, "cp-a", limits).await;
+    let b = replica_with(&etcd, "cp-b", limits).await;
+    let id_a = a.hub().subscribe().borrow().store_id.clone();
+    let id_b = b.hub().subscribe().borrow().store_id.clone();
+    assert!(!id_a.is_empty());
+    assert_eq!(id_a, id_b, "one store, one id");
+
+    let proxy = managed_proxy(&[a.local_addr()], "short-lived", None).await;
+    let key = "/router/proxies/cp-a/short-lived".to_string();
+    for _ in 0..50 {
+        if published_records(&etcd).await.contains(&key) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(published_records(&etcd).await.contains(&key));
+    assert!(fleet(b.local_addr())
+        .await
+        .iter()
+        .any(|p| p.node_id == "short-lived"));
+
+    drop(proxy);
+    // Gone, then dropped by cp-a after the TTL, and deleted from etcd at
+    // its next publication (while cp-a, and its presence lease, live on).
+    for _ in 0..100 {
+        if !published_records(&etcd).await.contains(&key) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        !published_records(&etcd).await.contains(&key),
+        "{:?}",
+        published_records(&etcd).await
+    );
+    assert!(fleet(b.local_addr())
+        .await
+        .iter()
+        .all(|p| p.node_id != "short-lived"));
+    drop((a, b));
 }

@@ -227,6 +227,7 @@ spec:
         token: None,
         tls: None,
         guards: Default::default(),
+        ..Default::default()
     })
     .await
     .unwrap();

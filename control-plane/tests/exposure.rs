@@ -1,0 +1,177 @@
+//! The `router-control-plane` binary, as an operator starts it: secure by
+//! default. On an address other machines can reach it refuses to start
+//! without an operator token unless told `--insecure`; on loopback it
+//! starts without one.
+
+#![allow(clippy::unwrap_used)]
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+const BIN: &str = env!("CARGO_BIN_EXE_router-control-plane");
+
+/// How a run ended.
+#[derive(Debug)]
+enum Ended {
+    /// It exited by itself, with this code and stderr.
+    Exited(Option<i32>, String),
+    /// It said it is listening (then it was killed); its stderr so far.
+    Listening(String),
+}
+
+fn temp(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("router-cp-bin-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+/// Runs the control plane with `args` until it exits or logs that it
+/// listens (10 s at most).
+fn run(args: &[&str]) -> Ended {
+    let mut child: Child = Command::new(BIN)
+        .args(args)
+        .env("RUST_LOG", "info")
+        .env_remove("ROUTER_STORE")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let mut seen = String::new();
+    for _ in 0..100 {
+        match rx.recv_timeout(Duration::from_millis(100)) {
+            Ok(line) => {
+                seen.push_str(&line);
+                seen.push('\n');
+                if line.contains("router-control-plane listening") {
+                    // The child was started here; stop it by its own handle.
+                    child.kill().unwrap();
+                    let _ = child.wait();
+                    return Ended::Listening(seen);
+                }
+            }
+            Err(mpsc::RecvTimeoutError::Timeout) => {}
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                let status = child.wait().unwrap();
+                return Ended::Exited(status.code(), seen);
+            }
+        }
+    }
+    child.kill().unwrap();
+    let _ = child.wait();
+    panic!("neither exited nor listening within 10 s: {seen}");
+}
+
+#[test]
+fn a_public_address_without_a_token_is_refused_unless_insecure() {
+    let dir = temp("public");
+    let data = dir.join("data");
+    let data = data.to_str().unwrap();
+    match run(&["--listen", "0.0.0.0:0", "--data-dir", data]) {
+        Ended::Exited(code, stderr) => {
+            assert_eq!(code, Some(2), "{stderr}");
+            assert!(
+                stderr.contains("--token-file") && stderr.contains("--insecure"),
+                "the error names both ways out: {stderr}"
+            );
+            assert!(stderr.contains("0.0.0.0:0"), "{stderr}");
+        }
+        other => panic!("started without a token on 0.0.0.0: {other:?}"),
+    }
+    // Refused before anything was created.
+    assert!(!dir.join("data").exists());
+
+    // Told --insecure, it starts (and says the API is open).
+    match run(&["--listen", "0.0.0.0:0", "--data-dir", data, "--insecure"]) {
+        Ended::Listening(stderr) => assert!(stderr.contains("open"), "{stderr}"),
+        other => panic!("--insecure did not start: {other:?}"),
+    }
+
+    // With an operator token (and proxy tokens), it starts.
+    let token = dir.join("token");
+    let proxy_tokens = dir.join("proxy-tokens");
+    std::fs::write(&token, "operator-secret\n").unwrap();
+    std::fs::write(&proxy_tokens, "# fleet\nfleet-secret\np1-secret p1\n").unwrap();
+    match run(&[
+        "--listen",
+        "0.0.0.0:0",
+        "--data-dir",
+        data,
+        "--token-file",
+        token.to_str().unwrap(),
+        "--proxy-token-file",
+        proxy_tokens.to_str().unwrap(),
+    ]) {
+        Ended::Listening(stderr) => {
+            assert!(!stderr.contains("secret"), "a token was logged: {stderr}");
+        }
+        other => panic!("did not start with a token: {other:?}"),
+    }
+
+    // On loopback, no token is needed (what `routerctl up` relies on).
+    match run(&["--listen", "127.0.0.1:0", "--data-dir", data]) {
+        Ended::Listening(_) => {}
+        other => panic!("did not start on loopback: {other:?}"),
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn proxy_tokens_need_an_operator_token_and_a_well_formed_file() {
+    let dir = temp("proxy-tokens");
+    std::fs::create_dir_all(&dir).unwrap();
+    let data = dir.join("data");
+    let data = data.to_str().unwrap();
+    let proxy_tokens = dir.join("proxy-tokens");
+    std::fs::write(&proxy_tokens, "fleet-secret\n").unwrap();
+    match run(&[
+        "--listen",
+        "127.0.0.1:0",
+        "--data-dir",
+        data,
+        "--proxy-token-file",
+        proxy_tokens.to_str().unwrap(),
+    ]) {
+        Ended::Exited(code, stderr) => {
+            assert_eq!(code, Some(2), "{stderr}");
+            assert!(stderr.contains("--token-file"), "{stderr}");
+        }
+        other => panic!("proxy tokens without an operator token: {other:?}"),
+    }
+    let token = dir.join("token");
+    std::fs::write(&token, "operator-secret\n").unwrap();
+    std::fs::write(&proxy_tokens, "fleet-secret node extra-field\n").unwrap();
+    match run(&[
+        "--listen",
+        "127.0.0.1:0",
+        "--data-dir",
+        data,
+        "--token-file",
+        token.to_str().unwrap(),
+        "--proxy-token-file",
+        proxy_tokens.to_str().unwrap(),
+    ]) {
+        Ended::Exited(code, stderr) => {
+            assert_eq!(code, Some(2), "{stderr}");
+            assert!(stderr.contains("line 1"), "{stderr}");
+            assert!(
+                !stderr.contains("fleet-secret"),
+                "the token was shown: {stderr}"
+            );
+        }
+        other => panic!("a malformed proxy token file was accepted: {other:?}"),
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

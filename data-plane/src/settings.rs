@@ -69,6 +69,13 @@ pub struct Settings {
     /// How new connections are placed on those threads
     /// (`CUSTOM_ROUTER_CONNECTION_BALANCE`, `pack` or `spread`; `pack`).
     pub connection_balance: crate::balance_workers::ConnectionBalance,
+    /// The attempt timeout of pools and routes that set none
+    /// (`CUSTOM_ROUTER_ATTEMPT_TIMEOUT`, 1800 s): the queue wait and the
+    /// wait for the answer's head (a JSON answer: the whole answer). Longer
+    /// than the default queue timeout (1200 s), so it never cuts a wait the
+    /// Hugging Face contract allows; short enough that a silent backend
+    /// gives its request back and its circuit learns of it.
+    pub attempt_timeout: Duration,
     /// Request bytes held at once by all requests together
     /// (`CUSTOM_ROUTER_MAX_BUFFERED_BYTES`, 256 MiB).
     pub max_buffered_bytes: usize,
@@ -116,6 +123,7 @@ impl Default for Settings {
             idempotency_max_keys: 10_000,
             workers: 0,
             connection_balance: crate::balance_workers::ConnectionBalance::Pack,
+            attempt_timeout: Duration::from_secs(1800),
             max_buffered_bytes: 256 * 1024 * 1024,
             max_connections: 4096,
             guards: Guards::default(),
@@ -237,6 +245,9 @@ impl Settings {
                 _ => return Err(bad(var, &v, "an integer of at least 1")),
             };
         }
+        if let Some((var, v)) = get("CUSTOM_ROUTER_ATTEMPT_TIMEOUT") {
+            s.attempt_timeout = seconds(var, &v)?;
+        }
         if let Some((var, v)) = get("CUSTOM_ROUTER_MAX_BUFFERED_BYTES") {
             s.max_buffered_bytes = match v.trim().parse::<usize>() {
                 Ok(n) if n >= 1 => n,
@@ -301,6 +312,7 @@ mod tests {
         assert_eq!(s.state_log_interval, Duration::from_secs(30));
         assert_eq!(s.admin_token, None);
         assert_eq!(s.max_buffered_bytes, 256 * 1024 * 1024);
+        assert_eq!(s.attempt_timeout, Duration::from_secs(1800));
         assert_eq!(s.max_connections, 4096);
         assert_eq!(
             s.connection_balance,
@@ -321,8 +333,10 @@ mod tests {
             ("CUSTOM_ROUTER_CONNECTION_BALANCE", "spread"),
             ("CUSTOM_ROUTER_MAX_BUFFERED_BYTES", "1048576"),
             ("CUSTOM_ROUTER_MAX_CONNECTIONS", "16"),
+            ("CUSTOM_ROUTER_ATTEMPT_TIMEOUT", "2.5"),
         ])
         .unwrap();
+        assert_eq!(s.attempt_timeout, Duration::from_millis(2500));
         assert_eq!(s.max_buffered_bytes, 1 << 20);
         assert_eq!(s.max_connections, 16);
         assert_eq!(
@@ -351,6 +365,8 @@ mod tests {
             ("CUSTOM_ROUTER_SCORING", "random"),
             ("CUSTOM_ROUTER_WORKERS", "many"),
             ("CUSTOM_ROUTER_CONNECTION_BALANCE", "even"),
+            ("CUSTOM_ROUTER_ATTEMPT_TIMEOUT", "0"),
+            ("CUSTOM_ROUTER_ATTEMPT_TIMEOUT", "forever"),
             ("CUSTOM_ROUTER_MAX_BUFFERED_BYTES", "0"),
             ("CUSTOM_ROUTER_MAX_BUFFERED_BYTES", "1GiB"),
             ("CUSTOM_ROUTER_MAX_CONNECTIONS", "0"),

@@ -130,7 +130,13 @@ impl Exchange {
                         notes.push(format!("{name}: skipped, {why}"));
                         continue;
                     }
-                    AttemptPlan::Try { timeout } => timeout,
+                    // Without a deadline or a configured timeout, the
+                    // process's default bounds the attempt (not the plan:
+                    // it skips nothing), so a silent backend cannot hold a
+                    // request forever.
+                    AttemptPlan::Try { timeout } => {
+                        timeout.or(Some(self.shared.settings.attempt_timeout))
+                    }
                 };
                 // A new attempt: the failure answer kept so far is dropped
                 // (its upstream connection closes).

@@ -162,3 +162,34 @@ async fn zero_backends_is_an_immediate_503_not_a_wait() {
     let id = r.header("x-request-id").unwrap().to_string();
     assert_eq!(r.json()["error"]["request_id"], id.as_str());
 }
+
+/// A sidecar has no policy to set an attempt timeout, and used to have
+/// none at all: a backend that accepts and never answers held the request
+/// (and its slot) forever, and its circuit never learned of it. The
+/// process's default (`CUSTOM_ROUTER_ATTEMPT_TIMEOUT`) now bounds every
+/// attempt that nothing else bounds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_backend_cannot_hold_a_sidecar_request_forever() {
+    let silent = mock("silent", Behavior::Hang).await;
+    let proxy = TestProxy::sidecar(router_proxy::Settings {
+        attempt_timeout: std::time::Duration::from_millis(300),
+        ..settings()
+    })
+    .await;
+    proxy.set_backends(&[silent.url()]).await;
+    let started = Instant::now();
+    let r = tokio::time::timeout(std::time::Duration::from_secs(10), proxy.chat("m"))
+        .await
+        .expect("answered, not held forever");
+    assert_eq!(r.status, StatusCode::GATEWAY_TIMEOUT, "{}", r.text());
+    assert_eq!(r.error_type(), "deadline_exhausted");
+    assert!(started.elapsed() < std::time::Duration::from_secs(5));
+    let l = &proxy.log.wait_for(1).await[0];
+    assert_eq!(l["first_outcome"], "timeout", "{l}");
+    router_tests::harness::eventually(
+        std::time::Duration::from_secs(5),
+        "the abandoned attempt is cancelled",
+        || silent.stats().cancelled == 1,
+    )
+    .await;
+}

@@ -173,10 +173,14 @@ impl Exchange {
                 }
             };
             let sent = self.client.send(lease.target().map(|t| t.key()), upstream);
+            // One timer for the whole attempt (answer head, then a JSON
+            // body): registered once, not once per wait.
+            let expiry = deadline.map(tokio::time::sleep_until);
+            tokio::pin!(expiry);
             // The answer's head, in a block of its own: what it binds is not
             // kept (in the future's state) while the body is read.
             let (head, incoming) = {
-                let resp = match within(deadline, sent).await {
+                let resp = match within(expiry.as_mut(), sent).await {
                     None => return timed_out(&lease, record, started),
                     Some(Ok(r)) => r,
                     Some(Err(e)) => {
@@ -230,7 +234,7 @@ impl Exchange {
                 resp.into_parts()
             };
             let read = forward::read_whole(incoming, BUFFERED_ANSWER_LIMIT);
-            let Some(body) = within(deadline, read).await else {
+            let Some(body) = within(expiry.as_mut(), read).await else {
                 return timed_out(&lease, record, started);
             };
             let answered = Instant::now();
@@ -319,19 +323,21 @@ fn retry_after(value: &http::HeaderValue) -> Option<Duration> {
     Some(Duration::from_secs(secs).min(MAX_RETRY_AFTER))
 }
 
-/// Runs `work` until `deadline` (if any); `None` when the deadline came first.
-///
-/// A plain function returning a combinator, not an `async fn`: an `async fn`
-/// would keep `work` as an argument *and* inside the timeout it awaits,
-/// doubling the size of every future that awaits this one.
-fn within<F: std::future::Future>(
-    deadline: Option<Instant>,
+/// Runs `work` until `expiry` (if any) fires; `None` when it came first.
+/// The attempt's one timer is shared by its waits: `expiry` is borrowed,
+/// not made per wait (each `tokio::time::timeout` registers a timer of its
+/// own).
+async fn within<F: std::future::Future>(
+    expiry: std::pin::Pin<&mut Option<tokio::time::Sleep>>,
     work: F,
-) -> impl std::future::Future<Output = Option<F::Output>> {
-    use futures_util::future::{Either, FutureExt};
-    match deadline {
-        Some(d) => Either::Left(tokio::time::timeout_at(d, work).map(Result::ok)),
-        None => Either::Right(work.map(Some)),
+) -> Option<F::Output> {
+    match expiry.as_pin_mut() {
+        None => Some(work.await),
+        Some(sleep) => tokio::select! {
+            biased;
+            out = work => Some(out),
+            () = sleep => None,
+        },
     }
 }
 

@@ -56,7 +56,11 @@ pub fn json_peek(data: &[u8]) {
 /// validation never panic; `load` is `parse` then `validate`; a refusal
 /// names at least one field error. A document that validates, written
 /// back as YAML and as JSON, parses to the same document and validates to
-/// the same `Policy`.
+/// the same `Policy`, with one known exception: serde_json (without its
+/// `float_roundtrip` feature) does not read every float correctly
+/// rounded, not even its own output, so after the JSON round trip a
+/// number may be one unit in the last place off (`docs/fuzzing.md`,
+/// "Findings"); the document must then still validate.
 pub fn policy_document(data: &[u8]) {
     let Ok(text) = std::str::from_utf8(data) else {
         return;
@@ -85,17 +89,47 @@ pub fn policy_document(data: &[u8]) {
     for (format, written) in [("YAML", yaml), ("JSON", json)] {
         let again = PolicyDocument::parse(&written)
             .unwrap_or_else(|e| panic!("{format} written back does not parse: {e}\n{written}"));
+        let revalidated = again
+            .validate(&defaults)
+            .unwrap_or_else(|e| panic!("{format} written back does not validate: {e}\n{written}"));
+        if format == "JSON" && again != doc {
+            let value = |d: &PolicyDocument| serde_json::to_value(d).expect("a document is JSON");
+            assert!(
+                same_but_last_place(&value(&again), &value(&doc)),
+                "JSON round trip changed the document beyond a float's last place\n{written}"
+            );
+            continue;
+        }
         assert_eq!(
             again, doc,
             "{format} round trip changed the document\n{written}"
         );
-        let revalidated = again
-            .validate(&defaults)
-            .unwrap_or_else(|e| panic!("{format} written back does not validate: {e}\n{written}"));
         assert_eq!(
             revalidated, policy,
             "{format} round trip changed the policy"
         );
+    }
+}
+
+/// Equal JSON values, except that two floats may be neighbours (one unit
+/// in the last place apart): serde_json's float reading is not always
+/// correctly rounded.
+fn same_but_last_place(a: &serde_json::Value, b: &serde_json::Value) -> bool {
+    use serde_json::Value;
+    match (a, b) {
+        (Value::Number(x), Value::Number(y)) if x.is_f64() && y.is_f64() => {
+            let (x, y) = (x.as_f64().unwrap_or(0.0), y.as_f64().unwrap_or(0.0));
+            x == y || (x.signum() == y.signum() && x.to_bits().abs_diff(y.to_bits()) == 1)
+        }
+        (Value::Array(x), Value::Array(y)) => {
+            x.len() == y.len() && x.iter().zip(y).all(|(x, y)| same_but_last_place(x, y))
+        }
+        (Value::Object(x), Value::Object(y)) => {
+            x.len() == y.len()
+                && x.iter()
+                    .all(|(k, v)| y.get(k).is_some_and(|w| same_but_last_place(v, w)))
+        }
+        _ => a == b,
     }
 }
 

@@ -29,7 +29,9 @@
 //! - `route_log`, `metrics`, [`telemetry`]: what the proxy tells operators;
 //! - `reload`: standalone mode's policy file watcher;
 //! - [`managed`]: managed mode's control-plane stream and its cache;
-//! - `settings`, `error`: environment and typed errors.
+//! - `settings`, `error`: environment and typed errors;
+//! - `fuzzing` (the non-default `fuzzing` feature): entry points for
+//!   `fuzz/`; not an API.
 //!
 //! The request and answer fields read from JSON bodies come from the
 //! `router-json-peek` crate ([`router_json_peek`]), the logging set-up and
@@ -45,6 +47,10 @@ mod clock;
 mod config;
 mod error;
 mod forward;
+/// Entry points for `fuzz/`; not an API (the `fuzzing` feature).
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing;
 mod handler;
 mod hop_by_hop;
 mod idempotency;

@@ -342,14 +342,15 @@ pub fn snapshot(data: &[u8]) {
         None,
     );
     let boot = store.version();
-    let decoded = match crate::managed::decode(snapshot, &defaults) {
-        Ok(d) => d,
-        Err(nack) => {
-            assert!(!nack.is_empty(), "a NACK says why");
-            assert_eq!(store.version(), boot, "a refused snapshot is not applied");
-            return;
-        }
-    };
+    let decoded =
+        match crate::managed::decode(snapshot, &defaults, &router_policy::Guards::default()) {
+            Ok(d) => d,
+            Err(nack) => {
+                assert!(!nack.is_empty(), "a NACK says why");
+                assert_eq!(store.version(), boot, "a refused snapshot is not applied");
+                return;
+            }
+        };
     let mut want = decoded.policy.clone();
     for pool in &mut want.pools {
         if let Some(endpoints) = decoded.backends.get(&pool.name) {
@@ -360,6 +361,7 @@ pub fn snapshot(data: &[u8]) {
         policy: decoded.policy.clone(),
         backends: decoded.backends.clone(),
         circuits: decoded.circuits.clone(),
+        skipped: decoded.skipped.clone(),
     };
     let version = format!("cp-{}", msg.revision);
     let applied = crate::managed::apply(&store, decoded, msg.revision);

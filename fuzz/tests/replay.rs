@@ -237,6 +237,7 @@ fn control_message(revision: u64, snapshot: Option<pb::Snapshot>) -> Vec<u8> {
         revision,
         nonce: format!("n{revision}"),
         snapshot,
+        store_id: "fuzz-seed".into(),
     }
     .encode_to_vec()
 }

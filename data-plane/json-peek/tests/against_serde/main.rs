@@ -18,7 +18,7 @@ mod oracle;
 mod properties;
 mod speed;
 
-use oracle::{check, check_answer, check_request, reference};
+use oracle::{check, check_answer, check_request, reference, show};
 
 const BENCH_REQUEST: &[u8] = br#"{"model":"bench","messages":[{"role":"user","content":"hi"}]}"#;
 

@@ -67,7 +67,7 @@ fn top_level_array(b: &[u8]) -> bool {
         == Some(&b'[')
 }
 
-fn show(b: &[u8]) -> String {
+pub(crate) fn show(b: &[u8]) -> String {
     format!("{:?}", String::from_utf8_lossy(b))
 }
 

@@ -77,16 +77,6 @@ pub(super) enum Held {
     Whole(http::response::Parts, Bytes),
 }
 
-/// The outcome label of a shed (for the attempt's span).
-pub(super) fn shed_outcome(shed: Shed) -> Outcome {
-    match shed {
-        Shed::QueueFull => Outcome::QueueFull,
-        Shed::QueueTimeout => Outcome::QueueTimeout,
-        Shed::NoBackend => Outcome::NoBackend,
-        Shed::AttemptTimeout => Outcome::DeadlineExhausted,
-    }
-}
-
 impl Exchange {
     /// One attempt, bounded by its deadline (queue wait included).
     ///

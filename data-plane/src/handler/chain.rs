@@ -328,3 +328,21 @@ fn reason(decided: String, pool: &str, notes: &[String]) -> String {
         format!("{decided}; then {}; answered by {pool}", notes.join("; "))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_sheds_answer_records_the_sheds_outcome() {
+        let now = Instant::now();
+        for shed in [
+            Shed::QueueFull,
+            Shed::QueueTimeout,
+            Shed::NoBackend,
+            Shed::AttemptTimeout,
+        ] {
+            assert_eq!(shed_error(shed, "p", now).outcome(), shed.outcome());
+        }
+    }
+}

@@ -11,7 +11,7 @@ use hyper::body::Incoming;
 use opentelemetry::trace::{SpanKind, Status, TraceContextExt, Tracer};
 use opentelemetry::KeyValue;
 
-use super::attempt::{shed_outcome, Attempt, AttemptEnd};
+use super::attempt::{Attempt, AttemptEnd};
 use super::chain::Exchange;
 use super::millis;
 use crate::pool::CircuitState;
@@ -69,10 +69,7 @@ pub(super) async fn traced_attempt(
         | AttemptEnd::Whole { record, .. }
         | AttemptEnd::Failed { record, .. } => Some(record),
         AttemptEnd::Shed(shed) => {
-            span.set_attribute(KeyValue::new(
-                "router.outcome",
-                shed_outcome(*shed).as_str(),
-            ));
+            span.set_attribute(KeyValue::new("router.outcome", shed.outcome().as_str()));
             None
         }
     };
@@ -188,15 +185,15 @@ mod tests {
         // A shed attempt's span says `queue_full`, as metrics and the log
         // do (it once said `QueueFull`).
         assert_eq!(
-            shed_outcome(crate::pool::Shed::QueueFull).as_str(),
+            crate::pool::Shed::QueueFull.outcome().as_str(),
             Outcome::QueueFull.as_str()
         );
         assert_eq!(
-            shed_outcome(crate::pool::Shed::QueueFull).as_str(),
+            crate::pool::Shed::QueueFull.outcome().as_str(),
             "queue_full"
         );
         assert_eq!(
-            shed_outcome(crate::pool::Shed::AttemptTimeout),
+            crate::pool::Shed::AttemptTimeout.outcome(),
             Outcome::DeadlineExhausted
         );
     }

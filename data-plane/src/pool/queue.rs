@@ -56,6 +56,20 @@ pub(crate) enum Shed {
     AttemptTimeout,
 }
 
+impl Shed {
+    /// The outcome the attempt records (an attempt timeout given back
+    /// before sending is `deadline_exhausted`).
+    pub(crate) fn outcome(self) -> router_policy::Outcome {
+        use router_policy::Outcome;
+        match self {
+            Self::QueueFull => Outcome::QueueFull,
+            Self::QueueTimeout => Outcome::QueueTimeout,
+            Self::NoBackend => Outcome::NoBackend,
+            Self::AttemptTimeout => Outcome::DeadlineExhausted,
+        }
+    }
+}
+
 /// A request waiting in the queue.
 pub(super) struct Waiter {
     id: u64,

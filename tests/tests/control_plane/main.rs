@@ -41,6 +41,25 @@ async fn control_plane(dir: &Path, listen: SocketAddr) -> RunningControlPlane {
     .unwrap()
 }
 
+/// A control plane on loopback serving `policy(primary, fallback)`, and
+/// an operator's admin client.
+async fn serving(
+    dir: &Path,
+    primary: &str,
+    fallback: &str,
+) -> (RunningControlPlane, router_tests::control::Admin) {
+    let cp = control_plane(dir, "127.0.0.1:0".parse().unwrap()).await;
+    let mut admin = admin(cp.local_addr(), Some(TOKEN)).await;
+    admin
+        .apply_policy(pb::ApplyPolicyRequest {
+            document: policy(primary, fallback),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    (cp, admin)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn apply_reaches_every_proxy_and_bad_changes_do_not() {
     let a = mock("a", Behavior::Json).await;
@@ -303,16 +322,8 @@ async fn an_open_circuit_reported_by_one_proxy_stops_the_others() {
     let dead = mock("dead", Behavior::Status(500)).await;
     let ok = mock("ok", Behavior::Json).await;
     let dir = temp("circuits");
-    let cp = control_plane(&dir, "127.0.0.1:0".parse().unwrap()).await;
+    let (cp, mut admin) = serving(&dir, &dead.url(), &ok.url()).await;
     let addr = cp.local_addr();
-    let mut admin = admin(addr, Some(TOKEN)).await;
-    admin
-        .apply_policy(pb::ApplyPolicyRequest {
-            document: policy(&dead.url(), &ok.url()),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
     let p1 = managed_proxy(&[addr], "p1", None).await;
     let p2 = managed_proxy(&[addr], "p2", None).await;
     wait_version(&p1, "cp-1").await;
@@ -456,16 +467,8 @@ async fn a_managed_proxy_never_lends_its_token_to_set_backends() {
     let primary = mock("primary", Behavior::Json).await;
     let fallback = mock("fallback", Behavior::Json).await;
     let dir = temp("lend-token");
-    let cp = control_plane(&dir, "127.0.0.1:0".parse().unwrap()).await;
+    let (cp, mut admin) = serving(&dir, &primary.url(), &fallback.url()).await;
     let addr = cp.local_addr();
-    let mut admin = admin(addr, Some(TOKEN)).await;
-    admin
-        .apply_policy(pb::ApplyPolicyRequest {
-            document: policy(&primary.url(), &fallback.url()),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
     let before = backends(&mut admin).await;
     let attack = r#"{"pool": "fallback", "backends": ["http://evil.example:80"]}"#;
 
@@ -575,16 +578,8 @@ async fn a_managed_proxy_never_lends_its_token_to_set_backends() {
 async fn a_router_token_with_its_file_newline_still_authenticates() {
     let ok = mock("ok", Behavior::Json).await;
     let dir = temp("token-newline");
-    let cp = control_plane(&dir, "127.0.0.1:0".parse().unwrap()).await;
+    let (cp, _admin) = serving(&dir, &ok.url(), &ok.url()).await;
     let addr = cp.local_addr();
-    let mut admin = admin(addr, Some(TOKEN)).await;
-    admin
-        .apply_policy(pb::ApplyPolicyRequest {
-            document: policy(&ok.url(), &ok.url()),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
     let proxy = TestProxy::start(
         Settings::default(),
         Mode::Managed(ManagedOptions {

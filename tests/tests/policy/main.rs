@@ -360,6 +360,14 @@ async fn a_send_request_that_may_have_reached_a_backend_is_never_resent() {
     assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(r.header(MOCK_NAME_HEADER), Some("local"));
     assert_eq!(strong.stats().received, 1);
+    // The route log says why the walk stopped.
+    let l = &proxy.log.wait_for(2).await[1];
+    assert!(
+        l["reason"].as_str().unwrap().contains(
+            "stopped: a SEND request that may have reached its backend is not sent again"
+        ),
+        "{l}"
+    );
     // A refused connection never reached anything: SEND may move on.
     let local_url = local.url();
     local.stop().await;

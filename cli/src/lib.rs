@@ -1,5 +1,7 @@
 //! `routerctl`: the router's command line.
 //!
+//! - [`approve_cmd`]: `routerctl approve`, a signed approval token for one
+//!   request;
 //! - [`drill`]: the fallback drill (`routerctl drill`);
 //! - [`mock_cmd`]: `routerctl mock`, one mock model endpoint from the
 //!   `router-mock` crate (which also serves the drill's, `up`'s and the
@@ -12,6 +14,7 @@
 #![forbid(unsafe_code)]
 
 pub mod admin_cmd;
+pub mod approve_cmd;
 pub mod drill;
 pub mod mock_cmd;
 pub mod policy_cmd;

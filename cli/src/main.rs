@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use routerctl::admin_cmd;
+use routerctl::approve_cmd::{self, ApproveArgs};
 use routerctl::drill::{self, DrillConfig, Scenario};
 use routerctl::mock_cmd::{self, MockArgs};
 use routerctl::policy_cmd::{self, Output};
@@ -26,6 +27,7 @@ const LONG_ABOUT: &str = "The LLM router's command line.
                 operate a running control plane (--server, --token)
   policy validate, route explain -f FILE
                 offline: check a policy, explain a routing decision
+  approve       offline: sign an approval for one request on one route
   drill         replay the fallback drill and print a verdict per scenario
   mock          run a mock OpenAI-compatible model endpoint";
 
@@ -77,6 +79,10 @@ enum Command {
     /// Routes.
     #[command(subcommand)]
     Route(RouteCommand),
+    /// Sign an approval for one request on one route (prints the
+    /// X-Router-Approval token; the key from --key-file or
+    /// CUSTOM_ROUTER_APPROVAL_KEY).
+    Approve(ApproveArgs),
 }
 
 #[derive(Subcommand, Debug)]
@@ -285,6 +291,7 @@ async fn run(cli: Cli) -> ExitCode {
             up::run(args).await
         }
         Command::Mock(args) => mock_cmd::run(args).await,
+        Command::Approve(args) => approve_cmd::run(&args),
         Command::Drill(args) => run_drill(args).await,
         Command::Policy(PolicyCommand::Validate { file }) => policy_cmd::validate(&file, output),
         Command::Route(RouteCommand::Explain { file: Some(file) }) => {

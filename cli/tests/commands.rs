@@ -48,7 +48,7 @@ fn help_lists_the_real_subcommands() {
             .filter_map(|line| line.split_whitespace().next())
             .collect();
         for name in [
-            "up", "drill", "mock", "policy", "backends", "circuits", "proxies", "route",
+            "up", "drill", "mock", "policy", "backends", "circuits", "proxies", "route", "approve",
         ] {
             assert!(listed.contains(&name), "{name} missing from {listed:?}");
         }
@@ -348,4 +348,77 @@ fn up_works_on_loopback_without_a_token_and_wants_one_elsewhere() {
         }
     }
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `routerctl approve` prints the token alone on stdout, one the proxies'
+/// key accepts for that route and request id; the key comes from
+/// `--key-file` or `CUSTOM_ROUTER_APPROVAL_KEY` and is never printed.
+#[test]
+fn approve_prints_a_token_the_key_verifies() {
+    let key = "commands-test-approval-key-0123456789ab";
+    let dir = std::env::temp_dir().join(format!("routerctl-approve-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let key_file = dir.join("approval.key");
+    std::fs::write(&key_file, format!("{key}\n")).unwrap();
+    let from_file = Command::new(BIN)
+        .args([
+            "approve",
+            "--route",
+            "governed",
+            "--request-id",
+            "req-42",
+            "--ttl",
+            "10m",
+        ])
+        .arg("--key-file")
+        .arg(&key_file)
+        .env_remove("CUSTOM_ROUTER_APPROVAL_KEY")
+        .output()
+        .unwrap();
+    assert_eq!(from_file.status.code(), Some(0), "{}", text(&from_file));
+    let from_env = Command::new(BIN)
+        .args(["approve", "--route", "governed", "--request-id", "req-42"])
+        .env("CUSTOM_ROUTER_APPROVAL_KEY", key)
+        .output()
+        .unwrap();
+    assert_eq!(from_env.status.code(), Some(0), "{}", text(&from_env));
+    #[allow(clippy::disallowed_methods)] // the token's expiry is wall time
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let verifier = router_policy::ApprovalKey::new(key).unwrap();
+    for o in [&from_file, &from_env] {
+        let stdout = String::from_utf8(o.stdout.clone()).unwrap();
+        let token = stdout.trim_end_matches('\n');
+        assert_eq!(token.lines().count(), 1, "{stdout:?}");
+        assert_eq!(
+            verifier.verify(token.as_bytes(), "governed", "req-42", now),
+            Ok(())
+        );
+        assert_eq!(
+            verifier.verify(token.as_bytes(), "governed", "req-43", now),
+            Err(router_policy::Refusal::Mismatch)
+        );
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            stderr.contains("approves request req-42 on route governed until"),
+            "{stderr}"
+        );
+        assert!(!text(o).contains(key));
+    }
+    // No key: exit 2 and what to set.
+    let o = Command::new(BIN)
+        .args(["approve", "--route", "governed", "--request-id", "req-42"])
+        .env_remove("CUSTOM_ROUTER_APPROVAL_KEY")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        text(&o).contains("CUSTOM_ROUTER_APPROVAL_KEY"),
+        "{}",
+        text(&o)
+    );
+    assert!(o.stdout.is_empty());
+    std::fs::remove_dir_all(&dir).ok();
 }

@@ -55,8 +55,13 @@ pub enum ProxyError {
     #[error("Idempotency-Key {0} was used for a different request")]
     IdempotencyMismatch(String),
     /// The route needs approval and no valid token was given.
-    #[error("route {0} requires approval: send a valid X-Router-Approval token")]
-    ApprovalRequired(String),
+    #[error("route {route} requires approval: {why}")]
+    ApprovalRequired {
+        /// The route's name.
+        route: String,
+        /// What was wrong with the token, or that none can pass here.
+        why: ApprovalRefusal,
+    },
     /// A cost ceiling forbids every eligible pool.
     #[error("budget exceeded: {detail}")]
     BudgetExceeded {
@@ -110,7 +115,7 @@ impl ProxyError {
             Self::DeadlineExhausted { .. } => StatusCode::GATEWAY_TIMEOUT,
             Self::DuplicateRequest(_) => StatusCode::CONFLICT,
             Self::IdempotencyMismatch(_) => StatusCode::UNPROCESSABLE_ENTITY,
-            Self::ApprovalRequired(_) => StatusCode::FORBIDDEN,
+            Self::ApprovalRequired { .. } => StatusCode::FORBIDDEN,
             Self::BudgetExceeded { .. } => StatusCode::PAYMENT_REQUIRED,
             Self::InvalidRequest(_) => StatusCode::BAD_REQUEST,
             Self::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
@@ -134,7 +139,7 @@ impl ProxyError {
             Self::DeadlineExhausted { .. } => Outcome::DeadlineExhausted,
             Self::DuplicateRequest(_) => Outcome::DuplicateRequest,
             Self::IdempotencyMismatch(_) => Outcome::IdempotencyMismatch,
-            Self::ApprovalRequired(_) => Outcome::ApprovalRequired,
+            Self::ApprovalRequired { .. } => Outcome::ApprovalRequired,
             Self::BudgetExceeded { .. } => Outcome::BudgetExceeded,
             Self::InvalidRequest(_) => Outcome::InvalidRequest,
             Self::PayloadTooLarge { .. } => Outcome::PayloadTooLarge,
@@ -182,6 +187,18 @@ impl ProxyError {
         }
         resp
     }
+}
+
+/// Why a request on a route that requires approval was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum ApprovalRefusal {
+    /// The proxy has no key to check signed approvals with (and the
+    /// policy has no static token), so nothing can pass.
+    #[error("this proxy has no approval key (CUSTOM_ROUTER_APPROVAL_KEY), so no request on this route can pass")]
+    NotConfigured,
+    /// The token given does not approve this request.
+    #[error(transparent)]
+    Token(#[from] router_policy::approval::Refusal),
 }
 
 /// Why an admin call needs a token it did not present. Each message says

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use router_policy::document::positive_duration;
 use router_policy::guard::ALLOW_BACKEND_HOSTS_VAR;
-use router_policy::{Guards, QueueSettings, Scoring};
+use router_policy::{ApprovalKey, Guards, QueueSettings, Scoring};
 
 /// A variable whose value cannot be used.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -43,6 +43,11 @@ pub struct Settings {
     pub state_log_interval: Duration,
     /// Bearer token guarding the admin calls (`CUSTOM_ROUTER_ADMIN_TOKEN`).
     pub admin_token: Option<String>,
+    /// The key signed approvals are checked with
+    /// (`CUSTOM_ROUTER_APPROVAL_KEY`, at least 32 bytes): a route with
+    /// `requires_approval` takes a request whose `X-Router-Approval` was
+    /// minted with it (`routerctl approve`) for that route and request id.
+    pub approval_key: Option<ApprovalKey>,
     /// Largest accepted request body (`CUSTOM_ROUTER_MAX_BODY_BYTES`, 32 MiB).
     pub max_body_bytes: usize,
     /// Time a client has to send its request headers
@@ -99,6 +104,10 @@ impl std::fmt::Debug for Settings {
                 "admin_token",
                 &self.admin_token.as_ref().map(|_| "<redacted>"),
             )
+            .field(
+                "approval_key",
+                &self.approval_key.as_ref().map(|_| "<redacted>"),
+            )
             .field("max_body_bytes", &self.max_body_bytes)
             .finish_non_exhaustive()
     }
@@ -113,6 +122,7 @@ impl Default for Settings {
             max_concurrency: None,
             state_log_interval: Duration::from_secs(30),
             admin_token: None,
+            approval_key: None,
             max_body_bytes: 32 * 1024 * 1024,
             client_header_timeout: Duration::from_secs(30),
             client_body_timeout: Duration::from_secs(60),
@@ -247,6 +257,14 @@ impl Settings {
         }
         if let Some((var, v)) = get("CUSTOM_ROUTER_ATTEMPT_TIMEOUT") {
             s.attempt_timeout = seconds(var, &v)?;
+        }
+        if let Some((var, v)) = get("CUSTOM_ROUTER_APPROVAL_KEY") {
+            // The value is never shown.
+            s.approval_key = Some(ApprovalKey::new(&v).map_err(|_| SettingsError {
+                var,
+                shown: "(hidden)".into(),
+                expected: "a key of at least 32 bytes (e.g. `openssl rand -base64 32`)",
+            })?);
         }
         if let Some((var, v)) = get("CUSTOM_ROUTER_MAX_BUFFERED_BYTES") {
             s.max_buffered_bytes = match v.trim().parse::<usize>() {
@@ -420,5 +438,21 @@ mod tests {
                 assert!(!err.to_string().contains(bad), "{err}");
             }
         }
+    }
+
+    #[test]
+    fn the_approval_key_must_be_long_enough_and_is_never_shown() {
+        let key = "approval-key-for-the-settings-test-0123";
+        let s = with(&[("CUSTOM_ROUTER_APPROVAL_KEY", key)]).unwrap();
+        assert_eq!(s.approval_key, Some(ApprovalKey::new(key).unwrap()));
+        assert!(!format!("{s:?}").contains(key));
+        assert_eq!(with(&[]).unwrap().approval_key, None);
+        let err = with(&[("CUSTOM_ROUTER_APPROVAL_KEY", "too-short-secret")]).unwrap_err();
+        assert_eq!(err.var, "CUSTOM_ROUTER_APPROVAL_KEY");
+        let text = err.to_string();
+        assert!(
+            text.contains("32 bytes") && !text.contains("too-short-secret"),
+            "{text}"
+        );
     }
 }

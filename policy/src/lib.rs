@@ -5,6 +5,8 @@
 //! rules that decide where a request goes can be unit-tested in
 //! milliseconds and read without knowing anything about sockets.
 //!
+//! - [`approval`]: signed approval tokens for `requires_approval` routes
+//!   (one route, one request id, until a time).
 //! - [`document`]: the policy document (YAML or JSON), parsed and validated
 //!   into a [`Policy`]; every error at once, each with its field path.
 //! - [`endpoint`]: backend addresses (`host:port`, `http://…`, `https://…/v1`).
@@ -21,6 +23,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod approval;
 pub mod balance;
 pub mod deadline;
 pub mod decide;
@@ -31,6 +34,7 @@ pub mod guard;
 pub mod outcome;
 pub mod structured;
 
+pub use approval::{ApprovalKey, Refusal};
 pub use balance::{EndpointLoad, Scoring};
 pub use document::{
     CircuitSettings, FieldError, Gates, Policy, PolicyError, Pool, Price, Probe, ProbeKind,

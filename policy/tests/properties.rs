@@ -54,7 +54,7 @@ fn policy_text(
     deadline: u64,
 ) -> String {
     let mut text = format!(
-        "apiVersion: router/v1\nkind: RoutingPolicy\nspec:\n  defaults: {{deadline_ms: {deadline}}}\n  approval: {{token_env: X}}\n  pools:\n"
+        "apiVersion: router/v1\nkind: RoutingPolicy\nspec:\n  defaults: {{deadline_ms: {deadline}}}\n  pools:\n"
     );
     for (i, p) in pools.iter().enumerate() {
         text.push_str(&format!(

@@ -20,6 +20,7 @@ use http::header::HeaderValue;
 use http::{Method, Request, Response};
 use hyper::body::Incoming;
 use router_json_peek::RequestPeek;
+use router_policy::approval::Refusal as TokenRefusal;
 use router_policy::decide::{decide_on_route, Refusal, RequestFacts};
 use router_policy::Risk;
 use subtle::ConstantTimeEq;
@@ -30,7 +31,7 @@ use super::chain::Exchange;
 use super::upstream_request::ParsedBody;
 use super::{full, spans, ProxyBody, IDEMPOTENCY_KEY, X_REQUEST_ID};
 use crate::config::Snapshot;
-use crate::error::ProxyError;
+use crate::error::{ApprovalRefusal, ProxyError};
 use crate::forward::{self, ReadWholeError, UpstreamClient};
 use crate::idempotency::{self, Claim, FollowResult, LeaderGuard};
 use crate::limits::Reservation;
@@ -144,9 +145,17 @@ pub(crate) fn handle(
             });
         };
         pending.rec().route = Some(route.name.clone());
-        let approval = seen.approval.as_ref().map(HeaderValue::as_bytes);
-        if route.requires_approval && !approved(&snapshot, approval) {
-            return pending.reject(ProxyError::ApprovalRequired(route.name.clone()));
+        if route.requires_approval {
+            let given = seen.approval.as_ref().map(HeaderValue::as_bytes);
+            let rec = pending.rec();
+            let now = unix_seconds(rec.offered_at.0);
+            let checked = approve(&shared, &snapshot, &route.name, &rec.request_id, given, now);
+            if let Err(why) = checked {
+                return pending.reject(ProxyError::ApprovalRequired {
+                    route: route.name.clone(),
+                    why,
+                });
+            }
         }
         let deadline = header_deadline.or(route.deadline);
         pending.rec().deadline_ms =
@@ -450,13 +459,42 @@ async fn discard(body: Incoming, until: Instant) {
     .await;
 }
 
-/// True when the approval token given matches the configured one
-/// (constant-time compare; no token configured means nothing passes).
-fn approved(snapshot: &Snapshot, given: Option<&[u8]>) -> bool {
-    match (&snapshot.secrets.approval_token, given) {
-        (Some(expected), Some(given)) => bool::from(given.ct_eq(expected.as_bytes())),
-        _ => false,
+/// Whether `given` approves this request on `route` at `now` (Unix
+/// seconds): a token signed with the proxy's key
+/// (`CUSTOM_ROUTER_APPROVAL_KEY`) for this route and request id, or the
+/// policy's static token where it opts in (`allow_static_token`), compared
+/// in constant time. See `router_policy::approval`.
+fn approve(
+    shared: &Shared,
+    snapshot: &Snapshot,
+    route: &str,
+    request_id: &str,
+    given: Option<&[u8]>,
+    now: u64,
+) -> Result<(), ApprovalRefusal> {
+    let key = shared.settings.approval_key.as_ref();
+    let fixed = snapshot.secrets.approval_token.as_deref();
+    if key.is_none() && fixed.is_none() {
+        return Err(ApprovalRefusal::NotConfigured);
     }
+    let given = given.ok_or(ApprovalRefusal::Token(TokenRefusal::Missing))?;
+    if let Some(fixed) = fixed {
+        if bool::from(given.ct_eq(fixed.as_bytes())) {
+            return Ok(());
+        }
+    }
+    match key {
+        Some(key) => key
+            .verify(given, route, request_id, now)
+            .map_err(ApprovalRefusal::Token),
+        None => Err(ApprovalRefusal::Token(TokenRefusal::Mismatch)),
+    }
+}
+
+/// `at` as whole seconds since the Unix epoch (0 before it).
+fn unix_seconds(at: SystemTime) -> u64 {
+    at.duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }
 
 #[cfg(test)]

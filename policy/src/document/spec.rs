@@ -64,7 +64,8 @@ pub struct Spec {
     /// Per-endpoint circuit breaker.
     #[serde(default)]
     pub circuit_breaker: CircuitSpec,
-    /// Where the approval token for `requires_approval` routes comes from.
+    /// The old static approval token, for `requires_approval` routes
+    /// (signed approvals need nothing here).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub approval: Option<ApprovalSpec>,
     /// Seconds a pool stays degraded for structured output after a
@@ -116,13 +117,21 @@ pub struct DefaultsSpec {
     pub risk: Option<Risk>,
 }
 
-/// The approval secret as written: the name of the environment variable
-/// holding it (the value itself never appears in a policy).
+/// The old form of approval: one static shared token, named by the
+/// environment variable holding it (the value never appears in a policy).
+///
+/// Approvals are signed per route and request id (`routerctl approve`,
+/// checked with the proxy's `CUSTOM_ROUTER_APPROVAL_KEY`) and need no
+/// section here. A static token approves every request of every route for
+/// as long as it lives, so it is taken only with `allow_static_token: true`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ApprovalSpec {
-    /// Environment variable with the token.
+    /// Environment variable with the static token.
     pub token_env: String,
+    /// The explicit opt-in to the static token.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub allow_static_token: bool,
 }
 
 /// A request's risk class: what it may do if the model's answer is acted on.

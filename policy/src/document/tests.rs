@@ -180,7 +180,7 @@ spec:
   defaults: {deadline_ms: 0, attempt_timeout_ms: 0}
   queue: {max_size: 0, timeout_s: -1, latency_threshold_s: .nan, ewma_alpha: 0}
   circuit_breaker: {consecutive_errors: 0, open_duration_s: 0}
-  approval: {token_env: "BAD-NAME"}
+  approval: {token_env: "BAD-NAME", allow_static_token: true}
   structured_output_degrade_s: -5
   pools:
     - name: "bad name"
@@ -373,7 +373,7 @@ spec:
     assert_eq!(got, want, "{err}");
 
     // The checks that need what the first document has: no pools or
-    // routes at all, and an approval route without a token.
+    // routes at all; a static approval token without its opt-in.
     let text = "apiVersion: router/v1\nkind: RoutingPolicy\nspec: {}\n";
     let err = load(text, &QueueSettings::default()).unwrap_err();
     assert_eq!(
@@ -393,18 +393,24 @@ spec:
 apiVersion: router/v1
 kind: RoutingPolicy
 spec:
+  approval: {token_env: ROUTER_APPROVAL_TOKEN}
   pools: [{name: a}]
   routes: [{name: r, chain: [a], requires_approval: true}]
 "#;
     let err = load(text, &QueueSettings::default()).unwrap_err();
-    assert_eq!(
-        err.errors,
-        vec![FieldError {
-            field: "spec.routes[0].requires_approval".into(),
-            reason: "needs spec.approval.token_env: without a token no request could ever pass"
-                .into(),
-        }]
+    assert_eq!(err.errors.len(), 1, "{err}");
+    assert_eq!(err.errors[0].field, "spec.approval.token_env");
+    assert!(
+        err.errors[0].reason.contains("routerctl approve")
+            && err.errors[0].reason.contains("allow_static_token: true"),
+        "{err}"
     );
+    // An approval route needs no section: signed approvals are checked
+    // with the proxy's key.
+    let text = text.replace("  approval: {token_env: ROUTER_APPROVAL_TOKEN}\n", "");
+    let policy = load(&text, &QueueSettings::default()).expect("valid");
+    assert!(policy.routes[0].requires_approval);
+    assert_eq!(policy.approval_token_env, None);
 }
 
 #[test]

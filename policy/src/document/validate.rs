@@ -12,7 +12,7 @@
 //!    API key (a variable the [`Guards`] allow), capacity probe (checked
 //!    against the VRAM gate it feeds), queue;
 //! 6. `spec.routes`, each route on its own: chain, match, cost ceiling,
-//!    approval, shadowing by an earlier catch-all route, deadlines, retries;
+//!    shadowing by an earlier catch-all route, deadlines, retries;
 //! 7. `spec.structured_output_degrade_s`;
 //! 8. `spec.approval`.
 //!
@@ -26,8 +26,7 @@
 //!
 //! A section that depends on another is handed what it needs and nothing
 //! more: pools get the resolved `spec.queue`; routes get a `RouteContext`
-//! with the pool names, the defaults of `spec.defaults` and whether an
-//! approval token is configured.
+//! with the pool names and the defaults of `spec.defaults`.
 //!
 //! The order of the errors is part of the contract, pinned by the tests:
 //! sections in the order above, pools and routes in document order, and
@@ -69,7 +68,6 @@ impl PolicyDocument {
         let context = RouteContext {
             pool_names: pools.iter().map(|p| p.name.as_str()).collect(),
             defaults: request_defaults,
-            approval_configured: spec.approval.is_some(),
         };
         let routes = routes(&spec.routes, &context, &mut errs);
         let structured_degrade = structured_degrade(spec.structured_output_degrade_s, &mut errs);
@@ -216,10 +214,18 @@ fn structured_degrade(seconds: Option<f64>, errs: &mut Errors) -> Duration {
     }
 }
 
-/// `spec.approval`: the token's variable name, if approval is configured.
+/// `spec.approval`: the static token's variable name, if the policy opts
+/// in to the old form.
 fn approval(approval: Option<&ApprovalSpec>, errs: &mut Errors) -> Option<String> {
-    let env = &approval?.token_env;
+    let approval = approval?;
+    let env = &approval.token_env;
     check_env_name(env, "spec.approval.token_env", errs);
+    if !approval.allow_static_token {
+        errs.push(
+            "spec.approval.token_env",
+            "a static approval token approves every request until it is changed, so it is off by default: sign approvals per request with `routerctl approve` (proxies check them with CUSTOM_ROUTER_APPROVAL_KEY) and remove spec.approval, or set spec.approval.allow_static_token: true to keep the static token",
+        );
+    }
     Some(env.clone())
 }
 
@@ -416,11 +422,9 @@ struct RouteContext<'a> {
     pool_names: HashSet<&'a str>,
     /// `spec.defaults`, for routes that set no deadline of their own.
     defaults: RequestDefaults,
-    /// Whether `spec.approval` is there.
-    approval_configured: bool,
 }
 
-/// One route: chain, match, cost ceiling, approval, shadowing by an
+/// One route: chain, match, cost ceiling, shadowing by an
 /// `earlier` catch-all route, deadlines (inherited from `spec.defaults`),
 /// retries.
 fn route(
@@ -439,12 +443,6 @@ fn route(
                 "must be a non-negative number",
             );
         }
-    }
-    if r.requires_approval && !context.approval_configured {
-        errs.push(
-            format!("{at}.requires_approval"),
-            "needs spec.approval.token_env: without a token no request could ever pass",
-        );
     }
     if let Some(catch_all) = earlier.iter().find(|e| e.matches.is_catch_all()) {
         errs.push(

@@ -46,14 +46,14 @@ spec:
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn approval_is_required_and_checked() {
+async fn a_static_approval_token_passes_only_where_the_policy_opts_in() {
     std::env::set_var("TEST_APPROVAL_TOKEN_A", "let-it-through");
     let strong = mock("strong", Behavior::Json).await;
     let policy = format!(
         r#"apiVersion: router/v1
 kind: RoutingPolicy
 spec:
-  approval: {{token_env: TEST_APPROVAL_TOKEN_A}}
+  approval: {{token_env: TEST_APPROVAL_TOKEN_A, allow_static_token: true}}
   pools:
     - name: strong
       endpoints: ["{}"]
@@ -106,6 +106,165 @@ spec:
             "the token is never logged"
         );
     }
+}
+
+/// The governed/default policy of the approval tests, on `strong`.
+fn governed(strong: &str) -> String {
+    format!(
+        r#"apiVersion: router/v1
+kind: RoutingPolicy
+spec:
+  pools:
+    - name: strong
+      endpoints: ["{strong}"]
+  routes:
+    - name: governed
+      match: {{risk: [SEND, DESTRUCTIVE]}}
+      chain: [strong]
+      requires_approval: true
+    - name: default
+      chain: [strong]
+"#
+    )
+}
+
+const APPROVAL_KEY: &str = "policy-tests-approval-key-0123456789abcdef";
+
+/// A token from `routerctl approve`'s own code, as the operator would mint it.
+fn approve(route: &str, request_id: &str, ttl: Duration) -> String {
+    let args = routerctl::approve_cmd::ApproveArgs {
+        route: route.into(),
+        request_id: request_id.into(),
+        ttl,
+        key_file: None,
+    };
+    #[allow(clippy::disallowed_methods)] // the token's expiry is wall time
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    routerctl::approve_cmd::mint(&args, Some(APPROVAL_KEY.into()), now)
+        .unwrap()
+        .0
+}
+
+/// Issue #14, item 7: a signed approval approves one request on one route,
+/// until it expires; every refusal says why and sends nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_signed_approval_passes_for_its_route_and_request_id_only() {
+    let strong = mock("strong", Behavior::Json).await;
+    let settings = Settings {
+        approval_key: Some(router_policy::ApprovalKey::new(APPROVAL_KEY).unwrap()),
+        ..Settings::default()
+    };
+    let proxy = TestProxy::with_policy(settings, &governed(&strong.url())).await;
+    let send = |token: String, id: &'static str| {
+        let proxy = &proxy;
+        async move {
+            proxy
+                .chat_with(
+                    &[
+                        ("x-router-risk", "SEND"),
+                        ("idempotency-key", id),
+                        ("x-router-approval", token.as_str()),
+                    ],
+                    CHAT,
+                )
+                .await
+        }
+    };
+    let refused = |r: &router_tests::harness::TestResponse, why: &str| {
+        assert_eq!(r.status, StatusCode::FORBIDDEN, "{}", r.text());
+        assert_eq!(r.error_type(), "approval_required");
+        let msg = r.json()["error"]["message"].as_str().unwrap().to_string();
+        assert!(msg.starts_with("route governed requires approval"), "{msg}");
+        assert!(msg.contains(why), "{msg}");
+    };
+
+    // None given.
+    let r = proxy
+        .chat_with(
+            &[("x-router-risk", "SEND"), ("idempotency-key", "req-1")],
+            CHAT,
+        )
+        .await;
+    refused(&r, "send an X-Router-Approval token");
+    // Minted for this route and request id: it passes.
+    let token = approve("governed", "req-1", Duration::from_secs(600));
+    let r = send(token.clone(), "req-1").await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    assert_eq!(strong.stats().received, 1);
+    // The same token for another request id, or minted for another route.
+    refused(
+        &send(token.clone(), "req-2").await,
+        "not valid for this route and request id",
+    );
+    let other_route = approve("default", "req-3", Duration::from_secs(600));
+    refused(
+        &send(other_route, "req-3").await,
+        "not valid for this route and request id",
+    );
+    // Signed with another key.
+    let forged = router_policy::ApprovalKey::new("someone-elses-key-0123456789abcdefgh")
+        .unwrap()
+        .sign("governed", "req-4", u64::MAX / 2);
+    refused(
+        &send(forged, "req-4").await,
+        "not valid for this route and request id",
+    );
+    // Expired: signed with the right key, for a time already past.
+    let expired = router_policy::ApprovalKey::new(APPROVAL_KEY).unwrap().sign(
+        "governed",
+        "req-5",
+        1_000_000_000,
+    );
+    refused(&send(expired, "req-5").await, "expired");
+    // The old static form is not a signed token.
+    refused(&send("let-it-through".into(), "req-6").await, "malformed");
+    assert_eq!(
+        strong.stats().received,
+        1,
+        "a refused request reached the backend"
+    );
+    // READ needs nothing.
+    assert_eq!(proxy.chat_with(&[], CHAT).await.status, StatusCode::OK);
+
+    // The route log records each refusal as approval_required.
+    let lines = proxy.log.wait_for(8).await;
+    let refusals = lines
+        .iter()
+        .filter(|l| l["outcome"] == "approval_required")
+        .count();
+    assert_eq!(refusals, 6, "{lines:?}");
+    for l in &lines {
+        assert!(!l.to_string().contains(&token), "the token is never logged");
+    }
+}
+
+/// Without a key (and no static token) an approval route refuses every
+/// request and says what the proxy lacks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_an_approval_key_approval_routes_refuse_and_say_why() {
+    let strong = mock("strong", Behavior::Json).await;
+    let proxy = TestProxy::with_policy(Settings::default(), &governed(&strong.url())).await;
+    let token = approve("governed", "req-1", Duration::from_secs(600));
+    let r = proxy
+        .chat_with(
+            &[
+                ("x-router-risk", "SEND"),
+                ("idempotency-key", "req-1"),
+                ("x-router-approval", token.as_str()),
+            ],
+            CHAT,
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::FORBIDDEN);
+    assert!(
+        r.text().contains("CUSTOM_ROUTER_APPROVAL_KEY"),
+        "{}",
+        r.text()
+    );
+    assert_eq!(strong.stats().received, 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

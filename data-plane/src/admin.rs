@@ -20,9 +20,14 @@
 //! caller's token instead would turn the data plane's port into a relay
 //! for control-plane credentials, so the call is refused.)
 //!
+//! Metrics name every backend's address in their labels. A sidecar serves
+//! them to anyone (the Hugging Face contract); the other modes serve them
+//! to loopback peers and to callers presenting `CUSTOM_ROUTER_METRICS_TOKEN`
+//! (the scraper's token: it opens nothing else) or the admin token.
+//!
 //! The peer is the TCP peer of the connection, never `X-Forwarded-For`:
 //! behind a reverse proxy on the same host every caller is loopback, so
-//! set a token there. `metrics` is always open (scrapers carry no token).
+//! set a token there.
 //! Tokens are checked by [`router_proto::token::Secret`] (SHA-256 digests
 //! compared in constant time). Whoever calls, `set-backends` refuses
 //! link-local and cloud metadata addresses the operator did not allow
@@ -62,16 +67,45 @@ pub(crate) struct AdminAccess {
     mode: AdminMode,
     /// `CUSTOM_ROUTER_ADMIN_TOKEN`.
     token: Option<Secret>,
+    /// `CUSTOM_ROUTER_METRICS_TOKEN`: metrics only.
+    metrics_token: Option<Secret>,
 }
 
 impl AdminAccess {
     /// The doors of a proxy in `mode` with `token` (checked again here:
     /// settings can be built without `Settings::from_env`).
-    pub(crate) fn new(mode: AdminMode, token: Option<&str>) -> Result<Self, TokenError> {
+    pub(crate) fn new(
+        mode: AdminMode,
+        token: Option<&str>,
+        metrics_token: Option<&str>,
+    ) -> Result<Self, TokenError> {
         let token = token
             .map(|t| Secret::new(t, "CUSTOM_ROUTER_ADMIN_TOKEN"))
             .transpose()?;
-        Ok(Self { mode, token })
+        let metrics_token = metrics_token
+            .map(|t| Secret::new(t, "CUSTOM_ROUTER_METRICS_TOKEN"))
+            .transpose()?;
+        Ok(Self {
+            mode,
+            token,
+            metrics_token,
+        })
+    }
+
+    /// May a scrape from `peer` carrying `authorization` read the metrics?
+    /// Sidecar: anyone. Elsewhere: loopback peers, and the metrics or the
+    /// admin token from anywhere.
+    fn metrics(&self, peer: IpAddr, authorization: Option<&HeaderValue>) -> Result<(), ProxyError> {
+        if self.mode == AdminMode::Sidecar || peer.to_canonical().is_loopback() {
+            return Ok(());
+        }
+        let given = authorization.map(HeaderValue::as_bytes);
+        let opens = |t: &Option<Secret>| t.as_ref().is_some_and(|s| s.authorizes(given));
+        if opens(&self.metrics_token) || opens(&self.token) {
+            Ok(())
+        } else {
+            Err(ProxyError::Unauthorized(Unauthorized::Metrics))
+        }
     }
 
     /// May a call from `peer` carrying `authorization` change or see the
@@ -109,15 +143,21 @@ impl AdminAccess {
     }
 
     /// What the startup log says about the doors.
-    pub(crate) fn describe(&self) -> &'static str {
-        match (self.mode, self.token.is_some()) {
+    pub(crate) fn describe(&self) -> String {
+        let doors = match (self.mode, self.token.is_some()) {
             (AdminMode::Sidecar, false) => "admin calls (set-backends, explain) are taken from loopback peers only, as CUSTOM_ROUTER_ADMIN_TOKEN is unset; set it to take them from any peer that presents it; health and metrics are open",
             (AdminMode::Sidecar, true) => "admin calls (set-backends, explain) need Authorization: Bearer <CUSTOM_ROUTER_ADMIN_TOKEN>, from any peer, loopback included; health and metrics are open",
-            (AdminMode::Local, false) => "admin calls (set-backends, explain) are refused and health shows counts only, as CUSTOM_ROUTER_ADMIN_TOKEN is unset; set it to open them to callers that present it; metrics are open",
-            (AdminMode::Local, true) => "admin calls (set-backends, explain) and health's backend list need Authorization: Bearer <CUSTOM_ROUTER_ADMIN_TOKEN>; metrics are open",
-            (AdminMode::Managed, false) => "set-backends is refused (the control plane owns backend sets: routerctl backends set); explain is refused and health shows counts only, as CUSTOM_ROUTER_ADMIN_TOKEN is unset; metrics are open",
-            (AdminMode::Managed, true) => "set-backends is refused (the control plane owns backend sets: routerctl backends set); explain and health's backend list need Authorization: Bearer <CUSTOM_ROUTER_ADMIN_TOKEN>; metrics are open",
-        }
+            (AdminMode::Local, false) => "admin calls (set-backends, explain) are refused and health shows counts only, as CUSTOM_ROUTER_ADMIN_TOKEN is unset; set it to open them to callers that present it",
+            (AdminMode::Local, true) => "admin calls (set-backends, explain) and health's backend list need Authorization: Bearer <CUSTOM_ROUTER_ADMIN_TOKEN>",
+            (AdminMode::Managed, false) => "set-backends is refused (the control plane owns backend sets: routerctl backends set); explain is refused and health shows counts only, as CUSTOM_ROUTER_ADMIN_TOKEN is unset",
+            (AdminMode::Managed, true) => "set-backends is refused (the control plane owns backend sets: routerctl backends set); explain and health's backend list need Authorization: Bearer <CUSTOM_ROUTER_ADMIN_TOKEN>",
+        };
+        let metrics = match (self.mode, self.metrics_token.is_some()) {
+            (AdminMode::Sidecar, _) => "",
+            (_, false) => "; metrics are served to loopback peers (and with the admin token), as CUSTOM_ROUTER_METRICS_TOKEN is unset",
+            (_, true) => "; metrics are served to loopback peers and with Authorization: Bearer <CUSTOM_ROUTER_METRICS_TOKEN> (or the admin token)",
+        };
+        format!("{doors}{metrics}")
     }
 }
 
@@ -134,7 +174,9 @@ pub(crate) async fn handle(
         "/_custom_router/health" => {
             only(&req, Method::GET).map(|()| health(shared, access.health_details(authorization)))
         }
-        "/_custom_router/metrics" | "/metrics" => only(&req, Method::GET).map(|()| metrics(shared)),
+        "/_custom_router/metrics" | "/metrics" => only(&req, Method::GET)
+            .and_then(|()| access.metrics(peer, authorization))
+            .map(|()| metrics(shared)),
         "/_custom_router/set-backends" => {
             match only(&req, Method::POST).and_then(|()| access.authorize(peer, authorization)) {
                 Ok(()) if access.mode == AdminMode::Managed => {

@@ -212,6 +212,10 @@ pub enum Unauthorized {
     /// closed.
     #[error("admin calls are closed on this proxy: set CUSTOM_ROUTER_ADMIN_TOKEN and send Authorization: Bearer <token>")]
     NoTokenConfigured,
+    /// Metrics from a peer that is not loopback, without a token that
+    /// opens them.
+    #[error("metrics (with backend addresses) are served to loopback peers, or with Authorization: Bearer <CUSTOM_ROUTER_METRICS_TOKEN or CUSTOM_ROUTER_ADMIN_TOKEN of this proxy>: set CUSTOM_ROUTER_METRICS_TOKEN and give it to the scraper")]
+    Metrics,
 }
 
 /// Why an admin call is refused whatever it carries.

@@ -185,7 +185,7 @@ impl RunningProxy {
 
     /// Who may call its admin endpoints, in a sentence for the startup
     /// log.
-    pub fn admin_access(&self) -> &'static str {
+    pub fn admin_access(&self) -> String {
         self.shared.admin.describe()
     }
 
@@ -264,7 +264,11 @@ pub async fn start(options: ProxyOptions) -> Result<RunningProxy, StartError> {
         Mode::Standalone { .. } | Mode::Inline(_) => admin::AdminMode::Local,
         Mode::Managed(_) => admin::AdminMode::Managed,
     };
-    let admin = admin::AdminAccess::new(admin_mode, settings.admin_token.as_deref())?;
+    let admin = admin::AdminAccess::new(
+        admin_mode,
+        settings.admin_token.as_deref(),
+        settings.metrics_token.as_deref(),
+    )?;
     // Built before anything runs: a token that cannot be presented stops
     // the start instead of leaving the proxy unauthenticated.
     let control_plane_token = match &mode {

@@ -43,6 +43,10 @@ pub struct Settings {
     pub state_log_interval: Duration,
     /// Bearer token guarding the admin calls (`CUSTOM_ROUTER_ADMIN_TOKEN`).
     pub admin_token: Option<String>,
+    /// Bearer token that opens `/metrics` to a scraper off loopback, and
+    /// nothing else (`CUSTOM_ROUTER_METRICS_TOKEN`; sidecars serve metrics
+    /// to anyone, as the Hugging Face contract does).
+    pub metrics_token: Option<String>,
     /// The key signed approvals are checked with
     /// (`CUSTOM_ROUTER_APPROVAL_KEY`, at least 32 bytes): a route with
     /// `requires_approval` takes a request whose `X-Router-Approval` was
@@ -105,6 +109,10 @@ impl std::fmt::Debug for Settings {
                 &self.admin_token.as_ref().map(|_| "<redacted>"),
             )
             .field(
+                "metrics_token",
+                &self.metrics_token.as_ref().map(|_| "<redacted>"),
+            )
+            .field(
                 "approval_key",
                 &self.approval_key.as_ref().map(|_| "<redacted>"),
             )
@@ -122,6 +130,7 @@ impl Default for Settings {
             max_concurrency: None,
             state_log_interval: Duration::from_secs(30),
             admin_token: None,
+            metrics_token: None,
             approval_key: None,
             max_body_bytes: 32 * 1024 * 1024,
             client_header_timeout: Duration::from_secs(30),
@@ -257,6 +266,14 @@ impl Settings {
         }
         if let Some((var, v)) = get("CUSTOM_ROUTER_ATTEMPT_TIMEOUT") {
             s.attempt_timeout = seconds(var, &v)?;
+        }
+        if let Some((var, v)) = get("CUSTOM_ROUTER_METRICS_TOKEN") {
+            let token = router_proto::token::normalize(&v, var).map_err(|e| SettingsError {
+                var,
+                shown: "(hidden)".into(),
+                expected: e.problem,
+            })?;
+            s.metrics_token = Some(token);
         }
         if let Some((var, v)) = get("CUSTOM_ROUTER_APPROVAL_KEY") {
             // The value is never shown.
@@ -454,5 +471,15 @@ mod tests {
             text.contains("32 bytes") && !text.contains("too-short-secret"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn the_metrics_token_is_trimmed_checked_and_never_shown() {
+        let s = with(&[("CUSTOM_ROUTER_METRICS_TOKEN", " scrape-me\n")]).unwrap();
+        assert_eq!(s.metrics_token.as_deref(), Some("scrape-me"));
+        assert!(!format!("{s:?}").contains("scrape-me"));
+        let err = with(&[("CUSTOM_ROUTER_METRICS_TOKEN", "two words")]).unwrap_err();
+        assert_eq!(err.var, "CUSTOM_ROUTER_METRICS_TOKEN");
+        assert!(!err.to_string().contains("two words"), "{err}");
     }
 }

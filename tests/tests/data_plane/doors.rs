@@ -321,3 +321,77 @@ async fn an_upstream_failure_does_not_show_the_endpoint_to_the_client() {
     let lines = proxy.log.wait_for(1).await;
     assert_eq!(lines[0]["attempts"][0]["endpoint"], dead_url.as_str());
 }
+
+/// Metrics name every backend's address. Off loopback, a standalone proxy
+/// serves them only with `CUSTOM_ROUTER_METRICS_TOKEN` (or the admin
+/// token); the metrics token opens nothing else. A sidecar serves them to
+/// anyone (the Hugging Face contract). They used to be open in every mode.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_off_loopback_need_the_metrics_token_outside_sidecar_mode() {
+    let Some(ns) =
+        Netns::create("metrics_off_loopback_need_the_metrics_token_outside_sidecar_mode")
+    else {
+        return;
+    };
+    let good = mock("good", Behavior::Json).await;
+    let file = std::env::temp_dir().join(format!("router-metrics-{}.yaml", std::process::id()));
+    std::fs::write(&file, policy_yaml(&good.url())).unwrap();
+    let settings = Settings {
+        metrics_token: Some("scraper-token".into()),
+        ..on_every_address(Some("admin-token"))
+    };
+    let proxy = TestProxy::start_as_given(
+        settings,
+        Mode::Standalone {
+            policy: PathBuf::from(&file),
+        },
+    )
+    .await;
+    assert_eq!(proxy.chat("m").await.status, StatusCode::OK);
+    let base = format!("http://{}:{}", ns.host_ip, proxy.addr().port());
+    for path in ["/metrics", "/_custom_router/metrics"] {
+        let url = format!("{base}{path}");
+        for auth in [None, Some("Bearer wrong")] {
+            let headers: Vec<(&str, &str)> =
+                auth.map(|a| ("authorization", a)).into_iter().collect();
+            let r = ns.curl("GET", &url, &headers, "").await;
+            assert_eq!(r.status, 401, "{path} {auth:?}: {}", r.body);
+            assert!(r.body.contains("CUSTOM_ROUTER_METRICS_TOKEN"), "{}", r.body);
+            assert!(!r.body.contains(&good.url()), "{}", r.body);
+        }
+        for token in ["Bearer scraper-token", "Bearer admin-token"] {
+            let r = ns.curl("GET", &url, &[("authorization", token)], "").await;
+            assert_eq!(r.status, 200, "{path} {token}: {}", r.body);
+            assert!(
+                r.body.contains(&good.url()),
+                "the scrape has the addr labels"
+            );
+        }
+    }
+    // The scraper's token is not an admin token.
+    let r = ns
+        .curl(
+            "POST",
+            &format!("{base}/_custom_router/set-backends"),
+            &[("authorization", "Bearer scraper-token")],
+            ATTACK,
+        )
+        .await;
+    assert_eq!(r.status, 401, "{}", r.body);
+    // Loopback scrapes need nothing.
+    assert!(proxy.metrics().await.contains(&good.url()));
+    drop(proxy);
+
+    // A sidecar: open to anyone.
+    let sidecar = TestProxy::start_as_given(on_every_address(None), Mode::Sidecar).await;
+    let r = ns
+        .curl(
+            "GET",
+            &format!("http://{}:{}/metrics", ns.host_ip, sidecar.addr().port()),
+            &[],
+            "",
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let _ = std::fs::remove_file(&file);
+}

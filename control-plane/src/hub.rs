@@ -84,6 +84,13 @@ pub enum HubError {
         /// The limit.
         limit: usize,
     },
+    /// Every proxy record is held by a connected proxy and there is room
+    /// for no more.
+    #[error("this control plane already holds the records of {limit} connected proxies (--max-proxy-records)")]
+    TooManyProxies {
+        /// The limit.
+        limit: usize,
+    },
     /// The store failed.
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -935,13 +942,35 @@ impl Hub {
     }
 
     /// A proxy opened a stream (it is `connected` until its last one closes).
-    pub fn proxy_connected(&self, node: &str, last_applied_revision: u64) {
+    ///
+    /// A node id not seen before, with [`Limits::max_proxy_records`]
+    /// records held, takes the place of the disconnected record seen
+    /// longest ago; when every record is connected, it is refused.
+    pub fn proxy_connected(&self, node: &str, last_applied_revision: u64) -> Result<(), HubError> {
         let mut inner = self.lock();
+        let limit = self.limits.max_proxy_records;
+        if !inner.proxies.contains_key(node) && inner.proxies.len() >= limit {
+            let oldest = inner
+                .proxies
+                .iter()
+                .filter(|(n, _)| inner.links.get(*n).is_none_or(|l| l.streams == 0))
+                .min_by_key(|(_, p)| p.last_seen_unix_ms)
+                .map(|(n, _)| n.clone());
+            let Some(oldest) = oldest else {
+                return Err(HubError::TooManyProxies { limit });
+            };
+            inner.proxies.remove(&oldest);
+            inner.proxies_changed.remove(&oldest);
+            inner.links.remove(&oldest);
+            tracing::info!(node = %oldest, "proxy record dropped for a new proxy (--max-proxy-records)");
+            inner.proxies_removed.insert(oldest);
+        }
         Self::link(&mut inner, &self.limits, node).streams += 1;
         Self::touch(&mut inner, self.store.replica(), node, |p| {
             p.connected = true;
             p.applied_revision = last_applied_revision;
         });
+        Ok(())
     }
 
     /// A proxy's stream closed.

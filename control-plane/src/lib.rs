@@ -103,6 +103,12 @@ pub struct Limits {
     /// Circuit reports per second one proxy may send in the long run
     /// (`--circuit-report-rate`); the excess is ignored and counted.
     pub circuit_reports_per_second: f64,
+    /// Proxy records one replica keeps at most (`--max-proxy-records`). A
+    /// new node id past it takes the place of the disconnected record seen
+    /// longest ago; with every record connected, its stream is refused
+    /// (`RESOURCE_EXHAUSTED`). So a proxy token that is not pinned to a
+    /// node id cannot grow the control plane's memory by inventing ids.
+    pub max_proxy_records: usize,
 }
 
 impl Default for Limits {
@@ -111,6 +117,7 @@ impl Default for Limits {
             proxy_record_ttl: Duration::from_secs(3600),
             circuit_report_burst: 20,
             circuit_reports_per_second: 2.0,
+            max_proxy_records: 10_000,
         }
     }
 }

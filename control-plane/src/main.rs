@@ -54,6 +54,10 @@ struct Args {
     /// excess is ignored and counted).
     #[arg(long, default_value_t = Limits::default().circuit_reports_per_second)]
     circuit_report_rate: f64,
+    /// Proxy records kept at most; a new proxy past it replaces the
+    /// disconnected one seen longest ago, or is refused.
+    #[arg(long, default_value_t = Limits::default().max_proxy_records)]
+    max_proxy_records: usize,
     /// TLS certificate chain (PEM); with --tls-key, serve over TLS.
     #[arg(long, requires = "tls_key")]
     tls_cert: Option<PathBuf>,
@@ -157,6 +161,7 @@ fn main() -> ExitCode {
             proxy_record_ttl: args.proxy_record_ttl,
             circuit_report_burst: args.circuit_report_burst,
             circuit_reports_per_second: args.circuit_report_rate,
+            max_proxy_records: args.max_proxy_records.max(1),
         },
         guards,
     };

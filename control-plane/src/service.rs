@@ -35,6 +35,7 @@ fn status(e: HubError) -> Status {
         HubError::Invalid(_) | HubError::TooLarge { .. } => Status::invalid_argument(e.to_string()),
         HubError::Conflict { .. } => Status::aborted(e.to_string()),
         HubError::NotFound(_) => Status::not_found(e.to_string()),
+        HubError::TooManyProxies { .. } => Status::resource_exhausted(e.to_string()),
         HubError::Store(crate::store::StoreError::Conflict { .. }) => {
             Status::aborted(e.to_string())
         }
@@ -322,7 +323,10 @@ impl ProxyConfig for ProxyConfigService {
             }
         };
         tracing::info!(node = %node, last_applied = hello.last_applied_revision, "proxy connected");
-        upgrade(&self.hub)?.proxy_connected(&node, hello.last_applied_revision);
+        if let Err(e) = upgrade(&self.hub)?.proxy_connected(&node, hello.last_applied_revision) {
+            tracing::warn!(node = %node, error = %e, "proxy stream refused");
+            return Err(status(e));
+        }
         // Outbound: the current snapshot now, then each change. Bounded:
         // a slow proxy only ever needs the latest snapshot, which `watch`
         // keeps for it.

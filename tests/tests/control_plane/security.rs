@@ -227,6 +227,63 @@ async fn records_of_proxies_gone_past_the_ttl_are_dropped() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// 2c: records are bounded in number too. An unpinned proxy token can
+/// give any node id; past `max_proxy_records`, a new id replaces the
+/// disconnected record seen longest ago, or is refused while every record
+/// is connected. (Without the bound each invented id stayed for the TTL.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proxy_records_are_bounded_in_number() {
+    let dir = temp("records-cap");
+    let cp = control_plane_with(
+        &dir,
+        &[(FLEET_TOKEN, None)],
+        Limits {
+            max_proxy_records: 2,
+            ..Limits::default()
+        },
+    )
+    .await;
+    let addr = cp.local_addr();
+    let a = RawStream::open(addr, Some(FLEET_TOKEN), "a").await.unwrap();
+    let _b = RawStream::open(addr, Some(FLEET_TOKEN), "b").await.unwrap();
+    // Both records held by connected proxies: a third id is refused.
+    let refused = RawStream::open(addr, Some(FLEET_TOKEN), "c")
+        .await
+        .err()
+        .unwrap();
+    assert_eq!(
+        refused.code(),
+        tonic::Code::ResourceExhausted,
+        "{refused:?}"
+    );
+    assert!(
+        refused.message().contains("--max-proxy-records"),
+        "{refused:?}"
+    );
+    // A known id still reconnects.
+    let _b_again = RawStream::open(addr, Some(FLEET_TOKEN), "b").await.unwrap();
+    // Once `a` is gone, `c` takes its record.
+    drop(a);
+    let mut listed = Vec::new();
+    for _ in 0..300 {
+        listed = proxies(addr).await;
+        if listed.iter().any(|p| p.node_id == "a" && !p.connected) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(
+        listed.iter().any(|p| p.node_id == "a" && !p.connected),
+        "{listed:?}"
+    );
+    let _c = RawStream::open(addr, Some(FLEET_TOKEN), "c").await.unwrap();
+    let mut nodes: Vec<String> = proxies(addr).await.into_iter().map(|p| p.node_id).collect();
+    nodes.sort();
+    assert_eq!(nodes, ["b", "c"]);
+    drop(cp);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// 2c: a proxy's circuit reports beyond its token bucket are ignored and
 /// counted, so a flapping (or hostile) proxy cannot turn every report into
 /// a store write and a fleet-wide push.

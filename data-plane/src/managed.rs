@@ -331,6 +331,15 @@ fn unix_ms(at: Option<Instant>) -> i64 {
     }
 }
 
+/// What every connection of the config stream uses, owned by [`run`].
+struct StreamContext {
+    options: ManagedOptions,
+    token: router_proto::BearerToken,
+    store: Arc<ConfigStore>,
+    defaults: QueueSettings,
+    guards: Guards,
+}
+
 /// Streams config from the control plane forever.
 pub(crate) async fn run(
     options: ManagedOptions,
@@ -348,22 +357,19 @@ pub(crate) async fn run(
         .map_or(7, |d| d.as_nanos() as u64)
         | 1;
     let mut backoff = Backoff { attempt: 0, seed };
+    let context = StreamContext {
+        options,
+        token,
+        store,
+        defaults,
+        guards,
+    };
     let mut index = 0usize;
     loop {
-        let addr = options.addrs[index % options.addrs.len().max(1)].clone();
+        let addrs = &context.options.addrs;
+        let addr = addrs[index % addrs.len().max(1)].clone();
         index += 1;
-        match stream_once(
-            &addr,
-            &options,
-            &token,
-            &store,
-            &defaults,
-            &guards,
-            &mut events,
-            &mut applied,
-        )
-        .await
-        {
+        match stream_once(&context, &addr, &mut events, &mut applied).await {
             Ok(()) => backoff.reset(),
             Err(e) => {
                 tracing::warn!(control_plane = %addr, error = %e, "control plane stream failed; serving the last good config")
@@ -373,18 +379,15 @@ pub(crate) async fn run(
     }
 }
 
-// The stream's parts, all owned by `run` and borrowed for one connection.
-#[allow(clippy::too_many_arguments)]
+/// One connection to the control plane at `addr`: hello, then snapshots
+/// applied and answered, and circuit events reported, until it ends.
 async fn stream_once(
+    context: &StreamContext,
     addr: &str,
-    options: &ManagedOptions,
-    token: &router_proto::BearerToken,
-    store: &ConfigStore,
-    defaults: &QueueSettings,
-    guards: &Guards,
     events: &mut mpsc::Receiver<CircuitEvent>,
     applied: &mut Applied,
 ) -> Result<(), String> {
+    let options = &context.options;
     let endpoint = grpc_endpoint(addr, options.ca_pem.as_deref())?
         .http2_keep_alive_interval(Duration::from_secs(10))
         .keep_alive_timeout(Duration::from_secs(5));
@@ -392,7 +395,7 @@ async fn stream_once(
         .connect()
         .await
         .map_err(|e| format!("connect: {e}"))?;
-    let mut client = ProxyConfigClient::with_interceptor(channel, token.clone())
+    let mut client = ProxyConfigClient::with_interceptor(channel, context.token.clone())
         .max_decoding_message_size(router_proto::MAX_MESSAGE_BYTES)
         .max_encoding_message_size(router_proto::MAX_PROXY_MESSAGE_BYTES);
     let (tx, rx) = mpsc::channel::<pb::ProxyMessage>(16);
@@ -421,9 +424,9 @@ async fn stream_once(
                 };
                 let reply = handle(
                     &msg,
-                    store,
-                    defaults,
-                    guards,
+                    &context.store,
+                    &context.defaults,
+                    &context.guards,
                     options.cache_dir.as_deref(),
                     applied,
                 );

@@ -232,6 +232,16 @@ fn health(shared: &Shared, details: bool) -> Response<Bytes> {
         );
     }
     let snapshot = shared.config.load();
+    if let Some(reason) = shared.readiness.as_ref().and_then(|r| r.not_ready()) {
+        return json(
+            StatusCode::SERVICE_UNAVAILABLE,
+            &serde_json::json!({
+                "ok": false,
+                "config_version": &*snapshot.version,
+                "reason": reason,
+            }),
+        );
+    }
     let pools = snapshot.pool_status();
     let queue_depth: usize = pools.iter().map(|p| p.queue_depth).sum();
     if !details {

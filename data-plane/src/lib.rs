@@ -162,6 +162,9 @@ pub(crate) struct Shared {
     pub(crate) connections: Arc<limits::ConnectionSlots>,
     /// Who may call the admin endpoints.
     pub(crate) admin: admin::AdminAccess,
+    /// Managed mode: whether a config has been applied yet (health answers
+    /// 503 until then). `None` in the other modes, which start configured.
+    pub(crate) readiness: Option<Arc<managed::Readiness>>,
     /// Set when draining: health answers 503 so load balancers move on.
     pub(crate) draining: std::sync::atomic::AtomicBool,
     /// Asks every connection to finish gracefully.
@@ -299,6 +302,7 @@ pub async fn start(options: ProxyOptions) -> Result<RunningProxy, StartError> {
         config: Arc::clone(&config),
         metrics,
         client,
+        readiness: managed.then(|| Arc::new(managed::Readiness::default())),
         draining: std::sync::atomic::AtomicBool::new(false),
         stops: stop_signal::StopSignals::default(),
         admin,
@@ -344,15 +348,15 @@ pub async fn start(options: ProxyOptions) -> Result<RunningProxy, StartError> {
                 )
             })
             .unwrap_or_default();
-        tasks.push(tokio::spawn(managed::run(
+        let context = managed::StreamContext {
             options,
-            control_plane_token,
-            Arc::clone(&config),
-            shared.settings.queue,
-            shared.settings.guards.clone(),
-            events_rx,
-            applied,
-        )));
+            token: control_plane_token,
+            store: Arc::clone(&config),
+            defaults: shared.settings.queue,
+            guards: shared.settings.guards.clone(),
+            readiness: shared.readiness.clone().unwrap_or_default(),
+        };
+        tasks.push(tokio::spawn(managed::run(context, events_rx, applied)));
     }
     Ok(RunningProxy {
         addr,

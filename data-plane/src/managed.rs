@@ -90,6 +90,74 @@ pub fn grpc_endpoint(
 
 const CACHE_FILE: &str = "snapshot.pb";
 
+/// Whether a managed proxy has a config to serve. Until the first
+/// snapshot with a policy is applied (from the control plane or the
+/// cache), every request would get `503 no_backend`, so health answers 503
+/// with the reason, and load balancers and Kubernetes readiness keep
+/// traffic away.
+#[derive(Debug)]
+pub(crate) struct Readiness {
+    /// A policy has been applied.
+    configured: std::sync::atomic::AtomicBool,
+    /// Why not yet: what the operator should fix.
+    waiting_on: std::sync::Mutex<String>,
+}
+
+impl Default for Readiness {
+    fn default() -> Self {
+        Self {
+            configured: std::sync::atomic::AtomicBool::new(false),
+            waiting_on: std::sync::Mutex::new(
+                "no configuration from the control plane yet: connecting".into(),
+            ),
+        }
+    }
+}
+
+impl Readiness {
+    /// A policy is applied: ready from now on (a later outage keeps the
+    /// last good config serving).
+    fn configured(&self) {
+        self.configured
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Not configured yet, because of `why`.
+    fn waiting_on(&self, why: &str) {
+        if let Ok(mut w) = self.waiting_on.lock() {
+            format!("no configuration from the control plane yet: {why}").clone_into(&mut w);
+        }
+    }
+
+    /// Why the proxy cannot serve yet; `None` once it can.
+    pub(crate) fn not_ready(&self) -> Option<String> {
+        if self.configured.load(std::sync::atomic::Ordering::Relaxed) {
+            return None;
+        }
+        Some(
+            self.waiting_on
+                .lock()
+                .map_or_else(|_| "no configuration yet".into(), |w| w.clone()),
+        )
+    }
+}
+
+/// What to tell the operator when the control plane refused the stream.
+fn explain_refusal(status: &tonic::Status, node_id: &str) -> String {
+    use tonic::Code;
+    let detail = status.message();
+    match status.code() {
+        Code::Unauthenticated => format!(
+            "the control plane refused the token: set ROUTER_TOKEN to a token in its --token-file or --proxy-token-file ({detail})"
+        ),
+        Code::PermissionDenied => format!(
+            "the control plane does not let this token speak for node {node_id}: use the token pinned to it, or set --node-id to the node the token names ({detail})"
+        ),
+        Code::ResourceExhausted => format!("the control plane holds no more proxies ({detail})"),
+        _ => format!("stream: {status}"),
+    }
+}
+
 /// Reads the cached snapshot, if any.
 pub(crate) fn read_cache(dir: &Path) -> Option<pb::ControlMessage> {
     let bytes = std::fs::read(dir.join(CACHE_FILE)).ok()?;
@@ -332,21 +400,24 @@ fn unix_ms(at: Option<Instant>) -> i64 {
 }
 
 /// What every connection of the config stream uses, owned by [`run`].
-struct StreamContext {
-    options: ManagedOptions,
-    token: router_proto::BearerToken,
-    store: Arc<ConfigStore>,
-    defaults: QueueSettings,
-    guards: Guards,
+pub(crate) struct StreamContext {
+    /// The mode's options (addresses, node id, cache, CA).
+    pub(crate) options: ManagedOptions,
+    /// `ROUTER_TOKEN`, ready to send.
+    pub(crate) token: router_proto::BearerToken,
+    /// Where snapshots are applied.
+    pub(crate) store: Arc<ConfigStore>,
+    /// Queue defaults for pools that set none.
+    pub(crate) defaults: QueueSettings,
+    /// What a snapshot may ask of this proxy.
+    pub(crate) guards: Guards,
+    /// Whether a config has been applied yet, and why not.
+    pub(crate) readiness: Arc<Readiness>,
 }
 
 /// Streams config from the control plane forever.
 pub(crate) async fn run(
-    options: ManagedOptions,
-    token: router_proto::BearerToken,
-    store: Arc<ConfigStore>,
-    defaults: QueueSettings,
-    guards: Guards,
+    context: StreamContext,
     mut events: mpsc::Receiver<CircuitEvent>,
     mut applied: Applied,
 ) {
@@ -357,13 +428,9 @@ pub(crate) async fn run(
         .map_or(7, |d| d.as_nanos() as u64)
         | 1;
     let mut backoff = Backoff { attempt: 0, seed };
-    let context = StreamContext {
-        options,
-        token,
-        store,
-        defaults,
-        guards,
-    };
+    if applied.revision > 0 {
+        context.readiness.configured();
+    }
     let mut index = 0usize;
     loop {
         let addrs = &context.options.addrs;
@@ -371,9 +438,15 @@ pub(crate) async fn run(
         index += 1;
         match stream_once(&context, &addr, &mut events, &mut applied).await {
             Ok(()) => backoff.reset(),
-            Err(e) => {
-                tracing::warn!(control_plane = %addr, error = %e, "control plane stream failed; serving the last good config")
-            }
+            Err(e) => match context.readiness.not_ready() {
+                None => {
+                    tracing::warn!(control_plane = %addr, error = %e, "control plane stream failed; serving the last good config")
+                }
+                Some(_) => {
+                    context.readiness.waiting_on(&e);
+                    tracing::warn!(control_plane = %addr, error = %e, "control plane stream failed; no configuration yet: health answers 503 and requests get 503 no_backend until one is applied")
+                }
+            },
         }
         tokio::time::sleep(backoff.next()).await;
     }
@@ -411,7 +484,7 @@ async fn stream_once(
     let mut inbound = client
         .stream(tokio_stream::wrappers::ReceiverStream::new(rx))
         .await
-        .map_err(|e| format!("stream: {e}"))?
+        .map_err(|e| explain_refusal(&e, &options.node_id))?
         .into_inner();
     tracing::info!(control_plane = %addr, "connected to the control plane");
     loop {
@@ -430,6 +503,13 @@ async fn stream_once(
                     options.cache_dir.as_deref(),
                     applied,
                 );
+                if applied.revision > 0 {
+                    context.readiness.configured();
+                } else if msg.snapshot.as_ref().is_some_and(|s| s.policy_version == 0) {
+                    context
+                        .readiness
+                        .waiting_on("the control plane has no policy yet: routerctl policy apply -f FILE");
+                }
                 if tx.send(reply).await.is_err() {
                     return Ok(());
                 }

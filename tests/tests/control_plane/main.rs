@@ -702,3 +702,73 @@ async fn the_control_plane_checks_its_guards_and_a_stricter_proxy_nacks() {
     drop(cp);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Issue 20, item 1: a managed proxy with nothing to serve says so. With a
+/// token the control plane refuses, health answers 503 and names
+/// ROUTER_TOKEN (it used to answer 200 `boot-1`, so readiness sent it
+/// traffic that all got `no_backend`); with a good token but no policy
+/// applied yet, 503 says to apply one; once a policy arrives, 200.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_managed_proxy_without_config_is_not_ready_and_says_why() {
+    let ok = mock("ok", Behavior::Json).await;
+    let dir = temp("not-ready");
+    let cp = control_plane(&dir, "127.0.0.1:0".parse().unwrap()).await;
+    let addr = cp.local_addr();
+    let managed = |token: &str, node: &str| {
+        Mode::Managed(ManagedOptions {
+            addrs: vec![format!("http://{addr}")],
+            token: Some(token.into()),
+            node_id: node.into(),
+            cache_dir: None,
+            ca_pem: None,
+        })
+    };
+    let refused = TestProxy::start(Settings::default(), managed("not-the-token", "refused")).await;
+    let h = refused
+        .wait_health("the refusal", |h| {
+            h["reason"]
+                .as_str()
+                .is_some_and(|r| r.contains("ROUTER_TOKEN"))
+        })
+        .await;
+    assert_eq!(h["ok"], false, "{h}");
+    assert!(
+        h["reason"].as_str().unwrap().contains("refused the token"),
+        "{h}"
+    );
+    let r = refused
+        .client
+        .send(
+            http::Method::GET,
+            &refused.url("/_custom_router/health"),
+            &[],
+            "",
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE);
+
+    let waiting = TestProxy::start(Settings::default(), managed(TOKEN, "waiting")).await;
+    let h = waiting
+        .wait_health("no policy yet", |h| {
+            h["reason"]
+                .as_str()
+                .is_some_and(|r| r.contains("no policy yet"))
+        })
+        .await;
+    assert_eq!(h["ok"], false, "{h}");
+    let mut admin = admin(addr, Some(TOKEN)).await;
+    admin
+        .apply_policy(pb::ApplyPolicyRequest {
+            document: policy(&ok.url(), &ok.url()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let h = waiting.wait_health("ready", |h| h["ok"] == true).await;
+    assert!(h.get("reason").is_none(), "{h}");
+    assert_eq!(waiting.chat("m").await.status, StatusCode::OK);
+    // The refused one stays not ready.
+    assert_eq!(refused.health().await["ok"], false);
+    drop(cp);
+    let _ = std::fs::remove_dir_all(&dir);
+}

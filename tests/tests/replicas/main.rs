@@ -488,6 +488,11 @@ async fn circuit_reports_through_both_replicas_form_one_fleet_view() {
         x.url()
     );
     apply(a.local_addr(), document, 0).await.unwrap();
+    // Reports are checked against the policy, so `b` must have seen it.
+    eventually(Duration::from_secs(5), "the policy on replica b", || {
+        b.hub().policy(0).is_some()
+    })
+    .await;
     // Twenty proxies report at once, half through each replica: no report
     // is lost to a lost update.
     let until = router_control_plane::hub::now_ms() + 60_000;

@@ -35,6 +35,7 @@ async fn replica_with(etcd: &EtcdServer, node: &str, limits: Limits) -> RunningC
         store: StoreLocation::Etcd {
             address: EtcdAddress::parse(&etcd.store_url("router")).unwrap(),
             node_id: node.into(),
+            access: Default::default(),
         },
         token: Some(TOKEN.into()),
         tls: None,
@@ -408,8 +409,8 @@ async fn next_change(rx: &mut tokio::sync::mpsc::Receiver<StoreChange>) -> Store
 async fn a_compacted_watch_relists_and_misses_nothing() {
     let etcd = EtcdServer::start("compact").await;
     let address = EtcdAddress::parse(&etcd.store_url("router")).unwrap();
-    let writer = EtcdStore::connect(&address, "w").await.unwrap();
-    let reader = EtcdStore::connect(&address, "r").await.unwrap();
+    let writer = EtcdStore::connect(&address, &Default::default(), "w").await.unwrap();
+    let reader = EtcdStore::connect(&address, &Default::default(), "r").await.unwrap();
     let mut revision = writer.commit(0, &state(1), Some(&record(1))).await.unwrap();
     let resume_at = reader.etcd_revision().await.unwrap() + 1;
 

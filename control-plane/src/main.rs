@@ -130,11 +130,17 @@ fn main() -> ExitCode {
         (Some(c), Some(k)) => match (std::fs::read_to_string(c), std::fs::read_to_string(k)) {
             (Ok(c), Ok(k)) => Some((c, k)),
             (Err(e), _) => {
-                eprintln!("router-control-plane: cannot read --tls-cert {}: {e}", c.display());
+                eprintln!(
+                    "router-control-plane: cannot read --tls-cert {}: {e}",
+                    c.display()
+                );
                 return ExitCode::from(2);
             }
             (_, Err(e)) => {
-                eprintln!("router-control-plane: cannot read --tls-key {}: {e}", k.display());
+                eprintln!(
+                    "router-control-plane: cannot read --tls-key {}: {e}",
+                    k.display()
+                );
                 return ExitCode::from(2);
             }
         },

@@ -43,8 +43,8 @@ use std::path::{Path, PathBuf};
 
 use etcd_client::{
     Certificate, Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, Identity,
-    KeyValue, LeaseKeepAliveStream, LeaseKeeper, PutOptions, TlsOptions, Txn, TxnOp,
-    TxnOpResponse, WatchOptions,
+    KeyValue, LeaseKeepAliveStream, LeaseKeeper, PutOptions, TlsOptions, Txn, TxnOp, TxnOpResponse,
+    WatchOptions,
 };
 use tokio::sync::{mpsc, Mutex};
 
@@ -261,10 +261,16 @@ impl EtcdAccess {
                 read_pem("--etcd-key-file", key)?,
             )),
             (Some(_), None) => {
-                return Err(EtcdAccessError::Needs("--etcd-cert-file", "--etcd-key-file"))
+                return Err(EtcdAccessError::Needs(
+                    "--etcd-cert-file",
+                    "--etcd-key-file",
+                ))
             }
             (None, Some(_)) => {
-                return Err(EtcdAccessError::Needs("--etcd-key-file", "--etcd-cert-file"))
+                return Err(EtcdAccessError::Needs(
+                    "--etcd-key-file",
+                    "--etcd-cert-file",
+                ))
             }
             (None, None) => None,
         };
@@ -278,10 +284,16 @@ impl EtcdAccess {
                 Some((name.clone(), password.to_string()))
             }
             (Some(_), None) => {
-                return Err(EtcdAccessError::Needs("--etcd-user", "--etcd-password-file"))
+                return Err(EtcdAccessError::Needs(
+                    "--etcd-user",
+                    "--etcd-password-file",
+                ))
             }
             (None, Some(_)) => {
-                return Err(EtcdAccessError::Needs("--etcd-password-file", "--etcd-user"))
+                return Err(EtcdAccessError::Needs(
+                    "--etcd-password-file",
+                    "--etcd-user",
+                ))
             }
             (None, None) => None,
         };
@@ -414,11 +426,13 @@ fn classify(e: etcd_client::Error) -> StoreError {
         }
     }
     // etcd_client::Error names no source: start from what it wraps.
-    let mut text = e.to_string();
-    let mut source: Option<&(dyn std::error::Error + 'static)> = match &e {
-        etcd_client::Error::TransportError(t) => std::error::Error::source(t),
-        etcd_client::Error::GRpcStatus(s) => std::error::Error::source(s),
-        _ => None,
+    let (mut text, mut source): (String, Option<&(dyn std::error::Error + 'static)>) = match &e {
+        etcd_client::Error::TransportError(t) => (t.to_string(), std::error::Error::source(t)),
+        etcd_client::Error::GRpcStatus(s) => (
+            format!("{:?}: {}", s.code(), s.message()),
+            std::error::Error::source(s),
+        ),
+        other => (other.to_string(), None),
     };
     while let Some(cause) = source {
         let cause_text = cause.to_string();
@@ -1020,7 +1034,10 @@ mod tests {
         );
         // Debug names the user, never the password.
         let shown = format!("{access:?}");
-        assert!(shown.contains("router") && !shown.contains("s3cret"), "{shown}");
+        assert!(
+            shown.contains("router") && !shown.contains("s3cret"),
+            "{shown}"
+        );
 
         // TLS files need etcds://, and etcds:// needs a CA.
         assert!(err(&plain, all.clone()).contains("--etcd-ca-file is for TLS to etcd"));

@@ -7,6 +7,8 @@
 
 #![allow(clippy::unwrap_used)]
 
+mod secure;
+
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -409,8 +411,12 @@ async fn next_change(rx: &mut tokio::sync::mpsc::Receiver<StoreChange>) -> Store
 async fn a_compacted_watch_relists_and_misses_nothing() {
     let etcd = EtcdServer::start("compact").await;
     let address = EtcdAddress::parse(&etcd.store_url("router")).unwrap();
-    let writer = EtcdStore::connect(&address, &Default::default(), "w").await.unwrap();
-    let reader = EtcdStore::connect(&address, &Default::default(), "r").await.unwrap();
+    let writer = EtcdStore::connect(&address, &Default::default(), "w")
+        .await
+        .unwrap();
+    let reader = EtcdStore::connect(&address, &Default::default(), "r")
+        .await
+        .unwrap();
     let mut revision = writer.commit(0, &state(1), Some(&record(1))).await.unwrap();
     let resume_at = reader.etcd_revision().await.unwrap() + 1;
 

@@ -503,6 +503,10 @@ impl EtcdStore {
                             "user {name:?} (--etcd-user, --etcd-password-file; its role needs \
                              readwrite on the prefix)"
                         ),
+                        None if access.identity.is_some() => "the user its client \
+                            certificate's common name names (etcd's --client-cert-auth), or \
+                            none; its role needs readwrite on the prefix"
+                            .to_string(),
                         None => "no user (--etcd-user, --etcd-password-file)".to_string(),
                     };
                     return Err(StoreError::Refused(format!(

@@ -48,8 +48,9 @@ fn leaf(
 }
 
 /// A member with TLS and client certificates on, and a `router` user who
-/// may use `/router/` only; and the router's certificate and key.
-async fn secure_etcd(name: &str) -> (EtcdServer, String, (String, String)) {
+/// may use `/router/` only; and the router's certificate and key, whose
+/// common name is `router_cn`.
+async fn secure_etcd(name: &str, router_cn: &str) -> (EtcdServer, String, (String, String)) {
     let (ca_pem, issuer) = ca("etcd test CA");
     // etcd also dials itself with its server certificate (gRPC gateway).
     let (server_cert, server_key) = leaf(
@@ -61,8 +62,8 @@ async fn secure_etcd(name: &str) -> (EtcdServer, String, (String, String)) {
             ExtendedKeyUsagePurpose::ClientAuth,
         ],
     );
-    // Common names that are not etcd users: a certificate alone (without
-    // a password) grants no etcd user.
+    // A common name that is not an etcd user: this certificate alone
+    // (without a password) grants no etcd user.
     let (client_cert, client_key) = leaf(
         &issuer,
         "test-admin",
@@ -71,7 +72,7 @@ async fn secure_etcd(name: &str) -> (EtcdServer, String, (String, String)) {
     );
     let router = leaf(
         &issuer,
-        "router-control-plane",
+        router_cn,
         &[],
         vec![ExtendedKeyUsagePurpose::ClientAuth],
     );
@@ -119,7 +120,7 @@ async fn secure_replica(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replicas_share_state_through_etcd_with_tls_client_certs_and_a_user() {
-    let (etcd, ca_pem, router) = secure_etcd("tls-auth").await;
+    let (etcd, ca_pem, router) = secure_etcd("tls-auth", "router-control-plane").await;
     let x = mock("x", Behavior::Json).await;
     let right = access(&ca_pem, Some(&router), PASSWORD);
     let a = secure_replica(&etcd, "router", "cp-a", right.clone())
@@ -153,7 +154,7 @@ async fn replicas_share_state_through_etcd_with_tls_client_certs_and_a_user() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn etcd_refuses_a_wrong_password_a_foreign_prefix_a_missing_cert_and_a_wrong_ca() {
-    let (etcd, ca_pem, router) = secure_etcd("refusals").await;
+    let (etcd, ca_pem, router) = secure_etcd("refusals", "router-control-plane").await;
 
     // A wrong password stops startup at once, naming the user, never the password.
     let started = tokio::time::Instant::now();
@@ -215,4 +216,36 @@ async fn etcd_refuses_a_wrong_password_a_foreign_prefix_a_missing_cert_and_a_wro
             .to_string();
         assert!(err.contains(says), "{what}: {err}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_certificate_named_after_an_etcd_user_signs_in_as_that_user() {
+    // etcd's --client-cert-auth takes the certificate's common name as the
+    // user when no password is given: what deploy/ relies on.
+    let (etcd, ca_pem, router) = secure_etcd("cert-user", USER).await;
+    let by_cert = EtcdAccess {
+        ca_pem: Some(ca_pem.clone()),
+        identity: Some(router.clone()),
+        user: None,
+    };
+    let a = secure_replica(&etcd, "router", "cp-a", by_cert.clone())
+        .await
+        .unwrap();
+    a.hub()
+        .apply_policy(
+            &policy("http://10.0.0.1:8000", "http://10.0.0.2:8000"),
+            false,
+            0,
+            "test",
+        )
+        .await
+        .unwrap();
+    a.shutdown().await;
+    // The same user's role still bounds it to its prefix.
+    let err = secure_replica(&etcd, "other", "cp-other", by_cert)
+        .await
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(err.contains("permission denied"), "{err}");
 }

@@ -11,9 +11,11 @@ use rcgen::{
 use router_control_plane::store::etcd::{EtcdAccess, EtcdAddress, EtcdStore};
 use router_control_plane::{start, ControlPlaneOptions, RunningControlPlane, StoreLocation};
 use router_mock::Behavior;
+use router_proxy::managed::ManagedOptions;
+use router_proxy::{Mode, Settings};
 use router_tests::control::{managed_proxy, policy, wait_version, TOKEN};
 use router_tests::etcd::{EtcdServer, EtcdTls};
-use router_tests::harness::eventually;
+use router_tests::harness::{eventually, TestProxy};
 use router_tests::mocks::mock;
 
 const USER: &str = "router";
@@ -248,4 +250,76 @@ async fn a_client_certificate_named_after_an_etcd_user_signs_in_as_that_user() {
         .unwrap()
         .to_string();
     assert!(err.contains("permission denied"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_certificates_of_make_certs_secure_etcd_the_control_plane_and_proxies() {
+    // deploy/tls/make-certs.sh as an operator runs it, then its files where
+    // deploy/ puts them: etcd serves etcd.pem and wants client certificates
+    // (auth on, user `router` limited to /router/); the control plane signs
+    // in with etcd-client.pem (common name `router`, no password) and
+    // serves control-plane.pem; a proxy trusts ca.pem.
+    let dir = std::env::temp_dir().join(format!("router-make-certs-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/tls/make-certs.sh");
+    let made = std::process::Command::new("bash")
+        .arg(script)
+        .arg(&dir)
+        .output()
+        .unwrap_or_else(|e| panic!("{script}: {e}"));
+    assert!(
+        made.status.success(),
+        "make-certs.sh (needs openssl): {}",
+        String::from_utf8_lossy(&made.stderr)
+    );
+    let read = |name: &str| std::fs::read_to_string(dir.join(name)).unwrap();
+    let mut etcd = EtcdServer::start_tls(
+        "make-certs",
+        EtcdTls {
+            ca: read("etcd-ca.pem"),
+            server_cert: read("etcd.pem"),
+            server_key: read("etcd-key.pem"),
+            client_cert: read("etcd.pem"),
+            client_key: read("etcd-key.pem"),
+        },
+    )
+    .await;
+    etcd.enable_auth(USER, PASSWORD, "/router/").await;
+    let x = mock("x", Behavior::Json).await;
+    let cp = start(ControlPlaneOptions {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        store: StoreLocation::Etcd {
+            address: EtcdAddress::parse(&etcd.store_url("router")).unwrap(),
+            node_id: "cp".into(),
+            access: EtcdAccess {
+                ca_pem: Some(read("etcd-ca.pem")),
+                identity: Some((read("etcd-client.pem"), read("etcd-client-key.pem"))),
+                user: None,
+            },
+        },
+        token: Some(TOKEN.into()),
+        tls: Some((read("control-plane.pem"), read("control-plane-key.pem"))),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let (_, revision) = cp
+        .hub()
+        .apply_policy(&policy(&x.url(), &x.url()), false, 0, "test")
+        .await
+        .unwrap();
+    let proxy = TestProxy::start(
+        Settings::default(),
+        Mode::Managed(ManagedOptions {
+            addrs: vec![format!("https://localhost:{}", cp.local_addr().port())],
+            token: Some(TOKEN.into()),
+            node_id: "p".into(),
+            cache_dir: None,
+            ca_pem: Some(read("ca.pem")),
+        }),
+    )
+    .await;
+    wait_version(&proxy, &format!("cp-{revision}")).await;
+    cp.shutdown().await;
+    let _ = std::fs::remove_dir_all(&dir);
 }

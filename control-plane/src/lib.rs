@@ -138,6 +138,8 @@ pub enum StoreLocation {
         address: store::etcd::EtcdAddress,
         /// This replica's name (in the singleton lease and logs).
         node_id: String,
+        /// TLS and user for etcd (`--etcd-*`).
+        access: store::etcd::EtcdAccess,
     },
 }
 
@@ -240,15 +242,15 @@ pub async fn start(options: ControlPlaneOptions) -> Result<RunningControlPlane, 
             Box::new(store::RedbStore::open(dir).map_err(hub::HubError::from)?)
         }
         #[cfg(feature = "etcd")]
-        StoreLocation::Etcd { address, node_id } => {
-            let etcd = store::etcd::EtcdStore::connect(address, node_id)
+        StoreLocation::Etcd {
+            address,
+            node_id,
+            access,
+        } => Box::new(
+            store::etcd::EtcdStore::open(address, access, node_id, ETCD_STARTUP_WAIT)
                 .await
-                .map_err(hub::HubError::from)?;
-            etcd.wait_ready(ETCD_STARTUP_WAIT)
-                .await
-                .map_err(hub::HubError::from)?;
-            Box::new(etcd)
-        }
+                .map_err(hub::HubError::from)?,
+        ),
     };
     let hub = Hub::open(store, options.guards.clone(), options.limits).await?;
     let listener = TcpListener::bind(options.listen)

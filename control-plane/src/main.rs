@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use router_control_plane::auth::parse_proxy_tokens;
+use router_control_plane::store::etcd::{EtcdAccess, EtcdAccessFiles, EtcdAddress};
 use router_control_plane::{check_exposure, start, ControlPlaneOptions, Limits, StoreLocation};
 
 /// The LLM router's control plane.
@@ -26,9 +27,26 @@ struct Args {
     #[arg(long, default_value = "router-data")]
     data_dir: PathBuf,
     /// Share state with other replicas through etcd:
-    /// `etcd://host:2379[,host:2379...][/prefix]` (instead of --data-dir).
+    /// `etcd://host:2379[,host:2379...][/prefix]` (instead of --data-dir);
+    /// `etcds://` for TLS (with --etcd-ca-file).
     #[arg(long, env = "ROUTER_STORE")]
     store: Option<String>,
+    /// CA certificate(s) (PEM) that signed the etcd members' certificates;
+    /// required by an `etcds://` store.
+    #[arg(long, env = "ROUTER_ETCD_CA_FILE")]
+    etcd_ca_file: Option<PathBuf>,
+    /// Client certificate (PEM) for etcd's --client-cert-auth.
+    #[arg(long, env = "ROUTER_ETCD_CERT_FILE")]
+    etcd_cert_file: Option<PathBuf>,
+    /// The client certificate's private key (PEM).
+    #[arg(long, env = "ROUTER_ETCD_KEY_FILE")]
+    etcd_key_file: Option<PathBuf>,
+    /// etcd user (etcd authentication); needs --etcd-password-file.
+    #[arg(long, env = "ROUTER_ETCD_USER")]
+    etcd_user: Option<String>,
+    /// File holding the etcd user's password (trimmed).
+    #[arg(long, env = "ROUTER_ETCD_PASSWORD_FILE")]
+    etcd_password_file: Option<PathBuf>,
     /// This replica's name (etcd store): shown as the singleton lease holder.
     #[arg(long, env = "ROUTER_NODE_ID")]
     node_id: Option<String>,
@@ -115,8 +133,18 @@ fn main() -> ExitCode {
     let tls = match (&args.tls_cert, &args.tls_key) {
         (Some(c), Some(k)) => match (std::fs::read_to_string(c), std::fs::read_to_string(k)) {
             (Ok(c), Ok(k)) => Some((c, k)),
-            (Err(e), _) | (_, Err(e)) => {
-                eprintln!("router-control-plane: cannot read the TLS files: {e}");
+            (Err(e), _) => {
+                eprintln!(
+                    "router-control-plane: cannot read --tls-cert {}: {e}",
+                    c.display()
+                );
+                return ExitCode::from(2);
+            }
+            (_, Err(e)) => {
+                eprintln!(
+                    "router-control-plane: cannot read --tls-key {}: {e}",
+                    k.display()
+                );
                 return ExitCode::from(2);
             }
         },
@@ -124,10 +152,17 @@ fn main() -> ExitCode {
     };
     let store = match args.store.as_deref() {
         None => StoreLocation::Embedded(args.data_dir.clone()),
-        Some(url) => match router_control_plane::store::etcd::EtcdAddress::parse(url) {
-            Ok(address) => StoreLocation::Etcd {
-                address,
-                node_id: args.node_id.clone().unwrap_or_else(default_node_id),
+        Some(url) => match EtcdAddress::parse(url) {
+            Ok(address) => match EtcdAccess::load(&address, &etcd_files(&args)) {
+                Ok(access) => StoreLocation::Etcd {
+                    address,
+                    node_id: args.node_id.clone().unwrap_or_else(default_node_id),
+                    access,
+                },
+                Err(e) => {
+                    eprintln!("router-control-plane: {e}");
+                    return ExitCode::from(2);
+                }
             },
             Err(e) => {
                 eprintln!("router-control-plane: --store (ROUTER_STORE): {e}");
@@ -135,6 +170,12 @@ fn main() -> ExitCode {
             }
         },
     };
+    if args.store.is_none() {
+        if let Some(flag) = etcd_files(&args).first_given() {
+            eprintln!("router-control-plane: {flag} is for an etcd store (--store etcds://...)");
+            return ExitCode::from(2);
+        }
+    }
     // The same variables the proxies read: the control plane refuses what
     // its own list does not allow; each proxy checks again with its own.
     let guards = match router_policy::Guards::from_lookup(|k| std::env::var(k).ok()) {
@@ -146,8 +187,14 @@ fn main() -> ExitCode {
     };
     let store_name = match &store {
         StoreLocation::Embedded(dir) => dir.display().to_string(),
-        StoreLocation::Etcd { address, .. } => {
-            format!("etcd {} {}", address.endpoints.join(","), address.prefix)
+        StoreLocation::Etcd {
+            address, access, ..
+        } => {
+            format!(
+                "etcd {} {} {access:?}",
+                address.endpoints.join(","),
+                address.prefix
+            )
         }
     };
     let options = ControlPlaneOptions {
@@ -193,6 +240,16 @@ fn main() -> ExitCode {
         cp.shutdown().await;
         ExitCode::SUCCESS
     })
+}
+
+fn etcd_files(args: &Args) -> EtcdAccessFiles {
+    EtcdAccessFiles {
+        ca: args.etcd_ca_file.clone(),
+        cert: args.etcd_cert_file.clone(),
+        key: args.etcd_key_file.clone(),
+        user: args.etcd_user.clone(),
+        password: args.etcd_password_file.clone(),
+    }
 }
 
 /// The host name (a pod's name in Kubernetes), else a random id.

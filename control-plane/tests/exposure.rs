@@ -35,6 +35,11 @@ fn run(args: &[&str]) -> Ended {
         .args(args)
         .env("RUST_LOG", "info")
         .env_remove("ROUTER_STORE")
+        .env_remove("ROUTER_ETCD_CA_FILE")
+        .env_remove("ROUTER_ETCD_CERT_FILE")
+        .env_remove("ROUTER_ETCD_KEY_FILE")
+        .env_remove("ROUTER_ETCD_USER")
+        .env_remove("ROUTER_ETCD_PASSWORD_FILE")
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
@@ -172,6 +177,57 @@ fn proxy_tokens_need_an_operator_token_and_a_well_formed_file() {
             );
         }
         other => panic!("a malformed proxy token file was accepted: {other:?}"),
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn unusable_tls_and_etcd_flags_stop_startup_naming_the_flag() {
+    let dir = temp("etcd-flags");
+    std::fs::create_dir_all(&dir).unwrap();
+    let data = dir.join("data");
+    let data = data.to_str().unwrap();
+    let missing = dir.join("missing.pem");
+    let missing = missing.to_str().unwrap();
+    let password = dir.join("password");
+    std::fs::write(&password, "etcd-secret\n").unwrap();
+    let password = password.to_str().unwrap();
+    let base = ["--listen", "127.0.0.1:0", "--data-dir", data];
+    for (args, says) in [
+        (
+            vec!["--tls-cert", missing, "--tls-key", missing],
+            "cannot read --tls-cert",
+        ),
+        (
+            vec!["--store", "etcds://127.0.0.1:1"],
+            "needs --etcd-ca-file",
+        ),
+        (
+            vec!["--store", "etcds://127.0.0.1:1", "--etcd-ca-file", missing],
+            "cannot read --etcd-ca-file",
+        ),
+        (
+            vec!["--store", "etcd://127.0.0.1:1", "--etcd-ca-file", missing],
+            "write the store as etcds://",
+        ),
+        (
+            vec!["--store", "etcd://127.0.0.1:1", "--etcd-user", "router"],
+            "--etcd-user needs --etcd-password-file",
+        ),
+        (
+            vec!["--etcd-user", "router", "--etcd-password-file", password],
+            "--etcd-user is for an etcd store",
+        ),
+    ] {
+        let all: Vec<&str> = base.iter().copied().chain(args.iter().copied()).collect();
+        match run(&all) {
+            Ended::Exited(code, stderr) => {
+                assert_eq!(code, Some(2), "{args:?}: {stderr}");
+                assert!(stderr.contains(says), "{args:?}: {stderr}");
+                assert!(!stderr.contains("etcd-secret"), "{args:?}: {stderr}");
+            }
+            other => panic!("{args:?} started: {other:?}"),
+        }
     }
     let _ = std::fs::remove_dir_all(&dir);
 }

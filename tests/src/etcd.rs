@@ -1,7 +1,9 @@
 //! A real etcd server for tests: Debian's `etcd-server` package (or the
 //! binary named by `ETCD_BIN`), one member on 127.0.0.1 with its own data
 //! directory, which can be stopped and started again on the same ports
-//! with the same data (an etcd restart).
+//! with the same data (an etcd restart). It may serve TLS and require
+//! client certificates ([`EtcdServer::start_tls`]), and require users
+//! ([`EtcdServer::enable_auth`]).
 
 use std::net::TcpListener;
 use std::path::PathBuf;
@@ -17,6 +19,25 @@ pub struct EtcdServer {
     client_port: u16,
     peer_port: u16,
     child: Option<Child>,
+    tls: Option<EtcdTls>,
+    root_password: Option<String>,
+}
+
+/// TLS for a member (PEM): it serves `server_cert`, and requires client
+/// certificates signed by `ca` (`--client-cert-auth`), such as `client_cert`,
+/// which [`EtcdServer::client`] presents.
+#[derive(Clone)]
+pub struct EtcdTls {
+    /// The CA of the server's and the clients' certificates.
+    pub ca: String,
+    /// The member's certificate (for 127.0.0.1) and key.
+    pub server_cert: String,
+    /// The member's key.
+    pub server_key: String,
+    /// A client certificate for the helper's own client.
+    pub client_cert: String,
+    /// Its key.
+    pub client_key: String,
 }
 
 fn free_port() -> u16 {
@@ -60,9 +81,69 @@ impl EtcdServer {
             client_port: free_port(),
             peer_port: free_port(),
             child: None,
+            tls: None,
+            root_password: None,
         };
         server.resume().await;
         server
+    }
+
+    /// Starts a fresh member serving TLS to clients, which must present a
+    /// certificate signed by `tls.ca`.
+    pub async fn start_tls(name: &str, tls: EtcdTls) -> Self {
+        let data_dir =
+            std::env::temp_dir().join(format!("router-etcd-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&data_dir);
+        std::fs::create_dir_all(&data_dir)
+            .unwrap_or_else(|e| panic!("{}: {e}", data_dir.display()));
+        let mut server = Self {
+            binary: find_binary(),
+            data_dir,
+            client_port: free_port(),
+            peer_port: free_port(),
+            child: None,
+            tls: Some(tls),
+            root_password: None,
+        };
+        server.resume().await;
+        server
+    }
+
+    /// Turns authentication on: a `root` user, and `user` with `password`
+    /// whose role may read and write only keys under `prefix`. From then
+    /// on [`client`](Self::client) signs in as root.
+    pub async fn enable_auth(&mut self, user: &str, password: &str, prefix: &str) {
+        let mut c = self.client().await;
+        let root_password = "root-password";
+        let role = format!("{user}-role");
+        fn fail(step: &str, e: etcd_client::Error) -> ! {
+            panic!("etcd auth set-up, {step}: {e}")
+        }
+        c.user_add("root", root_password, None)
+            .await
+            .unwrap_or_else(|e| fail("user add root", e));
+        c.user_grant_role("root", "root")
+            .await
+            .unwrap_or_else(|e| fail("grant root", e));
+        c.role_add(role.as_str())
+            .await
+            .unwrap_or_else(|e| fail("role add", e));
+        c.role_grant_permission(
+            role.as_str(),
+            etcd_client::Permission::read_write(prefix).with_prefix(),
+        )
+        .await
+        .unwrap_or_else(|e| fail("grant permission", e));
+        c.user_add(user, password, None)
+            .await
+            .unwrap_or_else(|e| fail("user add", e));
+        c.user_grant_role(user, role.as_str())
+            .await
+            .unwrap_or_else(|e| fail("grant role", e));
+        c.auth_enable()
+            .await
+            .unwrap_or_else(|e| fail("auth enable", e));
+        self.root_password = Some(root_password.to_string());
     }
 
     /// `127.0.0.1:port` of the client API.
@@ -70,9 +151,36 @@ impl EtcdServer {
         format!("127.0.0.1:{}", self.client_port)
     }
 
-    /// A `--store` URL with this key prefix.
+    /// A `--store` URL with this key prefix (`etcds://` with TLS).
     pub fn store_url(&self, prefix: &str) -> String {
-        format!("etcd://{}/{prefix}", self.endpoint())
+        let scheme = if self.tls.is_some() { "etcds" } else { "etcd" };
+        format!("{scheme}://{}/{prefix}", self.endpoint())
+    }
+
+    /// The URL of the client API.
+    fn client_url(&self) -> String {
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        format!("{scheme}://127.0.0.1:{}", self.client_port)
+    }
+
+    /// The helper's own client options: its certificate, and root once
+    /// authentication is on.
+    fn client_options(&self) -> Option<etcd_client::ConnectOptions> {
+        let mut options = etcd_client::ConnectOptions::new();
+        if let Some(tls) = &self.tls {
+            options = options.with_tls(
+                etcd_client::TlsOptions::new()
+                    .ca_certificate(etcd_client::Certificate::from_pem(&tls.ca))
+                    .identity(etcd_client::Identity::from_pem(
+                        &tls.client_cert,
+                        &tls.client_key,
+                    )),
+            );
+        }
+        if let Some(password) = &self.root_password {
+            options = options.with_user("root", password.clone());
+        }
+        Some(options)
     }
 
     /// Kills the member (SIGKILL: no goodbye to clients).
@@ -85,11 +193,28 @@ impl EtcdServer {
 
     /// Starts it again on the same ports and data, and waits until it answers.
     pub async fn resume(&mut self) {
-        let client = format!("http://127.0.0.1:{}", self.client_port);
+        let client = self.client_url();
         let peer = format!("http://127.0.0.1:{}", self.peer_port);
         let log = std::fs::File::create(self.data_dir.join("etcd.log"))
             .unwrap_or_else(|e| panic!("etcd log: {e}"));
-        let child = Command::new(&self.binary)
+        let mut command = Command::new(&self.binary);
+        if let Some(tls) = &self.tls {
+            let write = |name: &str, pem: &str| {
+                let path = self.data_dir.join(name);
+                std::fs::write(&path, pem).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+                path.to_string_lossy().into_owned()
+            };
+            command.args([
+                "--cert-file".to_string(),
+                write("server.pem", &tls.server_cert),
+                "--key-file".to_string(),
+                write("server-key.pem", &tls.server_key),
+                "--trusted-ca-file".to_string(),
+                write("ca.pem", &tls.ca),
+                "--client-cert-auth".to_string(),
+            ]);
+        }
+        let child = command
             .args([
                 "--name",
                 "test",
@@ -115,7 +240,9 @@ impl EtcdServer {
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
-            if let Ok(mut c) = etcd_client::Client::connect([client.as_str()], None).await {
+            if let Ok(mut c) =
+                etcd_client::Client::connect([client.as_str()], self.client_options()).await
+            {
                 if let Ok(Ok(_)) =
                     tokio::time::timeout(Duration::from_secs(1), c.get("health", None)).await
                 {
@@ -133,7 +260,7 @@ impl EtcdServer {
 
     /// A client of this member.
     pub async fn client(&self) -> etcd_client::Client {
-        etcd_client::Client::connect([format!("http://{}", self.endpoint())], None)
+        etcd_client::Client::connect([self.client_url()], self.client_options())
             .await
             .unwrap_or_else(|e| panic!("etcd client: {e}"))
     }

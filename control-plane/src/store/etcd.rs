@@ -39,9 +39,12 @@
 
 use std::time::Duration;
 
+use std::path::{Path, PathBuf};
+
 use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, KeyValue,
-    LeaseKeepAliveStream, LeaseKeeper, PutOptions, Txn, TxnOp, TxnOpResponse, WatchOptions,
+    Certificate, Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, Identity,
+    KeyValue, LeaseKeepAliveStream, LeaseKeeper, PutOptions, TlsOptions, Txn, TxnOp, TxnOpResponse,
+    WatchOptions,
 };
 use tokio::sync::{mpsc, Mutex};
 
@@ -64,21 +67,34 @@ const TXN_OPS: usize = 100;
 const BACKOFF_MIN: Duration = Duration::from_millis(100);
 const BACKOFF_MAX: Duration = Duration::from_secs(5);
 
-/// Where the etcd store lives, as `--store etcd://host:2379,host:2379/prefix` gives it.
+/// Where the etcd store lives, as `--store etcd://host:2379,host:2379/prefix`
+/// (or `etcds://` for TLS) gives it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EtcdAddress {
-    /// `http://host:port` for each member.
+    /// `http://host:port` (or `https://` with [`tls`](Self::tls)) for each member.
     pub endpoints: Vec<String>,
     /// Key prefix, ending with `/`.
     pub prefix: String,
+    /// TLS to etcd (`etcds://`): the members' certificates are checked
+    /// against [`EtcdAccess::ca_pem`], which is then required.
+    pub tls: bool,
 }
 
 impl EtcdAddress {
-    /// Parses `etcd://host:port[,host:port...][/prefix]`.
+    /// Parses `etcd://host:port[,host:port...][/prefix]`, or the same with
+    /// `etcds://` for TLS.
     pub fn parse(url: &str) -> Result<Self, String> {
-        let rest = url.strip_prefix("etcd://").ok_or_else(|| {
-            format!("{url:?}: an etcd store is etcd://host:port[,host:port...][/prefix]")
-        })?;
+        let (rest, tls) = match (url.strip_prefix("etcd://"), url.strip_prefix("etcds://")) {
+            (Some(rest), _) => (rest, false),
+            (_, Some(rest)) => (rest, true),
+            _ => {
+                return Err(format!(
+                    "{url:?}: an etcd store is etcd://host:port[,host:port...][/prefix] \
+                     (etcds:// for TLS)"
+                ))
+            }
+        };
+        let scheme = if tls { "https" } else { "http" };
         let (hosts, prefix) = match rest.find('/') {
             Some(i) => (&rest[..i], &rest[i..]),
             None => (rest, "/router"),
@@ -91,7 +107,7 @@ impl EtcdAddress {
             if name.is_empty() || port.parse::<u16>().is_err() {
                 return Err(format!("{host:?}: expected host:port"));
             }
-            endpoints.push(format!("http://{host}"));
+            endpoints.push(format!("{scheme}://{host}"));
         }
         if endpoints.is_empty() {
             return Err(format!("{url:?}: no etcd member given"));
@@ -103,7 +119,213 @@ impl EtcdAddress {
         Ok(Self {
             endpoints,
             prefix: format!("{prefix}/"),
+            tls,
         })
+    }
+}
+
+/// How the control plane proves who it is to etcd, and checks etcd: the
+/// CA for `etcds://`, a client certificate (etcd's `--client-cert-auth`),
+/// a user and password (etcd's `auth enable`). Read from files by
+/// [`EtcdAccess::load`]; `Debug` never shows the key or the password.
+#[derive(Clone, Default)]
+pub struct EtcdAccess {
+    /// CA certificates (PEM) the members' certificates must chain to.
+    pub ca_pem: Option<String>,
+    /// Client certificate chain and private key (PEM).
+    pub identity: Option<(String, String)>,
+    /// etcd user name and password.
+    pub user: Option<(String, String)>,
+}
+
+impl std::fmt::Debug for EtcdAccess {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdAccess")
+            .field("ca", &self.ca_pem.is_some())
+            .field("client_cert", &self.identity.is_some())
+            .field("user", &self.user.as_ref().map(|(name, _)| name))
+            .field("password", &self.user.as_ref().map(|_| "<redacted>"))
+            .finish()
+    }
+}
+
+/// The files [`EtcdAccess::load`] reads (the `--etcd-*` flags).
+#[derive(Debug, Clone, Default)]
+pub struct EtcdAccessFiles {
+    /// `--etcd-ca-file`.
+    pub ca: Option<PathBuf>,
+    /// `--etcd-cert-file`.
+    pub cert: Option<PathBuf>,
+    /// `--etcd-key-file`.
+    pub key: Option<PathBuf>,
+    /// `--etcd-user`.
+    pub user: Option<String>,
+    /// `--etcd-password-file`.
+    pub password: Option<PathBuf>,
+}
+
+impl EtcdAccessFiles {
+    /// The first flag given, if any (they mean nothing without an etcd store).
+    pub fn first_given(&self) -> Option<&'static str> {
+        [
+            (self.ca.is_some(), "--etcd-ca-file"),
+            (self.cert.is_some(), "--etcd-cert-file"),
+            (self.key.is_some(), "--etcd-key-file"),
+            (self.user.is_some(), "--etcd-user"),
+            (self.password.is_some(), "--etcd-password-file"),
+        ]
+        .into_iter()
+        .find_map(|(given, flag)| given.then_some(flag))
+    }
+}
+
+/// Why the `--etcd-*` flags cannot be used. The password is never quoted.
+#[derive(Debug, thiserror::Error)]
+pub enum EtcdAccessError {
+    /// A file could not be read.
+    #[error("cannot read {flag} {path}: {error}")]
+    Read {
+        /// The flag that named it.
+        flag: &'static str,
+        /// The file.
+        path: String,
+        /// Why.
+        error: std::io::Error,
+    },
+    /// A certificate or key file holds no PEM block.
+    #[error("{flag} {path} holds no PEM block (-----BEGIN ...)")]
+    NotPem {
+        /// The flag that named it.
+        flag: &'static str,
+        /// The file.
+        path: String,
+    },
+    /// The password file is empty once trimmed.
+    #[error("--etcd-password-file {0} is empty")]
+    EmptyPassword(String),
+    /// One of a pair without the other.
+    #[error("{0} needs {1}")]
+    Needs(&'static str, &'static str),
+    /// TLS files for a plaintext store.
+    #[error("{0} is for TLS to etcd: write the store as etcds://")]
+    NotTls(&'static str),
+    /// `etcds://` without a CA.
+    #[error("an etcds:// store needs --etcd-ca-file (the CA that signed the etcd members' certificates)")]
+    NoCa,
+}
+
+fn read_flag(flag: &'static str, path: &Path) -> Result<String, EtcdAccessError> {
+    std::fs::read_to_string(path).map_err(|error| EtcdAccessError::Read {
+        flag,
+        path: path.display().to_string(),
+        error,
+    })
+}
+
+fn read_pem(flag: &'static str, path: &Path) -> Result<String, EtcdAccessError> {
+    let text = read_flag(flag, path)?;
+    if text.contains("-----BEGIN ") {
+        Ok(text)
+    } else {
+        Err(EtcdAccessError::NotPem {
+            flag,
+            path: path.display().to_string(),
+        })
+    }
+}
+
+impl EtcdAccess {
+    /// Reads and checks the files for a store at `address`: TLS files only
+    /// with `etcds://`, which needs a CA; a certificate with its key; a
+    /// user with a password (trimmed, as tokens are) and the other way round.
+    pub fn load(address: &EtcdAddress, files: &EtcdAccessFiles) -> Result<Self, EtcdAccessError> {
+        if !address.tls {
+            for (given, flag) in [
+                (files.ca.is_some(), "--etcd-ca-file"),
+                (files.cert.is_some(), "--etcd-cert-file"),
+                (files.key.is_some(), "--etcd-key-file"),
+            ] {
+                if given {
+                    return Err(EtcdAccessError::NotTls(flag));
+                }
+            }
+        }
+        let ca_pem = match &files.ca {
+            Some(path) => Some(read_pem("--etcd-ca-file", path)?),
+            None if address.tls => return Err(EtcdAccessError::NoCa),
+            None => None,
+        };
+        let identity = match (&files.cert, &files.key) {
+            (Some(cert), Some(key)) => Some((
+                read_pem("--etcd-cert-file", cert)?,
+                read_pem("--etcd-key-file", key)?,
+            )),
+            (Some(_), None) => {
+                return Err(EtcdAccessError::Needs(
+                    "--etcd-cert-file",
+                    "--etcd-key-file",
+                ))
+            }
+            (None, Some(_)) => {
+                return Err(EtcdAccessError::Needs(
+                    "--etcd-key-file",
+                    "--etcd-cert-file",
+                ))
+            }
+            (None, None) => None,
+        };
+        let user = match (&files.user, &files.password) {
+            (Some(name), Some(path)) => {
+                let raw = read_flag("--etcd-password-file", path)?;
+                let password = raw.trim();
+                if password.is_empty() {
+                    return Err(EtcdAccessError::EmptyPassword(path.display().to_string()));
+                }
+                Some((name.clone(), password.to_string()))
+            }
+            (Some(_), None) => {
+                return Err(EtcdAccessError::Needs(
+                    "--etcd-user",
+                    "--etcd-password-file",
+                ))
+            }
+            (None, Some(_)) => {
+                return Err(EtcdAccessError::Needs(
+                    "--etcd-password-file",
+                    "--etcd-user",
+                ))
+            }
+            (None, None) => None,
+        };
+        Ok(Self {
+            ca_pem,
+            identity,
+            user,
+        })
+    }
+
+    /// The client's options: TLS when the CA is given, the user when given.
+    fn connect_options(&self) -> ConnectOptions {
+        let mut options = ConnectOptions::new()
+            .with_connect_timeout(Duration::from_secs(3))
+            // A silently dead member breaks the watch within seconds.
+            .with_keep_alive(Duration::from_secs(5), Duration::from_secs(3))
+            .with_keep_alive_while_idle(true);
+        if let Some(ca) = &self.ca_pem {
+            let mut tls = TlsOptions::new().ca_certificate(Certificate::from_pem(ca));
+            if let Some((cert, key)) = &self.identity {
+                tls = tls.identity(Identity::from_pem(cert, key));
+            }
+            options = options.with_tls(tls);
+        }
+        if let Some((name, password)) = &self.user {
+            // etcd's tokens expire (5 min by default): get a new one when
+            // etcd says so, instead of failing the call.
+            options = options
+                .with_user(name.clone(), password.clone())
+                .with_auto_token_refresh(true);
+        }
+        options
     }
 }
 
@@ -182,9 +404,44 @@ where
     F: std::future::Future<Output = Result<T, etcd_client::Error>>,
 {
     match tokio::time::timeout(CALL_TIMEOUT, f).await {
-        Ok(r) => r.map_err(backend),
+        Ok(r) => r.map_err(classify),
         Err(_) => Err(StoreError::Timeout(CALL_TIMEOUT)),
     }
+}
+
+/// What etcd refused (credentials, permissions, a bad request) apart from
+/// what may pass (unreachable, no leader, a broken connection); each with
+/// its causes, so a TLS failure says which (unknown issuer, no certificate).
+fn classify(e: etcd_client::Error) -> StoreError {
+    use tonic::Code;
+    if let etcd_client::Error::GRpcStatus(status) = &e {
+        if matches!(
+            status.code(),
+            Code::InvalidArgument
+                | Code::Unauthenticated
+                | Code::PermissionDenied
+                | Code::FailedPrecondition
+        ) {
+            return StoreError::Refused(status.message().to_string());
+        }
+    }
+    // etcd_client::Error names no source: start from what it wraps.
+    let (mut text, mut source): (String, Option<&(dyn std::error::Error + 'static)>) = match &e {
+        etcd_client::Error::TransportError(t) => (t.to_string(), std::error::Error::source(t)),
+        etcd_client::Error::GRpcStatus(s) => (
+            format!("{:?}: {}", s.code(), s.message()),
+            std::error::Error::source(s),
+        ),
+        other => (other.to_string(), None),
+    };
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text = format!("{text}: {cause_text}");
+        }
+        source = cause.source();
+    }
+    StoreError::Backend(text)
 }
 
 fn to_u64(revision: i64) -> u64 {
@@ -196,15 +453,19 @@ fn to_i64(revision: u64) -> i64 {
 }
 
 impl EtcdStore {
-    /// Connects (lazily: an unreachable etcd fails the first call, not this).
+    /// Connects once. Without a user nothing is sent yet (an unreachable
+    /// etcd fails the first call, not this); with one, this signs in.
     /// `node` names this replica in the singleton key.
-    pub async fn connect(address: &EtcdAddress, node: &str) -> Result<Self, StoreError> {
-        let options = ConnectOptions::new()
-            .with_connect_timeout(Duration::from_secs(3))
-            // A silently dead member breaks the watch within seconds.
-            .with_keep_alive(Duration::from_secs(5), Duration::from_secs(3))
-            .with_keep_alive_while_idle(true);
-        let client = call(Client::connect(&address.endpoints, Some(options))).await?;
+    pub async fn connect(
+        address: &EtcdAddress,
+        access: &EtcdAccess,
+        node: &str,
+    ) -> Result<Self, StoreError> {
+        let client = call(Client::connect(
+            &address.endpoints,
+            Some(access.connect_options()),
+        ))
+        .await?;
         Ok(Self {
             client,
             keys: Keys {
@@ -214,6 +475,53 @@ impl EtcdStore {
             lease: Mutex::new(None),
             presence: Mutex::new(None),
         })
+    }
+
+    /// Connects and waits until etcd answers (a control plane may start
+    /// before its etcd does); gives up after `within` with the last error.
+    /// What etcd refuses (a wrong password, a role without this prefix)
+    /// fails at once, naming the user and prefix.
+    pub async fn open(
+        address: &EtcdAddress,
+        access: &EtcdAccess,
+        node: &str,
+        within: Duration,
+    ) -> Result<Self, StoreError> {
+        let deadline = tokio::time::Instant::now() + within;
+        let mut backoff = BACKOFF_MIN;
+        loop {
+            let attempt = async {
+                let store = Self::connect(address, access, node).await?;
+                store.etcd_revision().await?;
+                Ok(store)
+            };
+            match attempt.await {
+                Ok(store) => return Ok(store),
+                Err(StoreError::Refused(why)) => {
+                    let who = match &access.user {
+                        Some((name, _)) => format!(
+                            "user {name:?} (--etcd-user, --etcd-password-file; its role needs \
+                             readwrite on the prefix)"
+                        ),
+                        None if access.identity.is_some() => "the user its client \
+                            certificate's common name names (etcd's --client-cert-auth), or \
+                            none; its role needs readwrite on the prefix"
+                            .to_string(),
+                        None => "no user (--etcd-user, --etcd-password-file)".to_string(),
+                    };
+                    return Err(StoreError::Refused(format!(
+                        "etcd refused the control plane on prefix {}: {why}; it connected as {who}",
+                        address.prefix
+                    )));
+                }
+                Err(e) if tokio::time::Instant::now() + backoff >= deadline => return Err(e),
+                Err(e) => {
+                    tracing::warn!(error = %e, retry_in = ?backoff, "etcd is not answering yet");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(BACKOFF_MAX);
+                }
+            }
+        }
     }
 
     /// Renews the lease in `slot`, or grants a new one of `ttl`; true when
@@ -239,24 +547,6 @@ impl EtcdStore {
             answers,
         });
         Ok(true)
-    }
-
-    /// Waits until etcd answers (a control plane may start before its
-    /// etcd does); gives up after `within` with the last error.
-    pub async fn wait_ready(&self, within: Duration) -> Result<(), StoreError> {
-        let deadline = tokio::time::Instant::now() + within;
-        let mut backoff = BACKOFF_MIN;
-        loop {
-            match self.etcd_revision().await {
-                Ok(_) => return Ok(()),
-                Err(e) if tokio::time::Instant::now() + backoff >= deadline => return Err(e),
-                Err(e) => {
-                    tracing::warn!(error = %e, retry_in = ?backoff, "etcd is not answering yet");
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(BACKOFF_MAX);
-                }
-            }
-        }
     }
 
     /// Follows changes from etcd revision `from` on (a fresh listing first
@@ -690,8 +980,15 @@ mod tests {
         );
         assert_eq!(a.prefix, "/prod/router/");
         assert_eq!(EtcdAddress::parse("etcd://h:1").unwrap().prefix, "/router/");
+        let secure = EtcdAddress::parse("etcds://etcd-0.etcd:2379,etcd-1.etcd:2379").unwrap();
+        assert_eq!(
+            secure.endpoints,
+            vec!["https://etcd-0.etcd:2379", "https://etcd-1.etcd:2379"]
+        );
+        assert!(secure.tls && !a.tls);
         for bad in [
             "http://h:1",
+            "https://h:1",
             "etcd://",
             "etcd://h",
             "etcd://h:x",
@@ -700,5 +997,119 @@ mod tests {
         ] {
             assert!(EtcdAddress::parse(bad).is_err(), "{bad} accepted");
         }
+    }
+
+    /// A file in a fresh temporary directory.
+    fn file(dir: &Path, name: &str, text: &str) -> PathBuf {
+        let path = dir.join(name);
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+
+    #[test]
+    fn etcd_access_flags_come_in_pairs_and_tls_needs_etcds_and_a_ca() {
+        let dir = std::env::temp_dir().join(format!("etcd-access-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let pem = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n";
+        let ca = file(&dir, "ca.pem", pem);
+        let cert = file(&dir, "cert.pem", pem);
+        let key = file(&dir, "key.pem", pem);
+        let password = file(&dir, "password", "  s3cret-pass\n");
+        let plain = EtcdAddress::parse("etcd://h:1").unwrap();
+        let secure = EtcdAddress::parse("etcds://h:1").unwrap();
+        let err = |address: &EtcdAddress, files: EtcdAccessFiles| {
+            EtcdAccess::load(address, &files).unwrap_err().to_string()
+        };
+
+        // Everything given: read, and the password trimmed.
+        let all = EtcdAccessFiles {
+            ca: Some(ca.clone()),
+            cert: Some(cert.clone()),
+            key: Some(key.clone()),
+            user: Some("router".into()),
+            password: Some(password.clone()),
+        };
+        let access = EtcdAccess::load(&secure, &all).unwrap();
+        assert_eq!(access.ca_pem.as_deref(), Some(pem));
+        assert!(access.identity.is_some());
+        assert_eq!(
+            access.user,
+            Some(("router".to_string(), "s3cret-pass".to_string()))
+        );
+        // Debug names the user, never the password.
+        let shown = format!("{access:?}");
+        assert!(
+            shown.contains("router") && !shown.contains("s3cret"),
+            "{shown}"
+        );
+
+        // TLS files need etcds://, and etcds:// needs a CA.
+        assert!(err(&plain, all.clone()).contains("--etcd-ca-file is for TLS to etcd"));
+        assert!(err(&secure, EtcdAccessFiles::default()).contains("needs --etcd-ca-file"));
+        // Pairs.
+        let with_ca = || EtcdAccessFiles {
+            ca: Some(ca.clone()),
+            ..EtcdAccessFiles::default()
+        };
+        for (files, text) in [
+            (
+                EtcdAccessFiles {
+                    cert: Some(cert.clone()),
+                    ..with_ca()
+                },
+                "--etcd-cert-file needs --etcd-key-file",
+            ),
+            (
+                EtcdAccessFiles {
+                    user: Some("router".into()),
+                    ..with_ca()
+                },
+                "--etcd-user needs --etcd-password-file",
+            ),
+            (
+                EtcdAccessFiles {
+                    password: Some(password.clone()),
+                    ..with_ca()
+                },
+                "--etcd-password-file needs --etcd-user",
+            ),
+            // Missing and unusable files are named by their flag.
+            (
+                EtcdAccessFiles {
+                    ca: Some(dir.join("missing.pem")),
+                    ..EtcdAccessFiles::default()
+                },
+                "cannot read --etcd-ca-file",
+            ),
+            (
+                EtcdAccessFiles {
+                    cert: Some(password.clone()),
+                    key: Some(key.clone()),
+                    ..with_ca()
+                },
+                "--etcd-cert-file",
+            ),
+            (
+                EtcdAccessFiles {
+                    user: Some("router".into()),
+                    password: Some(file(&dir, "empty", " \n")),
+                    ..with_ca()
+                },
+                "--etcd-password-file",
+            ),
+        ] {
+            let text_got = err(&secure, files);
+            assert!(text_got.contains(text), "{text_got}");
+            assert!(!text_got.contains("s3cret"), "{text_got}");
+        }
+        // A user with a password on a plaintext store is allowed.
+        let on_plain = EtcdAccessFiles {
+            user: Some("router".into()),
+            password: Some(password),
+            ..EtcdAccessFiles::default()
+        };
+        assert!(EtcdAccess::load(&plain, &on_plain).is_ok());
+        assert_eq!(on_plain.first_given(), Some("--etcd-user"));
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

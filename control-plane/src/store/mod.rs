@@ -52,6 +52,10 @@ pub enum StoreError {
     /// The database did not answer in time.
     #[error("store: no answer within {0:?}")]
     Timeout(std::time::Duration),
+    /// The database answered, and refused these credentials or this key
+    /// range: retrying cannot help.
+    #[error("store: {0}")]
+    Refused(String),
 }
 
 pub(crate) fn backend(e: impl std::fmt::Display) -> StoreError {

@@ -3,9 +3,12 @@
 //! split across them: changes made through one replica reach proxies on
 //! every replica; a replica killed hands its proxies to another without a
 //! failed request; concurrent applies race fairly; an etcd restart and a
-//! compaction are survived without restarting anything.
+//! compaction are survived without restarting anything. `secure.rs`: the
+//! same etcd over TLS, with client certificates and users.
 
 #![allow(clippy::unwrap_used)]
+
+mod secure;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -35,6 +38,7 @@ async fn replica_with(etcd: &EtcdServer, node: &str, limits: Limits) -> RunningC
         store: StoreLocation::Etcd {
             address: EtcdAddress::parse(&etcd.store_url("router")).unwrap(),
             node_id: node.into(),
+            access: Default::default(),
         },
         token: Some(TOKEN.into()),
         tls: None,
@@ -408,8 +412,12 @@ async fn next_change(rx: &mut tokio::sync::mpsc::Receiver<StoreChange>) -> Store
 async fn a_compacted_watch_relists_and_misses_nothing() {
     let etcd = EtcdServer::start("compact").await;
     let address = EtcdAddress::parse(&etcd.store_url("router")).unwrap();
-    let writer = EtcdStore::connect(&address, "w").await.unwrap();
-    let reader = EtcdStore::connect(&address, "r").await.unwrap();
+    let writer = EtcdStore::connect(&address, &Default::default(), "w")
+        .await
+        .unwrap();
+    let reader = EtcdStore::connect(&address, &Default::default(), "r")
+        .await
+        .unwrap();
     let mut revision = writer.commit(0, &state(1), Some(&record(1))).await.unwrap();
     let resume_at = reader.etcd_revision().await.unwrap() + 1;
 

@@ -3,7 +3,7 @@
 //! user can send a request at once.
 
 use std::io::BufWriter;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -20,6 +20,11 @@ pub struct UpArgs {
     /// Apply this policy instead of the built-in demo.
     #[arg(short = 'f', long = "file")]
     pub file: Option<PathBuf>,
+    /// The proxy's address: loopback unless asked (in a container,
+    /// `--bind 0.0.0.0` so that a published port reaches it). Its admin
+    /// calls stay closed and its metrics loopback-only without tokens.
+    #[arg(long, env = "CUSTOM_ROUTER_BIND", default_value = "127.0.0.1")]
+    pub bind: IpAddr,
     /// The proxy's port.
     #[arg(long, default_value_t = 3000)]
     pub port: u16,
@@ -152,7 +157,7 @@ pub async fn run(args: UpArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    settings.bind = [127, 0, 0, 1].into();
+    settings.bind = args.bind;
     settings.port = args.port;
     let proxy = match router_proxy::start(ProxyOptions {
         settings,

@@ -244,11 +244,22 @@ fn up(
     args: &[&str],
     token: Option<&str>,
 ) -> Result<(std::process::Child, String), (Option<i32>, String)> {
+    up_with(args, token, &[])
+}
+
+/// [`up`] with more environment variables.
+fn up_with(
+    args: &[&str],
+    token: Option<&str>,
+    envs: &[(&str, &str)],
+) -> Result<(std::process::Child, String), (Option<i32>, String)> {
     use std::io::{BufRead, BufReader};
     let mut c = Command::new(BIN);
     c.arg("up")
         .args(args)
         .env_remove("ROUTER_TOKEN")
+        .env_remove("CUSTOM_ROUTER_BIND")
+        .envs(envs.iter().copied())
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped());
     if let Some(t) = token {
@@ -348,6 +359,38 @@ fn up_works_on_loopback_without_a_token_and_wants_one_elsewhere() {
         }
     }
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Issue 20, item 2: `routerctl up` binds loopback by default, and what
+/// `--bind` or `CUSTOM_ROUTER_BIND` says when told (a container's
+/// published port reaches nothing on loopback). It used to bind 127.0.0.1
+/// whatever it was told.
+#[test]
+fn up_binds_loopback_unless_told_otherwise() {
+    for (args, envs, want) in [
+        (vec![], vec![], "127.0.0.1:"),
+        (vec!["--bind", "0.0.0.0"], vec![], "0.0.0.0:"),
+        (vec![], vec![("CUSTOM_ROUTER_BIND", "0.0.0.0")], "0.0.0.0:"),
+    ] {
+        let dir = std::env::temp_dir().join(format!(
+            "routerctl-up-bind-{}-{}",
+            std::process::id(),
+            args.len() + 2 * envs.len()
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        let data = dir.to_str().unwrap();
+        let mut all = vec!["--port", "0", "--grpc", "127.0.0.1:0", "--data-dir", data];
+        all.extend(args.iter().copied());
+        let (mut child, addr) = up_with(&all, None, &envs)
+            .unwrap_or_else(|e| panic!("routerctl up did not start: {e:?}"));
+        let port = addr.rsplit(':').next().unwrap().to_string();
+        let answer = health(&format!("127.0.0.1:{port}"));
+        child.kill().unwrap();
+        let _ = child.wait();
+        assert!(addr.starts_with(want), "{args:?} {envs:?}: {addr}");
+        assert!(answer.contains("\"config_version\""), "{answer}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }
 
 /// `routerctl approve` prints the token alone on stdout, one the proxies'

@@ -65,10 +65,10 @@ pub fn validate(path: &Path, output: Output) -> ExitCode {
     match (result, output) {
         (Ok(p), Output::Table) => {
             println!(
-                "{}: valid ({} pools, {} routes)",
+                "{}: valid ({}, {})",
                 path.display(),
-                p.pools.len(),
-                p.routes.len()
+                count(p.pools.len(), "pool"),
+                count(p.routes.len(), "route")
             );
             ExitCode::SUCCESS
         }
@@ -78,9 +78,9 @@ pub fn validate(path: &Path, output: Output) -> ExitCode {
         }
         (Err(e), Output::Table) => {
             eprintln!(
-                "{}: invalid policy ({} errors)",
+                "{}: invalid policy ({})",
                 path.display(),
-                e.errors.len()
+                count(e.errors.len(), "error")
             );
             for f in &e.errors {
                 eprintln!("  {}: {}", f.field, f.reason);
@@ -179,4 +179,13 @@ pub fn print_explanation_json(json: &str, output: Output) -> ExitCode {
         }
     }
     ExitCode::SUCCESS
+}
+
+/// "1 pool", "2 pools".
+fn count(n: usize, noun: &str) -> String {
+    if n == 1 {
+        format!("1 {noun}")
+    } else {
+        format!("{n} {noun}s")
+    }
 }

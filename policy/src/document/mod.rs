@@ -34,6 +34,8 @@
 //! Module map:
 //! - `spec`: the document as written ([`PolicyDocument`] and its parts) and
 //!   [`PolicyDocument::parse`].
+//! - `shape`: every shape error at once (serde stops at the first), with a
+//!   "did you mean" for misspelt fields.
 //! - `validate`: [`PolicyDocument::validate`], one validator per section of
 //!   the document, run in document order.
 //! - `resolved`: the validated [`Policy`] and its parts.
@@ -46,6 +48,7 @@ use serde::Serialize;
 use crate::guard::Guards;
 
 mod resolved;
+mod shape;
 mod spec;
 mod validate;
 
@@ -103,17 +106,6 @@ impl fmt::Display for PolicyError {
             write!(f, "{e}")?;
         }
         Ok(())
-    }
-}
-
-impl PolicyError {
-    fn one(field: impl Into<String>, reason: impl Into<String>) -> Self {
-        Self {
-            errors: vec![FieldError {
-                field: field.into(),
-                reason: reason.into(),
-            }],
-        }
     }
 }
 

@@ -4,10 +4,9 @@
 //! its path rather than a silently ignored setting. Optional settings stay
 //! `Option`s here; validation resolves them.
 
-use std::fmt;
-
 use serde::{Deserialize, Serialize};
 
+use super::shape::{all_shape_errors, field_error};
 use super::PolicyError;
 use crate::balance::Scoring;
 
@@ -404,31 +403,18 @@ pub struct MatchSpec {
 
 impl PolicyDocument {
     /// Parses YAML or JSON. Shape errors (unknown fields, wrong types) come
-    /// back with their field path.
+    /// back with their field path, every one at once (see `shape`).
     pub fn parse(text: &str) -> Result<Self, PolicyError> {
         let trimmed = text.trim_start();
-        if trimmed.starts_with('{') {
+        let first = if trimmed.starts_with('{') {
             let mut de = serde_json::Deserializer::from_str(text);
-            serde_path_to_error::deserialize(&mut de).map_err(|e| shape_error(e.path(), e.inner()))
+            serde_path_to_error::deserialize(&mut de)
+                .map_err(|e| field_error(&e.path().to_string(), &e.inner().to_string()))
         } else {
             let de = serde_yaml_ng::Deserializer::from_str(text);
-            serde_path_to_error::deserialize(de).map_err(|e| shape_error(e.path(), e.inner()))
-        }
+            serde_path_to_error::deserialize(de)
+                .map_err(|e| field_error(&e.path().to_string(), &e.inner().to_string()))
+        };
+        first.map_err(|first| all_shape_errors(text, first))
     }
-}
-
-fn shape_error(path: &serde_path_to_error::Path, inner: &dyn fmt::Display) -> PolicyError {
-    let field = path.to_string();
-    let field = if field == "." || field.is_empty() {
-        "(document)".to_string()
-    } else {
-        field
-    };
-    // Some deserializers already prefix their message with the path.
-    let reason = inner.to_string();
-    let reason = reason
-        .strip_prefix(&format!("{field}: "))
-        .map(str::to_string)
-        .unwrap_or(reason);
-    PolicyError::one(field, reason)
 }

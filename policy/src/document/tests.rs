@@ -506,3 +506,95 @@ spec:
     let p = load_with(text, &QueueSettings::default(), &guards).unwrap();
     assert_eq!(p.pools[0].endpoints.len(), 5);
 }
+
+/// Issue 20, item 4: shape errors come all at once (serde stops at the
+/// first), each path once, a misspelt field with the name it resembles.
+#[test]
+fn every_shape_error_at_once_with_did_you_mean() {
+    let text = "apiVersion: router/v1
+kind: RoutingPolicy
+spec:
+  pools:
+    - name: a
+      max_concurency: 4
+      max_concurrency: lots
+    - name: b
+      modle: x
+      colour: red
+  routes:
+    - name: r
+      chain: [a, b]
+      retry_onn: [timeout]
+";
+    let err = PolicyDocument::parse(text).unwrap_err();
+    let got: Vec<(&str, &str)> = err
+        .errors
+        .iter()
+        .map(|e| (e.field.as_str(), e.reason.as_str()))
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            (
+                "spec.pools[0].max_concurency",
+                "unknown field `max_concurency`; did you mean `max_concurrency`? at line 6 column 7"
+            ),
+            (
+                "spec.pools[0].max_concurrency",
+                "invalid type: string \"lots\", expected u32"
+            ),
+            (
+                "spec.pools[1].modle",
+                "unknown field `modle`; did you mean `model`?"
+            ),
+            (
+                "spec.pools[1].colour",
+                "unknown field `colour`, expected one of `name`, `provider`, `model`, `endpoints`, `max_concurrency`, `attempt_timeout_ms`, `drain`, `gates`, `structured_output`, `price`, `api_key_env`, `capacity_probe`, `queue`"
+            ),
+            (
+                "spec.routes[0].retry_onn",
+                "unknown field `retry_onn`; did you mean `retry_on`?"
+            ),
+        ],
+        "{err}"
+    );
+    assert!(
+        err.to_string().starts_with("invalid policy (5 errors): "),
+        "{err}"
+    );
+    // No reason repeats its field's path.
+    for e in &err.errors {
+        assert!(!e.reason.contains("spec."), "{e}");
+    }
+}
+
+/// A required field removed for its wrong type is not reported again as
+/// missing; a JSON document gets the same treatment.
+#[test]
+fn a_removed_field_is_not_reported_missing_and_json_is_read_the_same_way() {
+    let text = "apiVersion: router/v1\nkind: RoutingPolicy\nspec:\n  pools:\n    - name: [not, a, name]\n      colour: red\n  routes: []\n";
+    let err = PolicyDocument::parse(text).unwrap_err();
+    let fields: Vec<&str> = err.errors.iter().map(|e| e.field.as_str()).collect();
+    assert_eq!(
+        fields,
+        ["spec.pools[0].name", "spec.pools[0].colour"],
+        "{err}"
+    );
+    assert!(!err.to_string().contains("missing field"), "{err}");
+    let json = r#"{"apiVersion": "router/v1", "kind": "RoutingPolicy", "spec": {"pools": [{"name": "a", "endpoitns": []}], "routes": [{"name": "r", "chian": ["a"]}]}}"#;
+    let err = PolicyDocument::parse(json).unwrap_err();
+    let fields: Vec<&str> = err.errors.iter().map(|e| e.field.as_str()).collect();
+    assert_eq!(
+        fields,
+        ["spec.pools[0].endpoitns", "spec.routes[0].chian"],
+        "{err}"
+    );
+    assert!(
+        err.errors[0].reason.contains("did you mean `endpoints`?"),
+        "{err}"
+    );
+    assert!(
+        err.errors[1].reason.contains("did you mean `chain`?"),
+        "{err}"
+    );
+}

@@ -342,12 +342,22 @@ pub async fn backends_drain(admin: &mut Admin, pool: &str, addr: &str) -> ExitCo
             "no backend set for pool {pool} (routerctl backends set {pool} ...)"
         ));
     };
-    if !current.endpoints.iter().any(|e| e == addr) {
-        return fail(format!("{addr} is not a backend of {pool}"));
-    }
+    // Compared as endpoints: health and metrics show `http://host:port`
+    // for a backend set as `host:port`.
+    let Some(addr) = current
+        .endpoints
+        .iter()
+        .find(|e| router_policy::Endpoint::same_address(e, addr))
+        .cloned()
+    else {
+        return fail(format!(
+            "{addr} is not a backend of {pool} (its backends: {})",
+            current.endpoints.join(", ")
+        ));
+    };
     let mut drained = current.drained;
-    if !drained.iter().any(|d| d == addr) {
-        drained.push(addr.to_string());
+    if !drained.contains(&addr) {
+        drained.push(addr.clone());
     }
     match admin
         .set_backends(pb::SetBackendsRequest {
@@ -414,10 +424,17 @@ pub async fn circuits_set(
         .await
     {
         Ok(r) => {
-            let what = if open { "opened" } else { "closed" };
+            let target = match addr {
+                Some(a) => format!("{pool} {a}"),
+                None => format!("every endpoint of {pool}"),
+            };
+            let what = match (open, for_secs) {
+                (true, _) => "opened for",
+                (false, 0) => "overrides cleared for",
+                (false, _) => "forced closed for",
+            };
             println!(
-                "circuit {what} for {pool} {} (revision {})",
-                addr.unwrap_or("(all)"),
+                "circuit {what} {target} (revision {})",
                 r.into_inner().revision
             );
             ExitCode::SUCCESS

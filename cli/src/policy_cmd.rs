@@ -8,7 +8,7 @@ use std::io::Read;
 use std::path::Path;
 use std::process::ExitCode;
 
-use router_policy::decide::{explain, Explanation, Situation};
+use router_policy::decide::{check_situation, explain, Explanation, Situation};
 use router_policy::document::PolicyDocument;
 use router_policy::{Guards, Policy, QueueSettings};
 
@@ -142,6 +142,10 @@ pub async fn explain_cmd(policy: Option<&Path>, output: Output) -> ExitCode {
             return ExitCode::from(1);
         }
     };
+    if let Err(e) = check_situation(&policy, &situation) {
+        eprintln!("routerctl: the situation is not valid: {e}");
+        return ExitCode::from(2);
+    }
     print_explanation(&explain(&policy, &situation), output);
     ExitCode::SUCCESS
 }

@@ -465,3 +465,106 @@ fn approve_prints_a_token_the_key_verifies() {
     assert!(o.stdout.is_empty());
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// Issue 20, items 5, 6 and 7, against a control plane: `backends drain`
+/// compares endpoints, not strings (health shows `http://host:port` for a
+/// backend set as `host:port`); `circuits close POOL` clears the
+/// per-endpoint overrides too; a pool the policy lacks is refused by
+/// `circuits open` and by `route explain`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backends_circuits_and_explain_compare_endpoints_and_know_the_pools() {
+    let dir = std::env::temp_dir().join(format!("routerctl-ops-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let cp = start(ControlPlaneOptions {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        store: router_control_plane::StoreLocation::Embedded(dir.join("cp")),
+        token: Some("tok".into()),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let server = format!("http://{}", cp.local_addr());
+    let good = dir.join("good.yaml");
+    std::fs::write(&good, GOOD).unwrap();
+    let good = good.to_str().unwrap().to_string();
+    tokio::task::spawn_blocking(move || {
+        let ok = |args: &[&str]| {
+            let o = run(&server, Some("tok"), args);
+            assert_eq!(o.status.code(), Some(0), "{args:?}: {}", text(&o));
+            text(&o)
+        };
+        ok(&["policy", "apply", "-f", &good]);
+        ok(&["backends", "set", "a", "127.0.0.1:8001", "127.0.0.1:8002"]);
+        // The form health and metrics show.
+        let said = ok(&["backends", "drain", "a", "http://127.0.0.1:8001"]);
+        assert!(said.contains("127.0.0.1:8001 of a draining"), "{said}");
+        let listed: serde_json::Value =
+            serde_json::from_str(&ok(&["backends", "list", "-o", "json"])).unwrap();
+        assert_eq!(
+            listed[0]["drained"],
+            serde_json::json!(["127.0.0.1:8001"]),
+            "{listed}"
+        );
+        let o = run(
+            &server,
+            Some("tok"),
+            &["backends", "drain", "a", "127.0.0.1:9999"],
+        );
+        assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+        assert!(
+            text(&o).contains("its backends: 127.0.0.1:8001, 127.0.0.1:8002"),
+            "{}",
+            text(&o)
+        );
+
+        // Circuits: a pool-wide close clears the per-endpoint overrides.
+        ok(&[
+            "circuits",
+            "open",
+            "a",
+            "http://127.0.0.1:8002",
+            "--for",
+            "10m",
+        ]);
+        assert!(ok(&["circuits", "list"]).contains("127.0.0.1:8002"));
+        let said = ok(&["circuits", "close", "a"]);
+        assert!(
+            said.contains("overrides cleared for every endpoint of a"),
+            "{said}"
+        );
+        let listed = ok(&["circuits", "list"]);
+        assert!(!listed.contains("127.0.0.1:8002"), "{listed}");
+        let o = run(&server, Some("tok"), &["circuits", "open", "nope"]);
+        assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+        assert!(text(&o).contains("no pool \"nope\""), "{}", text(&o));
+
+        // Explain: a misspelt pool is refused with the known names.
+        let mut c = Command::new(BIN);
+        c.args(["route", "explain"])
+            .env("ROUTERCTL_SERVER", &server)
+            .env("ROUTER_TOKEN", "tok")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        let mut child = c.spawn().unwrap();
+        {
+            use std::io::Write;
+            let mut stdin = child.stdin.take().unwrap();
+            stdin
+                .write_all(br#"{"risk": "READ", "pools": {"b": {"healthy": false}}}"#)
+                .unwrap();
+        }
+        let o = child.wait_with_output().unwrap();
+        assert_ne!(o.status.code(), Some(0), "{}", text(&o));
+        assert!(
+            text(&o).contains("no pool \"b\"; its pools: a"),
+            "{}",
+            text(&o)
+        );
+    })
+    .await
+    .unwrap();
+    cp.shutdown().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -725,14 +725,19 @@ impl Hub {
                 });
             }
         }
+        // Drained entries are kept as their endpoint is written, so the
+        // proxies match them exactly.
+        let mut drained_as_written = Vec::with_capacity(drained.len());
         for (i, d) in drained.iter().enumerate() {
-            if !endpoints.contains(d) {
-                errors.push(FieldError {
+            match endpoints.iter().find(|e| Endpoint::same_address(e, d)) {
+                Some(e) => drained_as_written.push(e.clone()),
+                None => errors.push(FieldError {
                     field: format!("drained[{i}]"),
                     reason: format!("{d} is not one of the endpoints"),
-                });
+                }),
             }
         }
+        let drained = drained_as_written;
         if pool.is_empty() {
             errors.push(FieldError {
                 field: "pool".into(),
@@ -763,17 +768,25 @@ impl Hub {
             let current = inner.state.backends.get(pool).ok_or_else(|| {
                 HubError::NotFound(format!("no backend set for pool {pool:?} (set it first)"))
             })?;
-            if !current.endpoints.iter().any(|e| e == endpoint) {
+            // Compared as endpoints: health and metrics show
+            // `http://host:port` for a backend set as `host:port`.
+            let Some(endpoint) = current
+                .endpoints
+                .iter()
+                .find(|e| Endpoint::same_address(e, endpoint))
+                .cloned()
+            else {
                 return Err(HubError::NotFound(format!(
-                    "{endpoint} is not a backend of {pool}"
+                    "{endpoint} is not a backend of {pool} (its backends: {})",
+                    current.endpoints.join(", ")
                 )));
-            }
-            if current.drained.iter().any(|d| d == endpoint) {
+            };
+            if current.drained.contains(&endpoint) {
                 return Ok(None);
             }
             let mut next = inner.state.clone();
             if let Some(set) = next.backends.get_mut(pool) {
-                set.drained.push(endpoint.to_string());
+                set.drained.push(endpoint);
             }
             Ok(Some((next, None)))
         })
@@ -803,9 +816,12 @@ impl Hub {
         let until = now_ms() + i64::try_from(secs * 1000).unwrap_or(i64::MAX);
         let creates = open || for_secs > 0;
         self.change(|inner| {
+            // A pool-wide change (no endpoint) replaces every override of
+            // the pool, the per-endpoint ones too: `circuits close POOL`
+            // clears them all, `circuits open POOL` opens the whole pool.
             let matches = |c: &CircuitRecord| {
                 c.pool == pool
-                    && c.endpoint == endpoint
+                    && (endpoint.is_empty() || Endpoint::same_address(&c.endpoint, endpoint))
                     && (c.source == source || source == "operator")
             };
             if creates || !inner.state.circuits.iter().any(matches) {
@@ -1120,6 +1136,8 @@ impl Hub {
             .ok_or_else(|| HubError::NotFound("no policy applied yet".into()))?;
         let policy =
             load(&record.document, &self.guards).map_err(|e| HubError::Invalid(e.errors))?;
+        router_policy::decide::check_situation(&policy, &situation)
+            .map_err(|e| HubError::Invalid(vec![e]))?;
         let answer = router_policy::decide::explain(&policy, &situation);
         serde_json::to_string(&answer).map_err(|e| {
             HubError::Invalid(vec![FieldError {

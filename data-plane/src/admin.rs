@@ -320,6 +320,8 @@ async fn explain(shared: &Shared, req: Request<Incoming>) -> Result<Response<Byt
     let situation: router_policy::decide::Situation = serde_json::from_slice(&body)
         .map_err(|e| ProxyError::InvalidRequest(format!("not a situation: {e}")))?;
     let snapshot = shared.config.load();
+    router_policy::decide::check_situation(&snapshot.policy, &situation)
+        .map_err(|e| ProxyError::InvalidRequest(e.to_string()))?;
     let answer = router_policy::decide::explain(&snapshot.policy, &situation);
     let value =
         serde_json::to_value(&answer).map_err(|e| ProxyError::InvalidRequest(e.to_string()))?;

@@ -54,7 +54,7 @@ use std::fmt::{self, Write as _};
 
 use serde::{Deserialize, Serialize};
 
-use crate::document::{Policy, Pool, Risk, Route};
+use crate::document::{FieldError, Policy, Pool, Risk, Route};
 
 /// Output tokens assumed for the cost estimate when a request does not set
 /// `max_tokens`.
@@ -571,6 +571,29 @@ fn push_debug_str(out: &mut String, s: &str) {
     }
 }
 
+/// Checks that `situation` names only pools of `policy`. A pool the
+/// situation does not list is taken as healthy, so a misspelt name
+/// (`local_medium` for `local-medium`) would silently answer as if the
+/// pool it meant were healthy; it is refused instead, with the names the
+/// policy has.
+pub fn check_situation(policy: &Policy, situation: &Situation) -> Result<(), FieldError> {
+    let Some(unknown) = situation
+        .pools
+        .keys()
+        .find(|name| policy.pool(name).is_none())
+    else {
+        return Ok(());
+    };
+    let known: Vec<&str> = policy.pools.iter().map(|p| p.name.as_str()).collect();
+    Err(FieldError {
+        field: format!("pools.{unknown}"),
+        reason: format!(
+            "the policy has no pool {unknown:?}; its pools: {}",
+            known.join(", ")
+        ),
+    })
+}
+
 /// The contract's `explain` answer for a situation.
 pub fn explain(policy: &Policy, situation: &Situation) -> Explanation {
     let d = decide(policy, situation);
@@ -779,5 +802,23 @@ spec:
         assert!(v.reason.ends_with("; no pool can take it"), "{}", v.reason);
         let d = decision(&p, [5, 0, 0]);
         assert_eq!((d.refusal, &d.reason), (v.refusal, &v.reason));
+    }
+
+    /// Issue 20, item 7: a situation naming a pool the policy lacks is
+    /// refused with the known names (it used to be taken as healthy).
+    #[test]
+    fn a_situation_naming_an_unknown_pool_is_refused_with_the_known_names() {
+        let p = policy("");
+        let ok: Situation =
+            serde_json::from_str(r#"{"pools": {"local": {"healthy": false}}}"#).unwrap();
+        assert_eq!(check_situation(&p, &ok), Ok(()));
+        let typo: Situation =
+            serde_json::from_str(r#"{"pools": {"locall": {"healthy": false}}}"#).unwrap();
+        let e = check_situation(&p, &typo).unwrap_err();
+        assert_eq!(e.field, "pools.locall");
+        assert_eq!(
+            e.reason,
+            "the policy has no pool \"locall\"; its pools: local, small, cloud"
+        );
     }
 }

@@ -131,6 +131,20 @@ impl Endpoint {
         self.scheme == other.scheme && self.port == other.port && self.host() == other.host()
     }
 
+    /// Whether two written addresses name the same endpoint: the same
+    /// origin and base path, however written (`127.0.0.1:8001` and
+    /// `http://127.0.0.1:8001/` are one endpoint). Addresses that do not
+    /// parse are the same only as the same text.
+    pub fn same_address(a: &str, b: &str) -> bool {
+        match (Endpoint::parse(a), Endpoint::parse(b)) {
+            (Ok(x), Ok(y)) => {
+                x.same_origin(&y)
+                    && x.base_path.trim_end_matches('/') == y.base_path.trim_end_matches('/')
+            }
+            _ => a.trim() == b.trim(),
+        }
+    }
+
     /// The upstream path and query for a client path: the client's path
     /// continues from the base path. A client path that repeats the last
     /// segment of the base (`/v1` + `/v1/chat/completions`) is not doubled:
@@ -238,5 +252,26 @@ mod tests {
             Err(EndpointError::Invalid(_))
         ));
         assert_eq!(Endpoint::parse("http://h:1/?a"), Err(EndpointError::Query));
+    }
+
+    #[test]
+    fn the_same_address_however_written() {
+        assert!(Endpoint::same_address(
+            "127.0.0.1:8001",
+            "http://127.0.0.1:8001"
+        ));
+        assert!(Endpoint::same_address(
+            "http://127.0.0.1:8001/",
+            "127.0.0.1:8001"
+        ));
+        assert!(Endpoint::same_address(
+            "https://api.example.com",
+            "https://api.example.com:443/"
+        ));
+        assert!(Endpoint::same_address("https://h/v1", "https://h:443/v1/"));
+        assert!(!Endpoint::same_address("https://h/v1", "https://h/v2"));
+        assert!(!Endpoint::same_address("http://h:80", "https://h:80"));
+        assert!(!Endpoint::same_address("127.0.0.1:8001", "127.0.0.1:8002"));
+        assert!(Endpoint::same_address("not an address", " not an address "));
     }
 }

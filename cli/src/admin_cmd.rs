@@ -98,7 +98,7 @@ pub async fn apply(
     output: Output,
 ) -> ExitCode {
     let document = match std::fs::read_to_string(file) {
-        Ok(d) => d,
+        Ok(d) => without_get_header(&d).to_string(),
         Err(e) => return fail(format!("cannot read {}: {e}", file.display())),
     };
     let author = std::env::var("USER").unwrap_or_else(|_| "routerctl".into());
@@ -124,6 +124,11 @@ pub async fn apply(
         return ExitCode::FAILURE;
     }
     match output {
+        Output::Table if r.unchanged => println!(
+            "unchanged: {} reads the same as policy version {} (no new version made)",
+            file.display(),
+            r.version
+        ),
         Output::Table if dry_run => println!(
             "{}: valid; would become version {}",
             file.display(),
@@ -134,11 +139,25 @@ pub async fn apply(
             r.version, r.revision
         ),
         _ => print_value(
-            &json!({"version": r.version, "revision": r.revision, "applied": r.applied}),
+            &json!({"version": r.version, "revision": r.revision, "applied": r.applied, "unchanged": r.unchanged}),
             output,
         ),
     }
     ExitCode::SUCCESS
+}
+
+/// The document without the `# version N applied ...` lines `policy get`
+/// puts on top, so that get, edit, apply does not stack them in the stored
+/// document.
+pub fn without_get_header(document: &str) -> &str {
+    let mut rest = document;
+    while rest.starts_with("# version ") {
+        match rest.split_once('\n') {
+            Some((line, after)) if line.contains(" applied ") => rest = after,
+            _ => break,
+        }
+    }
+    rest
 }
 
 /// `policy get [--version N]`.
@@ -204,7 +223,7 @@ pub fn line_diff(old: &str, new: &str) -> Vec<String> {
 /// `policy diff -f FILE`: 0 when the file is what is applied, 1 otherwise.
 pub async fn diff(admin: &mut Admin, file: &Path) -> ExitCode {
     let local = match std::fs::read_to_string(file) {
-        Ok(d) => d,
+        Ok(d) => without_get_header(&d).to_string(),
         Err(e) => return fail(format!("cannot read {}: {e}", file.display())),
     };
     let current = match admin.get_policy(pb::GetPolicyRequest { version: 0 }).await {

@@ -34,13 +34,21 @@ pub struct UpArgs {
     /// Where the control plane keeps its store and the proxy its cache.
     #[arg(long, default_value = "router-data")]
     pub data_dir: PathBuf,
+    /// Apply the built-in demo even when the data dir holds a policy of
+    /// your own (kept otherwise).
+    #[arg(long)]
+    pub reset: bool,
 }
+
+/// The demo policy's name: `up` replaces only a policy of that name (its
+/// endpoints are new at every start).
+const DEMO_NAME: &str = "routerctl-up-demo";
 
 fn demo_policy(local: &str, cloud: &str) -> String {
     format!(
         r#"apiVersion: router/v1
 kind: RoutingPolicy
-metadata: {{name: demo}}
+metadata: {{name: {DEMO_NAME}}}
 spec:
   defaults: {{deadline_ms: 5000, attempt_timeout_ms: 2000}}
   pools:
@@ -103,15 +111,28 @@ pub async fn run(args: UpArgs) -> ExitCode {
         }
     };
     let mut mocks = Vec::new();
-    let document = match &args.file {
-        Some(path) => match std::fs::read_to_string(path) {
-            Ok(d) => d,
+    // A policy the user applied before (not the demo) is kept.
+    let kept = cp.hub().policy(0).filter(|p| {
+        router_policy::document::PolicyDocument::parse(&p.document)
+            .is_ok_and(|d| d.metadata.name != DEMO_NAME)
+    });
+    let document = match (&args.file, kept) {
+        (Some(path), _) => match std::fs::read_to_string(path) {
+            Ok(d) => Some(d),
             Err(e) => {
                 eprintln!("routerctl up: cannot read {}: {e}", path.display());
                 return ExitCode::FAILURE;
             }
         },
-        None => {
+        (None, Some(kept)) if !args.reset => {
+            eprintln!(
+                "routerctl up: keeping policy version {} from {} (--reset applies the demo instead)",
+                kept.version,
+                args.data_dir.display()
+            );
+            None
+        }
+        (None, _) => {
             let local = MockModel::start(MockConfig {
                 name: "local-gpu".into(),
                 latency: Duration::from_millis(40),
@@ -130,7 +151,7 @@ pub async fn run(args: UpArgs) -> ExitCode {
                     let doc = demo_policy(&l.url(), &c.url());
                     mocks.push(l);
                     mocks.push(c);
-                    doc
+                    Some(doc)
                 }
                 (Err(e), _) | (_, Err(e)) => {
                     eprintln!("routerctl up: demo endpoints: {e}");
@@ -139,15 +160,17 @@ pub async fn run(args: UpArgs) -> ExitCode {
             }
         }
     };
-    match cp
-        .hub()
-        .apply_policy(&document, false, 0, "routerctl up")
-        .await
-    {
-        Ok((version, _)) => tracing::info!(version, "policy applied"),
-        Err(e) => {
-            eprintln!("routerctl up: the policy was refused: {e}");
-            return ExitCode::FAILURE;
+    if let Some(document) = document {
+        match cp
+            .hub()
+            .apply_policy(&document, false, 0, "routerctl up")
+            .await
+        {
+            Ok((version, _)) => tracing::info!(version, "policy applied"),
+            Err(e) => {
+                eprintln!("routerctl up: the policy was refused: {e}");
+                return ExitCode::FAILURE;
+            }
         }
     }
     let mut settings = match Settings::from_env() {
@@ -188,7 +211,7 @@ pub async fn run(args: UpArgs) -> ExitCode {
         args.data_dir.display()
     );
     eprintln!("  admin API:     {}", proxy.admin_access());
-    if args.file.is_none() {
+    if !mocks.is_empty() {
         eprintln!("  demo endpoints: local-gpu (40 ms, 4 at a time) then cloud (300 ms)");
     }
     eprintln!();

@@ -269,11 +269,12 @@ fn up_with(
     let stderr = child.stderr.take().unwrap();
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
+        // Read to the end even once nobody listens: `up` dies of a
+        // closed stderr (eprintln panics), which would reset the
+        // connections of a test still talking to it.
         for line in BufReader::new(stderr).lines() {
             let Ok(line) = line else { break };
-            if tx.send(line).is_err() {
-                break;
-            }
+            let _ = tx.send(line);
         }
     });
     let mut seen = String::new();
@@ -566,5 +567,137 @@ async fn backends_circuits_and_explain_compare_endpoints_and_know_the_pools() {
     .await
     .unwrap();
     cp.shutdown().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Issue 20, item 8: get, edit, apply does not stack `policy get`'s header
+/// in the stored document, and a document that reads the same as the
+/// current one makes no new version.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn get_edit_apply_keeps_one_header_and_an_unchanged_document_makes_no_version() {
+    let dir = std::env::temp_dir().join(format!("routerctl-loop-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let cp = start(ControlPlaneOptions {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        store: router_control_plane::StoreLocation::Embedded(dir.join("cp")),
+        token: Some("tok".into()),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let server = format!("http://{}", cp.local_addr());
+    let file = dir.join("p.yaml");
+    std::fs::write(&file, GOOD).unwrap();
+    let path = file.to_str().unwrap().to_string();
+    tokio::task::spawn_blocking(move || {
+        let ok = |args: &[&str]| {
+            let o = run(&server, Some("tok"), args);
+            assert_eq!(o.status.code(), Some(0), "{args:?}: {}", text(&o));
+            String::from_utf8_lossy(&o.stdout).into_owned()
+        };
+        assert!(ok(&["policy", "apply", "-f", &path]).contains("policy version 1"));
+        for round in 0..3 {
+            // get > file, apply the file as it is: unchanged.
+            let got = ok(&["policy", "get"]);
+            assert_eq!(got.matches("# version ").count(), 1, "round {round}: {got}");
+            std::fs::write(&path, &got).unwrap();
+            let said = ok(&["policy", "apply", "-f", &path]);
+            assert!(said.starts_with("unchanged:"), "round {round}: {said}");
+            assert_eq!(ok(&["policy", "diff", "-f", &path]), "");
+        }
+        let history = ok(&["policy", "history", "-o", "json"]);
+        let history: serde_json::Value = serde_json::from_str(&history).unwrap();
+        assert_eq!(history.as_array().unwrap().len(), 1, "{history}");
+        // A real edit makes version 2, with one header when read back.
+        let got = ok(&["policy", "get"]);
+        std::fs::write(&path, got.replace("127.0.0.1:9", "127.0.0.1:10")).unwrap();
+        assert!(ok(&["policy", "apply", "-f", &path]).contains("policy version 2"));
+        let got = ok(&["policy", "get"]);
+        assert_eq!(got.matches("# version ").count(), 1, "{got}");
+        assert!(got.starts_with("# version 2 applied "), "{got}");
+    })
+    .await
+    .unwrap();
+    cp.shutdown().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Issue 20, item 8: `routerctl up` started again keeps a policy the user
+/// applied (it used to put the demo back over it); `--reset` brings the
+/// demo back.
+#[test]
+fn up_keeps_the_users_policy_unless_reset() {
+    use std::io::{BufRead, BufReader};
+    let dir = std::env::temp_dir().join(format!("routerctl-up-keep-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let data = dir.join("data");
+    let data = data.to_str().unwrap();
+    let mine = dir.join("mine.yaml");
+    std::fs::write(
+        &mine,
+        GOOD.replace(
+            "kind: RoutingPolicy\n",
+            "kind: RoutingPolicy\nmetadata: {name: mine}\n",
+        ),
+    )
+    .unwrap();
+    let mine = mine.to_str().unwrap();
+    // Runs `up` until it prints the control plane's address; returns the
+    // current policy's version and name there, and what `up` said.
+    let current = |args: &[&str]| {
+        let mut c = Command::new(BIN);
+        c.args([
+            "up",
+            "--port",
+            "0",
+            "--grpc",
+            "127.0.0.1:0",
+            "--data-dir",
+            data,
+        ])
+        .args(args)
+        .env_remove("ROUTER_TOKEN")
+        .env_remove("CUSTOM_ROUTER_BIND")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped());
+        let mut child = c.spawn().unwrap();
+        let mut said = String::new();
+        let mut server = None;
+        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+        for line in lines.by_ref() {
+            let Ok(line) = line else { break };
+            said.push_str(&line);
+            said.push('\n');
+            if let Some(rest) = line.trim().strip_prefix("control plane:") {
+                server = rest.split_whitespace().next().map(str::to_string);
+                break;
+            }
+        }
+        // Keep reading: `up` dies of a closed stderr.
+        std::thread::spawn(move || lines.for_each(drop));
+        let server = server.unwrap_or_else(|| panic!("no control plane line: {said}"));
+        let o = run(&server, None, &["policy", "get", "-o", "json"]);
+        child.kill().unwrap();
+        let _ = child.wait();
+        assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        let name = router_policy::document::PolicyDocument::parse(v["document"].as_str().unwrap())
+            .unwrap()
+            .metadata
+            .name;
+        (v["version"].as_u64().unwrap(), name, said)
+    };
+    let (version, name, _) = current(&["-f", mine]);
+    assert_eq!((version, name.as_str()), (1, "mine"));
+    let (version, name, said) = current(&[]);
+    assert_eq!((version, name.as_str()), (1, "mine"), "{said}");
+    assert!(said.contains("keeping policy version 1"), "{said}");
+    let (version, name, _) = current(&["--reset"]);
+    assert_eq!((version, name.as_str()), (2, "routerctl-up-demo"));
+    // The demo is replaced at every start (its endpoints are new).
+    let (version, name, _) = current(&[]);
+    assert_eq!((version, name.as_str()), (3, "routerctl-up-demo"));
     let _ = std::fs::remove_dir_all(&dir);
 }

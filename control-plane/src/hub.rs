@@ -56,6 +56,17 @@ const WRITE_ATTEMPTS: usize = 16;
 /// How many policy versions the history keeps (the current one is always kept).
 pub const HISTORY_LIMIT: usize = 100;
 
+/// What applying a policy did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PolicyApplied {
+    /// The version now current (the new one, or the unchanged current).
+    pub version: u64,
+    /// The store's revision.
+    pub revision: u64,
+    /// Whether a new version was made.
+    pub changed: bool,
+}
+
 /// Why a change was refused.
 #[derive(Debug, thiserror::Error)]
 pub enum HubError {
@@ -552,6 +563,22 @@ impl Hub {
         expected_version: u64,
         author: &str,
     ) -> Result<(u64, u64), HubError> {
+        self.apply_policy_checked(document, dry_run, expected_version, author)
+            .await
+            .map(|a| (a.version, a.revision))
+    }
+
+    /// [`Hub::apply_policy`], saying whether a new version was made: a
+    /// document that reads the same as the current one (comments and
+    /// layout aside) is not applied again; the answer names the current
+    /// version, `changed: false`.
+    pub async fn apply_policy_checked(
+        &self,
+        document: &str,
+        dry_run: bool,
+        expected_version: u64,
+        author: &str,
+    ) -> Result<PolicyApplied, HubError> {
         let span = tracing::info_span!(
             "policy.apply",
             dry_run,
@@ -573,6 +600,17 @@ impl Hub {
                 }
                 Ok(inner.next_policy_version())
             };
+            // The same document as the current one (parsed: comments and
+            // layout do not count) makes no new version.
+            let same_as_current = |inner: &Inner| {
+                let current = inner
+                    .history
+                    .iter()
+                    .find(|p| p.version == inner.state.policy_version)?;
+                let same = PolicyDocument::parse(&current.document).ok()?
+                    == PolicyDocument::parse(document).ok()?;
+                same.then_some(current.version)
+            };
             let too_large = |e: HubError| match e {
                 HubError::TooLarge { .. } => HubError::Invalid(vec![FieldError {
                     field: "document".into(),
@@ -583,13 +621,30 @@ impl Hub {
             if dry_run {
                 let inner = self.lock();
                 let version = check(&inner)?;
+                if let Some(current) = same_as_current(&inner) {
+                    return Ok(PolicyApplied {
+                        version: current,
+                        revision: inner.state.revision,
+                        changed: false,
+                    });
+                }
                 let next = with_policy(&inner, document, version, &self.guards);
                 check_fits(&next, document.len(), &self.store_id).map_err(too_large)?;
-                return Ok((version, inner.state.revision));
+                return Ok(PolicyApplied {
+                    version,
+                    revision: inner.state.revision,
+                    changed: true,
+                });
             }
+            let mut changed = true;
             let done = self
                 .change(|inner| {
                     let version = check(inner)?;
+                    if same_as_current(inner).is_some() {
+                        changed = false;
+                        return Ok(None);
+                    }
+                    changed = true;
                     let record = PolicyRecord {
                         version,
                         document: document.to_string(),
@@ -605,13 +660,25 @@ impl Hub {
             let span = tracing::Span::current();
             span.record("router.policy_version", done.policy_version);
             span.record("router.revision", done.revision);
-            tracing::info!(
-                version = done.policy_version,
-                revision = done.revision,
-                author,
-                "policy applied"
-            );
-            Ok((done.policy_version, done.revision))
+            if changed {
+                tracing::info!(
+                    version = done.policy_version,
+                    revision = done.revision,
+                    author,
+                    "policy applied"
+                );
+            } else {
+                tracing::info!(
+                    version = done.policy_version,
+                    author,
+                    "policy unchanged: the same document as the current version"
+                );
+            }
+            Ok(PolicyApplied {
+                version: done.policy_version,
+                revision: done.revision,
+                changed,
+            })
         }
         .instrument(span)
         .await

@@ -102,18 +102,20 @@ impl Admin for AdminService {
     ) -> Result<Response<pb::ApplyPolicyResponse>, Status> {
         let r = req.into_inner();
         match upgrade(&self.hub)?
-            .apply_policy(&r.document, r.dry_run, r.expected_version, &r.author)
+            .apply_policy_checked(&r.document, r.dry_run, r.expected_version, &r.author)
             .await
         {
-            Ok((version, revision)) => Ok(Response::new(pb::ApplyPolicyResponse {
-                version,
-                applied: !r.dry_run,
+            Ok(a) => Ok(Response::new(pb::ApplyPolicyResponse {
+                version: a.version,
+                applied: !r.dry_run && a.changed,
+                unchanged: !a.changed,
                 errors: Vec::new(),
-                revision,
+                revision: a.revision,
             })),
             Err(HubError::Invalid(errors)) => Ok(Response::new(pb::ApplyPolicyResponse {
                 version: 0,
                 applied: false,
+                unchanged: false,
                 errors: field_errors(errors),
                 revision: 0,
             })),
@@ -163,6 +165,7 @@ impl Admin for AdminService {
         Ok(Response::new(pb::ApplyPolicyResponse {
             version,
             applied: true,
+            unchanged: false,
             errors: Vec::new(),
             revision,
         }))

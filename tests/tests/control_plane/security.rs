@@ -374,7 +374,14 @@ async fn a_policy_whose_snapshot_exceeds_the_message_limit_is_refused() {
     let last_good = format!("cp-{}", set.revision);
     wait_version(&proxy, &last_good).await;
     let padding = "#".repeat(1000);
-    let mut big = small.clone();
+    // Another document (a new name), not only longer: the same document
+    // with comments added would be "unchanged", never stored.
+    let mut big = small.replacen(
+        "kind: RoutingPolicy\n",
+        "kind: RoutingPolicy\nmetadata: {name: big}\n",
+        1,
+    );
+    assert_ne!(big, small);
     while big.len() < router_proto::MAX_MESSAGE_BYTES - 32 * 1024 {
         big.push_str(&padding);
         big.push('\n');

@@ -38,26 +38,41 @@ pub async fn connect(
     let channel = router_proxy::managed::grpc_endpoint(&url, ca_pem)?
         .connect()
         .await
-        .map_err(|e| format!("cannot reach the control plane at {url}: {e}"))?;
+        .map_err(|e| {
+            router_proxy::managed::connect_failure(
+                &url,
+                &e,
+                "--ca-file PATH (or ROUTERCTL_CA_FILE)",
+            )
+        })?;
     Ok(AdminClient::with_interceptor(channel, bearer))
 }
 
-/// A gRPC error as a person reads it.
+/// A gRPC error as a person reads it: the control plane's own words and
+/// what to do, without gRPC's code names.
 pub fn explain_status(s: &tonic::Status) -> String {
+    let message = s.message();
     match s.code() {
         tonic::Code::Unauthenticated => {
             "the control plane refused the token (set ROUTER_TOKEN)".into()
         }
-        tonic::Code::PermissionDenied => format!(
-            "permission denied: {} (ROUTER_TOKEN must be the operator token)",
-            s.message()
-        ),
-        tonic::Code::Aborted => format!(
-            "conflict: {} (get the current version and try again)",
-            s.message()
-        ),
-        tonic::Code::Unavailable => format!("the control plane is unavailable: {}", s.message()),
-        _ => format!("{:?}: {}", s.code(), s.message()),
+        tonic::Code::PermissionDenied => {
+            format!("permission denied: {message} (ROUTER_TOKEN must be the operator token)")
+        }
+        tonic::Code::Aborted => format!("{message} (get the current version and try again)"),
+        tonic::Code::Unavailable => format!("the control plane is unavailable: {message}"),
+        // A TLS server answering a cleartext HTTP/2 client: the stream is
+        // cut in one of these ways.
+        tonic::Code::Internal | tonic::Code::Unknown | tonic::Code::Cancelled
+            if message.contains("h2 protocol error")
+                || message.contains("operation was canceled") =>
+        {
+            format!(
+                "the control plane did not speak cleartext HTTP/2 ({message}): if it serves TLS, use an https:// --server (with --ca-file)"
+            )
+        }
+        _ if message.is_empty() => format!("the control plane failed the call ({:?})", s.code()),
+        _ => message.to_string(),
     }
 }
 
@@ -116,9 +131,10 @@ pub async fn apply(
     };
     if !r.errors.is_empty() {
         eprintln!(
-            "routerctl: {}: refused ({} errors)",
+            "routerctl: {}: refused ({} error{})",
             file.display(),
-            r.errors.len()
+            r.errors.len(),
+            if r.errors.len() == 1 { "" } else { "s" }
         );
         print_errors(&r.errors);
         return ExitCode::FAILURE;

@@ -142,6 +142,33 @@ impl Readiness {
     }
 }
 
+/// Why the control plane at `url` could not be reached, with what to do
+/// about it. The whole chain of causes is read: tonic's own message is
+/// only "transport error". `ca_flag` names the option that gives a CA.
+pub fn connect_failure(url: &str, e: &(dyn std::error::Error + 'static), ca_flag: &str) -> String {
+    let mut chain = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        let text = cause.to_string();
+        // Wrappers often repeat their cause's words.
+        if !chain.ends_with(&text) {
+            chain.push_str(": ");
+            chain.push_str(&text);
+        }
+        source = cause.source();
+    }
+    let advice = if chain.contains("NotValidForName") {
+        "its certificate does not name this host: use the host name it was issued for".to_string()
+    } else if chain.contains("UnknownIssuer") || chain.contains("invalid peer certificate") {
+        format!("its TLS certificate is not trusted: give {ca_flag} with the CA that signed it")
+    } else if chain.contains("Connection refused") {
+        "nothing listens there: is the control plane running, and is the address right?".into()
+    } else {
+        "see the cause".into()
+    };
+    format!("cannot reach the control plane at {url} ({chain}): {advice}")
+}
+
 /// What to tell the operator when the control plane refused the stream.
 fn explain_refusal(status: &tonic::Status, node_id: &str) -> String {
     use tonic::Code;
@@ -467,7 +494,7 @@ async fn stream_once(
     let channel = endpoint
         .connect()
         .await
-        .map_err(|e| format!("connect: {e}"))?;
+        .map_err(|e| connect_failure(addr, &e, "--control-plane-ca"))?;
     let mut client = ProxyConfigClient::with_interceptor(channel, context.token.clone())
         .max_decoding_message_size(router_proto::MAX_MESSAGE_BYTES)
         .max_encoding_message_size(router_proto::MAX_PROXY_MESSAGE_BYTES);

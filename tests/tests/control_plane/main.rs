@@ -441,6 +441,59 @@ async fn the_control_plane_can_serve_tls() {
     )
     .await;
     assert_eq!(version_of(&untrusting).await, "boot-1");
+    // Its health says why it has no config (issue 20, item 1).
+    let h = untrusting
+        .wait_health("the TLS refusal", |h| {
+            h["reason"]
+                .as_str()
+                .is_some_and(|r| r.contains("UnknownIssuer"))
+        })
+        .await;
+    assert_eq!(h["ok"], false);
+
+    // routerctl's errors say what to fix (issue 20, item 11): the CA for
+    // an untrusted certificate, https:// for a TLS server called in clear.
+    let https = format!("https://localhost:{}", cp.local_addr().port());
+    let e = routerctl::admin_cmd::connect(&https, Some(TOKEN.into()), None)
+        .await
+        .err()
+        .unwrap();
+    assert!(e.contains("not trusted") && e.contains("--ca-file"), "{e}");
+    let plain = format!("http://localhost:{}", cp.local_addr().port());
+    let status = match routerctl::admin_cmd::connect(&plain, Some(TOKEN.into()), None).await {
+        Ok(mut admin) => admin
+            .list_proxies(pb::ListProxiesRequest {})
+            .await
+            .err()
+            .map(|s| routerctl::admin_cmd::explain_status(&s)),
+        Err(e) => Some(e),
+    };
+    let said = status.unwrap();
+    assert!(said.contains("https://"), "{said}");
+    let mut trusted_admin =
+        routerctl::admin_cmd::connect(&https, Some(TOKEN.into()), Some(&ck.cert.pem()))
+            .await
+            .unwrap();
+    let conflict = trusted_admin
+        .apply_policy(pb::ApplyPolicyRequest {
+            document: policy(&a.url(), &a.url()).replace(
+                "kind: RoutingPolicy\n",
+                "kind: RoutingPolicy\nmetadata: {name: x}\n",
+            ),
+            expected_version: 7,
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    let said = routerctl::admin_cmd::explain_status(&conflict);
+    assert!(
+        said.starts_with("conflict: the current policy version is 1, not 7"),
+        "{said}"
+    );
+    assert!(
+        !said.contains("conflict: conflict") && !said.contains("Aborted"),
+        "{said}"
+    );
     cp.shutdown().await;
     let _ = std::fs::remove_dir_all(&dir);
 }

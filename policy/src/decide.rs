@@ -385,6 +385,8 @@ fn decide_core<'p>(
     reason.push(')');
     let mut chosen: Option<&str> = None;
     let mut over_ceiling = false;
+    // Whether a pool was passed over for something else than its cost.
+    let mut other_gates = false;
     for (i, name) in route.chain.iter().enumerate() {
         let outcome = match policy.pool(name) {
             None => Err(Gated::NotInPolicy),
@@ -400,7 +402,9 @@ fn decide_core<'p>(
                 chosen.get_or_insert(name);
             }
             Err(gated) => {
-                over_ceiling |= matches!(gated, Gated::Cost { .. });
+                let cost = matches!(gated, Gated::Cost { .. });
+                over_ceiling |= cost;
+                other_gates |= !cost;
                 reason.push_str("; ");
                 reason.push_str(name);
                 reason.push_str(" skipped: ");
@@ -420,7 +424,14 @@ fn decide_core<'p>(
             reason.push_str(first);
             reason.push_str(" chosen");
         }
-        None if over_ceiling => reason.push_str("; every pool is over the cost ceiling"),
+        None if over_ceiling && !other_gates => {
+            reason.push_str("; every pool is over the cost ceiling");
+        }
+        // Each pool's own reason is above: say only that the ceiling
+        // ruled out what the other gates left.
+        None if over_ceiling => {
+            reason.push_str("; the pools the other gates allow are over the cost ceiling");
+        }
         None => reason.push_str("; no pool can take it"),
     }
     (refusal, reason)
@@ -768,7 +779,7 @@ spec:
             "route \"default\" (risk READ); local skipped: queue depth 5 > 4; \
              small skipped: estimated cost $0.0030 > ceiling $0.0020; \
              cloud skipped: estimated cost $0.0400 > ceiling $0.0020; \
-             every pool is over the cost ceiling"
+             the pools the other gates allow are over the cost ceiling"
         );
         let d = decision(&p, [5, 0, 0]);
         assert_eq!(d.refusal, v.refusal);

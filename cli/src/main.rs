@@ -101,13 +101,14 @@ enum PolicyCommand {
         /// Only validate on the control plane.
         #[arg(long)]
         dry_run: bool,
-        /// Refuse unless this is the current version (compare-and-swap).
+        /// Refuse unless this is the current version (compare-and-swap;
+        /// 0: no check).
         #[arg(long, default_value_t = 0)]
         expected_version: u64,
     },
     /// Print the current (or a given) version.
     Get {
-        /// Version (default: current).
+        /// Version (0: the current one).
         #[arg(long, default_value_t = 0)]
         version: u64,
     },
@@ -121,10 +122,10 @@ enum PolicyCommand {
     History,
     /// Make an earlier version current again.
     Rollback {
-        /// Version to go back to (default: the one before).
+        /// Version to go back to (0: the one before the current).
         #[arg(long, default_value_t = 0)]
         to: u64,
-        /// Refuse unless this is the current version.
+        /// Refuse unless this is the current version (0: no check).
         #[arg(long, default_value_t = 0)]
         expected_version: u64,
     },

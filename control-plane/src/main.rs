@@ -47,7 +47,8 @@ struct Args {
     /// File holding the etcd user's password (trimmed).
     #[arg(long, env = "ROUTER_ETCD_PASSWORD_FILE")]
     etcd_password_file: Option<PathBuf>,
-    /// This replica's name (etcd store): shown as the singleton lease holder.
+    /// This replica's name (etcd store): shown as the singleton lease
+    /// holder [default: $HOSTNAME, else a random id].
     #[arg(long, env = "ROUTER_NODE_ID")]
     node_id: Option<String>,
     /// File holding the operator token: every call (admin and stream).

@@ -18,9 +18,30 @@ use router_proxy::{Mode, ProxyOptions, Settings};
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// `router-proxy --help`'s description: the modes and the variables.
+const LONG_ABOUT: &str = "The LLM traffic router's data-plane proxy.
+
+Modes:
+  (no flags)              sidecar: the Hugging Face custom-router contract;
+                          backends come from POST /_custom_router/set-backends
+  --policy FILE           standalone: route by a policy file, reloaded on change
+  --control-plane URL,..  managed: config streamed from router-control-plane
+                          (ROUTER_TOKEN: a proxy or operator token)
+
+Settings come from CUSTOM_ROUTER_* variables, among them:
+  CUSTOM_ROUTER_PORT, CUSTOM_ROUTER_BIND        where to listen (3000, 0.0.0.0)
+  CUSTOM_ROUTER_ADMIN_TOKEN                     opens the admin calls
+  CUSTOM_ROUTER_METRICS_TOKEN                   opens /metrics off loopback
+  CUSTOM_ROUTER_APPROVAL_KEY                    checks signed approvals
+  CUSTOM_ROUTER_QUEUE_MAX_SIZE, _QUEUE_TIMEOUT  the queue (1000, 1200 s)
+  CUSTOM_ROUTER_MAX_CONCURRENCY                 per backend (0: no limit)
+  CUSTOM_ROUTER_ATTEMPT_TIMEOUT                 per attempt (1800 s)
+Every variable, its default and its meaning: docs/data-plane.md. An
+invalid value stops the start and names the variable.";
+
 /// The LLM traffic router's data-plane proxy.
 #[derive(Parser, Debug)]
-#[command(name = "router-proxy", version, about)]
+#[command(name = "router-proxy", version, about, long_about = LONG_ABOUT)]
 struct Args {
     /// Standalone mode: route by this policy file (YAML or JSON), reloaded on change.
     #[arg(long, value_name = "FILE")]
@@ -41,13 +62,13 @@ struct Args {
     )]
     control_plane: Vec<String>,
     /// Managed mode: keep the last good config here, and start from it.
-    #[arg(long, value_name = "DIR")]
+    #[arg(long, value_name = "DIR", requires = "control_plane")]
     cache_dir: Option<PathBuf>,
     /// Managed mode: this proxy's name (default: host name and pid).
-    #[arg(long)]
+    #[arg(long, requires = "control_plane")]
     node_id: Option<String>,
     /// Managed mode: a CA (PEM) to trust for `https://` control planes.
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", requires = "control_plane")]
     control_plane_ca: Option<PathBuf>,
 }
 

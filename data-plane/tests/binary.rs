@@ -29,6 +29,35 @@ fn an_invalid_variable_stops_startup_and_is_named() {
     }
 }
 
+/// Issue 20, item 10: `--help` names the modes and the variables, and a
+/// managed-mode flag without `--control-plane` is refused, not ignored.
+#[test]
+fn help_names_the_modes_and_managed_flags_need_a_control_plane() {
+    let out = Command::new(BIN).arg("--help").output().unwrap();
+    assert!(out.status.success());
+    let help = String::from_utf8_lossy(&out.stdout);
+    for want in [
+        "sidecar",
+        "--policy FILE",
+        "--control-plane URL",
+        "CUSTOM_ROUTER_ADMIN_TOKEN",
+        "CUSTOM_ROUTER_METRICS_TOKEN",
+        "docs/data-plane.md",
+    ] {
+        assert!(help.contains(want), "{want} missing from: {help}");
+    }
+    for args in [
+        ["--cache-dir", "/tmp/router-cache"],
+        ["--node-id", "p1"],
+        ["--control-plane-ca", "/tmp/ca.pem"],
+    ] {
+        let out = Command::new(BIN).args(args).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains("--control-plane"), "{args:?}: {stderr}");
+    }
+}
+
 #[test]
 fn an_invalid_policy_file_stops_startup() {
     let dir = std::env::temp_dir().join(format!("router-bin-{}", std::process::id()));

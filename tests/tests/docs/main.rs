@@ -47,3 +47,29 @@ async fn every_metric_the_proxy_serves_is_documented() {
         "served but not in docs/data-plane.md's metrics: {missing:?}"
     );
 }
+
+/// Every `CUSTOM_ROUTER_*` variable the proxy reads is in
+/// docs/data-plane.md's table.
+#[test]
+fn every_proxy_variable_is_documented() {
+    let doc = repo_file("docs/data-plane.md");
+    let mut read = Vec::new();
+    for file in ["data-plane/src/settings.rs", "policy/src/guard.rs"] {
+        let source = repo_file(file);
+        for (i, _) in source.match_indices("\"CUSTOM_ROUTER_") {
+            let name: String = source[i + 1..]
+                .chars()
+                .take_while(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || *c == '_')
+                .collect();
+            if name.len() > "CUSTOM_ROUTER_".len() && !read.contains(&name) {
+                read.push(name);
+            }
+        }
+    }
+    assert!(read.len() >= 25, "{read:?}");
+    let missing: Vec<&String> = read
+        .iter()
+        .filter(|v| !doc.contains(&format!("`{v}`")))
+        .collect();
+    assert!(missing.is_empty(), "read but not documented: {missing:?}");
+}

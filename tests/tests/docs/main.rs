@@ -73,3 +73,158 @@ fn every_proxy_variable_is_documented() {
         .collect();
     assert!(missing.is_empty(), "read but not documented: {missing:?}");
 }
+
+/// The directory of the workspace's binaries (`target/debug`): this test
+/// runs from `target/debug/deps`. `cargo test --workspace` builds every
+/// binary before it runs a test.
+fn bin_dir() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let dir = exe.parent().and_then(|d| d.parent()).unwrap().to_path_buf();
+    for bin in ["routerctl", "router-proxy", "router-control-plane"] {
+        assert!(
+            dir.join(bin).exists(),
+            "{} is not built: run `cargo build --workspace` (or `cargo test --workspace`)",
+            dir.join(bin).display()
+        );
+    }
+    dir
+}
+
+/// The fenced `sh` block of `file` whose text contains `marker`.
+fn sh_block(file: &str, marker: &str) -> String {
+    let text = repo_file(file);
+    let mut blocks = text
+        .split("```sh\n")
+        .skip(1)
+        .filter_map(|b| b.split("```").next());
+    blocks
+        .find(|b| b.contains(marker))
+        .unwrap_or_else(|| panic!("{file} has no sh block with {marker:?}"))
+        .to_string()
+}
+
+/// A README block as a script for the built binaries: `cargo run ... -p
+/// NAME --` becomes `NAME`, found on PATH.
+fn as_script(block: &str) -> String {
+    let mut script = block.to_string();
+    for name in ["routerctl", "router-proxy"] {
+        for prefix in ["cargo run --release -p ", "cargo run -p "] {
+            script = script.replace(&format!("{prefix}{name} -- "), &format!("{name} "));
+            script = script.replace(&format!("{prefix}{name} "), &format!("{name} "));
+            script = script.replace(&format!("{prefix}{name}\n"), &format!("{name}\n"));
+        }
+    }
+    script
+}
+
+/// Runs `script` with bash (`-euo pipefail`) in `dir`, the binaries first
+/// on PATH, in a process group of its own that is killed afterwards (the
+/// block's background processes with it); its exit status and stdout.
+fn run_script(dir: &std::path::Path, script: &str) -> (bool, String, String) {
+    use std::os::unix::process::CommandExt;
+    let path = format!(
+        "{}:{}",
+        bin_dir().display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let mut child = std::process::Command::new("bash")
+        .args(["-c", &format!("set -euo pipefail\n{script}")])
+        .current_dir(dir)
+        .env("PATH", path)
+        .env_remove("ROUTER_TOKEN")
+        .env_remove("CUSTOM_ROUTER_ADMIN_TOKEN")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .process_group(0)
+        .spawn()
+        .unwrap();
+    let pgid = child.id();
+    // The script's own commands end; background servers do not, so the
+    // output is read by threads and the wait is for the script itself.
+    let mut out = child.stdout.take().unwrap();
+    let mut err = child.stderr.take().unwrap();
+    let out = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = std::io::Read::read_to_string(&mut out, &mut s);
+        s
+    });
+    let err = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = std::io::Read::read_to_string(&mut err, &mut s);
+        s
+    });
+    let status = child.wait().unwrap();
+    // The background processes of the block, then the pipes close.
+    let _ = std::process::Command::new("kill")
+        .args(["-TERM", "--", &format!("-{pgid}")])
+        .stderr(std::process::Stdio::null())
+        .status();
+    (status.success(), out.join().unwrap(), err.join().unwrap())
+}
+
+/// Issue 20, item 12: the README's offline commands run as written.
+#[test]
+fn the_readme_policy_commands_run() {
+    let block = sh_block(
+        "README.md",
+        "policy validate -f deploy/examples/agents.yaml",
+    );
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let (ok, out, err) = run_script(&root, &as_script(&block));
+    assert!(ok, "{block}\nstdout: {out}\nstderr: {err}");
+    assert!(out.contains("valid (4 pools, 2 routes)"), "{out}");
+    assert!(out.contains("local-medium chosen"), "{out}");
+}
+
+/// The README's examples use the default ports (3000, 8001, 50051): one
+/// at a time.
+static DEFAULT_PORTS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Issue 20, item 12: the README's sidecar walk-through, as written: a
+/// mock, a sidecar, set-backends, a chat call, health and metrics.
+#[test]
+fn the_readme_sidecar_walk_through_runs() {
+    let _ports = DEFAULT_PORTS.lock().unwrap_or_else(|e| e.into_inner());
+    let block = sh_block("README.md", "mock --port 8001 --name gpu-a");
+    let dir = std::env::temp_dir().join(format!("router-readme-sidecar-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (ok, out, err) = run_script(&dir, &as_script(&block));
+    assert!(ok, "{block}\nstdout: {out}\nstderr: {err}");
+    assert!(out.contains(r#"{"ok":true}"#), "set-backends: {out}");
+    assert!(out.contains("chat.completion"), "the chat call: {out}");
+    assert!(
+        out.contains(r#""addr":"http://127.0.0.1:8001""#),
+        "health: {out}"
+    );
+    assert!(
+        out.contains("custom_router_requests_dispatched_total"),
+        "metrics: {out}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Issue 20, item 12: the README's "Try it" block against `routerctl up`,
+/// as a new user runs it (get, apply the same document: unchanged).
+#[test]
+fn the_readme_try_it_block_runs_against_routerctl_up() {
+    let _ports = DEFAULT_PORTS.lock().unwrap_or_else(|e| e.into_inner());
+    let block = sh_block("README.md", "cargo run -p routerctl -- proxies list");
+    let dir = std::env::temp_dir().join(format!("router-readme-up-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let script = format!(
+        "routerctl up --data-dir up-data >up.out 2>up.err &\n\
+         until curl -sf localhost:3000/_custom_router/health >/dev/null; do sleep 0.2; done\n{}",
+        as_script(&block)
+    );
+    let (ok, out, err) = run_script(&dir, &script);
+    let up_err = std::fs::read_to_string(dir.join("up.err")).unwrap_or_default();
+    assert!(ok, "{script}\nstdout: {out}\nstderr: {err}\nup: {up_err}");
+    assert!(out.contains("chat.completion"), "{out}");
+    assert!(out.contains("routerctl-up"), "proxies list: {out}");
+    assert!(
+        out.contains("unchanged:"),
+        "apply of the same document: {out}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -9,7 +9,6 @@ use std::path::Path;
 use std::process::ExitCode;
 
 use router_policy::decide::{check_situation, explain, Explanation, Situation};
-use router_policy::document::PolicyDocument;
 use router_policy::{Guards, Policy, QueueSettings};
 
 /// The guards of this environment, as a proxy would read them.
@@ -32,15 +31,13 @@ fn read_policy(path: &Path) -> Result<Policy, String> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
     let guards = guards()?;
-    PolicyDocument::parse(&text)
-        .and_then(|d| d.validate_with(&QueueSettings::default(), &guards))
-        .map_err(|e| {
-            let mut out = format!("{}: invalid policy\n", path.display());
-            for f in &e.errors {
-                out.push_str(&format!("  {}: {}\n", f.field, f.reason));
-            }
-            out
-        })
+    router_policy::document::load_with(&text, &QueueSettings::default(), &guards).map_err(|e| {
+        let mut out = format!("{}: invalid policy\n", path.display());
+        for f in &e.errors {
+            out.push_str(&format!("  {}: {}\n", f.field, f.reason));
+        }
+        out
+    })
 }
 
 /// `routerctl policy validate -f FILE`: exit 0 when valid, 1 with every
@@ -60,8 +57,7 @@ pub fn validate(path: &Path, output: Output) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let result = PolicyDocument::parse(&text)
-        .and_then(|d| d.validate_with(&QueueSettings::default(), &guards));
+    let result = router_policy::document::load_with(&text, &QueueSettings::default(), &guards);
     match (result, output) {
         (Ok(p), Output::Table) => {
             println!(

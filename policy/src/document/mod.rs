@@ -120,7 +120,18 @@ pub fn load_with(
     defaults: &QueueSettings,
     guards: &Guards,
 ) -> Result<Policy, PolicyError> {
-    PolicyDocument::parse(text)?.validate_with(defaults, guards)
+    match PolicyDocument::parse_repairing(text) {
+        Ok(doc) => doc.validate_with(defaults, guards),
+        // Misspelt fields, and what validation finds in the rest: one
+        // answer with every problem.
+        Err((mut shape, Some(repaired))) => {
+            if let Err(more) = repaired.validate_with(defaults, guards) {
+                shape.errors.extend(more.errors);
+            }
+            Err(shape)
+        }
+        Err((shape, None)) => Err(shape),
+    }
 }
 
 /// A positive, finite number of seconds as a duration.

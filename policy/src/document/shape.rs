@@ -31,24 +31,40 @@ use serde_yaml_ng::Value;
 /// The most shape errors reported for one document.
 pub(crate) const MAX_SHAPE_ERRORS: usize = 32;
 
-/// Every shape error of `text`, whose own parse failed with `first`.
-pub(crate) fn all_shape_errors(text: &str, first: FieldError) -> PolicyError {
+/// Every shape error of `text`, whose own parse failed with `first`; and,
+/// when every error was an unknown field, the document without them (so
+/// that validation can report the rest of the problems in the same
+/// answer).
+pub(crate) fn all_shape_errors(
+    text: &str,
+    first: FieldError,
+) -> (PolicyError, Option<PolicyDocument>) {
     let mut value: Value = match serde_yaml_ng::from_str(text) {
         Ok(v) => v,
         // Not even YAML: the text's own error is all there is.
         Err(_) => {
-            return PolicyError {
-                errors: vec![first],
-            }
+            return (
+                PolicyError {
+                    errors: vec![first],
+                },
+                None,
+            )
         }
     };
+    let mut repaired = None;
+    let mut only_unknown_fields = true;
     let mut errors: Vec<FieldError> = Vec::new();
     let mut removed: Vec<String> = Vec::new();
     while errors.len() < MAX_SHAPE_ERRORS {
         let err = match serde_path_to_error::deserialize::<_, PolicyDocument>(value.clone()) {
-            // Nothing more to say (the text and the value disagreed: keep
-            // the text's error).
-            Ok(_) => break,
+            // Nothing more to say (or the text and the value disagreed:
+            // the text's error stays).
+            Ok(doc) => {
+                if !errors.is_empty() && only_unknown_fields {
+                    repaired = Some(doc);
+                }
+                break;
+            }
             Err(e) => e,
         };
         let segments: Vec<Segment> = err.path().iter().cloned().collect();
@@ -65,6 +81,7 @@ pub(crate) fn all_shape_errors(text: &str, first: FieldError) -> PolicyError {
             }
         }
         let field = error.field.clone();
+        only_unknown_fields &= unknown_field(&error.reason).is_some();
         errors.push(error);
         if !remove(&mut value, &segments) {
             break;
@@ -80,7 +97,7 @@ pub(crate) fn all_shape_errors(text: &str, first: FieldError) -> PolicyError {
     for e in &mut errors {
         suggest(e);
     }
-    PolicyError { errors }
+    (PolicyError { errors }, repaired)
 }
 
 /// A serde error as a field error: the path (or `(document)`), and the

@@ -405,6 +405,13 @@ impl PolicyDocument {
     /// Parses YAML or JSON. Shape errors (unknown fields, wrong types) come
     /// back with their field path, every one at once (see `shape`).
     pub fn parse(text: &str) -> Result<Self, PolicyError> {
+        Self::parse_repairing(text).map_err(|(e, _)| e)
+    }
+
+    /// [`PolicyDocument::parse`]; on shape errors that are all unknown
+    /// fields, also the document without them, for validation to report
+    /// the rest in the same answer.
+    pub(crate) fn parse_repairing(text: &str) -> Result<Self, (PolicyError, Option<Self>)> {
         let trimmed = text.trim_start();
         let first = if trimmed.starts_with('{') {
             let mut de = serde_json::Deserializer::from_str(text);

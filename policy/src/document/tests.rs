@@ -598,3 +598,22 @@ fn a_removed_field_is_not_reported_missing_and_json_is_read_the_same_way() {
         "{err}"
     );
 }
+
+/// Misspelt fields and the rest of the document's problems come in one
+/// answer: validation runs on the document without the unknown fields.
+#[test]
+fn misspelt_fields_and_validation_errors_come_together() {
+    let text = "apiVersion: router/v1\nkind: RoutingPolicy\nspec:\n  pools:\n    - {name: a, max_concurency: 4}\n  routes:\n    - {name: r, chain: [b]}\n";
+    let err = load(text, &QueueSettings::default()).unwrap_err();
+    let fields: Vec<&str> = err.errors.iter().map(|e| e.field.as_str()).collect();
+    assert_eq!(
+        fields,
+        ["spec.pools[0].max_concurency", "spec.routes[0].chain[0]"],
+        "{err}"
+    );
+    // A wrong type is not repaired: what validation would say of the rest
+    // could only be guessed.
+    let text = text.replace("max_concurency: 4", "max_concurrency: lots");
+    let err = load(&text, &QueueSettings::default()).unwrap_err();
+    assert_eq!(err.errors.len(), 1, "{err}");
+}

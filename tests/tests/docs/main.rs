@@ -228,3 +228,156 @@ fn the_readme_try_it_block_runs_against_routerctl_up() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Compares `actual` with the snapshot `tests/snapshots/NAME.txt`;
+/// `UPDATE_SNAPSHOTS=1` writes it instead. A changed flag or message then
+/// shows in review as a changed file.
+fn assert_snapshot(name: &str, actual: &str) -> Option<String> {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("snapshots")
+        .join(format!("{name}.txt"));
+    if std::env::var_os("UPDATE_SNAPSHOTS").is_some() {
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, actual).unwrap();
+        return None;
+    }
+    let expected = std::fs::read_to_string(&path).unwrap_or_default();
+    (expected != actual).then(|| {
+        format!(
+            "{name}: differs from {} (UPDATE_SNAPSHOTS=1 cargo test -p router-tests --test docs, then review the diff)\n--- now:\n{actual}",
+            path.display()
+        )
+    })
+}
+
+/// A binary's stdout and stderr, run with `args` in a clean environment
+/// (no `ROUTER_*`/`CUSTOM_ROUTER_*` variable leaks into `[env: ...]`).
+fn output_of(bin: &str, args: &[&str]) -> String {
+    let o = std::process::Command::new(bin_dir().join(bin))
+        .args(args)
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .output()
+        .unwrap();
+    format!(
+        "$ {bin} {}\nexit: {}\n{}{}",
+        args.join(" "),
+        o.status.code().map_or("signal".into(), |c| c.to_string()),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// Issue 20, item 12: every binary's `--help`, and every `routerctl`
+/// subcommand's, is pinned.
+#[test]
+fn help_texts_match_their_snapshots() {
+    let mut helps: Vec<(String, String)> = vec![
+        (
+            "router-proxy".into(),
+            output_of("router-proxy", &["--help"]),
+        ),
+        (
+            "router-control-plane".into(),
+            output_of("router-control-plane", &["--help"]),
+        ),
+        ("routerctl".into(), output_of("routerctl", &["--help"])),
+    ];
+    for sub in [
+        &["up"][..],
+        &["drill"],
+        &["mock"],
+        &["approve"],
+        &["policy", "validate"],
+        &["policy", "apply"],
+        &["policy", "get"],
+        &["policy", "diff"],
+        &["policy", "history"],
+        &["policy", "rollback"],
+        &["backends", "list"],
+        &["backends", "set"],
+        &["backends", "drain"],
+        &["circuits", "list"],
+        &["circuits", "open"],
+        &["circuits", "close"],
+        &["proxies", "list"],
+        &["route", "explain"],
+    ] {
+        let mut args = sub.to_vec();
+        args.push("--help");
+        helps.push((
+            format!("routerctl-{}", sub.join("-")),
+            output_of("routerctl", &args),
+        ));
+    }
+    let differ: Vec<String> = helps
+        .iter()
+        .filter_map(|(name, text)| assert_snapshot(&format!("help/{name}"), text))
+        .collect();
+    assert!(differ.is_empty(), "{}", differ.join("\n\n"));
+}
+
+/// Issue 20, item 12: the main error messages are pinned: what a user
+/// sees for a bad policy, an unreachable control plane, a bad variable, an
+/// exposed control plane without a token.
+#[test]
+fn main_error_messages_match_their_snapshots() {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let bad = std::env::temp_dir().join(format!("router-docs-bad-{}.yaml", std::process::id()));
+    std::fs::write(
+        &bad,
+        "apiVersion: router/v1\nkind: RoutingPolicy\nspec:\n  pools:\n    - {name: a, max_concurency: 4}\n  routes:\n    - {name: r, chain: [b]}\n",
+    )
+    .unwrap();
+    let bad = bad.to_str().unwrap().to_string();
+    let cases: Vec<(&str, String)> = vec![
+        (
+            "routerctl-validate-bad",
+            output_of("routerctl", &["policy", "validate", "-f", &bad]).replace(&bad, "BAD.yaml"),
+        ),
+        (
+            "routerctl-validate-good",
+            output_of(
+                "routerctl",
+                &[
+                    "policy",
+                    "validate",
+                    "-f",
+                    root.join("deploy/examples/agents.yaml").to_str().unwrap(),
+                ],
+            )
+            .replace(root.to_str().unwrap(), "ROOT"),
+        ),
+        (
+            "routerctl-unreachable",
+            output_of(
+                "routerctl",
+                &["--server", "http://127.0.0.1:1", "policy", "history"],
+            ),
+        ),
+        (
+            "routerctl-approve-no-key",
+            output_of(
+                "routerctl",
+                &["approve", "--route", "governed", "--request-id", "r1"],
+            ),
+        ),
+        (
+            "router-control-plane-exposed",
+            output_of(
+                "router-control-plane",
+                &["--listen", "0.0.0.0:0", "--data-dir", "/nonexistent/router"],
+            ),
+        ),
+        (
+            "router-proxy-managed-flag-alone",
+            output_of("router-proxy", &["--cache-dir", "/tmp/x"]),
+        ),
+    ];
+    let _ = std::fs::remove_file(&bad);
+    let differ: Vec<String> = cases
+        .iter()
+        .filter_map(|(name, text)| assert_snapshot(&format!("errors/{name}"), text))
+        .collect();
+    assert!(differ.is_empty(), "{}", differ.join("\n\n"));
+}

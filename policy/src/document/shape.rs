@@ -38,7 +38,7 @@ pub(crate) const MAX_SHAPE_ERRORS: usize = 32;
 pub(crate) fn all_shape_errors(
     text: &str,
     first: FieldError,
-) -> (PolicyError, Option<PolicyDocument>) {
+) -> (PolicyError, Option<Box<PolicyDocument>>) {
     let mut value: Value = match serde_yaml_ng::from_str(text) {
         Ok(v) => v,
         // Not even YAML: the text's own error is all there is.
@@ -61,7 +61,7 @@ pub(crate) fn all_shape_errors(
             // the text's error stays).
             Ok(doc) => {
                 if !errors.is_empty() && only_unknown_fields {
-                    repaired = Some(doc);
+                    repaired = Some(Box::new(doc));
                 }
                 break;
             }

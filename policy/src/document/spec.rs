@@ -411,7 +411,7 @@ impl PolicyDocument {
     /// [`PolicyDocument::parse`]; on shape errors that are all unknown
     /// fields, also the document without them, for validation to report
     /// the rest in the same answer.
-    pub(crate) fn parse_repairing(text: &str) -> Result<Self, (PolicyError, Option<Self>)> {
+    pub(crate) fn parse_repairing(text: &str) -> Result<Self, (PolicyError, Option<Box<Self>>)> {
         let trimmed = text.trim_start();
         let first = if trimmed.starts_with('{') {
             let mut de = serde_json::Deserializer::from_str(text);

@@ -468,6 +468,19 @@ fn approve_prints_a_token_the_key_verifies() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
+/// A control plane on 127.0.0.1 with operator token `tok`, its store in
+/// `dir/cp`.
+async fn control_plane_in(dir: &std::path::Path) -> router_control_plane::RunningControlPlane {
+    start(ControlPlaneOptions {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        store: router_control_plane::StoreLocation::Embedded(dir.join("cp")),
+        token: Some("tok".into()),
+        ..Default::default()
+    })
+    .await
+    .unwrap()
+}
+
 /// Issue 20, items 5, 6 and 7, against a control plane: `backends drain`
 /// compares endpoints, not strings (health shows `http://host:port` for a
 /// backend set as `host:port`); `circuits close POOL` clears the
@@ -478,14 +491,7 @@ async fn backends_circuits_and_explain_compare_endpoints_and_know_the_pools() {
     let dir = std::env::temp_dir().join(format!("routerctl-ops-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    let cp = start(ControlPlaneOptions {
-        listen: "127.0.0.1:0".parse().unwrap(),
-        store: router_control_plane::StoreLocation::Embedded(dir.join("cp")),
-        token: Some("tok".into()),
-        ..Default::default()
-    })
-    .await
-    .unwrap();
+    let cp = control_plane_in(&dir).await;
     let server = format!("http://{}", cp.local_addr());
     let good = dir.join("good.yaml");
     std::fs::write(&good, GOOD).unwrap();
@@ -579,14 +585,7 @@ async fn get_edit_apply_keeps_one_header_and_an_unchanged_document_makes_no_vers
     let dir = std::env::temp_dir().join(format!("routerctl-loop-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    let cp = start(ControlPlaneOptions {
-        listen: "127.0.0.1:0".parse().unwrap(),
-        store: router_control_plane::StoreLocation::Embedded(dir.join("cp")),
-        token: Some("tok".into()),
-        ..Default::default()
-    })
-    .await
-    .unwrap();
+    let cp = control_plane_in(&dir).await;
     let server = format!("http://{}", cp.local_addr());
     let file = dir.join("p.yaml");
     std::fs::write(&file, GOOD).unwrap();

@@ -210,14 +210,7 @@ impl Settings {
             };
         }
         if let Some((var, v)) = get("CUSTOM_ROUTER_ADMIN_TOKEN") {
-            // Trimmed and checked as every token is (`router_proto::token`);
-            // the value is never shown.
-            let token = router_proto::token::normalize(&v, var).map_err(|e| SettingsError {
-                var,
-                shown: "(hidden)".into(),
-                expected: e.problem,
-            })?;
-            s.admin_token = Some(token);
+            s.admin_token = Some(token(var, &v)?);
         }
         if let Some((var, v)) = get("CUSTOM_ROUTER_MAX_BODY_BYTES") {
             s.max_body_bytes = match v.trim().parse::<usize>() {
@@ -268,12 +261,7 @@ impl Settings {
             s.attempt_timeout = seconds(var, &v)?;
         }
         if let Some((var, v)) = get("CUSTOM_ROUTER_METRICS_TOKEN") {
-            let token = router_proto::token::normalize(&v, var).map_err(|e| SettingsError {
-                var,
-                shown: "(hidden)".into(),
-                expected: e.problem,
-            })?;
-            s.metrics_token = Some(token);
+            s.metrics_token = Some(token(var, &v)?);
         }
         if let Some((var, v)) = get("CUSTOM_ROUTER_APPROVAL_KEY") {
             // The value is never shown.
@@ -304,6 +292,16 @@ impl Settings {
         })?;
         Ok(s)
     }
+}
+
+/// A token in `var`: trimmed and checked as every token is
+/// (`router_proto::token`); the value is never shown.
+fn token(var: &'static str, value: &str) -> Result<String, SettingsError> {
+    router_proto::token::normalize(value, var).map_err(|e| SettingsError {
+        var,
+        shown: "(hidden)".into(),
+        expected: e.problem,
+    })
 }
 
 fn bad(var: &'static str, value: &str, expected: &'static str) -> SettingsError {

@@ -35,7 +35,15 @@ const LONG_ABOUT: &str = "The LLM router's command line.
 #[derive(Parser, Debug)]
 #[command(name = "routerctl", version, about = ABOUT, long_about = LONG_ABOUT)]
 struct Cli {
-    /// The control plane (`http://host:port`).
+    #[command(subcommand)]
+    command: Command,
+}
+
+/// How to reach the control plane: the flags of the commands that call it
+/// (and only of those).
+#[derive(Args, Debug)]
+struct Connection {
+    /// The control plane (`http://host:port`, `https://` for TLS).
     #[arg(
         long,
         global = true,
@@ -49,11 +57,26 @@ struct Cli {
     /// A CA (PEM) to trust for an `https://` control plane.
     #[arg(long, global = true, env = "ROUTERCTL_CA_FILE")]
     ca_file: Option<PathBuf>,
+}
+
+/// How to print: the flag of the commands that print data.
+#[derive(Args, Debug)]
+struct Printing {
     /// Output: table | json | yaml.
     #[arg(short = 'o', long = "output", global = true, value_enum, default_value_t = Output::Table)]
     output: Output,
+}
+
+/// A group of control-plane commands: its connection and output flags,
+/// then the command.
+#[derive(Args, Debug)]
+struct Group<C: Subcommand> {
+    #[command(flatten)]
+    connection: Connection,
+    #[command(flatten)]
+    printing: Printing,
     #[command(subcommand)]
-    command: Command,
+    command: C,
 }
 
 #[derive(Subcommand, Debug)]
@@ -65,20 +88,15 @@ enum Command {
     /// Run a mock OpenAI-compatible model endpoint until Ctrl-C.
     Mock(MockArgs),
     /// Policy documents.
-    #[command(subcommand)]
-    Policy(PolicyCommand),
+    Policy(Group<PolicyCommand>),
     /// Backend sets.
-    #[command(subcommand)]
-    Backends(BackendsCommand),
+    Backends(Group<BackendsCommand>),
     /// Circuit overrides.
-    #[command(subcommand)]
-    Circuits(CircuitsCommand),
+    Circuits(Group<CircuitsCommand>),
     /// Connected proxies.
-    #[command(subcommand)]
-    Proxies(ProxiesCommand),
+    Proxies(Group<ProxiesCommand>),
     /// Routes.
-    #[command(subcommand)]
-    Route(RouteCommand),
+    Route(Group<RouteCommand>),
     /// Sign an approval for one request on one route (prints the
     /// X-Router-Approval token; the key from --key-file or
     /// CUSTOM_ROUTER_APPROVAL_KEY).
@@ -261,32 +279,7 @@ fn main() -> ExitCode {
 }
 
 async fn run(cli: Cli) -> ExitCode {
-    let Cli {
-        server,
-        token,
-        ca_file,
-        output,
-        command,
-    } = cli;
-    let ca_pem = match &ca_file {
-        None => None,
-        Some(p) => match std::fs::read_to_string(p) {
-            Ok(pem) => Some(pem),
-            Err(e) => {
-                eprintln!("routerctl: cannot read --ca-file {}: {e}", p.display());
-                return ExitCode::from(2);
-            }
-        },
-    };
-    let connect = || async {
-        admin_cmd::connect(&server, token.clone(), ca_pem.as_deref())
-            .await
-            .map_err(|e| {
-                eprintln!("routerctl: {e}");
-                ExitCode::FAILURE
-            })
-    };
-    match command {
+    match cli.command {
         Command::Up(args) => {
             router_process::init_logs();
             up::run(args).await
@@ -294,86 +287,144 @@ async fn run(cli: Cli) -> ExitCode {
         Command::Mock(args) => mock_cmd::run(args).await,
         Command::Approve(args) => approve_cmd::run(&args),
         Command::Drill(args) => run_drill(args).await,
-        Command::Policy(PolicyCommand::Validate { file }) => policy_cmd::validate(&file, output),
-        Command::Route(RouteCommand::Explain { file: Some(file) }) => {
-            policy_cmd::explain_cmd(Some(&file), output).await
-        }
-        Command::Route(RouteCommand::Explain { file: None }) => {
-            let mut input = String::new();
-            if let Err(e) = std::io::Read::read_to_string(&mut std::io::stdin(), &mut input) {
-                eprintln!("routerctl: cannot read the situation from stdin: {e}");
-                return ExitCode::from(2);
-            }
-            let mut admin = match connect().await {
-                Ok(a) => a,
-                Err(code) => return code,
-            };
-            match admin_cmd::explain(&mut admin, input).await {
-                Ok(json) => policy_cmd::print_explanation_json(&json, output),
-                Err(e) => {
-                    eprintln!("routerctl: {e}");
-                    ExitCode::FAILURE
+        Command::Policy(g) => {
+            let output = g.printing.output;
+            match g.command {
+                PolicyCommand::Validate { file } => policy_cmd::validate(&file, output),
+                command => {
+                    let mut admin = match connect(&g.connection).await {
+                        Ok(a) => a,
+                        Err(code) => return code,
+                    };
+                    policy(&mut admin, command, output).await
                 }
             }
         }
-        other => {
-            let mut admin = match connect().await {
+        Command::Route(g) => {
+            let output = g.printing.output;
+            match g.command {
+                RouteCommand::Explain { file: Some(file) } => {
+                    policy_cmd::explain_cmd(Some(&file), output).await
+                }
+                RouteCommand::Explain { file: None } => {
+                    let mut input = String::new();
+                    if let Err(e) = std::io::Read::read_to_string(&mut std::io::stdin(), &mut input)
+                    {
+                        eprintln!("routerctl: cannot read the situation from stdin: {e}");
+                        return ExitCode::from(2);
+                    }
+                    let mut admin = match connect(&g.connection).await {
+                        Ok(a) => a,
+                        Err(code) => return code,
+                    };
+                    match admin_cmd::explain(&mut admin, input).await {
+                        Ok(json) => policy_cmd::print_explanation_json(&json, output),
+                        Err(e) => {
+                            eprintln!("routerctl: {e}");
+                            ExitCode::FAILURE
+                        }
+                    }
+                }
+            }
+        }
+        Command::Backends(g) => {
+            let mut admin = match connect(&g.connection).await {
                 Ok(a) => a,
                 Err(code) => return code,
             };
-            match other {
-                Command::Policy(PolicyCommand::Apply {
-                    file,
-                    dry_run,
-                    expected_version,
-                }) => admin_cmd::apply(&mut admin, &file, dry_run, expected_version, output).await,
-                Command::Policy(PolicyCommand::Get { version }) => {
-                    admin_cmd::get(&mut admin, version, output).await
+            match g.command {
+                BackendsCommand::List => {
+                    admin_cmd::backends_list(&mut admin, g.printing.output).await
                 }
-                Command::Policy(PolicyCommand::Diff { file }) => {
-                    admin_cmd::diff(&mut admin, &file).await
-                }
-                Command::Policy(PolicyCommand::History) => {
-                    admin_cmd::history(&mut admin, output).await
-                }
-                Command::Policy(PolicyCommand::Rollback {
-                    to,
-                    expected_version,
-                }) => admin_cmd::rollback(&mut admin, to, expected_version).await,
-                Command::Backends(BackendsCommand::List) => {
-                    admin_cmd::backends_list(&mut admin, output).await
-                }
-                Command::Backends(BackendsCommand::Set { pool, addrs }) => {
+                BackendsCommand::Set { pool, addrs } => {
                     admin_cmd::backends_set(&mut admin, &pool, addrs).await
                 }
-                Command::Backends(BackendsCommand::Drain { pool, addr }) => {
+                BackendsCommand::Drain { pool, addr } => {
                     admin_cmd::backends_drain(&mut admin, &pool, &addr).await
                 }
-                Command::Circuits(CircuitsCommand::List) => {
-                    admin_cmd::circuits_list(&mut admin, output).await
+            }
+        }
+        Command::Circuits(g) => {
+            let mut admin = match connect(&g.connection).await {
+                Ok(a) => a,
+                Err(code) => return code,
+            };
+            match g.command {
+                CircuitsCommand::List => {
+                    admin_cmd::circuits_list(&mut admin, g.printing.output).await
                 }
-                Command::Circuits(CircuitsCommand::Open {
+                CircuitsCommand::Open {
                     pool,
                     addr,
                     duration,
-                }) => {
+                } => {
                     let secs = duration.map_or(0, |d| d.as_secs().max(1));
                     admin_cmd::circuits_set(&mut admin, &pool, addr.as_deref(), true, secs).await
                 }
-                Command::Circuits(CircuitsCommand::Close {
+                CircuitsCommand::Close {
                     pool,
                     addr,
                     duration,
-                }) => {
+                } => {
                     let secs = duration.map_or(0, |d| d.as_secs().max(1));
                     admin_cmd::circuits_set(&mut admin, &pool, addr.as_deref(), false, secs).await
                 }
-                Command::Proxies(ProxiesCommand::List) => {
-                    admin_cmd::proxies_list(&mut admin, output).await
-                }
-                _ => ExitCode::from(2),
             }
         }
+        Command::Proxies(g) => {
+            let mut admin = match connect(&g.connection).await {
+                Ok(a) => a,
+                Err(code) => return code,
+            };
+            match g.command {
+                ProxiesCommand::List => {
+                    admin_cmd::proxies_list(&mut admin, g.printing.output).await
+                }
+            }
+        }
+    }
+}
+
+/// An admin client for `connection`; the exit code when it cannot be had.
+async fn connect(connection: &Connection) -> Result<admin_cmd::Admin, ExitCode> {
+    let ca_pem = match &connection.ca_file {
+        None => None,
+        Some(p) => match std::fs::read_to_string(p) {
+            Ok(pem) => Some(pem),
+            Err(e) => {
+                eprintln!("routerctl: cannot read --ca-file {}: {e}", p.display());
+                return Err(ExitCode::from(2));
+            }
+        },
+    };
+    admin_cmd::connect(
+        &connection.server,
+        connection.token.clone(),
+        ca_pem.as_deref(),
+    )
+    .await
+    .map_err(|e| {
+        eprintln!("routerctl: {e}");
+        ExitCode::FAILURE
+    })
+}
+
+/// The `policy` commands that call the control plane.
+async fn policy(admin: &mut admin_cmd::Admin, command: PolicyCommand, output: Output) -> ExitCode {
+    match command {
+        PolicyCommand::Apply {
+            file,
+            dry_run,
+            expected_version,
+        } => admin_cmd::apply(admin, &file, dry_run, expected_version, output).await,
+        PolicyCommand::Get { version } => admin_cmd::get(admin, version, output).await,
+        PolicyCommand::Diff { file } => admin_cmd::diff(admin, &file).await,
+        PolicyCommand::History => admin_cmd::history(admin, output).await,
+        PolicyCommand::Rollback {
+            to,
+            expected_version,
+        } => admin_cmd::rollback(admin, to, expected_version).await,
+        PolicyCommand::Validate { file } => policy_cmd::validate(&file, output),
     }
 }
 

@@ -156,7 +156,7 @@ async fn policy_commands_against_a_control_plane() {
             assert!(text(&o).contains("conflict"), "{}", text(&o));
 
             // History as JSON.
-            let o = run(server, Some("tok"), &["-o", "json", "policy", "history"]);
+            let o = run(server, Some("tok"), &["policy", "history", "-o", "json"]);
             let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
             assert_eq!(v[0]["version"], 1);
 
@@ -185,7 +185,7 @@ async fn policy_commands_against_a_control_plane() {
                 &["circuits", "open", "a", "127.0.0.1:9", "--for", "2m"],
             );
             assert_eq!(o.status.code(), Some(0), "{}", text(&o));
-            let o = run(server, Some("tok"), &["-o", "yaml", "circuits", "list"]);
+            let o = run(server, Some("tok"), &["circuits", "list", "-o", "yaml"]);
             assert!(text(&o).contains("source: operator"), "{}", text(&o));
 
             // A bad circuit override: refused (INVALID_ARGUMENT) with the
@@ -222,7 +222,7 @@ async fn policy_commands_against_a_control_plane() {
             let o = run(server, Some("proxy-tok"), &["policy", "apply", "-f", &g]);
             assert_eq!(o.status.code(), Some(1), "{}", text(&o));
             assert!(text(&o).contains("permission denied"), "{}", text(&o));
-            let o = run(server, Some("tok"), &["-o", "json", "policy", "history"]);
+            let o = run(server, Some("tok"), &["policy", "history", "-o", "json"]);
             let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
             assert_eq!(v.as_array().map(Vec::len), Some(1), "{v}");
 

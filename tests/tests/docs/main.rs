@@ -352,7 +352,7 @@ fn main_error_messages_match_their_snapshots() {
             "routerctl-unreachable",
             output_of(
                 "routerctl",
-                &["--server", "http://127.0.0.1:1", "policy", "history"],
+                &["policy", "history", "--server", "http://127.0.0.1:1"],
             ),
         ),
         (

@@ -74,6 +74,10 @@ pub struct DrillConfig {
     pub tolerance: Duration,
     /// Send the load to this router instead of an in-process one.
     pub target: Option<String>,
+    /// The scenario whose policy the router under `target` was set up
+    /// with (`--print-policy --scenario NAME`); `None`: the default one.
+    /// A scenario that needs another policy is skipped, with the reason.
+    pub target_scenario: Option<Scenario>,
     /// Mock ports (0: any free port).
     pub primary_port: u16,
     /// Mock ports (0: any free port).
@@ -96,6 +100,7 @@ impl Default for DrillConfig {
             long_primary_attempt: Duration::from_secs(7),
             tolerance: Duration::from_millis(100),
             target: None,
+            target_scenario: None,
             primary_port: 0,
             fallback_port: 0,
         }
@@ -261,6 +266,22 @@ fn parse_policy(text: &str) -> Result<Policy, String> {
     load(text, &QueueSettings::default()).map_err(|e| e.to_string())
 }
 
+/// The primary attempt timeout of `scenario`'s policy.
+pub fn primary_attempt_of(scenario: Scenario, cfg: &DrillConfig) -> Duration {
+    match scenario {
+        Scenario::BaselineLongAttempt => cfg.long_primary_attempt,
+        _ => cfg.primary_attempt,
+    }
+}
+
+/// The policy a router under `--target` needs for `scenario`, with the
+/// mocks on their ports (`--print-policy --scenario NAME`).
+pub fn target_policy(scenario: Scenario, cfg: &DrillConfig) -> String {
+    let p = format!("http://127.0.0.1:{}", cfg.primary_port);
+    let f = format!("http://127.0.0.1:{}", cfg.fallback_port);
+    drill_policy(cfg, &p, &f, primary_attempt_of(scenario, cfg), false)
+}
+
 /// Runs one scenario.
 pub async fn run_scenario(scenario: Scenario, cfg: &DrillConfig) -> Result<ScenarioReport, String> {
     if scenario == Scenario::Drain && cfg.target.is_some() {
@@ -268,6 +289,18 @@ pub async fn run_scenario(scenario: Scenario, cfg: &DrillConfig) -> Result<Scena
             scenario,
             "drain changes the router's config: it needs the built-in router",
         ));
+    }
+    if cfg.target.is_some() {
+        let set_up = primary_attempt_of(cfg.target_scenario.unwrap_or(Scenario::Baseline), cfg);
+        if primary_attempt_of(scenario, cfg) != set_up {
+            return Ok(skipped(
+                scenario,
+                &format!(
+                    "needs another policy: run it alone against a router set up with `routerctl drill --print-policy --scenario {}`",
+                    scenario.name()
+                ),
+            ));
+        }
     }
     let primary_latency = match scenario {
         Scenario::PrimaryHang => cfg.hang,
@@ -278,10 +311,7 @@ pub async fn run_scenario(scenario: Scenario, cfg: &DrillConfig) -> Result<Scena
         Scenario::FallbackDegraded => cfg.degraded_fallback_service,
         _ => cfg.fallback_service,
     };
-    let primary_attempt = match scenario {
-        Scenario::BaselineLongAttempt => cfg.long_primary_attempt,
-        _ => cfg.primary_attempt,
-    };
+    let primary_attempt = primary_attempt_of(scenario, cfg);
     let primary = MockModel::start_on(
         SocketAddr::from((Ipv4Addr::LOCALHOST, cfg.primary_port)),
         MockConfig {

@@ -466,15 +466,24 @@ async fn run_drill(args: DrillArgs) -> ExitCode {
         ..DrillConfig::default()
     }
     .scaled(args.time_scale);
+    // A single scenario: its policy is printed, and a router under
+    // --target is taken to run it.
+    let single = (scenarios.len() == 1).then(|| scenarios[0]);
     if args.print_policy {
-        let p = format!("http://127.0.0.1:{}", cfg.primary_port);
-        let f = format!("http://127.0.0.1:{}", cfg.fallback_port);
-        print!(
-            "{}",
-            drill::drill_policy(&cfg, &p, &f, cfg.primary_attempt, false)
-        );
+        let scenario = single.unwrap_or(Scenario::Baseline);
+        if single.is_none() {
+            eprintln!(
+                "routerctl drill: the policy of every scenario but baseline-long-attempt \
+                 (--print-policy --scenario baseline-long-attempt for that one)"
+            );
+        }
+        print!("{}", drill::target_policy(scenario, &cfg));
         return ExitCode::SUCCESS;
     }
+    let cfg = drill::DrillConfig {
+        target_scenario: single,
+        ..cfg
+    };
     let reports = match drill::run_all(&scenarios, &cfg).await {
         Ok(r) => r,
         Err(e) => {

@@ -1,6 +1,54 @@
 //! The drill's scenarios at 1/20 of their durations.
 
-use routerctl::drill::{render_table, run_all, DrillConfig, Scenario};
+use routerctl::drill::{render_table, run_all, target_policy, DrillConfig, Scenario};
+
+/// A free port on 127.0.0.1 (bound, then let go).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Issue 20, item 3: against a router set up with `--print-policy`'s
+/// policy, `--scenario all` skips, with the reason, the scenario that
+/// needs another policy (it used to report a false FAIL), and the printed
+/// policy is the one each scenario needs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn against_a_target_a_scenario_needing_another_policy_is_skipped_not_failed() {
+    let mut cfg = DrillConfig {
+        primary_port: free_port(),
+        fallback_port: free_port(),
+        ..DrillConfig::default()
+    }
+    .scaled(20.0);
+    let long = target_policy(Scenario::BaselineLongAttempt, &cfg);
+    let default = target_policy(Scenario::Baseline, &cfg);
+    assert_ne!(
+        long, default,
+        "the long-attempt scenario has its own policy"
+    );
+    let router =
+        router_tests::harness::TestProxy::with_policy(router_proxy::Settings::default(), &default)
+            .await;
+    cfg.target = Some(router.url(""));
+    let reports = run_all(&Scenario::ALL, &cfg).await.unwrap();
+    let table = render_table(&reports);
+    for r in &reports {
+        match r.scenario.as_str() {
+            "baseline-long-attempt" => {
+                let why = r.skipped.as_deref().unwrap_or_default();
+                assert!(
+                    why.contains("--print-policy --scenario baseline-long-attempt"),
+                    "{table}"
+                );
+            }
+            "drain" => assert!(r.skipped.is_some(), "{table}"),
+            _ => assert!(r.skipped.is_none() && r.pass, "{table}"),
+        }
+    }
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_drill_scenario_passes_at_one_twentieth_scale() {

@@ -65,10 +65,11 @@ pub fn explain_status(s: &tonic::Status) -> String {
         // cut in one of these ways.
         tonic::Code::Internal | tonic::Code::Unknown | tonic::Code::Cancelled
             if message.contains("h2 protocol error")
-                || message.contains("operation was canceled") =>
+                || message.contains("operation was canceled")
+                || message == "transport error" =>
         {
             format!(
-                "the control plane did not speak cleartext HTTP/2 ({message}): if it serves TLS, use an https:// --server (with --ca-file)"
+                "the connection to the control plane broke ({message}): if it serves TLS, use an https:// --server (with --ca-file)"
             )
         }
         _ if message.is_empty() => format!("the control plane failed the call ({:?})", s.code()),

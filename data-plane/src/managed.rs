@@ -163,6 +163,9 @@ pub fn connect_failure(url: &str, e: &(dyn std::error::Error + 'static), ca_flag
         format!("its TLS certificate is not trusted: give {ca_flag} with the CA that signed it")
     } else if chain.contains("Connection refused") {
         "nothing listens there: is the control plane running, and is the address right?".into()
+    } else if url.starts_with("http://") {
+        // A TLS server cuts a cleartext HTTP/2 handshake short.
+        format!("if it serves TLS, use an https:// address (with {ca_flag})")
     } else {
         "see the cause".into()
     };

@@ -73,6 +73,34 @@ const X_ROUTER_ATTEMPTS: HeaderName = HeaderName::from_static("x-router-attempts
 const X_ROUTER_CONFIG_VERSION: HeaderName = HeaderName::from_static("x-router-config-version");
 const X_ROUTER_REPLAYED: HeaderName = HeaderName::from_static("x-router-replayed");
 
+/// The route record a retry of an `outcome_unknown` request is shown: the
+/// first request's id, route, pools and outcomes (no endpoint addresses:
+/// those are internal).
+fn route_summary(record: &crate::route_log::RouteRecord) -> Bytes {
+    let attempts: Vec<serde_json::Value> = record
+        .attempts
+        .iter()
+        .map(|a| {
+            serde_json::json!({
+                "pool": &*a.pool,
+                "outcome": a.outcome.as_str(),
+                "status": a.status,
+                "latency_ms": a.latency_ms,
+            })
+        })
+        .collect();
+    let v = serde_json::json!({
+        "request_id": record.request_id,
+        "offered_at": record.offered_at,
+        "route": record.route,
+        "first_route": record.first_route.as_deref(),
+        "attempts": attempts,
+        "risk": record.risk,
+        "reason": record.reason,
+    });
+    Bytes::from(v.to_string())
+}
+
 /// Milliseconds with microsecond precision, as the route log writes them.
 fn ms(d: std::time::Duration) -> f64 {
     (d.as_secs_f64() * 1e6).round() / 1e3

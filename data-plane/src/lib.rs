@@ -193,6 +193,13 @@ impl RunningProxy {
         self.shared.admin.describe()
     }
 
+    /// Whether its shared store (`CUSTOM_ROUTER_SHARED_STORE`), if it has
+    /// one, has been connected to (the first connection is made in the
+    /// background; true without a shared store).
+    pub fn shared_store_connected(&self) -> bool {
+        self.shared.idempotency.connected()
+    }
+
     /// Its config store (to inspect or change in tests and embedders).
     pub fn config(&self) -> &Arc<ConfigStore> {
         &self.shared.config

@@ -101,6 +101,11 @@ pub(crate) trait IdempotencyStore: Send + Sync + 'static {
     fn changed<'a>(&'a self, key: &'a str, wait: Duration) -> BoxFuture<'a, ()>;
     /// `local` or `redis`, for logs and metrics.
     fn name(&self) -> &'static str;
+    /// Whether a connection has been made (a remote store connects in the
+    /// background).
+    fn connected(&self) -> bool {
+        true
+    }
 }
 
 /// Whether the shared store is reachable: one log line per outage.
@@ -193,6 +198,11 @@ impl Keys {
                 metrics,
             }),
         }
+    }
+
+    /// Whether the shared store (if any) has been reached once.
+    pub(crate) fn connected(&self) -> bool {
+        self.shared.as_ref().is_none_or(|s| s.connected())
     }
 
     /// Whether a shared store is configured.

@@ -195,4 +195,8 @@ impl IdempotencyStore for RedisStore {
     fn name(&self) -> &'static str {
         "redis"
     }
+
+    fn connected(&self) -> bool {
+        self.conn.get().is_some()
+    }
 }

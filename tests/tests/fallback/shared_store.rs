@@ -240,46 +240,92 @@ async fn a_store_outage_fails_send_closed_and_read_open_then_recovers() {
     let mut redis = RedisServer::start("outage").await;
     let m = mock("m", Behavior::Json).await;
     let (a, b) = fleet(&redis, &m.url()).await;
-    redis.stop();
-    // SEND with a key: refused, with Retry-After, never sent.
-    let before = m.stats().received;
-    let send = [("idempotency-key", "down-send"), ("x-router-risk", "SEND")];
-    let r = a.chat_with(&send, BODY).await;
-    assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE, "{}", r.text());
-    assert_eq!(r.error_type(), "shared_store_unavailable");
-    assert!(r.header("retry-after").is_some());
-    assert_eq!(m.stats().received, before);
-    // READ with a key: served from the proxy's own store.
-    let read = [("idempotency-key", "down-read")];
-    assert_eq!(b.chat_with(&read, BODY).await.status, StatusCode::OK);
-    // Unkeyed requests never touch the store.
-    assert_eq!(a.chat("m").await.status, StatusCode::OK);
-    let metrics = b.metrics().await;
-    assert!(
-        metrics.contains(r#"router_idempotency_events_total{event="fail_open"}"#),
-        "{metrics}"
-    );
-    assert!(metrics.contains("router_shared_store_errors_total"));
-    // Back on the same port: both proxies reconnect on their own.
-    redis.resume().await;
-    for p in [&a, &b] {
-        let mut status = StatusCode::SERVICE_UNAVAILABLE;
-        for i in 0..300 {
-            let key = format!("after-{}-{i}", p.addr().port());
+    // Traffic all along: keyed READ, keyed SEND and unkeyed requests on
+    // both proxies while Redis dies and comes back.
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let traffic = async {
+        let mut seen: Vec<(&'static str, StatusCode, String)> = Vec::new();
+        let mut i = 0;
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            i += 1;
+            let p = if i % 2 == 0 { &a } else { &b };
+            let rk = format!("load-read-{i}");
+            let r = p.chat_with(&[("idempotency-key", &rk)], BODY).await;
+            seen.push(("read", r.status, r.error_type()));
+            let sk = format!("load-send-{i}");
             let r = p
-                .chat_with(
-                    &[("idempotency-key", &key), ("x-router-risk", "SEND")],
-                    BODY,
-                )
+                .chat_with(&[("idempotency-key", &sk), ("x-router-risk", "SEND")], BODY)
                 .await;
-            status = r.status;
-            if status == StatusCode::OK {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
+            seen.push(("send", r.status, r.error_type()));
+            let r = p.chat("m").await;
+            seen.push(("unkeyed", r.status, r.error_type()));
+            tokio::time::sleep(Duration::from_millis(5)).await;
         }
-        assert_eq!(status, StatusCode::OK, "recovered without a restart");
+        seen
+    };
+    let outage = async {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        redis.stop();
+        // SEND with a key: refused, with Retry-After, never sent.
+        let before = m.stats().received;
+        let send = [("idempotency-key", "down-send"), ("x-router-risk", "SEND")];
+        let r = a.chat_with(&send, BODY).await;
+        assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE, "{}", r.text());
+        assert_eq!(r.error_type(), "shared_store_unavailable");
+        assert!(r.header("retry-after").is_some());
+        assert!(m.stats().received >= before);
+        // READ with a key: served from the proxy's own store.
+        let read = [("idempotency-key", "down-read")];
+        assert_eq!(b.chat_with(&read, BODY).await.status, StatusCode::OK);
+        // Unkeyed requests never touch the store.
+        assert_eq!(a.chat("m").await.status, StatusCode::OK);
+        let metrics = b.metrics().await;
+        assert!(
+            metrics.contains(r#"router_idempotency_events_total{event="fail_open"}"#),
+            "{metrics}"
+        );
+        assert!(metrics.contains("router_shared_store_errors_total"));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        // Back on the same port: both proxies reconnect on their own.
+        redis.resume().await;
+        for p in [&a, &b] {
+            let mut status = StatusCode::SERVICE_UNAVAILABLE;
+            for i in 0..300 {
+                let key = format!("after-{}-{i}", p.addr().port());
+                let r = p
+                    .chat_with(
+                        &[("idempotency-key", &key), ("x-router-risk", "SEND")],
+                        BODY,
+                    )
+                    .await;
+                status = r.status;
+                if status == StatusCode::OK {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            assert_eq!(status, StatusCode::OK, "recovered without a restart");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    };
+    let (seen, ()) = tokio::join!(traffic, outage);
+    // Nothing but SEND was refused, and SEND only for the store.
+    let sends_refused = seen
+        .iter()
+        .filter(|(k, s, _)| *k == "send" && *s != StatusCode::OK)
+        .count();
+    for (kind, status, error) in &seen {
+        match *kind {
+            "send" => assert!(
+                *status == StatusCode::OK || error == "shared_store_unavailable",
+                "{kind}: {status} {error}"
+            ),
+            _ => assert_eq!(*status, StatusCode::OK, "{kind}: {error}"),
+        }
     }
+    assert!(sends_refused > 0, "the outage was seen by the traffic");
+    assert!(seen.len() > 30, "traffic ran: {}", seen.len());
     // And the fleet shares keys again.
     let key = [("idempotency-key", "after-both")];
     let before = m.stats().received;
@@ -288,4 +334,44 @@ async fn a_store_outage_fails_send_closed_and_read_open_then_recovers() {
     assert_eq!(again.header("x-router-replayed"), Some("true"));
     assert_eq!(m.stats().received - before, 1);
     assert!(redis.dbsize() >= 1);
+}
+
+/// A policy whose one route keeps no request alive for its retry.
+fn no_finish_policy(url: &str) -> String {
+    policy(url).replace(
+        "    - name: r\n      chain: [only]\n",
+        "    - name: r\n      chain: [only]\n      finish_on_client_gone: false\n",
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_route_can_turn_finishing_for_the_retry_off() {
+    let m = mock_latency("m", 400).await;
+    let proxy = TestProxy::with_policy(settings(), &no_finish_policy(&m.url())).await;
+    send_and_leave(&proxy, "off-1", BODY, Duration::from_millis(100)).await;
+    eventually(WAIT_AT_MOST, "the generation is cancelled", || {
+        m.stats().cancelled == 1
+    })
+    .await;
+    // The key was released: the retry routes (and generates).
+    let retry = proxy.chat_with(&[("idempotency-key", "off-1")], BODY).await;
+    assert_eq!(retry.status, StatusCode::OK);
+    assert_eq!(retry.header("x-router-replayed"), None);
+    assert_eq!(m.stats().received, 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_send_that_never_reached_a_backend_releases_its_key() {
+    // Nothing listens there: the connection is refused, nothing was sent.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", closed.local_addr().unwrap());
+    drop(closed);
+    let proxy = TestProxy::with_policy(settings(), &policy(&url)).await;
+    let send = [("idempotency-key", "never-sent"), ("x-router-risk", "SEND")];
+    let first = proxy.chat_with(&send, BODY).await;
+    assert_eq!(first.status, StatusCode::BAD_GATEWAY, "{}", first.text());
+    // Routed again (a fresh try), not refused as outcome_unknown.
+    let retry = proxy.chat_with(&send, BODY).await;
+    assert_eq!(retry.status, StatusCode::BAD_GATEWAY, "{}", retry.text());
+    assert_eq!(retry.error_type(), "upstream_error");
 }

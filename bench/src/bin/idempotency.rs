@@ -59,10 +59,8 @@ impl Drop for Redis {
 }
 
 fn start_redis() -> Result<(Redis, u16), BoxError> {
-    let bin = std::env::var("REDIS_SERVER_BIN").map_or_else(
-        |_| PathBuf::from("/usr/bin/redis-server"),
-        PathBuf::from,
-    );
+    let bin = std::env::var("REDIS_SERVER_BIN")
+        .map_or_else(|_| PathBuf::from("/usr/bin/redis-server"), PathBuf::from);
     let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
     let child = Command::new(&bin)
         .args([

@@ -363,6 +363,13 @@ impl Keys {
     }
 }
 
+/// When a settle that failed is tried again.
+const SETTLE_RETRIES: [Duration; 3] = [
+    Duration::from_millis(250),
+    Duration::from_secs(1),
+    Duration::from_secs(4),
+];
+
 /// A claimed key, held by the request that leads it.
 pub(crate) struct KeyLease {
     store: Arc<dyn IdempotencyStore>,
@@ -413,7 +420,7 @@ impl KeyLease {
         self.health.metrics.idempotency(event);
         let done = self
             .store
-            .settle(&self.key, self.owner, self.fp, state, self.ttl)
+            .settle(&self.key, self.owner, self.fp, state.clone(), self.ttl)
             .await;
         match done {
             Ok(true) => {}
@@ -424,9 +431,25 @@ impl KeyLease {
                 )
             }
             Err(e) => {
-                if self.store.name() != "local" {
-                    self.health.failed("settle", &e);
-                }
+                self.health.failed("settle", &e);
+                // Left as it is, the key would stay claimed until its
+                // claim expires and retries would wait for it: try again
+                // a few times in the background (a short outage).
+                let (store, health) = (Arc::clone(&self.store), Arc::clone(&self.health));
+                let (key, owner, fp, ttl) =
+                    (std::mem::take(&mut self.key), self.owner, self.fp, self.ttl);
+                tokio::spawn(async move {
+                    for wait in SETTLE_RETRIES {
+                        tokio::time::sleep(wait).await;
+                        match store.settle(&key, owner, fp, state.clone(), ttl).await {
+                            Ok(_) => {
+                                health.ok();
+                                return;
+                            }
+                            Err(e) => health.failed("settle", &e),
+                        }
+                    }
+                });
             }
         }
     }

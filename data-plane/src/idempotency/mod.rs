@@ -471,3 +471,152 @@ impl Drop for KeyLease {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A shared store that is down.
+    struct Down;
+
+    impl IdempotencyStore for Down {
+        fn claim<'a>(
+            &'a self,
+            _: &'a str,
+            _: Owner,
+            _: Fingerprint,
+            _: Duration,
+        ) -> BoxFuture<'a, Result<ClaimResult, StoreError>> {
+            Box::pin(async { Err(StoreError::Timeout) })
+        }
+        fn get<'a>(&'a self, _: &'a str) -> BoxFuture<'a, Result<Option<Entry>, StoreError>> {
+            Box::pin(async { Err(StoreError::Timeout) })
+        }
+        fn settle<'a>(
+            &'a self,
+            _: &'a str,
+            _: Owner,
+            _: Fingerprint,
+            _: Option<KeyState>,
+            _: Duration,
+        ) -> BoxFuture<'a, Result<bool, StoreError>> {
+            Box::pin(async { Err(StoreError::Timeout) })
+        }
+        fn changed<'a>(&'a self, _: &'a str, wait: Duration) -> BoxFuture<'a, ()> {
+            Box::pin(tokio::time::sleep(wait))
+        }
+        fn name(&self) -> &'static str {
+            "down"
+        }
+    }
+
+    fn keys(shared: Option<Arc<dyn IdempotencyStore>>) -> Keys {
+        Keys::new(
+            shared,
+            Duration::from_secs(60),
+            1024,
+            100,
+            Arc::new(Metrics::new()),
+        )
+    }
+
+    fn req(key: &str, fp: u8, risk: Risk) -> KeyedRequest<'_> {
+        KeyedRequest {
+            key,
+            fp: Fingerprint([fp; 16]),
+            risk,
+            inflight_ttl: Duration::from_secs(30),
+            wait_until: Instant::now() + Duration::from_secs(5),
+        }
+    }
+
+    fn answer() -> StoredAnswer {
+        StoredAnswer {
+            status: http::StatusCode::OK,
+            headers: http::HeaderMap::new(),
+            body: Bytes::from_static(b"once"),
+            stream: false,
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_store_outage_fails_side_effects_closed_and_reads_open() {
+        let k = keys(Some(Arc::new(Down)));
+        for risk in [Risk::Send, Risk::Destructive] {
+            assert!(matches!(
+                k.begin(req("k", 1, risk)).await,
+                Begin::Refuse(ProxyError::SharedStoreUnavailable)
+            ));
+        }
+        for risk in [Risk::Read, Risk::Draft] {
+            let key = format!("{risk:?}");
+            match k.begin(req(&key, 1, risk)).await {
+                Begin::Lead(lease) => assert!(lease.is_local()),
+                _ => panic!("{risk:?}: fails open to the local store"),
+            }
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_joiner_gets_the_leaders_answer_and_a_mismatch_is_refused() {
+        let k = Arc::new(keys(None));
+        let Begin::Lead(lease) = k.begin(req("k", 1, Risk::Read)).await else {
+            panic!("lead")
+        };
+        assert!(matches!(
+            k.begin(req("k", 2, Risk::Read)).await,
+            Begin::Refuse(ProxyError::IdempotencyMismatch(_))
+        ));
+        let joiner = {
+            let k = Arc::clone(&k);
+            tokio::spawn(async move {
+                match k.begin(req("k", 1, Risk::Read)).await {
+                    Begin::Replay { answer, joined } => (answer.body.clone(), joined),
+                    _ => panic!("replay expected"),
+                }
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        let ending = Ending::Answered {
+            outcome: router_policy::Outcome::Ok,
+            bytes: 4,
+            complete: true,
+        };
+        lease.settle(ending, Some(answer()), Bytes::new).await;
+        let (body, joined) = joiner.await.unwrap_or_default();
+        assert_eq!(body, "once");
+        assert!(joined);
+        assert!(matches!(
+            k.begin(req("k", 1, Risk::Read)).await,
+            Begin::Replay { joined: false, .. }
+        ));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_send_without_an_answer_is_kept_as_outcome_unknown_and_a_dropped_lease_releases() {
+        let k = keys(None);
+        let Begin::Lead(lease) = k.begin(req("s", 1, Risk::Send)).await else {
+            panic!("lead")
+        };
+        lease
+            .settle(Ending::NoAnswer { reached: true }, None, || {
+                Bytes::from_static(b"{\"request_id\":\"s\"}")
+            })
+            .await;
+        match k.begin(req("s", 1, Risk::Send)).await {
+            Begin::Refuse(ProxyError::OutcomeUnknown { route, .. }) => {
+                assert_eq!(route, "{\"request_id\":\"s\"}")
+            }
+            _ => panic!("outcome_unknown expected"),
+        }
+        let Begin::Lead(lease) = k.begin(req("d", 1, Risk::Send)).await else {
+            panic!("lead")
+        };
+        drop(lease);
+        tokio::task::yield_now().await;
+        assert!(matches!(
+            k.begin(req("d", 1, Risk::Send)).await,
+            Begin::Lead(_)
+        ));
+    }
+}

@@ -95,6 +95,14 @@ fn pct(sorted: &[Duration], p: f64) -> f64 {
     sorted[rank].as_secs_f64() * 1e3
 }
 
+/// `/proc/loadavg`'s first three fields (the machine's other load shows
+/// in the tail).
+fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|_| "unknown".into())
+}
+
 fn main() -> Result<(), BoxError> {
     let args = Args::parse();
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -196,7 +204,8 @@ async fn run(args: Args) -> Result<(), BoxError> {
                 "unkeyed_ms": {"p50": u.0, "p90": u.1, "p99": u.2},
                 "keyed_lead_ms": {"p50": k.0, "p90": k.1, "p99": k.2},
                 "keyed_replay_ms": {"p50": r.0, "p90": r.1, "p99": r.2},
-                "added_ms": {"p50": k.0 - u.0, "p99": k.2 - u.2},
+                "added_ms": {"p50": k.0 - u.0, "p90": k.1 - u.1, "p99": k.2 - u.2},
+                "loadavg": loadavg(),
                 "wall_s": wall.as_secs_f64(),
             })
         );
@@ -216,10 +225,12 @@ async fn run(args: Args) -> Result<(), BoxError> {
             println!("{name:<22} {:>8.3}  {:>8.3}  {:>8.3}", v.0, v.1, v.2);
         }
         println!(
-            "added by a key         {:>8.3}            {:>8.3}   (goal: < 0.3 at p50, < 1 at p99)",
+            "added by a key         {:>8.3}  {:>8.3}  {:>8.3}   (goal: < 0.3 at p50, < 1 at p99)",
             k.0 - u.0,
+            k.1 - u.1,
             k.2 - u.2
         );
+        println!("load average at the end: {}", loadavg());
     }
     proxy.shutdown();
     Ok(())

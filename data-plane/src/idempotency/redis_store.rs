@@ -13,9 +13,21 @@
 //! Every call is bounded by [`OP_TIMEOUT`]. The first connection is made
 //! in the background, so a proxy starts while the store is down; until it
 //! is up every call fails fast with [`StoreError::Unavailable`].
+//!
+//! Each worker thread (a single-threaded runtime serving connections)
+//! then opens a connection of its own, so that a keyed request's two
+//! round trips are driven by the thread serving it: through the shared
+//! connection, each would cross to the thread that owns its socket and
+//! back (two thread wake-ups per call, which a loaded machine turns into
+//! a long tail). A worker whose own connection cannot be made uses the
+//! shared one and tries again half a second later.
 
+use std::cell::RefCell;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
+
+use tokio::time::Instant;
 
 use futures_util::future::BoxFuture;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
@@ -41,11 +53,36 @@ end
 return 1
 ";
 
+/// Tells stores apart in the per-thread connection lists.
+static NEXT_STORE: AtomicUsize = AtomicUsize::new(1);
+
+/// A worker thread's own connection to a store, or when to try again.
+enum ThreadConn {
+    Ready(ConnectionManager),
+    RetryAt(Instant),
+}
+
+thread_local! {
+    /// Per store id: this thread's connection.
+    static THREAD_CONNS: RefCell<Vec<(usize, ThreadConn)>> = const { RefCell::new(Vec::new()) };
+}
+
 /// The Redis store.
 pub(crate) struct RedisStore {
+    id: usize,
+    client: redis::Client,
+    config: ConnectionManagerConfig,
     conn: Arc<OnceLock<ConnectionManager>>,
     prefix: String,
     settle: redis::Script,
+}
+
+fn manager_config() -> ConnectionManagerConfig {
+    ConnectionManagerConfig::new()
+        .set_connection_timeout(Duration::from_millis(250))
+        .set_response_timeout(OP_TIMEOUT)
+        .set_number_of_retries(2)
+        .set_max_delay(200)
 }
 
 impl RedisStore {
@@ -54,12 +91,10 @@ impl RedisStore {
     pub(crate) fn connect(client: redis::Client, prefix: String) -> Self {
         let conn = Arc::new(OnceLock::new());
         let slot = Arc::clone(&conn);
+        let background = client.clone();
         tokio::spawn(async move {
-            let config = ConnectionManagerConfig::new()
-                .set_connection_timeout(Duration::from_millis(250))
-                .set_response_timeout(OP_TIMEOUT)
-                .set_number_of_retries(2)
-                .set_max_delay(200);
+            let client = background;
+            let config = manager_config();
             let mut logged = false;
             loop {
                 match ConnectionManager::new_with_config(client.clone(), config.clone()).await {
@@ -81,6 +116,9 @@ impl RedisStore {
             }
         });
         Self {
+            id: NEXT_STORE.fetch_add(1, Ordering::Relaxed),
+            client,
+            config: manager_config(),
             conn,
             prefix,
             settle: redis::Script::new(SETTLE),
@@ -91,11 +129,54 @@ impl RedisStore {
         format!("{}idem:{key}", self.prefix)
     }
 
-    fn conn(&self) -> Result<ConnectionManager, StoreError> {
-        self.conn
+    /// The connection to use: this worker thread's own (made on first
+    /// use), else the shared one.
+    async fn conn(&self) -> Result<ConnectionManager, StoreError> {
+        let shared = self
+            .conn
             .get()
             .cloned()
-            .ok_or_else(|| StoreError::Unavailable("not connected yet".into()))
+            .ok_or_else(|| StoreError::Unavailable("not connected yet".into()))?;
+        let on_worker = tokio::runtime::Handle::try_current()
+            .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::CurrentThread);
+        if !on_worker {
+            return Ok(shared);
+        }
+        let now = Instant::now();
+        let mine = THREAD_CONNS.with(|c| {
+            c.borrow()
+                .iter()
+                .find(|(id, _)| *id == self.id)
+                .map(|(_, conn)| match conn {
+                    ThreadConn::Ready(m) => Some(Ok(m.clone())),
+                    ThreadConn::RetryAt(at) if *at > now => Some(Err(())),
+                    ThreadConn::RetryAt(_) => None,
+                })
+        });
+        match mine.flatten() {
+            Some(Ok(m)) => return Ok(m),
+            Some(Err(())) => return Ok(shared),
+            None => {}
+        }
+        let made = tokio::time::timeout(
+            OP_TIMEOUT,
+            ConnectionManager::new_with_config(self.client.clone(), self.config.clone()),
+        )
+        .await;
+        let entry = match made {
+            Ok(Ok(m)) => ThreadConn::Ready(m),
+            _ => ThreadConn::RetryAt(now + Duration::from_millis(500)),
+        };
+        let chosen = match &entry {
+            ThreadConn::Ready(m) => m.clone(),
+            ThreadConn::RetryAt(_) => shared,
+        };
+        THREAD_CONNS.with(|c| {
+            let mut c = c.borrow_mut();
+            c.retain(|(id, _)| *id != self.id);
+            c.push((self.id, entry));
+        });
+        Ok(chosen)
     }
 }
 
@@ -123,7 +204,7 @@ impl IdempotencyStore for RedisStore {
         ttl: Duration,
     ) -> BoxFuture<'a, Result<ClaimResult, StoreError>> {
         Box::pin(async move {
-            let mut conn = self.conn()?;
+            let mut conn = self.conn().await?;
             let value = record::encode(&Entry {
                 owner,
                 fingerprint: fp,
@@ -146,7 +227,7 @@ impl IdempotencyStore for RedisStore {
 
     fn get<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<Entry>, StoreError>> {
         Box::pin(async move {
-            let mut conn = self.conn()?;
+            let mut conn = self.conn().await?;
             let mut cmd = redis::cmd("GET");
             cmd.arg(self.key(key));
             let v: Option<Vec<u8>> = bounded(cmd.query_async(&mut conn)).await?;
@@ -166,7 +247,7 @@ impl IdempotencyStore for RedisStore {
         ttl: Duration,
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
         Box::pin(async move {
-            let mut conn = self.conn()?;
+            let mut conn = self.conn().await?;
             // Empty: delete (release).
             let value = state.map_or_else(bytes::Bytes::new, |state| {
                 record::encode(&Entry {

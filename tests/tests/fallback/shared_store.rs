@@ -70,12 +70,21 @@ async fn a_retry_on_the_other_proxy_joins_the_request_in_flight() {
     let (a, b) = fleet(&redis, &m.url()).await;
     let before = m.stats().received;
     let key = [("idempotency-key", "join-1")];
-    let first = a.chat_with(&key, BODY);
+    let first = async {
+        let r = a.chat_with(&key, BODY).await;
+        (r, tokio::time::Instant::now())
+    };
     let retry = async {
         tokio::time::sleep(Duration::from_millis(100)).await;
-        b.chat_with(&key, BODY).await
+        let r = b.chat_with(&key, BODY).await;
+        (r, tokio::time::Instant::now())
     };
-    let (first, retry) = tokio::join!(first, retry);
+    let ((first, first_at), (retry, retry_at)) = tokio::join!(first, retry);
+    // The joiner polls the store (2 ms doubling to 50 ms): it answers at
+    // most one poll interval after the first, plus scheduling.
+    let lag = retry_at.saturating_duration_since(first_at);
+    println!("join lag: {lag:?}");
+    assert!(lag < Duration::from_millis(150), "join lag {lag:?}");
     assert_eq!(first.status, StatusCode::OK);
     assert_eq!(retry.status, StatusCode::OK);
     assert_eq!(retry.body, first.body, "the same bytes");

@@ -145,7 +145,8 @@ enum Source {
 impl TrackedBody {
     /// Wraps `inner`; `completion` runs exactly once. With a `deadline`,
     /// or when the answer must be `finished` even if the client leaves
-    /// (a keyed request), a relay task is spawned on the current runtime.
+    /// (a keyed request; its caller gives it a deadline too), a relay task
+    /// is spawned on the current runtime.
     pub(crate) fn new(
         inner: UpstreamBody,
         completion: Box<dyn Completion>,

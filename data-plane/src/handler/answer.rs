@@ -250,6 +250,18 @@ impl Pending {
             .get(header::CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
             .is_some_and(|ct| ct.starts_with("text/event-stream"));
+        // A keyed stream that is finished even if its client leaves is
+        // bounded: by its deadline, else by the attempt timeout (a backend
+        // that never ends must not hold its slot and key for ever).
+        let finish = leader.as_ref().is_some_and(|(_, f)| *f);
+        let deadline_at = match deadline_at {
+            None if finish => Some(crate::clock::later(
+                Instant::now(),
+                self.shared.settings.attempt_timeout,
+                crate::clock::A_YEAR,
+            )),
+            d => d,
+        };
         if deadline_at.is_some() {
             // The body may be cut (and an SSE error event added).
             head.headers.remove(header::CONTENT_LENGTH);
@@ -260,9 +272,7 @@ impl Pending {
         self.stamp(&mut resp, &record, lease.route_header().cloned(), attempts);
         // A keyed stream keeps its frames for the retry and, unless the
         // route turned it off, is read to its end if the client leaves.
-        let mut finish = false;
-        let keyed = leader.map(|(lease, finish_on_client_gone)| {
-            finish = finish_on_client_gone;
+        let keyed = leader.map(|(lease, _)| {
             let (head, ()) = Response::new(()).into_parts();
             let mut head = head;
             head.status = resp.status();

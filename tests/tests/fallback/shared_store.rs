@@ -384,3 +384,50 @@ async fn a_send_that_never_reached_a_backend_releases_its_key() {
     assert_eq!(retry.status, StatusCode::BAD_GATEWAY, "{}", retry.text());
     assert_eq!(retry.error_type(), "upstream_error");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_whose_client_left_is_finished_and_replayed_by_the_other_proxy() {
+    let redis = RedisServer::start("stream-gone").await;
+    let m = mock_sse("m", 6, 60).await;
+    let (a, b) = fleet(&redis, &m.url()).await;
+    let before = m.stats();
+    let body = r#"{"model":"m","stream":true}"#;
+    // The client reads nothing and leaves while the stream is half way.
+    send_and_leave(&a, "stream-gone-1", body, Duration::from_millis(120)).await;
+    eventually(WAIT_AT_MOST, "the stream is generated to its end", || {
+        m.stats().completed == before.completed + 1
+    })
+    .await;
+    assert_eq!(m.stats().cancelled, before.cancelled, "not cancelled");
+    let retry = b
+        .chat_with(&[("idempotency-key", "stream-gone-1")], body)
+        .await;
+    assert_eq!(retry.status, StatusCode::OK);
+    assert_eq!(retry.header("x-router-replayed"), Some("true"));
+    let text = retry.text();
+    assert_eq!(
+        text.matches("data: ").count(),
+        7,
+        "6 chunks and [DONE]: {text}"
+    );
+    assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
+    assert_eq!(m.stats().received - before.received, 1, "generated once");
+    // The first proxy's log says the client left and the answer was kept.
+    eventually(WAIT_AT_MOST, "the first request's log line", || {
+        a.log
+            .lines()
+            .iter()
+            .any(|l| l["request_id"] == "stream-gone-1")
+    })
+    .await;
+    let lines = a.log.lines();
+    let first = lines
+        .iter()
+        .find(|l| l["request_id"] == "stream-gone-1")
+        .unwrap();
+    assert_eq!(first["outcome"], "client_cancelled");
+    assert!(first["reason"]
+        .as_str()
+        .unwrap()
+        .contains("kept for its retry"));
+}

@@ -20,7 +20,10 @@ use super::{ClaimResult, IdempotencyStore, StoreError};
 
 struct Inner {
     entries: HashMap<String, (Entry, Instant)>,
-    /// Finished entries by expiry, for expiry and eviction.
+    /// Every entry by expiry (exactly the entries of the map), so that
+    /// expiry is a look at the front, not a scan.
+    by_expiry: BTreeSet<(Instant, String)>,
+    /// The finished ones among them, for eviction.
     finished: BTreeSet<(Instant, String)>,
 }
 
@@ -37,6 +40,7 @@ impl LocalStore {
         Self {
             inner: Mutex::new(Inner {
                 entries: HashMap::new(),
+                by_expiry: BTreeSet::new(),
                 finished: BTreeSet::new(),
             }),
             max_entries: max_entries.max(1),
@@ -51,7 +55,9 @@ impl LocalStore {
     /// Keys tracked now.
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
-        self.lock().entries.len()
+        let inner = self.lock();
+        assert_eq!(inner.by_expiry.len(), inner.entries.len());
+        inner.entries.len()
     }
 
     fn claim_now(&self, key: &str, owner: Owner, fp: Fingerprint, ttl: Duration) -> ClaimResult {
@@ -65,17 +71,12 @@ impl LocalStore {
             return ClaimResult::Untracked;
         }
         let expires = crate::clock::later(now, ttl, crate::clock::A_YEAR);
-        inner.entries.insert(
-            key.to_owned(),
-            (
-                Entry {
-                    owner,
-                    fingerprint: fp,
-                    state: KeyState::InFlight,
-                },
-                expires,
-            ),
-        );
+        let entry = Entry {
+            owner,
+            fingerprint: fp,
+            state: KeyState::InFlight,
+        };
+        inner.insert(key, entry, expires, false);
         ClaimResult::Claimed
     }
 
@@ -89,25 +90,15 @@ impl LocalStore {
             return false;
         }
         let fingerprint = entry.fingerprint;
-        match state {
-            None => {
-                inner.entries.remove(key);
-            }
-            Some(state) => {
-                let expires = crate::clock::later(now, ttl, crate::clock::A_YEAR);
-                inner.entries.insert(
-                    key.to_owned(),
-                    (
-                        Entry {
-                            owner,
-                            fingerprint,
-                            state,
-                        },
-                        expires,
-                    ),
-                );
-                inner.finished.insert((expires, key.to_owned()));
-            }
+        inner.remove(key);
+        if let Some(state) = state {
+            let expires = crate::clock::later(now, ttl, crate::clock::A_YEAR);
+            let entry = Entry {
+                owner,
+                fingerprint,
+                state,
+            };
+            inner.insert(key, entry, expires, true);
         }
         drop(inner);
         self.settled.notify_waiters();
@@ -116,26 +107,40 @@ impl LocalStore {
 }
 
 impl Inner {
+    fn insert(&mut self, key: &str, entry: Entry, expires: Instant, finished: bool) {
+        self.by_expiry.insert((expires, key.to_owned()));
+        if finished {
+            self.finished.insert((expires, key.to_owned()));
+        }
+        self.entries.insert(key.to_owned(), (entry, expires));
+    }
+
+    fn remove(&mut self, key: &str) {
+        if let Some((_, expires)) = self.entries.remove(key) {
+            let k = (expires, key.to_owned());
+            self.by_expiry.remove(&k);
+            self.finished.remove(&k);
+        }
+    }
+
     fn expire(&mut self, now: Instant) {
-        self.entries.retain(|_, (_, expires)| *expires > now);
-        while let Some(first) = self.finished.first() {
-            if first.0 > now {
+        while let Some((expires, key)) = self.by_expiry.first().cloned() {
+            if expires > now {
                 break;
             }
-            self.finished.pop_first();
+            self.remove(&key);
         }
     }
 
     /// Drops the finished entry closest to its expiry; false if none.
     fn evict_one(&mut self) -> bool {
-        while let Some((expires, key)) = self.finished.pop_first() {
-            if matches!(self.entries.get(&key), Some((e, x)) if *x == expires && e.state != KeyState::InFlight)
-            {
-                self.entries.remove(&key);
-                return true;
+        match self.finished.first().cloned() {
+            Some((_, key)) => {
+                self.remove(&key);
+                true
             }
+            None => false,
         }
-        false
     }
 }
 
@@ -248,6 +253,36 @@ mod tests {
         // "a" was the one evicted: b and c are in flight, so a is not
         // tracked now (not answered from a stale entry).
         assert!(matches!(claim(&s, "a").await, ClaimResult::Untracked));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_expiry_index_mirrors_the_keys_through_any_sequence() {
+        let s = LocalStore::new(50);
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        for _ in 0..5000 {
+            // xorshift: a fixed pseudo-random sequence of operations.
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let key = format!("k{}", x % 80);
+            let ttl = Duration::from_millis(1 + x % 300);
+            match x % 5 {
+                0 | 1 => {
+                    let _ = s.claim(&key, OWNER, FP, ttl).await;
+                }
+                2 => {
+                    let _ = s
+                        .settle(&key, OWNER, FP, Some(KeyState::NotReplayable), ttl)
+                        .await;
+                }
+                3 => {
+                    let _ = s.settle(&key, OWNER, FP, None, ttl).await;
+                }
+                _ => tokio::time::advance(Duration::from_millis(x % 50)).await,
+            }
+            // `len` checks the index against the map.
+            assert!(s.len() <= 50);
+        }
     }
 
     #[tokio::test(start_paused = true)]

@@ -17,7 +17,10 @@
 //! - `admin`: `/_custom_router/set-backends`, `explain`, `health`,
 //!   `metrics`, and who may call them in each mode (the peer and the
 //!   admin token);
-//! - `idempotency`: `Idempotency-Key` requests in flight and stored answers;
+//! - `idempotency`: `Idempotency-Key` requests in flight and stored answers,
+//!   behind one `IdempotencyStore` trait: in-process, or Redis shared by
+//!   the fleet (`CUSTOM_ROUTER_SHARED_STORE`); the rules are
+//!   `router_policy::idempotency`'s;
 //! - `config`: the immutable `Snapshot` and its atomic swaps ([`ConfigStore`]);
 //! - `pool`: one pool's circuits, latency window, bounded FIFO and leases;
 //! - `probe`: capacity probes (vLLM `/metrics`, Ollama `/api/ps`);

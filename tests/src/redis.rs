@@ -1,7 +1,8 @@
 //! A real Redis server for tests: Debian's `redis-server` package (or the
 //! binary named by `REDIS_SERVER_BIN`) on 127.0.0.1, on a free port, with
-//! persistence off. It can be killed and started again on the same port
-//! (a Redis restart: without persistence, its keys are gone).
+//! persistence off, plain or TLS only ([`RedisServer::start_tls`]). It can
+//! be killed and started again on the same port (a Redis restart: without
+//! persistence, its keys are gone).
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -17,6 +18,8 @@ pub struct RedisServer {
     dir: PathBuf,
     port: u16,
     child: Option<Child>,
+    /// Serving TLS only, with the certificate and key in `dir`.
+    tls: bool,
 }
 
 fn free_port() -> u16 {
@@ -71,14 +74,36 @@ impl RedisServer {
             dir,
             port: free_port(),
             child: None,
+            tls: false,
         };
         server.resume().await;
         server
     }
 
-    /// `redis://127.0.0.1:port/0`.
+    /// Starts a fresh server that speaks TLS only, with this certificate
+    /// and key (PEM), and waits until it listens.
+    pub async fn start_tls(name: &str, cert_pem: &str, key_pem: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("router-redis-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+        for (file, pem) in [("cert.pem", cert_pem), ("key.pem", key_pem)] {
+            std::fs::write(dir.join(file), pem).unwrap_or_else(|e| panic!("{file}: {e}"));
+        }
+        let mut server = Self {
+            binary: find_binary(),
+            dir,
+            port: free_port(),
+            child: None,
+            tls: true,
+        };
+        server.resume().await;
+        server
+    }
+
+    /// `redis://127.0.0.1:port/0` (`rediss://` with TLS).
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/0", self.port)
+        let scheme = if self.tls { "rediss" } else { "redis" };
+        format!("{scheme}://127.0.0.1:{}/0", self.port)
     }
 
     /// Its port.
@@ -98,12 +123,32 @@ impl RedisServer {
     pub async fn resume(&mut self) {
         let log = std::fs::File::create(self.dir.join("redis.log"))
             .unwrap_or_else(|e| panic!("redis log: {e}"));
+        let port = self.port.to_string();
+        let cert = self.dir.join("cert.pem").to_string_lossy().into_owned();
+        let key = self.dir.join("key.pem").to_string_lossy().into_owned();
+        let listen: Vec<&str> = if self.tls {
+            vec![
+                "--port",
+                "0",
+                "--tls-port",
+                &port,
+                "--tls-cert-file",
+                &cert,
+                "--tls-key-file",
+                &key,
+                "--tls-ca-cert-file",
+                &cert,
+                "--tls-auth-clients",
+                "no",
+            ]
+        } else {
+            vec!["--port", &port]
+        };
         let child = Command::new(&self.binary)
+            .args(listen)
             .args([
                 "--bind",
                 "127.0.0.1",
-                "--port",
-                &self.port.to_string(),
                 "--save",
                 "",
                 "--appendonly",
@@ -120,7 +165,12 @@ impl RedisServer {
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
-            if command(self.port, "PING").is_ok_and(|l| l == "+PONG") {
+            let up = if self.tls {
+                TcpStream::connect(("127.0.0.1", self.port)).is_ok()
+            } else {
+                command(self.port, "PING").is_ok_and(|l| l == "+PONG")
+            };
+            if up {
                 return;
             }
             if Instant::now() > deadline {

@@ -431,3 +431,44 @@ async fn a_stream_whose_client_left_is_finished_and_replayed_by_the_other_proxy(
         .unwrap()
         .contains("kept for its retry"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rediss_carries_the_keys_and_an_untrusted_certificate_is_refused() {
+    let ck = rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_string()]).unwrap();
+    let redis =
+        RedisServer::start_tls("tls", &ck.cert.pem(), &ck.signing_key.serialize_pem()).await;
+    let m = mock("m", Behavior::Json).await;
+    // A self-signed certificate nobody trusts: refused (the proxy never
+    // connects, so keyed SEND requests fail closed).
+    let mut s = settings();
+    s.shared_store = Some(SharedStore::new(&redis.url()).unwrap());
+    let strict = TestProxy::with_policy(s, &policy(&m.url())).await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(!strict.proxy.shared_store_connected());
+    let r = strict
+        .chat_with(
+            &[("idempotency-key", "tls-0"), ("x-router-risk", "SEND")],
+            BODY,
+        )
+        .await;
+    assert_eq!(r.error_type(), "shared_store_unavailable");
+    // Told to skip verification (`#insecure`, for tests): TLS carries the
+    // keys across proxies.
+    let mut s = settings();
+    let insecure = format!("{}#insecure", redis.url());
+    s.shared_store = Some(SharedStore::new(&insecure).unwrap());
+    let a = TestProxy::with_policy(s.clone(), &policy(&m.url())).await;
+    let b = TestProxy::with_policy(s, &policy(&m.url())).await;
+    eventually(WAIT_AT_MOST, "both proxies connected over TLS", || {
+        a.proxy.shared_store_connected() && b.proxy.shared_store_connected()
+    })
+    .await;
+    let before = m.stats().received;
+    let key = [("idempotency-key", "tls-1")];
+    let first = a.chat_with(&key, BODY).await;
+    assert_eq!(first.status, StatusCode::OK);
+    let retry = b.chat_with(&key, BODY).await;
+    assert_eq!(retry.header("x-router-replayed"), Some("true"));
+    assert_eq!(retry.body, first.body);
+    assert_eq!(m.stats().received - before, 1);
+}

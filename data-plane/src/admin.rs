@@ -219,15 +219,21 @@ fn health(shared: &Shared, details: bool) -> Response<Bytes> {
             })
         })
         .collect();
-    json(
-        StatusCode::OK,
-        &serde_json::json!({
-            "ok": true,
-            "queue_depth": queue_depth,
-            "config_version": &*snapshot.version,
-            "backends": backends,
-        }),
-    )
+    let mut body = serde_json::json!({
+        "ok": true,
+        "queue_depth": queue_depth,
+        "config_version": &*snapshot.version,
+        "backends": backends,
+    });
+    // With a shared store: whether it is reachable (informational: the
+    // proxy serves without it, so readiness does not depend on it).
+    if let Some((connected, reachable)) = shared.idempotency.shared_status() {
+        body["shared_store"] = serde_json::json!({
+            "connected": connected,
+            "reachable": reachable,
+        });
+    }
+    json(StatusCode::OK, &body)
 }
 
 fn metrics(shared: &Shared) -> Response<Bytes> {

@@ -205,6 +205,18 @@ impl Keys {
         self.shared.as_ref().is_none_or(|s| s.connected())
     }
 
+    /// The shared store's state for the health details: `None` without
+    /// one, else whether it was ever connected and whether its last call
+    /// succeeded.
+    pub(crate) fn shared_status(&self) -> Option<(bool, bool)> {
+        self.shared.as_ref().map(|s| {
+            (
+                s.connected(),
+                s.connected() && self.health.up.load(Ordering::Relaxed),
+            )
+        })
+    }
+
     /// Whether a shared store is configured.
     pub(crate) fn is_shared(&self) -> bool {
         self.shared.is_some()

@@ -294,6 +294,7 @@ async fn a_store_outage_fails_send_closed_and_read_open_then_recovers() {
             "{metrics}"
         );
         assert!(metrics.contains("router_shared_store_errors_total"));
+        assert_eq!(a.health().await["shared_store"]["reachable"], false);
         tokio::time::sleep(Duration::from_millis(200)).await;
         // Back on the same port: both proxies reconnect on their own.
         redis.resume().await;
@@ -335,6 +336,7 @@ async fn a_store_outage_fails_send_closed_and_read_open_then_recovers() {
     }
     assert!(sends_refused > 0, "the outage was seen by the traffic");
     assert!(seen.len() > 30, "traffic ran: {}", seen.len());
+    assert_eq!(a.health().await["shared_store"]["reachable"], true);
     // And the fleet shares keys again.
     let key = [("idempotency-key", "after-both")];
     let before = m.stats().received;

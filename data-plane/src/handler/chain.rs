@@ -17,6 +17,12 @@
 //! `deadline_exhausted` if the deadline has passed; the last backend
 //! failure answer as it came (a 503, a 429...); `deadline_exhausted` if
 //! pools were skipped for time; the last shed or failure; `no_backend`.
+//!
+//! A keyed request's lease is settled where the walk ends
+//! ([`router_policy::idempotency::settle`] decides): with the answer
+//! passed on (a whole one here, a stream by its finisher when it ends),
+//! or, when no pool answered, with whether any attempt may have reached a
+//! backend.
 
 use std::sync::Arc;
 
@@ -26,6 +32,7 @@ use http::{Method, Response};
 use opentelemetry::trace::TraceContextExt;
 use opentelemetry::KeyValue;
 use router_policy::deadline::{plan_attempt, AttemptPlan, Budget};
+use router_policy::idempotency::Ending;
 use router_policy::{next_step, Outcome, Risk, Route, Step};
 use tokio::time::Instant;
 
@@ -39,7 +46,6 @@ use crate::idempotency::{KeyLease, StoredAnswer};
 use crate::pool::Shed;
 use crate::route_log::AttemptRecord;
 use crate::Shared;
-use router_policy::idempotency::Ending;
 
 /// A request ready to be sent: what every attempt needs to build its
 /// upstream request, and what the walk needs to decide.

@@ -8,6 +8,8 @@
 //!              ─▶ model (JSON paths) ─▶ route (first match), approval
 //!              ─▶ decide_on_route (gates on live measurements)
 //!              ─▶ Idempotency-Key: join the request in flight / replay / lead
+//!                 (a leader runs in a task of its own: its client leaving
+//!                 does not cancel it)
 //! chain.rs     for each candidate pool of the route:
 //!                unavailable (no endpoints, drained, circuits open) → skip
 //!                plan_attempt (deadline share, p95, queue wait)      → skip, or try

@@ -34,7 +34,9 @@
 //! decision line and one `router_requests_total` sample: the router answers
 //! it itself (`Pending::reject`), a backend's answer is passed on (a
 //! buffered answer at once; a stream by `Finisher` when it ends), or the
-//! client goes away first (`Pending`'s `Drop`).
+//! client goes away first (`Pending`'s `Drop`). A keyed request whose
+//! client goes away is not dropped: it runs to one of the first two ends
+//! and its answer is kept for the retry.
 //!
 //! An abandoned attempt (timed out, or failed over) is cancelled by
 //! dropping its future or body, which closes its upstream connection, so

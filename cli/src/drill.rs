@@ -24,6 +24,17 @@
 //! ports (`--primary-port`, `--fallback-port`); `drain` needs the built-in
 //! router and is skipped then.
 //!
+//! With `--proxies N --shared-store redis://...` the drill starts N
+//! proxies sharing that store, and the load behaves like a client that
+//! retries: each request carries an `Idempotency-Key`, goes first to
+//! proxy `i mod N`, and when no answer comes within the client's timeout
+//! (a third of the deadline by default), or the connection fails, or the
+//! proxy answers `503`, it gives up on that proxy and sends the same
+//! request, with the same key and what is left of its deadline, to the
+//! next proxy (round robin, at most 3 tries). Duplicate generations must
+//! still be 0: every retry joins the first request, replays its answer,
+//! or (when the first never reached a backend) routes afresh.
+//!
 //! [`DrillConfig::scaled`] divides every duration (and multiplies the
 //! rate), so the test suite replays the same scenarios at 1/20 scale.
 
@@ -82,6 +93,15 @@ pub struct DrillConfig {
     pub primary_port: u16,
     /// Mock ports (0: any free port).
     pub fallback_port: u16,
+    /// Proxies started (each request's retries go round robin over them).
+    pub proxies: usize,
+    /// The shared store of the proxies (`redis://...`), needed with more
+    /// than one proxy.
+    pub shared_store: Option<String>,
+    /// How long the client waits for an answer before it retries on the
+    /// next proxy (with more than one proxy; default a third of the
+    /// deadline).
+    pub client_timeout: Option<Duration>,
 }
 
 impl Default for DrillConfig {
@@ -103,6 +123,9 @@ impl Default for DrillConfig {
             target_scenario: None,
             primary_port: 0,
             fallback_port: 0,
+            proxies: 1,
+            shared_store: None,
+            client_timeout: None,
         }
     }
 }
@@ -125,6 +148,7 @@ impl DrillConfig {
             primary_attempt: d(self.primary_attempt),
             long_primary_attempt: d(self.long_primary_attempt),
             tolerance: d(self.tolerance).max(Duration::from_millis(40)),
+            client_timeout: self.client_timeout.map(d),
             ..self
         }
     }
@@ -205,6 +229,8 @@ pub struct ScenarioReport {
     pub p95_s: f64,
     /// Slowest, seconds.
     pub max_s: f64,
+    /// Client retries sent to another proxy (with several proxies).
+    pub client_retries: usize,
     /// Every check.
     pub checks: Vec<Check>,
     /// All checks held.
@@ -222,6 +248,8 @@ struct Outcome {
     route: Option<String>,
     error: Option<String>,
     elapsed: Duration,
+    /// Sends to another proxy after the first.
+    retries: usize,
 }
 
 /// The drill's policy: primary then fallback, the deadline as the default,
@@ -334,27 +362,60 @@ pub async fn run_scenario(scenario: Scenario, cfg: &DrillConfig) -> Result<Scena
     .await
     .map_err(|e| format!("cannot start the fallback mock: {e}"))?;
 
-    let (proxy, base) = match &cfg.target {
-        Some(url) => (None, url.trim_end_matches('/').to_string()),
+    let mut proxies = Vec::new();
+    let bases: Vec<String> = match &cfg.target {
+        Some(url) => vec![url.trim_end_matches('/').to_string()],
         None => {
             let text = drill_policy(cfg, &primary.url(), &fallback.url(), primary_attempt, false);
             let policy = parse_policy(&text)?;
+            let shared_store = match &cfg.shared_store {
+                Some(url) => Some(
+                    router_proxy::SharedStore::new(url).map_err(|e| format!("--shared-store: {e}"))?,
+                ),
+                None if cfg.proxies > 1 => {
+                    return Err(
+                        "--proxies above 1 needs --shared-store redis://HOST:PORT (the proxies share their Idempotency-Keys there)".into(),
+                    )
+                }
+                None => None,
+            };
             let settings = Settings {
                 bind: [127, 0, 0, 1].into(),
                 port: 0,
+                shared_store,
                 ..Settings::default()
             };
-            let proxy = router_proxy::start(ProxyOptions {
-                settings,
-                mode: Mode::Inline(Box::new(policy)),
-                route_log: Box::new(std::io::sink()),
-            })
-            .await
-            .map_err(|e| format!("cannot start the router: {e}"))?;
-            let base = format!("http://{}", proxy.local_addr());
-            (Some(proxy), base)
+            let mut bases = Vec::new();
+            for _ in 0..cfg.proxies.max(1) {
+                let proxy = router_proxy::start(ProxyOptions {
+                    settings: settings.clone(),
+                    mode: Mode::Inline(Box::new(policy.clone())),
+                    route_log: Box::new(std::io::sink()),
+                })
+                .await
+                .map_err(|e| format!("cannot start the router: {e}"))?;
+                bases.push(format!("http://{}", proxy.local_addr()));
+                proxies.push(proxy);
+            }
+            if cfg.shared_store.is_some() {
+                wait_for_store(&proxies).await?;
+            }
+            bases
         }
     };
+    let retrying = bases.len() > 1;
+    // Keys stay in the shared store for its TTL: a run of its own, so that
+    // a second drill is not answered with the first one's replays.
+    let run = if retrying {
+        use std::hash::{BuildHasher, Hasher};
+        let nonce = std::collections::hash_map::RandomState::new()
+            .build_hasher()
+            .finish();
+        format!("{nonce:016x}-")
+    } else {
+        String::new()
+    };
+    let client_timeout = cfg.client_timeout.unwrap_or(cfg.deadline / 3);
 
     let started = Instant::now();
     let run_length = Duration::from_secs_f64(cfg.count as f64 / cfg.rate);
@@ -365,19 +426,27 @@ pub async fn run_scenario(scenario: Scenario, cfg: &DrillConfig) -> Result<Scena
     for i in 0..cfg.count {
         let at = started + Duration::from_secs_f64(i as f64 / cfg.rate);
         let client = client.clone();
-        let url = format!("{base}/v1/chat/completions");
-        let id = format!("drill-{}-{i}", scenario.name());
+        let urls: Vec<String> = bases
+            .iter()
+            .map(|b| format!("{b}/v1/chat/completions"))
+            .collect();
+        let id = format!("drill-{run}{}-{i}", scenario.name());
+        let deadline = cfg.deadline;
         tasks.push(tokio::spawn(async move {
             tokio::time::sleep_until(at).await;
-            send(&client, &url, id, at).await
+            if retrying {
+                send_retrying(&client, &urls, i, id, at, deadline, client_timeout).await
+            } else {
+                send(&client, &urls[0], id, at, None).await
+            }
         }));
     }
     let drained = if scenario == Scenario::Drain {
         tokio::time::sleep_until(drain_at).await;
         let text = drill_policy(cfg, &primary.url(), &fallback.url(), primary_attempt, true);
         let policy = parse_policy(&text)?;
-        if let Some(p) = &proxy {
-            p.config().apply_policy(policy, "drill");
+        for p in &proxies {
+            p.config().apply_policy(policy.clone(), "drill");
         }
         Some(Instant::now())
     } else {
@@ -405,7 +474,9 @@ pub async fn run_scenario(scenario: Scenario, cfg: &DrillConfig) -> Result<Scena
         &fallback,
         drained,
     );
-    stop(proxy);
+    for p in proxies {
+        stop(Some(p));
+    }
     primary.stop().await;
     fallback.stop().await;
     Ok(report)
@@ -428,26 +499,100 @@ fn skipped(scenario: Scenario, why: &str) -> ScenarioReport {
         p50_s: 0.0,
         p95_s: 0.0,
         max_s: 0.0,
+        client_retries: 0,
         checks: Vec::new(),
         pass: true,
         skipped: Some(why.into()),
     }
 }
 
+/// Waits (up to 10 s) until every proxy has connected to its shared
+/// store (the first connection is made in the background).
+async fn wait_for_store(proxies: &[RunningProxy]) -> Result<(), String> {
+    let until = Instant::now() + Duration::from_secs(10);
+    while !proxies.iter().all(RunningProxy::shared_store_connected) {
+        if Instant::now() > until {
+            return Err("the proxies did not reach the shared store within 10 s".into());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(())
+}
+
+/// A client that retries: the request goes to proxy `first mod N`; with no
+/// answer within `client_timeout`, a failed connection or a `503`, the
+/// same request (same key, what is left of `deadline`) goes to the next
+/// proxy, at most 3 tries. The outcome is the last try's, timed from the
+/// first send.
+async fn send_retrying(
+    client: &Client<HttpConnector, Full<Bytes>>,
+    urls: &[String],
+    first: usize,
+    id: String,
+    at: Instant,
+    deadline: Duration,
+    client_timeout: Duration,
+) -> Outcome {
+    let mut last = None;
+    for try_no in 0..3 {
+        let left = deadline.saturating_sub(at.elapsed());
+        if left.is_zero() {
+            break;
+        }
+        let url = &urls[(first + try_no) % urls.len()];
+        let wait = client_timeout.min(left);
+        match tokio::time::timeout(wait, send(client, url, id.clone(), at, Some(left))).await {
+            Ok(out) if out.status == 503 || out.status == 0 => {
+                last = Some(Outcome {
+                    retries: try_no,
+                    ..out
+                })
+            }
+            Ok(out) => {
+                return Outcome {
+                    retries: try_no,
+                    ..out
+                }
+            }
+            // The client gives up on this proxy (its request is dropped:
+            // the connection closes) and retries on the next.
+            Err(_) => {}
+        }
+    }
+    last.unwrap_or(Outcome {
+        id,
+        sent_at: at,
+        status: 0,
+        route: None,
+        error: Some("client timeout".into()),
+        elapsed: at.elapsed(),
+        retries: 2,
+    })
+}
+
+/// Sends one request; `deadline_left`: a retry's `X-Router-Deadline-Ms`
+/// and `Idempotency-Key` (else the request id goes as `X-Request-Id`).
 async fn send(
     client: &Client<HttpConnector, Full<Bytes>>,
     url: &str,
     id: String,
     at: Instant,
+    deadline_left: Option<Duration>,
 ) -> Outcome {
     let body =
         format!(r#"{{"model":"drill","messages":[{{"role":"user","content":"request {id}"}}]}}"#);
-    let req = Request::builder()
+    let mut req = Request::builder()
         .method(Method::POST)
         .uri(url)
-        .header("content-type", "application/json")
-        .header("x-request-id", id.as_str())
-        .body(Full::new(Bytes::from(body)));
+        .header("content-type", "application/json");
+    req = match deadline_left {
+        Some(left) => req.header("idempotency-key", id.as_str()).header(
+            "x-router-deadline-ms",
+            left.as_millis().clamp(1, u128::from(u64::MAX)).to_string(),
+        ),
+        None => req.header("x-request-id", id.as_str()),
+    };
+    let req = req.body(Full::new(Bytes::from(body)));
     let mut out = Outcome {
         id,
         sent_at: at,
@@ -455,6 +600,7 @@ async fn send(
         route: None,
         error: None,
         elapsed: Duration::ZERO,
+        retries: 0,
     };
     let Ok(req) = req else {
         out.error = Some("bad request".into());
@@ -541,6 +687,7 @@ fn judge(
         }
     }
     let duplicates = generations.values().filter(|v| v.len() > 1).count();
+    let retries: usize = outcomes.iter().map(|o| o.retries).sum();
     let mut elapsed: Vec<Duration> = outcomes.iter().map(|o| o.elapsed).collect();
     elapsed.sort_unstable();
     let (p50, p95, max) = (
@@ -565,6 +712,16 @@ fn judge(
         duplicates.to_string(),
         duplicates == 0,
     );
+    if cfg.proxies > 1 {
+        // Not a pass condition (how many time out depends on the
+        // scenario): shows that retries did reach other proxies.
+        check(
+            &mut checks,
+            format!("client retries spread over {} proxies", cfg.proxies),
+            retries.to_string(),
+            true,
+        );
+    }
     // Every scenario but the degraded fallback must answer everything.
     if scenario != Scenario::FallbackDegraded {
         check(
@@ -590,18 +747,26 @@ fn judge(
             );
             let p50_max = Duration::from_secs_f64(1.0 * scale);
             let p95_max = Duration::from_secs_f64(3.5 * scale);
+            // Each proxy learns the primary's latency on its own: with N
+            // proxies, N first requests probe it (one does with one
+            // proxy); p95 is taken without the N-1 extra probes.
+            let extra_probes = cfg.proxies.max(1) - 1;
+            let p95 = percentile(&elapsed[..elapsed.len().saturating_sub(extra_probes)], 0.95);
+            let p95_label = if extra_probes > 0 {
+                format!(
+                    "p95 under {} (without the {extra_probes} extra proxies' first probes)",
+                    secs(p95_max)
+                )
+            } else {
+                format!("p95 under {}", secs(p95_max))
+            };
             check(
                 &mut checks,
                 format!("p50 under {}", secs(p50_max)),
                 secs(p50),
                 p50 < p50_max,
             );
-            check(
-                &mut checks,
-                format!("p95 under {}", secs(p95_max)),
-                secs(p95),
-                p95 < p95_max,
-            );
+            check(&mut checks, p95_label, secs(p95), p95 < p95_max);
         }
         Scenario::BaselineLongAttempt => {
             let p = by("primary");
@@ -672,7 +837,14 @@ fn judge(
                 by("fallback").to_string(),
                 by("fallback") == n,
             );
-            let limit = primary_attempt + fallback_latency + tol;
+            // A retry that joined the first request sees its answer at the
+            // next poll of the shared store (at most 50 ms later).
+            let join_poll = if cfg.proxies > 1 {
+                router_policy::idempotency::JoinBackoff::DEFAULT.max
+            } else {
+                Duration::ZERO
+            };
+            let limit = primary_attempt + fallback_latency + tol + join_poll;
             check(
                 &mut checks,
                 format!("none waits more than {}", secs(limit)),
@@ -740,6 +912,7 @@ fn judge(
         p50_s: p50.as_secs_f64(),
         p95_s: p95.as_secs_f64(),
         max_s: max.as_secs_f64(),
+        client_retries: retries,
         checks,
         pass,
         skipped: None,

@@ -228,6 +228,18 @@ struct DrillArgs {
     /// Print the drill's policy for a router under --target, then exit.
     #[arg(long)]
     print_policy: bool,
+    /// Start this many proxies sharing --shared-store; each request's
+    /// client retries go round robin over them (same Idempotency-Key).
+    #[arg(long, default_value_t = 1)]
+    proxies: usize,
+    /// The proxies' shared store (redis://HOST:PORT[/DB]), needed with
+    /// --proxies above 1.
+    #[arg(long, value_name = "URL")]
+    shared_store: Option<String>,
+    /// With several proxies: how long the client waits before retrying on
+    /// the next one, ms (default: a third of the deadline).
+    #[arg(long)]
+    client_timeout_ms: Option<u64>,
     /// Port of the primary mock (0: any; 8001 with --target).
     #[arg(long)]
     primary_port: Option<u16>,
@@ -463,6 +475,9 @@ async fn run_drill(args: DrillArgs) -> ExitCode {
         target: args.target.clone(),
         primary_port: default_port(args.primary_port, 8001),
         fallback_port: default_port(args.fallback_port, 8002),
+        proxies: args.proxies.max(1),
+        shared_store: args.shared_store.clone(),
+        client_timeout: args.client_timeout_ms.map(Duration::from_millis),
         ..DrillConfig::default()
     }
     .scaled(args.time_scale);

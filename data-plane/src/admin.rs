@@ -232,7 +232,8 @@ fn health(shared: &Shared, details: bool) -> Response<Bytes> {
         );
     }
     let snapshot = shared.config.load();
-    if let Some(reason) = shared.readiness.as_ref().and_then(|r| r.not_ready()) {
+    if let (Some(readiness), false) = (&shared.readiness, snapshot.configured) {
+        let reason = readiness.reason();
         return json(
             StatusCode::SERVICE_UNAVAILABLE,
             &serde_json::json!({
@@ -271,15 +272,21 @@ fn health(shared: &Shared, details: bool) -> Response<Bytes> {
             })
         })
         .collect();
-    json(
-        StatusCode::OK,
-        &serde_json::json!({
-            "ok": true,
-            "queue_depth": queue_depth,
-            "config_version": &*snapshot.version,
-            "backends": backends,
-        }),
-    )
+    let mut body = serde_json::json!({
+        "ok": true,
+        "queue_depth": queue_depth,
+        "config_version": &*snapshot.version,
+        "backends": backends,
+    });
+    // With a shared store: whether it is reachable (informational: the
+    // proxy serves without it, so readiness does not depend on it).
+    if let Some((connected, reachable)) = shared.idempotency.shared_status() {
+        body["shared_store"] = serde_json::json!({
+            "connected": connected,
+            "reachable": reachable,
+        });
+    }
+    json(StatusCode::OK, &body)
 }
 
 fn metrics(shared: &Shared) -> Response<Bytes> {

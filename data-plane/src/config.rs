@@ -28,6 +28,9 @@ use crate::forward::UpstreamClient;
 use crate::metrics::Metrics;
 use crate::pool::{PoolRuntime, PoolSettings, PoolStatus};
 
+/// The origin of a managed proxy's config before its first policy.
+pub(crate) const BOOT_ORIGIN: &str = "boot";
+
 /// Secrets named by the policy, read from the environment when the policy
 /// is applied. Never printed: `Debug` shows only which are present.
 #[derive(Default, Clone)]
@@ -135,6 +138,9 @@ pub(crate) struct Snapshot {
     pub pools: FnvHashMap<String, Arc<PoolRuntime>>,
     /// Secrets named by the policy.
     pub secrets: Secrets,
+    /// False for a managed proxy's boot config (the empty sidecar pool it
+    /// holds until a control plane, or its cache, gives it a policy).
+    pub configured: bool,
 }
 
 impl Snapshot {
@@ -369,6 +375,7 @@ fn build(
         secrets,
         policy: Arc::new(policy),
         pools,
+        configured: src.origin != BOOT_ORIGIN,
     }
 }
 

@@ -47,10 +47,21 @@ pub enum ProxyError {
         /// What was tried and skipped.
         detail: String,
     },
-    /// A retry of a request whose answer cannot be replayed (it was
-    /// streamed), or that is still streaming.
-    #[error("request {0} was already answered as a stream or is still streaming; it is not generated twice")]
-    DuplicateRequest(String),
+    /// A retry of a request whose answer was too large to store.
+    #[error("request {0} was already answered and its answer was too large to keep for replay; it is not generated twice (use a new Idempotency-Key to try again)")]
+    NotReplayable(String),
+    /// A retry of a SEND/DESTRUCTIVE request whose first attempt may have
+    /// reached a backend and ended without an answer.
+    #[error("request {key} may already have been carried out (its first attempt ended without an answer); it is not sent again: use a new Idempotency-Key to try again")]
+    OutcomeUnknown {
+        /// The key.
+        key: String,
+        /// The first request's route record (JSON), for the client.
+        route: Bytes,
+    },
+    /// A keyed SEND/DESTRUCTIVE request while the shared store is down.
+    #[error("the shared idempotency store is unavailable; a request with side effects is not sent without it: retry shortly")]
+    SharedStoreUnavailable,
     /// An `Idempotency-Key` reused with a different request.
     #[error("Idempotency-Key {0} was used for a different request")]
     IdempotencyMismatch(String),
@@ -111,9 +122,10 @@ impl ProxyError {
             Self::QueueFull { .. }
             | Self::QueueTimeout { .. }
             | Self::NoBackend { .. }
-            | Self::Overloaded { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            | Self::Overloaded { .. }
+            | Self::SharedStoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
             Self::DeadlineExhausted { .. } => StatusCode::GATEWAY_TIMEOUT,
-            Self::DuplicateRequest(_) => StatusCode::CONFLICT,
+            Self::NotReplayable(_) | Self::OutcomeUnknown { .. } => StatusCode::CONFLICT,
             Self::IdempotencyMismatch(_) => StatusCode::UNPROCESSABLE_ENTITY,
             Self::ApprovalRequired { .. } => StatusCode::FORBIDDEN,
             Self::BudgetExceeded { .. } => StatusCode::PAYMENT_REQUIRED,
@@ -137,7 +149,9 @@ impl ProxyError {
             Self::NoBackend { .. } => Outcome::NoBackend,
             Self::Overloaded { .. } => Outcome::Overloaded,
             Self::DeadlineExhausted { .. } => Outcome::DeadlineExhausted,
-            Self::DuplicateRequest(_) => Outcome::DuplicateRequest,
+            Self::NotReplayable(_) => Outcome::NotReplayable,
+            Self::OutcomeUnknown { .. } => Outcome::OutcomeUnknown,
+            Self::SharedStoreUnavailable => Outcome::SharedStoreUnavailable,
             Self::IdempotencyMismatch(_) => Outcome::IdempotencyMismatch,
             Self::ApprovalRequired { .. } => Outcome::ApprovalRequired,
             Self::BudgetExceeded { .. } => Outcome::BudgetExceeded,
@@ -164,7 +178,7 @@ impl ProxyError {
 
     /// The OpenAI-shaped JSON answer.
     pub fn to_response(&self, request_id: Option<&str>) -> Response<Bytes> {
-        let body = serde_json::json!({
+        let mut body = serde_json::json!({
             "error": {
                 "message": self.to_string(),
                 "type": self.kind(),
@@ -172,6 +186,12 @@ impl ProxyError {
                 "request_id": request_id,
             }
         });
+        if let Self::OutcomeUnknown { route, .. } = self {
+            // The first request's route record, as stored.
+            if let Ok(v) = serde_json::from_slice::<serde_json::Value>(route) {
+                body["error"]["first_request"] = v;
+            }
+        }
         let mut resp = Response::new(Bytes::from(body.to_string()));
         *resp.status_mut() = self.status();
         let headers = resp.headers_mut();

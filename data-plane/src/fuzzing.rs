@@ -288,6 +288,9 @@ fn record(data: &[u8]) -> RouteRecord {
         tokens_out: b.opt_u64(),
         cost_usd: b.some().then(|| b.float()),
         trace_id: b.some().then(|| b.string()),
+        idempotency: b
+            .some()
+            .then(|| ["lead", "lead_local", "join", "replay"][usize::from(b.byte()) % 4]),
         config_version: b.string().into(),
     }
 }

@@ -17,7 +17,10 @@
 //! - `admin`: `/_custom_router/set-backends`, `explain`, `health`,
 //!   `metrics`, and who may call them in each mode (the peer and the
 //!   admin token);
-//! - `idempotency`: `Idempotency-Key` requests in flight and stored answers;
+//! - `idempotency`: `Idempotency-Key` requests in flight and stored answers,
+//!   behind one `IdempotencyStore` trait: in-process, or Redis shared by
+//!   the fleet (`CUSTOM_ROUTER_SHARED_STORE`); the rules are
+//!   `router_policy::idempotency`'s;
 //! - `config`: the immutable `Snapshot` and its atomic swaps ([`ConfigStore`]);
 //! - `pool`: one pool's circuits, latency window, bounded FIFO and leases;
 //! - `probe`: capacity probes (vLLM `/metrics`, Ollama `/api/ps`);
@@ -87,7 +90,7 @@ pub use crate::error::{Forbidden, ProxyError, Unauthorized};
 use crate::forward::UpstreamClient;
 use crate::metrics::Metrics;
 use crate::route_log::RouteLog;
-pub use crate::settings::{Settings, SettingsError};
+pub use crate::settings::{Settings, SettingsError, SharedStore};
 
 /// Where the proxy's policy comes from.
 #[derive(Debug, Clone, PartialEq)]
@@ -136,6 +139,9 @@ pub enum StartError {
     /// Another I/O failure at startup.
     #[error("startup: {0}")]
     Io(#[from] std::io::Error),
+    /// The shared store (`CUSTOM_ROUTER_SHARED_STORE`) cannot be used.
+    #[error("CUSTOM_ROUTER_SHARED_STORE: {0}")]
+    SharedStore(String),
     /// A token (`CUSTOM_ROUTER_ADMIN_TOKEN`, `ROUTER_TOKEN`) cannot be
     /// used; the error names it, never shows it.
     #[error(transparent)]
@@ -154,8 +160,9 @@ pub(crate) struct Shared {
     pub(crate) route_log: RouteLog,
     /// Upstream HTTP client.
     pub(crate) client: UpstreamClient,
-    /// `Idempotency-Key` requests in flight and recent answers.
-    pub(crate) idempotency: Arc<idempotency::IdempotencyCache>,
+    /// `Idempotency-Key` requests in flight and recent answers: the
+    /// shared store, or this process's own.
+    pub(crate) idempotency: Arc<idempotency::Keys>,
     /// Request bytes held by all requests together, under a cap.
     pub(crate) buffered: Arc<limits::ByteBudget>,
     /// Open client connections, under a cap.
@@ -190,6 +197,13 @@ impl RunningProxy {
     /// log.
     pub fn admin_access(&self) -> String {
         self.shared.admin.describe()
+    }
+
+    /// Whether its shared store (`CUSTOM_ROUTER_SHARED_STORE`), if it has
+    /// one, has been connected to (the first connection is made in the
+    /// background; true without a shared store).
+    pub fn shared_store_connected(&self) -> bool {
+        self.shared.idempotency.connected()
     }
 
     /// Its config store (to inspect or change in tests and embedders).
@@ -258,7 +272,7 @@ pub async fn start(options: ProxyOptions) -> Result<RunningProxy, StartError> {
         // sidecar's empty default pool.
         Mode::Managed(_) => (
             Policy::sidecar(settings.queue, settings.max_concurrency),
-            "boot",
+            config::BOOT_ORIGIN,
             None,
         ),
     };
@@ -293,7 +307,27 @@ pub async fn start(options: ProxyOptions) -> Result<RunningProxy, StartError> {
         .await
         .map_err(|source| StartError::Bind { addr, source })?;
     let addr = listener.local_addr()?;
-    let (settings_ttl, settings_keys) = (settings.idempotency_ttl, settings.idempotency_max_keys);
+    let shared_store: Option<Arc<dyn idempotency::IdempotencyStore>> = match &settings.shared_store
+    {
+        None => None,
+        Some(s) => {
+            let client = s
+                .client()
+                .map_err(|e| StartError::SharedStore(e.to_string()))?;
+            tracing::info!(store = s.shown(), "idempotency keys in the shared store");
+            Some(Arc::new(idempotency::RedisStore::connect(
+                client,
+                "router:".into(),
+            )))
+        }
+    };
+    let keys = Arc::new(idempotency::Keys::new(
+        shared_store,
+        settings.idempotency_ttl,
+        settings.idempotency_max_answer_bytes,
+        settings.idempotency_max_keys,
+        Arc::clone(&metrics),
+    ));
     let (settings_buffered, settings_connections) =
         (settings.max_buffered_bytes, settings.max_connections);
     let shared = Arc::new(Shared {
@@ -306,10 +340,7 @@ pub async fn start(options: ProxyOptions) -> Result<RunningProxy, StartError> {
         draining: std::sync::atomic::AtomicBool::new(false),
         stops: stop_signal::StopSignals::default(),
         admin,
-        idempotency: Arc::new(idempotency::IdempotencyCache::new(
-            settings_ttl,
-            settings_keys,
-        )),
+        idempotency: keys,
         buffered: limits::ByteBudget::new(settings_buffered),
         connections: limits::ConnectionSlots::new(settings_connections),
     });

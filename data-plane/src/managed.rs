@@ -90,23 +90,21 @@ pub fn grpc_endpoint(
 
 const CACHE_FILE: &str = "snapshot.pb";
 
-/// Whether a managed proxy has a config to serve. Until the first
+/// Why a managed proxy has no config to serve yet. Until the first
 /// snapshot with a policy is applied (from the control plane or the
 /// cache), every request would get `503 no_backend`, so health answers 503
-/// with the reason, and load balancers and Kubernetes readiness keep
-/// traffic away.
+/// with this reason (while the snapshot is the boot one, see
+/// `Snapshot::configured`), and load balancers and Kubernetes readiness
+/// keep traffic away.
 #[derive(Debug)]
 pub(crate) struct Readiness {
-    /// A policy has been applied.
-    configured: std::sync::atomic::AtomicBool,
-    /// Why not yet: what the operator should fix.
+    /// What the operator should fix.
     waiting_on: std::sync::Mutex<String>,
 }
 
 impl Default for Readiness {
     fn default() -> Self {
         Self {
-            configured: std::sync::atomic::AtomicBool::new(false),
             waiting_on: std::sync::Mutex::new(
                 "no configuration from the control plane yet: connecting".into(),
             ),
@@ -115,13 +113,6 @@ impl Default for Readiness {
 }
 
 impl Readiness {
-    /// A policy is applied: ready from now on (a later outage keeps the
-    /// last good config serving).
-    fn configured(&self) {
-        self.configured
-            .store(true, std::sync::atomic::Ordering::Relaxed);
-    }
-
     /// Not configured yet, because of `why`.
     fn waiting_on(&self, why: &str) {
         if let Ok(mut w) = self.waiting_on.lock() {
@@ -129,16 +120,11 @@ impl Readiness {
         }
     }
 
-    /// Why the proxy cannot serve yet; `None` once it can.
-    pub(crate) fn not_ready(&self) -> Option<String> {
-        if self.configured.load(std::sync::atomic::Ordering::Relaxed) {
-            return None;
-        }
-        Some(
-            self.waiting_on
-                .lock()
-                .map_or_else(|_| "no configuration yet".into(), |w| w.clone()),
-        )
+    /// Why the proxy cannot serve yet.
+    pub(crate) fn reason(&self) -> String {
+        self.waiting_on
+            .lock()
+            .map_or_else(|_| "no configuration yet".into(), |w| w.clone())
     }
 }
 
@@ -458,9 +444,6 @@ pub(crate) async fn run(
         .map_or(7, |d| d.as_nanos() as u64)
         | 1;
     let mut backoff = Backoff { attempt: 0, seed };
-    if applied.revision > 0 {
-        context.readiness.configured();
-    }
     let mut index = 0usize;
     loop {
         let addrs = &context.options.addrs;
@@ -468,15 +451,13 @@ pub(crate) async fn run(
         index += 1;
         match stream_once(&context, &addr, &mut events, &mut applied).await {
             Ok(()) => backoff.reset(),
-            Err(e) => match context.readiness.not_ready() {
-                None => {
-                    tracing::warn!(control_plane = %addr, error = %e, "control plane stream failed; serving the last good config")
-                }
-                Some(_) => {
-                    context.readiness.waiting_on(&e);
-                    tracing::warn!(control_plane = %addr, error = %e, "control plane stream failed; no configuration yet: health answers 503 and requests get 503 no_backend until one is applied")
-                }
-            },
+            Err(e) if context.store.load().configured => {
+                tracing::warn!(control_plane = %addr, error = %e, "control plane stream failed; serving the last good config")
+            }
+            Err(e) => {
+                context.readiness.waiting_on(&e);
+                tracing::warn!(control_plane = %addr, error = %e, "control plane stream failed; no configuration yet: health answers 503 and requests get 503 no_backend until one is applied")
+            }
         }
         tokio::time::sleep(backoff.next()).await;
     }
@@ -533,9 +514,7 @@ async fn stream_once(
                     options.cache_dir.as_deref(),
                     applied,
                 );
-                if applied.revision > 0 {
-                    context.readiness.configured();
-                } else if msg.snapshot.as_ref().is_some_and(|s| s.policy_version == 0) {
+                if msg.snapshot.as_ref().is_some_and(|s| s.policy_version == 0) {
                     context
                         .readiness
                         .waiting_on("the control plane has no policy yet: routerctl policy apply -f FILE");

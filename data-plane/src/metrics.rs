@@ -31,6 +31,20 @@ use router_policy::Outcome;
 use crate::pool::{PoolCounters, PoolStatus};
 
 /// Label set `{pool}`.
+/// `router_idempotency_events`' label.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct EventLabel {
+    /// What happened to a keyed request.
+    pub event: &'static str,
+}
+
+/// `router_shared_store_errors`' label.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct OpLabel {
+    /// The store call that failed.
+    pub op: &'static str,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(crate) struct PoolLabel {
     /// Pool name.
@@ -179,6 +193,8 @@ pub(crate) struct Metrics {
     config_reloads: Family<ResultLabel, Counter>,
     route_log_dropped: Counter,
     circuit_overrides_skipped: Counter,
+    idempotency: Family<EventLabel, Counter>,
+    store_errors: Family<OpLabel, Counter>,
 }
 
 impl Default for Metrics {
@@ -214,6 +230,8 @@ impl Metrics {
             config_reloads: Family::default(),
             route_log_dropped: Counter::default(),
             circuit_overrides_skipped: Counter::default(),
+            idempotency: Family::default(),
+            store_errors: Family::default(),
         };
         registry.register(
             "custom_router_queue_depth",
@@ -306,7 +324,27 @@ impl Metrics {
             "Circuit overrides from the control plane skipped as invalid (the rest of the snapshot applied)",
             m.circuit_overrides_skipped.clone(),
         );
+        registry.register(
+            "router_idempotency_events",
+            "Idempotency-Key requests by event: claim, join, replay, mismatch, not_replayable, outcome_unknown (stored), outcome_unknown_refused (a retry told), store, store_not_replayable, release, fail_open, fail_closed",
+            m.idempotency.clone(),
+        );
+        registry.register(
+            "router_shared_store_errors",
+            "Failed calls to the shared store, by call (claim, get, settle)",
+            m.store_errors.clone(),
+        );
         Self { registry, ..m }
+    }
+
+    /// Counts an `Idempotency-Key` event.
+    pub(crate) fn idempotency(&self, event: &'static str) {
+        self.idempotency.get_or_create(&EventLabel { event }).inc();
+    }
+
+    /// Counts a failed shared-store call.
+    pub(crate) fn store_error(&self, op: &'static str) {
+        self.store_errors.get_or_create(&OpLabel { op }).inc();
     }
 
     /// The counters a pool increments itself.

@@ -132,6 +132,11 @@ pub(crate) struct RouteRecord {
     pub cost_usd: Option<f64>,
     /// Trace id, when tracing is on.
     pub trace_id: Option<String>,
+    /// What the `Idempotency-Key` did: `lead`, `lead_local` (the shared
+    /// store was down), `join` (waited for the first request), `replay`;
+    /// absent without a key.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub idempotency: Option<&'static str>,
     /// Config version that routed the request.
     pub config_version: Arc<str>,
 }
@@ -732,6 +737,11 @@ impl RouteRecord {
             opt_key!("", "trace_id", "\""),
             self.trace_id.as_deref(),
         );
+        if let Some(i) = self.idempotency {
+            out.extend_from_slice(b",\"idempotency\":\"");
+            json_plain_contents(out, i);
+            out.push(b'"');
+        }
         out.extend_from_slice(b",\"config_version\":\"");
         json_str_contents(out, &self.config_version);
         out.extend_from_slice(b"\"}");
@@ -1384,6 +1394,7 @@ mod tests {
             tokens_out: some(rng).then(|| rng.next() >> rng.below(64)),
             cost_usd: some(rng).then(|| float(rng)),
             trace_id: some(rng).then(|| pick(rng).into()),
+            idempotency: some(rng).then(|| ["lead", "join", "replay"][rng.below(3) as usize]),
             config_version: pick(rng).into(),
             ..RouteRecord::default()
         }

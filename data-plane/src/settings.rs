@@ -73,6 +73,14 @@ pub struct Settings {
     pub idempotency_ttl: Duration,
     /// Keys tracked at most (`CUSTOM_ROUTER_IDEMPOTENCY_MAX_KEYS`, 10000).
     pub idempotency_max_keys: usize,
+    /// Largest answer (body, or a stream's frames) kept for replay
+    /// (`CUSTOM_ROUTER_IDEMPOTENCY_MAX_ANSWER_BYTES`, 1 MiB); a retry of a
+    /// larger one gets `409 not_replayable`.
+    pub idempotency_max_answer_bytes: usize,
+    /// The fleet's shared store (`CUSTOM_ROUTER_SHARED_STORE`,
+    /// `redis://host:port/db` or `rediss://`; the password from the URL or
+    /// `CUSTOM_ROUTER_SHARED_STORE_PASSWORD`). `None`: in-process keys.
+    pub shared_store: Option<SharedStore>,
     /// Connection-serving threads (`CUSTOM_ROUTER_WORKERS`, 0 = one per core).
     pub workers: usize,
     /// How new connections are placed on those threads
@@ -117,6 +125,7 @@ impl std::fmt::Debug for Settings {
                 &self.approval_key.as_ref().map(|_| "<redacted>"),
             )
             .field("max_body_bytes", &self.max_body_bytes)
+            .field("shared_store", &self.shared_store)
             .finish_non_exhaustive()
     }
 }
@@ -140,6 +149,8 @@ impl Default for Settings {
             policy_poll_interval: Duration::from_secs(1),
             idempotency_ttl: Duration::from_secs(300),
             idempotency_max_keys: 10_000,
+            idempotency_max_answer_bytes: 1024 * 1024,
+            shared_store: None,
             workers: 0,
             connection_balance: crate::balance_workers::ConnectionBalance::Pack,
             attempt_timeout: Duration::from_secs(1800),
@@ -257,6 +268,22 @@ impl Settings {
                 _ => return Err(bad(var, &v, "an integer of at least 1")),
             };
         }
+        if let Some((var, v)) = get("CUSTOM_ROUTER_IDEMPOTENCY_MAX_ANSWER_BYTES") {
+            s.idempotency_max_answer_bytes = match v.trim().parse::<usize>() {
+                Ok(n) => n,
+                _ => return Err(bad(var, &v, "a number of bytes (0: keep no answer)")),
+            };
+        }
+        if let Some((var, v)) = get("CUSTOM_ROUTER_SHARED_STORE") {
+            let password = get("CUSTOM_ROUTER_SHARED_STORE_PASSWORD").map(|(_, p)| p);
+            s.shared_store = Some(SharedStore::parse(var, &v, password)?);
+        } else if get("CUSTOM_ROUTER_SHARED_STORE_PASSWORD").is_some() {
+            return Err(SettingsError {
+                var: "CUSTOM_ROUTER_SHARED_STORE_PASSWORD",
+                shown: "(hidden)".into(),
+                expected: "to be set together with CUSTOM_ROUTER_SHARED_STORE",
+            });
+        }
         if let Some((var, v)) = get("CUSTOM_ROUTER_ATTEMPT_TIMEOUT") {
             s.attempt_timeout = seconds(var, &v)?;
         }
@@ -302,6 +329,88 @@ fn token(var: &'static str, value: &str) -> Result<String, SettingsError> {
         shown: "(hidden)".into(),
         expected: e.problem,
     })
+}
+
+/// The shared store's address and credentials, checked at startup.
+#[derive(Clone, PartialEq, Eq)]
+pub struct SharedStore {
+    /// The URL as given (it may hold a password: never shown).
+    url: String,
+    /// `CUSTOM_ROUTER_SHARED_STORE_PASSWORD`, overriding the URL's.
+    password: Option<String>,
+    /// `host:port/db` as shown in logs.
+    shown: String,
+}
+
+impl std::fmt::Debug for SharedStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.shown)
+    }
+}
+
+impl SharedStore {
+    /// A store at `url` (`redis://`, `rediss://`, `valkey://`, `valkeys://`).
+    pub fn new(url: &str) -> Result<Self, SettingsError> {
+        Self::parse("CUSTOM_ROUTER_SHARED_STORE", url, None)
+    }
+
+    fn parse(
+        var: &'static str,
+        value: &str,
+        password: Option<String>,
+    ) -> Result<Self, SettingsError> {
+        const EXPECTED: &str = "redis://[user:password@]host:port[/db] (or rediss:// for TLS)";
+        let url = value.trim().to_owned();
+        let scheme_ok = ["redis://", "rediss://", "valkey://", "valkeys://"]
+            .iter()
+            .any(|s| url.starts_with(s));
+        // The value may hold a password: shown with it removed.
+        let shown = redact(&url);
+        let quoted = format!("{shown:?}");
+        let invalid = || SettingsError {
+            var,
+            shown: quoted.clone(),
+            expected: EXPECTED,
+        };
+        if !scheme_ok {
+            return Err(invalid());
+        }
+        let store = Self {
+            url,
+            password: password
+                .map(|p| p.trim().to_owned())
+                .filter(|p| !p.is_empty()),
+            shown,
+        };
+        store.client().map_err(|_| invalid())?;
+        Ok(store)
+    }
+
+    /// A client for it (no connection yet).
+    pub(crate) fn client(&self) -> redis::RedisResult<redis::Client> {
+        use redis::IntoConnectionInfo;
+        let mut info = self.url.as_str().into_connection_info()?;
+        if let Some(p) = &self.password {
+            info.redis.password = Some(p.clone());
+        }
+        redis::Client::open(info)
+    }
+
+    /// The address without credentials.
+    pub fn shown(&self) -> &str {
+        &self.shown
+    }
+}
+
+/// `scheme://host:port/db` of a store URL, without user or password.
+fn redact(url: &str) -> String {
+    match url.split_once("://") {
+        Some((scheme, rest)) => {
+            let rest = rest.rsplit_once('@').map_or(rest, |(_, after)| after);
+            format!("{scheme}://{rest}")
+        }
+        None => "(not a URL)".into(),
+    }
 }
 
 fn bad(var: &'static str, value: &str, expected: &'static str) -> SettingsError {
@@ -415,6 +524,50 @@ mod tests {
             assert_eq!(err.var, var);
             assert!(err.to_string().contains(var), "{err}");
         }
+    }
+
+    #[test]
+    fn the_shared_store_is_checked_and_its_password_never_shown() {
+        assert_eq!(with(&[]).unwrap().shared_store, None);
+        let s = with(&[(
+            "CUSTOM_ROUTER_SHARED_STORE",
+            "redis://:hunter22@10.0.0.5:6379/2",
+        )])
+        .unwrap();
+        let store = s.shared_store.clone().unwrap();
+        assert_eq!(store.shown(), "redis://10.0.0.5:6379/2");
+        assert!(!format!("{s:?}").contains("hunter22"));
+        let info = store.client().unwrap().get_connection_info().clone();
+        assert_eq!(info.redis.db, 2);
+        assert_eq!(info.redis.password.as_deref(), Some("hunter22"));
+        // The password variable wins over the URL's.
+        let s = with(&[
+            ("CUSTOM_ROUTER_SHARED_STORE", "rediss://cache.internal:6380"),
+            ("CUSTOM_ROUTER_SHARED_STORE_PASSWORD", "from-env\n"),
+        ])
+        .unwrap();
+        let info = s
+            .shared_store
+            .unwrap()
+            .client()
+            .unwrap()
+            .get_connection_info()
+            .clone();
+        assert_eq!(info.redis.password.as_deref(), Some("from-env"));
+        for bad in [
+            "localhost:6379",
+            "http://x:1",
+            "redis://:pw@host:notaport",
+            "",
+        ] {
+            let err = with(&[("CUSTOM_ROUTER_SHARED_STORE", bad)]).unwrap_err();
+            assert_eq!(err.var, "CUSTOM_ROUTER_SHARED_STORE", "{bad}");
+            assert!(!err.to_string().contains(":pw@"), "{err}");
+        }
+        let err = with(&[("CUSTOM_ROUTER_SHARED_STORE_PASSWORD", "x")]).unwrap_err();
+        assert_eq!(err.var, "CUSTOM_ROUTER_SHARED_STORE_PASSWORD");
+        let err = with(&[("CUSTOM_ROUTER_IDEMPOTENCY_MAX_ANSWER_BYTES", "lots")]).unwrap_err();
+        assert_eq!(err.var, "CUSTOM_ROUTER_IDEMPOTENCY_MAX_ANSWER_BYTES");
     }
 
     #[test]

@@ -45,6 +45,8 @@ use crate::upstream::UpstreamBody;
 pub(crate) trait Completion: Send + 'static {
     /// The first data frame arrived (time to first byte).
     fn first_byte(&mut self);
+    /// A data frame passed (or, after the client left, was read).
+    fn data(&mut self, _bytes: &Bytes) {}
     /// The body ended, was cut, or the client went away.
     fn finish(self: Box<Self>, end: BodyEnd);
 }
@@ -60,6 +62,9 @@ pub(crate) enum BodyEnd {
     ClientGone,
     /// The request's deadline came first: the stream was cut.
     DeadlineCut,
+    /// The client went away, and the backend's answer was read to its
+    /// end anyway (a keyed request: the answer is kept for the retry).
+    FinishedAfterClientLeft,
 }
 
 /// The one SSE event sent when a stream is cut at its deadline.
@@ -81,11 +86,15 @@ impl Once {
     }
 
     fn frame(&mut self, frame: &Frame<Bytes>) {
-        if frame.is_data() && !self.seen_data {
-            self.seen_data = true;
-            if let Some(c) = self.completion.as_mut() {
+        let Some(data) = frame.data_ref() else {
+            return;
+        };
+        if let Some(c) = self.completion.as_mut() {
+            if !self.seen_data {
+                self.seen_data = true;
                 c.first_byte();
             }
+            c.data(data);
         }
     }
 
@@ -135,13 +144,24 @@ enum Source {
 
 impl TrackedBody {
     /// Wraps `inner`; `completion` runs exactly once. With a `deadline`,
-    /// a relay task is spawned on the current runtime.
+    /// or when the answer must be `finished` even if the client leaves
+    /// (a keyed request; its caller gives it a deadline too), a relay task
+    /// is spawned on the current runtime.
     pub(crate) fn new(
         inner: UpstreamBody,
         completion: Box<dyn Completion>,
         deadline: Option<Instant>,
         sse: bool,
+        finish: bool,
     ) -> Self {
+        let deadline = match (deadline, finish) {
+            (None, true) => Some(crate::clock::later(
+                Instant::now(),
+                crate::clock::A_YEAR,
+                crate::clock::A_YEAR,
+            )),
+            (d, _) => d,
+        };
         let source = match deadline {
             None => Source::Direct {
                 inner: Some(inner),
@@ -156,6 +176,7 @@ impl TrackedBody {
                     deadline,
                     tx,
                     Arc::clone(&cut),
+                    finish,
                 ));
                 Source::Relayed {
                     frames,
@@ -170,41 +191,66 @@ impl TrackedBody {
 
 /// Reads the backend's body into `tx` until it ends, the client's side is
 /// dropped, or `deadline` comes, whichever is first; runs the completion.
+/// With `finish`, a client going away does not stop the reading: the
+/// answer is read to its end (still bounded by `deadline`) for the
+/// completion to keep.
 async fn relay(
     mut inner: UpstreamBody,
     mut once: Once,
     deadline: Instant,
     tx: mpsc::Sender<Result<Frame<Bytes>, BoxError>>,
     cut: Arc<AtomicBool>,
+    finish: bool,
 ) {
     let expired = tokio::time::sleep_until(deadline);
     tokio::pin!(expired);
+    let mut gone = false;
+    let ended = |gone: bool| {
+        if gone {
+            BodyEnd::FinishedAfterClientLeft
+        } else {
+            BodyEnd::Complete
+        }
+    };
     loop {
         let frame = tokio::select! {
             biased;
             () = &mut expired => break,
-            () = tx.closed() => return once.finish(BodyEnd::ClientGone),
+            () = tx.closed(), if !gone => {
+                if finish {
+                    gone = true;
+                    continue;
+                }
+                return once.finish(BodyEnd::ClientGone);
+            }
             f = inner.frame() => f,
         };
         match frame {
-            None => return once.finish(BodyEnd::Complete),
+            None => return once.finish(ended(gone)),
             Some(Err(e)) => {
                 once.finish(BodyEnd::UpstreamError);
-                let _ = tx.send(Err(e.into())).await;
+                if !gone {
+                    let _ = tx.send(Err(e.into())).await;
+                }
                 return;
             }
             Some(Ok(f)) => {
                 once.frame(&f);
                 let end = inner.is_end_stream();
-                tokio::select! {
-                    biased;
-                    () = &mut expired => break,
-                    sent = tx.send(Ok(f)) => if sent.is_err() {
-                        return once.finish(BodyEnd::ClientGone);
-                    },
+                if !gone {
+                    tokio::select! {
+                        biased;
+                        () = &mut expired => break,
+                        sent = tx.send(Ok(f)) => if sent.is_err() {
+                            if !finish {
+                                return once.finish(BodyEnd::ClientGone);
+                            }
+                            gone = true;
+                        },
+                    }
                 }
                 if end {
-                    return once.finish(BodyEnd::Complete);
+                    return once.finish(ended(gone));
                 }
             }
         }

@@ -120,6 +120,7 @@ mod tests {
             requires_approval: false,
             allow_downgrade: true,
             cost_ceiling_per_call_usd: None,
+            finish_on_client_gone: true,
         }
     }
 

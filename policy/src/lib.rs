@@ -19,6 +19,9 @@
 //!   questions the chain asks of it.
 //! - [`fallback`]: what follows an attempt ([`next_step`]): answer, next
 //!   pool, or stop, and why.
+//! - [`idempotency`]: what a keyed request does with the state a shared
+//!   store holds for its key (lead, join, replay, refuse), how its key is
+//!   settled when it ends, and what happens while the store is down.
 //! - [`structured`]: structured-output (JSON schema) checks of answers.
 
 #![forbid(unsafe_code)]
@@ -31,6 +34,7 @@ pub mod document;
 pub mod endpoint;
 pub mod fallback;
 pub mod guard;
+pub mod idempotency;
 pub mod outcome;
 pub mod structured;
 

@@ -60,8 +60,16 @@ pub enum Outcome {
     NoBackend,
     /// The proxy's own memory or connection cap was reached.
     Overloaded,
-    /// A retry of a request that was streamed or is still streaming.
-    DuplicateRequest,
+    /// An `Idempotency-Key` retry of a request whose answer was too large
+    /// to store: it is not generated again.
+    NotReplayable,
+    /// An `Idempotency-Key` retry of a SEND/DESTRUCTIVE request whose
+    /// first attempt may have reached a backend and ended without an
+    /// answer: it is not sent again.
+    OutcomeUnknown,
+    /// A keyed SEND/DESTRUCTIVE request while the shared store cannot be
+    /// reached (it fails closed).
+    SharedStoreUnavailable,
     /// An `Idempotency-Key` reused with a different request.
     IdempotencyMismatch,
     /// The route needs approval and no valid token was given.
@@ -88,7 +96,7 @@ pub enum Outcome {
 
 impl Outcome {
     /// Every outcome, in declaration order.
-    pub const ALL: [Outcome; 26] = [
+    pub const ALL: [Outcome; 28] = [
         Outcome::Ok,
         Outcome::Replayed,
         Outcome::ConnectError,
@@ -104,7 +112,9 @@ impl Outcome {
         Outcome::QueueTimeout,
         Outcome::NoBackend,
         Outcome::Overloaded,
-        Outcome::DuplicateRequest,
+        Outcome::NotReplayable,
+        Outcome::OutcomeUnknown,
+        Outcome::SharedStoreUnavailable,
         Outcome::IdempotencyMismatch,
         Outcome::ApprovalRequired,
         Outcome::BudgetExceeded,
@@ -135,7 +145,9 @@ impl Outcome {
             Self::QueueTimeout => "queue_timeout",
             Self::NoBackend => "no_backend",
             Self::Overloaded => "overloaded",
-            Self::DuplicateRequest => "duplicate_request",
+            Self::NotReplayable => "not_replayable",
+            Self::OutcomeUnknown => "outcome_unknown",
+            Self::SharedStoreUnavailable => "shared_store_unavailable",
             Self::IdempotencyMismatch => "idempotency_mismatch",
             Self::ApprovalRequired => "approval_required",
             Self::BudgetExceeded => "budget_exceeded",
@@ -186,7 +198,9 @@ impl Outcome {
     pub const fn may_have_reached_backend(self) -> bool {
         match self {
             Self::ConnectError | Self::Status429 | Self::InvalidRequest => false,
-            Self::DuplicateRequest
+            Self::NotReplayable
+            | Self::OutcomeUnknown
+            | Self::SharedStoreUnavailable
             | Self::IdempotencyMismatch
             | Self::ApprovalRequired
             | Self::PayloadTooLarge
@@ -250,7 +264,9 @@ mod tests {
                 "queue_timeout",
                 "no_backend",
                 "overloaded",
-                "duplicate_request",
+                "not_replayable",
+                "outcome_unknown",
+                "shared_store_unavailable",
                 "idempotency_mismatch",
                 "approval_required",
                 "budget_exceeded",

@@ -40,6 +40,7 @@ fn route() -> impl Strategy<Value = Route> {
         requires_approval: false,
         allow_downgrade: true,
         cost_ceiling_per_call_usd: None,
+        finish_on_client_gone: true,
     })
 }
 
@@ -107,6 +108,7 @@ fn every_outcome_is_decided_for_a_read_on_a_default_route() {
         requires_approval: false,
         allow_downgrade: true,
         cost_ceiling_per_call_usd: None,
+        finish_on_client_gone: true,
     };
     let moving: Vec<&str> = Outcome::ALL
         .into_iter()

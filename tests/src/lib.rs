@@ -2,7 +2,7 @@
 //! in-process ([`harness`]), control planes and managed proxies
 //! ([`control`]), one helper per kind of mock model endpoint ([`mocks`],
 //! over the `router-mock` crate that `routerctl mock` and the drill use
-//! too), a real etcd ([`etcd`]), an OTLP collector ([`otlp`]) and a
+//! too), a real etcd ([`etcd`]), a real Redis ([`redis`]), an OTLP collector ([`otlp`]) and a
 //! network namespace to call from a non-loopback address ([`netns`]).
 #![forbid(unsafe_code)]
 pub mod control;
@@ -11,3 +11,4 @@ pub mod harness;
 pub mod mocks;
 pub mod netns;
 pub mod otlp;
+pub mod redis;

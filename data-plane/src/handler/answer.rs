@@ -22,14 +22,14 @@ use opentelemetry::KeyValue;
 use router_policy::Outcome;
 use tokio::time::Instant;
 
-use super::finish::{finish_record, Finisher};
+use super::finish::{finish_record, Finisher, KeyedStream};
 use super::{
     full, ProxyBody, X_REQUEST_ID, X_ROUTER_ATTEMPTS, X_ROUTER_CONFIG_VERSION, X_ROUTER_REPLAYED,
     X_ROUTER_ROUTE,
 };
 use crate::config::Snapshot;
 use crate::error::ProxyError;
-use crate::idempotency::{LeaderGuard, StoredAnswer};
+use crate::idempotency::{KeyLease, StoredAnswer};
 use crate::pool::Lease;
 use crate::route_log::{AttemptRecord, RouteRecord, Timestamp};
 use crate::tracked_body::TrackedBody;
@@ -163,11 +163,18 @@ impl Pending {
         full(resp)
     }
 
-    /// Answers with a stored answer (an `Idempotency-Key` retry).
-    pub(super) fn replay(mut self, stored: &StoredAnswer) -> Response<ProxyBody> {
+    /// Answers with a stored answer (an `Idempotency-Key` retry; `joined`:
+    /// it waited for the first request in flight). A stream's frames are
+    /// sent as they were stored, with the stream's own content type.
+    pub(super) fn replay(mut self, stored: &StoredAnswer, joined: bool) -> Response<ProxyBody> {
         let mut record = self.take_record();
         record.first_outcome = Some(Outcome::Replayed);
-        record.reason = "Idempotency-Key retry: the stored answer of the first request".into();
+        record.idempotency = Some(if joined { "join" } else { "replay" });
+        record.reason = if joined {
+            "Idempotency-Key retry: joined the first request in flight and got its answer".into()
+        } else {
+            "Idempotency-Key retry: the stored answer of the first request".into()
+        };
         let mut resp = Response::new(stored.body.clone());
         *resp.status_mut() = stored.status;
         *resp.headers_mut() = stored.headers.clone();
@@ -191,16 +198,16 @@ impl Pending {
         full(resp)
     }
 
-    /// Passes on a complete backend answer.
+    /// Passes on a complete backend answer (the caller settles the key
+    /// with it, then wraps it).
     pub(super) fn commit_whole(
         mut self,
         mut head: http::response::Parts,
         body: Bytes,
-        leader: Option<LeaderGuard>,
         pool: &Arc<str>,
         route: Option<HeaderValue>,
         attempts: usize,
-    ) -> Response<ProxyBody> {
+    ) -> Response<Bytes> {
         let mut record = self.take_record();
         let outcome = record.attempts.last().map_or(Outcome::Ok, |a| a.outcome);
         record.final_route = Some(Arc::clone(pool));
@@ -209,15 +216,6 @@ impl Pending {
         crate::hop_by_hop::strip_hop_by_hop(&mut head.headers);
         let mut resp = Response::from_parts(head, body);
         self.stamp(&mut resp, &record, route, attempts);
-        if let Some(g) = leader {
-            if outcome == Outcome::Ok {
-                g.store(StoredAnswer {
-                    status: resp.status(),
-                    headers: resp.headers().clone(),
-                    body: resp.body().clone(),
-                });
-            }
-        }
         let status = resp.status().as_u16();
         finish_record(
             &self.shared,
@@ -227,7 +225,7 @@ impl Pending {
             status,
             Some(Arc::clone(pool)),
         );
-        full(resp)
+        resp
     }
 
     /// Passes on a streamed backend answer; the log line is written when
@@ -239,6 +237,7 @@ impl Pending {
         started: Instant,
         deadline_at: Option<Instant>,
         attempts: usize,
+        leader: Option<(KeyLease, bool)>,
     ) -> Response<ProxyBody> {
         let mut record = self.take_record();
         let pool = Arc::clone(lease.pool_name());
@@ -251,6 +250,18 @@ impl Pending {
             .get(header::CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
             .is_some_and(|ct| ct.starts_with("text/event-stream"));
+        // A keyed stream that is finished even if its client leaves is
+        // bounded: by its deadline, else by the attempt timeout (a backend
+        // that never ends must not hold its slot and key for ever).
+        let finish = leader.as_ref().is_some_and(|(_, f)| *f);
+        let deadline_at = match deadline_at {
+            None if finish => Some(crate::clock::later(
+                Instant::now(),
+                self.shared.settings.attempt_timeout,
+                crate::clock::A_YEAR,
+            )),
+            d => d,
+        };
         if deadline_at.is_some() {
             // The body may be cut (and an SSE error event added).
             head.headers.remove(header::CONTENT_LENGTH);
@@ -259,6 +270,20 @@ impl Pending {
         let status = head.status.as_u16();
         let mut resp = Response::from_parts(head, ());
         self.stamp(&mut resp, &record, lease.route_header().cloned(), attempts);
+        // A keyed stream keeps its frames for the retry and, unless the
+        // route turned it off, is read to its end if the client leaves.
+        let keyed = leader.map(|(lease, _)| {
+            let (head, ()) = Response::new(()).into_parts();
+            let mut head = head;
+            head.status = resp.status();
+            head.headers = resp.headers().clone();
+            KeyedStream {
+                lease,
+                head,
+                frames: bytes::BytesMut::new(),
+                seen: 0,
+            }
+        });
         let finisher = Finisher {
             shared: Arc::clone(&self.shared),
             lease,
@@ -268,6 +293,7 @@ impl Pending {
             started,
             sample_on_first_byte: !failed,
             status,
+            keyed,
         };
         resp.map(|()| {
             Either::Right(TrackedBody::new(
@@ -275,6 +301,7 @@ impl Pending {
                 Box::new(finisher),
                 deadline_at,
                 sse,
+                finish,
             ))
         })
     }

@@ -17,6 +17,12 @@
 //! `deadline_exhausted` if the deadline has passed; the last backend
 //! failure answer as it came (a 503, a 429...); `deadline_exhausted` if
 //! pools were skipped for time; the last shed or failure; `no_backend`.
+//!
+//! A keyed request's lease is settled where the walk ends
+//! ([`router_policy::idempotency::settle`] decides): with the answer
+//! passed on (a whole one here, a stream by its finisher when it ends),
+//! or, when no pool answered, with whether any attempt may have reached a
+//! backend.
 
 use std::sync::Arc;
 
@@ -26,6 +32,7 @@ use http::{Method, Response};
 use opentelemetry::trace::TraceContextExt;
 use opentelemetry::KeyValue;
 use router_policy::deadline::{plan_attempt, AttemptPlan, Budget};
+use router_policy::idempotency::Ending;
 use router_policy::{next_step, Outcome, Risk, Route, Step};
 use tokio::time::Instant;
 
@@ -35,7 +42,7 @@ use super::ProxyBody;
 use crate::config::Snapshot;
 use crate::error::ProxyError;
 use crate::forward::UpstreamClient;
-use crate::idempotency::LeaderGuard;
+use crate::idempotency::{KeyLease, StoredAnswer};
 use crate::pool::Shed;
 use crate::route_log::AttemptRecord;
 use crate::Shared;
@@ -77,7 +84,7 @@ impl Exchange {
         mut self,
         mut pending: Pending,
         route: &'r Route,
-        mut leader: Option<LeaderGuard>,
+        mut leader: Option<KeyLease>,
     ) -> impl std::future::Future<Output = Response<ProxyBody>> + 'r {
         async move {
             // The decision's candidates (chain positions) and their pools,
@@ -169,29 +176,28 @@ impl Exchange {
                     } => {
                         pending.note_attempt(record, attempted);
                         pending.rec().reason = reason(std::mem::take(&mut decided), name, &notes);
-                        if let Some(g) = leader.take() {
-                            g.streamed();
-                        }
+                        let keyed = leader.take().map(|l| (l, route.finish_on_client_gone));
                         return pending.commit_stream(
                             resp,
                             lease,
                             started,
                             self.deadline_at,
                             attempted,
+                            keyed,
                         );
                     }
                     AttemptEnd::Whole { head, body, record } => {
+                        let outcome = record.outcome;
                         pending.note_attempt(record, attempted);
                         pending.rec().reason = reason(std::mem::take(&mut decided), name, &notes);
                         let route = pool.route_header().cloned();
-                        return pending.commit_whole(
-                            head,
-                            body,
-                            leader.take(),
-                            pool.shared_name(),
-                            route,
-                            attempted,
-                        );
+                        let summary = leader.as_ref().map(|_| super::route_summary(pending.rec()));
+                        let resp =
+                            pending.commit_whole(head, body, pool.shared_name(), route, attempted);
+                        if let Some(l) = leader.take() {
+                            settle_whole(l, &resp, outcome, summary).await;
+                        }
+                        return super::full(resp);
                     }
                     AttemptEnd::Failed {
                         record,
@@ -267,6 +273,20 @@ impl Exchange {
             // failure answer, or say why nothing was tried.
             let past_deadline = self.deadline_at.is_some_and(|d| Instant::now() >= d);
             pending.rec().reason = format!("{decided}; then {}", notes.join("; "));
+            // A failure answer passed on settles the key with its own
+            // outcome (below); anything else ends without an answer.
+            let passed_on = !past_deadline && held.is_some();
+            let unanswered = if passed_on { None } else { leader.take() };
+            if let Some(l) = unanswered {
+                let rec = pending.rec();
+                let reached = rec
+                    .attempts
+                    .iter()
+                    .any(|a| a.outcome.may_have_reached_backend());
+                let summary = super::route_summary(rec);
+                l.settle(Ending::NoAnswer { reached }, None, move || summary)
+                    .await;
+            }
             if past_deadline {
                 return pending.reject(ProxyError::DeadlineExhausted {
                     detail: notes.join("; "),
@@ -275,12 +295,25 @@ impl Exchange {
             if let Some((h, record)) = held {
                 return match h {
                     Held::Stream(resp, lease, started) => {
-                        pending.commit_stream(resp, lease, started, self.deadline_at, attempted)
+                        let keyed = leader.take().map(|l| (l, route.finish_on_client_gone));
+                        pending.commit_stream(
+                            resp,
+                            lease,
+                            started,
+                            self.deadline_at,
+                            attempted,
+                            keyed,
+                        )
                     }
                     Held::Whole(head, body) => {
+                        let summary = leader.as_ref().map(|_| super::route_summary(pending.rec()));
                         let name = record.pool;
                         let route = pools.get(&*name).and_then(|p| p.route_header().cloned());
-                        pending.commit_whole(head, body, None, &name, route, attempted)
+                        let resp = pending.commit_whole(head, body, &name, route, attempted);
+                        if let Some(l) = leader.take() {
+                            settle_whole(l, &resp, record.outcome, summary).await;
+                        }
+                        super::full(resp)
                     }
                 };
             }
@@ -296,6 +329,30 @@ impl Exchange {
             pending.reject(err)
         }
     }
+}
+
+/// Settles a keyed request answered with a whole body: `resp` as the
+/// client got it, `outcome` its attempt's.
+async fn settle_whole(
+    lease: KeyLease,
+    resp: &Response<Bytes>,
+    outcome: Outcome,
+    summary: Option<Bytes>,
+) {
+    let ending = Ending::Answered {
+        outcome,
+        bytes: resp.body().len(),
+        complete: true,
+    };
+    let answer = (resp.body().len() <= lease.cap()).then(|| StoredAnswer {
+        status: resp.status(),
+        headers: resp.headers().clone(),
+        body: resp.body().clone(),
+        stream: false,
+    });
+    lease
+        .settle(ending, answer, move || summary.unwrap_or_default())
+        .await;
 }
 
 /// The router's answer for a pool that shed the request (`now`: when the

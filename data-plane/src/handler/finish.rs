@@ -11,11 +11,14 @@
 
 use std::sync::Arc;
 
+use bytes::{Bytes, BytesMut};
+use router_policy::idempotency::Ending;
 use router_policy::Outcome;
 use tokio::time::Instant;
 
 use super::answer::Pending;
 use super::{ms, spans};
+use crate::idempotency::{KeyLease, StoredAnswer};
 use crate::pool::{Lease, Sample};
 use crate::route_log::{AttemptRecord, RouteRecord};
 use crate::tracked_body::{BodyEnd, Completion};
@@ -90,6 +93,44 @@ pub(super) struct Finisher {
     pub(super) started: Instant,
     pub(super) sample_on_first_byte: bool,
     pub(super) status: u16,
+    /// A keyed request's lease and what is kept of its stream for replay.
+    pub(super) keyed: Option<KeyedStream>,
+}
+
+/// A keyed request's stream, kept (up to the lease's cap) for the retry.
+pub(super) struct KeyedStream {
+    pub(super) lease: KeyLease,
+    /// The answer's status and headers, as the client got them.
+    pub(super) head: http::response::Parts,
+    pub(super) frames: BytesMut,
+    /// Bytes seen, kept or not.
+    pub(super) seen: usize,
+}
+
+impl KeyedStream {
+    /// Settles the lease for a stream that ended as `end` with `outcome`.
+    fn settle(self, outcome: Outcome, end: BodyEnd, record: &RouteRecord) {
+        let KeyedStream {
+            lease,
+            head,
+            frames,
+            seen,
+        } = self;
+        let complete = matches!(end, BodyEnd::Complete | BodyEnd::FinishedAfterClientLeft);
+        let ending = Ending::Answered {
+            outcome,
+            bytes: seen,
+            complete,
+        };
+        let answer = (seen == frames.len()).then(|| StoredAnswer {
+            status: head.status,
+            headers: head.headers,
+            body: frames.freeze(),
+            stream: true,
+        });
+        let route = super::route_summary(record);
+        tokio::spawn(lease.settle(ending, answer, move || route));
+    }
 }
 
 /// How a stream that began with `attempt_outcome` ended.
@@ -97,7 +138,7 @@ fn stream_outcome(attempt_outcome: Outcome, end: BodyEnd) -> Outcome {
     match end {
         BodyEnd::Complete => attempt_outcome,
         BodyEnd::UpstreamError => Outcome::UpstreamReset,
-        BodyEnd::ClientGone => Outcome::ClientCancelled,
+        BodyEnd::ClientGone | BodyEnd::FinishedAfterClientLeft => Outcome::ClientCancelled,
         BodyEnd::DeadlineCut => Outcome::DeadlineExhausted,
     }
 }
@@ -111,6 +152,15 @@ impl Completion for Finisher {
         }
     }
 
+    fn data(&mut self, bytes: &Bytes) {
+        if let Some(k) = &mut self.keyed {
+            k.seen = k.seen.saturating_add(bytes.len());
+            if k.seen <= k.lease.cap() {
+                k.frames.extend_from_slice(bytes);
+            }
+        }
+    }
+
     fn finish(self: Box<Self>, end: BodyEnd) {
         let Finisher {
             shared,
@@ -119,8 +169,11 @@ impl Completion for Finisher {
             mut attempt,
             t0,
             status,
+            keyed,
             ..
         } = *self;
+        // The attempt's own outcome (a failure answer passed on keeps it).
+        let answered = attempt.outcome;
         let outcome = stream_outcome(attempt.outcome, end);
         if end == BodyEnd::UpstreamError {
             lease.observe(Sample::Failure(t0.elapsed()));
@@ -137,6 +190,19 @@ impl Completion for Finisher {
         record.attempts.push(attempt);
         if end == BodyEnd::DeadlineCut {
             shared.metrics.shed(&pool, outcome);
+        }
+        if end == BodyEnd::FinishedAfterClientLeft {
+            record
+                .reason
+                .push_str("; the client left: the answer was finished and kept for its retry");
+        }
+        if let Some(k) = keyed {
+            let settled_as = if end == BodyEnd::UpstreamError {
+                Outcome::UpstreamReset
+            } else {
+                answered
+            };
+            k.settle(settled_as, end, &record);
         }
         finish_record(&shared, record, t0, outcome, status, Some(pool));
     }

@@ -33,7 +33,7 @@ use super::{full, spans, ProxyBody, IDEMPOTENCY_KEY, X_REQUEST_ID};
 use crate::config::Snapshot;
 use crate::error::{ApprovalRefusal, ProxyError};
 use crate::forward::{self, ReadWholeError, UpstreamClient};
-use crate::idempotency::{self, Claim, FollowResult, LeaderGuard};
+use crate::idempotency::{self, Begin, KeyedRequest};
 use crate::limits::Reservation;
 use crate::request_headers::RequestHeaders;
 use crate::Shared;
@@ -237,7 +237,7 @@ pub(crate) fn handle(
             .map(|k| k.trim().to_string());
         let mut leader = None;
         if let Some(key) = key {
-            let fp = idempotency::fingerprint(parts.method.as_str(), path, &body);
+            let fp = idempotency::fingerprint(parts.method.as_str(), path, &body, &parts.headers);
             let wait_until = deadline_at.unwrap_or_else(|| {
                 crate::clock::later(
                     pending.t0,
@@ -245,10 +245,28 @@ pub(crate) fn handle(
                     crate::clock::A_YEAR,
                 )
             });
-            match lead_or_follow(&shared, key, fp, streaming, wait_until).await {
-                Ok(guard) => leader = guard,
-                Err(Joined::Replay(stored)) => return pending.replay(&stored),
-                Err(Joined::Refused(e)) => return pending.reject(e),
+            // A claim outlives a proxy that dies holding it by this much:
+            // the request's own time bound, and a margin.
+            let bound = deadline.unwrap_or(shared.settings.attempt_timeout);
+            let begun = shared
+                .idempotency
+                .begin(KeyedRequest {
+                    key: &key,
+                    fp,
+                    risk,
+                    inflight_ttl: bound.saturating_add(CLAIM_MARGIN),
+                    wait_until,
+                })
+                .await;
+            match begun {
+                Begin::Lead(lease) => {
+                    let local = lease.is_local() && shared.idempotency.is_shared();
+                    pending.rec().idempotency = Some(if local { "lead_local" } else { "lead" });
+                    leader = Some(lease);
+                }
+                Begin::Untracked => {}
+                Begin::Replay { answer, joined } => return pending.replay(&answer, joined),
+                Begin::Refuse(e) => return pending.reject(e),
             }
         }
 
@@ -293,57 +311,33 @@ pub(crate) fn handle(
             model,
             deadline_at,
         };
+        // With a key the client will retry: unless the route says
+        // otherwise, the request runs in a task of its own, which a
+        // client going away does not cancel, and its answer is kept.
+        let keyed = leader.is_some();
+        if router_policy::idempotency::finish_when_client_leaves(keyed, route.finish_on_client_gone)
+        {
+            let route = route.clone();
+            let task =
+                tokio::spawn(async move { exchange.walk_chain(pending, &route, leader).await });
+            return match task.await {
+                Ok(resp) => resp,
+                Err(e) => {
+                    tracing::error!(error = %e, "a keyed request's task failed");
+                    let mut resp = Response::new(Bytes::from_static(
+                        b"{\"error\":{\"message\":\"internal error\",\"type\":\"internal_error\",\"code\":\"internal_error\"}}",
+                    ));
+                    *resp.status_mut() = http::StatusCode::INTERNAL_SERVER_ERROR;
+                    full(resp)
+                }
+            };
+        }
         exchange.walk_chain(pending, route, leader).await
     }
 }
 
-/// How a keyed request that does not lead ends.
-enum Joined {
-    /// The first request's stored answer.
-    Replay(Arc<idempotency::StoredAnswer>),
-    /// A typed refusal (duplicate, mismatch, waited too long).
-    Refused(ProxyError),
-}
-
-/// Claims `key`: `Ok(Some(guard))` to lead (route it and store its
-/// answer), `Ok(None)` to route it untracked, or how it ends without
-/// routing. A follower waits for the leader until `wait_until`; when the
-/// leader ends without an answer to share, the claim is tried again (at
-/// most three times).
-async fn lead_or_follow(
-    shared: &Shared,
-    key: String,
-    fp: u64,
-    streaming: bool,
-    wait_until: Instant,
-) -> Result<Option<LeaderGuard>, Joined> {
-    let mut claims = 0;
-    loop {
-        claims += 1;
-        match shared.idempotency.claim(&key, fp, streaming) {
-            Claim::Leader(g) => return Ok(Some(g)),
-            Claim::Untracked => return Ok(None),
-            Claim::Replay(stored) => return Err(Joined::Replay(stored)),
-            Claim::Duplicate => return Err(Joined::Refused(ProxyError::DuplicateRequest(key))),
-            Claim::Mismatch => return Err(Joined::Refused(ProxyError::IdempotencyMismatch(key))),
-            Claim::Follower(f) => match tokio::time::timeout_at(wait_until, f.wait()).await {
-                Ok(FollowResult::Replay(stored)) => return Err(Joined::Replay(stored)),
-                Ok(FollowResult::Duplicate) => {
-                    return Err(Joined::Refused(ProxyError::DuplicateRequest(key)))
-                }
-                // The first request ended without an answer to share:
-                // route this one (a bounded number of times).
-                Ok(FollowResult::LeaderGone) if claims < 3 => continue,
-                Ok(FollowResult::LeaderGone) => return Ok(None),
-                Err(_) => {
-                    return Err(Joined::Refused(ProxyError::DeadlineExhausted {
-                        detail: "waited for the first request with this Idempotency-Key".into(),
-                    }))
-                }
-            },
-        }
-    }
-}
+/// How long a claim outlives its request's time bound.
+const CLAIM_MARGIN: Duration = Duration::from_secs(10);
 
 thread_local! {
     /// Keeps this thread's request ids ordered (v7: time, then a counter).

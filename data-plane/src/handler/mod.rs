@@ -8,6 +8,8 @@
 //!              ─▶ model (JSON paths) ─▶ route (first match), approval
 //!              ─▶ decide_on_route (gates on live measurements)
 //!              ─▶ Idempotency-Key: join the request in flight / replay / lead
+//!                 (a leader runs in a task of its own: its client leaving
+//!                 does not cancel it)
 //! chain.rs     for each candidate pool of the route:
 //!                unavailable (no endpoints, drained, circuits open) → skip
 //!                plan_attempt (deadline share, p95, queue wait)      → skip, or try
@@ -32,7 +34,9 @@
 //! decision line and one `router_requests_total` sample: the router answers
 //! it itself (`Pending::reject`), a backend's answer is passed on (a
 //! buffered answer at once; a stream by `Finisher` when it ends), or the
-//! client goes away first (`Pending`'s `Drop`).
+//! client goes away first (`Pending`'s `Drop`). A keyed request whose
+//! client goes away is not dropped: it runs to one of the first two ends
+//! and its answer is kept for the retry.
 //!
 //! An abandoned attempt (timed out, or failed over) is cancelled by
 //! dropping its future or body, which closes its upstream connection, so
@@ -72,6 +76,34 @@ const X_ROUTER_ROUTE: HeaderName = HeaderName::from_static("x-router-route");
 const X_ROUTER_ATTEMPTS: HeaderName = HeaderName::from_static("x-router-attempts");
 const X_ROUTER_CONFIG_VERSION: HeaderName = HeaderName::from_static("x-router-config-version");
 const X_ROUTER_REPLAYED: HeaderName = HeaderName::from_static("x-router-replayed");
+
+/// The route record a retry of an `outcome_unknown` request is shown: the
+/// first request's id, route, pools and outcomes (no endpoint addresses:
+/// those are internal).
+fn route_summary(record: &crate::route_log::RouteRecord) -> Bytes {
+    let attempts: Vec<serde_json::Value> = record
+        .attempts
+        .iter()
+        .map(|a| {
+            serde_json::json!({
+                "pool": &*a.pool,
+                "outcome": a.outcome.as_str(),
+                "status": a.status,
+                "latency_ms": a.latency_ms,
+            })
+        })
+        .collect();
+    let v = serde_json::json!({
+        "request_id": record.request_id,
+        "offered_at": record.offered_at,
+        "route": record.route,
+        "first_route": record.first_route.as_deref(),
+        "attempts": attempts,
+        "risk": record.risk,
+        "reason": record.reason,
+    });
+    Bytes::from(v.to_string())
+}
 
 /// Milliseconds with microsecond precision, as the route log writes them.
 fn ms(d: std::time::Duration) -> f64 {

@@ -198,6 +198,9 @@ pub struct Route {
     pub allow_downgrade: bool,
     /// Estimated-cost ceiling per call.
     pub cost_ceiling_per_call_usd: Option<f64>,
+    /// A keyed request whose client left is finished and stored for the
+    /// retry (`finish_on_client_gone`, default true).
+    pub finish_on_client_gone: bool,
 }
 
 impl Route {
@@ -262,6 +265,7 @@ impl Policy {
                 requires_approval: false,
                 allow_downgrade: true,
                 cost_ceiling_per_call_usd: None,
+                finish_on_client_gone: true,
             }],
             circuit: CircuitSettings::default(),
             default_risk: Risk::Read,

@@ -356,6 +356,11 @@ pub struct RouteSpec {
     /// Estimated cost above which a pool is gated out.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cost_ceiling_per_call_usd: Option<f64>,
+    /// A request with an `Idempotency-Key` whose client goes away is
+    /// finished and its answer stored for the retry (default true);
+    /// `false` cancels it at once, as a request without a key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finish_on_client_gone: Option<bool>,
 }
 
 /// A failure that may move a request to the next pool.

@@ -473,6 +473,7 @@ fn route(
         requires_approval: r.requires_approval,
         allow_downgrade: r.allow_downgrade.unwrap_or(true),
         cost_ceiling_per_call_usd: r.cost_ceiling_per_call_usd,
+        finish_on_client_gone: r.finish_on_client_gone.unwrap_or(true),
     }
 }
 

@@ -75,3 +75,24 @@ async fn every_drill_scenario_passes_at_one_twentieth_scale() {
         "{table}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_proxies_on_one_redis_with_round_robin_client_retries_never_generate_twice() {
+    let redis = router_tests::redis::RedisServer::start("drill").await;
+    let cfg = DrillConfig {
+        proxies: 3,
+        shared_store: Some(redis.url()),
+        ..DrillConfig::default()
+    }
+    .scaled(20.0);
+    let reports = run_all(&Scenario::ALL, &cfg).await.unwrap();
+    let table = render_table(&reports);
+    for r in &reports {
+        assert!(r.pass, "{} failed:\n{table}", r.scenario);
+        assert_eq!(r.duplicate_generations, 0, "{table}");
+    }
+    // The client did retry on other proxies (the slow first requests time
+    // out on the client's side), and those retries generated nothing.
+    let retries: usize = reports.iter().map(|r| r.client_retries).sum();
+    assert!(retries > 0, "no retry happened:\n{table}");
+}

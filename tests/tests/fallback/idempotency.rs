@@ -60,17 +60,47 @@ async fn a_retry_in_flight_joins_and_a_later_one_gets_the_stored_answer() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_streamed_answer_is_not_generated_again() {
+async fn a_streamed_answer_is_replayed_not_generated_again() {
     let m = mock_sse("m", 3, 10).await;
     let proxy = TestProxy::with_policy(settings(), &policy(&m.url())).await;
     let key = [("idempotency-key", "stream-1")];
     let body = r#"{"model":"m","stream":true}"#;
     let first = proxy.chat_with(&key, body).await;
     assert_eq!(first.status, StatusCode::OK);
-    let retry = proxy.chat_with(&key, body).await;
-    assert_eq!(retry.status, StatusCode::CONFLICT);
-    assert_eq!(retry.error_type(), "duplicate_request");
+    assert!(first.text().contains("data: [DONE]"), "{}", first.text());
+    // The stream's frames are stored once it ends (a task settles it).
+    let mut retry = proxy.chat_with(&key, body).await;
+    for _ in 0..100 {
+        if retry.header("x-router-replayed").is_some() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        retry = proxy.chat_with(&key, body).await;
+    }
+    assert_eq!(retry.status, StatusCode::OK);
+    assert_eq!(retry.header("x-router-replayed"), Some("true"));
+    assert_eq!(retry.body, first.body, "the same frames, byte for byte");
+    assert_eq!(
+        retry.header("content-type"),
+        first.header("content-type"),
+        "replayed as a stream"
+    );
     assert_eq!(m.stats().received, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_over_the_cap_is_not_replayable() {
+    let m = mock_latency("m", 0).await;
+    let mut s = settings();
+    s.idempotency_max_answer_bytes = 16;
+    let proxy = TestProxy::with_policy(s, &policy(&m.url())).await;
+    let key = [("idempotency-key", "big-1")];
+    assert_eq!(proxy.chat_with(&key, BODY).await.status, StatusCode::OK);
+    let retry = proxy.chat_with(&key, BODY).await;
+    assert_eq!(retry.status, StatusCode::CONFLICT);
+    assert_eq!(retry.error_type(), "not_replayable");
+    assert_eq!(retry.json()["error"]["request_id"], "big-1");
+    assert_eq!(m.stats().received, 1, "not generated twice");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -7,6 +7,7 @@ mod chain;
 mod deadline;
 mod drill;
 mod idempotency;
+mod shared_store;
 
 use router_proxy::Settings;
 

@@ -1,0 +1,237 @@
+//! `idempotency-bench`: what an `Idempotency-Key` adds to a request's
+//! latency when the keys live in Redis on loopback.
+//!
+//! It starts a `redis-server` (Debian's package, or `REDIS_SERVER_BIN`) on
+//! a free loopback port with persistence off, a mock model endpoint that
+//! answers at once, and a proxy in-process with
+//! `CUSTOM_ROUTER_SHARED_STORE` pointing at that Redis. One client
+//! connection (keep-alive) then sends requests one after another, in
+//! alternating blocks: unkeyed, and keyed with a fresh key each (so every
+//! keyed request leads: one `SET NX GET` claim before routing, one settle
+//! script after the answer). It reports p50, p90 and p99 of each and of a
+//! third kind, keyed retries answered from the store (replays).
+//!
+//! Run from a release build: `cargo run --release -p router-bench --bin
+//! idempotency-bench`.
+
+// A benchmark measures wall time: std's clock is the point here.
+#![allow(clippy::disallowed_types, clippy::disallowed_methods)]
+
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use clap::Parser;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use router_proxy::{Mode, ProxyOptions, Settings, SharedStore};
+
+/// Measure the added latency of keyed requests with Redis on loopback.
+#[derive(Parser, Debug)]
+struct Args {
+    /// Requests of each kind.
+    #[arg(long, default_value_t = 5000)]
+    requests: usize,
+    /// Requests per block (kinds alternate block by block).
+    #[arg(long, default_value_t = 250)]
+    block: usize,
+    /// Warm-up requests of each kind (not counted).
+    #[arg(long, default_value_t = 500)]
+    warmup: usize,
+    /// Print one JSON object.
+    #[arg(long)]
+    json: bool,
+}
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+struct Redis(Child);
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn start_redis() -> Result<(Redis, u16), BoxError> {
+    let bin = std::env::var("REDIS_SERVER_BIN")
+        .map_or_else(|_| PathBuf::from("/usr/bin/redis-server"), PathBuf::from);
+    let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    let child = Command::new(&bin)
+        .args([
+            "--bind",
+            "127.0.0.1",
+            "--port",
+            &port.to_string(),
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("cannot start {}: {e}", bin.display()))?;
+    Ok((Redis(child), port))
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Kind {
+    Unkeyed,
+    Keyed,
+    Replay,
+}
+
+fn pct(sorted: &[Duration], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let rank = ((sorted.len() as f64 * p).ceil() as usize).clamp(1, sorted.len()) - 1;
+    sorted[rank].as_secs_f64() * 1e3
+}
+
+/// `/proc/loadavg`'s first three fields (the machine's other load shows
+/// in the tail).
+fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|_| "unknown".into())
+}
+
+fn main() -> Result<(), BoxError> {
+    let args = Args::parse();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()?;
+    rt.block_on(run(args))
+}
+
+async fn run(args: Args) -> Result<(), BoxError> {
+    let (_redis, port) = start_redis()?;
+    let mock = router_mock::MockModel::start(router_mock::MockConfig::default())
+        .await
+        .map_err(|e| format!("mock: {e}"))?;
+    let policy = format!(
+        "apiVersion: router/v1\nkind: RoutingPolicy\nspec:\n  pools:\n    - name: only\n      endpoints: [\"{}\"]\n  routes:\n    - name: r\n      chain: [only]\n",
+        mock.url()
+    );
+    let policy = router_policy::document::load(&policy, &router_policy::QueueSettings::default())
+        .map_err(|e| e.to_string())?;
+    let settings = Settings {
+        bind: [127, 0, 0, 1].into(),
+        port: 0,
+        workers: 1,
+        shared_store: Some(SharedStore::new(&format!("redis://127.0.0.1:{port}/0"))?),
+        ..Settings::default()
+    };
+    let proxy = router_proxy::start(ProxyOptions {
+        settings,
+        mode: Mode::Inline(Box::new(policy)),
+        route_log: Box::new(std::io::sink()),
+    })
+    .await?;
+    let until = Instant::now() + Duration::from_secs(10);
+    while !proxy.shared_store_connected() {
+        if Instant::now() > until {
+            return Err("the proxy did not connect to redis".into());
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let url = format!("http://{}/v1/chat/completions", proxy.local_addr());
+    let client: Client<HttpConnector, Full<Bytes>> = Client::builder(TokioExecutor::new())
+        .pool_max_idle_per_host(1)
+        .build(HttpConnector::new());
+    let body = Bytes::from_static(br#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#);
+    let mut n = 0u64;
+    let mut one = |kind: Kind| {
+        n += 1;
+        let key = match kind {
+            Kind::Unkeyed => None,
+            Kind::Keyed => Some(format!("bench-{n}")),
+            Kind::Replay => Some("bench-replay".to_string()),
+        };
+        let mut req = http::Request::post(&url).header("content-type", "application/json");
+        if let Some(k) = key {
+            req = req.header("idempotency-key", k);
+        }
+        let req = req.body(Full::new(body.clone()));
+        let client = client.clone();
+        async move {
+            let req = req?;
+            let t0 = Instant::now();
+            let resp = client.request(req).await?;
+            let status = resp.status();
+            resp.into_body().collect().await?;
+            let took = t0.elapsed();
+            if !status.is_success() {
+                return Err::<Duration, BoxError>(format!("{kind:?}: status {status}").into());
+            }
+            Ok(took)
+        }
+    };
+    let kinds = [Kind::Unkeyed, Kind::Keyed, Kind::Replay];
+    for k in kinds {
+        for _ in 0..args.warmup {
+            one(k).await?;
+        }
+    }
+    let mut samples: [Vec<Duration>; 3] = Default::default();
+    let started = Instant::now();
+    while samples[0].len() < args.requests {
+        for (i, k) in kinds.iter().enumerate() {
+            for _ in 0..args.block.min(args.requests - samples[i].len()).max(1) {
+                samples[i].push(one(*k).await?);
+            }
+        }
+    }
+    let wall = started.elapsed();
+    for s in &mut samples {
+        s.sort_unstable();
+    }
+    let row = |s: &[Duration]| (pct(s, 0.5), pct(s, 0.9), pct(s, 0.99));
+    let (u, k, r) = (row(&samples[0]), row(&samples[1]), row(&samples[2]));
+    if args.json {
+        println!(
+            "{}",
+            serde_json::json!({
+                "requests_per_kind": args.requests,
+                "unkeyed_ms": {"p50": u.0, "p90": u.1, "p99": u.2},
+                "keyed_lead_ms": {"p50": k.0, "p90": k.1, "p99": k.2},
+                "keyed_replay_ms": {"p50": r.0, "p90": r.1, "p99": r.2},
+                "added_ms": {"p50": k.0 - u.0, "p90": k.1 - u.1, "p99": k.2 - u.2},
+                "loadavg": loadavg(),
+                "wall_s": wall.as_secs_f64(),
+            })
+        );
+    } else {
+        println!(
+            "{} requests of each kind, blocks of {}, one keep-alive connection, Redis on loopback ({:.1} s)",
+            args.requests,
+            args.block,
+            wall.as_secs_f64()
+        );
+        println!("kind                    p50 ms    p90 ms    p99 ms");
+        for (name, v) in [
+            ("unkeyed", u),
+            ("keyed (claim + store)", k),
+            ("keyed retry (replay)", r),
+        ] {
+            println!("{name:<22} {:>8.3}  {:>8.3}  {:>8.3}", v.0, v.1, v.2);
+        }
+        println!(
+            "added by a key         {:>8.3}  {:>8.3}  {:>8.3}   (goal: < 0.3 at p50, < 1 at p99)",
+            k.0 - u.0,
+            k.1 - u.1,
+            k.2 - u.2
+        );
+        println!("load average at the end: {}", loadavg());
+    }
+    proxy.shutdown();
+    Ok(())
+}

@@ -1,0 +1,283 @@
+//! The shared store on Redis (or Valkey), through the `redis` crate's
+//! `ConnectionManager`: one multiplexed connection per proxy, reconnected
+//! on its own after a failure.
+//!
+//! - **claim**: `SET <prefix>idem:<key> <entry> NX GET PX <ttl>`, one round
+//!   trip: either the key was free and is now ours (`nil`), or the entry
+//!   already there comes back (Redis ≥ 7.0, Valkey ≥ 7.2).
+//! - **settle**: a short script that replaces (or deletes) the entry only
+//!   while it is still this owner's and in flight, so a leader whose claim
+//!   expired never overwrites a later request's state.
+//! - **get**: `GET`, for joiners polling with backoff.
+//!
+//! Every call is bounded by [`OP_TIMEOUT`]. The first connection is made
+//! in the background, so a proxy starts while the store is down; until it
+//! is up every call fails fast with [`StoreError::Unavailable`].
+//!
+//! Each worker thread (a single-threaded runtime serving connections)
+//! then opens a connection of its own, so that a keyed request's two
+//! round trips are driven by the thread serving it: through the shared
+//! connection, each would cross to the thread that owns its socket and
+//! back (two thread wake-ups per call, which a loaded machine turns into
+//! a long tail). A worker whose own connection cannot be made uses the
+//! shared one and tries again half a second later.
+
+use std::cell::RefCell;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use futures_util::future::BoxFuture;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+
+use super::record::{self, Entry, Fingerprint, KeyState, Owner};
+use super::{ClaimResult, IdempotencyStore, StoreError};
+
+/// The longest any one store call may take.
+pub(crate) const OP_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// Replaces (ARGV[2] non-empty, TTL ARGV[3] ms) or deletes the entry at
+/// KEYS[1] only if it is in flight and owned by ARGV[1]; 1 if it did.
+const SETTLE: &str = r"
+local v = redis.call('GET', KEYS[1])
+if not v or string.sub(v, 4, 4) ~= 'F' or string.sub(v, 5, 36) ~= ARGV[1] then
+  return 0
+end
+if ARGV[2] == '' then
+  redis.call('DEL', KEYS[1])
+else
+  redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+end
+return 1
+";
+
+/// Tells stores apart in the per-thread connection lists.
+static NEXT_STORE: AtomicUsize = AtomicUsize::new(1);
+
+/// A worker thread's own connection to a store, or when to try again.
+enum ThreadConn {
+    Ready(ConnectionManager),
+    RetryAt(Instant),
+}
+
+thread_local! {
+    /// Per store id: this thread's connection.
+    static THREAD_CONNS: RefCell<Vec<(usize, ThreadConn)>> = const { RefCell::new(Vec::new()) };
+}
+
+/// The Redis store.
+pub(crate) struct RedisStore {
+    id: usize,
+    client: redis::Client,
+    config: ConnectionManagerConfig,
+    conn: Arc<OnceLock<ConnectionManager>>,
+    prefix: String,
+    settle: redis::Script,
+}
+
+fn manager_config() -> ConnectionManagerConfig {
+    ConnectionManagerConfig::new()
+        .set_connection_timeout(Duration::from_millis(250))
+        .set_response_timeout(OP_TIMEOUT)
+        .set_number_of_retries(2)
+        .set_max_delay(200)
+}
+
+impl RedisStore {
+    /// Connects to `client`'s server in the background (retrying every
+    /// half second until it answers) and returns at once.
+    pub(crate) fn connect(client: redis::Client, prefix: String) -> Self {
+        let conn = Arc::new(OnceLock::new());
+        let slot = Arc::clone(&conn);
+        let background = client.clone();
+        tokio::spawn(async move {
+            let client = background;
+            let config = manager_config();
+            let mut logged = false;
+            loop {
+                match ConnectionManager::new_with_config(client.clone(), config.clone()).await {
+                    Ok(m) => {
+                        let _ = slot.set(m);
+                        if logged {
+                            tracing::info!("shared store connected");
+                        }
+                        return;
+                    }
+                    Err(e) => {
+                        if !logged {
+                            tracing::warn!(error = %e, "shared store: cannot connect yet; retrying every 0.5 s");
+                            logged = true;
+                        }
+                        tokio::time::sleep(Duration::from_millis(500)).await;
+                    }
+                }
+            }
+        });
+        Self {
+            id: NEXT_STORE.fetch_add(1, Ordering::Relaxed),
+            client,
+            config: manager_config(),
+            conn,
+            prefix,
+            settle: redis::Script::new(SETTLE),
+        }
+    }
+
+    fn key(&self, key: &str) -> String {
+        format!("{}idem:{key}", self.prefix)
+    }
+
+    /// The connection to use: this worker thread's own (made on first
+    /// use), else the shared one.
+    async fn conn(&self) -> Result<ConnectionManager, StoreError> {
+        let shared = self
+            .conn
+            .get()
+            .cloned()
+            .ok_or_else(|| StoreError::Unavailable("not connected yet".into()))?;
+        let on_worker = tokio::runtime::Handle::try_current()
+            .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::CurrentThread);
+        if !on_worker {
+            return Ok(shared);
+        }
+        let now = Instant::now();
+        let mine = THREAD_CONNS.with(|c| {
+            c.borrow()
+                .iter()
+                .find(|(id, _)| *id == self.id)
+                .map(|(_, conn)| match conn {
+                    ThreadConn::Ready(m) => Some(Ok(m.clone())),
+                    ThreadConn::RetryAt(at) if *at > now => Some(Err(())),
+                    ThreadConn::RetryAt(_) => None,
+                })
+        });
+        match mine.flatten() {
+            Some(Ok(m)) => return Ok(m),
+            Some(Err(())) => return Ok(shared),
+            None => {}
+        }
+        let made = tokio::time::timeout(
+            OP_TIMEOUT,
+            ConnectionManager::new_with_config(self.client.clone(), self.config.clone()),
+        )
+        .await;
+        let entry = match made {
+            Ok(Ok(m)) => ThreadConn::Ready(m),
+            _ => ThreadConn::RetryAt(now + Duration::from_millis(500)),
+        };
+        let chosen = match &entry {
+            ThreadConn::Ready(m) => m.clone(),
+            ThreadConn::RetryAt(_) => shared,
+        };
+        THREAD_CONNS.with(|c| {
+            let mut c = c.borrow_mut();
+            c.retain(|(id, _)| *id != self.id);
+            c.push((self.id, entry));
+        });
+        Ok(chosen)
+    }
+}
+
+/// Runs a store call inside [`OP_TIMEOUT`].
+async fn bounded<T>(
+    call: impl std::future::Future<Output = redis::RedisResult<T>>,
+) -> Result<T, StoreError> {
+    match tokio::time::timeout(OP_TIMEOUT, call).await {
+        Err(_) => Err(StoreError::Timeout),
+        Ok(Err(e)) => Err(StoreError::Unavailable(e.to_string())),
+        Ok(Ok(v)) => Ok(v),
+    }
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
+}
+
+impl IdempotencyStore for RedisStore {
+    fn claim<'a>(
+        &'a self,
+        key: &'a str,
+        owner: Owner,
+        fp: Fingerprint,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<ClaimResult, StoreError>> {
+        Box::pin(async move {
+            let mut conn = self.conn().await?;
+            let value = record::encode(&Entry {
+                owner,
+                fingerprint: fp,
+                state: KeyState::InFlight,
+            });
+            let mut cmd = redis::cmd("SET");
+            cmd.arg(self.key(key))
+                .arg(&value[..])
+                .arg("NX")
+                .arg("GET")
+                .arg("PX")
+                .arg(millis(ttl));
+            let old: Option<Vec<u8>> = bounded(cmd.query_async(&mut conn)).await?;
+            match old {
+                None => Ok(ClaimResult::Claimed),
+                Some(bytes) => Ok(ClaimResult::Found(record::decode(&bytes)?)),
+            }
+        })
+    }
+
+    fn get<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<Entry>, StoreError>> {
+        Box::pin(async move {
+            let mut conn = self.conn().await?;
+            let mut cmd = redis::cmd("GET");
+            cmd.arg(self.key(key));
+            let v: Option<Vec<u8>> = bounded(cmd.query_async(&mut conn)).await?;
+            match v {
+                None => Ok(None),
+                Some(b) => Ok(Some(record::decode(&b)?)),
+            }
+        })
+    }
+
+    fn settle<'a>(
+        &'a self,
+        key: &'a str,
+        owner: Owner,
+        fp: Fingerprint,
+        state: Option<KeyState>,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            let mut conn = self.conn().await?;
+            // Empty: delete (release).
+            let value = state.map_or_else(bytes::Bytes::new, |state| {
+                record::encode(&Entry {
+                    owner,
+                    fingerprint: fp,
+                    state,
+                })
+            });
+            let done: i64 = bounded(
+                self.settle
+                    .key(self.key(key))
+                    .arg(&record::owner_hex(owner)[..])
+                    .arg(&value[..])
+                    .arg(millis(ttl))
+                    .invoke_async(&mut conn),
+            )
+            .await?;
+            Ok(done == 1)
+        })
+    }
+
+    fn changed<'a>(&'a self, _key: &'a str, wait: Duration) -> BoxFuture<'a, ()> {
+        Box::pin(tokio::time::sleep(wait))
+    }
+
+    fn name(&self) -> &'static str {
+        "redis"
+    }
+
+    fn connected(&self) -> bool {
+        self.conn.get().is_some()
+    }
+}

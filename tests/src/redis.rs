@@ -1,0 +1,198 @@
+//! A real Redis server for tests: Debian's `redis-server` package (or the
+//! binary named by `REDIS_SERVER_BIN`) on 127.0.0.1, on a free port, with
+//! persistence off, plain or TLS only ([`RedisServer::start_tls`]). It can
+//! be killed and started again on the same port (a Redis restart: without
+//! persistence, its keys are gone).
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+/// One Redis server on loopback.
+pub struct RedisServer {
+    binary: PathBuf,
+    dir: PathBuf,
+    port: u16,
+    child: Option<Child>,
+    /// Serving TLS only, with the certificate and key in `dir`.
+    tls: bool,
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .unwrap_or_else(|e| panic!("no free port: {e}"))
+}
+
+fn find_binary() -> PathBuf {
+    if let Ok(b) = std::env::var("REDIS_SERVER_BIN") {
+        return PathBuf::from(b);
+    }
+    for dir in std::env::var("PATH")
+        .unwrap_or_default()
+        .split(':')
+        .chain(["/usr/bin", "/usr/local/bin"])
+    {
+        let candidate = PathBuf::from(dir).join("redis-server");
+        if candidate.is_file() {
+            return candidate;
+        }
+    }
+    panic!(
+        "redis-server is not installed: these tests need a real Redis \
+         (`apt-get install redis-server`, `scripts/install-test-deps`, or set REDIS_SERVER_BIN)"
+    );
+}
+
+/// Sends one inline command and returns the first line of the answer.
+fn command(port: u16, cmd: &str) -> std::io::Result<String> {
+    let mut s = TcpStream::connect(("127.0.0.1", port))?;
+    s.set_read_timeout(Some(Duration::from_secs(1)))?;
+    s.write_all(format!("{cmd}\r\n").as_bytes())?;
+    let mut buf = [0u8; 512];
+    let n = s.read(&mut buf)?;
+    Ok(String::from_utf8_lossy(&buf[..n])
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .to_string())
+}
+
+impl RedisServer {
+    /// Starts a fresh server and waits until it answers `PING`.
+    pub async fn start(name: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("router-redis-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+        let mut server = Self {
+            binary: find_binary(),
+            dir,
+            port: free_port(),
+            child: None,
+            tls: false,
+        };
+        server.resume().await;
+        server
+    }
+
+    /// Starts a fresh server that speaks TLS only, with this certificate
+    /// and key (PEM), and waits until it listens.
+    pub async fn start_tls(name: &str, cert_pem: &str, key_pem: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("router-redis-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+        for (file, pem) in [("cert.pem", cert_pem), ("key.pem", key_pem)] {
+            std::fs::write(dir.join(file), pem).unwrap_or_else(|e| panic!("{file}: {e}"));
+        }
+        let mut server = Self {
+            binary: find_binary(),
+            dir,
+            port: free_port(),
+            child: None,
+            tls: true,
+        };
+        server.resume().await;
+        server
+    }
+
+    /// `redis://127.0.0.1:port/0` (`rediss://` with TLS).
+    pub fn url(&self) -> String {
+        let scheme = if self.tls { "rediss" } else { "redis" };
+        format!("{scheme}://127.0.0.1:{}/0", self.port)
+    }
+
+    /// Its port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Kills the server (SIGKILL: no goodbye to clients).
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts it again on the same port, and waits until it answers.
+    pub async fn resume(&mut self) {
+        let log = std::fs::File::create(self.dir.join("redis.log"))
+            .unwrap_or_else(|e| panic!("redis log: {e}"));
+        let port = self.port.to_string();
+        let cert = self.dir.join("cert.pem").to_string_lossy().into_owned();
+        let key = self.dir.join("key.pem").to_string_lossy().into_owned();
+        let listen: Vec<&str> = if self.tls {
+            vec![
+                "--port",
+                "0",
+                "--tls-port",
+                &port,
+                "--tls-cert-file",
+                &cert,
+                "--tls-key-file",
+                &key,
+                "--tls-ca-cert-file",
+                &cert,
+                "--tls-auth-clients",
+                "no",
+            ]
+        } else {
+            vec!["--port", &port]
+        };
+        let child = Command::new(&self.binary)
+            .args(listen)
+            .args([
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                &self.dir.to_string_lossy(),
+                "--protected-mode",
+                "no",
+            ])
+            .stdout(log)
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {}: {e}", self.binary.display()));
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let up = if self.tls {
+                TcpStream::connect(("127.0.0.1", self.port)).is_ok()
+            } else {
+                command(self.port, "PING").is_ok_and(|l| l == "+PONG")
+            };
+            if up {
+                return;
+            }
+            if Instant::now() > deadline {
+                let log = std::fs::read_to_string(self.dir.join("redis.log")).unwrap_or_default();
+                panic!("redis-server did not come up within 20 s:\n{log}");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// The number of keys (`DBSIZE`).
+    pub fn dbsize(&self) -> u64 {
+        command(self.port, "DBSIZE")
+            .ok()
+            .and_then(|l| l.trim_start_matches(':').trim().parse().ok())
+            .unwrap_or_else(|| panic!("DBSIZE failed"))
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.stop();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}

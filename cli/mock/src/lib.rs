@@ -56,7 +56,9 @@
 
 mod answer;
 mod body;
+pub mod engine;
 mod server;
+pub mod workload;
 
 use std::time::Duration;
 

@@ -57,6 +57,7 @@
 mod answer;
 mod body;
 pub mod engine;
+mod engine_http;
 mod server;
 pub mod workload;
 
@@ -104,6 +105,12 @@ pub enum Behavior {
     /// 200 with content-type `application/json` but a body that is not valid
     /// JSON, after `latency`.
     MalformedJson,
+    /// A simulated vLLM-like engine answers (see [`engine`]): chat
+    /// completions, streamed or not, timed by the engine's continuous
+    /// batching, prefill and decode steps (`latency` does not apply), and
+    /// `GET /metrics` with vLLM's metric names, labelled
+    /// `model_name="<mock name>"` (unless a page is set for `/metrics`).
+    Engine(engine::EngineConfig),
     /// 302 redirect with `Location` set to the given URL, after `latency`.
     /// A URL that is not a valid header value is answered as 500.
     Redirect(String),

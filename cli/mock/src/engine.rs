@@ -446,7 +446,8 @@ impl Engine {
         }
         for hash in &seq.block_hashes {
             if !self.cache.contains_key(hash) {
-                self.make_free(1);
+                let made_room = self.make_free(1);
+                debug_assert!(made_room, "admission checked the room");
                 self.cache.insert(
                     *hash,
                     CachedBlock {
@@ -456,7 +457,8 @@ impl Engine {
                 );
             }
         }
-        self.make_free(private);
+        let made_room = self.make_free(private);
+        debug_assert!(made_room, "admission checked the room");
         self.private_in_use += private;
         seq.private_blocks = private;
         seq.holds_named = true;

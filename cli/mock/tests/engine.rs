@@ -237,3 +237,43 @@ async fn a_shared_system_prompt_hits_the_prefix_cache_and_answers_sooner() {
     assert!(queries >= 4000.0, "{queries} queried tokens");
     mock.stop().await;
 }
+
+#[tokio::test]
+async fn a_client_that_goes_away_frees_its_place_in_the_engine() {
+    let mock = engine_mock(EngineConfig {
+        max_batch: 1,
+        decode_step_base: Duration::from_millis(10),
+        ..EngineConfig::default()
+    })
+    .await;
+    let addr = mock.addr();
+    let response = send(
+        addr,
+        "POST",
+        "/v1/chat/completions",
+        chat("be brief", "talk for a long time", Some(10_000), true),
+    )
+    .await;
+    let mut body = response.into_body();
+    let first = body.frame().await.expect("a frame").expect("data");
+    assert!(first.data_ref().is_some());
+    assert!(metric(addr, "vllm:kv_cache_usage_perc").await > 0.0);
+    drop(body);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while metric(addr, "vllm:num_requests_running").await > 0.0 {
+        assert!(
+            Instant::now() < deadline,
+            "the abandoned request kept running"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(metric(addr, "vllm:kv_cache_usage_perc").await, 0.0);
+    // The batch of one is free again: the next request is answered.
+    let body = chat("be brief", "hi", Some(2), false);
+    let answer: Value =
+        serde_json::from_str(&text(send(addr, "POST", "/v1/chat/completions", body).await).await)
+            .expect("JSON");
+    assert_eq!(answer["usage"]["completion_tokens"], 2);
+    assert_eq!(mock.stats().cancelled, 1);
+    mock.stop().await;
+}

@@ -277,3 +277,18 @@ async fn a_client_that_goes_away_frees_its_place_in_the_engine() {
     assert_eq!(mock.stats().cancelled, 1);
     mock.stop().await;
 }
+
+#[tokio::test]
+async fn a_request_longer_than_the_kv_cache_is_answered_400() {
+    let mock = engine_mock(EngineConfig {
+        kv_capacity_tokens: 256,
+        ..EngineConfig::default()
+    })
+    .await;
+    let body = chat(&"long ".repeat(400), "hi", Some(4), false);
+    let response = send(mock.addr(), "POST", "/v1/chat/completions", body).await;
+    assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+    let error: Value = serde_json::from_str(&text(response).await).expect("JSON");
+    assert_eq!(error["error"]["type"], "invalid_request_error");
+    mock.stop().await;
+}

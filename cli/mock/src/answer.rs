@@ -370,12 +370,13 @@ impl Shared {
             return response;
         }
         let mut content = String::new();
+        let mut tokens = 0_u32;
         let mut finished = None;
         while let Some(event) = events.recv().await {
             match event {
                 EngineEvent::Token => {
-                    let index = content.split_whitespace().count();
-                    content.push_str(&format!("tok{index} "));
+                    content.push_str(&format!("tok{tokens} "));
+                    tokens += 1;
                 }
                 EngineEvent::Finished(done) => {
                     finished = Some(done);

@@ -11,7 +11,7 @@ use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use http::header::{HeaderName, HeaderValue, CACHE_CONTROL, CONTENT_TYPE, LOCATION, RETRY_AFTER};
@@ -21,7 +21,9 @@ use hyper::body::Incoming;
 use serde_json::{json, Value};
 use tokio::time::Instant;
 
-use crate::body::{MockBody, Tracker};
+use crate::body::{FrameFormat, MockBody, Tracker};
+use crate::engine::{EngineConfig, EngineRequest, FinishedRequest};
+use crate::engine_http::{parse_request, EngineEvent, ParsedRequest};
 use crate::server::{lock, Shared};
 use crate::{Behavior, OverCap, ReceivedRequest, MOCK_NAME_HEADER};
 
@@ -54,6 +56,15 @@ pub(crate) async fn handle(
             let body = MockBody::full(Bytes::from(text), None);
             return Ok(shared.respond(status, Some("application/json"), body));
         }
+        if path == "/metrics" {
+            let behavior = lock(&shared.live).behavior.clone();
+            if let Behavior::Engine(config) = behavior {
+                let text = shared.engine(&config).metrics_text(&shared.name);
+                let body = MockBody::full(Bytes::from(text), None);
+                let content_type = "text/plain; version=0.0.4; charset=utf-8";
+                return Ok(shared.respond(StatusCode::OK, Some(content_type), body));
+            }
+        }
     }
 
     let (parts, body) = request.into_parts();
@@ -77,6 +88,7 @@ pub(crate) async fn handle(
         let live = lock(&shared.live);
         (live.behavior.clone(), live.latency)
     };
+    let engine_request = matches!(behavior, Behavior::Engine(_)).then(|| parse_request(&body));
     lock(&shared.requests).push(ReceivedRequest {
         received_at: Instant::now(),
         method: parts.method.to_string(),
@@ -145,6 +157,15 @@ pub(crate) async fn handle(
                 .headers_mut()
                 .insert(CACHE_CONTROL, HeaderValue::from_static("no-cache"));
             response
+        }
+        Behavior::Engine(config) => {
+            let parsed = engine_request.unwrap_or_else(|| parse_request(&[]));
+            let answer = EngineAnswer {
+                id,
+                model,
+                request_id,
+            };
+            shared.engine_answer(&config, parsed, answer, tracker).await
         }
         Behavior::Hang => {
             // Never answers; the tracker counts the request as cancelled when
@@ -241,7 +262,150 @@ fn sse_frames(
     frames
 }
 
+/// The names an engine answer carries.
+struct EngineAnswer {
+    id: String,
+    model: String,
+    request_id: Option<String>,
+}
+
+/// The `usage` object of a finished engine request.
+fn engine_usage(done: &FinishedRequest) -> Value {
+    json!({
+        "prompt_tokens": done.prompt_tokens,
+        "completion_tokens": done.completion_tokens,
+        "total_tokens": done.prompt_tokens + done.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": done.cached_prompt_tokens},
+    })
+}
+
 impl Shared {
+    /// The answer of [`Behavior::Engine`]: the request goes through the
+    /// simulated engine; a streamed answer gets one SSE event per token as
+    /// the engine produces it, a plain one the whole JSON at the end.
+    async fn engine_answer(
+        &self,
+        config: &EngineConfig,
+        parsed: ParsedRequest,
+        answer: EngineAnswer,
+        tracker: Tracker,
+    ) -> Response<MockBody> {
+        let output_tokens = parsed.max_tokens.unwrap_or(config.default_output_tokens);
+        let finish_reason = if parsed.max_tokens.is_some() {
+            "length"
+        } else {
+            "stop"
+        };
+        let request = EngineRequest {
+            prompt: parsed.prompt,
+            output_tokens,
+        };
+        let mut events = match self.engine(config).submit(request).await {
+            Ok(events) => events,
+            Err(error) => {
+                return self.error_response(
+                    StatusCode::BAD_REQUEST,
+                    &error.to_string(),
+                    Some(tracker),
+                )
+            }
+        };
+        #[allow(
+            clippy::disallowed_methods,
+            reason = "`created` is a wall-clock Unix time in OpenAI's answer shape"
+        )]
+        let created = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |since| since.as_secs());
+        let EngineAnswer {
+            id,
+            model,
+            request_id,
+        } = answer;
+        if parsed.stream {
+            let served_by = self.name.clone();
+            let include_usage = parsed.include_usage;
+            let mut index = 0_u32;
+            let chunk = move |choices: Value, usage: Option<Value>| {
+                let mut event = json!({
+                    "id": id,
+                    "object": "chat.completion.chunk",
+                    "created": created,
+                    "model": model,
+                    "served_by": served_by,
+                    "choices": choices,
+                });
+                if let Some(usage) = usage {
+                    event["usage"] = usage;
+                }
+                format!("data: {event}\n\n")
+            };
+            let format: FrameFormat = Box::new(move |event| match event {
+                EngineEvent::Token => {
+                    let content = format!("tok{index} ");
+                    let delta = if index == 0 {
+                        json!({"role": "assistant", "content": content})
+                    } else {
+                        json!({"content": content})
+                    };
+                    index += 1;
+                    let choice = json!([{"index": 0, "delta": delta, "finish_reason": null}]);
+                    Bytes::from(chunk(choice, None))
+                }
+                EngineEvent::Finished(done) => {
+                    let choice = json!([{"index": 0, "delta": {}, "finish_reason": finish_reason}]);
+                    let mut frames = chunk(choice, None);
+                    if include_usage {
+                        frames.push_str(&chunk(json!([]), Some(engine_usage(&done))));
+                    }
+                    frames.push_str("data: [DONE]\n\n");
+                    Bytes::from(frames)
+                }
+            });
+            let body = MockBody::live(events, format, Some(tracker));
+            let mut response = self.respond(StatusCode::OK, Some("text/event-stream"), body);
+            response
+                .headers_mut()
+                .insert(CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+            return response;
+        }
+        let mut content = String::new();
+        let mut tokens = 0_u32;
+        let mut finished = None;
+        while let Some(event) = events.recv().await {
+            match event {
+                EngineEvent::Token => {
+                    content.push_str(&format!("tok{tokens} "));
+                    tokens += 1;
+                }
+                EngineEvent::Finished(done) => {
+                    finished = Some(done);
+                    break;
+                }
+            }
+        }
+        let Some(done) = finished else {
+            let message = format!("mock {} engine stopped", self.name);
+            return self.error_response(StatusCode::SERVICE_UNAVAILABLE, &message, Some(tracker));
+        };
+        let answer = json!({
+            "id": id,
+            "object": "chat.completion",
+            "created": created,
+            "model": model,
+            "served_by": self.name,
+            "request_id": request_id,
+            "choices": [{
+                "index": 0,
+                "message": {"role": "assistant", "content": content},
+                "finish_reason": finish_reason,
+            }],
+            "usage": engine_usage(&done),
+        });
+        let body = MockBody::full(Bytes::from(answer.to_string()), Some(tracker));
+        self.respond(StatusCode::OK, Some("application/json"), body)
+    }
+
     /// A response with `x-mock-name` and, if given, a content type.
     fn respond(
         &self,

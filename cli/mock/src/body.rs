@@ -16,9 +16,10 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
-use tokio::sync::OwnedSemaphorePermit;
+use tokio::sync::{mpsc, OwnedSemaphorePermit};
 use tokio::time::{Instant, Sleep};
 
+use crate::engine_http::EngineEvent;
 use crate::server::{lock, Shared};
 use crate::Generation;
 
@@ -112,7 +113,19 @@ pub(crate) struct MockBody {
     fixed_length: bool,
     /// The running delay before the first remaining frame.
     delay: Option<Pin<Box<Sleep>>>,
+    /// After `frames`: frames made from a simulated engine's events as they
+    /// come (see [`MockBody::live`]).
+    live: Option<LiveFrames>,
     tracker: Option<Tracker>,
+}
+
+/// Turns an engine event into the bytes of one frame.
+pub(crate) type FrameFormat = Box<dyn FnMut(EngineEvent) -> Bytes + Send>;
+
+/// Frames made from engine events as they arrive.
+pub(crate) struct LiveFrames {
+    events: mpsc::UnboundedReceiver<EngineEvent>,
+    format: FrameFormat,
 }
 
 impl MockBody {
@@ -130,6 +143,25 @@ impl MockBody {
             frames,
             fixed_length,
             delay: None,
+            live: None,
+            tracker,
+        }
+    }
+
+    /// A chunked body with one frame per engine event, made by `format`; it
+    /// is complete after the [`EngineEvent::Finished`] frame. If the events
+    /// stop before that (the engine went away), the body ends there and the
+    /// request counts as cancelled.
+    pub(crate) fn live(
+        events: mpsc::UnboundedReceiver<EngineEvent>,
+        format: FrameFormat,
+        tracker: Option<Tracker>,
+    ) -> MockBody {
+        MockBody {
+            frames: VecDeque::new(),
+            fixed_length: false,
+            delay: None,
+            live: Some(LiveFrames { events, format }),
             tracker,
         }
     }
@@ -145,6 +177,35 @@ impl MockBody {
     }
 }
 
+impl MockBody {
+    /// The next frame from the engine's events, if any.
+    fn poll_live(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        let Some(live) = &mut self.live else {
+            return Poll::Ready(None);
+        };
+        match ready!(live.events.poll_recv(cx)) {
+            Some(event) => {
+                let last = matches!(event, EngineEvent::Finished(_));
+                let data = (live.format)(event);
+                if last {
+                    self.live = None;
+                    if let Some(tracker) = &mut self.tracker {
+                        tracker.complete();
+                    }
+                }
+                Poll::Ready(Some(Ok(Frame::data(data))))
+            }
+            None => {
+                self.live = None;
+                Poll::Ready(None)
+            }
+        }
+    }
+}
+
 impl Body for MockBody {
     type Data = Bytes;
     type Error = Infallible;
@@ -155,7 +216,7 @@ impl Body for MockBody {
     ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
         let this = self.get_mut();
         let Some(&(wait, _)) = this.frames.front() else {
-            return Poll::Ready(None);
+            return this.poll_live(cx);
         };
         if !wait.is_zero() {
             let delay = this
@@ -176,7 +237,7 @@ impl Body for MockBody {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.frames.is_empty()
+        self.frames.is_empty() && self.live.is_none()
     }
 
     fn size_hint(&self) -> SizeHint {

@@ -21,6 +21,13 @@
 //!   stream with one flushed frame per chunk, a request that never gets an
 //!   answer, an error status, a broken JSON body, or a redirect. The behavior
 //!   and the latency can be switched while the server runs.
+//! - **A whole engine** ([`Behavior::Engine`]): a simulated vLLM-like engine
+//!   ([`engine`]) with continuous batching, a paged KV cache with prefix
+//!   caching, and vLLM's `/metrics`, so that engine-aware balancing can be
+//!   tested against answers whose timing depends on load and cache state;
+//!   [`workload`] generates the traffic for it (multi-turn sessions, Poisson
+//!   arrivals) and measures an engine's capacity. `docs/simulator.md` has
+//!   the model and its parameters.
 //! - **Clients going away**: when the client disconnects mid-answer, hyper
 //!   drops the handler or the response body; a drop guard then counts the
 //!   request as cancelled and releases its slot.
@@ -46,17 +53,26 @@
 //!   recording, the concurrency cap, then each [`Behavior`]'s answer
 //!   (including the SSE events);
 //! - `body`: the response body that produces its frames one by one, each
-//!   after its own delay (what makes SSE stream), and the drop guard that
-//!   settles a request's counters however it ends.
+//!   after its own delay (what makes SSE stream) or as a simulated engine
+//!   produces tokens, and the drop guard that settles a request's counters
+//!   however it ends;
+//! - [`engine`]: the simulated engine, a pure state machine on a virtual
+//!   clock;
+//! - `engine_http`: the task that runs it in real time behind the HTTP
+//!   endpoints, the prompt-to-token-ids mapping and the `/metrics` page;
+//! - [`workload`]: the seeded workload generator and the capacity measures.
 //!
 //! The behaviour tests, which use only this public API over real sockets,
-//! are in `tests/behaviors.rs`.
+//! are in `tests/behaviors.rs` and, for the engine, `tests/engine.rs`.
 
 #![forbid(unsafe_code)]
 
 mod answer;
 mod body;
+pub mod engine;
+mod engine_http;
 mod server;
+pub mod workload;
 
 use std::time::Duration;
 
@@ -102,6 +118,12 @@ pub enum Behavior {
     /// 200 with content-type `application/json` but a body that is not valid
     /// JSON, after `latency`.
     MalformedJson,
+    /// A simulated vLLM-like engine answers (see [`engine`]): chat
+    /// completions, streamed or not, timed by the engine's continuous
+    /// batching, prefill and decode steps (`latency` does not apply), and
+    /// `GET /metrics` with vLLM's metric names, labelled
+    /// `model_name="<mock name>"` (unless a page is set for `/metrics`).
+    Engine(engine::EngineConfig),
     /// 302 redirect with `Location` set to the given URL, after `latency`.
     /// A URL that is not a valid header value is answered as 500.
     Redirect(String),

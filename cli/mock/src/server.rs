@@ -19,6 +19,8 @@ use tokio::sync::{oneshot, Semaphore};
 use tokio::task::{JoinHandle, JoinSet};
 
 use crate::answer::handle;
+use crate::engine::EngineConfig;
+use crate::engine_http::EngineDriver;
 use crate::{Behavior, Generation, MockConfig, MockStats, OverCap, ReceivedRequest};
 
 /// A running mock model endpoint. Dropping it shuts the server down in the
@@ -76,6 +78,7 @@ impl MockModel {
             pages: Mutex::new(HashMap::new()),
             page_hits: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(1),
+            engine: Mutex::new(None),
         });
         let (shutdown, shutdown_rx) = oneshot::channel();
         let server = tokio::spawn(serve(listener, Arc::clone(&shared), shutdown_rx));
@@ -177,6 +180,26 @@ pub(crate) struct Shared {
     pub(crate) page_hits: Mutex<HashMap<String, u64>>,
     /// Numbers the `chatcmpl-<n>` ids.
     pub(crate) next_id: AtomicU64,
+    /// The simulated engine, started by the first use of
+    /// [`Behavior::Engine`].
+    pub(crate) engine: Mutex<Option<Arc<EngineDriver>>>,
+}
+
+impl Shared {
+    /// The simulated engine with `config`: the running one, or a new one if
+    /// none runs yet or it has another configuration (the old one finishes
+    /// the requests it has).
+    pub(crate) fn engine(&self, config: &EngineConfig) -> Arc<EngineDriver> {
+        let mut engine = lock(&self.engine);
+        match &*engine {
+            Some(driver) if driver.config == *config => Arc::clone(driver),
+            _ => {
+                let driver = Arc::new(EngineDriver::start(config.clone()));
+                *engine = Some(Arc::clone(&driver));
+                driver
+            }
+        }
+    }
 }
 
 /// The settings that can change while the mock runs.

@@ -519,6 +519,9 @@ async fn wait_for_store(proxies: &[RunningProxy]) -> Result<(), String> {
     Ok(())
 }
 
+/// How long past the deadline a retrying client waits on its last try.
+const LAST_TRY_GRACE: Duration = Duration::from_millis(250);
+
 /// A client that retries: the request goes to proxy `first mod N`; with no
 /// answer within `client_timeout`, a failed connection or a `503`, the
 /// same request (same key, what is left of `deadline`) goes to the next
@@ -540,7 +543,15 @@ async fn send_retrying(
             break;
         }
         let url = &urls[(first + try_no) % urls.len()];
-        let wait = client_timeout.min(left);
+        // The last try waits for the router's own answer at the deadline
+        // (a 504 arrives just as `left` runs out), with a grace a real
+        // client allows: giving up at the same instant is a race the
+        // drill would count as the router's failure.
+        let wait = if try_no == 2 || client_timeout >= left {
+            left + LAST_TRY_GRACE
+        } else {
+            client_timeout
+        };
         match tokio::time::timeout(wait, send(client, url, id.clone(), at, Some(left))).await {
             Ok(out) if out.status == 503 || out.status == 0 => {
                 last = Some(Outcome {

@@ -30,7 +30,9 @@ pub struct MockArgs {
     /// What happens past --max-concurrency.
     #[arg(long, value_enum, default_value_t = OverCapArg::Queue)]
     over_cap: OverCapArg,
-    /// json | sse | hang | status:<code> | malformed | redirect:<url>
+    /// json | sse | hang | status:<code> | malformed | redirect:<url> |
+    /// engine (a simulated vLLM engine: continuous batching, a KV cache
+    /// with prefix caching, vLLM's /metrics; docs/simulator.md)
     #[arg(long, default_value = "json", value_parser = parse_behavior)]
     behavior: BehaviorArg,
     /// SSE events per answer (with --behavior sse).
@@ -62,6 +64,7 @@ fn parse_behavior(text: &str) -> Result<BehaviorArg, String> {
         "sse" => return Ok(BehaviorArg::Sse),
         "hang" => Behavior::Hang,
         "malformed" => Behavior::MalformedJson,
+        "engine" => Behavior::Engine(router_mock::engine::EngineConfig::default()),
         _ => {
             if let Some(code) = text.strip_prefix("status:") {
                 let code = code
@@ -74,7 +77,7 @@ fn parse_behavior(text: &str) -> Result<BehaviorArg, String> {
                 Behavior::Redirect(url.to_owned())
             } else {
                 return Err(
-                    "expected json, sse, hang, status:<code>, malformed or redirect:<url>"
+                    "expected json, sse, hang, status:<code>, malformed, redirect:<url> or engine"
                         .to_owned(),
                 );
             }

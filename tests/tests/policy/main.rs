@@ -464,6 +464,71 @@ async fn an_ollama_probe_gates_on_free_vram_and_failing_probes_mark_unhealthy() 
     assert!(reason.contains("local skipped: unhealthy"), "{reason}");
 }
 
+/// Issue 18 (engine signals, the simulator part): the vLLM capacity probe
+/// reads a simulated vLLM engine's `/metrics`: requests waiting inside the
+/// engine count in the pool's queue depth, so a pool whose engine is
+/// backed up is skipped before the router adds to it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_vllm_probe_reads_a_simulated_engines_waiting_requests() {
+    use router_mock::engine::EngineConfig;
+    // One sequence at a time, 20 tokens at 50 ms a step: 1 s a request.
+    let engine = EngineConfig {
+        max_batch: 1,
+        decode_step_base: Duration::from_millis(50),
+        decode_step_per_seq: Duration::ZERO,
+        default_output_tokens: 20,
+        ..EngineConfig::default()
+    };
+    let local = mock("local", Behavior::Engine(engine)).await;
+    let strong = mock("strong", Behavior::Json).await;
+    let policy = two(
+        &local.url(),
+        &strong.url(),
+        "",
+        "gates: {max_queue_depth: 1}\n      capacity_probe: {kind: vllm, interval_ms: 40}",
+        "",
+        "",
+    );
+    let proxy = TestProxy::with_policy(Settings::default(), &policy).await;
+    // Others load the engine directly: one runs, three wait inside it.
+    let client = router_tests::harness::TestClient::new();
+    let url = format!("{}/v1/chat/completions", local.url());
+    let load: Vec<_> = (0..4)
+        .map(|_| {
+            let (client, url) = (client.clone(), url.clone());
+            tokio::spawn(async move { client.send(Method::POST, &url, &[], CHAT).await })
+        })
+        .collect();
+    let metrics = format!("{}/metrics", local.url());
+    let mut engine = String::new();
+    for _ in 0..100 {
+        engine = client.send(Method::GET, &metrics, &[], "").await.text();
+        if engine.contains("vllm:num_requests_waiting{model_name=\"local\"} 3") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(
+        engine.contains("vllm:num_requests_waiting{model_name=\"local\"} 3"),
+        "{engine}"
+    );
+    // The proxy polls every 40 ms: five polls' time for it to read that.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let r = proxy.chat_with(&[], CHAT).await;
+    assert_eq!(r.header(MOCK_NAME_HEADER), Some("strong"), "{}", r.text());
+    let line = &proxy.log.wait_for(1).await[0];
+    assert!(
+        line["reason"]
+            .as_str()
+            .unwrap()
+            .contains("local skipped: queue depth 3 > 1"),
+        "{line}"
+    );
+    for l in load {
+        assert_eq!(l.await.unwrap().status, StatusCode::OK);
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_pools_api_key_replaces_the_clients_and_is_never_logged() {
     std::env::set_var("TEST_POOL_B_API_KEY", "sk-very-secret");

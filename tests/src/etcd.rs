@@ -5,7 +5,6 @@
 //! client certificates ([`EtcdServer::start_tls`]), and require users
 //! ([`EtcdServer::enable_auth`]).
 
-use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -40,57 +39,27 @@ pub struct EtcdTls {
     pub client_key: String,
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .unwrap_or_else(|e| panic!("no free port: {e}"))
-}
-
 fn find_binary() -> PathBuf {
-    if let Ok(b) = std::env::var("ETCD_BIN") {
-        return PathBuf::from(b);
-    }
-    for dir in std::env::var("PATH")
-        .unwrap_or_default()
-        .split(':')
-        .chain(["/usr/bin", "/usr/local/bin"])
-    {
-        let candidate = PathBuf::from(dir).join("etcd");
-        if candidate.is_file() {
-            return candidate;
-        }
-    }
-    panic!(
-        "etcd is not installed: these tests need a real etcd \
-         (`apt-get install etcd-server`, or set ETCD_BIN)"
-    );
+    crate::server_process::find_binary(
+        "etcd",
+        "ETCD_BIN",
+        "`apt-get install etcd-server`, `scripts/install-test-deps`",
+    )
 }
 
 impl EtcdServer {
     /// Starts a fresh member and waits until it answers.
     pub async fn start(name: &str) -> Self {
-        let data_dir =
-            std::env::temp_dir().join(format!("router-etcd-{}-{name}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&data_dir);
-        std::fs::create_dir_all(&data_dir)
-            .unwrap_or_else(|e| panic!("{}: {e}", data_dir.display()));
-        let mut server = Self {
-            binary: find_binary(),
-            data_dir,
-            client_port: free_port(),
-            peer_port: free_port(),
-            child: None,
-            tls: None,
-            root_password: None,
-        };
-        server.resume().await;
-        server
+        Self::start_with(name, None).await
     }
 
     /// Starts a fresh member serving TLS to clients, which must present a
     /// certificate signed by `tls.ca`.
     pub async fn start_tls(name: &str, tls: EtcdTls) -> Self {
+        Self::start_with(name, Some(tls)).await
+    }
+
+    async fn start_with(name: &str, tls: Option<EtcdTls>) -> Self {
         let data_dir =
             std::env::temp_dir().join(format!("router-etcd-{}-{name}", std::process::id()));
         let _ = std::fs::remove_dir_all(&data_dir);
@@ -99,10 +68,10 @@ impl EtcdServer {
         let mut server = Self {
             binary: find_binary(),
             data_dir,
-            client_port: free_port(),
-            peer_port: free_port(),
+            client_port: crate::server_process::free_port(),
+            peer_port: crate::server_process::free_port(),
             child: None,
-            tls: Some(tls),
+            tls,
             root_password: None,
         };
         server.resume().await;

@@ -12,3 +12,4 @@ pub mod mocks;
 pub mod netns;
 pub mod otlp;
 pub mod redis;
+pub mod server_process;

@@ -5,7 +5,7 @@
 //! persistence, its keys are gone).
 
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -22,31 +22,12 @@ pub struct RedisServer {
     tls: bool,
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .unwrap_or_else(|e| panic!("no free port: {e}"))
-}
-
 fn find_binary() -> PathBuf {
-    if let Ok(b) = std::env::var("REDIS_SERVER_BIN") {
-        return PathBuf::from(b);
-    }
-    for dir in std::env::var("PATH")
-        .unwrap_or_default()
-        .split(':')
-        .chain(["/usr/bin", "/usr/local/bin"])
-    {
-        let candidate = PathBuf::from(dir).join("redis-server");
-        if candidate.is_file() {
-            return candidate;
-        }
-    }
-    panic!(
-        "redis-server is not installed: these tests need a real Redis \
-         (`apt-get install redis-server`, `scripts/install-test-deps`, or set REDIS_SERVER_BIN)"
-    );
+    crate::server_process::find_binary(
+        "redis-server",
+        "REDIS_SERVER_BIN",
+        "`apt-get install redis-server`, `scripts/install-test-deps`",
+    )
 }
 
 /// Sends one inline command and returns the first line of the answer.
@@ -72,7 +53,7 @@ impl RedisServer {
         let mut server = Self {
             binary: find_binary(),
             dir,
-            port: free_port(),
+            port: crate::server_process::free_port(),
             child: None,
             tls: false,
         };
@@ -92,7 +73,7 @@ impl RedisServer {
         let mut server = Self {
             binary: find_binary(),
             dir,
-            port: free_port(),
+            port: crate::server_process::free_port(),
             child: None,
             tls: true,
         };

@@ -2,15 +2,6 @@
 
 use routerctl::drill::{render_table, run_all, target_policy, DrillConfig, Scenario};
 
-/// A free port on 127.0.0.1 (bound, then let go).
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// Issue 20, item 3: against a router set up with `--print-policy`'s
 /// policy, `--scenario all` skips, with the reason, the scenario that
 /// needs another policy (it used to report a false FAIL), and the printed
@@ -18,8 +9,8 @@ fn free_port() -> u16 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn against_a_target_a_scenario_needing_another_policy_is_skipped_not_failed() {
     let mut cfg = DrillConfig {
-        primary_port: free_port(),
-        fallback_port: free_port(),
+        primary_port: router_tests::server_process::free_port(),
+        fallback_port: router_tests::server_process::free_port(),
         ..DrillConfig::default()
     }
     .scaled(20.0);

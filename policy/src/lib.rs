@@ -5,6 +5,8 @@
 //! rules that decide where a request goes can be unit-tested in
 //! milliseconds and read without knowing anything about sockets.
 //!
+//! - [`affinity`]: prefix affinity by consistent hashing with bounded
+//!   loads (where a request whose prompt prefix an engine holds should go).
 //! - [`approval`]: signed approval tokens for `requires_approval` routes
 //!   (one route, one request id, until a time).
 //! - [`document`]: the policy document (YAML or JSON), parsed and validated
@@ -26,6 +28,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod affinity;
 pub mod approval;
 pub mod balance;
 pub mod deadline;

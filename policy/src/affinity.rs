@@ -1,0 +1,177 @@
+//! Prefix affinity: requests that share a prompt prefix go to the endpoint
+//! that has it cached, unless that endpoint is overloaded.
+//!
+//! An engine with prefix caching (vLLM, SGLang) skips the prefill of prompt
+//! blocks it already holds. Requests of one conversation, or of one agent
+//! with a long system prompt, share their leading blocks; sent to the same
+//! endpoint they skip most of their prefill, sent round the pool they pay
+//! it everywhere. This module decides *where*, without any engine help:
+//!
+//! 1. **The key** ([`prefix_key`]): a hash of the prompt's leading bytes,
+//!    in fixed-size blocks (the system prompt and first messages), so
+//!    requests sharing those blocks share the key. Only whole blocks count,
+//!    as in an engine's block cache.
+//! 2. **Consistent hashing** ([`Ring`]): each endpoint owns
+//!    [`POINTS_PER_ENDPOINT`] points on a ring of 64-bit hashes; a key
+//!    belongs to the first endpoint clockwise from its hash. Adding or
+//!    removing an endpoint moves only the keys of the arcs it gains or
+//!    loses, so caches stay warm when the pool changes.
+//! 3. **Bounded loads** (Mirrokni, Thorup and Zadimoghaddam, "Consistent
+//!    Hashing with Bounded Loads", SODA 2018): an endpoint takes a request
+//!    only while its load after taking it is at most
+//!    `ceil(c × (total + 1) / n)`; the walk goes on clockwise past full
+//!    endpoints. With `c > 1` some endpoint always has room (they cannot all
+//!    be above the average), so every key is placed, no endpoint carries
+//!    more than `c` times the average, and a popular prefix spills over to
+//!    its ring neighbours instead of piling onto one GPU.
+//!
+//! Pure: no clock, no I/O; the loads are the caller's (in-flight requests,
+//! or what the engines report).
+
+use std::hash::Hasher;
+
+/// Points on the ring per endpoint: enough that arcs are even (the share of
+/// keys per endpoint is within a few percent of `1/n` for small pools).
+pub const POINTS_PER_ENDPOINT: usize = 64;
+
+/// FNV-1a, 64 bits: deterministic across processes and versions (unlike
+/// `std`'s `DefaultHasher`), so every proxy of a fleet places a key the
+/// same way.
+#[derive(Clone, Copy)]
+struct Fnv(u64);
+
+impl Fnv {
+    const fn new() -> Self {
+        Self(0xcbf2_9ce4_8422_2325)
+    }
+}
+
+impl Hasher for Fnv {
+    fn finish(&self) -> u64 {
+        // A final mix (splitmix64's): FNV's low bits mix poorly, and the
+        // ring orders by the whole value.
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 ^= u64::from(*b);
+            self.0 = self.0.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+}
+
+fn hash(parts: &[&[u8]]) -> u64 {
+    let mut h = Fnv::new();
+    for p in parts {
+        h.write(&(p.len() as u64).to_le_bytes());
+        h.write(p);
+    }
+    h.finish()
+}
+
+/// The affinity key of a prompt: a hash of its first `max_blocks` whole
+/// blocks of `block_bytes` bytes; `None` when the prompt is shorter than
+/// one block (nothing worth keeping together).
+pub fn prefix_key(prompt: &[u8], block_bytes: usize, max_blocks: usize) -> Option<u64> {
+    let block_bytes = block_bytes.max(1);
+    let blocks = (prompt.len() / block_bytes).min(max_blocks);
+    (blocks > 0).then(|| hash(&[&prompt[..blocks * block_bytes]]))
+}
+
+/// The ring of one pool's endpoints. Built when the pool's endpoints
+/// change, consulted per request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ring {
+    /// (point, endpoint index), sorted by point.
+    points: Vec<(u64, usize)>,
+    /// How many endpoints.
+    endpoints: usize,
+}
+
+impl Ring {
+    /// The ring of `endpoints` (their names, e.g. addresses: a name's
+    /// points do not depend on the others').
+    pub fn new<S: AsRef<str>>(endpoints: &[S]) -> Self {
+        let mut points = Vec::with_capacity(endpoints.len() * POINTS_PER_ENDPOINT);
+        for (i, name) in endpoints.iter().enumerate() {
+            for v in 0..POINTS_PER_ENDPOINT as u64 {
+                points.push((hash(&[name.as_ref().as_bytes(), &v.to_le_bytes()]), i));
+            }
+        }
+        points.sort_unstable();
+        Self {
+            points,
+            endpoints: endpoints.len(),
+        }
+    }
+
+    /// The endpoint for `key` given each endpoint's current `loads` (in
+    /// ring order of [`Ring::new`]'s names) and the balance factor `c`
+    /// (at least 1; 1.25 is the paper's usual choice): the first endpoint
+    /// clockwise from the key's hash whose load after taking the request
+    /// stays within `ceil(c × (total + 1) / n)`. `None` only for an empty
+    /// ring or `loads` of the wrong length.
+    pub fn choose(&self, key: u64, loads: &[u32], c: f64) -> Option<usize> {
+        if self.endpoints == 0 || loads.len() != self.endpoints {
+            return None;
+        }
+        let c = if c.is_finite() { c.max(1.0) } else { 1.0 };
+        let total: u64 = loads.iter().map(|l| u64::from(*l)).sum::<u64>() + 1;
+        let bound = (c * total as f64 / self.endpoints as f64).ceil() as u64;
+        let start = self.points.partition_point(|(p, _)| *p < key);
+        let n = self.points.len();
+        (0..n)
+            .map(|i| self.points[(start + i) % n].1)
+            .find(|&e| u64::from(loads[e]) < bound)
+    }
+
+    /// The endpoint that owns `key` when loads do not matter.
+    pub fn owner(&self, key: u64) -> Option<usize> {
+        self.choose(key, &vec![0; self.endpoints], 1.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_whole_leading_blocks_make_the_key() {
+        let a = b"system: you are a helpful agent. user: hello there, how are you";
+        let b = b"system: you are a helpful agent. user: goodbye, see you later";
+        // Two 16-byte blocks are shared; the third differs.
+        assert_eq!(prefix_key(a, 16, 2), prefix_key(b, 16, 2));
+        assert_ne!(prefix_key(a, 16, 3), prefix_key(b, 16, 3));
+        assert_eq!(prefix_key(b"short", 16, 4), None);
+        // Bytes past the last whole block do not count.
+        assert_eq!(prefix_key(&a[..33], 16, 4), prefix_key(&a[..32], 16, 4));
+    }
+
+    #[test]
+    fn a_full_owner_spills_to_its_ring_neighbour() {
+        let ring = Ring::new(&["a", "b", "c"]);
+        let key =
+            prefix_key(b"a long shared system prompt, block after block", 16, 4).expect("a key");
+        let owner = ring.owner(key).expect("an owner");
+        // The owner alone is loaded: bound ceil(1.25 × 7 / 3) = 3.
+        let mut loads = vec![0; 3];
+        loads[owner] = 6;
+        let spilled = ring.choose(key, &loads, 1.25).expect("placed");
+        assert_ne!(spilled, owner);
+        // Loads even: bound ceil(1.25 × 4 / 3) = 2, and the owner keeps
+        // its key.
+        let loads = vec![1; 3];
+        assert_eq!(ring.choose(key, &loads, 1.25), Some(owner));
+    }
+
+    #[test]
+    fn an_empty_ring_or_wrong_loads_place_nothing() {
+        let empty = Ring::new::<&str>(&[]);
+        assert_eq!(empty.choose(1, &[], 1.25), None);
+        assert_eq!(Ring::new(&["a"]).choose(1, &[0, 0], 1.25), None);
+    }
+}

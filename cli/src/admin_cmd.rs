@@ -61,17 +61,12 @@ pub fn explain_status(s: &tonic::Status) -> String {
         }
         tonic::Code::Aborted => format!("{message} (get the current version and try again)"),
         tonic::Code::Unavailable => format!("the control plane is unavailable: {message}"),
-        // A TLS server answering a cleartext HTTP/2 client: the stream is
-        // cut in one of these ways.
-        tonic::Code::Internal | tonic::Code::Unknown | tonic::Code::Cancelled
-            if message.contains("h2 protocol error")
-                || message.contains("operation was canceled")
-                || message == "transport error" =>
-        {
-            format!(
-                "the connection to the control plane broke ({message}): if it serves TLS, use an https:// --server (with --ca-file)"
-            )
-        }
+        // The control plane itself never answers these codes (its errors
+        // are typed, see its `service::status`): they come from the
+        // transport, e.g. a TLS server called in clear.
+        tonic::Code::Internal | tonic::Code::Unknown | tonic::Code::Cancelled => format!(
+            "the connection to the control plane broke ({message}): if it serves TLS, use an https:// --server (with --ca-file)"
+        ),
         _ if message.is_empty() => format!("the control plane failed the call ({:?})", s.code()),
         _ => message.to_string(),
     }

@@ -128,9 +128,57 @@ impl Readiness {
     }
 }
 
+/// Why a connection to the control plane failed, as far as advice goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ConnectTrouble {
+    /// The server's certificate names another host.
+    WrongHostName,
+    /// The server's certificate is not signed by a trusted CA.
+    UntrustedCertificate,
+    /// Nothing listens at the address.
+    Refused,
+    /// Anything else.
+    Other,
+}
+
+/// Classifies a connect error by the types in its chain of causes (a
+/// `rustls::Error`, an `io::Error`'s kind), never by its words. An
+/// `io::Error` hides the error it wraps from `source()`, so its inner
+/// error is looked at too.
+fn connect_trouble(e: &(dyn std::error::Error + 'static)) -> ConnectTrouble {
+    use rustls::{CertificateError, Error as Tls};
+    let mut next = Some(e);
+    while let Some(err) = next {
+        if let Some(tls) = err.downcast_ref::<Tls>() {
+            match tls {
+                Tls::InvalidCertificate(
+                    CertificateError::NotValidForName
+                    | CertificateError::NotValidForNameContext { .. },
+                ) => return ConnectTrouble::WrongHostName,
+                Tls::InvalidCertificate(_) => return ConnectTrouble::UntrustedCertificate,
+                _ => {}
+            }
+        }
+        if let Some(io) = err.downcast_ref::<std::io::Error>() {
+            if io.kind() == std::io::ErrorKind::ConnectionRefused {
+                return ConnectTrouble::Refused;
+            }
+            if let Some(inner) = io.get_ref() {
+                let found = connect_trouble(inner);
+                if found != ConnectTrouble::Other {
+                    return found;
+                }
+            }
+        }
+        next = err.source();
+    }
+    ConnectTrouble::Other
+}
+
 /// Why the control plane at `url` could not be reached, with what to do
-/// about it. The whole chain of causes is read: tonic's own message is
-/// only "transport error". `ca_flag` names the option that gives a CA.
+/// about it: the chain of causes (tonic's own message is only "transport
+/// error") and advice by the kind of failure ([`connect_trouble`]).
+/// `ca_flag` names the option that gives a CA.
 pub fn connect_failure(url: &str, e: &(dyn std::error::Error + 'static), ca_flag: &str) -> String {
     let mut chain = e.to_string();
     let mut source = e.source();
@@ -143,17 +191,21 @@ pub fn connect_failure(url: &str, e: &(dyn std::error::Error + 'static), ca_flag
         }
         source = cause.source();
     }
-    let advice = if chain.contains("NotValidForName") {
-        "its certificate does not name this host: use the host name it was issued for".to_string()
-    } else if chain.contains("UnknownIssuer") || chain.contains("invalid peer certificate") {
-        format!("its TLS certificate is not trusted: give {ca_flag} with the CA that signed it")
-    } else if chain.contains("Connection refused") {
-        "nothing listens there: is the control plane running, and is the address right?".into()
-    } else if url.starts_with("http://") {
+    let advice = match connect_trouble(e) {
+        ConnectTrouble::WrongHostName => {
+            "its certificate does not name this host: use the host name it was issued for".into()
+        }
+        ConnectTrouble::UntrustedCertificate => {
+            format!("its TLS certificate is not trusted: give {ca_flag} with the CA that signed it")
+        }
+        ConnectTrouble::Refused => {
+            "nothing listens there: is the control plane running, and is the address right?".into()
+        }
         // A TLS server cuts a cleartext HTTP/2 handshake short.
-        format!("if it serves TLS, use an https:// address (with {ca_flag})")
-    } else {
-        "see the cause".into()
+        ConnectTrouble::Other if url.starts_with("http://") => {
+            format!("if it serves TLS, use an https:// address (with {ca_flag})")
+        }
+        ConnectTrouble::Other => "see the cause".into(),
     };
     format!("cannot reach the control plane at {url} ({chain}): {advice}")
 }

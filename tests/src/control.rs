@@ -40,6 +40,23 @@ pub async fn admin(addr: SocketAddr, token: Option<&'static str>) -> Admin {
     AdminClient::with_interceptor(channel, f)
 }
 
+/// Managed mode on the control plane at `url` (`http://…` or
+/// `https://…`) with `token`, as node `node`: no cache, no extra CA.
+pub fn managed(url: impl Into<String>, token: Option<&str>, node: &str) -> Mode {
+    Mode::Managed(managed_options(url, token, node))
+}
+
+/// [`managed`]'s options, for a test that sets a cache or a CA too.
+pub fn managed_options(url: impl Into<String>, token: Option<&str>, node: &str) -> ManagedOptions {
+    ManagedOptions {
+        addrs: vec![url.into()],
+        token: token.map(str::to_string),
+        node_id: node.into(),
+        cache_dir: None,
+        ca_pem: None,
+    }
+}
+
 /// A managed proxy that tries the control planes in `cps`, in order.
 pub async fn managed_proxy(
     cps: &[SocketAddr],
@@ -50,10 +67,8 @@ pub async fn managed_proxy(
         Settings::default(),
         Mode::Managed(ManagedOptions {
             addrs: cps.iter().map(|a| format!("http://{a}")).collect(),
-            token: Some(TOKEN.into()),
-            node_id: node.into(),
             cache_dir: cache,
-            ca_pem: None,
+            ..managed_options("", Some(TOKEN), node)
         }),
     )
     .await

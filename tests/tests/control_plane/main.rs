@@ -18,7 +18,9 @@ use router_mock::{Behavior, MOCK_NAME_HEADER};
 use router_proto::v1 as pb;
 use router_proxy::managed::ManagedOptions;
 use router_proxy::{Mode, Settings};
-use router_tests::control::{admin, managed_proxy, policy, version_of, wait_version, TOKEN};
+use router_tests::control::{
+    admin, managed, managed_options, managed_proxy, policy, version_of, wait_version, TOKEN,
+};
 use router_tests::harness::{eventually, TcpRelay, TestProxy, WAIT_AT_MOST};
 use router_tests::mocks::mock;
 
@@ -411,11 +413,8 @@ async fn the_control_plane_can_serve_tls() {
     let trusted = TestProxy::start(
         Settings::default(),
         Mode::Managed(ManagedOptions {
-            addrs: vec![url],
-            token: Some(TOKEN.into()),
-            node_id: "tls".into(),
-            cache_dir: None,
             ca_pem: Some(ck.cert.pem()),
+            ..managed_options(url, Some(TOKEN), "tls")
         }),
     )
     .await;
@@ -425,13 +424,11 @@ async fn the_control_plane_can_serve_tls() {
     let relay = TcpRelay::start(cp.local_addr()).await;
     let untrusting = TestProxy::start(
         Settings::default(),
-        Mode::Managed(ManagedOptions {
-            addrs: vec![format!("https://localhost:{}", relay.addr().port())],
-            token: Some(TOKEN.into()),
-            node_id: "no-ca".into(),
-            cache_dir: None,
-            ca_pem: None,
-        }),
+        managed(
+            format!("https://localhost:{}", relay.addr().port()),
+            Some(TOKEN),
+            "no-ca",
+        ),
     )
     .await;
     eventually(
@@ -530,15 +527,7 @@ async fn a_managed_proxy_never_lends_its_token_to_set_backends() {
         bind: [127, 0, 0, 1].into(),
         ..Settings::default()
     };
-    let mode = |node: &str| {
-        Mode::Managed(ManagedOptions {
-            addrs: vec![format!("http://{addr}")],
-            token: Some(TOKEN.into()),
-            node_id: node.into(),
-            cache_dir: None,
-            ca_pem: None,
-        })
-    };
+    let mode = |node: &str| managed(format!("http://{addr}"), Some(TOKEN), node);
     let open = TestProxy::start_as_given(settings.clone(), mode("open")).await;
     wait_version(&open, "cp-1").await;
     let r = open
@@ -635,13 +624,11 @@ async fn a_router_token_with_its_file_newline_still_authenticates() {
     let addr = cp.local_addr();
     let proxy = TestProxy::start(
         Settings::default(),
-        Mode::Managed(ManagedOptions {
-            addrs: vec![format!("http://{addr}")],
-            token: Some(format!("{TOKEN}\n")),
-            node_id: "newline".into(),
-            cache_dir: None,
-            ca_pem: None,
-        }),
+        managed(
+            format!("http://{addr}"),
+            Some(&format!("{TOKEN}\n")),
+            "newline",
+        ),
     )
     .await;
     wait_version(&proxy, "cp-1").await;
@@ -767,16 +754,9 @@ async fn a_managed_proxy_without_config_is_not_ready_and_says_why() {
     let dir = temp("not-ready");
     let cp = control_plane(&dir, "127.0.0.1:0".parse().unwrap()).await;
     let addr = cp.local_addr();
-    let managed = |token: &str, node: &str| {
-        Mode::Managed(ManagedOptions {
-            addrs: vec![format!("http://{addr}")],
-            token: Some(token.into()),
-            node_id: node.into(),
-            cache_dir: None,
-            ca_pem: None,
-        })
-    };
-    let refused = TestProxy::start(Settings::default(), managed("not-the-token", "refused")).await;
+    let with_token = |token: &str, node: &str| managed(format!("http://{addr}"), Some(token), node);
+    let refused =
+        TestProxy::start(Settings::default(), with_token("not-the-token", "refused")).await;
     let h = refused
         .wait_health("the refusal", |h| {
             h["reason"]
@@ -800,7 +780,7 @@ async fn a_managed_proxy_without_config_is_not_ready_and_says_why() {
         .await;
     assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE);
 
-    let waiting = TestProxy::start(Settings::default(), managed(TOKEN, "waiting")).await;
+    let waiting = TestProxy::start(Settings::default(), with_token(TOKEN, "waiting")).await;
     let h = waiting
         .wait_health("no policy yet", |h| {
             h["reason"]

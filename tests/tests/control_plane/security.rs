@@ -12,11 +12,10 @@ use router_control_plane::store::{BackendSet, CircuitRecord, StoreChange, StoreE
 use router_control_plane::Limits;
 use router_mock::{Behavior, MOCK_NAME_HEADER};
 use router_proto::v1 as pb;
-use router_proxy::managed::ManagedOptions;
-use router_proxy::{Mode, Settings};
+use router_proxy::Settings;
 use router_tests::control::{
-    admin, control_plane_with, managed_proxy, policy, version_of, wait_version, FakeControlPlane,
-    RawStream, TOKEN,
+    admin, control_plane_with, managed, managed_proxy, policy, version_of, wait_version,
+    FakeControlPlane, RawStream, TOKEN,
 };
 use router_tests::harness::{eventually, TestProxy, WAIT_AT_MOST};
 use router_tests::mocks::mock;
@@ -124,15 +123,7 @@ async fn a_proxy_token_opens_its_own_stream_and_nothing_else() {
 
     // Proxies with the pinned token (its own node), the fleet token (any
     // node) and the operator token (backward compatibility) all get config.
-    let with_token = |token: &str, node: &str| {
-        Mode::Managed(ManagedOptions {
-            addrs: vec![format!("http://{addr}")],
-            token: Some(token.into()),
-            node_id: node.into(),
-            cache_dir: None,
-            ca_pem: None,
-        })
-    };
+    let with_token = |token: &str, node: &str| managed(format!("http://{addr}"), Some(token), node);
     let p1 = TestProxy::start(Settings::default(), with_token(P1_TOKEN, "p1")).await;
     let any = TestProxy::start(Settings::default(), with_token(FLEET_TOKEN, "any-node")).await;
     let op = managed_proxy(&[addr], "with-operator-token", None).await;
@@ -428,13 +419,7 @@ async fn a_proxy_ignores_a_snapshot_older_than_the_one_it_applied() {
     let mut fake = FakeControlPlane::start().await;
     let proxy = TestProxy::start(
         Settings::default(),
-        Mode::Managed(ManagedOptions {
-            addrs: vec![format!("http://{}", fake.addr())],
-            token: None,
-            node_id: "p".into(),
-            cache_dir: None,
-            ca_pem: None,
-        }),
+        managed(format!("http://{}", fake.addr()), None, "p"),
     )
     .await;
     let mut stream = fake.accept().await;

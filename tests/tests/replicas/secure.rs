@@ -13,7 +13,7 @@ use router_control_plane::{start, ControlPlaneOptions, RunningControlPlane, Stor
 use router_mock::Behavior;
 use router_proxy::managed::ManagedOptions;
 use router_proxy::{Mode, Settings};
-use router_tests::control::{managed_proxy, policy, wait_version, TOKEN};
+use router_tests::control::{managed_options, managed_proxy, policy, wait_version, TOKEN};
 use router_tests::etcd::{EtcdServer, EtcdTls};
 use router_tests::harness::{eventually, TestProxy};
 use router_tests::mocks::mock;
@@ -311,11 +311,12 @@ async fn the_certificates_of_make_certs_secure_etcd_the_control_plane_and_proxie
     let proxy = TestProxy::start(
         Settings::default(),
         Mode::Managed(ManagedOptions {
-            addrs: vec![format!("https://localhost:{}", cp.local_addr().port())],
-            token: Some(TOKEN.into()),
-            node_id: "p".into(),
-            cache_dir: None,
             ca_pem: Some(read("ca.pem")),
+            ..managed_options(
+                format!("https://localhost:{}", cp.local_addr().port()),
+                Some(TOKEN),
+                "p",
+            )
         }),
     )
     .await;

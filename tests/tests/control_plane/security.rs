@@ -63,6 +63,24 @@ async fn circuits(addr: std::net::SocketAddr) -> Vec<pb::CircuitOverride> {
         .circuits
 }
 
+/// Calls `list` every 10 ms until `done` holds of its answer (3 s at
+/// most); the last answer, for the test's own assertions.
+async fn until<T, F, Fut>(mut list: F, done: impl Fn(&T) -> bool) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = T>,
+{
+    let mut last = list().await;
+    for _ in 0..300 {
+        if done(&last) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        last = list().await;
+    }
+    last
+}
+
 /// 2b: a proxy token opens the config stream (and reports circuits) for
 /// its own node, and nothing else; the operator token still works for
 /// proxies.
@@ -152,14 +170,7 @@ async fn a_proxy_token_opens_its_own_stream_and_nothing_else() {
     let mut own = RawStream::open(addr, Some(P1_TOKEN), "").await.unwrap();
     assert_eq!(own.next().await.revision, r.revision);
     own.send(open_report("primary", &a.url(), 60_000)).await;
-    let mut listed = Vec::new();
-    for _ in 0..300 {
-        listed = circuits(addr).await;
-        if !listed.is_empty() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let listed = until(|| circuits(addr), |l| !l.is_empty()).await;
     assert_eq!(listed.len(), 1, "{listed:?}");
     assert_eq!(listed[0].source, "p1");
     drop(cp);
@@ -183,24 +194,11 @@ async fn records_of_proxies_gone_past_the_ttl_are_dropped() {
     let addr = cp.local_addr();
     let stays = RawStream::open(addr, Some(TOKEN), "stays").await.unwrap();
     let goes = RawStream::open(addr, Some(TOKEN), "goes").await.unwrap();
-    let mut listed = Vec::new();
-    for _ in 0..300 {
-        listed = proxies(addr).await;
-        if listed.len() == 2 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let listed = until(|| proxies(addr), |l| l.len() == 2).await;
     assert_eq!(listed.len(), 2, "{listed:?}");
     drop(goes);
     // Gone, then dropped within the TTL plus a maintenance tick (1 s).
-    for _ in 0..300 {
-        listed = proxies(addr).await;
-        if listed.len() == 1 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let listed = until(|| proxies(addr), |l| l.len() == 1).await;
     assert_eq!(
         listed
             .iter()
@@ -255,14 +253,11 @@ async fn proxy_records_are_bounded_in_number() {
     let _b_again = RawStream::open(addr, Some(FLEET_TOKEN), "b").await.unwrap();
     // Once `a` is gone, `c` takes its record.
     drop(a);
-    let mut listed = Vec::new();
-    for _ in 0..300 {
-        listed = proxies(addr).await;
-        if listed.iter().any(|p| p.node_id == "a" && !p.connected) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let listed = until(
+        || proxies(addr),
+        |l| l.iter().any(|p| p.node_id == "a" && !p.connected),
+    )
+    .await;
     assert!(
         listed.iter().any(|p| p.node_id == "a" && !p.connected),
         "{listed:?}"
@@ -308,18 +303,20 @@ async fn circuit_reports_beyond_the_rate_limit_are_ignored_and_counted() {
     for e in &endpoints {
         flappy.send(open_report("wide", e, 60_000)).await;
     }
-    let mut record = None;
-    for _ in 0..300 {
-        record = proxies(addr)
-            .await
-            .into_iter()
-            .find(|p| p.node_id == "flappy" && p.circuit_reports_dropped == 7);
-        if record.is_some() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    assert!(record.is_some(), "{:?}", proxies(addr).await);
+    let listed = until(
+        || proxies(addr),
+        |l| {
+            l.iter()
+                .any(|p| p.node_id == "flappy" && p.circuit_reports_dropped == 7)
+        },
+    )
+    .await;
+    assert!(
+        listed
+            .iter()
+            .any(|p| p.node_id == "flappy" && p.circuit_reports_dropped == 7),
+        "{listed:?}"
+    );
     // Settle, then exactly the burst was stored.
     tokio::time::sleep(Duration::from_millis(200)).await;
     let stored = circuits(addr).await;
@@ -538,14 +535,7 @@ async fn a_bad_circuit_override_is_refused_with_its_field() {
     reporter
         .send(open_report("primary", &a.url(), 60_000))
         .await;
-    let mut listed = Vec::new();
-    for _ in 0..300 {
-        listed = circuits(addr).await;
-        if !listed.is_empty() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let listed = until(|| circuits(addr), |l| !l.is_empty()).await;
     tokio::time::sleep(Duration::from_millis(100)).await;
     let listed_now = circuits(addr).await;
     assert_eq!(listed_now.len(), 1, "{listed:?} {listed_now:?}");

@@ -60,6 +60,10 @@ pub enum StopReason {
     NotRetried(Outcome),
     /// A request with side effects may have reached the backend.
     MayHaveReached(Risk),
+    /// The route's retry budget has no room for another attempt (the
+    /// proxy's call, after [`next_step`] said [`Step::NextPool`]; see
+    /// [`crate::retry_budget`]).
+    RetryBudgetExhausted,
 }
 
 impl fmt::Display for StopReason {
@@ -68,6 +72,9 @@ impl fmt::Display for StopReason {
             Self::FallbackOff => f.write_str("fallback is off for this route"),
             Self::DeadlineSpent => f.write_str("the deadline is spent"),
             Self::NotRetried(o) => write!(f, "{o} is not in the route's retry_on"),
+            Self::RetryBudgetExhausted => {
+                f.write_str("retry_budget_exhausted: the route's retry budget is spent")
+            }
             Self::MayHaveReached(r) => write!(
                 f,
                 "a {} request that may have reached its backend is not sent again",
@@ -121,6 +128,10 @@ mod tests {
             allow_downgrade: true,
             cost_ceiling_per_call_usd: None,
             finish_on_client_gone: true,
+            first_token_timeout: None,
+            stall_timeout: None,
+            hedge: None,
+            retry_budget: crate::retry_budget::BudgetSettings::default(),
         }
     }
 

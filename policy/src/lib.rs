@@ -39,6 +39,8 @@ pub mod fallback;
 pub mod guard;
 pub mod idempotency;
 pub mod outcome;
+pub mod retry_budget;
+pub mod stream;
 pub mod structured;
 
 pub use approval::{ApprovalKey, Refusal};

@@ -50,6 +50,18 @@ pub enum Outcome {
     UpstreamReset,
     /// The client went away before its answer was complete.
     ClientCancelled,
+    /// A streamed answer's first content did not come within the
+    /// `first_token_timeout` (nothing had reached the client).
+    FirstTokenTimeout,
+    /// A streamed answer reported an error inside its 200 (an error event,
+    /// an error chunk, a payload that is not JSON).
+    StreamError,
+    /// A stream sent nothing for `stall_timeout` after its first token: it
+    /// was cut.
+    StreamStalled,
+    /// The losing attempt of a hedged request, cancelled when the other
+    /// produced its first token.
+    HedgeCancelled,
     /// No pool could answer inside the deadline, or a stream outlived it.
     DeadlineExhausted,
     /// Evicted as the oldest waiter of a full queue.
@@ -96,7 +108,7 @@ pub enum Outcome {
 
 impl Outcome {
     /// Every outcome, in declaration order.
-    pub const ALL: [Outcome; 28] = [
+    pub const ALL: [Outcome; 32] = [
         Outcome::Ok,
         Outcome::Replayed,
         Outcome::ConnectError,
@@ -107,6 +119,10 @@ impl Outcome {
         Outcome::MalformedJson,
         Outcome::UpstreamReset,
         Outcome::ClientCancelled,
+        Outcome::FirstTokenTimeout,
+        Outcome::StreamError,
+        Outcome::StreamStalled,
+        Outcome::HedgeCancelled,
         Outcome::DeadlineExhausted,
         Outcome::QueueFull,
         Outcome::QueueTimeout,
@@ -140,6 +156,10 @@ impl Outcome {
             Self::MalformedJson => "malformed_json",
             Self::UpstreamReset => "upstream_reset",
             Self::ClientCancelled => "client_cancelled",
+            Self::FirstTokenTimeout => "first_token_timeout",
+            Self::StreamError => "stream_error",
+            Self::StreamStalled => "stream_stalled",
+            Self::HedgeCancelled => "hedge_cancelled",
             Self::DeadlineExhausted => "deadline_exhausted",
             Self::QueueFull => "queue_full",
             Self::QueueTimeout => "queue_timeout",
@@ -177,9 +197,11 @@ impl Outcome {
             Self::ConnectError | Self::UpstreamError | Self::InvalidRequest => {
                 Some(RetryOn::ConnectError)
             }
-            Self::Timeout => Some(RetryOn::Timeout),
+            // Nothing reached the client yet: a silent stream is a timeout,
+            // an error inside a 200 a 5xx.
+            Self::Timeout | Self::FirstTokenTimeout => Some(RetryOn::Timeout),
             Self::Status429 => Some(RetryOn::Status429),
-            Self::Status5xx => Some(RetryOn::Status5xx),
+            Self::Status5xx | Self::StreamError => Some(RetryOn::Status5xx),
             Self::MalformedJson => Some(RetryOn::MalformedJson),
             _ => None,
         }
@@ -259,6 +281,10 @@ mod tests {
                 "malformed_json",
                 "upstream_reset",
                 "client_cancelled",
+                "first_token_timeout",
+                "stream_error",
+                "stream_stalled",
+                "hedge_cancelled",
                 "deadline_exhausted",
                 "queue_full",
                 "queue_timeout",

@@ -41,6 +41,10 @@ fn route() -> impl Strategy<Value = Route> {
         allow_downgrade: true,
         cost_ceiling_per_call_usd: None,
         finish_on_client_gone: true,
+        first_token_timeout: None,
+        stall_timeout: None,
+        hedge: None,
+        retry_budget: router_policy::retry_budget::BudgetSettings::default(),
     })
 }
 
@@ -109,6 +113,10 @@ fn every_outcome_is_decided_for_a_read_on_a_default_route() {
         allow_downgrade: true,
         cost_ceiling_per_call_usd: None,
         finish_on_client_gone: true,
+        first_token_timeout: None,
+        stall_timeout: None,
+        hedge: None,
+        retry_budget: router_policy::retry_budget::BudgetSettings::default(),
     };
     let moving: Vec<&str> = Outcome::ALL
         .into_iter()
@@ -123,6 +131,8 @@ fn every_outcome_is_decided_for_a_read_on_a_default_route() {
             "timeout",
             "status_429",
             "status_5xx",
+            "first_token_timeout",
+            "stream_error",
             "deadline_exhausted",
             "queue_full",
             "queue_timeout",

@@ -56,12 +56,13 @@ mod validate;
 mod tests;
 
 pub use resolved::{
-    CircuitSettings, Gates, Policy, Pool, Price, Probe, QueueSettings, Route, RouteMatch,
+    CircuitSettings, Gates, Hedge, HedgeDelay, Policy, Pool, Price, Probe, QueueSettings, Route,
+    RouteMatch,
 };
 pub use spec::{
     ApprovalSpec, CircuitSpec, DefaultsSpec, EndpointOptions, EndpointSpec, GatesSpec, MatchSpec,
-    Metadata, PolicyDocument, PoolSpec, PriceSpec, ProbeKind, ProbeSpec, Provider, QueueSpec,
-    RetryOn, Risk, RouteSpec, Spec,
+    HedgeQuantile, HedgeSpec, HedgeTarget, Metadata, PolicyDocument, PoolSpec, PriceSpec, ProbeKind, ProbeSpec, Provider, QueueSpec,
+    RetryBudgetSpec, RetryOn, Risk, RouteSpec, Spec,
 };
 
 /// The API version this crate understands.

@@ -8,7 +8,7 @@ use std::time::Duration;
 use crate::balance::Scoring;
 use crate::endpoint::Endpoint;
 
-use super::{ProbeKind, Provider, RetryOn, Risk};
+use super::{HedgeTarget, ProbeKind, Provider, RetryOn, Risk};
 
 /// Resolved queue settings of a pool.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -69,6 +69,13 @@ pub struct Pool {
     pub api_key_env: Option<String>,
     /// Capacity probe.
     pub probe: Option<Probe>,
+    /// Longest wait for a stream's first content (wins over the route's).
+    pub first_token_timeout: Option<Duration>,
+    /// Longest silence in a stream after its first token (wins over the
+    /// route's).
+    pub stall_timeout: Option<Duration>,
+    /// Ask for usage in streams when the client did not.
+    pub stream_usage: bool,
 }
 
 /// Resolved gates.
@@ -82,6 +89,9 @@ pub struct Gates {
     pub max_latency_budget_fraction: Option<f64>,
     /// Free VRAM floor (fails at or below).
     pub min_vram_free_mb: Option<u64>,
+    /// Time-per-output-token limit (fails when every endpoint that has
+    /// one is above it).
+    pub max_tpot: Option<Duration>,
 }
 
 /// Resolved prices.
@@ -201,6 +211,32 @@ pub struct Route {
     /// A keyed request whose client left is finished and stored for the
     /// retry (`finish_on_client_gone`, default true).
     pub finish_on_client_gone: bool,
+    /// Longest wait for a stream's first content.
+    pub first_token_timeout: Option<Duration>,
+    /// Longest silence in a stream after its first token.
+    pub stall_timeout: Option<Duration>,
+    /// Hedged requests.
+    pub hedge: Option<Hedge>,
+    /// The budget retries and hedges draw on.
+    pub retry_budget: crate::retry_budget::BudgetSettings,
+}
+
+/// A route's hedging, resolved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Hedge {
+    /// When the second attempt starts.
+    pub after: HedgeDelay,
+    /// Where it goes.
+    pub to: HedgeTarget,
+}
+
+/// When a hedge starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HedgeDelay {
+    /// A fixed delay.
+    Fixed(Duration),
+    /// The first pool's recent p95 (no hedge while it has no samples).
+    PoolP95,
 }
 
 impl Route {
@@ -253,6 +289,9 @@ impl Policy {
                 price: Price::default(),
                 api_key_env: None,
                 probe: None,
+                first_token_timeout: None,
+                stall_timeout: None,
+                stream_usage: true,
             }],
             routes: vec![Route {
                 name: "default".into(),
@@ -266,6 +305,10 @@ impl Policy {
                 allow_downgrade: true,
                 cost_ceiling_per_call_usd: None,
                 finish_on_client_gone: true,
+                first_token_timeout: None,
+                stall_timeout: None,
+                hedge: None,
+                retry_budget: crate::retry_budget::BudgetSettings::default(),
             }],
             circuit: CircuitSettings::default(),
             default_risk: Risk::Read,

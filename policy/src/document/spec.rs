@@ -195,6 +195,10 @@ pub struct GatesSpec {
     /// Fail when free VRAM is at or below this.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub min_vram_free_mb: Option<u64>,
+    /// Fail when every endpoint's time per output token (EWMA, from
+    /// streams) is above this.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tpot_ms: Option<u64>,
 }
 
 /// Prices as written.
@@ -321,6 +325,19 @@ pub struct PoolSpec {
     /// Queue settings for this pool.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub queue: Option<QueueSpec>,
+    /// A streamed answer's first content must come this soon, or the
+    /// attempt is abandoned and the next pool tried; overrides the route's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_token_timeout_ms: Option<u64>,
+    /// A stream that sends nothing for this long after its first token is
+    /// cut (`stream_stalled`); overrides the route's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stall_timeout_ms: Option<u64>,
+    /// Ask the endpoints for usage in streams
+    /// (`stream_options.include_usage`) when the client did not (default
+    /// true, false for `tgi`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stream_usage: Option<bool>,
 }
 
 /// A route as written.
@@ -361,6 +378,70 @@ pub struct RouteSpec {
     /// `false` cancels it at once, as a request without a key.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub finish_on_client_gone: Option<bool>,
+    /// A streamed answer's first content must come this soon (a pool's
+    /// own setting wins).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_token_timeout_ms: Option<u64>,
+    /// A stream silent this long after its first token is cut (a pool's
+    /// own setting wins).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stall_timeout_ms: Option<u64>,
+    /// Hedged requests (READ and DRAFT only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hedge: Option<HedgeSpec>,
+    /// The share of recent requests that retries and hedges may add.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_budget: Option<RetryBudgetSpec>,
+}
+
+/// A route's hedging as written: `{after_ms: 300}` or `{after: p95}`.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HedgeSpec {
+    /// Start the second attempt after this many milliseconds without a
+    /// first token.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub after_ms: Option<u64>,
+    /// Start it after the first pool's recent latency quantile (`p95`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub after: Option<HedgeQuantile>,
+    /// Where the second attempt goes (default `next_pool`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub to: Option<HedgeTarget>,
+}
+
+/// A latency quantile a hedge waits for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HedgeQuantile {
+    /// The pool's p95 of recent answers.
+    P95,
+}
+
+/// Where a hedge goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HedgeTarget {
+    /// The next eligible pool of the chain.
+    #[default]
+    NextPool,
+    /// Another endpoint of the same pool.
+    SamePool,
+}
+
+/// A route's retry budget as written.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RetryBudgetSpec {
+    /// Extra attempts per request, in (0, 1] (default 0.2).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ratio: Option<f64>,
+    /// Extra attempts always allowed per second (default 10).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_per_second: Option<u32>,
+    /// How long requests and extra attempts count (default 10000).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window_ms: Option<u64>,
 }
 
 /// A failure that may move a request to the next pool.

@@ -37,12 +37,13 @@ use std::time::Duration;
 
 use super::{
     positive_duration, ApprovalSpec, CircuitSettings, CircuitSpec, DefaultsSpec, EndpointSpec,
-    FieldError, Gates, GatesSpec, MatchSpec, Policy, PolicyDocument, PolicyError, Pool, PoolSpec,
-    Price, PriceSpec, Probe, ProbeKind, ProbeSpec, QueueSettings, QueueSpec, RetryOn, Risk, Route,
+    FieldError, Gates, GatesSpec, Hedge, HedgeDelay, HedgeQuantile, HedgeSpec, MatchSpec, Policy, PolicyDocument, PolicyError, Pool, PoolSpec,
+    Price, PriceSpec, Probe, ProbeKind, ProbeSpec, QueueSettings, QueueSpec, RetryBudgetSpec, RetryOn, Risk, Route,
     RouteMatch, RouteSpec, API_VERSION, KIND,
 };
 use crate::endpoint::Endpoint;
 use crate::guard::{backend_refusal, Guards};
+use crate::retry_budget::BudgetSettings;
 
 impl PolicyDocument {
     /// Checks meaning and resolves defaults, with the default [`Guards`].
@@ -288,6 +289,15 @@ fn pool(
         price,
         api_key_env: p.api_key_env.clone(),
         probe,
+        first_token_timeout: millis(
+            p.first_token_timeout_ms,
+            &format!("{at}.first_token_timeout_ms"),
+            errs,
+        ),
+        stall_timeout: millis(p.stall_timeout_ms, &format!("{at}.stall_timeout_ms"), errs),
+        stream_usage: p
+            .stream_usage
+            .unwrap_or(!matches!(p.provider, super::Provider::Tgi)),
     }
 }
 
@@ -340,6 +350,7 @@ fn gates(g: &GatesSpec, at: &str, errs: &mut Errors) -> Gates {
         max_queue_depth: g.max_queue_depth,
         max_latency_budget_fraction: g.max_latency_budget_fraction,
         min_vram_free_mb: g.min_vram_free_mb,
+        max_tpot: millis(g.max_tpot_ms, &format!("{at}.gates.max_tpot_ms"), errs),
     }
 }
 
@@ -462,6 +473,10 @@ fn route(
     )
     .or(context.defaults.attempt_timeout);
     let retry_on = retry_on(r.retry_on.as_deref(), at, errs);
+    let hedge = r
+        .hedge
+        .as_ref()
+        .and_then(|h| hedge(h, &matches, &format!("{at}.hedge"), errs));
     Route {
         name: r.name.clone(),
         matches,
@@ -474,7 +489,69 @@ fn route(
         allow_downgrade: r.allow_downgrade.unwrap_or(true),
         cost_ceiling_per_call_usd: r.cost_ceiling_per_call_usd,
         finish_on_client_gone: r.finish_on_client_gone.unwrap_or(true),
+        first_token_timeout: millis(
+            r.first_token_timeout_ms,
+            &format!("{at}.first_token_timeout_ms"),
+            errs,
+        ),
+        stall_timeout: millis(r.stall_timeout_ms, &format!("{at}.stall_timeout_ms"), errs),
+        hedge,
+        retry_budget: retry_budget(r.retry_budget.as_ref(), &format!("{at}.retry_budget"), errs),
     }
+}
+
+/// A route's hedge: exactly one of `after_ms` and `after`, on a route that
+/// takes READ or DRAFT requests (a SEND or DESTRUCTIVE request is never
+/// sent twice at once).
+fn hedge(h: &HedgeSpec, matches: &RouteMatch, at: &str, errs: &mut Errors) -> Option<Hedge> {
+    let after = match (h.after_ms, h.after) {
+        (Some(_), Some(_)) => {
+            errs.push(at, "give after_ms or after, not both");
+            return None;
+        }
+        (None, None) => {
+            errs.push(at, "needs after_ms (a delay) or after: p95");
+            return None;
+        }
+        (Some(ms), None) => HedgeDelay::Fixed(millis(Some(ms), &format!("{at}.after_ms"), errs)?),
+        (None, Some(HedgeQuantile::P95)) => HedgeDelay::PoolP95,
+    };
+    if !matches.risks.is_empty() && matches.risks.iter().all(|r| r.has_side_effects()) {
+        errs.push(
+            at,
+            "this route only takes SEND or DESTRUCTIVE requests, which are never hedged (a second attempt could act twice)",
+        );
+        return None;
+    }
+    Some(Hedge {
+        after,
+        to: h.to.unwrap_or_default(),
+    })
+}
+
+/// A route's retry budget: a ratio in (0, 1], a positive window.
+fn retry_budget(b: Option<&RetryBudgetSpec>, at: &str, errs: &mut Errors) -> BudgetSettings {
+    let mut settings = BudgetSettings::default();
+    let Some(b) = b else {
+        return settings;
+    };
+    if let Some(ratio) = b.ratio {
+        if ratio.is_finite() && ratio > 0.0 && ratio <= 1.0 {
+            settings.ratio = ratio;
+        } else {
+            errs.push(
+                format!("{at}.ratio"),
+                "must be more than 0 and at most 1 (0.2: one extra attempt per five requests)",
+            );
+        }
+    }
+    if let Some(min) = b.min_per_second {
+        settings.min_per_second = min;
+    }
+    if let Some(window) = millis(b.window_ms, &format!("{at}.window_ms"), errs) {
+        settings.window = window;
+    }
+    settings
 }
 
 /// A route's chain: not empty, each name a pool, no pool twice.

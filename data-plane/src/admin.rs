@@ -266,6 +266,7 @@ fn health(shared: &Shared, details: bool) -> Response<Bytes> {
                     "addr": &*e.addr,
                     "in_flight": e.in_flight,
                     "ewma_latency": e.ewma_s,
+                    "tpot_s": e.tpot_s,
                     "circuit": e.circuit.as_str(),
                     "draining": e.draining,
                 })

@@ -38,6 +38,17 @@ pub(crate) struct EventLabel {
     pub event: &'static str,
 }
 
+/// `router_stream_events`' labels.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct StreamEventLabels {
+    /// Pool of the attempt.
+    pub pool: String,
+    /// What happened (`first_token_timeout`, `stream_error`,
+    /// `stream_stalled`, `hedge_started`, `hedge_won`, `hedge_cancelled`,
+    /// `retry_budget_exhausted`, `usage_missing`).
+    pub event: &'static str,
+}
+
 /// `router_shared_store_errors`' label.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(crate) struct OpLabel {
@@ -195,6 +206,8 @@ pub(crate) struct Metrics {
     circuit_overrides_skipped: Counter,
     idempotency: Family<EventLabel, Counter>,
     store_errors: Family<OpLabel, Counter>,
+    stream_events: Family<StreamEventLabels, Counter>,
+    tpot: Family<BackendLabels, FloatGauge>,
 }
 
 impl Default for Metrics {
@@ -232,6 +245,8 @@ impl Metrics {
             circuit_overrides_skipped: Counter::default(),
             idempotency: Family::default(),
             store_errors: Family::default(),
+            stream_events: Family::default(),
+            tpot: Family::default(),
         };
         registry.register(
             "custom_router_queue_depth",
@@ -334,7 +349,27 @@ impl Metrics {
             "Failed calls to the shared store, by call (claim, get, settle)",
             m.store_errors.clone(),
         );
+        registry.register(
+            "router_stream_events",
+            "Stream and hedging events by pool: first_token_timeout, stream_error, stream_stalled, hedge_started, hedge_won, hedge_cancelled, retry_budget_exhausted, usage_missing",
+            m.stream_events.clone(),
+        );
+        registry.register(
+            "router_endpoint_tpot_seconds",
+            "Time per output token per endpoint (EWMA over its streams)",
+            m.tpot.clone(),
+        );
         Self { registry, ..m }
+    }
+
+    /// Counts a stream or hedging event of a pool.
+    pub(crate) fn stream_event(&self, pool: &str, event: &'static str) {
+        self.stream_events
+            .get_or_create(&StreamEventLabels {
+                pool: pool.to_string(),
+                event,
+            })
+            .inc();
     }
 
     /// Counts an `Idempotency-Key` event.
@@ -526,6 +561,7 @@ impl Metrics {
         self.queue_depth.clear();
         self.oldest_age.clear();
         self.ewma.clear();
+        self.tpot.clear();
         self.inflight.clear();
         self.circuit_open.clear();
         for p in pools {
@@ -545,6 +581,9 @@ impl Metrics {
                 };
                 if let Some(ewma) = e.ewma_s {
                     self.ewma.get_or_create(&bl).set(ewma);
+                }
+                if let Some(tpot) = e.tpot_s {
+                    self.tpot.get_or_create(&bl).set(tpot);
                 }
                 self.inflight.get_or_create(&bl).set(i64::from(e.in_flight));
                 let circuit = match e.circuit {

@@ -34,6 +34,8 @@
 //!    - `max_latency_budget_fraction`: fails when the observed latency is
 //!      **greater than** fraction × deadline;
 //!    - `min_vram_free_mb`: fails when free VRAM is **at or below** it;
+//!    - `max_tpot_ms`: fails when the time per output token of the pool's
+//!      fastest endpoint (EWMA over its streams) is **greater than** it;
 //!    - structured output: fails when the request asks for it
 //!      (`response_format`) and the pool has `structured_output: false`, or
 //!      is degraded for it after a malformed answer;
@@ -79,6 +81,10 @@ pub struct PoolMeasurements {
     /// Degraded for structured output after a malformed answer.
     #[serde(default)]
     pub structured_degraded: bool,
+    /// The lowest time per output token of its endpoints (EWMA over
+    /// streams), ms; `None` before any stream measured one.
+    #[serde(default)]
+    pub tpot_ms: Option<f64>,
     /// Why the pool is unhealthy, when the caller knows (shown in the
     /// reason instead of the generic text; not part of the situation JSON).
     #[serde(skip)]
@@ -458,6 +464,8 @@ enum Gated {
     },
     /// Free VRAM at or below `min_vram_free_mb`.
     Vram { free: u64, min: u64 },
+    /// Every endpoint's time per output token above `max_tpot_ms`.
+    Tpot { tpot: f64, max: f64 },
     /// Structured output asked of a pool without it.
     NoStructured,
     /// Structured output asked of a pool degraded for it.
@@ -490,6 +498,7 @@ impl Gated {
             Self::QueueDepth { .. }
             | Self::Latency { .. }
             | Self::Vram { .. }
+            | Self::Tpot { .. }
             | Self::Cost { .. } => return None,
         })
     }
@@ -512,6 +521,9 @@ impl fmt::Display for Gated {
                 "latency {latency:.0} ms > {fraction} x {deadline} ms deadline ({limit:.0} ms)"
             ),
             Self::Vram { free, min } => write!(f, "free VRAM {free} MB <= {min} MB"),
+            Self::Tpot { tpot, max } => {
+                write!(f, "time per output token {tpot:.1} ms > {max:.1} ms")
+            }
             Self::Cost { cost, ceiling } => {
                 write!(f, "estimated cost ${cost:.4} > ceiling ${ceiling:.4}")
             }
@@ -553,6 +565,12 @@ fn gate(
     if let (Some(min), Some(free)) = (g.min_vram_free_mb, m.vram_free_mb) {
         if free <= min {
             return Err(Gated::Vram { free, min });
+        }
+    }
+    if let (Some(max), Some(tpot)) = (g.max_tpot, m.tpot_ms) {
+        let max = max.as_secs_f64() * 1000.0;
+        if tpot > max {
+            return Err(Gated::Tpot { tpot, max });
         }
     }
     if structured && !pool.structured_output {

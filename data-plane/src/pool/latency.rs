@@ -42,6 +42,12 @@ pub(crate) enum Sample {
     /// A 429 after this long; its `Retry-After`, if any, extends an open
     /// circuit.
     RateLimited(Duration, Option<Duration>),
+    /// The router cancelled the attempt after this long (the losing
+    /// attempt of a hedge): a lower bound of its latency. It counts in the
+    /// EWMA and the p95 (so that a tail the hedges cut is still seen, and
+    /// hedges do not start ever sooner), and not for the circuit: the
+    /// endpoint did not fail.
+    Cancelled(Duration),
 }
 
 impl Sample {
@@ -50,7 +56,7 @@ impl Sample {
     #[inline]
     fn window_latency(self) -> Option<Duration> {
         match self {
-            Sample::Success(d) | Sample::Timeout(d) => Some(d),
+            Sample::Success(d) | Sample::Timeout(d) | Sample::Cancelled(d) => Some(d),
             Sample::Failure(_) | Sample::RateLimited(..) => None,
         }
     }
@@ -60,7 +66,7 @@ impl Sample {
 #[inline]
 pub(super) fn fold_ewma(ewma: Option<f64>, sample: Sample, q: &QueueSettings) -> f64 {
     let value = match sample {
-        Sample::Success(d) => d.as_secs_f64(),
+        Sample::Success(d) | Sample::Cancelled(d) => d.as_secs_f64(),
         Sample::Failure(d) | Sample::Timeout(d) | Sample::RateLimited(d, _) => {
             failure_sample(d.as_secs_f64(), q.latency_threshold_s)
         }

@@ -281,12 +281,28 @@ impl PoolRuntime {
             }
             Sample::Failure(_) | Sample::Timeout(_) => e.breaker.on_failure(now, &circuit, None),
             Sample::RateLimited(_, retry_after) => e.breaker.on_failure(now, &circuit, retry_after),
+            Sample::Cancelled(_) => None,
         };
         if let Some(until) = opened {
             tracing::warn!(pool = &*self.name, endpoint = &*e.addr, "circuit opened");
             self.report(e, true, Some(until));
         }
         e.ewma = Some(latency::fold_ewma(e.ewma, sample, &q));
+    }
+
+    /// Folds a stream's time per output token into the endpoint's EWMA
+    /// (the pool's smoothing factor; plain EWMA, no peak rule: a fast token
+    /// rate after a slow one is believed at once only in part).
+    pub(crate) fn record_tpot(&self, endpoint_id: u64, tpot: std::time::Duration) {
+        let mut st = self.lock();
+        let alpha = st.settings.queue.ewma_alpha;
+        if let Some(e) = st.endpoint_mut(endpoint_id) {
+            let v = tpot.as_secs_f64();
+            e.tpot = Some(match e.tpot {
+                None => v,
+                Some(old) => old + alpha * (v - old),
+            });
+        }
     }
 
     /// Tells the control plane (managed mode) a circuit opened or closed.

@@ -335,6 +335,11 @@ impl Lease {
         self.pool.observe(self.endpoint_id, sample);
     }
 
+    /// Folds a stream's time per output token into its endpoint's EWMA.
+    pub(crate) fn observe_tpot(&self, tpot: std::time::Duration) {
+        self.pool.record_tpot(self.endpoint_id, tpot);
+    }
+
     /// Records the attempt's sample, taken at `now`, and gives the slot
     /// back: what [`Lease::observe`] then dropping the lease do, under one
     /// lock.

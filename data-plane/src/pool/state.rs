@@ -35,6 +35,9 @@ pub(super) struct EndpointState {
     pub(super) addr: Arc<str>,
     /// EWMA latency, seconds; `None` before the first answer.
     pub(super) ewma: Option<f64>,
+    /// EWMA time per output token, seconds (from streams); `None` before
+    /// the first stream with two tokens or more.
+    pub(super) tpot: Option<f64>,
     pub(super) in_flight: u32,
     pub(super) draining: bool,
     pub(super) breaker: Breaker,
@@ -50,6 +53,7 @@ impl EndpointState {
             endpoint: Arc::new(endpoint.clone()),
             target: UpstreamTarget::new(endpoint).map(Arc::new),
             ewma: None,
+            tpot: None,
             in_flight: 0,
             draining: false,
             breaker: Breaker::new(),

@@ -55,6 +55,8 @@ pub(crate) struct EndpointStatus {
     pub in_flight: u32,
     /// EWMA latency in seconds, `None` before the first answer.
     pub ewma_s: Option<f64>,
+    /// EWMA time per output token in seconds, from streams.
+    pub tpot_s: Option<f64>,
     /// Circuit breaker state, overrides included: what admission goes by.
     pub circuit: CircuitState,
     /// Drained (no new requests).
@@ -134,6 +136,13 @@ impl PoolRuntime {
                 .map(|s| s * 1000.0),
             healthy: Some(availability == Availability::Ready),
             structured_degraded: st.structured_degraded_until.is_some_and(|u| now < u),
+            tpot_ms: st
+                .endpoints
+                .iter()
+                .filter(|e| !e.draining)
+                .filter_map(|e| e.tpot)
+                .reduce(f64::min)
+                .map(|s| s * 1000.0),
             unhealthy_because: (availability != Availability::Ready).then(|| availability.as_str()),
         }
     }
@@ -156,6 +165,7 @@ impl PoolRuntime {
                     addr: Arc::clone(&e.addr),
                     in_flight: e.in_flight,
                     ewma_s: e.ewma,
+                    tpot_s: e.tpot,
                     circuit: e.breaker.effective_state(now).reported(),
                     draining: e.draining,
                 })

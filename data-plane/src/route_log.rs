@@ -45,6 +45,32 @@ pub(crate) struct AttemptRecord {
     /// The model the answer says it came from.
     #[serde(skip)]
     pub response_model: Option<String>,
+    /// Its part in a hedged request: `primary`, `hedge` (the second
+    /// attempt), each `won` or `cancelled`: `primary_won`, `hedge_won`...
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hedge: Option<&'static str>,
+}
+
+/// What a streamed (server-sent events) answer told of itself.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub(crate) struct StreamRecord {
+    /// Time to the first token (after the queue).
+    pub ttft_ms: f64,
+    /// Time per output token, when two tokens or more came.
+    pub tpot_ms: Option<f64>,
+    /// Content events passed on.
+    pub content_events: u64,
+    /// The stream's usage chunk; `null` when the backend sent none.
+    pub usage: Option<UsageRecord>,
+}
+
+/// A stream's reported usage.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub(crate) struct UsageRecord {
+    /// Prompt tokens.
+    pub input_tokens: Option<u64>,
+    /// Completion tokens.
+    pub output_tokens: Option<u64>,
 }
 
 /// A wall-clock time, written as RFC 3339 with milliseconds (UTC).
@@ -130,6 +156,13 @@ pub(crate) struct RouteRecord {
     pub tokens_out: Option<u64>,
     /// Estimated cost.
     pub cost_usd: Option<f64>,
+    /// A streamed answer's timing and usage (streams only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stream: Option<StreamRecord>,
+    /// Why the walk stopped early, when a limit stopped it
+    /// (`retry_budget_exhausted`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stopped: Option<&'static str>,
     /// Trace id, when tracing is on.
     pub trace_id: Option<String>,
     /// What the `Idempotency-Key` did: `lead`, `lead_local` (the shared
@@ -668,6 +701,11 @@ impl AttemptRecord {
         out.extend_from_slice(b",\"queue_wait_ms\":");
         json_f64(out, self.queue_wait_ms);
         json_opt_u64(out, opt_key!("", "timeout_ms", ""), self.timeout_ms);
+        if let Some(h) = self.hedge {
+            out.extend_from_slice(b",\"hedge\":\"");
+            json_plain_contents(out, h);
+            out.push(b'"');
+        }
         out.push(b'}');
     }
 }
@@ -732,6 +770,16 @@ impl RouteRecord {
         json_opt_u64(out, opt_key!("", "tokens_in", ""), self.tokens_in);
         json_opt_u64(out, opt_key!("", "tokens_out", ""), self.tokens_out);
         json_opt_f64(out, opt_key!("", "cost_usd", ""), self.cost_usd);
+        if let Some(stream) = &self.stream {
+            // Streams only, and rare enough: serde_json writes it.
+            out.extend_from_slice(b",\"stream\":");
+            let _ = serde_json::to_writer(&mut *out, stream);
+        }
+        if let Some(s) = self.stopped {
+            out.extend_from_slice(b",\"stopped\":\"");
+            json_plain_contents(out, s);
+            out.push(b'"');
+        }
         json_opt_str(
             out,
             opt_key!("", "trace_id", "\""),
@@ -1363,6 +1411,7 @@ mod tests {
                 latency_ms: float(rng),
                 queue_wait_ms: float(rng),
                 timeout_ms: some(rng).then(|| rng.next() >> rng.below(64)),
+                hedge: some(rng).then(|| ["primary_won", "hedge_cancelled"][rng.below(2) as usize]),
                 ..AttemptRecord::default()
             })
             .collect();
@@ -1393,6 +1442,16 @@ mod tests {
             tokens_in: some(rng).then(|| rng.next() >> rng.below(64)),
             tokens_out: some(rng).then(|| rng.next() >> rng.below(64)),
             cost_usd: some(rng).then(|| float(rng)),
+            stream: some(rng).then(|| StreamRecord {
+                ttft_ms: float(rng),
+                tpot_ms: some(rng).then(|| float(rng)),
+                content_events: rng.next() >> rng.below(64),
+                usage: some(rng).then(|| UsageRecord {
+                    input_tokens: some(rng).then(|| rng.below(100_000)),
+                    output_tokens: some(rng).then(|| rng.below(100_000)),
+                }),
+            }),
+            stopped: some(rng).then_some("retry_budget_exhausted"),
             trace_id: some(rng).then(|| pick(rng).into()),
             idempotency: some(rng).then(|| ["lead", "join", "replay"][rng.below(3) as usize]),
             config_version: pick(rng).into(),

@@ -25,10 +25,29 @@
 //! answer).
 //!
 //! A stream without a deadline has nothing to enforce while the client
-//! does not read, and is passed through directly, with no task.
+//! does not read, and is passed through directly, with no task, unless it
+//! is watched.
+//!
+//! # Watched streams
+//!
+//! A server-sent-event stream, or one with a stall timeout, is relayed
+//! with a [`StreamWatch`]:
+//!
+//! - the events read before the head was passed on (up to the first token,
+//!   see `handler::attempt`) go first;
+//! - each event is read whole ([`router_policy::stream::SseScanner`]): a
+//!   content event and a usage chunk are told to the completion (tokens,
+//!   time per output token); a usage chunk the client did not ask for is
+//!   not passed on; an error event or a payload that is not JSON ends the
+//!   stream with one SSE `event: error` naming `stream_error` (the client
+//!   keeps what it got);
+//! - no frame from the backend for `stall` cuts the stream with
+//!   `stream_stalled`; the timer runs in the task, whether or not the
+//!   client reads. A client that reads nothing for that long is cut too
+//!   (as gone: the backend is not blamed).
 
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
@@ -37,6 +56,8 @@ use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
+
+use router_policy::stream::{RawEvent, SseEvent, SseScanner, StreamUsage};
 
 use crate::forward::BoxError;
 use crate::upstream::UpstreamBody;
@@ -47,6 +68,10 @@ pub(crate) trait Completion: Send + 'static {
     fn first_byte(&mut self);
     /// A data frame passed (or, after the client left, was read).
     fn data(&mut self, _bytes: &Bytes) {}
+    /// A content event passed (watched streams).
+    fn content(&mut self) {}
+    /// The stream reported its usage (watched streams).
+    fn usage(&mut self, _usage: StreamUsage) {}
     /// The body ended, was cut, or the client went away.
     fn finish(self: Box<Self>, end: BodyEnd);
 }
@@ -65,10 +90,80 @@ pub(crate) enum BodyEnd {
     /// The client went away, and the backend's answer was read to its
     /// end anyway (a keyed request: the answer is kept for the retry).
     FinishedAfterClientLeft,
+    /// The backend reported an error inside the stream, or sent what is
+    /// not an event: the stream was cut (`stream_error`).
+    StreamError,
+    /// The backend sent nothing for the stall timeout: the stream was cut
+    /// (`stream_stalled`).
+    Stalled,
+}
+
+/// What a watched stream is read for (see the module docs).
+#[derive(Debug, Default)]
+pub(crate) struct StreamWatch {
+    /// Reads server-sent events (`None`: frames pass as they are).
+    pub(crate) scanner: Option<SseScanner>,
+    /// What was read before the head was passed on, in order.
+    pub(crate) prefix: Vec<RawEvent>,
+    /// The backend's body already ended while the prefix was read.
+    pub(crate) ended: bool,
+    /// Longest silence from the backend after the first token.
+    pub(crate) stall: Option<std::time::Duration>,
+    /// Usage-only chunks are the router's own request: not passed on.
+    pub(crate) strip_usage: bool,
+}
+
+impl StreamWatch {
+    /// Whether this watch needs the relay task.
+    fn active(&self) -> bool {
+        self.scanner.is_some() || self.stall.is_some() || !self.prefix.is_empty() || self.ended
+    }
+}
+
+/// Why a relayed stream was cut (told to the client when it reads again).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+enum Cut {
+    Deadline = 1,
+    StreamError = 2,
+    Stalled = 3,
+}
+
+impl Cut {
+    fn from_u8(v: u8) -> Option<Self> {
+        match v {
+            1 => Some(Self::Deadline),
+            2 => Some(Self::StreamError),
+            3 => Some(Self::Stalled),
+            _ => None,
+        }
+    }
+
+    fn end(self) -> BodyEnd {
+        match self {
+            Self::Deadline => BodyEnd::DeadlineCut,
+            Self::StreamError => BodyEnd::StreamError,
+            Self::Stalled => BodyEnd::Stalled,
+        }
+    }
+
+    fn event(self) -> &'static str {
+        match self {
+            Self::Deadline => DEADLINE_EVENT,
+            Self::StreamError => STREAM_ERROR_EVENT,
+            Self::Stalled => STALLED_EVENT,
+        }
+    }
 }
 
 /// The one SSE event sent when a stream is cut at its deadline.
 const DEADLINE_EVENT: &str = "event: error\ndata: {\"error\":{\"type\":\"deadline_exhausted\",\"code\":\"deadline_exhausted\",\"message\":\"the request's deadline ran out; the stream was cut\"}}\n\n";
+
+/// The one SSE event sent when the backend failed inside the stream.
+const STREAM_ERROR_EVENT: &str = "event: error\ndata: {\"error\":{\"type\":\"stream_error\",\"code\":\"stream_error\",\"message\":\"the backend reported an error inside the stream; the answer is incomplete\"}}\n\n";
+
+/// The one SSE event sent when the backend went silent.
+const STALLED_EVENT: &str = "event: error\ndata: {\"error\":{\"type\":\"stream_stalled\",\"code\":\"stream_stalled\",\"message\":\"the backend sent nothing for the stall timeout; the stream was cut\"}}\n\n";
 
 /// A completion that runs exactly once: at [`Once::finish`], or as
 /// `ClientGone` when dropped unfinished (a task or body dropped early).
@@ -95,6 +190,18 @@ impl Once {
                 c.first_byte();
             }
             c.data(data);
+        }
+    }
+
+    fn content(&mut self) {
+        if let Some(c) = self.completion.as_mut() {
+            c.content();
+        }
+    }
+
+    fn usage(&mut self, usage: StreamUsage) {
+        if let Some(c) = self.completion.as_mut() {
+            c.usage(usage);
         }
     }
 
@@ -135,8 +242,8 @@ enum Source {
     /// A deadline: frames relayed by a task that enforces it.
     Relayed {
         frames: mpsc::Receiver<Result<Frame<Bytes>, BoxError>>,
-        /// Set by the task when the deadline cut the stream.
-        cut: Arc<AtomicBool>,
+        /// Set by the task when it cut the stream (a [`Cut`]).
+        cut: Arc<AtomicU8>,
         /// The cut was told to the client.
         told: bool,
     },
@@ -153,8 +260,9 @@ impl TrackedBody {
         deadline: Option<Instant>,
         sse: bool,
         finish: bool,
+        watch: StreamWatch,
     ) -> Self {
-        let deadline = match (deadline, finish) {
+        let deadline = match (deadline, finish || watch.active()) {
             (None, true) => Some(crate::clock::later(
                 Instant::now(),
                 crate::clock::A_YEAR,
@@ -169,7 +277,7 @@ impl TrackedBody {
             },
             Some(deadline) => {
                 let (tx, frames) = mpsc::channel(1);
-                let cut = Arc::new(AtomicBool::new(false));
+                let cut = Arc::new(AtomicU8::new(0));
                 tokio::spawn(relay(
                     inner,
                     Once::new(completion),
@@ -177,6 +285,7 @@ impl TrackedBody {
                     tx,
                     Arc::clone(&cut),
                     finish,
+                    watch,
                 ));
                 Source::Relayed {
                     frames,
@@ -189,21 +298,88 @@ impl TrackedBody {
     }
 }
 
+/// What a relayed frame becomes after the watch has read it.
+enum Judged {
+    /// Pass these bytes on (possibly none: a stripped usage chunk, or an
+    /// event not yet complete).
+    Pass(Option<Bytes>),
+    /// Cut the stream, after passing these bytes.
+    Cut(Option<Bytes>, Cut),
+}
+
+/// Reads the events of `chunk` (a watched SSE stream): passes content and
+/// every other event on, tells the completion of content and usage,
+/// drops a usage-only chunk the router asked for, and cuts at an error.
+fn judge_events(
+    events: Vec<RawEvent>,
+    strip_usage: bool,
+    once: &mut Once,
+    out: &mut bytes::BytesMut,
+) -> Option<Cut> {
+    for ev in events {
+        match ev.kind {
+            SseEvent::Content { usage } => {
+                once.content();
+                if let Some(u) = usage {
+                    once.usage(u);
+                }
+            }
+            SseEvent::Usage { usage, only_usage } => {
+                once.usage(usage);
+                if strip_usage && only_usage {
+                    continue;
+                }
+            }
+            SseEvent::Error { .. } | SseEvent::Malformed => return Some(Cut::StreamError),
+            SseEvent::NoContent | SseEvent::Done => {}
+        }
+        out.extend_from_slice(&ev.bytes);
+    }
+    None
+}
+
+/// Reads one data frame of a watched stream.
+fn judge(watch: &mut StreamWatch, once: &mut Once, data: &Bytes) -> Judged {
+    let Some(scanner) = watch.scanner.as_mut() else {
+        return Judged::Pass(Some(data.clone()));
+    };
+    let mut events = Vec::new();
+    let fed = scanner.feed(data, &mut events);
+    let mut out = bytes::BytesMut::new();
+    let cut = judge_events(events, watch.strip_usage, once, &mut out);
+    let out = (!out.is_empty()).then(|| out.freeze());
+    match (cut, fed) {
+        (Some(c), _) => Judged::Cut(out, c),
+        (None, Err(_)) => Judged::Cut(out, Cut::StreamError),
+        (None, Ok(())) => Judged::Pass(out),
+    }
+}
+
 /// Reads the backend's body into `tx` until it ends, the client's side is
-/// dropped, or `deadline` comes, whichever is first; runs the completion.
-/// With `finish`, a client going away does not stop the reading: the
-/// answer is read to its end (still bounded by `deadline`) for the
-/// completion to keep.
+/// dropped, `deadline` comes, or the watch cuts it, whichever is first;
+/// runs the completion. With `finish`, a client going away does not stop
+/// the reading: the answer is read to its end (still bounded by
+/// `deadline`) for the completion to keep.
+#[allow(unused_assignments)] // `send!` marks the client gone before a cut
 async fn relay(
     mut inner: UpstreamBody,
     mut once: Once,
     deadline: Instant,
     tx: mpsc::Sender<Result<Frame<Bytes>, BoxError>>,
-    cut: Arc<AtomicBool>,
+    cut: Arc<AtomicU8>,
     finish: bool,
+    mut watch: StreamWatch,
 ) {
     let expired = tokio::time::sleep_until(deadline);
     tokio::pin!(expired);
+    // The stall timer: re-armed at every frame from the backend.
+    let stall_after = watch.stall;
+    let far = crate::clock::later(Instant::now(), crate::clock::A_YEAR, crate::clock::A_YEAR);
+    let next_stall = |now: Instant| {
+        stall_after.map_or(far, |d| crate::clock::later(now, d, crate::clock::A_YEAR))
+    };
+    let stalled = tokio::time::sleep_until(next_stall(Instant::now()));
+    tokio::pin!(stalled);
     let mut gone = false;
     let ended = |gone: bool| {
         if gone {
@@ -212,64 +388,129 @@ async fn relay(
             BodyEnd::Complete
         }
     };
-    loop {
-        let frame = tokio::select! {
-            biased;
-            () = &mut expired => break,
-            () = tx.closed(), if !gone => {
-                if finish {
-                    gone = true;
-                    continue;
-                }
-                return once.finish(BodyEnd::ClientGone);
-            }
-            f = inner.frame() => f,
-        };
-        match frame {
-            None => return once.finish(ended(gone)),
-            Some(Err(e)) => {
-                once.finish(BodyEnd::UpstreamError);
-                if !gone {
-                    let _ = tx.send(Err(e.into())).await;
-                }
-                return;
-            }
-            Some(Ok(f)) => {
-                once.frame(&f);
-                let end = inner.is_end_stream();
-                if !gone {
-                    tokio::select! {
-                        biased;
-                        () = &mut expired => break,
-                        sent = tx.send(Ok(f)) => if sent.is_err() {
-                            if !finish {
-                                return once.finish(BodyEnd::ClientGone);
-                            }
-                            gone = true;
-                        },
+    // Sends one frame (unless the client is gone), or leaves the relay
+    // (labelled `$relay`) at the deadline.
+    macro_rules! send {
+        ($frame:expr, $relay:lifetime) => {
+            if !gone {
+                let frame = $frame;
+                tokio::select! {
+                    biased;
+                    () = &mut expired => break $relay Cut::Deadline,
+                    // A client that reads nothing for the stall timeout.
+                    () = &mut stalled, if stall_after.is_some() => {
+                        return once.finish(BodyEnd::ClientGone);
                     }
+                    sent = tx.send(Ok(frame)) => if sent.is_err() {
+                        if !finish {
+                            return once.finish(BodyEnd::ClientGone);
+                        }
+                        gone = true;
+                    },
                 }
-                if end {
+            }
+        };
+    }
+    let prefix = std::mem::take(&mut watch.prefix);
+    let why: Cut = 'relay: loop {
+        // What was read before the head was passed on goes first.
+        if !prefix.is_empty() {
+            let mut out = bytes::BytesMut::new();
+            let cut_now = judge_events(prefix, watch.strip_usage, &mut once, &mut out);
+            if !out.is_empty() {
+                let f = Frame::data(out.freeze());
+                once.frame(&f);
+                send!(f, 'relay);
+            }
+            if let Some(c) = cut_now {
+                break 'relay c;
+            }
+        }
+        if watch.ended {
+            let held = watch.scanner.as_mut().map(SseScanner::take_held);
+            if let Some(rest) = held.filter(|b| !b.is_empty()) {
+                let f = Frame::data(rest);
+                once.frame(&f);
+                send!(f, 'relay);
+            }
+            return once.finish(ended(gone));
+        }
+        loop {
+            let frame = tokio::select! {
+                biased;
+                () = &mut expired => break 'relay Cut::Deadline,
+                () = &mut stalled, if stall_after.is_some() => break 'relay Cut::Stalled,
+                () = tx.closed(), if !gone => {
+                    if finish {
+                        gone = true;
+                        continue;
+                    }
+                    return once.finish(BodyEnd::ClientGone);
+                }
+                f = inner.frame() => f,
+            };
+            stalled.as_mut().reset(next_stall(Instant::now()));
+            match frame {
+                None => {
+                    // A last event without its blank line passes as it is.
+                    let held = watch.scanner.as_mut().map(SseScanner::take_held);
+                    if let Some(rest) = held.filter(|b| !b.is_empty()) {
+                        let f = Frame::data(rest);
+                        once.frame(&f);
+                        send!(f, 'relay);
+                    }
                     return once.finish(ended(gone));
+                }
+                Some(Err(e)) => {
+                    once.finish(BodyEnd::UpstreamError);
+                    if !gone {
+                        let _ = tx.send(Err(e.into())).await;
+                    }
+                    return;
+                }
+                Some(Ok(f)) => {
+                    let end = inner.is_end_stream();
+                    let f = match f.into_data() {
+                        Ok(data) => match judge(&mut watch, &mut once, &data) {
+                            Judged::Pass(None) => None,
+                            Judged::Pass(Some(b)) => Some(Frame::data(b)),
+                            Judged::Cut(pass, c) => {
+                                if let Some(b) = pass {
+                                    let f = Frame::data(b);
+                                    once.frame(&f);
+                                    send!(f, 'relay);
+                                }
+                                break 'relay c;
+                            }
+                        },
+                        Err(other) => Some(other),
+                    };
+                    if let Some(f) = f {
+                        once.frame(&f);
+                        send!(f, 'relay);
+                    }
+                    if end {
+                        return once.finish(ended(gone));
+                    }
                 }
             }
         }
-    }
-    // The deadline: the backend's body goes (its connection closes, the
-    // backend stops), the lease is released, and the client learns of the
-    // cut when it reads again.
+    };
+    // A cut: the backend's body goes (its connection closes, the backend
+    // stops), the lease is released, and the client learns of the cut
+    // when it reads again.
     drop(inner);
-    cut.store(true, Ordering::Release);
-    once.finish(BodyEnd::DeadlineCut);
+    cut.store(why as u8, Ordering::Release);
+    once.finish(why.end());
 }
 
 /// What the client gets at a cut: one SSE error event, or an error that
 /// aborts any other body.
-fn cut_frame(sse: bool) -> Result<Frame<Bytes>, BoxError> {
+fn cut_frame(sse: bool, why: Cut) -> Result<Frame<Bytes>, BoxError> {
     if sse {
-        Ok(Frame::data(Bytes::from_static(DEADLINE_EVENT.as_bytes())))
+        Ok(Frame::data(Bytes::from_static(why.event().as_bytes())))
     } else {
-        Err("deadline exhausted: answer cut".into())
+        Err(format!("answer cut: {why:?}").into())
     }
 }
 
@@ -308,11 +549,13 @@ impl Body for TrackedBody {
                 }
                 match ready!(frames.poll_recv(cx)) {
                     Some(frame) => Poll::Ready(Some(frame)),
-                    None if cut.load(Ordering::Acquire) => {
-                        *told = true;
-                        Poll::Ready(Some(cut_frame(sse)))
-                    }
-                    None => Poll::Ready(None),
+                    None => match Cut::from_u8(cut.load(Ordering::Acquire)) {
+                        Some(why) => {
+                            *told = true;
+                            Poll::Ready(Some(cut_frame(sse, why)))
+                        }
+                        None => Poll::Ready(None),
+                    },
                 }
             }
         }

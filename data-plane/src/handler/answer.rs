@@ -22,7 +22,7 @@ use opentelemetry::KeyValue;
 use router_policy::Outcome;
 use tokio::time::Instant;
 
-use super::finish::{finish_record, Finisher, KeyedStream};
+use super::finish::{finish_record, Finisher, KeyedStream, StreamTally};
 use super::{
     full, ProxyBody, X_REQUEST_ID, X_ROUTER_ATTEMPTS, X_ROUTER_CONFIG_VERSION, X_ROUTER_REPLAYED,
     X_ROUTER_ROUTE,
@@ -32,7 +32,7 @@ use crate::error::ProxyError;
 use crate::idempotency::{KeyLease, StoredAnswer};
 use crate::pool::Lease;
 use crate::route_log::{AttemptRecord, RouteRecord, Timestamp};
-use crate::tracked_body::TrackedBody;
+use crate::tracked_body::{StreamWatch, TrackedBody};
 use crate::upstream::UpstreamBody;
 use crate::Shared;
 
@@ -229,7 +229,10 @@ impl Pending {
     }
 
     /// Passes on a streamed backend answer; the log line is written when
-    /// the stream ends.
+    /// the stream ends. `watch`: what was read of it and how the rest is
+    /// watched; `price`: the pool's, for the cost of a watched stream's
+    /// usage.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn commit_stream(
         mut self,
         resp: Response<UpstreamBody>,
@@ -238,6 +241,8 @@ impl Pending {
         deadline_at: Option<Instant>,
         attempts: usize,
         leader: Option<(KeyLease, bool)>,
+        watch: StreamWatch,
+        price: Option<router_policy::Price>,
     ) -> Response<ProxyBody> {
         let mut record = self.take_record();
         let pool = Arc::clone(lease.pool_name());
@@ -294,6 +299,7 @@ impl Pending {
             sample_on_first_byte: !failed,
             status,
             keyed,
+            tally: watch.scanner.is_some().then(|| StreamTally::new(price)),
         };
         resp.map(|()| {
             Either::Right(TrackedBody::new(
@@ -302,6 +308,7 @@ impl Pending {
                 deadline_at,
                 sse,
                 finish,
+                watch,
             ))
         })
     }

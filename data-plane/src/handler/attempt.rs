@@ -25,6 +25,7 @@ use super::spans;
 use crate::forward;
 use crate::pool::{Lease, PoolRuntime, Sample, Shed, MAX_RETRY_AFTER};
 use crate::route_log::AttemptRecord;
+use crate::tracked_body::StreamWatch;
 use crate::upstream::UpstreamBody;
 
 /// JSON answers up to this size are read whole before they are passed on
@@ -44,6 +45,10 @@ pub(super) struct Attempt<'a> {
     pub(super) timeout: Option<Duration>,
     /// The request headers to send (the pool's key and `Host` are added).
     pub(super) headers: HeaderMap,
+    /// Longest wait for a stream's first content (pool's, else route's).
+    pub(super) first_token: Option<Duration>,
+    /// Longest silence in a stream after its first token.
+    pub(super) stall: Option<Duration>,
 }
 
 /// How one attempt ended.
@@ -54,6 +59,9 @@ pub(super) enum AttemptEnd {
         lease: Lease,
         started: Instant,
         record: AttemptRecord,
+        /// What was read of it (up to the first token) and how to watch
+        /// the rest.
+        watch: StreamWatch,
     },
     /// A complete answer.
     Whole {
@@ -110,6 +118,8 @@ impl Exchange {
                 deadline,
                 timeout,
                 headers,
+                first_token,
+                stall,
             } = attempt;
             let lease = match pool.acquire_at(deadline, now).await {
                 Ok(l) => l,
@@ -213,12 +223,68 @@ impl Exchange {
                     };
                 }
                 if !self.should_buffer(&resp) {
-                    return AttemptEnd::Stream {
-                        resp,
-                        lease,
-                        started,
-                        record,
+                    let sse = is_sse(resp.headers());
+                    let strip_usage = sse && self.router_asks_usage(pool.name());
+                    if !sse && first_token.is_none() {
+                        // Nothing to wait for: passed on from its head.
+                        let watch = StreamWatch {
+                            stall,
+                            ..StreamWatch::default()
+                        };
+                        return AttemptEnd::Stream {
+                            resp,
+                            lease,
+                            started,
+                            record,
+                            watch,
+                        };
+                    }
+                    // Held until its first token (see `first_token`).
+                    let (head, mut body) = resp.into_parts();
+                    let token_by = first_token
+                        .map(|t| crate::clock::later(started, t, crate::clock::A_YEAR));
+                    let limit = match (deadline, token_by) {
+                        (Some(d), Some(t)) => Some(d.min(t)),
+                        (d, t) => d.or(t),
                     };
+                    let wait = limit.map(tokio::time::sleep_until);
+                    tokio::pin!(wait);
+                    let start = within(wait, first_token::read(&mut body, sse)).await;
+                    let waited = started.elapsed();
+                    record.latency_ms = super::ms(waited);
+                    let failed = match start {
+                        Some(first_token::Start::Content { prefix, scanner, ended }) => {
+                            let watch = StreamWatch {
+                                scanner,
+                                prefix,
+                                ended,
+                                stall,
+                                strip_usage,
+                            };
+                            return AttemptEnd::Stream {
+                                resp: Response::from_parts(head, body),
+                                lease,
+                                started,
+                                record,
+                                watch,
+                            };
+                        }
+                        // The first token's limit came first, not the deadline.
+                        None if token_by.is_some() && token_by == limit => {
+                            Outcome::FirstTokenTimeout
+                        }
+                        None => return timed_out(&lease, record, started),
+                        Some(first_token::Start::Failed(outcome)) => outcome,
+                    };
+                    // Nothing reached the client: a failed attempt, its
+                    // upstream cancelled (the body dropped).
+                    drop(body);
+                    lease.observe(Sample::Failure(waited));
+                    record.outcome = failed;
+                    if matches!(failed, Outcome::FirstTokenTimeout | Outcome::StreamError) {
+                        self.shared.metrics.stream_event(pool.name(), failed.as_str());
+                    }
+                    return AttemptEnd::Failed { record, held: None };
                 }
                 // A JSON answer: read it whole inside the attempt's time.
                 resp.into_parts()
@@ -302,6 +368,107 @@ impl Exchange {
             .and_then(|v| v.parse::<usize>().ok())
             .is_none_or(|n| n <= BUFFERED_ANSWER_LIMIT);
         json && small
+    }
+}
+
+/// A `text/event-stream` answer.
+pub(super) fn is_sse(headers: &http::HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|ct| ct.starts_with("text/event-stream"))
+}
+
+/// Reading a streamed answer up to its first token.
+///
+/// The answer's head is held until then, so that nothing has reached the
+/// client when the attempt fails: a stream that sends an error event (or
+/// what is not an event) before any content fails over like a 5xx, and
+/// one whose first token does not come within `first_token_timeout` like
+/// a timeout. What was read is kept, in order, for the client.
+mod first_token {
+    use http_body_util::BodyExt;
+    use router_policy::stream::{RawEvent, SseEvent, SseScanner};
+    use router_policy::Outcome;
+
+    use crate::upstream::UpstreamBody;
+
+    /// Bytes held before the first token at most: past this, the stream
+    /// is passed on as it is (a backend sending a long preamble is not a
+    /// failure).
+    const MAX_HELD: usize = 64 * 1024;
+
+    /// How the start of a stream went.
+    pub(super) enum Start {
+        /// Its first token came (or the stream ended, or its preamble
+        /// outgrew [`MAX_HELD`]): pass it on, `prefix` first.
+        Content {
+            prefix: Vec<RawEvent>,
+            scanner: Option<SseScanner>,
+            ended: bool,
+        },
+        /// A failed attempt: an error in the stream, or a broken body.
+        Failed(Outcome),
+    }
+
+    /// Reads `body` up to its first token (`sse`: as server-sent events;
+    /// otherwise the first bytes are the first token).
+    pub(super) async fn read(body: &mut UpstreamBody, sse: bool) -> Start {
+        let mut scanner = sse.then(SseScanner::new);
+        let mut prefix = Vec::new();
+        let mut held = 0usize;
+        let mut events = Vec::new();
+        loop {
+            let data = match body.frame().await {
+                None => {
+                    return Start::Content {
+                        prefix,
+                        scanner,
+                        ended: true,
+                    }
+                }
+                Some(Err(_)) => return Start::Failed(Outcome::UpstreamError),
+                Some(Ok(frame)) => match frame.into_data() {
+                    Ok(d) if !d.is_empty() => d,
+                    // Trailers or an empty frame: nothing to learn.
+                    _ => continue,
+                },
+            };
+            let ended = http_body::Body::is_end_stream(body);
+            let Some(s) = scanner.as_mut() else {
+                prefix.push(RawEvent {
+                    bytes: data,
+                    kind: SseEvent::Content { usage: None },
+                });
+                return Start::Content {
+                    prefix,
+                    scanner,
+                    ended,
+                };
+            };
+            if s.feed(&data, &mut events).is_err() {
+                return Start::Failed(Outcome::StreamError);
+            }
+            held += data.len();
+            let mut content = false;
+            for ev in events.drain(..) {
+                match ev.kind {
+                    SseEvent::Error { .. } | SseEvent::Malformed => {
+                        return Start::Failed(Outcome::StreamError)
+                    }
+                    SseEvent::Content { .. } => content = true,
+                    _ => {}
+                }
+                prefix.push(ev);
+            }
+            if content || ended || held > MAX_HELD {
+                return Start::Content {
+                    prefix,
+                    scanner,
+                    ended,
+                };
+            }
+        }
     }
 }
 

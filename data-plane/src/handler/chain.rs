@@ -70,6 +70,9 @@ pub(super) struct Exchange {
     /// The body parsed for its model to be rewritten, when a candidate
     /// pool rewrites it (see `upstream_request`).
     pub(super) parsed: Option<super::upstream_request::ParsedBody>,
+    /// The client asked for usage in its stream itself (then its usage
+    /// chunk is passed on).
+    pub(super) client_asks_usage: bool,
     pub(super) json_call: bool,
     pub(super) streaming: bool,
     pub(super) model: Option<Arc<str>>,
@@ -166,6 +169,12 @@ impl Exchange {
                     deadline: timeout.map(|t| crate::clock::later(now, t, crate::clock::A_YEAR)),
                     timeout,
                     headers,
+                    first_token: policy_pool
+                        .and_then(|p| p.first_token_timeout)
+                        .or(route.first_token_timeout),
+                    stall: policy_pool
+                        .and_then(|p| p.stall_timeout)
+                        .or(route.stall_timeout),
                 };
                 let (outcome, failure) = match self.attempt(attempt).await {
                     AttemptEnd::Stream {
@@ -173,6 +182,7 @@ impl Exchange {
                         lease,
                         started,
                         record,
+                        watch,
                     } => {
                         pending.note_attempt(record, attempted);
                         pending.rec().reason = reason(std::mem::take(&mut decided), name, &notes);
@@ -184,6 +194,8 @@ impl Exchange {
                             self.deadline_at,
                             attempted,
                             keyed,
+                            watch,
+                            policy_pool.map(|p| p.price),
                         );
                     }
                     AttemptEnd::Whole { head, body, record } => {
@@ -303,6 +315,8 @@ impl Exchange {
                             self.deadline_at,
                             attempted,
                             keyed,
+                            crate::tracked_body::StreamWatch::default(),
+                            None,
                         )
                     }
                     Held::Whole(head, body) => {

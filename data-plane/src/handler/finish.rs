@@ -13,14 +13,15 @@ use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
 use router_policy::idempotency::Ending;
-use router_policy::Outcome;
+use router_policy::stream::StreamUsage;
+use router_policy::{Outcome, Price};
 use tokio::time::Instant;
 
 use super::answer::Pending;
 use super::{ms, spans};
 use crate::idempotency::{KeyLease, StoredAnswer};
 use crate::pool::{Lease, Sample};
-use crate::route_log::{AttemptRecord, RouteRecord};
+use crate::route_log::{AttemptRecord, RouteRecord, StreamRecord, UsageRecord};
 use crate::tracked_body::{BodyEnd, Completion};
 use crate::Shared;
 
@@ -95,6 +96,66 @@ pub(super) struct Finisher {
     pub(super) status: u16,
     /// A keyed request's lease and what is kept of its stream for replay.
     pub(super) keyed: Option<KeyedStream>,
+    /// A watched (server-sent events) stream's tokens, usage and timing.
+    pub(super) tally: Option<StreamTally>,
+}
+
+/// What a watched stream told of itself as it passed.
+pub(super) struct StreamTally {
+    content_events: u64,
+    first_content: Option<Instant>,
+    last_content: Option<Instant>,
+    usage: Option<StreamUsage>,
+    price: Option<Price>,
+}
+
+impl StreamTally {
+    pub(super) fn new(price: Option<Price>) -> Self {
+        Self {
+            content_events: 0,
+            first_content: None,
+            last_content: None,
+            usage: None,
+            price,
+        }
+    }
+
+    /// Time per output token: from the first content event to the last,
+    /// over the tokens the usage reports (else one per content event,
+    /// which is what engines send).
+    fn tpot(&self) -> Option<std::time::Duration> {
+        let (first, last) = (self.first_content?, self.last_content?);
+        let tokens = self
+            .usage
+            .and_then(|u| u.output_tokens)
+            .unwrap_or(self.content_events);
+        router_policy::stream::time_per_output_token(last.saturating_duration_since(first), tokens)
+    }
+
+    /// Fills the record's usage, cost and stream summary.
+    fn record(&self, record: &mut RouteRecord, attempt: &AttemptRecord) -> Option<std::time::Duration> {
+        let tpot = self.tpot();
+        if let Some(u) = self.usage {
+            record.tokens_in = u.input_tokens;
+            record.tokens_out = u.output_tokens;
+            if let Some(price) = self.price {
+                record.cost_usd = Some(price.cost(
+                    u.input_tokens.unwrap_or(0),
+                    u.output_tokens.unwrap_or(0),
+                ));
+            }
+        }
+        record.stream = Some(StreamRecord {
+            ttft_ms: attempt.latency_ms,
+            tpot_ms: tpot.map(ms),
+            content_events: self.content_events,
+            usage: self.usage.map(|u| UsageRecord {
+                input_tokens: u.input_tokens,
+                output_tokens: u.output_tokens,
+            }),
+        });
+        tpot
+    }
 }
 
 /// A keyed request's stream, kept (up to the lease's cap) for the retry.
@@ -140,6 +201,8 @@ fn stream_outcome(attempt_outcome: Outcome, end: BodyEnd) -> Outcome {
         BodyEnd::UpstreamError => Outcome::UpstreamReset,
         BodyEnd::ClientGone | BodyEnd::FinishedAfterClientLeft => Outcome::ClientCancelled,
         BodyEnd::DeadlineCut => Outcome::DeadlineExhausted,
+        BodyEnd::StreamError => Outcome::StreamError,
+        BodyEnd::Stalled => Outcome::StreamStalled,
     }
 }
 
@@ -149,6 +212,21 @@ impl Completion for Finisher {
         self.attempt.latency_ms = ms(ttfb);
         if self.sample_on_first_byte {
             self.lease.observe(Sample::Success(ttfb));
+        }
+    }
+
+    fn content(&mut self) {
+        if let Some(t) = &mut self.tally {
+            let now = Instant::now();
+            t.content_events += 1;
+            t.first_content.get_or_insert(now);
+            t.last_content = Some(now);
+        }
+    }
+
+    fn usage(&mut self, usage: StreamUsage) {
+        if let Some(t) = &mut self.tally {
+            t.usage = Some(usage);
         }
     }
 
@@ -170,16 +248,34 @@ impl Completion for Finisher {
             t0,
             status,
             keyed,
+            tally,
             ..
         } = *self;
         // The attempt's own outcome (a failure answer passed on keeps it).
         let answered = attempt.outcome;
         let outcome = stream_outcome(attempt.outcome, end);
-        if end == BodyEnd::UpstreamError {
+        let pool = Arc::clone(lease.pool_name());
+        // A stream that broke, failed inside or stalled counts as failed
+        // for the endpoint's circuit (its first token was a success).
+        if matches!(
+            end,
+            BodyEnd::UpstreamError | BodyEnd::StreamError | BodyEnd::Stalled
+        ) {
             lease.observe(Sample::Failure(t0.elapsed()));
         }
+        if matches!(end, BodyEnd::StreamError | BodyEnd::Stalled) {
+            shared.metrics.stream_event(&pool, outcome.as_str());
+        }
+        if let Some(t) = &tally {
+            let tpot = t.record(&mut record, &attempt);
+            if let (Some(tpot), BodyEnd::Complete | BodyEnd::FinishedAfterClientLeft) = (tpot, end) {
+                lease.observe_tpot(tpot);
+            }
+            if t.usage.is_none() && answered.is_success() {
+                shared.metrics.stream_event(&pool, "usage_missing");
+            }
+        }
         attempt.outcome = outcome;
-        let pool = Arc::clone(lease.pool_name());
         // Release the endpoint before logging: the slot is free now.
         drop(lease);
         if record.attempts.is_empty() {
@@ -197,10 +293,9 @@ impl Completion for Finisher {
                 .push_str("; the client left: the answer was finished and kept for its retry");
         }
         if let Some(k) = keyed {
-            let settled_as = if end == BodyEnd::UpstreamError {
-                Outcome::UpstreamReset
-            } else {
-                answered
+            let settled_as = match end {
+                BodyEnd::UpstreamError | BodyEnd::StreamError | BodyEnd::Stalled => outcome,
+                _ => answered,
             };
             k.settle(settled_as, end, &record);
         }

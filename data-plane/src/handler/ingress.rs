@@ -216,6 +216,18 @@ pub(crate) fn handle(
                     .and_then(|p| p.model.as_deref())
                     .is_some_and(|m| model.as_deref() != Some(m))
             });
+        // A stream a candidate pool asks usage for: the body is parsed to
+        // see whether the client asked itself, and to add the option.
+        let usage_wanted = streaming
+            && json_call
+            && super::upstream_request::STREAM_USAGE_PATHS.contains(&path)
+            && decision.candidates.iter().any(|k| {
+                route
+                    .chain
+                    .get(*k)
+                    .and_then(|name| snapshot.policy.pool(name))
+                    .is_some_and(|p| p.stream_usage)
+            });
         let parsed = if rewrites {
             match ParsedBody::parse(&body) {
                 Ok(p) => Some(p),
@@ -225,9 +237,13 @@ pub(crate) fn handle(
                     )))
                 }
             }
+        } else if usage_wanted {
+            // Optional: a body serde_json cannot take goes as it came.
+            ParsedBody::parse(&body).ok()
         } else {
             None
         };
+        let client_asks_usage = parsed.as_ref().is_some_and(ParsedBody::asks_stream_usage);
 
         // Idempotency: join a request in flight, or replay a stored answer.
         let key = seen
@@ -306,6 +322,7 @@ pub(crate) fn handle(
             headers,
             body,
             parsed,
+            client_asks_usage,
             json_call,
             streaming,
             model,

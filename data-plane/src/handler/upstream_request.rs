@@ -24,6 +24,9 @@ use crate::forward;
 use crate::pool::Lease;
 use crate::upstream::OutBody;
 
+/// The calls whose streams take `stream_options.include_usage`.
+pub(super) const STREAM_USAGE_PATHS: [&str; 2] = ["/v1/chat/completions", "/v1/completions"];
+
 /// Why an attempt's request could not be made (it was not sent).
 #[derive(Debug, thiserror::Error)]
 pub(super) enum UpstreamRequestError {
@@ -44,36 +47,81 @@ impl ParsedBody {
         serde_json::from_slice(body).map(Self)
     }
 
+    /// Whether the client asked for usage in its stream
+    /// (`stream_options.include_usage: true`).
+    pub(super) fn asks_stream_usage(&self) -> bool {
+        self.0
+            .get("stream_options")
+            .and_then(|o| o.get("include_usage"))
+            .and_then(Value::as_bool)
+            .unwrap_or(false)
+    }
+
     /// The body with its top-level `model` set to `model` (in its place,
-    /// or last when there was none), the rest as it was parsed.
-    fn with_model(&self, model: &str) -> Result<Bytes, serde_json::Error> {
-        serde_json::to_vec(&WithModel(&self.0, model)).map(Bytes::from)
+    /// or last when there was none) and, with `include_usage`,
+    /// `stream_options.include_usage: true`; the rest as it was parsed.
+    fn rewritten(&self, model: Option<&str>, include_usage: bool) -> Result<Bytes, serde_json::Error> {
+        serde_json::to_vec(&Rewritten {
+            map: &self.0,
+            model,
+            include_usage,
+        })
+        .map(Bytes::from)
     }
 }
 
-/// Serialises a map with `model` replaced, without copying the map.
-struct WithModel<'a>(&'a Map<String, Value>, &'a str);
+/// Serialises a map with `model` and `stream_options` replaced, without
+/// copying the map.
+struct Rewritten<'a> {
+    map: &'a Map<String, Value>,
+    model: Option<&'a str>,
+    include_usage: bool,
+}
 
-impl Serialize for WithModel<'_> {
+impl Serialize for Rewritten<'_> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let WithModel(map, model) = *self;
-        let had = map.contains_key("model");
-        let mut out = s.serialize_map(Some(map.len() + usize::from(!had)))?;
+        let map = self.map;
+        let add_model = self.model.is_some() && !map.contains_key("model");
+        let add_options = self.include_usage && !map.contains_key("stream_options");
+        let len = map.len() + usize::from(add_model) + usize::from(add_options);
+        let mut out = s.serialize_map(Some(len))?;
         for (k, v) in map {
-            if k == "model" {
-                out.serialize_entry(k, model)?;
-            } else {
-                out.serialize_entry(k, v)?;
+            match (k.as_str(), self.model) {
+                ("model", Some(model)) => out.serialize_entry(k, model)?,
+                ("stream_options", _) if self.include_usage => {
+                    let mut options = match v {
+                        Value::Object(o) => o.clone(),
+                        _ => Map::new(),
+                    };
+                    options.insert("include_usage".into(), Value::Bool(true));
+                    out.serialize_entry(k, &options)?;
+                }
+                _ => out.serialize_entry(k, v)?,
             }
         }
-        if !had {
+        if let (true, Some(model)) = (add_model, self.model) {
             out.serialize_entry("model", model)?;
+        }
+        if add_options {
+            out.serialize_entry("stream_options", &serde_json::json!({"include_usage": true}))?;
         }
         out.end()
     }
 }
 
 impl Exchange {
+    /// Whether attempts on `pool` ask for usage in the stream for the
+    /// client (which did not ask itself): its usage chunk is then not
+    /// passed on.
+    pub(super) fn router_asks_usage(&self, pool: &str) -> bool {
+        self.streaming
+            && self.json_call
+            && self.parsed.is_some()
+            && !self.client_asks_usage
+            && STREAM_USAGE_PATHS.contains(&self.path_and_query.path())
+            && self.snapshot.policy.pool(pool).is_some_and(|p| p.stream_usage)
+    }
+
     /// The upstream request for an attempt on `lease`'s endpoint of `pool`;
     /// an error (the URI cannot be made) says why.
     pub(super) fn upstream_request(
@@ -91,17 +139,20 @@ impl Exchange {
             .policy
             .pool(pool)
             .and_then(|p| p.model.as_deref());
-        let rewritten = match pool_model {
-            Some(m) if self.json_call && self.model.as_deref() != Some(m) => {
-                // Parsed at ingress when any candidate rewrites; parsed here
-                // otherwise (never: kept for safety). Either way an error
-                // stops the attempt: the original body never goes instead.
-                Some(match &self.parsed {
-                    Some(p) => p.with_model(m)?,
-                    None => ParsedBody::parse(&self.body)?.with_model(m)?,
-                })
-            }
-            _ => None,
+        let model = pool_model.filter(|m| self.json_call && self.model.as_deref() != Some(*m));
+        // Usage asked for in the stream on the client's behalf (the pool
+        // says its endpoints take `stream_options`).
+        let include_usage = self.router_asks_usage(pool);
+        let rewritten = if model.is_some() || include_usage {
+            // Parsed at ingress when any candidate rewrites; parsed here
+            // otherwise (never: kept for safety). Either way an error
+            // stops the attempt: the original body never goes instead.
+            Some(match &self.parsed {
+                Some(p) => p.rewritten(model, include_usage)?,
+                None => ParsedBody::parse(&self.body)?.rewritten(model, include_usage)?,
+            })
+        } else {
+            None
         };
         let mut headers = headers;
         // The client's `Content-Length` is right for its own body (hyper
@@ -147,8 +198,32 @@ mod tests {
     use super::*;
 
     fn rewrite(body: &[u8], model: &str) -> Result<Value, serde_json::Error> {
-        let out = ParsedBody::parse(body)?.with_model(model)?;
+        let out = ParsedBody::parse(body)?.rewritten(Some(model), false)?;
         serde_json::from_slice(&out)
+    }
+
+    #[test]
+    fn usage_is_asked_for_in_place_keeping_the_clients_other_options() {
+        let usage = |body: &[u8], model: Option<&str>| -> Value {
+            let parsed = ParsedBody::parse(body).unwrap();
+            serde_json::from_slice(&parsed.rewritten(model, true).unwrap()).unwrap()
+        };
+        let v = usage(br#"{"model":"a","stream":true}"#, None);
+        assert_eq!(v["stream_options"]["include_usage"], true);
+        assert_eq!(v["model"], "a");
+        let v = usage(
+            br#"{"model":"a","stream_options":{"continuous_usage_stats":false,"include_usage":false}}"#,
+            Some("b"),
+        );
+        assert_eq!(v["stream_options"]["include_usage"], true);
+        assert_eq!(v["stream_options"]["continuous_usage_stats"], false);
+        assert_eq!(v["model"], "b");
+        assert!(!ParsedBody::parse(br#"{"stream_options":{"include_usage":false}}"#)
+            .unwrap()
+            .asks_stream_usage());
+        assert!(ParsedBody::parse(br#"{"stream_options":{"include_usage":true}}"#)
+            .unwrap()
+            .asks_stream_usage());
     }
 
     #[test]

@@ -417,9 +417,15 @@ data: [DONE]\n\n";
                 message: "boom".into()
             }
         );
-        assert_eq!(c("data: {\"choices\":[{\"delta\":{\"content\":\"hi\"\n\n"), SseEvent::Malformed);
+        assert_eq!(
+            c("data: {\"choices\":[{\"delta\":{\"content\":\"hi\"\n\n"),
+            SseEvent::Malformed
+        );
         assert_eq!(c(": keep-alive\n\n"), SseEvent::NoContent);
-        assert_eq!(c("data: {\"error\":null,\"choices\":[]}\n\n"), SseEvent::NoContent);
+        assert_eq!(
+            c("data: {\"error\":null,\"choices\":[]}\n\n"),
+            SseEvent::NoContent
+        );
         assert_eq!(
             c("data: {\"choices\":[{\"delta\":{\"tool_calls\":[{\"index\":0}]}}]}\n\n"),
             SseEvent::Content { usage: None }

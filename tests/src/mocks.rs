@@ -51,3 +51,9 @@ pub async fn mock_sse(name: &str, chunks: usize, interval_ms: u64) -> MockModel 
     )
     .await
 }
+
+/// A mock named `name` that streams as `script` says (the first token's
+/// delay, an error or stall after some chunks, usage or not).
+pub async fn mock_stream(name: &str, script: router_mock::StreamScript) -> MockModel {
+    mock(name, Behavior::Stream(script)).await
+}

@@ -25,7 +25,9 @@ use crate::body::{FrameFormat, MockBody, Tracker};
 use crate::engine::{EngineConfig, EngineRequest, FinishedRequest};
 use crate::engine_http::{parse_request, EngineEvent, ParsedRequest};
 use crate::server::{lock, Shared};
-use crate::{Behavior, OverCap, ReceivedRequest, MOCK_NAME_HEADER};
+use crate::{
+    Behavior, OverCap, ReceivedRequest, StreamEnding, StreamScript, UsageMode, MOCK_NAME_HEADER,
+};
 
 /// Completion tokens reported in the `usage` of every JSON answer.
 const COMPLETION_TOKENS: u64 = 5;
@@ -79,10 +81,17 @@ pub(crate) async fn handle(
         .and_then(|value| value.to_str().ok())
         .map(str::to_owned);
     let prompt_len = body.len();
-    let model = serde_json::from_slice::<Value>(&body)
-        .ok()
+    let json = serde_json::from_slice::<Value>(&body).ok();
+    let model = json
+        .as_ref()
         .and_then(|json| json.get("model").and_then(Value::as_str).map(str::to_owned))
         .unwrap_or_else(|| "mock".to_owned());
+    let asks_usage = json
+        .as_ref()
+        .and_then(|j| j.get("stream_options"))
+        .and_then(|o| o.get("include_usage"))
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
 
     let (behavior, latency) = {
         let live = lock(&shared.live);
@@ -117,10 +126,8 @@ pub(crate) async fn handle(
     };
     tracker.start_serving(permit);
 
-    let id = format!(
-        "chatcmpl-{}",
-        shared.next_id.fetch_add(1, Ordering::Relaxed)
-    );
+    let n = shared.next_id.fetch_add(1, Ordering::Relaxed);
+    let id = format!("chatcmpl-{n}");
     let response = match behavior {
         Behavior::Json | Behavior::Content(_) => {
             let content = match &behavior {
@@ -151,6 +158,16 @@ pub(crate) async fn handle(
         }
         Behavior::Sse { chunks, interval } => {
             let frames = sse_frames(&id, &model, &shared.name, chunks, latency, interval);
+            let body = MockBody::new(frames, false, Some(tracker));
+            let mut response = shared.respond(StatusCode::OK, Some("text/event-stream"), body);
+            response
+                .headers_mut()
+                .insert(CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+            response
+        }
+        Behavior::Stream(script) => {
+            let prompt_tokens = prompt_len.div_ceil(4) as u64;
+            let frames = scripted_frames(&id, &model, &script, n, asks_usage, prompt_tokens);
             let body = MockBody::new(frames, false, Some(tracker));
             let mut response = shared.respond(StatusCode::OK, Some("text/event-stream"), body);
             response
@@ -259,6 +276,81 @@ fn sse_frames(
     }
     let done_delay = if chunks == 0 { latency } else { Duration::ZERO };
     frames.push_back((done_delay, Bytes::from_static(b"data: [DONE]\n\n")));
+    frames
+}
+
+/// The frames of a [`Behavior::Stream`] answer for the `n`-th request.
+fn scripted_frames(
+    id: &str,
+    model: &str,
+    script: &StreamScript,
+    n: u64,
+    asks_usage: bool,
+    prompt_tokens: u64,
+) -> VecDeque<(Duration, Bytes)> {
+    let chunk = |delta: Value| {
+        let event = json!({
+            "id": id,
+            "object": "chat.completion.chunk",
+            "model": model,
+            "choices": [{"index": 0, "delta": delta, "finish_reason": null}],
+        });
+        Bytes::from(format!("data: {event}\n\n"))
+    };
+    let first_token = match script.tail {
+        Some((one_in, slow)) if one_in > 0 && n % u64::from(one_in) == 0 => slow,
+        _ => script.first_token,
+    };
+    let mut frames = VecDeque::with_capacity(script.chunks + 4);
+    frames.push_back((
+        Duration::ZERO,
+        chunk(json!({"role": "assistant", "content": ""})),
+    ));
+    for i in 0..script.chunks {
+        let delay = if i == 0 { first_token } else { script.interval };
+        frames.push_back((delay, chunk(json!({"content": format!("tok{i} ")}))));
+    }
+    let after = if script.chunks == 0 {
+        first_token
+    } else {
+        script.interval
+    };
+    match script.ending {
+        StreamEnding::Done => {
+            let usage = match script.usage {
+                UsageMode::Never => false,
+                UsageMode::WhenAsked => asks_usage,
+                UsageMode::Always => true,
+            };
+            if usage {
+                let completion = script.chunks as u64;
+                let event = json!({
+                    "id": id,
+                    "object": "chat.completion.chunk",
+                    "model": model,
+                    "choices": [],
+                    "usage": {
+                        "prompt_tokens": prompt_tokens,
+                        "completion_tokens": completion,
+                        "total_tokens": prompt_tokens + completion,
+                    },
+                });
+                frames.push_back((after, Bytes::from(format!("data: {event}\n\n"))));
+            }
+            frames.push_back((Duration::ZERO, Bytes::from_static(b"data: [DONE]\n\n")));
+        }
+        StreamEnding::Error => frames.push_back((
+            after,
+            Bytes::from_static(
+                b"event: error\ndata: {\"error\":{\"message\":\"CUDA error: an illegal memory access was encountered\",\"type\":\"InternalServerError\",\"code\":500}}\n\n",
+            ),
+        )),
+        StreamEnding::Malformed => {
+            frames.push_back((after, Bytes::from_static(b"data: {\"choices\":[{\"delta\n\n")))
+        }
+        // A frame that never comes: the body hangs until the client leaves.
+        StreamEnding::Stall => frames.push_back((Duration::from_secs(365 * 86_400), Bytes::new())),
+    }
     frames
 }
 

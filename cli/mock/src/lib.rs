@@ -104,6 +104,11 @@ pub enum Behavior {
         /// Pause between two consecutive events.
         interval: Duration,
     },
+    /// A scripted `text/event-stream` answer, as an engine streams: the
+    /// head and a role-only chunk at once, content chunks from
+    /// `first_token` on, then the script's ending (see [`StreamScript`]).
+    /// `latency` does not apply.
+    Stream(StreamScript),
     /// Accept the request and never answer (until the client goes away).
     Hang,
     /// Answer this status with an OpenAI-style JSON error body after
@@ -127,6 +132,68 @@ pub enum Behavior {
     /// 302 redirect with `Location` set to the given URL, after `latency`.
     /// A URL that is not a valid header value is answered as 500.
     Redirect(String),
+}
+
+/// A scripted stream ([`Behavior::Stream`]): what a backend's stream can
+/// do to a router (delay its first token, fail inside a 200, stall, send
+/// usage or not), deterministically.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StreamScript {
+    /// Time from the head to the first content chunk.
+    pub first_token: Duration,
+    /// Every `one_in`-th request (by the mock's count of requests) waits
+    /// this long for its first token instead (a heavy tail); `None`: none.
+    pub tail: Option<(u32, Duration)>,
+    /// Content chunks (one token each) before the ending.
+    pub chunks: usize,
+    /// Time between two content chunks.
+    pub interval: Duration,
+    /// What comes after the content chunks.
+    pub ending: StreamEnding,
+    /// When a usage chunk is sent before `[DONE]`.
+    pub usage: UsageMode,
+}
+
+impl Default for StreamScript {
+    fn default() -> Self {
+        Self {
+            first_token: Duration::ZERO,
+            tail: None,
+            chunks: 3,
+            interval: Duration::from_millis(1),
+            ending: StreamEnding::Done,
+            usage: UsageMode::WhenAsked,
+        }
+    }
+}
+
+/// How a scripted stream ends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum StreamEnding {
+    /// The usage chunk (per [`UsageMode`]), then `data: [DONE]`: a
+    /// complete answer.
+    #[default]
+    Done,
+    /// An `event: error` with an error object (as vLLM and TGI send when
+    /// generation fails after the head).
+    Error,
+    /// A `data:` line that is not JSON.
+    Malformed,
+    /// Nothing more, ever (until the client goes away).
+    Stall,
+}
+
+/// When a scripted stream reports its usage.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum UsageMode {
+    /// Never (an engine without `stream_options` support).
+    Never,
+    /// When the request asks (`stream_options.include_usage: true`), as
+    /// OpenAI and vLLM do.
+    #[default]
+    WhenAsked,
+    /// Always.
+    Always,
 }
 
 /// What happens to a request that arrives while `max_concurrency` requests

@@ -241,8 +241,8 @@ impl Exchange {
                     }
                     // Held until its first token (see `first_token`).
                     let (head, mut body) = resp.into_parts();
-                    let token_by = first_token
-                        .map(|t| crate::clock::later(started, t, crate::clock::A_YEAR));
+                    let token_by =
+                        first_token.map(|t| crate::clock::later(started, t, crate::clock::A_YEAR));
                     let limit = match (deadline, token_by) {
                         (Some(d), Some(t)) => Some(d.min(t)),
                         (d, t) => d.or(t),
@@ -253,7 +253,11 @@ impl Exchange {
                     let waited = started.elapsed();
                     record.latency_ms = super::ms(waited);
                     let failed = match start {
-                        Some(first_token::Start::Content { prefix, scanner, ended }) => {
+                        Some(first_token::Start::Content {
+                            prefix,
+                            scanner,
+                            ended,
+                        }) => {
                             let watch = StreamWatch {
                                 scanner,
                                 prefix,
@@ -282,7 +286,9 @@ impl Exchange {
                     lease.observe(Sample::Failure(waited));
                     record.outcome = failed;
                     if matches!(failed, Outcome::FirstTokenTimeout | Outcome::StreamError) {
-                        self.shared.metrics.stream_event(pool.name(), failed.as_str());
+                        self.shared
+                            .metrics
+                            .stream_event(pool.name(), failed.as_str());
                     }
                     return AttemptEnd::Failed { record, held: None };
                 }

@@ -133,16 +133,18 @@ impl StreamTally {
     }
 
     /// Fills the record's usage, cost and stream summary.
-    fn record(&self, record: &mut RouteRecord, attempt: &AttemptRecord) -> Option<std::time::Duration> {
+    fn record(
+        &self,
+        record: &mut RouteRecord,
+        attempt: &AttemptRecord,
+    ) -> Option<std::time::Duration> {
         let tpot = self.tpot();
         if let Some(u) = self.usage {
             record.tokens_in = u.input_tokens;
             record.tokens_out = u.output_tokens;
             if let Some(price) = self.price {
-                record.cost_usd = Some(price.cost(
-                    u.input_tokens.unwrap_or(0),
-                    u.output_tokens.unwrap_or(0),
-                ));
+                record.cost_usd =
+                    Some(price.cost(u.input_tokens.unwrap_or(0), u.output_tokens.unwrap_or(0)));
             }
         }
         record.stream = Some(StreamRecord {
@@ -268,7 +270,8 @@ impl Completion for Finisher {
         }
         if let Some(t) = &tally {
             let tpot = t.record(&mut record, &attempt);
-            if let (Some(tpot), BodyEnd::Complete | BodyEnd::FinishedAfterClientLeft) = (tpot, end) {
+            if let (Some(tpot), BodyEnd::Complete | BodyEnd::FinishedAfterClientLeft) = (tpot, end)
+            {
                 lease.observe_tpot(tpot);
             }
             if t.usage.is_none() && answered.is_success() {

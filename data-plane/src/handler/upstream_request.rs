@@ -60,7 +60,11 @@ impl ParsedBody {
     /// The body with its top-level `model` set to `model` (in its place,
     /// or last when there was none) and, with `include_usage`,
     /// `stream_options.include_usage: true`; the rest as it was parsed.
-    fn rewritten(&self, model: Option<&str>, include_usage: bool) -> Result<Bytes, serde_json::Error> {
+    fn rewritten(
+        &self,
+        model: Option<&str>,
+        include_usage: bool,
+    ) -> Result<Bytes, serde_json::Error> {
         serde_json::to_vec(&Rewritten {
             map: &self.0,
             model,
@@ -103,7 +107,10 @@ impl Serialize for Rewritten<'_> {
             out.serialize_entry("model", model)?;
         }
         if add_options {
-            out.serialize_entry("stream_options", &serde_json::json!({"include_usage": true}))?;
+            out.serialize_entry(
+                "stream_options",
+                &serde_json::json!({"include_usage": true}),
+            )?;
         }
         out.end()
     }
@@ -119,7 +126,11 @@ impl Exchange {
             && self.parsed.is_some()
             && !self.client_asks_usage
             && STREAM_USAGE_PATHS.contains(&self.path_and_query.path())
-            && self.snapshot.policy.pool(pool).is_some_and(|p| p.stream_usage)
+            && self
+                .snapshot
+                .policy
+                .pool(pool)
+                .is_some_and(|p| p.stream_usage)
     }
 
     /// The upstream request for an attempt on `lease`'s endpoint of `pool`;
@@ -218,12 +229,16 @@ mod tests {
         assert_eq!(v["stream_options"]["include_usage"], true);
         assert_eq!(v["stream_options"]["continuous_usage_stats"], false);
         assert_eq!(v["model"], "b");
-        assert!(!ParsedBody::parse(br#"{"stream_options":{"include_usage":false}}"#)
-            .unwrap()
-            .asks_stream_usage());
-        assert!(ParsedBody::parse(br#"{"stream_options":{"include_usage":true}}"#)
-            .unwrap()
-            .asks_stream_usage());
+        assert!(
+            !ParsedBody::parse(br#"{"stream_options":{"include_usage":false}}"#)
+                .unwrap()
+                .asks_stream_usage()
+        );
+        assert!(
+            ParsedBody::parse(br#"{"stream_options":{"include_usage":true}}"#)
+                .unwrap()
+                .asks_stream_usage()
+        );
     }
 
     #[test]

@@ -37,9 +37,10 @@ use std::time::Duration;
 
 use super::{
     positive_duration, ApprovalSpec, CircuitSettings, CircuitSpec, DefaultsSpec, EndpointSpec,
-    FieldError, Gates, GatesSpec, Hedge, HedgeDelay, HedgeQuantile, HedgeSpec, MatchSpec, Policy, PolicyDocument, PolicyError, Pool, PoolSpec,
-    Price, PriceSpec, Probe, ProbeKind, ProbeSpec, QueueSettings, QueueSpec, RetryBudgetSpec, RetryOn, Risk, Route,
-    RouteMatch, RouteSpec, API_VERSION, KIND,
+    FieldError, Gates, GatesSpec, Hedge, HedgeDelay, HedgeQuantile, HedgeSpec, MatchSpec, Policy,
+    PolicyDocument, PolicyError, Pool, PoolSpec, Price, PriceSpec, Probe, ProbeKind, ProbeSpec,
+    QueueSettings, QueueSpec, RetryBudgetSpec, RetryOn, Risk, Route, RouteMatch, RouteSpec,
+    API_VERSION, KIND,
 };
 use crate::endpoint::Endpoint;
 use crate::guard::{backend_refusal, Guards};

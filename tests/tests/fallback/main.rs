@@ -8,6 +8,7 @@ mod deadline;
 mod drill;
 mod idempotency;
 mod shared_store;
+mod streams;
 
 use router_proxy::Settings;
 

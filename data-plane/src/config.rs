@@ -22,6 +22,7 @@ use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
 use http::HeaderValue;
+use router_policy::retry_budget::{BudgetSettings, RetryBudget};
 use router_policy::{Endpoint, Policy};
 
 use crate::forward::UpstreamClient;
@@ -124,6 +125,45 @@ pub(crate) enum ConfigError {
     UnknownPool(String),
 }
 
+/// A route's retry budget, shared by the requests it routes (one short
+/// lock per request to pay in, one per extra attempt to draw).
+pub(crate) struct RouteBudget {
+    /// The budget's clock counts from here.
+    epoch: tokio::time::Instant,
+    budget: Mutex<RetryBudget>,
+}
+
+impl RouteBudget {
+    fn new(settings: BudgetSettings) -> Self {
+        Self {
+            epoch: tokio::time::Instant::now(),
+            budget: Mutex::new(RetryBudget::new(settings)),
+        }
+    }
+
+    fn lock(&self) -> (std::sync::MutexGuard<'_, RetryBudget>, std::time::Duration) {
+        let now = self.epoch.elapsed();
+        (self.budget.lock().unwrap_or_else(|e| e.into_inner()), now)
+    }
+
+    fn settings(&self) -> BudgetSettings {
+        self.lock().0.settings()
+    }
+
+    /// A request of the route started: it pays in.
+    pub(crate) fn deposit(&self) {
+        let (mut b, now) = self.lock();
+        b.deposit(now);
+    }
+
+    /// An extra attempt (a retry, a hedge) wants to start: `false` when
+    /// the budget is spent.
+    pub(crate) fn withdraw(&self) -> bool {
+        let (mut b, now) = self.lock();
+        b.withdraw(now)
+    }
+}
+
 /// The config a request is routed by.
 pub(crate) struct Snapshot {
     /// Names this config (`x-router-config-version`, logs, metrics).
@@ -138,6 +178,9 @@ pub(crate) struct Snapshot {
     pub pools: FnvHashMap<String, Arc<PoolRuntime>>,
     /// Secrets named by the policy.
     pub secrets: Secrets,
+    /// Each route's retry budget, by route name (kept across changes
+    /// while the route keeps its name and budget settings).
+    pub budgets: FnvHashMap<String, Arc<RouteBudget>>,
     /// False for a managed proxy's boot config (the empty sidecar pool it
     /// holds until a control plane, or its cache, gives it a policy).
     pub configured: bool,
@@ -198,6 +241,7 @@ impl ConfigStore {
         };
         let snapshot = build(
             &mut source,
+            &FnvHashMap::default(),
             &FnvHashMap::default(),
             &metrics,
             client.as_ref(),
@@ -296,6 +340,7 @@ impl ConfigStore {
         let next = build(
             &mut src,
             &old.pools,
+            &old.budgets,
             &self.metrics,
             self.client.as_ref(),
             self.events.as_ref(),
@@ -317,6 +362,7 @@ impl ConfigStore {
 fn build(
     src: &mut Source,
     old: &FnvHashMap<String, Arc<PoolRuntime>>,
+    old_budgets: &FnvHashMap<String, Arc<RouteBudget>>,
     metrics: &Metrics,
     client: Option<&UpstreamClient>,
     events: Option<&tokio::sync::mpsc::Sender<crate::pool::CircuitEvent>>,
@@ -364,6 +410,20 @@ fn build(
         runtime.ensure_probe(probe, client);
         pools.insert(p.name.clone(), runtime);
     }
+    let budgets = policy
+        .routes
+        .iter()
+        .map(|r| {
+            let kept = old_budgets
+                .get(&r.name)
+                .filter(|b| b.settings() == r.retry_budget);
+            let budget = match kept {
+                Some(b) => Arc::clone(b),
+                None => Arc::new(RouteBudget::new(r.retry_budget)),
+            };
+            (r.name.clone(), budget)
+        })
+        .collect();
     let version: Arc<str> = src
         .named_version
         .take()
@@ -375,6 +435,7 @@ fn build(
         secrets,
         policy: Arc::new(policy),
         pools,
+        budgets,
         configured: src.origin != BOOT_ORIGIN,
     }
 }

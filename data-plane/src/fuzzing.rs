@@ -255,6 +255,9 @@ fn attempt(b: &mut Bytes<'_>) -> AttemptRecord {
         tokens_out: b.opt_u64(),
         cost_usd: b.some().then(|| b.float()),
         response_model: b.some().then(|| b.string()),
+        hedge: b
+            .some()
+            .then(|| ["primary_won", "hedge_won", "hedge_cancelled"][usize::from(b.byte()) % 3]),
     }
 }
 
@@ -287,6 +290,16 @@ fn record(data: &[u8]) -> RouteRecord {
         tokens_in: b.opt_u64(),
         tokens_out: b.opt_u64(),
         cost_usd: b.some().then(|| b.float()),
+        stream: b.some().then(|| crate::route_log::StreamRecord {
+            ttft_ms: b.float(),
+            tpot_ms: b.some().then(|| b.float()),
+            content_events: b.u64(),
+            usage: b.some().then(|| crate::route_log::UsageRecord {
+                input_tokens: b.opt_u64(),
+                output_tokens: b.opt_u64(),
+            }),
+        }),
+        stopped: b.some().then_some("retry_budget_exhausted"),
         trace_id: b.some().then(|| b.string()),
         idempotency: b
             .some()

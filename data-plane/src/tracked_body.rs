@@ -412,7 +412,7 @@ async fn relay(
         };
     }
     let prefix = std::mem::take(&mut watch.prefix);
-    let why: Cut = 'relay: loop {
+    let why: Cut = 'relay: {
         // What was read before the head was passed on goes first.
         if !prefix.is_empty() {
             let mut out = bytes::BytesMut::new();

@@ -52,6 +52,7 @@ fn measurements(i: usize) -> PoolMeasurements {
         latency_ms: Some(120.0),
         healthy: Some(true),
         structured_degraded: false,
+        tpot_ms: None,
         unhealthy_because: None,
     }
 }

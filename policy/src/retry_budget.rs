@@ -26,11 +26,11 @@
 //! anything. The proxy withdraws only before an attempt that follows one
 //! that may have reached a backend, and before a hedge.
 //!
-//! Pure: the caller passes the time, so the tests below run without a
-//! clock. One budget per route per proxy (kept across policy reloads
+//! Pure: the caller passes the time (as the time since any fixed point
+//! of its own), so the tests below run without a clock. One budget per route per proxy (kept across policy reloads
 //! while the route keeps its name).
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// How many slots the window is kept in.
 const SLOTS: usize = 10;
@@ -63,7 +63,7 @@ pub struct RetryBudget {
     /// Deposits minus withdrawals per slot, in thousandths of a unit.
     slots: [i64; SLOTS],
     /// The slot `slots[current]` covers starts here.
-    slot_start: Option<Instant>,
+    slot_start: Option<Duration>,
     current: usize,
 }
 
@@ -91,13 +91,13 @@ impl RetryBudget {
     }
 
     /// Rolls the window forward to `now`, clearing slots that left it.
-    fn roll(&mut self, now: Instant) {
+    fn roll(&mut self, now: Duration) {
         let len = self.slot_len();
         let Some(start) = self.slot_start else {
             self.slot_start = Some(now);
             return;
         };
-        let elapsed = now.saturating_duration_since(start);
+        let elapsed = now.saturating_sub(start);
         let passed = (elapsed.as_nanos() / len.as_nanos().max(1)) as usize;
         if passed == 0 {
             return;
@@ -111,7 +111,7 @@ impl RetryBudget {
     }
 
     /// A request started: it pays into the budget.
-    pub fn deposit(&mut self, now: Instant) {
+    pub fn deposit(&mut self, now: Duration) {
         self.roll(now);
         self.slots[self.current] += MILLI;
     }
@@ -123,7 +123,7 @@ impl RetryBudget {
     }
 
     /// The balance as of `now`, floor included, in thousandths.
-    fn balance(&mut self, now: Instant) -> i64 {
+    fn balance(&mut self, now: Duration) -> i64 {
         self.roll(now);
         let floor = i64::from(self.settings.min_per_second)
             .saturating_mul(self.settings.window.as_millis() as i64)
@@ -134,7 +134,7 @@ impl RetryBudget {
 
     /// An extra attempt wants to start: `true` (and it is paid for) when
     /// the budget has room, `false` when it is exhausted.
-    pub fn withdraw(&mut self, now: Instant) -> bool {
+    pub fn withdraw(&mut self, now: Duration) -> bool {
         let cost = self.cost();
         if self.balance(now) < cost {
             return false;
@@ -144,7 +144,7 @@ impl RetryBudget {
     }
 
     /// Extra attempts the budget allows now (for status and tests).
-    pub fn available(&mut self, now: Instant) -> u64 {
+    pub fn available(&mut self, now: Duration) -> u64 {
         let cost = self.cost();
         (self.balance(now).max(0) / cost) as u64
     }
@@ -165,7 +165,7 @@ mod tests {
 
     #[test]
     fn the_floor_allows_a_few_retries_without_traffic() {
-        let t0 = Instant::now();
+        let t0 = Duration::from_secs(1000);
         let mut b = budget(0.1, 1);
         // 1 per second over 10 s.
         assert_eq!(b.available(t0), 10);
@@ -177,7 +177,7 @@ mod tests {
 
     #[test]
     fn requests_pay_for_a_share_of_retries() {
-        let t0 = Instant::now();
+        let t0 = Duration::from_secs(1000);
         let mut b = budget(0.1, 0);
         for _ in 0..100 {
             b.deposit(t0);
@@ -191,7 +191,7 @@ mod tests {
 
     #[test]
     fn deposits_leave_the_window() {
-        let t0 = Instant::now();
+        let t0 = Duration::from_secs(1000);
         let mut b = budget(0.5, 0);
         for _ in 0..10 {
             b.deposit(t0);
@@ -218,7 +218,7 @@ mod tests {
         ) {
             let ratio = f64::from(ratio_pct) / 100.0;
             let mut b = budget(ratio, floor);
-            let t0 = Instant::now();
+            let t0 = Duration::from_secs(1000);
             let (mut requests, mut granted) = (0u64, 0u64);
             for (is_request, at_ms) in ops {
                 // All inside the first slot's window: nothing expires.

@@ -298,7 +298,7 @@ fn scripted_frames(
         Bytes::from(format!("data: {event}\n\n"))
     };
     let first_token = match script.tail {
-        Some((one_in, slow)) if one_in > 0 && n % u64::from(one_in) == 0 => slow,
+        Some((one_in, slow)) if one_in > 0 && n.is_multiple_of(u64::from(one_in)) => slow,
         _ => script.first_token,
     };
     let mut frames = VecDeque::with_capacity(script.chunks + 4);

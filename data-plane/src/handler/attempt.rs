@@ -23,7 +23,7 @@ use tokio::time::Instant;
 use super::chain::Exchange;
 use super::spans;
 use crate::forward;
-use crate::pool::{Lease, PoolRuntime, Sample, Shed, MAX_RETRY_AFTER};
+use crate::pool::{EndpointHandle, Lease, PoolRuntime, Sample, Shed, MAX_RETRY_AFTER};
 use crate::route_log::AttemptRecord;
 use crate::tracked_body::StreamWatch;
 use crate::upstream::UpstreamBody;
@@ -49,6 +49,36 @@ pub(super) struct Attempt<'a> {
     pub(super) first_token: Option<Duration>,
     /// Longest silence in a stream after its first token.
     pub(super) stall: Option<Duration>,
+    /// A hedged attempt tells here how far it got (so that it can be
+    /// recorded and sampled if it is cancelled).
+    pub(super) progress: Option<&'a AttemptProgress>,
+    /// Take an endpoint other than this one, at once or not at all (a
+    /// hedge inside the same pool).
+    pub(super) avoid: Option<u64>,
+}
+
+/// How far an attempt got: its lease, once it has one.
+#[derive(Default)]
+pub(super) struct AttemptProgress(std::sync::Mutex<Option<Leased>>);
+
+/// An attempt's endpoint and when it was sent.
+#[derive(Clone)]
+pub(super) struct Leased {
+    pub(super) endpoint: Arc<str>,
+    pub(super) handle: EndpointHandle,
+    pub(super) started: Instant,
+    pub(super) queue_wait_ms: f64,
+}
+
+impl AttemptProgress {
+    fn set(&self, leased: Leased) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(leased);
+    }
+
+    /// The attempt's endpoint and start, once it has a lease.
+    pub(super) fn get(&self) -> Option<Leased> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
 }
 
 /// How one attempt ended.
@@ -120,8 +150,14 @@ impl Exchange {
                 headers,
                 first_token,
                 stall,
+                progress,
+                avoid,
             } = attempt;
-            let lease = match pool.acquire_at(deadline, now).await {
+            let acquired = match avoid {
+                None => pool.acquire_at(deadline, now).await,
+                Some(id) => pool.try_acquire_avoiding(id, now).ok_or(Shed::NoBackend),
+            };
+            let lease = match acquired {
                 Ok(l) => l,
                 Err(shed) => return AttemptEnd::Shed(shed),
             };
@@ -143,6 +179,14 @@ impl Exchange {
             } else {
                 Instant::now()
             };
+            if let Some(p) = progress {
+                p.set(Leased {
+                    endpoint: Arc::clone(lease.addr()),
+                    handle: lease.endpoint_handle(),
+                    started,
+                    queue_wait_ms: super::ms(lease.queue_wait()),
+                });
+            }
             let mut record = AttemptRecord {
                 pool: Arc::clone(pool.shared_name()),
                 endpoint: Arc::clone(lease.addr()),

@@ -32,8 +32,9 @@ use http::{Method, Response};
 use opentelemetry::trace::TraceContextExt;
 use opentelemetry::KeyValue;
 use router_policy::deadline::{plan_attempt, AttemptPlan, Budget};
+use router_policy::document::{HedgeDelay, HedgeTarget};
 use router_policy::idempotency::Ending;
-use router_policy::{next_step, Outcome, Risk, Route, Step};
+use router_policy::{next_step, Outcome, Risk, Route, Step, StopReason};
 use tokio::time::Instant;
 
 use super::answer::Pending;
@@ -102,6 +103,14 @@ impl Exchange {
             let mut last_error: Option<ProxyError> = None;
             let mut time_skips = 0;
             let mut attempted = 0usize;
+            // The route's retry budget: this request pays in; retries and
+            // hedges draw on it.
+            let retry_budget = self.snapshot.budgets.get(&route.name).cloned();
+            if let Some(b) = &retry_budget {
+                b.deposit();
+            }
+            // A pool the hedge already tried is not tried again.
+            let mut hedged_into: Option<&str> = None;
 
             for (i, k) in candidates.iter().enumerate() {
                 let Some(pool) = pool_at(k) else {
@@ -109,6 +118,10 @@ impl Exchange {
                 };
                 let later = || candidates[i + 1..].iter().filter_map(pool_at);
                 let name = pool.name();
+                if hedged_into == Some(name) {
+                    notes.push(format!("{name}: tried as the hedge"));
+                    continue;
+                }
                 let now = Instant::now();
                 let outlook = match pool.ready_outlook_at(now) {
                     Ok(o) => o,
@@ -163,6 +176,29 @@ impl Exchange {
                 } else {
                     self.headers.clone()
                 };
+                // The first attempt of a READ or DRAFT request on a route
+                // that hedges: the second attempt's delay and pool.
+                let hedge = match (route.hedge, &retry_budget) {
+                    (Some(h), Some(b)) if attempted == 1 && !self.risk.has_side_effects() => {
+                        let after = match h.after {
+                            HedgeDelay::Fixed(d) => Some(d),
+                            HedgeDelay::PoolP95 => outlook.p95,
+                        };
+                        let to = match h.to {
+                            HedgeTarget::SamePool => Some(pool),
+                            HedgeTarget::NextPool => {
+                                later().find(|p| p.ready_outlook_at(now).is_ok())
+                            }
+                        };
+                        after.zip(to).map(|(after, to)| super::hedge::Hedge {
+                            after,
+                            to,
+                            same_pool: h.to == HedgeTarget::SamePool,
+                            budget: b,
+                        })
+                    }
+                    _ => None,
+                };
                 let attempt = Attempt {
                     pool,
                     planned_at: now,
@@ -175,8 +211,22 @@ impl Exchange {
                     stall: policy_pool
                         .and_then(|p| p.stall_timeout)
                         .or(route.stall_timeout),
+                    progress: None,
+                    avoid: None,
                 };
-                let (outcome, failure) = match self.attempt(attempt).await {
+                let end = match hedge {
+                    None => self.attempt(attempt).await,
+                    Some(h) => {
+                        let hedge_pool = h.to.name();
+                        let (end, other_pool) =
+                            self.hedged(attempt, h, &mut pending, &mut attempted).await;
+                        if other_pool {
+                            hedged_into = Some(hedge_pool);
+                        }
+                        end
+                    }
+                };
+                let (outcome, failure) = match end {
                     AttemptEnd::Stream {
                         resp,
                         lease,
@@ -184,9 +234,12 @@ impl Exchange {
                         record,
                         watch,
                     } => {
+                        // The answering pool (a hedge's may be another).
+                        let by = Arc::clone(lease.pool_name());
                         pending.note_attempt(record, attempted);
-                        pending.rec().reason = reason(std::mem::take(&mut decided), name, &notes);
+                        pending.rec().reason = reason(std::mem::take(&mut decided), &by, &notes);
                         let keyed = leader.take().map(|l| (l, route.finish_on_client_gone));
+                        let price = self.snapshot.policy.pool(&by).map(|p| p.price);
                         return pending.commit_stream(
                             resp,
                             lease,
@@ -195,17 +248,20 @@ impl Exchange {
                             attempted,
                             keyed,
                             watch,
-                            policy_pool.map(|p| p.price),
+                            price,
                         );
                     }
                     AttemptEnd::Whole { head, body, record } => {
                         let outcome = record.outcome;
+                        // The answering pool (a hedge's may be another).
+                        let by = pools.get(&*record.pool).unwrap_or(pool);
                         pending.note_attempt(record, attempted);
-                        pending.rec().reason = reason(std::mem::take(&mut decided), name, &notes);
-                        let route = pool.route_header().cloned();
+                        pending.rec().reason =
+                            reason(std::mem::take(&mut decided), by.name(), &notes);
+                        let route = by.route_header().cloned();
                         let summary = leader.as_ref().map(|_| super::route_summary(pending.rec()));
                         let resp =
-                            pending.commit_whole(head, body, pool.shared_name(), route, attempted);
+                            pending.commit_whole(head, body, by.shared_name(), route, attempted);
                         if let Some(l) = leader.take() {
                             settle_whole(l, &resp, outcome, summary).await;
                         }
@@ -256,6 +312,20 @@ impl Exchange {
                     .deadline_at
                     .map(|d| d.saturating_duration_since(Instant::now()));
                 match next_step(route, self.risk, outcome, time_left) {
+                    // A retry (the failed attempt may have cost a backend
+                    // work) draws on the route's budget; a shed does not.
+                    Step::NextPool
+                        if outcome.may_have_reached_backend()
+                            && later().next().is_some()
+                            && retry_budget.as_ref().is_some_and(|b| !b.withdraw()) =>
+                    {
+                        notes.push(format!("stopped: {}", StopReason::RetryBudgetExhausted));
+                        pending.rec().stopped = Some("retry_budget_exhausted");
+                        self.shared
+                            .metrics
+                            .stream_event(name, "retry_budget_exhausted");
+                        break;
+                    }
                     Step::NextPool => {
                         if let Some(cx) = &self.otel {
                             cx.span().add_event(

@@ -46,6 +46,7 @@ mod answer;
 mod attempt;
 mod chain;
 mod finish;
+mod hedge;
 mod ingress;
 mod spans;
 mod upstream_request;

@@ -174,13 +174,47 @@ impl PoolRuntime {
     }
 
     /// Picks an eligible endpoint and charges it one request.
+    /// A lease on an endpoint other than `avoid`, at once or not at all
+    /// (the second attempt of a request hedged inside its pool: it never
+    /// queues, and never jumps a queue).
+    pub(crate) fn try_acquire_avoiding(
+        self: &Arc<Self>,
+        avoid: u64,
+        now: Instant,
+    ) -> Option<Lease> {
+        let mut st = self.lock();
+        if st.closed || !st.queue.is_empty() {
+            return None;
+        }
+        let lease = self.try_grant_avoiding(&mut st, now, now, Some(avoid))?;
+        self.counters.dispatched.inc();
+        Some(lease)
+    }
+
     fn try_grant(
         self: &Arc<Self>,
         st: &mut PoolState,
         enqueued_at: Instant,
         now: Instant,
     ) -> Option<Lease> {
+        self.try_grant_avoiding(st, enqueued_at, now, None)
+    }
+
+    fn try_grant_avoiding(
+        self: &Arc<Self>,
+        st: &mut PoolState,
+        enqueued_at: Instant,
+        now: Instant,
+        avoid: Option<u64>,
+    ) -> Option<Lease> {
         st.fill_loads(now);
+        if let Some(avoid) = avoid {
+            for (load, e) in st.loads.iter_mut().zip(&st.endpoints) {
+                if e.id == avoid {
+                    load.available = false;
+                }
+            }
+        }
         st.rotation = st.rotation.wrapping_add(1);
         let i = st.choose()?;
         let e = &mut st.endpoints[i];
@@ -335,6 +369,15 @@ impl Lease {
         self.pool.observe(self.endpoint_id, sample);
     }
 
+    /// A handle on the leased endpoint that outlives the lease (to sample
+    /// an attempt that was cancelled with its lease).
+    pub(crate) fn endpoint_handle(&self) -> EndpointHandle {
+        EndpointHandle {
+            pool: Arc::clone(&self.pool),
+            endpoint_id: self.endpoint_id,
+        }
+    }
+
     /// Folds a stream's time per output token into its endpoint's EWMA.
     pub(crate) fn observe_tpot(&self, tpot: std::time::Duration) {
         self.pool.record_tpot(self.endpoint_id, tpot);
@@ -351,6 +394,26 @@ impl Lease {
         } else {
             self.pool.observe(self.endpoint_id, sample);
         }
+    }
+}
+
+/// One endpoint of a pool, named beyond its lease (see
+/// [`Lease::endpoint_handle`]).
+#[derive(Clone)]
+pub(crate) struct EndpointHandle {
+    pool: Arc<PoolRuntime>,
+    endpoint_id: u64,
+}
+
+impl EndpointHandle {
+    /// Records a sample for the endpoint.
+    pub(crate) fn observe(&self, sample: Sample) {
+        self.pool.observe(self.endpoint_id, sample);
+    }
+
+    /// The endpoint's id in its pool.
+    pub(crate) fn id(&self) -> u64 {
+        self.endpoint_id
     }
 }
 

@@ -6,6 +6,7 @@
 mod chain;
 mod deadline;
 mod drill;
+mod hedging;
 mod idempotency;
 mod shared_store;
 mod streams;

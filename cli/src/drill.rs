@@ -13,6 +13,14 @@
 //! | `fallback-degraded` | cap 2, 6 s | 7 s | nothing after the deadline (+100 ms); every failure `deadline_exhausted`; no generation completes after its deadline |
 //! | `primary-hang` | accepts, answers after 30 s | 0.4 s | all 200 from the fallback, none later than attempt + fallback + 100 ms; once given up on, the primary is skipped at once |
 //! | `drain` | cap 2, 0.2 s, drained mid-run | 0.4 s | all 200; no request sent after the drain reaches the primary |
+//! | `stream-first-token` | cap 2, streams, first token after 6 s; `first_token_timeout_ms` 1 s | streams, first token after 0.4 s | all 200 and complete, all from the fallback; no primary generation completes; none waits more than attempt + 0.4 s + 2 × tolerance |
+//! | `stream-stall` | cap 2, streams 2 tokens, then nothing; `stall_timeout_ms` 1 s | streams, 0.4 s | every stream ends, with `[DONE]` or one `stream_stalled` event, at least one cut; none waits more than attempt + 0.4 s + 1 s + 2 × tolerance |
+//! | `stream-error` | cap 2, streams 2 tokens, then an error event | streams, 0.4 s | every stream ends, with `[DONE]` or one `stream_error` event, at least one cut; the backend's error text never reaches a client; none waits more than attempt + 0.4 s + 2 × tolerance |
+//!
+//! The stream scenarios send `"stream": true` and read each answer to its
+//! end. Once the primary has failed three times its circuit opens and the
+//! fallback takes the rest: a stall or an error costs a few requests, not
+//! all of them.
 //!
 //! Every scenario also counts *duplicate generations*: request ids that the
 //! mocks answered in full more than once (the double spend the drill is
@@ -54,7 +62,7 @@ use router_proxy::{Mode, ProxyOptions, RunningProxy, Settings};
 use serde::Serialize;
 use tokio::time::Instant;
 
-use router_mock::{MockConfig, MockModel};
+use router_mock::{Behavior, MockConfig, MockModel, StreamEnding, StreamScript};
 
 /// The drill's parameters (full scale by default).
 #[derive(Debug, Clone, PartialEq)]
@@ -167,16 +175,25 @@ pub enum Scenario {
     PrimaryHang,
     /// The primary is drained halfway through.
     Drain,
+    /// The primary's streams start too late: the first-token timeout.
+    StreamFirstToken,
+    /// The primary's streams stall after two tokens: the stall watchdog.
+    StreamStall,
+    /// The primary's streams fail after two tokens: an error inside a 200.
+    StreamError,
 }
 
 impl Scenario {
     /// Every scenario, in the order `all` runs them.
-    pub const ALL: [Scenario; 5] = [
+    pub const ALL: [Scenario; 8] = [
         Scenario::Baseline,
         Scenario::BaselineLongAttempt,
         Scenario::FallbackDegraded,
         Scenario::PrimaryHang,
         Scenario::Drain,
+        Scenario::StreamFirstToken,
+        Scenario::StreamStall,
+        Scenario::StreamError,
     ];
 
     /// Its name on the command line.
@@ -187,7 +204,18 @@ impl Scenario {
             Scenario::FallbackDegraded => "fallback-degraded",
             Scenario::PrimaryHang => "primary-hang",
             Scenario::Drain => "drain",
+            Scenario::StreamFirstToken => "stream-first-token",
+            Scenario::StreamStall => "stream-stall",
+            Scenario::StreamError => "stream-error",
         }
+    }
+
+    /// A stream scenario (streamed requests, scripted streaming mocks).
+    pub fn streams(self) -> bool {
+        matches!(
+            self,
+            Scenario::StreamFirstToken | Scenario::StreamStall | Scenario::StreamError
+        )
     }
 
     /// Parses a name.
@@ -250,6 +278,11 @@ struct Outcome {
     elapsed: Duration,
     /// Sends to another proxy after the first.
     retries: usize,
+    /// How a streamed answer ended: `done`, an error event's type, or
+    /// `unfinished`.
+    ending: Option<String>,
+    /// A streamed answer carried text only a backend's error has.
+    leaked: bool,
 }
 
 /// The drill's policy: primary then fallback, the deadline as the default,
@@ -261,6 +294,33 @@ pub fn drill_policy(
     fallback: &str,
     primary_attempt: Duration,
     drain_primary: bool,
+) -> String {
+    scenario_policy(cfg, primary, fallback, primary_attempt, drain_primary, "")
+}
+
+/// The first-token or stall timeout of a stream scenario's primary pool
+/// (a second at full scale), as a policy line.
+fn primary_extra(scenario: Scenario, cfg: &DrillConfig) -> String {
+    let second = (cfg.deadline.as_millis() / 8).max(1);
+    match scenario {
+        Scenario::StreamFirstToken | Scenario::StreamError => {
+            format!("first_token_timeout_ms: {second}")
+        }
+        Scenario::StreamStall => {
+            format!("first_token_timeout_ms: {second}\n      stall_timeout_ms: {second}")
+        }
+        _ => String::new(),
+    }
+}
+
+/// [`drill_policy`] with `primary_extra` added to the primary pool.
+fn scenario_policy(
+    cfg: &DrillConfig,
+    primary: &str,
+    fallback: &str,
+    primary_attempt: Duration,
+    drain_primary: bool,
+    primary_extra: &str,
 ) -> String {
     format!(
         r#"apiVersion: router/v1
@@ -276,6 +336,7 @@ spec:
       max_concurrency: {cap}
       attempt_timeout_ms: {attempt}
       drain: {drain_primary}
+      {primary_extra}
     - name: fallback
       provider: openai
       endpoints: ["{fallback}"]
@@ -307,7 +368,15 @@ pub fn primary_attempt_of(scenario: Scenario, cfg: &DrillConfig) -> Duration {
 pub fn target_policy(scenario: Scenario, cfg: &DrillConfig) -> String {
     let p = format!("http://127.0.0.1:{}", cfg.primary_port);
     let f = format!("http://127.0.0.1:{}", cfg.fallback_port);
-    drill_policy(cfg, &p, &f, primary_attempt_of(scenario, cfg), false)
+    let extra = primary_extra(scenario, cfg);
+    scenario_policy(
+        cfg,
+        &p,
+        &f,
+        primary_attempt_of(scenario, cfg),
+        false,
+        &extra,
+    )
 }
 
 /// Runs one scenario.
@@ -319,8 +388,8 @@ pub async fn run_scenario(scenario: Scenario, cfg: &DrillConfig) -> Result<Scena
         ));
     }
     if cfg.target.is_some() {
-        let set_up = primary_attempt_of(cfg.target_scenario.unwrap_or(Scenario::Baseline), cfg);
-        if primary_attempt_of(scenario, cfg) != set_up {
+        let set_up = target_policy(cfg.target_scenario.unwrap_or(Scenario::Baseline), cfg);
+        if target_policy(scenario, cfg) != set_up {
             return Ok(skipped(
                 scenario,
                 &format!(
@@ -340,12 +409,14 @@ pub async fn run_scenario(scenario: Scenario, cfg: &DrillConfig) -> Result<Scena
         _ => cfg.fallback_service,
     };
     let primary_attempt = primary_attempt_of(scenario, cfg);
+    let (primary_behavior, fallback_behavior) = behaviors(scenario, cfg);
     let primary = MockModel::start_on(
         SocketAddr::from((Ipv4Addr::LOCALHOST, cfg.primary_port)),
         MockConfig {
             name: "primary".into(),
             latency: primary_latency,
             max_concurrency: Some(cfg.primary_cap),
+            behavior: primary_behavior,
             ..MockConfig::default()
         },
     )
@@ -356,6 +427,7 @@ pub async fn run_scenario(scenario: Scenario, cfg: &DrillConfig) -> Result<Scena
         MockConfig {
             name: "fallback".into(),
             latency: fallback_latency,
+            behavior: fallback_behavior,
             ..MockConfig::default()
         },
     )
@@ -366,7 +438,15 @@ pub async fn run_scenario(scenario: Scenario, cfg: &DrillConfig) -> Result<Scena
     let bases: Vec<String> = match &cfg.target {
         Some(url) => vec![url.trim_end_matches('/').to_string()],
         None => {
-            let text = drill_policy(cfg, &primary.url(), &fallback.url(), primary_attempt, false);
+            let extra = primary_extra(scenario, cfg);
+            let text = scenario_policy(
+                cfg,
+                &primary.url(),
+                &fallback.url(),
+                primary_attempt,
+                false,
+                &extra,
+            );
             let policy = parse_policy(&text)?;
             let shared_store = match &cfg.shared_store {
                 Some(url) => Some(
@@ -432,12 +512,13 @@ pub async fn run_scenario(scenario: Scenario, cfg: &DrillConfig) -> Result<Scena
             .collect();
         let id = format!("drill-{run}{}-{i}", scenario.name());
         let deadline = cfg.deadline;
+        let stream = scenario.streams();
         tasks.push(tokio::spawn(async move {
             tokio::time::sleep_until(at).await;
             if retrying {
-                send_retrying(&client, &urls, i, id, at, deadline, client_timeout).await
+                send_retrying(&client, &urls, i, id, at, deadline, client_timeout, stream).await
             } else {
-                send(&client, &urls[0], id, at, None).await
+                send(&client, &urls[0], id, at, None, stream).await
             }
         }));
     }
@@ -480,6 +561,33 @@ pub async fn run_scenario(scenario: Scenario, cfg: &DrillConfig) -> Result<Scena
     primary.stop().await;
     fallback.stop().await;
     Ok(report)
+}
+
+/// The mocks' behaviours: plain JSON, or, in a stream scenario, scripted
+/// streams (the primary's failing as the scenario says).
+fn behaviors(scenario: Scenario, cfg: &DrillConfig) -> (Behavior, Behavior) {
+    let tokens = |first_token: Duration| StreamScript {
+        first_token,
+        chunks: 5,
+        interval: cfg.tolerance / 4,
+        ..StreamScript::default()
+    };
+    let fallback = Behavior::Stream(tokens(cfg.fallback_service));
+    let primary = match scenario {
+        Scenario::StreamFirstToken => tokens(cfg.primary_service),
+        Scenario::StreamStall => StreamScript {
+            chunks: 2,
+            ending: StreamEnding::Stall,
+            ..tokens(cfg.fallback_service)
+        },
+        Scenario::StreamError => StreamScript {
+            chunks: 2,
+            ending: StreamEnding::Error,
+            ..tokens(cfg.fallback_service)
+        },
+        _ => return (Behavior::Json, Behavior::Json),
+    };
+    (Behavior::Stream(primary), fallback)
 }
 
 fn stop(proxy: Option<RunningProxy>) {
@@ -527,6 +635,7 @@ const LAST_TRY_GRACE: Duration = Duration::from_millis(250);
 /// same request (same key, what is left of `deadline`) goes to the next
 /// proxy, at most 3 tries. The outcome is the last try's, timed from the
 /// first send.
+#[allow(clippy::too_many_arguments)]
 async fn send_retrying(
     client: &Client<HttpConnector, Full<Bytes>>,
     urls: &[String],
@@ -535,6 +644,7 @@ async fn send_retrying(
     at: Instant,
     deadline: Duration,
     client_timeout: Duration,
+    stream: bool,
 ) -> Outcome {
     let mut last = None;
     for try_no in 0..3 {
@@ -552,7 +662,8 @@ async fn send_retrying(
         } else {
             client_timeout
         };
-        match tokio::time::timeout(wait, send(client, url, id.clone(), at, Some(left))).await {
+        let sent = send(client, url, id.clone(), at, Some(left), stream);
+        match tokio::time::timeout(wait, sent).await {
             Ok(out) if out.status == 503 || out.status == 0 => {
                 last = Some(Outcome {
                     retries: try_no,
@@ -578,6 +689,8 @@ async fn send_retrying(
         error: Some("client timeout".into()),
         elapsed: at.elapsed(),
         retries: 2,
+        ending: None,
+        leaked: false,
     })
 }
 
@@ -589,9 +702,11 @@ async fn send(
     id: String,
     at: Instant,
     deadline_left: Option<Duration>,
+    stream: bool,
 ) -> Outcome {
-    let body =
-        format!(r#"{{"model":"drill","messages":[{{"role":"user","content":"request {id}"}}]}}"#);
+    let body = format!(
+        r#"{{"model":"drill","stream":{stream},"messages":[{{"role":"user","content":"request {id}"}}]}}"#
+    );
     let mut req = Request::builder()
         .method(Method::POST)
         .uri(url)
@@ -612,6 +727,8 @@ async fn send(
         error: None,
         elapsed: Duration::ZERO,
         retries: 0,
+        ending: None,
+        leaked: false,
     };
     let Ok(req) = req else {
         out.error = Some("bad request".into());
@@ -627,6 +744,15 @@ async fn send(
                 .map(str::to_string);
             let body = resp.into_body().collect().await.map(|b| b.to_bytes());
             out.elapsed = at.elapsed();
+            if stream && out.status == 200 {
+                let text = body
+                    .as_ref()
+                    .map(|b| String::from_utf8_lossy(b).into_owned())
+                    .unwrap_or_default();
+                out.ending = Some(stream_ending(&text));
+                // The mocks' error text: a backend's, never to be passed on.
+                out.leaked = text.contains("CUDA");
+            }
             if out.status != StatusCode::OK.as_u16() {
                 out.error = body
                     .ok()
@@ -641,6 +767,25 @@ async fn send(
         }
     }
     out
+}
+
+/// How a streamed answer's text ends: `done`, the type of its last error
+/// event, or `unfinished`.
+fn stream_ending(text: &str) -> String {
+    if text.ends_with("data: [DONE]\n\n") {
+        return "done".into();
+    }
+    let last = text.trim_end().rsplit("\n\n").next().unwrap_or_default();
+    if last.starts_with("event: error") {
+        if let Some(data) = last.split("data: ").nth(1) {
+            if let Ok(v) = serde_json::from_str::<serde_json::Value>(data) {
+                if let Some(t) = v["error"]["type"].as_str() {
+                    return t.to_string();
+                }
+            }
+        }
+    }
+    "unfinished".into()
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
@@ -733,6 +878,12 @@ fn judge(
             true,
         );
     }
+    // How the streams ended (stream scenarios).
+    let mut endings: BTreeMap<String, usize> = BTreeMap::new();
+    for o in outcomes.iter().filter_map(|o| o.ending.as_ref()) {
+        *endings.entry(o.clone()).or_default() += 1;
+    }
+    let endings_seen = format!("{endings:?}");
     // Every scenario but the degraded fallback must answer everything.
     if scenario != Scenario::FallbackDegraded {
         check(
@@ -877,6 +1028,8 @@ fn judge(
                 later_slow == 0,
             );
         }
+        // Judged below, with the other stream checks.
+        Scenario::StreamFirstToken | Scenario::StreamStall | Scenario::StreamError => {}
         Scenario::Drain => {
             // Judged by when the client sent each request: one sent before
             // the drain may still be on its way to the primary when the
@@ -910,6 +1063,69 @@ fn judge(
                 after.to_string(),
                 after == 0,
             );
+        }
+    }
+    if scenario.streams() {
+        // A request may wait for the primary's slots for its attempt
+        // timeout, then be answered by the fallback; a stall adds its
+        // timeout. Without the watchdogs a stream would end at the
+        // deadline instead.
+        let (cut, extra) = match scenario {
+            Scenario::StreamFirstToken => ("", Duration::ZERO),
+            Scenario::StreamStall => ("stream_stalled", cfg.deadline / 8),
+            _ => ("stream_error", Duration::ZERO),
+        };
+        let limit = primary_attempt + fallback_latency + extra + cfg.tolerance * 2;
+        check(
+            &mut checks,
+            format!("none waits more than {}", secs(limit)),
+            secs(max),
+            max <= limit,
+        );
+        let ended = endings.get("done").copied().unwrap_or(0)
+            + if cut.is_empty() {
+                0
+            } else {
+                endings.get(cut).copied().unwrap_or(0)
+            };
+        let expect = if cut.is_empty() {
+            format!("all {n} streams complete")
+        } else {
+            format!("every stream ends: [DONE] or one {cut} event")
+        };
+        check(&mut checks, expect, endings_seen.clone(), ended == n);
+        match scenario {
+            Scenario::StreamFirstToken => {
+                check(
+                    &mut checks,
+                    "all by the fallback",
+                    by("fallback").to_string(),
+                    by("fallback") == n,
+                );
+                let done = primary.stats().completed;
+                check(
+                    &mut checks,
+                    "no primary generation completes",
+                    done.to_string(),
+                    done == 0,
+                );
+            }
+            _ => {
+                let cuts = endings.get(cut).copied().unwrap_or(0);
+                check(
+                    &mut checks,
+                    format!("at least one stream cut with {cut}"),
+                    cuts.to_string(),
+                    cuts > 0,
+                );
+                let leaked = outcomes.iter().filter(|o| o.leaked).count();
+                check(
+                    &mut checks,
+                    "no backend error text reaches a client",
+                    leaked.to_string(),
+                    leaked == 0,
+                );
+            }
         }
     }
     let pass = checks.iter().all(|c| c.pass);

@@ -327,7 +327,13 @@ impl Exchange {
                     // Nothing reached the client: a failed attempt, its
                     // upstream cancelled (the body dropped).
                     drop(body);
-                    lease.observe(Sample::Failure(waited));
+                    // A late first token is a timeout (its wait counts in
+                    // the pool's p95); an error a failure.
+                    lease.observe(if failed == Outcome::FirstTokenTimeout {
+                        Sample::Timeout(waited)
+                    } else {
+                        Sample::Failure(waited)
+                    });
                     record.outcome = failed;
                     if matches!(failed, Outcome::FirstTokenTimeout | Outcome::StreamError) {
                         self.shared

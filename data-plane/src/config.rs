@@ -141,26 +141,26 @@ impl RouteBudget {
         }
     }
 
-    fn lock(&self) -> (std::sync::MutexGuard<'_, RetryBudget>, std::time::Duration) {
-        let now = self.epoch.elapsed();
-        (self.budget.lock().unwrap_or_else(|e| e.into_inner()), now)
+    fn lock(&self) -> std::sync::MutexGuard<'_, RetryBudget> {
+        self.budget.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn settings(&self) -> BudgetSettings {
-        self.lock().0.settings()
+        self.lock().settings()
     }
 
-    /// A request of the route started: it pays in.
-    pub(crate) fn deposit(&self) {
-        let (mut b, now) = self.lock();
-        b.deposit(now);
+    /// A request of the route started at `now` (the clock reading the
+    /// request already has): it pays in.
+    pub(crate) fn deposit(&self, now: tokio::time::Instant) {
+        let at = now.saturating_duration_since(self.epoch);
+        self.lock().deposit(at);
     }
 
     /// An extra attempt (a retry, a hedge) wants to start: `false` when
     /// the budget is spent.
     pub(crate) fn withdraw(&self) -> bool {
-        let (mut b, now) = self.lock();
-        b.withdraw(now)
+        let at = self.epoch.elapsed();
+        self.lock().withdraw(at)
     }
 }
 

@@ -131,7 +131,9 @@ async fn run(args: Args) -> Result<(), BoxError> {
         median * 10,
         median
     );
-    println!("mode    TTFT p50 ms  TTFT p99 ms  max ms   hedges  extra requests  extra generations");
+    println!(
+        "mode    TTFT p50 ms  TTFT p99 ms  max ms   hedges  extra requests  extra generations"
+    );
     let off_p99 = results.first().map_or(0.0, |r| r.p99_ms);
     for r in &results {
         println!(
@@ -143,7 +145,11 @@ async fn run(args: Args) -> Result<(), BoxError> {
             r.hedges,
             extra(r.backend_requests, r.requests),
             extra(r.completed, r.requests),
-            if off_p99 > 0.0 { r.p99_ms / off_p99 } else { 0.0 },
+            if off_p99 > 0.0 {
+                r.p99_ms / off_p99
+            } else {
+                0.0
+            },
         );
     }
     Ok(())
@@ -238,7 +244,12 @@ async fn load(
     let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let mut tasks = Vec::new();
     for _ in 0..clients.max(1) {
-        let (client, url, body, next) = (client.clone(), Arc::clone(url), body.clone(), Arc::clone(&next));
+        let (client, url, body, next) = (
+            client.clone(),
+            Arc::clone(url),
+            body.clone(),
+            Arc::clone(&next),
+        );
         tasks.push(tokio::spawn(async move {
             let mut out = Vec::new();
             while next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) < n {
@@ -276,7 +287,9 @@ async fn one(
         if let Ok(data) = frame?.into_data() {
             if first.is_none() {
                 seen.extend_from_slice(&data);
-                if seen.windows(10).any(|w| w == b"\"content\":" ) && seen.windows(3).any(|w| w == b"tok") {
+                if seen.windows(10).any(|w| w == b"\"content\":")
+                    && seen.windows(3).any(|w| w == b"tok")
+                {
                     first = Some(t0.elapsed());
                 }
             }

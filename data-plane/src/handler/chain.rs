@@ -107,7 +107,7 @@ impl Exchange {
             // hedges draw on it.
             let retry_budget = self.snapshot.budgets.get(&route.name).cloned();
             if let Some(b) = &retry_budget {
-                b.deposit();
+                b.deposit(pending.t0);
             }
             // A pool the hedge already tried is not tried again.
             let mut hedged_into: Option<&str> = None;

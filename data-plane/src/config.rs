@@ -178,15 +178,47 @@ pub(crate) struct Snapshot {
     pub pools: FnvHashMap<String, Arc<PoolRuntime>>,
     /// Secrets named by the policy.
     pub secrets: Secrets,
-    /// Each route's retry budget, by route name (kept across changes
-    /// while the route keeps its name and budget settings).
-    pub budgets: FnvHashMap<String, Arc<RouteBudget>>,
+    /// Each route's retry budget, in `policy.routes` order (kept across
+    /// changes while the route keeps its name and budget settings).
+    pub budgets: Vec<Arc<RouteBudget>>,
     /// False for a managed proxy's boot config (the empty sidecar pool it
     /// holds until a control plane, or its cache, gives it a policy).
     pub configured: bool,
 }
 
+/// Where a new snapshot finds the budgets of the routes it keeps.
+trait BudgetOf {
+    fn budget_named(&self, route: &str) -> Option<&Arc<RouteBudget>>;
+}
+
+/// The first snapshot keeps nothing.
+struct NoBudgets;
+
+impl BudgetOf for NoBudgets {
+    fn budget_named(&self, _: &str) -> Option<&Arc<RouteBudget>> {
+        None
+    }
+}
+
+impl BudgetOf for Snapshot {
+    fn budget_named(&self, route: &str) -> Option<&Arc<RouteBudget>> {
+        let i = self.policy.routes.iter().position(|r| r.name == route)?;
+        self.budgets.get(i)
+    }
+}
+
 impl Snapshot {
+    /// The retry budget of `route` (a route of this snapshot's policy,
+    /// found by address: no name is hashed on the request path).
+    pub(crate) fn budget_of(&self, route: &router_policy::Route) -> Option<&RouteBudget> {
+        let i = self
+            .policy
+            .routes
+            .iter()
+            .position(|r| std::ptr::eq(r, route))?;
+        self.budgets.get(i).map(|b| &**b)
+    }
+
     /// Live status of every pool, in policy order.
     pub(crate) fn pool_status(&self) -> Vec<PoolStatus> {
         self.policy
@@ -242,7 +274,7 @@ impl ConfigStore {
         let snapshot = build(
             &mut source,
             &FnvHashMap::default(),
-            &FnvHashMap::default(),
+            &NoBudgets,
             &metrics,
             client.as_ref(),
             events.as_ref(),
@@ -340,7 +372,7 @@ impl ConfigStore {
         let next = build(
             &mut src,
             &old.pools,
-            &old.budgets,
+            &*old,
             &self.metrics,
             self.client.as_ref(),
             self.events.as_ref(),
@@ -362,7 +394,7 @@ impl ConfigStore {
 fn build(
     src: &mut Source,
     old: &FnvHashMap<String, Arc<PoolRuntime>>,
-    old_budgets: &FnvHashMap<String, Arc<RouteBudget>>,
+    old_budgets: &dyn BudgetOf,
     metrics: &Metrics,
     client: Option<&UpstreamClient>,
     events: Option<&tokio::sync::mpsc::Sender<crate::pool::CircuitEvent>>,
@@ -415,13 +447,12 @@ fn build(
         .iter()
         .map(|r| {
             let kept = old_budgets
-                .get(&r.name)
+                .budget_named(&r.name)
                 .filter(|b| b.settings() == r.retry_budget);
-            let budget = match kept {
+            match kept {
                 Some(b) => Arc::clone(b),
                 None => Arc::new(RouteBudget::new(r.retry_budget)),
-            };
-            (r.name.clone(), budget)
+            }
         })
         .collect();
     let version: Arc<str> = src

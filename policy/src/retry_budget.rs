@@ -98,10 +98,11 @@ impl RetryBudget {
             return;
         };
         let elapsed = now.saturating_sub(start);
-        let passed = (elapsed.as_nanos() / len.as_nanos().max(1)) as usize;
-        if passed == 0 {
+        // Most calls land in the current slot: no division for them.
+        if elapsed < len {
             return;
         }
+        let passed = (elapsed.as_nanos() / len.as_nanos().max(1)) as usize;
         for _ in 0..passed.min(SLOTS) {
             self.current = (self.current + 1) % SLOTS;
             self.slots[self.current] = 0;

@@ -241,7 +241,7 @@ impl Pending {
         deadline_at: Option<Instant>,
         attempts: usize,
         leader: Option<(KeyLease, bool)>,
-        watch: StreamWatch,
+        watch: Box<StreamWatch>,
         price: Option<router_policy::Price>,
     ) -> Response<ProxyBody> {
         let mut record = self.take_record();
@@ -308,7 +308,7 @@ impl Pending {
                 deadline_at,
                 sse,
                 finish,
-                watch,
+                *watch,
             ))
         })
     }

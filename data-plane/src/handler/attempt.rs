@@ -90,8 +90,9 @@ pub(super) enum AttemptEnd {
         started: Instant,
         record: AttemptRecord,
         /// What was read of it (up to the first token) and how to watch
-        /// the rest.
-        watch: StreamWatch,
+        /// the rest (boxed: only streams pay for it, and every attempt's
+        /// end is moved a few times).
+        watch: Box<StreamWatch>,
     },
     /// A complete answer.
     Whole {
@@ -271,10 +272,10 @@ impl Exchange {
                     let strip_usage = sse && self.router_asks_usage(pool.name());
                     if !sse && first_token.is_none() {
                         // Nothing to wait for: passed on from its head.
-                        let watch = StreamWatch {
+                        let watch = Box::new(StreamWatch {
                             stall,
                             ..StreamWatch::default()
-                        };
+                        });
                         return AttemptEnd::Stream {
                             resp,
                             lease,
@@ -291,9 +292,9 @@ impl Exchange {
                         (Some(d), Some(t)) => Some(d.min(t)),
                         (d, t) => d.or(t),
                     };
-                    let wait = limit.map(tokio::time::sleep_until);
-                    tokio::pin!(wait);
-                    let start = within(wait, first_token::read(&mut body, sse)).await;
+                    // Boxed, with its timer: its state stays out of every
+                    // attempt's future (which JSON answers move around).
+                    let start = Box::pin(first_token::read_until(&mut body, sse, limit)).await;
                     let waited = started.elapsed();
                     record.latency_ms = super::ms(waited);
                     let failed = match start {
@@ -302,13 +303,13 @@ impl Exchange {
                             scanner,
                             ended,
                         }) => {
-                            let watch = StreamWatch {
+                            let watch = Box::new(StreamWatch {
                                 scanner,
                                 prefix,
                                 ended,
                                 stall,
                                 strip_usage,
-                            };
+                            });
                             return AttemptEnd::Stream {
                                 resp: Response::from_parts(head, body),
                                 lease,
@@ -467,9 +468,21 @@ mod first_token {
         Failed(Outcome),
     }
 
+    /// [`read`] until `limit`; `None` when the limit came first.
+    pub(super) async fn read_until(
+        body: &mut UpstreamBody,
+        sse: bool,
+        limit: Option<tokio::time::Instant>,
+    ) -> Option<Start> {
+        match limit {
+            None => Some(read(body, sse).await),
+            Some(at) => tokio::time::timeout_at(at, read(body, sse)).await.ok(),
+        }
+    }
+
     /// Reads `body` up to its first token (`sse`: as server-sent events;
     /// otherwise the first bytes are the first token).
-    pub(super) async fn read(body: &mut UpstreamBody, sse: bool) -> Start {
+    async fn read(body: &mut UpstreamBody, sse: bool) -> Start {
         let mut scanner = sse.then(SseScanner::new);
         let mut prefix = Vec::new();
         let mut held = 0usize;

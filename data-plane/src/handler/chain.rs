@@ -105,7 +105,7 @@ impl Exchange {
             let mut attempted = 0usize;
             // The route's retry budget: this request pays in; retries and
             // hedges draw on it.
-            let retry_budget = self.snapshot.budgets.get(&route.name).cloned();
+            let retry_budget = self.snapshot.budget_of(route);
             if let Some(b) = &retry_budget {
                 b.deposit(pending.t0);
             }
@@ -178,7 +178,7 @@ impl Exchange {
                 };
                 // The first attempt of a READ or DRAFT request on a route
                 // that hedges: the second attempt's delay and pool.
-                let hedge = match (route.hedge, &retry_budget) {
+                let hedge = match (route.hedge, retry_budget) {
                     (Some(h), Some(b)) if attempted == 1 && !self.risk.has_side_effects() => {
                         let after = match h.after {
                             HedgeDelay::Fixed(d) => Some(d),
@@ -385,7 +385,7 @@ impl Exchange {
                             self.deadline_at,
                             attempted,
                             keyed,
-                            crate::tracked_body::StreamWatch::default(),
+                            Box::default(),
                             None,
                         )
                     }

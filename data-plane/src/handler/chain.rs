@@ -324,6 +324,12 @@ impl Exchange {
                         self.shared
                             .metrics
                             .stream_event(name, "retry_budget_exhausted");
+                        if let Some(cx) = &self.otel {
+                            cx.span().add_event(
+                                "retry_budget_exhausted",
+                                vec![KeyValue::new("router.pool", name.to_string())],
+                            );
+                        }
                         break;
                     }
                     Step::NextPool => {

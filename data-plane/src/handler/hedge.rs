@@ -153,6 +153,12 @@ impl Exchange {
                 .metrics
                 .stream_event(first_pool.name(), "retry_budget_exhausted");
             pending.rec().stopped = Some("retry_budget_exhausted");
+            if let Some(cx) = &self.otel {
+                cx.span().add_event(
+                    "retry_budget_exhausted",
+                    vec![KeyValue::new("router.pool", first_pool.name().to_string())],
+                );
+            }
             return (primary.await, false);
         }
         let avoid = hedge

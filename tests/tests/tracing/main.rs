@@ -245,5 +245,48 @@ spec:
     assert_eq!(validate.parent_span_id, apply.span_id);
     cp.shutdown().await;
     let _ = std::fs::remove_dir_all(&dir);
+
+    // A hedged stream: one trace, the hedge's events on the server span,
+    // the stream's usage (asked for by the router) on it too.
+    let stream_trace = "5bf92f3577b34da6a3ce929d0e0e4737";
+    let script = |first_token_ms| router_mock::StreamScript {
+        first_token: Duration::from_millis(first_token_ms),
+        chunks: 2,
+        interval: Duration::from_millis(1),
+        ..router_mock::StreamScript::default()
+    };
+    let slow = router_tests::mocks::mock_stream("slow", script(3000)).await;
+    let fast = router_tests::mocks::mock_stream("fast", script(0)).await;
+    let hedged = format!(
+        "apiVersion: router/v1\nkind: RoutingPolicy\nspec:\n  pools:\n    - name: slow\n      endpoints: [\"{}\"]\n    - name: fast\n      endpoints: [\"{}\"]\n  routes:\n    - name: default\n      chain: [slow, fast]\n      hedge: {{after_ms: 100}}\n",
+        slow.url(),
+        fast.url()
+    );
+    let streams = TestProxy::with_policy(Settings::default(), &hedged).await;
+    let traceparent = format!("00-{stream_trace}-{PARENT}-01");
+    let r = streams
+        .chat_with(
+            &[("traceparent", traceparent.as_str())],
+            r#"{"model":"m","stream":true,"messages":[]}"#,
+        )
+        .await;
+    assert_eq!(r.header(MOCK_NAME_HEADER), Some("fast"));
+    let spans = wait_spans(&receiver, &provider, |s| {
+        s.iter()
+            .any(|s| hex(&s.trace_id) == stream_trace && s.kind == SpanKind::Server as i32)
+    })
+    .await;
+    let server = spans
+        .iter()
+        .find(|s| hex(&s.trace_id) == stream_trace && s.kind == SpanKind::Server as i32)
+        .unwrap();
+    let events: Vec<&str> = server.events.iter().map(|e| e.name.as_str()).collect();
+    assert!(events.contains(&"hedge_started"), "{events:?}");
+    assert!(events.contains(&"hedge_won"), "{events:?}");
+    assert_eq!(attr(server, "router.outcome").as_deref(), Some("ok"));
+    assert_eq!(
+        attr(server, "gen_ai.usage.output_tokens").as_deref(),
+        Some("2")
+    );
     let _ = provider.shutdown();
 }

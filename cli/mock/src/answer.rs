@@ -158,22 +158,12 @@ pub(crate) async fn handle(
         }
         Behavior::Sse { chunks, interval } => {
             let frames = sse_frames(&id, &model, &shared.name, chunks, latency, interval);
-            let body = MockBody::new(frames, false, Some(tracker));
-            let mut response = shared.respond(StatusCode::OK, Some("text/event-stream"), body);
-            response
-                .headers_mut()
-                .insert(CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-            response
+            shared.event_stream(MockBody::new(frames, false, Some(tracker)))
         }
         Behavior::Stream(script) => {
             let prompt_tokens = prompt_len.div_ceil(4) as u64;
             let frames = scripted_frames(&id, &model, &script, n, asks_usage, prompt_tokens);
-            let body = MockBody::new(frames, false, Some(tracker));
-            let mut response = shared.respond(StatusCode::OK, Some("text/event-stream"), body);
-            response
-                .headers_mut()
-                .insert(CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-            response
+            shared.event_stream(MockBody::new(frames, false, Some(tracker)))
         }
         Behavior::Engine(config) => {
             let parsed = engine_request.unwrap_or_else(|| parse_request(&[]));
@@ -372,6 +362,15 @@ fn engine_usage(done: &FinishedRequest) -> Value {
 }
 
 impl Shared {
+    /// A `200 text/event-stream` answer (not cached) with `body`.
+    fn event_stream(&self, body: MockBody) -> Response<MockBody> {
+        let mut response = self.respond(StatusCode::OK, Some("text/event-stream"), body);
+        response
+            .headers_mut()
+            .insert(CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+        response
+    }
+
     /// The answer of [`Behavior::Engine`]: the request goes through the
     /// simulated engine; a streamed answer gets one SSE event per token as
     /// the engine produces it, a plain one the whole JSON at the end.

@@ -3,20 +3,14 @@
 //! cancelled; never for SEND or DESTRUCTIVE; bounded, with retries, by the
 //! route's retry budget. Each test counts the mocks' generations.
 
-use std::time::Duration;
-
 use http::StatusCode;
 use router_mock::{StreamScript, MOCK_NAME_HEADER};
 use router_tests::harness::{eventually, TestProxy};
 use router_tests::mocks::{mock, mock_stream};
 
-use crate::{settings, two_pools};
+use crate::{metric, ms, settings, two_pools};
 
 const STREAM: &str = r#"{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
-
-fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
-}
 
 fn first_token_after(n: u64) -> StreamScript {
     StreamScript {
@@ -25,13 +19,6 @@ fn first_token_after(n: u64) -> StreamScript {
         interval: ms(1),
         ..StreamScript::default()
     }
-}
-
-fn metric(text: &str, series: &str) -> Option<f64> {
-    text.lines()
-        .find(|l| l.starts_with(series) && l[series.len()..].starts_with(' '))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -34,6 +34,19 @@ spec:
     )
 }
 
+/// Milliseconds.
+pub fn ms(n: u64) -> std::time::Duration {
+    std::time::Duration::from_millis(n)
+}
+
+/// A metric line's value in `text`, if the series exists.
+pub fn metric(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find(|l| l.starts_with(series) && l[series.len()..].starts_with(' '))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
 /// Default settings.
 pub fn settings() -> Settings {
     Settings::default()

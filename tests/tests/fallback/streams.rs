@@ -5,21 +5,15 @@
 //! client's stream and recorded; time per output token is measured and
 //! can gate a pool. Each test counts the generations the mocks produced.
 
-use std::time::Duration;
-
 use http::StatusCode;
 use http_body_util::BodyExt;
 use router_mock::{StreamEnding, StreamScript, UsageMode, MOCK_NAME_HEADER};
 use router_tests::harness::{eventually, TestClient, TestProxy};
 use router_tests::mocks::mock_stream;
 
-use crate::{settings, two_pools};
+use crate::{metric, ms, settings, two_pools};
 
 const STREAM: &str = r#"{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
-
-fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
-}
 
 fn quick() -> StreamScript {
     StreamScript {
@@ -27,14 +21,6 @@ fn quick() -> StreamScript {
         interval: ms(2),
         ..StreamScript::default()
     }
-}
-
-/// The metric line's value, if the series exists.
-fn metric(text: &str, series: &str) -> Option<f64> {
-    text.lines()
-        .find(|l| l.starts_with(series) && l[series.len()..].starts_with(' '))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

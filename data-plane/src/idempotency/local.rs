@@ -333,8 +333,11 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn the_expiry_index_mirrors_the_keys_through_any_sequence() {
-        let s = store(50);
+    async fn the_expiry_index_and_the_byte_count_mirror_the_keys_through_any_sequence() {
+        // The byte budget binds before the key cap (answers of 0 to 2,000
+        // bytes, about 30 entries of 340 bytes and more).
+        let budget = 30 * 340 + 2_000;
+        let s = LocalStore::new(50, budget, Arc::new(Metrics::new()));
         let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
         for _ in 0..5000 {
             // xorshift: a fixed pseudo-random sequence of operations.
@@ -352,13 +355,18 @@ mod tests {
                         .settle(&key, OWNER, FP, Some(KeyState::NotReplayable), ttl)
                         .await;
                 }
+                4 if x % 3 == 0 => {
+                    let answer = answer_of((x % 2_000) as usize);
+                    let _ = s.settle(&key, OWNER, FP, Some(answer), ttl).await;
+                }
                 3 => {
                     let _ = s.settle(&key, OWNER, FP, None, ttl).await;
                 }
                 _ => tokio::time::advance(Duration::from_millis(x % 50)).await,
             }
-            // `len` checks the index against the map.
+            // `len` checks the index and the byte count against the map.
             assert!(s.len() <= 50);
+            assert!(s.bytes() <= budget);
         }
     }
 

@@ -16,6 +16,7 @@ mod backend;
 mod load;
 mod procs;
 mod report;
+mod soak;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -124,6 +125,11 @@ struct Args {
 }
 
 fn main() -> ExitCode {
+    // `proxy-bench soak ...`: the long run of `soak.rs`, its own flags.
+    let mut argv = std::env::args().skip(1);
+    if argv.next().as_deref() == Some("soak") {
+        return soak::main(argv.collect());
+    }
     let args = Args::parse();
     match run(&args) {
         Ok(report) => {
@@ -145,7 +151,7 @@ fn seconds(name: &str, v: f64) -> Result<Duration, BoxError> {
     Duration::try_from_secs_f64(v).map_err(|e| format!("--{name} {v}: {e}").into())
 }
 
-fn default_router_bin() -> PathBuf {
+pub(crate) fn default_router_bin() -> PathBuf {
     std::env::current_exe()
         .ok()
         .and_then(|exe| exe.parent().map(|dir| dir.join("router-proxy")))

@@ -37,6 +37,11 @@ impl ChildGuard {
         CpuSource::Tree(self.child.id())
     }
 
+    /// Its process id.
+    pub(crate) fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// `Some(description)` if the process has already exited.
     pub(crate) fn exited(&mut self) -> Option<String> {
         match self.child.try_wait() {
@@ -135,6 +140,14 @@ pub(crate) async fn start_router(
     spec: &RouterSpec<'_>,
     backend: SocketAddr,
 ) -> Result<(ChildGuard, SocketAddr), BoxError> {
+    start_router_with(spec, &[backend]).await
+}
+
+/// [`start_router`] with several backends.
+pub(crate) async fn start_router_with(
+    spec: &RouterSpec<'_>,
+    backends: &[SocketAddr],
+) -> Result<(ChildGuard, SocketAddr), BoxError> {
     if !spec.bin.is_file() {
         return Err(format!("binary not found at {}", spec.bin.display()).into());
     }
@@ -187,7 +200,21 @@ pub(crate) async fn start_router(
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 
-    let body = serde_json::json!({ "backends": [backend.to_string()] }).to_string();
+    set_backends_on(&mut conn, backends).await?;
+    Ok((guard, addr))
+}
+
+/// Posts `backends` as the router's backend set (sidecar mode).
+pub(crate) async fn set_backends(
+    router: SocketAddr,
+    backends: &[SocketAddr],
+) -> Result<(), BoxError> {
+    set_backends_on(&mut Conn::new(router), backends).await
+}
+
+async fn set_backends_on(conn: &mut Conn, backends: &[SocketAddr]) -> Result<(), BoxError> {
+    let list: Vec<String> = backends.iter().map(SocketAddr::to_string).collect();
+    let body = serde_json::json!({ "backends": list }).to_string();
     let (status, answer) = conn
         .request(
             Method::POST,
@@ -210,7 +237,7 @@ pub(crate) async fn start_router(
         )
         .into());
     }
-    Ok((guard, addr))
+    Ok(())
 }
 
 /// Finds nginx: the explicit path, else `nginx` on PATH, else the usual
@@ -272,6 +299,55 @@ http {{
     )
 }
 
+/// An nginx that answers every request with `answer` (JSON) itself: the
+/// backend of `wrk-yardstick.sh` and of the soak, a server that is not
+/// ours and keeps no state.
+fn nginx_canned_config(dir: &Path, port: u16, answer: &str) -> String {
+    let d = dir.display();
+    format!(
+        r#"daemon off;
+master_process on;
+worker_processes 1;
+pid {d}/nginx-canned.pid;
+error_log {d}/nginx-canned-error.log warn;
+
+events {{
+    worker_connections 4096;
+}}
+
+http {{
+    access_log off;
+    client_body_temp_path {d}/client_body;
+    proxy_temp_path {d}/proxy;
+    fastcgi_temp_path {d}/fastcgi;
+    uwsgi_temp_path {d}/uwsgi;
+    scgi_temp_path {d}/scgi;
+    keepalive_requests 1000000;
+
+    server {{
+        listen 127.0.0.1:{port};
+        location / {{
+            default_type application/json;
+            return 200 '{answer}';
+        }}
+    }}
+}}
+"#
+    )
+}
+
+/// Starts nginx answering `answer` itself (see [`nginx_canned_config`]).
+pub(crate) async fn start_nginx_canned(
+    bin: &Path,
+    dir: &Path,
+    answer: &str,
+) -> Result<(ChildGuard, SocketAddr), BoxError> {
+    let port = free_port()?;
+    let conf = dir.join("nginx-canned.conf");
+    std::fs::write(&conf, nginx_canned_config(dir, port, answer))?;
+    run_nginx(bin, dir, &conf, port).await
+}
+
 /// Starts nginx as a reverse proxy to `backend` and waits until it accepts
 /// connections.
 pub(crate) async fn start_nginx(
@@ -281,15 +357,25 @@ pub(crate) async fn start_nginx(
     workers: usize,
 ) -> Result<(ChildGuard, SocketAddr), BoxError> {
     let port = free_port()?;
-    let addr = SocketAddr::from(([127, 0, 0, 1], port));
     let conf = dir.join("nginx.conf");
     std::fs::write(&conf, nginx_config(dir, port, backend, workers))?;
+    run_nginx(bin, dir, &conf, port).await
+}
+
+/// Starts nginx with `conf` and waits until it listens on `port`.
+async fn run_nginx(
+    bin: &Path,
+    dir: &Path,
+    conf: &Path,
+    port: u16,
+) -> Result<(ChildGuard, SocketAddr), BoxError> {
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
     let err_path = dir.join("nginx-stderr.log");
     let mut cmd = Command::new(bin);
     cmd.arg("-p")
         .arg(dir)
         .arg("-c")
-        .arg(&conf)
+        .arg(conf)
         .arg("-e")
         .arg(dir.join("nginx-error.log"))
         .stdin(Stdio::null())

@@ -325,7 +325,10 @@ pub async fn start(options: ProxyOptions) -> Result<RunningProxy, StartError> {
         shared_store,
         settings.idempotency_ttl,
         settings.idempotency_max_answer_bytes,
-        settings.idempotency_max_keys,
+        (
+            settings.idempotency_max_keys,
+            settings.idempotency_max_bytes,
+        ),
         Arc::clone(&metrics),
     ));
     let (settings_buffered, settings_connections) =

@@ -341,7 +341,7 @@ impl Metrics {
         );
         registry.register(
             "router_idempotency_events",
-            "Idempotency-Key requests by event: claim, join, replay, mismatch, not_replayable, outcome_unknown (stored), outcome_unknown_refused (a retry told), store, store_not_replayable, release, fail_open, fail_closed",
+            "Idempotency-Key requests by event: claim, join, replay, mismatch, not_replayable, outcome_unknown (stored), outcome_unknown_refused (a retry told), store, store_not_replayable, over_budget (an answer larger than CUSTOM_ROUTER_IDEMPOTENCY_MAX_BYTES, kept as not replayable), release, fail_open, fail_closed",
             m.idempotency.clone(),
         );
         registry.register(

@@ -77,6 +77,12 @@ pub struct Settings {
     /// (`CUSTOM_ROUTER_IDEMPOTENCY_MAX_ANSWER_BYTES`, 1 MiB); a retry of a
     /// larger one gets `409 not_replayable`.
     pub idempotency_max_answer_bytes: usize,
+    /// Bytes the in-process store holds at most
+    /// (`CUSTOM_ROUTER_IDEMPOTENCY_MAX_BYTES`, 64 MiB): each entry counted
+    /// as its key, its answer's own bytes and a constant of 320 bytes;
+    /// past it the oldest finished entries go first. With the 256 MiB
+    /// buffered-request cap it fits the shipped pod's 1 GiB limit.
+    pub idempotency_max_bytes: usize,
     /// The fleet's shared store (`CUSTOM_ROUTER_SHARED_STORE`,
     /// `redis://host:port/db` or `rediss://`; the password from the URL or
     /// `CUSTOM_ROUTER_SHARED_STORE_PASSWORD`). `None`: in-process keys.
@@ -150,6 +156,7 @@ impl Default for Settings {
             idempotency_ttl: Duration::from_secs(300),
             idempotency_max_keys: 10_000,
             idempotency_max_answer_bytes: 1024 * 1024,
+            idempotency_max_bytes: 64 * 1024 * 1024,
             shared_store: None,
             workers: 0,
             connection_balance: crate::balance_workers::ConnectionBalance::Pack,
@@ -272,6 +279,18 @@ impl Settings {
             s.idempotency_max_answer_bytes = match v.trim().parse::<usize>() {
                 Ok(n) => n,
                 _ => return Err(bad(var, &v, "a number of bytes (0: keep no answer)")),
+            };
+        }
+        if let Some((var, v)) = get("CUSTOM_ROUTER_IDEMPOTENCY_MAX_BYTES") {
+            s.idempotency_max_bytes = match v.trim().parse::<usize>() {
+                Ok(n) if n >= 1024 * 1024 => n,
+                _ => {
+                    return Err(bad(
+                        var,
+                        &v,
+                        "a number of bytes of at least 1048576 (1 MiB)",
+                    ))
+                }
             };
         }
         if let Some((var, v)) = get("CUSTOM_ROUTER_SHARED_STORE") {
@@ -568,6 +587,20 @@ mod tests {
         assert_eq!(err.var, "CUSTOM_ROUTER_SHARED_STORE_PASSWORD");
         let err = with(&[("CUSTOM_ROUTER_IDEMPOTENCY_MAX_ANSWER_BYTES", "lots")]).unwrap_err();
         assert_eq!(err.var, "CUSTOM_ROUTER_IDEMPOTENCY_MAX_ANSWER_BYTES");
+    }
+
+    #[test]
+    fn the_idempotency_byte_budget_is_read_and_an_unusable_one_stops_startup() {
+        assert_eq!(with(&[]).unwrap().idempotency_max_bytes, 64 * 1024 * 1024);
+        let s = with(&[("CUSTOM_ROUTER_IDEMPOTENCY_MAX_BYTES", " 2097152\n")]).unwrap();
+        assert_eq!(s.idempotency_max_bytes, 2 * 1024 * 1024);
+        for bad in ["lots", "-1", "", "64MiB", "1000"] {
+            let err = with(&[("CUSTOM_ROUTER_IDEMPOTENCY_MAX_BYTES", bad)]).unwrap_err();
+            assert_eq!(err.var, "CUSTOM_ROUTER_IDEMPOTENCY_MAX_BYTES", "{bad}");
+            assert!(err
+                .to_string()
+                .contains("CUSTOM_ROUTER_IDEMPOTENCY_MAX_BYTES"));
+        }
     }
 
     #[test]

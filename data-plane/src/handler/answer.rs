@@ -177,7 +177,7 @@ impl Pending {
         };
         let mut resp = Response::new(stored.body.clone());
         *resp.status_mut() = stored.status;
-        *resp.headers_mut() = stored.headers.clone();
+        *resp.headers_mut() = stored.header_map();
         resp.headers_mut()
             .insert(X_ROUTER_REPLAYED, HeaderValue::from_static("true"));
         let pool = resp

@@ -434,12 +434,10 @@ async fn settle_whole(
         bytes: resp.body().len(),
         complete: true,
     };
-    let answer = (resp.body().len() <= lease.cap()).then(|| StoredAnswer {
-        status: resp.status(),
-        headers: resp.headers().clone(),
-        body: resp.body().clone(),
-        stream: false,
-    });
+    // Copied: the body and header values are slices of the upstream
+    // connection's read buffer, which a kept slice would hold whole.
+    let answer = (resp.body().len() <= lease.cap())
+        .then(|| StoredAnswer::keep(resp.status(), resp.headers(), resp.body(), false));
     lease
         .settle(ending, answer, move || summary.unwrap_or_default())
         .await;

@@ -185,12 +185,9 @@ impl KeyedStream {
             bytes: seen,
             complete,
         };
-        let answer = (seen == frames.len()).then(|| StoredAnswer {
-            status: head.status,
-            headers: head.headers,
-            body: frames.freeze(),
-            stream: true,
-        });
+        // Copied to its length: `frames` grew by doubling.
+        let answer = (seen == frames.len())
+            .then(|| StoredAnswer::keep(head.status, &head.headers, &frames, true));
         let route = super::route_summary(record);
         tokio::spawn(lease.settle(ending, answer, move || route));
     }

@@ -2,13 +2,24 @@
 //! without `CUSTOM_ROUTER_SHARED_STORE`, and the fail-open store of READ
 //! and DRAFT requests while the shared one is down).
 //!
-//! Bounded: at most `max_entries` keys; when full, the entries closest to
-//! their expiry are dropped first (finished ones before any in flight),
-//! and when every entry is in flight a new key is not tracked. A settle
-//! wakes every joiner on this proxy at once (no polling).
+//! Bounded twice: at most `max_entries` keys
+//! (`CUSTOM_ROUTER_IDEMPOTENCY_MAX_KEYS`) and at most `max_bytes` bytes
+//! (`CUSTOM_ROUTER_IDEMPOTENCY_MAX_BYTES`), each entry counted as what it
+//! holds ([`entry_cost`]: its key, its stored answer's own bytes, and
+//! [`ENTRY_OVERHEAD`] for the map slot and index entries). A key cap
+//! alone did not bound memory: the same 10,000 keys are 3 MB of 300-byte
+//! answers or 10 GB of 1 MiB ones. Past either bound, finished entries
+//! are dropped oldest first (they all live for the same TTL, so the one
+//! closest to its expiry is the oldest); an entry in flight is never
+//! dropped, and when every entry is in flight a new key is not tracked.
+//! An answer that does not fit even with every finished entry dropped is
+//! not kept: the key is settled as not replayable (a retry gets `409
+//! not_replayable`, never a second generation) and the event
+//! `over_budget` is counted. A settle wakes every joiner on this proxy at
+//! once (no polling).
 
 use std::collections::{BTreeSet, HashMap};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures_util::future::BoxFuture;
@@ -17,35 +28,76 @@ use tokio::time::Instant;
 
 use super::record::{Entry, Fingerprint, KeyState, Owner};
 use super::{ClaimResult, IdempotencyStore, StoreError};
+use crate::metrics::Metrics;
+
+/// What an entry costs beyond its key and its state's own bytes: the
+/// map's slot (key `String`, `Entry`, expiry, cost: 136 bytes, at most
+/// 8/7 of it with the table's load factor, plus a control byte), one or
+/// two index entries (`(Instant, String)`, 40 bytes, in B-tree nodes of
+/// at most 11) and the allocator's rounding of the key's three copies.
+/// Measured with dhat in `memory-bench` (docs/benchmarks.md, "Memory").
+pub(crate) const ENTRY_OVERHEAD: usize = 320;
+
+/// The bytes the store counts for `key` in `state`: the key's three
+/// copies (map, expiry index, eviction index), [`ENTRY_OVERHEAD`], and
+/// what the state holds.
+pub(crate) fn entry_cost(key: &str, state: &KeyState) -> usize {
+    let held = match state {
+        KeyState::InFlight | KeyState::NotReplayable => 0,
+        KeyState::OutcomeUnknown(route) => route.len(),
+        KeyState::Completed(answer) => answer.heap_bytes(),
+    };
+    ENTRY_OVERHEAD + 3 * key.len() + held
+}
 
 struct Inner {
-    entries: HashMap<String, (Entry, Instant)>,
+    /// Each key's entry, expiry and cost ([`entry_cost`]).
+    entries: HashMap<String, (Entry, Instant, usize)>,
     /// Every entry by expiry (exactly the entries of the map), so that
     /// expiry is a look at the front, not a scan.
     by_expiry: BTreeSet<(Instant, String)>,
     /// The finished ones among them, for eviction.
     finished: BTreeSet<(Instant, String)>,
+    /// The sum of the entries' costs.
+    bytes: usize,
 }
 
 /// Keys in this process.
 pub(crate) struct LocalStore {
     inner: Mutex<Inner>,
     max_entries: usize,
+    max_bytes: usize,
     settled: Notify,
+    metrics: Arc<Metrics>,
 }
 
 impl LocalStore {
-    /// A store of at most `max_entries` keys.
-    pub(crate) fn new(max_entries: usize) -> Self {
+    /// A store of at most `max_entries` keys and `max_bytes` bytes
+    /// ([`entry_cost`]); `metrics` counts the answers not kept.
+    pub(crate) fn new(max_entries: usize, max_bytes: usize, metrics: Arc<Metrics>) -> Self {
         Self {
             inner: Mutex::new(Inner {
                 entries: HashMap::new(),
                 by_expiry: BTreeSet::new(),
                 finished: BTreeSet::new(),
+                bytes: 0,
             }),
             max_entries: max_entries.max(1),
+            max_bytes,
             settled: Notify::new(),
+            metrics,
         }
+    }
+
+    /// The bytes its entries cost now ([`entry_cost`]).
+    #[cfg(test)]
+    pub(crate) fn bytes(&self) -> usize {
+        self.lock().bytes
+    }
+
+    /// Whether `cost` more bytes and one more key fit.
+    fn fits(&self, inner: &Inner, cost: usize) -> bool {
+        inner.entries.len() < self.max_entries && inner.bytes.saturating_add(cost) <= self.max_bytes
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
@@ -57,6 +109,8 @@ impl LocalStore {
     pub(crate) fn len(&self) -> usize {
         let inner = self.lock();
         assert_eq!(inner.by_expiry.len(), inner.entries.len());
+        let costs: usize = inner.entries.values().map(|(_, _, c)| c).sum();
+        assert_eq!(inner.bytes, costs);
         inner.entries.len()
     }
 
@@ -64,11 +118,14 @@ impl LocalStore {
         let now = Instant::now();
         let mut inner = self.lock();
         inner.expire(now);
-        if let Some((e, _)) = inner.entries.get(key) {
+        if let Some((e, _, _)) = inner.entries.get(key) {
             return ClaimResult::Found(e.clone());
         }
-        if inner.entries.len() >= self.max_entries && !inner.evict_one() {
-            return ClaimResult::Untracked;
+        let cost = entry_cost(key, &KeyState::InFlight);
+        while !self.fits(&inner, cost) {
+            if !inner.evict_one() {
+                return ClaimResult::Untracked;
+            }
         }
         let expires = crate::clock::later(now, ttl, crate::clock::A_YEAR);
         let entry = Entry {
@@ -76,14 +133,14 @@ impl LocalStore {
             fingerprint: fp,
             state: KeyState::InFlight,
         };
-        inner.insert(key, entry, expires, false);
+        inner.insert(key, entry, expires, false, cost);
         ClaimResult::Claimed
     }
 
     fn settle_now(&self, key: &str, owner: Owner, state: Option<KeyState>, ttl: Duration) -> bool {
         let now = Instant::now();
         let mut inner = self.lock();
-        let Some((entry, _)) = inner.entries.get(key) else {
+        let Some((entry, _, _)) = inner.entries.get(key) else {
             return false;
         };
         if entry.owner != owner || entry.state != KeyState::InFlight {
@@ -91,14 +148,25 @@ impl LocalStore {
         }
         let fingerprint = entry.fingerprint;
         inner.remove(key);
-        if let Some(state) = state {
+        if let Some(mut state) = state {
+            let mut cost = entry_cost(key, &state);
+            while inner.bytes.saturating_add(cost) > self.max_bytes {
+                if !inner.evict_one() {
+                    // Larger than the budget with every finished entry
+                    // gone: not kept, and not generated again either.
+                    self.metrics.idempotency("over_budget");
+                    state = KeyState::NotReplayable;
+                    cost = entry_cost(key, &state);
+                    break;
+                }
+            }
             let expires = crate::clock::later(now, ttl, crate::clock::A_YEAR);
             let entry = Entry {
                 owner,
                 fingerprint,
                 state,
             };
-            inner.insert(key, entry, expires, true);
+            inner.insert(key, entry, expires, true, cost);
         }
         drop(inner);
         self.settled.notify_waiters();
@@ -107,16 +175,18 @@ impl LocalStore {
 }
 
 impl Inner {
-    fn insert(&mut self, key: &str, entry: Entry, expires: Instant, finished: bool) {
+    fn insert(&mut self, key: &str, entry: Entry, expires: Instant, finished: bool, cost: usize) {
         self.by_expiry.insert((expires, key.to_owned()));
         if finished {
             self.finished.insert((expires, key.to_owned()));
         }
-        self.entries.insert(key.to_owned(), (entry, expires));
+        self.bytes = self.bytes.saturating_add(cost);
+        self.entries.insert(key.to_owned(), (entry, expires, cost));
     }
 
     fn remove(&mut self, key: &str) {
-        if let Some((_, expires)) = self.entries.remove(key) {
+        if let Some((_, expires, cost)) = self.entries.remove(key) {
+            self.bytes = self.bytes.saturating_sub(cost);
             let k = (expires, key.to_owned());
             self.by_expiry.remove(&k);
             self.finished.remove(&k);
@@ -163,8 +233,8 @@ impl IdempotencyStore for LocalStore {
             inner
                 .entries
                 .get(key)
-                .filter(|(_, expires)| *expires > now)
-                .map(|(e, _)| e.clone())
+                .filter(|(_, expires, _)| *expires > now)
+                .map(|(e, _, _)| e.clone())
         };
         Box::pin(async move { Ok(found) })
     }
@@ -195,13 +265,20 @@ impl IdempotencyStore for LocalStore {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
+    use bytes::Bytes;
+    use http::{HeaderMap, HeaderValue, StatusCode};
+    use router_policy::idempotency::Stored;
 
+    use super::super::record::StoredAnswer;
     use super::*;
 
     const OWNER: Owner = Owner([1; 16]);
     const FP: Fingerprint = Fingerprint([2; 16]);
     const MIN: Duration = Duration::from_secs(60);
+
+    fn store(max_entries: usize) -> LocalStore {
+        LocalStore::new(max_entries, usize::MAX, Arc::new(Metrics::new()))
+    }
 
     async fn claim(s: &LocalStore, key: &str) -> ClaimResult {
         s.claim(key, OWNER, FP, MIN)
@@ -211,7 +288,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_claim_is_exclusive_until_settled_and_expires() {
-        let s = LocalStore::new(10);
+        let s = store(10);
         assert!(matches!(claim(&s, "k").await, ClaimResult::Claimed));
         assert!(
             matches!(claim(&s, "k").await, ClaimResult::Found(e) if e.state == KeyState::InFlight)
@@ -238,7 +315,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn memory_is_bounded() {
-        let s = LocalStore::new(2);
+        let s = store(2);
         for k in ["a", "b"] {
             assert!(matches!(claim(&s, k).await, ClaimResult::Claimed));
         }
@@ -256,8 +333,11 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn the_expiry_index_mirrors_the_keys_through_any_sequence() {
-        let s = LocalStore::new(50);
+    async fn the_expiry_index_and_the_byte_count_mirror_the_keys_through_any_sequence() {
+        // The byte budget binds before the key cap (answers of 0 to 2,000
+        // bytes, about 30 entries of 340 bytes and more).
+        let budget = 30 * 340 + 2_000;
+        let s = LocalStore::new(50, budget, Arc::new(Metrics::new()));
         let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
         for _ in 0..5000 {
             // xorshift: a fixed pseudo-random sequence of operations.
@@ -275,19 +355,138 @@ mod tests {
                         .settle(&key, OWNER, FP, Some(KeyState::NotReplayable), ttl)
                         .await;
                 }
+                4 if x % 3 == 0 => {
+                    let answer = answer_of((x % 2_000) as usize);
+                    let _ = s.settle(&key, OWNER, FP, Some(answer), ttl).await;
+                }
                 3 => {
                     let _ = s.settle(&key, OWNER, FP, None, ttl).await;
                 }
                 _ => tokio::time::advance(Duration::from_millis(x % 50)).await,
             }
-            // `len` checks the index against the map.
+            // `len` checks the index and the byte count against the map.
             assert!(s.len() <= 50);
+            assert!(s.bytes() <= budget);
         }
+    }
+
+    /// Claims and settles `key` as `state`.
+    async fn keep(s: &LocalStore, key: &str, state: KeyState) {
+        assert!(matches!(claim(s, key).await, ClaimResult::Claimed), "{key}");
+        assert_eq!(s.settle(key, OWNER, FP, Some(state), MIN).await, Ok(true));
+    }
+
+    fn answer_of(len: usize) -> KeyState {
+        let body = vec![b'a'; len];
+        KeyState::Completed(Arc::new(StoredAnswer::keep(
+            StatusCode::OK,
+            &HeaderMap::new(),
+            &body,
+            false,
+        )))
+    }
+
+    /// Whether `inner` lies inside `outer`'s bytes.
+    fn inside(inner: &[u8], outer: &[u8]) -> bool {
+        let (o, i) = (outer.as_ptr() as usize, inner.as_ptr() as usize);
+        i >= o && i < o + outer.len()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_thousand_300_byte_answers_cost_their_own_bytes_not_their_read_buffers() {
+        let s = LocalStore::new(10_000, usize::MAX, Arc::new(Metrics::new()));
+        // What hyper hands over: the body and the header values are
+        // slices of the upstream connection's read buffer (8 KiB to
+        // start with, 16 KiB and more once it has grown).
+        let read_buf = Bytes::from(vec![b'x'; 16 * 1024]);
+        let value = |at: usize, len: usize| {
+            HeaderValue::from_maybe_shared(read_buf.slice(at..at + len))
+                .unwrap_or_else(|e| panic!("{e}"))
+        };
+        for i in 0..1000 {
+            let mut headers = HeaderMap::new();
+            headers.insert(http::header::CONTENT_TYPE, value(0, 16));
+            headers.insert(http::header::CONTENT_LENGTH, value(16, 3));
+            headers.insert(http::header::DATE, value(32, 29));
+            headers.insert("x-router-route", value(64, 7));
+            // Stamped anew on every answer: not kept.
+            headers.insert("x-request-id", value(80, 36));
+            let body = read_buf.slice(1024..1324);
+            let answer = StoredAnswer::keep(StatusCode::OK, &headers, &body, false);
+            // Its own bytes: nothing points into the read buffer (a kept
+            // slice would hold all 16 KiB of it).
+            assert!(!inside(&answer.body, &read_buf));
+            assert_eq!(answer.headers.len(), 4);
+            for (_, v) in answer.headers.iter() {
+                assert!(!inside(v.as_bytes(), &read_buf));
+            }
+            keep(
+                &s,
+                &format!("key-{i:04}"),
+                KeyState::Completed(Arc::new(answer)),
+            )
+            .await;
+        }
+        assert_eq!(s.len(), 1000);
+        // Counted: 300 body + 99 header bytes + 4 x 72 (the header list)
+        // + 56 + 16 (the Arc'd struct) + 3 x 8 (the key) + 320
+        // (ENTRY_OVERHEAD) = 1103 bytes an entry. A store of slices of
+        // the read buffer held the buffer (16 KiB here) an entry: 18,444
+        // bytes of RSS an entry measured from outside before the fix
+        // (docs/benchmarks.md, "Memory"), 12 times this bound.
+        let per_entry = s.bytes() / 1000;
+        assert!(per_entry <= 1536, "{per_entry} bytes an entry");
+        assert!(
+            per_entry >= 300 + ENTRY_OVERHEAD,
+            "{per_entry} bytes an entry"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn past_the_byte_budget_the_oldest_finished_entries_go_first_never_one_in_flight() {
+        let one = entry_cost("k0", &answer_of(10_000));
+        let s = LocalStore::new(100, 3 * one, Arc::new(Metrics::new()));
+        // In flight: never dropped for the budget.
+        assert!(matches!(claim(&s, "busy").await, ClaimResult::Claimed));
+        for (n, key) in ["k0", "k1", "k2", "k3"].into_iter().enumerate() {
+            keep(&s, key, answer_of(10_000)).await;
+            tokio::time::advance(Duration::from_secs(1)).await;
+            assert!(s.bytes() <= 3 * one, "after {n}: {}", s.bytes());
+        }
+        // k0 and k1 (the oldest) made room for k2 and k3 next to "busy".
+        assert_eq!(s.len(), 3);
+        for gone in ["k0", "k1"] {
+            assert!(matches!(s.get(gone).await, Ok(None)), "{gone}");
+        }
+        for kept in ["k2", "k3"] {
+            assert!(
+                matches!(s.get(kept).await, Ok(Some(e)) if e.state.stored() == Stored::Completed),
+                "{kept}"
+            );
+        }
+        assert!(matches!(s.get("busy").await, Ok(Some(e)) if e.state == KeyState::InFlight));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_answer_larger_than_the_whole_budget_is_kept_as_not_replayable_and_counted() {
+        let metrics = Arc::new(Metrics::new());
+        let s = LocalStore::new(100, 20_000, Arc::clone(&metrics));
+        keep(&s, "small", answer_of(1_000)).await;
+        keep(&s, "huge", answer_of(50_000)).await;
+        // Every finished entry went, and it still did not fit: the key
+        // is kept as not replayable (a retry gets 409, nothing is
+        // generated twice), and the event is counted.
+        assert!(matches!(s.get("small").await, Ok(None)));
+        assert!(matches!(s.get("huge").await, Ok(Some(e)) if e.state == KeyState::NotReplayable));
+        assert!(s.bytes() <= 20_000);
+        assert!(metrics
+            .render(&[])
+            .contains("router_idempotency_events_total{event=\"over_budget\"} 1"));
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_settle_wakes_a_joiner_at_once() {
-        let s = Arc::new(LocalStore::new(10));
+        let s = Arc::new(store(10));
         assert!(matches!(claim(&s, "k").await, ClaimResult::Claimed));
         let waiter = {
             let s = Arc::clone(&s);

@@ -179,18 +179,23 @@ enum Waited {
 }
 
 impl Keys {
-    /// Keys kept for `ttl`, answers up to `cap` bytes, `max_local` keys in
-    /// the local store; `shared`: the fleet's store.
+    /// Keys kept for `ttl`, answers up to `cap` bytes, `max_local` keys
+    /// and `max_local_bytes` bytes in the local store; `shared`: the
+    /// fleet's store.
     pub(crate) fn new(
         shared: Option<Arc<dyn IdempotencyStore>>,
         ttl: Duration,
         cap: usize,
-        max_local: usize,
+        (max_local, max_local_bytes): (usize, usize),
         metrics: Arc<Metrics>,
     ) -> Self {
         Self {
             shared,
-            local: Arc::new(LocalStore::new(max_local)),
+            local: Arc::new(LocalStore::new(
+                max_local,
+                max_local_bytes,
+                Arc::clone(&metrics),
+            )),
             ttl,
             cap,
             health: Arc::new(Health {
@@ -527,7 +532,7 @@ mod tests {
             shared,
             Duration::from_secs(60),
             1024,
-            100,
+            (100, usize::MAX),
             Arc::new(Metrics::new()),
         )
     }
@@ -543,12 +548,12 @@ mod tests {
     }
 
     fn answer() -> StoredAnswer {
-        StoredAnswer {
-            status: http::StatusCode::OK,
-            headers: http::HeaderMap::new(),
-            body: Bytes::from_static(b"once"),
-            stream: false,
-        }
+        StoredAnswer::keep(
+            http::StatusCode::OK,
+            &http::HeaderMap::new(),
+            b"once",
+            false,
+        )
     }
 
     #[tokio::test(start_paused = true)]

@@ -76,16 +76,87 @@ pub(crate) fn fingerprint(
 }
 
 /// An answer kept for replay.
+///
+/// It owns exactly its own bytes: [`StoredAnswer::keep`] copies the body
+/// and every header value out of the buffers they arrived in. A body
+/// hyper reads is a slice of the connection's read buffer (8 KiB and up)
+/// and a parsed header value a slice of the same buffer; kept as they
+/// were, each stored ~300-byte answer held that whole buffer alive, plus
+/// a full `HeaderMap` (issue #22: 18 KB per entry, 200 MB for the
+/// default 10,000 keys). Only the headers a replay sends are kept, in a
+/// list of exactly their number.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct StoredAnswer {
     /// Status.
     pub(crate) status: StatusCode,
-    /// Headers (end-to-end ones).
-    pub(crate) headers: HeaderMap,
+    /// The end-to-end headers a replay sends (not the ones every answer
+    /// gets anew: see [`NOT_KEPT`]).
+    pub(crate) headers: Box<[(HeaderName, HeaderValue)]>,
     /// Body: the whole answer, or a stream's SSE frames together.
     pub(crate) body: Bytes,
     /// Streamed (replayed with the same content type, as one stream).
     pub(crate) stream: bool,
+}
+
+/// Headers a stored answer does not keep: the router stamps them anew on
+/// every answer, a replay included.
+pub(crate) const NOT_KEPT: [&str; 3] = [
+    "x-request-id",
+    "x-router-attempts",
+    "x-router-config-version",
+];
+
+impl StoredAnswer {
+    /// An answer to keep: `body` and the header values are copied (never
+    /// a slice of a larger buffer), headers in [`NOT_KEPT`] left out.
+    pub(crate) fn keep(status: StatusCode, headers: &HeaderMap, body: &[u8], stream: bool) -> Self {
+        let headers = headers
+            .iter()
+            .filter(|(k, _)| !NOT_KEPT.contains(&k.as_str()))
+            .filter_map(|(k, v)| {
+                // Standard names are constants (no allocation); a custom
+                // one gets its own copy, as the value does.
+                let name = HeaderName::from_bytes(k.as_str().as_bytes()).ok()?;
+                let mut value = HeaderValue::from_bytes(v.as_bytes()).ok()?;
+                value.set_sensitive(v.is_sensitive());
+                Some((name, value))
+            })
+            .collect::<Vec<_>>()
+            .into_boxed_slice();
+        Self {
+            status,
+            headers,
+            body: Bytes::copy_from_slice(body),
+            stream,
+        }
+    }
+
+    /// The headers as a map, for a replay.
+    pub(crate) fn header_map(&self) -> HeaderMap {
+        let mut map = HeaderMap::with_capacity(self.headers.len());
+        for (k, v) in self.headers.iter() {
+            map.append(k.clone(), v.clone());
+        }
+        map
+    }
+
+    /// The heap bytes it holds, as the in-process store counts them: the
+    /// struct behind its `Arc` (two counters), the header list, each
+    /// header's bytes (a name's counted even when it is a constant) and
+    /// the body. Exact for what [`StoredAnswer::keep`] builds, since it
+    /// owns every byte it points at.
+    pub(crate) fn heap_bytes(&self) -> usize {
+        let headers: usize = self
+            .headers
+            .iter()
+            .map(|(k, v)| k.as_str().len() + v.len())
+            .sum();
+        std::mem::size_of::<Self>()
+            + 2 * std::mem::size_of::<usize>()
+            + std::mem::size_of_val(&*self.headers)
+            + headers
+            + self.body.len()
+    }
 }
 
 /// The state of a key.
@@ -214,12 +285,13 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<Entry, Corrupt> {
                 .ok_or(Corrupt("answer head"))?;
             let meta: AnswerMeta =
                 serde_json::from_slice(&payload[..nl]).map_err(|_| Corrupt("answer head"))?;
-            let mut headers = HeaderMap::with_capacity(meta.headers.len());
+            let mut headers = Vec::with_capacity(meta.headers.len());
             for (k, v) in meta.headers {
                 let name = HeaderName::from_bytes(k.as_bytes()).map_err(|_| Corrupt("header"))?;
                 let value = HeaderValue::from_str(&v).map_err(|_| Corrupt("header"))?;
-                headers.append(name, value);
+                headers.push((name, value));
             }
+            let headers = headers.into_boxed_slice();
             KeyState::Completed(Arc::new(StoredAnswer {
                 status: StatusCode::from_u16(meta.status).map_err(|_| Corrupt("status"))?,
                 headers,
@@ -261,9 +333,15 @@ mod tests {
             KeyState::InFlight,
             KeyState::NotReplayable,
             KeyState::OutcomeUnknown(Bytes::from_static(b"{\"pool\":\"p\"}")),
+            KeyState::Completed(Arc::new(StoredAnswer::keep(
+                StatusCode::CREATED,
+                &headers,
+                b"data: 1\n\n\0\xffdata: [DONE]\n\n",
+                true,
+            ))),
             KeyState::Completed(Arc::new(StoredAnswer {
                 status: StatusCode::CREATED,
-                headers,
+                headers: Box::new([]),
                 body: Bytes::from_static(b"data: 1\n\n\0\xffdata: [DONE]\n\n"),
                 stream: true,
             })),

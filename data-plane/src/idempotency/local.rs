@@ -355,7 +355,7 @@ mod tests {
                         .settle(&key, OWNER, FP, Some(KeyState::NotReplayable), ttl)
                         .await;
                 }
-                4 if x % 3 == 0 => {
+                4 if x.is_multiple_of(3) => {
                     let answer = answer_of((x % 2_000) as usize);
                     let _ = s.settle(&key, OWNER, FP, Some(answer), ttl).await;
                 }

@@ -1,0 +1,482 @@
+//! Engine-aware balancing: choose an endpoint by what its GPU is doing.
+//!
+//! Latency EWMAs ([`crate::balance`]) see an engine only through answers
+//! that have already come back; an LLM engine says much more about itself.
+//! vLLM, SGLang and TGI publish, on their Prometheus `/metrics`, how many
+//! requests run in the current batch, how many wait for room in it, and how
+//! full the KV cache is. A continuous-batching engine admits a request into
+//! its batch while its KV blocks fit; past that, requests queue *inside the
+//! engine*, where no router can take them back. So:
+//!
+//! 1. **Signals** ([`EngineSignals`]): the last scrape (`waiting`, `running`,
+//!    `kv_usage`), combined with the router's own in-flight count, which
+//!    is fresher than any scrape: the requests this router sent since the
+//!    scrape are added to the engine's count, those that ended are taken
+//!    off ([`EngineLoad::estimate`]). One router is usually not the only
+//!    client, so the engine's numbers are the floor; the router's are the
+//!    correction between scrapes.
+//! 2. **Saturation** ([`Estimate::saturated`]): an endpoint whose estimated
+//!    waiting count is above [`EngineAware::max_waiting`] or whose KV usage
+//!    is above [`EngineAware::max_kv_usage`] takes nothing new. Defaults 5
+//!    and 0.8, in the spirit of the Gateway API Inference Extension's
+//!    endpoint picker (its queue and KV-cache thresholds). KV usage is only
+//!    believed while the router has not seen one of its requests to that
+//!    endpoint end since the scrape (an ending frees blocks).
+//! 3. **Late binding**: when every endpoint is saturated the chooser says
+//!    `None`; the request stays in the router's FIFO and is bound when an
+//!    endpoint frees (a request ends, a scrape shows room), instead of
+//!    piling onto an engine queue it can no longer leave. The choice is
+//!    made as late as possible, with the freshest information.
+//! 4. **Cost** ([`EngineLoad::cost`]): among unsaturated endpoints, the
+//!    lowest `(load + 1) × (1 + kv_usage) × unit`, where `load` is the
+//!    estimated running plus waiting count, and `unit` the endpoint's
+//!    token-normalised latency (seconds of prefill per input token,
+//!    [`TokenLatency`]), so a faster GPU takes more and one long prompt does
+//!    not make an endpoint look slow for everyone. Endpoints without a
+//!    measurement yet are given the best unit of the pool (optimistic, as
+//!    untried endpoints are elsewhere).
+//! 5. **Prefix affinity** (optional, [`crate::affinity`]): requests carrying
+//!    a prefix key go to the first endpoint clockwise from the key on a
+//!    consistent-hash ring whose load stays within `c ×` the average of the
+//!    unsaturated endpoints (bounded loads, Mirrokni, Thorup and
+//!    Zadimoghaddam, 2018): the endpoint that served the prefix before wins
+//!    unless its load is too far above the others'; then the request spills
+//!    to the ring's next endpoint, so a hot prefix spreads over a few GPUs
+//!    instead of queueing on one.
+//!
+//! Endpoints where the pool's model is already resident are preferred, as
+//! in [`crate::balance`].
+//!
+//! Where an engine publishes KV-cache events (vLLM's `KVEvents` over ZMQ,
+//! block stored / removed with their hashes), the ring's guess of "who holds
+//! this prefix" could be replaced by an index of which endpoint holds which
+//! block hashes, built from those events: the affine endpoint becomes the
+//! one with the longest cached prefix, and the same bounded-load rule
+//! decides whether it may take one more. Nothing else here changes.
+//!
+//! Pure: the caller brings the clock-free facts; no I/O.
+
+use serde::{Deserialize, Serialize};
+
+use crate::affinity::Ring;
+use crate::balance::EndpointLoad;
+
+/// Default [`EngineAware::max_waiting`].
+pub const DEFAULT_MAX_WAITING: u32 = 5;
+/// Default [`EngineAware::max_kv_usage`].
+pub const DEFAULT_MAX_KV_USAGE: f64 = 0.8;
+/// Default [`PrefixAffinity::load_factor`] (the paper's usual `c`).
+pub const DEFAULT_LOAD_FACTOR: f64 = 1.25;
+/// Default [`PrefixAffinity::block_bytes`]: 16 tokens of ~4 bytes, vLLM's
+/// block.
+pub const DEFAULT_BLOCK_BYTES: usize = 64;
+/// Default [`PrefixAffinity::max_blocks`]: 16 KiB of prompt, about 4k tokens.
+pub const DEFAULT_MAX_BLOCKS: usize = 256;
+
+/// What an engine said about itself at its last scrape.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct EngineSignals {
+    /// Requests queued inside the engine (`vllm:num_requests_waiting`,
+    /// `sglang:num_queue_reqs`, `tgi_queue_size`).
+    pub waiting: Option<u32>,
+    /// Requests in the running batch (`vllm:num_requests_running`,
+    /// `sglang:num_running_reqs`, `tgi_batch_current_size`).
+    pub running: Option<u32>,
+    /// KV-cache usage, 0..1 (`vllm:kv_cache_usage_perc`, the older
+    /// `vllm:gpu_cache_usage_perc`, `sglang:token_usage`).
+    pub kv_usage: Option<f64>,
+}
+
+/// Prefix-affinity settings.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct PrefixAffinity {
+    /// Bytes per block of the prompt's leading text.
+    pub block_bytes: usize,
+    /// Blocks hashed at most.
+    pub max_blocks: usize,
+    /// Bounded-load factor `c` (> 1).
+    pub load_factor: f64,
+}
+
+impl Default for PrefixAffinity {
+    fn default() -> Self {
+        Self {
+            block_bytes: DEFAULT_BLOCK_BYTES,
+            max_blocks: DEFAULT_MAX_BLOCKS,
+            load_factor: DEFAULT_LOAD_FACTOR,
+        }
+    }
+}
+
+/// Engine-aware settings of a pool.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct EngineAware {
+    /// An endpoint with more requests waiting inside it is saturated.
+    pub max_waiting: u32,
+    /// An endpoint with a fuller KV cache is saturated.
+    pub max_kv_usage: f64,
+    /// Prefix affinity, when on.
+    pub affinity: Option<PrefixAffinity>,
+}
+
+impl Default for EngineAware {
+    fn default() -> Self {
+        Self {
+            max_waiting: DEFAULT_MAX_WAITING,
+            max_kv_usage: DEFAULT_MAX_KV_USAGE,
+            affinity: None,
+        }
+    }
+}
+
+/// Token-normalised latency of one endpoint: seconds per token, so that
+/// samples of short and long requests are comparable.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct TokenLatency {
+    /// Time to first token per input token (prefill), EWMA.
+    pub prefill_s_per_token: Option<f64>,
+    /// Time per output token after the first (decode), EWMA.
+    pub decode_s_per_token: Option<f64>,
+}
+
+impl TokenLatency {
+    /// Folds a time to first token for `input_tokens` of prompt.
+    pub fn observe_first_token(&mut self, ttft_s: f64, input_tokens: u64, alpha: f64) {
+        if let Some(v) = per_token(ttft_s, input_tokens) {
+            self.prefill_s_per_token = Some(fold(self.prefill_s_per_token, v, alpha));
+        }
+    }
+
+    /// Folds the time from the first token to the last for `output_tokens`
+    /// generated.
+    pub fn observe_decode(&mut self, decode_s: f64, output_tokens: u64, alpha: f64) {
+        if let Some(v) = per_token(decode_s, output_tokens.saturating_sub(1)) {
+            self.decode_s_per_token = Some(fold(self.decode_s_per_token, v, alpha));
+        }
+    }
+}
+
+/// `seconds / tokens`, for a positive count and a finite, non-negative time.
+pub fn per_token(seconds: f64, tokens: u64) -> Option<f64> {
+    (tokens > 0 && seconds.is_finite() && seconds >= 0.0).then(|| seconds / tokens as f64)
+}
+
+fn fold(previous: Option<f64>, sample: f64, alpha: f64) -> f64 {
+    match previous {
+        None => sample,
+        Some(p) => alpha * sample + (1.0 - alpha) * p,
+    }
+}
+
+/// What the chooser knows about one endpoint.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct EngineLoad {
+    /// Availability, concurrency limit, in-flight count, residency.
+    pub base: EndpointLoad,
+    /// The last usable scrape, if any.
+    pub signals: Option<EngineSignals>,
+    /// The router's in-flight count at that scrape.
+    pub in_flight_at_scrape: u32,
+    /// Seconds of prefill per input token, if measured.
+    pub unit: Option<f64>,
+}
+
+/// An endpoint's estimated state now.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Estimate {
+    /// Requests waiting inside the engine.
+    pub waiting: u32,
+    /// Requests running plus waiting.
+    pub load: u32,
+    /// KV-cache usage believed now (0 when unknown or stale).
+    pub kv_usage: f64,
+    /// Takes nothing new.
+    pub saturated: bool,
+}
+
+impl EngineLoad {
+    /// The endpoint's state now: the scrape corrected by what this router
+    /// sent and saw end since (see the module docs).
+    pub fn estimate(&self, settings: &EngineAware) -> Estimate {
+        let now = i64::from(self.base.in_flight);
+        let delta = now - i64::from(self.in_flight_at_scrape);
+        let Some(s) = self.signals else {
+            return Estimate {
+                waiting: 0,
+                load: self.base.in_flight,
+                kv_usage: 0.0,
+                saturated: false,
+            };
+        };
+        let w = i64::from(s.waiting.unwrap_or(0));
+        // Endings since the scrape let waiters in; new requests join the
+        // engine's queue only if it was queueing already.
+        let waiting = match delta {
+            d if d < 0 => (w + d).max(0),
+            d if w > 0 => w + d,
+            _ => 0,
+        };
+        let engine_total = i64::from(s.waiting.unwrap_or(0)) + i64::from(s.running.unwrap_or(0));
+        let load = (engine_total + delta).max(now).max(0);
+        // An ending since the scrape freed blocks: the usage is out of date.
+        let kv_usage = if delta < 0 {
+            0.0
+        } else {
+            s.kv_usage.unwrap_or(0.0).clamp(0.0, 1.0)
+        };
+        let waiting = u32::try_from(waiting).unwrap_or(u32::MAX);
+        Estimate {
+            waiting,
+            load: u32::try_from(load).unwrap_or(u32::MAX),
+            kv_usage,
+            saturated: waiting > settings.max_waiting || kv_usage > settings.max_kv_usage,
+        }
+    }
+
+    fn open(&self) -> bool {
+        self.base.available
+            && self
+                .base
+                .max_concurrency
+                .is_none_or(|max| self.base.in_flight < max)
+    }
+
+    /// The cost of sending one more request here (lower is better).
+    pub fn cost(&self, estimate: &Estimate, unit: f64) -> f64 {
+        f64::from(estimate.load.saturating_add(1)) * (1.0 + estimate.kv_usage) * unit
+    }
+}
+
+/// Why an endpoint was chosen (for `route explain` and the logs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Choice {
+    /// The prefix's endpoint on the ring (or its neighbour, after a spill).
+    Affinity {
+        /// The ring's owner of the key was not it: spilled.
+        spilled: bool,
+    },
+    /// The lowest cost.
+    LowestCost,
+}
+
+/// Picks the endpoint for the next request: `None` when every endpoint is
+/// unavailable, full or saturated (the request then waits in the router's
+/// queue). `affinity` is the pool's ring (built over the same endpoints, in
+/// order) and the request's prefix key; `rotation` breaks ties.
+pub fn choose(
+    endpoints: &[EngineLoad],
+    settings: &EngineAware,
+    affinity: Option<(&Ring, u64)>,
+    rotation: usize,
+) -> Option<(usize, Choice)> {
+    let n = endpoints.len();
+    if n == 0 {
+        return None;
+    }
+    let estimates: Vec<Option<Estimate>> = endpoints
+        .iter()
+        .map(|e| {
+            let est = e.estimate(settings);
+            (e.open() && !est.saturated).then_some(est)
+        })
+        .collect();
+    let any_preferred = endpoints
+        .iter()
+        .zip(&estimates)
+        .any(|(e, est)| est.is_some() && e.base.preferred);
+    // Only preferred endpoints compete when some are open.
+    let candidate = |i: usize| estimates[i].is_some() && (!any_preferred || endpoints[i].base.preferred);
+
+    if let (Some((ring, key)), Some(c)) = (affinity, settings.affinity.map(|a| a.load_factor)) {
+        let loads: Vec<Option<u32>> = (0..n)
+            .map(|i| candidate(i).then(|| estimates[i].map_or(0, |e| e.load)))
+            .collect();
+        if let Some(i) = ring.choose_among(key, &loads, c) {
+            let spilled = ring.owner(key) != Some(i);
+            return Some((i, Choice::Affinity { spilled }));
+        }
+    }
+
+    let best_unit = endpoints
+        .iter()
+        .filter_map(|e| e.unit)
+        .filter(|u| u.is_finite() && *u > 0.0)
+        .reduce(f64::min);
+    let mut best: Option<(usize, f64)> = None;
+    for k in 0..n {
+        let i = rotation.wrapping_add(k) % n;
+        if !candidate(i) {
+            continue;
+        }
+        let Some(est) = estimates[i] else { continue };
+        let unit = endpoints[i]
+            .unit
+            .filter(|u| u.is_finite() && *u > 0.0)
+            .or(best_unit)
+            .unwrap_or(1.0);
+        let cost = endpoints[i].cost(&est, unit);
+        if best.is_none_or(|(_, b)| cost < b) {
+            best = Some((i, cost));
+        }
+    }
+    best.map(|(i, _)| (i, Choice::LowestCost))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn ep(in_flight: u32, signals: Option<EngineSignals>, at_scrape: u32) -> EngineLoad {
+        EngineLoad {
+            base: EndpointLoad {
+                ewma: None,
+                in_flight,
+                max_concurrency: None,
+                available: true,
+                preferred: false,
+            },
+            signals,
+            in_flight_at_scrape: at_scrape,
+            unit: None,
+        }
+    }
+
+    fn sig(waiting: u32, running: u32, kv: f64) -> Option<EngineSignals> {
+        Some(EngineSignals {
+            waiting: Some(waiting),
+            running: Some(running),
+            kv_usage: Some(kv),
+        })
+    }
+
+    #[test]
+    fn the_least_loaded_engine_wins_and_the_kv_cache_counts() {
+        let s = EngineAware::default();
+        let eps = [ep(2, sig(0, 4, 0.5), 2), ep(2, sig(0, 2, 0.3), 2)];
+        assert_eq!(choose(&eps, &s, None, 0), Some((1, Choice::LowestCost)));
+        // Equal counts: the emptier cache wins.
+        let eps = [ep(2, sig(0, 3, 0.7), 2), ep(2, sig(0, 3, 0.2), 2)];
+        assert_eq!(choose(&eps, &s, None, 0).map(|c| c.0), Some(1));
+    }
+
+    #[test]
+    fn requests_sent_since_the_scrape_count_against_the_engine() {
+        let s = EngineAware::default();
+        // The scrape said 1 running on both; this router sent 3 more to
+        // the first since.
+        let eps = [ep(4, sig(0, 1, 0.1), 1), ep(1, sig(0, 1, 0.1), 1)];
+        assert_eq!(eps[0].estimate(&s).load, 4);
+        assert_eq!(choose(&eps, &s, None, 0).map(|c| c.0), Some(1));
+    }
+
+    #[test]
+    fn saturated_engines_take_nothing_and_an_ending_frees_them() {
+        let s = EngineAware::default();
+        let waiting = [ep(3, sig(6, 10, 0.5), 3), ep(3, sig(0, 10, 0.9), 3)];
+        assert!(waiting[0].estimate(&s).saturated);
+        assert!(waiting[1].estimate(&s).saturated);
+        // Every endpoint saturated: the request waits in the router.
+        assert_eq!(choose(&waiting, &s, None, 0), None);
+        // One of this router's requests to the second ended since: its
+        // blocks are free, the scraped KV usage is out of date.
+        let freed = [waiting[0], ep(2, sig(0, 10, 0.9), 3)];
+        assert_eq!(choose(&freed, &s, None, 0).map(|c| c.0), Some(1));
+        // Waiting 5 is not above the threshold of 5.
+        assert!(!ep(0, sig(5, 1, 0.1), 0).estimate(&s).saturated);
+    }
+
+    #[test]
+    fn without_signals_the_router_count_decides() {
+        let s = EngineAware::default();
+        let eps = [ep(3, None, 0), ep(1, None, 0)];
+        assert_eq!(choose(&eps, &s, None, 0).map(|c| c.0), Some(1));
+    }
+
+    #[test]
+    fn a_faster_engine_takes_more_by_its_token_normalised_latency() {
+        let s = EngineAware::default();
+        let mut fast = ep(3, sig(0, 3, 0.2), 3);
+        fast.unit = Some(0.0002);
+        let mut slow = ep(1, sig(0, 1, 0.2), 1);
+        slow.unit = Some(0.001);
+        // 4 × 0.0002 < 2 × 0.001.
+        assert_eq!(choose(&[fast, slow], &s, None, 0).map(|c| c.0), Some(0));
+    }
+
+    #[test]
+    fn token_latency_is_per_token() {
+        let mut t = TokenLatency::default();
+        // 2 s for 4000 prompt tokens and 0.1 s for 100: the same speed.
+        t.observe_first_token(2.0, 4000, 0.5);
+        t.observe_first_token(0.1, 200, 0.5);
+        assert_eq!(t.prefill_s_per_token, Some(0.0005));
+        t.observe_decode(0.99, 100, 0.3);
+        assert_eq!(t.decode_s_per_token, Some(0.01));
+        t.observe_first_token(1.0, 0, 0.3);
+        assert_eq!(t.prefill_s_per_token, Some(0.0005));
+        assert_eq!(per_token(f64::NAN, 3), None);
+    }
+
+    #[test]
+    fn affinity_keeps_a_prefix_on_its_endpoint_until_it_is_overloaded() {
+        let mut s = EngineAware::default();
+        s.affinity = Some(PrefixAffinity::default());
+        let ring = Ring::new(&["a", "b", "c", "d"]);
+        let key = 0x1234_5678_9abc_def0;
+        let owner = ring.owner(key).expect("owner");
+        let even: Vec<_> = (0..4).map(|_| ep(2, sig(0, 2, 0.3), 2)).collect();
+        assert_eq!(
+            choose(&even, &s, Some((&ring, key)), 0),
+            Some((owner, Choice::Affinity { spilled: false }))
+        );
+        // The owner carries 6 while the others carry 1: bound
+        // ceil(1.25 × 10 / 4) = 4, it spills.
+        let mut skewed: Vec<_> = (0..4).map(|_| ep(1, sig(0, 1, 0.3), 1)).collect();
+        skewed[owner] = ep(6, sig(0, 6, 0.3), 6);
+        let (i, why) = choose(&skewed, &s, Some((&ring, key)), 0).expect("placed");
+        assert_ne!(i, owner);
+        assert_eq!(why, Choice::Affinity { spilled: true });
+        // A saturated owner is skipped too.
+        let mut sat = even.clone();
+        sat[owner] = ep(2, sig(9, 2, 0.3), 2);
+        assert_ne!(choose(&sat, &s, Some((&ring, key)), 0).map(|c| c.0), Some(owner));
+    }
+
+    proptest! {
+        /// Whatever the loads: the choice is an open, unsaturated endpoint,
+        /// and with affinity its load stays within the bounded-load cap of
+        /// the open endpoints.
+        #[test]
+        fn choices_are_open_unsaturated_and_bounded(
+            loads in proptest::collection::vec((0u32..20, 0u32..10, 0u32..20, 0.0f64..1.0, any::<bool>()), 1..8),
+            key in any::<u64>(),
+            rotation in 0usize..16,
+        ) {
+            let mut s = EngineAware::default();
+            s.affinity = Some(PrefixAffinity::default());
+            let names: Vec<String> = (0..loads.len()).map(|i| format!("e{i}")).collect();
+            let ring = Ring::new(&names);
+            let eps: Vec<EngineLoad> = loads
+                .iter()
+                .map(|&(inf, w, r, kv, avail)| {
+                    let mut e = ep(inf, sig(w, r, kv), inf);
+                    e.base.available = avail;
+                    e
+                })
+                .collect();
+            let open: Vec<usize> = (0..eps.len())
+                .filter(|&i| eps[i].base.available && !eps[i].estimate(&s).saturated)
+                .collect();
+            match choose(&eps, &s, Some((&ring, key)), rotation) {
+                None => prop_assert!(open.is_empty()),
+                Some((i, _)) => {
+                    prop_assert!(open.contains(&i));
+                    let total: u64 = open.iter().map(|&j| u64::from(eps[j].estimate(&s).load)).sum::<u64>() + 1;
+                    let bound = (1.25 * total as f64 / open.len() as f64).ceil() as u64;
+                    prop_assert!(u64::from(eps[i].estimate(&s).load) < bound);
+                }
+            }
+        }
+    }
+}

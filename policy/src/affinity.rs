@@ -256,7 +256,10 @@ mod tests {
         assert_eq!(leading_prompt(turn2), Some(a));
         let parts = br#"{"messages":[{"role":"user","content":[{"type":"text","text":"hi"}]}]}"#;
         assert_eq!(leading_prompt(parts).expect("parts"), b"user\nhi\n");
-        assert_eq!(leading_prompt(br#"{"prompt":"abc"}"#).expect("completion"), b"abc");
+        assert_eq!(
+            leading_prompt(br#"{"prompt":"abc"}"#).expect("completion"),
+            b"abc"
+        );
         assert_eq!(leading_prompt(b"not json"), None);
     }
 

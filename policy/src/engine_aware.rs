@@ -285,7 +285,8 @@ pub fn choose(
         .zip(&estimates)
         .any(|(e, est)| est.is_some() && e.base.preferred);
     // Only preferred endpoints compete when some are open.
-    let candidate = |i: usize| estimates[i].is_some() && (!any_preferred || endpoints[i].base.preferred);
+    let candidate =
+        |i: usize| estimates[i].is_some() && (!any_preferred || endpoints[i].base.preferred);
 
     if let (Some((ring, key)), Some(c)) = (affinity, settings.affinity.map(|a| a.load_factor)) {
         let loads: Vec<Option<u32>> = (0..n)
@@ -440,7 +441,10 @@ mod tests {
         // A saturated owner is skipped too.
         let mut sat = even.clone();
         sat[owner] = ep(2, sig(9, 2, 0.3), 2);
-        assert_ne!(choose(&sat, &s, Some((&ring, key)), 0).map(|c| c.0), Some(owner));
+        assert_ne!(
+            choose(&sat, &s, Some((&ring, key)), 0).map(|c| c.0),
+            Some(owner)
+        );
     }
 
     proptest! {

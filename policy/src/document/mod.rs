@@ -59,9 +59,9 @@ pub use resolved::{
     CircuitSettings, Gates, Policy, Pool, Price, Probe, QueueSettings, Route, RouteMatch,
 };
 pub use spec::{
-    ApprovalSpec, CircuitSpec, DefaultsSpec, EndpointOptions, EndpointSpec, GatesSpec, MatchSpec,
-    Metadata, PolicyDocument, PoolSpec, PriceSpec, ProbeKind, ProbeSpec, Provider, QueueSpec,
-    RetryOn, Risk, RouteSpec, Spec,
+    AffinityKind, ApprovalSpec, CircuitSpec, DefaultsSpec, EndpointOptions, EndpointSpec,
+    EngineAwareSpec, GatesSpec, MatchSpec, Metadata, PolicyDocument, PoolSpec, PriceSpec,
+    ProbeKind, ProbeSpec, Provider, QueueSpec, RetryOn, Risk, RouteSpec, Spec,
 };
 
 /// The API version this crate understands.

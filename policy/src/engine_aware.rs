@@ -421,8 +421,10 @@ mod tests {
 
     #[test]
     fn affinity_keeps_a_prefix_on_its_endpoint_until_it_is_overloaded() {
-        let mut s = EngineAware::default();
-        s.affinity = Some(PrefixAffinity::default());
+        let s = EngineAware {
+            affinity: Some(PrefixAffinity::default()),
+            ..EngineAware::default()
+        };
         let ring = Ring::new(&["a", "b", "c", "d"]);
         let key = 0x1234_5678_9abc_def0;
         let owner = ring.owner(key).expect("owner");
@@ -457,8 +459,10 @@ mod tests {
             key in any::<u64>(),
             rotation in 0usize..16,
         ) {
-            let mut s = EngineAware::default();
-            s.affinity = Some(PrefixAffinity::default());
+            let s = EngineAware {
+                affinity: Some(PrefixAffinity::default()),
+                ..EngineAware::default()
+            };
             let names: Vec<String> = (0..loads.len()).map(|i| format!("e{i}")).collect();
             let ring = Ring::new(&names);
             let eps: Vec<EngineLoad> = loads

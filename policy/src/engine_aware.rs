@@ -156,6 +156,26 @@ impl TokenLatency {
     }
 }
 
+impl TokenLatency {
+    /// Folds a whole (not streamed) answer: `total_s` for `input_tokens` in
+    /// and `output_tokens` out. The first token's time is not seen, so the
+    /// prefill is taken at the measured rate and the rest is decode; with
+    /// no prefill rate yet, nothing is learnt.
+    pub fn observe_whole(
+        &mut self,
+        total_s: f64,
+        input_tokens: u64,
+        output_tokens: u64,
+        alpha: f64,
+    ) {
+        let Some(prefill) = self.prefill_s_per_token else {
+            return;
+        };
+        let decode = (total_s - prefill * input_tokens as f64).max(0.0);
+        self.observe_decode(decode, output_tokens.saturating_add(1), alpha);
+    }
+}
+
 /// `seconds / tokens`, for a positive count and a finite, non-negative time.
 pub fn per_token(seconds: f64, tokens: u64) -> Option<f64> {
     (tokens > 0 && seconds.is_finite() && seconds >= 0.0).then(|| seconds / tokens as f64)
@@ -413,6 +433,9 @@ mod tests {
         t.observe_first_token(0.1, 200, 0.5);
         assert_eq!(t.prefill_s_per_token, Some(0.0005));
         t.observe_decode(0.99, 100, 0.3);
+        assert_eq!(t.decode_s_per_token, Some(0.01));
+        // A whole answer: 1 s for 1000 in (0.5 s of prefill), 50 out.
+        t.observe_whole(1.0, 1000, 50, 1.0);
         assert_eq!(t.decode_s_per_token, Some(0.01));
         t.observe_first_token(1.0, 0, 0.3);
         assert_eq!(t.prefill_s_per_token, Some(0.0005));

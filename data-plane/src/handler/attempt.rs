@@ -111,7 +111,8 @@ impl Exchange {
                 timeout,
                 headers,
             } = attempt;
-            let lease = match pool.acquire_at(deadline, now).await {
+            let prefix_key = pool.prefix_key(&self.body);
+            let mut lease = match pool.acquire_at(deadline, now, prefix_key).await {
                 Ok(l) => l,
                 Err(shed) => return AttemptEnd::Shed(shed),
             };
@@ -124,6 +125,7 @@ impl Exchange {
                     return AttemptEnd::Shed(Shed::AttemptTimeout);
                 }
             }
+            lease.set_input_tokens(self.estimated_input_tokens);
             self.shared
                 .metrics
                 .queue_wait(pool.name(), lease.queue_wait().as_secs_f64());
@@ -272,6 +274,13 @@ impl Exchange {
                         record.tokens_out.unwrap_or(0),
                     ));
                 }
+            }
+            if let (Some(i), Some(o)) = (record.tokens_in, record.tokens_out) {
+                lease.observe_tokens(crate::pool::TokenSample::Whole {
+                    took: waited,
+                    input_tokens: i,
+                    output_tokens: o,
+                });
             }
             lease.finish(Sample::Success(waited), answered);
             AttemptEnd::Whole { head, body, record }

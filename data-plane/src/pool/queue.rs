@@ -74,6 +74,8 @@ impl Shed {
 pub(super) struct Waiter {
     id: u64,
     pub(super) enqueued_at: Instant,
+    /// The request's prefix-affinity key, if it has one.
+    prefix_key: Option<u64>,
     pub(super) tx: oneshot::Sender<Result<Lease, Shed>>,
 }
 
@@ -86,17 +88,20 @@ impl PoolRuntime {
         self: &Arc<Self>,
         attempt_deadline: Option<Instant>,
     ) -> Result<Lease, Shed> {
-        self.acquire_at(attempt_deadline, Instant::now()).await
+        self.acquire_at(attempt_deadline, Instant::now(), None)
+            .await
     }
 
     /// Waits for an endpoint, at most until the queue timeout or
     /// `attempt_deadline`, whichever comes first; the caller has read the
     /// clock (`now`) just before. Cancel-safe: dropping the future leaves
-    /// the queue at once.
+    /// the queue at once. `prefix_key` is the request's prefix-affinity key
+    /// ([`PoolRuntime::prefix_key`]), for pools that use one.
     pub(crate) async fn acquire_at(
         self: &Arc<Self>,
         attempt_deadline: Option<Instant>,
         now: Instant,
+        prefix_key: Option<u64>,
     ) -> Result<Lease, Shed> {
         let (id, mut rx, timeout_at, on_timeout) = {
             let mut st = self.lock();
@@ -104,7 +109,7 @@ impl PoolRuntime {
                 return Err(Shed::NoBackend);
             }
             if st.queue.is_empty() {
-                if let Some(lease) = self.try_grant(&mut st, now, now) {
+                if let Some(lease) = self.try_grant(&mut st, now, now, prefix_key) {
                     self.counters.dispatched.inc();
                     return Ok(lease);
                 }
@@ -115,6 +120,7 @@ impl PoolRuntime {
             st.queue.push_back(Waiter {
                 id,
                 enqueued_at: now,
+                prefix_key,
                 tx,
             });
             if st.queue.len() > st.settings.queue.max_size {
@@ -179,10 +185,11 @@ impl PoolRuntime {
         st: &mut PoolState,
         enqueued_at: Instant,
         now: Instant,
+        prefix_key: Option<u64>,
     ) -> Option<Lease> {
         st.fill_loads(now);
         st.rotation = st.rotation.wrapping_add(1);
-        let i = st.choose()?;
+        let i = st.choose(prefix_key)?;
         let e = &mut st.endpoints[i];
         e.in_flight += 1;
         let probe = e.breaker.on_grant();
@@ -193,6 +200,7 @@ impl PoolRuntime {
             target: e.target.clone(),
             addr: Arc::clone(&e.addr),
             queue_wait: now.saturating_duration_since(enqueued_at),
+            input_tokens: 0,
             probe,
             sampled: AtomicBool::new(false),
             armed: true,
@@ -209,9 +217,9 @@ impl PoolRuntime {
                 st.queue.pop_front();
                 continue;
             }
-            let enqueued_at = front.enqueued_at;
+            let (enqueued_at, prefix_key) = (front.enqueued_at, front.prefix_key);
             let now = *now.get_or_insert_with(Instant::now);
-            let Some(lease) = self.try_grant(st, enqueued_at, now) else {
+            let Some(lease) = self.try_grant(st, enqueued_at, now, prefix_key) else {
                 break;
             };
             let Some(waiter) = st.queue.pop_front() else {
@@ -251,6 +259,30 @@ impl PoolRuntime {
         self.dispatch(&mut st);
     }
 
+    /// Folds a per-token latency sample into the endpoint's
+    /// [`router_policy::engine_aware::TokenLatency`].
+    fn observe_tokens(&self, endpoint_id: u64, sample: TokenSample) {
+        let mut st = self.lock();
+        let alpha = st.settings.queue.ewma_alpha;
+        if let Some(e) = st.endpoint_mut(endpoint_id) {
+            match sample {
+                TokenSample::FirstToken {
+                    after,
+                    input_tokens,
+                } => e
+                    .tokens
+                    .observe_first_token(after.as_secs_f64(), input_tokens, alpha),
+                TokenSample::Whole {
+                    took,
+                    input_tokens,
+                    output_tokens,
+                } => e
+                    .tokens
+                    .observe_whole(took.as_secs_f64(), input_tokens, output_tokens, alpha),
+            }
+        }
+    }
+
     fn observe(self: &Arc<Self>, endpoint_id: u64, sample: Sample) {
         let mut st = self.lock();
         self.record_sample(&mut st, endpoint_id, sample, Instant::now());
@@ -266,6 +298,28 @@ impl PoolRuntime {
         st.uncharge(endpoint_id, false);
         self.dispatch(&mut st);
     }
+}
+
+/// A latency measured against a token count.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum TokenSample {
+    /// The first token came `after` the request was sent, for a prompt of
+    /// `input_tokens`.
+    FirstToken {
+        /// Time to first token.
+        after: Duration,
+        /// Prompt tokens (counted or estimated).
+        input_tokens: u64,
+    },
+    /// A whole answer: `input_tokens` in, `output_tokens` out, in `took`.
+    Whole {
+        /// Sent to answered.
+        took: Duration,
+        /// Prompt tokens.
+        input_tokens: u64,
+        /// Tokens generated.
+        output_tokens: u64,
+    },
 }
 
 /// Removes a queued waiter whose future was dropped (client gone).
@@ -292,6 +346,8 @@ pub(crate) struct Lease {
     target: Option<Arc<UpstreamTarget>>,
     addr: Arc<str>,
     queue_wait: Duration,
+    /// The request's prompt tokens (estimated), for per-token latency.
+    input_tokens: u64,
     /// This request is a half-open circuit's probe.
     probe: bool,
     sampled: AtomicBool,
@@ -333,6 +389,28 @@ impl Lease {
     pub(crate) fn observe(&self, sample: Sample) {
         self.sampled.store(true, Ordering::Relaxed);
         self.pool.observe(self.endpoint_id, sample);
+    }
+
+    /// Sets the request's prompt size (tokens, estimated), for the first
+    /// token's per-token latency.
+    pub(crate) fn set_input_tokens(&mut self, tokens: u64) {
+        self.input_tokens = tokens;
+    }
+
+    /// Folds a latency-per-token sample (engine-aware balancing).
+    pub(crate) fn observe_tokens(&self, sample: TokenSample) {
+        self.pool.observe_tokens(self.endpoint_id, sample);
+    }
+
+    /// The first token of a streamed answer came `after` the request was
+    /// sent: a prefill-per-input-token sample, when the prompt size is known.
+    pub(crate) fn observe_first_token(&self, after: Duration) {
+        if self.input_tokens > 0 {
+            self.observe_tokens(TokenSample::FirstToken {
+                after,
+                input_tokens: self.input_tokens,
+            });
+        }
     }
 
     /// Records the attempt's sample, taken at `now`, and gives the slot

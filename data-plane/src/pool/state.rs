@@ -12,8 +12,10 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
-use router_policy::balance::{self, EndpointLoad};
+use router_policy::affinity::Ring;
+use router_policy::balance::{self, EndpointLoad, Scoring};
 use router_policy::deadline::PoolOutlook;
+use router_policy::engine_aware::{self, EngineLoad, TokenLatency};
 use router_policy::{Endpoint, Probe};
 use tokio::time::Instant;
 
@@ -39,6 +41,11 @@ pub(super) struct EndpointState {
     pub(super) draining: bool,
     pub(super) breaker: Breaker,
     pub(super) probe: Option<ProbeReading>,
+    /// `in_flight` when `probe` was recorded (what the router has sent
+    /// and seen end since corrects the engine's counts).
+    pub(super) in_flight_at_scrape: u32,
+    /// Latency per token (engine-aware balancing).
+    pub(super) tokens: TokenLatency,
 }
 
 impl EndpointState {
@@ -54,6 +61,8 @@ impl EndpointState {
             draining: false,
             breaker: Breaker::new(),
             probe: None,
+            in_flight_at_scrape: 0,
+            tokens: TokenLatency::default(),
         }
     }
 
@@ -79,6 +88,11 @@ pub(super) struct PoolState {
     /// The balancer's input, refilled for every choice (kept to reuse its
     /// allocation).
     pub(super) loads: Vec<EndpointLoad>,
+    /// The engine-aware balancer's input (engine-aware pools only).
+    pub(super) engine_loads: Vec<EngineLoad>,
+    /// The consistent-hash ring of the endpoints, in their order (prefix
+    /// affinity).
+    pub(super) ring: Ring,
     pub(super) latencies: LatencyWindow,
     pub(super) wake: WakeTimer,
     pub(super) structured_degraded_until: Option<Instant>,
@@ -98,6 +112,8 @@ impl PoolState {
             endpoints: Vec::new(),
             queue: VecDeque::new(),
             loads: Vec::new(),
+            engine_loads: Vec::new(),
+            ring: Ring::new::<&str>(&[]),
             latencies: LatencyWindow::default(),
             wake: WakeTimer::default(),
             structured_degraded_until: None,
@@ -134,7 +150,7 @@ impl PoolState {
         self.latencies.expire(now);
         let p95 = self.latencies.p95(now);
         self.fill_loads(now);
-        let free_now = self.queue.is_empty() && self.choose().is_some();
+        let free_now = self.queue.is_empty() && self.choose(None).is_some();
         let expected_wait = if free_now {
             Some(Duration::ZERO)
         } else {
@@ -147,15 +163,28 @@ impl PoolState {
         }
     }
 
-    /// The balancer's pick among [`Self::loads`] (fill them first).
+    /// The balancer's pick among [`Self::loads`] (fill them first), for a
+    /// request with this prefix-affinity key.
     #[inline]
-    pub(super) fn choose(&self) -> Option<usize> {
-        balance::choose(
-            &self.loads,
-            self.settings.queue.scoring,
-            self.settings.queue.latency_threshold_s,
-            self.rotation,
-        )
+    pub(super) fn choose(&self, prefix_key: Option<u64>) -> Option<usize> {
+        let q = &self.settings.queue;
+        if q.scoring == Scoring::EngineAware {
+            let affinity = prefix_key.filter(|_| q.engine.affinity.is_some());
+            return engine_aware::choose(
+                &self.engine_loads,
+                &q.engine,
+                affinity.map(|k| (&self.ring, k)),
+                self.rotation,
+            )
+            .map(|(i, _)| i);
+        }
+        balance::choose(&self.loads, q.scoring, q.latency_threshold_s, self.rotation)
+    }
+
+    /// Rebuilds the affinity ring after the endpoints changed.
+    pub(super) fn rebuild_ring(&mut self) {
+        let names: Vec<&str> = self.endpoints.iter().map(|e| &*e.addr).collect();
+        self.ring = Ring::new(&names);
     }
 
     /// Gives back a request's slot; a probe that ended without a verdict
@@ -188,6 +217,24 @@ impl PoolState {
                     _ => false,
                 },
             }));
+        if self.settings.queue.scoring == Scoring::EngineAware {
+            self.engine_loads.clear();
+            self.engine_loads
+                .extend(
+                    self.endpoints
+                        .iter()
+                        .zip(&self.loads)
+                        .map(|(e, base)| EngineLoad {
+                            base: *base,
+                            signals: match (&probe, &e.probe) {
+                                (Some(p), Some(r)) if r.usable(p, now) => Some(r.signals()),
+                                _ => None,
+                            },
+                            in_flight_at_scrape: e.in_flight_at_scrape,
+                            unit: e.tokens.prefill_s_per_token,
+                        }),
+                );
+        }
     }
 
     /// Queue wait estimate: the waiters ahead (and this request) served by

@@ -75,6 +75,8 @@ fn old_path(
         input_tokens: Some(200),
         max_tokens: Some(256),
         pools: Default::default(),
+        endpoints: Default::default(),
+        prompt: None,
     };
     for (i, name) in route.chain.iter().enumerate().take(measured) {
         situation

@@ -343,10 +343,169 @@ pub fn choose(
     best.map(|(i, _)| (i, Choice::LowestCost))
 }
 
+/// One endpoint's measurements, as `routerctl route explain` is given
+/// them (the situation JSON's `endpoints.<pool>[]`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EndpointSituation {
+    /// The endpoint's address (names it on the ring).
+    pub addr: String,
+    /// The router's requests in flight there.
+    #[serde(default)]
+    pub in_flight: u32,
+    /// The router's in-flight count at the scrape (default: `in_flight`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub in_flight_at_scrape: Option<u32>,
+    /// Scraped: requests waiting in the engine.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waiting: Option<u32>,
+    /// Scraped: requests running in the engine's batch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub running: Option<u32>,
+    /// Scraped: KV-cache usage, 0..1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_usage: Option<f64>,
+    /// Measured: prefill seconds per input token.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefill_s_per_token: Option<f64>,
+}
+
+/// One endpoint as the engine-aware choice saw it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct EndpointExplained {
+    /// The endpoint.
+    pub addr: String,
+    /// The router's requests in flight.
+    pub in_flight: u32,
+    /// Scraped waiting, running and KV usage.
+    pub waiting: Option<u32>,
+    /// Scraped running.
+    pub running: Option<u32>,
+    /// Scraped KV usage.
+    pub kv_usage: Option<f64>,
+    /// Prefill seconds per input token.
+    pub prefill_s_per_token: Option<f64>,
+    /// Estimated running plus waiting now.
+    pub estimated_load: u32,
+    /// Estimated waiting now.
+    pub estimated_waiting: u32,
+    /// Takes nothing new.
+    pub saturated: bool,
+}
+
+/// How an engine-aware pool would place the request, and on what.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct BalanceExplanation {
+    /// The pool.
+    pub pool: String,
+    /// Its scoring (`engine_aware`).
+    pub balance: String,
+    /// The endpoint chosen; `None` when the request would wait.
+    pub endpoint: Option<String>,
+    /// Why, in words.
+    pub why: String,
+    /// The request's prefix-affinity key (hex), when it has one.
+    pub prefix_key: Option<String>,
+    /// The signals, endpoint by endpoint.
+    pub signals: Vec<EndpointExplained>,
+}
+
+/// Explains the engine-aware choice among `endpoints` for a request whose
+/// leading prompt is `prompt` (system prompt and first user message).
+pub fn explain(
+    pool: &str,
+    settings: &EngineAware,
+    endpoints: &[EndpointSituation],
+    prompt: Option<&str>,
+) -> BalanceExplanation {
+    let loads: Vec<EngineLoad> = endpoints
+        .iter()
+        .map(|e| EngineLoad {
+            base: EndpointLoad {
+                ewma: None,
+                in_flight: e.in_flight,
+                max_concurrency: None,
+                available: true,
+                preferred: false,
+            },
+            signals: (e.waiting.is_some() || e.running.is_some() || e.kv_usage.is_some()).then_some(
+                EngineSignals {
+                    waiting: e.waiting,
+                    running: e.running,
+                    kv_usage: e.kv_usage,
+                },
+            ),
+            in_flight_at_scrape: e.in_flight_at_scrape.unwrap_or(e.in_flight),
+            unit: e.prefill_s_per_token,
+        })
+        .collect();
+    let ring = Ring::new(&endpoints.iter().map(|e| e.addr.as_str()).collect::<Vec<_>>());
+    let key = match (settings.affinity, prompt) {
+        (Some(a), Some(p)) => crate::affinity::prefix_key(p.as_bytes(), a.block_bytes, a.max_blocks),
+        _ => None,
+    };
+    let choice = choose(&loads, settings, key.map(|k| (&ring, k)), 0);
+    let why = match choice {
+        None if endpoints.is_empty() => "no endpoint measurements given".to_string(),
+        None => "every endpoint is saturated: the request waits in the router's queue and is bound when one frees".to_string(),
+        Some((_, Choice::Affinity { spilled: false })) => "prefix affinity: the key's endpoint on the ring, within the bounded load".to_string(),
+        Some((_, Choice::Affinity { spilled: true })) => "prefix affinity, spilled: the key's endpoint is over the bounded load (or saturated); the next one on the ring".to_string(),
+        Some((_, Choice::LowestCost)) => "lowest cost: (load + 1) × (1 + KV use) × prefill seconds per token".to_string(),
+    };
+    BalanceExplanation {
+        pool: pool.to_string(),
+        balance: "engine_aware".to_string(),
+        endpoint: choice.map(|(i, _)| endpoints[i].addr.clone()),
+        why,
+        prefix_key: key.map(|k| format!("{k:016x}")),
+        signals: endpoints
+            .iter()
+            .zip(&loads)
+            .map(|(e, l)| {
+                let est = l.estimate(settings);
+                EndpointExplained {
+                    addr: e.addr.clone(),
+                    in_flight: e.in_flight,
+                    waiting: e.waiting,
+                    running: e.running,
+                    kv_usage: e.kv_usage,
+                    prefill_s_per_token: e.prefill_s_per_token,
+                    estimated_load: est.load,
+                    estimated_waiting: est.waiting,
+                    saturated: est.saturated,
+                }
+            })
+            .collect(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn explain_shows_the_signals_and_the_choice() {
+        let sit = |addr: &str, waiting, running, kv| EndpointSituation {
+            addr: addr.into(),
+            in_flight: 1,
+            in_flight_at_scrape: None,
+            waiting: Some(waiting),
+            running: Some(running),
+            kv_usage: Some(kv),
+            prefill_s_per_token: Some(0.0003),
+        };
+        let eps = [sit("http://a:1", 0, 4, 0.5), sit("http://b:1", 7, 9, 0.9)];
+        let e = explain("gpus", &EngineAware::default(), &eps, None);
+        assert_eq!(e.endpoint.as_deref(), Some("http://a:1"));
+        assert!(e.why.starts_with("lowest cost"), "{}", e.why);
+        assert!(e.signals[1].saturated);
+        assert_eq!(e.signals[0].estimated_load, 4);
+        let all = [sit("http://b:1", 7, 9, 0.9)];
+        let e = explain("gpus", &EngineAware::default(), &all, None);
+        assert_eq!(e.endpoint, None);
+        assert!(e.why.contains("waits in the router's queue"), "{}", e.why);
+    }
 
     fn ep(in_flight: u32, signals: Option<EngineSignals>, at_scrape: u32) -> EngineLoad {
         EngineLoad {

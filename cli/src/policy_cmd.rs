@@ -209,7 +209,14 @@ fn print_balance(b: &serde_json::Value) {
     if let Some(signals) = b["signals"].as_array() {
         println!(
             "  {:<28} {:>9} {:>7} {:>7} {:>6} {:>6} {:>9} {:>14}",
-            "endpoint", "in_flight", "waiting", "running", "kv", "load", "saturated", "prefill s/tok"
+            "endpoint",
+            "in_flight",
+            "waiting",
+            "running",
+            "kv",
+            "load",
+            "saturated",
+            "prefill s/tok"
         );
         for s in signals {
             println!(

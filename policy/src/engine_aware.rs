@@ -428,20 +428,26 @@ pub fn explain(
                 available: true,
                 preferred: false,
             },
-            signals: (e.waiting.is_some() || e.running.is_some() || e.kv_usage.is_some()).then_some(
-                EngineSignals {
+            signals: (e.waiting.is_some() || e.running.is_some() || e.kv_usage.is_some())
+                .then_some(EngineSignals {
                     waiting: e.waiting,
                     running: e.running,
                     kv_usage: e.kv_usage,
-                },
-            ),
+                }),
             in_flight_at_scrape: e.in_flight_at_scrape.unwrap_or(e.in_flight),
             unit: e.prefill_s_per_token,
         })
         .collect();
-    let ring = Ring::new(&endpoints.iter().map(|e| e.addr.as_str()).collect::<Vec<_>>());
+    let ring = Ring::new(
+        &endpoints
+            .iter()
+            .map(|e| e.addr.as_str())
+            .collect::<Vec<_>>(),
+    );
     let key = match (settings.affinity, prompt) {
-        (Some(a), Some(p)) => crate::affinity::prefix_key(p.as_bytes(), a.block_bytes, a.max_blocks),
+        (Some(a), Some(p)) => {
+            crate::affinity::prefix_key(p.as_bytes(), a.block_bytes, a.max_blocks)
+        }
         _ => None,
     };
     let choice = choose(&loads, settings, key.map(|k| (&ring, k)), 0);

@@ -38,12 +38,15 @@ use hyper_util::rt::TokioExecutor;
 use router_mock::engine::EngineConfig;
 use router_mock::workload::{self, WorkloadConfig, WorkloadRequest};
 use router_mock::{Behavior, MockConfig, MockModel};
-use serde_json::{json, Value};
+use serde_json::json;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 #[derive(Parser, Debug)]
-#[command(name = "engine-fleet-bench", about = "Balancing strategies on a simulated LLM fleet")]
+#[command(
+    name = "engine-fleet-bench",
+    about = "Balancing strategies on a simulated LLM fleet"
+)]
 struct Args {
     /// Simulated engines in the pool.
     #[arg(long, default_value_t = 4)]
@@ -72,11 +75,14 @@ struct Args {
     #[arg(long, default_value_t = 1)]
     seed: u64,
     /// Capacity-probe interval of engine-aware pools, wall milliseconds.
-    #[arg(long, default_value_t = 50)]
+    #[arg(long, default_value_t = 100)]
     probe_interval_ms: u64,
     /// The proxy binary.
     #[arg(long, default_value = "target/release/router-proxy")]
     router_bin: PathBuf,
+    /// Keep the policies and the proxies' stderr (the temp dir is printed).
+    #[arg(long)]
+    keep: bool,
     /// Where the results (with every TTFT sample) go, as JSON.
     #[arg(long, default_value = "engine-fleet.json")]
     out: PathBuf,
@@ -92,6 +98,8 @@ struct Prepared {
 #[derive(Clone, Copy)]
 struct Measured {
     ok: bool,
+    /// HTTP status (0: no answer).
+    status: u16,
     ttft: Duration,
     e2e: Duration,
     sent: Instant,
@@ -130,8 +138,7 @@ fn workload_config(name: &str, seed: u64, requests: usize) -> Result<WorkloadCon
 /// Token ids as text the simulated engine turns back into distinct
 /// tokens: 4 characters per id (the engine cuts text into 4-byte tokens).
 fn render(tokens: &[u32]) -> String {
-    const ALPHABET: &[u8; 64] =
-        b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_";
+    const ALPHABET: &[u8; 64] = b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_";
     let mut s = String::with_capacity(tokens.len() * 4);
     for t in tokens {
         for k in 0..4 {
@@ -194,7 +201,9 @@ fn policy(strategy: &str, endpoints: &[String], probe_interval_ms: u64) -> Strin
 }
 
 fn free_port() -> Result<u16, BoxError> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
 }
 
 struct Proxy {
@@ -247,6 +256,7 @@ async fn send(client: Client<HttpConnector, Full<Bytes>>, uri: http::Uri, body: 
     let sent = Instant::now();
     let failed = |sent: Instant| Measured {
         ok: false,
+        status: 0,
         ttft: sent.elapsed(),
         e2e: sent.elapsed(),
         sent,
@@ -262,7 +272,19 @@ async fn send(client: Client<HttpConnector, Full<Bytes>>, uri: http::Uri, body: 
         return failed(sent);
     };
     if resp.status() != 200 {
-        return failed(sent);
+        if std::env::var_os("ENGINE_FLEET_DEBUG").is_some() {
+            let status = resp.status();
+            let body = resp.into_body().collect().await.map(|b| b.to_bytes());
+            eprintln!("{status}: {body:?}");
+            return Measured {
+                status: status.as_u16(),
+                ..failed(sent)
+            };
+        }
+        return Measured {
+            status: resp.status().as_u16(),
+            ..failed(sent)
+        };
     }
     let mut body = resp.into_body();
     let mut ttft = None;
@@ -277,6 +299,7 @@ async fn send(client: Client<HttpConnector, Full<Bytes>>, uri: http::Uri, body: 
     let ended = Instant::now();
     Measured {
         ok: true,
+        status: 200,
         ttft: ttft.unwrap_or(ended - sent),
         e2e: ended - sent,
         sent,
@@ -337,6 +360,7 @@ async fn run(args: Args) -> Result<(), BoxError> {
         .build(http);
     let dir = std::env::temp_dir().join(format!("engine-fleet-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
+    eprintln!("policies and proxy logs in {}", dir.display());
     let mut rows = Vec::new();
     println!(
         "| workload | load | strategy | TTFT p50 (ms) | TTFT p99 (ms) | e2e p50 (ms) | e2e p99 (ms) | throughput (req/s) | prefix-cache hits | errors |"
@@ -346,7 +370,7 @@ async fn run(args: Args) -> Result<(), BoxError> {
         let wcfg = workload_config(wname, args.seed, args.requests)?;
         let capacity = workload::simulated_capacity_rps(&engine, &wcfg);
         eprintln!(
-            "{wname}: one engine's capacity {capacity:.2} req/s (wall, time scale {scale}), {:.2} in model time",
+            "{wname}: one engine's capacity {capacity:.2} req/s of wall time (engines {scale}x fast), {:.2} req/s in model time",
             capacity / scale
         );
         for &load in &args.loads {
@@ -370,7 +394,10 @@ async fn run(args: Args) -> Result<(), BoxError> {
                 }
                 let urls: Vec<String> = engines.iter().map(|e| e.url()).collect();
                 let policy_path = dir.join(format!("{wname}-{load}-{strategy}.yaml"));
-                std::fs::write(&policy_path, policy(strategy, &urls, args.probe_interval_ms))?;
+                std::fs::write(
+                    &policy_path,
+                    policy(strategy, &urls, args.probe_interval_ms),
+                )?;
                 let proxy = start_proxy(&args.router_bin, &policy_path, &client).await?;
                 let uri: http::Uri = format!("{}/v1/chat/completions", proxy.url).parse()?;
                 let start = Instant::now();
@@ -394,6 +421,13 @@ async fn run(args: Args) -> Result<(), BoxError> {
                 drop(engines);
                 let ok: Vec<&Measured> = measured.iter().filter(|m| m.ok).collect();
                 let errors = measured.len() - ok.len();
+                if errors > 0 {
+                    let mut by_status: HashMap<u16, usize> = HashMap::new();
+                    for m in measured.iter().filter(|m| !m.ok) {
+                        *by_status.entry(m.status).or_default() += 1;
+                    }
+                    eprintln!("{wname} {load} {strategy}: errors by status {by_status:?}");
+                }
                 let ms = |d: Duration| d.as_secs_f64() * 1000.0 * scale;
                 let mut ttft: Vec<f64> = ok.iter().map(|m| ms(m.ttft)).collect();
                 let mut e2e: Vec<f64> = ok.iter().map(|m| ms(m.e2e)).collect();
@@ -444,7 +478,9 @@ async fn run(args: Args) -> Result<(), BoxError> {
         "rows": rows,
     });
     std::fs::write(&args.out, serde_json::to_string(&out)?)?;
-    let _ = std::fs::remove_dir_all(&dir);
+    if !args.keep {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
     Ok(())
 }
 

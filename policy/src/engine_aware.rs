@@ -37,7 +37,7 @@
 //!    untried endpoints are elsewhere).
 //! 5. **Prefix affinity** (optional, [`crate::affinity`]): requests carrying
 //!    a prefix key go to the first endpoint clockwise from the key on a
-//!    consistent-hash ring whose load stays within `c ×` the average of the
+//!    consistent-hash ring whose load stays within `c ×` (default 2) the average of the
 //!    unsaturated endpoints (bounded loads, Mirrokni, Thorup and
 //!    Zadimoghaddam, 2018): the endpoint that served the prefix before wins
 //!    unless its load is too far above the others'; then the request spills
@@ -65,8 +65,13 @@ use crate::balance::EndpointLoad;
 pub const DEFAULT_MAX_WAITING: u32 = 5;
 /// Default [`EngineAware::max_kv_usage`].
 pub const DEFAULT_MAX_KV_USAGE: f64 = 0.8;
-/// Default [`PrefixAffinity::load_factor`] (the paper's usual `c`).
-pub const DEFAULT_LOAD_FACTOR: f64 = 1.25;
+/// Default [`PrefixAffinity::load_factor`]: 2, looser than the paper's
+/// 1.25 because a miss here is expensive (a spilled turn of a long
+/// conversation recomputes its whole history), while overload is already
+/// guarded by the saturation thresholds. Measured in docs/benchmarks.md:
+/// on the prefix-heavy simulated workload at 80% load, TTFT p99 fell from
+/// 840–890 ms at 1.25 and 1.5 to 554 ms at 2.
+pub const DEFAULT_LOAD_FACTOR: f64 = 2.0;
 /// Default [`PrefixAffinity::block_bytes`]: 16 tokens of ~4 bytes, vLLM's
 /// block.
 pub const DEFAULT_BLOCK_BYTES: usize = 64;
@@ -622,7 +627,7 @@ mod tests {
             Some((owner, Choice::Affinity { spilled: false }))
         );
         // The owner carries 6 while the others carry 1: bound
-        // ceil(1.25 × 10 / 4) = 4, it spills.
+        // ceil(2 × 10 / 4) = 5, it spills.
         let mut skewed: Vec<_> = (0..4).map(|_| ep(1, sig(0, 1, 0.3), 1)).collect();
         skewed[owner] = ep(6, sig(0, 6, 0.3), 6);
         let (i, why) = choose(&skewed, &s, Some((&ring, key)), 0).expect("placed");
@@ -669,7 +674,7 @@ mod tests {
                 Some((i, _)) => {
                     prop_assert!(open.contains(&i));
                     let total: u64 = open.iter().map(|&j| u64::from(eps[j].estimate(&s).load)).sum::<u64>() + 1;
-                    let bound = (1.25 * total as f64 / open.len() as f64).ceil() as u64;
+                    let bound = (DEFAULT_LOAD_FACTOR * total as f64 / open.len() as f64).ceil() as u64;
                     prop_assert!(u64::from(eps[i].estimate(&s).load) < bound);
                 }
             }

@@ -77,6 +77,10 @@ struct Args {
     /// Capacity-probe interval of engine-aware pools, wall milliseconds.
     #[arg(long, default_value_t = 100)]
     probe_interval_ms: u64,
+    /// Bounded-load factor of `engine_aware_prefix` (default: the
+    /// router's).
+    #[arg(long)]
+    load_factor: Option<f64>,
     /// The proxy binary.
     #[arg(long, default_value = "target/release/router-proxy")]
     router_bin: PathBuf,
@@ -180,7 +184,13 @@ fn prepare(requests: &[WorkloadRequest], system_tokens: usize) -> Vec<Prepared> 
         .collect()
 }
 
-fn policy(strategy: &str, endpoints: &[String], probe_interval_ms: u64) -> String {
+fn policy(
+    strategy: &str,
+    endpoints: &[String],
+    probe_interval_ms: u64,
+    load_factor: Option<f64>,
+) -> String {
+    let load_factor = load_factor.map_or(String::new(), |c| format!(", load_factor: {c}"));
     let (balance, extra) = match strategy {
         "engine_aware" => (
             "engine_aware",
@@ -189,7 +199,7 @@ fn policy(strategy: &str, endpoints: &[String], probe_interval_ms: u64) -> Strin
         "engine_aware_prefix" => (
             "engine_aware",
             format!(
-                "      capacity_probe: {{kind: vllm, interval_ms: {probe_interval_ms}}}\n      engine_aware: {{affinity: prefix}}\n"
+                "      capacity_probe: {{kind: vllm, interval_ms: {probe_interval_ms}}}\n      engine_aware: {{affinity: prefix{load_factor}}}\n"
             ),
         ),
         other => (other, String::new()),
@@ -396,7 +406,7 @@ async fn run(args: Args) -> Result<(), BoxError> {
                 let policy_path = dir.join(format!("{wname}-{load}-{strategy}.yaml"));
                 std::fs::write(
                     &policy_path,
-                    policy(strategy, &urls, args.probe_interval_ms),
+                    policy(strategy, &urls, args.probe_interval_ms, args.load_factor),
                 )?;
                 let proxy = start_proxy(&args.router_bin, &policy_path, &client).await?;
                 let uri: http::Uri = format!("{}/v1/chat/completions", proxy.url).parse()?;
@@ -475,6 +485,7 @@ async fn run(args: Args) -> Result<(), BoxError> {
         "time_scale": scale,
         "seed": args.seed,
         "probe_interval_ms": args.probe_interval_ms,
+        "load_factor": args.load_factor,
         "rows": rows,
     });
     std::fs::write(&args.out, serde_json::to_string(&out)?)?;

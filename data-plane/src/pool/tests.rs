@@ -285,7 +285,10 @@ fn engine_pool(addrs: &[&str], affinity: bool) -> Arc<PoolRuntime> {
     let mut s = settings(100, 60_000, None);
     s.queue.scoring = Scoring::EngineAware;
     s.queue.engine = EngineAware {
-        affinity: affinity.then(PrefixAffinity::default),
+        affinity: affinity.then_some(PrefixAffinity {
+            load_factor: 1.25,
+            ..PrefixAffinity::default()
+        }),
         ..EngineAware::default()
     };
     s.probe = Some(router_policy::Probe {

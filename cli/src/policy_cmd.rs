@@ -220,7 +220,7 @@ fn print_balance(b: &serde_json::Value) {
         );
         for s in signals {
             println!(
-                "  {:<28} {:>9} {:>7} {:>7} {:>6} {:>6} {:>9} {:>14}",
+                "  {:<28} {:>9} {:>7} {:>7} {:>6} {:>6} {:>9} {:>14} {:>15}",
                 s["addr"].as_str().unwrap_or(""),
                 opt(&s["in_flight"]),
                 opt(&s["waiting"]),
@@ -229,6 +229,7 @@ fn print_balance(b: &serde_json::Value) {
                 opt(&s["estimated_load"]),
                 opt(&s["saturated"]),
                 opt(&s["prefill_s_per_token"]),
+                opt(&s["pending_prefill_tokens"]),
             );
         }
     }

@@ -28,13 +28,23 @@
 //!    piling onto an engine queue it can no longer leave. The choice is
 //!    made as late as possible, with the freshest information.
 //! 4. **Cost** ([`EngineLoad::cost`]): among unsaturated endpoints, the
-//!    lowest `(load + 1) × (1 + kv_usage) × unit`, where `load` is the
-//!    estimated running plus waiting count, and `unit` the endpoint's
-//!    token-normalised latency (seconds of prefill per input token,
-//!    [`TokenLatency`]), so a faster GPU takes more and one long prompt does
-//!    not make an endpoint look slow for everyone. Endpoints without a
-//!    measurement yet are given the best unit of the pool (optimistic, as
-//!    untried endpoints are elsewhere).
+//!    lowest `unit × (pending_prefill + RUNNING_REQUEST_TOKENS × (load + 1)
+//!    × (1 + kv_usage))`, an estimate of the wait for a first token there
+//!    in seconds. `pending_prefill` is the prompt tokens of this router's
+//!    requests sent there that have no first token yet: an engine prefills
+//!    what it was sent before it can produce this request's first token,
+//!    so queued prefill work, not the request count, is what a new
+//!    request's time to first token waits for (a 6,000-token prompt ahead
+//!    weighs as much as dozens of short ones). `load` is the estimated
+//!    running plus waiting count, each request in the batch counted as
+//!    [`RUNNING_REQUEST_TOKENS`] tokens of work (an assumption: a running
+//!    sequence slows every step a little and holds KV blocks), more as the
+//!    KV cache fills. `unit` is the endpoint's token-normalised latency
+//!    (seconds of prefill per input token, [`TokenLatency`]), so a faster
+//!    GPU takes more and one long prompt does not make an endpoint look
+//!    slow for everyone. Endpoints without a measurement yet are given the
+//!    best unit of the pool (optimistic, as untried endpoints are
+//!    elsewhere).
 //! 5. **Prefix affinity** (optional, [`crate::affinity`]): requests carrying
 //!    a prefix key go to the first endpoint clockwise from the key on a
 //!    consistent-hash ring whose load stays within `c ×` (default 2) the average of the
@@ -60,6 +70,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::affinity::Ring;
 use crate::balance::EndpointLoad;
+
+/// A request in an engine's batch, in tokens of prefill work, for
+/// [`EngineLoad::cost`] (an assumption, see the module docs).
+pub const RUNNING_REQUEST_TOKENS: f64 = 128.0;
 
 /// Default [`EngineAware::max_waiting`].
 pub const DEFAULT_MAX_WAITING: u32 = 5;
@@ -204,6 +218,9 @@ pub struct EngineLoad {
     pub in_flight_at_scrape: u32,
     /// Seconds of prefill per input token, if measured.
     pub unit: Option<f64>,
+    /// Prompt tokens of this router's requests there with no first token
+    /// yet.
+    pub pending_prefill_tokens: u64,
 }
 
 /// An endpoint's estimated state now.
@@ -266,9 +283,13 @@ impl EngineLoad {
                 .is_none_or(|max| self.base.in_flight < max)
     }
 
-    /// The cost of sending one more request here (lower is better).
+    /// The cost of sending one more request here (lower is better): the
+    /// estimated wait for a first token, seconds (see the module docs).
     pub fn cost(&self, estimate: &Estimate, unit: f64) -> f64 {
-        f64::from(estimate.load.saturating_add(1)) * (1.0 + estimate.kv_usage) * unit
+        let running = RUNNING_REQUEST_TOKENS
+            * f64::from(estimate.load.saturating_add(1))
+            * (1.0 + estimate.kv_usage);
+        unit * (self.pending_prefill_tokens as f64 + running)
     }
 }
 
@@ -373,6 +394,9 @@ pub struct EndpointSituation {
     /// Measured: prefill seconds per input token.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prefill_s_per_token: Option<f64>,
+    /// The router's prompt tokens there with no first token yet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pending_prefill_tokens: Option<u64>,
 }
 
 /// One endpoint as the engine-aware choice saw it.
@@ -390,6 +414,8 @@ pub struct EndpointExplained {
     pub kv_usage: Option<f64>,
     /// Prefill seconds per input token.
     pub prefill_s_per_token: Option<f64>,
+    /// The router's prompt tokens there with no first token yet.
+    pub pending_prefill_tokens: u64,
     /// Estimated running plus waiting now.
     pub estimated_load: u32,
     /// Estimated waiting now.
@@ -441,6 +467,7 @@ pub fn explain(
                 }),
             in_flight_at_scrape: e.in_flight_at_scrape.unwrap_or(e.in_flight),
             unit: e.prefill_s_per_token,
+            pending_prefill_tokens: e.pending_prefill_tokens.unwrap_or(0),
         })
         .collect();
     let ring = Ring::new(
@@ -461,7 +488,7 @@ pub fn explain(
         None => "every endpoint is saturated: the request waits in the router's queue and is bound when one frees".to_string(),
         Some((_, Choice::Affinity { spilled: false })) => "prefix affinity: the key's endpoint on the ring, within the bounded load".to_string(),
         Some((_, Choice::Affinity { spilled: true })) => "prefix affinity, spilled: the key's endpoint is over the bounded load (or saturated); the next one on the ring".to_string(),
-        Some((_, Choice::LowestCost)) => "lowest cost: (load + 1) × (1 + KV use) × prefill seconds per token".to_string(),
+        Some((_, Choice::LowestCost)) => "lowest cost: the estimated wait for a first token, prefill seconds per token × (pending prefill tokens + 128 × (load + 1) × (1 + KV use))".to_string(),
     };
     BalanceExplanation {
         pool: pool.to_string(),
@@ -481,6 +508,7 @@ pub fn explain(
                     running: e.running,
                     kv_usage: e.kv_usage,
                     prefill_s_per_token: e.prefill_s_per_token,
+                    pending_prefill_tokens: l.pending_prefill_tokens,
                     estimated_load: est.load,
                     estimated_waiting: est.waiting,
                     saturated: est.saturated,
@@ -505,6 +533,7 @@ mod tests {
             running: Some(running),
             kv_usage: Some(kv),
             prefill_s_per_token: Some(0.0003),
+            pending_prefill_tokens: None,
         };
         let eps = [sit("http://a:1", 0, 4, 0.5), sit("http://b:1", 7, 9, 0.9)];
         let e = explain("gpus", &EngineAware::default(), &eps, None);
@@ -530,6 +559,7 @@ mod tests {
             signals,
             in_flight_at_scrape: at_scrape,
             unit: None,
+            pending_prefill_tokens: 0,
         }
     }
 
@@ -575,6 +605,25 @@ mod tests {
         assert_eq!(choose(&freed, &s, None, 0).map(|c| c.0), Some(1));
         // Waiting 5 is not above the threshold of 5.
         assert!(!ep(0, sig(5, 1, 0.1), 0).estimate(&s).saturated);
+    }
+
+    #[test]
+    fn a_long_prompt_waiting_for_its_prefill_steers_the_next_request_away() {
+        let s = EngineAware::default();
+        // Equal counts, but the first engine has a 6,000-token prompt of
+        // this router's still in prefill.
+        let mut busy = ep(2, sig(0, 2, 0.3), 2);
+        busy.pending_prefill_tokens = 6000;
+        let mut light = ep(2, sig(0, 2, 0.3), 2);
+        light.pending_prefill_tokens = 200;
+        assert_eq!(choose(&[busy, light], &s, None, 0).map(|c| c.0), Some(1));
+        // A few more requests in a batch weigh less than that prompt.
+        let idle_but_prefilling = busy;
+        let fuller = ep(6, sig(0, 6, 0.3), 6);
+        assert_eq!(
+            choose(&[idle_but_prefilling, fuller], &s, None, 0).map(|c| c.0),
+            Some(1)
+        );
     }
 
     #[test]

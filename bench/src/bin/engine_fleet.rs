@@ -128,10 +128,11 @@ fn workload_config(name: &str, seed: u64, requests: usize) -> Result<WorkloadCon
     };
     match name {
         "prefix" => Ok(base),
-        // Every request its own session with its own system prompt:
-        // nothing is shared between prompts.
+        // Every request its own session, its system prompt drawn from 20
+        // times as many as there are requests: few prompts share anything
+        // (a draw repeats for about one request in forty).
         "no_prefix" => Ok(WorkloadConfig {
-            system_prompts: requests,
+            system_prompts: requests * 20,
             mean_turns: 1.0,
             ..base
         }),

@@ -111,8 +111,11 @@ impl Exchange {
                 timeout,
                 headers,
             } = attempt;
-            let prefix_key = pool.prefix_key(&self.body);
-            let mut lease = match pool.acquire_at(deadline, now, prefix_key).await {
+            let shape = crate::pool::RequestShape {
+                prefix_key: pool.prefix_key(&self.body),
+                input_tokens: self.estimated_input_tokens,
+            };
+            let lease = match pool.acquire_at(deadline, now, shape).await {
                 Ok(l) => l,
                 Err(shed) => return AttemptEnd::Shed(shed),
             };
@@ -125,7 +128,6 @@ impl Exchange {
                     return AttemptEnd::Shed(Shed::AttemptTimeout);
                 }
             }
-            lease.set_input_tokens(self.estimated_input_tokens);
             self.shared
                 .metrics
                 .queue_wait(pool.name(), lease.queue_wait().as_secs_f64());

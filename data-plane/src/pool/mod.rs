@@ -66,7 +66,7 @@ mod wake;
 
 pub(crate) use circuit::{CircuitState, MAX_RETRY_AFTER};
 pub(crate) use latency::Sample;
-pub(crate) use queue::{Lease, Shed, TokenSample};
+pub(crate) use queue::{Lease, RequestShape, Shed, TokenSample};
 pub(crate) use status::{Availability, PoolStatus};
 
 use state::{EndpointState, PoolState};

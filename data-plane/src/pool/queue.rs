@@ -74,8 +74,8 @@ impl Shed {
 pub(super) struct Waiter {
     id: u64,
     pub(super) enqueued_at: Instant,
-    /// The request's prefix-affinity key, if it has one.
-    prefix_key: Option<u64>,
+    /// What the balancer knows of the request.
+    shape: RequestShape,
     pub(super) tx: oneshot::Sender<Result<Lease, Shed>>,
 }
 
@@ -88,20 +88,20 @@ impl PoolRuntime {
         self: &Arc<Self>,
         attempt_deadline: Option<Instant>,
     ) -> Result<Lease, Shed> {
-        self.acquire_at(attempt_deadline, Instant::now(), None)
+        self.acquire_at(attempt_deadline, Instant::now(), RequestShape::default())
             .await
     }
 
     /// Waits for an endpoint, at most until the queue timeout or
     /// `attempt_deadline`, whichever comes first; the caller has read the
     /// clock (`now`) just before. Cancel-safe: dropping the future leaves
-    /// the queue at once. `prefix_key` is the request's prefix-affinity key
-    /// ([`PoolRuntime::prefix_key`]), for pools that use one.
+    /// the queue at once. `shape` is what the balancer may know of the
+    /// request (its prefix-affinity key and prompt size).
     pub(crate) async fn acquire_at(
         self: &Arc<Self>,
         attempt_deadline: Option<Instant>,
         now: Instant,
-        prefix_key: Option<u64>,
+        shape: RequestShape,
     ) -> Result<Lease, Shed> {
         let (id, mut rx, timeout_at, on_timeout) = {
             let mut st = self.lock();
@@ -109,7 +109,7 @@ impl PoolRuntime {
                 return Err(Shed::NoBackend);
             }
             if st.queue.is_empty() {
-                if let Some(lease) = self.try_grant(&mut st, now, now, prefix_key) {
+                if let Some(lease) = self.try_grant(&mut st, now, now, shape) {
                     self.counters.dispatched.inc();
                     return Ok(lease);
                 }
@@ -120,7 +120,7 @@ impl PoolRuntime {
             st.queue.push_back(Waiter {
                 id,
                 enqueued_at: now,
-                prefix_key,
+                shape,
                 tx,
             });
             if st.queue.len() > st.settings.queue.max_size {
@@ -185,13 +185,14 @@ impl PoolRuntime {
         st: &mut PoolState,
         enqueued_at: Instant,
         now: Instant,
-        prefix_key: Option<u64>,
+        shape: RequestShape,
     ) -> Option<Lease> {
         st.fill_loads(now);
         st.rotation = st.rotation.wrapping_add(1);
-        let i = st.choose(prefix_key)?;
+        let i = st.choose(shape.prefix_key)?;
         let e = &mut st.endpoints[i];
         e.in_flight += 1;
+        e.pending_prefill_tokens = e.pending_prefill_tokens.saturating_add(shape.input_tokens);
         let probe = e.breaker.on_grant();
         Some(Lease {
             pool: Arc::clone(self),
@@ -200,7 +201,8 @@ impl PoolRuntime {
             target: e.target.clone(),
             addr: Arc::clone(&e.addr),
             queue_wait: now.saturating_duration_since(enqueued_at),
-            input_tokens: 0,
+            input_tokens: shape.input_tokens,
+            prefill_pending: AtomicBool::new(shape.input_tokens > 0),
             probe,
             sampled: AtomicBool::new(false),
             armed: true,
@@ -217,9 +219,9 @@ impl PoolRuntime {
                 st.queue.pop_front();
                 continue;
             }
-            let (enqueued_at, prefix_key) = (front.enqueued_at, front.prefix_key);
+            let (enqueued_at, shape) = (front.enqueued_at, front.shape);
             let now = *now.get_or_insert_with(Instant::now);
-            let Some(lease) = self.try_grant(st, enqueued_at, now, prefix_key) else {
+            let Some(lease) = self.try_grant(st, enqueued_at, now, shape) else {
                 break;
             };
             let Some(waiter) = st.queue.pop_front() else {
@@ -233,7 +235,7 @@ impl PoolRuntime {
                     // The waiter vanished after the check above: take the
                     // lease back here, under the lock we already hold.
                     lease.armed = false;
-                    st.uncharge(lease.endpoint_id, lease.probe);
+                    st.uncharge(lease.endpoint_id, lease.probe, lease.unprefilled());
                 }
                 Err(Err(_)) => {}
             }
@@ -253,18 +255,20 @@ impl PoolRuntime {
         self.dispatch(&mut st);
     }
 
-    fn release(self: &Arc<Self>, endpoint_id: u64, unjudged_probe: bool) {
+    fn release(self: &Arc<Self>, endpoint_id: u64, unjudged_probe: bool, unprefilled: u64) {
         let mut st = self.lock();
-        st.uncharge(endpoint_id, unjudged_probe);
+        st.uncharge(endpoint_id, unjudged_probe, unprefilled);
         self.dispatch(&mut st);
     }
 
     /// Folds a per-token latency sample into the endpoint's
-    /// [`router_policy::engine_aware::TokenLatency`].
-    fn observe_tokens(&self, endpoint_id: u64, sample: TokenSample) {
+    /// [`router_policy::engine_aware::TokenLatency`]; `prefilled` tokens
+    /// are no longer waiting for their prefill there.
+    fn observe_tokens(&self, endpoint_id: u64, sample: TokenSample, prefilled: u64) {
         let mut st = self.lock();
         let alpha = st.settings.queue.ewma_alpha;
         if let Some(e) = st.endpoint_mut(endpoint_id) {
+            e.pending_prefill_tokens = e.pending_prefill_tokens.saturating_sub(prefilled);
             match sample {
                 TokenSample::FirstToken {
                     after,
@@ -291,13 +295,28 @@ impl PoolRuntime {
 
     /// [`Self::observe`] (as of `now`) and [`Self::release`] under one lock.
     #[inline]
-    fn observe_and_release(self: &Arc<Self>, endpoint_id: u64, sample: Sample, now: Instant) {
+    fn observe_and_release(
+        self: &Arc<Self>,
+        endpoint_id: u64,
+        sample: Sample,
+        now: Instant,
+        unprefilled: u64,
+    ) {
         let mut st = self.lock();
         self.record_sample(&mut st, endpoint_id, sample, now);
         // Sampled: a probe's verdict is in.
-        st.uncharge(endpoint_id, false);
+        st.uncharge(endpoint_id, false, unprefilled);
         self.dispatch(&mut st);
     }
+}
+
+/// What the balancer may know of a request before choosing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct RequestShape {
+    /// Its prefix-affinity key ([`PoolRuntime::prefix_key`]).
+    pub(crate) prefix_key: Option<u64>,
+    /// Its prompt size, tokens (estimated; 0 when unknown).
+    pub(crate) input_tokens: u64,
 }
 
 /// A latency measured against a token count.
@@ -348,6 +367,9 @@ pub(crate) struct Lease {
     queue_wait: Duration,
     /// The request's prompt tokens (estimated), for per-token latency.
     input_tokens: u64,
+    /// Its prompt is counted in the endpoint's pending prefill (no first
+    /// token yet).
+    prefill_pending: AtomicBool,
     /// This request is a half-open circuit's probe.
     probe: bool,
     sampled: AtomicBool,
@@ -391,25 +413,35 @@ impl Lease {
         self.pool.observe(self.endpoint_id, sample);
     }
 
-    /// Sets the request's prompt size (tokens, estimated), for the first
-    /// token's per-token latency.
-    pub(crate) fn set_input_tokens(&mut self, tokens: u64) {
-        self.input_tokens = tokens;
+    /// The prompt tokens still counted as waiting for their prefill (and
+    /// no longer, after this call).
+    fn unprefilled(&self) -> u64 {
+        if self.prefill_pending.swap(false, Ordering::Relaxed) {
+            self.input_tokens
+        } else {
+            0
+        }
     }
 
     /// Folds a latency-per-token sample (engine-aware balancing).
     pub(crate) fn observe_tokens(&self, sample: TokenSample) {
-        self.pool.observe_tokens(self.endpoint_id, sample);
+        self.pool.observe_tokens(self.endpoint_id, sample, 0);
     }
 
     /// The first token of a streamed answer came `after` the request was
-    /// sent: a prefill-per-input-token sample, when the prompt size is known.
+    /// sent: its prompt is no longer pending prefill there, and a
+    /// prefill-per-input-token sample, when the prompt size is known.
     pub(crate) fn observe_first_token(&self, after: Duration) {
-        if self.input_tokens > 0 {
-            self.observe_tokens(TokenSample::FirstToken {
-                after,
-                input_tokens: self.input_tokens,
-            });
+        let prefilled = self.unprefilled();
+        if prefilled > 0 {
+            self.pool.observe_tokens(
+                self.endpoint_id,
+                TokenSample::FirstToken {
+                    after,
+                    input_tokens: prefilled,
+                },
+                prefilled,
+            );
         }
     }
 
@@ -420,7 +452,9 @@ impl Lease {
         self.sampled.store(true, Ordering::Relaxed);
         if self.armed {
             self.armed = false;
-            self.pool.observe_and_release(self.endpoint_id, sample, now);
+            let unprefilled = self.unprefilled();
+            self.pool
+                .observe_and_release(self.endpoint_id, sample, now, unprefilled);
         } else {
             self.pool.observe(self.endpoint_id, sample);
         }
@@ -431,7 +465,8 @@ impl Drop for Lease {
     fn drop(&mut self) {
         if self.armed {
             let unjudged = self.probe && !self.sampled.load(Ordering::Relaxed);
-            self.pool.release(self.endpoint_id, unjudged);
+            let unprefilled = self.unprefilled();
+            self.pool.release(self.endpoint_id, unjudged, unprefilled);
         }
     }
 }

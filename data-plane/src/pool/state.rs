@@ -46,6 +46,9 @@ pub(super) struct EndpointState {
     pub(super) in_flight_at_scrape: u32,
     /// Latency per token (engine-aware balancing).
     pub(super) tokens: TokenLatency,
+    /// Prompt tokens of this router's requests there that have no first
+    /// token yet.
+    pub(super) pending_prefill_tokens: u64,
 }
 
 impl EndpointState {
@@ -63,6 +66,7 @@ impl EndpointState {
             probe: None,
             in_flight_at_scrape: 0,
             tokens: TokenLatency::default(),
+            pending_prefill_tokens: 0,
         }
     }
 
@@ -190,9 +194,10 @@ impl PoolState {
     /// Gives back a request's slot; a probe that ended without a verdict
     /// lets the next request probe.
     #[inline]
-    pub(super) fn uncharge(&mut self, endpoint_id: u64, unjudged_probe: bool) {
+    pub(super) fn uncharge(&mut self, endpoint_id: u64, unjudged_probe: bool, unprefilled: u64) {
         if let Some(e) = self.endpoint_mut(endpoint_id) {
             e.in_flight = e.in_flight.saturating_sub(1);
+            e.pending_prefill_tokens = e.pending_prefill_tokens.saturating_sub(unprefilled);
             if unjudged_probe && e.breaker.is_probing() {
                 e.breaker.on_probe_abandoned(Instant::now());
             }
@@ -232,6 +237,7 @@ impl PoolState {
                             },
                             in_flight_at_scrape: e.in_flight_at_scrape,
                             unit: e.tokens.prefill_s_per_token,
+                            pending_prefill_tokens: e.pending_prefill_tokens,
                         }),
                 );
         }

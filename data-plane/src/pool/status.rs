@@ -130,6 +130,7 @@ impl PoolRuntime {
                         running: fresh.and_then(|r| r.running),
                         kv_usage: fresh.and_then(|r| r.kv_cache_usage),
                         prefill_s_per_token: e.tokens.prefill_s_per_token,
+                        pending_prefill_tokens: Some(e.pending_prefill_tokens),
                     }
                 })
                 .collect(),

@@ -388,13 +388,34 @@ async fn requests_sharing_a_prefix_go_to_one_endpoint_until_it_is_loaded() {
     );
     let mut leases = Vec::new();
     for _ in 0..2 {
-        leases.push(p.acquire_at(None, Instant::now(), key).await.unwrap());
+        leases.push(
+            p.acquire_at(
+                None,
+                Instant::now(),
+                RequestShape {
+                    prefix_key: key,
+                    input_tokens: 0,
+                },
+            )
+            .await
+            .unwrap(),
+        );
     }
     assert_eq!(leases[0].endpoint(), leases[1].endpoint());
     let owner = leases[0].endpoint().clone();
     // The owner now runs 4 of 10: the bound is ceil(1.25 × 11 / 4) = 4,
     // so the next spills to another endpoint.
-    let spilled = p.acquire_at(None, Instant::now(), key).await.unwrap();
+    let spilled = p
+        .acquire_at(
+            None,
+            Instant::now(),
+            RequestShape {
+                prefix_key: key,
+                input_tokens: 0,
+            },
+        )
+        .await
+        .unwrap();
     assert_ne!(spilled.endpoint(), &owner);
     // A pool without affinity computes no key.
     assert_eq!(
@@ -407,9 +428,19 @@ async fn requests_sharing_a_prefix_go_to_one_endpoint_until_it_is_loaded() {
 async fn first_tokens_are_measured_per_input_token() {
     let p = engine_pool(&["h:1"], false);
     p.record_probe(&eps(&["h:1"])[0], reading(0, 0, 0.0));
-    let mut l = p.acquire(None).await.unwrap();
-    l.set_input_tokens(2000);
+    let shape = RequestShape {
+        prefix_key: None,
+        input_tokens: 2000,
+    };
+    let l = p.acquire_at(None, Instant::now(), shape).await.unwrap();
+    // Its prompt waits for its prefill there until the first token.
+    assert_eq!(p.lock().endpoints[0].pending_prefill_tokens, 2000);
     l.observe_first_token(Duration::from_millis(500));
+    assert_eq!(p.lock().endpoints[0].pending_prefill_tokens, 0);
     let t = p.lock().endpoints[0].tokens;
     assert_eq!(t.prefill_s_per_token, Some(0.00025));
+    // A request that ends before its first token gives its prompt back too.
+    let l = p.acquire_at(None, Instant::now(), shape).await.unwrap();
+    drop(l);
+    assert_eq!(p.lock().endpoints[0].pending_prefill_tokens, 0);
 }

@@ -77,6 +77,7 @@ fn old_path(
         pools: Default::default(),
         endpoints: Default::default(),
         prompt: None,
+        prefix_last_served: None,
     };
     for (i, name) in route.chain.iter().enumerate().take(measured) {
         situation

@@ -139,6 +139,55 @@ pub fn leading_prompt(body: &[u8]) -> Option<Vec<u8>> {
     Some(out)
 }
 
+/// Which endpoint served each prefix key last: a bounded table, the oldest
+/// key forgotten first when full. What "prefer the endpoint that served
+/// that prefix last" remembers; pure bookkeeping (the caller names
+/// endpoints by any stable id).
+#[derive(Debug, Clone, Default)]
+pub struct LastServed {
+    map: std::collections::HashMap<u64, u64>,
+    order: std::collections::VecDeque<u64>,
+    capacity: usize,
+}
+
+impl LastServed {
+    /// A table of at most `capacity` keys.
+    pub fn new(capacity: usize) -> Self {
+        Self {
+            map: std::collections::HashMap::new(),
+            order: std::collections::VecDeque::new(),
+            capacity: capacity.max(1),
+        }
+    }
+
+    /// The endpoint that served `key` last.
+    pub fn get(&self, key: u64) -> Option<u64> {
+        self.map.get(&key).copied()
+    }
+
+    /// `endpoint` served `key`.
+    pub fn record(&mut self, key: u64, endpoint: u64) {
+        if self.map.insert(key, endpoint).is_none() {
+            self.order.push_back(key);
+            while self.order.len() > self.capacity {
+                if let Some(old) = self.order.pop_front() {
+                    self.map.remove(&old);
+                }
+            }
+        }
+    }
+
+    /// Keys remembered.
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    /// Nothing remembered.
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+}
+
 /// The ring of one pool's endpoints. Built when the pool's endpoints
 /// change, consulted per request.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -261,6 +310,18 @@ mod tests {
             b"abc"
         );
         assert_eq!(leading_prompt(b"not json"), None);
+    }
+
+    #[test]
+    fn last_served_remembers_the_latest_endpoint_and_forgets_the_oldest_key() {
+        let mut t = LastServed::new(2);
+        t.record(1, 10);
+        t.record(1, 11);
+        assert_eq!(t.get(1), Some(11));
+        t.record(2, 20);
+        t.record(3, 30);
+        assert_eq!((t.get(1), t.get(2), t.get(3)), (None, Some(20), Some(30)));
+        assert_eq!(t.len(), 2);
     }
 
     #[test]

@@ -121,6 +121,9 @@ pub struct Situation {
     /// message), for prefix affinity.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prompt: Option<String>,
+    /// The endpoint (address) that served this prompt's prefix last.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefix_last_served: Option<String>,
 }
 
 /// A pool passed over, and why.
@@ -645,6 +648,7 @@ pub fn explain(policy: &Policy, situation: &Situation) -> Explanation {
                     &p.queue.engine,
                     situation.endpoints.get(&p.name).map_or(&[], Vec::as_slice),
                     situation.prompt.as_deref(),
+                    situation.prefix_last_served.as_deref(),
                 )
             }),
     }

@@ -296,23 +296,43 @@ impl EngineLoad {
 /// Why an endpoint was chosen (for `route explain` and the logs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Choice {
-    /// The prefix's endpoint on the ring (or its neighbour, after a spill).
+    /// The endpoint that served the prefix last, or after a spill its
+    /// neighbour on the ring.
     Affinity {
-        /// The ring's owner of the key was not it: spilled.
+        /// The endpoint that served it last was over the bound: spilled.
         spilled: bool,
     },
     /// The lowest cost.
     LowestCost,
 }
 
+/// What prefix affinity knows of a request.
+#[derive(Debug, Clone, Copy)]
+pub struct Affinity<'a> {
+    /// The pool's ring, built over the same endpoints in the same order.
+    pub ring: &'a Ring,
+    /// The request's prefix key.
+    pub key: u64,
+    /// The endpoint that served this key last, if remembered
+    /// ([`crate::affinity::LastServed`]).
+    pub last: Option<usize>,
+}
+
 /// Picks the endpoint for the next request: `None` when every endpoint is
 /// unavailable, full or saturated (the request then waits in the router's
-/// queue). `affinity` is the pool's ring (built over the same endpoints, in
-/// order) and the request's prefix key; `rotation` breaks ties.
+/// queue). `affinity` is given for a request with a prefix key in a pool
+/// with prefix affinity; `rotation` breaks ties.
+///
+/// With affinity: the endpoint that served the key last keeps it while it
+/// is open, unsaturated and within the bounded load; over the bound, the
+/// request spills along the key's consistent-hash ring to the first
+/// endpoint within it (so a hot prefix's overflow lands on the same
+/// neighbours, whose caches warm up too). A key never seen has nothing
+/// cached anywhere: it goes by cost, like a request without a key.
 pub fn choose(
     endpoints: &[EngineLoad],
     settings: &EngineAware,
-    affinity: Option<(&Ring, u64)>,
+    affinity: Option<Affinity<'_>>,
     rotation: usize,
 ) -> Option<(usize, Choice)> {
     let n = endpoints.len();
@@ -334,13 +354,26 @@ pub fn choose(
     let candidate =
         |i: usize| estimates[i].is_some() && (!any_preferred || endpoints[i].base.preferred);
 
-    if let (Some((ring, key)), Some(c)) = (affinity, settings.affinity.map(|a| a.load_factor)) {
+    let remembered = affinity.and_then(|a| a.last.map(|last| (a, last)));
+    if let (Some((a, last)), Some(c)) = (remembered, settings.affinity.map(|a| a.load_factor)) {
         let loads: Vec<Option<u32>> = (0..n)
             .map(|i| candidate(i).then(|| estimates[i].map_or(0, |e| e.load)))
             .collect();
-        if let Some(i) = ring.choose_among(key, &loads, c) {
-            let spilled = ring.owner(key) != Some(i);
-            return Some((i, Choice::Affinity { spilled }));
+        let open = loads.iter().flatten().count();
+        if open > 0 {
+            let total: u64 = loads.iter().flatten().map(|l| u64::from(*l)).sum::<u64>() + 1;
+            let bound = (c * total as f64 / open as f64).ceil() as u64;
+            if loads
+                .get(last)
+                .copied()
+                .flatten()
+                .is_some_and(|l| u64::from(l) < bound)
+            {
+                return Some((last, Choice::Affinity { spilled: false }));
+            }
+        }
+        if let Some(i) = a.ring.choose_among(a.key, &loads, c) {
+            return Some((i, Choice::Affinity { spilled: true }));
         }
     }
 
@@ -442,12 +475,14 @@ pub struct BalanceExplanation {
 }
 
 /// Explains the engine-aware choice among `endpoints` for a request whose
-/// leading prompt is `prompt` (system prompt and first user message).
+/// leading prompt is `prompt` (system prompt and first user message), that
+/// `last_served` (an endpoint's address) served last.
 pub fn explain(
     pool: &str,
     settings: &EngineAware,
     endpoints: &[EndpointSituation],
     prompt: Option<&str>,
+    last_served: Option<&str>,
 ) -> BalanceExplanation {
     let loads: Vec<EngineLoad> = endpoints
         .iter()
@@ -482,12 +517,22 @@ pub fn explain(
         }
         _ => None,
     };
-    let choice = choose(&loads, settings, key.map(|k| (&ring, k)), 0);
+    let last = last_served.and_then(|addr| endpoints.iter().position(|e| e.addr == addr));
+    let choice = choose(
+        &loads,
+        settings,
+        key.map(|key| Affinity {
+            ring: &ring,
+            key,
+            last,
+        }),
+        0,
+    );
     let why = match choice {
         None if endpoints.is_empty() => "no endpoint measurements given".to_string(),
         None => "every endpoint is saturated: the request waits in the router's queue and is bound when one frees".to_string(),
-        Some((_, Choice::Affinity { spilled: false })) => "prefix affinity: the key's endpoint on the ring, within the bounded load".to_string(),
-        Some((_, Choice::Affinity { spilled: true })) => "prefix affinity, spilled: the key's endpoint is over the bounded load (or saturated); the next one on the ring".to_string(),
+        Some((_, Choice::Affinity { spilled: false })) => "prefix affinity: the endpoint that served this prefix last, within the bounded load".to_string(),
+        Some((_, Choice::Affinity { spilled: true })) => "prefix affinity, spilled: the endpoint that served this prefix last is over the bounded load (or saturated); the first within it on the key's ring".to_string(),
         Some((_, Choice::LowestCost)) => "lowest cost: the estimated wait for a first token, prefill seconds per token × (pending prefill tokens + 128 × (load + 1) × (1 + KV use))".to_string(),
     };
     BalanceExplanation {
@@ -536,13 +581,13 @@ mod tests {
             pending_prefill_tokens: None,
         };
         let eps = [sit("http://a:1", 0, 4, 0.5), sit("http://b:1", 7, 9, 0.9)];
-        let e = explain("gpus", &EngineAware::default(), &eps, None);
+        let e = explain("gpus", &EngineAware::default(), &eps, None, None);
         assert_eq!(e.endpoint.as_deref(), Some("http://a:1"));
         assert!(e.why.starts_with("lowest cost"), "{}", e.why);
         assert!(e.signals[1].saturated);
         assert_eq!(e.signals[0].estimated_load, 4);
         let all = [sit("http://b:1", 7, 9, 0.9)];
-        let e = explain("gpus", &EngineAware::default(), &all, None);
+        let e = explain("gpus", &EngineAware::default(), &all, None, None);
         assert_eq!(e.endpoint, None);
         assert!(e.why.contains("waits in the router's queue"), "{}", e.why);
     }
@@ -662,33 +707,42 @@ mod tests {
     }
 
     #[test]
-    fn affinity_keeps_a_prefix_on_its_endpoint_until_it_is_overloaded() {
+    fn affinity_keeps_a_prefix_where_it_was_served_until_that_is_overloaded() {
         let s = EngineAware {
             affinity: Some(PrefixAffinity::default()),
             ..EngineAware::default()
         };
         let ring = Ring::new(&["a", "b", "c", "d"]);
         let key = 0x1234_5678_9abc_def0;
-        let owner = ring.owner(key).expect("owner");
         let even: Vec<_> = (0..4).map(|_| ep(2, sig(0, 2, 0.3), 2)).collect();
+        let aff = |last| {
+            Some(Affinity {
+                ring: &ring,
+                key,
+                last,
+            })
+        };
+        // A key never seen: by cost (nothing is cached anywhere).
         assert_eq!(
-            choose(&even, &s, Some((&ring, key)), 0),
-            Some((owner, Choice::Affinity { spilled: false }))
+            choose(&even, &s, aff(None), 0).map(|c| c.1),
+            Some(Choice::LowestCost)
         );
-        // The owner carries 6 while the others carry 1: bound
-        // ceil(2 × 10 / 4) = 5, it spills.
+        // Served by 2 before: 2 again, though all cost the same.
+        assert_eq!(
+            choose(&even, &s, aff(Some(2)), 0),
+            Some((2, Choice::Affinity { spilled: false }))
+        );
+        // 2 carries 6 while the others carry 1: bound ceil(2 × 10 / 4) = 5,
+        // it spills along the ring.
         let mut skewed: Vec<_> = (0..4).map(|_| ep(1, sig(0, 1, 0.3), 1)).collect();
-        skewed[owner] = ep(6, sig(0, 6, 0.3), 6);
-        let (i, why) = choose(&skewed, &s, Some((&ring, key)), 0).expect("placed");
-        assert_ne!(i, owner);
+        skewed[2] = ep(6, sig(0, 6, 0.3), 6);
+        let (i, why) = choose(&skewed, &s, aff(Some(2)), 0).expect("placed");
+        assert_ne!(i, 2);
         assert_eq!(why, Choice::Affinity { spilled: true });
-        // A saturated owner is skipped too.
+        // A saturated endpoint is skipped too.
         let mut sat = even.clone();
-        sat[owner] = ep(2, sig(9, 2, 0.3), 2);
-        assert_ne!(
-            choose(&sat, &s, Some((&ring, key)), 0).map(|c| c.0),
-            Some(owner)
-        );
+        sat[2] = ep(2, sig(9, 2, 0.3), 2);
+        assert_ne!(choose(&sat, &s, aff(Some(2)), 0).map(|c| c.0), Some(2));
     }
 
     proptest! {
@@ -718,9 +772,12 @@ mod tests {
             let open: Vec<usize> = (0..eps.len())
                 .filter(|&i| eps[i].base.available && !eps[i].estimate(&s).saturated)
                 .collect();
-            match choose(&eps, &s, Some((&ring, key)), rotation) {
+            let last = usize::try_from(key % eps.len() as u64).ok();
+            let aff = Some(Affinity { ring: &ring, key, last });
+            match choose(&eps, &s, aff, rotation) {
                 None => prop_assert!(open.is_empty()),
-                Some((i, _)) => {
+                Some((i, Choice::LowestCost)) => prop_assert!(open.contains(&i)),
+                Some((i, Choice::Affinity { .. })) => {
                     prop_assert!(open.contains(&i));
                     let total: u64 = open.iter().map(|&j| u64::from(eps[j].estimate(&s).load)).sum::<u64>() + 1;
                     let bound = (DEFAULT_LOAD_FACTOR * total as f64 / open.len() as f64).ceil() as u64;

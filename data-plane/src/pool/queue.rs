@@ -190,6 +190,10 @@ impl PoolRuntime {
         st.fill_loads(now);
         st.rotation = st.rotation.wrapping_add(1);
         let i = st.choose(shape.prefix_key)?;
+        if let Some(key) = shape.prefix_key {
+            let id = st.endpoints[i].id;
+            st.last_served.record(key, id);
+        }
         let e = &mut st.endpoints[i];
         e.in_flight += 1;
         e.pending_prefill_tokens = e.pending_prefill_tokens.saturating_add(shape.input_tokens);

@@ -12,7 +12,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
-use router_policy::affinity::Ring;
+use router_policy::affinity::{LastServed, Ring};
 use router_policy::balance::{self, EndpointLoad, Scoring};
 use router_policy::deadline::PoolOutlook;
 use router_policy::engine_aware::{self, EngineLoad, TokenLatency};
@@ -26,6 +26,10 @@ use super::wake::WakeTimer;
 use super::{Availability, PoolSettings, Shed};
 use crate::forward::UpstreamTarget;
 use crate::probe::ProbeReading;
+
+/// Prefix keys a pool remembers the last endpoint of (8 bytes of key and
+/// 8 of id each, plus the table's overhead: a few MiB at most).
+const LAST_SERVED_KEYS: usize = 65_536;
 
 /// One endpoint of a pool.
 pub(super) struct EndpointState {
@@ -97,6 +101,8 @@ pub(super) struct PoolState {
     /// The consistent-hash ring of the endpoints, in their order (prefix
     /// affinity).
     pub(super) ring: Ring,
+    /// Which endpoint (id) served each prefix key last.
+    pub(super) last_served: LastServed,
     pub(super) latencies: LatencyWindow,
     pub(super) wake: WakeTimer,
     pub(super) structured_degraded_until: Option<Instant>,
@@ -118,6 +124,7 @@ impl PoolState {
             loads: Vec::new(),
             engine_loads: Vec::new(),
             ring: Ring::new::<&str>(&[]),
+            last_served: LastServed::new(LAST_SERVED_KEYS),
             latencies: LatencyWindow::default(),
             wake: WakeTimer::default(),
             structured_degraded_until: None,
@@ -173,14 +180,18 @@ impl PoolState {
     pub(super) fn choose(&self, prefix_key: Option<u64>) -> Option<usize> {
         let q = &self.settings.queue;
         if q.scoring == Scoring::EngineAware {
-            let affinity = prefix_key.filter(|_| q.engine.affinity.is_some());
-            return engine_aware::choose(
-                &self.engine_loads,
-                &q.engine,
-                affinity.map(|k| (&self.ring, k)),
-                self.rotation,
-            )
-            .map(|(i, _)| i);
+            let affinity = prefix_key
+                .filter(|_| q.engine.affinity.is_some())
+                .map(|key| engine_aware::Affinity {
+                    ring: &self.ring,
+                    key,
+                    last: self
+                        .last_served
+                        .get(key)
+                        .and_then(|id| self.endpoints.iter().position(|e| e.id == id)),
+                });
+            return engine_aware::choose(&self.engine_loads, &q.engine, affinity, self.rotation)
+                .map(|(i, _)| i);
         }
         balance::choose(&self.loads, q.scoring, q.latency_threshold_s, self.rotation)
     }

@@ -208,7 +208,7 @@ fn print_balance(b: &serde_json::Value) {
     }
     if let Some(signals) = b["signals"].as_array() {
         println!(
-            "  {:<28} {:>9} {:>7} {:>7} {:>6} {:>6} {:>9} {:>14}",
+            "  {:<20} {:>9} {:>7} {:>7} {:>5} {:>5} {:>9} {:>13} {:>15}",
             "endpoint",
             "in_flight",
             "waiting",
@@ -216,11 +216,12 @@ fn print_balance(b: &serde_json::Value) {
             "kv",
             "load",
             "saturated",
-            "prefill s/tok"
+            "prefill s/tok",
+            "pending prefill"
         );
         for s in signals {
             println!(
-                "  {:<28} {:>9} {:>7} {:>7} {:>6} {:>6} {:>9} {:>14} {:>15}",
+                "  {:<20} {:>9} {:>7} {:>7} {:>5} {:>5} {:>9} {:>13} {:>15}",
                 s["addr"].as_str().unwrap_or(""),
                 opt(&s["in_flight"]),
                 opt(&s["waiting"]),

@@ -25,6 +25,11 @@
 //!    more than `c` times the average, and a popular prefix spills over to
 //!    its ring neighbours instead of piling onto one GPU.
 //!
+//! 4. **Memory** ([`LastServed`]): which endpoint served each key last, so
+//!    that a key goes back where its blocks are; the ring is where it
+//!    spills when that endpoint is over the bound
+//!    ([`crate::engine_aware::choose`]).
+//!
 //! Pure: no clock, no I/O; the loads are the caller's (in-flight requests,
 //! or what the engines report).
 

@@ -45,24 +45,28 @@
 //!    slow for everyone. Endpoints without a measurement yet are given the
 //!    best unit of the pool (optimistic, as untried endpoints are
 //!    elsewhere).
-//! 5. **Prefix affinity** (optional, [`crate::affinity`]): requests carrying
-//!    a prefix key go to the first endpoint clockwise from the key on a
-//!    consistent-hash ring whose load stays within `c ×` (default 2) the average of the
-//!    unsaturated endpoints (bounded loads, Mirrokni, Thorup and
-//!    Zadimoghaddam, 2018): the endpoint that served the prefix before wins
-//!    unless its load is too far above the others'; then the request spills
-//!    to the ring's next endpoint, so a hot prefix spreads over a few GPUs
-//!    instead of queueing on one.
+//! 5. **Prefix affinity** (optional, [`crate::affinity`]): a request
+//!    carrying a prefix key that was served before ([`Affinity::last`],
+//!    remembered by [`crate::affinity::LastServed`]) goes back to the
+//!    endpoint that served it, while that endpoint is unsaturated and its
+//!    load stays within `c ×` (default 2) the average of the unsaturated
+//!    endpoints (bounded loads, Mirrokni, Thorup and Zadimoghaddam, 2018).
+//!    Over the bound it spills along the key's consistent-hash ring to the
+//!    first endpoint within it, so a hot prefix's overflow lands on the
+//!    same neighbours every time instead of queueing on one GPU. A key
+//!    never seen has nothing cached anywhere: it goes by cost, so affinity
+//!    costs nothing on traffic without shared prefixes.
 //!
 //! Endpoints where the pool's model is already resident are preferred, as
 //! in [`crate::balance`].
 //!
 //! Where an engine publishes KV-cache events (vLLM's `KVEvents` over ZMQ,
-//! block stored / removed with their hashes), the ring's guess of "who holds
-//! this prefix" could be replaced by an index of which endpoint holds which
-//! block hashes, built from those events: the affine endpoint becomes the
-//! one with the longest cached prefix, and the same bounded-load rule
-//! decides whether it may take one more. Nothing else here changes.
+//! block stored / removed with their hashes), the router's memory of "who
+//! served this prefix last" could be replaced by an index of which endpoint
+//! holds which block hashes, built from those events: [`Affinity::last`]
+//! becomes the endpoint with the longest cached prefix, and the same
+//! bounded-load rule decides whether it may take one more. Nothing else
+//! here changes.
 //!
 //! Pure: the caller brings the clock-free facts; no I/O.
 

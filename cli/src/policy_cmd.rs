@@ -109,6 +109,9 @@ fn print_explanation(e: &Explanation, output: Output) {
             for s in &e.skipped {
                 println!("skipped:           {}: {}", s.pool, s.why);
             }
+            if let Some(b) = &e.balance {
+                print_balance(&serde_json::to_value(b).unwrap_or_default());
+            }
         }
     }
 }
@@ -176,9 +179,61 @@ pub fn print_explanation_json(json: &str, output: Output) -> ExitCode {
                     );
                 }
             }
+            if v["balance"].is_object() {
+                print_balance(&v["balance"]);
+            }
         }
     }
     ExitCode::SUCCESS
+}
+
+/// The engine-aware part of an explanation: the endpoint, why, and the
+/// signals of every endpoint.
+fn print_balance(b: &serde_json::Value) {
+    let opt = |v: &serde_json::Value| {
+        if v.is_null() {
+            "-".to_string()
+        } else {
+            v.to_string()
+        }
+    };
+    println!(
+        "balance:           {} -> {}",
+        b["balance"].as_str().unwrap_or("-"),
+        b["endpoint"].as_str().unwrap_or("(waits in the queue)")
+    );
+    println!("balance reason:    {}", b["why"].as_str().unwrap_or(""));
+    if let Some(k) = b["prefix_key"].as_str() {
+        println!("prefix key:        {k}");
+    }
+    if let Some(signals) = b["signals"].as_array() {
+        println!(
+            "  {:<20} {:>9} {:>7} {:>7} {:>5} {:>5} {:>9} {:>13} {:>15}",
+            "endpoint",
+            "in_flight",
+            "waiting",
+            "running",
+            "kv",
+            "load",
+            "saturated",
+            "prefill s/tok",
+            "pending prefill"
+        );
+        for s in signals {
+            println!(
+                "  {:<20} {:>9} {:>7} {:>7} {:>5} {:>5} {:>9} {:>13} {:>15}",
+                s["addr"].as_str().unwrap_or(""),
+                opt(&s["in_flight"]),
+                opt(&s["waiting"]),
+                opt(&s["running"]),
+                opt(&s["kv_usage"]),
+                opt(&s["estimated_load"]),
+                opt(&s["saturated"]),
+                opt(&s["prefill_s_per_token"]),
+                opt(&s["pending_prefill_tokens"]),
+            );
+        }
+    }
 }
 
 /// "1 pool", "2 pools".

@@ -325,9 +325,18 @@ async fn read_admin_body(shared: &Shared, req: Request<Incoming>) -> Result<Byte
 /// `POST /_custom_router/explain`: where would this situation go?
 async fn explain(shared: &Shared, req: Request<Incoming>) -> Result<Response<Bytes>, ProxyError> {
     let body = read_admin_body(shared, req).await?;
-    let situation: router_policy::decide::Situation = serde_json::from_slice(&body)
+    let mut situation: router_policy::decide::Situation = serde_json::from_slice(&body)
         .map_err(|e| ProxyError::InvalidRequest(format!("not a situation: {e}")))?;
     let snapshot = shared.config.load();
+    // Engine-aware pools the situation does not describe: their live
+    // signals, so the answer shows what this proxy would go by now.
+    for (name, pool) in &snapshot.pools {
+        if !situation.endpoints.contains_key(name) {
+            if let Some(live) = pool.endpoint_situations() {
+                situation.endpoints.insert(name.clone(), live);
+            }
+        }
+    }
     router_policy::decide::check_situation(&snapshot.policy, &situation)
         .map_err(|e| ProxyError::InvalidRequest(e.to_string()))?;
     let answer = router_policy::decide::explain(&snapshot.policy, &situation);

@@ -4,9 +4,22 @@
 //!   VRAM each holds; free VRAM is the configured total minus their sum,
 //!   and the resident list lets the balancer prefer an endpoint where the
 //!   pool's model is already loaded (a cold load costs seconds).
-//! - `vllm`: `GET /metrics` (Prometheus text) gives the requests waiting
-//!   inside the server (`vllm:num_requests_waiting`), added to the pool's
-//!   queue depth for the `max_queue_depth` gate, and the KV-cache usage.
+//! - `vllm`, `sglang`, `tgi`: `GET /metrics` (Prometheus text) gives the
+//!   requests waiting inside the server, added to the pool's queue depth
+//!   for the `max_queue_depth` gate, the requests running in its batch and
+//!   the KV-cache usage, which engine-aware balancing
+//!   ([`router_policy::engine_aware`]) goes by. The names read (whatever
+//!   the probe's kind: a page has one engine's names):
+//!
+//!   | signal | vLLM | SGLang | TGI |
+//!   |---|---|---|---|
+//!   | waiting | `vllm:num_requests_waiting` | `sglang:num_queue_reqs` | `tgi_queue_size` |
+//!   | running | `vllm:num_requests_running` | `sglang:num_running_reqs` | `tgi_batch_current_size` |
+//!   | KV use (0..1) | `vllm:kv_cache_usage_perc`, older `vllm:gpu_cache_usage_perc` | `sglang:token_usage` | none |
+//!
+//!   Counts are summed over label sets (data-parallel engines behind one
+//!   port), KV usage is the highest. A page is at most 4 MiB, one GET per
+//!   endpoint per interval, each bounded by the interval: a bounded cost.
 //!
 //! Each pool with a `capacity_probe` has one task polling its endpoints
 //! every `interval_ms`, each poll bounded by the interval. A probe that
@@ -24,6 +37,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Limited};
+use router_policy::engine_aware::EngineSignals;
 use router_policy::{Endpoint, Probe, ProbeKind, Scheme};
 use serde::Deserialize;
 use tokio::time::Instant;
@@ -47,10 +61,23 @@ pub(crate) struct ProbeReading {
     pub vram_free_mb: Option<u64>,
     /// Models resident in memory (Ollama).
     pub resident: Vec<String>,
-    /// Requests waiting inside the server (vLLM).
+    /// Requests waiting inside the server (vLLM, SGLang, TGI).
     pub waiting: Option<u32>,
-    /// KV-cache usage, 0..1 (vLLM).
+    /// Requests running in the server's batch (vLLM, SGLang, TGI).
+    pub running: Option<u32>,
+    /// KV-cache usage, 0..1 (vLLM, SGLang).
     pub kv_cache_usage: Option<f64>,
+}
+
+impl ProbeReading {
+    /// What the engine said, for engine-aware balancing.
+    pub(crate) fn signals(&self) -> EngineSignals {
+        EngineSignals {
+            waiting: self.waiting,
+            running: self.running,
+            kv_usage: self.kv_cache_usage,
+        }
+    }
 }
 
 impl ProbeReading {
@@ -105,33 +132,71 @@ pub(crate) fn parse_ollama_ps(
     Ok((free, resident))
 }
 
-/// Waiting requests and KV-cache usage from vLLM's `/metrics`.
-pub(crate) fn parse_vllm_metrics(text: &str) -> Result<(Option<u32>, Option<f64>), String> {
-    let mut waiting: Option<f64> = None;
-    let mut kv: Option<f64> = None;
-    for line in text.lines() {
-        if line.starts_with('#') {
-            continue;
+/// One sample line of Prometheus text: the metric name and its value
+/// (labels skipped, quoted label values may hold spaces and braces; a
+/// trailing timestamp ignored). `None` for comments, blanks and lines that
+/// do not parse.
+fn sample_line(line: &str) -> Option<(&str, f64)> {
+    let line = line.trim();
+    if line.is_empty() || line.starts_with('#') {
+        return None;
+    }
+    let name_end = line.find(['{', ' ', '\t'])?;
+    let name = &line[..name_end];
+    let mut rest = &line[name_end..];
+    if rest.starts_with('{') {
+        // Skip to the closing brace outside quotes.
+        let mut in_quotes = false;
+        let mut escaped = false;
+        let mut close = None;
+        for (i, c) in rest.char_indices() {
+            match c {
+                _ if escaped => escaped = false,
+                '\\' if in_quotes => escaped = true,
+                '"' => in_quotes = !in_quotes,
+                '}' if !in_quotes => {
+                    close = Some(i);
+                    break;
+                }
+                _ => {}
+            }
         }
-        let Some((name, value)) = line.rsplit_once(' ') else {
-            continue;
-        };
-        let metric = name.split('{').next().unwrap_or("");
-        let Ok(v) = value.trim().parse::<f64>() else {
-            continue;
-        };
+        rest = &rest[close? + 1..];
+    }
+    let value = rest.split_whitespace().next()?.parse::<f64>().ok()?;
+    value.is_finite().then_some((name, value))
+}
+
+/// An engine's load from its Prometheus `/metrics` page (vLLM, SGLang or
+/// TGI names, see the module docs); an error when the page has none of
+/// them.
+pub(crate) fn parse_engine_metrics(text: &str) -> Result<EngineSignals, String> {
+    let mut waiting: Option<f64> = None;
+    let mut running: Option<f64> = None;
+    let mut kv: Option<f64> = None;
+    for (metric, v) in text.lines().filter_map(sample_line) {
         match metric {
-            "vllm:num_requests_waiting" => *waiting.get_or_insert(0.0) += v,
-            "vllm:gpu_cache_usage_perc" | "vllm:kv_cache_usage_perc" => {
+            "vllm:num_requests_waiting" | "sglang:num_queue_reqs" | "tgi_queue_size" => {
+                *waiting.get_or_insert(0.0) += v
+            }
+            "vllm:num_requests_running" | "sglang:num_running_reqs" | "tgi_batch_current_size" => {
+                *running.get_or_insert(0.0) += v
+            }
+            "vllm:gpu_cache_usage_perc" | "vllm:kv_cache_usage_perc" | "sglang:token_usage" => {
                 kv = Some(kv.map_or(v, |k: f64| k.max(v)));
             }
             _ => {}
         }
     }
-    if waiting.is_none() && kv.is_none() {
-        return Err("no vllm metrics in the answer".into());
+    if waiting.is_none() && running.is_none() && kv.is_none() {
+        return Err("no engine metrics (vllm, sglang, tgi) in the answer".into());
     }
-    Ok((waiting.map(|w| w.max(0.0).round() as u32), kv))
+    let count = |c: Option<f64>| c.map(|c| c.clamp(0.0, f64::from(u32::MAX)).round() as u32);
+    Ok(EngineSignals {
+        waiting: count(waiting),
+        running: count(running),
+        kv_usage: kv.map(|k| k.clamp(0.0, 1.0)),
+    })
 }
 
 fn probe_uri(endpoint: &Endpoint, path: &str) -> Result<http::Uri, http::Error> {
@@ -178,7 +243,7 @@ pub(crate) async fn probe_once(
 ) -> ProbeReading {
     let path = match probe.kind {
         ProbeKind::Ollama => "/api/ps",
-        ProbeKind::Vllm => "/metrics",
+        ProbeKind::Vllm | ProbeKind::Sglang | ProbeKind::Tgi => "/metrics",
     };
     let mut reading = ProbeReading {
         at: Instant::now(),
@@ -186,6 +251,7 @@ pub(crate) async fn probe_once(
         vram_free_mb: None,
         resident: Vec::new(),
         waiting: None,
+        running: None,
         kv_cache_usage: None,
     };
     let Ok(uri) = probe_uri(endpoint, path) else {
@@ -203,10 +269,13 @@ pub(crate) async fn probe_once(
             reading.vram_free_mb = free;
             reading.resident = resident;
         }),
-        ProbeKind::Vllm => parse_vllm_metrics(&String::from_utf8_lossy(&body)).map(|(w, kv)| {
-            reading.waiting = w;
-            reading.kv_cache_usage = kv;
-        }),
+        ProbeKind::Vllm | ProbeKind::Sglang | ProbeKind::Tgi => {
+            parse_engine_metrics(&String::from_utf8_lossy(&body)).map(|s| {
+                reading.waiting = s.waiting;
+                reading.running = s.running;
+                reading.kv_cache_usage = s.kv_usage;
+            })
+        }
     };
     match parsed {
         Ok(()) => reading.healthy = true,
@@ -258,14 +327,115 @@ mod tests {
         assert!(parse_ollama_ps(b"<html>", Some(1)).is_err());
     }
 
+    fn signals(waiting: u32, running: u32, kv: Option<f64>) -> EngineSignals {
+        EngineSignals {
+            waiting: Some(waiting),
+            running: Some(running),
+            kv_usage: kv,
+        }
+    }
+
+    /// A vLLM V0 page (0.6-era names), as `curl :8000/metrics` shows it,
+    /// cut to the families around the ones read.
+    const VLLM_V0: &str = r#"# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig
+# TYPE vllm:cache_config_info gauge
+vllm:cache_config_info{block_size="16",cache_dtype="auto",enable_prefix_caching="True",gpu_memory_utilization="0.9",num_cpu_blocks="2048",num_gpu_blocks="27153",num_gpu_blocks_override="None",sliding_window="None",swap_space_bytes="4294967296"} 1.0
+# HELP vllm:num_requests_running Number of requests currently running on GPU.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{model_name="meta-llama/Llama-3.1-8B-Instruct"} 12.0
+# HELP vllm:num_requests_swapped Number of requests swapped to CPU.
+# TYPE vllm:num_requests_swapped gauge
+vllm:num_requests_swapped{model_name="meta-llama/Llama-3.1-8B-Instruct"} 0.0
+# HELP vllm:num_requests_waiting Number of requests waiting to be processed.
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{model_name="meta-llama/Llama-3.1-8B-Instruct"} 4.0
+# HELP vllm:gpu_cache_usage_perc GPU KV-cache usage. 1 means 100 percent usage.
+# TYPE vllm:gpu_cache_usage_perc gauge
+vllm:gpu_cache_usage_perc{model_name="meta-llama/Llama-3.1-8B-Instruct"} 0.8312
+# HELP vllm:cpu_cache_usage_perc CPU KV-cache usage. 1 means 100 percent usage.
+# TYPE vllm:cpu_cache_usage_perc gauge
+vllm:cpu_cache_usage_perc{model_name="meta-llama/Llama-3.1-8B-Instruct"} 0.0
+# HELP vllm:time_to_first_token_seconds Histogram of time to first token in seconds.
+# TYPE vllm:time_to_first_token_seconds histogram
+vllm:time_to_first_token_seconds_bucket{le="0.001",model_name="meta-llama/Llama-3.1-8B-Instruct"} 0.0
+vllm:time_to_first_token_seconds_sum{model_name="meta-llama/Llama-3.1-8B-Instruct"} 931.2
+"#;
+
+    /// A vLLM V1 page (0.8+): `engine` label, `kv_cache_usage_perc`, two
+    /// data-parallel engines behind one port.
+    const VLLM_V1_DP2: &str = r#"# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="Qwen/Qwen3-8B"} 7.0
+vllm:num_requests_running{engine="1",model_name="Qwen/Qwen3-8B"} 5.0
+# HELP vllm:num_requests_waiting Number of requests waiting to be processed.
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="Qwen/Qwen3-8B"} 0.0
+vllm:num_requests_waiting{engine="1",model_name="Qwen/Qwen3-8B"} 2.0
+# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{engine="0",model_name="Qwen/Qwen3-8B"} 0.41
+vllm:kv_cache_usage_perc{engine="1",model_name="Qwen/Qwen3-8B"} 0.57
+# HELP vllm:prefix_cache_hits_total Prefix cache hits, in terms of number of cached tokens.
+# TYPE vllm:prefix_cache_hits_total counter
+vllm:prefix_cache_hits_total{engine="0",model_name="Qwen/Qwen3-8B"} 1.234567e+06
+"#;
+
+    /// SGLang's page as its production-metrics docs show it (with
+    /// `--enable-metrics`), plus the queue and running gauges.
+    const SGLANG: &str = r#"# HELP sglang:prompt_tokens_total Number of prefill tokens processed.
+# TYPE sglang:prompt_tokens_total counter
+sglang:prompt_tokens_total{model_name="meta-llama/Llama-3.1-8B-Instruct"} 8.128902e+06
+# HELP sglang:num_running_reqs The number of running requests
+# TYPE sglang:num_running_reqs gauge
+sglang:num_running_reqs{model_name="meta-llama/Llama-3.1-8B-Instruct"} 9.0
+# HELP sglang:token_usage The token usage
+# TYPE sglang:token_usage gauge
+sglang:token_usage{model_name="meta-llama/Llama-3.1-8B-Instruct"} 0.28
+# HELP sglang:num_queue_reqs The number of requests in the waiting queue
+# TYPE sglang:num_queue_reqs gauge
+sglang:num_queue_reqs{model_name="meta-llama/Llama-3.1-8B-Instruct"} 3.0
+# HELP sglang:cache_hit_rate The cache hit rate
+# TYPE sglang:cache_hit_rate gauge
+sglang:cache_hit_rate{model_name="meta-llama/Llama-3.1-8B-Instruct"} 0.007507552643049313
+"#;
+
+    /// TGI's page: unlabelled gauges (no KV usage metric exists).
+    const TGI: &str = "# TYPE tgi_queue_size gauge\ntgi_queue_size 6\n# TYPE tgi_batch_current_size gauge\ntgi_batch_current_size 14\n# TYPE tgi_batch_current_max_tokens gauge\ntgi_batch_current_max_tokens 31744\n";
+
     #[test]
-    fn vllm_metrics_give_waiting_and_kv_usage() {
-        let text = "# HELP vllm:num_requests_waiting x\n\
-                    vllm:num_requests_waiting{model_name=\"m\"} 3.0\n\
-                    vllm:num_requests_running{model_name=\"m\"} 7.0\n\
-                    vllm:gpu_cache_usage_perc{model_name=\"m\"} 0.82\n";
-        assert_eq!(parse_vllm_metrics(text).unwrap(), (Some(3), Some(0.82)));
-        assert!(parse_vllm_metrics("up 1\n").is_err());
+    fn engine_metrics_are_read_from_real_vllm_sglang_and_tgi_pages() {
+        assert_eq!(
+            parse_engine_metrics(VLLM_V0).unwrap(),
+            signals(4, 12, Some(0.8312))
+        );
+        assert_eq!(
+            parse_engine_metrics(VLLM_V1_DP2).unwrap(),
+            signals(2, 12, Some(0.57))
+        );
+        assert_eq!(
+            parse_engine_metrics(SGLANG).unwrap(),
+            signals(3, 9, Some(0.28))
+        );
+        assert_eq!(parse_engine_metrics(TGI).unwrap(), signals(6, 14, None));
+        assert!(parse_engine_metrics("up 1\n").is_err());
+        assert!(parse_engine_metrics("<html>oops</html>").is_err());
+    }
+
+    #[test]
+    fn sample_lines_skip_labels_with_spaces_and_braces_and_timestamps() {
+        assert_eq!(
+            sample_line(
+                r#"vllm:num_requests_waiting{model_name="my model {x}",a="q\"}"} 3 1700000000000"#
+            ),
+            Some(("vllm:num_requests_waiting", 3.0))
+        );
+        assert_eq!(
+            sample_line("tgi_queue_size 2.5e+00"),
+            Some(("tgi_queue_size", 2.5))
+        );
+        assert_eq!(sample_line("# HELP x y"), None);
+        assert_eq!(sample_line("x NaN"), None);
+        assert_eq!(sample_line(r#"x{a="unterminated} 1"#), None);
     }
 
     #[test]
@@ -282,6 +452,7 @@ mod tests {
             vram_free_mb: None,
             resident: Vec::new(),
             waiting: Some(2),
+            running: None,
             kv_cache_usage: None,
         };
         assert!(reading.usable(&probe, at));

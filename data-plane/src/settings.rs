@@ -214,8 +214,13 @@ impl Settings {
             };
         }
         if let Some((var, v)) = get("CUSTOM_ROUTER_SCORING") {
-            s.queue.scoring =
-                Scoring::parse(v.trim()).ok_or_else(|| bad(var, &v, "peak_ewma or lowest_ewma"))?;
+            s.queue.scoring = Scoring::parse(v.trim()).ok_or_else(|| {
+                bad(
+                    var,
+                    &v,
+                    "peak_ewma, lowest_ewma, least_requests, round_robin or engine_aware",
+                )
+            })?;
         }
         if let Some((var, v)) = get("CUSTOM_ROUTER_STATE_LOG_INTERVAL") {
             s.state_log_interval = seconds(var, &v)?;

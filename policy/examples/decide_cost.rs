@@ -76,6 +76,9 @@ fn old_path(
         input_tokens: Some(200),
         max_tokens: Some(256),
         pools: Default::default(),
+        endpoints: Default::default(),
+        prompt: None,
+        prefix_last_served: None,
     };
     for (i, name) in route.chain.iter().enumerate().take(measured) {
         situation

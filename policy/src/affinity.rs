@@ -25,6 +25,11 @@
 //!    more than `c` times the average, and a popular prefix spills over to
 //!    its ring neighbours instead of piling onto one GPU.
 //!
+//! 4. **Memory** ([`LastServed`]): which endpoint served each key last, so
+//!    that a key goes back where its blocks are; the ring is where it
+//!    spills when that endpoint is over the bound
+//!    ([`crate::engine_aware::choose`]).
+//!
 //! Pure: no clock, no I/O; the loads are the caller's (in-flight requests,
 //! or what the engines report).
 
@@ -82,6 +87,112 @@ pub fn prefix_key(prompt: &[u8], block_bytes: usize, max_blocks: usize) -> Optio
     (blocks > 0).then(|| hash(&[&prompt[..blocks * block_bytes]]))
 }
 
+#[derive(serde::Deserialize)]
+struct ChatBody {
+    #[serde(default)]
+    messages: Vec<ChatMessage>,
+    #[serde(default)]
+    prompt: Option<serde_json::Value>,
+}
+
+#[derive(serde::Deserialize)]
+struct ChatMessage {
+    #[serde(default)]
+    role: String,
+    #[serde(default)]
+    content: serde_json::Value,
+}
+
+fn push_text(out: &mut Vec<u8>, v: &serde_json::Value) {
+    match v {
+        serde_json::Value::String(s) => out.extend_from_slice(s.as_bytes()),
+        // Content parts: their texts, in order.
+        serde_json::Value::Array(parts) => {
+            for p in parts {
+                match p.get("text") {
+                    Some(t) => push_text(out, t),
+                    None => push_text(out, p),
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
+/// The leading text of an OpenAI-style request that identifies its
+/// conversation: for a chat call, its messages' roles and contents up to
+/// and including the first `user` message (the system prompt and the
+/// opening question, which every later turn of the conversation repeats
+/// word for word); for a completion, its `prompt`. `None` for a body that
+/// is not such JSON.
+pub fn leading_prompt(body: &[u8]) -> Option<Vec<u8>> {
+    let parsed: ChatBody = serde_json::from_slice(body).ok()?;
+    let mut out = Vec::new();
+    if parsed.messages.is_empty() {
+        push_text(&mut out, parsed.prompt.as_ref()?);
+        return Some(out);
+    }
+    for m in &parsed.messages {
+        out.extend_from_slice(m.role.as_bytes());
+        out.push(b'\n');
+        push_text(&mut out, &m.content);
+        out.push(b'\n');
+        if m.role == "user" {
+            break;
+        }
+    }
+    Some(out)
+}
+
+/// Which endpoint served each prefix key last: a bounded table, the oldest
+/// key forgotten first when full. What "prefer the endpoint that served
+/// that prefix last" remembers; pure bookkeeping (the caller names
+/// endpoints by any stable id).
+#[derive(Debug, Clone, Default)]
+pub struct LastServed {
+    map: std::collections::HashMap<u64, u64>,
+    order: std::collections::VecDeque<u64>,
+    capacity: usize,
+}
+
+impl LastServed {
+    /// A table of at most `capacity` keys.
+    pub fn new(capacity: usize) -> Self {
+        Self {
+            map: std::collections::HashMap::new(),
+            order: std::collections::VecDeque::new(),
+            capacity: capacity.max(1),
+        }
+    }
+
+    /// The endpoint that served `key` last.
+    pub fn get(&self, key: u64) -> Option<u64> {
+        self.map.get(&key).copied()
+    }
+
+    /// `endpoint` served `key`.
+    pub fn record(&mut self, key: u64, endpoint: u64) {
+        if self.map.insert(key, endpoint).is_none() {
+            self.order.push_back(key);
+            while self.order.len() > self.capacity {
+                if let Some(old) = self.order.pop_front() {
+                    self.map.remove(&old);
+                }
+            }
+        }
+    }
+
+    /// Keys remembered.
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    /// Nothing remembered.
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+}
+
 /// The ring of one pool's endpoints. Built when the pool's endpoints
 /// change, consulted per request.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -129,6 +240,28 @@ impl Ring {
             .find(|&e| u64::from(loads[e]) < bound)
     }
 
+    /// [`Ring::choose`] among some endpoints only: `loads[i]` is `None`
+    /// for an endpoint that cannot take the request (unavailable,
+    /// saturated). The bound is taken over the others: `ceil(c × (total +
+    /// 1) / m)` with `m` of them. `None` when none can take it.
+    pub fn choose_among(&self, key: u64, loads: &[Option<u32>], c: f64) -> Option<usize> {
+        if self.endpoints == 0 || loads.len() != self.endpoints {
+            return None;
+        }
+        let m = loads.iter().flatten().count();
+        if m == 0 {
+            return None;
+        }
+        let c = if c.is_finite() { c.max(1.0) } else { 1.0 };
+        let total: u64 = loads.iter().flatten().map(|l| u64::from(*l)).sum::<u64>() + 1;
+        let bound = (c * total as f64 / m as f64).ceil() as u64;
+        let start = self.points.partition_point(|(p, _)| *p < key);
+        let n = self.points.len();
+        (0..n)
+            .map(|i| self.points[(start + i) % n].1)
+            .find(|&e| loads[e].is_some_and(|l| u64::from(l) < bound))
+    }
+
     /// The endpoint that owns `key` when loads do not matter.
     pub fn owner(&self, key: u64) -> Option<usize> {
         self.choose(key, &vec![0; self.endpoints], 1.0)
@@ -166,6 +299,47 @@ mod tests {
         // its key.
         let loads = vec![1; 3];
         assert_eq!(ring.choose(key, &loads, 1.25), Some(owner));
+    }
+
+    #[test]
+    fn the_leading_prompt_stops_after_the_first_user_message() {
+        let turn1 = br#"{"model":"m","messages":[{"role":"system","content":"be brief"},{"role":"user","content":"hi"}]}"#;
+        let turn2 = br#"{"model":"m","stream":true,"messages":[{"role":"system","content":"be brief"},{"role":"user","content":"hi"},{"role":"assistant","content":"hello"},{"role":"user","content":"more"}]}"#;
+        let a = leading_prompt(turn1).expect("chat");
+        assert_eq!(a, b"system\nbe brief\nuser\nhi\n");
+        assert_eq!(leading_prompt(turn2), Some(a));
+        let parts = br#"{"messages":[{"role":"user","content":[{"type":"text","text":"hi"}]}]}"#;
+        assert_eq!(leading_prompt(parts).expect("parts"), b"user\nhi\n");
+        assert_eq!(
+            leading_prompt(br#"{"prompt":"abc"}"#).expect("completion"),
+            b"abc"
+        );
+        assert_eq!(leading_prompt(b"not json"), None);
+    }
+
+    #[test]
+    fn last_served_remembers_the_latest_endpoint_and_forgets_the_oldest_key() {
+        let mut t = LastServed::new(2);
+        t.record(1, 10);
+        t.record(1, 11);
+        assert_eq!(t.get(1), Some(11));
+        t.record(2, 20);
+        t.record(3, 30);
+        assert_eq!((t.get(1), t.get(2), t.get(3)), (None, Some(20), Some(30)));
+        assert_eq!(t.len(), 2);
+    }
+
+    #[test]
+    fn choosing_among_skips_endpoints_that_cannot_take_it() {
+        let ring = Ring::new(&["a", "b", "c"]);
+        let key = 42;
+        let owner = ring.owner(key).expect("owner");
+        let mut loads = vec![Some(0); 3];
+        assert_eq!(ring.choose_among(key, &loads, 1.25), Some(owner));
+        loads[owner] = None;
+        let other = ring.choose_among(key, &loads, 1.25).expect("placed");
+        assert_ne!(other, owner);
+        assert_eq!(ring.choose_among(key, &[None, None, None], 1.25), None);
     }
 
     #[test]

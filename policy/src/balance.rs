@@ -32,6 +32,17 @@
 //! a capacity probe) are preferred over the others: a cold model load
 //! costs seconds, more than any latency difference the EWMA can show.
 //!
+//! Two more, for comparison and for simple fleets:
+//!
+//! - [`Scoring::LeastRequests`]: the fewest requests in flight (Envoy's
+//!   `LEAST_REQUEST` without the random choice of two).
+//! - [`Scoring::RoundRobin`]: every eligible endpoint scores the same, so
+//!   the rotating tie-break takes them in turn.
+//!
+//! [`Scoring::EngineAware`] ranks by what the engines report; its choice is
+//! [`crate::engine_aware::choose`]. Given to [`choose`] (no engine data at
+//! hand) it ranks as [`Scoring::LeastRequests`].
+//!
 //! Ties (equal scores) are broken by a rotating start position supplied by
 //! the caller, so equal endpoints share traffic instead of the first one
 //! always winning.
@@ -52,16 +63,27 @@ pub enum Scoring {
     PeakEwma,
     /// The Hugging Face rule: lowest EWMA latency.
     LowestEwma,
+    /// Fewest requests in flight.
+    LeastRequests,
+    /// In turn.
+    RoundRobin,
+    /// By the engines' own signals ([`crate::engine_aware`]).
+    EngineAware,
 }
 
 impl Scoring {
-    /// Parses `peak_ewma` or `lowest_ewma`.
+    /// Every scoring, in the order the docs list them.
+    pub const ALL: [Scoring; 5] = [
+        Self::PeakEwma,
+        Self::LowestEwma,
+        Self::LeastRequests,
+        Self::RoundRobin,
+        Self::EngineAware,
+    ];
+
+    /// Parses a name given by [`Scoring::as_str`].
     pub fn parse(s: &str) -> Option<Self> {
-        match s {
-            "peak_ewma" => Some(Self::PeakEwma),
-            "lowest_ewma" => Some(Self::LowestEwma),
-            _ => None,
-        }
+        Self::ALL.into_iter().find(|k| k.as_str() == s)
     }
 
     /// The name used in configuration and logs.
@@ -69,6 +91,9 @@ impl Scoring {
         match self {
             Self::PeakEwma => "peak_ewma",
             Self::LowestEwma => "lowest_ewma",
+            Self::LeastRequests => "least_requests",
+            Self::RoundRobin => "round_robin",
+            Self::EngineAware => "engine_aware",
         }
     }
 
@@ -126,6 +151,8 @@ impl EndpointLoad {
         match scoring {
             Scoring::LowestEwma => ewma,
             Scoring::PeakEwma => ewma * f64::from(self.in_flight.saturating_add(1)),
+            Scoring::LeastRequests | Scoring::EngineAware => f64::from(self.in_flight),
+            Scoring::RoundRobin => 0.0,
         }
     }
 }
@@ -247,6 +274,20 @@ mod tests {
         // ...but only among eligible endpoints.
         warm.available = false;
         assert_eq!(choose(&[cold, warm], Scoring::PeakEwma, 3.0, 0), Some(0));
+    }
+
+    #[test]
+    fn least_requests_and_round_robin() {
+        let eps = [ep(Some(0.01), 3), ep(Some(2.0), 1), ep(Some(0.5), 2)];
+        assert_eq!(choose(&eps, Scoring::LeastRequests, 3.0, 0), Some(1));
+        let picks: Vec<_> = (0..4)
+            .map(|r| choose(&eps, Scoring::RoundRobin, 3.0, r).unwrap())
+            .collect();
+        assert_eq!(picks, vec![0, 1, 2, 0]);
+        for k in Scoring::ALL {
+            assert_eq!(Scoring::parse(k.as_str()), Some(k));
+        }
+        assert_eq!(Scoring::parse("fastest"), None);
     }
 
     #[test]

@@ -119,6 +119,17 @@ pub struct Situation {
     /// Measurements by pool name.
     #[serde(default)]
     pub pools: BTreeMap<String, PoolMeasurements>,
+    /// Endpoint measurements by pool name, for engine-aware pools (the
+    /// explanation then says which endpoint and on what signals).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub endpoints: BTreeMap<String, Vec<crate::engine_aware::EndpointSituation>>,
+    /// The request's leading prompt (system prompt and first user
+    /// message), for prefix affinity.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt: Option<String>,
+    /// The endpoint (address) that served this prompt's prefix last.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefix_last_served: Option<String>,
 }
 
 /// A pool passed over, and why.
@@ -184,6 +195,9 @@ pub struct Explanation {
     pub candidates: Vec<String>,
     /// `no_route`, `no_backend` or `budget_exceeded` when nothing fits.
     pub refusal: Option<Refusal>,
+    /// For an engine-aware chosen pool: the endpoint and the signals used.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub balance: Option<crate::engine_aware::BalanceExplanation>,
 }
 
 /// The request's path when a situation does not give one.
@@ -644,6 +658,17 @@ pub fn explain(policy: &Policy, situation: &Situation) -> Explanation {
         route: d.route,
         candidates: d.candidates,
         refusal: d.refusal,
+        balance: chosen
+            .filter(|p| p.queue.scoring == crate::balance::Scoring::EngineAware)
+            .map(|p| {
+                crate::engine_aware::explain(
+                    &p.name,
+                    &p.queue.engine,
+                    situation.endpoints.get(&p.name).map_or(&[], Vec::as_slice),
+                    situation.prompt.as_deref(),
+                    situation.prefix_last_served.as_deref(),
+                )
+            }),
     }
 }
 

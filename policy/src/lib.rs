@@ -14,6 +14,8 @@
 //! - [`endpoint`]: backend addresses (`host:port`, `http://…`, `https://…/v1`).
 //! - [`guard`]: what a policy may ask of the process that applies it (API
 //!   key variables, link-local and metadata backend addresses).
+//! - [`engine_aware`]: engine-aware balancing (engine metrics, saturation
+//!   and late binding, token-normalised latency, prefix affinity).
 //! - [`balance`]: EWMA bookkeeping and the choice of an endpoint inside a pool.
 //! - [`decide`]: the per-request decision: route, gates, candidate pools, reason.
 //! - [`deadline`]: how long an attempt may take; pools skipped for time.
@@ -35,6 +37,7 @@ pub mod deadline;
 pub mod decide;
 pub mod document;
 pub mod endpoint;
+pub mod engine_aware;
 pub mod fallback;
 pub mod guard;
 pub mod idempotency;

@@ -154,9 +154,15 @@ impl Exchange {
                 progress,
                 avoid,
             } = attempt;
+            let shape = crate::pool::RequestShape {
+                prefix_key: pool.prefix_key(&self.body),
+                input_tokens: self.estimated_input_tokens,
+            };
             let acquired = match avoid {
-                None => pool.acquire_at(deadline, now).await,
-                Some(id) => pool.try_acquire_avoiding(id, now).ok_or(Shed::NoBackend),
+                None => pool.acquire_at(deadline, now, shape).await,
+                Some(id) => pool
+                    .try_acquire_avoiding(id, now, shape)
+                    .ok_or(Shed::NoBackend),
             };
             let lease = match acquired {
                 Ok(l) => l,
@@ -395,6 +401,13 @@ impl Exchange {
                         record.tokens_out.unwrap_or(0),
                     ));
                 }
+            }
+            if let (Some(i), Some(o)) = (record.tokens_in, record.tokens_out) {
+                lease.observe_tokens(crate::pool::TokenSample::Whole {
+                    took: waited,
+                    input_tokens: i,
+                    output_tokens: o,
+                });
             }
             lease.finish(Sample::Success(waited), answered);
             AttemptEnd::Whole { head, body, record }

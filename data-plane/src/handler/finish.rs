@@ -211,6 +211,7 @@ impl Completion for Finisher {
         self.attempt.latency_ms = ms(ttfb);
         if self.sample_on_first_byte {
             self.lease.observe(Sample::Success(ttfb));
+            self.lease.observe_first_token(ttfb);
         }
     }
 

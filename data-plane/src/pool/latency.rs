@@ -215,6 +215,7 @@ mod tests {
             latency_threshold_s: 3.0,
             ewma_alpha: 0.5,
             scoring: Scoring::LowestEwma,
+            engine: Default::default(),
         };
         assert_eq!(fold_ewma(None, Sample::Success(MS * 100), &q), 0.1);
         assert_eq!(fold_ewma(None, Sample::Failure(MS), &q), 3.0);

@@ -66,7 +66,7 @@ mod wake;
 
 pub(crate) use circuit::{CircuitState, MAX_RETRY_AFTER};
 pub(crate) use latency::Sample;
-pub(crate) use queue::{EndpointHandle, Lease, Shed};
+pub(crate) use queue::{EndpointHandle, Lease, RequestShape, Shed, TokenSample};
 pub(crate) use status::{Availability, PoolStatus};
 
 use state::{EndpointState, PoolState};
@@ -142,6 +142,8 @@ pub(crate) struct PoolRuntime {
     counters: PoolCounters,
     /// The capacity probe task, with the settings it runs with.
     probe_task: Mutex<Option<(Probe, tokio::task::JoinHandle<()>)>>,
+    /// The settings ask for prefix affinity (read without the lock).
+    uses_affinity: std::sync::atomic::AtomicBool,
 }
 
 impl PoolRuntime {
@@ -158,6 +160,7 @@ impl PoolRuntime {
             state: Mutex::new(PoolState::new(settings.clone())),
             counters,
             probe_task: Mutex::new(None),
+            uses_affinity: std::sync::atomic::AtomicBool::new(false),
         });
         pool.update(settings, endpoints);
         pool
@@ -208,7 +211,13 @@ impl PoolRuntime {
         for e in &mut st.endpoints {
             e.draining = settings.drain || settings.drained.contains(&e.endpoint);
         }
+        self.uses_affinity.store(
+            settings.queue.scoring == router_policy::Scoring::EngineAware
+                && settings.queue.engine.affinity.is_some(),
+            std::sync::atomic::Ordering::Relaxed,
+        );
         st.settings = settings;
+        st.rebuild_ring();
         let all_drained = st.endpoints.iter().all(|e| e.draining);
         if st.endpoints.is_empty() || all_drained {
             st.shed_all(Shed::NoBackend);
@@ -260,6 +269,7 @@ impl PoolRuntime {
         let mut st = self.lock();
         st.closed = true;
         st.endpoints.clear();
+        st.rebuild_ring();
         st.shed_all(Shed::NoBackend);
     }
 
@@ -336,6 +346,26 @@ impl PoolRuntime {
         self.dispatch(&mut st);
     }
 
+    /// The prefix-affinity key of a request body, when this pool balances
+    /// with prefix affinity ([`router_policy::affinity`]); `None` otherwise
+    /// or for a body without a prompt one block long.
+    pub(crate) fn prefix_key(&self, body: &[u8]) -> Option<u64> {
+        // Most pools have no affinity: no lock for them.
+        if !self
+            .uses_affinity
+            .load(std::sync::atomic::Ordering::Relaxed)
+        {
+            return None;
+        }
+        let q = self.lock().settings.queue;
+        if q.scoring != router_policy::Scoring::EngineAware {
+            return None;
+        }
+        let a = q.engine.affinity?;
+        let prompt = router_policy::affinity::leading_prompt(body)?;
+        router_policy::affinity::prefix_key(&prompt, a.block_bytes, a.max_blocks)
+    }
+
     /// Marks the pool degraded for structured output until `until`.
     pub(crate) fn mark_structured_degraded(&self, until: Instant) {
         let mut st = self.lock();
@@ -357,6 +387,7 @@ impl Probed for PoolRuntime {
         let mut st = self.lock();
         if let Some(e) = st.endpoints.iter_mut().find(|e| *e.endpoint == *endpoint) {
             e.probe = Some(reading);
+            e.in_flight_at_scrape = e.in_flight;
         }
         self.dispatch(&mut st);
     }

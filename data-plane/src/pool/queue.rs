@@ -74,6 +74,8 @@ impl Shed {
 pub(super) struct Waiter {
     id: u64,
     pub(super) enqueued_at: Instant,
+    /// What the balancer knows of the request.
+    shape: RequestShape,
     pub(super) tx: oneshot::Sender<Result<Lease, Shed>>,
 }
 
@@ -86,17 +88,20 @@ impl PoolRuntime {
         self: &Arc<Self>,
         attempt_deadline: Option<Instant>,
     ) -> Result<Lease, Shed> {
-        self.acquire_at(attempt_deadline, Instant::now()).await
+        self.acquire_at(attempt_deadline, Instant::now(), RequestShape::default())
+            .await
     }
 
     /// Waits for an endpoint, at most until the queue timeout or
     /// `attempt_deadline`, whichever comes first; the caller has read the
     /// clock (`now`) just before. Cancel-safe: dropping the future leaves
-    /// the queue at once.
+    /// the queue at once. `shape` is what the balancer may know of the
+    /// request (its prefix-affinity key and prompt size).
     pub(crate) async fn acquire_at(
         self: &Arc<Self>,
         attempt_deadline: Option<Instant>,
         now: Instant,
+        shape: RequestShape,
     ) -> Result<Lease, Shed> {
         let (id, mut rx, timeout_at, on_timeout) = {
             let mut st = self.lock();
@@ -104,7 +109,7 @@ impl PoolRuntime {
                 return Err(Shed::NoBackend);
             }
             if st.queue.is_empty() {
-                if let Some(lease) = self.try_grant(&mut st, now, now) {
+                if let Some(lease) = self.try_grant(&mut st, now, now, shape) {
                     self.counters.dispatched.inc();
                     return Ok(lease);
                 }
@@ -115,6 +120,7 @@ impl PoolRuntime {
             st.queue.push_back(Waiter {
                 id,
                 enqueued_at: now,
+                shape,
                 tx,
             });
             if st.queue.len() > st.settings.queue.max_size {
@@ -181,12 +187,13 @@ impl PoolRuntime {
         self: &Arc<Self>,
         avoid: u64,
         now: Instant,
+        shape: RequestShape,
     ) -> Option<Lease> {
         let mut st = self.lock();
         if st.closed || !st.queue.is_empty() {
             return None;
         }
-        let lease = self.try_grant_avoiding(&mut st, now, now, Some(avoid))?;
+        let lease = self.try_grant_avoiding(&mut st, now, now, shape, Some(avoid))?;
         self.counters.dispatched.inc();
         Some(lease)
     }
@@ -196,8 +203,9 @@ impl PoolRuntime {
         st: &mut PoolState,
         enqueued_at: Instant,
         now: Instant,
+        shape: RequestShape,
     ) -> Option<Lease> {
-        self.try_grant_avoiding(st, enqueued_at, now, None)
+        self.try_grant_avoiding(st, enqueued_at, now, shape, None)
     }
 
     fn try_grant_avoiding(
@@ -205,6 +213,7 @@ impl PoolRuntime {
         st: &mut PoolState,
         enqueued_at: Instant,
         now: Instant,
+        shape: RequestShape,
         avoid: Option<u64>,
     ) -> Option<Lease> {
         st.fill_loads(now);
@@ -216,9 +225,14 @@ impl PoolRuntime {
             }
         }
         st.rotation = st.rotation.wrapping_add(1);
-        let i = st.choose()?;
+        let i = st.choose(shape.prefix_key)?;
+        if let Some(key) = shape.prefix_key {
+            let id = st.endpoints[i].id;
+            st.last_served.record(key, id);
+        }
         let e = &mut st.endpoints[i];
         e.in_flight += 1;
+        e.pending_prefill_tokens = e.pending_prefill_tokens.saturating_add(shape.input_tokens);
         let probe = e.breaker.on_grant();
         Some(Lease {
             pool: Arc::clone(self),
@@ -227,6 +241,8 @@ impl PoolRuntime {
             target: e.target.clone(),
             addr: Arc::clone(&e.addr),
             queue_wait: now.saturating_duration_since(enqueued_at),
+            input_tokens: shape.input_tokens,
+            prefill_pending: AtomicBool::new(shape.input_tokens > 0),
             probe,
             sampled: AtomicBool::new(false),
             armed: true,
@@ -243,9 +259,9 @@ impl PoolRuntime {
                 st.queue.pop_front();
                 continue;
             }
-            let enqueued_at = front.enqueued_at;
+            let (enqueued_at, shape) = (front.enqueued_at, front.shape);
             let now = *now.get_or_insert_with(Instant::now);
-            let Some(lease) = self.try_grant(st, enqueued_at, now) else {
+            let Some(lease) = self.try_grant(st, enqueued_at, now, shape) else {
                 break;
             };
             let Some(waiter) = st.queue.pop_front() else {
@@ -259,7 +275,7 @@ impl PoolRuntime {
                     // The waiter vanished after the check above: take the
                     // lease back here, under the lock we already hold.
                     lease.armed = false;
-                    st.uncharge(lease.endpoint_id, lease.probe);
+                    st.uncharge(lease.endpoint_id, lease.probe, lease.unprefilled());
                 }
                 Err(Err(_)) => {}
             }
@@ -279,10 +295,36 @@ impl PoolRuntime {
         self.dispatch(&mut st);
     }
 
-    fn release(self: &Arc<Self>, endpoint_id: u64, unjudged_probe: bool) {
+    fn release(self: &Arc<Self>, endpoint_id: u64, unjudged_probe: bool, unprefilled: u64) {
         let mut st = self.lock();
-        st.uncharge(endpoint_id, unjudged_probe);
+        st.uncharge(endpoint_id, unjudged_probe, unprefilled);
         self.dispatch(&mut st);
+    }
+
+    /// Folds a per-token latency sample into the endpoint's
+    /// [`router_policy::engine_aware::TokenLatency`]; `prefilled` tokens
+    /// are no longer waiting for their prefill there.
+    fn observe_tokens(&self, endpoint_id: u64, sample: TokenSample, prefilled: u64) {
+        let mut st = self.lock();
+        let alpha = st.settings.queue.ewma_alpha;
+        if let Some(e) = st.endpoint_mut(endpoint_id) {
+            e.pending_prefill_tokens = e.pending_prefill_tokens.saturating_sub(prefilled);
+            match sample {
+                TokenSample::FirstToken {
+                    after,
+                    input_tokens,
+                } => e
+                    .tokens
+                    .observe_first_token(after.as_secs_f64(), input_tokens, alpha),
+                TokenSample::Whole {
+                    took,
+                    input_tokens,
+                    output_tokens,
+                } => e
+                    .tokens
+                    .observe_whole(took.as_secs_f64(), input_tokens, output_tokens, alpha),
+            }
+        }
     }
 
     fn observe(self: &Arc<Self>, endpoint_id: u64, sample: Sample) {
@@ -293,13 +335,50 @@ impl PoolRuntime {
 
     /// [`Self::observe`] (as of `now`) and [`Self::release`] under one lock.
     #[inline]
-    fn observe_and_release(self: &Arc<Self>, endpoint_id: u64, sample: Sample, now: Instant) {
+    fn observe_and_release(
+        self: &Arc<Self>,
+        endpoint_id: u64,
+        sample: Sample,
+        now: Instant,
+        unprefilled: u64,
+    ) {
         let mut st = self.lock();
         self.record_sample(&mut st, endpoint_id, sample, now);
         // Sampled: a probe's verdict is in.
-        st.uncharge(endpoint_id, false);
+        st.uncharge(endpoint_id, false, unprefilled);
         self.dispatch(&mut st);
     }
+}
+
+/// What the balancer may know of a request before choosing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct RequestShape {
+    /// Its prefix-affinity key ([`PoolRuntime::prefix_key`]).
+    pub(crate) prefix_key: Option<u64>,
+    /// Its prompt size, tokens (estimated; 0 when unknown).
+    pub(crate) input_tokens: u64,
+}
+
+/// A latency measured against a token count.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum TokenSample {
+    /// The first token came `after` the request was sent, for a prompt of
+    /// `input_tokens`.
+    FirstToken {
+        /// Time to first token.
+        after: Duration,
+        /// Prompt tokens (counted or estimated).
+        input_tokens: u64,
+    },
+    /// A whole answer: `input_tokens` in, `output_tokens` out, in `took`.
+    Whole {
+        /// Sent to answered.
+        took: Duration,
+        /// Prompt tokens.
+        input_tokens: u64,
+        /// Tokens generated.
+        output_tokens: u64,
+    },
 }
 
 /// Removes a queued waiter whose future was dropped (client gone).
@@ -326,6 +405,11 @@ pub(crate) struct Lease {
     target: Option<Arc<UpstreamTarget>>,
     addr: Arc<str>,
     queue_wait: Duration,
+    /// The request's prompt tokens (estimated), for per-token latency.
+    input_tokens: u64,
+    /// Its prompt is counted in the endpoint's pending prefill (no first
+    /// token yet).
+    prefill_pending: AtomicBool,
     /// This request is a half-open circuit's probe.
     probe: bool,
     sampled: AtomicBool,
@@ -383,6 +467,38 @@ impl Lease {
         self.pool.record_tpot(self.endpoint_id, tpot);
     }
 
+    /// The prompt tokens still counted as waiting for their prefill (and
+    /// no longer, after this call).
+    fn unprefilled(&self) -> u64 {
+        if self.prefill_pending.swap(false, Ordering::Relaxed) {
+            self.input_tokens
+        } else {
+            0
+        }
+    }
+
+    /// Folds a latency-per-token sample (engine-aware balancing).
+    pub(crate) fn observe_tokens(&self, sample: TokenSample) {
+        self.pool.observe_tokens(self.endpoint_id, sample, 0);
+    }
+
+    /// The first token of a streamed answer came `after` the request was
+    /// sent: its prompt is no longer pending prefill there, and a
+    /// prefill-per-input-token sample, when the prompt size is known.
+    pub(crate) fn observe_first_token(&self, after: Duration) {
+        let prefilled = self.unprefilled();
+        if prefilled > 0 {
+            self.pool.observe_tokens(
+                self.endpoint_id,
+                TokenSample::FirstToken {
+                    after,
+                    input_tokens: prefilled,
+                },
+                prefilled,
+            );
+        }
+    }
+
     /// Records the attempt's sample, taken at `now`, and gives the slot
     /// back: what [`Lease::observe`] then dropping the lease do, under one
     /// lock.
@@ -390,7 +506,9 @@ impl Lease {
         self.sampled.store(true, Ordering::Relaxed);
         if self.armed {
             self.armed = false;
-            self.pool.observe_and_release(self.endpoint_id, sample, now);
+            let unprefilled = self.unprefilled();
+            self.pool
+                .observe_and_release(self.endpoint_id, sample, now, unprefilled);
         } else {
             self.pool.observe(self.endpoint_id, sample);
         }
@@ -421,7 +539,8 @@ impl Drop for Lease {
     fn drop(&mut self) {
         if self.armed {
             let unjudged = self.probe && !self.sampled.load(Ordering::Relaxed);
-            self.pool.release(self.endpoint_id, unjudged);
+            let unprefilled = self.unprefilled();
+            self.pool.release(self.endpoint_id, unjudged, unprefilled);
         }
     }
 }

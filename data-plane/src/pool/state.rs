@@ -12,8 +12,10 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
-use router_policy::balance::{self, EndpointLoad};
+use router_policy::affinity::{LastServed, Ring};
+use router_policy::balance::{self, EndpointLoad, Scoring};
 use router_policy::deadline::PoolOutlook;
+use router_policy::engine_aware::{self, EngineLoad, TokenLatency};
 use router_policy::{Endpoint, Probe};
 use tokio::time::Instant;
 
@@ -24,6 +26,10 @@ use super::wake::WakeTimer;
 use super::{Availability, PoolSettings, Shed};
 use crate::forward::UpstreamTarget;
 use crate::probe::ProbeReading;
+
+/// Prefix keys a pool remembers the last endpoint of (8 bytes of key and
+/// 8 of id each, plus the table's overhead: a few MiB at most).
+const LAST_SERVED_KEYS: usize = 65_536;
 
 /// One endpoint of a pool.
 pub(super) struct EndpointState {
@@ -42,6 +48,14 @@ pub(super) struct EndpointState {
     pub(super) draining: bool,
     pub(super) breaker: Breaker,
     pub(super) probe: Option<ProbeReading>,
+    /// `in_flight` when `probe` was recorded (what the router has sent
+    /// and seen end since corrects the engine's counts).
+    pub(super) in_flight_at_scrape: u32,
+    /// Latency per token (engine-aware balancing).
+    pub(super) tokens: TokenLatency,
+    /// Prompt tokens of this router's requests there that have no first
+    /// token yet.
+    pub(super) pending_prefill_tokens: u64,
 }
 
 impl EndpointState {
@@ -58,6 +72,9 @@ impl EndpointState {
             draining: false,
             breaker: Breaker::new(),
             probe: None,
+            in_flight_at_scrape: 0,
+            tokens: TokenLatency::default(),
+            pending_prefill_tokens: 0,
         }
     }
 
@@ -83,6 +100,13 @@ pub(super) struct PoolState {
     /// The balancer's input, refilled for every choice (kept to reuse its
     /// allocation).
     pub(super) loads: Vec<EndpointLoad>,
+    /// The engine-aware balancer's input (engine-aware pools only).
+    pub(super) engine_loads: Vec<EngineLoad>,
+    /// The consistent-hash ring of the endpoints, in their order (prefix
+    /// affinity).
+    pub(super) ring: Ring,
+    /// Which endpoint (id) served each prefix key last.
+    pub(super) last_served: LastServed,
     pub(super) latencies: LatencyWindow,
     pub(super) wake: WakeTimer,
     pub(super) structured_degraded_until: Option<Instant>,
@@ -102,6 +126,9 @@ impl PoolState {
             endpoints: Vec::new(),
             queue: VecDeque::new(),
             loads: Vec::new(),
+            engine_loads: Vec::new(),
+            ring: Ring::new::<&str>(&[]),
+            last_served: LastServed::new(LAST_SERVED_KEYS),
             latencies: LatencyWindow::default(),
             wake: WakeTimer::default(),
             structured_degraded_until: None,
@@ -138,7 +165,7 @@ impl PoolState {
         self.latencies.expire(now);
         let p95 = self.latencies.p95(now);
         self.fill_loads(now);
-        let free_now = self.queue.is_empty() && self.choose().is_some();
+        let free_now = self.queue.is_empty() && self.choose(None).is_some();
         let expected_wait = if free_now {
             Some(Duration::ZERO)
         } else {
@@ -151,23 +178,41 @@ impl PoolState {
         }
     }
 
-    /// The balancer's pick among [`Self::loads`] (fill them first).
+    /// The balancer's pick among [`Self::loads`] (fill them first), for a
+    /// request with this prefix-affinity key.
     #[inline]
-    pub(super) fn choose(&self) -> Option<usize> {
-        balance::choose(
-            &self.loads,
-            self.settings.queue.scoring,
-            self.settings.queue.latency_threshold_s,
-            self.rotation,
-        )
+    pub(super) fn choose(&self, prefix_key: Option<u64>) -> Option<usize> {
+        let q = &self.settings.queue;
+        if q.scoring == Scoring::EngineAware {
+            let affinity = prefix_key
+                .filter(|_| q.engine.affinity.is_some())
+                .map(|key| engine_aware::Affinity {
+                    ring: &self.ring,
+                    key,
+                    last: self
+                        .last_served
+                        .get(key)
+                        .and_then(|id| self.endpoints.iter().position(|e| e.id == id)),
+                });
+            return engine_aware::choose(&self.engine_loads, &q.engine, affinity, self.rotation)
+                .map(|(i, _)| i);
+        }
+        balance::choose(&self.loads, q.scoring, q.latency_threshold_s, self.rotation)
+    }
+
+    /// Rebuilds the affinity ring after the endpoints changed.
+    pub(super) fn rebuild_ring(&mut self) {
+        let names: Vec<&str> = self.endpoints.iter().map(|e| &*e.addr).collect();
+        self.ring = Ring::new(&names);
     }
 
     /// Gives back a request's slot; a probe that ended without a verdict
     /// lets the next request probe.
     #[inline]
-    pub(super) fn uncharge(&mut self, endpoint_id: u64, unjudged_probe: bool) {
+    pub(super) fn uncharge(&mut self, endpoint_id: u64, unjudged_probe: bool, unprefilled: u64) {
         if let Some(e) = self.endpoint_mut(endpoint_id) {
             e.in_flight = e.in_flight.saturating_sub(1);
+            e.pending_prefill_tokens = e.pending_prefill_tokens.saturating_sub(unprefilled);
             if unjudged_probe && e.breaker.is_probing() {
                 e.breaker.on_probe_abandoned(Instant::now());
             }
@@ -192,6 +237,25 @@ impl PoolState {
                     _ => false,
                 },
             }));
+        if self.settings.queue.scoring == Scoring::EngineAware {
+            self.engine_loads.clear();
+            self.engine_loads
+                .extend(
+                    self.endpoints
+                        .iter()
+                        .zip(&self.loads)
+                        .map(|(e, base)| EngineLoad {
+                            base: *base,
+                            signals: match (&probe, &e.probe) {
+                                (Some(p), Some(r)) if r.usable(p, now) => Some(r.signals()),
+                                _ => None,
+                            },
+                            in_flight_at_scrape: e.in_flight_at_scrape,
+                            unit: e.tokens.prefill_s_per_token,
+                            pending_prefill_tokens: e.pending_prefill_tokens,
+                        }),
+                );
+        }
     }
 
     /// Queue wait estimate: the waiters ahead (and this request) served by

@@ -105,6 +105,40 @@ impl PoolRuntime {
         self.measurements_at(Instant::now())
     }
 
+    /// For an engine-aware pool, each endpoint's signals as the balancer
+    /// sees them now (for `route explain`); `None` for other pools.
+    pub(crate) fn endpoint_situations(
+        &self,
+    ) -> Option<Vec<router_policy::engine_aware::EndpointSituation>> {
+        let st = self.lock();
+        if st.settings.queue.scoring != router_policy::Scoring::EngineAware {
+            return None;
+        }
+        let now = Instant::now();
+        let probe = st.settings.probe;
+        Some(
+            st.endpoints
+                .iter()
+                .map(|e| {
+                    let fresh = match (&probe, &e.probe) {
+                        (Some(p), Some(r)) if r.usable(p, now) => Some(r),
+                        _ => None,
+                    };
+                    router_policy::engine_aware::EndpointSituation {
+                        addr: e.addr.to_string(),
+                        in_flight: e.in_flight,
+                        in_flight_at_scrape: Some(e.in_flight_at_scrape),
+                        waiting: fresh.and_then(|r| r.waiting),
+                        running: fresh.and_then(|r| r.running),
+                        kv_usage: fresh.and_then(|r| r.kv_cache_usage),
+                        prefill_s_per_token: e.tokens.prefill_s_per_token,
+                        pending_prefill_tokens: Some(e.pending_prefill_tokens),
+                    }
+                })
+                .collect(),
+        )
+    }
+
     /// The measurements the policy's gates look at, as of `now`.
     pub(crate) fn measurements_at(&self, now: Instant) -> PoolMeasurements {
         let st = self.lock();

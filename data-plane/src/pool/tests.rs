@@ -21,6 +21,7 @@ pub(super) fn settings(
             latency_threshold_s: 3.0,
             ewma_alpha: 0.3,
             scoring: Scoring::PeakEwma,
+            engine: Default::default(),
         },
         max_concurrency,
     )
@@ -275,4 +276,171 @@ async fn full_endpoint_past_its_open_period() {
     assert_eq!(p.status().queue_depth, 1);
     drop((a, b));
     assert_eq!(waiter.await.unwrap().unwrap(), Duration::from_secs(1));
+}
+
+/// An engine-aware pool of `addrs` with a vLLM probe (readings are given
+/// by hand with [`reading`]) and the given prefix affinity.
+fn engine_pool(addrs: &[&str], affinity: bool) -> Arc<PoolRuntime> {
+    use router_policy::engine_aware::{EngineAware, PrefixAffinity};
+    let mut s = settings(100, 60_000, None);
+    s.queue.scoring = Scoring::EngineAware;
+    s.queue.engine = EngineAware {
+        affinity: affinity.then_some(PrefixAffinity {
+            load_factor: 1.25,
+            ..PrefixAffinity::default()
+        }),
+        ..EngineAware::default()
+    };
+    s.probe = Some(router_policy::Probe {
+        kind: router_policy::ProbeKind::Vllm,
+        interval: Duration::from_secs(1),
+        vram_total_mb: None,
+    });
+    PoolRuntime::new("p", s, &eps(addrs), PoolCounters::default())
+}
+
+fn reading(waiting: u32, running: u32, kv: f64) -> ProbeReading {
+    ProbeReading {
+        at: Instant::now(),
+        healthy: true,
+        vram_free_mb: None,
+        resident: Vec::new(),
+        waiting: Some(waiting),
+        running: Some(running),
+        kv_cache_usage: Some(kv),
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_saturated_pool_holds_requests_in_its_queue_and_binds_them_when_an_endpoint_frees() {
+    let p = engine_pool(&["h:1", "h:2"], false);
+    let [a, b] = [&eps(&["h:1"])[0], &eps(&["h:2"])[0]].map(Clone::clone);
+    p.record_probe(&a, reading(0, 3, 0.5));
+    p.record_probe(&b, reading(0, 3, 0.5));
+    // One request each: the engines now hold 4 each, not saturated.
+    let first = p.acquire(None).await.unwrap();
+    let second = p.acquire(None).await.unwrap();
+    assert_ne!(first.endpoint(), second.endpoint());
+    // Both engines report full KV caches: saturated, so the next request
+    // waits in the router's queue, not in an engine's.
+    p.record_probe(&a, reading(0, 4, 0.95));
+    p.record_probe(&b, reading(2, 4, 0.9));
+    let waiter = tokio::spawn({
+        let p = Arc::clone(&p);
+        async move {
+            p.acquire(None)
+                .await
+                .map(|l| (l.endpoint().clone(), l.queue_wait()))
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(p.status().queue_depth, 1);
+    assert_eq!(in_flight(&p), 2);
+    // One of this router's requests on the first engine ends: its blocks
+    // are free, the request is bound there at once (late binding).
+    let freed = first.endpoint().clone();
+    drop(first);
+    let (bound, waited) = waiter.await.unwrap().unwrap();
+    assert_eq!(bound, freed);
+    assert_eq!(waited, Duration::from_millis(300));
+    assert_eq!(p.status().queue_depth, 0);
+    drop(second);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_scrape_showing_room_binds_a_waiting_request() {
+    let p = engine_pool(&["h:1"], false);
+    let a = eps(&["h:1"])[0].clone();
+    p.record_probe(&a, reading(7, 10, 0.6));
+    let waiter = tokio::spawn({
+        let p = Arc::clone(&p);
+        async move { p.acquire(None).await.map(|l| l.queue_wait()) }
+    });
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert_eq!(p.status().queue_depth, 1);
+    p.record_probe(&a, reading(1, 10, 0.6));
+    assert_eq!(waiter.await.unwrap().unwrap(), Duration::from_millis(800));
+}
+
+#[tokio::test(start_paused = true)]
+async fn requests_sharing_a_prefix_go_to_one_endpoint_until_it_is_loaded() {
+    let p = engine_pool(&["h:1", "h:2", "h:3", "h:4"], true);
+    // Each engine runs 2 requests (other clients').
+    for a in eps(&["h:1", "h:2", "h:3", "h:4"]) {
+        p.record_probe(&a, reading(0, 2, 0.1));
+    }
+    let system = "You are a careful assistant. ".repeat(40);
+    let body = |user: &str, more: &str| {
+        serde_json::json!({"model": "m", "messages": [
+            {"role": "system", "content": system},
+            {"role": "user", "content": user},
+            {"role": "assistant", "content": "ok"},
+            {"role": "user", "content": more},
+        ]})
+        .to_string()
+    };
+    let key = p.prefix_key(body("plan my trip", "").as_bytes());
+    assert!(key.is_some());
+    // A later turn of the same conversation has the same key.
+    assert_eq!(
+        p.prefix_key(body("plan my trip", "and the hotel").as_bytes()),
+        key
+    );
+    let mut leases = Vec::new();
+    for _ in 0..2 {
+        leases.push(
+            p.acquire_at(
+                None,
+                Instant::now(),
+                RequestShape {
+                    prefix_key: key,
+                    input_tokens: 0,
+                },
+            )
+            .await
+            .unwrap(),
+        );
+    }
+    assert_eq!(leases[0].endpoint(), leases[1].endpoint());
+    let owner = leases[0].endpoint().clone();
+    // The owner now runs 4 of 10: the bound is ceil(1.25 × 11 / 4) = 4,
+    // so the next spills to another endpoint.
+    let spilled = p
+        .acquire_at(
+            None,
+            Instant::now(),
+            RequestShape {
+                prefix_key: key,
+                input_tokens: 0,
+            },
+        )
+        .await
+        .unwrap();
+    assert_ne!(spilled.endpoint(), &owner);
+    // A pool without affinity computes no key.
+    assert_eq!(
+        engine_pool(&["h:1"], false).prefix_key(body("x", "").as_bytes()),
+        None
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn first_tokens_are_measured_per_input_token() {
+    let p = engine_pool(&["h:1"], false);
+    p.record_probe(&eps(&["h:1"])[0], reading(0, 0, 0.0));
+    let shape = RequestShape {
+        prefix_key: None,
+        input_tokens: 2000,
+    };
+    let l = p.acquire_at(None, Instant::now(), shape).await.unwrap();
+    // Its prompt waits for its prefill there until the first token.
+    assert_eq!(p.lock().endpoints[0].pending_prefill_tokens, 2000);
+    l.observe_first_token(Duration::from_millis(500));
+    assert_eq!(p.lock().endpoints[0].pending_prefill_tokens, 0);
+    let t = p.lock().endpoints[0].tokens;
+    assert_eq!(t.prefill_s_per_token, Some(0.00025));
+    // A request that ends before its first token gives its prompt back too.
+    let l = p.acquire_at(None, Instant::now(), shape).await.unwrap();
+    drop(l);
+    assert_eq!(p.lock().endpoints[0].pending_prefill_tokens, 0);
 }

@@ -60,10 +60,10 @@ pub use resolved::{
     RouteMatch,
 };
 pub use spec::{
-    ApprovalSpec, CircuitSpec, DefaultsSpec, EndpointOptions, EndpointSpec, GatesSpec,
-    HedgeQuantile, HedgeSpec, HedgeTarget, MatchSpec, Metadata, PolicyDocument, PoolSpec,
-    PriceSpec, ProbeKind, ProbeSpec, Provider, QueueSpec, RetryBudgetSpec, RetryOn, Risk,
-    RouteSpec, Spec,
+    AffinityKind, ApprovalSpec, CircuitSpec, DefaultsSpec, EndpointOptions, EndpointSpec,
+    EngineAwareSpec, GatesSpec, HedgeQuantile, HedgeSpec, HedgeTarget, MatchSpec, Metadata,
+    PolicyDocument, PoolSpec, PriceSpec, ProbeKind, ProbeSpec, Provider, QueueSpec,
+    RetryBudgetSpec, RetryOn, Risk, RouteSpec, Spec,
 };
 
 /// The API version this crate understands.

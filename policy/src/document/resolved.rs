@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use crate::balance::Scoring;
 use crate::endpoint::Endpoint;
+use crate::engine_aware::EngineAware;
 
 use super::{HedgeTarget, ProbeKind, Provider, RetryOn, Risk};
 
@@ -23,6 +24,8 @@ pub struct QueueSettings {
     pub ewma_alpha: f64,
     /// Endpoint ranking.
     pub scoring: Scoring,
+    /// Engine-aware settings (used with [`Scoring::EngineAware`]).
+    pub engine: EngineAware,
 }
 
 impl Default for QueueSettings {
@@ -34,6 +37,7 @@ impl Default for QueueSettings {
             latency_threshold_s: 3.0,
             ewma_alpha: 0.3,
             scoring: Scoring::PeakEwma,
+            engine: EngineAware::default(),
         }
     }
 }

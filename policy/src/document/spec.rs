@@ -96,9 +96,45 @@ pub struct QueueSpec {
     /// EWMA smoothing factor in (0, 1].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ewma_alpha: Option<f64>,
-    /// `peak_ewma` (default) or `lowest_ewma`.
+    /// `peak_ewma` (default), `lowest_ewma`, `least_requests`,
+    /// `round_robin` or `engine_aware`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scoring: Option<Scoring>,
+}
+
+/// Prefix affinity on or off.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AffinityKind {
+    /// No affinity: the lowest cost wins.
+    None,
+    /// Requests sharing their leading prompt stick to one endpoint, within
+    /// bounded loads.
+    Prefix,
+}
+
+/// Engine-aware balancing settings as written (`balance: engine_aware`).
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EngineAwareSpec {
+    /// More requests waiting inside an engine than this: saturated (default 5).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_waiting: Option<u32>,
+    /// A KV cache fuller than this fraction: saturated (default 0.8).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_kv_usage: Option<f64>,
+    /// `prefix` or `none` (default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub affinity: Option<AffinityKind>,
+    /// Bounded-load factor `c` of the affinity ring, above 1 (default 1.25).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub load_factor: Option<f64>,
+    /// Bytes per block of the hashed prompt prefix (default 64).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefix_block_bytes: Option<usize>,
+    /// Blocks hashed at most (default 256).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefix_max_blocks: Option<usize>,
 }
 
 /// Request defaults as written.
@@ -219,8 +255,12 @@ pub struct PriceSpec {
 pub enum ProbeKind {
     /// Ollama's `/api/ps`: resident models and their VRAM.
     Ollama,
-    /// vLLM's `/metrics`: waiting requests, KV-cache usage.
+    /// vLLM's `/metrics`: waiting and running requests, KV-cache usage.
     Vllm,
+    /// SGLang's `/metrics`: queued and running requests, token usage.
+    Sglang,
+    /// TGI's `/metrics`: queue size and batch size.
+    Tgi,
 }
 
 /// A capacity probe as written.
@@ -338,6 +378,13 @@ pub struct PoolSpec {
     /// true, false for `tgi`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stream_usage: Option<bool>,
+
+    /// How an endpoint is chosen; wins over `queue.scoring`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub balance: Option<Scoring>,
+    /// Engine-aware settings (with `balance: engine_aware`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine_aware: Option<EngineAwareSpec>,
 }
 
 /// A route as written.

@@ -549,7 +549,7 @@ spec:
             ),
             (
                 "spec.pools[1].colour",
-                "unknown field `colour`, expected one of `name`, `provider`, `model`, `endpoints`, `max_concurrency`, `attempt_timeout_ms`, `drain`, `gates`, `structured_output`, `price`, `api_key_env`, `capacity_probe`, `queue`, `first_token_timeout_ms`, `stall_timeout_ms`, `stream_usage`"
+                "unknown field `colour`, expected one of `name`, `provider`, `model`, `endpoints`, `max_concurrency`, `attempt_timeout_ms`, `drain`, `gates`, `structured_output`, `price`, `api_key_env`, `capacity_probe`, `queue`, `first_token_timeout_ms`, `stall_timeout_ms`, `stream_usage`, `balance`, `engine_aware`"
             ),
             (
                 "spec.routes[0].retry_onn",
@@ -616,4 +616,51 @@ fn misspelt_fields_and_validation_errors_come_together() {
     let text = text.replace("max_concurency: 4", "max_concurrency: lots");
     let err = load(&text, &QueueSettings::default()).unwrap_err();
     assert_eq!(err.errors.len(), 1, "{err}");
+}
+
+#[test]
+fn balance_engine_aware_with_prefix_affinity_resolves_and_wins_over_queue_scoring() {
+    use crate::engine_aware::{EngineAware, PrefixAffinity};
+    let text = "apiVersion: router/v1\nkind: RoutingPolicy\nspec:\n  queue: {scoring: lowest_ewma}\n  pools:\n    - name: gpus\n      balance: engine_aware\n      engine_aware: {affinity: prefix, max_waiting: 3, load_factor: 1.5}\n      capacity_probe: {kind: sglang, interval_ms: 100}\n    - {name: plain, balance: round_robin}\n    - {name: default}\n  routes:\n    - {name: r, chain: [gpus, plain, default]}\n";
+    let p = load(text, &QueueSettings::default()).unwrap();
+    let gpus = p.pool("gpus").unwrap();
+    assert_eq!(gpus.queue.scoring, Scoring::EngineAware);
+    assert_eq!(
+        gpus.queue.engine,
+        EngineAware {
+            max_waiting: 3,
+            max_kv_usage: 0.8,
+            affinity: Some(PrefixAffinity {
+                load_factor: 1.5,
+                ..PrefixAffinity::default()
+            }),
+        }
+    );
+    assert_eq!(gpus.probe.unwrap().kind, ProbeKind::Sglang);
+    assert_eq!(p.pool("plain").unwrap().queue.scoring, Scoring::RoundRobin);
+    assert_eq!(
+        p.pool("default").unwrap().queue.scoring,
+        Scoring::LowestEwma
+    );
+}
+
+#[test]
+fn engine_aware_errors_name_their_field() {
+    let text = "apiVersion: router/v1\nkind: RoutingPolicy\nspec:\n  pools:\n    - name: a\n      balance: engine_aware\n      engine_aware: {max_kv_usage: 1.5, load_factor: 1.0, prefix_block_bytes: 0, prefix_max_blocks: 0}\n    - name: b\n      engine_aware: {affinity: prefix}\n  routes:\n    - {name: r, chain: [a, b]}\n";
+    let err = load(text, &QueueSettings::default()).unwrap_err();
+    let fields: Vec<&str> = err.errors.iter().map(|e| e.field.as_str()).collect();
+    assert_eq!(
+        fields,
+        [
+            "spec.pools[0].engine_aware.max_kv_usage",
+            "spec.pools[0].engine_aware.load_factor",
+            "spec.pools[0].engine_aware.prefix_block_bytes",
+            "spec.pools[0].engine_aware.prefix_max_blocks",
+            "spec.pools[1].engine_aware",
+        ],
+        "{err}"
+    );
+    let bad = text.replace("balance: engine_aware", "balance: fastest");
+    let err = load(&bad, &QueueSettings::default()).unwrap_err();
+    assert!(err.errors[0].field.contains("balance"), "{err}");
 }

@@ -42,7 +42,10 @@ use super::{
     QueueSettings, QueueSpec, RetryBudgetSpec, RetryOn, Risk, Route, RouteMatch, RouteSpec,
     API_VERSION, KIND,
 };
+use super::{AffinityKind, EngineAwareSpec};
+use crate::balance::Scoring;
 use crate::endpoint::Endpoint;
+use crate::engine_aware::{EngineAware, PrefixAffinity};
 use crate::guard::{backend_refusal, Guards};
 use crate::retry_budget::BudgetSettings;
 
@@ -271,10 +274,22 @@ fn pool(
         }
     }
     let probe = capacity_probe(p.capacity_probe.as_ref(), &gates_spec, at, errs);
-    let queue = match &p.queue {
+    let mut queue = match &p.queue {
         Some(q) => resolve_queue(q, spec_queue, &format!("{at}.queue"), errs),
         None => *spec_queue,
     };
+    if let Some(b) = p.balance {
+        queue.scoring = b;
+    }
+    if let Some(e) = &p.engine_aware {
+        if queue.scoring != Scoring::EngineAware {
+            errs.push(
+                format!("{at}.engine_aware"),
+                "only used with balance: engine_aware",
+            );
+        }
+        queue.engine = engine_aware(e, at, errs);
+    }
     Pool {
         name: p.name.clone(),
         provider: p.provider,
@@ -375,6 +390,47 @@ fn price(p: Option<&PriceSpec>, at: &str, errs: &mut Errors) -> Price {
     price
 }
 
+/// A pool's engine-aware settings over the defaults.
+fn engine_aware(e: &EngineAwareSpec, at: &str, errs: &mut Errors) -> EngineAware {
+    let at = format!("{at}.engine_aware");
+    let mut out = EngineAware::default();
+    if let Some(w) = e.max_waiting {
+        out.max_waiting = w;
+    }
+    if let Some(kv) = e.max_kv_usage {
+        if kv > 0.0 && kv <= 1.0 {
+            out.max_kv_usage = kv;
+        } else {
+            errs.push(format!("{at}.max_kv_usage"), "must be in (0, 1]");
+        }
+    }
+    let mut affinity = PrefixAffinity::default();
+    if let Some(c) = e.load_factor {
+        if c.is_finite() && c > 1.0 {
+            affinity.load_factor = c;
+        } else {
+            errs.push(
+                format!("{at}.load_factor"),
+                "must be above 1 (1.25 is usual): at 1 a key could find no endpoint under the bound",
+            );
+        }
+    }
+    match e.prefix_block_bytes {
+        Some(0) => errs.push(format!("{at}.prefix_block_bytes"), "must be at least 1"),
+        Some(b) => affinity.block_bytes = b,
+        None => {}
+    }
+    match e.prefix_max_blocks {
+        Some(0) => errs.push(format!("{at}.prefix_max_blocks"), "must be at least 1"),
+        Some(b) => affinity.max_blocks = b,
+        None => {}
+    }
+    if e.affinity == Some(AffinityKind::Prefix) {
+        out.affinity = Some(affinity);
+    }
+    out
+}
+
 /// A pool's capacity probe, checked against the VRAM gate it has to feed:
 /// a gate on free VRAM needs a probe that reports it (an Ollama probe with
 /// the total VRAM; a vLLM probe never does) and a floor below that total.
@@ -398,10 +454,17 @@ fn capacity_probe(
                 "needed to derive free VRAM for gates.min_vram_free_mb",
             );
         }
-        if c.kind == ProbeKind::Vllm && g.min_vram_free_mb.is_some() {
+        if c.kind != ProbeKind::Ollama && g.min_vram_free_mb.is_some() {
             errs.push(
                 format!("{at}.gates.min_vram_free_mb"),
-                "a vllm probe does not report free VRAM: the gate could never be checked",
+                format!(
+                    "a {} probe does not report free VRAM: the gate could never be checked",
+                    match c.kind {
+                        ProbeKind::Sglang => "sglang",
+                        ProbeKind::Tgi => "tgi",
+                        _ => "vllm",
+                    }
+                ),
             );
         }
     }

@@ -662,3 +662,87 @@ async fn explain_answers_without_sending_anything() {
     assert_eq!(r.status, StatusCode::BAD_REQUEST);
     assert_eq!(local.stats().received, 0);
 }
+
+/// Issue 18: an engine-aware pool with prefix affinity through the proxy,
+/// against two simulated vLLM engines: the turns of one conversation go
+/// to one engine (its KV cache holds their prefix), and the proxy's
+/// explain shows the engines' signals it goes by.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn engine_aware_affinity_keeps_a_conversation_on_one_engine_and_explain_shows_the_signals() {
+    use router_mock::engine::EngineConfig;
+    let engine = EngineConfig {
+        decode_step_base: Duration::from_millis(5),
+        decode_step_per_seq: Duration::ZERO,
+        default_output_tokens: 4,
+        ..EngineConfig::default()
+    };
+    let a = mock("gpu-a", Behavior::Engine(engine.clone())).await;
+    let b = mock("gpu-b", Behavior::Engine(engine)).await;
+    let policy = format!(
+        r#"apiVersion: router/v1
+kind: RoutingPolicy
+spec:
+  pools:
+    - name: gpus
+      provider: vllm
+      endpoints: ["{}", "{}"]
+      capacity_probe: {{kind: vllm, interval_ms: 40}}
+      balance: engine_aware
+      engine_aware: {{affinity: prefix}}
+  routes:
+    - {{name: r, chain: [gpus]}}
+"#,
+        a.url(),
+        b.url()
+    );
+    let s = Settings {
+        admin_token: Some("admin".into()),
+        ..Settings::default()
+    };
+    let proxy = TestProxy::with_policy(s, &policy).await;
+    tokio::time::sleep(Duration::from_millis(120)).await;
+    let system = "You are a careful assistant who plans trips. ".repeat(20);
+    let turn = |more: &[&str]| {
+        let mut messages = vec![
+            serde_json::json!({"role": "system", "content": system}),
+            serde_json::json!({"role": "user", "content": "Plan three days in Lisbon."}),
+        ];
+        for m in more {
+            messages.push(serde_json::json!({"role": "assistant", "content": "Sure."}));
+            messages.push(serde_json::json!({"role": "user", "content": m}));
+        }
+        serde_json::json!({"model": "m", "max_tokens": 4, "messages": messages}).to_string()
+    };
+    let first = proxy.chat_with(&[], &turn(&[])).await;
+    assert_eq!(first.status, StatusCode::OK, "{}", first.text());
+    let engine = first.header(MOCK_NAME_HEADER).unwrap().to_string();
+    for more in [&["And the hotels?"][..], &["And the hotels?", "And food?"]] {
+        let r = proxy.chat_with(&[], &turn(more)).await;
+        assert_eq!(r.header(MOCK_NAME_HEADER), Some(engine.as_str()));
+    }
+    let r = proxy
+        .client
+        .send(
+            Method::POST,
+            &proxy.url("/_custom_router/explain"),
+            &[("authorization", "Bearer admin")],
+            r#"{"model": "m"}"#,
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    let e = r.json();
+    assert_eq!(e["balance"]["balance"], "engine_aware", "{e}");
+    let signals = e["balance"]["signals"].as_array().unwrap();
+    assert_eq!(signals.len(), 2, "{e}");
+    for s in signals {
+        // Read from the engines' /metrics (the last scrape may still show
+        // the last request running: the router's own count, fresher, has
+        // seen it end, and the estimate says so).
+        assert!(s["running"].is_u64() && s["waiting"].is_u64(), "{e}");
+        assert!(s["kv_usage"].is_f64(), "{e}");
+        assert_eq!(s["in_flight"], 0, "{e}");
+        assert_eq!(s["estimated_load"], 0, "{e}");
+        assert_eq!(s["saturated"], false, "{e}");
+    }
+    assert!(e["balance"]["endpoint"].is_string(), "{e}");
+}

@@ -1,0 +1,55 @@
+#!/usr/bin/env python3
+"""TTFT distributions from engine-fleet-bench's JSON, one panel per
+workload and load, one line (empirical CDF) per strategy.
+
+    python3 bench/plot_engine_fleet.py engine-fleet.json docs/engine-aware-ttft.png
+"""
+import json
+import sys
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def main(src, dst):
+    with open(src) as f:
+        data = json.load(f)
+    rows = data["rows"]
+    workloads = list(dict.fromkeys(r["workload"] for r in rows))
+    loads = sorted(set(r["load"] for r in rows))
+    strategies = list(dict.fromkeys(r["strategy"] for r in rows))
+    fig, axes = plt.subplots(
+        len(workloads), len(loads), figsize=(5 * len(loads), 4 * len(workloads)), squeeze=False
+    )
+    for i, w in enumerate(workloads):
+        for j, load in enumerate(loads):
+            ax = axes[i][j]
+            for s in strategies:
+                row = next(
+                    (r for r in rows if r["workload"] == w and r["load"] == load and r["strategy"] == s),
+                    None,
+                )
+                if not row or not row["ttft_ms"]:
+                    continue
+                xs = sorted(row["ttft_ms"])
+                n = len(xs)
+                ys = [(k + 1) / n for k in range(n)]
+                ax.step(xs, ys, where="post", label=f"{s} (p99 {row['ttft_p99_ms']:.0f} ms)")
+            ax.set_xscale("log")
+            ax.set_title(f"{w}, {load:.0%} load")
+            ax.set_xlabel("TTFT (ms, model time, log scale)")
+            ax.set_ylabel("fraction of requests")
+            ax.grid(True, which="both", alpha=0.3)
+            ax.legend(fontsize=7, loc="lower right")
+    fig.suptitle(
+        f"TTFT by balancing strategy: {data['engines']} simulated engines, "
+        f"{data['requests']} requests per run, seed {data['seed']}"
+    )
+    fig.tight_layout()
+    fig.savefig(dst, dpi=110)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])

@@ -114,7 +114,10 @@ async fn an_answer_larger_than_the_stores_byte_budget_is_not_replayable_and_coun
     let key = [("idempotency-key", "huge-1")];
     let first = proxy.chat_with(&key, BODY).await;
     assert_eq!(first.status, StatusCode::OK);
-    assert!(first.body.len() > 1_100_000, "the client got the whole answer");
+    assert!(
+        first.body.len() > 1_100_000,
+        "the client got the whole answer"
+    );
     let retry = proxy.chat_with(&key, BODY).await;
     assert_eq!(retry.status, StatusCode::CONFLICT);
     assert_eq!(retry.error_type(), "not_replayable");

@@ -104,6 +104,32 @@ async fn an_answer_over_the_cap_is_not_replayable() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_larger_than_the_stores_byte_budget_is_not_replayable_and_counted() {
+    // Under the answer cap, over the whole in-process store's budget.
+    let m = mock("m", Behavior::Content("x".repeat(1_100_000))).await;
+    let mut s = settings();
+    s.idempotency_max_answer_bytes = 4 * 1024 * 1024;
+    s.idempotency_max_bytes = 1024 * 1024;
+    let proxy = TestProxy::with_policy(s, &policy(&m.url())).await;
+    let key = [("idempotency-key", "huge-1")];
+    let first = proxy.chat_with(&key, BODY).await;
+    assert_eq!(first.status, StatusCode::OK);
+    assert!(
+        first.body.len() > 1_100_000,
+        "the client got the whole answer"
+    );
+    let retry = proxy.chat_with(&key, BODY).await;
+    assert_eq!(retry.status, StatusCode::CONFLICT);
+    assert_eq!(retry.error_type(), "not_replayable");
+    assert_eq!(m.stats().received, 1, "not generated twice");
+    let metrics = proxy.metrics().await;
+    assert!(
+        metrics.contains("router_idempotency_events_total{event=\"over_budget\"} 1"),
+        "{metrics}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_first_request_does_not_block_its_retry() {
     let m = mock("m", Behavior::Status(503)).await;
     let proxy = TestProxy::with_policy(settings(), &policy(&m.url())).await;

@@ -172,6 +172,77 @@ pub fn without_get_header(document: &str) -> &str {
     rest
 }
 
+/// A new tenant key: `rt_` and 32 random bytes, base64url.
+fn mint_tenant_key() -> Result<String, String> {
+    use base64::Engine;
+    use ring::rand::SecureRandom;
+    let mut bytes = [0u8; 32];
+    ring::rand::SystemRandom::new()
+        .fill(&mut bytes)
+        .map_err(|_| "the system random source failed".to_string())?;
+    Ok(format!(
+        "rt_{}",
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)
+    ))
+}
+
+/// `routerctl tenants add-key NAME`: mints a key, adds its hash to the
+/// tenant in the applied policy (compare-and-swap on its version), and
+/// prints the key once. The control plane, its store and the proxies only
+/// ever see the hash.
+pub async fn tenant_add_key(admin: &mut Admin, tenant: &str) -> ExitCode {
+    match add_tenant_key(admin, tenant).await {
+        Ok((key, version)) => {
+            eprintln!(
+                "tenant {tenant:?}: key added (policy version {version}); it is shown once, only its hash is kept:"
+            );
+            println!("{key}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => fail(e),
+    }
+}
+
+/// Mints a key for `tenant`, applies its hash; the key and the new policy
+/// version.
+pub async fn add_tenant_key(admin: &mut Admin, tenant: &str) -> Result<(String, u64), String> {
+    let current = admin
+        .get_policy(pb::GetPolicyRequest { version: 0 })
+        .await
+        .map_err(|s| explain_status(&s))?
+        .into_inner();
+    let mut doc = router_policy::document::PolicyDocument::parse(&current.document)
+        .map_err(|e| format!("the applied policy does not parse: {e}"))?;
+    let Some(entry) = doc.spec.tenants.iter_mut().find(|t| t.name == tenant) else {
+        return Err(format!(
+            "the applied policy (version {}) has no tenant {tenant:?}: add it to spec.tenants first",
+            current.version
+        ));
+    };
+    let key = mint_tenant_key()?;
+    entry.keys.push(router_policy::tenant::key_hash_text(&key));
+    let document =
+        serde_yaml_ng::to_string(&doc).map_err(|e| format!("cannot write the policy: {e}"))?;
+    let author = std::env::var("USER").unwrap_or_else(|_| "routerctl".into());
+    let r = admin
+        .apply_policy(pb::ApplyPolicyRequest {
+            document,
+            dry_run: false,
+            expected_version: current.version,
+            author,
+        })
+        .await
+        .map_err(|s| explain_status(&s))?
+        .into_inner();
+    if let Some(e) = r.errors.first() {
+        return Err(format!(
+            "the policy with the new key was refused: {}: {}",
+            e.field, e.reason
+        ));
+    }
+    Ok((key, r.version))
+}
+
 /// `policy get [--version N]`.
 pub async fn get(admin: &mut Admin, version: u64, output: Output) -> ExitCode {
     match admin.get_policy(pb::GetPolicyRequest { version }).await {

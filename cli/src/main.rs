@@ -97,6 +97,8 @@ enum Command {
     Proxies(Group<ProxiesCommand>),
     /// Routes.
     Route(Group<RouteCommand>),
+    /// Tenants (who may call).
+    Tenants(Group<TenantsCommand>),
     /// Sign an approval for one request on one route (prints the
     /// X-Router-Approval token; the key from --key-file or
     /// CUSTOM_ROUTER_APPROVAL_KEY).
@@ -197,6 +199,16 @@ enum CircuitsCommand {
 }
 
 #[derive(Subcommand, Debug)]
+enum TenantsCommand {
+    /// Mint a key for a tenant of the applied policy, add its hash, and
+    /// print the key once.
+    AddKey {
+        /// The tenant's name.
+        name: String,
+    },
+}
+
+#[derive(Subcommand, Debug)]
 enum ProxiesCommand {
     /// Each proxy: revision applied, ACK/NACK, last seen.
     List,
@@ -215,7 +227,8 @@ enum RouteCommand {
 /// Flags of `routerctl drill`.
 #[derive(Args, Debug)]
 struct DrillArgs {
-    /// baseline | baseline-long-attempt | fallback-degraded | primary-hang | drain | all
+    /// baseline | baseline-long-attempt | fallback-degraded | primary-hang | drain |
+    /// stream-first-token | stream-stall | stream-error | all
     #[arg(long, default_value = "all")]
     scenario: String,
     /// Print the reports as JSON.
@@ -394,6 +407,17 @@ async fn run(cli: Cli) -> ExitCode {
                 }
             }
         }
+        Command::Tenants(g) => {
+            let mut admin = match connect(&g.connection).await {
+                Ok(a) => a,
+                Err(code) => return code,
+            };
+            match g.command {
+                TenantsCommand::AddKey { name } => {
+                    admin_cmd::tenant_add_key(&mut admin, &name).await
+                }
+            }
+        }
     }
 }
 
@@ -448,7 +472,7 @@ async fn run_drill(args: DrillArgs) -> ExitCode {
             Some(s) => vec![s],
             None => {
                 eprintln!(
-                    "routerctl drill: unknown scenario {:?} (baseline, baseline-long-attempt, fallback-degraded, primary-hang, drain, all)",
+                    "routerctl drill: unknown scenario {:?} (baseline, baseline-long-attempt, fallback-degraded, primary-hang, drain, stream-first-token, stream-stall, stream-error, all)",
                     args.scenario
                 );
                 return ExitCode::from(2);

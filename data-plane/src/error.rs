@@ -101,6 +101,10 @@ pub enum ProxyError {
         /// What went wrong.
         detail: String,
     },
+    /// A request refused its tenant: no or an unknown key (401), or a
+    /// route or risk class the tenant may not use (403).
+    #[error("{0}")]
+    Tenant(router_policy::tenant::TenantRefusal),
     /// An admin call without a valid bearer token.
     #[error(transparent)]
     Unauthorized(Unauthorized),
@@ -134,7 +138,8 @@ impl ProxyError {
             Self::RequestTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             Self::Upstream { .. } => StatusCode::BAD_GATEWAY,
             Self::Unauthorized(_) => StatusCode::UNAUTHORIZED,
-            Self::Forbidden(_) => StatusCode::FORBIDDEN,
+            Self::Tenant(why) if why.is_authentication() => StatusCode::UNAUTHORIZED,
+            Self::Tenant(_) | Self::Forbidden(_) => StatusCode::FORBIDDEN,
             Self::NotFound => StatusCode::NOT_FOUND,
             Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
         }
@@ -160,7 +165,8 @@ impl ProxyError {
             Self::RequestTimeout(_) => Outcome::RequestTimeout,
             Self::Upstream { .. } => Outcome::UpstreamError,
             Self::Unauthorized(_) => Outcome::Unauthorized,
-            Self::Forbidden(_) => Outcome::Forbidden,
+            Self::Tenant(why) if why.is_authentication() => Outcome::Unauthorized,
+            Self::Tenant(_) | Self::Forbidden(_) => Outcome::Forbidden,
             Self::NotFound => Outcome::NotFound,
             Self::MethodNotAllowed => Outcome::MethodNotAllowed,
         }
@@ -202,7 +208,7 @@ impl ProxyError {
         if self.status() == StatusCode::SERVICE_UNAVAILABLE {
             headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
         }
-        if matches!(self, Self::Unauthorized(_)) {
+        if self.status() == StatusCode::UNAUTHORIZED {
             headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         }
         resp

@@ -304,6 +304,7 @@ fn record(data: &[u8]) -> RouteRecord {
         idempotency: b
             .some()
             .then(|| ["lead", "lead_local", "join", "replay"][usize::from(b.byte()) % 4]),
+        tenant: b.some().then(|| b.string().into()),
         config_version: b.string().into(),
     }
 }

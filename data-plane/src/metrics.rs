@@ -49,6 +49,15 @@ pub(crate) struct StreamEventLabels {
     pub event: &'static str,
 }
 
+/// `router_tenant_requests`' labels.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct TenantLabels {
+    /// A tenant's name from the policy.
+    pub tenant: String,
+    /// How the request ended.
+    pub outcome: &'static str,
+}
+
 /// `router_shared_store_errors`' label.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(crate) struct OpLabel {
@@ -207,6 +216,7 @@ pub(crate) struct Metrics {
     idempotency: Family<EventLabel, Counter>,
     store_errors: Family<OpLabel, Counter>,
     stream_events: Family<StreamEventLabels, Counter>,
+    tenant_requests: Family<TenantLabels, Counter>,
     tpot: Family<BackendLabels, FloatGauge>,
 }
 
@@ -246,6 +256,7 @@ impl Metrics {
             idempotency: Family::default(),
             store_errors: Family::default(),
             stream_events: Family::default(),
+            tenant_requests: Family::default(),
             tpot: Family::default(),
         };
         registry.register(
@@ -355,11 +366,26 @@ impl Metrics {
             m.stream_events.clone(),
         );
         registry.register(
+            "router_tenant_requests",
+            "Requests by tenant (names from the policy) and outcome",
+            m.tenant_requests.clone(),
+        );
+        registry.register(
             "router_endpoint_tpot_seconds",
             "Time per output token per endpoint (EWMA over its streams)",
             m.tpot.clone(),
         );
         Self { registry, ..m }
+    }
+
+    /// Counts a request of a tenant.
+    pub(crate) fn tenant_request(&self, tenant: &str, outcome: Outcome) {
+        self.tenant_requests
+            .get_or_create(&TenantLabels {
+                tenant: tenant.to_string(),
+                outcome: outcome.as_str(),
+            })
+            .inc();
     }
 
     /// Counts a stream or hedging event of a pool.

@@ -170,6 +170,9 @@ pub(crate) struct RouteRecord {
     /// absent without a key.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub idempotency: Option<&'static str>,
+    /// The tenant the request's key named (tenancy on).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<Arc<str>>,
     /// Config version that routed the request.
     pub config_version: Arc<str>,
 }
@@ -788,6 +791,11 @@ impl RouteRecord {
         if let Some(i) = self.idempotency {
             out.extend_from_slice(b",\"idempotency\":\"");
             json_plain_contents(out, i);
+            out.push(b'"');
+        }
+        if let Some(t) = &self.tenant {
+            out.extend_from_slice(b",\"tenant\":\"");
+            json_str_contents(out, t);
             out.push(b'"');
         }
         out.extend_from_slice(b",\"config_version\":\"");
@@ -1454,6 +1462,7 @@ mod tests {
             stopped: some(rng).then_some("retry_budget_exhausted"),
             trace_id: some(rng).then(|| pick(rng).into()),
             idempotency: some(rng).then(|| ["lead", "join", "replay"][rng.below(3) as usize]),
+            tenant: some(rng).then(|| pick(rng).into()),
             config_version: pick(rng).into(),
             ..RouteRecord::default()
         }

@@ -27,6 +27,7 @@
 //!   store holds for its key (lead, join, replay, refuse), how its key is
 //!   settled when it ends, and what happens while the store is down.
 //! - [`structured`]: structured-output (JSON schema) checks of answers.
+//! - [`tenant`]: who is calling (hashed keys) and what they may ask for.
 
 #![forbid(unsafe_code)]
 
@@ -45,6 +46,7 @@ pub mod outcome;
 pub mod retry_budget;
 pub mod stream;
 pub mod structured;
+pub mod tenant;
 
 pub use approval::{ApprovalKey, Refusal};
 pub use balance::{EndpointLoad, Scoring};

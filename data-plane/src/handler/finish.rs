@@ -70,6 +70,9 @@ pub(super) fn finish_record(
         outcome,
         elapsed.as_secs_f64(),
     );
+    if let Some(t) = &record.tenant {
+        shared.metrics.tenant_request(t, outcome);
+    }
     if let Some(cx) = record.otel.take() {
         spans::end_server_span(&cx, &record, pool);
     }

@@ -145,6 +145,21 @@ pub(crate) fn handle(
             });
         };
         pending.rec().route = Some(route.name.clone());
+        // Tenancy: who is calling, and may they ask this
+        // (`router_policy::tenant`).
+        if let Some(tenants) = &snapshot.policy.tenants {
+            let key = parts
+                .headers
+                .get(http::header::AUTHORIZATION)
+                .map(HeaderValue::as_bytes);
+            let tenant = tenants.identify(key);
+            if let Ok(t) = &tenant {
+                pending.rec().tenant = Some(Arc::from(t.name.as_str()));
+            }
+            if let Err(why) = tenant.and_then(|t| t.admits(&route.name, risk)) {
+                return pending.reject(ProxyError::Tenant(why));
+            }
+        }
         if route.requires_approval {
             let given = seen.approval.as_ref().map(HeaderValue::as_bytes);
             let rec = pending.rec();
@@ -297,6 +312,11 @@ pub(crate) fn handle(
         // reach a backend.
         if seen.router_headers {
             crate::request_headers::strip_router_headers(&mut headers);
+        }
+        if snapshot.policy.tenants.is_some() {
+            // The tenant's key never leaves the router: a pool with a key of
+            // its own sends that one, any other nothing.
+            headers.remove(http::header::AUTHORIZATION);
         }
         forward::add_forwarded(&mut headers, &client_ip, seen.host.clone(), &seen);
         if let Some(id) = &pending.id_header {

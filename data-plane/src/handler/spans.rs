@@ -128,6 +128,10 @@ pub(super) fn end_server_span(cx: &opentelemetry::Context, record: &RouteRecord,
             record.model.as_deref().map(str::to_string),
         ),
         ("gen_ai.response.model", record.response_model.clone()),
+        (
+            "router.tenant",
+            record.tenant.as_deref().map(str::to_string),
+        ),
     ];
     for (k, v) in optional {
         if let Some(v) = v {

@@ -267,6 +267,8 @@ pub struct Policy {
     pub approval_token_env: Option<String>,
     /// How long a pool stays degraded for structured output.
     pub structured_degrade: Duration,
+    /// Who may call; `None`: tenancy is off (anyone may).
+    pub tenants: Option<crate::tenant::Tenants>,
 }
 
 impl Policy {
@@ -318,6 +320,7 @@ impl Policy {
             default_risk: Risk::Read,
             approval_token_env: None,
             structured_degrade: Duration::from_secs(60),
+            tenants: None,
         }
     }
 

@@ -77,6 +77,29 @@ pub struct Spec {
     /// Routes, matched in order.
     #[serde(default)]
     pub routes: Vec<RouteSpec>,
+    /// Who may call (none: anyone who reaches the router).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tenants: Vec<TenantSpec>,
+}
+
+/// A tenant as written.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TenantSpec {
+    /// Unique name (route log, spans, metrics).
+    pub name: String,
+    /// Its keys' hashes, `sha256:<64 hex digits>` (never the keys).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub keys: Vec<String>,
+    /// Routes it may use (default: all).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub routes: Vec<String>,
+    /// The highest risk class it may claim (default DESTRUCTIVE: any).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_risk: Option<Risk>,
+    /// Requests without a key are this tenant's (at most one tenant).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub anonymous: bool,
 }
 
 /// Queue settings as written; anything left out comes from the defaults

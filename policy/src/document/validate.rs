@@ -40,7 +40,7 @@ use super::{
     FieldError, Gates, GatesSpec, Hedge, HedgeDelay, HedgeQuantile, HedgeSpec, MatchSpec, Policy,
     PolicyDocument, PolicyError, Pool, PoolSpec, Price, PriceSpec, Probe, ProbeKind, ProbeSpec,
     QueueSettings, QueueSpec, RetryBudgetSpec, RetryOn, Risk, Route, RouteMatch, RouteSpec,
-    API_VERSION, KIND,
+    TenantSpec, API_VERSION, KIND,
 };
 use super::{AffinityKind, EngineAwareSpec};
 use crate::balance::Scoring;
@@ -48,6 +48,7 @@ use crate::endpoint::Endpoint;
 use crate::engine_aware::{EngineAware, PrefixAffinity};
 use crate::guard::{backend_refusal, Guards};
 use crate::retry_budget::BudgetSettings;
+use crate::tenant::{Tenant, Tenants};
 
 impl PolicyDocument {
     /// Checks meaning and resolves defaults, with the default [`Guards`].
@@ -77,6 +78,7 @@ impl PolicyDocument {
         let routes = routes(&spec.routes, &context, &mut errs);
         let structured_degrade = structured_degrade(spec.structured_output_degrade_s, &mut errs);
         let approval_token_env = approval(spec.approval.as_ref(), &mut errs);
+        let tenants = tenants(&spec.tenants, &routes, &mut errs);
         errs.finish(Policy {
             name: self.metadata.name.clone(),
             pools,
@@ -85,8 +87,78 @@ impl PolicyDocument {
             default_risk: spec.defaults.risk.unwrap_or(Risk::Read),
             approval_token_env,
             structured_degrade,
+            tenants,
         })
     }
+}
+
+/// `spec.tenants`: unique names, key hashes well formed and each given to
+/// one tenant, routes that exist, at most one anonymous tenant. `None`
+/// when the policy has none (tenancy off).
+fn tenants(specs: &[TenantSpec], routes: &[Route], errs: &mut Errors) -> Option<Tenants> {
+    if specs.is_empty() {
+        return None;
+    }
+    let mut names = HashSet::new();
+    let mut seen_keys = std::collections::HashMap::new();
+    let mut list = Vec::new();
+    let mut keys = Vec::new();
+    let mut anonymous = None;
+    for (i, t) in specs.iter().enumerate() {
+        let at = format!("spec.tenants[{i}]");
+        if t.name.trim().is_empty() {
+            errs.push(format!("{at}.name"), "must not be empty");
+        } else if !names.insert(t.name.as_str()) {
+            errs.push(
+                format!("{at}.name"),
+                format!("tenant {:?} appears twice", t.name),
+            );
+        }
+        let mut hashes = Vec::new();
+        for (j, k) in t.keys.iter().enumerate() {
+            match crate::tenant::parse_key_hash(k) {
+                Some(h) => {
+                    if let Some(other) = seen_keys.insert(h, i) {
+                        errs.push(
+                            format!("{at}.keys[{j}]"),
+                            format!("the same key is already tenant #{other}'s"),
+                        );
+                    }
+                    hashes.push(h);
+                }
+                None => errs.push(
+                    format!("{at}.keys[{j}]"),
+                    "must be sha256:<64 hex digits>, the hash of a key (`routerctl tenants add-key` mints one); a policy never holds keys",
+                ),
+            }
+        }
+        for (j, r) in t.routes.iter().enumerate() {
+            if !routes.iter().any(|route| route.name == *r) {
+                errs.push(format!("{at}.routes[{j}]"), format!("unknown route {r:?}"));
+            }
+        }
+        if t.anonymous {
+            if anonymous.is_some() {
+                errs.push(
+                    format!("{at}.anonymous"),
+                    "only one tenant may be anonymous",
+                );
+            }
+            anonymous = Some(i);
+        } else if t.keys.is_empty() {
+            errs.push(
+                format!("{at}.keys"),
+                "a tenant that is not anonymous needs at least one key",
+            );
+        }
+        list.push(Tenant {
+            name: t.name.clone(),
+            routes: t.routes.clone(),
+            max_risk: t.max_risk.unwrap_or(Risk::Destructive),
+        });
+        keys.push(hashes);
+    }
+    Some(Tenants::new(list, keys, anonymous))
 }
 
 /// The problems found so far, in the order found.

@@ -14,6 +14,8 @@ use router_proxy::Settings;
 use router_tests::harness::{eventually, TestProxy, WAIT_AT_MOST};
 use router_tests::mocks::mock;
 
+mod tenants;
+
 const CHAT: &str = r#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#;
 const STRUCTURED: &str = r#"{"model":"m","messages":[{"role":"user","content":"hi"}],"response_format":{"type":"json_object"}}"#;
 

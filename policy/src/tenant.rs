@@ -1,0 +1,276 @@
+//! Tenants: who is calling, and what they may ask for.
+//!
+//! A policy with `spec.tenants` routes only requests that name a tenant:
+//! `Authorization: Bearer <key>` with a key the policy lists, or, when one
+//! tenant is marked `anonymous`, no key at all. The policy holds keys only
+//! as SHA-256 hashes (`sha256:<64 hex digits>`), so a policy document, the
+//! control plane's store and every proxy's cache can be read without
+//! revealing a key; `routerctl tenants add-key` mints one, prints it once
+//! and applies its hash.
+//!
+//! [`Tenants::identify`] hashes the presented key and looks the hash up:
+//! the lookup compares hashes, never keys, so its timing says nothing about
+//! a key. [`Tenant::admits`] then checks the tenant's allowed routes and the
+//! highest risk class it may claim (`X-Router-Risk`).
+//!
+//! What is not here yet: rate limits, token limits, concurrency caps and
+//! spend budgets per tenant (issue #17 builds them on the shared store).
+//!
+//! Pure: the proxy passes the header it received.
+
+use std::collections::HashMap;
+use std::fmt;
+
+use crate::document::Risk;
+
+/// The prefix of a key hash in a policy.
+pub const HASH_PREFIX: &str = "sha256:";
+
+/// A key's SHA-256.
+pub type KeyHash = [u8; 32];
+
+/// The SHA-256 of `key` (its bytes as given).
+pub fn key_hash(key: &str) -> KeyHash {
+    let d = ring::digest::digest(&ring::digest::SHA256, key.as_bytes());
+    let mut out = [0u8; 32];
+    out.copy_from_slice(d.as_ref());
+    out
+}
+
+/// `sha256:<hex>` of `key`, as a policy lists it.
+pub fn key_hash_text(key: &str) -> String {
+    let hex: String = key_hash(key).iter().map(|b| format!("{b:02x}")).collect();
+    format!("{HASH_PREFIX}{hex}")
+}
+
+/// Parses `sha256:<64 hex digits>`.
+pub fn parse_key_hash(text: &str) -> Option<KeyHash> {
+    let hex = text.strip_prefix(HASH_PREFIX)?;
+    if hex.len() != 64 {
+        return None;
+    }
+    let mut out = [0u8; 32];
+    for (i, chunk) in hex.as_bytes().chunks(2).enumerate() {
+        let s = std::str::from_utf8(chunk).ok()?;
+        out[i] = u8::from_str_radix(s, 16).ok()?;
+    }
+    Some(out)
+}
+
+/// One tenant, resolved.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tenant {
+    /// Its name (route log, spans, metrics).
+    pub name: String,
+    /// Routes it may use; empty: every route.
+    pub routes: Vec<String>,
+    /// The highest risk class it may claim.
+    pub max_risk: Risk,
+}
+
+/// Why a request is refused a tenant.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TenantRefusal {
+    /// No `Authorization: Bearer` key, and no anonymous tenant.
+    NoKey,
+    /// A key the policy does not list.
+    UnknownKey,
+    /// The tenant may not use this route.
+    Route {
+        /// The tenant.
+        tenant: String,
+        /// The route.
+        route: String,
+    },
+    /// The request claims a risk class above the tenant's.
+    Risk {
+        /// The tenant.
+        tenant: String,
+        /// What the request claimed.
+        claimed: Risk,
+        /// The tenant's highest.
+        max: Risk,
+    },
+}
+
+impl TenantRefusal {
+    /// A refusal of who is calling (401), as opposed to what they ask (403).
+    pub fn is_authentication(&self) -> bool {
+        matches!(self, Self::NoKey | Self::UnknownKey)
+    }
+}
+
+impl fmt::Display for TenantRefusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::NoKey => f.write_str(
+                "this router serves tenants: send Authorization: Bearer <your tenant key>",
+            ),
+            Self::UnknownKey => f.write_str("the tenant key is not known to this router"),
+            Self::Route { tenant, route } => {
+                write!(f, "tenant {tenant:?} may not use route {route:?}")
+            }
+            Self::Risk {
+                tenant,
+                claimed,
+                max,
+            } => write!(
+                f,
+                "tenant {tenant:?} may claim risk up to {}, not {}",
+                max.as_str(),
+                claimed.as_str()
+            ),
+        }
+    }
+}
+
+/// The tenants of a policy.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Tenants {
+    list: Vec<Tenant>,
+    by_key: HashMap<KeyHash, usize>,
+    anonymous: Option<usize>,
+}
+
+impl Tenants {
+    /// Tenants with their key hashes (`keys[i]` are `list[i]`'s) and the
+    /// anonymous one, if any. Validation has checked them.
+    pub fn new(list: Vec<Tenant>, keys: Vec<Vec<KeyHash>>, anonymous: Option<usize>) -> Self {
+        let mut by_key = HashMap::new();
+        for (i, hashes) in keys.into_iter().enumerate() {
+            for h in hashes {
+                by_key.insert(h, i);
+            }
+        }
+        Self {
+            list,
+            by_key,
+            anonymous,
+        }
+    }
+
+    /// Every tenant, in policy order.
+    pub fn list(&self) -> &[Tenant] {
+        &self.list
+    }
+
+    /// The tenant a request's `Authorization` header names.
+    pub fn identify(&self, authorization: Option<&[u8]>) -> Result<&Tenant, TenantRefusal> {
+        let key = authorization
+            .and_then(|v| std::str::from_utf8(v).ok())
+            .and_then(bearer);
+        let index = match key {
+            None => self.anonymous.ok_or(TenantRefusal::NoKey)?,
+            Some(k) => *self
+                .by_key
+                .get(&key_hash(k))
+                .ok_or(TenantRefusal::UnknownKey)?,
+        };
+        self.list.get(index).ok_or(TenantRefusal::UnknownKey)
+    }
+}
+
+impl Tenant {
+    /// Whether the tenant may send a `risk` request on `route`.
+    pub fn admits(&self, route: &str, risk: Risk) -> Result<(), TenantRefusal> {
+        if !self.routes.is_empty() && !self.routes.iter().any(|r| r == route) {
+            return Err(TenantRefusal::Route {
+                tenant: self.name.clone(),
+                route: route.to_string(),
+            });
+        }
+        if risk > self.max_risk {
+            return Err(TenantRefusal::Risk {
+                tenant: self.name.clone(),
+                claimed: risk,
+                max: self.max_risk,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// The key of `Bearer <key>` (scheme in any case), if non-empty.
+fn bearer(value: &str) -> Option<&str> {
+    let (scheme, key) = value.trim().split_once(' ')?;
+    let key = key.trim();
+    (scheme.eq_ignore_ascii_case("bearer") && !key.is_empty()).then_some(key)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn tenants(anonymous: bool) -> Tenants {
+        let a = Tenant {
+            name: "team-a".into(),
+            routes: vec!["chat".into()],
+            max_risk: Risk::Draft,
+        };
+        let b = Tenant {
+            name: "guests".into(),
+            routes: Vec::new(),
+            max_risk: Risk::Read,
+        };
+        Tenants::new(
+            vec![a, b],
+            vec![vec![key_hash("key-a")], Vec::new()],
+            anonymous.then_some(1),
+        )
+    }
+
+    #[test]
+    fn a_listed_key_names_its_tenant_and_nothing_else_does() {
+        let t = tenants(false);
+        let id = |h: &str| t.identify(Some(h.as_bytes())).map(|t| t.name.clone());
+        assert_eq!(id("Bearer key-a"), Ok("team-a".into()));
+        assert_eq!(id("bearer   key-a "), Ok("team-a".into()));
+        assert_eq!(id("Bearer key-b"), Err(TenantRefusal::UnknownKey));
+        assert_eq!(id("Basic key-a"), Err(TenantRefusal::NoKey));
+        assert_eq!(t.identify(None), Err(TenantRefusal::NoKey));
+        // With an anonymous tenant, no key is that tenant; a wrong key is
+        // still refused.
+        let t = tenants(true);
+        assert_eq!(t.identify(None).map(|t| t.name.as_str()), Ok("guests"));
+        assert_eq!(
+            t.identify(Some(b"Bearer nope")),
+            Err(TenantRefusal::UnknownKey)
+        );
+    }
+
+    #[test]
+    fn routes_and_risk_are_checked() {
+        let t = tenants(false);
+        let a = t.identify(Some(b"Bearer key-a")).unwrap();
+        assert_eq!(a.admits("chat", Risk::Draft), Ok(()));
+        assert!(matches!(
+            a.admits("other", Risk::Read),
+            Err(TenantRefusal::Route { .. })
+        ));
+        assert!(matches!(
+            a.admits("chat", Risk::Send),
+            Err(TenantRefusal::Risk { .. })
+        ));
+    }
+
+    #[test]
+    fn hashes_round_trip_and_bad_text_is_refused() {
+        let text = key_hash_text("key-a");
+        assert_eq!(parse_key_hash(&text), Some(key_hash("key-a")));
+        for bad in ["key-a", "sha256:12", "sha256:zz", "md5:00"] {
+            assert_eq!(parse_key_hash(bad), None, "{bad}");
+        }
+    }
+
+    proptest! {
+        /// No key but the listed one names the tenant.
+        #[test]
+        fn only_the_listed_key_passes(key in "[ -~]{1,40}") {
+            let t = tenants(false);
+            let header = format!("Bearer {key}");
+            let named = t.identify(Some(header.as_bytes())).is_ok();
+            prop_assert_eq!(named, key.trim() == "key-a");
+        }
+    }
+}

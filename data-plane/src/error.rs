@@ -101,6 +101,14 @@ pub enum ProxyError {
         /// What went wrong.
         detail: String,
     },
+    /// The tenant is over its rate limit (429, with the exact wait).
+    #[error("tenant {tenant:?} is over its rate limit: retry in {} ms", retry_after.as_millis())]
+    RateLimited {
+        /// The tenant.
+        tenant: String,
+        /// When the next request would pass.
+        retry_after: Duration,
+    },
     /// A request refused its tenant: no or an unknown key (401), or a
     /// route or risk class the tenant may not use (403).
     #[error("{0}")]
@@ -133,6 +141,7 @@ impl ProxyError {
             Self::IdempotencyMismatch(_) => StatusCode::UNPROCESSABLE_ENTITY,
             Self::ApprovalRequired { .. } => StatusCode::FORBIDDEN,
             Self::BudgetExceeded { .. } => StatusCode::PAYMENT_REQUIRED,
+            Self::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
             Self::InvalidRequest(_) => StatusCode::BAD_REQUEST,
             Self::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::RequestTimeout(_) => StatusCode::REQUEST_TIMEOUT,
@@ -160,6 +169,7 @@ impl ProxyError {
             Self::IdempotencyMismatch(_) => Outcome::IdempotencyMismatch,
             Self::ApprovalRequired { .. } => Outcome::ApprovalRequired,
             Self::BudgetExceeded { .. } => Outcome::BudgetExceeded,
+            Self::RateLimited { .. } => Outcome::RateLimited,
             Self::InvalidRequest(_) => Outcome::InvalidRequest,
             Self::PayloadTooLarge { .. } => Outcome::PayloadTooLarge,
             Self::RequestTimeout(_) => Outcome::RequestTimeout,
@@ -207,6 +217,11 @@ impl ProxyError {
         );
         if self.status() == StatusCode::SERVICE_UNAVAILABLE {
             headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        if let Self::RateLimited { retry_after, .. } = self {
+            // Whole seconds, rounded up: the next request then passes.
+            let secs = retry_after.as_secs() + u64::from(retry_after.subsec_nanos() > 0);
+            headers.insert(header::RETRY_AFTER, HeaderValue::from(secs.max(1)));
         }
         if self.status() == StatusCode::UNAUTHORIZED {
             headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));

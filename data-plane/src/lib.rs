@@ -62,6 +62,7 @@ pub mod managed;
 mod metrics;
 mod pool;
 mod probe;
+mod rate_limit;
 mod reload;
 mod request_headers;
 mod resolver;
@@ -163,6 +164,8 @@ pub(crate) struct Shared {
     /// `Idempotency-Key` requests in flight and recent answers: the
     /// shared store, or this process's own.
     pub(crate) idempotency: Arc<idempotency::Keys>,
+    /// Tenants' rate limits: the shared store's, or this process's own.
+    pub(crate) rate_limits: rate_limit::RateLimits,
     /// Request bytes held by all requests together, under a cap.
     pub(crate) buffered: Arc<limits::ByteBudget>,
     /// Open client connections, under a cap.
@@ -307,20 +310,27 @@ pub async fn start(options: ProxyOptions) -> Result<RunningProxy, StartError> {
         .await
         .map_err(|source| StartError::Bind { addr, source })?;
     let addr = listener.local_addr()?;
-    let shared_store: Option<Arc<dyn idempotency::IdempotencyStore>> = match &settings.shared_store
-    {
+    let redis = match &settings.shared_store {
         None => None,
         Some(s) => {
             let client = s
                 .client()
                 .map_err(|e| StartError::SharedStore(e.to_string()))?;
-            tracing::info!(store = s.shown(), "idempotency keys in the shared store");
+            tracing::info!(
+                store = s.shown(),
+                "idempotency keys and tenants' rate limits in the shared store"
+            );
             Some(Arc::new(idempotency::RedisStore::connect(
                 client,
                 "router:".into(),
             )))
         }
     };
+    let rate_limits = match &redis {
+        Some(r) => rate_limit::RateLimits::Shared(Arc::clone(r)),
+        None => rate_limit::RateLimits::local(),
+    };
+    let shared_store = redis.map(|r| r as Arc<dyn idempotency::IdempotencyStore>);
     let keys = Arc::new(idempotency::Keys::new(
         shared_store,
         settings.idempotency_ttl,
@@ -344,6 +354,7 @@ pub async fn start(options: ProxyOptions) -> Result<RunningProxy, StartError> {
         stops: stop_signal::StopSignals::default(),
         admin,
         idempotency: keys,
+        rate_limits,
         buffered: limits::ByteBudget::new(settings_buffered),
         connections: limits::ConnectionSlots::new(settings_connections),
     });

@@ -88,6 +88,8 @@ pub enum Outcome {
     ApprovalRequired,
     /// A cost ceiling forbids every eligible pool.
     BudgetExceeded,
+    /// The tenant is over its rate limit.
+    RateLimited,
     /// A malformed request (or an upstream request that could not be made).
     InvalidRequest,
     /// The request body is over the limit.
@@ -108,7 +110,7 @@ pub enum Outcome {
 
 impl Outcome {
     /// Every outcome, in declaration order.
-    pub const ALL: [Outcome; 32] = [
+    pub const ALL: [Outcome; 33] = [
         Outcome::Ok,
         Outcome::Replayed,
         Outcome::ConnectError,
@@ -134,6 +136,7 @@ impl Outcome {
         Outcome::IdempotencyMismatch,
         Outcome::ApprovalRequired,
         Outcome::BudgetExceeded,
+        Outcome::RateLimited,
         Outcome::InvalidRequest,
         Outcome::PayloadTooLarge,
         Outcome::RequestTimeout,
@@ -171,6 +174,7 @@ impl Outcome {
             Self::IdempotencyMismatch => "idempotency_mismatch",
             Self::ApprovalRequired => "approval_required",
             Self::BudgetExceeded => "budget_exceeded",
+            Self::RateLimited => "rate_limited",
             Self::InvalidRequest => "invalid_request",
             Self::PayloadTooLarge => "payload_too_large",
             Self::RequestTimeout => "request_timeout",
@@ -225,6 +229,7 @@ impl Outcome {
             | Self::SharedStoreUnavailable
             | Self::IdempotencyMismatch
             | Self::ApprovalRequired
+            | Self::RateLimited
             | Self::PayloadTooLarge
             | Self::RequestTimeout
             | Self::Unauthorized
@@ -296,6 +301,7 @@ mod tests {
                 "idempotency_mismatch",
                 "approval_required",
                 "budget_exceeded",
+                "rate_limited",
                 "invalid_request",
                 "payload_too_large",
                 "request_timeout",

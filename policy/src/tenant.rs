@@ -13,8 +13,19 @@
 //! a key. [`Tenant::admits`] then checks the tenant's allowed routes and the
 //! highest risk class it may claim (`X-Router-Risk`).
 //!
-//! What is not here yet: rate limits, token limits, concurrency caps and
-//! spend budgets per tenant (issue #17 builds them on the shared store).
+//! [`Gcra`] is the rate limit (`limits.requests_per_minute`): the generic
+//! cell rate algorithm keeps one number per tenant, the *theoretical
+//! arrival time* of its next request, so a limit held fleet-wide is one
+//! atomic read-modify-write of one key in the shared store (a server-side
+//! script there, with the store's own clock), and a proxy alone keeps it in
+//! memory. A tenant gets one request per `60 s / limit`, with bursts of up
+//! to a twentieth of the limit (at least one), so that no window of one
+//! minute ever passes more than the limit plus that burst: the limit holds
+//! within 5%. A refused request is told exactly when the next one would
+//! pass (`Retry-After`).
+//!
+//! What is not here yet: token limits, concurrency caps and spend budgets
+//! per tenant (issue #17 builds them on the shared store).
 //!
 //! Pure: the proxy passes the header it received.
 
@@ -66,6 +77,56 @@ pub struct Tenant {
     pub routes: Vec<String>,
     /// The highest risk class it may claim.
     pub max_risk: Risk,
+    /// Its request rate limit, if any.
+    pub rate: Option<Gcra>,
+    /// While the shared store cannot be reached, requests pass the rate
+    /// limit (`true`, the default) or are refused.
+    pub rate_fail_open: bool,
+}
+
+/// The generic cell rate algorithm: `limit` requests per minute, in
+/// bursts of up to `limit / 20` (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Gcra {
+    /// Time one request uses up: `period / limit`.
+    pub interval: std::time::Duration,
+    /// How far ahead of now the theoretical arrival time may run: the
+    /// burst, `interval × (burst - 1)`.
+    pub tolerance: std::time::Duration,
+}
+
+/// The burst of a limit: a twentieth of it, at least one.
+pub fn burst_of(limit: u32) -> u32 {
+    (limit / 20).max(1)
+}
+
+impl Gcra {
+    /// `limit` requests per minute (`limit` at least 1).
+    pub fn per_minute(limit: u32) -> Self {
+        let limit = limit.max(1);
+        let interval = std::time::Duration::from_secs(60) / limit;
+        Self {
+            interval,
+            tolerance: interval * (burst_of(limit) - 1),
+        }
+    }
+
+    /// Decides a request at `now` given the key's theoretical arrival
+    /// time `tat` (`None`: never seen), both as time since any fixed
+    /// point. `Ok(new tat)` to store when it passes; `Err(wait)` until it
+    /// would.
+    pub fn check(
+        &self,
+        tat: Option<std::time::Duration>,
+        now: std::time::Duration,
+    ) -> Result<std::time::Duration, std::time::Duration> {
+        let tat = tat.map_or(now, |t| t.max(now));
+        let allowed_from = tat.saturating_sub(self.tolerance);
+        if now < allowed_from {
+            return Err(allowed_from - now);
+        }
+        Ok(tat + self.interval)
+    }
 }
 
 /// Why a request is refused a tenant.
@@ -207,11 +268,15 @@ mod tests {
             name: "team-a".into(),
             routes: vec!["chat".into()],
             max_risk: Risk::Draft,
+            rate: None,
+            rate_fail_open: true,
         };
         let b = Tenant {
             name: "guests".into(),
             routes: Vec::new(),
             max_risk: Risk::Read,
+            rate: None,
+            rate_fail_open: true,
         };
         Tenants::new(
             vec![a, b],
@@ -263,7 +328,53 @@ mod tests {
         }
     }
 
+    #[test]
+    fn a_small_burst_then_one_per_interval_with_the_exact_wait() {
+        let s = std::time::Duration::from_secs;
+        let g = Gcra::per_minute(120); // one per 0.5 s, bursts of 6
+        let mut tat = None;
+        for _ in 0..6 {
+            tat = Some(g.check(tat, s(100)).expect("within the burst"));
+        }
+        let half = std::time::Duration::from_millis(500);
+        assert_eq!(g.check(tat, s(100)), Err(half));
+        let t = g.check(tat, s(100) + half).expect("one interval later");
+        assert_eq!(g.check(Some(t), s(100) + half), Err(half));
+        // A limit under 20 a minute has no burst at all.
+        let g = Gcra::per_minute(6);
+        let t = g.check(None, s(0)).unwrap();
+        assert_eq!(g.check(Some(t), s(0)), Err(s(10)));
+    }
+
     proptest! {
+        /// However requests arrive, no window of one minute passes more
+        /// than the limit plus its burst: within 5% of the limit (one
+        /// request more for limits under 20).
+        #[test]
+        fn the_limit_holds_within_five_percent_over_any_minute(
+            limit in 1u32..400,
+            gaps in proptest::collection::vec(0u64..2_000, 1..800),
+        ) {
+            let g = Gcra::per_minute(limit);
+            let mut tat = None;
+            let mut now = std::time::Duration::ZERO;
+            let mut passed = Vec::new();
+            for gap in gaps {
+                now += std::time::Duration::from_millis(gap);
+                if let Ok(t) = g.check(tat, now) {
+                    tat = Some(t);
+                    passed.push(now);
+                }
+            }
+            let minute = std::time::Duration::from_secs(60);
+            let bound = limit + burst_of(limit);
+            for (i, start) in passed.iter().enumerate() {
+                let in_window = passed[i..].iter().take_while(|t| **t < *start + minute).count();
+                prop_assert!(in_window as u32 <= bound, "{in_window} > {bound}");
+            }
+            prop_assert!(f64::from(bound) <= f64::from(limit) * 1.05 + 1.0);
+        }
+
         /// No key but the listed one names the tenant.
         #[test]
         fn only_the_listed_key_passes(key in "[ -~]{1,40}") {

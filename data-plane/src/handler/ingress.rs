@@ -35,6 +35,7 @@ use crate::error::{ApprovalRefusal, ProxyError};
 use crate::forward::{self, ReadWholeError, UpstreamClient};
 use crate::idempotency::{self, Begin, KeyedRequest};
 use crate::limits::Reservation;
+use crate::rate_limit::RateVerdict;
 use crate::request_headers::RequestHeaders;
 use crate::Shared;
 
@@ -152,12 +153,33 @@ pub(crate) fn handle(
                 .headers
                 .get(http::header::AUTHORIZATION)
                 .map(HeaderValue::as_bytes);
-            let tenant = tenants.identify(key);
-            if let Ok(t) = &tenant {
-                pending.rec().tenant = Some(Arc::from(t.name.as_str()));
-            }
-            if let Err(why) = tenant.and_then(|t| t.admits(&route.name, risk)) {
+            let tenant = match tenants.identify(key) {
+                Ok(t) => t,
+                Err(why) => return pending.reject(ProxyError::Tenant(why)),
+            };
+            pending.rec().tenant = Some(Arc::from(tenant.name.as_str()));
+            if let Err(why) = tenant.admits(&route.name, risk) {
                 return pending.reject(ProxyError::Tenant(why));
+            }
+            if let Some(limit) = tenant.rate {
+                // Boxed: a store call's state stays out of every request's
+                // future.
+                match Box::pin(shared.rate_limits.check(&tenant.name, limit)).await {
+                    RateVerdict::Pass => {}
+                    RateVerdict::Wait(retry_after) => {
+                        return pending.reject(ProxyError::RateLimited {
+                            tenant: tenant.name.clone(),
+                            retry_after,
+                        })
+                    }
+                    RateVerdict::StoreDown if tenant.rate_fail_open => {
+                        shared.metrics.store_error("rate_limit");
+                    }
+                    RateVerdict::StoreDown => {
+                        shared.metrics.store_error("rate_limit");
+                        return pending.reject(ProxyError::SharedStoreUnavailable);
+                    }
+                }
             }
         }
         if route.requires_approval {

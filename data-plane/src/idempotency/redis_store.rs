@@ -53,6 +53,21 @@ end
 return 1
 ";
 
+/// GCRA (`router_policy::tenant::Gcra`) on KEYS[1] with the store's
+/// clock, in microseconds: ARGV[1] the interval, ARGV[2] the tolerance.
+/// 0 when the request passes (the time advanced), else the wait.
+const GCRA: &str = r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local tat = tonumber(redis.call('GET', KEYS[1]) or '0')
+if tat < now then tat = now end
+local allowed_from = tat - tonumber(ARGV[2])
+if now < allowed_from then return allowed_from - now end
+local new = tat + tonumber(ARGV[1])
+redis.call('SET', KEYS[1], string.format('%d', new), 'PX', math.floor((new - now) / 1000) + 1000)
+return 0
+";
+
 /// Tells stores apart in the per-thread connection lists.
 static NEXT_STORE: AtomicUsize = AtomicUsize::new(1);
 
@@ -75,6 +90,7 @@ pub(crate) struct RedisStore {
     conn: Arc<OnceLock<ConnectionManager>>,
     prefix: String,
     settle: redis::Script,
+    gcra: redis::Script,
 }
 
 fn manager_config() -> ConnectionManagerConfig {
@@ -122,6 +138,7 @@ impl RedisStore {
             conn,
             prefix,
             settle: redis::Script::new(SETTLE),
+            gcra: redis::Script::new(GCRA),
         }
     }
 
@@ -177,6 +194,28 @@ impl RedisStore {
             c.push((self.id, entry));
         });
         Ok(chosen)
+    }
+}
+
+impl RedisStore {
+    /// One request against the rate limit kept at `key`: `None` when it
+    /// passes, else how long until one would (see [`GCRA`]).
+    pub(crate) async fn gcra(
+        &self,
+        key: &str,
+        limit: router_policy::tenant::Gcra,
+    ) -> Result<Option<Duration>, StoreError> {
+        let mut conn = self.conn().await?;
+        let micros = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+        let wait: u64 = bounded(
+            self.gcra
+                .key(format!("{}{key}", self.prefix))
+                .arg(micros(limit.interval))
+                .arg(micros(limit.tolerance))
+                .invoke_async(&mut conn),
+        )
+        .await?;
+        Ok((wait > 0).then(|| Duration::from_micros(wait)))
     }
 }
 

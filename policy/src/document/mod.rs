@@ -63,7 +63,7 @@ pub use spec::{
     AffinityKind, ApprovalSpec, CircuitSpec, DefaultsSpec, EndpointOptions, EndpointSpec,
     EngineAwareSpec, GatesSpec, HedgeQuantile, HedgeSpec, HedgeTarget, MatchSpec, Metadata,
     PolicyDocument, PoolSpec, PriceSpec, ProbeKind, ProbeSpec, Provider, QueueSpec,
-    RetryBudgetSpec, RetryOn, Risk, RouteSpec, Spec, TenantSpec,
+    RetryBudgetSpec, RetryOn, Risk, RouteSpec, Spec, StoreDown, TenantLimitsSpec, TenantSpec,
 };
 
 /// The API version this crate understands.

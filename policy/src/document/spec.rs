@@ -100,6 +100,33 @@ pub struct TenantSpec {
     /// Requests without a key are this tenant's (at most one tenant).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub anonymous: bool,
+    /// Its limits.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limits: Option<TenantLimitsSpec>,
+}
+
+/// A tenant's limits as written.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TenantLimitsSpec {
+    /// Requests per minute (fleet-wide with a shared store, else per
+    /// proxy).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requests_per_minute: Option<u32>,
+    /// While the shared store is unreachable: `open` (default: requests
+    /// pass) or `closed` (refused with 503 shared_store_unavailable).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_store_down: Option<StoreDown>,
+}
+
+/// What a limit does while the shared store is unreachable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StoreDown {
+    /// Requests pass.
+    Open,
+    /// Requests are refused.
+    Closed,
 }
 
 /// Queue settings as written; anything left out comes from the defaults

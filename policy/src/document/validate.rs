@@ -151,10 +151,22 @@ fn tenants(specs: &[TenantSpec], routes: &[Route], errs: &mut Errors) -> Option<
                 "a tenant that is not anonymous needs at least one key",
             );
         }
+        let limits = t.limits.clone().unwrap_or_default();
+        if limits.requests_per_minute == Some(0) {
+            errs.push(
+                format!("{at}.limits.requests_per_minute"),
+                "must be at least 1 (leave it out for no limit)",
+            );
+        }
         list.push(Tenant {
             name: t.name.clone(),
             routes: t.routes.clone(),
             max_risk: t.max_risk.unwrap_or(Risk::Destructive),
+            rate: limits
+                .requests_per_minute
+                .filter(|n| *n > 0)
+                .map(crate::tenant::Gcra::per_minute),
+            rate_fail_open: limits.on_store_down != Some(super::StoreDown::Closed),
         });
         keys.push(hashes);
     }

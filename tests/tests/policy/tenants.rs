@@ -115,3 +115,104 @@ fn a_policy_holds_key_hashes_only_and_says_which_field_is_wrong() {
     assert!(err.contains("sha256:"), "{err}");
     assert!(err.contains("spec.tenants[0].routes[1]"), "{err}");
 }
+
+fn limited_policy(backend: &str, rpm: u32, store_down: &str) -> String {
+    format!(
+        r#"apiVersion: router/v1
+kind: RoutingPolicy
+spec:
+  pools:
+    - name: local
+      endpoints: ["{backend}"]
+  routes:
+    - name: chat
+      chain: [local]
+  tenants:
+    - name: team-a
+      keys: ["{}"]
+      limits: {{requests_per_minute: {rpm}{store_down}}}
+    - name: team-b
+      keys: ["{}"]
+      limits: {{requests_per_minute: {rpm}}}
+"#,
+        key_hash_text("rt_a"),
+        key_hash_text("rt_b")
+    )
+}
+
+const A: [(&str, &str); 1] = [("authorization", "Bearer rt_a")];
+const B: [(&str, &str); 1] = [("authorization", "Bearer rt_b")];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rate_limit_refuses_with_the_exact_wait_per_tenant() {
+    let backend = mock("local", Behavior::Json).await;
+    // 2 a minute: one per 30 s, no burst.
+    let proxy =
+        TestProxy::with_policy(Settings::default(), &limited_policy(&backend.url(), 2, "")).await;
+    assert_eq!(proxy.chat_with(&A, CHAT).await.status, StatusCode::OK);
+    let r = proxy.chat_with(&A, CHAT).await;
+    assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(r.error_type(), "rate_limited");
+    let retry: u64 = r.header("retry-after").unwrap().parse().unwrap();
+    assert!((29..=30).contains(&retry), "{retry}");
+    // Another tenant has its own allowance.
+    assert_eq!(proxy.chat_with(&B, CHAT).await.status, StatusCode::OK);
+    assert_eq!(backend.stats().received, 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rate_limit_holds_across_proxies_sharing_redis() {
+    let redis = router_tests::redis::RedisServer::start("tenants").await;
+    let backend = mock("local", Behavior::Json).await;
+    // 60 a minute: one a second, bursts of 3.
+    let policy = limited_policy(&backend.url(), 60, "");
+    let settings = || Settings {
+        shared_store: Some(router_proxy::SharedStore::new(&redis.url()).unwrap()),
+        ..Settings::default()
+    };
+    let p1 = TestProxy::with_policy(settings(), &policy).await;
+    let p2 = TestProxy::with_policy(settings(), &policy).await;
+    for p in [&p1, &p2] {
+        router_tests::harness::eventually(
+            std::time::Duration::from_secs(5),
+            "store connected",
+            || p.proxy.shared_store_connected(),
+        )
+        .await;
+    }
+    let mut passed = 0;
+    for i in 0..8 {
+        let p = if i % 2 == 0 { &p1 } else { &p2 };
+        if p.chat_with(&A, CHAT).await.status == StatusCode::OK {
+            passed += 1;
+        }
+    }
+    // One allowance for the fleet: the burst of 3, not 3 per proxy.
+    assert_eq!(passed, 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_store_down_a_rate_limit_fails_open_unless_told_otherwise() {
+    let backend = mock("local", Behavior::Json).await;
+    let closed_port = router_tests::server_process::free_port();
+    let settings = || Settings {
+        shared_store: Some(
+            router_proxy::SharedStore::new(&format!("redis://127.0.0.1:{closed_port}")).unwrap(),
+        ),
+        ..Settings::default()
+    };
+    let open = TestProxy::with_policy(settings(), &limited_policy(&backend.url(), 2, "")).await;
+    for _ in 0..3 {
+        assert_eq!(open.chat_with(&A, CHAT).await.status, StatusCode::OK);
+    }
+    let closed = TestProxy::with_policy(
+        settings(),
+        &limited_policy(&backend.url(), 2, ", on_store_down: closed"),
+    )
+    .await;
+    let r = closed.chat_with(&A, CHAT).await;
+    assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(r.error_type(), "shared_store_unavailable");
+    // team-b has no on_store_down: open.
+    assert_eq!(closed.chat_with(&B, CHAT).await.status, StatusCode::OK);
+}

@@ -24,8 +24,20 @@
 //! within 5%. A refused request is told exactly when the next one would
 //! pass (`Retry-After`).
 //!
-//! What is not here yet: token limits, concurrency caps and spend budgets
-//! per tenant (issue #17 builds them on the shared store).
+//! Spend budgets ([`Budgets`], USD per day and per month, UTC) are exact:
+//! before a call is sent, its worst-case cost ([`worst_case_micros`]: the
+//! prompt's estimated tokens at the highest input price of the route's
+//! chain, plus `max_tokens` (else [`DEFAULT_OUTPUT_CAP`]) at the highest
+//! output price) is *reserved*, atomically against the budget's counter;
+//! a call that does not fit is refused. After the answer the reservation is
+//! replaced by the actual cost from usage; a call that got no answer gives
+//! it back; an answer without usage keeps it (a count is never guessed).
+//! As every reservation is at least the call's actual cost, concurrent
+//! calls (through any number of proxies sharing the counter) can never take
+//! the recorded spend past the budget. Amounts are integers, in micro-USD,
+//! so counters add exactly.
+//!
+//! What is not here yet: token limits and concurrency caps per tenant.
 //!
 //! Pure: the proxy passes the header it received.
 
@@ -82,6 +94,100 @@ pub struct Tenant {
     /// While the shared store cannot be reached, requests pass the rate
     /// limit (`true`, the default) or are refused.
     pub rate_fail_open: bool,
+    /// Its spend budgets.
+    pub budgets: Budgets,
+    /// While the shared store cannot be reached, budgeted requests pass
+    /// (`true`) or are refused (`false`, the default).
+    pub budget_fail_open: bool,
+}
+
+/// A tenant's spend budgets, micro-USD.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Budgets {
+    /// Per UTC day.
+    pub per_day: Option<u64>,
+    /// Per UTC month.
+    pub per_month: Option<u64>,
+}
+
+impl Budgets {
+    /// Whether there is a budget at all.
+    pub fn any(&self) -> bool {
+        self.per_day.is_some() || self.per_month.is_some()
+    }
+}
+
+/// Output tokens assumed for a call without `max_tokens`.
+pub const DEFAULT_OUTPUT_CAP: u64 = 1024;
+
+/// USD as whole micro-USD (rounded up: a reservation never falls short).
+pub fn micros(usd: f64) -> u64 {
+    if usd.is_finite() && usd > 0.0 {
+        (usd * 1e6).ceil() as u64
+    } else {
+        0
+    }
+}
+
+/// The worst-case cost of a call, micro-USD: `input_tokens` at the
+/// highest input price of `prices`, plus `max_tokens` (else
+/// [`DEFAULT_OUTPUT_CAP`]) at the highest output price.
+pub fn worst_case_micros(
+    prices: impl Iterator<Item = crate::document::Price>,
+    input_tokens: u64,
+    max_tokens: Option<u64>,
+) -> u64 {
+    let (mut input, mut output) = (0.0f64, 0.0f64);
+    for p in prices {
+        input = input.max(p.input_per_1k_usd);
+        output = output.max(p.output_per_1k_usd);
+    }
+    let worst = crate::document::Price {
+        input_per_1k_usd: input,
+        output_per_1k_usd: output,
+    };
+    micros(worst.cost(input_tokens, max_tokens.unwrap_or(DEFAULT_OUTPUT_CAP)))
+}
+
+/// The budget periods of an instant: `(day, day ends, month, month ends)`,
+/// as `YYYY-MM-DD`, `YYYY-MM` and Unix seconds (UTC).
+pub fn periods(unix_secs: u64) -> (String, u64, String, u64) {
+    let days = unix_secs / 86_400;
+    let (y, m, d) = civil_from_days(days as i64);
+    let day_end = (days + 1) * 86_400;
+    let (ny, nm) = if m == 12 { (y + 1, 1) } else { (y, m + 1) };
+    let month_end = days_from_civil(ny, nm, 1) as u64 * 86_400;
+    (
+        format!("{y:04}-{m:02}-{d:02}"),
+        day_end,
+        format!("{y:04}-{m:02}"),
+        month_end,
+    )
+}
+
+/// Howard Hinnant's `civil_from_days`: days since 1970-01-01 to (y, m, d).
+fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let y = yoe + era * 400;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    (if m <= 2 { y + 1 } else { y }, m, d)
+}
+
+/// Howard Hinnant's `days_from_civil`.
+fn days_from_civil(y: i64, m: u32, d: u32) -> i64 {
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y.rem_euclid(400);
+    let m = i64::from(m);
+    let doy = (153 * (if m > 2 { m - 3 } else { m + 9 }) + 2) / 5 + i64::from(d) - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
 }
 
 /// The generic cell rate algorithm: `limit` requests per minute, in
@@ -270,6 +376,8 @@ mod tests {
             max_risk: Risk::Draft,
             rate: None,
             rate_fail_open: true,
+            budgets: Budgets::default(),
+            budget_fail_open: false,
         };
         let b = Tenant {
             name: "guests".into(),
@@ -277,6 +385,8 @@ mod tests {
             max_risk: Risk::Read,
             rate: None,
             rate_fail_open: true,
+            budgets: Budgets::default(),
+            budget_fail_open: false,
         };
         Tenants::new(
             vec![a, b],
@@ -346,7 +456,45 @@ mod tests {
         assert_eq!(g.check(Some(t), s(0)), Err(s(10)));
     }
 
+    #[test]
+    fn periods_are_utc_days_and_months() {
+        // 2026-12-01T18:00:00Z
+        let (day, day_end, month, month_end) = periods(1_796_148_000);
+        assert_eq!((day.as_str(), month.as_str()), ("2026-12-01", "2026-12"));
+        assert_eq!(day_end, 1_796_169_600); // 2026-12-02T00:00:00Z
+        assert_eq!(month_end, 1_798_761_600); // 2027-01-01T00:00:00Z
+        let (day, _, month, _) = periods(951_782_400); // 2000-02-29
+        assert_eq!((day.as_str(), month.as_str()), ("2000-02-29", "2000-02"));
+    }
+
+    #[test]
+    fn the_worst_case_takes_the_dearest_prices_and_the_output_cap() {
+        let p = |i, o| crate::document::Price {
+            input_per_1k_usd: i,
+            output_per_1k_usd: o,
+        };
+        let prices = [p(1.0, 2.0), p(3.0, 1.0)];
+        // 1000 input tokens at $3/1k, 500 output at $2/1k: $4.
+        assert_eq!(
+            worst_case_micros(prices.into_iter(), 1000, Some(500)),
+            4_000_000
+        );
+        assert_eq!(
+            worst_case_micros(prices.into_iter(), 0, None),
+            micros(2.0 * DEFAULT_OUTPUT_CAP as f64 / 1000.0)
+        );
+        assert_eq!(micros(f64::NAN), 0);
+        assert_eq!(micros(0.000_000_1), 1, "rounded up");
+    }
+
     proptest! {
+        /// Days and months round-trip for any day of four centuries.
+        #[test]
+        fn civil_dates_round_trip(days in 0i64..146_097 * 4) {
+            let (y, m, d) = civil_from_days(days);
+            prop_assert_eq!(days_from_civil(y, m, d), days);
+        }
+
         /// However requests arrive, no window of one minute passes more
         /// than the limit plus its burst: within 5% of the limit (one
         /// request more for limits under 20).

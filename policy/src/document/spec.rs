@@ -117,6 +117,16 @@ pub struct TenantLimitsSpec {
     /// pass) or `closed` (refused with 503 shared_store_unavailable).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub on_store_down: Option<StoreDown>,
+    /// Spend budget per UTC day, USD.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget_usd_per_day: Option<f64>,
+    /// Spend budget per UTC month, USD.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget_usd_per_month: Option<f64>,
+    /// Budgets while the shared store is unreachable: `closed` (default:
+    /// refused with 503 shared_store_unavailable) or `open`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget_on_store_down: Option<StoreDown>,
 }
 
 /// What a limit does while the shared store is unreachable.

@@ -92,6 +92,16 @@ impl PolicyDocument {
     }
 }
 
+/// A budget in USD, as micro-USD: finite and not negative.
+fn budget(usd: Option<f64>, field: &str, errs: &mut Errors) -> Option<u64> {
+    let usd = usd?;
+    if !(usd.is_finite() && usd >= 0.0) {
+        errs.push(field, "must be a non-negative number of USD");
+        return None;
+    }
+    Some((usd * 1e6).floor() as u64)
+}
+
 /// `spec.tenants`: unique names, key hashes well formed and each given to
 /// one tenant, routes that exist, at most one anonymous tenant. `None`
 /// when the policy has none (tenancy off).
@@ -167,6 +177,19 @@ fn tenants(specs: &[TenantSpec], routes: &[Route], errs: &mut Errors) -> Option<
                 .filter(|n| *n > 0)
                 .map(crate::tenant::Gcra::per_minute),
             rate_fail_open: limits.on_store_down != Some(super::StoreDown::Closed),
+            budgets: crate::tenant::Budgets {
+                per_day: budget(
+                    limits.budget_usd_per_day,
+                    &format!("{at}.limits.budget_usd_per_day"),
+                    errs,
+                ),
+                per_month: budget(
+                    limits.budget_usd_per_month,
+                    &format!("{at}.limits.budget_usd_per_month"),
+                    errs,
+                ),
+            },
+            budget_fail_open: limits.budget_on_store_down == Some(super::StoreDown::Open),
         });
         keys.push(hashes);
     }

@@ -68,6 +68,7 @@ mod request_headers;
 mod resolver;
 mod route_log;
 mod settings;
+mod spend;
 mod stop_signal;
 pub mod telemetry;
 mod tracked_body;
@@ -166,6 +167,8 @@ pub(crate) struct Shared {
     pub(crate) idempotency: Arc<idempotency::Keys>,
     /// Tenants' rate limits: the shared store's, or this process's own.
     pub(crate) rate_limits: rate_limit::RateLimits,
+    /// Tenants' spend counters: the shared store's, or this process's own.
+    pub(crate) spend: Arc<spend::SpendBudgets>,
     /// Request bytes held by all requests together, under a cap.
     pub(crate) buffered: Arc<limits::ByteBudget>,
     /// Open client connections, under a cap.
@@ -330,6 +333,10 @@ pub async fn start(options: ProxyOptions) -> Result<RunningProxy, StartError> {
         Some(r) => rate_limit::RateLimits::Shared(Arc::clone(r)),
         None => rate_limit::RateLimits::local(),
     };
+    let spend = Arc::new(match &redis {
+        Some(r) => spend::SpendBudgets::Shared(Arc::clone(r)),
+        None => spend::SpendBudgets::local(),
+    });
     let shared_store = redis.map(|r| r as Arc<dyn idempotency::IdempotencyStore>);
     let keys = Arc::new(idempotency::Keys::new(
         shared_store,
@@ -355,6 +362,7 @@ pub async fn start(options: ProxyOptions) -> Result<RunningProxy, StartError> {
         admin,
         idempotency: keys,
         rate_limits,
+        spend,
         buffered: limits::ByteBudget::new(settings_buffered),
         connections: limits::ConnectionSlots::new(settings_connections),
     });

@@ -357,7 +357,7 @@ impl Metrics {
         );
         registry.register(
             "router_shared_store_errors",
-            "Failed calls to the shared store, by call (claim, get, settle, rate_limit)",
+            "Failed calls to the shared store, by call (claim, get, settle, rate_limit, spend)",
             m.store_errors.clone(),
         );
         registry.register(

@@ -173,6 +173,9 @@ pub(crate) struct RouteRecord {
     /// The tenant the request's key named (tenancy on).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tenant: Option<Arc<str>>,
+    /// The tenant's budget reservation, settled when the request ends.
+    #[serde(skip)]
+    pub spend_hold: Option<crate::spend::SpendHold>,
     /// Config version that routed the request.
     pub config_version: Arc<str>,
 }

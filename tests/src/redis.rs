@@ -162,6 +162,21 @@ impl RedisServer {
         }
     }
 
+    /// A string key's value (`GET`), if set.
+    pub fn get(&self, key: &str) -> Option<String> {
+        let mut s = TcpStream::connect(("127.0.0.1", self.port)).ok()?;
+        s.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
+        s.write_all(format!("GET {key}\r\n").as_bytes()).ok()?;
+        let mut buf = [0u8; 512];
+        let n = s.read(&mut buf).ok()?;
+        let reply = String::from_utf8_lossy(&buf[..n]).to_string();
+        let mut lines = reply.lines();
+        match lines.next()? {
+            "$-1" => None,
+            _ => lines.next().map(str::to_string),
+        }
+    }
+
     /// The number of keys (`DBSIZE`).
     pub fn dbsize(&self) -> u64 {
         command(self.port, "DBSIZE")

@@ -73,6 +73,21 @@ pub(super) fn finish_record(
     if let Some(t) = &record.tenant {
         shared.metrics.tenant_request(t, outcome);
     }
+    if let Some(hold) = record.spend_hold.take() {
+        // Answered: the actual cost when usage gave one (else the
+        // reservation stays); not answered: all of it back.
+        let actual = if outcome == Outcome::Replayed {
+            Some(0)
+        } else if outcome.is_success() {
+            record.cost_usd.map(router_policy::tenant::micros)
+        } else {
+            Some(0)
+        };
+        let spend = Arc::clone(&shared.spend);
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move { spend.settle(&hold, actual).await });
+        }
+    }
     if let Some(cx) = record.otel.take() {
         spans::end_server_span(&cx, &record, pool);
     }

@@ -37,6 +37,7 @@ use crate::idempotency::{self, Begin, KeyedRequest};
 use crate::limits::Reservation;
 use crate::rate_limit::RateVerdict;
 use crate::request_headers::RequestHeaders;
+use crate::spend::SpendRefusal;
 use crate::Shared;
 
 /// Paths whose JSON body's `model` selects the route.
@@ -177,6 +178,58 @@ pub(crate) fn handle(
                     }
                     RateVerdict::StoreDown => {
                         shared.metrics.store_error("rate_limit");
+                        return pending.reject(ProxyError::SharedStoreUnavailable);
+                    }
+                }
+            }
+            if tenant.budgets.any() {
+                // The worst case of this call, reserved before it is sent.
+                let prices = route
+                    .chain
+                    .iter()
+                    .filter_map(|name| snapshot.policy.pool(name))
+                    .map(|p| p.price);
+                let max_tokens = peek
+                    .max_tokens
+                    .or(peek.max_completion_tokens)
+                    .or(peek.max_output_tokens);
+                let amount = router_policy::tenant::worst_case_micros(
+                    prices,
+                    (body.len() as u64).div_ceil(4),
+                    max_tokens,
+                );
+                let now = unix_seconds(pending.rec().offered_at.0);
+                let reserved = Box::pin(shared.spend.reserve(
+                    &tenant.name,
+                    tenant.budgets,
+                    amount,
+                    now,
+                ))
+                .await;
+                match reserved {
+                    Ok(hold) => pending.rec().spend_hold = Some(hold),
+                    Err(SpendRefusal::Exceeded {
+                        left_micros,
+                        period,
+                        resets_at,
+                    }) => {
+                        let resets = humantime::format_rfc3339_seconds(
+                            SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(resets_at),
+                        );
+                        return pending.reject(ProxyError::BudgetExceeded {
+                            detail: format!(
+                                "tenant {:?}: this call may cost up to ${:.6}; ${:.6} is left of its {period} budget, which resets at {resets}",
+                                tenant.name,
+                                amount as f64 / 1e6,
+                                left_micros as f64 / 1e6
+                            ),
+                        });
+                    }
+                    Err(SpendRefusal::StoreDown) if tenant.budget_fail_open => {
+                        shared.metrics.store_error("spend");
+                    }
+                    Err(SpendRefusal::StoreDown) => {
+                        shared.metrics.store_error("spend");
                         return pending.reject(ProxyError::SharedStoreUnavailable);
                     }
                 }

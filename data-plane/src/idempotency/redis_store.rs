@@ -68,6 +68,25 @@ redis.call('SET', KEYS[1], string.format('%d', new), 'PX', math.floor((new - now
 return 0
 ";
 
+/// Reserves ARGV[1] on the counters KEYS[1] (day) and KEYS[2] (month)
+/// when both stay within their limits ARGV[2], ARGV[3] (-1: none), with
+/// TTLs ARGV[4], ARGV[5] ms: `{1}` when reserved, else `{0, left, which}`
+/// (1 the day, 2 the month).
+const RESERVE: &str = r"
+local d = tonumber(redis.call('GET', KEYS[1]) or '0')
+local m = tonumber(redis.call('GET', KEYS[2]) or '0')
+local a = tonumber(ARGV[1])
+local dl = tonumber(ARGV[2])
+local ml = tonumber(ARGV[3])
+if dl >= 0 and d + a > dl then return {0, dl - d, 1} end
+if ml >= 0 and m + a > ml then return {0, ml - m, 2} end
+redis.call('INCRBY', KEYS[1], a)
+redis.call('PEXPIRE', KEYS[1], ARGV[4])
+redis.call('INCRBY', KEYS[2], a)
+redis.call('PEXPIRE', KEYS[2], ARGV[5])
+return {1}
+";
+
 /// Tells stores apart in the per-thread connection lists.
 static NEXT_STORE: AtomicUsize = AtomicUsize::new(1);
 
@@ -91,6 +110,7 @@ pub(crate) struct RedisStore {
     prefix: String,
     settle: redis::Script,
     gcra: redis::Script,
+    reserve: redis::Script,
 }
 
 fn manager_config() -> ConnectionManagerConfig {
@@ -139,6 +159,7 @@ impl RedisStore {
             prefix,
             settle: redis::Script::new(SETTLE),
             gcra: redis::Script::new(GCRA),
+            reserve: redis::Script::new(RESERVE),
         }
     }
 
@@ -216,6 +237,55 @@ impl RedisStore {
         )
         .await?;
         Ok((wait > 0).then(|| Duration::from_micros(wait)))
+    }
+}
+
+impl RedisStore {
+    /// Reserves `amount` on the day and month counters `keys` within
+    /// `limits` (-1: none): `None` when reserved, else what is left of the
+    /// budget that refused and which (1 the day, 2 the month). See
+    /// [`RESERVE`].
+    pub(crate) async fn reserve_spend(
+        &self,
+        keys: [&str; 2],
+        amount: i64,
+        limits: [i64; 2],
+        ttls_ms: [u64; 2],
+    ) -> Result<Option<(i64, i64)>, StoreError> {
+        let mut conn = self.conn().await?;
+        let r: Vec<i64> = bounded(
+            self.reserve
+                .key(format!("{}{}", self.prefix, keys[0]))
+                .key(format!("{}{}", self.prefix, keys[1]))
+                .arg(amount)
+                .arg(limits[0])
+                .arg(limits[1])
+                .arg(ttls_ms[0])
+                .arg(ttls_ms[1])
+                .invoke_async(&mut conn),
+        )
+        .await?;
+        Ok(match r.as_slice() {
+            [1] => None,
+            [0, left, which] => Some((*left, *which)),
+            _ => {
+                return Err(StoreError::Unavailable(
+                    "unexpected reply to the reservation".into(),
+                ))
+            }
+        })
+    }
+
+    /// Adds `delta` to both counters (a settlement), in one transaction.
+    pub(crate) async fn adjust_spend(&self, keys: [&str; 2], delta: i64) -> Result<(), StoreError> {
+        let mut conn = self.conn().await?;
+        let mut pipe = redis::pipe();
+        pipe.atomic()
+            .incr(format!("{}{}", self.prefix, keys[0]), delta)
+            .ignore()
+            .incr(format!("{}{}", self.prefix, keys[1]), delta)
+            .ignore();
+        bounded(pipe.query_async::<()>(&mut conn)).await
     }
 }
 

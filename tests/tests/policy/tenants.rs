@@ -216,3 +216,126 @@ async fn with_the_store_down_a_rate_limit_fails_open_unless_told_otherwise() {
     // team-b has no on_store_down: open.
     assert_eq!(closed.chat_with(&B, CHAT).await.status, StatusCode::OK);
 }
+
+/// Issue #17's budget test: a flood from one tenant through two proxies
+/// sharing Redis, with a budget of three and a half calls: exactly three
+/// are answered, every other is refused 402, and the recorded spend is
+/// the sum of the answers' costs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spend_budget_holds_exactly_across_proxies_under_a_flood() {
+    let redis = router_tests::redis::RedisServer::start("budget").await;
+    let backend = mock("local", Behavior::Json).await;
+    let body = r#"{"model":"m","max_tokens":5,"messages":[{"role":"user","content":"hi"}]}"#;
+    // The mock reports ceil(len / 4) prompt tokens and 5 completion tokens:
+    // at $1 per 1k tokens each way, one call costs this many micro-USD,
+    // exactly the worst case reserved (max_tokens 5).
+    let call = (body.len() as u64).div_ceil(4) * 1000 + 5 * 1000;
+    let budget_usd = 3.5 * call as f64 / 1e6;
+    let policy = format!(
+        r#"apiVersion: router/v1
+kind: RoutingPolicy
+spec:
+  pools:
+    - name: local
+      endpoints: ["{}"]
+      price: {{input_per_1k_usd: 1.0, output_per_1k_usd: 1.0}}
+  routes:
+    - name: chat
+      chain: [local]
+  tenants:
+    - name: team-a
+      keys: ["{}"]
+      limits: {{budget_usd_per_day: {budget_usd}}}
+"#,
+        backend.url(),
+        key_hash_text("rt_a")
+    );
+    let settings = || Settings {
+        shared_store: Some(router_proxy::SharedStore::new(&redis.url()).unwrap()),
+        ..Settings::default()
+    };
+    let p1 = TestProxy::with_policy(settings(), &policy).await;
+    let p2 = TestProxy::with_policy(settings(), &policy).await;
+    for p in [&p1, &p2] {
+        router_tests::harness::eventually(
+            std::time::Duration::from_secs(5),
+            "store connected",
+            || p.proxy.shared_store_connected(),
+        )
+        .await;
+    }
+    let mut flood = Vec::new();
+    for i in 0..12 {
+        let p = if i % 2 == 0 { &p1 } else { &p2 };
+        flood.push(p.chat_with(&A, body));
+    }
+    let answers = futures_util::future::join_all(flood).await;
+    let ok = answers
+        .iter()
+        .filter(|r| r.status == StatusCode::OK)
+        .count();
+    assert_eq!(
+        ok,
+        3,
+        "{:?}",
+        answers.iter().map(|r| r.status).collect::<Vec<_>>()
+    );
+    for r in answers.iter().filter(|r| r.status != StatusCode::OK) {
+        assert_eq!(r.status, StatusCode::PAYMENT_REQUIRED);
+        assert_eq!(r.error_type(), "budget_exceeded");
+        let message = r.json()["error"]["message"].as_str().unwrap().to_string();
+        assert!(message.contains("left of its day budget"), "{message}");
+        assert!(message.contains("resets at"), "{message}");
+    }
+    assert_eq!(backend.stats().received, 3);
+    // Settled: the recorded spend is the sum of the answers' costs.
+    let day = router_policy::tenant::periods(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs(),
+    )
+    .0;
+    let key = format!("router:spend:team-a:{day}");
+    router_tests::harness::eventually(std::time::Duration::from_secs(2), "settled", || {
+        redis.get(&key) == Some((3 * call).to_string())
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_that_gets_no_answer_gives_its_reservation_back() {
+    let backend = mock("local", Behavior::Status(500)).await;
+    let body = r#"{"model":"m","max_tokens":5,"messages":[]}"#;
+    let call = (body.len() as u64).div_ceil(4) * 1000 + 5 * 1000;
+    let policy = format!(
+        r#"apiVersion: router/v1
+kind: RoutingPolicy
+spec:
+  circuit_breaker: {{consecutive_errors: 100}}
+  pools:
+    - name: local
+      endpoints: ["{}"]
+      price: {{input_per_1k_usd: 1.0, output_per_1k_usd: 1.0}}
+  routes:
+    - name: chat
+      chain: [local]
+  tenants:
+    - name: team-a
+      keys: ["{}"]
+      limits: {{budget_usd_per_day: {}}}
+"#,
+        backend.url(),
+        key_hash_text("rt_a"),
+        1.5 * call as f64 / 1e6
+    );
+    let proxy = TestProxy::with_policy(Settings::default(), &policy).await;
+    // Each failed call gives its reservation back: the budget of one and a
+    // half calls lets every one through to the (failing) backend.
+    for _ in 0..4 {
+        let r = proxy.chat_with(&A, body).await;
+        assert_eq!(r.status.as_u16(), 500);
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert_eq!(backend.stats().received, 4);
+}

@@ -288,7 +288,9 @@ spec:
         assert!(message.contains("resets at"), "{message}");
     }
     assert_eq!(backend.stats().received, 3);
-    // Settled: the recorded spend is the sum of the answers' costs.
+    // Settled: the recorded spend is the sum of the answers' costs. (The
+    // budget's day is the wall clock's: the point here.)
+    #[allow(clippy::disallowed_methods)]
     let day = router_policy::tenant::periods(
         std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)

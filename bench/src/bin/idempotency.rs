@@ -17,9 +17,6 @@
 // A benchmark measures wall time: std's clock is the point here.
 #![allow(clippy::disallowed_types, clippy::disallowed_methods)]
 
-use std::net::TcpListener;
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -47,60 +44,16 @@ struct Args {
     json: bool,
 }
 
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
+#[path = "../redis_bench.rs"]
+mod redis_bench;
 
-struct Redis(Child);
-
-impl Drop for Redis {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn start_redis() -> Result<(Redis, u16), BoxError> {
-    let bin = std::env::var("REDIS_SERVER_BIN")
-        .map_or_else(|_| PathBuf::from("/usr/bin/redis-server"), PathBuf::from);
-    let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-    let child = Command::new(&bin)
-        .args([
-            "--bind",
-            "127.0.0.1",
-            "--port",
-            &port.to_string(),
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .map_err(|e| format!("cannot start {}: {e}", bin.display()))?;
-    Ok((Redis(child), port))
-}
+use redis_bench::{loadavg, pct, start_redis, BoxError};
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Kind {
     Unkeyed,
     Keyed,
     Replay,
-}
-
-fn pct(sorted: &[Duration], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return 0.0;
-    }
-    let rank = ((sorted.len() as f64 * p).ceil() as usize).clamp(1, sorted.len()) - 1;
-    sorted[rank].as_secs_f64() * 1e3
-}
-
-/// `/proc/loadavg`'s first three fields (the machine's other load shows
-/// in the tail).
-fn loadavg() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
-        .unwrap_or_else(|_| "unknown".into())
 }
 
 fn main() -> Result<(), BoxError> {

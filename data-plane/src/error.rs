@@ -101,11 +101,14 @@ pub enum ProxyError {
         /// What went wrong.
         detail: String,
     },
-    /// The tenant is over its rate limit (429, with the exact wait).
-    #[error("tenant {tenant:?} is over its rate limit: retry in {} ms", retry_after.as_millis())]
+    /// The tenant is over its rate limit or its concurrent requests
+    /// (429, with the wait).
+    #[error("tenant {tenant:?} is over its {limit}: retry in {} ms", retry_after.as_millis())]
     RateLimited {
         /// The tenant.
         tenant: String,
+        /// Which limit: `rate limit` or `concurrent requests cap`.
+        limit: &'static str,
         /// When the next request would pass.
         retry_after: Duration,
     },

@@ -306,6 +306,7 @@ fn record(data: &[u8]) -> RouteRecord {
             .then(|| ["lead", "lead_local", "join", "replay"][usize::from(b.byte()) % 4]),
         tenant: b.some().then(|| b.string().into()),
         spend_hold: None,
+        concurrency_hold: None,
         config_version: b.string().into(),
     }
 }

@@ -166,7 +166,7 @@ pub(crate) struct Shared {
     /// shared store, or this process's own.
     pub(crate) idempotency: Arc<idempotency::Keys>,
     /// Tenants' rate limits: the shared store's, or this process's own.
-    pub(crate) rate_limits: rate_limit::RateLimits,
+    pub(crate) rate_limits: Arc<rate_limit::RateLimits>,
     /// Tenants' spend counters: the shared store's, or this process's own.
     pub(crate) spend: Arc<spend::SpendBudgets>,
     /// Request bytes held by all requests together, under a cap.
@@ -329,10 +329,10 @@ pub async fn start(options: ProxyOptions) -> Result<RunningProxy, StartError> {
             )))
         }
     };
-    let rate_limits = match &redis {
+    let rate_limits = Arc::new(match &redis {
         Some(r) => rate_limit::RateLimits::Shared(Arc::clone(r)),
         None => rate_limit::RateLimits::local(),
-    };
+    });
     let spend = Arc::new(match &redis {
         Some(r) => spend::SpendBudgets::Shared(Arc::clone(r)),
         None => spend::SpendBudgets::local(),

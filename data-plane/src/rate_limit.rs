@@ -10,6 +10,13 @@
 //!   proxy (`docs/tenants.md` says so). The map holds one entry per tenant
 //!   named by the policy: bounded.
 //!
+//! Concurrency caps (`limits.concurrent_requests`) are kept the same way:
+//! in the store, a sorted set per tenant of the requests in flight, each
+//! with an expiry (its deadline, at most [`MAX_SLOT_HOLD`]), so that a
+//! proxy that dies holding slots frees them when they expire; in the
+//! process, a count per tenant. A slot is taken before the request is
+//! sent and given back when it ends ([`ConcurrencyHold`]).
+//!
 //! A store that cannot be reached is reported as such; the tenant's
 //! `on_store_down` decides (open by default).
 
@@ -33,12 +40,26 @@ pub(crate) enum RateVerdict {
     StoreDown,
 }
 
+/// The longest a request holds a concurrency slot in the shared store if
+/// its proxy never gives it back.
+pub(crate) const MAX_SLOT_HOLD: Duration = Duration::from_secs(600);
+
+/// A concurrency slot held by a request until it ends.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ConcurrencyHold {
+    /// The tenant.
+    pub tenant: Arc<str>,
+    /// The request holding it (its member in the store's set).
+    pub request_id: String,
+}
+
 /// Where the limits are kept.
 pub(crate) enum RateLimits {
     /// In this process.
     Local {
         epoch: Instant,
         tats: Mutex<HashMap<String, Duration>>,
+        in_flight: Mutex<HashMap<String, u32>>,
     },
     /// In the shared store.
     Shared(Arc<RedisStore>),
@@ -50,13 +71,14 @@ impl RateLimits {
         Self::Local {
             epoch: Instant::now(),
             tats: Mutex::new(HashMap::new()),
+            in_flight: Mutex::new(HashMap::new()),
         }
     }
 
     /// Checks (and, when it passes, counts) one request of `tenant`.
     pub(crate) async fn check(&self, tenant: &str, limit: Gcra) -> RateVerdict {
         match self {
-            Self::Local { epoch, tats } => {
+            Self::Local { epoch, tats, .. } => {
                 let now = epoch.elapsed();
                 let mut tats = tats.lock().unwrap_or_else(|e| e.into_inner());
                 match limit.check(tats.get(tenant).copied(), now) {
@@ -79,6 +101,68 @@ impl RateLimits {
     }
 }
 
+impl RateLimits {
+    /// Takes one of `tenant`'s `cap` concurrency slots for `request_id`,
+    /// held at most `hold` in the store: `Pass` with the hold, or `Wait`
+    /// (a second: slots free as requests end) when all are taken.
+    pub(crate) async fn take_slot(
+        &self,
+        tenant: &str,
+        cap: u32,
+        request_id: &str,
+        hold: Duration,
+    ) -> (RateVerdict, Option<ConcurrencyHold>) {
+        let held = ConcurrencyHold {
+            tenant: Arc::from(tenant),
+            request_id: request_id.to_string(),
+        };
+        let busy = RateVerdict::Wait(Duration::from_secs(1));
+        match self {
+            Self::Local { in_flight, .. } => {
+                let mut m = in_flight.lock().unwrap_or_else(|e| e.into_inner());
+                let n = m.entry(tenant.to_string()).or_insert(0);
+                if *n >= cap {
+                    return (busy, None);
+                }
+                *n += 1;
+                (RateVerdict::Pass, Some(held))
+            }
+            Self::Shared(store) => {
+                let key = format!("inflight:{tenant}");
+                match store
+                    .take_slot(&key, request_id, cap, hold.min(MAX_SLOT_HOLD))
+                    .await
+                {
+                    Ok(true) => (RateVerdict::Pass, Some(held)),
+                    Ok(false) => (busy, None),
+                    Err(e) => {
+                        tracing::warn!(error = %e, tenant, "concurrency cap: the shared store cannot be reached");
+                        (RateVerdict::StoreDown, None)
+                    }
+                }
+            }
+        }
+    }
+
+    /// Gives a slot back.
+    pub(crate) async fn release_slot(&self, hold: &ConcurrencyHold) {
+        match self {
+            Self::Local { in_flight, .. } => {
+                let mut m = in_flight.lock().unwrap_or_else(|e| e.into_inner());
+                if let Some(n) = m.get_mut(&*hold.tenant) {
+                    *n = n.saturating_sub(1);
+                }
+            }
+            Self::Shared(store) => {
+                let key = format!("inflight:{}", hold.tenant);
+                if let Err(e) = store.release_slot(&key, &hold.request_id).await {
+                    tracing::warn!(error = %e, tenant = &*hold.tenant, "concurrency cap: a slot was not given back (it expires)");
+                }
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -95,5 +179,22 @@ mod tests {
         assert_eq!(limits.check("b", g).await, RateVerdict::Pass, "per tenant");
         tokio::time::advance(Duration::from_secs(30)).await;
         assert_eq!(limits.check("a", g).await, RateVerdict::Pass);
+    }
+
+    #[tokio::test]
+    async fn local_slots_are_taken_up_to_the_cap_and_given_back() {
+        let limits = RateLimits::local();
+        let hold = Duration::from_secs(60);
+        let (v1, h1) = limits.take_slot("a", 2, "r1", hold).await;
+        let (v2, _h2) = limits.take_slot("a", 2, "r2", hold).await;
+        assert_eq!((v1, v2), (RateVerdict::Pass, RateVerdict::Pass));
+        let (v3, h3) = limits.take_slot("a", 2, "r3", hold).await;
+        assert_eq!(v3, RateVerdict::Wait(Duration::from_secs(1)));
+        assert!(h3.is_none());
+        limits.release_slot(&h1.unwrap()).await;
+        assert_eq!(
+            limits.take_slot("a", 2, "r4", hold).await.0,
+            RateVerdict::Pass
+        );
     }
 }

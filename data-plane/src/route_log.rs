@@ -176,6 +176,9 @@ pub(crate) struct RouteRecord {
     /// The tenant's budget reservation, settled when the request ends.
     #[serde(skip)]
     pub spend_hold: Option<crate::spend::SpendHold>,
+    /// The tenant's concurrency slot, given back when the request ends.
+    #[serde(skip)]
+    pub concurrency_hold: Option<crate::rate_limit::ConcurrencyHold>,
     /// Config version that routed the request.
     pub config_version: Arc<str>,
 }

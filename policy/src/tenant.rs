@@ -94,6 +94,8 @@ pub struct Tenant {
     /// While the shared store cannot be reached, requests pass the rate
     /// limit (`true`, the default) or are refused.
     pub rate_fail_open: bool,
+    /// Requests in flight at once, at most.
+    pub max_concurrent: Option<u32>,
     /// Its spend budgets.
     pub budgets: Budgets,
     /// While the shared store cannot be reached, budgeted requests pass
@@ -376,6 +378,7 @@ mod tests {
             max_risk: Risk::Draft,
             rate: None,
             rate_fail_open: true,
+            max_concurrent: None,
             budgets: Budgets::default(),
             budget_fail_open: false,
         };
@@ -385,6 +388,7 @@ mod tests {
             max_risk: Risk::Read,
             rate: None,
             rate_fail_open: true,
+            max_concurrent: None,
             budgets: Budgets::default(),
             budget_fail_open: false,
         };

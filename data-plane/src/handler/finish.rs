@@ -73,6 +73,12 @@ pub(super) fn finish_record(
     if let Some(t) = &record.tenant {
         shared.metrics.tenant_request(t, outcome);
     }
+    if let Some(slot) = record.concurrency_hold.take() {
+        let shared_limits = Arc::clone(&shared.rate_limits);
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move { shared_limits.release_slot(&slot).await });
+        }
+    }
     if let Some(hold) = record.spend_hold.take() {
         // Answered: the actual cost when usage gave one (else the
         // reservation stays); not answered: all of it back.

@@ -170,6 +170,7 @@ pub(crate) fn handle(
                     RateVerdict::Wait(retry_after) => {
                         return pending.reject(ProxyError::RateLimited {
                             tenant: tenant.name.clone(),
+                            limit: "rate limit",
                             retry_after,
                         })
                     }
@@ -177,6 +178,39 @@ pub(crate) fn handle(
                         shared.metrics.store_error("rate_limit");
                     }
                     RateVerdict::StoreDown => {
+                        shared.metrics.store_error("rate_limit");
+                        return pending.reject(ProxyError::SharedStoreUnavailable);
+                    }
+                }
+            }
+            if let Some(cap) = tenant.max_concurrent {
+                // A slot until the request ends; in the store, one that
+                // expires with its deadline if this proxy never gives it
+                // back.
+                let hold_for = header_deadline
+                    .or(route.deadline)
+                    .unwrap_or(crate::rate_limit::MAX_SLOT_HOLD);
+                let member = uuid::Uuid::now_v7().to_string();
+                let taken = Box::pin(shared.rate_limits.take_slot(
+                    &tenant.name,
+                    cap,
+                    &member,
+                    hold_for,
+                ))
+                .await;
+                match taken {
+                    (RateVerdict::Pass, hold) => pending.rec().concurrency_hold = hold,
+                    (RateVerdict::Wait(retry_after), _) => {
+                        return pending.reject(ProxyError::RateLimited {
+                            tenant: tenant.name.clone(),
+                            limit: "concurrent requests cap",
+                            retry_after,
+                        })
+                    }
+                    (RateVerdict::StoreDown, _) if tenant.rate_fail_open => {
+                        shared.metrics.store_error("rate_limit");
+                    }
+                    (RateVerdict::StoreDown, _) => {
                         shared.metrics.store_error("rate_limit");
                         return pending.reject(ProxyError::SharedStoreUnavailable);
                     }

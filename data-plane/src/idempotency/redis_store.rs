@@ -87,6 +87,19 @@ redis.call('PEXPIRE', KEYS[2], ARGV[5])
 return {1}
 ";
 
+/// A concurrency slot: drops the expired members of the set KEYS[1]
+/// (scores are expiry times, ms, Redis's clock), then adds ARGV[1] with
+/// expiry now + ARGV[3] when fewer than ARGV[2] are left. 1 if taken.
+const TAKE_SLOT: &str = r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[2]) then return 0 end
+redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), ARGV[1])
+redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[3]) + 1000)
+return 1
+";
+
 /// Tells stores apart in the per-thread connection lists.
 static NEXT_STORE: AtomicUsize = AtomicUsize::new(1);
 
@@ -111,6 +124,7 @@ pub(crate) struct RedisStore {
     settle: redis::Script,
     gcra: redis::Script,
     reserve: redis::Script,
+    take_slot: redis::Script,
 }
 
 fn manager_config() -> ConnectionManagerConfig {
@@ -160,6 +174,7 @@ impl RedisStore {
             settle: redis::Script::new(SETTLE),
             gcra: redis::Script::new(GCRA),
             reserve: redis::Script::new(RESERVE),
+            take_slot: redis::Script::new(TAKE_SLOT),
         }
     }
 
@@ -274,6 +289,39 @@ impl RedisStore {
                 ))
             }
         })
+    }
+
+    /// Takes a slot of the set at `key` for `member` (see [`TAKE_SLOT`]).
+    pub(crate) async fn take_slot(
+        &self,
+        key: &str,
+        member: &str,
+        cap: u32,
+        hold: Duration,
+    ) -> Result<bool, StoreError> {
+        let mut conn = self.conn().await?;
+        let taken: i64 = bounded(
+            self.take_slot
+                .key(format!("{}{key}", self.prefix))
+                .arg(member)
+                .arg(cap)
+                .arg(millis(hold))
+                .invoke_async(&mut conn),
+        )
+        .await?;
+        Ok(taken == 1)
+    }
+
+    /// Gives `member`'s slot of the set at `key` back.
+    pub(crate) async fn release_slot(&self, key: &str, member: &str) -> Result<(), StoreError> {
+        let mut conn = self.conn().await?;
+        bounded(
+            redis::cmd("ZREM")
+                .arg(format!("{}{key}", self.prefix))
+                .arg(member)
+                .query_async::<()>(&mut conn),
+        )
+        .await
     }
 
     /// Adds `delta` to both counters (a settlement), in one transaction.

@@ -117,6 +117,10 @@ pub struct TenantLimitsSpec {
     /// pass) or `closed` (refused with 503 shared_store_unavailable).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub on_store_down: Option<StoreDown>,
+    /// Requests in flight at once (fleet-wide with a shared store, else
+    /// per proxy).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub concurrent_requests: Option<u32>,
     /// Spend budget per UTC day, USD.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub budget_usd_per_day: Option<f64>,

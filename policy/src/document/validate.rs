@@ -162,6 +162,12 @@ fn tenants(specs: &[TenantSpec], routes: &[Route], errs: &mut Errors) -> Option<
             );
         }
         let limits = t.limits.clone().unwrap_or_default();
+        if limits.concurrent_requests == Some(0) {
+            errs.push(
+                format!("{at}.limits.concurrent_requests"),
+                "must be at least 1 (leave it out for no limit)",
+            );
+        }
         if limits.requests_per_minute == Some(0) {
             errs.push(
                 format!("{at}.limits.requests_per_minute"),
@@ -177,6 +183,7 @@ fn tenants(specs: &[TenantSpec], routes: &[Route], errs: &mut Errors) -> Option<
                 .filter(|n| *n > 0)
                 .map(crate::tenant::Gcra::per_minute),
             rate_fail_open: limits.on_store_down != Some(super::StoreDown::Closed),
+            max_concurrent: limits.concurrent_requests,
             budgets: crate::tenant::Budgets {
                 per_day: budget(
                     limits.budget_usd_per_day,

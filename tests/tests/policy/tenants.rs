@@ -341,3 +341,68 @@ spec:
     }
     assert_eq!(backend.stats().received, 4);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_concurrency_cap_holds_across_proxies_and_frees_as_requests_end() {
+    let redis = router_tests::redis::RedisServer::start("slots").await;
+    let backend = router_tests::mocks::mock_latency("local", 300).await;
+    let policy = format!(
+        r#"apiVersion: router/v1
+kind: RoutingPolicy
+spec:
+  pools:
+    - name: local
+      endpoints: ["{}"]
+  routes:
+    - name: chat
+      chain: [local]
+  tenants:
+    - name: team-a
+      keys: ["{}"]
+      limits: {{concurrent_requests: 2}}
+"#,
+        backend.url(),
+        key_hash_text("rt_a")
+    );
+    let settings = || Settings {
+        shared_store: Some(router_proxy::SharedStore::new(&redis.url()).unwrap()),
+        ..Settings::default()
+    };
+    let p1 = TestProxy::with_policy(settings(), &policy).await;
+    let p2 = TestProxy::with_policy(settings(), &policy).await;
+    for p in [&p1, &p2] {
+        router_tests::harness::eventually(
+            std::time::Duration::from_secs(5),
+            "store connected",
+            || p.proxy.shared_store_connected(),
+        )
+        .await;
+    }
+    let mut burst = Vec::new();
+    for i in 0..6 {
+        let p = if i % 2 == 0 { &p1 } else { &p2 };
+        burst.push(p.chat_with(&A, CHAT));
+    }
+    let answers = futures_util::future::join_all(burst).await;
+    let ok = answers
+        .iter()
+        .filter(|r| r.status == StatusCode::OK)
+        .count();
+    assert_eq!(
+        ok,
+        2,
+        "{:?}",
+        answers.iter().map(|r| r.status).collect::<Vec<_>>()
+    );
+    for r in answers.iter().filter(|r| r.status != StatusCode::OK) {
+        assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(r.error_type(), "rate_limited");
+        assert_eq!(r.header("retry-after"), Some("1"));
+    }
+    // The slots came back with the answers.
+    router_tests::harness::eventually(std::time::Duration::from_secs(2), "slots freed", || {
+        redis.dbsize() == 0
+    })
+    .await;
+    assert_eq!(p2.chat_with(&A, CHAT).await.status, StatusCode::OK);
+}

@@ -2,7 +2,9 @@
 """TTFT distributions from engine-fleet-bench's JSON, one panel per
 workload and load, one line (empirical CDF) per strategy.
 
-    python3 bench/plot_engine_fleet.py engine-fleet.json docs/engine-aware-ttft.png
+    python3 bench/plot_engine_fleet.py bench/results/engine-fleet-*.json docs/engine-aware-ttft.png
+
+Several files (runs of the same setup at different loads) are merged.
 """
 import json
 import sys
@@ -13,11 +15,13 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 
-def main(src, dst):
-    with open(src) as f:
-        data = json.load(f)
-    rows = data["rows"]
-    workloads = list(dict.fromkeys(r["workload"] for r in rows))
+def main(srcs, dst):
+    rows = []
+    for src in srcs:
+        with open(src) as f:
+            data = json.load(f)
+        rows += data["rows"]
+    workloads = [w for w in ("prefix", "no_prefix") if any(r["workload"] == w for r in rows)]
     loads = sorted(set(r["load"] for r in rows))
     strategies = list(dict.fromkeys(r["strategy"] for r in rows))
     fig, axes = plt.subplots(
@@ -52,4 +56,4 @@ def main(src, dst):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    main(sys.argv[1:-1], sys.argv[-1])

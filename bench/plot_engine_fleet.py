@@ -48,8 +48,8 @@ def main(srcs, dst):
             ax.grid(True, which="both", alpha=0.3)
             ax.legend(fontsize=7, loc="lower right")
     fig.suptitle(
-        f"TTFT by balancing strategy: {data['engines']} simulated engines, "
-        f"{data['requests']} requests per run, seed {data['seed']}"
+        f"TTFT by strategy: {data['engines']} simulated engines, "
+        f"{data['requests']} req/run, seed {data['seed']}"
     )
     fig.tight_layout()
     fig.savefig(dst, dpi=110)

@@ -2,16 +2,21 @@
 """Markdown tables and the issue-18 goal checks from engine-fleet-bench's
 JSON.
 
-    python3 bench/engine_fleet_table.py bench/results/engine-fleet.json
+    python3 bench/engine_fleet_table.py bench/results/engine-fleet-*.json
+
+Several files (runs of the same setup at different loads) are merged.
 """
 import json
 import sys
 
 
-def main(src):
-    with open(src) as f:
-        data = json.load(f)
-    rows = data["rows"]
+def main(srcs):
+    rows = []
+    for src in srcs:
+        with open(src) as f:
+            rows += json.load(f)["rows"]
+    order = {"prefix": 0, "no_prefix": 1}
+    rows.sort(key=lambda r: (order.get(r["workload"], 2), r["load"]))
     print(
         "| workload | load | strategy | TTFT p50 (ms) | TTFT p99 (ms) | e2e p50 (ms) | e2e p99 (ms) "
         "| throughput (req/s) | prefix-cache hits | errors |"
@@ -50,4 +55,4 @@ def main(src):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1:])

@@ -2,7 +2,9 @@
 """TTFT distributions from engine-fleet-bench's JSON, one panel per
 workload and load, one line (empirical CDF) per strategy.
 
-    python3 bench/plot_engine_fleet.py engine-fleet.json docs/engine-aware-ttft.png
+    python3 bench/plot_engine_fleet.py bench/results/engine-fleet-*.json docs/engine-aware-ttft.png
+
+Several files (runs of the same setup at different loads) are merged.
 """
 import json
 import sys
@@ -13,11 +15,13 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 
-def main(src, dst):
-    with open(src) as f:
-        data = json.load(f)
-    rows = data["rows"]
-    workloads = list(dict.fromkeys(r["workload"] for r in rows))
+def main(srcs, dst):
+    rows = []
+    for src in srcs:
+        with open(src) as f:
+            data = json.load(f)
+        rows += data["rows"]
+    workloads = [w for w in ("prefix", "no_prefix") if any(r["workload"] == w for r in rows)]
     loads = sorted(set(r["load"] for r in rows))
     strategies = list(dict.fromkeys(r["strategy"] for r in rows))
     fig, axes = plt.subplots(
@@ -44,12 +48,12 @@ def main(src, dst):
             ax.grid(True, which="both", alpha=0.3)
             ax.legend(fontsize=7, loc="lower right")
     fig.suptitle(
-        f"TTFT by balancing strategy: {data['engines']} simulated engines, "
-        f"{data['requests']} requests per run, seed {data['seed']}"
+        f"TTFT by strategy: {data['engines']} simulated engines, "
+        f"{data['requests']} req/run, seed {data['seed']}"
     )
     fig.tight_layout()
     fig.savefig(dst, dpi=110)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    main(sys.argv[1:-1], sys.argv[-1])

@@ -361,6 +361,20 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[rank.clamp(1, sorted.len()) - 1]
 }
 
+fn write_results(args: &Args, rows: &[serde_json::Value]) -> Result<(), BoxError> {
+    let out = json!({
+        "engines": args.engines,
+        "requests": args.requests,
+        "time_scale": args.time_scale,
+        "seed": args.seed,
+        "probe_interval_ms": args.probe_interval_ms,
+        "load_factor": args.load_factor,
+        "rows": rows,
+    });
+    std::fs::write(&args.out, serde_json::to_string(&out)?)?;
+    Ok(())
+}
+
 async fn run(args: Args) -> Result<(), BoxError> {
     let engine = engine_config(args.time_scale);
     let scale = args.time_scale;
@@ -475,21 +489,15 @@ async fn run(args: Args) -> Result<(), BoxError> {
                     "errors": errors,
                     "ttft_ms": ttft,
                 }));
+                // Written after every run: a run that stops half-way keeps
+                // what it measured.
+                write_results(&args, &rows)?;
                 // Let sockets and the engines' tasks wind down.
                 tokio::time::sleep(Duration::from_millis(300)).await;
             }
         }
     }
-    let out = json!({
-        "engines": args.engines,
-        "requests": args.requests,
-        "time_scale": scale,
-        "seed": args.seed,
-        "probe_interval_ms": args.probe_interval_ms,
-        "load_factor": args.load_factor,
-        "rows": rows,
-    });
-    std::fs::write(&args.out, serde_json::to_string(&out)?)?;
+    write_results(&args, &rows)?;
     if !args.keep {
         let _ = std::fs::remove_dir_all(&dir);
     }

@@ -58,3 +58,36 @@ pub(crate) fn loadavg() -> String {
         .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
         .unwrap_or_else(|_| "unknown".into())
 }
+
+/// A proxy in-process (loopback, one worker) with `policy`, its keys and
+/// limits in the Redis on `port`; returns once it has connected.
+pub(crate) async fn proxy_on_redis(
+    policy: &str,
+    port: u16,
+) -> Result<router_proxy::RunningProxy, BoxError> {
+    let policy = router_policy::document::load(policy, &router_policy::QueueSettings::default())
+        .map_err(|e| e.to_string())?;
+    let settings = router_proxy::Settings {
+        bind: [127, 0, 0, 1].into(),
+        port: 0,
+        workers: 1,
+        shared_store: Some(router_proxy::SharedStore::new(&format!(
+            "redis://127.0.0.1:{port}/0"
+        ))?),
+        ..router_proxy::Settings::default()
+    };
+    let p = router_proxy::start(router_proxy::ProxyOptions {
+        settings,
+        mode: router_proxy::Mode::Inline(Box::new(policy)),
+        route_log: Box::new(std::io::sink()),
+    })
+    .await?;
+    let until = std::time::Instant::now() + Duration::from_secs(10);
+    while !p.shared_store_connected() {
+        if std::time::Instant::now() > until {
+            return Err("the proxy did not connect to redis".into());
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    Ok(p)
+}

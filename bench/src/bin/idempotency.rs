@@ -25,7 +25,6 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use router_proxy::{Mode, ProxyOptions, Settings, SharedStore};
 
 /// Measure the added latency of keyed requests with Redis on loopback.
 #[derive(Parser, Debug)]
@@ -47,7 +46,7 @@ struct Args {
 #[path = "../redis_bench.rs"]
 mod redis_bench;
 
-use redis_bench::{loadavg, pct, start_redis, BoxError};
+use redis_bench::{loadavg, pct, proxy_on_redis, start_redis, BoxError};
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Kind {
@@ -74,28 +73,7 @@ async fn run(args: Args) -> Result<(), BoxError> {
         "apiVersion: router/v1\nkind: RoutingPolicy\nspec:\n  pools:\n    - name: only\n      endpoints: [\"{}\"]\n  routes:\n    - name: r\n      chain: [only]\n",
         mock.url()
     );
-    let policy = router_policy::document::load(&policy, &router_policy::QueueSettings::default())
-        .map_err(|e| e.to_string())?;
-    let settings = Settings {
-        bind: [127, 0, 0, 1].into(),
-        port: 0,
-        workers: 1,
-        shared_store: Some(SharedStore::new(&format!("redis://127.0.0.1:{port}/0"))?),
-        ..Settings::default()
-    };
-    let proxy = router_proxy::start(ProxyOptions {
-        settings,
-        mode: Mode::Inline(Box::new(policy)),
-        route_log: Box::new(std::io::sink()),
-    })
-    .await?;
-    let until = Instant::now() + Duration::from_secs(10);
-    while !proxy.shared_store_connected() {
-        if Instant::now() > until {
-            return Err("the proxy did not connect to redis".into());
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let proxy = proxy_on_redis(&policy, port).await?;
     let url = format!("http://{}/v1/chat/completions", proxy.local_addr());
     let client: Client<HttpConnector, Full<Bytes>> = Client::builder(TokioExecutor::new())
         .pool_max_idle_per_host(1)

@@ -25,12 +25,11 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use router_proxy::{Mode, ProxyOptions, RunningProxy, Settings, SharedStore};
 
 #[path = "../redis_bench.rs"]
 mod redis_bench;
 
-use redis_bench::{loadavg, pct, start_redis, BoxError};
+use redis_bench::{loadavg, pct, proxy_on_redis, start_redis, BoxError};
 
 /// Measure the added latency of a tenant's checks with Redis on loopback.
 #[derive(Parser, Debug)]
@@ -55,32 +54,6 @@ fn main() -> Result<(), BoxError> {
     rt.block_on(run(args))
 }
 
-async fn proxy(policy: &str, port: u16) -> Result<RunningProxy, BoxError> {
-    let policy = router_policy::document::load(policy, &router_policy::QueueSettings::default())
-        .map_err(|e| e.to_string())?;
-    let settings = Settings {
-        bind: [127, 0, 0, 1].into(),
-        port: 0,
-        workers: 1,
-        shared_store: Some(SharedStore::new(&format!("redis://127.0.0.1:{port}/0"))?),
-        ..Settings::default()
-    };
-    let p = router_proxy::start(ProxyOptions {
-        settings,
-        mode: Mode::Inline(Box::new(policy)),
-        route_log: Box::new(std::io::sink()),
-    })
-    .await?;
-    let until = Instant::now() + Duration::from_secs(10);
-    while !p.shared_store_connected() {
-        if Instant::now() > until {
-            return Err("the proxy did not connect to redis".into());
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    Ok(p)
-}
-
 async fn run(args: Args) -> Result<(), BoxError> {
     let (_redis, port) = start_redis()?;
     let mock = router_mock::MockModel::start(router_mock::MockConfig::default())
@@ -94,8 +67,8 @@ async fn run(args: Args) -> Result<(), BoxError> {
         "{base}  tenants:\n    - name: bench\n      keys: [\"{}\"]\n      limits: {{requests_per_minute: 100000000, budget_usd_per_day: 1000000}}\n",
         router_policy::tenant::key_hash_text("rt_bench")
     );
-    let plain = proxy(&base, port).await?;
-    let tenant = proxy(&tenanted, port).await?;
+    let plain = proxy_on_redis(&base, port).await?;
+    let tenant = proxy_on_redis(&tenanted, port).await?;
     let urls = [plain.local_addr(), tenant.local_addr()]
         .map(|a| format!("http://{a}/v1/chat/completions"));
     let client: Client<HttpConnector, Full<Bytes>> = Client::builder(TokioExecutor::new())

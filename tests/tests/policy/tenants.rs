@@ -140,6 +140,28 @@ spec:
     )
 }
 
+/// Two proxies with `policy`, sharing `redis`, connected to it.
+async fn two_proxies_on(
+    redis: &router_tests::redis::RedisServer,
+    policy: &str,
+) -> (TestProxy, TestProxy) {
+    let settings = || Settings {
+        shared_store: Some(router_proxy::SharedStore::new(&redis.url()).unwrap()),
+        ..Settings::default()
+    };
+    let p1 = TestProxy::with_policy(settings(), policy).await;
+    let p2 = TestProxy::with_policy(settings(), policy).await;
+    for p in [&p1, &p2] {
+        router_tests::harness::eventually(
+            std::time::Duration::from_secs(5),
+            "store connected",
+            || p.proxy.shared_store_connected(),
+        )
+        .await;
+    }
+    (p1, p2)
+}
+
 const A: [(&str, &str); 1] = [("authorization", "Bearer rt_a")];
 const B: [(&str, &str); 1] = [("authorization", "Bearer rt_b")];
 
@@ -166,20 +188,7 @@ async fn a_rate_limit_holds_across_proxies_sharing_redis() {
     let backend = mock("local", Behavior::Json).await;
     // 60 a minute: one a second, bursts of 3.
     let policy = limited_policy(&backend.url(), 60, "");
-    let settings = || Settings {
-        shared_store: Some(router_proxy::SharedStore::new(&redis.url()).unwrap()),
-        ..Settings::default()
-    };
-    let p1 = TestProxy::with_policy(settings(), &policy).await;
-    let p2 = TestProxy::with_policy(settings(), &policy).await;
-    for p in [&p1, &p2] {
-        router_tests::harness::eventually(
-            std::time::Duration::from_secs(5),
-            "store connected",
-            || p.proxy.shared_store_connected(),
-        )
-        .await;
-    }
+    let (p1, p2) = two_proxies_on(&redis, &policy).await;
     let mut passed = 0;
     for i in 0..8 {
         let p = if i % 2 == 0 { &p1 } else { &p2 };
@@ -250,20 +259,7 @@ spec:
         backend.url(),
         key_hash_text("rt_a")
     );
-    let settings = || Settings {
-        shared_store: Some(router_proxy::SharedStore::new(&redis.url()).unwrap()),
-        ..Settings::default()
-    };
-    let p1 = TestProxy::with_policy(settings(), &policy).await;
-    let p2 = TestProxy::with_policy(settings(), &policy).await;
-    for p in [&p1, &p2] {
-        router_tests::harness::eventually(
-            std::time::Duration::from_secs(5),
-            "store connected",
-            || p.proxy.shared_store_connected(),
-        )
-        .await;
-    }
+    let (p1, p2) = two_proxies_on(&redis, &policy).await;
     let mut flood = Vec::new();
     for i in 0..12 {
         let p = if i % 2 == 0 { &p1 } else { &p2 };
@@ -364,20 +360,7 @@ spec:
         backend.url(),
         key_hash_text("rt_a")
     );
-    let settings = || Settings {
-        shared_store: Some(router_proxy::SharedStore::new(&redis.url()).unwrap()),
-        ..Settings::default()
-    };
-    let p1 = TestProxy::with_policy(settings(), &policy).await;
-    let p2 = TestProxy::with_policy(settings(), &policy).await;
-    for p in [&p1, &p2] {
-        router_tests::harness::eventually(
-            std::time::Duration::from_secs(5),
-            "store connected",
-            || p.proxy.shared_store_connected(),
-        )
-        .await;
-    }
+    let (p1, p2) = two_proxies_on(&redis, &policy).await;
     let mut burst = Vec::new();
     for i in 0..6 {
         let p = if i % 2 == 0 { &p1 } else { &p2 };

@@ -359,6 +359,24 @@ impl Tenant {
     }
 }
 
+/// Which waiter of a pool's queue goes next when tenants share it: the
+/// oldest waiter of the tenant served least recently. Round robin between
+/// tenants, FIFO within each, so a tenant with many requests queued cannot
+/// starve one with few: each tenant waits for at most one grant per other
+/// tenant waiting. Requests without a tenant count as one tenant of their
+/// own. `tenants`: each waiter's tenant, in queue order; `served`: when
+/// each tenant was last served (a counter; absent: never, first).
+pub fn fair_next(tenants: &[Option<u64>], served: &HashMap<Option<u64>, u64>) -> Option<usize> {
+    let mut best: Option<(usize, u64)> = None;
+    for (i, t) in tenants.iter().enumerate() {
+        let stamp = served.get(t).copied().unwrap_or(0);
+        if best.is_none_or(|(_, s)| stamp < s) {
+            best = Some((i, stamp));
+        }
+    }
+    best.map(|(i, _)| i)
+}
+
 /// The key of `Bearer <key>` (scheme in any case), if non-empty.
 fn bearer(value: &str) -> Option<&str> {
     let (scheme, key) = value.trim().split_once(' ')?;
@@ -491,7 +509,61 @@ mod tests {
         assert_eq!(micros(0.000_000_1), 1, "rounded up");
     }
 
+    #[test]
+    fn a_light_tenant_is_served_next_whatever_a_heavy_one_queued() {
+        let (heavy, light) = (Some(1), Some(2));
+        let mut queue = vec![heavy; 10];
+        queue.push(light);
+        let mut served = HashMap::new();
+        let mut order = Vec::new();
+        let mut stamp = 0;
+        while let Some(i) = fair_next(&queue, &served) {
+            stamp += 1;
+            let t = queue.remove(i);
+            served.insert(t, stamp);
+            order.push(t);
+        }
+        // heavy first (oldest, both never served), then light, then heavy.
+        assert_eq!(order[0], heavy);
+        assert_eq!(order[1], light);
+        assert!(order[2..].iter().all(|t| *t == heavy));
+        // Without tenants: plain FIFO.
+        assert_eq!(fair_next(&[None, None], &HashMap::new()), Some(0));
+    }
+
     proptest! {
+        /// Each tenant's waiters leave in their own order, and a waiting
+        /// tenant is never passed over more than once per other tenant.
+        #[test]
+        fn fair_next_is_fifo_per_tenant_and_round_robin_between(
+            queue in proptest::collection::vec(0u64..4, 1..60),
+        ) {
+            let mut q: Vec<(Option<u64>, usize)> =
+                queue.iter().enumerate().map(|(i, t)| (Some(*t), i)).collect();
+            let mut served = HashMap::new();
+            let mut last_pos: HashMap<Option<u64>, usize> = HashMap::new();
+            let mut passed_over: HashMap<Option<u64>, usize> = HashMap::new();
+            let mut stamp = 0;
+            while !q.is_empty() {
+                let tenants: Vec<Option<u64>> = q.iter().map(|(t, _)| *t).collect();
+                let i = fair_next(&tenants, &served).expect("a waiter");
+                stamp += 1;
+                let (t, pos) = q.remove(i);
+                if let Some(prev) = last_pos.insert(t, pos) {
+                    prop_assert!(prev < pos, "FIFO within a tenant");
+                }
+                served.insert(t, stamp);
+                passed_over.insert(t, 0);
+                let waiting: std::collections::HashSet<Option<u64>> =
+                    q.iter().map(|(t, _)| *t).collect();
+                for w in &waiting {
+                    let n = passed_over.entry(*w).or_insert(0);
+                    *n += 1;
+                    prop_assert!(*n <= 4, "tenant {w:?} passed over {n} times");
+                }
+            }
+        }
+
         /// Days and months round-trip for any day of four centuries.
         #[test]
         fn civil_dates_round_trip(days in 0i64..146_097 * 4) {

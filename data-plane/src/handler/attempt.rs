@@ -157,6 +157,7 @@ impl Exchange {
             let shape = crate::pool::RequestShape {
                 prefix_key: pool.prefix_key(&self.body),
                 input_tokens: self.estimated_input_tokens,
+                tenant: self.tenant_key,
             };
             let acquired = match avoid {
                 None => pool.acquire_at(deadline, now, shape).await,

@@ -74,6 +74,8 @@ pub(super) struct Exchange {
     /// The client asked for usage in its stream itself (then its usage
     /// chunk is passed on).
     pub(super) client_asks_usage: bool,
+    /// The request's tenant (a hash of its name), for fairness in queues.
+    pub(super) tenant_key: Option<u64>,
     pub(super) json_call: bool,
     pub(super) streaming: bool,
     pub(super) model: Option<Arc<str>>,

@@ -452,6 +452,7 @@ pub(crate) fn handle(
             body,
             parsed,
             client_asks_usage,
+            tenant_key: pending.rec().tenant.as_deref().map(tenant_key),
             json_call,
             streaming,
             model,
@@ -632,6 +633,14 @@ fn approve(
 }
 
 /// `at` as whole seconds since the Unix epoch (0 before it).
+/// A tenant's name as a queue-fairness key (FNV-1a).
+fn tenant_key(name: &str) -> u64 {
+    use std::hash::Hasher;
+    let mut h = fnv::FnvHasher::default();
+    h.write(name.as_bytes());
+    h.finish()
+}
+
 fn unix_seconds(at: SystemTime) -> u64 {
     at.duration_since(SystemTime::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())

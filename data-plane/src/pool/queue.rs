@@ -79,6 +79,13 @@ pub(super) struct Waiter {
     pub(super) tx: oneshot::Sender<Result<Lease, Shed>>,
 }
 
+impl Waiter {
+    /// Its request's tenant, if any.
+    pub(super) fn tenant(&self) -> Option<u64> {
+        self.shape.tenant
+    }
+}
+
 impl PoolRuntime {
     /// Waits for an endpoint, at most until the queue timeout or
     /// `attempt_deadline`, whichever comes first. Cancel-safe: dropping the
@@ -254,19 +261,26 @@ impl PoolRuntime {
     pub(super) fn dispatch(self: &Arc<Self>, st: &mut PoolState) {
         // Read the clock only when someone is waiting (not on every release).
         let mut now = None;
-        while let Some(front) = st.queue.front() {
-            if front.tx.is_closed() {
-                st.queue.pop_front();
+        while !st.queue.is_empty() {
+            // FIFO, or, when tenants share the queue, round robin between
+            // them (`router_policy::tenant::fair_next`).
+            let i = st.next_waiter();
+            let Some(next) = st.queue.get(i) else {
+                break;
+            };
+            if next.tx.is_closed() {
+                st.queue.remove(i);
                 continue;
             }
-            let (enqueued_at, shape) = (front.enqueued_at, front.shape);
+            let (enqueued_at, shape) = (next.enqueued_at, next.shape);
             let now = *now.get_or_insert_with(Instant::now);
             let Some(lease) = self.try_grant(st, enqueued_at, now, shape) else {
                 break;
             };
-            let Some(waiter) = st.queue.pop_front() else {
+            let Some(waiter) = st.queue.remove(i) else {
                 break;
             };
+            st.note_served(waiter.shape.tenant);
             match waiter.tx.send(Ok(lease)) {
                 Ok(()) => {
                     self.counters.dispatched.inc();
@@ -357,6 +371,8 @@ pub(crate) struct RequestShape {
     pub(crate) prefix_key: Option<u64>,
     /// Its prompt size, tokens (estimated; 0 when unknown).
     pub(crate) input_tokens: u64,
+    /// Its tenant (a hash of the name), for fairness in the queue.
+    pub(crate) tenant: Option<u64>,
 }
 
 /// A latency measured against a token count.

@@ -114,6 +114,11 @@ pub(super) struct PoolState {
     pub(super) next_id: u64,
     /// Breaks the balancer's ties in turn.
     pub(super) rotation: usize,
+    /// When each tenant was last served a lease (a counter), for fairness
+    /// between tenants in the queue; one entry per tenant of the policy.
+    pub(super) tenant_served: std::collections::HashMap<Option<u64>, u64>,
+    /// The counter of `tenant_served`.
+    pub(super) grants: u64,
     /// Removed from service.
     pub(super) closed: bool,
 }
@@ -134,7 +139,27 @@ impl PoolState {
             structured_degraded_until: None,
             next_id: 0,
             rotation: 0,
+            tenant_served: std::collections::HashMap::new(),
+            grants: 0,
             closed: false,
+        }
+    }
+
+    /// The index of the waiter to serve next: the oldest, unless tenants
+    /// share the queue (then `router_policy::tenant::fair_next`).
+    pub(super) fn next_waiter(&self) -> usize {
+        if self.queue.iter().all(|w| w.tenant().is_none()) {
+            return 0;
+        }
+        let tenants: Vec<Option<u64>> = self.queue.iter().map(|w| w.tenant()).collect();
+        router_policy::tenant::fair_next(&tenants, &self.tenant_served).unwrap_or(0)
+    }
+
+    /// A waiter of `tenant` got its lease.
+    pub(super) fn note_served(&mut self, tenant: Option<u64>) {
+        if tenant.is_some() || !self.tenant_served.is_empty() {
+            self.grants += 1;
+            self.tenant_served.insert(tenant, self.grants);
         }
     }
 

@@ -394,7 +394,7 @@ async fn requests_sharing_a_prefix_go_to_one_endpoint_until_it_is_loaded() {
                 Instant::now(),
                 RequestShape {
                     prefix_key: key,
-                    input_tokens: 0,
+                    ..RequestShape::default()
                 },
             )
             .await
@@ -411,7 +411,7 @@ async fn requests_sharing_a_prefix_go_to_one_endpoint_until_it_is_loaded() {
             Instant::now(),
             RequestShape {
                 prefix_key: key,
-                input_tokens: 0,
+                ..RequestShape::default()
             },
         )
         .await
@@ -429,8 +429,8 @@ async fn first_tokens_are_measured_per_input_token() {
     let p = engine_pool(&["h:1"], false);
     p.record_probe(&eps(&["h:1"])[0], reading(0, 0, 0.0));
     let shape = RequestShape {
-        prefix_key: None,
         input_tokens: 2000,
+        ..RequestShape::default()
     };
     let l = p.acquire_at(None, Instant::now(), shape).await.unwrap();
     // Its prompt waits for its prefill there until the first token.
@@ -443,4 +443,38 @@ async fn first_tokens_are_measured_per_input_token() {
     let l = p.acquire_at(None, Instant::now(), shape).await.unwrap();
     drop(l);
     assert_eq!(p.lock().endpoints[0].pending_prefill_tokens, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn tenants_sharing_a_queue_are_served_in_turn_not_in_arrival_order() {
+    let p = pool(100, 60_000, Some(1), &["h:1"]);
+    let busy = p.acquire(None).await.unwrap();
+    let shape = |t: u64| RequestShape {
+        tenant: Some(t),
+        ..RequestShape::default()
+    };
+    // The heavy tenant queues five requests, then the light one queues one.
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut waiters = Vec::new();
+    for (i, tenant) in [1, 1, 1, 1, 1, 2].into_iter().enumerate() {
+        let (p, order) = (Arc::clone(&p), Arc::clone(&order));
+        waiters.push(tokio::spawn(async move {
+            let lease = p
+                .acquire_at(None, Instant::now(), shape(tenant))
+                .await
+                .unwrap();
+            order.lock().unwrap().push((tenant, i));
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            drop(lease);
+        }));
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    drop(busy);
+    for w in waiters {
+        w.await.unwrap();
+    }
+    let order = order.lock().unwrap().clone();
+    // The heavy tenant's oldest first (neither served yet), then the light
+    // tenant's one, then the rest of the heavy tenant's, in their order.
+    assert_eq!(order, vec![(1, 0), (2, 5), (1, 1), (1, 2), (1, 3), (1, 4)]);
 }

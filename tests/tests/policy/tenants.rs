@@ -389,3 +389,65 @@ spec:
     .await;
     assert_eq!(p2.chat_with(&A, CHAT).await.status, StatusCode::OK);
 }
+
+/// Issue #17, item 7: a tenant flooding a saturated pool does not starve
+/// another: the light tenant's requests reach the backend in turn with the
+/// heavy tenant's, not after its whole backlog.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_heavy_tenant_cannot_starve_a_light_one_in_a_saturated_pool() {
+    let backend = router_tests::mocks::mock_latency("local", 30).await;
+    let policy = format!(
+        r#"apiVersion: router/v1
+kind: RoutingPolicy
+spec:
+  pools:
+    - name: local
+      endpoints: ["{}"]
+      max_concurrency: 1
+  routes:
+    - name: chat
+      chain: [local]
+  tenants:
+    - name: heavy
+      keys: ["{}"]
+    - name: light
+      keys: ["{}"]
+"#,
+        backend.url(),
+        key_hash_text("rt_heavy"),
+        key_hash_text("rt_light")
+    );
+    let proxy = TestProxy::with_policy(Settings::default(), &policy).await;
+    let mut calls = Vec::new();
+    for i in 0..20 {
+        let id = format!("heavy-{i}");
+        calls.push((id, "Bearer rt_heavy"));
+    }
+    for i in 0..2 {
+        calls.push((format!("light-{i}"), "Bearer rt_light"));
+    }
+    let headers: Vec<[(&str, &str); 2]> = calls
+        .iter()
+        .map(|(id, key)| [("authorization", *key), ("x-request-id", id.as_str())])
+        .collect();
+    // Ten times the light tenant's requests, all queued at once.
+    let sent = headers.iter().map(|h| proxy.chat_with(h, CHAT));
+    let answers = futures_util::future::join_all(sent).await;
+    assert!(answers.iter().all(|r| r.status == StatusCode::OK));
+    let order: Vec<String> = backend
+        .requests()
+        .iter()
+        .map(|r| r.headers["x-request-id"].to_str().unwrap().to_string())
+        .collect();
+    let positions: Vec<usize> = order
+        .iter()
+        .enumerate()
+        .filter(|(_, id)| id.starts_with("light"))
+        .map(|(i, _)| i)
+        .collect();
+    // FIFO would put them at 20 and 21; in turn, among the first five.
+    assert!(
+        positions.iter().all(|p| *p < 5),
+        "light tenant at {positions:?} of {order:?}"
+    );
+}

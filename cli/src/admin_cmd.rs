@@ -203,6 +203,90 @@ pub async fn tenant_add_key(admin: &mut Admin, tenant: &str) -> ExitCode {
     }
 }
 
+/// `routerctl tenants list`: the applied policy's tenants and their
+/// limits (keys as counts: the policy holds hashes only).
+pub async fn tenants_list(admin: &mut Admin, output: Output) -> ExitCode {
+    let current = match admin.get_policy(pb::GetPolicyRequest { version: 0 }).await {
+        Ok(r) => r.into_inner(),
+        Err(s) => return fail(explain_status(&s)),
+    };
+    let doc = match router_policy::document::PolicyDocument::parse(&current.document) {
+        Ok(d) => d,
+        Err(e) => return fail(format!("the applied policy does not parse: {e}")),
+    };
+    let rows: Vec<Value> = doc
+        .spec
+        .tenants
+        .iter()
+        .map(|t| {
+            let l = t.limits.clone().unwrap_or_default();
+            json!({
+                "name": t.name,
+                "keys": t.keys.len(),
+                "anonymous": t.anonymous,
+                "routes": t.routes,
+                "max_risk": t.max_risk.map(|r| r.as_str()),
+                "requests_per_minute": l.requests_per_minute,
+                "concurrent_requests": l.concurrent_requests,
+                "budget_usd_per_day": l.budget_usd_per_day,
+                "budget_usd_per_month": l.budget_usd_per_month,
+            })
+        })
+        .collect();
+    match output {
+        Output::Table => {
+            if rows.is_empty() {
+                println!(
+                    "no tenants: policy version {} lets anyone call",
+                    current.version
+                );
+                return ExitCode::SUCCESS;
+            }
+            println!(
+                "{:<20} {:>4} {:<12} {:<10} {:>8} {:>6} {:>12} {:>12}",
+                "TENANT", "KEYS", "ROUTES", "MAX RISK", "RPM", "CONC", "USD/DAY", "USD/MONTH"
+            );
+            let show = |v: &Value| match v {
+                Value::Null => "-".to_string(),
+                Value::String(s) => s.clone(),
+                other => other.to_string(),
+            };
+            for r in &rows {
+                let routes = match r["routes"].as_array() {
+                    Some(a) if !a.is_empty() => a
+                        .iter()
+                        .filter_map(Value::as_str)
+                        .collect::<Vec<_>>()
+                        .join(","),
+                    _ => "all".into(),
+                };
+                let name = if r["anonymous"] == true {
+                    format!("{} (anonymous)", show(&r["name"]))
+                } else {
+                    show(&r["name"])
+                };
+                println!(
+                    "{:<20} {:>4} {:<12} {:<10} {:>8} {:>6} {:>12} {:>12}",
+                    name,
+                    show(&r["keys"]),
+                    routes,
+                    if r["max_risk"].is_null() {
+                        "any".into()
+                    } else {
+                        show(&r["max_risk"])
+                    },
+                    show(&r["requests_per_minute"]),
+                    show(&r["concurrent_requests"]),
+                    show(&r["budget_usd_per_day"]),
+                    show(&r["budget_usd_per_month"]),
+                );
+            }
+        }
+        _ => print_value(&Value::Array(rows), output),
+    }
+    ExitCode::SUCCESS
+}
+
 /// Mints a key for `tenant`, applies its hash; the key and the new policy
 /// version.
 pub async fn add_tenant_key(admin: &mut Admin, tenant: &str) -> Result<(String, u64), String> {

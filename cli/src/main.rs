@@ -200,6 +200,8 @@ enum CircuitsCommand {
 
 #[derive(Subcommand, Debug)]
 enum TenantsCommand {
+    /// The applied policy's tenants and their limits.
+    List,
     /// Mint a key for a tenant of the applied policy, add its hash, and
     /// print the key once.
     AddKey {
@@ -415,6 +417,9 @@ async fn run(cli: Cli) -> ExitCode {
             match g.command {
                 TenantsCommand::AddKey { name } => {
                     admin_cmd::tenant_add_key(&mut admin, &name).await
+                }
+                TenantsCommand::List => {
+                    admin_cmd::tenants_list(&mut admin, g.printing.output).await
                 }
             }
         }

@@ -701,3 +701,49 @@ fn up_keeps_the_users_policy_unless_reset() {
     assert_eq!((version, name.as_str()), (3, "routerctl-up-demo"));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `routerctl tenants add-key` then `tenants list`, as an operator runs
+/// them: the key is printed once on stdout (only its hash is applied), and
+/// the list shows the tenant with its key count and limits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tenants_add_key_prints_the_key_once_and_list_shows_the_limits() {
+    let dir = std::env::temp_dir().join(format!("routerctl-tenants-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let cp = control_plane_in(&dir).await;
+    let server = format!("http://{}", cp.local_addr());
+    let policy = dir.join("tenants.yaml");
+    std::fs::write(
+        &policy,
+        "apiVersion: router/v1\nkind: RoutingPolicy\nspec:\n  pools:\n    - name: p\n      endpoints: [\"127.0.0.1:9\"]\n  routes:\n    - name: r\n      chain: [p]\n  tenants:\n    - name: team-a\n      anonymous: true\n      max_risk: DRAFT\n      limits: {requests_per_minute: 600, budget_usd_per_day: 25}\n",
+    )
+    .unwrap();
+    let policy = policy.to_str().unwrap().to_string();
+    tokio::task::spawn_blocking(move || {
+        let o = run(&server, Some("tok"), &["policy", "apply", "-f", &policy]);
+        assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+        let o = run(&server, Some("tok"), &["tenants", "add-key", "team-a"]);
+        assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+        let key = String::from_utf8_lossy(&o.stdout).trim().to_string();
+        assert!(key.starts_with("rt_"), "{}", text(&o));
+        assert!(String::from_utf8_lossy(&o.stderr).contains("shown once"));
+        let o = run(&server, Some("tok"), &["policy", "get"]);
+        let applied = String::from_utf8_lossy(&o.stdout).to_string();
+        assert!(!applied.contains(&key), "{applied}");
+        assert!(applied.contains("sha256:"), "{applied}");
+        let o = run(&server, Some("tok"), &["tenants", "list"]);
+        let table = String::from_utf8_lossy(&o.stdout).to_string();
+        assert!(table.contains("team-a (anonymous)"), "{table}");
+        assert!(table.contains("DRAFT") && table.contains("600"), "{table}");
+        let o = run(&server, Some("tok"), &["tenants", "list", "-o", "json"]);
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert_eq!(v[0]["keys"], 1);
+        assert_eq!(v[0]["budget_usd_per_day"], 25.0);
+        let o = run(&server, Some("tok"), &["tenants", "add-key", "nobody"]);
+        assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+        assert!(text(&o).contains("no tenant \"nobody\""), "{}", text(&o));
+    })
+    .await
+    .unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -307,6 +307,7 @@ fn record(data: &[u8]) -> RouteRecord {
         tenant: b.some().then(|| b.string().into()),
         spend_hold: None,
         concurrency_hold: None,
+        token_hold: None,
         config_version: b.string().into(),
     }
 }

@@ -75,30 +75,65 @@ impl RateLimits {
         }
     }
 
-    /// Checks (and, when it passes, counts) one request of `tenant`.
-    pub(crate) async fn check(&self, tenant: &str, limit: Gcra) -> RateVerdict {
+    /// Checks (and, when it passes, counts) one request against the limit
+    /// kept at `key` (`rate:<tenant>`, `tokens:<tenant>`).
+    pub(crate) async fn check(&self, key: &str, limit: Gcra) -> RateVerdict {
         match self {
             Self::Local { epoch, tats, .. } => {
                 let now = epoch.elapsed();
                 let mut tats = tats.lock().unwrap_or_else(|e| e.into_inner());
-                match limit.check(tats.get(tenant).copied(), now) {
+                match limit.check(tats.get(key).copied(), now) {
                     Ok(tat) => {
-                        tats.insert(tenant.to_string(), tat);
+                        tats.insert(key.to_string(), tat);
                         RateVerdict::Pass
                     }
                     Err(wait) => RateVerdict::Wait(wait),
                 }
             }
-            Self::Shared(store) => match store.gcra(&format!("rate:{tenant}"), limit).await {
+            Self::Shared(store) => match store.gcra(key, limit).await {
                 Ok(None) => RateVerdict::Pass,
                 Ok(Some(wait)) => RateVerdict::Wait(wait),
                 Err(e) => {
-                    tracing::warn!(error = %e, tenant, "rate limit: the shared store cannot be reached");
+                    tracing::warn!(error = %e, key, "rate limit: the shared store cannot be reached");
                     RateVerdict::StoreDown
                 }
             },
         }
     }
+
+    /// Moves the limit kept at `key` by `delta` (a token limit settled to
+    /// the tokens a call really used: negative gives time back).
+    pub(crate) async fn adjust(&self, key: &str, delta: i64) {
+        match self {
+            Self::Local { tats, .. } => {
+                let mut tats = tats.lock().unwrap_or_else(|e| e.into_inner());
+                if let Some(t) = tats.get_mut(key) {
+                    let d = Duration::from_micros(delta.unsigned_abs());
+                    *t = if delta < 0 {
+                        t.saturating_sub(d)
+                    } else {
+                        t.saturating_add(d)
+                    };
+                }
+            }
+            Self::Shared(store) => {
+                if let Err(e) = store.adjust_counter(key, delta).await {
+                    tracing::warn!(error = %e, key, "token limit: a settlement was lost (the estimate stays counted)");
+                }
+            }
+        }
+    }
+}
+
+/// A token limit's draw, settled when the call ends.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct TokenHold {
+    /// Where the limit is kept.
+    pub key: String,
+    /// Tokens drawn (the call's worst case).
+    pub tokens: u64,
+    /// What one token is worth there, µs.
+    pub per_token_micros: i64,
 }
 
 impl RateLimits {
@@ -178,6 +213,10 @@ mod tests {
         );
         assert_eq!(limits.check("b", g).await, RateVerdict::Pass, "per tenant");
         tokio::time::advance(Duration::from_secs(30)).await;
+        assert_eq!(limits.check("a", g).await, RateVerdict::Pass);
+        // A settlement gives time back.
+        assert!(matches!(limits.check("a", g).await, RateVerdict::Wait(_)));
+        limits.adjust("a", -30_000_000).await;
         assert_eq!(limits.check("a", g).await, RateVerdict::Pass);
     }
 

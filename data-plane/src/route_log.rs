@@ -179,6 +179,9 @@ pub(crate) struct RouteRecord {
     /// The tenant's concurrency slot, given back when the request ends.
     #[serde(skip)]
     pub concurrency_hold: Option<crate::rate_limit::ConcurrencyHold>,
+    /// The tenant's token-limit draw, settled when the request ends.
+    #[serde(skip)]
+    pub token_hold: Option<crate::rate_limit::TokenHold>,
     /// Config version that routed the request.
     pub config_version: Arc<str>,
 }

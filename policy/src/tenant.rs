@@ -91,6 +91,9 @@ pub struct Tenant {
     pub max_risk: Risk,
     /// Its request rate limit, if any.
     pub rate: Option<Gcra>,
+    /// Its token rate limit (input plus output tokens a minute), if any:
+    /// a [`Gcra`] whose unit is one token.
+    pub token_rate: Option<Gcra>,
     /// While the shared store cannot be reached, requests pass the rate
     /// limit (`true`, the default) or are refused.
     pub rate_fail_open: bool,
@@ -216,6 +219,20 @@ impl Gcra {
         Self {
             interval,
             tolerance: interval * (burst_of(limit) - 1),
+        }
+    }
+
+    /// This limit, for a request that uses `units` of it at once (a token
+    /// limit: its tokens). The request passes while the limit is not
+    /// overdrawn beyond its burst, and then draws all its units: a long
+    /// request may overdraw it once, and the next waits until that is
+    /// paid back. So no minute passes more than the limit, its burst and
+    /// one request.
+    pub fn times(&self, units: u64) -> Self {
+        let units = u32::try_from(units.max(1)).unwrap_or(u32::MAX);
+        Self {
+            interval: self.interval.saturating_mul(units),
+            tolerance: self.tolerance,
         }
     }
 
@@ -395,6 +412,7 @@ mod tests {
             routes: vec!["chat".into()],
             max_risk: Risk::Draft,
             rate: None,
+            token_rate: None,
             rate_fail_open: true,
             max_concurrent: None,
             budgets: Budgets::default(),
@@ -405,6 +423,7 @@ mod tests {
             routes: Vec::new(),
             max_risk: Risk::Read,
             rate: None,
+            token_rate: None,
             rate_fail_open: true,
             max_concurrent: None,
             budgets: Budgets::default(),

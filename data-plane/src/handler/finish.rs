@@ -73,6 +73,30 @@ pub(super) fn finish_record(
     if let Some(t) = &record.tenant {
         shared.metrics.tenant_request(t, outcome);
     }
+    if let Some(hold) = record.token_hold.take() {
+        // Settled to the tokens used: usage's count when the answer gave
+        // one; none when there was no answer (the draw given back);
+        // unknown otherwise (the worst case stays drawn).
+        let used = if outcome == Outcome::Replayed || !outcome.is_success() {
+            Some(0)
+        } else {
+            match (record.tokens_in, record.tokens_out) {
+                (None, None) => None,
+                (i, o) => Some(i.unwrap_or(0).saturating_add(o.unwrap_or(0))),
+            }
+        };
+        if let Some(used) = used {
+            let delta = (i64::try_from(used).unwrap_or(i64::MAX)
+                - i64::try_from(hold.tokens).unwrap_or(i64::MAX))
+            .saturating_mul(hold.per_token_micros);
+            let limits = Arc::clone(&shared.rate_limits);
+            if delta != 0 {
+                if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                    rt.spawn(async move { limits.adjust(&hold.key, delta).await });
+                }
+            }
+        }
+    }
     if let Some(slot) = record.concurrency_hold.take() {
         let shared_limits = Arc::clone(&shared.rate_limits);
         if let Ok(rt) = tokio::runtime::Handle::try_current() {

@@ -165,12 +165,47 @@ pub(crate) fn handle(
             if let Some(limit) = tenant.rate {
                 // Boxed: a store call's state stays out of every request's
                 // future.
-                match Box::pin(shared.rate_limits.check(&tenant.name, limit)).await {
+                let key = format!("rate:{}", tenant.name);
+                match Box::pin(shared.rate_limits.check(&key, limit)).await {
                     RateVerdict::Pass => {}
                     RateVerdict::Wait(retry_after) => {
                         return pending.reject(ProxyError::RateLimited {
                             tenant: tenant.name.clone(),
                             limit: "rate limit",
+                            retry_after,
+                        })
+                    }
+                    RateVerdict::StoreDown if tenant.rate_fail_open => {
+                        shared.metrics.store_error("rate_limit");
+                    }
+                    RateVerdict::StoreDown => {
+                        shared.metrics.store_error("rate_limit");
+                        return pending.reject(ProxyError::SharedStoreUnavailable);
+                    }
+                }
+            }
+            if let Some(limit) = tenant.token_rate {
+                // The call's worst case now, its actual tokens when it ends.
+                let max_tokens = peek
+                    .max_tokens
+                    .or(peek.max_completion_tokens)
+                    .or(peek.max_output_tokens)
+                    .unwrap_or(router_policy::tenant::DEFAULT_OUTPUT_CAP);
+                let tokens = (body.len() as u64).div_ceil(4).saturating_add(max_tokens);
+                let key = format!("tokens:{}", tenant.name);
+                match Box::pin(shared.rate_limits.check(&key, limit.times(tokens))).await {
+                    RateVerdict::Pass => {
+                        pending.rec().token_hold = Some(crate::rate_limit::TokenHold {
+                            key,
+                            tokens,
+                            per_token_micros: i64::try_from(limit.interval.as_micros())
+                                .unwrap_or(i64::MAX),
+                        });
+                    }
+                    RateVerdict::Wait(retry_after) => {
+                        return pending.reject(ProxyError::RateLimited {
+                            tenant: tenant.name.clone(),
+                            limit: "token limit",
                             retry_after,
                         })
                     }

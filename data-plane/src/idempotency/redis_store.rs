@@ -291,6 +291,18 @@ impl RedisStore {
         })
     }
 
+    /// Adds `delta` to the integer at `key` (a token limit's settlement).
+    pub(crate) async fn adjust_counter(&self, key: &str, delta: i64) -> Result<(), StoreError> {
+        let mut conn = self.conn().await?;
+        bounded(
+            redis::cmd("INCRBY")
+                .arg(format!("{}{key}", self.prefix))
+                .arg(delta)
+                .query_async::<()>(&mut conn),
+        )
+        .await
+    }
+
     /// Takes a slot of the set at `key` for `member` (see [`TAKE_SLOT`]).
     pub(crate) async fn take_slot(
         &self,

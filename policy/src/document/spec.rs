@@ -117,6 +117,11 @@ pub struct TenantLimitsSpec {
     /// pass) or `closed` (refused with 503 shared_store_unavailable).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub on_store_down: Option<StoreDown>,
+    /// Input plus output tokens per minute (fleet-wide with a shared
+    /// store, else per proxy); a call's worst case is counted before it is
+    /// sent, its actual tokens after.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens_per_minute: Option<u32>,
     /// Requests in flight at once (fleet-wide with a shared store, else
     /// per proxy).
     #[serde(default, skip_serializing_if = "Option::is_none")]

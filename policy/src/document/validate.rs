@@ -162,6 +162,12 @@ fn tenants(specs: &[TenantSpec], routes: &[Route], errs: &mut Errors) -> Option<
             );
         }
         let limits = t.limits.clone().unwrap_or_default();
+        if limits.tokens_per_minute == Some(0) {
+            errs.push(
+                format!("{at}.limits.tokens_per_minute"),
+                "must be at least 1 (leave it out for no limit)",
+            );
+        }
         if limits.concurrent_requests == Some(0) {
             errs.push(
                 format!("{at}.limits.concurrent_requests"),
@@ -184,6 +190,10 @@ fn tenants(specs: &[TenantSpec], routes: &[Route], errs: &mut Errors) -> Option<
                 .map(crate::tenant::Gcra::per_minute),
             rate_fail_open: limits.on_store_down != Some(super::StoreDown::Closed),
             max_concurrent: limits.concurrent_requests,
+            token_rate: limits
+                .tokens_per_minute
+                .filter(|n| *n > 0)
+                .map(crate::tenant::Gcra::per_minute),
             budgets: crate::tenant::Budgets {
                 per_day: budget(
                     limits.budget_usd_per_day,

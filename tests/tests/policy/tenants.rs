@@ -451,3 +451,49 @@ spec:
         "light tenant at {positions:?} of {order:?}"
     );
 }
+
+/// Tokens per minute: a call's worst case (prompt + max_tokens) is drawn
+/// before it is sent and settled to its usage after, so a call that asked
+/// for far more than it used does not lock the tenant out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_limit_draws_the_worst_case_and_settles_to_usage() {
+    let backend = mock("local", Behavior::Json).await;
+    let policy = format!(
+        r#"apiVersion: router/v1
+kind: RoutingPolicy
+spec:
+  pools:
+    - name: local
+      endpoints: ["{}"]
+  routes:
+    - name: chat
+      chain: [local]
+  tenants:
+    - name: team-a
+      keys: ["{}"]
+      limits: {{tokens_per_minute: 600}}
+"#,
+        backend.url(),
+        key_hash_text("rt_a")
+    );
+    let proxy = TestProxy::with_policy(Settings::default(), &policy).await;
+    // 600 a minute: 0.1 s a token, a burst of 30 tokens. Each call may use
+    // ~5,020 tokens (8 minutes' worth) and uses ~25 (the mock's usage).
+    let big = r#"{"model":"m","max_tokens":5000,"messages":[{"role":"user","content":"hi"}]}"#;
+    let settle = || tokio::time::sleep(std::time::Duration::from_millis(100));
+    assert_eq!(proxy.chat_with(&A, big).await.status, StatusCode::OK);
+    settle().await;
+    // Settled to ~25 tokens: the next call fits (unsettled, it would wait
+    // eight minutes).
+    assert_eq!(proxy.chat_with(&A, big).await.status, StatusCode::OK);
+    settle().await;
+    // Two calls' real tokens (~5 s) are past the burst: the third waits.
+    let r = proxy.chat_with(&A, big).await;
+    assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(r.error_type(), "rate_limited");
+    let message = r.json()["error"]["message"].as_str().unwrap().to_string();
+    assert!(message.contains("token limit"), "{message}");
+    let retry: u64 = r.header("retry-after").unwrap().parse().unwrap();
+    assert!((1..=5).contains(&retry), "{retry}");
+    assert_eq!(backend.stats().received, 2);
+}

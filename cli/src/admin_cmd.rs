@@ -287,6 +287,66 @@ pub async fn tenants_list(admin: &mut Admin, output: Output) -> ExitCode {
     ExitCode::SUCCESS
 }
 
+/// `routerctl tenants usage NAME`: the tenant's spend today and this
+/// month and its reservations in flight, as the proxies' shared store
+/// counts them (the control plane reads it), beside its budgets.
+pub async fn tenant_usage(admin: &mut Admin, tenant: &str, output: Output) -> ExitCode {
+    let usage = match admin
+        .tenant_usage(pb::TenantUsageRequest {
+            tenant: tenant.to_string(),
+        })
+        .await
+    {
+        Ok(r) => r.into_inner(),
+        Err(s) => return fail(explain_status(&s)),
+    };
+    let limits = match admin.get_policy(pb::GetPolicyRequest { version: 0 }).await {
+        Ok(r) => router_policy::document::PolicyDocument::parse(&r.into_inner().document)
+            .ok()
+            .and_then(|d| d.spec.tenants.into_iter().find(|t| t.name == tenant))
+            .and_then(|t| t.limits),
+        Err(s) => return fail(explain_status(&s)),
+    };
+    let usd = |micros: i64| micros as f64 / 1e6;
+    let v = json!({
+        "tenant": tenant,
+        "day": usage.day,
+        "month": usage.month,
+        "spent_today_usd": usd(usage.spent_today_micros),
+        "spent_month_usd": usd(usage.spent_month_micros),
+        "reserved_usd": usd(usage.reserved_micros),
+        "budget_usd_per_day": limits.as_ref().and_then(|l| l.budget_usd_per_day),
+        "budget_usd_per_month": limits.as_ref().and_then(|l| l.budget_usd_per_month),
+    });
+    match output {
+        Output::Table => {
+            let of = |b: &Value| match b.as_f64() {
+                Some(b) => format!(" of ${b:.6}"),
+                None => " (no budget)".into(),
+            };
+            println!("tenant {tenant:?}");
+            println!(
+                "  today ({}):      ${:.6}{}",
+                usage.day,
+                usd(usage.spent_today_micros),
+                of(&v["budget_usd_per_day"])
+            );
+            println!(
+                "  this month ({}):  ${:.6}{}",
+                usage.month,
+                usd(usage.spent_month_micros),
+                of(&v["budget_usd_per_month"])
+            );
+            println!(
+                "  reserved by calls in flight: ${:.6}",
+                usd(usage.reserved_micros)
+            );
+        }
+        _ => print_value(&v, output),
+    }
+    ExitCode::SUCCESS
+}
+
 /// Mints a key for `tenant`, applies its hash; the key and the new policy
 /// version.
 pub async fn add_tenant_key(admin: &mut Admin, tenant: &str) -> Result<(String, u64), String> {

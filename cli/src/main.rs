@@ -202,6 +202,12 @@ enum CircuitsCommand {
 enum TenantsCommand {
     /// The applied policy's tenants and their limits.
     List,
+    /// A tenant's spend today and this month, and its reservations in
+    /// flight (the control plane reads the proxies' shared store).
+    Usage {
+        /// The tenant's name.
+        name: String,
+    },
     /// Mint a key for a tenant of the applied policy, add its hash, and
     /// print the key once.
     AddKey {
@@ -420,6 +426,9 @@ async fn run(cli: Cli) -> ExitCode {
                 }
                 TenantsCommand::List => {
                     admin_cmd::tenants_list(&mut admin, g.printing.output).await
+                }
+                TenantsCommand::Usage { name } => {
+                    admin_cmd::tenant_usage(&mut admin, &name, g.printing.output).await
                 }
             }
         }

@@ -59,6 +59,9 @@ pub struct ControlPlaneOptions {
     pub guards: router_policy::Guards,
     /// Bounds on what proxies can make the control plane hold.
     pub limits: Limits,
+    /// The proxies' shared store (`redis://` or `rediss://`), where
+    /// tenants' spend is read for `routerctl tenants usage`.
+    pub shared_store: Option<String>,
 }
 
 impl Default for ControlPlaneOptions {
@@ -73,6 +76,7 @@ impl Default for ControlPlaneOptions {
             tls: None,
             limits: Limits::default(),
             guards: router_policy::Guards::default(),
+            shared_store: None,
         }
     }
 }
@@ -168,6 +172,9 @@ pub enum StartError {
     /// Proxy tokens without an operator token: nobody could administer it.
     #[error("proxy tokens (--proxy-token-file) need an operator token (--token-file) beside them")]
     ProxyTokensWithoutOperator,
+    /// `--shared-store` is not a Redis URL.
+    #[error("--shared-store: {0}")]
+    SharedStore(String),
 }
 
 /// Refuses an open API on a non-loopback address unless `insecure`, and
@@ -237,6 +244,13 @@ pub async fn start(options: ControlPlaneOptions) -> Result<RunningControlPlane, 
     } else if options.tls.is_none() && !options.listen.ip().is_loopback() {
         tracing::warn!(listen = %options.listen, "no TLS: bearer tokens cross the network in clear (--tls-cert/--tls-key, or a mesh)");
     }
+    let shared_store = match &options.shared_store {
+        None => None,
+        Some(url) => Some(
+            redis::Client::open(url.as_str())
+                .map_err(|e| StartError::SharedStore(e.to_string()))?,
+        ),
+    };
     let store: Box<dyn store::Store> = match &options.store {
         StoreLocation::Embedded(dir) => {
             Box::new(store::RedbStore::open(dir).map_err(hub::HubError::from)?)
@@ -280,6 +294,7 @@ pub async fn start(options: ControlPlaneOptions) -> Result<RunningControlPlane, 
         .add_service(tonic::service::interceptor::InterceptedService::new(
             AdminServer::new(AdminService {
                 hub: Arc::downgrade(&hub),
+                shared_store,
             })
             // Policy documents; answers (history) are not capped.
             .max_decoding_message_size(router_proto::MAX_MESSAGE_BYTES),

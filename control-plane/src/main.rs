@@ -83,6 +83,10 @@ struct Args {
     /// TLS private key (PEM).
     #[arg(long, requires = "tls_cert")]
     tls_key: Option<PathBuf>,
+    /// The proxies' shared store (redis://HOST:PORT or rediss://...), where
+    /// `routerctl tenants usage` reads tenants' spend.
+    #[arg(long, env = "ROUTER_SHARED_STORE", hide_env_values = true)]
+    shared_store: Option<String>,
 }
 
 fn main() -> ExitCode {
@@ -212,6 +216,7 @@ fn main() -> ExitCode {
             max_proxy_records: args.max_proxy_records.max(1),
         },
         guards,
+        shared_store: args.shared_store,
     };
     if let Err(e) = check_exposure(&options) {
         eprintln!("router-control-plane: {e}");

@@ -77,6 +77,8 @@ fn stream_node(role: &Role, hello_node: &str) -> Result<String, Status> {
 pub struct AdminService {
     /// Shared state.
     pub hub: Weak<Hub>,
+    /// The proxies' shared store, to read tenants' spend (`--shared-store`).
+    pub shared_store: Option<redis::Client>,
 }
 
 fn upgrade(hub: &Weak<Hub>) -> Result<Arc<Hub>, Status> {
@@ -268,6 +270,52 @@ impl Admin for AdminService {
                     circuit_reports_dropped: p.circuit_reports_dropped,
                 })
                 .collect(),
+        }))
+    }
+
+    async fn tenant_usage(
+        &self,
+        req: Request<pb::TenantUsageRequest>,
+    ) -> Result<Response<pb::TenantUsageResponse>, Status> {
+        let tenant = req.into_inner().tenant;
+        let Some(client) = &self.shared_store else {
+            return Err(Status::failed_precondition(
+                "tenants' spend lives in the proxies' shared store: start the control plane with --shared-store (ROUTER_SHARED_STORE) pointing at it",
+            ));
+        };
+        // Budgets are per UTC day and month: the wall clock is the point.
+        #[allow(clippy::disallowed_methods)]
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let (day, _, month, _) = router_policy::tenant::periods(now);
+        let mut conn = tokio::time::timeout(
+            std::time::Duration::from_secs(2),
+            client.get_multiplexed_async_connection(),
+        )
+        .await
+        .map_err(|_| Status::unavailable("the shared store did not answer within 2 s"))?
+        .map_err(|e| Status::unavailable(format!("the shared store: {e}")))?;
+        // The proxies' keys (`router:` prefix; `router_proxy::spend`).
+        let keys = [
+            format!("router:spend:{tenant}:{day}"),
+            format!("router:spend:{tenant}:{month}"),
+            format!("router:spend_pending:{tenant}:{day}"),
+        ];
+        let values: Vec<Option<i64>> =
+            redis::cmd("MGET")
+                .arg(&keys)
+                .query_async(&mut conn)
+                .await
+                .map_err(|e| Status::unavailable(format!("the shared store: {e}")))?;
+        let get = |i: usize| values.get(i).copied().flatten().unwrap_or(0);
+        let reserved = get(2).max(0);
+        Ok(Response::new(pb::TenantUsageResponse {
+            day,
+            month,
+            spent_today_micros: get(0) - reserved,
+            spent_month_micros: get(1) - reserved,
+            reserved_micros: reserved,
         }))
     }
 

@@ -52,8 +52,16 @@ pub(crate) enum SpendBudgets {
     Shared(Arc<RedisStore>),
 }
 
-fn counter(tenant: &str, period: &str) -> String {
+/// The key of a tenant's spend counter for a period (`router:` is the
+/// store's prefix): `spend:<tenant>:<YYYY-MM-DD or YYYY-MM>`.
+pub(crate) fn counter(tenant: &str, period: &str) -> String {
     format!("spend:{tenant}:{period}")
+}
+
+/// The key of a tenant's reservations in flight today:
+/// `spend_pending:<tenant>:<YYYY-MM-DD>`.
+pub(crate) fn pending_counter(tenant: &str, day: &str) -> String {
+    format!("spend_pending:{tenant}:{day}")
 }
 
 impl SpendBudgets {
@@ -72,6 +80,7 @@ impl SpendBudgets {
     ) -> Result<SpendHold, SpendRefusal> {
         let (day, day_end, month, month_end) = periods(unix_secs);
         let (day_key, month_key) = (counter(tenant, &day), counter(tenant, &month));
+        let pending_key = pending_counter(tenant, &day);
         let limit = |b: Option<u64>| b.map_or(-1, |v| i64::try_from(v).unwrap_or(i64::MAX));
         let (day_limit, month_limit) = (limit(budgets.per_day), limit(budgets.per_month));
         let amount = i64::try_from(micros).unwrap_or(i64::MAX);
@@ -80,7 +89,13 @@ impl SpendBudgets {
                 let mut c = counters.lock().unwrap_or_else(|e| e.into_inner());
                 // Only the current periods' counters of this tenant stay.
                 let prefix = format!("spend:{tenant}:");
-                c.retain(|k, _| !k.starts_with(&prefix) || *k == day_key || *k == month_key);
+                let pending_prefix = format!("spend_pending:{tenant}:");
+                c.retain(|k, _| {
+                    !(k.starts_with(&prefix) || k.starts_with(&pending_prefix))
+                        || *k == day_key
+                        || *k == month_key
+                        || *k == pending_key
+                });
                 let d = c.get(&day_key).copied().unwrap_or(0);
                 let m = c.get(&month_key).copied().unwrap_or(0);
                 if day_limit >= 0 && d + amount > day_limit {
@@ -90,6 +105,7 @@ impl SpendBudgets {
                 } else {
                     *c.entry(day_key.clone()).or_insert(0) += amount;
                     *c.entry(month_key.clone()).or_insert(0) += amount;
+                    *c.entry(pending_key.clone()).or_insert(0) += amount;
                     None
                 }
             }
@@ -97,7 +113,7 @@ impl SpendBudgets {
                 let ttl = |end: u64| (end.saturating_sub(unix_secs) + 86_400) * 1000;
                 match store
                     .reserve_spend(
-                        [&day_key, &month_key],
+                        [&day_key, &month_key, &pending_key],
                         amount,
                         [day_limit, month_limit],
                         [ttl(day_end), ttl(month_end)],
@@ -133,29 +149,27 @@ impl SpendBudgets {
     /// Settles a hold to `actual` micro-USD (`None`: keep the reservation,
     /// the cost is unknown; `Some(0)` for a call that got no answer).
     pub(crate) async fn settle(&self, hold: &SpendHold, actual: Option<u64>) {
-        let Some(actual) = actual else {
-            return;
-        };
-        let delta = i64::try_from(actual).unwrap_or(i64::MAX)
-            - i64::try_from(hold.micros).unwrap_or(i64::MAX);
-        if delta == 0 {
-            return;
-        }
+        // Unknown: the reservation stays counted as spent.
+        let actual = actual.unwrap_or(hold.micros);
+        let reserved = i64::try_from(hold.micros).unwrap_or(i64::MAX);
+        let delta = i64::try_from(actual).unwrap_or(i64::MAX) - reserved;
         let keys = [
             counter(&hold.tenant, &hold.day),
             counter(&hold.tenant, &hold.month),
+            pending_counter(&hold.tenant, &hold.day),
         ];
         match self {
             Self::Local(counters) => {
                 let mut c = counters.lock().unwrap_or_else(|e| e.into_inner());
-                for k in keys {
-                    if let Some(v) = c.get_mut(&k) {
-                        *v += delta;
+                for (k, by) in keys.iter().zip([delta, delta, -reserved]) {
+                    if let Some(v) = c.get_mut(k) {
+                        *v += by;
                     }
                 }
             }
             Self::Shared(store) => {
-                if let Err(e) = store.adjust_spend([&keys[0], &keys[1]], delta).await {
+                let keys = [keys[0].as_str(), keys[1].as_str(), keys[2].as_str()];
+                if let Err(e) = store.adjust_spend(keys, delta, reserved).await {
                     tracing::warn!(error = %e, tenant = &*hold.tenant, "spend budget: a settlement was lost (the reservation stays counted)");
                 }
             }

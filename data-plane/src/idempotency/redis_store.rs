@@ -70,8 +70,8 @@ return 0
 
 /// Reserves ARGV[1] on the counters KEYS[1] (day) and KEYS[2] (month)
 /// when both stay within their limits ARGV[2], ARGV[3] (-1: none), with
-/// TTLs ARGV[4], ARGV[5] ms: `{1}` when reserved, else `{0, left, which}`
-/// (1 the day, 2 the month).
+/// TTLs ARGV[4], ARGV[5] ms, and counts it in flight on KEYS[3]: `{1}`
+/// when reserved, else `{0, left, which}` (1 the day, 2 the month).
 const RESERVE: &str = r"
 local d = tonumber(redis.call('GET', KEYS[1]) or '0')
 local m = tonumber(redis.call('GET', KEYS[2]) or '0')
@@ -84,6 +84,8 @@ redis.call('INCRBY', KEYS[1], a)
 redis.call('PEXPIRE', KEYS[1], ARGV[4])
 redis.call('INCRBY', KEYS[2], a)
 redis.call('PEXPIRE', KEYS[2], ARGV[5])
+redis.call('INCRBY', KEYS[3], a)
+redis.call('PEXPIRE', KEYS[3], ARGV[4])
 return {1}
 ";
 
@@ -262,7 +264,7 @@ impl RedisStore {
     /// [`RESERVE`].
     pub(crate) async fn reserve_spend(
         &self,
-        keys: [&str; 2],
+        keys: [&str; 3],
         amount: i64,
         limits: [i64; 2],
         ttls_ms: [u64; 2],
@@ -272,6 +274,7 @@ impl RedisStore {
             self.reserve
                 .key(format!("{}{}", self.prefix, keys[0]))
                 .key(format!("{}{}", self.prefix, keys[1]))
+                .key(format!("{}{}", self.prefix, keys[2]))
                 .arg(amount)
                 .arg(limits[0])
                 .arg(limits[1])
@@ -336,14 +339,22 @@ impl RedisStore {
         .await
     }
 
-    /// Adds `delta` to both counters (a settlement), in one transaction.
-    pub(crate) async fn adjust_spend(&self, keys: [&str; 2], delta: i64) -> Result<(), StoreError> {
+    /// Adds `delta` to both counters and takes `reserved` off the
+    /// in-flight one (a settlement), in one transaction.
+    pub(crate) async fn adjust_spend(
+        &self,
+        keys: [&str; 3],
+        delta: i64,
+        reserved: i64,
+    ) -> Result<(), StoreError> {
         let mut conn = self.conn().await?;
         let mut pipe = redis::pipe();
         pipe.atomic()
             .incr(format!("{}{}", self.prefix, keys[0]), delta)
             .ignore()
             .incr(format!("{}{}", self.prefix, keys[1]), delta)
+            .ignore()
+            .incr(format!("{}{}", self.prefix, keys[2]), -reserved)
             .ignore();
         bounded(pipe.query_async::<()>(&mut conn)).await
     }

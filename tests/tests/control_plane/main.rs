@@ -881,3 +881,87 @@ async fn a_tenant_key_added_by_routerctl_is_stored_as_a_hash_and_opens_the_proxy
     assert!(e.contains("no tenant \"nobody\""), "{e}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `routerctl tenants usage`: the control plane reads a tenant's spend
+/// from the store the proxies share (settled spend, reservations in
+/// flight); without `--shared-store` it says where the spend lives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tenant_usage_is_read_from_the_proxies_shared_store() {
+    let redis = router_tests::redis::RedisServer::start("usage").await;
+    let backend = mock("local", Behavior::Json).await;
+    let dir = temp("usage");
+    let cp = start(ControlPlaneOptions {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        store: router_control_plane::StoreLocation::Embedded(dir.clone()),
+        token: Some(TOKEN.into()),
+        shared_store: Some(redis.url()),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let body = r#"{"model":"m","max_tokens":5,"messages":[]}"#;
+    let call = (body.len() as i64 + 3) / 4 * 1000 + 5 * 1000;
+    let policy = format!(
+        "apiVersion: router/v1\nkind: RoutingPolicy\nspec:\n  pools:\n    - name: local\n      endpoints: [\"{}\"]\n      price: {{input_per_1k_usd: 1.0, output_per_1k_usd: 1.0}}\n  routes:\n    - name: default\n      chain: [local]\n  tenants:\n    - name: team-a\n      keys: [\"{}\"]\n      limits: {{budget_usd_per_day: 10}}\n",
+        backend.url(),
+        router_policy::tenant::key_hash_text("rt_a")
+    );
+    let mut operator = admin(cp.local_addr(), Some(TOKEN)).await;
+    operator
+        .apply_policy(pb::ApplyPolicyRequest {
+            document: policy,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let settings = Settings {
+        shared_store: Some(router_proxy::SharedStore::new(&redis.url()).unwrap()),
+        ..Settings::default()
+    };
+    let proxy = TestProxy::start(
+        settings,
+        managed(format!("http://{}", cp.local_addr()), Some(TOKEN), "u1"),
+    )
+    .await;
+    wait_version(&proxy, "cp-1").await;
+    eventually(WAIT_AT_MOST, "store connected", || {
+        proxy.proxy.shared_store_connected()
+    })
+    .await;
+    let r = proxy
+        .chat_with(&[("authorization", "Bearer rt_a")], body)
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    let mut usage = pb::TenantUsageResponse::default();
+    for _ in 0..100 {
+        usage = operator
+            .tenant_usage(pb::TenantUsageRequest {
+                tenant: "team-a".into(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        if usage.reserved_micros == 0 && usage.spent_today_micros > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(usage.spent_today_micros, call, "{usage:?}");
+    assert_eq!(usage.spent_month_micros, call, "{usage:?}");
+    assert_eq!(usage.reserved_micros, 0);
+
+    // A control plane without the store says where the spend lives.
+    let dir2 = temp("usage-none");
+    let bare = control_plane(&dir2, "127.0.0.1:0".parse().unwrap()).await;
+    let mut other = admin(bare.local_addr(), Some(TOKEN)).await;
+    let e = other
+        .tenant_usage(pb::TenantUsageRequest {
+            tenant: "team-a".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::FailedPrecondition);
+    assert!(e.message().contains("--shared-store"), "{}", e.message());
+    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(&dir2);
+}

@@ -497,3 +497,34 @@ spec:
     assert!((1..=5).contains(&retry), "{retry}");
     assert_eq!(backend.stats().received, 2);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_store_down_a_budget_fails_closed_unless_told_otherwise() {
+    let backend = mock("local", Behavior::Json).await;
+    let closed_port = router_tests::server_process::free_port();
+    let settings = || Settings {
+        shared_store: Some(
+            router_proxy::SharedStore::new(&format!("redis://127.0.0.1:{closed_port}")).unwrap(),
+        ),
+        ..Settings::default()
+    };
+    let policy = |extra: &str| {
+        format!(
+            "apiVersion: router/v1\nkind: RoutingPolicy\nspec:\n  pools:\n    - name: local\n      endpoints: [\"{}\"]\n  routes:\n    - name: chat\n      chain: [local]\n  tenants:\n    - name: team-a\n      keys: [\"{}\"]\n      limits: {{budget_usd_per_day: 10{extra}}}\n",
+            backend.url(),
+            key_hash_text("rt_a")
+        )
+    };
+    let closed = TestProxy::with_policy(settings(), &policy("")).await;
+    let r = closed.chat_with(&A, CHAT).await;
+    assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(r.error_type(), "shared_store_unavailable");
+    let open = TestProxy::with_policy(settings(), &policy(", budget_on_store_down: open")).await;
+    assert_eq!(open.chat_with(&A, CHAT).await.status, StatusCode::OK);
+    assert_eq!(backend.stats().received, 1);
+    let m = open.metrics().await;
+    assert!(
+        m.contains(r#"router_shared_store_errors_total{op="spend"} 1"#),
+        "{m}"
+    );
+}

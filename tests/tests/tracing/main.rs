@@ -247,7 +247,8 @@ spec:
     let _ = std::fs::remove_dir_all(&dir);
 
     // A hedged stream: one trace, the hedge's events on the server span,
-    // the stream's usage (asked for by the router) on it too.
+    // the stream's usage (asked for by the router) and the tenant on it
+    // too.
     let stream_trace = "5bf92f3577b34da6a3ce929d0e0e4737";
     let script = |first_token_ms| router_mock::StreamScript {
         first_token: Duration::from_millis(first_token_ms),
@@ -258,7 +259,7 @@ spec:
     let slow = router_tests::mocks::mock_stream("slow", script(3000)).await;
     let fast = router_tests::mocks::mock_stream("fast", script(0)).await;
     let hedged = format!(
-        "apiVersion: router/v1\nkind: RoutingPolicy\nspec:\n  pools:\n    - name: slow\n      endpoints: [\"{}\"]\n    - name: fast\n      endpoints: [\"{}\"]\n  routes:\n    - name: default\n      chain: [slow, fast]\n      hedge: {{after_ms: 100}}\n",
+        "apiVersion: router/v1\nkind: RoutingPolicy\nspec:\n  pools:\n    - name: slow\n      endpoints: [\"{}\"]\n    - name: fast\n      endpoints: [\"{}\"]\n  routes:\n    - name: default\n      chain: [slow, fast]\n      hedge: {{after_ms: 100}}\n  tenants:\n    - name: team-t\n      anonymous: true\n",
         slow.url(),
         fast.url()
     );
@@ -284,6 +285,7 @@ spec:
     assert!(events.contains(&"hedge_started"), "{events:?}");
     assert!(events.contains(&"hedge_won"), "{events:?}");
     assert_eq!(attr(server, "router.outcome").as_deref(), Some("ok"));
+    assert_eq!(attr(server, "router.tenant").as_deref(), Some("team-t"));
     assert_eq!(
         attr(server, "gen_ai.usage.output_tokens").as_deref(),
         Some("2")

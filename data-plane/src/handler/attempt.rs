@@ -52,9 +52,9 @@ pub(super) struct Attempt<'a> {
     /// A hedged attempt tells here how far it got (so that it can be
     /// recorded and sampled if it is cancelled).
     pub(super) progress: Option<&'a AttemptProgress>,
-    /// Take an endpoint other than this one, at once or not at all (a
-    /// hedge inside the same pool).
-    pub(super) avoid: Option<u64>,
+    /// Take an endpoint none of these, at once or not at all (a hedge or
+    /// a retry inside the same pool).
+    pub(super) avoid: Option<&'a [u64]>,
 }
 
 /// How far an attempt got: its lease, once it has one.
@@ -161,8 +161,8 @@ impl Exchange {
             };
             let acquired = match avoid {
                 None => pool.acquire_at(deadline, now, shape).await,
-                Some(id) => pool
-                    .try_acquire_avoiding(id, now, shape)
+                Some(ids) => pool
+                    .try_acquire_avoiding(ids, now, shape)
                     .ok_or(Shed::NoBackend),
             };
             let lease = match acquired {

@@ -44,7 +44,7 @@ use crate::config::Snapshot;
 use crate::error::ProxyError;
 use crate::forward::UpstreamClient;
 use crate::idempotency::{KeyLease, StoredAnswer};
-use crate::pool::Shed;
+use crate::pool::{PoolRuntime, Shed};
 use crate::route_log::AttemptRecord;
 use crate::Shared;
 
@@ -114,7 +114,7 @@ impl Exchange {
             // A pool the hedge already tried is not tried again.
             let mut hedged_into: Option<&str> = None;
 
-            for (i, k) in candidates.iter().enumerate() {
+            'walk: for (i, k) in candidates.iter().enumerate() {
                 let Some(pool) = pool_at(k) else {
                     continue;
                 };
@@ -163,198 +163,240 @@ impl Exchange {
                         timeout.or(Some(self.shared.settings.attempt_timeout))
                     }
                 };
-                // A new attempt: the failure answer kept so far is dropped
-                // (its upstream connection closes).
-                held = None;
-                attempted += 1;
-                if attempted == 1 {
-                    pending.rec().first_route = Some(Arc::clone(pool.shared_name()));
-                }
-                // The client's headers go to the last attempt there can be as
-                // they are; earlier ones send a copy.
-                let last_chance = !route.fallback || later().next().is_none();
-                let headers = if last_chance {
-                    std::mem::take(&mut self.headers)
-                } else {
-                    self.headers.clone()
-                };
-                // The first attempt of a READ or DRAFT request on a route
-                // that hedges: the second attempt's delay and pool.
-                let hedge = match (route.hedge, retry_budget) {
-                    (Some(h), Some(b)) if attempted == 1 && !self.risk.has_side_effects() => {
-                        let after = match h.after {
-                            HedgeDelay::Fixed(d) => Some(d),
-                            HedgeDelay::PoolP95 => outlook.p95,
-                        };
-                        let to = match h.to {
-                            HedgeTarget::SamePool => Some(pool),
-                            HedgeTarget::NextPool => {
-                                later().find(|p| p.ready_outlook_at(now).is_ok())
-                            }
-                        };
-                        after.zip(to).map(|(after, to)| super::hedge::Hedge {
-                            after,
-                            to,
-                            same_pool: h.to == HedgeTarget::SamePool,
-                            budget: b,
-                        })
+                // Attempts on this pool: the first, then retries on its other
+                // endpoints (`tried` holds the endpoints that failed).
+                let mut tried: Vec<u64> = Vec::new();
+                let mut attempt_now = now;
+                loop {
+                    // A new attempt: the failure answer kept so far is dropped
+                    // (its upstream connection closes).
+                    held = None;
+                    attempted += 1;
+                    if attempted == 1 {
+                        pending.rec().first_route = Some(Arc::clone(pool.shared_name()));
                     }
-                    _ => None,
-                };
-                let attempt = Attempt {
-                    pool,
-                    planned_at: now,
-                    deadline: timeout.map(|t| crate::clock::later(now, t, crate::clock::A_YEAR)),
-                    timeout,
-                    headers,
-                    first_token: policy_pool
-                        .and_then(|p| p.first_token_timeout)
-                        .or(route.first_token_timeout),
-                    stall: policy_pool
-                        .and_then(|p| p.stall_timeout)
-                        .or(route.stall_timeout),
-                    progress: None,
-                    avoid: None,
-                };
-                let end = match hedge {
-                    None => self.attempt(attempt).await,
-                    Some(h) => {
-                        let hedge_pool = h.to.name();
-                        let (end, other_pool) =
-                            self.hedged(attempt, h, &mut pending, &mut attempted).await;
-                        if other_pool {
-                            hedged_into = Some(hedge_pool);
+                    // The client's headers go to the last attempt there can be as
+                    // they are; earlier ones send a copy.
+                    let more_in_pool =
+                        policy_pool.map_or(0, |p| p.endpoints.len()) > tried.len() + 1;
+                    let last_chance =
+                        (!route.fallback || later().next().is_none()) && !more_in_pool;
+                    let headers = if last_chance {
+                        std::mem::take(&mut self.headers)
+                    } else {
+                        self.headers.clone()
+                    };
+                    // The first attempt of a READ or DRAFT request on a route
+                    // that hedges: the second attempt's delay and pool.
+                    let hedge = match (route.hedge, retry_budget) {
+                        (Some(h), Some(b)) if attempted == 1 && !self.risk.has_side_effects() => {
+                            let after = match h.after {
+                                HedgeDelay::Fixed(d) => Some(d),
+                                HedgeDelay::PoolP95 => outlook.p95,
+                            };
+                            let to = match h.to {
+                                HedgeTarget::SamePool => Some(pool),
+                                HedgeTarget::NextPool => {
+                                    later().find(|p| p.ready_outlook_at(now).is_ok())
+                                }
+                            };
+                            after.zip(to).map(|(after, to)| super::hedge::Hedge {
+                                after,
+                                to,
+                                same_pool: h.to == HedgeTarget::SamePool,
+                                budget: b,
+                            })
                         }
-                        end
-                    }
-                };
-                let (outcome, failure) = match end {
-                    AttemptEnd::Stream {
-                        resp,
-                        lease,
-                        started,
-                        record,
-                        watch,
-                    } => {
-                        // The answering pool (a hedge's may be another).
-                        let by = Arc::clone(lease.pool_name());
-                        pending.note_attempt(record, attempted);
-                        pending.rec().reason = reason(std::mem::take(&mut decided), &by, &notes);
-                        let keyed = leader.take().map(|l| (l, route.finish_on_client_gone));
-                        let price = self.snapshot.policy.pool(&by).map(|p| p.price);
-                        return pending.commit_stream(
+                        _ => None,
+                    };
+                    let attempt = Attempt {
+                        pool,
+                        planned_at: attempt_now,
+                        deadline: attempt_deadline(attempt_now, timeout, self.deadline_at),
+                        timeout,
+                        headers,
+                        first_token: policy_pool
+                            .and_then(|p| p.first_token_timeout)
+                            .or(route.first_token_timeout),
+                        stall: policy_pool
+                            .and_then(|p| p.stall_timeout)
+                            .or(route.stall_timeout),
+                        progress: None,
+                        avoid: (!tried.is_empty()).then_some(&tried[..]),
+                    };
+                    let hedging = hedge.is_some();
+                    let end = match hedge {
+                        None => self.attempt(attempt).await,
+                        Some(h) => {
+                            let hedge_pool = h.to.name();
+                            let (end, other_pool) =
+                                self.hedged(attempt, h, &mut pending, &mut attempted).await;
+                            if other_pool {
+                                hedged_into = Some(hedge_pool);
+                            }
+                            end
+                        }
+                    };
+                    let mut backend_failed = false;
+                    let (outcome, failure) = match end {
+                        AttemptEnd::Stream {
                             resp,
                             lease,
                             started,
-                            self.deadline_at,
-                            attempted,
-                            keyed,
+                            record,
                             watch,
-                            price,
-                        );
-                    }
-                    AttemptEnd::Whole { head, body, record } => {
-                        let outcome = record.outcome;
-                        // The answering pool (a hedge's may be another).
-                        let by = pools.get(&*record.pool).unwrap_or(pool);
-                        pending.note_attempt(record, attempted);
-                        pending.rec().reason =
-                            reason(std::mem::take(&mut decided), by.name(), &notes);
-                        let route = by.route_header().cloned();
-                        let summary = leader.as_ref().map(|_| super::route_summary(pending.rec()));
-                        let resp =
-                            pending.commit_whole(head, body, by.shared_name(), route, attempted);
-                        if let Some(l) = leader.take() {
-                            settle_whole(l, &resp, outcome, summary).await;
-                        }
-                        return super::full(resp);
-                    }
-                    AttemptEnd::Failed {
-                        record,
-                        held: answer,
-                    } => {
-                        let outcome = record.outcome;
-                        notes.push(format!("{name}: {outcome}"));
-                        pending.note_attempt(record.clone(), attempted);
-                        let error = match answer {
-                            Some(h) => {
-                                held = Some((h, record));
-                                None
-                            }
-                            None if outcome == Outcome::Timeout => {
-                                Some(ProxyError::DeadlineExhausted {
-                                    detail: format!(
-                                        "{name}: no answer within {} ms",
-                                        record.latency_ms.round()
-                                    ),
-                                })
-                            }
-                            // The pool, not the endpoint: the client
-                            // is not told internal addresses (the route
-                            // log's attempt has the endpoint).
-                            None => Some(ProxyError::Upstream {
-                                pool: name.to_string(),
-                                detail: outcome.as_str().replace('_', " "),
-                            }),
-                        };
-                        (outcome, error)
-                    }
-                    AttemptEnd::Shed(shed) => {
-                        let err = shed_error(shed, name, now);
-                        notes.push(format!("{name}: {}", err.kind()));
-                        pending.rec().queue_wait_ms = super::ms(now.elapsed());
-                        pending.pool = Some(Arc::clone(pool.shared_name()));
-                        (err.outcome(), Some(err))
-                    }
-                };
-                if failure.is_some() {
-                    last_error = failure;
-                }
-                let time_left = self
-                    .deadline_at
-                    .map(|d| d.saturating_duration_since(Instant::now()));
-                match next_step(route, self.risk, outcome, time_left) {
-                    // A retry (the failed attempt may have cost a backend
-                    // work) draws on the route's budget; a shed does not.
-                    Step::NextPool
-                        if outcome.may_have_reached_backend()
-                            && later().next().is_some()
-                            && retry_budget.as_ref().is_some_and(|b| !b.withdraw()) =>
-                    {
-                        notes.push(format!("stopped: {}", StopReason::RetryBudgetExhausted));
-                        pending.rec().stopped = Some("retry_budget_exhausted");
-                        self.shared
-                            .metrics
-                            .stream_event(name, "retry_budget_exhausted");
-                        if let Some(cx) = &self.otel {
-                            cx.span().add_event(
-                                "retry_budget_exhausted",
-                                vec![KeyValue::new("router.pool", name.to_string())],
+                        } => {
+                            // The answering pool (a hedge's may be another).
+                            let by = Arc::clone(lease.pool_name());
+                            pending.note_attempt(record, attempted);
+                            pending.rec().reason =
+                                reason(std::mem::take(&mut decided), &by, &notes);
+                            let keyed = leader.take().map(|l| (l, route.finish_on_client_gone));
+                            let price = self.snapshot.policy.pool(&by).map(|p| p.price);
+                            return pending.commit_stream(
+                                resp,
+                                lease,
+                                started,
+                                self.deadline_at,
+                                attempted,
+                                keyed,
+                                watch,
+                                price,
                             );
                         }
-                        break;
-                    }
-                    Step::NextPool => {
-                        if let Some(cx) = &self.otel {
-                            cx.span().add_event(
-                                "fallback",
-                                vec![
-                                    KeyValue::new("router.pool", name.to_string()),
-                                    KeyValue::new("router.outcome", outcome.as_str()),
-                                ],
+                        AttemptEnd::Whole { head, body, record } => {
+                            let outcome = record.outcome;
+                            // The answering pool (a hedge's may be another).
+                            let by = pools.get(&*record.pool).unwrap_or(pool);
+                            pending.note_attempt(record, attempted);
+                            pending.rec().reason =
+                                reason(std::mem::take(&mut decided), by.name(), &notes);
+                            let route = by.route_header().cloned();
+                            let summary =
+                                leader.as_ref().map(|_| super::route_summary(pending.rec()));
+                            let resp = pending.commit_whole(
+                                head,
+                                body,
+                                by.shared_name(),
+                                route,
+                                attempted,
                             );
+                            if let Some(l) = leader.take() {
+                                settle_whole(l, &resp, outcome, summary).await;
+                            }
+                            return super::full(resp);
                         }
-                    }
-                    Step::Stop(why) => {
-                        // The walk ends here; say why unless it is plain
-                        // (nothing after, or fallback off).
-                        if later().next().is_some() && route.fallback {
-                            notes.push(format!("stopped: {why}"));
+                        AttemptEnd::Failed {
+                            record,
+                            held: answer,
+                        } => {
+                            let outcome = record.outcome;
+                            backend_failed = true;
+                            notes.push(format!("{name}: {outcome}"));
+                            pending.note_attempt(record.clone(), attempted);
+                            let error = match answer {
+                                Some(h) => {
+                                    held = Some((h, record));
+                                    None
+                                }
+                                None if outcome == Outcome::Timeout => {
+                                    Some(ProxyError::DeadlineExhausted {
+                                        detail: format!(
+                                            "{name}: no answer within {} ms",
+                                            record.latency_ms.round()
+                                        ),
+                                    })
+                                }
+                                // The pool, not the endpoint: the client
+                                // is not told internal addresses (the route
+                                // log's attempt has the endpoint).
+                                None => Some(ProxyError::Upstream {
+                                    pool: name.to_string(),
+                                    detail: outcome.as_str().replace('_', " "),
+                                }),
+                            };
+                            (outcome, error)
                         }
-                        break;
+                        AttemptEnd::Shed(shed) => {
+                            let err = shed_error(shed, name, now);
+                            notes.push(format!("{name}: {}", err.kind()));
+                            pending.rec().queue_wait_ms = super::ms(now.elapsed());
+                            pending.pool = Some(Arc::clone(pool.shared_name()));
+                            (err.outcome(), Some(err))
+                        }
+                    };
+                    if failure.is_some() {
+                        last_error = failure;
                     }
-                    // A failed attempt is never an answer.
-                    Step::Answer => break,
+                    let time_left = self
+                        .deadline_at
+                        .map(|d| d.saturating_duration_since(Instant::now()));
+                    match next_step(route, self.risk, outcome, time_left) {
+                        // A retry (the failed attempt may have cost a backend
+                        // work) draws on the route's budget; a shed does not.
+                        // Retry inside the pool first: another endpoint,
+                        // at once, inside the deadline and the budget.
+                        Step::NextPool
+                            if backend_failed
+                                && !hedging
+                                && self.retry_in_pool(pool, &pending, &mut tried) =>
+                        {
+                            let reached = outcome.may_have_reached_backend();
+                            if reached && retry_budget.is_some_and(|b| !b.withdraw()) {
+                                notes
+                                    .push(format!("stopped: {}", StopReason::RetryBudgetExhausted));
+                                pending.rec().stopped = Some("retry_budget_exhausted");
+                                self.shared
+                                    .metrics
+                                    .stream_event(name, "retry_budget_exhausted");
+                                break 'walk;
+                            }
+                            notes.push(format!("{name}: retried on another endpoint"));
+                            attempt_now = Instant::now();
+                            continue;
+                        }
+                        Step::NextPool
+                            if outcome.may_have_reached_backend()
+                                && later().next().is_some()
+                                && retry_budget.as_ref().is_some_and(|b| !b.withdraw()) =>
+                        {
+                            notes.push(format!("stopped: {}", StopReason::RetryBudgetExhausted));
+                            pending.rec().stopped = Some("retry_budget_exhausted");
+                            self.shared
+                                .metrics
+                                .stream_event(name, "retry_budget_exhausted");
+                            if let Some(cx) = &self.otel {
+                                cx.span().add_event(
+                                    "retry_budget_exhausted",
+                                    vec![KeyValue::new("router.pool", name.to_string())],
+                                );
+                            }
+                            break 'walk;
+                        }
+                        Step::NextPool => {
+                            if let Some(cx) = &self.otel {
+                                cx.span().add_event(
+                                    "fallback",
+                                    vec![
+                                        KeyValue::new("router.pool", name.to_string()),
+                                        KeyValue::new("router.outcome", outcome.as_str()),
+                                    ],
+                                );
+                            }
+                        }
+                        Step::Stop(why) => {
+                            // The walk ends here; say why unless it is plain
+                            // (nothing after, or fallback off).
+                            if later().next().is_some() && route.fallback {
+                                notes.push(format!("stopped: {why}"));
+                            }
+                            break 'walk;
+                        }
+                        // A failed attempt is never an answer.
+                        Step::Answer => break 'walk,
+                    }
+                    // On to the next pool.
+                    break;
                 }
             }
 
@@ -420,6 +462,40 @@ impl Exchange {
             };
             pending.reject(err)
         }
+    }
+}
+
+/// An attempt's deadline: `timeout` from `now`, never past the request's
+/// own deadline (a retry inside a pool has less time than the first).
+fn attempt_deadline(
+    now: Instant,
+    timeout: Option<std::time::Duration>,
+    request_deadline: Option<Instant>,
+) -> Option<Instant> {
+    let own = timeout.map(|t| crate::clock::later(now, t, crate::clock::A_YEAR));
+    match (own, request_deadline) {
+        (Some(a), Some(d)) => Some(a.min(d)),
+        (a, d) => a.or(d),
+    }
+}
+
+impl Exchange {
+    /// Whether the attempt that just failed on `pool` can be retried on
+    /// another of its endpoints now: the failed endpoint joins `tried`,
+    /// and one of the others must be ready at once (a retry never queues)
+    /// with time left.
+    fn retry_in_pool(&self, pool: &PoolRuntime, pending: &Pending, tried: &mut Vec<u64>) -> bool {
+        let failed = pending
+            .record_ref()
+            .and_then(|r| r.attempts.last())
+            .and_then(|a| pool.endpoint_id(&a.endpoint));
+        let Some(id) = failed else {
+            return false;
+        };
+        tried.push(id);
+        let now = Instant::now();
+        let time_left = self.deadline_at.is_none_or(|d| d > now);
+        time_left && pool.other_endpoint_ready(tried, now)
     }
 }
 

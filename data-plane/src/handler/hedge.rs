@@ -161,10 +161,9 @@ impl Exchange {
             }
             return (primary.await, false);
         }
-        let avoid = hedge
-            .same_pool
-            // Still queued: any endpoint but none (no id is u64::MAX).
-            .then(|| p1.get().map_or(u64::MAX, |l| l.handle.id()));
+        // Still queued: any endpoint but none (no id is u64::MAX).
+        let avoid_ids = [p1.get().map_or(u64::MAX, |l| l.handle.id())];
+        let avoid = hedge.same_pool.then_some(&avoid_ids[..]);
         self.shared
             .metrics
             .stream_event(hedge.to.name(), "hedge_started");

@@ -79,6 +79,32 @@ pub(super) struct Waiter {
     pub(super) tx: oneshot::Sender<Result<Lease, Shed>>,
 }
 
+impl PoolRuntime {
+    /// The id of the endpoint at `addr`, if the pool has it.
+    pub(crate) fn endpoint_id(&self, addr: &str) -> Option<u64> {
+        self.lock()
+            .endpoints
+            .iter()
+            .find(|e| *e.addr == *addr)
+            .map(|e| e.id)
+    }
+
+    /// Whether an endpoint none of `avoid` could take a request now (a
+    /// retry inside the pool), without taking it.
+    pub(crate) fn other_endpoint_ready(&self, avoid: &[u64], now: Instant) -> bool {
+        let mut st = self.lock();
+        if st.closed || !st.queue.is_empty() {
+            return false;
+        }
+        st.fill_loads(now);
+        let mut any = false;
+        for (load, e) in st.loads.iter().zip(&st.endpoints) {
+            any |= load.available && !avoid.contains(&e.id);
+        }
+        any
+    }
+}
+
 impl Waiter {
     /// Its request's tenant, if any.
     pub(super) fn tenant(&self) -> Option<u64> {
@@ -187,12 +213,12 @@ impl PoolRuntime {
     }
 
     /// Picks an eligible endpoint and charges it one request.
-    /// A lease on an endpoint other than `avoid`, at once or not at all
+    /// A lease on an endpoint none of `avoid`, at once or not at all
     /// (the second attempt of a request hedged inside its pool: it never
     /// queues, and never jumps a queue).
     pub(crate) fn try_acquire_avoiding(
         self: &Arc<Self>,
-        avoid: u64,
+        avoid: &[u64],
         now: Instant,
         shape: RequestShape,
     ) -> Option<Lease> {
@@ -200,7 +226,7 @@ impl PoolRuntime {
         if st.closed || !st.queue.is_empty() {
             return None;
         }
-        let lease = self.try_grant_avoiding(&mut st, now, now, shape, Some(avoid))?;
+        let lease = self.try_grant_avoiding(&mut st, now, now, shape, avoid)?;
         self.counters.dispatched.inc();
         Some(lease)
     }
@@ -212,7 +238,7 @@ impl PoolRuntime {
         now: Instant,
         shape: RequestShape,
     ) -> Option<Lease> {
-        self.try_grant_avoiding(st, enqueued_at, now, shape, None)
+        self.try_grant_avoiding(st, enqueued_at, now, shape, &[])
     }
 
     fn try_grant_avoiding(
@@ -221,12 +247,12 @@ impl PoolRuntime {
         enqueued_at: Instant,
         now: Instant,
         shape: RequestShape,
-        avoid: Option<u64>,
+        avoid: &[u64],
     ) -> Option<Lease> {
         st.fill_loads(now);
-        if let Some(avoid) = avoid {
+        if !avoid.is_empty() {
             for (load, e) in st.loads.iter_mut().zip(&st.endpoints) {
-                if e.id == avoid {
+                if avoid.contains(&e.id) {
                     load.available = false;
                 }
             }

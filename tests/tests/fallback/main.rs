@@ -8,6 +8,7 @@ mod deadline;
 mod drill;
 mod hedging;
 mod idempotency;
+mod in_pool;
 mod shared_store;
 mod streams;
 

@@ -166,22 +166,9 @@ pub(crate) fn handle(
                 // Boxed: a store call's state stays out of every request's
                 // future.
                 let key = format!("rate:{}", tenant.name);
-                match Box::pin(shared.rate_limits.check(&key, limit)).await {
-                    RateVerdict::Pass => {}
-                    RateVerdict::Wait(retry_after) => {
-                        return pending.reject(ProxyError::RateLimited {
-                            tenant: tenant.name.clone(),
-                            limit: "rate limit",
-                            retry_after,
-                        })
-                    }
-                    RateVerdict::StoreDown if tenant.rate_fail_open => {
-                        shared.metrics.store_error("rate_limit");
-                    }
-                    RateVerdict::StoreDown => {
-                        shared.metrics.store_error("rate_limit");
-                        return pending.reject(ProxyError::SharedStoreUnavailable);
-                    }
+                let verdict = Box::pin(shared.rate_limits.check(&key, limit)).await;
+                if let Err(e) = limit_verdict(&shared, tenant, verdict, "rate limit") {
+                    return pending.reject(e);
                 }
             }
             if let Some(limit) = tenant.token_rate {
@@ -193,8 +180,10 @@ pub(crate) fn handle(
                     .unwrap_or(router_policy::tenant::DEFAULT_OUTPUT_CAP);
                 let tokens = (body.len() as u64).div_ceil(4).saturating_add(max_tokens);
                 let key = format!("tokens:{}", tenant.name);
-                match Box::pin(shared.rate_limits.check(&key, limit.times(tokens))).await {
-                    RateVerdict::Pass => {
+                let verdict = Box::pin(shared.rate_limits.check(&key, limit.times(tokens))).await;
+                match limit_verdict(&shared, tenant, verdict, "token limit") {
+                    Err(e) => return pending.reject(e),
+                    Ok(true) => {
                         pending.rec().token_hold = Some(crate::rate_limit::TokenHold {
                             key,
                             tokens,
@@ -202,20 +191,7 @@ pub(crate) fn handle(
                                 .unwrap_or(i64::MAX),
                         });
                     }
-                    RateVerdict::Wait(retry_after) => {
-                        return pending.reject(ProxyError::RateLimited {
-                            tenant: tenant.name.clone(),
-                            limit: "token limit",
-                            retry_after,
-                        })
-                    }
-                    RateVerdict::StoreDown if tenant.rate_fail_open => {
-                        shared.metrics.store_error("rate_limit");
-                    }
-                    RateVerdict::StoreDown => {
-                        shared.metrics.store_error("rate_limit");
-                        return pending.reject(ProxyError::SharedStoreUnavailable);
-                    }
+                    Ok(false) => {}
                 }
             }
             if let Some(cap) = tenant.max_concurrent {
@@ -233,22 +209,10 @@ pub(crate) fn handle(
                     hold_for,
                 ))
                 .await;
-                match taken {
-                    (RateVerdict::Pass, hold) => pending.rec().concurrency_hold = hold,
-                    (RateVerdict::Wait(retry_after), _) => {
-                        return pending.reject(ProxyError::RateLimited {
-                            tenant: tenant.name.clone(),
-                            limit: "concurrent requests cap",
-                            retry_after,
-                        })
-                    }
-                    (RateVerdict::StoreDown, _) if tenant.rate_fail_open => {
-                        shared.metrics.store_error("rate_limit");
-                    }
-                    (RateVerdict::StoreDown, _) => {
-                        shared.metrics.store_error("rate_limit");
-                        return pending.reject(ProxyError::SharedStoreUnavailable);
-                    }
+                let (verdict, hold) = taken;
+                match limit_verdict(&shared, tenant, verdict, "concurrent requests cap") {
+                    Err(e) => return pending.reject(e),
+                    Ok(_) => pending.rec().concurrency_hold = hold,
                 }
             }
             if tenant.budgets.any() {
@@ -668,6 +632,34 @@ fn approve(
 }
 
 /// `at` as whole seconds since the Unix epoch (0 before it).
+/// What a tenant's limit said: `Ok(true)` within it, `Ok(false)` not
+/// asked (the store is down and the limit fails open), or the answer: 429
+/// `rate_limited` with the wait, 503 when the store is down and the limit
+/// fails closed.
+fn limit_verdict(
+    shared: &Shared,
+    tenant: &router_policy::tenant::Tenant,
+    verdict: RateVerdict,
+    limit: &'static str,
+) -> Result<bool, ProxyError> {
+    match verdict {
+        RateVerdict::Pass => Ok(true),
+        RateVerdict::Wait(retry_after) => Err(ProxyError::RateLimited {
+            tenant: tenant.name.clone(),
+            limit,
+            retry_after,
+        }),
+        RateVerdict::StoreDown => {
+            shared.metrics.store_error("rate_limit");
+            if tenant.rate_fail_open {
+                Ok(false)
+            } else {
+                Err(ProxyError::SharedStoreUnavailable)
+            }
+        }
+    }
+}
+
 /// A tenant's name as a queue-fairness key (FNV-1a).
 fn tenant_key(name: &str) -> u64 {
     use std::hash::Hasher;

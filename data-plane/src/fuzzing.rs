@@ -305,9 +305,7 @@ fn record(data: &[u8]) -> RouteRecord {
             .some()
             .then(|| ["lead", "lead_local", "join", "replay"][usize::from(b.byte()) % 4]),
         tenant: b.some().then(|| b.string().into()),
-        spend_hold: None,
-        concurrency_hold: None,
-        token_hold: None,
+        tenant_holds: None,
         config_version: b.string().into(),
     }
 }

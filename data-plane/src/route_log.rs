@@ -173,15 +173,10 @@ pub(crate) struct RouteRecord {
     /// The tenant the request's key named (tenancy on).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tenant: Option<Arc<str>>,
-    /// The tenant's budget reservation, settled when the request ends.
+    /// What the tenant's limits hold for the request until it ends
+    /// (boxed: tenancy is rare, the record is filled for every request).
     #[serde(skip)]
-    pub spend_hold: Option<crate::spend::SpendHold>,
-    /// The tenant's concurrency slot, given back when the request ends.
-    #[serde(skip)]
-    pub concurrency_hold: Option<crate::rate_limit::ConcurrencyHold>,
-    /// The tenant's token-limit draw, settled when the request ends.
-    #[serde(skip)]
-    pub token_hold: Option<crate::rate_limit::TokenHold>,
+    pub tenant_holds: Option<Box<crate::handler::tenancy::TenantHolds>>,
     /// Config version that routed the request.
     pub config_version: Arc<str>,
 }

@@ -332,48 +332,30 @@ impl Exchange {
                         .deadline_at
                         .map(|d| d.saturating_duration_since(Instant::now()));
                     match next_step(route, self.risk, outcome, time_left) {
-                        // A retry (the failed attempt may have cost a backend
-                        // work) draws on the route's budget; a shed does not.
-                        // Retry inside the pool first: another endpoint,
-                        // at once, inside the deadline and the budget.
-                        Step::NextPool
-                            if backend_failed
+                        Step::NextPool => {
+                            // Retry inside the pool first: another endpoint,
+                            // at once, inside the deadline.
+                            let in_pool = backend_failed
                                 && !hedging
-                                && self.retry_in_pool(pool, &pending, &mut tried) =>
-                        {
-                            let reached = outcome.may_have_reached_backend();
-                            if reached && retry_budget.is_some_and(|b| !b.withdraw()) {
+                                && self.retry_in_pool(pool, &pending, &mut tried);
+                            // An extra attempt after one that may have cost a
+                            // backend work draws on the route's budget; after
+                            // a shed it does not.
+                            let another = in_pool || later().next().is_some();
+                            if another
+                                && outcome.may_have_reached_backend()
+                                && retry_budget.is_some_and(|b| !b.withdraw())
+                            {
                                 notes
                                     .push(format!("stopped: {}", StopReason::RetryBudgetExhausted));
-                                pending.rec().stopped = Some("retry_budget_exhausted");
-                                self.shared
-                                    .metrics
-                                    .stream_event(name, "retry_budget_exhausted");
+                                self.note_budget_exhausted(&mut pending, name);
                                 break 'walk;
                             }
-                            notes.push(format!("{name}: retried on another endpoint"));
-                            attempt_now = Instant::now();
-                            continue;
-                        }
-                        Step::NextPool
-                            if outcome.may_have_reached_backend()
-                                && later().next().is_some()
-                                && retry_budget.as_ref().is_some_and(|b| !b.withdraw()) =>
-                        {
-                            notes.push(format!("stopped: {}", StopReason::RetryBudgetExhausted));
-                            pending.rec().stopped = Some("retry_budget_exhausted");
-                            self.shared
-                                .metrics
-                                .stream_event(name, "retry_budget_exhausted");
-                            if let Some(cx) = &self.otel {
-                                cx.span().add_event(
-                                    "retry_budget_exhausted",
-                                    vec![KeyValue::new("router.pool", name.to_string())],
-                                );
+                            if in_pool {
+                                notes.push(format!("{name}: retried on another endpoint"));
+                                attempt_now = Instant::now();
+                                continue;
                             }
-                            break 'walk;
-                        }
-                        Step::NextPool => {
                             if let Some(cx) = &self.otel {
                                 cx.span().add_event(
                                     "fallback",
@@ -480,6 +462,21 @@ fn attempt_deadline(
 }
 
 impl Exchange {
+    /// The route's retry budget refused an extra attempt (a retry, a hedge)
+    /// on `pool`: the log line, the metric and the span say so.
+    pub(super) fn note_budget_exhausted(&self, pending: &mut Pending, pool: &str) {
+        pending.rec().stopped = Some("retry_budget_exhausted");
+        self.shared
+            .metrics
+            .stream_event(pool, "retry_budget_exhausted");
+        if let Some(cx) = &self.otel {
+            cx.span().add_event(
+                "retry_budget_exhausted",
+                vec![KeyValue::new("router.pool", pool.to_string())],
+            );
+        }
+    }
+
     /// Whether the attempt that just failed on `pool` can be retried on
     /// another of its endpoints now: the failed endpoint joins `tried`,
     /// and one of the others must be ready at once (a retry never queues)

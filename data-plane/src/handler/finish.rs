@@ -73,50 +73,9 @@ pub(super) fn finish_record(
     if let Some(t) = &record.tenant {
         shared.metrics.tenant_request(t, outcome);
     }
-    if let Some(hold) = record.token_hold.take() {
-        // Settled to the tokens used: usage's count when the answer gave
-        // one; none when there was no answer (the draw given back);
-        // unknown otherwise (the worst case stays drawn).
-        let used = if outcome == Outcome::Replayed || !outcome.is_success() {
-            Some(0)
-        } else {
-            match (record.tokens_in, record.tokens_out) {
-                (None, None) => None,
-                (i, o) => Some(i.unwrap_or(0).saturating_add(o.unwrap_or(0))),
-            }
-        };
-        if let Some(used) = used {
-            let delta = (i64::try_from(used).unwrap_or(i64::MAX)
-                - i64::try_from(hold.tokens).unwrap_or(i64::MAX))
-            .saturating_mul(hold.per_token_micros);
-            let limits = Arc::clone(&shared.rate_limits);
-            if delta != 0 {
-                if let Ok(rt) = tokio::runtime::Handle::try_current() {
-                    rt.spawn(async move { limits.adjust(&hold.key, delta).await });
-                }
-            }
-        }
-    }
-    if let Some(slot) = record.concurrency_hold.take() {
-        let shared_limits = Arc::clone(&shared.rate_limits);
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            rt.spawn(async move { shared_limits.release_slot(&slot).await });
-        }
-    }
-    if let Some(hold) = record.spend_hold.take() {
-        // Answered: the actual cost when usage gave one (else the
-        // reservation stays); not answered: all of it back.
-        let actual = if outcome == Outcome::Replayed {
-            Some(0)
-        } else if outcome.is_success() {
-            record.cost_usd.map(router_policy::tenant::micros)
-        } else {
-            Some(0)
-        };
-        let spend = Arc::clone(&shared.spend);
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            rt.spawn(async move { spend.settle(&hold, actual).await });
-        }
+    if let Some(holds) = record.tenant_holds.take() {
+        let tokens = (record.tokens_in, record.tokens_out);
+        super::tenancy::settle(shared, *holds, outcome, tokens, record.cost_usd);
     }
     if let Some(cx) = record.otel.take() {
         spans::end_server_span(&cx, &record, pool);

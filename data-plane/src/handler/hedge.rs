@@ -149,16 +149,7 @@ impl Exchange {
         }
         // No first token yet: hedge, if the budget has room.
         if !hedge.budget.withdraw() {
-            self.shared
-                .metrics
-                .stream_event(first_pool.name(), "retry_budget_exhausted");
-            pending.rec().stopped = Some("retry_budget_exhausted");
-            if let Some(cx) = &self.otel {
-                cx.span().add_event(
-                    "retry_budget_exhausted",
-                    vec![KeyValue::new("router.pool", first_pool.name().to_string())],
-                );
-            }
+            self.note_budget_exhausted(pending, first_pool.name());
             return (primary.await, false);
         }
         // Still queued: any endpoint but none (no id is u64::MAX).

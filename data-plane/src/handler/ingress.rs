@@ -29,15 +29,13 @@ use tokio::time::Instant;
 use super::answer::Pending;
 use super::chain::Exchange;
 use super::upstream_request::ParsedBody;
-use super::{full, spans, ProxyBody, IDEMPOTENCY_KEY, X_REQUEST_ID};
+use super::{full, spans, tenancy, ProxyBody, IDEMPOTENCY_KEY, X_REQUEST_ID};
 use crate::config::Snapshot;
 use crate::error::{ApprovalRefusal, ProxyError};
 use crate::forward::{self, ReadWholeError, UpstreamClient};
 use crate::idempotency::{self, Begin, KeyedRequest};
 use crate::limits::Reservation;
-use crate::rate_limit::RateVerdict;
 use crate::request_headers::RequestHeaders;
-use crate::spend::SpendRefusal;
 use crate::Shared;
 
 /// Paths whose JSON body's `model` selects the route.
@@ -147,125 +145,37 @@ pub(crate) fn handle(
             });
         };
         pending.rec().route = Some(route.name.clone());
-        // Tenancy: who is calling, and may they ask this
-        // (`router_policy::tenant`).
+        // What the call may use, estimated once (tenants' limits, the
+        // policy's cost gates).
+        let estimate = tenancy::CallEstimate {
+            input_tokens: (body.len() as u64).div_ceil(4),
+            max_tokens: peek
+                .max_tokens
+                .or(peek.max_completion_tokens)
+                .or(peek.max_output_tokens),
+        };
+        // Tenancy: who is calling, may they ask this, and what it draws on
+        // their limits (boxed: rare, and its store calls' state stays out of
+        // every request's future).
         if let Some(tenants) = &snapshot.policy.tenants {
             let key = parts
                 .headers
                 .get(http::header::AUTHORIZATION)
                 .map(HeaderValue::as_bytes);
-            let tenant = match tenants.identify(key) {
-                Ok(t) => t,
-                Err(why) => return pending.reject(ProxyError::Tenant(why)),
-            };
-            pending.rec().tenant = Some(Arc::from(tenant.name.as_str()));
-            if let Err(why) = tenant.admits(&route.name, risk) {
-                return pending.reject(ProxyError::Tenant(why));
-            }
-            if let Some(limit) = tenant.rate {
-                // Boxed: a store call's state stays out of every request's
-                // future.
-                let key = format!("rate:{}", tenant.name);
-                let verdict = Box::pin(shared.rate_limits.check(&key, limit)).await;
-                if let Err(e) = limit_verdict(&shared, tenant, verdict, "rate limit") {
-                    return pending.reject(e);
-                }
-            }
-            if let Some(limit) = tenant.token_rate {
-                // The call's worst case now, its actual tokens when it ends.
-                let max_tokens = peek
-                    .max_tokens
-                    .or(peek.max_completion_tokens)
-                    .or(peek.max_output_tokens)
-                    .unwrap_or(router_policy::tenant::DEFAULT_OUTPUT_CAP);
-                let tokens = (body.len() as u64).div_ceil(4).saturating_add(max_tokens);
-                let key = format!("tokens:{}", tenant.name);
-                let verdict = Box::pin(shared.rate_limits.check(&key, limit.times(tokens))).await;
-                match limit_verdict(&shared, tenant, verdict, "token limit") {
-                    Err(e) => return pending.reject(e),
-                    Ok(true) => {
-                        pending.rec().token_hold = Some(crate::rate_limit::TokenHold {
-                            key,
-                            tokens,
-                            per_token_micros: i64::try_from(limit.interval.as_micros())
-                                .unwrap_or(i64::MAX),
-                        });
-                    }
-                    Ok(false) => {}
-                }
-            }
-            if let Some(cap) = tenant.max_concurrent {
-                // A slot until the request ends; in the store, one that
-                // expires with its deadline if this proxy never gives it
-                // back.
-                let hold_for = header_deadline
-                    .or(route.deadline)
-                    .unwrap_or(crate::rate_limit::MAX_SLOT_HOLD);
-                let member = uuid::Uuid::now_v7().to_string();
-                let taken = Box::pin(shared.rate_limits.take_slot(
-                    &tenant.name,
-                    cap,
-                    &member,
-                    hold_for,
-                ))
-                .await;
-                let (verdict, hold) = taken;
-                match limit_verdict(&shared, tenant, verdict, "concurrent requests cap") {
-                    Err(e) => return pending.reject(e),
-                    Ok(_) => pending.rec().concurrency_hold = hold,
-                }
-            }
-            if tenant.budgets.any() {
-                // The worst case of this call, reserved before it is sent.
-                let prices = route
-                    .chain
-                    .iter()
-                    .filter_map(|name| snapshot.policy.pool(name))
-                    .map(|p| p.price);
-                let max_tokens = peek
-                    .max_tokens
-                    .or(peek.max_completion_tokens)
-                    .or(peek.max_output_tokens);
-                let amount = router_policy::tenant::worst_case_micros(
-                    prices,
-                    (body.len() as u64).div_ceil(4),
-                    max_tokens,
-                );
-                let now = unix_seconds(pending.rec().offered_at.0);
-                let reserved = Box::pin(shared.spend.reserve(
-                    &tenant.name,
-                    tenant.budgets,
-                    amount,
-                    now,
-                ))
-                .await;
-                match reserved {
-                    Ok(hold) => pending.rec().spend_hold = Some(hold),
-                    Err(SpendRefusal::Exceeded {
-                        left_micros,
-                        period,
-                        resets_at,
-                    }) => {
-                        let resets = humantime::format_rfc3339_seconds(
-                            SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(resets_at),
-                        );
-                        return pending.reject(ProxyError::BudgetExceeded {
-                            detail: format!(
-                                "tenant {:?}: this call may cost up to ${:.6}; ${:.6} is left of its {period} budget, which resets at {resets}",
-                                tenant.name,
-                                amount as f64 / 1e6,
-                                left_micros as f64 / 1e6
-                            ),
-                        });
-                    }
-                    Err(SpendRefusal::StoreDown) if tenant.budget_fail_open => {
-                        shared.metrics.store_error("spend");
-                    }
-                    Err(SpendRefusal::StoreDown) => {
-                        shared.metrics.store_error("spend");
-                        return pending.reject(ProxyError::SharedStoreUnavailable);
-                    }
-                }
+            let admitted = Box::pin(tenancy::admit(
+                &shared,
+                &snapshot,
+                tenants,
+                key,
+                route,
+                risk,
+                estimate,
+                header_deadline.or(route.deadline),
+                pending.rec(),
+            ))
+            .await;
+            if let Err(e) = admitted {
+                return pending.reject(e);
             }
         }
         if route.requires_approval {
@@ -299,11 +209,8 @@ pub(crate) fn handle(
                     .as_ref()
                     .is_some_and(|r| r.kind != "text"),
             deadline_ms: pending.rec().deadline_ms,
-            input_tokens: Some((body.len() as u64).div_ceil(4)),
-            max_tokens: peek
-                .max_tokens
-                .or(peek.max_completion_tokens)
-                .or(peek.max_output_tokens),
+            input_tokens: Some(estimate.input_tokens),
+            max_tokens: estimate.max_tokens,
         };
         // Measured at the request's own start time: a few microseconds old,
         // and one clock reading instead of one per pool call.
@@ -632,34 +539,6 @@ fn approve(
 }
 
 /// `at` as whole seconds since the Unix epoch (0 before it).
-/// What a tenant's limit said: `Ok(true)` within it, `Ok(false)` not
-/// asked (the store is down and the limit fails open), or the answer: 429
-/// `rate_limited` with the wait, 503 when the store is down and the limit
-/// fails closed.
-fn limit_verdict(
-    shared: &Shared,
-    tenant: &router_policy::tenant::Tenant,
-    verdict: RateVerdict,
-    limit: &'static str,
-) -> Result<bool, ProxyError> {
-    match verdict {
-        RateVerdict::Pass => Ok(true),
-        RateVerdict::Wait(retry_after) => Err(ProxyError::RateLimited {
-            tenant: tenant.name.clone(),
-            limit,
-            retry_after,
-        }),
-        RateVerdict::StoreDown => {
-            shared.metrics.store_error("rate_limit");
-            if tenant.rate_fail_open {
-                Ok(false)
-            } else {
-                Err(ProxyError::SharedStoreUnavailable)
-            }
-        }
-    }
-}
-
 /// A tenant's name as a queue-fairness key (FNV-1a).
 fn tenant_key(name: &str) -> u64 {
     use std::hash::Hasher;
@@ -668,7 +547,7 @@ fn tenant_key(name: &str) -> u64 {
     h.finish()
 }
 
-fn unix_seconds(at: SystemTime) -> u64 {
+pub(super) fn unix_seconds(at: SystemTime) -> u64 {
     at.duration_since(SystemTime::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
 }

@@ -49,6 +49,7 @@ mod finish;
 mod hedge;
 mod ingress;
 mod spans;
+pub(crate) mod tenancy;
 mod upstream_request;
 
 use bytes::Bytes;

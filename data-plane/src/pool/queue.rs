@@ -150,6 +150,7 @@ impl PoolRuntime {
             st.next_id += 1;
             let id = st.next_id;
             let (tx, rx) = oneshot::channel();
+            st.tenanted |= shape.tenant.is_some();
             st.queue.push_back(Waiter {
                 id,
                 enqueued_at: now,

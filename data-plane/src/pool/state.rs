@@ -119,6 +119,9 @@ pub(super) struct PoolState {
     pub(super) tenant_served: std::collections::HashMap<Option<u64>, u64>,
     /// The counter of `tenant_served`.
     pub(super) grants: u64,
+    /// A request with a tenant has queued here: from then on the queue is
+    /// served fairly between tenants (until then, plain FIFO, with no scan).
+    pub(super) tenanted: bool,
     /// Removed from service.
     pub(super) closed: bool,
 }
@@ -141,6 +144,7 @@ impl PoolState {
             rotation: 0,
             tenant_served: std::collections::HashMap::new(),
             grants: 0,
+            tenanted: false,
             closed: false,
         }
     }
@@ -148,7 +152,7 @@ impl PoolState {
     /// The index of the waiter to serve next: the oldest, unless tenants
     /// share the queue (then `router_policy::tenant::fair_next`).
     pub(super) fn next_waiter(&self) -> usize {
-        if self.queue.iter().all(|w| w.tenant().is_none()) {
+        if !self.tenanted {
             return 0;
         }
         let tenants: Vec<Option<u64>> = self.queue.iter().map(|w| w.tenant()).collect();
@@ -157,7 +161,7 @@ impl PoolState {
 
     /// A waiter of `tenant` got its lease.
     pub(super) fn note_served(&mut self, tenant: Option<u64>) {
-        if tenant.is_some() || !self.tenant_served.is_empty() {
+        if self.tenanted {
             self.grants += 1;
             self.tenant_served.insert(tenant, self.grants);
         }

@@ -1,0 +1,239 @@
+//! A tenant's request, carried out (the rules are `router_policy::tenant`'s):
+//! who is calling, whether they may ask this, and what the request draws
+//! on their limits until it ends.
+//!
+//! [`admit`] runs before routing: the key names the tenant (401 when it
+//! names none), the route and risk class must be the tenant's (403), then
+//! each limit the tenant has takes its part, in this order: the request
+//! rate, the token rate (the call's worst case), a concurrency slot, the
+//! spend budget (the worst-case cost, reserved). What was taken is kept in
+//! [`TenantHolds`] on the request's record; [`settle`] gives it back or
+//! settles it to the call's usage when the request ends, whichever way it
+//! ends. A limit whose store is down fails open or closed as the tenant
+//! says.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use router_policy::tenant::{Tenant, Tenants};
+use router_policy::{Outcome, Risk, Route};
+
+use crate::config::Snapshot;
+use crate::error::ProxyError;
+use crate::rate_limit::{ConcurrencyHold, RateVerdict, TokenHold, MAX_SLOT_HOLD};
+use crate::route_log::RouteRecord;
+use crate::spend::{SpendHold, SpendRefusal};
+use crate::Shared;
+
+/// What a tenant's request holds on its limits until it ends.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct TenantHolds {
+    /// Its draw on the token limit.
+    token: Option<TokenHold>,
+    /// Its concurrency slot.
+    slot: Option<ConcurrencyHold>,
+    /// Its spend reservation.
+    spend: Option<SpendHold>,
+}
+
+/// What the request may use, estimated before it is sent.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct CallEstimate {
+    /// Prompt tokens (body bytes / 4).
+    pub(super) input_tokens: u64,
+    /// The request's `max_tokens` (or its synonyms), if it gave one.
+    pub(super) max_tokens: Option<u64>,
+}
+
+/// Admits a request to its tenant (see the module docs): the tenant and
+/// the holds go into `rec`; the error is the answer when it is refused.
+#[allow(clippy::too_many_arguments)]
+pub(super) async fn admit(
+    shared: &Shared,
+    snapshot: &Snapshot,
+    tenants: &Tenants,
+    authorization: Option<&[u8]>,
+    route: &Route,
+    risk: Risk,
+    estimate: CallEstimate,
+    deadline: Option<Duration>,
+    rec: &mut RouteRecord,
+) -> Result<(), ProxyError> {
+    let tenant = tenants
+        .identify(authorization)
+        .map_err(ProxyError::Tenant)?;
+    rec.tenant = Some(Arc::from(tenant.name.as_str()));
+    tenant
+        .admits(&route.name, risk)
+        .map_err(ProxyError::Tenant)?;
+    let mut holds = TenantHolds::default();
+    if let Some(limit) = tenant.rate {
+        let verdict = shared
+            .rate_limits
+            .check(&format!("rate:{}", tenant.name), limit)
+            .await;
+        limit_verdict(shared, tenant, verdict, "rate limit")?;
+    }
+    if let Some(limit) = tenant.token_rate {
+        // The call's worst case now, its actual tokens when it ends.
+        let tokens = estimate.input_tokens.saturating_add(
+            estimate
+                .max_tokens
+                .unwrap_or(router_policy::tenant::DEFAULT_OUTPUT_CAP),
+        );
+        let key = format!("tokens:{}", tenant.name);
+        let verdict = shared.rate_limits.check(&key, limit.times(tokens)).await;
+        if limit_verdict(shared, tenant, verdict, "token limit")? {
+            holds.token = Some(TokenHold {
+                key,
+                tokens,
+                per_token_micros: i64::try_from(limit.interval.as_micros()).unwrap_or(i64::MAX),
+            });
+        }
+    }
+    if let Some(cap) = tenant.max_concurrent {
+        // A slot until the request ends; in the store, one that expires
+        // with its deadline if this proxy never gives it back.
+        let member = uuid::Uuid::now_v7().to_string();
+        let hold_for = deadline.unwrap_or(MAX_SLOT_HOLD);
+        let (verdict, slot) = shared
+            .rate_limits
+            .take_slot(&tenant.name, cap, &member, hold_for)
+            .await;
+        limit_verdict(shared, tenant, verdict, "concurrent requests cap")?;
+        holds.slot = slot;
+    }
+    if tenant.budgets.any() {
+        holds.spend = reserve_spend(shared, snapshot, tenant, route, estimate, rec).await?;
+    }
+    rec.tenant_holds = Some(Box::new(holds));
+    Ok(())
+}
+
+/// Reserves the call's worst-case cost against the tenant's budgets.
+async fn reserve_spend(
+    shared: &Shared,
+    snapshot: &Snapshot,
+    tenant: &Tenant,
+    route: &Route,
+    estimate: CallEstimate,
+    rec: &RouteRecord,
+) -> Result<Option<SpendHold>, ProxyError> {
+    let prices = route
+        .chain
+        .iter()
+        .filter_map(|name| snapshot.policy.pool(name))
+        .map(|p| p.price);
+    let amount = router_policy::tenant::worst_case_micros(
+        prices,
+        estimate.input_tokens,
+        estimate.max_tokens,
+    );
+    let now = super::ingress::unix_seconds(rec.offered_at.0);
+    match shared
+        .spend
+        .reserve(&tenant.name, tenant.budgets, amount, now)
+        .await
+    {
+        Ok(hold) => Ok(Some(hold)),
+        Err(SpendRefusal::Exceeded {
+            left_micros,
+            period,
+            resets_at,
+        }) => {
+            let resets = humantime::format_rfc3339_seconds(
+                SystemTime::UNIX_EPOCH + Duration::from_secs(resets_at),
+            );
+            Err(ProxyError::BudgetExceeded {
+                detail: format!(
+                    "tenant {:?}: this call may cost up to ${:.6}; ${:.6} is left of its {period} budget, which resets at {resets}",
+                    tenant.name,
+                    amount as f64 / 1e6,
+                    left_micros as f64 / 1e6
+                ),
+            })
+        }
+        Err(SpendRefusal::StoreDown) => {
+            shared.metrics.store_error("spend");
+            if tenant.budget_fail_open {
+                Ok(None)
+            } else {
+                Err(ProxyError::SharedStoreUnavailable)
+            }
+        }
+    }
+}
+
+/// What a tenant's limit said: `Ok(true)` within it, `Ok(false)` not
+/// asked (the store is down and the limit fails open), or the answer: 429
+/// `rate_limited` with the wait, 503 when the store is down and the limit
+/// fails closed.
+fn limit_verdict(
+    shared: &Shared,
+    tenant: &Tenant,
+    verdict: RateVerdict,
+    limit: &'static str,
+) -> Result<bool, ProxyError> {
+    match verdict {
+        RateVerdict::Pass => Ok(true),
+        RateVerdict::Wait(retry_after) => Err(ProxyError::RateLimited {
+            tenant: tenant.name.clone(),
+            limit,
+            retry_after,
+        }),
+        RateVerdict::StoreDown => {
+            shared.metrics.store_error("rate_limit");
+            if tenant.rate_fail_open {
+                Ok(false)
+            } else {
+                Err(ProxyError::SharedStoreUnavailable)
+            }
+        }
+    }
+}
+
+/// Gives back or settles what a request held (see the module docs), off
+/// the answer's path: `outcome` is how it ended; `tokens` (input, output)
+/// and `cost_usd` are its usage's, when the answer gave one.
+pub(super) fn settle(
+    shared: &Shared,
+    holds: TenantHolds,
+    outcome: Outcome,
+    tokens: (Option<u64>, Option<u64>),
+    cost_usd: Option<f64>,
+) {
+    // A call that got no answer from a backend (a failure, a shed, a
+    // replay) used nothing; an answer used what its usage says, unknown
+    // without one (then the worst case stays counted).
+    let answered = outcome.is_success() && outcome != Outcome::Replayed;
+    let used_tokens = match (answered, tokens) {
+        (false, _) => Some(0),
+        (true, (None, None)) => None,
+        (true, (i, o)) => Some(i.unwrap_or(0).saturating_add(o.unwrap_or(0))),
+    };
+    let spent = if answered {
+        cost_usd.map(router_policy::tenant::micros)
+    } else {
+        Some(0)
+    };
+    let Ok(rt) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    let (limits, spend) = (Arc::clone(&shared.rate_limits), Arc::clone(&shared.spend));
+    rt.spawn(async move {
+        if let (Some(hold), Some(used)) = (holds.token, used_tokens) {
+            let delta = (i64::try_from(used).unwrap_or(i64::MAX)
+                - i64::try_from(hold.tokens).unwrap_or(i64::MAX))
+            .saturating_mul(hold.per_token_micros);
+            if delta != 0 {
+                limits.adjust(&hold.key, delta).await;
+            }
+        }
+        if let Some(slot) = holds.slot {
+            limits.release_slot(&slot).await;
+        }
+        if let Some(hold) = holds.spend {
+            spend.settle(&hold, spent).await;
+        }
+    });
+}

@@ -116,28 +116,38 @@ fn a_policy_holds_key_hashes_only_and_says_which_field_is_wrong() {
     assert!(err.contains("spec.tenants[0].routes[1]"), "{err}");
 }
 
-fn limited_policy(backend: &str, rpm: u32, store_down: &str) -> String {
+/// One pool `local` at `backend` (with `pool_extra` lines) behind one
+/// route `chat`, then `tenants` (the items of `spec.tenants`, each from
+/// [`tenant`]); `spec_extra` goes first in the spec.
+fn one_pool_with(backend: &str, spec_extra: &str, pool_extra: &str, tenants: &[String]) -> String {
     format!(
-        r#"apiVersion: router/v1
-kind: RoutingPolicy
-spec:
-  pools:
-    - name: local
-      endpoints: ["{backend}"]
-  routes:
-    - name: chat
-      chain: [local]
-  tenants:
-    - name: team-a
-      keys: ["{}"]
-      limits: {{requests_per_minute: {rpm}{store_down}}}
-    - name: team-b
-      keys: ["{}"]
-      limits: {{requests_per_minute: {rpm}}}
-"#,
-        key_hash_text("rt_a"),
-        key_hash_text("rt_b")
+        "apiVersion: router/v1\nkind: RoutingPolicy\nspec:\n  {spec_extra}\n  pools:\n    - name: local\n      endpoints: [\"{backend}\"]\n      {pool_extra}\n  routes:\n    - name: chat\n      chain: [local]\n  tenants:\n{}",
+        tenants.concat()
     )
+}
+
+/// A tenant item: `name`, the hash of `key`, and `limits` (a YAML flow
+/// map's contents; empty for none).
+fn tenant(name: &str, key: &str, limits: &str) -> String {
+    let limits = if limits.is_empty() {
+        String::new()
+    } else {
+        format!("      limits: {{{limits}}}\n")
+    };
+    format!(
+        "    - name: {name}\n      keys: [\"{}\"]\n{limits}",
+        key_hash_text(key)
+    )
+}
+
+fn limited_policy(backend: &str, rpm: u32, store_down: &str) -> String {
+    let a = tenant(
+        "team-a",
+        "rt_a",
+        &format!("requests_per_minute: {rpm}{store_down}"),
+    );
+    let b = tenant("team-b", "rt_b", &format!("requests_per_minute: {rpm}"));
+    one_pool_with(backend, "", "", &[a, b])
 }
 
 /// Two proxies with `policy`, sharing `redis`, connected to it.
@@ -240,24 +250,15 @@ async fn a_spend_budget_holds_exactly_across_proxies_under_a_flood() {
     // exactly the worst case reserved (max_tokens 5).
     let call = (body.len() as u64).div_ceil(4) * 1000 + 5 * 1000;
     let budget_usd = 3.5 * call as f64 / 1e6;
-    let policy = format!(
-        r#"apiVersion: router/v1
-kind: RoutingPolicy
-spec:
-  pools:
-    - name: local
-      endpoints: ["{}"]
-      price: {{input_per_1k_usd: 1.0, output_per_1k_usd: 1.0}}
-  routes:
-    - name: chat
-      chain: [local]
-  tenants:
-    - name: team-a
-      keys: ["{}"]
-      limits: {{budget_usd_per_day: {budget_usd}}}
-"#,
-        backend.url(),
-        key_hash_text("rt_a")
+    let policy = one_pool_with(
+        &backend.url(),
+        "",
+        "price: {input_per_1k_usd: 1.0, output_per_1k_usd: 1.0}",
+        &[tenant(
+            "team-a",
+            "rt_a",
+            &format!("budget_usd_per_day: {budget_usd}"),
+        )],
     );
     let (p1, p2) = two_proxies_on(&redis, &policy).await;
     let mut flood = Vec::new();
@@ -306,26 +307,16 @@ async fn a_call_that_gets_no_answer_gives_its_reservation_back() {
     let backend = mock("local", Behavior::Status(500)).await;
     let body = r#"{"model":"m","max_tokens":5,"messages":[]}"#;
     let call = (body.len() as u64).div_ceil(4) * 1000 + 5 * 1000;
-    let policy = format!(
-        r#"apiVersion: router/v1
-kind: RoutingPolicy
-spec:
-  circuit_breaker: {{consecutive_errors: 100}}
-  pools:
-    - name: local
-      endpoints: ["{}"]
-      price: {{input_per_1k_usd: 1.0, output_per_1k_usd: 1.0}}
-  routes:
-    - name: chat
-      chain: [local]
-  tenants:
-    - name: team-a
-      keys: ["{}"]
-      limits: {{budget_usd_per_day: {}}}
-"#,
-        backend.url(),
-        key_hash_text("rt_a"),
-        1.5 * call as f64 / 1e6
+    let budget = 1.5 * call as f64 / 1e6;
+    let policy = one_pool_with(
+        &backend.url(),
+        "circuit_breaker: {consecutive_errors: 100}",
+        "price: {input_per_1k_usd: 1.0, output_per_1k_usd: 1.0}",
+        &[tenant(
+            "team-a",
+            "rt_a",
+            &format!("budget_usd_per_day: {budget}"),
+        )],
     );
     let proxy = TestProxy::with_policy(Settings::default(), &policy).await;
     // Each failed call gives its reservation back: the budget of one and a
@@ -342,23 +333,11 @@ spec:
 async fn a_concurrency_cap_holds_across_proxies_and_frees_as_requests_end() {
     let redis = router_tests::redis::RedisServer::start("slots").await;
     let backend = router_tests::mocks::mock_latency("local", 300).await;
-    let policy = format!(
-        r#"apiVersion: router/v1
-kind: RoutingPolicy
-spec:
-  pools:
-    - name: local
-      endpoints: ["{}"]
-  routes:
-    - name: chat
-      chain: [local]
-  tenants:
-    - name: team-a
-      keys: ["{}"]
-      limits: {{concurrent_requests: 2}}
-"#,
-        backend.url(),
-        key_hash_text("rt_a")
+    let policy = one_pool_with(
+        &backend.url(),
+        "",
+        "",
+        &[tenant("team-a", "rt_a", "concurrent_requests: 2")],
     );
     let (p1, p2) = two_proxies_on(&redis, &policy).await;
     let mut burst = Vec::new();
@@ -396,26 +375,14 @@ spec:
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_heavy_tenant_cannot_starve_a_light_one_in_a_saturated_pool() {
     let backend = router_tests::mocks::mock_latency("local", 30).await;
-    let policy = format!(
-        r#"apiVersion: router/v1
-kind: RoutingPolicy
-spec:
-  pools:
-    - name: local
-      endpoints: ["{}"]
-      max_concurrency: 1
-  routes:
-    - name: chat
-      chain: [local]
-  tenants:
-    - name: heavy
-      keys: ["{}"]
-    - name: light
-      keys: ["{}"]
-"#,
-        backend.url(),
-        key_hash_text("rt_heavy"),
-        key_hash_text("rt_light")
+    let policy = one_pool_with(
+        &backend.url(),
+        "",
+        "max_concurrency: 1",
+        &[
+            tenant("heavy", "rt_heavy", ""),
+            tenant("light", "rt_light", ""),
+        ],
     );
     let proxy = TestProxy::with_policy(Settings::default(), &policy).await;
     let mut calls = Vec::new();
@@ -458,23 +425,11 @@ spec:
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_token_limit_draws_the_worst_case_and_settles_to_usage() {
     let backend = mock("local", Behavior::Json).await;
-    let policy = format!(
-        r#"apiVersion: router/v1
-kind: RoutingPolicy
-spec:
-  pools:
-    - name: local
-      endpoints: ["{}"]
-  routes:
-    - name: chat
-      chain: [local]
-  tenants:
-    - name: team-a
-      keys: ["{}"]
-      limits: {{tokens_per_minute: 600}}
-"#,
-        backend.url(),
-        key_hash_text("rt_a")
+    let policy = one_pool_with(
+        &backend.url(),
+        "",
+        "",
+        &[tenant("team-a", "rt_a", "tokens_per_minute: 600")],
     );
     let proxy = TestProxy::with_policy(Settings::default(), &policy).await;
     // 600 a minute: 0.1 s a token, a burst of 30 tokens. Each call may use
@@ -509,11 +464,8 @@ async fn with_the_store_down_a_budget_fails_closed_unless_told_otherwise() {
         ..Settings::default()
     };
     let policy = |extra: &str| {
-        format!(
-            "apiVersion: router/v1\nkind: RoutingPolicy\nspec:\n  pools:\n    - name: local\n      endpoints: [\"{}\"]\n  routes:\n    - name: chat\n      chain: [local]\n  tenants:\n    - name: team-a\n      keys: [\"{}\"]\n      limits: {{budget_usd_per_day: 10{extra}}}\n",
-            backend.url(),
-            key_hash_text("rt_a")
-        )
+        let limits = format!("budget_usd_per_day: 10{extra}");
+        one_pool_with(&backend.url(), "", "", &[tenant("team-a", "rt_a", &limits)])
     };
     let closed = TestProxy::with_policy(settings(), &policy("")).await;
     let r = closed.chat_with(&A, CHAT).await;

@@ -511,4 +511,26 @@ mod tests {
             Err(ConfigError::UnknownPool("nope".into()))
         );
     }
+
+    #[tokio::test]
+    async fn a_routes_retry_budget_outlives_a_reload_unless_its_settings_change() {
+        let store = ConfigStore::new(
+            Policy::sidecar(QueueSettings::default(), None),
+            "sidecar",
+            Arc::new(Metrics::new()),
+            None,
+            None,
+        );
+        let route = |s: &Snapshot| Arc::clone(&s.budgets[0]);
+        let before = route(&store.load());
+        store.apply_policy(
+            Policy::sidecar(QueueSettings::default(), Some(2)),
+            "sidecar",
+        );
+        assert!(Arc::ptr_eq(&before, &route(&store.load())), "kept");
+        let mut changed = Policy::sidecar(QueueSettings::default(), None);
+        changed.routes[0].retry_budget.ratio = 0.5;
+        store.apply_policy(changed, "sidecar");
+        assert!(!Arc::ptr_eq(&before, &route(&store.load())), "new settings");
+    }
 }

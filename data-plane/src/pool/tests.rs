@@ -478,3 +478,27 @@ async fn tenants_sharing_a_queue_are_served_in_turn_not_in_arrival_order() {
     // tenant's one, then the rest of the heavy tenant's, in their order.
     assert_eq!(order, vec![(1, 0), (2, 5), (1, 1), (1, 2), (1, 3), (1, 4)]);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_cancelled_attempt_is_a_latency_sample_and_never_a_failure() {
+    // A hedge's losing attempt, cancelled: its time so far counts in the
+    // EWMA and the p95 (a lower bound), and not against the circuit.
+    let p = pool(10, 60_000, None, &["h:1"]);
+    let lease = p.acquire(None).await.unwrap();
+    let handle = lease.endpoint_handle();
+    drop(lease);
+    for _ in 0..10 {
+        handle.observe(Sample::Cancelled(Duration::from_millis(400)));
+    }
+    let addr = p.status().endpoints[0].addr.to_string();
+    assert_eq!(p.circuit_of(&addr), Some(CircuitState::Closed));
+    assert_eq!(p.outlook().p95, Some(Duration::from_millis(400)));
+    assert!(p.status().endpoints[0]
+        .ewma_s
+        .is_some_and(|e| (e - 0.4).abs() < 1e-9));
+    // The same number of failures opens it.
+    for _ in 0..10 {
+        handle.observe(Sample::Failure(Duration::from_millis(400)));
+    }
+    assert_eq!(p.circuit_of(&addr), Some(CircuitState::Open));
+}

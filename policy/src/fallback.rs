@@ -210,6 +210,30 @@ mod tests {
         }
     }
 
+    proptest::proptest! {
+        /// SEND and DESTRUCTIVE requests are never sent again (to the next
+        /// pool, or to another endpoint of the same pool: the chain asks
+        /// this rule for both) after a failure that may have reached a
+        /// backend, whatever the route's settings and the time left.
+        #[test]
+        fn side_effects_are_never_retried_after_they_may_have_reached(
+            outcome in proptest::sample::select(Outcome::ALL.to_vec()),
+            destructive in proptest::bool::ANY,
+            fallback in proptest::bool::ANY,
+            retry_on in proptest::sample::subsequence(
+                vec![RetryOn::ConnectError, RetryOn::Timeout, RetryOn::Status429,
+                     RetryOn::Status5xx, RetryOn::MalformedJson], 0..=5),
+            left_ms in proptest::option::of(0u64..10_000),
+        ) {
+            let risk = if destructive { Risk::Destructive } else { Risk::Send };
+            let r = route(fallback, &retry_on);
+            let step = next_step(&r, risk, outcome, left_ms.map(Duration::from_millis));
+            if outcome.may_have_reached_backend() && !outcome.is_success() {
+                proptest::prop_assert_ne!(step, Step::NextPool, "{}", outcome);
+            }
+        }
+    }
+
     #[test]
     fn a_spent_deadline_stops_the_walk() {
         let r = route(true, &RetryOn::DEFAULT);

@@ -12,6 +12,8 @@
 //! - [`document`]: the policy document (YAML or JSON), parsed and validated
 //!   into a [`Policy`]; every error at once, each with its field path.
 //! - [`endpoint`]: backend addresses (`host:port`, `http://…`, `https://…/v1`).
+//! - [`health`]: active health checks, fleet-shared suspicion and outlier
+//!   ejection (when an endpoint stops taking traffic before a client pays).
 //! - [`guard`]: what a policy may ask of the process that applies it (API
 //!   key variables, link-local and metadata backend addresses).
 //! - [`engine_aware`]: engine-aware balancing (engine metrics, saturation
@@ -41,6 +43,7 @@ pub mod endpoint;
 pub mod engine_aware;
 pub mod fallback;
 pub mod guard;
+pub mod health;
 pub mod idempotency;
 pub mod outcome;
 pub mod retry_budget;

@@ -101,7 +101,11 @@ impl HealthCheck {
     pub fn next_delay(&self, jitter: u64) -> Duration {
         let base = self.interval.as_micros().min(u64::MAX as u128) as u64;
         let spread = base / 5; // the width of ±10%
-        let offset = if spread == 0 { 0 } else { jitter % (spread + 1) };
+        let offset = if spread == 0 {
+            0
+        } else {
+            jitter % (spread + 1)
+        };
         let micros = (base - base / 10).saturating_add(offset).max(1);
         Duration::from_micros(micros)
     }
@@ -507,7 +511,10 @@ mod tests {
     #[test]
     fn an_endpoint_far_above_its_pool_is_ejected() {
         let r = OutlierEjection::default();
-        assert_eq!(ejections(&counts(&[(10, 9), (10, 0), (10, 1)]), &r), vec![0]);
+        assert_eq!(
+            ejections(&counts(&[(10, 9), (10, 0), (10, 1)]), &r),
+            vec![0]
+        );
         // Too few requests to judge.
         assert!(ejections(&counts(&[(4, 4), (10, 0)]), &r).is_empty());
     }
@@ -529,7 +536,10 @@ mod tests {
         assert_eq!(got, vec![0]);
         let mut c = counts(&[(10, 10), (10, 9), (100, 0), (100, 0)]);
         c[0].ejected = true;
-        assert!(ejections(&c, &r).is_empty(), "the ejected one fills the cap");
+        assert!(
+            ejections(&c, &r).is_empty(),
+            "the ejected one fills the cap"
+        );
         assert_eq!(r.cap(1), 0, "a pool of one is never ejected from");
         assert_eq!(OutlierEjection::default().cap(2), 1);
     }
@@ -537,8 +547,14 @@ mod tests {
     #[test]
     fn soft_marks_never_empty_a_pool() {
         assert!(!admits(true, true, true, true));
-        assert!(admits(true, true, true, false), "every other one is marked too");
-        assert!(!admits(true, false, false, false), "a failed check excludes");
+        assert!(
+            admits(true, true, true, false),
+            "every other one is marked too"
+        );
+        assert!(
+            !admits(true, false, false, false),
+            "a failed check excludes"
+        );
         assert!(!admits(false, true, false, false));
     }
 

@@ -61,9 +61,10 @@ pub use resolved::{
 };
 pub use spec::{
     AffinityKind, ApprovalSpec, CircuitSpec, DefaultsSpec, EndpointOptions, EndpointSpec,
-    EngineAwareSpec, GatesSpec, HedgeQuantile, HedgeSpec, HedgeTarget, MatchSpec, Metadata,
-    PolicyDocument, PoolSpec, PriceSpec, ProbeKind, ProbeSpec, Provider, QueueSpec,
-    RetryBudgetSpec, RetryOn, Risk, RouteSpec, Spec, StoreDown, TenantLimitsSpec, TenantSpec,
+    EngineAwareSpec, GatesSpec, HealthCheckSpec, HedgeQuantile, HedgeSpec, HedgeTarget, MatchSpec,
+    Metadata, OutlierEjectionSpec, PolicyDocument, PoolSpec, PriceSpec, ProbeKind, ProbeSpec,
+    Provider, QueueSpec, RetryBudgetSpec, RetryOn, Risk, RouteSpec, Spec, StoreDown,
+    TenantLimitsSpec, TenantSpec,
 };
 
 /// The API version this crate understands.

@@ -80,6 +80,10 @@ pub struct Pool {
     pub stall_timeout: Option<Duration>,
     /// Ask for usage in streams when the client did not.
     pub stream_usage: bool,
+    /// Active health checks; `None`: off.
+    pub health_check: Option<crate::health::HealthCheck>,
+    /// Outlier ejection; `None`: off.
+    pub outlier_ejection: Option<crate::health::OutlierEjection>,
 }
 
 /// Resolved gates.
@@ -298,6 +302,8 @@ impl Policy {
                 first_token_timeout: None,
                 stall_timeout: None,
                 stream_usage: true,
+                health_check: None,
+                outlier_ejection: None,
             }],
             routes: vec![Route {
                 name: "default".into(),

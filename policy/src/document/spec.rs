@@ -454,6 +454,62 @@ pub struct PoolSpec {
     /// Engine-aware settings (with `balance: engine_aware`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub engine_aware: Option<EngineAwareSpec>,
+
+    /// Active health checks (on by default for `vllm`, `tgi` and `ollama`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health_check: Option<HealthCheckSpec>,
+    /// Outlier ejection by error rate (off unless set).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outlier_ejection: Option<OutlierEjectionSpec>,
+}
+
+/// Active health checks as written; every field optional (the provider's
+/// defaults).
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HealthCheckSpec {
+    /// `false` turns the provider's default checks off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enabled: Option<bool>,
+    /// Path requested with `GET`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+    /// Time between two checks of one endpoint.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interval_ms: Option<u64>,
+    /// Longest a check may take.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_ms: Option<u64>,
+    /// Failed checks in a row before an endpoint takes no traffic.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unhealthy_after: Option<u32>,
+    /// Passed checks in a row before it takes traffic again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub healthy_after: Option<u32>,
+}
+
+/// Outlier ejection as written; every field optional.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OutlierEjectionSpec {
+    /// Window the error rates are measured over.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window_ms: Option<u64>,
+    /// Requests an endpoint must have had in the window to be judged.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_requests: Option<u32>,
+    /// Error rate (0..=1) at or above which an endpoint can be an outlier.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_error_rate: Option<f64>,
+    /// How many times the rest of the pool's error rate it must reach.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ratio: Option<f64>,
+    /// Largest share of the pool ejected at once, percent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_ejection_percent: Option<u32>,
+    /// How long an ejection lasts (doubled for each one in a row).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ejection_ms: Option<u64>,
 }
 
 /// A route as written.

@@ -549,7 +549,7 @@ spec:
             ),
             (
                 "spec.pools[1].colour",
-                "unknown field `colour`, expected one of `name`, `provider`, `model`, `endpoints`, `max_concurrency`, `attempt_timeout_ms`, `drain`, `gates`, `structured_output`, `price`, `api_key_env`, `capacity_probe`, `queue`, `first_token_timeout_ms`, `stall_timeout_ms`, `stream_usage`, `balance`, `engine_aware`"
+                "unknown field `colour`, expected one of `name`, `provider`, `model`, `endpoints`, `max_concurrency`, `attempt_timeout_ms`, `drain`, `gates`, `structured_output`, `price`, `api_key_env`, `capacity_probe`, `queue`, `first_token_timeout_ms`, `stall_timeout_ms`, `stream_usage`, `balance`, `engine_aware`, `health_check`, `outlier_ejection`"
             ),
             (
                 "spec.routes[0].retry_onn",
@@ -663,4 +663,62 @@ fn engine_aware_errors_name_their_field() {
     let bad = text.replace("balance: engine_aware", "balance: fastest");
     let err = load(&bad, &QueueSettings::default()).unwrap_err();
     assert!(err.errors[0].field.contains("balance"), "{err}");
+}
+
+#[test]
+fn health_checks_default_by_provider_and_errors_name_their_field() {
+    let text = "apiVersion: router/v1\nkind: RoutingPolicy\nspec:\n  pools:\n    - {name: local, provider: ollama}\n    - {name: cloud}\n    - {name: tuned, provider: vllm, health_check: {path: /ready, interval_ms: 500, timeout_ms: 100, unhealthy_after: 1, healthy_after: 4}, outlier_ejection: {max_ejection_percent: 30}}\n    - {name: quiet, provider: tgi, health_check: {enabled: false}}\n    - {name: asked, health_check: {}}\n  routes:\n    - {name: r, chain: [local, cloud, tuned, quiet, asked]}\n";
+    let p = load(text, &QueueSettings::default()).expect("valid");
+    let local = p.pool("local").unwrap().health_check.clone().unwrap();
+    assert_eq!(local.path, "/api/tags");
+    assert_eq!(local.interval, crate::health::DEFAULT_INTERVAL);
+    assert!(
+        p.pool("cloud").unwrap().health_check.is_none(),
+        "openai: off unless set"
+    );
+    let tuned = p.pool("tuned").unwrap();
+    let hc = tuned.health_check.clone().unwrap();
+    assert_eq!(
+        (
+            hc.path.as_str(),
+            hc.interval,
+            hc.timeout,
+            hc.unhealthy_after,
+            hc.healthy_after
+        ),
+        (
+            "/ready",
+            Duration::from_millis(500),
+            Duration::from_millis(100),
+            1,
+            4
+        )
+    );
+    assert_eq!(tuned.outlier_ejection.unwrap().max_ejection_percent, 30);
+    assert!(
+        p.pool("local").unwrap().outlier_ejection.is_none(),
+        "off unless set"
+    );
+    assert!(p.pool("quiet").unwrap().health_check.is_none());
+    assert_eq!(
+        p.pool("asked").unwrap().health_check.clone().unwrap().path,
+        "/v1/models"
+    );
+
+    let bad = "apiVersion: router/v1\nkind: RoutingPolicy\nspec:\n  pools:\n    - {name: a, provider: vllm, health_check: {path: health, interval_ms: 100, timeout_ms: 200, unhealthy_after: 0}, outlier_ejection: {min_error_rate: 1.5, ratio: 0.5, max_ejection_percent: 101, window_ms: 0}}\n  routes:\n    - {name: r, chain: [a]}\n";
+    let err = load(bad, &QueueSettings::default()).unwrap_err();
+    let fields: Vec<&str> = err.errors.iter().map(|e| e.field.as_str()).collect();
+    assert_eq!(
+        fields,
+        [
+            "spec.pools[0].health_check.path",
+            "spec.pools[0].health_check.timeout_ms",
+            "spec.pools[0].health_check.unhealthy_after",
+            "spec.pools[0].outlier_ejection.window_ms",
+            "spec.pools[0].outlier_ejection.min_error_rate",
+            "spec.pools[0].outlier_ejection.ratio",
+            "spec.pools[0].outlier_ejection.max_ejection_percent",
+        ],
+        "{err}"
+    );
 }

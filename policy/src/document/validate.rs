@@ -438,7 +438,121 @@ fn pool(
         stream_usage: p
             .stream_usage
             .unwrap_or(!matches!(p.provider, super::Provider::Tgi)),
+        health_check: health_check(p.health_check.as_ref(), p.provider, at, errs),
+        outlier_ejection: p
+            .outlier_ejection
+            .as_ref()
+            .map(|o| outlier_ejection(o, at, errs)),
     }
+}
+
+/// A pool's health checks: the provider's defaults, each field replaced by
+/// the one written; the interval and timeout positive, the timeout within
+/// the interval (a check never overlaps the next), thresholds at least 1,
+/// the path absolute.
+fn health_check(
+    spec: Option<&super::HealthCheckSpec>,
+    provider: super::Provider,
+    at: &str,
+    errs: &mut Errors,
+) -> Option<crate::health::HealthCheck> {
+    use crate::health::{on_by_default, HealthCheck};
+    let Some(s) = spec else {
+        return on_by_default(provider).then(|| HealthCheck::defaults(provider));
+    };
+    if s.enabled == Some(false) {
+        return None;
+    }
+    let at = format!("{at}.health_check");
+    let mut c = HealthCheck::defaults(provider);
+    if let Some(path) = &s.path {
+        if !path.starts_with('/') || path.contains(char::is_whitespace) {
+            errs.push(
+                format!("{at}.path"),
+                "must be an absolute path, like /health",
+            );
+        }
+        c.path = path.clone();
+    }
+    for (field, value, slot) in [
+        ("interval_ms", s.interval_ms, &mut c.interval),
+        ("timeout_ms", s.timeout_ms, &mut c.timeout),
+    ] {
+        match value {
+            Some(0) => errs.push(format!("{at}.{field}"), "must be positive"),
+            Some(v) if v > 3_600_000 => {
+                errs.push(format!("{at}.{field}"), "must be at most 3600000 (an hour)")
+            }
+            Some(v) => *slot = Duration::from_millis(v),
+            None => {}
+        }
+    }
+    if c.timeout > c.interval {
+        errs.push(
+            format!("{at}.timeout_ms"),
+            format!(
+                "must not exceed interval_ms ({} ms): a check would still run when the next starts",
+                c.interval.as_millis()
+            ),
+        );
+    }
+    for (field, value, slot) in [
+        ("unhealthy_after", s.unhealthy_after, &mut c.unhealthy_after),
+        ("healthy_after", s.healthy_after, &mut c.healthy_after),
+    ] {
+        match value {
+            Some(0) => errs.push(format!("{at}.{field}"), "must be at least 1"),
+            Some(v) => *slot = v,
+            None => {}
+        }
+    }
+    Some(c)
+}
+
+/// A pool's outlier ejection: defaults, each field replaced by the one
+/// written, each in its range.
+fn outlier_ejection(
+    s: &super::OutlierEjectionSpec,
+    at: &str,
+    errs: &mut Errors,
+) -> crate::health::OutlierEjection {
+    let at = format!("{at}.outlier_ejection");
+    let mut o = crate::health::OutlierEjection::default();
+    for (field, value, slot) in [
+        ("window_ms", s.window_ms, &mut o.window),
+        ("ejection_ms", s.ejection_ms, &mut o.ejection),
+    ] {
+        match value {
+            Some(0) => errs.push(format!("{at}.{field}"), "must be positive"),
+            Some(v) => *slot = Duration::from_millis(v),
+            None => {}
+        }
+    }
+    if let Some(n) = s.min_requests {
+        o.min_requests = n.max(1);
+        if n == 0 {
+            errs.push(format!("{at}.min_requests"), "must be at least 1");
+        }
+    }
+    if let Some(r) = s.min_error_rate {
+        if !(r > 0.0 && r <= 1.0) {
+            errs.push(format!("{at}.min_error_rate"), "must be in (0, 1]");
+        }
+        o.min_error_rate = r;
+    }
+    if let Some(r) = s.ratio {
+        if !(r.is_finite() && r >= 1.0) {
+            errs.push(format!("{at}.ratio"), "must be at least 1");
+        }
+        o.ratio = r;
+    }
+    if let Some(p) = s.max_ejection_percent {
+        if p > 100 {
+            errs.push(format!("{at}.max_ejection_percent"), "must be at most 100");
+        }
+        o.max_ejection_percent = p;
+    }
+    o
 }
 
 /// A pool's endpoints: each parses, is not a link-local or metadata

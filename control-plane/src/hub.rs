@@ -36,6 +36,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use prost::Message;
 use router_policy::document::{load_with, PolicyDocument};
 use router_policy::guard::backend_refusal;
+use router_policy::health::SuspectCause;
 use router_policy::{Endpoint, FieldError, Guards, Policy, QueueSettings};
 use router_proto::v1 as pb;
 use tokio::sync::watch;
@@ -281,6 +282,7 @@ fn snapshot_for(state: &State, document: String) -> pb::Snapshot {
                 open: c.open,
                 until_unix_ms: c.until_unix_ms,
                 source: c.source.clone(),
+                suspect: c.suspect.clone(),
             })
             .collect(),
     }
@@ -905,6 +907,7 @@ impl Hub {
                     open,
                     until_unix_ms: until,
                     source: source.to_string(),
+                    suspect: String::new(),
                 });
             }
             Ok((next.circuits != inner.state.circuits).then_some((next, None)))
@@ -915,6 +918,9 @@ impl Hub {
 
     /// A proxy's circuit transition: an open circuit is shared with every
     /// proxy until its expiry; a closed one withdraws that proxy's report.
+    /// A suspicion (`report.suspect`) is kept apart from circuits the same
+    /// way, except that a cleared `check` suspicion (a check passed) clears
+    /// every proxy's.
     /// Reports through different replicas land in the one stored list, so
     /// the fleet has one view. An open report is checked as an operator's
     /// override is ([`check_circuit`]): a proxy of another version cannot
@@ -936,9 +942,22 @@ impl Hub {
                 )
                 .map_err(HubError::Invalid)?;
             }
+            if !report.suspect.is_empty() && SuspectCause::parse(&report.suspect).is_none() {
+                return Err(HubError::Invalid(vec![FieldError {
+                    field: "suspect".into(),
+                    reason: format!("unknown cause {:?} (check, attempt)", report.suspect),
+                }]));
+            }
             let mut next = inner.state.clone();
+            // A passing check clears the check suspicion of every proxy
+            // (router_policy::health); anything else replaces this proxy's
+            // own record of the same kind.
+            let clears_all = !report.open && report.suspect == SuspectCause::Check.as_str();
             next.circuits.retain(|c| {
-                !(c.pool == report.pool && c.endpoint == report.endpoint && c.source == node)
+                !(c.pool == report.pool
+                    && c.endpoint == report.endpoint
+                    && c.suspect == report.suspect
+                    && (c.source == node || clears_all))
             });
             if report.open && report.until_unix_ms > now {
                 next.circuits.push(CircuitRecord {
@@ -948,6 +967,7 @@ impl Hub {
                     // A proxy may not hold the fleet's circuit open for long.
                     until_unix_ms: report.until_unix_ms.min(now + 600_000),
                     source: node.to_string(),
+                    suspect: report.suspect.clone(),
                 });
             }
             Ok((next.circuits != inner.state.circuits).then_some((next, None)))

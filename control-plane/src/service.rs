@@ -233,6 +233,7 @@ impl Admin for AdminService {
                     open: c.open,
                     until_unix_ms: c.until_unix_ms,
                     source: c.source,
+                    suspect: c.suspect,
                 })
                 .collect(),
         }))

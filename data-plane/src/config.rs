@@ -426,6 +426,8 @@ fn build(
             drained: p.drained.clone(),
             probe: p.probe,
             model: p.model.clone(),
+            health_check: p.health_check.clone(),
+            outlier: p.outlier_ejection,
         };
         let probe = p.probe;
         let runtime = match old.get(&p.name) {
@@ -440,6 +442,7 @@ fn build(
             }
         };
         runtime.ensure_probe(probe, client);
+        runtime.ensure_checks(p.health_check.clone(), client);
         pools.insert(p.name.clone(), runtime);
     }
     let budgets = policy

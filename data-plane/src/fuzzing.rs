@@ -379,6 +379,7 @@ pub fn snapshot(data: &[u8]) {
         policy: decoded.policy.clone(),
         backends: decoded.backends.clone(),
         circuits: decoded.circuits.clone(),
+        suspects: decoded.suspects.clone(),
         skipped: decoded.skipped.clone(),
     };
     let version = format!("cp-{}", msg.revision);

@@ -24,6 +24,8 @@
 //! - `config`: the immutable `Snapshot` and its atomic swaps ([`ConfigStore`]);
 //! - `pool`: one pool's circuits, latency window, bounded FIFO and leases;
 //! - `probe`: capacity probes (vLLM `/metrics`, Ollama `/api/ps`);
+//! - `health_check`: active health checks (one task per pool that has
+//!   them; the rules are `router_policy::health`'s);
 //! - `forward`: the upstream client's set-up, URIs and forwarded headers;
 //! - `tracked_body`: a streamed answer on its way to the client, its
 //!   completion run once, its deadline enforced even when the client stops
@@ -55,6 +57,7 @@ mod forward;
 #[doc(hidden)]
 pub mod fuzzing;
 mod handler;
+mod health_check;
 mod hop_by_hop;
 mod idempotency;
 mod limits;

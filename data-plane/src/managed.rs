@@ -41,6 +41,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use prost::Message;
 use router_policy::document::load_with;
 use router_policy::guard::backend_refusal;
+use router_policy::health::SuspectCause;
 use router_policy::{Endpoint, Guards, Policy, QueueSettings};
 use router_proto::v1 as pb;
 use router_proto::v1::proxy_config_client::ProxyConfigClient;
@@ -254,6 +255,8 @@ pub(crate) struct Decoded {
     pub backends: BTreeMap<String, Vec<Endpoint>>,
     /// Forced circuits by pool: (endpoint or whole pool, open, until).
     pub circuits: BTreeMap<String, Vec<(Option<Endpoint>, bool, Instant)>>,
+    /// The fleet's suspicion marks by pool: (endpoint, cause, until).
+    pub suspects: BTreeMap<String, Vec<(Endpoint, SuspectCause, Instant)>>,
     /// Circuit overrides that were skipped, each with why.
     pub skipped: Vec<String>,
 }
@@ -362,8 +365,32 @@ pub(crate) fn decode(
         backends.insert(b.pool.clone(), eps);
     }
     let mut circuits: BTreeMap<String, Vec<_>> = BTreeMap::new();
+    let mut suspects: BTreeMap<String, Vec<_>> = BTreeMap::new();
     let mut skipped = Vec::new();
     for c in &snapshot.circuits {
+        if !c.suspect.is_empty() {
+            let cause = SuspectCause::parse(&c.suspect);
+            match (cause, circuit_target(c, &policy, &backends)) {
+                (Some(cause), Ok(Some(ep))) => suspects.entry(c.pool.clone()).or_default().push((
+                    ep,
+                    cause,
+                    unix_ms_to_instant(c.until_unix_ms),
+                )),
+                (None, _) => skipped.push(format!(
+                    "suspicion {}/{} (from {}): unknown cause {:?}",
+                    c.pool, c.endpoint, c.source, c.suspect
+                )),
+                (_, Ok(None)) => skipped.push(format!(
+                    "suspicion {}/{} (from {}): names no endpoint",
+                    c.pool, c.endpoint, c.source
+                )),
+                (_, Err(why)) => skipped.push(format!(
+                    "suspicion {}/{} (from {}): {why}",
+                    c.pool, c.endpoint, c.source
+                )),
+            }
+            continue;
+        }
         let ep = match circuit_target(c, &policy, &backends) {
             Ok(ep) => ep,
             Err(why) => {
@@ -384,6 +411,7 @@ pub(crate) fn decode(
         policy,
         backends,
         circuits,
+        suspects,
         skipped,
     })
 }
@@ -400,6 +428,8 @@ pub(crate) fn apply(store: &ConfigStore, d: Decoded, revision: u64) -> Arc<str> 
     for (name, pool) in &snapshot.pools {
         let forced = d.circuits.get(name).map(Vec::as_slice).unwrap_or(&[]);
         pool.set_forced(forced);
+        let marks = d.suspects.get(name).map(Vec::as_slice).unwrap_or(&[]);
+        pool.set_suspects(marks);
     }
     version
 }
@@ -582,6 +612,7 @@ async fn stream_once(
                         endpoint: ev.endpoint,
                         open: ev.open,
                         until_unix_ms: unix_ms(ev.until),
+                        suspect: ev.suspect.map(|c| c.as_str().to_string()).unwrap_or_default(),
                     })),
                 };
                 if tx.send(report).await.is_err() {

@@ -132,6 +132,15 @@ pub(crate) struct ResultLabel {
     pub result: String,
 }
 
+/// Label set `{pool, result}`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct CheckLabels {
+    /// Pool name.
+    pub pool: String,
+    /// `passed` or `failed`.
+    pub result: String,
+}
+
 type FloatGauge = Gauge<f64, AtomicU64>;
 
 fn latency_histogram() -> Histogram {
@@ -218,6 +227,11 @@ pub(crate) struct Metrics {
     stream_events: Family<StreamEventLabels, Counter>,
     tenant_requests: Family<TenantLabels, Counter>,
     tpot: Family<BackendLabels, FloatGauge>,
+    health_checks: Family<CheckLabels, Counter>,
+    endpoint_health: Family<BackendLabels, Gauge>,
+    endpoint_suspect: Family<BackendLabels, Gauge>,
+    endpoint_ejected: Family<BackendLabels, Gauge>,
+    ejections: Family<PoolLabel, Counter>,
 }
 
 impl Default for Metrics {
@@ -258,6 +272,11 @@ impl Metrics {
             stream_events: Family::default(),
             tenant_requests: Family::default(),
             tpot: Family::default(),
+            health_checks: Family::default(),
+            endpoint_health: Family::default(),
+            endpoint_suspect: Family::default(),
+            endpoint_ejected: Family::default(),
+            ejections: Family::default(),
         };
         registry.register(
             "custom_router_queue_depth",
@@ -375,6 +394,31 @@ impl Metrics {
             "Time per output token per endpoint (EWMA over its streams)",
             m.tpot.clone(),
         );
+        registry.register(
+            "router_health_checks",
+            "Active health checks by pool and result (passed, failed)",
+            m.health_checks.clone(),
+        );
+        registry.register(
+            "router_endpoint_health",
+            "What the health checks say per endpoint (pools with checks only): 0 unknown (no check passed yet), 1 healthy, 2 unhealthy",
+            m.endpoint_health.clone(),
+        );
+        registry.register(
+            "router_endpoint_suspect",
+            "1 while an endpoint is suspect (this proxy's mark or the fleet's): it takes no new traffic while its pool has another endpoint",
+            m.endpoint_suspect.clone(),
+        );
+        registry.register(
+            "router_endpoint_ejected",
+            "1 while an endpoint is ejected as an outlier",
+            m.endpoint_ejected.clone(),
+        );
+        registry.register(
+            "router_outlier_ejections",
+            "Outlier ejections by pool",
+            m.ejections.clone(),
+        );
         Self { registry, ..m }
     }
 
@@ -418,6 +462,21 @@ impl Metrics {
             dispatched: self.dispatched.get_or_create(&l).clone(),
             evicted: self.evicted.get_or_create(&l).clone(),
             timed_out: self.timed_out.get_or_create(&l).clone(),
+            checks_passed: self
+                .health_checks
+                .get_or_create(&CheckLabels {
+                    pool: pool.to_string(),
+                    result: "passed".into(),
+                })
+                .clone(),
+            checks_failed: self
+                .health_checks
+                .get_or_create(&CheckLabels {
+                    pool: pool.to_string(),
+                    result: "failed".into(),
+                })
+                .clone(),
+            ejections: self.ejections.get_or_create(&l).clone(),
         }
     }
 
@@ -590,6 +649,9 @@ impl Metrics {
         self.tpot.clear();
         self.inflight.clear();
         self.circuit_open.clear();
+        self.endpoint_health.clear();
+        self.endpoint_suspect.clear();
+        self.endpoint_ejected.clear();
         for p in pools {
             let pl = PoolLabel {
                 pool: p.name.to_string(),
@@ -618,6 +680,21 @@ impl Metrics {
                     crate::pool::CircuitState::HalfOpen => 2,
                 };
                 self.circuit_open.get_or_create(&bl).set(circuit);
+                if let Some(h) = e.health {
+                    use router_policy::health::Health;
+                    let v = match h {
+                        Health::Unknown => 0,
+                        Health::Healthy => 1,
+                        Health::Unhealthy => 2,
+                    };
+                    self.endpoint_health.get_or_create(&bl).set(v);
+                }
+                self.endpoint_suspect
+                    .get_or_create(&bl)
+                    .set(i64::from(e.suspect.is_some()));
+                self.endpoint_ejected
+                    .get_or_create(&bl)
+                    .set(i64::from(e.ejected));
             }
         }
         let mut out = String::with_capacity(8192);

@@ -255,6 +255,7 @@ fn snapshot_seeds() {
         open,
         until_unix_ms: until,
         source: "cp".into(),
+        suspect: String::new(),
     };
     seed(
         t,

@@ -44,7 +44,7 @@ use crate::document::Provider;
 /// A pool's active health check, resolved.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HealthCheck {
-    /// Path requested with `GET` on each endpoint (joined to its base).
+    /// Path requested with `GET` on each endpoint, from the server's root.
     pub path: String,
     /// Time between two checks of one endpoint (before jitter).
     pub interval: Duration,
@@ -236,12 +236,22 @@ impl SuspectCause {
 
 /// A fleet-wide suspicion mark on one endpoint, as a proxy holds it: the
 /// latest expiry per cause (times are the caller's clock, any unit).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Suspicion<T> {
     /// Raised by a failed check, until then.
     pub check_until: Option<T>,
     /// Raised by a failed first request, until then.
     pub attempt_until: Option<T>,
+}
+
+impl<T> Suspicion<T> {
+    /// No mark.
+    pub const fn none() -> Self {
+        Self {
+            check_until: None,
+            attempt_until: None,
+        }
+    }
 }
 
 impl<T: Copy + Ord> Suspicion<T> {
@@ -257,25 +267,13 @@ impl<T: Copy + Ord> Suspicion<T> {
     }
 }
 
-/// Whether a proxy should report a failed attempt on an endpoint as
-/// suspect: only a failure that says something about the endpoint (not a
-/// rate limit, which is the provider's quota, nor a client gone) on an
-/// endpoint this proxy had never had an answer from. An endpoint with a
+/// Whether a proxy should report an attempt that ended on an endpoint as
+/// suspect: a failure (a refused connection, a reset, a 5xx, a timeout; not
+/// a rate limit, which is the provider's quota, nor a cancelled attempt) on
+/// an endpoint this proxy had never had an answer from. An endpoint with a
 /// track record failing once is noise for its circuit to weigh.
-pub fn suspect_after_attempt(outcome: crate::Outcome, had_answered: bool) -> bool {
-    use crate::Outcome as O;
-    !had_answered
-        && matches!(
-            outcome,
-            O::ConnectError
-                | O::UpstreamError
-                | O::UpstreamReset
-                | O::Status5xx
-                | O::MalformedJson
-                | O::Timeout
-                | O::FirstTokenTimeout
-                | O::StreamError
-        )
+pub fn suspect_after_attempt(failed: bool, had_answered: bool) -> bool {
+    failed && !had_answered
 }
 
 /// A pool's outlier ejection, resolved.
@@ -490,12 +488,9 @@ mod tests {
 
     #[test]
     fn only_a_failed_first_request_raises_suspicion() {
-        use crate::Outcome as O;
-        assert!(suspect_after_attempt(O::Status5xx, false));
-        assert!(suspect_after_attempt(O::ConnectError, false));
-        assert!(!suspect_after_attempt(O::Status5xx, true));
-        assert!(!suspect_after_attempt(O::Status429, false));
-        assert!(!suspect_after_attempt(O::Ok, false));
+        assert!(suspect_after_attempt(true, false));
+        assert!(!suspect_after_attempt(true, true));
+        assert!(!suspect_after_attempt(false, false));
     }
 
     fn counts(v: &[(u32, u32)]) -> Vec<ErrorCount> {

@@ -84,6 +84,10 @@ pub struct CircuitRecord {
     pub until_unix_ms: i64,
     /// `operator`, or the reporting proxy's node id.
     pub source: String,
+    /// Non-empty: a suspicion mark (`check` or `attempt`), not a forced
+    /// circuit ([`router_policy::health`]).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub suspect: String,
 }
 
 /// One stored policy version.

@@ -51,6 +51,7 @@
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use prometheus_client::metrics::counter::Counter;
+use router_policy::health::{HealthCheck, OutlierEjection, SuspectCause};
 use router_policy::{CircuitSettings, Endpoint, Probe, QueueSettings};
 use tokio::time::Instant;
 
@@ -71,17 +72,21 @@ pub(crate) use status::{Availability, PoolStatus};
 
 use state::{EndpointState, PoolState};
 
-/// A circuit transition, for the control plane (shared with the fleet).
+/// A circuit transition or a suspicion, for the control plane (shared
+/// with the fleet).
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct CircuitEvent {
     /// Pool.
     pub pool: String,
     /// Endpoint URL.
     pub endpoint: String,
-    /// Opened (true) or closed.
+    /// Opened (true) or closed; for a suspicion, raised or cleared.
     pub open: bool,
-    /// Until when it stays open.
+    /// Until when it stays open (suspect).
     pub until: Option<Instant>,
+    /// `Some`: this is a suspicion ([`router_policy::health`]), not a
+    /// circuit.
+    pub suspect: Option<SuspectCause>,
 }
 
 /// Counters a pool increments (the HF `custom_router_requests_*_total`),
@@ -96,6 +101,12 @@ pub(crate) struct PoolCounters {
     pub evicted: Counter,
     /// Waiters timed out in the queue.
     pub timed_out: Counter,
+    /// Health checks that passed.
+    pub checks_passed: Counter,
+    /// Health checks that failed.
+    pub checks_failed: Counter,
+    /// Outlier ejections.
+    pub ejections: Counter,
 }
 
 /// A pool's settings that can change on reload.
@@ -115,6 +126,10 @@ pub(crate) struct PoolSettings {
     pub probe: Option<Probe>,
     /// The pool's model (to prefer endpoints where it is resident).
     pub model: Option<String>,
+    /// Active health checks, when configured.
+    pub health_check: Option<HealthCheck>,
+    /// Outlier ejection, when configured.
+    pub outlier: Option<OutlierEjection>,
 }
 
 impl PoolSettings {
@@ -129,6 +144,8 @@ impl PoolSettings {
             drained: Vec::new(),
             probe: None,
             model: None,
+            health_check: None,
+            outlier: None,
         }
     }
 }
@@ -142,6 +159,11 @@ pub(crate) struct PoolRuntime {
     counters: PoolCounters,
     /// The capacity probe task, with the settings it runs with.
     probe_task: Mutex<Option<(Probe, tokio::task::JoinHandle<()>)>>,
+    /// The health check task, with the settings it runs with.
+    check_task: Mutex<Option<(HealthCheck, tokio::task::JoinHandle<()>)>>,
+    /// Wakes the health check task when endpoints change (a new one is
+    /// checked at once).
+    endpoints_changed: tokio::sync::Notify,
     /// The settings ask for prefix affinity (read without the lock).
     uses_affinity: std::sync::atomic::AtomicBool,
 }
@@ -160,6 +182,8 @@ impl PoolRuntime {
             state: Mutex::new(PoolState::new(settings.clone())),
             counters,
             probe_task: Mutex::new(None),
+            check_task: Mutex::new(None),
+            endpoints_changed: tokio::sync::Notify::new(),
             uses_affinity: std::sync::atomic::AtomicBool::new(false),
         });
         pool.update(settings, endpoints);
@@ -218,6 +242,7 @@ impl PoolRuntime {
         );
         st.settings = settings;
         st.rebuild_ring();
+        self.endpoints_changed.notify_one();
         let all_drained = st.endpoints.iter().all(|e| e.draining);
         if st.endpoints.is_empty() || all_drained {
             st.shed_all(Shed::NoBackend);
@@ -266,6 +291,14 @@ impl PoolRuntime {
         {
             handle.abort();
         }
+        if let Some((_, handle)) = self
+            .check_task
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+        {
+            handle.abort();
+        }
         let mut st = self.lock();
         st.closed = true;
         st.endpoints.clear();
@@ -282,10 +315,12 @@ impl PoolRuntime {
         let Some(e) = st.endpoint_mut(endpoint_id) else {
             return;
         };
+        let failed = matches!(sample, Sample::Failure(_) | Sample::Timeout(_));
         let opened = match sample {
             Sample::Success(_) => {
+                e.answered = true;
                 if e.breaker.on_success() {
-                    self.report(e, false, None);
+                    self.report(e, false, None, None);
                 }
                 None
             }
@@ -295,9 +330,81 @@ impl PoolRuntime {
         };
         if let Some(until) = opened {
             tracing::warn!(pool = &*self.name, endpoint = &*e.addr, "circuit opened");
-            self.report(e, true, Some(until));
+            self.report(e, true, Some(until), None);
+        }
+        if router_policy::health::suspect_after_attempt(failed, e.answered) && !e.suspect.holds(now)
+        {
+            let until = crate::clock::later(now, circuit.open_duration, crate::clock::A_YEAR);
+            tracing::warn!(
+                pool = &*self.name,
+                endpoint = &*e.addr,
+                "first request failed: endpoint reported suspect to the fleet"
+            );
+            e.suspect.attempt_until = Some(until);
+            self.report(e, true, Some(until), Some(SuspectCause::Attempt));
         }
         e.ewma = Some(latency::fold_ewma(e.ewma, sample, &q));
+        if !matches!(sample, Sample::Cancelled(_)) {
+            if let Some(rules) = st.settings.outlier {
+                self.judge_outliers(st, endpoint_id, failed, now, &rules);
+            }
+        }
+    }
+
+    /// Counts an ended request for outlier ejection and, after a failure,
+    /// ejects the pool's outliers ([`router_policy::health::ejections`]).
+    fn judge_outliers(
+        &self,
+        st: &mut PoolState,
+        endpoint_id: u64,
+        failed: bool,
+        now: Instant,
+        rules: &OutlierEjection,
+    ) {
+        let Some(e) = st.endpoint_mut(endpoint_id) else {
+            return;
+        };
+        e.outlier.record(failed, now, rules.window);
+        if !failed {
+            if e.ejected_until.is_none_or(|u| u <= now) && e.outlier.totals().1 == 0 {
+                e.ejections = 0;
+            }
+            return;
+        }
+        let counts: Vec<router_policy::health::ErrorCount> = st
+            .endpoints
+            .iter()
+            .map(|e| {
+                // A window that has ended counts as empty.
+                let stale = e
+                    .outlier
+                    .started
+                    .is_none_or(|t| now.saturating_duration_since(t) >= rules.window * 2);
+                let (requests, errors) = if stale { (0, 0) } else { e.outlier.totals() };
+                router_policy::health::ErrorCount {
+                    requests,
+                    errors,
+                    ejected: e.ejected_until.is_some_and(|u| u > now),
+                }
+            })
+            .collect();
+        for i in router_policy::health::ejections(&counts, rules) {
+            let e = &mut st.endpoints[i];
+            e.ejections = e.ejections.saturating_add(1);
+            let until = crate::clock::later(now, rules.duration(e.ejections), crate::clock::A_YEAR);
+            e.ejected_until = Some(until);
+            // Judged afresh when it comes back.
+            e.outlier = state::OutlierCounts::default();
+            self.counters.ejections.inc();
+            tracing::warn!(
+                pool = &*self.name,
+                endpoint = &*e.addr,
+                requests = counts[i].requests,
+                errors = counts[i].errors,
+                ejection_s = rules.duration(e.ejections).as_secs_f64(),
+                "outlier ejected: its error rate is far above the rest of its pool's"
+            );
+        }
     }
 
     /// Folds a stream's time per output token into the endpoint's EWMA
@@ -315,16 +422,118 @@ impl PoolRuntime {
         }
     }
 
-    /// Tells the control plane (managed mode) a circuit opened or closed.
-    fn report(&self, e: &EndpointState, open: bool, until: Option<Instant>) {
+    /// Tells the control plane (managed mode) a circuit opened or closed,
+    /// or a suspicion was raised or cleared.
+    fn report(
+        &self,
+        e: &EndpointState,
+        open: bool,
+        until: Option<Instant>,
+        suspect: Option<SuspectCause>,
+    ) {
         if let Some(tx) = &self.counters.events {
             let _ = tx.try_send(CircuitEvent {
                 pool: self.name.to_string(),
                 endpoint: e.addr.to_string(),
                 open,
                 until,
+                suspect,
             });
         }
+    }
+
+    /// Applies the fleet's suspicion marks: `(endpoint, cause, until)`;
+    /// anything not listed is not suspect by the fleet. (A mark this proxy
+    /// raised itself is kept apart, until it expires or a check here
+    /// clears it: a snapshot that predates the report does not undo it.)
+    pub(crate) fn set_suspects(self: &Arc<Self>, marks: &[(Endpoint, SuspectCause, Instant)]) {
+        let mut st = self.lock();
+        for e in &mut st.endpoints {
+            let of = |cause: SuspectCause| {
+                marks
+                    .iter()
+                    .filter(|(ep, c, _)| *c == cause && *ep == *e.endpoint)
+                    .map(|(_, _, until)| *until)
+                    .max()
+            };
+            e.fleet_suspect.check_until = of(SuspectCause::Check);
+            e.fleet_suspect.attempt_until = of(SuspectCause::Attempt);
+        }
+        self.dispatch(&mut st);
+    }
+
+    /// Records one health check's result at `endpoint`: the endpoint's
+    /// health, the pool's counters, and the fleet (a failed check raises
+    /// suspicion, a passing one clears a check's suspicion). A change may
+    /// make endpoints eligible, so waiters are dispatched.
+    pub(crate) fn record_check(self: &Arc<Self>, endpoint: &Endpoint, passed: bool, now: Instant) {
+        let mut st = self.lock();
+        let Some(check) = st.settings.health_check.clone() else {
+            return;
+        };
+        let open_for = st.settings.circuit.open_duration;
+        if passed {
+            self.counters.checks_passed.inc();
+        } else {
+            self.counters.checks_failed.inc();
+        }
+        let Some(e) = st.endpoints.iter_mut().find(|e| *e.endpoint == *endpoint) else {
+            return;
+        };
+        if let Some(health) = e.checks.record(passed, &check) {
+            tracing::info!(
+                pool = &*self.name,
+                endpoint = &*e.addr,
+                health = health.as_str(),
+                "health check state changed"
+            );
+        }
+        if passed {
+            if e.suspect.cleared_by_check(now) || e.fleet_suspect.cleared_by_check(now) {
+                e.suspect.check_until = None;
+                e.fleet_suspect.check_until = None;
+                self.report(e, false, None, Some(SuspectCause::Check));
+            }
+        } else if !e.suspect.check_until.is_some_and(|u| u > now) {
+            let until = crate::clock::later(now, open_for, crate::clock::A_YEAR);
+            e.suspect.check_until = Some(until);
+            self.report(e, true, Some(until), Some(SuspectCause::Check));
+        }
+        self.dispatch(&mut st);
+    }
+
+    /// Starts, restarts or stops the health check task to match `check`.
+    pub(crate) fn ensure_checks(
+        self: &Arc<Self>,
+        check: Option<HealthCheck>,
+        client: Option<&UpstreamClient>,
+    ) {
+        let mut task = self.check_task.lock().unwrap_or_else(|e| e.into_inner());
+        if let (Some(want), Some((running, handle))) = (&check, task.as_ref()) {
+            if want == running && !handle.is_finished() {
+                return;
+            }
+        }
+        if let Some((_, handle)) = task.take() {
+            handle.abort();
+        }
+        let (Some(check), Some(client)) = (check, client) else {
+            return;
+        };
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let handle = rt.spawn(crate::health_check::run(
+            Arc::downgrade(self),
+            client.clone(),
+            check.clone(),
+        ));
+        *task = Some((check, handle));
+    }
+
+    /// Waits until the endpoints change (for the health check task).
+    pub(crate) async fn endpoints_changed(&self) {
+        self.endpoints_changed.notified().await;
     }
 
     /// Applies the control plane's forced circuit states: `(endpoint, open,

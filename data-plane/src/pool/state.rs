@@ -2,9 +2,13 @@
 //! latencies, and the judgements made from them.
 //!
 //! An endpoint takes requests when it is not drained, its circuit admits
-//! ([`Breaker::admits`]) and, with a capacity probe configured, its last
-//! reading is fresh and healthy ([`ProbeReading::usable`]). Among those,
-//! the balancer ([`router_policy::balance`]) picks by latency and load;
+//! ([`Breaker::admits`]), with a capacity probe configured its last
+//! reading is fresh and healthy ([`ProbeReading::usable`]), and with health
+//! checks configured its checks say healthy. Two soft marks take it out
+//! too, unless every endpoint those rules admit carries one
+//! ([`router_policy::health::admits`]): the fleet's suspicion and an
+//! outlier ejection. Among those, the balancer
+//! ([`router_policy::balance`]) picks by latency and load;
 //! [`PoolState::fill_loads`] gives it what it needs, in a buffer kept
 //! across calls so that a grant allocates nothing.
 
@@ -16,6 +20,7 @@ use router_policy::affinity::{LastServed, Ring};
 use router_policy::balance::{self, EndpointLoad, Scoring};
 use router_policy::deadline::PoolOutlook;
 use router_policy::engine_aware::{self, EngineLoad, TokenLatency};
+use router_policy::health::{CheckState, Suspicion};
 use router_policy::{Endpoint, Probe};
 use tokio::time::Instant;
 
@@ -56,6 +61,66 @@ pub(super) struct EndpointState {
     /// Prompt tokens of this router's requests there that have no first
     /// token yet.
     pub(super) pending_prefill_tokens: u64,
+    /// What the active health checks say (used when the pool has them).
+    pub(super) checks: CheckState,
+    /// Suspicion this proxy raised (and reported).
+    pub(super) suspect: Suspicion<Instant>,
+    /// The fleet's suspicion marks, from the control plane.
+    pub(super) fleet_suspect: Suspicion<Instant>,
+    /// This proxy has had an answer from it (a failure there then is no
+    /// longer a first failure, see [`router_policy::health`]).
+    pub(super) answered: bool,
+    /// Requests and errors in the outlier window.
+    pub(super) outlier: OutlierCounts,
+    /// Ejected as an outlier until then.
+    pub(super) ejected_until: Option<Instant>,
+    /// Ejections in a row (an endpoint that served a window cleanly
+    /// starts over).
+    pub(super) ejections: u32,
+}
+
+/// Requests and errors of one endpoint in the current and the previous
+/// outlier window (the judged rate is over both: a window that just
+/// started still sees the last one).
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct OutlierCounts {
+    pub(super) started: Option<Instant>,
+    pub(super) requests: u32,
+    pub(super) errors: u32,
+    pub(super) prev_requests: u32,
+    pub(super) prev_errors: u32,
+}
+
+impl OutlierCounts {
+    /// Counts one ended request at `now`, rolling the window first.
+    pub(super) fn record(&mut self, failed: bool, now: Instant, window: Duration) {
+        match self.started {
+            Some(t) if now.saturating_duration_since(t) < window => {}
+            Some(t) if now.saturating_duration_since(t) < window * 2 => {
+                self.prev_requests = self.requests;
+                self.prev_errors = self.errors;
+                self.requests = 0;
+                self.errors = 0;
+                self.started = Some(now);
+            }
+            _ => {
+                *self = Self {
+                    started: Some(now),
+                    ..Self::default()
+                }
+            }
+        }
+        self.requests = self.requests.saturating_add(1);
+        self.errors = self.errors.saturating_add(u32::from(failed));
+    }
+
+    /// Requests and errors over the two windows.
+    pub(super) fn totals(&self) -> (u32, u32) {
+        (
+            self.requests.saturating_add(self.prev_requests),
+            self.errors.saturating_add(self.prev_errors),
+        )
+    }
 }
 
 impl EndpointState {
@@ -75,6 +140,13 @@ impl EndpointState {
             in_flight_at_scrape: 0,
             tokens: TokenLatency::default(),
             pending_prefill_tokens: 0,
+            checks: CheckState::new(),
+            suspect: Suspicion::none(),
+            fleet_suspect: Suspicion::none(),
+            answered: false,
+            outlier: OutlierCounts::default(),
+            ejected_until: None,
+            ejections: 0,
         }
     }
 
@@ -85,10 +157,22 @@ impl EndpointState {
         self.probe.as_ref().is_some_and(|r| r.usable(p, now))
     }
 
-    /// Not drained, the circuit admits, the capacity probe is fine.
+    /// Not drained, the circuit admits, the capacity probe and the health
+    /// checks (`checks`: the pool has them) are fine.
     #[inline]
-    fn usable(&self, probe: Option<&Probe>, now: Instant) -> bool {
-        !self.draining && self.breaker.admits(now) && self.probe_ok(probe, now)
+    pub(super) fn usable(&self, probe: Option<&Probe>, checks: bool, now: Instant) -> bool {
+        !self.draining
+            && self.breaker.admits(now)
+            && self.probe_ok(probe, now)
+            && (!checks || self.checks.admits())
+    }
+
+    /// Suspect or ejected at `now` (the soft marks).
+    #[inline]
+    pub(super) fn soft_marked(&self, now: Instant) -> bool {
+        self.suspect.holds(now)
+            || self.fleet_suspect.holds(now)
+            || self.ejected_until.is_some_and(|u| u > now)
     }
 }
 
@@ -182,7 +266,8 @@ impl PoolState {
             return Availability::Drained;
         }
         let probe = self.settings.probe.as_ref();
-        if !self.endpoints.iter().any(|e| e.usable(probe, now)) {
+        let checks = self.settings.health_check.is_some();
+        if !self.endpoints.iter().any(|e| e.usable(probe, checks, now)) {
             return Availability::Unhealthy;
         }
         Availability::Ready
@@ -253,19 +338,38 @@ impl PoolState {
     pub(super) fn fill_loads(&mut self, now: Instant) {
         let max_concurrency = self.settings.max_concurrency;
         let probe = self.settings.probe;
+        let checks = self.settings.health_check.is_some();
         let model = self.settings.model.as_deref();
         self.loads.clear();
-        self.loads
-            .extend(self.endpoints.iter().map(|e| EndpointLoad {
+        let mut any_clean = false;
+        let mut any_marked = false;
+        self.loads.extend(self.endpoints.iter().map(|e| {
+            let usable = e.usable(probe.as_ref(), checks, now);
+            let marked = usable && e.soft_marked(now);
+            any_clean |= usable && !marked;
+            any_marked |= marked;
+            EndpointLoad {
                 ewma: e.ewma,
                 in_flight: e.in_flight,
                 max_concurrency,
-                available: e.usable(probe.as_ref(), now),
+                available: usable && !marked,
                 preferred: match (model, &e.probe) {
                     (Some(m), Some(r)) => r.resident.iter().any(|x| x == m),
                     _ => false,
                 },
-            }));
+            }
+        }));
+        if any_marked && !any_clean {
+            // Soft marks never empty a pool (router_policy::health::admits).
+            for (load, e) in self.loads.iter_mut().zip(&self.endpoints) {
+                load.available = router_policy::health::admits(
+                    e.usable(probe.as_ref(), checks, now),
+                    true,
+                    e.soft_marked(now),
+                    false,
+                );
+            }
+        }
         if self.settings.queue.scoring == Scoring::EngineAware {
             self.engine_loads.clear();
             self.engine_loads
@@ -291,10 +395,11 @@ impl PoolState {
     /// the open slots at the best endpoint's EWMA. `None` without an EWMA.
     fn expected_wait(&self, now: Instant) -> Option<Duration> {
         let probe = self.settings.probe.as_ref();
+        let checks = self.settings.health_check.is_some();
         let usable: Vec<&EndpointState> = self
             .endpoints
             .iter()
-            .filter(|e| e.usable(probe, now))
+            .filter(|e| e.usable(probe, checks, now))
             .collect();
         let service = usable.iter().filter_map(|e| e.ewma).reduce(f64::min)?;
         let slots: u32 = usable

@@ -29,8 +29,9 @@ pub(crate) enum Availability {
     NoEndpoints,
     /// Every endpoint (or the pool) is drained.
     Drained,
-    /// Every endpoint that is not drained has an open circuit or a failing
-    /// (or stale) capacity probe.
+    /// Every endpoint that is not drained has an open circuit, a failing
+    /// (or stale) capacity probe, or failing (or no passing yet) health
+    /// checks.
     Unhealthy,
 }
 
@@ -41,7 +42,9 @@ impl Availability {
             Self::Ready => "ready",
             Self::NoEndpoints => "no endpoints",
             Self::Drained => "drained",
-            Self::Unhealthy => "unhealthy (circuits open or capacity probes failing)",
+            Self::Unhealthy => {
+                "unhealthy (circuits open, capacity probes or health checks failing)"
+            }
         }
     }
 }
@@ -61,6 +64,12 @@ pub(crate) struct EndpointStatus {
     pub circuit: CircuitState,
     /// Drained (no new requests).
     pub draining: bool,
+    /// What the health checks say; `None`: the pool has none.
+    pub health: Option<router_policy::health::Health>,
+    /// Why it is suspect now (this proxy's mark or the fleet's), if it is.
+    pub suspect: Option<router_policy::health::SuspectCause>,
+    /// Ejected as an outlier now.
+    pub ejected: bool,
 }
 
 /// A live view of one pool.
@@ -202,6 +211,17 @@ impl PoolRuntime {
                     tpot_s: e.tpot,
                     circuit: e.breaker.effective_state(now).reported(),
                     draining: e.draining,
+                    health: st.settings.health_check.as_ref().map(|_| e.checks.health()),
+                    suspect: [&e.suspect, &e.fleet_suspect].into_iter().find_map(|s| {
+                        if s.check_until.is_some_and(|u| u > now) {
+                            Some(router_policy::health::SuspectCause::Check)
+                        } else if s.attempt_until.is_some_and(|u| u > now) {
+                            Some(router_policy::health::SuspectCause::Attempt)
+                        } else {
+                            None
+                        }
+                    }),
+                    ejected: e.ejected_until.is_some_and(|u| u > now),
                 })
                 .collect(),
         }

@@ -40,6 +40,7 @@ fn open_report(pool: &str, endpoint: &str, for_ms: i64) -> pb::proxy_message::Ms
         endpoint: endpoint.into(),
         open: true,
         until_unix_ms: router_control_plane::hub::now_ms() + for_ms,
+        suspect: String::new(),
     })
 }
 
@@ -590,6 +591,7 @@ async fn a_proxy_skips_a_bad_circuit_override_and_applies_the_rest() {
         open: true,
         until_unix_ms: until,
         source: "operator".into(),
+        suspect: String::new(),
     };
     let mut skewed = cp.hub().state();
     skewed.revision += 1;

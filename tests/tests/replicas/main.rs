@@ -519,6 +519,7 @@ async fn circuit_reports_through_both_replicas_form_one_fleet_view() {
                     endpoint: format!("http://10.0.0.{i}:8000"),
                     open: true,
                     until_unix_ms: until,
+                    suspect: String::new(),
                 },
             )
             .await

@@ -269,6 +269,9 @@ fn health(shared: &Shared, details: bool) -> Response<Bytes> {
                     "tpot_s": e.tpot_s,
                     "circuit": e.circuit.as_str(),
                     "draining": e.draining,
+                    "health": e.health.map(|h| h.as_str()),
+                    "suspect": e.suspect.map(|c| c.as_str()),
+                    "ejected": e.ejected,
                 })
             })
         })

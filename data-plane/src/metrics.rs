@@ -457,25 +457,26 @@ impl Metrics {
         let l = PoolLabel {
             pool: pool.to_string(),
         };
+        // Apart from the struct below: a family's guard lives to the end of
+        // the statement that took it, and a second insert into the same
+        // family while it lives would deadlock (a closure's guard ends
+        // when it returns).
+        let check = |result: &str| {
+            let labels = CheckLabels {
+                pool: pool.to_string(),
+                result: result.into(),
+            };
+            self.health_checks.get_or_create(&labels).clone()
+        };
+        let checks_passed = check("passed");
+        let checks_failed = check("failed");
         PoolCounters {
             events: None,
             dispatched: self.dispatched.get_or_create(&l).clone(),
             evicted: self.evicted.get_or_create(&l).clone(),
             timed_out: self.timed_out.get_or_create(&l).clone(),
-            checks_passed: self
-                .health_checks
-                .get_or_create(&CheckLabels {
-                    pool: pool.to_string(),
-                    result: "passed".into(),
-                })
-                .clone(),
-            checks_failed: self
-                .health_checks
-                .get_or_create(&CheckLabels {
-                    pool: pool.to_string(),
-                    result: "failed".into(),
-                })
-                .clone(),
+            checks_passed,
+            checks_failed,
             ejections: self.ejections.get_or_create(&l).clone(),
         }
     }

@@ -45,13 +45,24 @@ pub(crate) async fn handle(
     shared: Arc<Shared>,
     request: Request<Incoming>,
 ) -> Result<Response<MockBody>, Infallible> {
-    if request.method() == Method::GET && request.uri().path() == "/health" {
-        let body = MockBody::full(Bytes::from_static(br#"{"ok":true}"#), None);
-        return Ok(shared.respond(StatusCode::OK, Some("application/json"), body));
-    }
     if request.method() == Method::GET {
         let path = request.uri().path();
         let page = lock(&shared.pages).get(path).cloned();
+        if page.is_none() && crate::HEALTH_PATHS.contains(&path) {
+            shared
+                .health_hits
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let mode = lock(&shared.live).health;
+            let status = match mode {
+                crate::HealthMode::Ok => StatusCode::OK,
+                crate::HealthMode::Status(code) => {
+                    StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
+                }
+                crate::HealthMode::Hang => std::future::pending().await,
+            };
+            let body = MockBody::full(Bytes::from_static(br#"{"ok":true}"#), None);
+            return Ok(shared.respond(status, Some("application/json"), body));
+        }
         if let Some((status, text)) = page {
             *lock(&shared.page_hits).entry(path.to_owned()).or_insert(0) += 1;
             let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);

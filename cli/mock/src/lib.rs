@@ -32,13 +32,16 @@
 //!   drops the handler or the response body; a drop guard then counts the
 //!   request as cancelled and releases its slot.
 //!
-//! Every request except `GET /health` and the fixed pages is recorded
+//! Every request except the health pages and the fixed pages is recorded
 //! ([`MockModel::requests`]) and counted ([`MockModel::stats`]) before it is
 //! served; a fixed page ([`MockModel::set_page`]) is counted apart
-//! ([`MockModel::page_hits`]). Every response carries
+//! ([`MockModel::page_hits`]), and so are health pages
+//! ([`MockModel::health_hits`]). Every response carries
 //! `x-mock-name: <name>` so a test can tell which backend answered.
-//! `GET /health` always answers `200 {"ok":true}`, whatever the behavior, and
-//! is neither recorded nor counted.
+//! The health pages (`GET /health` as vLLM and TGI serve it, `/api/tags`
+//! as Ollama does, `/v1/models` as OpenAI-compatible servers do) answer as
+//! [`HealthMode`] says, whatever the behavior: `200` by default, a status,
+//! or never (a server that accepts connections and hangs).
 //!
 //! [`MockModel::stop`] closes the listener and every live connection, so a
 //! stopped mock refuses connections like a backend that went away.
@@ -133,6 +136,21 @@ pub enum Behavior {
     /// A URL that is not a valid header value is answered as 500.
     Redirect(String),
 }
+
+/// How the health pages answer ([`MockModel::set_health`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum HealthMode {
+    /// `200` with a small JSON body.
+    #[default]
+    Ok,
+    /// This status (a code outside 100..=999 is answered as 500).
+    Status(u16),
+    /// Never answer (until the client goes away).
+    Hang,
+}
+
+/// The paths served as health pages.
+pub const HEALTH_PATHS: [&str; 3] = ["/health", "/api/tags", "/v1/models"];
 
 /// A scripted stream ([`Behavior::Stream`]): what a backend's stream can
 /// do to a router (delay its first token, fail inside a 200, stall, send

@@ -21,6 +21,7 @@ use tokio::task::{JoinHandle, JoinSet};
 use crate::answer::handle;
 use crate::engine::EngineConfig;
 use crate::engine_http::EngineDriver;
+use crate::HealthMode;
 use crate::{Behavior, Generation, MockConfig, MockStats, OverCap, ReceivedRequest};
 
 /// A running mock model endpoint. Dropping it shuts the server down in the
@@ -69,7 +70,9 @@ impl MockModel {
             live: Mutex::new(Live {
                 behavior: config.behavior,
                 latency: config.latency,
+                health: HealthMode::Ok,
             }),
+            health_hits: AtomicU64::new(0),
             name: config.name,
             name_header,
             stats: Mutex::new(MockStats::default()),
@@ -119,6 +122,19 @@ impl MockModel {
     /// Switches the latency for requests received from now on.
     pub fn set_latency(&self, latency: Duration) {
         lock(&self.shared.live).latency = latency;
+    }
+
+    /// Switches how the health pages (`GET /health`, `/api/tags`,
+    /// `/v1/models`) answer from now on.
+    pub fn set_health(&self, health: HealthMode) {
+        lock(&self.shared.live).health = health;
+    }
+
+    /// How many health page requests arrived (answered or not).
+    pub fn health_hits(&self) -> u64 {
+        self.shared
+            .health_hits
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// A snapshot of the counters.
@@ -178,6 +194,8 @@ pub(crate) struct Shared {
     pub(crate) pages: Mutex<HashMap<String, (u16, String)>>,
     /// How many times each page was served.
     pub(crate) page_hits: Mutex<HashMap<String, u64>>,
+    /// Health page requests.
+    pub(crate) health_hits: AtomicU64,
     /// Numbers the `chatcmpl-<n>` ids.
     pub(crate) next_id: AtomicU64,
     /// The simulated engine, started by the first use of
@@ -206,6 +224,7 @@ impl Shared {
 pub(crate) struct Live {
     pub(crate) behavior: Behavior,
     pub(crate) latency: Duration,
+    pub(crate) health: HealthMode,
 }
 
 /// Locks a mutex, ignoring poisoning (the data stays consistent: every

@@ -75,21 +75,31 @@ pub(super) fn fold_ewma(ewma: Option<f64>, sample: Sample, q: &QueueSettings) ->
 }
 
 /// A pool's recent latencies and their cached p95.
+///
+/// Each sample remembers its endpoint, so that the p95 can leave out the
+/// endpoints that take no traffic now (an endpoint that hangs, now suspect
+/// or ejected or with its circuit open): the planner asks how long an
+/// attempt *here* would take, and that attempt goes to the others. Without
+/// this, one hanging endpoint's timeouts would make the planner skip a
+/// pool whose other endpoints answer in milliseconds.
 #[derive(Debug, Default)]
 pub(super) struct LatencyWindow {
-    samples: VecDeque<(Instant, Duration)>,
-    /// The p95 of `samples` and when it was computed.
+    samples: VecDeque<(Instant, Duration, u64)>,
+    /// The p95 of `samples` (less the endpoints left out), when it was
+    /// computed, and which endpoints were left out.
     p95_cache: Option<(Instant, Option<Duration>)>,
+    p95_left_out: Vec<u64>,
     /// `samples` changed since the p95 was computed.
     dirty: bool,
 }
 
 impl LatencyWindow {
-    /// Adds `sample`, taken at `now`, if it carries a service latency.
+    /// Adds `sample` of endpoint `endpoint`, taken at `now`, if it carries
+    /// a service latency.
     #[inline]
-    pub(super) fn record(&mut self, sample: Sample, now: Instant) {
+    pub(super) fn record(&mut self, sample: Sample, endpoint: u64, now: Instant) {
         if let Some(d) = sample.window_latency() {
-            self.samples.push_back((now, d));
+            self.samples.push_back((now, d, endpoint));
             if self.samples.len() > LATENCY_WINDOW {
                 self.samples.pop_front();
             }
@@ -103,36 +113,46 @@ impl LatencyWindow {
         while self
             .samples
             .front()
-            .is_some_and(|(at, _)| now.saturating_duration_since(*at) > LATENCY_MAX_AGE)
+            .is_some_and(|(at, _, _)| now.saturating_duration_since(*at) > LATENCY_MAX_AGE)
         {
             self.samples.pop_front();
             self.dirty = true;
         }
     }
 
-    /// The p95 of the window as of `now`, `None` when it is empty (call
+    /// The p95 of the window as of `now`, leaving out the samples of the
+    /// endpoints in `left_out`; `None` when nothing is left (call
     /// [`Self::expire`] first).
     #[inline]
-    pub(super) fn p95(&mut self, now: Instant) -> Option<Duration> {
+    pub(super) fn p95(&mut self, now: Instant, left_out: &[u64]) -> Option<Duration> {
         if let Some((at, cached)) = self.p95_cache {
             let fresh_enough = now.saturating_duration_since(at) < P95_REFRESH;
             // The first samples (or the last ones expiring) always count.
             let emptiness_changed = cached.is_some() == self.samples.is_empty();
-            if !self.dirty || (fresh_enough && !emptiness_changed) {
+            let same_left_out = self.p95_left_out == left_out;
+            if same_left_out && (!self.dirty || (fresh_enough && !emptiness_changed)) {
                 return cached;
             }
         }
-        let p95 = self.compute_p95();
+        let p95 = self.compute_p95(left_out);
         self.p95_cache = Some((now, p95));
+        if self.p95_left_out != left_out {
+            self.p95_left_out = left_out.to_vec();
+        }
         self.dirty = false;
         p95
     }
 
-    fn compute_p95(&self) -> Option<Duration> {
-        if self.samples.is_empty() {
+    fn compute_p95(&self, left_out: &[u64]) -> Option<Duration> {
+        let mut v: Vec<Duration> = self
+            .samples
+            .iter()
+            .filter(|(_, _, e)| !left_out.contains(e))
+            .map(|(_, d, _)| *d)
+            .collect();
+        if v.is_empty() {
             return None;
         }
-        let mut v: Vec<Duration> = self.samples.iter().map(|(_, d)| *d).collect();
         v.sort_unstable();
         let rank = (v.len() * 95).div_ceil(100).max(1) - 1;
         v.get(rank).copied()
@@ -150,16 +170,31 @@ mod tests {
     fn the_p95_is_the_95th_percentile_of_answers_and_timeouts() {
         let now = Instant::now();
         let mut w = LatencyWindow::default();
-        assert_eq!(w.p95(now), None);
+        assert_eq!(w.p95(now, &[]), None);
         for ms in 1..=100 {
-            w.record(Sample::Success(MS * ms), now);
+            w.record(Sample::Success(MS * ms), 0, now);
         }
         // Failures carry no service time.
-        w.record(Sample::Failure(MS * 10_000), now);
-        w.record(Sample::RateLimited(MS * 10_000, None), now);
-        assert_eq!(w.p95(now), Some(MS * 95));
-        w.record(Sample::Timeout(MS * 10_000), now + P95_REFRESH);
-        assert_eq!(w.p95(now + P95_REFRESH), Some(MS * 96));
+        w.record(Sample::Failure(MS * 10_000), 0, now);
+        w.record(Sample::RateLimited(MS * 10_000, None), 0, now);
+        assert_eq!(w.p95(now, &[]), Some(MS * 95));
+        w.record(Sample::Timeout(MS * 10_000), 0, now + P95_REFRESH);
+        assert_eq!(w.p95(now + P95_REFRESH, &[]), Some(MS * 96));
+    }
+
+    #[test]
+    fn the_p95_leaves_out_the_endpoints_that_take_no_traffic() {
+        let now = Instant::now();
+        let mut w = LatencyWindow::default();
+        for _ in 0..19 {
+            w.record(Sample::Success(MS * 5), 1, now);
+        }
+        w.record(Sample::Timeout(MS * 400), 2, now);
+        w.record(Sample::Timeout(MS * 400), 2, now);
+        assert_eq!(w.p95(now, &[]), Some(MS * 400), "the hanging one counts");
+        assert_eq!(w.p95(now, &[2]), Some(MS * 5), "left out at once");
+        assert_eq!(w.p95(now, &[]), Some(MS * 400), "and back");
+        assert_eq!(w.p95(now, &[1, 2]), None);
     }
 
     #[test]
@@ -167,44 +202,48 @@ mod tests {
         let now = Instant::now();
         let mut w = LatencyWindow::default();
         for _ in 0..LATENCY_WINDOW {
-            w.record(Sample::Success(MS * 500), now);
+            w.record(Sample::Success(MS * 500), 0, now);
         }
         for _ in 0..LATENCY_WINDOW {
-            w.record(Sample::Success(MS), now);
+            w.record(Sample::Success(MS), 0, now);
         }
-        assert_eq!(w.p95(now), Some(MS));
+        assert_eq!(w.p95(now, &[]), Some(MS));
     }
 
     #[test]
     fn the_p95_is_cached_under_load_but_the_first_and_last_samples_show_at_once() {
         let t0 = Instant::now();
         let mut w = LatencyWindow::default();
-        assert_eq!(w.p95(t0), None);
-        w.record(Sample::Success(MS * 10), t0);
-        assert_eq!(w.p95(t0), Some(MS * 10), "the first sample shows at once");
-        w.record(Sample::Success(MS * 900), t0);
-        w.record(Sample::Success(MS * 900), t0);
+        assert_eq!(w.p95(t0, &[]), None);
+        w.record(Sample::Success(MS * 10), 0, t0);
+        assert_eq!(
+            w.p95(t0, &[]),
+            Some(MS * 10),
+            "the first sample shows at once"
+        );
+        w.record(Sample::Success(MS * 900), 0, t0);
+        w.record(Sample::Success(MS * 900), 0, t0);
         let t1 = t0 + P95_REFRESH - MS;
-        assert_eq!(w.p95(t1), Some(MS * 10), "cached until the refresh");
-        assert_eq!(w.p95(t0 + P95_REFRESH), Some(MS * 900));
+        assert_eq!(w.p95(t1, &[]), Some(MS * 10), "cached until the refresh");
+        assert_eq!(w.p95(t0 + P95_REFRESH, &[]), Some(MS * 900));
         // All samples age out: empty at once, even within the refresh.
         let late = t0 + LATENCY_MAX_AGE + MS;
         w.expire(late);
-        assert_eq!(w.p95(late), None);
+        assert_eq!(w.p95(late, &[]), None);
     }
 
     #[test]
     fn samples_count_for_a_minute() {
         let t0 = Instant::now();
         let mut w = LatencyWindow::default();
-        w.record(Sample::Success(MS * 300), t0);
-        w.record(Sample::Success(MS * 100), t0 + MS * 1000);
+        w.record(Sample::Success(MS * 300), 0, t0);
+        w.record(Sample::Success(MS * 100), 0, t0 + MS * 1000);
         w.expire(t0 + LATENCY_MAX_AGE);
-        assert_eq!(w.p95(t0 + LATENCY_MAX_AGE), Some(MS * 300));
+        assert_eq!(w.p95(t0 + LATENCY_MAX_AGE, &[]), Some(MS * 300));
         // Past the minute (and the cache's refresh): gone.
         let t1 = t0 + LATENCY_MAX_AGE + P95_REFRESH;
         w.expire(t1);
-        assert_eq!(w.p95(t1), Some(MS * 100));
+        assert_eq!(w.p95(t1, &[]), Some(MS * 100));
     }
 
     #[test]

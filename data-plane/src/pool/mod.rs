@@ -311,7 +311,7 @@ impl PoolRuntime {
     fn record_sample(&self, st: &mut PoolState, endpoint_id: u64, sample: Sample, now: Instant) {
         let q = st.settings.queue;
         let circuit = st.settings.circuit;
-        st.latencies.record(sample, now);
+        st.latencies.record(sample, endpoint_id, now);
         let Some(e) = st.endpoint_mut(endpoint_id) else {
             return;
         };

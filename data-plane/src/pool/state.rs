@@ -277,8 +277,20 @@ impl PoolState {
     /// `now`.
     pub(super) fn outlook(&mut self, now: Instant) -> PoolOutlook {
         self.latencies.expire(now);
-        let p95 = self.latencies.p95(now);
         self.fill_loads(now);
+        // The endpoints that would not take this request are left out of
+        // the p95 (see LatencyWindow); none when none would.
+        let left_out: Vec<u64> = if self.loads.iter().any(|l| l.available) {
+            self.endpoints
+                .iter()
+                .zip(&self.loads)
+                .filter(|(_, l)| !l.available)
+                .map(|(e, _)| e.id)
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let p95 = self.latencies.p95(now, &left_out);
         let free_now = self.queue.is_empty() && self.choose(None).is_some();
         let expected_wait = if free_now {
             Some(Duration::ZERO)

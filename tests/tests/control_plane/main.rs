@@ -5,6 +5,7 @@
 
 #![allow(clippy::unwrap_used)]
 
+mod fleet_health;
 mod security;
 
 use std::net::SocketAddr;

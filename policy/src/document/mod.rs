@@ -56,12 +56,12 @@ mod validate;
 mod tests;
 
 pub use resolved::{
-    CircuitSettings, Gates, Hedge, HedgeDelay, Policy, Pool, Price, Probe, QueueSettings, Route,
+    CircuitSettings, Gates, Hedge, HedgeDelay, ParkSettings, Policy, Pool, Price, Probe, QueueSettings, Route,
     RouteMatch,
 };
 pub use spec::{
     AffinityKind, ApprovalSpec, CircuitSpec, DefaultsSpec, EndpointOptions, EndpointSpec,
-    EngineAwareSpec, GatesSpec, HedgeQuantile, HedgeSpec, HedgeTarget, MatchSpec, Metadata,
+    EngineAwareSpec, GatesSpec, HedgeQuantile, HedgeSpec, HedgeTarget, MatchSpec, Metadata, OnAllDown, ParkSpec,
     PolicyDocument, PoolSpec, PriceSpec, ProbeKind, ProbeSpec, Provider, QueueSpec,
     RetryBudgetSpec, RetryOn, Risk, RouteSpec, Spec, StoreDown, TenantLimitsSpec, TenantSpec,
 };

@@ -49,6 +49,15 @@ pub(crate) struct StreamEventLabels {
     pub event: &'static str,
 }
 
+/// `router_parked_tasks`' labels.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct TaskLabels {
+    /// The route the task was parked on.
+    pub route: String,
+    /// The state it entered (`router_policy::park::TaskState`).
+    pub state: &'static str,
+}
+
 /// `router_tenant_requests`' labels.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(crate) struct TenantLabels {
@@ -218,6 +227,7 @@ pub(crate) struct Metrics {
     stream_events: Family<StreamEventLabels, Counter>,
     tenant_requests: Family<TenantLabels, Counter>,
     tpot: Family<BackendLabels, FloatGauge>,
+    parked_tasks: Family<TaskLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -256,6 +266,7 @@ impl Metrics {
             idempotency: Family::default(),
             store_errors: Family::default(),
             stream_events: Family::default(),
+            parked_tasks: Family::default(),
             tenant_requests: Family::default(),
             tpot: Family::default(),
         };
@@ -366,6 +377,11 @@ impl Metrics {
             m.stream_events.clone(),
         );
         registry.register(
+            "router_parked_tasks",
+            "Parked tasks (on_all_down: park) entering each state on this proxy, by route: waiting_capacity, waiting_approval (parked), running (claimed), done, failed, expired, dropped",
+            m.parked_tasks.clone(),
+        );
+        registry.register(
             "router_tenant_requests",
             "Requests by tenant (names from the policy) and outcome",
             m.tenant_requests.clone(),
@@ -394,6 +410,16 @@ impl Metrics {
             .get_or_create(&StreamEventLabels {
                 pool: pool.to_string(),
                 event,
+            })
+            .inc();
+    }
+
+    /// Counts a parked task entering `state` on `route`.
+    pub(crate) fn parked_task(&self, route: &str, state: &'static str) {
+        self.parked_tasks
+            .get_or_create(&TaskLabels {
+                route: route.to_string(),
+                state,
             })
             .inc();
     }

@@ -445,13 +445,22 @@ impl Exchange {
                     detail: format!("route {:?}: {}", route.name, notes.join("; ")),
                 },
             };
-            // Safe mode: nothing could be sent anywhere, on a route that parks.
-            if let (ProxyError::NoBackend { detail }, Some(ctx)) = (&err, &self.park) {
-                let sent = pending.rec().attempts.iter().any(|a| a.outcome.may_have_reached_backend());
-                if !sent {
+            // Safe mode, on a route that parks: every pool was down (none
+            // could take the request, or each refused the connection), so
+            // nothing reached a backend.
+            if let (ProxyError::NoBackend { .. } | ProxyError::Upstream { .. }, Some(ctx)) =
+                (&err, &self.park)
+            {
+                let rec = pending.rec();
+                if !rec
+                    .attempts
+                    .iter()
+                    .any(|a| a.outcome.may_have_reached_backend())
+                {
                     let tenancy = self.snapshot.policy.tenants.is_some();
-                    let detail = detail.clone();
-                    return Box::pin(super::parking::park(pending, route, ctx, tenancy, detail)).await;
+                    let detail = format!("route {:?}: {}", route.name, notes.join("; "));
+                    return Box::pin(super::parking::park(pending, route, ctx, tenancy, detail))
+                        .await;
                 }
             }
             pending.reject(err)

@@ -285,9 +285,12 @@ pub(crate) fn handle(
         // A keyed retry of a request parked earlier: its task's state, or
         // its answer (never a second run beside the task's).
         if let Some(ctx) = park.as_ref().filter(|c| c.keyed.is_some()) {
-            let found =
-                Box::pin(super::parking::existing(pending, &ctx.task_id(), ctx.respond_async))
-                    .await;
+            let found = Box::pin(super::parking::existing(
+                pending,
+                &ctx.task_id(),
+                ctx.respond_async,
+            ))
+            .await;
             pending = match found {
                 Ok(resp) => return resp,
                 Err(p) => p,

@@ -110,7 +110,9 @@ pub(crate) async fn run(shared: Arc<Shared>, tasks: Arc<Tasks>, target: SocketAd
                 Wait::Expired => {
                     let _ = tasks
                         .change(&mut v, Event::Expire, |t| {
-                            t.error = Some("its park TTL or its deadline passed before it could run".into());
+                            t.error = Some(
+                                "its park TTL or its deadline passed before it could run".into(),
+                            );
                         })
                         .await;
                 }
@@ -311,7 +313,9 @@ async fn run_one(
         Ok(None) => {
             tracing::warn!(task = %id, "parked task: changed while running (dropped?); its answer is not kept");
         }
-        Err(e) => tracing::warn!(task = %id, error = %e, "parked task: its end could not be stored"),
+        Err(e) => {
+            tracing::warn!(task = %id, error = %e, "parked task: its end could not be stored")
+        }
     }
 }
 

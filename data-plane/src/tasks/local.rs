@@ -226,7 +226,10 @@ mod tests {
         let mut done = task("a", "r", 1);
         done.state = TaskState::Done;
         assert_eq!(store.cas(7, &done, Duration::from_secs(60)).await, Ok(None));
-        assert_eq!(store.cas(1, &done, Duration::from_secs(60)).await, Ok(Some(2)));
+        assert_eq!(
+            store.cas(1, &done, Duration::from_secs(60)).await,
+            Ok(Some(2))
+        );
         let reopened = LocalTasks::open(Some(path.clone())).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(reopened.live(10).await, Ok(vec!["b".to_string()]));
         let a = reopened.get("a").await.ok().flatten().map(|v| v.task.state);

@@ -224,10 +224,11 @@ pub(crate) fn keyed_task_id(key: &str, fp: Fingerprint) -> String {
 
 fn hex(b: &[u8]) -> String {
     use std::fmt::Write;
-    b.iter().fold(String::with_capacity(b.len() * 2), |mut s, x| {
-        let _ = write!(s, "{x:02x}");
-        s
-    })
+    b.iter()
+        .fold(String::with_capacity(b.len() * 2), |mut s, x| {
+            let _ = write!(s, "{x:02x}");
+            s
+        })
 }
 
 /// Now, as Unix milliseconds (tasks are shared across machines: wall

@@ -56,14 +56,15 @@ mod validate;
 mod tests;
 
 pub use resolved::{
-    CircuitSettings, Gates, Hedge, HedgeDelay, ParkSettings, Policy, Pool, Price, Probe, QueueSettings, Route,
-    RouteMatch,
+    CircuitSettings, Gates, Hedge, HedgeDelay, ParkSettings, Policy, Pool, Price, Probe,
+    QueueSettings, Route, RouteMatch,
 };
 pub use spec::{
     AffinityKind, ApprovalSpec, CircuitSpec, DefaultsSpec, EndpointOptions, EndpointSpec,
-    EngineAwareSpec, GatesSpec, HedgeQuantile, HedgeSpec, HedgeTarget, MatchSpec, Metadata, OnAllDown, ParkSpec,
-    PolicyDocument, PoolSpec, PriceSpec, ProbeKind, ProbeSpec, Provider, QueueSpec,
-    RetryBudgetSpec, RetryOn, Risk, RouteSpec, Spec, StoreDown, TenantLimitsSpec, TenantSpec,
+    EngineAwareSpec, GatesSpec, HedgeQuantile, HedgeSpec, HedgeTarget, MatchSpec, Metadata,
+    OnAllDown, ParkSpec, PolicyDocument, PoolSpec, PriceSpec, ProbeKind, ProbeSpec, Provider,
+    QueueSpec, RetryBudgetSpec, RetryOn, Risk, RouteSpec, Spec, StoreDown, TenantLimitsSpec,
+    TenantSpec,
 };
 
 /// The API version this crate understands.

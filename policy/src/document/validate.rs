@@ -37,11 +37,10 @@ use std::time::Duration;
 
 use super::{
     positive_duration, ApprovalSpec, CircuitSettings, CircuitSpec, DefaultsSpec, EndpointSpec,
-    FieldError, Gates, GatesSpec, Hedge, HedgeDelay, HedgeQuantile, HedgeSpec, MatchSpec, Policy,
-    PolicyDocument, PolicyError, Pool, PoolSpec, Price, PriceSpec, Probe, ProbeKind, ProbeSpec,
-    QueueSettings, QueueSpec, RetryBudgetSpec, RetryOn, Risk, Route, RouteMatch, RouteSpec,
-    OnAllDown, ParkSettings,
-    TenantSpec, API_VERSION, KIND,
+    FieldError, Gates, GatesSpec, Hedge, HedgeDelay, HedgeQuantile, HedgeSpec, MatchSpec,
+    OnAllDown, ParkSettings, Policy, PolicyDocument, PolicyError, Pool, PoolSpec, Price, PriceSpec,
+    Probe, ProbeKind, ProbeSpec, QueueSettings, QueueSpec, RetryBudgetSpec, RetryOn, Risk, Route,
+    RouteMatch, RouteSpec, TenantSpec, API_VERSION, KIND,
 };
 use super::{AffinityKind, EngineAwareSpec};
 use crate::balance::Scoring;

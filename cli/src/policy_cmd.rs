@@ -182,6 +182,9 @@ pub fn print_explanation_json(json: &str, output: Output) -> ExitCode {
             if v["balance"].is_object() {
                 print_balance(&v["balance"]);
             }
+            if let Some(why) = v["on_all_down"]["why"].as_str() {
+                println!("on_all_down:       {why}");
+            }
         }
     }
     ExitCode::SUCCESS

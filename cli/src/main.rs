@@ -273,7 +273,7 @@ enum RouteCommand {
 #[derive(Args, Debug)]
 struct DrillArgs {
     /// baseline | baseline-long-attempt | fallback-degraded | primary-hang | drain |
-    /// stream-first-token | stream-stall | stream-error | all
+    /// stream-first-token | stream-stall | stream-error | all-down | all
     #[arg(long, default_value = "all")]
     scenario: String,
     /// Print the reports as JSON.
@@ -545,7 +545,7 @@ async fn run_drill(args: DrillArgs) -> ExitCode {
             Some(s) => vec![s],
             None => {
                 eprintln!(
-                    "routerctl drill: unknown scenario {:?} (baseline, baseline-long-attempt, fallback-degraded, primary-hang, drain, stream-first-token, stream-stall, stream-error, all)",
+                    "routerctl drill: unknown scenario {:?} (baseline, baseline-long-attempt, fallback-degraded, primary-hang, drain, stream-first-token, stream-stall, stream-error, all-down, all)",
                     args.scenario
                 );
                 return ExitCode::from(2);

@@ -354,3 +354,30 @@ mod ops {
         serde_json::json!({"state": v.state, "runs": v.runs, "approved": v.approved, "operator": v.operator})
     }
 }
+
+/// One proxy, no shared store: parked tasks are kept in
+/// `CUSTOM_ROUTER_TASKS_FILE` and survive a restart of the proxy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_shared_store_a_parked_task_survives_a_restart_in_its_file() {
+    let m = mock("m", Behavior::Json).await;
+    let dir = std::env::temp_dir().join(format!("router-park-file-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut s = settings();
+    s.tasks_file = Some(dir.join("tasks.json"));
+    let yaml = policy(&m.url(), "{ttl_s: 60}");
+    let first = TestProxy::with_policy(s.clone(), &yaml).await;
+    first.set_backends_pool("only", &[]).await;
+    let r = first.chat_with(&[("prefer", "respond-async")], BODY).await;
+    assert_eq!(r.status, StatusCode::ACCEPTED, "{}", r.text());
+    let id = parked_id(&r);
+    drop(first);
+    // A new proxy on the same file, its backend up: it runs the task.
+    let second = TestProxy::with_policy(s, &yaml).await;
+    let done = wait_state(&second, &id, "done").await;
+    assert_eq!(done.status, StatusCode::OK);
+    assert_eq!(m.stats().received, 1);
+    let unknown = task(&second, "0123456789abcdef").await;
+    assert_eq!(unknown.status, StatusCode::NOT_FOUND);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -165,6 +165,21 @@ async fn a_read_request_parked_while_all_is_down_runs_once_when_a_backend_return
     assert_eq!(answered.header("x-router-replayed"), Some("true"));
     tokio::time::sleep(Duration::from_millis(800)).await;
     assert_eq!(m.stats().received - before, 2, "each task generated once");
+    // The runs carried the parked request's id, and nothing of the
+    // router's own (the run's mark least of all).
+    let runs: Vec<_> = m.requests().into_iter().skip(before as usize).collect();
+    for r in &runs {
+        assert!(r.headers.get("x-router-task-run").is_none());
+        assert!(r
+            .headers
+            .keys()
+            .all(|k| !k.as_str().starts_with("x-router-")));
+    }
+    assert!(runs.iter().any(|r| r
+        .headers
+        .get("idempotency-key")
+        .and_then(|v| v.to_str().ok())
+        == Some("park-k1")));
 
     // The run's route log line is linked to the park record.
     let mut lines = a.log.lines();
@@ -380,4 +395,44 @@ async fn without_a_shared_store_a_parked_task_survives_a_restart_in_its_file() {
     let unknown = task(&second, "0123456789abcdef").await;
     assert_eq!(unknown.status, StatusCode::NOT_FOUND);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A SEND task whose runner dies may already have acted: it is marked
+/// failed, never sent a second time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_send_task_whose_runner_dies_fails_instead_of_being_sent_twice() {
+    let redis = RedisServer::start("park-kill-send").await;
+    let slow = mock_latency("m", 1500).await;
+    let (a, b) = fleet(&redis, &slow.url(), "{ttl_s: 60}", 600).await;
+    let r = a
+        .chat_with(
+            &[("prefer", "respond-async"), ("x-router-risk", "SEND")],
+            BODY,
+        )
+        .await;
+    let id = parked_id(&r);
+    let before = slow.stats().received;
+    ops::approve(&redis, &id).await;
+    a.set_backends_pool("only", &[slow.url()]).await;
+    wait_state(&b, &id, "running").await;
+    let until = tokio::time::Instant::now() + Duration::from_secs(5);
+    while slow.stats().received == before {
+        assert!(tokio::time::Instant::now() < until, "A never sent it");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    drop(a);
+    b.set_backends_pool("only", &[slow.url()]).await;
+    let failed = wait_state(&b, &id, "failed").await;
+    let v = failed.json();
+    assert!(
+        v["error"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("not sent again"),
+        "{v}"
+    );
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert_eq!(slow.stats().received - before, 1, "sent once, never again");
+    let view = ops::show(&redis, &id).await;
+    assert_eq!(view["operator"], "test-operator", "{view}");
 }

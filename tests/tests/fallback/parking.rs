@@ -13,6 +13,9 @@ use router_tests::harness::{TestProxy, TestResponse};
 use router_tests::mocks::{mock, mock_latency};
 use router_tests::redis::RedisServer;
 use serde_json::Value;
+use std::process::ExitCode;
+
+use routerctl::tasks_cmd::Action;
 
 use crate::settings;
 
@@ -237,6 +240,8 @@ async fn tasks_expire_the_cap_holds_and_a_dropped_task_never_runs() {
     let (a, b) = fleet(&redis, &m.url(), "{ttl_s: 1, max_tasks: 2}", 10_000).await;
     let before = m.stats().received;
     let first = a.chat_with(&[("prefer", "respond-async")], BODY).await;
+    // Parked in a later millisecond: listed after the first.
+    tokio::time::sleep(Duration::from_millis(5)).await;
     let second = b.chat_with(&[("prefer", "respond-async")], BODY).await;
     assert_eq!(first.status, StatusCode::ACCEPTED);
     assert_eq!(second.status, StatusCode::ACCEPTED);
@@ -246,6 +251,14 @@ async fn tasks_expire_the_cap_holds_and_a_dropped_task_never_runs() {
     assert_eq!(third.error_type(), "no_backend");
     assert!(third.text().contains("cap of 2"), "{}", third.text());
     let (first, second) = (parked_id(&first), parked_id(&second));
+    // routerctl tasks list: both, oldest first; an approval a READ task
+    // does not wait for is refused.
+    let listed = ops::list(&redis).await;
+    assert_eq!(listed, vec![first.clone(), second.clone()]);
+    assert_eq!(
+        ops::try_act(&redis, Action::Approve, &first).await,
+        ExitCode::FAILURE
+    );
     // Dropped by an operator; the other expires after its second.
     ops::drop_task(&redis, &second).await;
     assert_eq!(task(&a, &second).await.json()["state"], "dropped");
@@ -255,6 +268,12 @@ async fn tasks_expire_the_cap_holds_and_a_dropped_task_never_runs() {
     tokio::time::sleep(Duration::from_millis(800)).await;
     assert_eq!(m.stats().received, before, "neither ran");
     assert_eq!(task(&a, &first).await.json()["state"], "expired");
+    // Nothing follows an end: a dropped task cannot be approved.
+    assert_eq!(
+        ops::try_act(&redis, Action::Approve, &second).await,
+        ExitCode::FAILURE
+    );
+    assert!(ops::list(&redis).await.is_empty());
     // Room again: the route parks anew (its backends are up, so it is
     // simply answered).
     let fresh = a.chat_with(&[], BODY).await;
@@ -330,7 +349,8 @@ mod ops {
         (cp, admin)
     }
 
-    async fn act(redis: &RedisServer, action: Action, id: &str) {
+    /// `routerctl tasks approve|drop ID`: its exit code.
+    pub(super) async fn try_act(redis: &RedisServer, action: Action, id: &str) -> ExitCode {
         let (cp, mut admin) = admin(redis).await;
         let code = tasks_cmd::act(
             &mut admin,
@@ -340,8 +360,26 @@ mod ops {
             routerctl::policy_cmd::Output::Json,
         )
         .await;
-        assert_eq!(code, ExitCode::SUCCESS, "routerctl tasks {action:?} {id}");
         cp.shutdown().await;
+        code
+    }
+
+    async fn act(redis: &RedisServer, action: Action, id: &str) {
+        let code = try_act(redis, action, id).await;
+        assert_eq!(code, ExitCode::SUCCESS, "routerctl tasks {action:?} {id}");
+    }
+
+    /// The ids `routerctl tasks list` shows, in order.
+    pub(super) async fn list(redis: &RedisServer) -> Vec<String> {
+        let (cp, mut admin) = admin(redis).await;
+        let tasks = admin
+            .list_tasks(router_proto::v1::ListTasksRequest::default())
+            .await
+            .unwrap_or_else(|s| panic!("{s}"))
+            .into_inner()
+            .tasks;
+        cp.shutdown().await;
+        tasks.into_iter().map(|t| t.id).collect()
     }
 
     /// `routerctl tasks approve ID`.

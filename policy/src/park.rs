@@ -511,7 +511,11 @@ impl TaskRecord {
 pub mod layout {
     /// The task's hash.
     pub fn task_key(prefix: &str, id: &str) -> String {
-        format!("{prefix}task:{id}")
+        format!("{}{id}", task_key_prefix(prefix))
+    }
+    /// What every task's key starts with.
+    pub fn task_key_prefix(prefix: &str) -> String {
+        format!("{prefix}task:")
     }
     /// The live tasks.
     pub fn live_key(prefix: &str) -> String {
@@ -523,11 +527,21 @@ pub mod layout {
     }
 
     /// Parks a task: `KEYS = [task, live, route_set]`, `ARGV = [doc,
-    /// parked_at_ms, id, cap]`. Returns 1 parked, 0 over the cap, 2 a task
-    /// with this id exists already (a retry of the same keyed request).
+    /// parked_at_ms, id, cap, task key prefix]`. Returns 1 parked, 0 over
+    /// the cap, 2 a task with this id exists already (a retry of the same
+    /// keyed request). At the cap, ids whose task is gone (deleted or
+    /// evicted by hand) are pruned first, so they never hold the cap.
     pub const PARK_SCRIPT: &str = r"
 if redis.call('EXISTS', KEYS[1]) == 1 then return 2 end
-if redis.call('ZCARD', KEYS[3]) >= tonumber(ARGV[4]) then return 0 end
+if redis.call('ZCARD', KEYS[3]) >= tonumber(ARGV[4]) then
+  for _, id in ipairs(redis.call('ZRANGE', KEYS[3], 0, -1)) do
+    if redis.call('EXISTS', ARGV[5] .. id) == 0 then
+      redis.call('ZREM', KEYS[3], id)
+      redis.call('ZREM', KEYS[2], id)
+    end
+  end
+  if redis.call('ZCARD', KEYS[3]) >= tonumber(ARGV[4]) then return 0 end
+end
 redis.call('HSET', KEYS[1], 'rev', '1', 'doc', ARGV[1])
 redis.call('ZADD', KEYS[2], ARGV[2], ARGV[3])
 redis.call('ZADD', KEYS[3], ARGV[2], ARGV[3])

@@ -86,8 +86,14 @@ pub(crate) async fn run(shared: Arc<Shared>, tasks: Arc<Tasks>, target: SocketAd
             }
         };
         for id in ids {
-            let Ok(Some(mut v)) = tasks.store.get(&id).await else {
-                continue;
+            let mut v = match tasks.store.get(&id).await {
+                Ok(Some(v)) => v,
+                // Listed, but its task is gone (deleted by hand): unlisted.
+                Ok(None) => {
+                    let _ = tasks.store.forget(&id).await;
+                    continue;
+                }
+                Err(_) => continue,
             };
             let now = unix_ms();
             if v.task.state == TaskState::Running {

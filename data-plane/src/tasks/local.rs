@@ -4,7 +4,9 @@
 //! crash leaves the old file or the new one), and read back at start.
 //!
 //! The live tasks are bounded by the routes' caps; ended ones are kept
-//! until their keep time, then dropped at the next change.
+//! until their keep time, then dropped at the next change, and at most
+//! [`MAX_ENDED`] of them (the ones closest to the end of their keep time
+//! go first).
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -17,6 +19,9 @@ use serde::{Deserialize, Serialize};
 
 use super::{unix_ms, ParkResult, TaskStore, Versioned};
 use crate::idempotency::StoreError;
+
+/// Ended tasks kept at most (each holds its request and its answer).
+pub(crate) const MAX_ENDED: usize = 1024;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct Kept {
@@ -60,6 +65,16 @@ impl LocalTasks {
     fn commit(&self, tasks: &mut HashMap<String, Kept>) -> Result<(), StoreError> {
         let now = unix_ms();
         tasks.retain(|_, k| k.keep_until_ms.is_none_or(|t| t > now));
+        let mut ended: Vec<(u64, String)> = tasks
+            .values()
+            .filter_map(|k| k.keep_until_ms.map(|t| (t, k.task.id.clone())))
+            .collect();
+        if ended.len() > MAX_ENDED {
+            ended.sort_unstable();
+            for (_, id) in &ended[..ended.len() - MAX_ENDED] {
+                tasks.remove(id);
+            }
+        }
         let Some(path) = &self.file else {
             return Ok(());
         };
@@ -145,6 +160,11 @@ impl TaskStore for LocalTasks {
             self.commit(&mut tasks)?;
             Ok(Some(next))
         })
+    }
+
+    fn forget<'a>(&'a self, _id: &'a str) -> BoxFuture<'a, Result<(), StoreError>> {
+        // The list is the map itself: nothing is listed without its task.
+        Box::pin(async { Ok(()) })
     }
 
     fn live<'a>(&'a self, limit: usize) -> BoxFuture<'a, Result<Vec<String>, StoreError>> {

@@ -36,7 +36,7 @@ use base64::Engine as _;
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
 use http::{HeaderMap, HeaderValue};
-use router_policy::park::{initial_state, may_park, Event, TaskRecord, TaskState, Times};
+use router_policy::park::{initial_state, Event, TaskRecord, TaskState, Times};
 use router_policy::Risk;
 
 use crate::idempotency::{Fingerprint, StoreError};
@@ -92,6 +92,8 @@ pub(crate) trait TaskStore: Send + Sync + 'static {
         task: &'a TaskRecord,
         keep: Duration,
     ) -> BoxFuture<'a, Result<Option<u64>, StoreError>>;
+    /// Takes `id` off the live list (its task is gone from the store).
+    fn forget<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), StoreError>>;
     /// The ids of the live tasks, oldest first, at most `limit`.
     fn live<'a>(&'a self, limit: usize) -> BoxFuture<'a, Result<Vec<String>, StoreError>>;
 }
@@ -320,7 +322,7 @@ impl Tasks {
             error: None,
         };
         // A deadline already past: nothing to park.
-        if times.ends_at_ms() <= now || !may_park(0, settings.max_tasks) {
+        if times.ends_at_ms() <= now {
             return Ok((ParkResult::OverCap, task));
         }
         let r = self.store.park(&task, settings.max_tasks).await?;

@@ -70,6 +70,7 @@ impl TaskStore for RedisTasks {
                     .arg(task.parked_at_ms)
                     .arg(&task.id)
                     .arg(cap)
+                    .arg(layout::task_key_prefix(self.store.prefix()))
                     .invoke_async(&mut conn),
             )
             .await?;
@@ -131,6 +132,19 @@ impl TaskStore for RedisTasks {
             )
             .await?;
             Ok((r > 0).then_some(r))
+        })
+    }
+
+    fn forget<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            let mut conn = self.store.conn().await?;
+            bounded(
+                redis::cmd("ZREM")
+                    .arg(layout::live_key(self.store.prefix()))
+                    .arg(id)
+                    .query_async::<()>(&mut conn),
+            )
+            .await
         })
     }
 

@@ -236,10 +236,12 @@ pub(crate) fn handle(
         });
         let estimated_input_tokens = facts.input_tokens.unwrap_or(0);
         pending.rec().reason = decision.reason;
-        // Safe mode: what a parking route keeps of the request (not for a
-        // parked task's own run, which is never parked again).
-        let park = match (&route.park, &task_run) {
-            (Some(_), None) => {
+        // Safe mode: what a parking route keeps of the request. A parked
+        // task's own run is never parked again (it answers `no_backend`,
+        // and its task waits again).
+        let park = match &route.park {
+            Some(_) if task_run.is_some() => Some(crate::tasks::ParkContext::run()),
+            Some(_) => {
                 let keyed = seen
                     .idempotency_key
                     .as_ref()
@@ -264,7 +266,7 @@ pub(crate) fn handle(
                     keyed,
                 ))
             }
-            _ => None,
+            None => None,
         };
         match decision.refusal {
             Some(Refusal::BudgetExceeded) => {
@@ -284,7 +286,7 @@ pub(crate) fn handle(
         }
         // A keyed retry of a request parked earlier: its task's state, or
         // its answer (never a second run beside the task's).
-        if let Some(ctx) = park.as_ref().filter(|c| c.keyed.is_some()) {
+        if let Some(ctx) = park.as_ref().filter(|c| c.keyed.is_some() && !c.run) {
             let found = Box::pin(super::parking::existing(
                 pending,
                 &ctx.task_id(),

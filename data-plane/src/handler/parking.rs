@@ -27,6 +27,11 @@ pub(super) async fn park(
     let no_backend = |why: &str| ProxyError::NoBackend {
         detail: format!("{detail}; not parked: {why}"),
     };
+    if ctx.run {
+        return pending.reject(no_backend(
+            "this is a parked task's run, which waits again instead",
+        ));
+    }
     if tenancy {
         // A run carries no client credential (none is stored), so a
         // tenant's request could not be admitted when it runs.

@@ -124,6 +124,9 @@ pub(crate) struct ParkContext {
     /// The `Idempotency-Key` and the request's fingerprint: the task's id
     /// comes from them, so that a retry finds its task.
     pub(crate) keyed: Option<(String, Fingerprint)>,
+    /// A parked task's own run: never parked again; where it would be,
+    /// it answers `no_backend` (its task then waits again).
+    pub(crate) run: bool,
 }
 
 /// Headers not kept with a parked task: credentials (never stored),
@@ -193,6 +196,22 @@ impl ParkContext {
             }),
             respond_async: prefers_async(headers),
             keyed,
+            run: false,
+        })
+    }
+
+    /// The context of a parked task's own run (nothing is kept).
+    pub(crate) fn run() -> Box<Self> {
+        Box::new(Self {
+            method: String::new(),
+            path: String::new(),
+            headers: Vec::new(),
+            body: Bytes::new(),
+            risk: Risk::Read,
+            deadline_at_ms: None,
+            respond_async: false,
+            keyed: None,
+            run: true,
         })
     }
 

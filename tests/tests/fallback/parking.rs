@@ -24,6 +24,7 @@ fn policy(url: &str, park: &str) -> String {
         r#"apiVersion: router/v1
 kind: RoutingPolicy
 spec:
+  circuit_breaker: {{consecutive_errors: 3, open_duration_s: 1}}
   pools:
     - name: only
       endpoints: ["{url}"]
@@ -473,4 +474,46 @@ async fn a_send_task_whose_runner_dies_fails_instead_of_being_sent_twice() {
     assert_eq!(slow.stats().received - before, 1, "sent once, never again");
     let view = ops::show(&redis, &id).await;
     assert_eq!(view["operator"], "test-operator", "{view}");
+}
+
+/// A backend that refuses connections is down too: the request parks, its
+/// runs while it still refuses are put back in line (never failed), and
+/// it runs once the backend listens again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_refused_by_every_backend_parks_and_runs_when_one_listens_again() {
+    let port = router_tests::server_process::free_port();
+    let url = format!("http://127.0.0.1:{port}");
+    let mut s = settings();
+    s.task_lease = Duration::from_millis(600);
+    let p = TestProxy::with_policy(s, &policy(&url, "{ttl_s: 60}")).await;
+    let r = p.chat_with(&[("prefer", "respond-async")], BODY).await;
+    assert_eq!(r.status, StatusCode::ACCEPTED, "{}", r.text());
+    let id = parked_id(&r);
+    // Runs meanwhile meet the refusal again: still waiting, not failed.
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let waiting = task(&p, &id).await.json();
+    assert_eq!(waiting["state"], "waiting_capacity", "{waiting}");
+    let m = router_mock::MockModel::start_on(
+        std::net::SocketAddr::from(([127, 0, 0, 1], port)),
+        router_mock::MockConfig {
+            name: "back".into(),
+            behavior: Behavior::Json,
+            ..router_mock::MockConfig::default()
+        },
+    )
+    .await
+    .unwrap();
+    // The circuit opened on the refusals (3 in a row): the task runs as
+    // its first probe, once the open duration (1 s, doubling per failed
+    // probe) is over.
+    let until = tokio::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        let r = task(&p, &id).await;
+        if r.header("x-router-task-state") == Some("done") {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < until, "{}", r.text());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(m.stats().received, 1);
 }

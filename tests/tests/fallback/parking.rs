@@ -517,3 +517,43 @@ async fn a_request_refused_by_every_backend_parks_and_runs_when_one_listens_agai
     }
     assert_eq!(m.stats().received, 1);
 }
+
+/// Without a control plane, the proxy's admin API approves a SEND task
+/// (behind the admin token), which then runs once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standalone_proxy_approves_a_task_through_its_admin_api() {
+    let m = mock("m", Behavior::Json).await;
+    let p = TestProxy::with_policy(settings(), &policy(&m.url(), "{ttl_s: 60}")).await;
+    p.set_backends_pool("only", &[]).await;
+    let r = p
+        .chat_with(
+            &[("prefer", "respond-async"), ("x-router-risk", "SEND")],
+            BODY,
+        )
+        .await;
+    let id = parked_id(&r);
+    p.set_backends_pool("only", &[m.url()]).await;
+    // Without the token: refused.
+    let path = format!("/_custom_router/tasks/{id}/approve");
+    let refused = p
+        .client
+        .send(Method::POST, &p.url(&path), &[], String::new())
+        .await;
+    assert_eq!(refused.status, StatusCode::UNAUTHORIZED);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(m.stats().received, 0);
+    let ok = p.admin_call(Method::POST, &path, String::new()).await;
+    assert_eq!(ok.status, StatusCode::OK, "{}", ok.text());
+    assert_eq!(ok.json()["approved"], true);
+    wait_state(&p, &id, "done").await;
+    // Done: nothing follows, a drop is refused.
+    let drop = p
+        .admin_call(
+            Method::POST,
+            &format!("/_custom_router/tasks/{id}/drop"),
+            String::new(),
+        )
+        .await;
+    assert_eq!(drop.status, StatusCode::BAD_REQUEST, "{}", drop.text());
+    assert_eq!(m.stats().received, 1);
+}

@@ -558,3 +558,34 @@ async fn a_standalone_proxy_approves_a_task_through_its_admin_api() {
     assert_eq!(drop.status, StatusCode::BAD_REQUEST, "{}", drop.text());
     assert_eq!(m.stats().received, 1);
 }
+
+/// A parked task lives within its own deadline (`X-Router-Deadline-Ms`)
+/// as well as its TTL; a streamed request's answer is kept as its frames.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_expires_at_its_own_deadline_and_a_stream_is_kept_whole() {
+    let m = router_tests::mocks::mock_sse("m", 3, 5).await;
+    let p = TestProxy::with_policy(settings(), &policy(&m.url(), "{ttl_s: 60}")).await;
+    p.set_backends_pool("only", &[]).await;
+    let short = p
+        .chat_with(
+            &[("prefer", "respond-async"), ("x-router-deadline-ms", "400")],
+            BODY,
+        )
+        .await;
+    assert_eq!(short.status, StatusCode::ACCEPTED);
+    let short = parked_id(&short);
+    let stream_body =
+        r#"{"model":"m","stream":true,"messages":[{"role":"user","content":"later"}]}"#;
+    let streamed = p
+        .chat_with(&[("prefer", "respond-async")], stream_body)
+        .await;
+    let streamed = parked_id(&streamed);
+    wait_state(&p, &short, "expired").await;
+    p.set_backends_pool("only", &[m.url()]).await;
+    let done = wait_state(&p, &streamed, "done").await;
+    assert_eq!(done.header("content-type"), Some("text/event-stream"));
+    assert!(done.text().contains("[DONE]"), "{}", done.text());
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(task(&p, &short).await.json()["state"], "expired");
+    assert_eq!(m.stats().received, 1, "only the stream ran");
+}

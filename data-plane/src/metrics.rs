@@ -228,6 +228,7 @@ pub(crate) struct Metrics {
     tenant_requests: Family<TenantLabels, Counter>,
     tpot: Family<BackendLabels, FloatGauge>,
     parked_tasks: Family<TaskLabels, Counter>,
+    parked_live: Family<TaskLabels, Gauge>,
 }
 
 impl Default for Metrics {
@@ -267,6 +268,7 @@ impl Metrics {
             store_errors: Family::default(),
             stream_events: Family::default(),
             parked_tasks: Family::default(),
+            parked_live: Family::default(),
             tenant_requests: Family::default(),
             tpot: Family::default(),
         };
@@ -382,6 +384,11 @@ impl Metrics {
             m.parked_tasks.clone(),
         );
         registry.register(
+            "router_parked_tasks_live",
+            "Live parked tasks by route and state (waiting_capacity, waiting_approval, running), as this proxy's dispatcher last read them from the store (the fleet's, with a shared store)",
+            m.parked_live.clone(),
+        );
+        registry.register(
             "router_tenant_requests",
             "Requests by tenant (names from the policy) and outcome",
             m.tenant_requests.clone(),
@@ -422,6 +429,22 @@ impl Metrics {
                 state,
             })
             .inc();
+    }
+
+    /// The live parked tasks by route and state, as last read.
+    pub(crate) fn parked_live(
+        &self,
+        counts: &std::collections::HashMap<(String, &'static str), i64>,
+    ) {
+        self.parked_live.clear();
+        for ((route, state), n) in counts {
+            self.parked_live
+                .get_or_create(&TaskLabels {
+                    route: route.clone(),
+                    state,
+                })
+                .set(*n);
+        }
     }
 
     /// Counts an `Idempotency-Key` event.

@@ -70,6 +70,7 @@ pub(crate) async fn run(shared: Arc<Shared>, tasks: Arc<Tasks>, target: SocketAd
         while running.try_join_next().is_some() {}
         let snapshot = shared.config.load();
         if !snapshot.policy.routes.iter().any(|r| r.park.is_some()) {
+            tasks.metrics.parked_live(&std::collections::HashMap::new());
             continue;
         }
         let ids = match tasks.store.live(SCAN).await {
@@ -85,6 +86,8 @@ pub(crate) async fn run(shared: Arc<Shared>, tasks: Arc<Tasks>, target: SocketAd
                 continue;
             }
         };
+        let mut live: std::collections::HashMap<(String, &'static str), i64> =
+            std::collections::HashMap::new();
         for id in ids {
             let mut v = match tasks.store.get(&id).await {
                 Ok(Some(v)) => v,
@@ -96,6 +99,9 @@ pub(crate) async fn run(shared: Arc<Shared>, tasks: Arc<Tasks>, target: SocketAd
                 Err(_) => continue,
             };
             let now = unix_ms();
+            *live
+                .entry((v.task.route.clone(), v.task.state.as_str()))
+                .or_default() += 1;
             if v.task.state == TaskState::Running {
                 if v.task.lease_until_ms.is_some_and(|l| l <= now) {
                     let runner = v.task.claimed_by.clone().unwrap_or_default();
@@ -147,6 +153,7 @@ pub(crate) async fn run(shared: Arc<Shared>, tasks: Arc<Tasks>, target: SocketAd
                 _ => {}
             }
         }
+        tasks.metrics.parked_live(&live);
     }
 }
 

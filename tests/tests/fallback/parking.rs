@@ -154,6 +154,15 @@ async fn a_read_request_parked_while_all_is_down_runs_once_when_a_backend_return
     assert_eq!(waiting.status, StatusCode::OK);
     assert_eq!(waiting.json()["state"], "waiting_capacity");
     assert_eq!(m.stats().received, before);
+    // Both proxies see the fleet's two waiting tasks.
+    let live = "router_parked_tasks_live{route=\"r\",state=\"waiting_capacity\"} 2";
+    let until = tokio::time::Instant::now() + Duration::from_secs(5);
+    for p in [&a, &b] {
+        while !p.metrics().await.contains(live) {
+            assert!(tokio::time::Instant::now() < until, "{}", p.metrics().await);
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
 
     // The backend comes back (on both proxies): each task runs once, on
     // one of them.

@@ -106,13 +106,27 @@ pub async fn list(
             .query_async(&mut conn),
     )
     .await?;
+    // Every task in one round trip.
+    let mut pipe = redis::pipe();
+    for id in &ids {
+        pipe.cmd("HGET")
+            .arg(layout::task_key(PREFIX, id))
+            .arg("doc");
+    }
+    let docs: Vec<Option<String>> = if ids.is_empty() {
+        Vec::new()
+    } else {
+        bounded(pipe.query_async(&mut conn)).await?
+    };
     let mut out = Vec::new();
-    for id in ids {
-        if let Some((_, t)) = read(&mut conn, &id).await? {
-            let v = view(&t);
-            if (state.is_empty() || v.state == state) && (route.is_empty() || t.route == route) {
-                out.push(v);
-            }
+    for doc in docs.into_iter().flatten() {
+        // A task being rewritten by hand is left out rather than failing the list.
+        let Ok(t) = serde_json::from_str::<TaskRecord>(&doc) else {
+            continue;
+        };
+        let v = view(&t);
+        if (state.is_empty() || v.state == state) && (route.is_empty() || t.route == route) {
+            out.push(v);
         }
     }
     Ok(out)

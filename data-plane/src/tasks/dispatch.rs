@@ -10,7 +10,9 @@
 //! - a task that may run ([`router_policy::park::may_run`]: waiting for
 //!   capacity, approved if it has side effects, inside its time) whose
 //!   route has a pool that can take work now is claimed (compare-and-set:
-//!   one proxy wins) and run, at most [`MAX_RUNS`] at a time per proxy.
+//!   one proxy wins) and run, at most [`MAX_RUNS`] at a time per proxy
+//!   (none while the proxy drains). A run whose loopback connection cannot
+//!   be made sent nothing: its task waits again.
 //!
 //! A run is the parked request sent to this proxy over loopback (see the
 //! module docs of [`super`]); while it runs, its lease is renewed every
@@ -128,7 +130,11 @@ pub(crate) async fn run(shared: Arc<Shared>, tasks: Arc<Tasks>, target: SocketAd
                         })
                         .await;
                 }
-                Wait::Run if running.len() < MAX_RUNS && chain_ready(&snapshot, &v.task.route) => {
+                Wait::Run
+                    if running.len() < MAX_RUNS
+                        && !draining(&shared)
+                        && chain_ready(&snapshot, &v.task.route) =>
+                {
                     let lease_until = now.saturating_add(millis(tasks.lease));
                     let me = tasks.proxy_id.clone();
                     let claimed = tasks
@@ -161,6 +167,11 @@ fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
+/// A draining proxy claims nothing more (its listener is closing).
+fn draining(shared: &Shared) -> bool {
+    shared.draining.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// Whether a pool of `route`'s chain can take work now.
 fn chain_ready(snapshot: &Snapshot, route: &str) -> bool {
     let Some(route) = snapshot.policy.routes.iter().find(|r| r.name == route) else {
@@ -181,8 +192,11 @@ enum Ran {
     Answer(RunEnd, TaskAnswer),
     /// The answer was larger than the cap.
     TooLarge(u16),
-    /// The loopback call failed.
+    /// The loopback call failed after the request may have been sent.
     Failed(String),
+    /// The loopback connection could not be made (the proxy is stopping):
+    /// nothing was sent.
+    NotSent(String),
 }
 
 /// Runs one claimed task and stores its end.
@@ -209,7 +223,11 @@ async fn run_one(
         }
     };
     let call = async {
-        let resp = client.request(request).await.map_err(|e| e.to_string())?;
+        let resp = match client.request(request).await {
+            Ok(r) => r,
+            Err(e) if e.is_connect() => return Ok(Ran::NotSent(e.to_string())),
+            Err(e) => return Err(e.to_string()),
+        };
         let (head, body) = resp.into_parts();
         let status = head.status.as_u16();
         let body = match Limited::new(body, cap).collect().await {
@@ -312,6 +330,11 @@ async fn run_one(
         ),
         // The loopback call broke: as if the runner had gone away.
         Ran::Failed(e) => (Event::LeaseLost, None, Some(format!("the run failed: {e}"))),
+        Ran::NotSent(e) => (
+            Event::Requeue,
+            None,
+            Some(format!("the run could not start ({e}): waiting again")),
+        ),
     };
     let r = tasks
         .change(&mut v, event, |t| {

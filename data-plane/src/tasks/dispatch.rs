@@ -1,7 +1,8 @@
 //! The per-proxy dispatcher of parked tasks.
 //!
-//! Every [`POLL`] (and only while the policy has a route that parks) it
-//! reads the live tasks, oldest first, at most [`SCAN`], and for each:
+//! Every [`POLL`] while the policy has a route that parks (else every 10 s,
+//! for tasks an earlier policy parked) it reads the live tasks, oldest
+//! first, at most [`SCAN`], and for each:
 //!
 //! - a waiting task past its TTL or deadline is marked `expired`;
 //! - a running task whose runner's lease ran out (a proxy that died
@@ -47,6 +48,9 @@ pub(crate) const POLL: Duration = Duration::from_millis(250);
 pub(crate) const SCAN: usize = 256;
 /// Most runs at a time per proxy.
 pub(crate) const MAX_RUNS: usize = 4;
+/// Without a parking route in the policy, the live tasks are read every
+/// this many polls (10 s) only.
+const IDLE_EVERY: u64 = 40;
 
 /// The router's own answers that mean nothing was sent.
 const SHED_BEFORE_SEND: [&str; 6] = [
@@ -67,14 +71,21 @@ pub(crate) async fn run(shared: Arc<Shared>, tasks: Arc<Tasks>, target: SocketAd
     let mut tick = tokio::time::interval(POLL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut store_down = false;
+    let mut idle_ticks: u64 = 0;
     loop {
         tick.tick().await;
         while running.try_join_next().is_some() {}
         let snapshot = shared.config.load();
+        // Without a parking route only leftovers (tasks parked under an
+        // earlier policy) are looked at, to expire them: every IDLE_EVERY
+        // ticks.
         if !snapshot.policy.routes.iter().any(|r| r.park.is_some()) {
-            tasks.metrics.parked_live(&std::collections::HashMap::new());
-            continue;
+            idle_ticks += 1;
+            if idle_ticks < IDLE_EVERY {
+                continue;
+            }
         }
+        idle_ticks = 0;
         let ids = match tasks.store.live(SCAN).await {
             Ok(ids) => {
                 store_down = false;

@@ -31,9 +31,10 @@
 //!   before its own deadline, if the request gave one
 //!   ([`may_run`], [`is_expired`]).
 //! - Exactly one proxy runs a task: it *claims* it (a compare-and-set on
-//!   the task's revision) with a lease. A proxy that dies holding the
-//!   claim stops renewing nothing: its lease runs out and another proxy
-//!   takes the task over ([`on_lease_lost`]). A READ or DRAFT task simply
+//!   the task's revision) with a lease, which it renews while the run
+//!   lasts. A proxy that dies holding the claim stops renewing it: its
+//!   lease runs out and another proxy takes the task over
+//!   ([`on_lease_lost`]). A READ or DRAFT task simply
 //!   runs again (generating twice is safe); a SEND or DESTRUCTIVE task that
 //!   may have reached its backend is marked `failed` with the outcome
 //!   unknown, never sent twice (the same rule as an `Idempotency-Key`'s
@@ -41,7 +42,8 @@
 //! - A run that the router itself shed before sending anything (every
 //!   pool down again, a full queue) puts the task back in line
 //!   ([`after_run`]); any answer from a backend ends it.
-//! - Runnable tasks go oldest first ([`pick_oldest`]), and a route holds
+//! - Runnable tasks go oldest first ([`pick_oldest`]'s order: park time,
+//!   then id; the shared store lists them so), and a route holds
 //!   at most `park.max_tasks` live tasks ([`may_park`]): past the cap the
 //!   request gets `no_backend` as before (every queue is bounded).
 //!

@@ -503,7 +503,7 @@ impl TaskRecord {
 ///
 /// - `{p}task:{id}`: a hash, `rev` (a counter) and `doc` (the
 ///   [`TaskRecord`] as JSON). Every change is a compare-and-set on `rev`
-///   ([`CAS_SCRIPT`]), so two proxies never both claim a task.
+///   ([`layout::CAS_SCRIPT`]), so two proxies never both claim a task.
 /// - `{p}tasks`: a sorted set of the live tasks' ids, scored by their
 ///   park time (oldest first, for the dispatchers and `tasks list`).
 /// - `{p}tasks:route:{route}`: the same per route, for the cap.

@@ -72,12 +72,12 @@ pub fn explain_status(s: &tonic::Status) -> String {
     }
 }
 
-fn fail(msg: impl std::fmt::Display) -> ExitCode {
+pub(crate) fn fail(msg: impl std::fmt::Display) -> ExitCode {
     eprintln!("routerctl: {msg}");
     ExitCode::FAILURE
 }
 
-fn print_value(v: &Value, output: Output) {
+pub(crate) fn print_value(v: &Value, output: Output) {
     match output {
         Output::Json => println!("{}", serde_json::to_string_pretty(v).unwrap_or_default()),
         Output::Yaml => print!("{}", serde_yaml_ng::to_string(v).unwrap_or_default()),
@@ -85,7 +85,7 @@ fn print_value(v: &Value, output: Output) {
     }
 }
 
-fn when(ms: i64) -> String {
+pub(crate) fn when(ms: i64) -> String {
     if ms <= 0 {
         return "-".into();
     }

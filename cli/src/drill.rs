@@ -16,6 +16,7 @@
 //! | `stream-first-token` | cap 2, streams, first token after 6 s; `first_token_timeout_ms` 1 s | streams, first token after 0.4 s | all 200 and complete, all from the fallback; no primary generation completes; none waits more than attempt + 0.4 s + 2 × tolerance |
 //! | `stream-stall` | cap 2, streams 2 tokens, then nothing; `stall_timeout_ms` 1 s | streams, 0.4 s | every stream ends, with `[DONE]` or one `stream_stalled` event, at least one cut; none waits more than attempt + 0.4 s + 1 s + 2 × tolerance |
 //! | `stream-error` | cap 2, streams 2 tokens, then an error event | streams, 0.4 s | every stream ends, with `[DONE]` or one `stream_error` event, at least one cut; the backend's error text never reaches a client; none waits more than attempt + 0.4 s + 2 × tolerance |
+//! | `all-down` | drained, then back; 0.4 s | drained, then back; 0.4 s | safe mode (`on_all_down: park`, see [`all_down`]): every request parked at once with a handle; after recovery every READ task answered once, fetched through another proxy; no SEND task sent without approval |
 //!
 //! The stream scenarios send `"stream": true` and read each answer to its
 //! end. Once the primary has failed three times its circuit opens and the
@@ -63,6 +64,8 @@ use serde::Serialize;
 use tokio::time::Instant;
 
 use router_mock::{Behavior, MockConfig, MockModel, StreamEnding, StreamScript};
+
+pub mod all_down;
 
 /// The drill's parameters (full scale by default).
 #[derive(Debug, Clone, PartialEq)]
@@ -181,11 +184,14 @@ pub enum Scenario {
     StreamStall,
     /// The primary's streams fail after two tokens: an error inside a 200.
     StreamError,
+    /// Every pool is down: safe mode parks the requests; they run when
+    /// the pools come back (SEND ones only after approval).
+    AllDown,
 }
 
 impl Scenario {
     /// Every scenario, in the order `all` runs them.
-    pub const ALL: [Scenario; 8] = [
+    pub const ALL: [Scenario; 9] = [
         Scenario::Baseline,
         Scenario::BaselineLongAttempt,
         Scenario::FallbackDegraded,
@@ -194,6 +200,7 @@ impl Scenario {
         Scenario::StreamFirstToken,
         Scenario::StreamStall,
         Scenario::StreamError,
+        Scenario::AllDown,
     ];
 
     /// Its name on the command line.
@@ -207,6 +214,7 @@ impl Scenario {
             Scenario::StreamFirstToken => "stream-first-token",
             Scenario::StreamStall => "stream-stall",
             Scenario::StreamError => "stream-error",
+            Scenario::AllDown => "all-down",
         }
     }
 
@@ -381,6 +389,15 @@ pub fn target_policy(scenario: Scenario, cfg: &DrillConfig) -> String {
 
 /// Runs one scenario.
 pub async fn run_scenario(scenario: Scenario, cfg: &DrillConfig) -> Result<ScenarioReport, String> {
+    if scenario == Scenario::AllDown {
+        if cfg.target.is_some() {
+            return Ok(skipped(
+                scenario,
+                "all-down drains and restores the router's pools: it needs the built-in router",
+            ));
+        }
+        return all_down::run(cfg).await;
+    }
     if scenario == Scenario::Drain && cfg.target.is_some() {
         return Ok(skipped(
             scenario,
@@ -1029,7 +1046,10 @@ fn judge(
             );
         }
         // Judged below, with the other stream checks.
-        Scenario::StreamFirstToken | Scenario::StreamStall | Scenario::StreamError => {}
+        Scenario::StreamFirstToken
+        | Scenario::StreamStall
+        | Scenario::StreamError
+        | Scenario::AllDown => {}
         Scenario::Drain => {
             // Judged by when the client sent each request: one sent before
             // the drain may still be on its way to the primary when the

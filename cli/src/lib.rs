@@ -9,6 +9,7 @@
 //! - [`policy_cmd`]: `routerctl policy validate`, `routerctl route explain`;
 //! - [`admin_cmd`]: the control plane's commands (`policy apply|get|diff|
 //!   history|rollback`, `backends`, `circuits`, `proxies`);
+//! - [`tasks_cmd`]: `routerctl tasks`, parked tasks through the control plane;
 //! - [`up`]: `routerctl up`, control plane and proxy in one process.
 
 #![forbid(unsafe_code)]
@@ -18,4 +19,5 @@ pub mod approve_cmd;
 pub mod drill;
 pub mod mock_cmd;
 pub mod policy_cmd;
+pub mod tasks_cmd;
 pub mod up;

@@ -12,6 +12,7 @@ use routerctl::approve_cmd::{self, ApproveArgs};
 use routerctl::drill::{self, DrillConfig, Scenario};
 use routerctl::mock_cmd::{self, MockArgs};
 use routerctl::policy_cmd::{self, Output};
+use routerctl::tasks_cmd;
 use routerctl::up::{self, UpArgs};
 
 /// `routerctl -h`'s first line.
@@ -99,6 +100,8 @@ enum Command {
     Route(Group<RouteCommand>),
     /// Tenants (who may call).
     Tenants(Group<TenantsCommand>),
+    /// Parked tasks (routes with on_all_down: park).
+    Tasks(Group<TasksCommand>),
     /// Sign an approval for one request on one route (prints the
     /// X-Router-Approval token; the key from --key-file or
     /// CUSTOM_ROUTER_APPROVAL_KEY).
@@ -217,6 +220,40 @@ enum TenantsCommand {
 }
 
 #[derive(Subcommand, Debug)]
+enum TasksCommand {
+    /// The live parked tasks, oldest first.
+    List {
+        /// Only tasks in this state (waiting_capacity, waiting_approval, running).
+        #[arg(long)]
+        state: Option<String>,
+        /// Only tasks of this route.
+        #[arg(long)]
+        route: Option<String>,
+    },
+    /// One task (also ended ones, while they are kept).
+    Show {
+        /// The task's id.
+        id: String,
+    },
+    /// Approve a SEND/DESTRUCTIVE task: it runs once a pool of its route can take it.
+    Approve {
+        /// The task's id.
+        id: String,
+        /// Who approves (kept with the task).
+        #[arg(long)]
+        operator: Option<String>,
+    },
+    /// Drop a live task: it never runs.
+    Drop {
+        /// The task's id.
+        id: String,
+        /// Who drops it (kept with the task).
+        #[arg(long)]
+        operator: Option<String>,
+    },
+}
+
+#[derive(Subcommand, Debug)]
 enum ProxiesCommand {
     /// Each proxy: revision applied, ACK/NACK, last seen.
     List,
@@ -236,7 +273,7 @@ enum RouteCommand {
 #[derive(Args, Debug)]
 struct DrillArgs {
     /// baseline | baseline-long-attempt | fallback-degraded | primary-hang | drain |
-    /// stream-first-token | stream-stall | stream-error | all
+    /// stream-first-token | stream-stall | stream-error | all-down | all
     #[arg(long, default_value = "all")]
     scenario: String,
     /// Print the reports as JSON.
@@ -432,6 +469,28 @@ async fn run(cli: Cli) -> ExitCode {
                 }
             }
         }
+        Command::Tasks(g) => {
+            let mut admin = match connect(&g.connection).await {
+                Ok(a) => a,
+                Err(code) => return code,
+            };
+            let output = g.printing.output;
+            match g.command {
+                TasksCommand::List { state, route } => {
+                    let (state, route) = (state.unwrap_or_default(), route.unwrap_or_default());
+                    tasks_cmd::list(&mut admin, &state, &route, output).await
+                }
+                TasksCommand::Show { id } => tasks_cmd::show(&mut admin, &id, output).await,
+                TasksCommand::Approve { id, operator } => {
+                    let op = operator.unwrap_or_default();
+                    tasks_cmd::act(&mut admin, tasks_cmd::Action::Approve, &id, &op, output).await
+                }
+                TasksCommand::Drop { id, operator } => {
+                    let op = operator.unwrap_or_default();
+                    tasks_cmd::act(&mut admin, tasks_cmd::Action::Drop, &id, &op, output).await
+                }
+            }
+        }
     }
 }
 
@@ -486,7 +545,7 @@ async fn run_drill(args: DrillArgs) -> ExitCode {
             Some(s) => vec![s],
             None => {
                 eprintln!(
-                    "routerctl drill: unknown scenario {:?} (baseline, baseline-long-attempt, fallback-degraded, primary-hang, drain, stream-first-token, stream-stall, stream-error, all)",
+                    "routerctl drill: unknown scenario {:?} (baseline, baseline-long-attempt, fallback-degraded, primary-hang, drain, stream-first-token, stream-stall, stream-error, all-down, all)",
                     args.scenario
                 );
                 return ExitCode::from(2);

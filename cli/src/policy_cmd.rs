@@ -112,8 +112,22 @@ fn print_explanation(e: &Explanation, output: Output) {
             if let Some(b) = &e.balance {
                 print_balance(&serde_json::to_value(b).unwrap_or_default());
             }
+            if let Some(p) = &e.on_all_down {
+                print_on_all_down(&serde_json::to_value(p).unwrap_or_default());
+            }
         }
     }
+}
+
+/// A parking route's line: what happens when every pool is down.
+fn print_on_all_down(p: &serde_json::Value) {
+    println!(
+        "on_all_down:       park as {} for up to {} s (at most {} on the route); parks now: {}",
+        p["state"].as_str().unwrap_or("?"),
+        p["ttl_s"],
+        p["max_tasks"],
+        if p["parks_now"] == true { "yes" } else { "no" }
+    );
 }
 
 /// `routerctl route explain -f POLICY < situation.json`: offline.
@@ -181,6 +195,9 @@ pub fn print_explanation_json(json: &str, output: Output) -> ExitCode {
             }
             if v["balance"].is_object() {
                 print_balance(&v["balance"]);
+            }
+            if v["on_all_down"].is_object() {
+                print_on_all_down(&v["on_all_down"]);
             }
         }
     }

@@ -49,6 +49,7 @@ fn help_lists_the_real_subcommands() {
             .collect();
         for name in [
             "up", "drill", "mock", "policy", "backends", "circuits", "proxies", "route", "approve",
+            "tasks",
         ] {
             assert!(listed.contains(&name), "{name} missing from {listed:?}");
         }
@@ -745,5 +746,41 @@ async fn tenants_add_key_prints_the_key_once_and_list_shows_the_limits() {
     })
     .await
     .unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `routerctl tasks` against a control plane without `--shared-store`:
+/// a clear refusal saying what to set, exit 1; without the token, exit 1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tasks_commands_say_what_the_control_plane_needs() {
+    let dir = std::env::temp_dir().join(format!("routerctl-tasks-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let cp = start(ControlPlaneOptions {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        store: router_control_plane::StoreLocation::Embedded(dir.join("cp")),
+        token: Some("tok".into()),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let server = format!("http://{}", cp.local_addr());
+    for args in [
+        &["tasks", "list"][..],
+        &["tasks", "show", "abc"],
+        &["tasks", "approve", "abc"],
+        &["tasks", "drop", "abc"],
+    ] {
+        let o = run(&server, Some("tok"), args);
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {}", text(&o));
+        assert!(
+            text(&o).contains("--shared-store"),
+            "{args:?}: {}",
+            text(&o)
+        );
+    }
+    let o = run(&server, None, &["tasks", "list"]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    cp.shutdown().await;
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -5,7 +5,8 @@
 //!   redb file by default; etcd for several replicas);
 //! - [`hub`]: validated changes in, one published snapshot out;
 //! - [`service`]: the `Admin` and `ProxyConfig` gRPC services;
-//! - [`auth`]: operator and proxy tokens, and which calls each may make.
+//! - [`auth`]: operator and proxy tokens, and which calls each may make;
+//! - [`tasks`]: parked tasks in the proxies' shared store (list, approve, drop).
 //!
 //! [`start`] runs a control plane in-process (what `main`, `routerctl up`
 //! and the tests do). It is secure by default: it refuses to serve a
@@ -19,6 +20,7 @@ pub mod auth;
 pub mod hub;
 pub mod service;
 pub mod store;
+pub mod tasks;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

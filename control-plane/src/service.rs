@@ -81,6 +81,17 @@ pub struct AdminService {
     pub shared_store: Option<redis::Client>,
 }
 
+impl AdminService {
+    /// The proxies' shared store, where parked tasks live.
+    fn task_store(&self) -> Result<&redis::Client, Status> {
+        self.shared_store.as_ref().ok_or_else(|| {
+            Status::failed_precondition(
+                "parked tasks live in the proxies' shared store: start the control plane with --shared-store (ROUTER_SHARED_STORE) pointing at it",
+            )
+        })
+    }
+}
+
 fn upgrade(hub: &Weak<Hub>) -> Result<Arc<Hub>, Status> {
     hub.upgrade()
         .ok_or_else(|| Status::unavailable("the control plane is shutting down"))
@@ -318,6 +329,47 @@ impl Admin for AdminService {
             spent_month_micros: get(1) - reserved,
             reserved_micros: reserved,
         }))
+    }
+
+    async fn list_tasks(
+        &self,
+        req: Request<pb::ListTasksRequest>,
+    ) -> Result<Response<pb::ListTasksResponse>, Status> {
+        let r = req.into_inner();
+        let tasks = crate::tasks::list(self.task_store()?, &r.state, &r.route).await?;
+        Ok(Response::new(pb::ListTasksResponse { tasks }))
+    }
+
+    async fn get_task(
+        &self,
+        req: Request<pb::TaskRequest>,
+    ) -> Result<Response<pb::TaskView>, Status> {
+        let id = req.into_inner().id;
+        Ok(Response::new(
+            crate::tasks::get(self.task_store()?, &id).await?,
+        ))
+    }
+
+    async fn approve_task(
+        &self,
+        req: Request<pb::TaskRequest>,
+    ) -> Result<Response<pb::TaskView>, Status> {
+        let r = req.into_inner();
+        let event = router_policy::park::Event::Approve;
+        Ok(Response::new(
+            crate::tasks::change(self.task_store()?, &r.id, event, &r.operator).await?,
+        ))
+    }
+
+    async fn drop_task(
+        &self,
+        req: Request<pb::TaskRequest>,
+    ) -> Result<Response<pb::TaskView>, Status> {
+        let r = req.into_inner();
+        let event = router_policy::park::Event::Drop;
+        Ok(Response::new(
+            crate::tasks::change(self.task_store()?, &r.id, event, &r.operator).await?,
+        ))
     }
 
     async fn explain(

@@ -12,6 +12,9 @@
 //! | standalone, inline, managed, no token | nobody (401 naming `CUSTOM_ROUTER_ADMIN_TOKEN`) | ok, version and counts |
 //! | standalone, inline, managed, token | whoever presents it | the backend list with the token |
 //!
+//! `tasks/{id}/approve` and `tasks/{id}/drop` (parked tasks) are behind
+//! the same door as `explain`.
+//!
 //! A managed proxy refuses `set-backends` even with the token (403): its
 //! backend sets belong to the control plane, where `routerctl backends
 //! set` changes them for every proxy under the operator's own credential.
@@ -192,6 +195,12 @@ pub(crate) async fn handle(
                 Err(e) => Err(e),
             }
         }
+        p if p.starts_with("/_custom_router/tasks/") => {
+            match only(&req, Method::POST).and_then(|()| access.authorize(peer, authorization)) {
+                Ok(()) => task_action(shared, p).await,
+                Err(e) => Err(e),
+            }
+        }
         _ => Err(ProxyError::NotFound),
     };
     result.unwrap_or_else(|e| {
@@ -323,6 +332,56 @@ async fn read_admin_body(shared: &Shared, req: Request<Incoming>) -> Result<Byte
         ))),
         Ok(Ok(b)) => Ok(b.to_bytes()),
     }
+}
+
+/// `POST /_custom_router/tasks/{id}/approve` or `.../drop`: an operator's
+/// approval or drop of a parked task, for proxies without a control plane
+/// (`routerctl tasks` does the same through one).
+async fn task_action(shared: &Shared, path: &str) -> Result<Response<Bytes>, ProxyError> {
+    use router_policy::park::Event;
+    let rest = path.trim_start_matches("/_custom_router/tasks/");
+    let (id, event) = match rest.split_once('/') {
+        Some((id, "approve")) => (id, Event::Approve),
+        Some((id, "drop")) => (id, Event::Drop),
+        _ => return Err(ProxyError::NotFound),
+    };
+    // A proxy may claim or renew the task between the read and the write:
+    // read again and retry.
+    for _ in 0..8 {
+        let mut v = match shared.tasks.store.get(id).await {
+            Ok(Some(v)) => v,
+            Ok(None) => return Err(ProxyError::NotFound),
+            Err(_) => return Err(ProxyError::SharedStoreUnavailable),
+        };
+        let changed = shared
+            .tasks
+            .change(&mut v, event, |t| t.operator = Some("admin api".into()))
+            .await;
+        match changed {
+            Ok(Some(_)) => {
+                tracing::info!(
+                    task = id,
+                    event = event.as_str(),
+                    state = v.task.state.as_str(),
+                    "parked task changed through the admin API"
+                );
+                return Ok(json(
+                    StatusCode::OK,
+                    &v.task.summary(crate::tasks::unix_ms()),
+                ));
+            }
+            Ok(None) => continue,
+            Err(crate::tasks::ChangeError::Illegal(e)) => {
+                return Err(ProxyError::InvalidRequest(format!("task {id}: {e}")))
+            }
+            Err(crate::tasks::ChangeError::Store(_)) => {
+                return Err(ProxyError::SharedStoreUnavailable)
+            }
+        }
+    }
+    Err(ProxyError::InvalidRequest(format!(
+        "task {id} kept changing; try again"
+    )))
 }
 
 /// `POST /_custom_router/explain`: where would this situation go?

@@ -128,6 +128,20 @@ pub enum ProxyError {
     /// Known path, wrong method.
     #[error("method not allowed")]
     MethodNotAllowed,
+    /// Every pool of a route with `on_all_down: park` was down: the
+    /// request is stored as a task (202 with `Prefer: respond-async`,
+    /// else 503 `parked`).
+    #[error("every pool of route {route} is down: the request is parked as task {task} ({state}); its state and then its answer are at /v1/router/tasks/{task}")]
+    Parked {
+        /// The route.
+        route: String,
+        /// The task's id.
+        task: String,
+        /// Its state (`waiting_capacity`, `waiting_approval`, ...).
+        state: &'static str,
+        /// The client asked `Prefer: respond-async` (RFC 7240): 202.
+        respond_async: bool,
+    },
 }
 
 impl ProxyError {
@@ -154,6 +168,11 @@ impl ProxyError {
             Self::Tenant(_) | Self::Forbidden(_) => StatusCode::FORBIDDEN,
             Self::NotFound => StatusCode::NOT_FOUND,
             Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            Self::Parked {
+                respond_async: true,
+                ..
+            } => StatusCode::ACCEPTED,
+            Self::Parked { .. } => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
 
@@ -182,6 +201,7 @@ impl ProxyError {
             Self::Tenant(_) | Self::Forbidden(_) => Outcome::Forbidden,
             Self::NotFound => Outcome::NotFound,
             Self::MethodNotAllowed => Outcome::MethodNotAllowed,
+            Self::Parked { .. } => Outcome::Parked,
         }
     }
 
@@ -205,6 +225,26 @@ impl ProxyError {
                 "request_id": request_id,
             }
         });
+        if let Self::Parked {
+            task,
+            state,
+            respond_async,
+            ..
+        } = self
+        {
+            let location = format!("/v1/router/tasks/{task}");
+            let view = serde_json::json!({
+                "id": task,
+                "object": "router.task",
+                "state": state,
+                "location": location,
+            });
+            if *respond_async {
+                body = view;
+            } else {
+                body["error"]["task"] = view;
+            }
+        }
         if let Self::OutcomeUnknown { route, .. } = self {
             // The first request's route record, as stored.
             if let Ok(v) = serde_json::from_slice::<serde_json::Value>(route) {
@@ -220,6 +260,23 @@ impl ProxyError {
         );
         if self.status() == StatusCode::SERVICE_UNAVAILABLE {
             headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        if let Self::Parked {
+            task,
+            respond_async,
+            ..
+        } = self
+        {
+            if let Ok(v) = HeaderValue::from_str(&format!("/v1/router/tasks/{task}")) {
+                headers.insert(header::LOCATION, v);
+            }
+            if *respond_async {
+                headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+                headers.insert(
+                    "preference-applied",
+                    HeaderValue::from_static("respond-async"),
+                );
+            }
         }
         if let Self::RateLimited { retry_after, .. } = self {
             // Whole seconds, rounded up: the next request then passes.

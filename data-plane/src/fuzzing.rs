@@ -305,6 +305,7 @@ fn record(data: &[u8]) -> RouteRecord {
             .some()
             .then(|| ["lead", "lead_local", "join", "replay"][usize::from(b.byte()) % 4]),
         tenant: b.some().then(|| b.string().into()),
+        parked_task: b.some().then(|| b.string()),
         tenant_holds: None,
         config_version: b.string().into(),
     }

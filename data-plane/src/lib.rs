@@ -73,6 +73,7 @@ mod route_log;
 mod settings;
 mod spend;
 mod stop_signal;
+mod tasks;
 pub mod telemetry;
 mod tracked_body;
 mod upstream;
@@ -147,6 +148,9 @@ pub enum StartError {
     /// The shared store (`CUSTOM_ROUTER_SHARED_STORE`) cannot be used.
     #[error("CUSTOM_ROUTER_SHARED_STORE: {0}")]
     SharedStore(String),
+    /// The parked tasks' file (`CUSTOM_ROUTER_TASKS_FILE`) cannot be read.
+    #[error("CUSTOM_ROUTER_TASKS_FILE: {0}")]
+    Tasks(String),
     /// A token (`CUSTOM_ROUTER_ADMIN_TOKEN`, `ROUTER_TOKEN`) cannot be
     /// used; the error names it, never shows it.
     #[error(transparent)]
@@ -172,6 +176,9 @@ pub(crate) struct Shared {
     pub(crate) rate_limits: Arc<rate_limit::RateLimits>,
     /// Tenants' spend counters: the shared store's, or this process's own.
     pub(crate) spend: Arc<spend::SpendBudgets>,
+    /// Parked tasks (`on_all_down: park`): the shared store's, or this
+    /// process's own.
+    pub(crate) tasks: Arc<tasks::Tasks>,
     /// Request bytes held by all requests together, under a cap.
     pub(crate) buffered: Arc<limits::ByteBudget>,
     /// Open client connections, under a cap.
@@ -340,6 +347,17 @@ pub async fn start(options: ProxyOptions) -> Result<RunningProxy, StartError> {
         Some(r) => spend::SpendBudgets::Shared(Arc::clone(r)),
         None => spend::SpendBudgets::local(),
     });
+    let task_store: Arc<dyn tasks::TaskStore> = match &redis {
+        Some(r) => Arc::new(tasks::RedisTasks::new(Arc::clone(r))),
+        None => Arc::new(
+            tasks::LocalTasks::open(settings.tasks_file.clone()).map_err(StartError::Tasks)?,
+        ),
+    };
+    let parked = Arc::new(tasks::Tasks::new(
+        task_store,
+        Arc::clone(&metrics),
+        settings.task_lease,
+    ));
     let shared_store = redis.map(|r| r as Arc<dyn idempotency::IdempotencyStore>);
     let keys = Arc::new(idempotency::Keys::new(
         shared_store,
@@ -366,6 +384,7 @@ pub async fn start(options: ProxyOptions) -> Result<RunningProxy, StartError> {
         idempotency: keys,
         rate_limits,
         spend,
+        tasks: Arc::clone(&parked),
         buffered: limits::ByteBudget::new(settings_buffered),
         connections: limits::ConnectionSlots::new(settings_connections),
     });
@@ -391,6 +410,22 @@ pub async fn start(options: ProxyOptions) -> Result<RunningProxy, StartError> {
         )));
     }
     tasks.push(tokio::spawn(state_log(Arc::clone(&shared))));
+    // Parked tasks run through this proxy's own listener, over loopback
+    // when it listens on every address.
+    let own = match addr.ip() {
+        std::net::IpAddr::V4(ip) if ip.is_unspecified() => {
+            SocketAddr::new(std::net::Ipv4Addr::LOCALHOST.into(), addr.port())
+        }
+        std::net::IpAddr::V6(ip) if ip.is_unspecified() => {
+            SocketAddr::new(std::net::Ipv6Addr::LOCALHOST.into(), addr.port())
+        }
+        _ => addr,
+    };
+    tasks.push(tokio::spawn(tasks::dispatch::run(
+        Arc::clone(&shared),
+        parked,
+        own,
+    )));
     if let Mode::Managed(options) = mode {
         let applied = options
             .cache_dir

@@ -49,6 +49,15 @@ pub(crate) struct StreamEventLabels {
     pub event: &'static str,
 }
 
+/// `router_parked_tasks`' labels.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct TaskLabels {
+    /// The route the task was parked on.
+    pub route: String,
+    /// The state it entered (`router_policy::park::TaskState`).
+    pub state: &'static str,
+}
+
 /// `router_tenant_requests`' labels.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(crate) struct TenantLabels {
@@ -232,6 +241,8 @@ pub(crate) struct Metrics {
     endpoint_suspect: Family<BackendLabels, Gauge>,
     endpoint_ejected: Family<BackendLabels, Gauge>,
     ejections: Family<PoolLabel, Counter>,
+    parked_tasks: Family<TaskLabels, Counter>,
+    parked_live: Family<TaskLabels, Gauge>,
 }
 
 impl Default for Metrics {
@@ -270,6 +281,8 @@ impl Metrics {
             idempotency: Family::default(),
             store_errors: Family::default(),
             stream_events: Family::default(),
+            parked_tasks: Family::default(),
+            parked_live: Family::default(),
             tenant_requests: Family::default(),
             tpot: Family::default(),
             health_checks: Family::default(),
@@ -385,6 +398,16 @@ impl Metrics {
             m.stream_events.clone(),
         );
         registry.register(
+            "router_parked_tasks",
+            "Parked tasks (on_all_down: park) entering each state on this proxy, by route: waiting_capacity, waiting_approval (parked), running (claimed), done, failed, expired, dropped",
+            m.parked_tasks.clone(),
+        );
+        registry.register(
+            "router_parked_tasks_live",
+            "Live parked tasks by route and state (waiting_capacity, waiting_approval, running), as this proxy's dispatcher last read them from the store (the fleet's, with a shared store)",
+            m.parked_live.clone(),
+        );
+        registry.register(
             "router_tenant_requests",
             "Requests by tenant (names from the policy) and outcome",
             m.tenant_requests.clone(),
@@ -440,6 +463,32 @@ impl Metrics {
                 event,
             })
             .inc();
+    }
+
+    /// Counts a parked task entering `state` on `route`.
+    pub(crate) fn parked_task(&self, route: &str, state: &'static str) {
+        self.parked_tasks
+            .get_or_create(&TaskLabels {
+                route: route.to_string(),
+                state,
+            })
+            .inc();
+    }
+
+    /// The live parked tasks by route and state, as last read.
+    pub(crate) fn parked_live(
+        &self,
+        counts: &std::collections::HashMap<(String, &'static str), i64>,
+    ) {
+        self.parked_live.clear();
+        for ((route, state), n) in counts {
+            self.parked_live
+                .get_or_create(&TaskLabels {
+                    route: route.clone(),
+                    state,
+                })
+                .set(*n);
+        }
     }
 
     /// Counts an `Idempotency-Key` event.

@@ -173,6 +173,10 @@ pub(crate) struct RouteRecord {
     /// The tenant the request's key named (tenancy on).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tenant: Option<Arc<str>>,
+    /// The parked task this request parked, or the task this request is a
+    /// run of (`on_all_down: park`): the link between the two lines.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub parked_task: Option<String>,
     /// What the tenant's limits hold for the request until it ends
     /// (boxed: tenancy is rare, the record is filled for every request).
     #[serde(skip)]
@@ -799,6 +803,11 @@ impl RouteRecord {
         }
         if let Some(t) = &self.tenant {
             out.extend_from_slice(b",\"tenant\":\"");
+            json_str_contents(out, t);
+            out.push(b'"');
+        }
+        if let Some(t) = &self.parked_task {
+            out.extend_from_slice(b",\"parked_task\":\"");
             json_str_contents(out, t);
             out.push(b'"');
         }
@@ -1467,6 +1476,7 @@ mod tests {
             trace_id: some(rng).then(|| pick(rng).into()),
             idempotency: some(rng).then(|| ["lead", "join", "replay"][rng.below(3) as usize]),
             tenant: some(rng).then(|| pick(rng).into()),
+            parked_task: some(rng).then(|| pick(rng).into()),
             config_version: pick(rng).into(),
             ..RouteRecord::default()
         }

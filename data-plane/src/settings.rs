@@ -87,6 +87,14 @@ pub struct Settings {
     /// `redis://host:port/db` or `rediss://`; the password from the URL or
     /// `CUSTOM_ROUTER_SHARED_STORE_PASSWORD`). `None`: in-process keys.
     pub shared_store: Option<SharedStore>,
+    /// Without a shared store: the file where parked tasks
+    /// (`on_all_down: park`) are kept (`CUSTOM_ROUTER_TASKS_FILE`); `None`:
+    /// in memory only (lost when the proxy stops).
+    pub tasks_file: Option<std::path::PathBuf>,
+    /// How long a proxy's claim on a parked task holds without renewal
+    /// (`CUSTOM_ROUTER_TASK_LEASE_MS`, 10000): a proxy that dies while
+    /// running a task gives it up this long after its last renewal.
+    pub task_lease: Duration,
     /// Connection-serving threads (`CUSTOM_ROUTER_WORKERS`, 0 = one per core).
     pub workers: usize,
     /// How new connections are placed on those threads
@@ -158,6 +166,8 @@ impl Default for Settings {
             idempotency_max_answer_bytes: 1024 * 1024,
             idempotency_max_bytes: 64 * 1024 * 1024,
             shared_store: None,
+            tasks_file: None,
+            task_lease: Duration::from_secs(10),
             workers: 0,
             connection_balance: crate::balance_workers::ConnectionBalance::Pack,
             attempt_timeout: Duration::from_secs(1800),
@@ -297,6 +307,15 @@ impl Settings {
                     ))
                 }
             };
+        }
+        if let Some((var, v)) = get("CUSTOM_ROUTER_TASK_LEASE_MS") {
+            s.task_lease = match v.trim().parse::<u64>() {
+                Ok(n) if n >= 100 => Duration::from_millis(n),
+                _ => return Err(bad(var, &v, "a number of milliseconds of at least 100")),
+            };
+        }
+        if let Some((_, v)) = get("CUSTOM_ROUTER_TASKS_FILE") {
+            s.tasks_file = Some(std::path::PathBuf::from(v));
         }
         if let Some((var, v)) = get("CUSTOM_ROUTER_SHARED_STORE") {
             let password = get("CUSTOM_ROUTER_SHARED_STORE_PASSWORD").map(|(_, p)| p);

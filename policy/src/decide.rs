@@ -198,6 +198,27 @@ pub struct Explanation {
     /// For an engine-aware chosen pool: the endpoint and the signals used.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub balance: Option<crate::engine_aware::BalanceExplanation>,
+    /// On a route with `on_all_down: park`: what happens when every pool
+    /// is down (safe mode, `router_policy::park`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub on_all_down: Option<ParkExplanation>,
+}
+
+/// How a parking route treats this request when every pool is down.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ParkExplanation {
+    /// `park`.
+    pub action: &'static str,
+    /// Whether it applies now (every pool of the chain is down).
+    pub parks_now: bool,
+    /// The parked task's first state (from the risk).
+    pub state: &'static str,
+    /// How long a parked task waits, seconds.
+    pub ttl_s: u64,
+    /// Most live parked tasks of the route.
+    pub max_tasks: u32,
+    /// Why, in words.
+    pub why: String,
 }
 
 /// The request's path when a situation does not give one.
@@ -639,8 +660,39 @@ pub fn check_situation(policy: &Policy, situation: &Situation) -> Result<(), Fie
 
 /// The contract's `explain` answer for a situation.
 pub fn explain(policy: &Policy, situation: &Situation) -> Explanation {
-    let d = decide(policy, situation);
+    let mut d = decide(policy, situation);
     let chosen = d.candidates.first().and_then(|n| policy.pool(n));
+    let route = d
+        .route
+        .as_deref()
+        .and_then(|n| policy.routes.iter().find(|r| r.name == n));
+    let on_all_down = route.and_then(|r| r.park).map(|p| {
+        let state = crate::park::initial_state(d.risk);
+        let parks_now = d.refusal == Some(Refusal::NoBackend);
+        let then = if d.risk.has_side_effects() {
+            "it runs only after an operator approves it (routerctl tasks approve)"
+        } else {
+            "it runs by itself, oldest first, once a pool of the chain can take it"
+        };
+        let why = format!(
+            "on_all_down: park: when every pool of the chain is down, the request is parked as a task ({}) for up to {} s (at most {} on the route, then no_backend); {then}",
+            state.as_str(),
+            p.ttl.as_secs(),
+            p.max_tasks
+        );
+        if parks_now {
+            d.reason.push_str("; ");
+            d.reason.push_str(&why);
+        }
+        ParkExplanation {
+            action: "park",
+            parks_now,
+            state: state.as_str(),
+            ttl_s: p.ttl.as_secs(),
+            max_tasks: p.max_tasks,
+            why,
+        }
+    });
     Explanation {
         pool: chosen.map(|p| p.name.clone()),
         model: chosen
@@ -669,6 +721,7 @@ pub fn explain(policy: &Policy, situation: &Situation) -> Explanation {
                     situation.prefix_last_served.as_deref(),
                 )
             }),
+        on_all_down,
     }
 }
 

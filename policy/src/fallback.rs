@@ -132,6 +132,7 @@ mod tests {
             stall_timeout: None,
             hedge: None,
             retry_budget: crate::retry_budget::BudgetSettings::default(),
+            park: None,
         }
     }
 

@@ -28,6 +28,8 @@
 //! - [`idempotency`]: what a keyed request does with the state a shared
 //!   store holds for its key (lead, join, replay, refuse), how its key is
 //!   settled when it ends, and what happens while the store is down.
+//! - [`park`]: safe mode: a request parked as a task when every pool of
+//!   its route is down (states, approval, TTL, claim, oldest first).
 //! - [`structured`]: structured-output (JSON schema) checks of answers.
 //! - [`tenant`]: who is calling (hashed keys) and what they may ask for.
 
@@ -46,6 +48,7 @@ pub mod guard;
 pub mod health;
 pub mod idempotency;
 pub mod outcome;
+pub mod park;
 pub mod retry_budget;
 pub mod stream;
 pub mod structured;

@@ -106,11 +106,14 @@ pub enum Outcome {
     NotFound,
     /// Known admin path, wrong method.
     MethodNotAllowed,
+    /// Every pool of a parking route was down: the request was stored as
+    /// a task (`202` with `Prefer: respond-async`, else `503 parked`).
+    Parked,
 }
 
 impl Outcome {
     /// Every outcome, in declaration order.
-    pub const ALL: [Outcome; 33] = [
+    pub const ALL: [Outcome; 34] = [
         Outcome::Ok,
         Outcome::Replayed,
         Outcome::ConnectError,
@@ -144,6 +147,7 @@ impl Outcome {
         Outcome::Forbidden,
         Outcome::NotFound,
         Outcome::MethodNotAllowed,
+        Outcome::Parked,
     ];
 
     /// The label in logs, metrics, spans and error bodies.
@@ -182,6 +186,7 @@ impl Outcome {
             Self::Forbidden => "forbidden",
             Self::NotFound => "not_found",
             Self::MethodNotAllowed => "method_not_allowed",
+            Self::Parked => "parked",
         }
     }
 
@@ -235,7 +240,8 @@ impl Outcome {
             | Self::Unauthorized
             | Self::Forbidden
             | Self::NotFound
-            | Self::MethodNotAllowed => false,
+            | Self::MethodNotAllowed
+            | Self::Parked => false,
             other => !other.is_shed(),
         }
     }
@@ -309,6 +315,7 @@ mod tests {
                 "forbidden",
                 "not_found",
                 "method_not_allowed",
+                "parked",
             ]
         );
         // Distinct: a label names one outcome.

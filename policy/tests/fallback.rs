@@ -45,6 +45,7 @@ fn route() -> impl Strategy<Value = Route> {
         stall_timeout: None,
         hedge: None,
         retry_budget: router_policy::retry_budget::BudgetSettings::default(),
+        park: None,
     })
 }
 
@@ -117,6 +118,7 @@ fn every_outcome_is_decided_for_a_read_on_a_default_route() {
         stall_timeout: None,
         hedge: None,
         retry_budget: router_policy::retry_budget::BudgetSettings::default(),
+        park: None,
     };
     let moving: Vec<&str> = Outcome::ALL
         .into_iter()

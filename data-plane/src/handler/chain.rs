@@ -80,6 +80,9 @@ pub(super) struct Exchange {
     pub(super) streaming: bool,
     pub(super) model: Option<Arc<str>>,
     pub(super) deadline_at: Option<Instant>,
+    /// On a route with `on_all_down: park`: what parking keeps of the
+    /// request ([`super::parking`]).
+    pub(super) park: Option<Box<crate::tasks::ParkContext>>,
 }
 
 impl Exchange {
@@ -442,6 +445,24 @@ impl Exchange {
                     detail: format!("route {:?}: {}", route.name, notes.join("; ")),
                 },
             };
+            // Safe mode, on a route that parks: every pool was down (none
+            // could take the request, or each refused the connection), so
+            // nothing reached a backend.
+            if let (ProxyError::NoBackend { .. } | ProxyError::Upstream { .. }, Some(ctx)) =
+                (&err, &self.park)
+            {
+                let rec = pending.rec();
+                if !rec
+                    .attempts
+                    .iter()
+                    .any(|a| a.outcome.may_have_reached_backend())
+                {
+                    let tenancy = self.snapshot.policy.tenants.is_some();
+                    let detail = format!("route {:?}: {}", route.name, notes.join("; "));
+                    return Box::pin(super::parking::park(pending, route, ctx, tenancy, detail))
+                        .await;
+                }
+            }
             pending.reject(err)
         }
     }

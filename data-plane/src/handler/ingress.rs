@@ -73,6 +73,10 @@ pub(crate) fn handle(
             // the size of every request's future.
             return full(Box::pin(crate::admin::handle(&shared, peer, req)).await);
         }
+        if path.starts_with(crate::tasks::TASKS_PATH) && req.method() == Method::GET {
+            // A parked task's handle (`on_all_down: park`).
+            return full(Box::pin(crate::tasks::view(&shared.tasks, path)).await);
+        }
         let snapshot = shared.config.load();
         let mut pending = Pending::new(Arc::clone(&shared), &req, &snapshot);
         if crate::telemetry::enabled() {
@@ -80,6 +84,15 @@ pub(crate) fn handle(
         }
 
         let seen = RequestHeaders::scan(req.headers());
+        // This proxy's own run of a parked task (see `crate::tasks`).
+        let task_run = if seen.router_headers {
+            shared.tasks.run_of(req.headers())
+        } else {
+            None
+        };
+        if task_run.is_some() {
+            pending.rec().parked_task = task_run.clone();
+        }
         match request_id(&seen, pending.rec().offered_at.0) {
             Ok((id, header)) => {
                 pending.id_header = header;
@@ -178,7 +191,8 @@ pub(crate) fn handle(
                 return pending.reject(e);
             }
         }
-        if route.requires_approval {
+        // A parked task's run: the operator's approval stands for the token.
+        if route.requires_approval && task_run.is_none() {
             let given = seen.approval.as_ref().map(HeaderValue::as_bytes);
             let rec = pending.rec();
             let now = unix_seconds(rec.offered_at.0);
@@ -222,6 +236,38 @@ pub(crate) fn handle(
         });
         let estimated_input_tokens = facts.input_tokens.unwrap_or(0);
         pending.rec().reason = decision.reason;
+        // Safe mode: what a parking route keeps of the request. A parked
+        // task's own run is never parked again (it answers `no_backend`,
+        // and its task waits again).
+        let park = match &route.park {
+            Some(_) if task_run.is_some() => Some(crate::tasks::ParkContext::run()),
+            Some(_) => {
+                let keyed = seen
+                    .idempotency_key
+                    .as_ref()
+                    .and_then(|v| v.to_str().ok())
+                    .map(|k| {
+                        let fp = idempotency::fingerprint(
+                            parts.method.as_str(),
+                            path,
+                            &body,
+                            &parts.headers,
+                        );
+                        (k.trim().to_string(), fp)
+                    });
+                let path_and_query = parts.uri.path_and_query().map_or(path, |p| p.as_str());
+                Some(crate::tasks::ParkContext::new(
+                    &parts.method,
+                    path_and_query,
+                    &parts.headers,
+                    &body,
+                    risk,
+                    header_deadline,
+                    keyed,
+                ))
+            }
+            None => None,
+        };
         match decision.refusal {
             Some(Refusal::BudgetExceeded) => {
                 let detail = pending.rec().reason.clone();
@@ -229,9 +275,28 @@ pub(crate) fn handle(
             }
             Some(_) => {
                 let detail = pending.rec().reason.clone();
+                if let Some(ctx) = &park {
+                    let tenancy = snapshot.policy.tenants.is_some();
+                    return Box::pin(super::parking::park(pending, route, ctx, tenancy, detail))
+                        .await;
+                }
                 return pending.reject(ProxyError::NoBackend { detail });
             }
             None => {}
+        }
+        // A keyed retry of a request parked earlier: its task's state, or
+        // its answer (never a second run beside the task's).
+        if let Some(ctx) = park.as_ref().filter(|c| c.keyed.is_some() && !c.run) {
+            let found = Box::pin(super::parking::existing(
+                pending,
+                &ctx.task_id(),
+                ctx.respond_async,
+            ))
+            .await;
+            pending = match found {
+                Ok(resp) => return resp,
+                Err(p) => p,
+            };
         }
 
         // A pool that may take it rewrites the model: the body must be one
@@ -363,6 +428,7 @@ pub(crate) fn handle(
             streaming,
             model,
             deadline_at,
+            park,
         };
         // With a key the client will retry: unless the route says
         // otherwise, the request runs in a task of its own, which a

@@ -48,6 +48,7 @@ mod chain;
 mod finish;
 mod hedge;
 mod ingress;
+mod parking;
 mod spans;
 pub(crate) mod tenancy;
 mod upstream_request;
@@ -72,9 +73,9 @@ pub(crate) fn full(body: Response<Bytes>) -> Response<ProxyBody> {
     body.map(|b| Either::Left(Full::new(b)))
 }
 
-const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+pub(crate) const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
-const X_ROUTER_ROUTE: HeaderName = HeaderName::from_static("x-router-route");
+pub(crate) const X_ROUTER_ROUTE: HeaderName = HeaderName::from_static("x-router-route");
 const X_ROUTER_ATTEMPTS: HeaderName = HeaderName::from_static("x-router-attempts");
 const X_ROUTER_CONFIG_VERSION: HeaderName = HeaderName::from_static("x-router-config-version");
 const X_ROUTER_REPLAYED: HeaderName = HeaderName::from_static("x-router-replayed");

@@ -180,13 +180,18 @@ impl RedisStore {
         }
     }
 
+    /// The prefix of every key of this store (parked tasks share it).
+    pub(crate) fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
     fn key(&self, key: &str) -> String {
         format!("{}idem:{key}", self.prefix)
     }
 
     /// The connection to use: this worker thread's own (made on first
     /// use), else the shared one.
-    async fn conn(&self) -> Result<ConnectionManager, StoreError> {
+    pub(crate) async fn conn(&self) -> Result<ConnectionManager, StoreError> {
         let shared = self
             .conn
             .get()

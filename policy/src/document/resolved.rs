@@ -227,6 +227,25 @@ pub struct Route {
     pub hedge: Option<Hedge>,
     /// The budget retries and hedges draw on.
     pub retry_budget: crate::retry_budget::BudgetSettings,
+    /// `on_all_down: park`: the bounds of its parked tasks; `None`:
+    /// `no_backend` when every pool is down.
+    pub park: Option<ParkSettings>,
+}
+
+/// A parking route's bounds, resolved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ParkSettings {
+    /// How long a parked task waits.
+    pub ttl: Duration,
+    /// Most live parked tasks of the route.
+    pub max_tasks: u32,
+}
+
+impl ParkSettings {
+    /// The default TTL: one hour.
+    pub const DEFAULT_TTL: Duration = Duration::from_secs(3600);
+    /// The default cap.
+    pub const DEFAULT_MAX_TASKS: u32 = 100;
 }
 
 /// A route's hedging, resolved.
@@ -321,6 +340,7 @@ impl Policy {
                 stall_timeout: None,
                 hedge: None,
                 retry_budget: crate::retry_budget::BudgetSettings::default(),
+                park: None,
             }],
             circuit: CircuitSettings::default(),
             default_risk: Risk::Read,

@@ -564,6 +564,37 @@ pub struct RouteSpec {
     /// The share of recent requests that retries and hedges may add.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry_budget: Option<RetryBudgetSpec>,
+    /// What a request gets when no pool of the chain can take it:
+    /// `no_backend` (the default) or `park` (safe mode: stored as a task).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_all_down: Option<OnAllDown>,
+    /// Bounds of parked tasks (with `on_all_down: park`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub park: Option<ParkSpec>,
+}
+
+/// What a route does when every pool of its chain is down.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnAllDown {
+    /// `503 no_backend` at once.
+    #[default]
+    NoBackend,
+    /// Park the request as a task (see `router_policy::park`).
+    Park,
+}
+
+/// Parked tasks' bounds as written.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ParkSpec {
+    /// How long a parked task waits before it expires (default 3600).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl_s: Option<u64>,
+    /// Most live parked tasks of the route; past it, `no_backend`
+    /// (default 100).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tasks: Option<u32>,
 }
 
 /// A route's hedging as written: `{after_ms: 300}` or `{after: p95}`.

@@ -722,3 +722,91 @@ fn health_checks_default_by_provider_and_errors_name_their_field() {
         "{err}"
     );
 }
+
+const PARKING: &str = r#"
+apiVersion: router/v1
+kind: RoutingPolicy
+spec:
+  pools:
+    - name: only
+      endpoints: ["127.0.0.1:9001"]
+  routes:
+    - name: governed
+      match: {risk: [SEND, DESTRUCTIVE]}
+      chain: [only]
+      on_all_down: park
+    - name: default
+      chain: [only]
+      on_all_down: park
+      park: {ttl_s: 600, max_tasks: 5}
+"#;
+
+#[test]
+fn parking_routes_resolve_their_bounds_and_explain_when_they_park() {
+    let p = load(PARKING, &QueueSettings::default()).unwrap();
+    let governed = p.routes[0].park.unwrap();
+    assert_eq!(governed.ttl, ParkSettings::DEFAULT_TTL);
+    assert_eq!(governed.max_tasks, ParkSettings::DEFAULT_MAX_TASKS);
+    let default = p.routes[1].park.unwrap();
+    assert_eq!(default.ttl, Duration::from_secs(600));
+    assert_eq!(default.max_tasks, 5);
+    // Every pool down: the explanation says the request parks, and how.
+    let down = |risk: &str| {
+        let s: crate::decide::Situation = serde_json::from_str(&format!(
+            r#"{{"risk": "{risk}", "pools": {{"only": {{"healthy": false}}}}}}"#
+        ))
+        .unwrap();
+        crate::decide::explain(&p, &s)
+    };
+    let read = down("READ");
+    let park = read.on_all_down.as_ref().unwrap();
+    assert!(park.parks_now);
+    assert_eq!(park.state, "waiting_capacity");
+    assert!(
+        read.reason
+            .contains("parked as a task (waiting_capacity) for up to 600 s"),
+        "{}",
+        read.reason
+    );
+    let send = down("SEND");
+    assert_eq!(send.on_all_down.as_ref().unwrap().state, "waiting_approval");
+    assert!(
+        send.reason.contains("only after an operator approves it"),
+        "{}",
+        send.reason
+    );
+    // A healthy pool: the route would park, but does not now.
+    let s: crate::decide::Situation = serde_json::from_str(r#"{"risk": "READ"}"#).unwrap();
+    let up = crate::decide::explain(&p, &s);
+    assert!(!up.on_all_down.unwrap().parks_now);
+    assert!(!up.reason.contains("park"));
+}
+
+#[test]
+fn parking_bounds_are_checked() {
+    let text = PARKING
+        .replace(
+            "park: {ttl_s: 600, max_tasks: 5}",
+            "park: {ttl_s: 0, max_tasks: 0}",
+        )
+        .replace(
+            "      on_all_down: park\n    - name: default",
+            "      park: {ttl_s: 5}\n    - name: default",
+        );
+    let err = load(&text, &QueueSettings::default()).unwrap_err();
+    let fields: Vec<&str> = err.errors.iter().map(|e| e.field.as_str()).collect();
+    assert_eq!(
+        fields,
+        [
+            "spec.routes[0].park",
+            "spec.routes[1].park.ttl_s",
+            "spec.routes[1].park.max_tasks"
+        ],
+        "{err}"
+    );
+    let unknown = PARKING.replace(
+        "on_all_down: park\n      park",
+        "on_all_down: queue\n      park",
+    );
+    assert!(PolicyDocument::parse(&unknown).is_err());
+}

@@ -37,10 +37,10 @@ use std::time::Duration;
 
 use super::{
     positive_duration, ApprovalSpec, CircuitSettings, CircuitSpec, DefaultsSpec, EndpointSpec,
-    FieldError, Gates, GatesSpec, Hedge, HedgeDelay, HedgeQuantile, HedgeSpec, MatchSpec, Policy,
-    PolicyDocument, PolicyError, Pool, PoolSpec, Price, PriceSpec, Probe, ProbeKind, ProbeSpec,
-    QueueSettings, QueueSpec, RetryBudgetSpec, RetryOn, Risk, Route, RouteMatch, RouteSpec,
-    TenantSpec, API_VERSION, KIND,
+    FieldError, Gates, GatesSpec, Hedge, HedgeDelay, HedgeQuantile, HedgeSpec, MatchSpec,
+    OnAllDown, ParkSettings, Policy, PolicyDocument, PolicyError, Pool, PoolSpec, Price, PriceSpec,
+    Probe, ProbeKind, ProbeSpec, QueueSettings, QueueSpec, RetryBudgetSpec, RetryOn, Risk, Route,
+    RouteMatch, RouteSpec, TenantSpec, API_VERSION, KIND,
 };
 use super::{AffinityKind, EngineAwareSpec};
 use crate::balance::Scoring;
@@ -799,7 +799,49 @@ fn route(
         stall_timeout: millis(r.stall_timeout_ms, &format!("{at}.stall_timeout_ms"), errs),
         hedge,
         retry_budget: retry_budget(r.retry_budget.as_ref(), &format!("{at}.retry_budget"), errs),
+        park: park(r, at, errs),
     }
+}
+
+/// A route's safe mode: `park` bounds only with `on_all_down: park`; a
+/// positive TTL and cap (every parked queue is bounded).
+fn park(r: &RouteSpec, at: &str, errs: &mut Errors) -> Option<ParkSettings> {
+    let spec = r.park.clone().unwrap_or_default();
+    if r.on_all_down != Some(OnAllDown::Park) {
+        if r.park.is_some() {
+            errs.push(
+                format!("{at}.park"),
+                "has no effect without on_all_down: park",
+            );
+        }
+        return None;
+    }
+    let ttl = match spec.ttl_s {
+        Some(0) => {
+            errs.push(
+                format!("{at}.park.ttl_s"),
+                "must be a positive number of seconds",
+            );
+            None
+        }
+        Some(s) => Some(Duration::from_secs(s)),
+        None => Some(ParkSettings::DEFAULT_TTL),
+    };
+    let max_tasks = match spec.max_tasks {
+        Some(0) => {
+            errs.push(
+                format!("{at}.park.max_tasks"),
+                "must be at least 1 (a route that must not park says on_all_down: no_backend)",
+            );
+            None
+        }
+        Some(n) => Some(n),
+        None => Some(ParkSettings::DEFAULT_MAX_TASKS),
+    };
+    Some(ParkSettings {
+        ttl: ttl?,
+        max_tasks: max_tasks?,
+    })
 }
 
 /// A route's hedge: exactly one of `after_ms` and `after`, on a route that

@@ -302,6 +302,8 @@ fn help_texts_match_their_snapshots() {
         &["circuits", "close"],
         &["proxies", "list"],
         &["route", "explain"],
+        &["tasks", "list"],
+        &["tasks", "approve"],
     ] {
         let mut args = sub.to_vec();
         args.push("--help");

@@ -35,7 +35,7 @@ async fn against_a_target_a_scenario_needing_another_policy_is_skipped_not_faile
                     "{table}"
                 );
             }
-            "drain" => assert!(r.skipped.is_some(), "{table}"),
+            "drain" | "all-down" => assert!(r.skipped.is_some(), "{table}"),
             "stream-first-token" | "stream-stall" => {
                 let why = r.skipped.as_deref().unwrap_or_default();
                 assert!(why.contains("--print-policy --scenario stream-"), "{table}");
@@ -52,7 +52,7 @@ async fn every_drill_scenario_passes_at_one_twentieth_scale() {
     let cfg = DrillConfig::default().scaled(20.0);
     let reports = run_all(&Scenario::ALL, &cfg).await.unwrap();
     let table = render_table(&reports);
-    assert_eq!(reports.len(), 8);
+    assert_eq!(reports.len(), 9);
     for r in &reports {
         assert!(r.skipped.is_none(), "{table}");
         assert!(r.pass, "{} failed:\n{table}", r.scenario);
@@ -92,4 +92,27 @@ async fn three_proxies_on_one_redis_with_round_robin_client_retries_never_genera
     // out on the client's side), and those retries generated nothing.
     let retries: usize = reports.iter().map(|r| r.client_retries).sum();
     assert!(retries > 0, "no retry happened:\n{table}");
+}
+
+/// Issue 19: every pool down, the requests are parked (a handle each, at
+/// once); when the pools return every READ task runs once and is fetched
+/// through another proxy; no SEND task is sent without approval. Two
+/// proxies on one Redis.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_all_down_scenario_parks_every_request_and_runs_each_read_task_once() {
+    let redis = router_tests::redis::RedisServer::start("drill-all-down").await;
+    let cfg = DrillConfig {
+        proxies: 2,
+        shared_store: Some(redis.url()),
+        ..DrillConfig::default()
+    }
+    .scaled(20.0);
+    let reports = run_all(&[Scenario::AllDown], &cfg).await.unwrap();
+    let table = render_table(&reports);
+    println!("{table}");
+    let r = &reports[0];
+    assert!(r.pass, "{table}");
+    assert_eq!(r.requests, 40);
+    assert_eq!(r.sheds.get("parked"), Some(&40), "{table}");
+    assert_eq!(r.routes.values().sum::<usize>(), 30, "{table}");
 }

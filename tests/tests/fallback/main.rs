@@ -9,6 +9,7 @@ mod drill;
 mod hedging;
 mod idempotency;
 mod in_pool;
+mod parking;
 mod shared_store;
 mod streams;
 

@@ -1,0 +1,494 @@
+//! Parked tasks (`on_all_down: park`): requests that arrived while every
+//! pool of their route was down, kept until a pool recovers (or an
+//! operator approves them) and then run once.
+//!
+//! The rules (states, approval, TTL, leases, oldest first) are
+//! [`router_policy::park`]'s; this module carries them out:
+//!
+//! - [`TaskStore`]: where tasks live. [`redis::RedisTasks`] in the fleet's
+//!   shared store (`CUSTOM_ROUTER_SHARED_STORE`), so that any proxy can run
+//!   a task another parked and a client can fetch it through any proxy;
+//!   [`local::LocalTasks`] in this process, written through to
+//!   `CUSTOM_ROUTER_TASKS_FILE` when set (one proxy). Every change is a
+//!   compare-and-set on the task's revision: two proxies never both claim
+//!   a task.
+//! - [`Tasks`]: the proxy's handle (the store, this proxy's id, the secret
+//!   that marks its own runs, metrics).
+//! - [`dispatch`]: the per-proxy loop that expires, takes over and runs
+//!   tasks.
+//!
+//! A task runs as an ordinary request sent by the proxy to itself over
+//! loopback, marked with `x-router-task-run: <secret> <task id>`: the same
+//! ingress, decision, chain walk and route log line as any request (the
+//! line carries `parked_task`), minus parking and the route's approval
+//! token (the operator's approval stands for it). Its request id is the
+//! parked request's, so a backend that deduplicates by `Idempotency-Key`
+//! sees the same id on every run.
+
+pub(crate) mod dispatch;
+mod local;
+mod redis;
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use base64::Engine as _;
+use bytes::Bytes;
+use futures_util::future::BoxFuture;
+use http::{HeaderMap, HeaderValue};
+use router_policy::park::{initial_state, Event, TaskRecord, TaskState, Times};
+use router_policy::Risk;
+
+use crate::idempotency::{Fingerprint, StoreError};
+use crate::metrics::Metrics;
+
+pub(crate) use local::LocalTasks;
+pub(crate) use redis::RedisTasks;
+
+/// The header that marks a proxy's run of a parked task.
+pub(crate) const TASK_RUN: &str = "x-router-task-run";
+
+/// The path prefix of the clients' task handles.
+pub(crate) const TASKS_PATH: &str = "/v1/router/tasks/";
+
+/// A task and the revision it was read at.
+#[derive(Debug, Clone)]
+pub(crate) struct Versioned {
+    /// The revision (compare-and-set).
+    pub(crate) rev: u64,
+    /// The task.
+    pub(crate) task: TaskRecord,
+}
+
+/// What parking did.
+#[derive(Debug)]
+pub(crate) enum ParkResult {
+    /// Stored.
+    Parked,
+    /// The route holds its cap of live tasks.
+    OverCap,
+    /// A task with this id exists (a keyed retry): here it is.
+    Exists(Box<Versioned>),
+}
+
+/// Where tasks are kept. Object-safe (boxed futures), like the
+/// idempotency store.
+pub(crate) trait TaskStore: Send + Sync + 'static {
+    /// Stores a new task unless its route holds `cap` live tasks or a task
+    /// with its id exists.
+    fn park<'a>(
+        &'a self,
+        task: &'a TaskRecord,
+        cap: u32,
+    ) -> BoxFuture<'a, Result<ParkResult, StoreError>>;
+    /// A task by id.
+    fn get<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<Option<Versioned>, StoreError>>;
+    /// Replaces the task read at `rev` by `task`: its new revision, or
+    /// `None` when it changed since (or is gone). A task that has ended
+    /// leaves the live lists and is kept `keep` longer.
+    fn cas<'a>(
+        &'a self,
+        rev: u64,
+        task: &'a TaskRecord,
+        keep: Duration,
+    ) -> BoxFuture<'a, Result<Option<u64>, StoreError>>;
+    /// Takes `id` off the live list (its task is gone from the store).
+    fn forget<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), StoreError>>;
+    /// The ids of the live tasks, oldest first, at most `limit`.
+    fn live<'a>(&'a self, limit: usize) -> BoxFuture<'a, Result<Vec<String>, StoreError>>;
+}
+
+/// This proxy's parked tasks.
+pub(crate) struct Tasks {
+    pub(crate) store: Arc<dyn TaskStore>,
+    /// This proxy's id in claims.
+    pub(crate) proxy_id: String,
+    /// Marks this proxy's own runs (random per process).
+    secret: String,
+    pub(crate) metrics: Arc<Metrics>,
+    /// How long a claim holds without renewal.
+    pub(crate) lease: Duration,
+}
+
+/// What a parking request brings (built on routes that park only).
+pub(crate) struct ParkContext {
+    pub(crate) method: String,
+    pub(crate) path: String,
+    pub(crate) headers: Vec<(String, String)>,
+    pub(crate) body: Bytes,
+    pub(crate) risk: Risk,
+    /// The request's own deadline (`X-Router-Deadline-Ms`), Unix ms.
+    pub(crate) deadline_at_ms: Option<u64>,
+    /// `Prefer: respond-async`.
+    pub(crate) respond_async: bool,
+    /// The `Idempotency-Key` and the request's fingerprint: the task's id
+    /// comes from them, so that a retry finds its task.
+    pub(crate) keyed: Option<(String, Fingerprint)>,
+    /// A parked task's own run: never parked again; where it would be,
+    /// it answers `no_backend` (its task then waits again).
+    pub(crate) run: bool,
+}
+
+/// Headers not kept with a parked task: credentials (never stored),
+/// per-connection and per-hop headers, the router's own and those it sets
+/// on each run.
+fn kept_header(name: &str) -> bool {
+    !(name.starts_with("x-router-")
+        || name.starts_with("x-forwarded-")
+        || matches!(
+            name,
+            "authorization"
+                | "x-api-key"
+                | "api-key"
+                | "cookie"
+                | "proxy-authorization"
+                | "host"
+                | "content-length"
+                | "transfer-encoding"
+                | "connection"
+                | "keep-alive"
+                | "te"
+                | "trailer"
+                | "upgrade"
+                | "forwarded"
+                | "prefer"
+                | "idempotency-key"
+                | "x-request-id"
+                | "traceparent"
+                | "tracestate"
+        ))
+}
+
+/// Whether `headers` ask for an asynchronous answer (RFC 7240).
+pub(crate) fn prefers_async(headers: &HeaderMap) -> bool {
+    headers.get_all("prefer").iter().any(|v| {
+        v.to_str().is_ok_and(|s| {
+            s.split(',')
+                .any(|p| p.trim().eq_ignore_ascii_case("respond-async"))
+        })
+    })
+}
+
+impl ParkContext {
+    /// What parking needs of a request, kept while it is routed.
+    pub(crate) fn new(
+        method: &http::Method,
+        path: &str,
+        headers: &HeaderMap,
+        body: &Bytes,
+        risk: Risk,
+        header_deadline: Option<Duration>,
+        keyed: Option<(String, Fingerprint)>,
+    ) -> Box<Self> {
+        let kept = headers
+            .iter()
+            .filter(|(n, _)| kept_header(n.as_str()))
+            .filter_map(|(n, v)| Some((n.as_str().to_string(), v.to_str().ok()?.to_string())))
+            .collect();
+        Box::new(Self {
+            method: method.as_str().to_string(),
+            path: path.to_string(),
+            headers: kept,
+            body: body.clone(),
+            risk,
+            deadline_at_ms: header_deadline.map(|d| {
+                unix_ms().saturating_add(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+            }),
+            respond_async: prefers_async(headers),
+            keyed,
+            run: false,
+        })
+    }
+
+    /// The context of a parked task's own run (nothing is kept).
+    pub(crate) fn run() -> Box<Self> {
+        Box::new(Self {
+            method: String::new(),
+            path: String::new(),
+            headers: Vec::new(),
+            body: Bytes::new(),
+            risk: Risk::Read,
+            deadline_at_ms: None,
+            respond_async: false,
+            keyed: None,
+            run: true,
+        })
+    }
+
+    /// The task's id: from the key and fingerprint (a retry finds it; a
+    /// different request or caller with the same key gets another), else
+    /// random.
+    pub(crate) fn task_id(&self) -> String {
+        match &self.keyed {
+            Some((key, fp)) => keyed_task_id(key, *fp),
+            None => {
+                use ring::rand::SecureRandom;
+                let mut b = [0u8; 16];
+                let _ = ring::rand::SystemRandom::new().fill(&mut b);
+                hex(&b)
+            }
+        }
+    }
+}
+
+/// A keyed request's task id.
+pub(crate) fn keyed_task_id(key: &str, fp: Fingerprint) -> String {
+    use ring::digest::{Context, SHA256};
+    let mut c = Context::new(&SHA256);
+    c.update(b"router-task\0");
+    c.update(key.as_bytes());
+    c.update(b"\0");
+    c.update(&fp.0);
+    let d = c.finish();
+    hex(&d.as_ref()[..16])
+}
+
+fn hex(b: &[u8]) -> String {
+    use std::fmt::Write;
+    b.iter()
+        .fold(String::with_capacity(b.len() * 2), |mut s, x| {
+            let _ = write!(s, "{x:02x}");
+            s
+        })
+}
+
+/// Now, as Unix milliseconds (tasks are shared across machines: wall
+/// time, not a monotonic clock).
+pub(crate) fn unix_ms() -> u64 {
+    #[allow(clippy::disallowed_methods)]
+    let now = SystemTime::now();
+    now.duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// How long an ended task is kept for its client to fetch.
+pub(crate) fn keep_for(task: &TaskRecord) -> Duration {
+    Duration::from_millis(
+        task.expires_at_ms
+            .saturating_sub(task.parked_at_ms)
+            .max(60_000),
+    )
+}
+
+impl Tasks {
+    /// Tasks in `store`; claims last `lease` unless renewed.
+    pub(crate) fn new(store: Arc<dyn TaskStore>, metrics: Arc<Metrics>, lease: Duration) -> Self {
+        use ring::rand::SecureRandom;
+        let mut b = [0u8; 16];
+        let _ = ring::rand::SystemRandom::new().fill(&mut b);
+        let mut p = [0u8; 6];
+        let _ = ring::rand::SystemRandom::new().fill(&mut p);
+        Self {
+            store,
+            proxy_id: format!("proxy-{}", hex(&p)),
+            secret: hex(&b),
+            metrics,
+            lease,
+        }
+    }
+
+    /// The header value that marks this proxy's run of `task`.
+    pub(crate) fn run_header(&self, task: &str) -> Option<HeaderValue> {
+        HeaderValue::from_str(&format!("{} {task}", self.secret)).ok()
+    }
+
+    /// The task `headers` say this request is a run of, if the mark is
+    /// this proxy's (compared in constant time).
+    pub(crate) fn run_of(&self, headers: &HeaderMap) -> Option<String> {
+        use subtle::ConstantTimeEq;
+        let v = headers.get(TASK_RUN)?.to_str().ok()?;
+        let (secret, task) = v.split_once(' ')?;
+        bool::from(secret.as_bytes().ct_eq(self.secret.as_bytes())).then(|| task.to_string())
+    }
+
+    /// Parks the request of `ctx` on `route` (id `request_id`), or says
+    /// why not.
+    pub(crate) async fn park(
+        &self,
+        ctx: &ParkContext,
+        route: &router_policy::Route,
+        request_id: &str,
+        tenant: Option<&str>,
+        reason: String,
+    ) -> Result<(ParkResult, TaskRecord), StoreError> {
+        let settings = route.park.ok_or_else(|| {
+            StoreError::Unavailable("the route does not park (a policy change)".into())
+        })?;
+        let now = unix_ms();
+        let times = Times::new(now, settings.ttl, ctx.deadline_at_ms);
+        let task = TaskRecord {
+            id: ctx.task_id(),
+            state: initial_state(ctx.risk),
+            route: route.name.clone(),
+            risk: ctx.risk,
+            approved: false,
+            operator: None,
+            request_id: request_id.to_string(),
+            tenant: tenant.map(str::to_string),
+            parked_at_ms: times.parked_at_ms,
+            expires_at_ms: times.expires_at_ms,
+            deadline_at_ms: times.deadline_at_ms,
+            reason,
+            method: ctx.method.clone(),
+            path: ctx.path.clone(),
+            headers: ctx.headers.clone(),
+            body_b64: base64::engine::general_purpose::STANDARD.encode(&ctx.body),
+            claimed_by: None,
+            lease_until_ms: None,
+            runs: 0,
+            run_request_id: None,
+            answer: None,
+            error: None,
+        };
+        // A deadline already past: nothing to park.
+        if times.ends_at_ms() <= now {
+            return Ok((ParkResult::OverCap, task));
+        }
+        let r = self.store.park(&task, settings.max_tasks).await?;
+        if matches!(r, ParkResult::Parked) {
+            self.metrics.parked_task(&task.route, task.state.as_str());
+            tracing::info!(task = %task.id, route = %task.route, state = task.state.as_str(), request_id, "every pool of the route is down: request parked");
+        }
+        Ok((r, task))
+    }
+
+    /// Applies `event` to the task read as `v` and stores it: the new
+    /// revision, `Ok(None)` when someone changed it first, or the rule
+    /// that forbids it.
+    pub(crate) async fn change(
+        &self,
+        v: &mut Versioned,
+        event: Event,
+        edit: impl FnOnce(&mut TaskRecord),
+    ) -> Result<Option<u64>, ChangeError> {
+        let mut next = v.task.clone();
+        let state = next.apply(event).map_err(ChangeError::Illegal)?;
+        edit(&mut next);
+        let keep = keep_for(&next);
+        match self.store.cas(v.rev, &next, keep).await {
+            Ok(Some(rev)) => {
+                self.metrics.parked_task(&next.route, state.as_str());
+                v.rev = rev;
+                v.task = next;
+                Ok(Some(rev))
+            }
+            Ok(None) => Ok(None),
+            Err(e) => Err(ChangeError::Store(e)),
+        }
+    }
+}
+
+/// Why a change was not made.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ChangeError {
+    /// The rules forbid it.
+    #[error(transparent)]
+    Illegal(router_policy::park::Illegal),
+    /// The store failed.
+    #[error(transparent)]
+    Store(StoreError),
+}
+
+/// A task's answer for its client: the stored answer once ended with one,
+/// else its state as JSON.
+pub(crate) fn task_response(task: &TaskRecord, replay: bool) -> http::Response<Bytes> {
+    let now = unix_ms();
+    let state = task.state_at(now);
+    if let (Some(a), TaskState::Done | TaskState::Failed) = (&task.answer, state) {
+        let body = base64::engine::general_purpose::STANDARD
+            .decode(&a.body_b64)
+            .unwrap_or_default();
+        let mut resp = http::Response::new(Bytes::from(body));
+        *resp.status_mut() =
+            http::StatusCode::from_u16(a.status).unwrap_or(http::StatusCode::BAD_GATEWAY);
+        for (n, v) in &a.headers {
+            if let (Ok(n), Ok(v)) = (
+                http::header::HeaderName::from_bytes(n.as_bytes()),
+                HeaderValue::from_str(v),
+            ) {
+                resp.headers_mut().append(n, v);
+            }
+        }
+        stamp(&mut resp, task, state);
+        if replay {
+            resp.headers_mut()
+                .insert("x-router-replayed", HeaderValue::from_static("true"));
+        }
+        return resp;
+    }
+    let mut resp = http::Response::new(Bytes::from(task.summary(now).to_string()));
+    resp.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    if !state.is_terminal() {
+        resp.headers_mut()
+            .insert(http::header::RETRY_AFTER, HeaderValue::from_static("1"));
+    }
+    stamp(&mut resp, task, state);
+    resp
+}
+
+fn stamp(resp: &mut http::Response<Bytes>, task: &TaskRecord, state: TaskState) {
+    if let Ok(v) = HeaderValue::from_str(&task.id) {
+        resp.headers_mut().insert("x-router-task", v);
+    }
+    resp.headers_mut().insert(
+        "x-router-task-state",
+        HeaderValue::from_static(state.as_str()),
+    );
+}
+
+/// `GET /v1/router/tasks/{id}`: the task's state, then its answer.
+pub(crate) async fn view(tasks: &Tasks, path: &str) -> http::Response<Bytes> {
+    let id = path.strip_prefix(TASKS_PATH).unwrap_or_default();
+    let not_found = || crate::error::ProxyError::NotFound.to_response(None);
+    if id.is_empty() || id.len() > 64 || !id.bytes().all(|b| b.is_ascii_alphanumeric()) {
+        return not_found();
+    }
+    match tasks.store.get(id).await {
+        Ok(Some(v)) => task_response(&v.task, false),
+        Ok(None) => not_found(),
+        Err(e) => {
+            tracing::warn!(error = %e, "task store: cannot read a task");
+            crate::error::ProxyError::SharedStoreUnavailable.to_response(None)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn credentials_and_router_headers_are_never_kept() {
+        let mut h = HeaderMap::new();
+        h.insert("authorization", HeaderValue::from_static("Bearer s"));
+        h.insert("x-router-risk", HeaderValue::from_static("READ"));
+        h.insert("content-type", HeaderValue::from_static("application/json"));
+        h.insert("prefer", HeaderValue::from_static("respond-async, wait=5"));
+        let ctx = ParkContext::new(
+            &http::Method::POST,
+            "/v1/chat/completions",
+            &h,
+            &Bytes::from_static(b"{}"),
+            Risk::Read,
+            None,
+            None,
+        );
+        assert_eq!(
+            ctx.headers,
+            vec![("content-type".to_string(), "application/json".to_string())]
+        );
+        assert!(ctx.respond_async);
+        assert_eq!(ctx.task_id().len(), 32);
+    }
+
+    #[test]
+    fn a_keyed_task_id_depends_on_the_key_and_the_request() {
+        let a = keyed_task_id("k", Fingerprint([1; 16]));
+        assert_eq!(a, keyed_task_id("k", Fingerprint([1; 16])));
+        assert_ne!(a, keyed_task_id("k", Fingerprint([2; 16])));
+        assert_ne!(a, keyed_task_id("k2", Fingerprint([1; 16])));
+    }
+}

@@ -1,0 +1,600 @@
+//! Safe mode (`on_all_down: park`): when every pool of a route is down, a
+//! request is parked as a task in the shared store; it runs once, on one
+//! proxy, when a pool comes back (READ/DRAFT) or after an operator
+//! approves it (SEND/DESTRUCTIVE); its client fetches it through any
+//! proxy. Two proxies, one real `redis-server`, mock backends.
+
+use std::time::Duration;
+
+use http::{Method, StatusCode};
+use router_mock::Behavior;
+use router_proxy::SharedStore;
+use router_tests::harness::{TestProxy, TestResponse};
+use router_tests::mocks::{mock, mock_latency};
+use router_tests::redis::RedisServer;
+use serde_json::Value;
+use std::process::ExitCode;
+
+use routerctl::tasks_cmd::Action;
+
+use crate::settings;
+
+fn policy(url: &str, park: &str) -> String {
+    format!(
+        r#"apiVersion: router/v1
+kind: RoutingPolicy
+spec:
+  circuit_breaker: {{consecutive_errors: 3, open_duration_s: 1}}
+  pools:
+    - name: only
+      endpoints: ["{url}"]
+  routes:
+    - name: send
+      match: {{risk: [SEND, DESTRUCTIVE]}}
+      chain: [only]
+      on_all_down: park
+      park: {park}
+    - name: r
+      chain: [only]
+      on_all_down: park
+      park: {park}
+"#
+    )
+}
+
+const BODY: &str = r#"{"model":"m","messages":[{"role":"user","content":"later is fine"}]}"#;
+
+/// Two proxies on one store, with `policy(url, park)`, their pool emptied
+/// (every backend down) once both reach the store.
+async fn fleet(
+    redis: &RedisServer,
+    url: &str,
+    park: &str,
+    lease_ms: u64,
+) -> (TestProxy, TestProxy) {
+    let mut s = settings();
+    s.shared_store = Some(SharedStore::new(&redis.url()).unwrap());
+    s.task_lease = Duration::from_millis(lease_ms);
+    let a = TestProxy::with_policy(s.clone(), &policy(url, park)).await;
+    let b = TestProxy::with_policy(s, &policy(url, park)).await;
+    for p in [&a, &b] {
+        let key = format!("warm-{}", p.addr().port());
+        let mut ok = false;
+        for _ in 0..200 {
+            let r = p
+                .chat_with(
+                    &[("idempotency-key", &key), ("x-router-risk", "SEND")],
+                    BODY,
+                )
+                .await;
+            if r.status == StatusCode::OK {
+                ok = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(ok, "proxy did not reach the shared store");
+        p.set_backends_pool("only", &[]).await;
+    }
+    (a, b)
+}
+
+async fn task(p: &TestProxy, id: &str) -> TestResponse {
+    p.client
+        .send(
+            Method::GET,
+            &p.url(&format!("/v1/router/tasks/{id}")),
+            &[],
+            String::new(),
+        )
+        .await
+}
+
+/// Polls the task through `p` until its state is `state`.
+async fn wait_state(p: &TestProxy, id: &str, state: &str) -> TestResponse {
+    let until = tokio::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        let r = task(p, id).await;
+        if r.header("x-router-task-state") == Some(state) {
+            return r;
+        }
+        assert!(
+            tokio::time::Instant::now() < until,
+            "task {id} never reached {state}: {} {}",
+            r.status,
+            r.text()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn parked_id(r: &TestResponse) -> String {
+    let v: Value = r.json();
+    let id = v["id"]
+        .as_str()
+        .or(v["error"]["task"]["id"].as_str())
+        .unwrap_or_else(|| panic!("no task id in {v}"));
+    id.to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_request_parked_while_all_is_down_runs_once_when_a_backend_returns() {
+    let redis = RedisServer::start("park-read").await;
+    let m = mock("m", Behavior::Json).await;
+    let (a, b) = fleet(&redis, &m.url(), "{ttl_s: 60, max_tasks: 10}", 10_000).await;
+    let before = m.stats().received;
+
+    // With Prefer: respond-async: 202, a Location and the task.
+    let accepted = a.chat_with(&[("prefer", "respond-async")], BODY).await;
+    assert_eq!(accepted.status, StatusCode::ACCEPTED, "{}", accepted.text());
+    let id = parked_id(&accepted);
+    assert_eq!(
+        accepted.header("location"),
+        Some(format!("/v1/router/tasks/{id}").as_str())
+    );
+    assert_eq!(accepted.json()["state"], "waiting_capacity");
+    assert_eq!(accepted.header("preference-applied"), Some("respond-async"));
+
+    // Without: 503 parked, with the task id and Retry-After; keyed, so
+    // that its retry finds it.
+    let key = [("idempotency-key", "park-k1")];
+    let parked = a.chat_with(&key, BODY).await;
+    assert_eq!(parked.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(parked.error_type(), "parked");
+    assert!(parked.header("retry-after").is_some());
+    let keyed = parked_id(&parked);
+    assert_eq!(parked.json()["error"]["task"]["state"], "waiting_capacity");
+    // A retry with the same key, on the other proxy: the same task.
+    let again = b.chat_with(&key, BODY).await;
+    assert_eq!(again.error_type(), "parked");
+    assert_eq!(parked_id(&again), keyed);
+
+    // The handle works through either proxy; nothing ran.
+    let waiting = task(&b, &id).await;
+    assert_eq!(waiting.status, StatusCode::OK);
+    assert_eq!(waiting.json()["state"], "waiting_capacity");
+    assert_eq!(m.stats().received, before);
+    // Both proxies see the fleet's two waiting tasks.
+    let live = "router_parked_tasks_live{route=\"r\",state=\"waiting_capacity\"} 2";
+    let until = tokio::time::Instant::now() + Duration::from_secs(5);
+    for p in [&a, &b] {
+        while !p.metrics().await.contains(live) {
+            assert!(tokio::time::Instant::now() < until, "{}", p.metrics().await);
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    // The backend comes back (on both proxies): each task runs once, on
+    // one of them.
+    a.set_backends_pool("only", &[m.url()]).await;
+    b.set_backends_pool("only", &[m.url()]).await;
+    let done = wait_state(&b, &id, "done").await;
+    assert_eq!(done.status, StatusCode::OK);
+    assert!(done.json()["choices"].is_array(), "{}", done.text());
+    wait_state(&a, &keyed, "done").await;
+    // The keyed retry now gets the answer.
+    let answered = b.chat_with(&key, BODY).await;
+    assert_eq!(answered.status, StatusCode::OK, "{}", answered.text());
+    assert_eq!(answered.header("x-router-replayed"), Some("true"));
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert_eq!(m.stats().received - before, 2, "each task generated once");
+    // The runs carried the parked request's id, and nothing of the
+    // router's own (the run's mark least of all).
+    let runs: Vec<_> = m.requests().into_iter().skip(before as usize).collect();
+    for r in &runs {
+        assert!(r.headers.get("x-router-task-run").is_none());
+        assert!(r
+            .headers
+            .keys()
+            .all(|k| !k.as_str().starts_with("x-router-")));
+    }
+    assert!(runs.iter().any(|r| r
+        .headers
+        .get("idempotency-key")
+        .and_then(|v| v.to_str().ok())
+        == Some("park-k1")));
+
+    // The run's route log line is linked to the park record.
+    let mut lines = a.log.lines();
+    lines.extend(b.log.lines());
+    let park = lines
+        .iter()
+        .find(|l| l["parked_task"] == id.as_str() && l["outcome"] == "parked")
+        .unwrap_or_else(|| panic!("no park line: {lines:?}"));
+    let runs: Vec<&Value> = lines
+        .iter()
+        .filter(|l| l["parked_task"] == id.as_str() && l["outcome"] == "ok")
+        .collect();
+    assert_eq!(runs.len(), 1, "one run, on one proxy: {lines:?}");
+    assert_eq!(park["request_id"], runs[0]["request_id"]);
+    let metrics = format!("{}{}", a.metrics().await, b.metrics().await);
+    assert!(
+        metrics.contains("router_parked_tasks_total{route=\"r\",state=\"done\"}"),
+        "{metrics}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_send_request_waits_for_approval_even_when_backends_return() {
+    let redis = RedisServer::start("park-send").await;
+    let m = mock("m", Behavior::Json).await;
+    let (a, b) = fleet(&redis, &m.url(), "{ttl_s: 60}", 10_000).await;
+    let before = m.stats().received;
+    let r = a
+        .chat_with(
+            &[("x-router-risk", "SEND"), ("prefer", "respond-async")],
+            BODY,
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::ACCEPTED, "{}", r.text());
+    assert_eq!(r.json()["state"], "waiting_approval");
+    let id = parked_id(&r);
+    a.set_backends_pool("only", &[m.url()]).await;
+    b.set_backends_pool("only", &[m.url()]).await;
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    assert_eq!(m.stats().received, before, "nothing is sent unapproved");
+    assert_eq!(task(&b, &id).await.json()["state"], "waiting_approval");
+
+    // An operator approves (routerctl tasks approve, through the control
+    // plane reading the same store).
+    ops::approve(&redis, &id).await;
+    let done = wait_state(&b, &id, "done").await;
+    assert_eq!(done.status, StatusCode::OK);
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(m.stats().received - before, 1, "sent once");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tasks_expire_the_cap_holds_and_a_dropped_task_never_runs() {
+    let redis = RedisServer::start("park-ttl").await;
+    let m = mock("m", Behavior::Json).await;
+    let (a, b) = fleet(&redis, &m.url(), "{ttl_s: 1, max_tasks: 2}", 10_000).await;
+    let before = m.stats().received;
+    let first = a.chat_with(&[("prefer", "respond-async")], BODY).await;
+    // Parked in a later millisecond: listed after the first.
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let second = b.chat_with(&[("prefer", "respond-async")], BODY).await;
+    assert_eq!(first.status, StatusCode::ACCEPTED);
+    assert_eq!(second.status, StatusCode::ACCEPTED);
+    // The cap: a third is no_backend, as without parking.
+    let third = a.chat_with(&[("prefer", "respond-async")], BODY).await;
+    assert_eq!(third.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(third.error_type(), "no_backend");
+    assert!(third.text().contains("cap of 2"), "{}", third.text());
+    let (first, second) = (parked_id(&first), parked_id(&second));
+    // routerctl tasks list: both, oldest first; an approval a READ task
+    // does not wait for is refused.
+    let listed = ops::list(&redis).await;
+    assert_eq!(listed, vec![first.clone(), second.clone()]);
+    assert_eq!(
+        ops::try_act(&redis, Action::Approve, &first).await,
+        ExitCode::FAILURE
+    );
+    // Dropped by an operator; the other expires after its second.
+    ops::drop_task(&redis, &second).await;
+    assert_eq!(task(&a, &second).await.json()["state"], "dropped");
+    wait_state(&b, &first, "expired").await;
+    a.set_backends_pool("only", &[m.url()]).await;
+    b.set_backends_pool("only", &[m.url()]).await;
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert_eq!(m.stats().received, before, "neither ran");
+    assert_eq!(task(&a, &first).await.json()["state"], "expired");
+    // Nothing follows an end: a dropped task cannot be approved.
+    assert_eq!(
+        ops::try_act(&redis, Action::Approve, &second).await,
+        ExitCode::FAILURE
+    );
+    assert!(ops::list(&redis).await.is_empty());
+    // Room again: the route parks anew (its backends are up, so it is
+    // simply answered).
+    let fresh = a.chat_with(&[], BODY).await;
+    assert_eq!(fresh.status, StatusCode::OK);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_proxy_killed_while_running_a_task_leaves_it_to_another_which_finishes_it() {
+    let redis = RedisServer::start("park-kill").await;
+    let slow = mock_latency("m", 1500).await;
+    let (a, b) = fleet(&redis, &slow.url(), "{ttl_s: 60}", 600).await;
+    let r = a.chat_with(&[("prefer", "respond-async")], BODY).await;
+    let id = parked_id(&r);
+    let before = slow.stats().received;
+    // Only A sees the backend back: A claims the task and starts it.
+    a.set_backends_pool("only", &[slow.url()]).await;
+    wait_state(&b, &id, "running").await;
+    let until = tokio::time::Instant::now() + Duration::from_secs(5);
+    while slow.stats().received == before {
+        assert!(tokio::time::Instant::now() < until, "A never sent it");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // A dies holding the claim.
+    drop(a);
+    b.set_backends_pool("only", &[slow.url()]).await;
+    let done = wait_state(&b, &id, "done").await;
+    assert_eq!(done.status, StatusCode::OK);
+    let view = ops::show(&redis, &id).await;
+    assert_eq!(view["runs"], 2, "{view}");
+    // One answer: the task is done once and stays done.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(
+        task(&b, &id).await.header("x-router-task-state"),
+        Some("done")
+    );
+}
+
+/// What an operator does, as `routerctl tasks` does it: through a control
+/// plane started with `--shared-store` on the same Redis.
+mod ops {
+    use std::net::SocketAddr;
+    use std::process::ExitCode;
+
+    use router_tests::control::TOKEN;
+    use router_tests::redis::RedisServer;
+    use routerctl::tasks_cmd::{self, Action};
+
+    async fn admin(
+        redis: &RedisServer,
+    ) -> (
+        router_control_plane::RunningControlPlane,
+        routerctl::admin_cmd::Admin,
+    ) {
+        let dir = std::env::temp_dir().join(format!(
+            "router-park-cp-{}-{}",
+            std::process::id(),
+            redis.port()
+        ));
+        let _ = std::fs::create_dir_all(&dir);
+        let cp = router_control_plane::start(router_control_plane::ControlPlaneOptions {
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            store: router_control_plane::StoreLocation::Embedded(dir),
+            token: Some(TOKEN.into()),
+            shared_store: Some(redis.url()),
+            ..Default::default()
+        })
+        .await
+        .unwrap_or_else(|e| panic!("control plane: {e}"));
+        let admin =
+            routerctl::admin_cmd::connect(&cp.local_addr().to_string(), Some(TOKEN.into()), None)
+                .await
+                .unwrap_or_else(|e| panic!("{e}"));
+        (cp, admin)
+    }
+
+    /// `routerctl tasks approve|drop ID`: its exit code.
+    pub(super) async fn try_act(redis: &RedisServer, action: Action, id: &str) -> ExitCode {
+        let (cp, mut admin) = admin(redis).await;
+        let code = tasks_cmd::act(
+            &mut admin,
+            action,
+            id,
+            "test-operator",
+            routerctl::policy_cmd::Output::Json,
+        )
+        .await;
+        cp.shutdown().await;
+        code
+    }
+
+    async fn act(redis: &RedisServer, action: Action, id: &str) {
+        let code = try_act(redis, action, id).await;
+        assert_eq!(code, ExitCode::SUCCESS, "routerctl tasks {action:?} {id}");
+    }
+
+    /// The ids `routerctl tasks list` shows, in order.
+    pub(super) async fn list(redis: &RedisServer) -> Vec<String> {
+        let (cp, mut admin) = admin(redis).await;
+        let tasks = admin
+            .list_tasks(router_proto::v1::ListTasksRequest::default())
+            .await
+            .unwrap_or_else(|s| panic!("{s}"))
+            .into_inner()
+            .tasks;
+        cp.shutdown().await;
+        tasks.into_iter().map(|t| t.id).collect()
+    }
+
+    /// `routerctl tasks approve ID`.
+    pub(super) async fn approve(redis: &RedisServer, id: &str) {
+        act(redis, Action::Approve, id).await;
+    }
+
+    /// `routerctl tasks drop ID`.
+    pub(super) async fn drop_task(redis: &RedisServer, id: &str) {
+        act(redis, Action::Drop, id).await;
+    }
+
+    /// `routerctl tasks show ID -o json`, as JSON.
+    pub(super) async fn show(redis: &RedisServer, id: &str) -> serde_json::Value {
+        let (cp, mut admin) = admin(redis).await;
+        let v = admin
+            .get_task(router_proto::v1::TaskRequest {
+                id: id.to_string(),
+                operator: String::new(),
+            })
+            .await
+            .unwrap_or_else(|s| panic!("{s}"))
+            .into_inner();
+        cp.shutdown().await;
+        serde_json::json!({"state": v.state, "runs": v.runs, "approved": v.approved, "operator": v.operator})
+    }
+}
+
+/// One proxy, no shared store: parked tasks are kept in
+/// `CUSTOM_ROUTER_TASKS_FILE` and survive a restart of the proxy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_shared_store_a_parked_task_survives_a_restart_in_its_file() {
+    let m = mock("m", Behavior::Json).await;
+    let dir = std::env::temp_dir().join(format!("router-park-file-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut s = settings();
+    s.tasks_file = Some(dir.join("tasks.json"));
+    let yaml = policy(&m.url(), "{ttl_s: 60}");
+    let first = TestProxy::with_policy(s.clone(), &yaml).await;
+    first.set_backends_pool("only", &[]).await;
+    let r = first.chat_with(&[("prefer", "respond-async")], BODY).await;
+    assert_eq!(r.status, StatusCode::ACCEPTED, "{}", r.text());
+    let id = parked_id(&r);
+    drop(first);
+    // A new proxy on the same file, its backend up: it runs the task.
+    let second = TestProxy::with_policy(s, &yaml).await;
+    let done = wait_state(&second, &id, "done").await;
+    assert_eq!(done.status, StatusCode::OK);
+    assert_eq!(m.stats().received, 1);
+    let unknown = task(&second, "0123456789abcdef").await;
+    assert_eq!(unknown.status, StatusCode::NOT_FOUND);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A SEND task whose runner dies may already have acted: it is marked
+/// failed, never sent a second time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_send_task_whose_runner_dies_fails_instead_of_being_sent_twice() {
+    let redis = RedisServer::start("park-kill-send").await;
+    let slow = mock_latency("m", 1500).await;
+    let (a, b) = fleet(&redis, &slow.url(), "{ttl_s: 60}", 600).await;
+    let r = a
+        .chat_with(
+            &[("prefer", "respond-async"), ("x-router-risk", "SEND")],
+            BODY,
+        )
+        .await;
+    let id = parked_id(&r);
+    let before = slow.stats().received;
+    ops::approve(&redis, &id).await;
+    a.set_backends_pool("only", &[slow.url()]).await;
+    wait_state(&b, &id, "running").await;
+    let until = tokio::time::Instant::now() + Duration::from_secs(5);
+    while slow.stats().received == before {
+        assert!(tokio::time::Instant::now() < until, "A never sent it");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    drop(a);
+    b.set_backends_pool("only", &[slow.url()]).await;
+    let failed = wait_state(&b, &id, "failed").await;
+    let v = failed.json();
+    assert!(
+        v["error"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("not sent again"),
+        "{v}"
+    );
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert_eq!(slow.stats().received - before, 1, "sent once, never again");
+    let view = ops::show(&redis, &id).await;
+    assert_eq!(view["operator"], "test-operator", "{view}");
+}
+
+/// A backend that refuses connections is down too: the request parks, its
+/// runs while it still refuses are put back in line (never failed), and
+/// it runs once the backend listens again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_refused_by_every_backend_parks_and_runs_when_one_listens_again() {
+    let port = router_tests::server_process::free_port();
+    let url = format!("http://127.0.0.1:{port}");
+    let mut s = settings();
+    s.task_lease = Duration::from_millis(600);
+    let p = TestProxy::with_policy(s, &policy(&url, "{ttl_s: 60}")).await;
+    let r = p.chat_with(&[("prefer", "respond-async")], BODY).await;
+    assert_eq!(r.status, StatusCode::ACCEPTED, "{}", r.text());
+    let id = parked_id(&r);
+    // Runs meanwhile meet the refusal again: still waiting, not failed.
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let waiting = task(&p, &id).await.json();
+    assert_eq!(waiting["state"], "waiting_capacity", "{waiting}");
+    let m = router_mock::MockModel::start_on(
+        std::net::SocketAddr::from(([127, 0, 0, 1], port)),
+        router_mock::MockConfig {
+            name: "back".into(),
+            behavior: Behavior::Json,
+            ..router_mock::MockConfig::default()
+        },
+    )
+    .await
+    .unwrap();
+    // The circuit opened on the refusals (3 in a row): the task runs as
+    // its first probe, once the open duration (1 s, doubling per failed
+    // probe) is over.
+    let until = tokio::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        let r = task(&p, &id).await;
+        if r.header("x-router-task-state") == Some("done") {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < until, "{}", r.text());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(m.stats().received, 1);
+}
+
+/// Without a control plane, the proxy's admin API approves a SEND task
+/// (behind the admin token), which then runs once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standalone_proxy_approves_a_task_through_its_admin_api() {
+    let m = mock("m", Behavior::Json).await;
+    let p = TestProxy::with_policy(settings(), &policy(&m.url(), "{ttl_s: 60}")).await;
+    p.set_backends_pool("only", &[]).await;
+    let r = p
+        .chat_with(
+            &[("prefer", "respond-async"), ("x-router-risk", "SEND")],
+            BODY,
+        )
+        .await;
+    let id = parked_id(&r);
+    p.set_backends_pool("only", &[m.url()]).await;
+    // Without the token: refused.
+    let path = format!("/_custom_router/tasks/{id}/approve");
+    let refused = p
+        .client
+        .send(Method::POST, &p.url(&path), &[], String::new())
+        .await;
+    assert_eq!(refused.status, StatusCode::UNAUTHORIZED);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(m.stats().received, 0);
+    let ok = p.admin_call(Method::POST, &path, String::new()).await;
+    assert_eq!(ok.status, StatusCode::OK, "{}", ok.text());
+    assert_eq!(ok.json()["approved"], true);
+    wait_state(&p, &id, "done").await;
+    // Done: nothing follows, a drop is refused.
+    let drop = p
+        .admin_call(
+            Method::POST,
+            &format!("/_custom_router/tasks/{id}/drop"),
+            String::new(),
+        )
+        .await;
+    assert_eq!(drop.status, StatusCode::BAD_REQUEST, "{}", drop.text());
+    assert_eq!(m.stats().received, 1);
+}
+
+/// A parked task lives within its own deadline (`X-Router-Deadline-Ms`)
+/// as well as its TTL; a streamed request's answer is kept as its frames.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_expires_at_its_own_deadline_and_a_stream_is_kept_whole() {
+    let m = router_tests::mocks::mock_sse("m", 3, 5).await;
+    let p = TestProxy::with_policy(settings(), &policy(&m.url(), "{ttl_s: 60}")).await;
+    p.set_backends_pool("only", &[]).await;
+    let short = p
+        .chat_with(
+            &[("prefer", "respond-async"), ("x-router-deadline-ms", "400")],
+            BODY,
+        )
+        .await;
+    assert_eq!(short.status, StatusCode::ACCEPTED);
+    let short = parked_id(&short);
+    let stream_body =
+        r#"{"model":"m","stream":true,"messages":[{"role":"user","content":"later"}]}"#;
+    let streamed = p
+        .chat_with(&[("prefer", "respond-async")], stream_body)
+        .await;
+    let streamed = parked_id(&streamed);
+    wait_state(&p, &short, "expired").await;
+    p.set_backends_pool("only", &[m.url()]).await;
+    let done = wait_state(&p, &streamed, "done").await;
+    assert_eq!(done.header("content-type"), Some("text/event-stream"));
+    assert!(done.text().contains("[DONE]"), "{}", done.text());
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(task(&p, &short).await.json()["state"], "expired");
+    assert_eq!(m.stats().received, 1, "only the stream ran");
+}

@@ -40,6 +40,21 @@ const BODY_LIMIT: usize = 64 * 1024;
 /// Checks every endpoint of `pool` on its schedule until the pool is gone
 /// or the task is aborted (on a config change that alters the checks).
 pub(crate) async fn run(pool: Weak<PoolRuntime>, client: UpstreamClient, check: HealthCheck) {
+    let settings = check.clone();
+    run_with(pool, settings, move |endpoint| {
+        let (client, check) = (client.clone(), check.clone());
+        async move { check_once(&client, &endpoint, &check).await }
+    })
+    .await;
+}
+
+/// [`run`] with the check itself given (`probe`: one check of one
+/// endpoint), so that the schedule can be tested without a network.
+async fn run_with<F, Fut>(pool: Weak<PoolRuntime>, check: HealthCheck, probe: F)
+where
+    F: Fn(Endpoint) -> Fut,
+    Fut: std::future::Future<Output = bool> + Send + 'static,
+{
     let mut next: HashMap<Endpoint, Instant> = HashMap::new();
     let mut checking: HashSet<Endpoint> = HashSet::new();
     let mut in_flight: JoinSet<(Endpoint, bool, Instant)> = JoinSet::new();
@@ -54,9 +69,10 @@ pub(crate) async fn run(pool: Weak<PoolRuntime>, client: UpstreamClient, check: 
         }
         for (endpoint, at) in &next {
             if *at <= now && checking.insert(endpoint.clone()) {
-                let (client, endpoint, check) = (client.clone(), endpoint.clone(), check.clone());
+                let endpoint = endpoint.clone();
+                let one = probe(endpoint.clone());
                 in_flight.spawn(async move {
-                    let passed = check_once(&client, &endpoint, &check).await;
+                    let passed = one.await;
                     (endpoint, passed, Instant::now())
                 });
             }
@@ -131,5 +147,205 @@ pub(crate) async fn check_once(
             tracing::debug!(endpoint = %endpoint, path = %check.path, "health check failed");
             false
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::VecDeque;
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+
+    use router_policy::health::HealthCheck;
+    use router_policy::{Endpoint, Provider, QueueSettings};
+    use tokio::time::Instant;
+
+    use super::run_with;
+    use crate::pool::{Availability, PoolCounters, PoolRuntime, PoolSettings};
+
+    /// Scripted check results per endpoint (pass when the script is
+    /// spent), and when each check ran.
+    #[derive(Clone, Default)]
+    struct Script {
+        results: Arc<Mutex<std::collections::HashMap<String, VecDeque<bool>>>>,
+        log: Arc<Mutex<Vec<(String, Instant)>>>,
+    }
+
+    impl Script {
+        fn set(&self, endpoint: &str, results: &[bool]) {
+            self.results
+                .lock()
+                .unwrap()
+                .insert(endpoint.to_string(), results.iter().copied().collect());
+        }
+
+        fn times(&self, endpoint: &str) -> Vec<Instant> {
+            self.log
+                .lock()
+                .unwrap()
+                .iter()
+                .filter(|(e, _)| e == endpoint)
+                .map(|(_, t)| *t)
+                .collect()
+        }
+
+        fn start(
+            &self,
+            pool: &Arc<PoolRuntime>,
+            check: HealthCheck,
+        ) -> tokio::task::JoinHandle<()> {
+            let script = self.clone();
+            tokio::spawn(run_with(
+                Arc::downgrade(pool),
+                check,
+                move |ep: Endpoint| {
+                    let key = ep.to_string();
+                    script
+                        .log
+                        .lock()
+                        .unwrap()
+                        .push((key.clone(), Instant::now()));
+                    let passed = script
+                        .results
+                        .lock()
+                        .unwrap()
+                        .get_mut(&key)
+                        .and_then(VecDeque::pop_front)
+                        .unwrap_or(true);
+                    async move {
+                        // A check takes a little time, as a real one does.
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                        passed
+                    }
+                },
+            ))
+        }
+    }
+
+    fn check() -> HealthCheck {
+        HealthCheck {
+            interval: Duration::from_millis(1000),
+            timeout: Duration::from_millis(100),
+            unhealthy_after: 3,
+            healthy_after: 2,
+            ..HealthCheck::defaults(Provider::Vllm)
+        }
+    }
+
+    fn pool_of(addrs: &[&str]) -> Arc<PoolRuntime> {
+        let mut s = PoolSettings::new(QueueSettings::default(), None);
+        s.health_check = Some(check());
+        let eps: Vec<Endpoint> = addrs.iter().map(|a| Endpoint::parse(a).unwrap()).collect();
+        PoolRuntime::new("p", s, &eps, PoolCounters::default())
+    }
+
+    fn health_of(pool: &PoolRuntime, addr: &str) -> &'static str {
+        pool.status()
+            .endpoints
+            .iter()
+            .find(|e| &*e.addr == addr)
+            .and_then(|e| e.health)
+            .map_or("none", |h| h.as_str())
+    }
+
+    const A: &str = "http://10.0.0.1:8000";
+    const B: &str = "http://10.0.0.2:8000";
+
+    #[tokio::test(start_paused = true)]
+    async fn a_new_endpoint_takes_traffic_only_after_its_first_passing_check() {
+        let pool = pool_of(&[A]);
+        assert_eq!(pool.availability(), Availability::Unhealthy, "no check yet");
+        let script = Script::default();
+        script.set(A, &[false, true]);
+        let task = script.start(&pool, check());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(script.times(A).len(), 1, "checked at once");
+        assert_eq!(health_of(&pool, A), "unknown");
+        assert_eq!(
+            pool.availability(),
+            Availability::Unhealthy,
+            "a failed first check"
+        );
+        tokio::time::sleep(Duration::from_millis(1200)).await;
+        assert_eq!(health_of(&pool, A), "healthy", "one pass is enough");
+        assert_eq!(pool.availability(), Availability::Ready);
+        task.abort();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn thresholds_take_an_endpoint_out_and_bring_it_back() {
+        let pool = pool_of(&[A, B]);
+        let script = Script::default();
+        // Healthy, then three failures, then two passes.
+        script.set(A, &[true, false, false, false, true, true]);
+        let task = script.start(&pool, check());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(health_of(&pool, A), "healthy");
+        let mut seen = Vec::new();
+        for _ in 0..6 {
+            tokio::time::sleep(Duration::from_millis(1100)).await;
+            seen.push(health_of(&pool, A));
+        }
+        // After checks 2 and 3 (failures 1, 2): still healthy; after check 4
+        // (failure 3): unhealthy; check 5 (pass 1): still out; check 6:
+        // back.
+        let checks = script.times(A).len();
+        assert!(checks >= 6, "{checks} checks");
+        assert!(seen.contains(&"unhealthy"), "{seen:?}");
+        assert_eq!(*seen.last().unwrap(), "healthy", "{seen:?}");
+        let first_out = seen.iter().position(|h| *h == "unhealthy").unwrap();
+        // Two failures in a row were not enough.
+        assert!(first_out >= 1, "{seen:?}");
+        assert_eq!(health_of(&pool, B), "healthy", "B is unaffected");
+        task.abort();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn checks_are_jittered_within_ten_percent_of_the_interval() {
+        let pool = pool_of(&[A, B]);
+        let script = Script::default();
+        let task = script.start(&pool, check());
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        task.abort();
+        let mut gaps = Vec::new();
+        for addr in [A, B] {
+            let t = script.times(addr);
+            assert!(t.len() >= 25, "{}", t.len());
+            gaps.extend(t.windows(2).map(|w| w[1] - w[0]));
+        }
+        // Each gap: the check's own 5 ms, then interval ± 10%.
+        for g in &gaps {
+            assert!(
+                *g >= Duration::from_millis(900) && *g <= Duration::from_millis(1106),
+                "{g:?}"
+            );
+        }
+        let distinct: std::collections::BTreeSet<_> = gaps.iter().collect();
+        assert!(distinct.len() > gaps.len() / 2, "jittered: {distinct:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_endpoint_added_later_is_checked_at_once() {
+        let pool = pool_of(&[A]);
+        let script = Script::default();
+        let task = script.start(&pool, check());
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let mut s = PoolSettings::new(QueueSettings::default(), None);
+        s.health_check = Some(check());
+        let added_at = Instant::now();
+        pool.update(
+            s,
+            &[Endpoint::parse(A).unwrap(), Endpoint::parse(B).unwrap()],
+        );
+        assert_eq!(health_of(&pool, B), "unknown");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let t = script.times(B);
+        assert_eq!(t.len(), 1);
+        assert!(
+            t[0] - added_at < Duration::from_millis(5),
+            "not an interval later"
+        );
+        assert_eq!(health_of(&pool, B), "healthy");
+        task.abort();
     }
 }

@@ -502,3 +502,173 @@ async fn a_cancelled_attempt_is_a_latency_sample_and_never_a_failure() {
     }
     assert_eq!(p.circuit_of(&addr), Some(CircuitState::Open));
 }
+
+/// The addresses the next `n` leases go to (each released at once, with a
+/// success when `ok`).
+async fn served(p: &Arc<PoolRuntime>, n: usize) -> Vec<String> {
+    let mut out = Vec::new();
+    for _ in 0..n {
+        let l = p.acquire(None).await.unwrap();
+        out.push(l.addr().to_string());
+        l.observe(Sample::Success(Duration::from_millis(5)));
+    }
+    out
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failed_first_request_makes_an_endpoint_suspect_until_it_expires() {
+    let (tx, mut rx) = tokio::sync::mpsc::channel(8);
+    let mut s = settings(10, 60_000, None);
+    s.queue.scoring = Scoring::RoundRobin;
+    s.circuit.open_duration = Duration::from_secs(30);
+    let p = PoolRuntime::new(
+        "p",
+        s,
+        &eps(&["http://a:1", "http://b:1"]),
+        PoolCounters {
+            events: Some(tx),
+            ..PoolCounters::default()
+        },
+    );
+    // Find the lease on a, and fail it: its first request there.
+    let mut leases = vec![
+        p.acquire(None).await.unwrap(),
+        p.acquire(None).await.unwrap(),
+    ];
+    leases.sort_by_key(|l| l.addr().to_string());
+    let (a, b) = (leases.remove(0), leases.remove(0));
+    a.observe(Sample::Failure(Duration::from_millis(1)));
+    b.observe(Sample::Success(Duration::from_millis(5)));
+    drop((a, b));
+    let report = rx.try_recv().expect("reported to the fleet");
+    assert_eq!(
+        (report.endpoint.as_str(), report.open, report.suspect),
+        ("http://a:1", true, Some(SuspectCause::Attempt))
+    );
+    assert_eq!(p.status().endpoints[0].suspect, Some(SuspectCause::Attempt));
+    // No new traffic there while b can take it; the circuit (3 errors)
+    // is still closed.
+    assert!(served(&p, 10).await.iter().all(|a| a == "http://b:1"));
+    assert_eq!(p.status().endpoints[0].circuit, CircuitState::Closed);
+    // It expires on its own.
+    tokio::time::advance(Duration::from_secs(30)).await;
+    assert_eq!(p.status().endpoints[0].suspect, None);
+    assert!(served(&p, 10).await.iter().any(|a| a == "http://a:1"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failure_after_an_answer_is_the_circuits_business_not_suspicion() {
+    let p = pool(10, 60_000, None, &["http://a:1"]);
+    let l = p.acquire(None).await.unwrap();
+    l.observe(Sample::Success(Duration::from_millis(5)));
+    drop(l);
+    let l = p.acquire(None).await.unwrap();
+    l.observe(Sample::Failure(Duration::from_millis(5)));
+    drop(l);
+    assert_eq!(p.status().endpoints[0].suspect, None);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_fleets_marks_steer_traffic_but_never_empty_the_pool() {
+    let mut s = settings(10, 60_000, None);
+    s.queue.scoring = Scoring::RoundRobin;
+    let p = PoolRuntime::new(
+        "p",
+        s,
+        &eps(&["http://a:1", "http://b:1"]),
+        PoolCounters::default(),
+    );
+    let later = Instant::now() + Duration::from_secs(60);
+    let a = Endpoint::parse("http://a:1").unwrap();
+    let b = Endpoint::parse("http://b:1").unwrap();
+    p.set_suspects(&[(a.clone(), SuspectCause::Attempt, later)]);
+    assert!(served(&p, 6).await.iter().all(|x| x == "http://b:1"));
+    // Both suspect: the marks are ignored rather than fail every request.
+    p.set_suspects(&[
+        (a.clone(), SuspectCause::Attempt, later),
+        (b.clone(), SuspectCause::Check, later),
+    ]);
+    assert_eq!(p.availability(), Availability::Ready);
+    let both = served(&p, 6).await;
+    assert!(both.iter().any(|x| x == "http://a:1") && both.iter().any(|x| x == "http://b:1"));
+    // A forced-open circuit is not a soft mark: b takes nothing.
+    p.set_suspects(&[(a.clone(), SuspectCause::Attempt, later)]);
+    p.set_forced(&[(Some(b.clone()), true, later)]);
+    assert!(served(&p, 4).await.iter().all(|x| x == "http://a:1"));
+    // The snapshot without the marks lifts them.
+    p.set_forced(&[]);
+    p.set_suspects(&[]);
+    let lifted = served(&p, 6).await;
+    assert!(lifted.iter().any(|x| x == "http://a:1") && lifted.iter().any(|x| x == "http://b:1"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_outlier_is_ejected_within_the_cap_and_comes_back() {
+    let mut s = settings(10, 60_000, None);
+    // Round robin: every endpoint keeps getting its share, so error rates
+    // (not latencies) are what tells them apart.
+    s.queue.scoring = Scoring::RoundRobin;
+    s.circuit.consecutive_errors = 1000;
+    s.outlier = Some(router_policy::health::OutlierEjection {
+        min_requests: 5,
+        max_ejection_percent: 34,
+        ejection: Duration::from_secs(10),
+        ..Default::default()
+    });
+    let p = PoolRuntime::new(
+        "p",
+        s,
+        &eps(&["http://a:1", "http://b:1", "http://c:1"]),
+        PoolCounters::default(),
+    );
+    // a fails everything, b and c answer (a has answered once, so no
+    // suspicion is in the way: this is the error rate's doing).
+    let mut answered_once = false;
+    let mut a_requests = 0;
+    for _ in 0..60 {
+        let l = p.acquire(None).await.unwrap();
+        if &**l.addr() == "http://a:1" {
+            a_requests += 1;
+            if answered_once {
+                l.observe(Sample::Failure(Duration::from_millis(1)));
+            } else {
+                answered_once = true;
+                l.observe(Sample::Success(Duration::from_millis(1)));
+            }
+        } else {
+            l.observe(Sample::Success(Duration::from_millis(5)));
+        }
+    }
+    let st = p.status();
+    assert!(st.endpoints[0].ejected, "a is ejected");
+    assert!(!st.endpoints[1].ejected && !st.endpoints[2].ejected);
+    assert!(a_requests <= 7, "{a_requests} requests reached a");
+    assert!(served(&p, 10).await.iter().all(|x| x != "http://a:1"));
+    tokio::time::advance(Duration::from_secs(10)).await;
+    assert!(!p.status().endpoints[0].ejected, "back after its ejection");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_bad_day_for_the_whole_pool_ejects_nobody() {
+    let mut s = settings(10, 60_000, None);
+    // Round robin: every endpoint keeps getting its share, so error rates
+    // (not latencies) are what tells them apart.
+    s.queue.scoring = Scoring::RoundRobin;
+    s.circuit.consecutive_errors = 1000;
+    s.outlier = Some(router_policy::health::OutlierEjection::default());
+    let p = PoolRuntime::new(
+        "p",
+        s,
+        &eps(&["http://a:1", "http://b:1"]),
+        PoolCounters::default(),
+    );
+    for i in 0..40 {
+        let l = p.acquire(None).await.unwrap();
+        if i < 2 {
+            l.observe(Sample::Success(Duration::from_millis(1)));
+        } else {
+            l.observe(Sample::Failure(Duration::from_millis(1)));
+        }
+    }
+    assert!(p.status().endpoints.iter().all(|e| !e.ejected));
+}

@@ -112,6 +112,24 @@ pub async fn wait_version(p: &TestProxy, want: &str) {
     panic!("proxy stuck at {}, wanted {want}", version_of(p).await);
 }
 
+/// Waits (5 s at most) until a proxy serves revision `revision` of the
+/// control plane's store or a later one (proxies' reports move the
+/// revision on, and a proxy may skip revisions).
+pub async fn wait_revision(p: &TestProxy, revision: u64) {
+    let mut applied = String::new();
+    for _ in 0..500 {
+        applied = version_of(p).await;
+        let at = applied
+            .strip_prefix("cp-")
+            .and_then(|n| n.parse::<u64>().ok());
+        if at >= Some(revision) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("proxy stuck at {applied:?}, wanted cp-{revision} or later");
+}
+
 /// A control plane with the operator token [`TOKEN`] and `proxy_tokens`
 /// (`(token, pinned node)`), its store in `dir`, on 127.0.0.1.
 pub async fn control_plane_with(

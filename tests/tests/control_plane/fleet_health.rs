@@ -11,7 +11,7 @@ use std::time::Duration;
 use http::StatusCode;
 use router_mock::{Behavior, HealthMode, MockModel, MOCK_NAME_HEADER};
 use router_proto::v1 as pb;
-use router_tests::control::{admin, managed_proxy, version_of, TOKEN};
+use router_tests::control::{admin, managed_proxy, wait_revision, TOKEN};
 use router_tests::harness::TestProxy;
 use router_tests::mocks::mock;
 
@@ -64,21 +64,8 @@ async fn fleet(
     for i in 0..PROXIES {
         proxies.push(managed_proxy(&[addr], &format!("p{i}"), None).await);
     }
-    // Every proxy applied the policy (or a later revision: proxies'
-    // reports move the revision on).
     for p in &proxies {
-        let mut applied = String::new();
-        for _ in 0..500 {
-            applied = version_of(p).await;
-            let revision = applied
-                .strip_prefix("cp-")
-                .and_then(|n| n.parse::<u64>().ok());
-            if revision >= Some(r.revision) {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        assert!(applied.starts_with("cp-"), "stuck at {applied:?}");
+        wait_revision(p, r.revision).await;
     }
     (cp, proxies)
 }

@@ -20,7 +20,8 @@ use router_proto::v1 as pb;
 use router_proxy::managed::ManagedOptions;
 use router_proxy::{Mode, Settings};
 use router_tests::control::{
-    admin, managed, managed_options, managed_proxy, policy, version_of, wait_version, TOKEN,
+    admin, managed, managed_options, managed_proxy, policy, version_of, wait_revision,
+    wait_version, TOKEN,
 };
 use router_tests::harness::{eventually, TcpRelay, TestProxy, WAIT_AT_MOST};
 use router_tests::mocks::mock;
@@ -344,15 +345,21 @@ async fn an_open_circuit_reported_by_one_proxy_stops_the_others() {
             .unwrap()
             .into_inner()
             .circuits;
-        if !circuits.is_empty() {
+        if circuits.iter().any(|c| c.suspect.is_empty()) {
             break;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+    // The first failure made it suspect (its first request there), the
+    // second opened p1's circuit: both shared, kept apart.
+    let (suspects, circuits): (Vec<_>, Vec<_>) =
+        circuits.into_iter().partition(|c| !c.suspect.is_empty());
     assert_eq!(circuits.len(), 1, "{circuits:?}");
     assert_eq!(circuits[0].source, "p1");
     assert_eq!(circuits[0].endpoint, dead.url());
-    wait_version(&p2, "cp-2").await;
+    assert_eq!(suspects.len(), 1, "{suspects:?}");
+    assert_eq!(suspects[0].suspect, "attempt");
+    wait_revision(&p2, 3).await;
     // p2 never sends to the dead endpoint.
     for _ in 0..5 {
         let r = p2.chat("m").await;
@@ -364,19 +371,20 @@ async fn an_open_circuit_reported_by_one_proxy_stops_the_others() {
     // Backend sets change at the control plane (`routerctl backends set`;
     // a managed proxy refuses set-backends), and every proxy learns them.
     let spare = mock("spare", Behavior::Json).await;
-    admin
+    let changed = admin
         .set_backends(pb::SetBackendsRequest {
             pool: "fallback".into(),
             endpoints: vec![spare.url()],
             drained: vec![],
         })
         .await
-        .unwrap();
-    wait_version(&p2, "cp-3").await;
+        .unwrap()
+        .into_inner();
+    wait_revision(&p2, changed.revision).await;
     let r = p2.chat("m").await;
     assert_eq!(r.header(MOCK_NAME_HEADER), Some("spare"));
     // An operator closes it again.
-    admin
+    let changed = admin
         .set_circuit(pb::SetCircuitRequest {
             pool: "primary".into(),
             endpoint: dead.url(),
@@ -384,9 +392,13 @@ async fn an_open_circuit_reported_by_one_proxy_stops_the_others() {
             for_seconds: 0,
         })
         .await
-        .unwrap();
-    wait_version(&p2, "cp-4").await;
-    assert_eq!(p2.health().await["backends"][0]["circuit"], "closed");
+        .unwrap()
+        .into_inner();
+    wait_revision(&p2, changed.revision).await;
+    let health = p2.health().await;
+    assert_eq!(health["backends"][0]["circuit"], "closed");
+    // Closing it clears the suspicion too.
+    assert_eq!(health["backends"][0]["suspect"], serde_json::Value::Null);
     drop(cp);
     let _ = std::fs::remove_dir_all(&dir);
 }

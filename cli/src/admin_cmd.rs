@@ -527,9 +527,30 @@ pub async fn backends_list(admin: &mut Admin, output: Output) -> ExitCode {
         Ok(r) => r.into_inner().pools,
         Err(s) => return fail(explain_status(&s)),
     };
+    // The fleet's marks on each endpoint: open circuits and suspicions
+    // (router_policy::health), with the proxy that raised them.
+    let circuits = match admin.list_circuits(pb::ListCircuitsRequest {}).await {
+        Ok(r) => r.into_inner().circuits,
+        Err(s) => return fail(explain_status(&s)),
+    };
+    let marks = |pool: &str, endpoint: &str| -> Vec<String> {
+        circuits
+            .iter()
+            .filter(|c| {
+                c.pool == pool
+                    && (c.endpoint.is_empty()
+                        || router_policy::Endpoint::same_address(&c.endpoint, endpoint))
+            })
+            .map(|c| match (c.suspect.as_str(), c.open) {
+                ("", true) => format!("circuit open ({})", c.source),
+                ("", false) => format!("circuit forced closed ({})", c.source),
+                (cause, _) => format!("suspect: {cause} ({})", c.source),
+            })
+            .collect()
+    };
     match output {
         Output::Table => {
-            println!("{:<20} {:<40} STATE", "POOL", "ENDPOINT");
+            println!("{:<20} {:<40} {:<9} FLEET", "POOL", "ENDPOINT", "STATE");
             for p in &pools {
                 for e in &p.endpoints {
                     let state = if p.drained.contains(e) {
@@ -537,7 +558,13 @@ pub async fn backends_list(admin: &mut Admin, output: Output) -> ExitCode {
                     } else {
                         "active"
                     };
-                    println!("{:<20} {:<40} {state}", p.pool, e);
+                    let m = marks(&p.pool, e);
+                    let fleet = if m.is_empty() {
+                        "-".to_string()
+                    } else {
+                        m.join(", ")
+                    };
+                    println!("{:<20} {:<40} {state:<9} {fleet}", p.pool, e);
                 }
             }
         }
@@ -545,9 +572,14 @@ pub async fn backends_list(admin: &mut Admin, output: Output) -> ExitCode {
             &Value::Array(
                 pools
                     .iter()
-                    .map(
-                        |p| json!({"pool": p.pool, "endpoints": p.endpoints, "drained": p.drained}),
-                    )
+                    .map(|p| {
+                        let marks: serde_json::Map<String, Value> = p
+                            .endpoints
+                            .iter()
+                            .map(|e| (e.clone(), json!(marks(&p.pool, e))))
+                            .collect();
+                        json!({"pool": p.pool, "endpoints": p.endpoints, "drained": p.drained, "fleet": marks})
+                    })
                     .collect(),
             ),
             output,

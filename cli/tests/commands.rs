@@ -574,6 +574,53 @@ async fn backends_circuits_and_explain_compare_endpoints_and_know_the_pools() {
     })
     .await
     .unwrap();
+
+    // `backends list` shows the fleet's marks: a proxy's suspicion (issue
+    // 21) and an operator's open circuit, each with who raised it.
+    let until = router_control_plane::hub::now_ms() + 60_000;
+    cp.hub()
+        .report_circuit(
+            "p9",
+            &router_proto::v1::CircuitReport {
+                pool: "a".into(),
+                endpoint: "http://127.0.0.1:8002".into(),
+                open: true,
+                until_unix_ms: until,
+                suspect: "check".into(),
+            },
+        )
+        .await
+        .unwrap();
+    let server = format!("http://{}", cp.local_addr());
+    tokio::task::spawn_blocking(move || {
+        let o = run(
+            &server,
+            Some("tok"),
+            &["circuits", "open", "a", "127.0.0.1:8002", "--for", "10m"],
+        );
+        assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+        let o = run(&server, Some("tok"), &["backends", "list"]);
+        let table = text(&o);
+        let line = table
+            .lines()
+            .find(|l| l.contains("127.0.0.1:8002"))
+            .unwrap_or_default();
+        assert!(line.contains("suspect: check (p9)"), "{table}");
+        assert!(line.contains("circuit open (operator)"), "{table}");
+        let other = table
+            .lines()
+            .find(|l| l.contains("127.0.0.1:8001"))
+            .unwrap_or_default();
+        assert!(other.trim_end().ends_with('-'), "{table}");
+        let o = run(&server, Some("tok"), &["backends", "list", "-o", "json"]);
+        let listed: serde_json::Value = serde_json::from_str(&text(&o)).unwrap();
+        assert_eq!(
+            listed[0]["fleet"]["127.0.0.1:8002"][0], "suspect: check (p9)",
+            "{listed}"
+        );
+    })
+    .await
+    .unwrap();
     cp.shutdown().await;
     let _ = std::fs::remove_dir_all(&dir);
 }

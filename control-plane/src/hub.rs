@@ -888,10 +888,13 @@ impl Hub {
             // A pool-wide change (no endpoint) replaces every override of
             // the pool, the per-endpoint ones too: `circuits close POOL`
             // clears them all, `circuits open POOL` opens the whole pool.
+            // Opening replaces circuits only; closing clears the
+            // suspicions too (an operator who closes says "send to it").
             let matches = |c: &CircuitRecord| {
                 c.pool == pool
                     && (endpoint.is_empty() || Endpoint::same_address(&c.endpoint, endpoint))
                     && (c.source == source || source == "operator")
+                    && (c.suspect.is_empty() || !open)
             };
             if creates || !inner.state.circuits.iter().any(matches) {
                 let policy = policy_of(inner, inner.state.policy_version, &self.guards);

@@ -494,7 +494,7 @@ impl PoolRuntime {
                 e.fleet_suspect.check_until = None;
                 self.report(e, false, None, Some(SuspectCause::Check));
             }
-        } else if !e.suspect.check_until.is_some_and(|u| u > now) {
+        } else if e.suspect.check_until.is_none_or(|u| u <= now) {
             let until = crate::clock::later(now, open_for, crate::clock::A_YEAR);
             e.suspect.check_until = Some(until);
             self.report(e, true, Some(until), Some(SuspectCause::Check));

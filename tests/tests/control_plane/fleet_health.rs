@@ -76,7 +76,7 @@ async fn all_answered_by_good(proxies: &[TestProxy]) {
     let body = r#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#;
     for i in 0..REQUESTS {
         let p = &proxies[i % proxies.len()];
-        let started = std::time::Instant::now();
+        let started = tokio::time::Instant::now();
         let r = p.chat_with(&[("x-router-deadline-ms", "5000")], body).await;
         assert_eq!(r.status, StatusCode::OK, "request {i}: {}", r.text());
         assert_eq!(r.header(MOCK_NAME_HEADER), Some("good"), "request {i}");

@@ -253,12 +253,42 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_new_endpoint_takes_traffic_only_after_its_first_passing_check() {
+        // A request arriving before the first check waits for it, and gets
+        // its lease when it passes.
         let pool = pool_of(&[A]);
-        assert_eq!(pool.availability(), Availability::Unhealthy, "no check yet");
+        assert_eq!(
+            pool.availability(),
+            Availability::Ready,
+            "awaiting its first check"
+        );
+        let waiter = tokio::spawn({
+            let pool = Arc::clone(&pool);
+            async move { pool.acquire(None).await.map(|l| l.addr().to_string()) }
+        });
+        tokio::task::yield_now().await;
+        assert!(!waiter.is_finished(), "no lease before a check passed");
+        let script = Script::default();
+        let task = script.start(&pool, check());
+        assert_eq!(waiter.await.unwrap().unwrap(), A);
+        assert_eq!(health_of(&pool, A), "healthy");
+        task.abort();
+
+        // A first check that fails: the pool counts as down and those
+        // waiting move on at once (no_backend: the chain tries the next
+        // pool); one pass later it takes traffic.
+        let pool = pool_of(&[A]);
+        let waiter = tokio::spawn({
+            let pool = Arc::clone(&pool);
+            async move { pool.acquire(None).await.map(|l| l.addr().to_string()) }
+        });
+        tokio::task::yield_now().await;
         let script = Script::default();
         script.set(A, &[false, true]);
         let task = script.start(&pool, check());
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(
+            waiter.await.unwrap().unwrap_err(),
+            crate::pool::Shed::NoBackend
+        );
         assert_eq!(script.times(A).len(), 1, "checked at once");
         assert_eq!(health_of(&pool, A), "unknown");
         assert_eq!(

@@ -147,6 +147,7 @@ pub struct CheckState {
     health: Health,
     passes: u32,
     fails: u32,
+    checked: bool,
 }
 
 impl Default for CheckState {
@@ -162,6 +163,7 @@ impl CheckState {
             health: Health::Unknown,
             passes: 0,
             fails: 0,
+            checked: false,
         }
     }
 
@@ -175,6 +177,13 @@ impl CheckState {
         self.health == Health::Healthy
     }
 
+    /// No check has ended yet (a new endpoint whose first check is under
+    /// way): requests may wait for it in the pool's queue, rather than
+    /// the pool count as down for the round trip it takes.
+    pub fn awaiting_first(&self) -> bool {
+        !self.checked
+    }
+
     /// Failed checks in a row so far.
     pub fn consecutive_failures(&self) -> u32 {
         self.fails
@@ -183,6 +192,7 @@ impl CheckState {
     /// Folds one check's result in; returns the new health when it changed.
     pub fn record(&mut self, passed: bool, check: &HealthCheck) -> Option<Health> {
         let before = self.health;
+        self.checked = true;
         if passed {
             self.fails = 0;
             self.passes = self.passes.saturating_add(1);
@@ -422,9 +432,9 @@ mod tests {
     fn a_new_endpoint_takes_traffic_after_its_first_pass_only() {
         let c = check(3, 2);
         let mut s = CheckState::new();
-        assert!(!s.admits());
+        assert!(!s.admits() && s.awaiting_first());
         assert_eq!(s.record(true, &c), Some(Health::Healthy));
-        assert!(s.admits());
+        assert!(s.admits() && !s.awaiting_first());
     }
 
     #[test]
@@ -432,7 +442,7 @@ mod tests {
         let c = check(2, 2);
         let mut s = CheckState::new();
         assert_eq!(s.record(false, &c), None);
-        assert!(!s.admits());
+        assert!(!s.admits() && !s.awaiting_first(), "checked, and failed");
         assert_eq!(s.record(false, &c), Some(Health::Unhealthy));
         // Recovering from unhealthy takes healthy_after passes.
         assert_eq!(s.record(true, &c), None);

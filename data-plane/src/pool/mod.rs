@@ -499,6 +499,11 @@ impl PoolRuntime {
             e.suspect.check_until = Some(until);
             self.report(e, true, Some(until), Some(SuspectCause::Check));
         }
+        if !passed && st.availability(now) != Availability::Ready {
+            // Those waiting for a first check that failed move on now
+            // (the next pool), rather than wait out their timeout.
+            st.shed_all(Shed::NoBackend);
+        }
         self.dispatch(&mut st);
     }
 

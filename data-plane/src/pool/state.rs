@@ -167,6 +167,16 @@ impl EndpointState {
             && (!checks || self.checks.admits())
     }
 
+    /// Would be usable but for its first health check, still under way:
+    /// requests may queue for it.
+    #[inline]
+    pub(super) fn awaiting_first_check(&self, probe: Option<&Probe>, now: Instant) -> bool {
+        !self.draining
+            && self.breaker.admits(now)
+            && self.probe_ok(probe, now)
+            && self.checks.awaiting_first()
+    }
+
     /// Suspect or ejected at `now` (the soft marks).
     #[inline]
     pub(super) fn soft_marked(&self, now: Instant) -> bool {
@@ -267,7 +277,14 @@ impl PoolState {
         }
         let probe = self.settings.probe.as_ref();
         let checks = self.settings.health_check.is_some();
-        if !self.endpoints.iter().any(|e| e.usable(probe, checks, now)) {
+        // An endpoint whose first check is under way counts: requests
+        // queue for it (a round trip) instead of the pool counting as
+        // down; if the check fails, they are shed (`record_check`).
+        if !self
+            .endpoints
+            .iter()
+            .any(|e| e.usable(probe, checks, now) || (checks && e.awaiting_first_check(probe, now)))
+        {
             return Availability::Unhealthy;
         }
         Availability::Ready

@@ -287,7 +287,7 @@ mod tests {
         let task = script.start(&pool, check());
         assert_eq!(
             waiter.await.unwrap().unwrap_err(),
-            crate::pool::Shed::NoBackend
+            crate::pool::Shed::AllDown
         );
         assert_eq!(script.times(A).len(), 1, "checked at once");
         assert_eq!(health_of(&pool, A), "unknown");

@@ -553,6 +553,11 @@ fn shed_error(shed: Shed, pool: &str, now: Instant) -> ProxyError {
         Shed::NoBackend => ProxyError::NoBackend {
             detail: format!("pool {pool:?} has no endpoints"),
         },
+        Shed::AllDown => ProxyError::NoBackend {
+            detail: format!(
+                "pool {pool:?}: every endpoint went down while the request waited (circuits open or health checks failing)"
+            ),
+        },
         Shed::AttemptTimeout => ProxyError::DeadlineExhausted {
             detail: format!("{pool}: no answer possible in the time left after queueing"),
         },
@@ -582,6 +587,7 @@ mod tests {
             Shed::QueueTimeout,
             Shed::NoBackend,
             Shed::AttemptTimeout,
+            Shed::AllDown,
         ] {
             assert_eq!(shed_error(shed, "p", now).outcome(), shed.outcome());
         }

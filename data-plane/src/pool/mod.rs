@@ -344,6 +344,9 @@ impl PoolRuntime {
             self.report(e, true, Some(until), Some(SuspectCause::Attempt));
         }
         e.ewma = Some(latency::fold_ewma(e.ewma, sample, &q));
+        if opened.is_some() {
+            st.shed_if_down(now);
+        }
         if !matches!(sample, Sample::Cancelled(_)) {
             if let Some(rules) = st.settings.outlier {
                 self.judge_outliers(st, endpoint_id, failed, now, &rules);
@@ -499,10 +502,10 @@ impl PoolRuntime {
             e.suspect.check_until = Some(until);
             self.report(e, true, Some(until), Some(SuspectCause::Check));
         }
-        if !passed && st.availability(now) != Availability::Ready {
-            // Those waiting for a first check that failed move on now
-            // (the next pool), rather than wait out their timeout.
-            st.shed_all(Shed::NoBackend);
+        if !passed {
+            // Those waiting (for a first check, say) move on now if the
+            // pool is down, rather than wait out their timeout.
+            st.shed_if_down(now);
         }
         self.dispatch(&mut st);
     }

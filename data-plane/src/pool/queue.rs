@@ -54,6 +54,10 @@ pub(crate) enum Shed {
     NoBackend,
     /// The attempt's own deadline came first.
     AttemptTimeout,
+    /// Every endpoint went down while it waited (the last circuit opened,
+    /// the health checks failed): it moves on at once rather than wait
+    /// out its timeout.
+    AllDown,
 }
 
 impl Shed {
@@ -64,7 +68,7 @@ impl Shed {
         match self {
             Self::QueueFull => Outcome::QueueFull,
             Self::QueueTimeout => Outcome::QueueTimeout,
-            Self::NoBackend => Outcome::NoBackend,
+            Self::NoBackend | Self::AllDown => Outcome::NoBackend,
             Self::AttemptTimeout => Outcome::DeadlineExhausted,
         }
     }

@@ -450,6 +450,17 @@ impl PoolState {
             .min()
     }
 
+    /// Answers every waiter [`Shed::AllDown`] when the pool can take
+    /// nothing now (called where that can start: a circuit opening, a
+    /// failed health check): they move on to their next pool at once
+    /// instead of waiting out their timeout. (An operator's forced-open
+    /// override keeps its waiters: they are served when it ends.)
+    pub(super) fn shed_if_down(&mut self, now: Instant) {
+        if !self.queue.is_empty() && self.availability(now) != Availability::Ready {
+            self.shed_all(Shed::AllDown);
+        }
+    }
+
     /// Answers every waiter `why`.
     pub(super) fn shed_all(&mut self, why: Shed) {
         for w in self.queue.drain(..) {

@@ -672,3 +672,45 @@ async fn a_bad_day_for_the_whole_pool_ejects_nobody() {
     }
     assert!(p.status().endpoints.iter().all(|e| !e.ejected));
 }
+
+#[tokio::test(start_paused = true)]
+async fn waiters_move_on_at_once_when_the_last_circuit_opens() {
+    let mut s = settings(10, 60_000, Some(1));
+    s.circuit = CircuitSettings {
+        consecutive_errors: 1,
+        open_duration: Duration::from_secs(30),
+    };
+    let p = PoolRuntime::new("p", s, &eps(&["h:1"]), PoolCounters::default());
+    let first = p.acquire(None).await.unwrap();
+    let started = Instant::now();
+    let waiter = tokio::spawn({
+        let p = Arc::clone(&p);
+        async move { p.acquire(None).await.map(|_| ()) }
+    });
+    tokio::task::yield_now().await;
+    assert_eq!(p.status().queue_depth, 1);
+    // The only endpoint fails: its circuit opens, the pool is down, and
+    // the waiter is answered now, not after its 60 s queue timeout.
+    first.observe(Sample::Failure(Duration::from_millis(1)));
+    drop(first);
+    assert_eq!(waiter.await.unwrap().unwrap_err(), Shed::AllDown);
+    assert_eq!(started.elapsed(), Duration::ZERO);
+    // With another endpoint up, nobody is shed.
+    let mut s = settings(10, 60_000, Some(1));
+    s.circuit.consecutive_errors = 1;
+    let p = PoolRuntime::new("p", s, &eps(&["h:1", "h:2"]), PoolCounters::default());
+    let a = p.acquire(None).await.unwrap();
+    let b = p.acquire(None).await.unwrap();
+    let up = b.addr().to_string();
+    let waiter = tokio::spawn({
+        let p = Arc::clone(&p);
+        async move { p.acquire(None).await.map(|l| l.addr().to_string()) }
+    });
+    tokio::task::yield_now().await;
+    a.observe(Sample::Failure(Duration::from_millis(1)));
+    drop(a);
+    tokio::task::yield_now().await;
+    assert!(!waiter.is_finished(), "the other is up: it waits for it");
+    drop(b);
+    assert_eq!(waiter.await.unwrap().unwrap(), up);
+}

@@ -89,7 +89,7 @@ where
                     checking.remove(&endpoint);
                     if next.contains_key(&endpoint) {
                         p.record_check(&endpoint, passed, at);
-                        next.insert(endpoint, at + check.next_delay(jitter()));
+                        next.insert(endpoint, at + check.next_delay(crate::random::u64()));
                     }
                 }
             }
@@ -100,14 +100,6 @@ where
         // pool dropped meanwhile ends the task at the next turn.
         drop(p);
     }
-}
-
-/// A random number for the jitter (zero if the system has none to give:
-/// then the checks are not spread, which is harmless).
-fn jitter() -> u64 {
-    let mut bytes = [0u8; 8];
-    let _ = ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut bytes);
-    u64::from_le_bytes(bytes)
 }
 
 /// Checks one endpoint once: a `2xx` within the timeout passes.

@@ -65,6 +65,7 @@ pub mod managed;
 mod metrics;
 mod pool;
 mod probe;
+mod random;
 mod rate_limit;
 mod reload;
 mod request_headers;

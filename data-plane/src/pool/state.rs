@@ -220,6 +220,20 @@ pub(super) struct PoolState {
     pub(super) closed: bool,
 }
 
+/// Where a new pool's turn among equal endpoints starts: at random, so
+/// that a fleet of proxies started together does not send every first
+/// request to the same endpoint (Envoy's round robin starts at random for
+/// the same reason); with one failing endpoint among two, half the proxies
+/// find it with their first request, not all. Tests of the pool start at
+/// the first endpoint, so that their orders are fixed.
+fn first_rotation() -> usize {
+    if cfg!(test) {
+        0
+    } else {
+        crate::random::u64() as usize
+    }
+}
+
 impl PoolState {
     /// Empty, with these settings.
     pub(super) fn new(settings: PoolSettings) -> Self {
@@ -235,7 +249,7 @@ impl PoolState {
             wake: WakeTimer::default(),
             structured_degraded_until: None,
             next_id: 0,
-            rotation: 0,
+            rotation: first_rotation(),
             tenant_served: std::collections::HashMap::new(),
             grants: 0,
             tenanted: false,

@@ -20,8 +20,10 @@ use super::{control_plane, temp};
 const PROXIES: usize = 10;
 const REQUESTS: usize = 200;
 
-/// One pool, `bad` then `good` (so a balancer's tie goes to `bad` first),
-/// a route with a deadline; `pool_extra` on the pool.
+/// One pool, `bad` and `good`, a route with a deadline; `pool_extra` on
+/// the pool. (Each proxy's first pick between the two untried endpoints
+/// is random: about half the proxies would find `bad` with their first
+/// request without the suspicion.)
 fn policy(bad: &str, good: &str, pool_extra: &str) -> String {
     format!(
         r#"apiVersion: router/v1

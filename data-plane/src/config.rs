@@ -60,6 +60,11 @@ pub(crate) struct PoolKey {
 }
 
 impl PoolKey {
+    /// The same key for the same origins.
+    pub(crate) fn same_as(&self, other: &PoolKey) -> bool {
+        self.header.as_bytes() == other.header.as_bytes() && self.origins == other.origins
+    }
+
     /// Whether the key may be sent to `endpoint`.
     pub(crate) fn sent_to(&self, endpoint: &Endpoint) -> bool {
         self.origins.iter().any(|o| o.same_origin(endpoint))
@@ -442,7 +447,11 @@ fn build(
             }
         };
         runtime.ensure_probe(probe, client);
-        runtime.ensure_checks(p.health_check.clone(), client);
+        runtime.ensure_checks(
+            p.health_check.clone(),
+            secrets.api_keys.get(&p.name),
+            client,
+        );
         pools.insert(p.name.clone(), runtime);
     }
     let budgets = policy

@@ -17,6 +17,9 @@
 //!   at once) drift apart instead of arriving at the backends in step.
 //! - **What passes**: a `2xx` answer within the timeout. A refused
 //!   connection, a reset, a timeout, any other status is a failure.
+//! - **The pool's API key** (`api_key_env`) goes with each check to the
+//!   origins the policy lists for the pool, as it goes with requests (a
+//!   cloud API's `/v1/models` answers 401 without it), never elsewhere.
 //!
 //! The path is requested from the server's root (`http://host:port/health`),
 //! whatever base path the endpoint has: health pages live at the root.
@@ -30,6 +33,7 @@ use router_policy::{Endpoint, Scheme};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
+use crate::config::PoolKey;
 use crate::forward::UpstreamClient;
 use crate::pool::PoolRuntime;
 use crate::probe::Probed;
@@ -39,11 +43,21 @@ const BODY_LIMIT: usize = 64 * 1024;
 
 /// Checks every endpoint of `pool` on its schedule until the pool is gone
 /// or the task is aborted (on a config change that alters the checks).
-pub(crate) async fn run(pool: Weak<PoolRuntime>, client: UpstreamClient, check: HealthCheck) {
+pub(crate) async fn run(
+    pool: Weak<PoolRuntime>,
+    client: UpstreamClient,
+    check: HealthCheck,
+    key: Option<PoolKey>,
+) {
     let settings = check.clone();
     run_with(pool, settings, move |endpoint| {
         let (client, check) = (client.clone(), check.clone());
-        async move { check_once(&client, &endpoint, &check).await }
+        // The pool's key, to the origins the policy lists for it only.
+        let auth = key
+            .as_ref()
+            .filter(|k| k.sent_to(&endpoint))
+            .map(|k| k.header.clone());
+        async move { check_once(&client, &endpoint, &check, auth).await }
     })
     .await;
 }
@@ -107,6 +121,7 @@ pub(crate) async fn check_once(
     client: &UpstreamClient,
     endpoint: &Endpoint,
     check: &HealthCheck,
+    auth: Option<http::HeaderValue>,
 ) -> bool {
     let scheme = match endpoint.scheme() {
         Scheme::Http => "http",
@@ -120,10 +135,12 @@ pub(crate) async fn check_once(
     let Ok(uri) = uri else {
         return false;
     };
-    let Ok(req) = http::Request::get(uri)
-        .header(http::header::USER_AGENT, "llm-router-health-check")
-        .body(crate::upstream::OutBody::default())
-    else {
+    let mut req =
+        http::Request::get(uri).header(http::header::USER_AGENT, "llm-router-health-check");
+    if let Some(auth) = auth {
+        req = req.header(http::header::AUTHORIZATION, auth);
+    }
+    let Ok(req) = req.body(crate::upstream::OutBody::default()) else {
         return false;
     };
     let work = async {

@@ -52,9 +52,18 @@ pub(crate) async fn handle(
             shared
                 .health_hits
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            let mode = lock(&shared.live).health;
+            let mode = lock(&shared.live).health.clone();
             let status = match mode {
                 crate::HealthMode::Ok => StatusCode::OK,
+                crate::HealthMode::RequiresKey(key) => {
+                    let want = format!("Bearer {key}");
+                    let given = request.headers().get(http::header::AUTHORIZATION);
+                    if given.is_some_and(|v| v.as_bytes() == want.as_bytes()) {
+                        StatusCode::OK
+                    } else {
+                        StatusCode::UNAUTHORIZED
+                    }
+                }
                 crate::HealthMode::Status(code) => {
                     StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
                 }

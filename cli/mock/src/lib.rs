@@ -138,7 +138,7 @@ pub enum Behavior {
 }
 
 /// How the health pages answer ([`MockModel::set_health`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
 pub enum HealthMode {
     /// `200` with a small JSON body.
     #[default]
@@ -147,6 +147,9 @@ pub enum HealthMode {
     Status(u16),
     /// Never answer (until the client goes away).
     Hang,
+    /// `200` with `Authorization: Bearer <this key>`, else `401`, as a
+    /// cloud API's `/v1/models` does.
+    RequiresKey(String),
 }
 
 /// The paths served as health pages.

@@ -150,6 +150,13 @@ impl PoolSettings {
     }
 }
 
+/// A pool's running health check task and what it was started with.
+struct CheckTask {
+    check: HealthCheck,
+    key: Option<crate::config::PoolKey>,
+    handle: tokio::task::JoinHandle<()>,
+}
+
 /// One pool: endpoints, queue, dispatcher.
 pub(crate) struct PoolRuntime {
     name: Arc<str>,
@@ -159,8 +166,9 @@ pub(crate) struct PoolRuntime {
     counters: PoolCounters,
     /// The capacity probe task, with the settings it runs with.
     probe_task: Mutex<Option<(Probe, tokio::task::JoinHandle<()>)>>,
-    /// The health check task, with the settings it runs with.
-    check_task: Mutex<Option<(HealthCheck, tokio::task::JoinHandle<()>)>>,
+    /// The health check task, with the settings and the API key it runs
+    /// with.
+    check_task: Mutex<Option<CheckTask>>,
     /// Wakes the health check task when endpoints change (a new one is
     /// checked at once).
     endpoints_changed: tokio::sync::Notify,
@@ -291,13 +299,13 @@ impl PoolRuntime {
         {
             handle.abort();
         }
-        if let Some((_, handle)) = self
+        if let Some(t) = self
             .check_task
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .take()
         {
-            handle.abort();
+            t.handle.abort();
         }
         let mut st = self.lock();
         st.closed = true;
@@ -510,20 +518,28 @@ impl PoolRuntime {
         self.dispatch(&mut st);
     }
 
-    /// Starts, restarts or stops the health check task to match `check`.
+    /// Starts, restarts or stops the health check task to match `check`
+    /// and the pool's API key (sent with each check to the origins it may
+    /// go to, as with requests: a cloud API's `/v1/models` wants it).
     pub(crate) fn ensure_checks(
         self: &Arc<Self>,
         check: Option<HealthCheck>,
+        key: Option<&crate::config::PoolKey>,
         client: Option<&UpstreamClient>,
     ) {
         let mut task = self.check_task.lock().unwrap_or_else(|e| e.into_inner());
-        if let (Some(want), Some((running, handle))) = (&check, task.as_ref()) {
-            if want == running && !handle.is_finished() {
+        if let (Some(want), Some(running)) = (&check, task.as_ref()) {
+            let same_key = match (key, &running.key) {
+                (None, None) => true,
+                (Some(a), Some(b)) => a.same_as(b),
+                _ => false,
+            };
+            if *want == running.check && same_key && !running.handle.is_finished() {
                 return;
             }
         }
-        if let Some((_, handle)) = task.take() {
-            handle.abort();
+        if let Some(t) = task.take() {
+            t.handle.abort();
         }
         let (Some(check), Some(client)) = (check, client) else {
             return;
@@ -535,8 +551,13 @@ impl PoolRuntime {
             Arc::downgrade(self),
             client.clone(),
             check.clone(),
+            key.cloned(),
         ));
-        *task = Some((check, handle));
+        *task = Some(CheckTask {
+            check,
+            key: key.cloned(),
+            handle,
+        });
     }
 
     /// Waits until the endpoints change (for the health check task).

@@ -56,6 +56,58 @@ async fn set_backends(
         .await
 }
 
+/// Health checks of a pool with a key send it as requests do (a cloud
+/// API's `/v1/models` answers 401 without it), to the origins the policy
+/// lists only (issue 21).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_checks_carry_the_pools_key_to_its_own_origins_only() {
+    std::env::set_var("KEYS_TEST_CHECKED_API_KEY", "sk-checked-secret");
+    let listed = mock("listed", Behavior::Json).await;
+    listed.set_health(router_mock::HealthMode::RequiresKey(
+        "sk-checked-secret".into(),
+    ));
+    let policy = format!(
+        r#"apiVersion: router/v1
+kind: RoutingPolicy
+spec:
+  pools:
+    - name: cloud
+      endpoints: ["{}/v1"]
+      api_key_env: KEYS_TEST_CHECKED_API_KEY
+      health_check: {{interval_ms: 100, timeout_ms: 50}}
+  routes:
+    - name: r
+      chain: [cloud]
+"#,
+        listed.url()
+    );
+    let proxy = TestProxy::with_policy(locked(), &policy).await;
+    let r = proxy.chat_with(&[], CHAT).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    assert_eq!(r.header(MOCK_NAME_HEADER), Some("listed"));
+    let health = proxy.health().await;
+    assert_eq!(health["backends"][0]["health"], "healthy", "{health}");
+
+    // An endpoint set-backends installed is checked without the key: it
+    // never passes a check that wants one, and never sees the key.
+    let other = mock("other", Behavior::Json).await;
+    other.set_health(router_mock::HealthMode::RequiresKey(
+        "sk-checked-secret".into(),
+    ));
+    let r = set_backends(&proxy, Some("cloud"), &[other.url()]).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    let health = proxy
+        .wait_health("three checks of the new endpoint", |_| {
+            other.health_hits() >= 3
+        })
+        .await;
+    assert_eq!(health["backends"][0]["addr"], other.url().as_str());
+    assert_ne!(health["backends"][0]["health"], "healthy", "{health}");
+    let r = proxy.chat_with(&[], CHAT).await;
+    assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE, "{}", r.text());
+    assert_eq!(other.stats().received, 0, "no real request went there");
+}
+
 /// Item 5: the key goes only to the origins the policy lists.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pools_key_never_reaches_an_endpoint_set_backends_installed() {

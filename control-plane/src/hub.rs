@@ -922,8 +922,8 @@ impl Hub {
     /// A proxy's circuit transition: an open circuit is shared with every
     /// proxy until its expiry; a closed one withdraws that proxy's report.
     /// A suspicion (`report.suspect`) is kept apart from circuits the same
-    /// way, except that a cleared `check` suspicion (a check passed) clears
-    /// every proxy's.
+    /// way, except that a cleared one (a check passed, an answer came)
+    /// clears every proxy's of that cause.
     /// Reports through different replicas land in the one stored list, so
     /// the fleet has one view. An open report is checked as an operator's
     /// override is ([`check_circuit`]): a proxy of another version cannot
@@ -952,10 +952,10 @@ impl Hub {
                 }]));
             }
             let mut next = inner.state.clone();
-            // A passing check clears the check suspicion of every proxy
-            // (router_policy::health); anything else replaces this proxy's
-            // own record of the same kind.
-            let clears_all = !report.open && report.suspect == SuspectCause::Check.as_str();
+            // A passing check or an answer clears that cause's suspicion
+            // for every proxy (router_policy::health); anything else
+            // replaces this proxy's own record of the same kind.
+            let clears_all = !report.open && !report.suspect.is_empty();
             next.circuits.retain(|c| {
                 !(c.pool == report.pool
                     && c.endpoint == report.endpoint

@@ -21,10 +21,13 @@
 //!   never tried) tells the control plane at once, which pushes the mark to
 //!   every proxy: no new traffic there until it ends. A mark raised by a
 //!   check ends when a check passes; one raised by a failed request ends
-//!   when it expires (a health page that answers 200 says nothing about
-//!   whether generation works: a model that failed to load often serves a
-//!   fine `/health` and a 500 on every completion). Either way it expires on
-//!   its own, so a lost "clear" never strands an endpoint.
+//!   when a request there is answered (the probe: sent when every
+//!   endpoint of the pool is marked, or by a proxy whose own view has
+//!   expired), not when a check passes (a health page that answers 200
+//!   says nothing about whether generation works: a model that failed to
+//!   load often serves a fine `/health` and a 500 on every completion).
+//!   Either way it expires on its own, so a lost "clear" never strands an
+//!   endpoint.
 //! - **Outlier ejection** ([`OutlierEjection`], [`ejections`]): an endpoint
 //!   whose error rate over a window is far above the rest of its pool's is
 //!   ejected for a while, at most `max_ejection_percent` of the pool at
@@ -274,6 +277,24 @@ impl<T: Copy + Ord> Suspicion<T> {
     /// over: only a mark a check raised (see the module docs).
     pub fn cleared_by_check(&self, now: T) -> bool {
         self.check_until.is_some_and(|u| u > now)
+    }
+
+    /// Whether a mark of `cause` holds at `now` (an answer from the
+    /// endpoint ends marks of both causes: it is the probe that passed).
+    pub fn held_for(&self, cause: SuspectCause, now: T) -> bool {
+        let until = match cause {
+            SuspectCause::Check => self.check_until,
+            SuspectCause::Attempt => self.attempt_until,
+        };
+        until.is_some_and(|u| u > now)
+    }
+
+    /// Ends the mark of `cause`.
+    pub fn clear(&mut self, cause: SuspectCause) {
+        match cause {
+            SuspectCause::Check => self.check_until = None,
+            SuspectCause::Attempt => self.attempt_until = None,
+        }
     }
 }
 

@@ -330,6 +330,16 @@ impl PoolRuntime {
                 if e.breaker.on_success() {
                     self.report(e, false, None, None);
                 }
+                // An answer is the probe that ends a suspicion (sent while
+                // every endpoint was marked, or after a mark expired
+                // here): the fleet's too.
+                for cause in [SuspectCause::Check, SuspectCause::Attempt] {
+                    if e.suspect.held_for(cause, now) || e.fleet_suspect.held_for(cause, now) {
+                        e.suspect.clear(cause);
+                        e.fleet_suspect.clear(cause);
+                        self.report(e, false, None, Some(cause));
+                    }
+                }
                 None
             }
             Sample::Failure(_) | Sample::Timeout(_) => e.breaker.on_failure(now, &circuit, None),

@@ -589,8 +589,17 @@ async fn the_fleets_marks_steer_traffic_but_never_empty_the_pool() {
         (b.clone(), SuspectCause::Check, later),
     ]);
     assert_eq!(p.availability(), Availability::Ready);
-    let both = served(&p, 6).await;
-    assert!(both.iter().any(|x| x == "http://a:1") && both.iter().any(|x| x == "http://b:1"));
+    let first = served(&p, 1).await.remove(0);
+    // Its answer ended its mark (the probe passed); the other keeps its.
+    let st = p.status();
+    let (answered, other) = if first == "http://a:1" {
+        (&st.endpoints[0], &st.endpoints[1])
+    } else {
+        (&st.endpoints[1], &st.endpoints[0])
+    };
+    assert_eq!(answered.suspect, None);
+    assert!(other.suspect.is_some());
+    assert!(served(&p, 4).await.iter().all(|x| *x == first));
     // A forced-open circuit is not a soft mark: b takes nothing.
     p.set_suspects(&[(a.clone(), SuspectCause::Attempt, later)]);
     p.set_forced(&[(Some(b.clone()), true, later)]);
@@ -713,4 +722,32 @@ async fn waiters_move_on_at_once_when_the_last_circuit_opens() {
     assert!(!waiter.is_finished(), "the other is up: it waits for it");
     drop(b);
     assert_eq!(waiter.await.unwrap().unwrap(), up);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_answer_ends_the_fleets_suspicion_and_says_so() {
+    let (tx, mut rx) = tokio::sync::mpsc::channel(8);
+    let p = PoolRuntime::new(
+        "p",
+        settings(10, 60_000, None),
+        &eps(&["http://a:1"]),
+        PoolCounters {
+            events: Some(tx),
+            ..PoolCounters::default()
+        },
+    );
+    let a = Endpoint::parse("http://a:1").unwrap();
+    let later = Instant::now() + Duration::from_secs(60);
+    p.set_suspects(&[(a, SuspectCause::Attempt, later)]);
+    assert_eq!(p.status().endpoints[0].suspect, Some(SuspectCause::Attempt));
+    // The only endpoint: the mark is ignored, a request goes, it answers.
+    let l = p.acquire(None).await.unwrap();
+    l.observe(Sample::Success(Duration::from_millis(5)));
+    drop(l);
+    assert_eq!(p.status().endpoints[0].suspect, None);
+    let report = rx.try_recv().expect("the clear is reported");
+    assert_eq!(
+        (report.open, report.suspect),
+        (false, Some(SuspectCause::Attempt))
+    );
 }

@@ -523,10 +523,35 @@ pub async fn rollback(admin: &mut Admin, to: u64, expected_version: u64) -> Exit
 
 /// `backends list`.
 pub async fn backends_list(admin: &mut Admin, output: Output) -> ExitCode {
-    let pools = match admin.list_backends(pb::ListBackendsRequest {}).await {
+    let mut pools = match admin.list_backends(pb::ListBackendsRequest {}).await {
         Ok(r) => r.into_inner().pools,
         Err(s) => return fail(explain_status(&s)),
     };
+    // Pools without a backend set serve the endpoints their policy lists:
+    // listed too, after the sets (a policy that does not parse lists none).
+    let policy = match admin.get_policy(pb::GetPolicyRequest { version: 0 }).await {
+        Ok(r) => router_policy::document::PolicyDocument::parse(&r.into_inner().document).ok(),
+        Err(s) => return fail(explain_status(&s)),
+    };
+    let sets = pools.len();
+    for p in policy.map(|d| d.spec.pools).unwrap_or_default() {
+        if pools.iter().any(|b| b.pool == p.name) {
+            continue;
+        }
+        let endpoints: Vec<String> = p.endpoints.iter().map(|e| e.url().to_string()).collect();
+        let drained = endpoints
+            .iter()
+            .zip(&p.endpoints)
+            .filter(|(_, e)| p.drain || e.drain())
+            .map(|(u, _)| u.clone())
+            .collect();
+        pools.push(pb::PoolBackends {
+            pool: p.name,
+            endpoints,
+            drained,
+        });
+    }
+    let source = |i: usize| if i < sets { "backends set" } else { "policy" };
     // The fleet's marks on each endpoint: open circuits and suspicions
     // (router_policy::health), with the proxy that raised them.
     let circuits = match admin.list_circuits(pb::ListCircuitsRequest {}).await {
@@ -550,8 +575,11 @@ pub async fn backends_list(admin: &mut Admin, output: Output) -> ExitCode {
     };
     match output {
         Output::Table => {
-            println!("{:<20} {:<40} {:<9} FLEET", "POOL", "ENDPOINT", "STATE");
-            for p in &pools {
+            println!(
+                "{:<20} {:<40} {:<9} {:<13} FLEET",
+                "POOL", "ENDPOINT", "STATE", "FROM"
+            );
+            for (i, p) in pools.iter().enumerate() {
                 for e in &p.endpoints {
                     let state = if p.drained.contains(e) {
                         "draining"
@@ -564,7 +592,12 @@ pub async fn backends_list(admin: &mut Admin, output: Output) -> ExitCode {
                     } else {
                         m.join(", ")
                     };
-                    println!("{:<20} {:<40} {state:<9} {fleet}", p.pool, e);
+                    println!(
+                        "{:<20} {:<40} {state:<9} {:<13} {fleet}",
+                        p.pool,
+                        e,
+                        source(i)
+                    );
                 }
             }
         }
@@ -572,13 +605,14 @@ pub async fn backends_list(admin: &mut Admin, output: Output) -> ExitCode {
             &Value::Array(
                 pools
                     .iter()
-                    .map(|p| {
+                    .enumerate()
+                    .map(|(i, p)| {
                         let marks: serde_json::Map<String, Value> = p
                             .endpoints
                             .iter()
                             .map(|e| (e.clone(), json!(marks(&p.pool, e))))
                             .collect();
-                        json!({"pool": p.pool, "endpoints": p.endpoints, "drained": p.drained, "fleet": marks})
+                        json!({"pool": p.pool, "endpoints": p.endpoints, "drained": p.drained, "fleet": marks, "source": source(i)})
                     })
                     .collect(),
             ),

@@ -504,6 +504,12 @@ async fn backends_circuits_and_explain_compare_endpoints_and_know_the_pools() {
             text(&o)
         };
         ok(&["policy", "apply", "-f", &good]);
+        // Before any backend set, the policy's endpoints are listed.
+        let listed: serde_json::Value =
+            serde_json::from_str(&ok(&["backends", "list", "-o", "json"])).unwrap();
+        assert_eq!(listed[0]["pool"], "a", "{listed}");
+        assert_eq!(listed[0]["endpoints"], serde_json::json!(["127.0.0.1:9"]));
+        assert_eq!(listed[0]["source"], "policy", "{listed}");
         ok(&["backends", "set", "a", "127.0.0.1:8001", "127.0.0.1:8002"]);
         // The form health and metrics show.
         let said = ok(&["backends", "drain", "a", "http://127.0.0.1:8001"]);
@@ -515,6 +521,8 @@ async fn backends_circuits_and_explain_compare_endpoints_and_know_the_pools() {
             serde_json::json!(["127.0.0.1:8001"]),
             "{listed}"
         );
+        assert_eq!(listed[0]["source"], "backends set", "{listed}");
+        assert_eq!(listed.as_array().map(Vec::len), Some(1), "{listed}");
         let o = run(
             &server,
             Some("tok"),

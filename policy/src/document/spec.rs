@@ -380,14 +380,16 @@ pub struct EndpointOptions {
 }
 
 impl EndpointSpec {
-    pub(super) fn url(&self) -> &str {
+    /// The base URL as written.
+    pub fn url(&self) -> &str {
         match self {
             Self::Url(u) => u,
             Self::Detailed(d) => &d.url,
         }
     }
 
-    pub(super) fn drain(&self) -> bool {
+    /// Drained one by one.
+    pub fn drain(&self) -> bool {
         matches!(self, Self::Detailed(d) if d.drain)
     }
 }

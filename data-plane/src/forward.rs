@@ -84,17 +84,34 @@ pub(crate) fn build_client(settings: &Settings) -> Result<UpstreamClient, Client
     Ok(UpstreamClient::new(connector))
 }
 
+/// The URI of `path` at an endpoint's server root, whatever base path the
+/// endpoint has (capacity probes and health checks: their pages live at
+/// the root).
+pub(crate) fn root_uri(
+    endpoint: &router_policy::Endpoint,
+    path: &str,
+) -> Result<http::Uri, http::Error> {
+    http::Uri::builder()
+        .scheme(scheme_of(endpoint))
+        .authority(endpoint.authority())
+        .path_and_query(path)
+        .build()
+}
+
+fn scheme_of(endpoint: &router_policy::Endpoint) -> &'static str {
+    match endpoint.scheme() {
+        Scheme::Http => "http",
+        Scheme::Https => "https",
+    }
+}
+
 /// The absolute upstream URI for a client path on an endpoint.
 pub(crate) fn upstream_uri(
     endpoint: &router_policy::Endpoint,
     path_and_query: &str,
 ) -> Result<http::Uri, http::Error> {
-    let scheme = match endpoint.scheme() {
-        Scheme::Http => "http",
-        Scheme::Https => "https",
-    };
     let uri = http::Uri::builder()
-        .scheme(scheme)
+        .scheme(scheme_of(endpoint))
         .authority(endpoint.authority())
         .path_and_query(endpoint.join(path_and_query))
         .build()?;

@@ -29,7 +29,7 @@ use std::sync::Weak;
 
 use http_body_util::{BodyExt, Limited};
 use router_policy::health::HealthCheck;
-use router_policy::{Endpoint, Scheme};
+use router_policy::Endpoint;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
@@ -123,16 +123,7 @@ pub(crate) async fn check_once(
     check: &HealthCheck,
     auth: Option<http::HeaderValue>,
 ) -> bool {
-    let scheme = match endpoint.scheme() {
-        Scheme::Http => "http",
-        Scheme::Https => "https",
-    };
-    let uri = http::Uri::builder()
-        .scheme(scheme)
-        .authority(endpoint.authority())
-        .path_and_query(check.path.as_str())
-        .build();
-    let Ok(uri) = uri else {
+    let Ok(uri) = crate::forward::root_uri(endpoint, &check.path) else {
         return false;
     };
     let mut req =

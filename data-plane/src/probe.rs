@@ -38,7 +38,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Limited};
 use router_policy::engine_aware::EngineSignals;
-use router_policy::{Endpoint, Probe, ProbeKind, Scheme};
+use router_policy::{Endpoint, Probe, ProbeKind};
 use serde::Deserialize;
 use tokio::time::Instant;
 
@@ -199,18 +199,6 @@ pub(crate) fn parse_engine_metrics(text: &str) -> Result<EngineSignals, String> 
     })
 }
 
-fn probe_uri(endpoint: &Endpoint, path: &str) -> Result<http::Uri, http::Error> {
-    let scheme = match endpoint.scheme() {
-        Scheme::Http => "http",
-        Scheme::Https => "https",
-    };
-    http::Uri::builder()
-        .scheme(scheme)
-        .authority(endpoint.authority())
-        .path_and_query(path)
-        .build()
-}
-
 async fn fetch(
     client: &UpstreamClient,
     uri: http::Uri,
@@ -254,7 +242,7 @@ pub(crate) async fn probe_once(
         running: None,
         kv_cache_usage: None,
     };
-    let Ok(uri) = probe_uri(endpoint, path) else {
+    let Ok(uri) = crate::forward::root_uri(endpoint, path) else {
         return reading;
     };
     let body = match fetch(client, uri, probe.interval).await {

@@ -1,10 +1,19 @@
-//! Random numbers for spreading work out (not for secrets): the health
-//! checks' jitter, a pool's first pick among equals.
+//! Random bytes from the system's source (`ring`'s `SystemRandom`): task
+//! ids and run secrets, idempotency owners, the health checks' jitter, a
+//! pool's first pick among equals.
+//!
+//! The system source (`getrandom`) fails only on a system without one; the
+//! bytes are then zero, as they were at each of these places before they
+//! shared this function.
 
-/// A random `u64` from the system's source (zero if it has none to give:
-/// then things are merely not spread, which is harmless).
+/// `N` random bytes.
+pub(crate) fn bytes<const N: usize>() -> [u8; N] {
+    let mut b = [0u8; N];
+    let _ = ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut b);
+    b
+}
+
+/// A random `u64`.
 pub(crate) fn u64() -> u64 {
-    let mut bytes = [0u8; 8];
-    let _ = ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut bytes);
-    u64::from_le_bytes(bytes)
+    u64::from_le_bytes(bytes())
 }

@@ -273,27 +273,34 @@ impl<T: Copy + Ord> Suspicion<T> {
         self.check_until.is_some_and(|u| u > now) || self.attempt_until.is_some_and(|u| u > now)
     }
 
-    /// Whether a passing check at `now` should tell the fleet the mark is
-    /// over: only a mark a check raised (see the module docs).
-    pub fn cleared_by_check(&self, now: T) -> bool {
-        self.check_until.is_some_and(|u| u > now)
+    /// Whether a mark of `cause` holds at `now`. A passing check ends the
+    /// `Check` mark only; an answer from the endpoint ends both (it is the
+    /// probe that passed; see the module docs).
+    pub fn held_for(&self, cause: SuspectCause, now: T) -> bool {
+        self.slot(cause).is_some_and(|u| u > now)
     }
 
-    /// Whether a mark of `cause` holds at `now` (an answer from the
-    /// endpoint ends marks of both causes: it is the probe that passed).
-    pub fn held_for(&self, cause: SuspectCause, now: T) -> bool {
-        let until = match cause {
-            SuspectCause::Check => self.check_until,
-            SuspectCause::Attempt => self.attempt_until,
-        };
-        until.is_some_and(|u| u > now)
+    /// Marks it for `cause` until `until`.
+    pub fn set(&mut self, cause: SuspectCause, until: T) {
+        *self.slot_mut(cause) = Some(until);
     }
 
     /// Ends the mark of `cause`.
     pub fn clear(&mut self, cause: SuspectCause) {
+        *self.slot_mut(cause) = None;
+    }
+
+    fn slot(&self, cause: SuspectCause) -> Option<T> {
         match cause {
-            SuspectCause::Check => self.check_until = None,
-            SuspectCause::Attempt => self.attempt_until = None,
+            SuspectCause::Check => self.check_until,
+            SuspectCause::Attempt => self.attempt_until,
+        }
+    }
+
+    fn slot_mut(&mut self, cause: SuspectCause) -> &mut Option<T> {
+        match cause {
+            SuspectCause::Check => &mut self.check_until,
+            SuspectCause::Attempt => &mut self.attempt_until,
         }
     }
 }
@@ -418,12 +425,13 @@ pub fn ejections(counts: &[ErrorCount], rules: &OutlierEjection) -> Vec<usize> {
     out.into_iter().map(|(i, _)| i).collect()
 }
 
-/// Whether an endpoint may take traffic, given what the circuit and the
-/// drains say (`eligible`), the checks, and the two soft marks — and
-/// whether any endpoint of its pool is eligible without the soft marks
-/// (`any_clean`). See the module docs: soft marks never empty a pool.
-pub fn admits(eligible: bool, checks_admit: bool, soft_marked: bool, any_clean: bool) -> bool {
-    eligible && checks_admit && (!soft_marked || !any_clean)
+/// Whether an endpoint may take traffic, given whether the circuit, the
+/// drains, the probe and the health checks admit it (`usable`), whether it
+/// carries a soft mark (suspect or ejected), and whether any endpoint of
+/// its pool is usable without one (`any_clean`). See the module docs:
+/// soft marks never empty a pool.
+pub fn admits(usable: bool, soft_marked: bool, any_clean: bool) -> bool {
+    usable && (!soft_marked || !any_clean)
 }
 
 #[cfg(test)]
@@ -508,13 +516,17 @@ mod tests {
             check_until: Some(10),
             attempt_until: None,
         };
-        assert!(s.holds(5) && s.cleared_by_check(5));
+        assert!(s.holds(5) && s.held_for(SuspectCause::Check, 5));
         assert!(!s.holds(10), "expires on its own");
-        let a = Suspicion {
+        let mut a = Suspicion {
             check_until: None,
             attempt_until: Some(10),
         };
-        assert!(a.holds(5) && !a.cleared_by_check(5));
+        assert!(a.holds(5) && !a.held_for(SuspectCause::Check, 5));
+        a.clear(SuspectCause::Attempt);
+        assert!(!a.holds(5));
+        a.set(SuspectCause::Check, 7);
+        assert!(a.held_for(SuspectCause::Check, 5) && !a.held_for(SuspectCause::Attempt, 5));
     }
 
     #[test]
@@ -572,16 +584,10 @@ mod tests {
 
     #[test]
     fn soft_marks_never_empty_a_pool() {
-        assert!(!admits(true, true, true, true));
-        assert!(
-            admits(true, true, true, false),
-            "every other one is marked too"
-        );
-        assert!(
-            !admits(true, false, false, false),
-            "a failed check excludes"
-        );
-        assert!(!admits(false, true, false, false));
+        assert!(!admits(true, true, true));
+        assert!(admits(true, true, false), "every other one is marked too");
+        assert!(!admits(false, false, false), "a failed check excludes");
+        assert!(!admits(false, false, false));
     }
 
     proptest! {

@@ -39,7 +39,7 @@ use tokio::time::Instant;
 
 pub(crate) use local::LocalStore;
 pub(crate) use record::{fingerprint, Entry, Fingerprint, KeyState, Owner, StoredAnswer};
-pub(crate) use redis_store::{RedisStore, OP_TIMEOUT};
+pub(crate) use redis_store::{bounded, RedisStore};
 
 use crate::error::ProxyError;
 use crate::metrics::Metrics;

@@ -32,12 +32,7 @@ pub(crate) struct Fingerprint(pub(crate) [u8; 16]);
 impl Owner {
     /// A fresh random owner.
     pub(crate) fn random() -> Self {
-        use ring::rand::SecureRandom;
-        let mut b = [0u8; 16];
-        // SystemRandom fails only without an OS random source; a fixed
-        // owner then still works (a settle checks the fingerprint too).
-        let _ = ring::rand::SystemRandom::new().fill(&mut b);
-        Self(b)
+        Self(crate::random::bytes())
     }
 }
 

@@ -365,8 +365,9 @@ impl RedisStore {
     }
 }
 
-/// Runs a store call inside [`OP_TIMEOUT`].
-async fn bounded<T>(
+/// Runs a store call inside [`OP_TIMEOUT`] (the parked tasks' store
+/// calls too).
+pub(crate) async fn bounded<T>(
     call: impl std::future::Future<Output = redis::RedisResult<T>>,
 ) -> Result<T, StoreError> {
     match tokio::time::timeout(OP_TIMEOUT, call).await {

@@ -333,12 +333,9 @@ impl PoolRuntime {
                 // An answer is the probe that ends a suspicion (sent while
                 // every endpoint was marked, or after a mark expired
                 // here): the fleet's too.
-                for cause in [SuspectCause::Check, SuspectCause::Attempt] {
-                    if e.suspect.held_for(cause, now) || e.fleet_suspect.held_for(cause, now) {
-                        e.suspect.clear(cause);
-                        e.fleet_suspect.clear(cause);
-                        self.report(e, false, None, Some(cause));
-                    }
+                if e.suspect.holds(now) || e.fleet_suspect.holds(now) {
+                    self.end_suspicion(e, SuspectCause::Check, now);
+                    self.end_suspicion(e, SuspectCause::Attempt, now);
                 }
                 None
             }
@@ -350,16 +347,8 @@ impl PoolRuntime {
             tracing::warn!(pool = &*self.name, endpoint = &*e.addr, "circuit opened");
             self.report(e, true, Some(until), None);
         }
-        if router_policy::health::suspect_after_attempt(failed, e.answered) && !e.suspect.holds(now)
-        {
-            let until = crate::clock::later(now, circuit.open_duration, crate::clock::A_YEAR);
-            tracing::warn!(
-                pool = &*self.name,
-                endpoint = &*e.addr,
-                "first request failed: endpoint reported suspect to the fleet"
-            );
-            e.suspect.attempt_until = Some(until);
-            self.report(e, true, Some(until), Some(SuspectCause::Attempt));
+        if router_policy::health::suspect_after_attempt(failed, e.answered) {
+            self.raise_suspicion(e, SuspectCause::Attempt, now, circuit.open_duration);
         }
         e.ewma = Some(latency::fold_ewma(e.ewma, sample, &q));
         if opened.is_some() {
@@ -369,6 +358,39 @@ impl PoolRuntime {
             if let Some(rules) = st.settings.outlier {
                 self.judge_outliers(st, endpoint_id, failed, now, &rules);
             }
+        }
+    }
+
+    /// Marks `e` suspect for `cause` until `now + open_for` and tells the
+    /// fleet, unless this proxy's mark of that cause already holds.
+    fn raise_suspicion(
+        &self,
+        e: &mut EndpointState,
+        cause: SuspectCause,
+        now: Instant,
+        open_for: std::time::Duration,
+    ) {
+        if e.suspect.held_for(cause, now) {
+            return;
+        }
+        let until = crate::clock::later(now, open_for, crate::clock::A_YEAR);
+        tracing::warn!(
+            pool = &*self.name,
+            endpoint = &*e.addr,
+            cause = cause.as_str(),
+            "endpoint reported suspect to the fleet"
+        );
+        e.suspect.set(cause, until);
+        self.report(e, true, Some(until), Some(cause));
+    }
+
+    /// Ends `e`'s marks of `cause` (this proxy's and the fleet's) and tells
+    /// the fleet, when one holds.
+    fn end_suspicion(&self, e: &mut EndpointState, cause: SuspectCause, now: Instant) {
+        if e.suspect.held_for(cause, now) || e.fleet_suspect.held_for(cause, now) {
+            e.suspect.clear(cause);
+            e.fleet_suspect.clear(cause);
+            self.report(e, false, None, Some(cause));
         }
     }
 
@@ -387,7 +409,9 @@ impl PoolRuntime {
         };
         e.outlier.record(failed, now, rules.window);
         if !failed {
-            if e.ejected_until.is_none_or(|u| u <= now) && e.outlier.totals().1 == 0 {
+            if e.ejected_until.is_none_or(|u| u <= now)
+                && e.outlier.totals(now, rules.window).1 == 0
+            {
                 e.ejections = 0;
             }
             return;
@@ -396,12 +420,7 @@ impl PoolRuntime {
             .endpoints
             .iter()
             .map(|e| {
-                // A window that has ended counts as empty.
-                let stale = e
-                    .outlier
-                    .started
-                    .is_none_or(|t| now.saturating_duration_since(t) >= rules.window * 2);
-                let (requests, errors) = if stale { (0, 0) } else { e.outlier.totals() };
+                let (requests, errors) = e.outlier.totals(now, rules.window);
                 router_policy::health::ErrorCount {
                     requests,
                     errors,
@@ -510,17 +529,9 @@ impl PoolRuntime {
             );
         }
         if passed {
-            if e.suspect.cleared_by_check(now) || e.fleet_suspect.cleared_by_check(now) {
-                e.suspect.check_until = None;
-                e.fleet_suspect.check_until = None;
-                self.report(e, false, None, Some(SuspectCause::Check));
-            }
-        } else if e.suspect.check_until.is_none_or(|u| u <= now) {
-            let until = crate::clock::later(now, open_for, crate::clock::A_YEAR);
-            e.suspect.check_until = Some(until);
-            self.report(e, true, Some(until), Some(SuspectCause::Check));
-        }
-        if !passed {
+            self.end_suspicion(e, SuspectCause::Check, now);
+        } else {
+            self.raise_suspicion(e, SuspectCause::Check, now, open_for);
             // Those waiting (for a first check, say) move on now if the
             // pool is down, rather than wait out their timeout.
             st.shed_if_down(now);

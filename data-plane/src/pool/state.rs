@@ -114,12 +114,16 @@ impl OutlierCounts {
         self.errors = self.errors.saturating_add(u32::from(failed));
     }
 
-    /// Requests and errors over the two windows.
-    pub(super) fn totals(&self) -> (u32, u32) {
-        (
-            self.requests.saturating_add(self.prev_requests),
-            self.errors.saturating_add(self.prev_errors),
-        )
+    /// Requests and errors over the two windows as of `now`; none once
+    /// both have ended.
+    pub(super) fn totals(&self, now: Instant, window: Duration) -> (u32, u32) {
+        match self.started {
+            Some(t) if now.saturating_duration_since(t) < window * 2 => (
+                self.requests.saturating_add(self.prev_requests),
+                self.errors.saturating_add(self.prev_errors),
+            ),
+            _ => (0, 0),
+        }
     }
 }
 
@@ -194,6 +198,9 @@ pub(super) struct PoolState {
     /// The balancer's input, refilled for every choice (kept to reuse its
     /// allocation).
     pub(super) loads: Vec<EndpointLoad>,
+    /// The endpoints the planner's p95 leaves out, refilled for every
+    /// outlook (kept to reuse its allocation).
+    pub(super) left_out: Vec<u64>,
     /// The engine-aware balancer's input (engine-aware pools only).
     pub(super) engine_loads: Vec<EngineLoad>,
     /// The consistent-hash ring of the endpoints, in their order (prefix
@@ -242,6 +249,7 @@ impl PoolState {
             endpoints: Vec::new(),
             queue: VecDeque::new(),
             loads: Vec::new(),
+            left_out: Vec::new(),
             engine_loads: Vec::new(),
             ring: Ring::new::<&str>(&[]),
             last_served: LastServed::new(LAST_SERVED_KEYS),
@@ -310,18 +318,15 @@ impl PoolState {
         self.latencies.expire(now);
         self.fill_loads(now);
         // The endpoints that would not take this request are left out of
-        // the p95 (see LatencyWindow); none when none would.
-        let left_out: Vec<u64> = if self.loads.iter().any(|l| l.available) {
-            self.endpoints
-                .iter()
-                .zip(&self.loads)
-                .filter(|(_, l)| !l.available)
-                .map(|(e, _)| e.id)
-                .collect()
-        } else {
-            Vec::new()
-        };
-        let p95 = self.latencies.p95(now, &left_out);
+        // the p95 (see LatencyWindow); none when none would. (In a buffer
+        // kept across calls, like `loads`: no allocation per request.)
+        self.left_out.clear();
+        if self.loads.iter().any(|l| l.available) {
+            let out = self.endpoints.iter().zip(&self.loads);
+            self.left_out
+                .extend(out.filter(|(_, l)| !l.available).map(|(e, _)| e.id));
+        }
+        let p95 = self.latencies.p95(now, &self.left_out);
         let free_now = self.queue.is_empty() && self.choose(None).is_some();
         let expected_wait = if free_now {
             Some(Duration::ZERO)
@@ -384,8 +389,7 @@ impl PoolState {
         let checks = self.settings.health_check.is_some();
         let model = self.settings.model.as_deref();
         self.loads.clear();
-        let mut any_clean = false;
-        let mut any_marked = false;
+        let (mut any_clean, mut any_marked) = (false, false);
         self.loads.extend(self.endpoints.iter().map(|e| {
             let usable = e.usable(probe.as_ref(), checks, now);
             let marked = usable && e.soft_marked(now);
@@ -395,22 +399,18 @@ impl PoolState {
                 ewma: e.ewma,
                 in_flight: e.in_flight,
                 max_concurrency,
-                available: usable && !marked,
+                available: usable,
                 preferred: match (model, &e.probe) {
                     (Some(m), Some(r)) => r.resident.iter().any(|x| x == m),
                     _ => false,
                 },
             }
         }));
-        if any_marked && !any_clean {
-            // Soft marks never empty a pool (router_policy::health::admits).
+        if any_marked {
+            // The soft marks, which never empty a pool.
             for (load, e) in self.loads.iter_mut().zip(&self.endpoints) {
-                load.available = router_policy::health::admits(
-                    e.usable(probe.as_ref(), checks, now),
-                    true,
-                    e.soft_marked(now),
-                    false,
-                );
+                load.available =
+                    router_policy::health::admits(load.available, e.soft_marked(now), any_clean);
             }
         }
         if self.settings.queue.scoring == Scoring::EngineAware {

@@ -221,12 +221,7 @@ impl ParkContext {
     pub(crate) fn task_id(&self) -> String {
         match &self.keyed {
             Some((key, fp)) => keyed_task_id(key, *fp),
-            None => {
-                use ring::rand::SecureRandom;
-                let mut b = [0u8; 16];
-                let _ = ring::rand::SystemRandom::new().fill(&mut b);
-                hex(&b)
-            }
+            None => hex(&crate::random::bytes::<16>()),
         }
     }
 }
@@ -273,15 +268,10 @@ pub(crate) fn keep_for(task: &TaskRecord) -> Duration {
 impl Tasks {
     /// Tasks in `store`; claims last `lease` unless renewed.
     pub(crate) fn new(store: Arc<dyn TaskStore>, metrics: Arc<Metrics>, lease: Duration) -> Self {
-        use ring::rand::SecureRandom;
-        let mut b = [0u8; 16];
-        let _ = ring::rand::SystemRandom::new().fill(&mut b);
-        let mut p = [0u8; 6];
-        let _ = ring::rand::SystemRandom::new().fill(&mut p);
         Self {
             store,
-            proxy_id: format!("proxy-{}", hex(&p)),
-            secret: hex(&b),
+            proxy_id: format!("proxy-{}", hex(&crate::random::bytes::<6>())),
+            secret: hex(&crate::random::bytes::<16>()),
             metrics,
             lease,
         }

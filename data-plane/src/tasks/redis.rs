@@ -10,7 +10,7 @@ use futures_util::future::BoxFuture;
 use router_policy::park::{layout, TaskRecord};
 
 use super::{ParkResult, TaskStore, Versioned};
-use crate::idempotency::{RedisStore, StoreError, OP_TIMEOUT};
+use crate::idempotency::{bounded, RedisStore, StoreError};
 
 /// Tasks in Redis, on the idempotency store's connections.
 pub(crate) struct RedisTasks {
@@ -35,16 +35,6 @@ impl RedisTasks {
             layout::live_key(p),
             layout::route_key(p, &task.route),
         ]
-    }
-}
-
-async fn bounded<T>(
-    call: impl std::future::Future<Output = redis::RedisResult<T>>,
-) -> Result<T, StoreError> {
-    match tokio::time::timeout(OP_TIMEOUT, call).await {
-        Err(_) => Err(StoreError::Timeout),
-        Ok(Err(e)) => Err(StoreError::Unavailable(e.to_string())),
-        Ok(Ok(v)) => Ok(v),
     }
 }
 

@@ -80,9 +80,9 @@ pub(super) struct Exchange {
     pub(super) streaming: bool,
     pub(super) model: Option<Arc<str>>,
     pub(super) deadline_at: Option<Instant>,
-    /// On a route with `on_all_down: park`: what parking keeps of the
-    /// request ([`super::parking`]).
-    pub(super) park: Option<Box<crate::tasks::ParkContext>>,
+    /// On a route with `on_all_down: park`: what parking noted of the
+    /// request on arrival ([`super::parking`]).
+    pub(super) park: Option<Box<crate::tasks::ParkIntent>>,
 }
 
 impl Exchange {
@@ -448,7 +448,7 @@ impl Exchange {
             // Safe mode, on a route that parks: every pool was down (none
             // could take the request, or each refused the connection), so
             // nothing reached a backend.
-            if let (ProxyError::NoBackend { .. } | ProxyError::Upstream { .. }, Some(ctx)) =
+            if let (ProxyError::NoBackend { .. } | ProxyError::Upstream { .. }, Some(intent)) =
                 (&err, &self.park)
             {
                 let rec = pending.rec();
@@ -459,7 +459,14 @@ impl Exchange {
                 {
                     let tenancy = self.snapshot.policy.tenants.is_some();
                     let detail = format!("route {:?}: {}", route.name, notes.join("; "));
-                    return Box::pin(super::parking::park(pending, route, ctx, tenancy, detail))
+                    let ctx = intent.context(
+                        &self.method,
+                        self.path_and_query.as_str(),
+                        &self.headers,
+                        &self.body,
+                        self.risk,
+                    );
+                    return Box::pin(super::parking::park(pending, route, &ctx, tenancy, detail))
                         .await;
                 }
             }

@@ -239,33 +239,24 @@ pub(crate) fn handle(
         // Safe mode: what a parking route keeps of the request. A parked
         // task's own run is never parked again (it answers `no_backend`,
         // and its task waits again).
+        // The request's `Idempotency-Key` and fingerprint, computed once
+        // (parking and idempotency both go by them).
+        let keyed = seen
+            .idempotency_key
+            .as_ref()
+            .and_then(|v| v.to_str().ok())
+            .map(|k| {
+                let fp =
+                    idempotency::fingerprint(parts.method.as_str(), path, &body, &parts.headers);
+                (k.trim().to_string(), fp)
+            });
         let park = match &route.park {
-            Some(_) if task_run.is_some() => Some(crate::tasks::ParkContext::run()),
-            Some(_) => {
-                let keyed = seen
-                    .idempotency_key
-                    .as_ref()
-                    .and_then(|v| v.to_str().ok())
-                    .map(|k| {
-                        let fp = idempotency::fingerprint(
-                            parts.method.as_str(),
-                            path,
-                            &body,
-                            &parts.headers,
-                        );
-                        (k.trim().to_string(), fp)
-                    });
-                let path_and_query = parts.uri.path_and_query().map_or(path, |p| p.as_str());
-                Some(crate::tasks::ParkContext::new(
-                    &parts.method,
-                    path_and_query,
-                    &parts.headers,
-                    &body,
-                    risk,
-                    header_deadline,
-                    keyed,
-                ))
-            }
+            Some(_) if task_run.is_some() => Some(crate::tasks::ParkIntent::run()),
+            Some(_) => Some(crate::tasks::ParkIntent::new(
+                &parts.headers,
+                header_deadline,
+                keyed.clone(),
+            )),
             None => None,
         };
         match decision.refusal {
@@ -275,9 +266,12 @@ pub(crate) fn handle(
             }
             Some(_) => {
                 let detail = pending.rec().reason.clone();
-                if let Some(ctx) = &park {
+                if let Some(intent) = &park {
+                    let path_and_query = parts.uri.path_and_query().map_or(path, |p| p.as_str());
+                    let ctx =
+                        intent.context(&parts.method, path_and_query, &parts.headers, &body, risk);
                     let tenancy = snapshot.policy.tenants.is_some();
-                    return Box::pin(super::parking::park(pending, route, ctx, tenancy, detail))
+                    return Box::pin(super::parking::park(pending, route, &ctx, tenancy, detail))
                         .await;
                 }
                 return pending.reject(ProxyError::NoBackend { detail });
@@ -341,14 +335,8 @@ pub(crate) fn handle(
         let client_asks_usage = parsed.as_ref().is_some_and(ParsedBody::asks_stream_usage);
 
         // Idempotency: join a request in flight, or replay a stored answer.
-        let key = seen
-            .idempotency_key
-            .as_ref()
-            .and_then(|v| v.to_str().ok())
-            .map(|k| k.trim().to_string());
         let mut leader = None;
-        if let Some(key) = key {
-            let fp = idempotency::fingerprint(parts.method.as_str(), path, &body, &parts.headers);
+        if let Some((key, fp)) = keyed {
             let wait_until = deadline_at.unwrap_or_else(|| {
                 crate::clock::later(
                     pending.t0,

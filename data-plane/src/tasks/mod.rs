@@ -110,7 +110,8 @@ pub(crate) struct Tasks {
     pub(crate) lease: Duration,
 }
 
-/// What a parking request brings (built on routes that park only).
+/// What a parked request keeps: built when it parks
+/// ([`ParkIntent::context`]).
 pub(crate) struct ParkContext {
     pub(crate) method: String,
     pub(crate) path: String,
@@ -169,28 +170,29 @@ pub(crate) fn prefers_async(headers: &HeaderMap) -> bool {
     })
 }
 
-impl ParkContext {
-    /// What parking needs of a request, kept while it is routed.
+/// What a parking route notes of a request when it arrives: only what
+/// cannot be had later (its own deadline as a wall-clock time, its key).
+/// The request itself is copied into a [`ParkContext`] only if it parks
+/// ([`Self::context`]), not for every request the route serves.
+pub(crate) struct ParkIntent {
+    /// The request's own deadline (`X-Router-Deadline-Ms`), Unix ms.
+    deadline_at_ms: Option<u64>,
+    /// `Prefer: respond-async`.
+    pub(crate) respond_async: bool,
+    /// The `Idempotency-Key` and the request's fingerprint.
+    pub(crate) keyed: Option<(String, Fingerprint)>,
+    /// A parked task's own run: never parked again.
+    pub(crate) run: bool,
+}
+
+impl ParkIntent {
+    /// A request arriving on a parking route.
     pub(crate) fn new(
-        method: &http::Method,
-        path: &str,
         headers: &HeaderMap,
-        body: &Bytes,
-        risk: Risk,
         header_deadline: Option<Duration>,
         keyed: Option<(String, Fingerprint)>,
     ) -> Box<Self> {
-        let kept = headers
-            .iter()
-            .filter(|(n, _)| kept_header(n.as_str()))
-            .filter_map(|(n, v)| Some((n.as_str().to_string(), v.to_str().ok()?.to_string())))
-            .collect();
         Box::new(Self {
-            method: method.as_str().to_string(),
-            path: path.to_string(),
-            headers: kept,
-            body: body.clone(),
-            risk,
             deadline_at_ms: header_deadline.map(|d| {
                 unix_ms().saturating_add(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
             }),
@@ -200,14 +202,9 @@ impl ParkContext {
         })
     }
 
-    /// The context of a parked task's own run (nothing is kept).
+    /// A parked task's own run (nothing is kept).
     pub(crate) fn run() -> Box<Self> {
         Box::new(Self {
-            method: String::new(),
-            path: String::new(),
-            headers: Vec::new(),
-            body: Bytes::new(),
-            risk: Risk::Read,
             deadline_at_ms: None,
             respond_async: false,
             keyed: None,
@@ -215,14 +212,53 @@ impl ParkContext {
         })
     }
 
-    /// The task's id: from the key and fingerprint (a retry finds it; a
-    /// different request or caller with the same key gets another), else
-    /// random.
+    /// The task's id ([`task_id`]).
     pub(crate) fn task_id(&self) -> String {
-        match &self.keyed {
-            Some((key, fp)) => keyed_task_id(key, *fp),
-            None => hex(&crate::random::bytes::<16>()),
+        task_id(&self.keyed)
+    }
+
+    /// What parking keeps of the request: called when it parks.
+    pub(crate) fn context(
+        &self,
+        method: &http::Method,
+        path: &str,
+        headers: &HeaderMap,
+        body: &Bytes,
+        risk: Risk,
+    ) -> ParkContext {
+        let kept = headers
+            .iter()
+            .filter(|(n, _)| kept_header(n.as_str()))
+            .filter_map(|(n, v)| Some((n.as_str().to_string(), v.to_str().ok()?.to_string())))
+            .collect();
+        ParkContext {
+            method: method.as_str().to_string(),
+            path: path.to_string(),
+            headers: kept,
+            body: body.clone(),
+            risk,
+            deadline_at_ms: self.deadline_at_ms,
+            respond_async: self.respond_async,
+            keyed: self.keyed.clone(),
+            run: self.run,
         }
+    }
+}
+
+impl ParkContext {
+    /// The task's id ([`task_id`]).
+    pub(crate) fn task_id(&self) -> String {
+        task_id(&self.keyed)
+    }
+}
+
+/// A task's id: from the key and fingerprint (a retry finds it; a
+/// different request or caller with the same key gets another), else
+/// random.
+fn task_id(keyed: &Option<(String, Fingerprint)>) -> String {
+    match keyed {
+        Some((key, fp)) => keyed_task_id(key, *fp),
+        None => hex(&crate::random::bytes::<16>()),
     }
 }
 
@@ -457,14 +493,12 @@ mod tests {
         h.insert("x-router-risk", HeaderValue::from_static("READ"));
         h.insert("content-type", HeaderValue::from_static("application/json"));
         h.insert("prefer", HeaderValue::from_static("respond-async, wait=5"));
-        let ctx = ParkContext::new(
+        let ctx = ParkIntent::new(&h, None, None).context(
             &http::Method::POST,
             "/v1/chat/completions",
             &h,
             &Bytes::from_static(b"{}"),
             Risk::Read,
-            None,
-            None,
         );
         assert_eq!(
             ctx.headers,

@@ -117,7 +117,7 @@ where
 }
 
 /// Checks one endpoint once: a `2xx` within the timeout passes.
-pub(crate) async fn check_once(
+async fn check_once(
     client: &UpstreamClient,
     endpoint: &Endpoint,
     check: &HealthCheck,

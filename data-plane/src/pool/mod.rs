@@ -507,8 +507,9 @@ impl PoolRuntime {
     /// suspicion, a passing one clears a check's suspicion). A change may
     /// make endpoints eligible, so waiters are dispatched.
     pub(crate) fn record_check(self: &Arc<Self>, endpoint: &Endpoint, passed: bool, now: Instant) {
-        let mut st = self.lock();
-        let Some(check) = st.settings.health_check.clone() else {
+        let mut guard = self.lock();
+        let st = &mut *guard;
+        let Some(check) = &st.settings.health_check else {
             return;
         };
         let open_for = st.settings.circuit.open_duration;
@@ -520,7 +521,7 @@ impl PoolRuntime {
         let Some(e) = st.endpoints.iter_mut().find(|e| *e.endpoint == *endpoint) else {
             return;
         };
-        if let Some(health) = e.checks.record(passed, &check) {
+        if let Some(health) = e.checks.record(passed, check) {
             tracing::info!(
                 pool = &*self.name,
                 endpoint = &*e.addr,
@@ -536,7 +537,7 @@ impl PoolRuntime {
             // pool is down, rather than wait out their timeout.
             st.shed_if_down(now);
         }
-        self.dispatch(&mut st);
+        self.dispatch(st);
     }
 
     /// Starts, restarts or stops the health check task to match `check`

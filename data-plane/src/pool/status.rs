@@ -212,15 +212,12 @@ impl PoolRuntime {
                     circuit: e.breaker.effective_state(now).reported(),
                     draining: e.draining,
                     health: st.settings.health_check.as_ref().map(|_| e.checks.health()),
-                    suspect: [&e.suspect, &e.fleet_suspect].into_iter().find_map(|s| {
-                        if s.check_until.is_some_and(|u| u > now) {
-                            Some(router_policy::health::SuspectCause::Check)
-                        } else if s.attempt_until.is_some_and(|u| u > now) {
-                            Some(router_policy::health::SuspectCause::Attempt)
-                        } else {
-                            None
-                        }
-                    }),
+                    suspect: {
+                        use router_policy::health::SuspectCause::{Attempt, Check};
+                        [Check, Attempt].into_iter().find(|c| {
+                            e.suspect.held_for(*c, now) || e.fleet_suspect.held_for(*c, now)
+                        })
+                    },
                     ejected: e.ejected_until.is_some_and(|u| u > now),
                 })
                 .collect(),

@@ -583,6 +583,15 @@ mod tests {
     }
 
     #[test]
+    fn an_ejection_in_a_row_lasts_longer_up_to_ten_times() {
+        let r = OutlierEjection::default();
+        assert_eq!(r.duration(1), Duration::from_secs(30));
+        assert_eq!(r.duration(2), Duration::from_secs(60));
+        assert_eq!(r.duration(10), Duration::from_secs(300));
+        assert_eq!(r.duration(50), Duration::from_secs(300));
+    }
+
+    #[test]
     fn soft_marks_never_empty_a_pool() {
         assert!(!admits(true, true, true));
         assert!(admits(true, true, false), "every other one is marked too");

@@ -231,14 +231,10 @@ pub(super) struct PoolState {
 /// that a fleet of proxies started together does not send every first
 /// request to the same endpoint (Envoy's round robin starts at random for
 /// the same reason); with one failing endpoint among two, half the proxies
-/// find it with their first request, not all. Tests of the pool start at
-/// the first endpoint, so that their orders are fixed.
+/// find it with their first request, not all
+/// (`pool::tests::new_pools_start_their_turn_at_random`).
 fn first_rotation() -> usize {
-    if cfg!(test) {
-        0
-    } else {
-        crate::random::u64() as usize
-    }
+    crate::random::u64() as usize
 }
 
 impl PoolState {

@@ -751,3 +751,16 @@ async fn an_answer_ends_the_fleets_suspicion_and_says_so() {
         (false, Some(SuspectCause::Attempt))
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn new_pools_start_their_turn_at_random() {
+    // A fleet of proxies started together: each pool's first lease among
+    // equal endpoints is not always the first endpoint (with 64 pools,
+    // all alike by chance has a probability of 2^-63).
+    let mut first = std::collections::BTreeSet::new();
+    for _ in 0..64 {
+        let p = pool(10, 60_000, None, &["http://a:1", "http://b:1"]);
+        first.insert(p.acquire(None).await.unwrap().addr().to_string());
+    }
+    assert_eq!(first.len(), 2, "{first:?}");
+}

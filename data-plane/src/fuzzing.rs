@@ -255,6 +255,7 @@ fn attempt(b: &mut Bytes<'_>) -> AttemptRecord {
         tokens_out: b.opt_u64(),
         cost_usd: b.some().then(|| b.float()),
         response_model: b.some().then(|| b.string()),
+        generated: router_policy::tenant::Charge::default(),
         hedge: b
             .some()
             .then(|| ["primary_won", "hedge_won", "hedge_cancelled"][usize::from(b.byte()) % 3]),

@@ -45,6 +45,10 @@ pub(crate) struct AttemptRecord {
     /// The model the answer says it came from.
     #[serde(skip)]
     pub response_model: Option<String>,
+    /// What the backend generated for this attempt, for the tenant's
+    /// settlement (`router_policy::tenant::Charge`).
+    #[serde(skip)]
+    pub generated: router_policy::tenant::Charge,
     /// Its part in a hedged request: `primary`, `hedge` (the second
     /// attempt), each `won` or `cancelled`: `primary_won`, `hedge_won`...
     #[serde(skip_serializing_if = "Option::is_none")]

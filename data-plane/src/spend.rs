@@ -98,14 +98,17 @@ impl SpendBudgets {
                 });
                 let d = c.get(&day_key).copied().unwrap_or(0);
                 let m = c.get(&month_key).copied().unwrap_or(0);
-                if day_limit >= 0 && d + amount > day_limit {
-                    Some((day_limit - d, "day"))
-                } else if month_limit >= 0 && m + amount > month_limit {
-                    Some((month_limit - m, "month"))
+                // Saturating: counters never wrap (a wrapped one would
+                // read as money left).
+                if day_limit >= 0 && d.saturating_add(amount) > day_limit {
+                    Some((day_limit.saturating_sub(d), "day"))
+                } else if month_limit >= 0 && m.saturating_add(amount) > month_limit {
+                    Some((month_limit.saturating_sub(m), "month"))
                 } else {
-                    *c.entry(day_key.clone()).or_insert(0) += amount;
-                    *c.entry(month_key.clone()).or_insert(0) += amount;
-                    *c.entry(pending_key.clone()).or_insert(0) += amount;
+                    for k in [&day_key, &month_key, &pending_key] {
+                        let v = c.entry(k.clone()).or_insert(0);
+                        *v = v.saturating_add(amount);
+                    }
                     None
                 }
             }
@@ -152,7 +155,10 @@ impl SpendBudgets {
         // Unknown: the reservation stays counted as spent.
         let actual = actual.unwrap_or(hold.micros);
         let reserved = i64::try_from(hold.micros).unwrap_or(i64::MAX);
-        let delta = i64::try_from(actual).unwrap_or(i64::MAX) - reserved;
+        // Checked: an absurd usage must never wrap a counter to less.
+        let delta = i64::try_from(actual)
+            .unwrap_or(i64::MAX)
+            .saturating_sub(reserved);
         let keys = [
             counter(&hold.tenant, &hold.day),
             counter(&hold.tenant, &hold.month),
@@ -163,7 +169,7 @@ impl SpendBudgets {
                 let mut c = counters.lock().unwrap_or_else(|e| e.into_inner());
                 for (k, by) in keys.iter().zip([delta, delta, -reserved]) {
                     if let Some(v) = c.get_mut(k) {
-                        *v += by;
+                        *v = v.saturating_add(by);
                     }
                 }
             }

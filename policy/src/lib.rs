@@ -50,6 +50,7 @@ pub mod idempotency;
 pub mod outcome;
 pub mod park;
 pub mod retry_budget;
+pub mod request_path;
 pub mod stream;
 pub mod structured;
 pub mod tenant;

@@ -154,6 +154,101 @@ pub fn worst_case_micros(
     micros(worst.cost(input_tokens, max_tokens.unwrap_or(DEFAULT_OUTPUT_CAP)))
 }
 
+/// The output tokens a request may generate, as far as the router can
+/// tell: the largest of the caps it gives (`max_tokens`,
+/// `max_completion_tokens`, `max_output_tokens`). Engines differ in which
+/// one they honour (vLLM and SGLang take `max_completion_tokens` over
+/// `max_tokens`), so a reservation that took the smaller would let a
+/// client spend far past it.
+pub fn output_cap(caps: [Option<u64>; 3]) -> Option<u64> {
+    caps.into_iter().flatten().max()
+}
+
+/// The most tokens one field of one answer's usage may report before the
+/// router calls it absurd: no model's context is near a billion tokens.
+/// An answer past it is settled as if its usage could not be read (its
+/// reservation kept), never as less spend.
+pub const MAX_USAGE_TOKENS: u64 = 1_000_000_000;
+
+/// Whether a usage's counts are believable (each within
+/// [`MAX_USAGE_TOKENS`]).
+pub fn plausible_usage(input: Option<u64>, output: Option<u64>) -> bool {
+    input.unwrap_or(0) <= MAX_USAGE_TOKENS && output.unwrap_or(0) <= MAX_USAGE_TOKENS
+}
+
+/// What a request's attempts generated, for its tenant's settlement.
+///
+/// Every attempt a backend answered with content (a 2xx body read whole,
+/// whether the router then passed it on or not; a stream that relayed
+/// content) adds to it: its usage's cost and tokens when the usage could
+/// be read and is believable, else it is marked *unreadable*. A request
+/// whose attempts generated nothing settles to zero (a shed, a failure, a
+/// replay); one with an unreadable attempt keeps at least its reservation;
+/// otherwise it settles to the sum of what its attempts reported. So an
+/// answer the client got is never free, and every pool that generated for
+/// a request is paid for, whichever answer won.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Charge {
+    micros: u64,
+    tokens: u64,
+    generated: bool,
+    unreadable: bool,
+}
+
+impl Charge {
+    /// An attempt that generated and reported its usage.
+    pub fn reported(micros: u64, tokens: u64) -> Self {
+        Self {
+            micros,
+            tokens,
+            generated: true,
+            unreadable: false,
+        }
+    }
+
+    /// An attempt that generated but whose usage could not be read.
+    pub fn unreadable() -> Self {
+        Self {
+            generated: true,
+            unreadable: true,
+            ..Self::default()
+        }
+    }
+
+    /// Both attempts' charges (saturating: never wraps to less).
+    pub fn plus(self, other: Self) -> Self {
+        Self {
+            micros: self.micros.saturating_add(other.micros),
+            tokens: self.tokens.saturating_add(other.tokens),
+            generated: self.generated || other.generated,
+            unreadable: self.unreadable || other.unreadable,
+        }
+    }
+
+    /// Whether any attempt generated.
+    pub fn generated(&self) -> bool {
+        self.generated
+    }
+
+    /// The spend to settle a reservation of `reserved` micro-USD to.
+    pub fn spend(&self, reserved: u64) -> u64 {
+        if self.unreadable {
+            self.micros.max(reserved)
+        } else {
+            self.micros
+        }
+    }
+
+    /// The tokens to settle a token-limit draw of `reserved` to.
+    pub fn tokens(&self, reserved: u64) -> u64 {
+        if self.unreadable {
+            self.tokens.max(reserved)
+        } else {
+            self.tokens
+        }
+    }
+}
+
 /// The budget periods of an instant: `(day, day ends, month, month ends)`,
 /// as `YYYY-MM-DD`, `YYYY-MM` and Unix seconds (UTC).
 pub fn periods(unix_secs: u64) -> (String, u64, String, u64) {
@@ -261,6 +356,8 @@ pub enum TenantRefusal {
     NoKey,
     /// A key the policy does not list.
     UnknownKey,
+    /// A credential that is not `Bearer <key>`.
+    MalformedKey,
     /// The tenant may not use this route.
     Route {
         /// The tenant.
@@ -282,7 +379,7 @@ pub enum TenantRefusal {
 impl TenantRefusal {
     /// A refusal of who is calling (401), as opposed to what they ask (403).
     pub fn is_authentication(&self) -> bool {
-        matches!(self, Self::NoKey | Self::UnknownKey)
+        matches!(self, Self::NoKey | Self::UnknownKey | Self::MalformedKey)
     }
 }
 
@@ -293,6 +390,9 @@ impl fmt::Display for TenantRefusal {
                 "this router serves tenants: send Authorization: Bearer <your tenant key>",
             ),
             Self::UnknownKey => f.write_str("the tenant key is not known to this router"),
+            Self::MalformedKey => f.write_str(
+                "the Authorization header is not Bearer <tenant key>: a credential that is present must be a valid key",
+            ),
             Self::Route { tenant, route } => {
                 write!(f, "tenant {tenant:?} may not use route {route:?}")
             }
@@ -341,10 +441,22 @@ impl Tenants {
     }
 
     /// The tenant a request's `Authorization` header names.
+    ///
+    /// Only a request with no credential at all is the anonymous tenant's
+    /// (when the policy has one). A credential that is present but is not
+    /// `Bearer <key>` (another scheme, an empty key, bytes that are not
+    /// text) is refused like an unknown key: a client that meant to send a
+    /// key is never served as somebody else.
     pub fn identify(&self, authorization: Option<&[u8]>) -> Result<&Tenant, TenantRefusal> {
-        let key = authorization
-            .and_then(|v| std::str::from_utf8(v).ok())
-            .and_then(bearer);
+        let key = match authorization {
+            None => None,
+            Some(v) => Some(
+                std::str::from_utf8(v)
+                    .ok()
+                    .and_then(bearer)
+                    .ok_or(TenantRefusal::MalformedKey)?,
+            ),
+        };
         let index = match key {
             None => self.anonymous.ok_or(TenantRefusal::NoKey)?,
             Some(k) => *self
@@ -443,7 +555,7 @@ mod tests {
         assert_eq!(id("Bearer key-a"), Ok("team-a".into()));
         assert_eq!(id("bearer   key-a "), Ok("team-a".into()));
         assert_eq!(id("Bearer key-b"), Err(TenantRefusal::UnknownKey));
-        assert_eq!(id("Basic key-a"), Err(TenantRefusal::NoKey));
+        assert_eq!(id("Basic key-a"), Err(TenantRefusal::MalformedKey));
         assert_eq!(t.identify(None), Err(TenantRefusal::NoKey));
         // With an anonymous tenant, no key is that tenant; a wrong key is
         // still refused.
@@ -453,6 +565,60 @@ mod tests {
             t.identify(Some(b"Bearer nope")),
             Err(TenantRefusal::UnknownKey)
         );
+        // Any credential present that is not a valid key is refused, never
+        // served as the anonymous tenant (issue 28, item 9).
+        for shape in [
+            &b"Basic a2V5LWE6"[..],
+            b"Token key-a",
+            b"Bearer \xff\xfe",
+            b"Bearer ",
+            b"Bearer",
+            b"",
+            b"key-a",
+        ] {
+            let refused = t.identify(Some(shape));
+            assert!(
+                matches!(refused, Err(ref e) if e.is_authentication()),
+                "{shape:?}: {refused:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_output_cap_is_the_largest_given() {
+        assert_eq!(output_cap([Some(1), Some(4000), None]), Some(4000));
+        assert_eq!(output_cap([Some(50), None, Some(7)]), Some(50));
+        assert_eq!(output_cap([None, None, None]), None);
+    }
+
+    #[test]
+    fn a_charge_never_settles_an_answer_to_less_than_it_reported() {
+        let reserved = 1_000;
+        // Nothing generated: the reservation is given back.
+        assert_eq!(Charge::default().spend(reserved), 0);
+        assert!(!Charge::default().generated());
+        // Reported usage: settled to it, above or below the reservation.
+        assert_eq!(Charge::reported(300, 30).spend(reserved), 300);
+        assert_eq!(Charge::reported(5_000, 30).spend(reserved), 5_000);
+        // Unreadable usage keeps at least the reservation.
+        assert_eq!(Charge::unreadable().spend(reserved), reserved);
+        assert_eq!(Charge::unreadable().tokens(40), 40);
+        let two = Charge::reported(2_500, 10).plus(Charge::unreadable());
+        assert_eq!(two.spend(reserved), 2_500);
+        // Every attempt that generated is paid for.
+        let both = Charge::reported(300, 3).plus(Charge::reported(400, 4));
+        assert_eq!((both.spend(reserved), both.tokens(0)), (700, 7));
+        // Sums saturate instead of wrapping to a small number.
+        let huge = Charge::reported(u64::MAX, u64::MAX).plus(Charge::reported(5, 5));
+        assert_eq!(huge.spend(reserved), u64::MAX);
+    }
+
+    #[test]
+    fn absurd_usage_is_not_believed() {
+        assert!(plausible_usage(Some(120_000), Some(4_000)));
+        assert!(plausible_usage(None, None));
+        assert!(!plausible_usage(Some(10_000_000_000_000_000_000), Some(1)));
+        assert!(!plausible_usage(Some(1), Some(MAX_USAGE_TOKENS + 1)));
     }
 
     #[test]

@@ -149,6 +149,25 @@ pub(crate) async fn handle(
     let n = shared.next_id.fetch_add(1, Ordering::Relaxed);
     let id = format!("chatcmpl-{n}");
     let response = match behavior {
+        Behavior::JsonUsage(usage) => {
+            service_time(latency).await;
+            let answer = json!({
+                "id": id,
+                "object": "chat.completion",
+                "model": model,
+                "served_by": shared.name,
+                "choices": [{
+                    "index": 0,
+                    "message": {"role": "assistant", "content": format!("hello from {}", shared.name)},
+                    "finish_reason": "stop",
+                }],
+                "usage": "USAGE",
+            })
+            .to_string()
+            .replace("\"USAGE\"", &usage);
+            let body = MockBody::full(Bytes::from(answer), Some(tracker));
+            shared.respond(StatusCode::OK, Some("application/json"), body)
+        }
         Behavior::Json | Behavior::Content(_) => {
             let content = match &behavior {
                 Behavior::Content(c) => c.clone(),
@@ -345,6 +364,14 @@ fn scripted_frames(
                         "total_tokens": prompt_tokens + completion,
                     },
                 });
+                let event = match &script.usage_text {
+                    None => event.to_string(),
+                    Some(text) => {
+                        let mut event = event;
+                        event["usage"] = json!("USAGE");
+                        event.to_string().replace("\"USAGE\"", text)
+                    }
+                };
                 frames.push_back((after, Bytes::from(format!("data: {event}\n\n"))));
             }
             frames.push_back((Duration::ZERO, Bytes::from_static(b"data: [DONE]\n\n")));

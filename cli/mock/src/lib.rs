@@ -126,6 +126,11 @@ pub enum Behavior {
     /// 200 with content-type `application/json` but a body that is not valid
     /// JSON, after `latency`.
     MalformedJson,
+    /// Chat-completion JSON (as [`Behavior::Json`]) whose `usage` value is
+    /// this text, verbatim: a backend reporting usage the router cannot
+    /// read or must not believe (`{"prompt_tokens":-5}`, `NaN`, `1e308`,
+    /// `"12"`, twenty digits).
+    JsonUsage(String),
     /// A simulated vLLM-like engine answers (see [`engine`]): chat
     /// completions, streamed or not, timed by the engine's continuous
     /// batching, prefill and decode steps (`latency` does not apply), and
@@ -173,6 +178,9 @@ pub struct StreamScript {
     pub ending: StreamEnding,
     /// When a usage chunk is sent before `[DONE]`.
     pub usage: UsageMode,
+    /// The usage chunk's `usage` value, verbatim, instead of the counts
+    /// (usage the router cannot read: `{"completion_tokens":-1}`).
+    pub usage_text: Option<String>,
 }
 
 impl Default for StreamScript {
@@ -184,6 +192,7 @@ impl Default for StreamScript {
             interval: Duration::from_millis(1),
             ending: StreamEnding::Done,
             usage: UsageMode::WhenAsked,
+            usage_text: None,
         }
     }
 }

@@ -236,7 +236,7 @@ impl Pending {
     /// Passes on a streamed backend answer; the log line is written when
     /// the stream ends. `watch`: what was read of it and how the rest is
     /// watched; `price`: the pool's, for the cost of a watched stream's
-    /// usage.
+    /// usage, with the request's input tokens estimated.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn commit_stream(
         mut self,
@@ -247,7 +247,7 @@ impl Pending {
         attempts: usize,
         leader: Option<(KeyLease, bool)>,
         watch: Box<StreamWatch>,
-        price: Option<router_policy::Price>,
+        (price, input_estimate): (Option<router_policy::Price>, u64),
     ) -> Response<ProxyBody> {
         let mut record = self.take_record();
         let pool = Arc::clone(lease.pool_name());
@@ -304,7 +304,7 @@ impl Pending {
             sample_on_first_byte: !failed,
             status,
             keyed,
-            tally: watch.scanner.is_some().then(|| StreamTally::new(price)),
+            tally: watch.scanner.is_some().then(|| StreamTally::new(price, input_estimate)),
         };
         resp.map(|()| {
             Either::Right(TrackedBody::new(

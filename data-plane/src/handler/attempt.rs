@@ -373,6 +373,10 @@ impl Exchange {
                 (Some(expected), true) => router_policy::structured::check(&body, expected),
                 _ => Ok(()),
             };
+            if head.status.is_success() {
+                // Generated, whether or not it is passed on: paid for.
+                record.generated = self.charge_of(pool.name(), answer.as_ref().ok());
+            }
             if head.status.is_success() && (answer.is_err() || structured_ok.is_err()) {
                 lease.observe(Sample::Failure(waited));
                 if let Err(why) = &structured_ok {
@@ -394,9 +398,20 @@ impl Exchange {
                 record.response_model = a.model.take();
             }
             if let Ok(Some(usage)) = answer.map(|a| a.usage) {
-                record.tokens_in = usage.prompt_tokens.or(usage.input_tokens);
-                record.tokens_out = usage.completion_tokens.or(usage.output_tokens);
-                if let Some(p) = self.snapshot.policy.pool(pool.name()) {
+                let (tokens_in, tokens_out) = (
+                    usage.prompt_tokens.or(usage.input_tokens),
+                    usage.completion_tokens.or(usage.output_tokens),
+                );
+                // Absurd counts are neither logged nor counted (the
+                // charge keeps the reservation instead).
+                if router_policy::tenant::plausible_usage(tokens_in, tokens_out) {
+                    record.tokens_in = tokens_in;
+                    record.tokens_out = tokens_out;
+                }
+                if let (Some(p), true) = (
+                    self.snapshot.policy.pool(pool.name()),
+                    record.tokens_in.is_some() || record.tokens_out.is_some(),
+                ) {
                     record.cost_usd = Some(p.price.cost(
                         record.tokens_in.unwrap_or(self.estimated_input_tokens),
                         record.tokens_out.unwrap_or(0),
@@ -413,6 +428,33 @@ impl Exchange {
             lease.finish(Sample::Success(waited), answered);
             AttemptEnd::Whole { head, body, record }
         }
+    }
+
+    /// What a 2xx answer read whole generated: its usage's cost and tokens
+    /// when the usage can be read and is believable, else unreadable (the
+    /// tenant's reservation is kept).
+    fn charge_of(
+        &self,
+        pool: &str,
+        answer: Option<&router_json_peek::AnswerPeek>,
+    ) -> router_policy::tenant::Charge {
+        use router_policy::tenant::{micros, plausible_usage, Charge};
+        let Some(usage) = answer.and_then(|a| a.usage) else {
+            return Charge::unreadable();
+        };
+        let input = usage.prompt_tokens.or(usage.input_tokens);
+        let output = usage.completion_tokens.or(usage.output_tokens);
+        if (input.is_none() && output.is_none()) || !plausible_usage(input, output) {
+            return Charge::unreadable();
+        }
+        let input = input.unwrap_or(self.estimated_input_tokens);
+        let output = output.unwrap_or(0);
+        let cost = self
+            .snapshot
+            .policy
+            .pool(pool)
+            .map_or(0, |p| micros(p.price.cost(input, output)));
+        Charge::reported(cost, input.saturating_add(output))
     }
 
     /// Non-streaming OpenAI-style calls with a JSON answer of known,

@@ -264,7 +264,7 @@ impl Exchange {
                                 attempted,
                                 keyed,
                                 watch,
-                                price,
+                                (price, self.estimated_input_tokens),
                             );
                         }
                         AttemptEnd::Whole { head, body, record } => {
@@ -421,7 +421,7 @@ impl Exchange {
                             attempted,
                             keyed,
                             Box::default(),
-                            None,
+                            (None, self.estimated_input_tokens),
                         )
                     }
                     Held::Whole(head, body) => {

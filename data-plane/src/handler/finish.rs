@@ -14,6 +14,7 @@ use std::sync::Arc;
 use bytes::{Bytes, BytesMut};
 use router_policy::idempotency::Ending;
 use router_policy::stream::StreamUsage;
+use router_policy::tenant::Charge;
 use router_policy::{Outcome, Price};
 use tokio::time::Instant;
 
@@ -74,8 +75,12 @@ pub(super) fn finish_record(
         shared.metrics.tenant_request(t, outcome);
     }
     if let Some(holds) = record.tenant_holds.take() {
-        let tokens = (record.tokens_in, record.tokens_out);
-        super::tenancy::settle(shared, *holds, outcome, tokens, record.cost_usd);
+        // Every attempt that generated is paid for, whichever answered.
+        let charge = record
+            .attempts
+            .iter()
+            .fold(Charge::default(), |sum, a| sum.plus(a.generated));
+        super::tenancy::settle(shared, *holds, charge);
     }
     if let Some(cx) = record.otel.take() {
         spans::end_server_span(&cx, &record, pool);
@@ -114,16 +119,52 @@ pub(super) struct StreamTally {
     last_content: Option<Instant>,
     usage: Option<StreamUsage>,
     price: Option<Price>,
+    /// The request's input tokens, estimated (for a stream cut before its
+    /// usage came).
+    input_estimate: u64,
 }
 
 impl StreamTally {
-    pub(super) fn new(price: Option<Price>) -> Self {
+    pub(super) fn new(price: Option<Price>, input_estimate: u64) -> Self {
         Self {
             content_events: 0,
             first_content: None,
             last_content: None,
             usage: None,
             price,
+            input_estimate,
+        }
+    }
+
+    /// What the stream generated, for the tenant's settlement: its usage
+    /// when it sent one that can be believed; when its client left before
+    /// the usage came, what was relayed (the input estimate and one token
+    /// per content event, never less); otherwise, content with no usage
+    /// is unreadable (the reservation is kept).
+    fn charge(&self, end: BodyEnd) -> Charge {
+        let cost = |input: u64, output: u64| {
+            self.price
+                .map_or(0, |p| router_policy::tenant::micros(p.cost(input, output)))
+        };
+        if let Some(u) = self.usage {
+            if (u.input_tokens.is_some() || u.output_tokens.is_some())
+                && router_policy::tenant::plausible_usage(u.input_tokens, u.output_tokens)
+            {
+                let input = u.input_tokens.unwrap_or(self.input_estimate);
+                let output = u.output_tokens.unwrap_or(self.content_events);
+                return Charge::reported(cost(input, output), input.saturating_add(output));
+            }
+            return Charge::unreadable();
+        }
+        if self.content_events == 0 {
+            return Charge::default();
+        }
+        match end {
+            BodyEnd::ClientGone => {
+                let (input, output) = (self.input_estimate, self.content_events);
+                Charge::reported(cost(input, output), input.saturating_add(output))
+            }
+            _ => Charge::unreadable(),
         }
     }
 
@@ -146,7 +187,10 @@ impl StreamTally {
         attempt: &AttemptRecord,
     ) -> Option<std::time::Duration> {
         let tpot = self.tpot();
-        if let Some(u) = self.usage {
+        if let Some(u) = self
+            .usage
+            .filter(|u| router_policy::tenant::plausible_usage(u.input_tokens, u.output_tokens))
+        {
             record.tokens_in = u.input_tokens;
             record.tokens_out = u.output_tokens;
             if let Some(price) = self.price {
@@ -273,6 +317,12 @@ impl Completion for Finisher {
         if matches!(end, BodyEnd::StreamError | BodyEnd::Stalled) {
             shared.metrics.stream_event(&pool, outcome.as_str());
         }
+        attempt.generated = match &tally {
+            Some(t) => t.charge(end),
+            // An unwatched stream: a 2xx one generated what nobody read.
+            None if (200..300).contains(&status) => Charge::unreadable(),
+            None => Charge::default(),
+        };
         if let Some(t) = &tally {
             let tpot = t.record(&mut record, &attempt);
             if let (Some(tpot), BodyEnd::Complete | BodyEnd::FinishedAfterClientLeft) = (tpot, end)

@@ -64,9 +64,15 @@ pub(crate) fn handle(
     client: UpstreamClient,
     peer: std::net::IpAddr,
     client_ip: HeaderValue,
-    req: Request<Incoming>,
+    mut req: Request<Incoming>,
 ) -> impl std::future::Future<Output = Response<ProxyBody>> {
     async move {
+        // One path for every decision and for the backend: normalized
+        // before anything matches on it (`router_policy::request_path`).
+        if let Err(e) = normalize_path(&mut req) {
+            let snapshot = shared.config.load();
+            return Pending::new(Arc::clone(&shared), &req, &snapshot).reject(e);
+        }
         let path = req.uri().path();
         if path.starts_with("/_custom_router/") || path == "/metrics" {
             // Boxed: the admin future is large and rare; unboxed, it would set
@@ -162,10 +168,12 @@ pub(crate) fn handle(
         // policy's cost gates).
         let estimate = tenancy::CallEstimate {
             input_tokens: (body.len() as u64).div_ceil(4),
-            max_tokens: peek
-                .max_tokens
-                .or(peek.max_completion_tokens)
-                .or(peek.max_output_tokens),
+            // The largest cap given: engines differ in which they honour.
+            max_tokens: router_policy::tenant::output_cap([
+                peek.max_tokens,
+                peek.max_completion_tokens,
+                peek.max_output_tokens,
+            ]),
         };
         // Tenancy: who is calling, may they ask this, and what it draws on
         // their limits (boxed: rare, and its store calls' state stays out of
@@ -441,6 +449,29 @@ pub(crate) fn handle(
         }
         exchange.walk_chain(pending, route, leader).await
     }
+}
+
+/// Puts the request's path in normal form (see
+/// `router_policy::request_path`), keeping its query; a path that cannot
+/// be normalized is a 400.
+fn normalize_path(req: &mut Request<Incoming>) -> Result<(), ProxyError> {
+    let normal = match router_policy::request_path::normalize(req.uri().path()) {
+        Ok(std::borrow::Cow::Borrowed(_)) => return Ok(()),
+        Ok(std::borrow::Cow::Owned(p)) => p,
+        Err(why) => return Err(ProxyError::InvalidRequest(why.to_string())),
+    };
+    let with_query = match req.uri().query() {
+        Some(q) => format!("{normal}?{q}"),
+        None => normal,
+    };
+    let mut parts = req.uri().clone().into_parts();
+    parts.path_and_query = Some(
+        http::uri::PathAndQuery::try_from(with_query)
+            .map_err(|e| ProxyError::InvalidRequest(format!("request path: {e}")))?,
+    );
+    *req.uri_mut() = http::Uri::from_parts(parts)
+        .map_err(|e| ProxyError::InvalidRequest(format!("request path: {e}")))?;
+    Ok(())
 }
 
 /// How long a claim outlives its request's time bound.

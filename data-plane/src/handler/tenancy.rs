@@ -15,8 +15,8 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use router_policy::tenant::{Tenant, Tenants};
-use router_policy::{Outcome, Risk, Route};
+use router_policy::tenant::{Charge, Tenant, Tenants};
+use router_policy::{Risk, Route};
 
 use crate::config::Snapshot;
 use crate::error::ProxyError;
@@ -193,38 +193,21 @@ fn limit_verdict(
 }
 
 /// Gives back or settles what a request held (see the module docs), off
-/// the answer's path: `outcome` is how it ended; `tokens` (input, output)
-/// and `cost_usd` are its usage's, when the answer gave one.
-pub(super) fn settle(
-    shared: &Shared,
-    holds: TenantHolds,
-    outcome: Outcome,
-    tokens: (Option<u64>, Option<u64>),
-    cost_usd: Option<f64>,
-) {
-    // A call that got no answer from a backend (a failure, a shed, a
-    // replay) used nothing; an answer used what its usage says, unknown
-    // without one (then the worst case stays counted).
-    let answered = outcome.is_success() && outcome != Outcome::Replayed;
-    let used_tokens = match (answered, tokens) {
-        (false, _) => Some(0),
-        (true, (None, None)) => None,
-        (true, (i, o)) => Some(i.unwrap_or(0).saturating_add(o.unwrap_or(0))),
-    };
-    let spent = if answered {
-        cost_usd.map(router_policy::tenant::micros)
-    } else {
-        Some(0)
-    };
+/// the answer's path: `charge` is what its attempts generated
+/// (`router_policy::tenant::Charge`: nothing, reported usage, or
+/// unreadable, which keeps the reservation).
+pub(super) fn settle(shared: &Shared, holds: TenantHolds, charge: Charge) {
     let Ok(rt) = tokio::runtime::Handle::try_current() else {
         return;
     };
     let (limits, spend) = (Arc::clone(&shared.rate_limits), Arc::clone(&shared.spend));
     rt.spawn(async move {
-        if let (Some(hold), Some(used)) = (holds.token, used_tokens) {
-            let delta = (i64::try_from(used).unwrap_or(i64::MAX)
-                - i64::try_from(hold.tokens).unwrap_or(i64::MAX))
-            .saturating_mul(hold.per_token_micros);
+        if let Some(hold) = holds.token {
+            let used = charge.tokens(hold.tokens);
+            let delta = i64::try_from(used)
+                .unwrap_or(i64::MAX)
+                .saturating_sub(i64::try_from(hold.tokens).unwrap_or(i64::MAX))
+                .saturating_mul(hold.per_token_micros);
             if delta != 0 {
                 limits.adjust(&hold.key, delta).await;
             }
@@ -233,7 +216,8 @@ pub(super) fn settle(
             limits.release_slot(&slot).await;
         }
         if let Some(hold) = holds.spend {
-            spend.settle(&hold, spent).await;
+            let spent = charge.spend(hold.micros);
+            spend.settle(&hold, Some(spent)).await;
         }
     });
 }

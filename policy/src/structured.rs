@@ -12,8 +12,94 @@
 //! `additionalProperties: false`, `items`, `enum`, `const`, `anyOf`. Other
 //! keywords are ignored (the check never rejects for a keyword it does not
 //! know).
+//!
+//! **When a pool is degraded for structured output** ([`DegradeWatch`]): a
+//! malformed structured answer fails over, but it degrades the pool (no
+//! structured request goes there for the policy's
+//! `structured_output_degrade_s`) only on the backend's failure pattern:
+//! [`DEGRADE_AFTER`] malformed answers within that period, and, where the
+//! router serves tenants, from at least [`DEGRADE_CALLERS`] of them. One
+//! request, or one tenant's many, cannot switch structured output off for
+//! everyone. A failure the request's own parameters explain (its output
+//! cap reached: [`explained_by_request`]) counts for nothing.
+
+use std::collections::VecDeque;
 
 use serde_json::Value;
+
+/// Unexplained malformed structured answers, within the degrade period,
+/// that degrade a pool.
+pub const DEGRADE_AFTER: usize = 3;
+/// Distinct tenants those answers must come from, where there are tenants.
+pub const DEGRADE_CALLERS: usize = 2;
+/// Failures a pool remembers at most.
+const DEGRADE_MEMORY: usize = 32;
+/// An output cap below this many tokens explains a malformed JSON answer
+/// when the answer does not say how many it generated.
+pub const MIN_STRUCTURED_TOKENS: u64 = 16;
+
+/// Whether a malformed structured answer is explained by the request
+/// itself: its output cap (`output_cap`, when it gave one) was reached by
+/// the answer (`completion_tokens`), or, when the answer does not say, is
+/// below [`MIN_STRUCTURED_TOKENS`].
+pub fn explained_by_request(output_cap: Option<u64>, completion_tokens: Option<u64>) -> bool {
+    match (output_cap, completion_tokens) {
+        (Some(cap), Some(done)) => done >= cap,
+        (Some(cap), None) => cap < MIN_STRUCTURED_TOKENS,
+        (None, _) => false,
+    }
+}
+
+/// A pool's recent malformed structured answers (see the module docs).
+/// `T` is the caller's clock (an instant); callers are tenants' keys.
+#[derive(Debug, Clone)]
+pub struct DegradeWatch<T> {
+    recent: VecDeque<(T, Option<u64>)>,
+}
+
+impl<T> Default for DegradeWatch<T> {
+    fn default() -> Self {
+        Self {
+            recent: VecDeque::new(),
+        }
+    }
+}
+
+impl<T: Copy + Ord> DegradeWatch<T> {
+    /// Notes a malformed structured answer at `now` for `caller` (`None`
+    /// without tenancy); `since` is the start of the degrade period
+    /// (`now` minus it); `tenancy`: whether the router serves tenants.
+    /// True when the pool should be degraded now (the failures noted so
+    /// far are then forgotten).
+    pub fn failed(
+        &mut self,
+        now: T,
+        since: T,
+        caller: Option<u64>,
+        explained: bool,
+        tenancy: bool,
+    ) -> bool {
+        while self.recent.front().is_some_and(|(at, _)| *at < since) {
+            self.recent.pop_front();
+        }
+        if explained {
+            return false;
+        }
+        if self.recent.len() == DEGRADE_MEMORY {
+            self.recent.pop_front();
+        }
+        self.recent.push_back((now, caller));
+        let mut callers: Vec<Option<u64>> = self.recent.iter().map(|(_, c)| *c).collect();
+        callers.sort_unstable();
+        callers.dedup();
+        let degrade = self.recent.len() >= DEGRADE_AFTER
+            && (!tenancy || callers.len() >= DEGRADE_CALLERS);
+        if degrade {
+            self.recent.clear();
+        }
+        degrade
+    }
+}
 
 /// What the request asked for.
 #[derive(Debug, Clone, PartialEq)]
@@ -177,6 +263,47 @@ pub fn matches(value: &Value, schema: &Value, at: &str) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn one_tenant_cannot_degrade_a_pool_for_all() {
+        let mut w = DegradeWatch::default();
+        // One tenant, many failures: never.
+        for t in 0..10u64 {
+            assert!(!w.failed(t, 0, Some(1), false, true), "{t}");
+        }
+        // A second tenant's failure makes the pattern.
+        assert!(w.failed(10, 0, Some(2), false, true));
+        // Forgotten once degraded: it starts again.
+        assert!(!w.failed(11, 0, Some(2), false, true));
+    }
+
+    #[test]
+    fn without_tenants_three_failures_in_the_period_degrade() {
+        let mut w = DegradeWatch::default();
+        assert!(!w.failed(0u64, 0, None, false, false));
+        assert!(!w.failed(1, 0, None, false, false));
+        assert!(w.failed(2, 0, None, false, false));
+        // Old failures leave the period.
+        let mut w = DegradeWatch::default();
+        assert!(!w.failed(0u64, 0, None, false, false));
+        assert!(!w.failed(1, 0, None, false, false));
+        assert!(!w.failed(100, 50, None, false, false));
+        assert!(!w.failed(101, 50, None, false, false));
+        assert!(w.failed(102, 50, None, false, false));
+    }
+
+    #[test]
+    fn failures_the_request_explains_count_for_nothing() {
+        let mut w = DegradeWatch::default();
+        for t in 0..10u64 {
+            assert!(!w.failed(t, 0, Some(t), true, true));
+        }
+        assert!(explained_by_request(Some(5), Some(5)));
+        assert!(explained_by_request(Some(4), None));
+        assert!(!explained_by_request(Some(400), Some(12)));
+        assert!(!explained_by_request(Some(400), None));
+        assert!(!explained_by_request(None, Some(12)));
+    }
     use serde_json::json;
 
     fn chat(content: &str) -> Vec<u8> {

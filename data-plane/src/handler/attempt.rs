@@ -380,13 +380,24 @@ impl Exchange {
             if head.status.is_success() && (answer.is_err() || structured_ok.is_err()) {
                 lease.observe(Sample::Failure(waited));
                 if let Err(why) = &structured_ok {
-                    // This pool cannot be trusted with structured output for a while.
-                    pool.mark_structured_degraded(crate::clock::later(
-                        Instant::now(),
+                    // Degraded on the backend's pattern, never on one
+                    // request (nor on one its own cap explains).
+                    let done = answer
+                        .as_ref()
+                        .ok()
+                        .and_then(|a| a.usage)
+                        .and_then(|u| u.completion_tokens.or(u.output_tokens));
+                    let explained =
+                        router_policy::structured::explained_by_request(self.output_cap, done);
+                    let degraded = pool.note_structured_failure(
                         self.snapshot.policy.structured_degrade,
-                        crate::clock::A_YEAR,
-                    ));
-                    tracing::info!(pool = pool.name(), %why, "malformed structured output; pool degraded for structured requests");
+                        self.tenant_key,
+                        explained,
+                        self.snapshot.policy.tenants.is_some(),
+                    );
+                    if degraded {
+                        tracing::info!(pool = pool.name(), %why, "malformed structured output from several requests; pool degraded for structured requests");
+                    }
                 }
                 record.outcome = Outcome::MalformedJson;
                 return AttemptEnd::Failed {

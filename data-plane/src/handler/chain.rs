@@ -60,6 +60,8 @@ pub(super) struct Exchange {
     /// Indices into the route's chain of the pools that may take it.
     pub(super) candidates: Vec<usize>,
     pub(super) estimated_input_tokens: u64,
+    /// The request's output cap, the largest it gave.
+    pub(super) output_cap: Option<u64>,
     pub(super) shared: Arc<Shared>,
     /// The upstream connection pool of the worker thread serving the request.
     pub(super) client: UpstreamClient,

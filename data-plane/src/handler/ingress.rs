@@ -406,6 +406,7 @@ pub(crate) fn handle(
             structured,
             candidates: decision.candidates,
             estimated_input_tokens,
+            output_cap: estimate.max_tokens,
             shared,
             client,
             snapshot: Arc::clone(&snapshot),

@@ -626,11 +626,31 @@ impl PoolRuntime {
         router_policy::affinity::prefix_key(&prompt, a.block_bytes, a.max_blocks)
     }
 
-    /// Marks the pool degraded for structured output until `until`.
-    pub(crate) fn mark_structured_degraded(&self, until: Instant) {
+    /// Notes a malformed structured answer for `caller` (a tenant's key,
+    /// `None` without tenancy); `explained`: the request's own parameters
+    /// explain it. Degrades the pool for structured output for `period`
+    /// when the failures make the backend's pattern
+    /// (`router_policy::structured::DegradeWatch`); true when it did.
+    pub(crate) fn note_structured_failure(
+        &self,
+        period: std::time::Duration,
+        caller: Option<u64>,
+        explained: bool,
+        tenancy: bool,
+    ) -> bool {
+        let now = Instant::now();
+        let since = now.checked_sub(period).unwrap_or(now);
         let mut st = self.lock();
+        if !st
+            .structured_failures
+            .failed(now, since, caller, explained, tenancy)
+        {
+            return false;
+        }
+        let until = crate::clock::later(now, period, crate::clock::A_YEAR);
         st.structured_degraded_until =
             Some(st.structured_degraded_until.map_or(until, |u| u.max(until)));
+        true
     }
 }
 

@@ -211,6 +211,8 @@ pub(super) struct PoolState {
     pub(super) latencies: LatencyWindow,
     pub(super) wake: WakeTimer,
     pub(super) structured_degraded_until: Option<Instant>,
+    /// Recent malformed structured answers (`router_policy::structured`).
+    pub(super) structured_failures: router_policy::structured::DegradeWatch<Instant>,
     /// The last id given to an endpoint or a waiter.
     pub(super) next_id: u64,
     /// Breaks the balancer's ties in turn.
@@ -252,6 +254,7 @@ impl PoolState {
             latencies: LatencyWindow::default(),
             wake: WakeTimer::default(),
             structured_degraded_until: None,
+            structured_failures: Default::default(),
             next_id: 0,
             rotation: first_rotation(),
             tenant_served: std::collections::HashMap::new(),

@@ -425,6 +425,16 @@ pub fn ejections(counts: &[ErrorCount], rules: &OutlierEjection) -> Vec<usize> {
     out.into_iter().map(|(i, _)| i).collect()
 }
 
+/// Whether a walk passes over a pool whose every endpoint that could take
+/// the request is soft-marked (`only_marked`): the marks never empty a pool
+/// that is the last that could answer, but when the route falls back
+/// (`fallback`) and a later pool of the chain has an unmarked endpoint
+/// ready (`clean_later`), the marked pool counts as down for this walk, so
+/// a failing endpoint gets no traffic the chain can send elsewhere.
+pub fn pass_over_marked_pool(only_marked: bool, fallback: bool, clean_later: bool) -> bool {
+    only_marked && fallback && clean_later
+}
+
 /// Whether an endpoint may take traffic, given whether the circuit, the
 /// drains, the probe and the health checks admit it (`usable`), whether it
 /// carries a soft mark (suspect or ejected), and whether any endpoint of
@@ -589,6 +599,16 @@ mod tests {
         assert_eq!(r.duration(2), Duration::from_secs(60));
         assert_eq!(r.duration(10), Duration::from_secs(300));
         assert_eq!(r.duration(50), Duration::from_secs(300));
+    }
+
+    #[test]
+    fn a_marked_pool_is_passed_over_only_for_a_clean_later_one() {
+        assert!(pass_over_marked_pool(true, true, true));
+        // The last pool that could answer keeps its marked endpoints.
+        assert!(!pass_over_marked_pool(true, true, false));
+        // A route that does not fall back has nowhere else to go.
+        assert!(!pass_over_marked_pool(true, false, true));
+        assert!(!pass_over_marked_pool(false, true, true));
     }
 
     #[test]

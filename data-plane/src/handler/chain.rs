@@ -130,8 +130,28 @@ impl Exchange {
                     continue;
                 }
                 let now = Instant::now();
-                let outlook = match pool.ready_outlook_at(now) {
-                    Ok(o) => o,
+                let outlook = match pool.ready_outlook_marked_at(now) {
+                    Ok((o, only_marked)) => {
+                        // Every endpoint suspect or ejected: down for this
+                        // walk when a later pool is clean
+                        // (`router_policy::health::pass_over_marked_pool`).
+                        let clean_later = || {
+                            later().any(|p| matches!(p.ready_outlook_marked_at(now), Ok((_, false))))
+                        };
+                        if only_marked
+                            && router_policy::health::pass_over_marked_pool(
+                                only_marked,
+                                route.fallback,
+                                clean_later(),
+                            )
+                        {
+                            notes.push(format!(
+                                "{name}: skipped, every endpoint suspect or ejected and a later pool is clean"
+                            ));
+                            continue;
+                        }
+                        o
+                    }
                     Err(unavailable) => {
                         notes.push(format!("{name}: {}", unavailable.as_str()));
                         continue;

@@ -211,6 +211,9 @@ pub(super) struct PoolState {
     pub(super) latencies: LatencyWindow,
     pub(super) wake: WakeTimer,
     pub(super) structured_degraded_until: Option<Instant>,
+    /// Every endpoint that could take a request is soft-marked (as of the
+    /// last [`Self::fill_loads`]).
+    pub(super) only_marked: bool,
     /// Recent malformed structured answers (`router_policy::structured`).
     pub(super) structured_failures: router_policy::structured::DegradeWatch<Instant>,
     /// The last id given to an endpoint or a waiter.
@@ -255,6 +258,7 @@ impl PoolState {
             wake: WakeTimer::default(),
             structured_degraded_until: None,
             structured_failures: Default::default(),
+            only_marked: false,
             next_id: 0,
             rotation: first_rotation(),
             tenant_served: std::collections::HashMap::new(),
@@ -405,6 +409,7 @@ impl PoolState {
                 },
             }
         }));
+        self.only_marked = any_marked && !any_clean;
         if any_marked {
             // The soft marks, which never empty a pool.
             for (load, e) in self.loads.iter_mut().zip(&self.endpoints) {

@@ -101,9 +101,22 @@ impl PoolRuntime {
     /// when the pool can take requests, else why not (availability and
     /// [`Self::outlook`] under one lock).
     pub(crate) fn ready_outlook_at(&self, now: Instant) -> Result<PoolOutlook, Availability> {
+        self.ready_outlook_marked_at(now).map(|(o, _)| o)
+    }
+
+    /// As [`Self::ready_outlook_at`], with whether every endpoint that
+    /// could take the request carries a soft mark (suspect or ejected:
+    /// the marks were set aside so as not to empty the pool).
+    pub(crate) fn ready_outlook_marked_at(
+        &self,
+        now: Instant,
+    ) -> Result<(PoolOutlook, bool), Availability> {
         let mut st = self.lock();
         match st.availability(now) {
-            Availability::Ready => Ok(st.outlook(now)),
+            Availability::Ready => {
+                let outlook = st.outlook(now);
+                Ok((outlook, st.only_marked))
+            }
             other => Err(other),
         }
     }

@@ -86,11 +86,11 @@ async fn all_answered_by_good(proxies: &[TestProxy]) {
     }
 }
 
-/// The `backends` entry of pool `gpu`'s endpoint `url` in a health page.
+/// The `backends` entry of the endpoint `url` in a health page.
 fn backend(health: &serde_json::Value, url: &str) -> serde_json::Value {
     health["backends"]
         .as_array()
-        .and_then(|b| b.iter().find(|e| e["pool"] == "gpu" && e["addr"] == url))
+        .and_then(|b| b.iter().find(|e| e["addr"] == url))
         .cloned()
         .unwrap_or_else(|| panic!("no backend {url} in {health}"))
 }
@@ -162,4 +162,46 @@ async fn an_endpoint_failing_its_health_checks_takes_no_real_request() {
         "{health}"
     );
     assert_eq!(backend(&health, &bad.url())["suspect"], "check", "{health}");
+}
+
+/// Issue 28, item 11: the second shape. A pool whose only endpoint answers
+/// 500, a healthy pool after it in the chain. Before, the soft marks never
+/// emptied the failing pool, so every proxy kept trying it (21 real
+/// requests across the fleet, measured from outside); now a pool whose every
+/// endpoint is suspect counts as down for a walk that has a clean pool
+/// later: at most three real requests reach it, and no client fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_pool_before_a_healthy_one_fails_no_client() {
+    let bad = mock("bad", Behavior::Status(500)).await;
+    let good = mock("good", Behavior::Json).await;
+    let policy = format!(
+        r#"apiVersion: router/v1
+kind: RoutingPolicy
+spec:
+  circuit_breaker: {{consecutive_errors: 3, open_duration_s: 30}}
+  pools:
+    - name: gpu
+      endpoints: ["{}"]
+      attempt_timeout_ms: 400
+    - name: spare
+      endpoints: ["{}"]
+  routes:
+    - name: default
+      chain: [gpu, spare]
+      deadline_ms: 5000
+"#,
+        bad.url(),
+        good.url()
+    );
+    let (_cp, proxies) = fleet("fleet-pool-500", policy).await;
+    all_answered_by_good(&proxies).await;
+    let reached = bad.stats().received;
+    eprintln!("fleet-pool-500: {reached} of {REQUESTS} requests reached the failing pool");
+    assert!(
+        reached <= 3,
+        "{reached} real requests reached the failing pool's endpoint across the fleet"
+    );
+    assert!(reached >= 1, "the failing pool was never tried");
+    let health = proxies[PROXIES - 1].health().await;
+    assert_eq!(backend(&health, &bad.url())["suspect"], "attempt", "{health}");
 }

@@ -140,6 +140,10 @@ struct Inner {
     proxies_removed: BTreeSet<String>,
     /// Per proxy: open streams and the circuit-report bucket.
     links: HashMap<String, Link>,
+    /// The last policy version parsed for checks, and its parse: a
+    /// circuit or suspicion report is checked against the policy, and a
+    /// parse per report would delay the fleet's marks.
+    parsed: Mutex<Option<(u64, Arc<Policy>)>>,
 }
 
 /// What the hub keeps per proxy beside its record (not stored).
@@ -320,9 +324,17 @@ fn check_fits(state: &State, document_len: usize, store_id: &str) -> Result<(), 
 
 /// The policy of `version` in the history, parsed (`None` when there is none
 /// or it does not load).
-fn policy_of(inner: &Inner, version: u64, guards: &Guards) -> Option<Policy> {
+fn policy_of(inner: &Inner, version: u64, guards: &Guards) -> Option<Arc<Policy>> {
+    let mut parsed = inner.parsed.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((v, policy)) = parsed.as_ref() {
+        if *v == version {
+            return Some(Arc::clone(policy));
+        }
+    }
     let record = inner.history.iter().find(|p| p.version == version)?;
-    load(&record.document, guards).ok()
+    let policy = Arc::new(load(&record.document, guards).ok()?);
+    *parsed = Some((version, Arc::clone(&policy)));
+    Some(policy)
 }
 
 /// Checks a circuit override against `policy` and the backend sets of
@@ -437,6 +449,7 @@ impl Hub {
             proxies_changed: BTreeSet::new(),
             proxies_removed: BTreeSet::new(),
             links: HashMap::new(),
+            parsed: Mutex::new(None),
         };
         let (published, _) = watch::channel(Arc::new(snapshot_of(&inner, &store_id)));
         let changes = store.follow();
@@ -823,7 +836,7 @@ impl Hub {
             next.backends.insert(pool.to_string(), set.clone());
             retain_valid_circuits(
                 &mut next,
-                policy_of(inner, inner.state.policy_version, &self.guards).as_ref(),
+                policy_of(inner, inner.state.policy_version, &self.guards).as_deref(),
             );
             Ok(Some((next, None)))
         })
@@ -898,7 +911,7 @@ impl Hub {
             };
             if creates || !inner.state.circuits.iter().any(matches) {
                 let policy = policy_of(inner, inner.state.policy_version, &self.guards);
-                check_circuit(&inner.state, policy.as_ref(), pool, endpoint)
+                check_circuit(&inner.state, policy.as_deref(), pool, endpoint)
                     .map_err(HubError::Invalid)?;
             }
             let mut next = inner.state.clone();
@@ -939,7 +952,7 @@ impl Hub {
                 let policy = policy_of(inner, inner.state.policy_version, &self.guards);
                 check_circuit(
                     &inner.state,
-                    policy.as_ref(),
+                    policy.as_deref(),
                     &report.pool,
                     &report.endpoint,
                 )

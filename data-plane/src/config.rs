@@ -170,6 +170,7 @@ impl RouteBudget {
 }
 
 /// The config a request is routed by.
+#[derive(Clone)]
 pub(crate) struct Snapshot {
     /// Names this config (`x-router-config-version`, logs, metrics).
     pub version: Arc<str>,
@@ -331,6 +332,27 @@ impl ConfigStore {
             Ok(())
         })
         .unwrap_or_else(|_: ConfigError| self.load().version.clone())
+    }
+
+    /// Names the current config after the control plane's `revision`
+    /// without rebuilding it: for a snapshot whose policy and backend sets
+    /// are the ones applied (only circuits or suspicions changed), so the
+    /// fleet's marks reach every proxy without a policy parse.
+    pub(crate) fn rename_managed(&self, revision: u64) -> Arc<str> {
+        let name = format!("cp-{revision}");
+        let mut src = self.source.lock().unwrap_or_else(|e| e.into_inner());
+        src.named_version = Some(name.clone());
+        let old = self.current.load_full();
+        let version: Arc<str> = Arc::from(name);
+        let next = Snapshot {
+            version: Arc::clone(&version),
+            version_header: HeaderValue::from_str(&version).ok(),
+            ..(*old).clone()
+        };
+        self.current.store(Arc::new(next));
+        drop(src);
+        self.metrics.config_change(Some(&version));
+        version
     }
 
     /// Replaces the endpoints of one pool (the `set-backends` call).

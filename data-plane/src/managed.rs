@@ -233,12 +233,45 @@ pub(crate) fn read_cache(dir: &Path) -> Option<pb::ControlMessage> {
     pb::ControlMessage::decode(bytes.as_slice()).ok()
 }
 
-fn write_cache(dir: &Path, msg: &pb::ControlMessage) -> std::io::Result<()> {
+/// Writes `msg` to the cache in `dir` off the stream's thread (two fsyncs:
+/// done inline, they held the thread, and every proxy's next snapshot,
+/// for milliseconds). Writes run one at a time, and one older than the
+/// last written (a slow write overtaken) is skipped.
+fn cache_in_background(dir: &Path, msg: &pb::ControlMessage) {
+    static WRITTEN: std::sync::Mutex<BTreeMap<PathBuf, (String, u64)>> =
+        std::sync::Mutex::new(BTreeMap::new());
+    let dir = dir.to_path_buf();
+    let bytes = msg.encode_to_vec();
+    let (store_id, revision) = (msg.store_id.clone(), msg.revision);
+    let write = move || {
+        let mut written = WRITTEN.lock().unwrap_or_else(|e| e.into_inner());
+        if written
+            .get(&dir)
+            .is_some_and(|(id, r)| *id == store_id && *r > revision)
+        {
+            return;
+        }
+        match write_cache(&dir, &bytes) {
+            Ok(()) => {
+                written.insert(dir, (store_id, revision));
+            }
+            Err(e) => tracing::warn!(error = %e, "cannot write the snapshot cache"),
+        }
+    };
+    match tokio::runtime::Handle::try_current() {
+        Ok(rt) => {
+            rt.spawn_blocking(write);
+        }
+        Err(_) => write(),
+    }
+}
+
+fn write_cache(dir: &Path, bytes: &[u8]) -> std::io::Result<()> {
     use std::io::Write;
     std::fs::create_dir_all(dir)?;
     let tmp = dir.join(format!("{CACHE_FILE}.tmp"));
     let mut f = std::fs::File::create(&tmp)?;
-    f.write_all(&msg.encode_to_vec())?;
+    f.write_all(bytes)?;
     f.sync_all()?;
     std::fs::rename(&tmp, dir.join(CACHE_FILE))?;
     if let Ok(d) = std::fs::File::open(dir) {
@@ -253,6 +286,12 @@ pub(crate) struct Decoded {
     pub policy: Policy,
     /// Backend sets by pool.
     pub backends: BTreeMap<String, Vec<Endpoint>>,
+    /// Circuits and suspicions.
+    pub marks: Marks,
+}
+
+/// A snapshot's circuit overrides and suspicion marks, decoded.
+pub(crate) struct Marks {
     /// Forced circuits by pool: (endpoint or whole pool, open, until).
     pub circuits: BTreeMap<String, Vec<(Option<Endpoint>, bool, Instant)>>,
     /// The fleet's suspicion marks by pool: (endpoint, cause, until).
@@ -262,12 +301,31 @@ pub(crate) struct Decoded {
 }
 
 /// What the proxy applied last: the revision, and the store it counts in.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default)]
 pub(crate) struct Applied {
     /// The control plane's store (empty: a control plane that does not say).
     pub store_id: String,
     /// Its revision (0: nothing yet).
     pub revision: u64,
+    /// The policy and backend sets it was built from (for the fast path of
+    /// a snapshot that changes only circuits or suspicions).
+    pub basis: Option<Arc<Basis>>,
+}
+
+/// A snapshot's policy and backend sets, as sent and as decoded.
+#[derive(Debug)]
+pub(crate) struct Basis {
+    document: String,
+    backends: Vec<pb::PoolBackends>,
+    policy: Policy,
+    endpoints: BTreeMap<String, Vec<Endpoint>>,
+}
+
+impl Basis {
+    /// Whether `snapshot` has this policy and these backend sets.
+    fn same(&self, snapshot: &pb::Snapshot) -> bool {
+        self.document == snapshot.policy_document && self.backends == snapshot.backends
+    }
 }
 
 impl Applied {
@@ -364,13 +422,28 @@ pub(crate) fn decode(
         }
         backends.insert(b.pool.clone(), eps);
     }
+    let marks = decode_marks(snapshot, &policy, &backends);
+    Ok(Decoded {
+        policy,
+        backends,
+        marks,
+    })
+}
+
+/// The circuit overrides and suspicion marks of a snapshot, checked
+/// against its decoded `policy` and `backends`.
+fn decode_marks(
+    snapshot: &pb::Snapshot,
+    policy: &Policy,
+    backends: &BTreeMap<String, Vec<Endpoint>>,
+) -> Marks {
     let mut circuits: BTreeMap<String, Vec<_>> = BTreeMap::new();
     let mut suspects: BTreeMap<String, Vec<_>> = BTreeMap::new();
     let mut skipped = Vec::new();
     for c in &snapshot.circuits {
         if !c.suspect.is_empty() {
             let cause = SuspectCause::parse(&c.suspect);
-            match (cause, circuit_target(c, &policy, &backends)) {
+            match (cause, circuit_target(c, policy, backends)) {
                 (Some(cause), Ok(Some(ep))) => suspects.entry(c.pool.clone()).or_default().push((
                     ep,
                     cause,
@@ -391,7 +464,7 @@ pub(crate) fn decode(
             }
             continue;
         }
-        let ep = match circuit_target(c, &policy, &backends) {
+        let ep = match circuit_target(c, policy, backends) {
             Ok(ep) => ep,
             Err(why) => {
                 skipped.push(format!(
@@ -407,31 +480,35 @@ pub(crate) fn decode(
             unix_ms_to_instant(c.until_unix_ms),
         ));
     }
-    Ok(Decoded {
-        policy,
-        backends,
+    Marks {
         circuits,
         suspects,
         skipped,
-    })
+    }
 }
 
 /// Applies a decoded snapshot: one atomic config swap, then the forced
 /// circuits on the new pools. Skipped overrides are logged and counted.
 pub(crate) fn apply(store: &ConfigStore, d: Decoded, revision: u64) -> Arc<str> {
-    for why in &d.skipped {
+    let version = store.apply_managed(d.policy, d.backends, revision);
+    apply_marks(store, &d.marks, revision);
+    version
+}
+
+/// Sets the forced circuits and the fleet's suspicions on the current
+/// pools. Skipped overrides are logged and counted.
+fn apply_marks(store: &ConfigStore, marks: &Marks, revision: u64) {
+    for why in &marks.skipped {
         tracing::warn!(revision, reason = %why, "skipped a circuit override; the rest of the snapshot applies");
     }
-    store.circuit_overrides_skipped(d.skipped.len());
-    let version = store.apply_managed(d.policy, d.backends, revision);
+    store.circuit_overrides_skipped(marks.skipped.len());
     let snapshot = store.load();
     for (name, pool) in &snapshot.pools {
-        let forced = d.circuits.get(name).map(Vec::as_slice).unwrap_or(&[]);
+        let forced = marks.circuits.get(name).map(Vec::as_slice).unwrap_or(&[]);
         pool.set_forced(forced);
-        let marks = d.suspects.get(name).map(Vec::as_slice).unwrap_or(&[]);
-        pool.set_suspects(marks);
+        let suspects = marks.suspects.get(name).map(Vec::as_slice).unwrap_or(&[]);
+        pool.set_suspects(suspects);
     }
-    version
 }
 
 /// Applies the cached snapshot at boot; returns what it applied.
@@ -450,9 +527,11 @@ pub(crate) fn apply_cache(
                 version = &*version,
                 "serving the cached snapshot until the control plane answers"
             );
+            // No basis: the control plane's first snapshot is applied whole.
             Some(Applied {
                 store_id: msg.store_id.clone(),
                 revision: msg.revision,
+                basis: None,
             })
         }
         Err(e) => {
@@ -660,18 +739,38 @@ pub(crate) fn handle(
         // The control plane has no policy yet: nothing to apply.
         return ack(msg);
     }
+    // Only circuits or suspicions changed: the marks are set on the pools
+    // as they are, without a policy parse (a suspicion reaches the fleet
+    // sooner).
+    if let Some(basis) = applied.basis.clone().filter(|b| b.same(snapshot)) {
+        let marks = decode_marks(snapshot, &basis.policy, &basis.endpoints);
+        let version = store.rename_managed(msg.revision);
+        apply_marks(store, &marks, msg.revision);
+        applied.store_id = msg.store_id.clone();
+        applied.revision = msg.revision;
+        tracing::debug!(version = &*version, "applied the control plane's circuits and suspicions");
+        if let Some(dir) = cache_dir {
+            cache_in_background(dir, msg);
+        }
+        return ack(msg);
+    }
     match decode(snapshot, defaults, guards) {
         Ok(d) => {
+            let basis = Arc::new(Basis {
+                document: snapshot.policy_document.clone(),
+                backends: snapshot.backends.clone(),
+                policy: d.policy.clone(),
+                endpoints: d.backends.clone(),
+            });
             let version = apply(store, d, msg.revision);
             *applied = Applied {
                 store_id: msg.store_id.clone(),
                 revision: msg.revision,
+                basis: Some(basis),
             };
             tracing::info!(version = &*version, "applied the control plane's snapshot");
             if let Some(dir) = cache_dir {
-                if let Err(e) = write_cache(dir, msg) {
-                    tracing::warn!(error = %e, "cannot write the snapshot cache");
-                }
+                cache_in_background(dir, msg);
             }
             ack(msg)
         }

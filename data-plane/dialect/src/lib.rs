@@ -37,6 +37,7 @@
 #![forbid(unsafe_code)]
 
 pub mod anthropic;
+pub mod check;
 mod error;
 pub mod errors;
 pub mod gemini;

@@ -343,9 +343,7 @@ fn parse_tool(t: &Value, at: &str) -> Result<Tool, DialectError> {
     Ok(Tool::Function {
         name: req_str(o, "name", at)?.to_owned(),
         description: opt_str(o, "description", at)?.map(str::to_owned),
-        parameters: field(o, "input_schema")
-            .cloned()
-            .unwrap_or_else(|| json!({"type": "object", "properties": {}})),
+        parameters: field(o, "input_schema").cloned().unwrap_or(Value::Null),
         strict: opt_bool(o, "strict", at)?,
         cache_control: field(o, "cache_control").cloned(),
     })
@@ -477,7 +475,14 @@ pub(crate) fn write_request(
                     strict,
                     cache_control,
                 } => {
-                    let mut tool = json!({"name": name, "input_schema": parameters});
+                    // Anthropic requires a schema: a function without
+                    // parameters takes an object of none.
+                    let schema = if parameters.is_null() {
+                        json!({"type": "object", "properties": {}})
+                    } else {
+                        parameters.clone()
+                    };
+                    let mut tool = json!({"name": name, "input_schema": schema});
                     if let Some(d) = description {
                         tool["description"] = d.clone().into();
                     }

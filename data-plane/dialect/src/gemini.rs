@@ -242,7 +242,7 @@ pub fn parse_request(body: &[u8]) -> Result<Request, DialectError> {
                                 let params = field(&d, "parametersJsonSchema")
                                     .cloned()
                                     .or_else(|| field(&d, "parameters").map(lower_schema_types))
-                                    .unwrap_or_else(|| json!({"type": "object", "properties": {}}));
+                                    .unwrap_or(Value::Null);
                                 req.tools.push(Tool::Function {
                                     name: req_str(&d, "name", &dat)?.to_owned(),
                                     description: opt_str(&d, "description", &dat)?
@@ -676,7 +676,10 @@ pub(crate) fn write_request(
                 parameters,
                 ..
             } => {
-                let mut d = json!({"name": name, "parametersJsonSchema": parameters});
+                let mut d = json!({"name": name});
+                if !parameters.is_null() {
+                    d["parametersJsonSchema"] = parameters.clone();
+                }
                 if let Some(desc) = description {
                     d["description"] = desc.clone().into();
                 }

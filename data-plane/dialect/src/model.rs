@@ -244,7 +244,7 @@ pub enum Tool {
         name: String,
         /// What it does.
         description: Option<String>,
-        /// Its arguments' JSON Schema.
+        /// Its arguments' JSON Schema (`null` when the client gave none).
         parameters: Value,
         /// OpenAI's `strict` (constrained decoding to the schema).
         strict: Option<bool>,

@@ -350,9 +350,7 @@ fn parse_tool(t: &Value, at: &str) -> Result<Tool, DialectError> {
     Ok(Tool::Function {
         name: req_str(f, "name", &fat)?.to_owned(),
         description: opt_str(f, "description", &fat)?.map(str::to_owned),
-        parameters: field(f, "parameters")
-            .cloned()
-            .unwrap_or_else(|| json!({"type": "object", "properties": {}})),
+        parameters: field(f, "parameters").cloned().unwrap_or(Value::Null),
         strict: opt_bool(f, "strict", &fat)?,
         cache_control: field(o, "cache_control").cloned(),
     })
@@ -443,7 +441,9 @@ pub(crate) fn write_request(
                     if let Some(d) = description {
                         f.insert("description".into(), d.clone().into());
                     }
-                    f.insert("parameters".into(), parameters.clone());
+                    if !parameters.is_null() {
+                        f.insert("parameters".into(), parameters.clone());
+                    }
                     if let Some(s) = strict {
                         f.insert("strict".into(), (*s).into());
                     }

@@ -496,14 +496,18 @@ fn parse_part(
                 .unwrap_or_else(|| name.to_owned()),
         };
         let response = f.get("response").cloned().unwrap_or(json!({}));
-        let (text, is_error) = match response.as_object() {
-            Some(r) if r.len() == 1 && r.get("output").is_some_and(Value::is_string) => {
-                (r["output"].as_str().unwrap_or_default().to_owned(), false)
-            }
-            Some(r) if r.len() == 1 && r.get("error").is_some_and(Value::is_string) => {
-                (r["error"].as_str().unwrap_or_default().to_owned(), true)
-            }
-            _ => (response.to_string(), false),
+        let only = |key: &str| {
+            response
+                .as_object()
+                .filter(|r| r.len() == 1)
+                .and_then(|r| r.get(key))
+                .and_then(Value::as_str)
+                .map(str::to_owned)
+        };
+        let (text, is_error) = match (only("output"), only("error")) {
+            (Some(out), _) => (out, false),
+            (None, Some(err)) => (err, true),
+            (None, None) => (response.to_string(), false),
         };
         return Ok(Part::ToolResult {
             tool_use_id: id,

@@ -1,5 +1,7 @@
 //! Unstreamed answers across dialects, and the stop reason tables.
 
+#![allow(clippy::unwrap_used)]
+
 use router_dialect::{
     anthropic, gemini, openai, parse_answer, write_answer, Dialect, DialectError, Part, StopReason,
     Usage,

@@ -3,6 +3,8 @@
 //! tool arguments and usage survive; cached tokens are never counted
 //! twice. And the same for Anthropic and Gemini upstreams.
 
+#![allow(clippy::unwrap_used)]
+
 use proptest::collection::vec;
 use proptest::prelude::*;
 use proptest::sample::Index;
@@ -13,10 +15,7 @@ use serde_json::{json, Value};
 
 /// Any text, quotes, backslashes, newlines and non-ASCII included.
 fn text() -> impl Strategy<Value = String> {
-    prop_oneof![
-        "(?s).{1,12}",
-        "[a-z \"\\\\\n{}:,\u{e9}\u{1F600}]{1,12}",
-    ]
+    prop_oneof!["(?s).{1,12}", "[a-z \"\\\\\n{}:,\u{e9}\u{1F600}]{1,12}",]
 }
 
 #[derive(Debug, Clone)]
@@ -179,22 +178,43 @@ proptest! {
 fn wild_event() -> impl Strategy<Value = String> {
     let idx = 0u64..3;
     prop_oneof![
-        Just(chunk(json!({"role": "assistant", "content": ""}), Value::Null)),
+        Just(chunk(
+            json!({"role": "assistant", "content": ""}),
+            Value::Null
+        )),
         text().prop_map(|t| chunk(json!({"content": t}), Value::Null)),
         text().prop_map(|t| chunk(json!({"reasoning_content": t}), Value::Null)),
         text().prop_map(|t| chunk(json!({"refusal": t}), Value::Null)),
-        (idx.clone(), proptest::option::of("[a-z]{1,4}"), proptest::option::of("[a-z]{1,4}"), text())
+        (
+            idx.clone(),
+            proptest::option::of("[a-z]{1,4}"),
+            proptest::option::of("[a-z]{1,4}"),
+            text()
+        )
             .prop_map(|(i, id, name, args)| {
                 let mut tc = json!({"index": i, "function": {"arguments": args}});
-                if let Some(id) = id { tc["id"] = id.into(); tc["type"] = "function".into(); }
-                if let Some(n) = name { tc["function"]["name"] = n.into(); }
+                if let Some(id) = id {
+                    tc["id"] = id.into();
+                    tc["type"] = "function".into();
+                }
+                if let Some(n) = name {
+                    tc["function"]["name"] = n.into();
+                }
                 chunk(json!({"tool_calls": [tc]}), Value::Null)
             }),
-        prop_oneof![Just("stop"), Just("length"), Just("tool_calls"), Just("weird")]
-            .prop_map(|f| chunk(json!({}), json!(f))),
-        (0u64..1000, 0u64..2000).prop_map(|(p, k)| format!("data: {}\n\n", json!({"object": "chat.completion.chunk",
+        prop_oneof![
+            Just("stop"),
+            Just("length"),
+            Just("tool_calls"),
+            Just("weird")
+        ]
+        .prop_map(|f| chunk(json!({}), json!(f))),
+        (0u64..1000, 0u64..2000).prop_map(|(p, k)| format!(
+            "data: {}\n\n",
+            json!({"object": "chat.completion.chunk",
             "choices": [], "usage": {"prompt_tokens": p, "completion_tokens": 1,
-            "prompt_tokens_details": {"cached_tokens": k}}}))),
+            "prompt_tokens_details": {"cached_tokens": k}}})
+        )),
         Just("data: {\"error\":{\"message\":\"boom\"}}\n\n".to_owned()),
         Just("event: error\ndata: {\"message\":\"x\"}\n\n".to_owned()),
         Just("data: {oops\n\n".to_owned()),

@@ -1,6 +1,8 @@
 //! Requests across dialects, with real-shaped payloads. Each test backs a
 //! row (or rows) of `docs/dialects.md`.
 
+#![allow(clippy::unwrap_used)]
+
 use router_dialect::{
     gemini, parse_request, uncarried, write_request, Dialect, DialectError, Uncarried, WriteOptions,
 };

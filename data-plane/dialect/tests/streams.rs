@@ -1,5 +1,7 @@
 //! Stream translation with real-shaped upstream streams.
 
+#![allow(clippy::unwrap_used)]
+
 use router_dialect::check::{anthropic_stream, openai_stream};
 use router_dialect::errors::ErrorKind;
 use router_dialect::stream::{StreamOptions, StreamState, StreamTranslator};

@@ -29,9 +29,9 @@
 //!   or is refused naming `max_tokens`.
 //! - `temperature` above 1 (OpenAI and Gemini go to 2) is refused, not
 //!   clamped.
-//! - Writing history, a thinking block without a signature (reasoning
-//!   that came from another provider) is dropped on purpose: Anthropic
-//!   verifies the signature of every thinking block it is sent.
+//! - Writing history, thinking that came from another dialect (unsigned,
+//!   or signed by Gemini) is dropped on purpose: Anthropic verifies the
+//!   signature of every thinking block it is sent.
 //! - Consecutive messages of one role are merged into one message (so a
 //!   run of OpenAI `tool` messages becomes one user message of
 //!   `tool_result` blocks, as Anthropic requires).
@@ -403,7 +403,7 @@ pub(crate) fn write_request(
         }
         let mut blocks = Vec::with_capacity(msg.content.len());
         for (j, p) in msg.content.iter().enumerate() {
-            if let Some(b) = write_block(p, &format!("{at}.content[{j}]"), lost) {
+            if let Some(b) = write_block(p, &format!("{at}.content[{j}]"), same, lost) {
                 blocks.push(b);
             }
         }
@@ -586,7 +586,9 @@ pub(crate) fn write_request(
     Value::Object(m)
 }
 
-fn write_block(p: &Part, at: &str, lost: &mut Vec<Uncarried>) -> Option<Value> {
+/// One content block; `same` when the request came in Anthropic's
+/// dialect (only then are its thinking blocks Anthropic's own).
+fn write_block(p: &Part, at: &str, same: bool, lost: &mut Vec<Uncarried>) -> Option<Value> {
     const TO: Dialect = Dialect::Anthropic;
     Some(match p {
         Part::Text {
@@ -629,7 +631,7 @@ fn write_block(p: &Part, at: &str, lost: &mut Vec<Uncarried>) -> Option<Value> {
                 let cat = format!("{at}.content[{k}]");
                 match c {
                     Part::Text { .. } | Part::Image { .. } => {
-                        if let Some(b) = write_block(c, &cat, lost) {
+                        if let Some(b) = write_block(c, &cat, same, lost) {
                             blocks.push(b);
                         }
                     }
@@ -652,14 +654,18 @@ fn write_block(p: &Part, at: &str, lost: &mut Vec<Uncarried>) -> Option<Value> {
             with_cache(b, cache_control)
         }
         Part::Thinking { text, signature } => match signature.as_deref() {
-            Some(s) if !s.is_empty() => {
+            Some(s) if same && !s.is_empty() => {
                 json!({"type": "thinking", "thinking": text, "signature": s})
             }
-            // Reasoning another provider produced: Anthropic cannot verify
-            // it, so it is left out of the history on purpose.
+            // Reasoning another provider produced (unsigned, or signed by
+            // Gemini): Anthropic cannot verify it, so it is left out of
+            // the history on purpose.
             _ => return None,
         },
-        Part::RedactedThinking { data } => json!({"type": "redacted_thinking", "data": data}),
+        Part::RedactedThinking { data } if same => {
+            json!({"type": "redacted_thinking", "data": data})
+        }
+        Part::RedactedThinking { .. } => return None,
         Part::Other {
             dialect: Dialect::Anthropic,
             value,

@@ -303,3 +303,52 @@ fn a_tool_result_for_no_earlier_call_cannot_go_to_gemini() {
         ["messages[0].content[0]"]
     );
 }
+
+#[test]
+fn anthropic_strict_tools_keep_strict_for_openai_only() {
+    let a = json!({"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}],
+        "tools": [{"name": "f", "input_schema": {"type": "object"}, "strict": true}],
+        "tool_choice": {"type": "auto", "disable_parallel_tool_use": true}});
+    assert_eq!(
+        to(Dialect::Anthropic, &a, Dialect::OpenAi)["tools"][0]["function"]["strict"],
+        true
+    );
+    // Gemini: strict dropped on purpose, one-call-at-most refused.
+    assert_eq!(
+        lost(Dialect::Anthropic, &a, Dialect::Gemini),
+        ["tool_choice.disable_parallel_tool_use"]
+    );
+}
+
+#[test]
+fn a_tool_result_image_is_refused_by_gemini() {
+    let a = json!({"model": "m", "max_tokens": 5, "messages": [
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "shot", "input": {}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": [
+            {"type": "text", "text": "here"},
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AAAA"}}]}]}]});
+    assert_eq!(
+        lost(Dialect::Anthropic, &a, Dialect::Gemini),
+        ["messages[1].content[0].content[1]"]
+    );
+}
+
+#[test]
+fn gemini_signed_thoughts_go_back_to_gemini_only() {
+    let g = json!({"contents": [
+        {"role": "user", "parts": [{"text": "q"}]},
+        {"role": "model", "parts": [{"text": "hmm", "thought": true, "thoughtSignature": "c2ln"}, {"text": "a"}]},
+        {"role": "user", "parts": [{"text": "q2"}]}]});
+    assert_eq!(
+        to(Dialect::Gemini, &g, Dialect::Gemini)["contents"][1],
+        g["contents"][1]
+    );
+    assert_eq!(
+        to(Dialect::Gemini, &g, Dialect::Anthropic)["messages"][1]["content"],
+        json!([{"type": "text", "text": "a"}])
+    );
+    assert_eq!(
+        to(Dialect::Gemini, &g, Dialect::OpenAi)["messages"][1]["content"],
+        "a"
+    );
+}

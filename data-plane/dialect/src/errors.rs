@@ -436,6 +436,88 @@ mod tests {
     }
 
     #[test]
+    fn the_table_of_docs_dialects_md() {
+        let rows = [
+            (
+                ErrorKind::QueueFull,
+                503,
+                (529, "overloaded_error"),
+                "UNAVAILABLE",
+            ),
+            (
+                ErrorKind::RateLimited,
+                429,
+                (429, "rate_limit_error"),
+                "RESOURCE_EXHAUSTED",
+            ),
+            (
+                ErrorKind::BudgetExceeded,
+                402,
+                (402, "billing_error"),
+                "FAILED_PRECONDITION",
+            ),
+            (
+                ErrorKind::InvalidRequest,
+                400,
+                (400, "invalid_request_error"),
+                "INVALID_ARGUMENT",
+            ),
+            (
+                ErrorKind::Unauthorized,
+                401,
+                (401, "authentication_error"),
+                "UNAUTHENTICATED",
+            ),
+            (
+                ErrorKind::Forbidden,
+                403,
+                (403, "permission_error"),
+                "PERMISSION_DENIED",
+            ),
+            (
+                ErrorKind::NotFound,
+                404,
+                (404, "not_found_error"),
+                "NOT_FOUND",
+            ),
+            (
+                ErrorKind::PayloadTooLarge,
+                413,
+                (413, "request_too_large"),
+                "INVALID_ARGUMENT",
+            ),
+            (
+                ErrorKind::DeadlineExhausted,
+                504,
+                (504, "timeout_error"),
+                "DEADLINE_EXCEEDED",
+            ),
+            (
+                ErrorKind::UpstreamError,
+                502,
+                (502, "api_error"),
+                "INTERNAL",
+            ),
+        ];
+        for (kind, openai, (astatus, atype), gstatus) in rows {
+            let o = render(Dialect::OpenAi, kind, "m", None);
+            assert_eq!(o.status, openai, "{kind:?}");
+            assert_eq!(
+                o.body,
+                json!({"error": {"message": "m", "type": kind.label(), "code": kind.label()}})
+            );
+            let a = render(Dialect::Anthropic, kind, "m", None);
+            assert_eq!(
+                (a.status, a.body["error"]["type"].as_str()),
+                (astatus, Some(atype))
+            );
+            let g = render(Dialect::Gemini, kind, "m", None);
+            assert_eq!(g.status, openai);
+            assert_eq!(g.body["error"]["status"], gstatus);
+        }
+    }
+
+    #[test]
     fn every_label_names_one_kind() {
         for k in ErrorKind::ALL {
             assert_eq!(ErrorKind::from_label(k.label()), Some(*k));

@@ -246,6 +246,15 @@ mod tests {
     }
 
     #[test]
+    fn the_default_limit_is_one_mebibyte() {
+        assert_eq!(DEFAULT_MAX_EVENT_BYTES, 1024 * 1024);
+        assert_eq!(
+            crate::stream::StreamOptions::default().max_event_bytes,
+            DEFAULT_MAX_EVENT_BYTES
+        );
+    }
+
+    #[test]
     fn a_line_that_is_not_utf8_fails() {
         let mut p = SseParser::default();
         let mut out = Vec::new();

@@ -251,6 +251,9 @@ mod tests {
         assert_eq!(g["promptTokenCount"], 1200);
         assert_eq!(g["cachedContentTokenCount"], 1000);
         assert_eq!(Usage::from_gemini(&g), u);
+        // Prompt tokens of Gemini's own tool use are input.
+        let t = Usage::from_gemini(&json!({"promptTokenCount": 10, "toolUsePromptTokenCount": 5}));
+        assert_eq!(t.input, 15);
     }
 
     #[test]

@@ -193,6 +193,37 @@ fn stop_reasons_map_both_ways() {
     ] {
         assert_eq!(gemini::stop_from(reason, called), neutral, "{reason}");
     }
+    // Neutral -> each dialect, the rows of docs/dialects.md.
+    for (neutral, o, a, g) in [
+        (StopReason::EndTurn, "stop", "end_turn", "STOP"),
+        (StopReason::MaxTokens, "length", "max_tokens", "MAX_TOKENS"),
+        (StopReason::StopSequence, "stop", "stop_sequence", "STOP"),
+        (StopReason::ToolUse, "tool_calls", "tool_use", "STOP"),
+        (StopReason::Refusal, "content_filter", "refusal", "SAFETY"),
+        (
+            StopReason::ToolError,
+            "stop",
+            "end_turn",
+            "MALFORMED_FUNCTION_CALL",
+        ),
+        (
+            StopReason::ContextWindow,
+            "length",
+            "model_context_window_exceeded",
+            "MAX_TOKENS",
+        ),
+        (StopReason::PauseTurn, "stop", "pause_turn", "STOP"),
+    ] {
+        assert_eq!(
+            (
+                openai::stop_to(neutral),
+                anthropic::stop_to(neutral),
+                gemini::stop_to(neutral)
+            ),
+            (o, a, g),
+            "{neutral:?}"
+        );
+    }
     assert_eq!(gemini::stop_to(StopReason::ToolUse), "STOP");
     assert_eq!(gemini::stop_to(StopReason::Refusal), "SAFETY");
     assert_eq!(openai::stop_to(StopReason::ToolError), "stop");

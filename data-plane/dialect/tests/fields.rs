@@ -352,3 +352,123 @@ fn gemini_signed_thoughts_go_back_to_gemini_only() {
         "a"
     );
 }
+
+#[test]
+fn a_gemini_request_becomes_openai_and_anthropic_requests() {
+    let g = json!({
+        "systemInstruction": {"parts": [{"text": "sys"}]},
+        "contents": [
+            {"role": "user", "parts": [{"text": "look"}, {"inlineData": {"mimeType": "image/png", "data": "AAAA"}}]},
+            {"role": "model", "parts": [{"functionCall": {"name": "f", "args": {"a": 1}}}]},
+            {"role": "user", "parts": [{"functionResponse": {"name": "f", "response": {"output": "done"}}}]}
+        ],
+        "tools": [{"functionDeclarations": [{"name": "f", "parameters": {"type": "OBJECT"}}]}],
+        "generationConfig": {"stopSequences": ["x"], "maxOutputTokens": 7, "temperature": 0.3, "topP": 0.9,
+            "topK": 3, "seed": 1, "presencePenalty": 0.4}
+    });
+    let mut g1 = g.clone();
+    g1["generationConfig"]
+        .as_object_mut()
+        .unwrap()
+        .remove("topK");
+    let o = to(Dialect::Gemini, &g1, Dialect::OpenAi);
+    assert_eq!(
+        o["messages"][0],
+        json!({"role": "system", "content": "sys"})
+    );
+    assert_eq!(
+        o["messages"][1]["content"][1],
+        json!({"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}})
+    );
+    let call_id = o["messages"][2]["tool_calls"][0]["id"].clone();
+    assert_eq!(
+        o["messages"][2]["tool_calls"][0]["function"]["arguments"],
+        "{\"a\":1}"
+    );
+    assert_eq!(
+        o["messages"][3],
+        json!({"role": "tool", "tool_call_id": call_id, "content": "done"})
+    );
+    assert_eq!(
+        o["tools"][0]["function"]["parameters"],
+        json!({"type": "object"})
+    );
+    assert_eq!(
+        (
+            &o["stop"],
+            &o["max_tokens"],
+            &o["temperature"],
+            &o["top_p"],
+            &o["seed"],
+            &o["presence_penalty"]
+        ),
+        (
+            &json!(["x"]),
+            &json!(7),
+            &json!(0.3),
+            &json!(0.9),
+            &json!(1),
+            &json!(0.4)
+        )
+    );
+    // OpenAI has no top_k; Anthropic no seed nor penalties.
+    assert_eq!(
+        lost(Dialect::Gemini, &g, Dialect::OpenAi),
+        ["generationConfig.topK"]
+    );
+    assert_eq!(
+        lost(Dialect::Gemini, &g, Dialect::Anthropic),
+        ["generationConfig.presencePenalty", "generationConfig.seed"]
+    );
+    let mut g2 = g.clone();
+    for k in ["seed", "presencePenalty"] {
+        g2["generationConfig"].as_object_mut().unwrap().remove(k);
+    }
+    let a = to(Dialect::Gemini, &g2, Dialect::Anthropic);
+    assert_eq!(a["system"], "sys");
+    assert_eq!(
+        (
+            &a["stop_sequences"],
+            &a["max_tokens"],
+            &a["temperature"],
+            &a["top_p"],
+            &a["top_k"]
+        ),
+        (
+            &json!(["x"]),
+            &json!(7),
+            &json!(0.3),
+            &json!(0.9),
+            &json!(3)
+        )
+    );
+    assert_eq!(a["messages"][0]["content"][1]["source"]["type"], "base64");
+}
+
+#[test]
+fn max_completion_tokens_wins_over_max_tokens() {
+    let v = openai(json!({"max_tokens": 10, "max_completion_tokens": 20}));
+    assert_eq!(
+        to(Dialect::OpenAi, &v, Dialect::Anthropic)["max_tokens"],
+        20
+    );
+}
+
+#[test]
+fn thinking_disabled_has_nothing_to_carry_to_openai_and_url_images_stop_at_gemini() {
+    let a = json!({"model": "m", "max_tokens": 5, "thinking": {"type": "disabled"}, "messages": [
+        {"role": "user", "content": [{"type": "image", "source": {"type": "url", "url": "https://x/y.png"}}]}]});
+    assert!(lost(Dialect::Anthropic, &a, Dialect::OpenAi).is_empty());
+    assert!(to(Dialect::Anthropic, &a, Dialect::OpenAi)
+        .get("reasoning_effort")
+        .is_none());
+    assert_eq!(
+        lost(Dialect::Anthropic, &a, Dialect::Gemini),
+        ["messages[0].content[0]"]
+    );
+    // The client's stream_options never reaches Gemini.
+    let v = openai(json!({"stream": true, "stream_options": {"include_usage": true}}));
+    assert!(to(Dialect::OpenAi, &v, Dialect::Gemini)
+        .get("stream_options")
+        .is_none());
+}

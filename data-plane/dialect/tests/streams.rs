@@ -568,3 +568,27 @@ fn stop_reasons_cross_the_stream_both_ways() {
 fn a_stream_is_never_written_in_geminis_dialect() {
     assert!(StreamTranslator::new(Dialect::OpenAi, Dialect::Gemini, opts()).is_err());
 }
+
+#[test]
+fn parsed_events_fed_one_by_one_give_the_same_bytes_as_raw_bytes() {
+    let mut parser = router_dialect::sse::SseParser::default();
+    let mut frames = Vec::new();
+    parser
+        .push(ANTHROPIC_STREAM.as_bytes(), &mut frames)
+        .unwrap();
+    let mut t = StreamTranslator::new(Dialect::Anthropic, Dialect::OpenAi, opts()).unwrap();
+    let mut out = Vec::new();
+    for f in &frames {
+        t.feed_frame(f, &mut out);
+    }
+    t.finish(&mut out);
+    assert_eq!(
+        out,
+        translate(
+            Dialect::Anthropic,
+            Dialect::OpenAi,
+            ANTHROPIC_STREAM.as_bytes()
+        )
+    );
+    assert_eq!(t.state(), StreamState::Completed);
+}

@@ -1,7 +1,10 @@
 //! Upstream stream events to neutral [`Event`]s, one decoder per dialect.
 
+use std::borrow::Cow;
+
 use serde_json::Value;
 
+use super::chunk::{Chunk, Delta};
 use super::{Event, Failure, StreamOptions, MAX_TOOL_CALLS};
 use crate::errors::ErrorKind;
 use crate::sse::SseFrame;
@@ -123,24 +126,24 @@ impl Decoder {
     }
 
     fn start(&mut self, v: &Value, id_key: &str, model_key: &str, out: &mut Vec<Event>) {
+        self.start_with(
+            v.get(id_key).and_then(Value::as_str),
+            v.get(model_key).and_then(Value::as_str),
+            out,
+        );
+    }
+
+    fn start_with(&mut self, id: Option<&str>, model: Option<&str>, out: &mut Vec<Event>) {
         if self.started {
             return;
         }
         self.started = true;
-        let id = v
-            .get(id_key)
-            .and_then(Value::as_str)
-            .filter(|s| !s.is_empty())
-            .unwrap_or(&self.id)
-            .to_owned();
-        self.id.clone_from(&id);
+        if let Some(id) = id.filter(|s| !s.is_empty()) {
+            id.clone_into(&mut self.id);
+        }
         out.push(Event::Start {
-            id,
-            model: v
-                .get(model_key)
-                .and_then(Value::as_str)
-                .unwrap_or_default()
-                .to_owned(),
+            id: self.id.clone(),
+            model: model.unwrap_or_default().to_owned(),
         });
     }
 
@@ -149,83 +152,78 @@ impl Decoder {
             out.push(Event::End);
             return;
         }
-        let Some(v) = self.json(frame, out) else {
-            return;
-        };
-        if frame.event.as_deref() == Some("error") || v.get("error").is_some_and(|e| !e.is_null()) {
-            self.upstream_error(&v, out);
+        if frame.event.as_deref() == Some("error") {
+            if let Some(v) = self.json(frame, out) {
+                self.upstream_error(&v, out);
+            }
             return;
         }
-        self.start(&v, "id", "model", out);
-        if let Some(choices) = v.get("choices").and_then(Value::as_array) {
-            for c in choices {
-                if c.get("index").and_then(Value::as_u64).unwrap_or(0) != 0 {
-                    self.fail(
-                        out,
-                        ErrorKind::StreamError,
-                        "the upstream streamed several choices; one is carried",
-                    );
+        let c = match serde_json::from_str::<Chunk<'_>>(&frame.data) {
+            Ok(c) => c,
+            Err(e) => {
+                return self.fail(
+                    out,
+                    ErrorKind::MalformedJson,
+                    format!("an event of the upstream's stream is not a chunk: {e}"),
+                )
+            }
+        };
+        if let Some(e) = c.error.filter(|e| !e.is_null()) {
+            return self.upstream_error(&serde_json::json!({ "error": e }), out);
+        }
+        self.start_with(c.id.0.as_deref(), c.model.0.as_deref(), out);
+        for choice in c.choices.unwrap_or_default() {
+            if choice.index.0.unwrap_or(0) != 0 {
+                return self.fail(
+                    out,
+                    ErrorKind::StreamError,
+                    "the upstream streamed several choices; one is carried",
+                );
+            }
+            if let Some(d) = choice.delta {
+                if !self.openai_delta(d, out) {
                     return;
                 }
-                if let Some(d) = c.get("delta") {
-                    if !self.openai_delta(d, out) {
-                        return;
-                    }
+            }
+            if let Some(r) = choice.finish_reason.0 {
+                if let Some(held) = self.tools.iter().find(|t| !t.1) {
+                    let idx = held.0;
+                    return self.fail(
+                        out,
+                        ErrorKind::StreamError,
+                        format!("tool call {idx} of the upstream's stream has no name"),
+                    );
                 }
-                if let Some(r) = c.get("finish_reason").and_then(Value::as_str) {
-                    if let Some(held) = self.tools.iter().find(|t| !t.1) {
-                        let idx = held.0;
-                        self.fail(
-                            out,
-                            ErrorKind::StreamError,
-                            format!("tool call {idx} of the upstream's stream has no name"),
-                        );
-                        return;
-                    }
-                    self.stopped = true;
-                    out.push(Event::Stop {
-                        reason: openai::stop_from(r),
-                        sequence: None,
-                    });
-                }
+                self.stopped = true;
+                out.push(Event::Stop {
+                    reason: openai::stop_from(&r),
+                    sequence: None,
+                });
             }
         }
-        if let Some(u) = v.get("usage").filter(|u| u.is_object()) {
-            out.push(Event::Usage(Usage::from_openai(u)));
+        if let Some(u) = c.usage.filter(Value::is_object) {
+            out.push(Event::Usage(Usage::from_openai(&u)));
         }
     }
 
     /// False when the stream failed.
-    fn openai_delta(&mut self, d: &Value, out: &mut Vec<Event>) -> bool {
-        for key in ["reasoning_content", "reasoning"] {
-            if let Some(t) = d.get(key).and_then(Value::as_str) {
-                if !t.is_empty() {
-                    out.push(Event::Thinking(t.to_owned()));
-                }
-                break;
+    fn openai_delta(&mut self, d: Delta<'_>, out: &mut Vec<Event>) -> bool {
+        if let Some(t) = d.reasoning_content.0.or(d.reasoning.0) {
+            if !t.is_empty() {
+                out.push(Event::Thinking(t.into_owned()));
             }
         }
-        for key in ["content", "refusal"] {
-            if let Some(t) = d.get(key).and_then(Value::as_str) {
-                if !t.is_empty() {
-                    out.push(Event::Text(t.to_owned()));
-                }
+        for t in [d.content.0, d.refusal.0].into_iter().flatten() {
+            if !t.is_empty() {
+                out.push(Event::Text(t.into_owned()));
             }
         }
-        let Some(calls) = d.get("tool_calls").and_then(Value::as_array) else {
-            return true;
-        };
-        for (pos, tc) in calls.iter().enumerate() {
-            let index = tc
-                .get("index")
-                .and_then(Value::as_u64)
-                .unwrap_or(pos as u64);
-            let f = tc.get("function");
-            let name = f.and_then(|f| f.get("name")).and_then(Value::as_str);
-            let args = f
-                .and_then(|f| f.get("arguments"))
-                .and_then(Value::as_str)
-                .unwrap_or("");
+        for (pos, tc) in d.tool_calls.unwrap_or_default().into_iter().enumerate() {
+            let index = tc.index.0.unwrap_or(pos as u64);
+            let (name, args) = match tc.function {
+                Some(f) => (f.name.0, f.arguments.0.unwrap_or_default()),
+                None => (None, Cow::Borrowed("")),
+            };
             let slot = match self.tools.iter().position(|t| t.0 == index) {
                 Some(i) => i,
                 None => {
@@ -245,16 +243,16 @@ impl Decoder {
                 match name.filter(|n| !n.is_empty()) {
                     Some(name) => {
                         let id = tc
-                            .get("id")
-                            .and_then(Value::as_str)
+                            .id
+                            .0
                             .filter(|s| !s.is_empty())
-                            .map(str::to_owned)
+                            .map(Cow::into_owned)
                             .unwrap_or_else(|| format!("call_{}_{index}", self.id));
                         self.tools[slot].1 = true;
                         out.push(Event::ToolStart {
                             key: index,
                             id,
-                            name: name.to_owned(),
+                            name: name.into_owned(),
                         });
                         let held = std::mem::take(&mut self.tools[slot].2);
                         if !held.is_empty() {
@@ -274,7 +272,7 @@ impl Decoder {
                             );
                             return false;
                         }
-                        self.tools[slot].2.push_str(args);
+                        self.tools[slot].2.push_str(&args);
                         continue;
                     }
                 }
@@ -282,7 +280,7 @@ impl Decoder {
             if !args.is_empty() {
                 out.push(Event::ToolArgs {
                     key: index,
-                    json: args.to_owned(),
+                    json: args.into_owned(),
                 });
             }
         }

@@ -1,5 +1,7 @@
 //! Neutral [`Event`]s to the client's stream, one encoder per dialect.
 
+use std::io::Write as _;
+
 use serde_json::{json, Value};
 
 use super::{Event, Failure, StreamOptions, MAX_TOOL_CALLS};
@@ -32,6 +34,12 @@ enum Open {
     Text,
     Thinking,
     Tool(u64),
+}
+
+/// A JSON string (quoted and escaped).
+fn json_str(out: &mut Vec<u8>, s: &str) {
+    // Writing into a Vec cannot fail.
+    let _ = serde_json::to_writer(&mut *out, s);
 }
 
 fn sse(out: &mut Vec<u8>, event: Option<&str>, data: &Value) {
@@ -189,23 +197,59 @@ impl Encoder {
         self.finished = true;
     }
 
+    /// One OpenAI chunk, written directly (no JSON tree is built for the
+    /// chunks that carry text).
+    fn chunk_with(
+        &self,
+        out: &mut Vec<u8>,
+        delta: impl FnOnce(&mut Vec<u8>),
+        finish: Option<&str>,
+    ) {
+        out.extend_from_slice(b"data: {\"id\":");
+        json_str(out, &self.id);
+        out.extend_from_slice(b",\"object\":\"chat.completion.chunk\",\"created\":");
+        let _ = write!(out, "{}", self.created);
+        out.extend_from_slice(b",\"model\":");
+        json_str(out, self.model());
+        out.extend_from_slice(b",\"choices\":[{\"index\":0,\"delta\":");
+        delta(out);
+        out.extend_from_slice(b",\"logprobs\":null,\"finish_reason\":");
+        match finish {
+            Some(f) => json_str(out, f),
+            None => out.extend_from_slice(b"null"),
+        }
+        out.extend_from_slice(b"}]}\n\n");
+    }
+
     fn chunk(&self, out: &mut Vec<u8>, delta: Value, finish: Option<&str>) {
-        let chunk = json!({
-            "id": self.id,
-            "object": "chat.completion.chunk",
-            "created": self.created,
-            "model": self.model(),
-            "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}],
-        });
-        sse(out, None, &chunk);
+        self.chunk_with(
+            out,
+            |out| {
+                let _ = serde_json::to_writer(&mut *out, &delta);
+            },
+            finish,
+        );
+    }
+
+    /// A chunk whose delta is `{key: text}`.
+    fn text_chunk(&self, out: &mut Vec<u8>, key: &str, text: &str) {
+        self.chunk_with(
+            out,
+            |out| {
+                out.push(b'{');
+                json_str(out, key);
+                out.push(b':');
+                json_str(out, text);
+                out.push(b'}');
+            },
+            None,
+        );
     }
 
     fn openai(&mut self, ev: Event, out: &mut Vec<u8>) {
         match ev {
-            Event::Text(t) if !t.is_empty() => self.chunk(out, json!({"content": t}), None),
-            Event::Thinking(t) if !t.is_empty() => {
-                self.chunk(out, json!({"reasoning_content": t}), None)
-            }
+            Event::Text(t) if !t.is_empty() => self.text_chunk(out, "content", &t),
+            Event::Thinking(t) if !t.is_empty() => self.text_chunk(out, "reasoning_content", &t),
             Event::ToolStart { key, id, name } => {
                 if self.tools.iter().any(|t| t.0 == key) {
                     return;
@@ -263,13 +307,20 @@ impl Encoder {
         self.open = open;
     }
 
-    fn delta(&self, delta: Value, out: &mut Vec<u8>) {
-        let index = self.next_index;
-        sse(
-            out,
-            Some("content_block_delta"),
-            &json!({"type": "content_block_delta", "index": index, "delta": delta}),
+    /// A `content_block_delta` of type `ty` carrying `value` as `key`,
+    /// written directly.
+    fn delta(&self, ty: &str, key: &str, value: &str, out: &mut Vec<u8>) {
+        out.extend_from_slice(
+            b"event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":",
         );
+        let _ = write!(out, "{}", self.next_index);
+        out.extend_from_slice(b",\"delta\":{\"type\":");
+        json_str(out, ty);
+        out.push(b',');
+        json_str(out, key);
+        out.push(b':');
+        json_str(out, value);
+        out.extend_from_slice(b"}}\n\n");
     }
 
     fn close(&mut self, out: &mut Vec<u8>) {
@@ -299,7 +350,7 @@ impl Encoder {
                 if self.open != Open::Text {
                     self.open_block(json!({"type": "text", "text": ""}), Open::Text, out);
                 }
-                self.delta(json!({"type": "text_delta", "text": t}), out);
+                self.delta("text_delta", "text", &t, out);
             }
             Event::Thinking(t) => {
                 if self.open != Open::Thinking {
@@ -310,7 +361,7 @@ impl Encoder {
                     );
                 }
                 if !t.is_empty() {
-                    self.delta(json!({"type": "thinking_delta", "thinking": t}), out);
+                    self.delta("thinking_delta", "thinking", &t, out);
                 }
             }
             Event::Signature(s) => {
@@ -322,7 +373,7 @@ impl Encoder {
                     );
                 }
                 if !s.is_empty() {
-                    self.delta(json!({"type": "signature_delta", "signature": s}), out);
+                    self.delta("signature_delta", "signature", &s, out);
                 }
             }
             Event::RedactedThinking(data) => {
@@ -372,10 +423,7 @@ impl Encoder {
                     return self.error(Failure::new(ErrorKind::StreamError, why), out);
                 }
                 if !json.is_empty() {
-                    self.delta(
-                        json!({"type": "input_json_delta", "partial_json": json}),
-                        out,
-                    );
+                    self.delta("input_json_delta", "partial_json", &json, out);
                 }
             }
             Event::BlockEnd => self.close(out),

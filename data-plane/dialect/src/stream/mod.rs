@@ -73,6 +73,7 @@
 //! toward the event limit. Error messages passed on are cut to
 //! [`MAX_MESSAGE_CHARS`] characters.
 
+mod chunk;
 mod decode;
 mod encode;
 

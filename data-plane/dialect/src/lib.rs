@@ -27,6 +27,14 @@
 //! dialect they came from: written back unchanged to the same dialect,
 //! reported as uncarried to another.
 //!
+//! # Checking streams
+//!
+//! [`check`] holds the rules a client's stream must keep (one
+//! `message_start`, blocks opened before their deltas and closed before
+//! the next, one `message_stop`, ...) as functions over bytes; every
+//! stream test and property test here runs the translated stream through
+//! them, and the router's own tests can too.
+//!
 //! # Same dialect in and out
 //!
 //! The router passes a request whose dialect is the pool's through

@@ -18,7 +18,7 @@
 //!   carries them in fragments, and a model may emit arguments that are
 //!   not valid JSON, which must reach the client as they are);
 //! - **usage** normalized to four counts that never overlap
-//!   ([`Usage`]);
+//!   ([`Usage`](crate::Usage));
 //! - fields the model does not know are kept in `extra` with the dialect
 //!   they came from: written back unchanged to the same dialect, and
 //!   reported as [`Uncarried`](crate::Uncarried) to any other.

@@ -15,7 +15,8 @@
 //! - An assistant's `tool_calls[].function.arguments` is JSON text and is
 //!   kept as text ([`Part::ToolUse::input`]). `reasoning_content` (or
 //!   `reasoning`), which vLLM, DeepSeek and others add, is
-//!   [`Part::Thinking`].
+//!   [`Part::Thinking`]; written back to OpenAI (only when the request
+//!   came from OpenAI) it is `reasoning_content`.
 //! - `image_url` with a `data:MIME;base64,` URL is an inline image, any
 //!   other URL a URL image; `detail` is kept for OpenAI only.
 //! - `max_tokens` and `max_completion_tokens` are both the token limit

@@ -748,7 +748,10 @@ pub(crate) fn handle(
         apply_marks(store, &marks, msg.revision);
         applied.store_id = msg.store_id.clone();
         applied.revision = msg.revision;
-        tracing::debug!(version = &*version, "applied the control plane's circuits and suspicions");
+        tracing::debug!(
+            version = &*version,
+            "applied the control plane's circuits and suspicions"
+        );
         if let Some(dir) = cache_dir {
             cache_in_background(dir, msg);
         }

@@ -171,12 +171,18 @@ mod tests {
         assert_eq!(n("/v1/chat/completion%73"), chat);
         assert_eq!(n("/v1/%63hat/completions"), chat);
         assert_eq!(n("/%76%31/%63%68%61%74/completions"), chat);
-        assert_eq!(n("/v1/chat/completion%7E"), Ok("/v1/chat/completion~".into()));
+        assert_eq!(
+            n("/v1/chat/completion%7E"),
+            Ok("/v1/chat/completion~".into())
+        );
         // Reserved ones keep their encoding, in upper case.
         assert_eq!(n("/a%3ab"), Ok("/a%3Ab".into()));
         assert_eq!(n("/a%20b"), Ok("/a%20b".into()));
         // Decoded once: `%25` is a `%`, kept encoded.
-        assert_eq!(n("/v1/chat/completion%2573"), Ok("/v1/chat/completion%2573".into()));
+        assert_eq!(
+            n("/v1/chat/completion%2573"),
+            Ok("/v1/chat/completion%2573".into())
+        );
     }
 
     #[test]
@@ -197,7 +203,13 @@ mod tests {
 
     #[test]
     fn a_normal_path_is_borrowed() {
-        for p in ["/", "/v1/chat/completions", "/api/generate", "/v1/a..b", "*"] {
+        for p in [
+            "/",
+            "/v1/chat/completions",
+            "/api/generate",
+            "/v1/a..b",
+            "*",
+        ] {
             assert!(matches!(normalize(p), Ok(Cow::Borrowed(_))), "{p}");
         }
     }

@@ -92,8 +92,8 @@ impl<T: Copy + Ord> DegradeWatch<T> {
         let mut callers: Vec<Option<u64>> = self.recent.iter().map(|(_, c)| *c).collect();
         callers.sort_unstable();
         callers.dedup();
-        let degrade = self.recent.len() >= DEGRADE_AFTER
-            && (!tenancy || callers.len() >= DEGRADE_CALLERS);
+        let degrade =
+            self.recent.len() >= DEGRADE_AFTER && (!tenancy || callers.len() >= DEGRADE_CALLERS);
         if degrade {
             self.recent.clear();
         }

@@ -47,8 +47,7 @@ impl ProxyProcess {
     /// Starts the proxy in standalone mode with `policy` (YAML) and the
     /// extra environment `env`, and waits until it answers.
     pub fn start(name: &str, policy: &str, env: &[(&str, &str)]) -> Self {
-        let dir =
-            std::env::temp_dir().join(format!("router-proxy-{}-{name}", std::process::id()));
+        let dir = std::env::temp_dir().join(format!("router-proxy-{}-{name}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
         let file = dir.join("policy.yaml");
@@ -86,7 +85,10 @@ impl ProxyProcess {
         };
         let until = Instant::now() + Duration::from_secs(20);
         while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(Instant::now() < until, "router-proxy did not listen on {port}");
+            assert!(
+                Instant::now() < until,
+                "router-proxy did not listen on {port}"
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
         proxy
@@ -104,8 +106,8 @@ impl ProxyProcess {
 
     /// Its resident memory, KiB (`VmRSS`).
     pub fn rss_kib(&self) -> u64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid()))
-            .unwrap_or_default();
+        let status =
+            std::fs::read_to_string(format!("/proc/{}/status", self.pid())).unwrap_or_default();
         status
             .lines()
             .find_map(|l| l.strip_prefix("VmRSS:"))
@@ -115,14 +117,19 @@ impl ProxyProcess {
 
     /// CPU time used so far (user + system), in clock ticks.
     pub fn cpu_ticks(&self) -> u64 {
-        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid()))
-            .unwrap_or_default();
+        let stat =
+            std::fs::read_to_string(format!("/proc/{}/stat", self.pid())).unwrap_or_default();
         // Fields after the command name (which is in parentheses).
         let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
         let fields: Vec<&str> = rest.split_whitespace().collect();
         // utime and stime are fields 14 and 15 of the whole line: 12 and
         // 13 after the name.
-        let tick = |i: usize| fields.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+        let tick = |i: usize| {
+            fields
+                .get(i)
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or(0)
+        };
         tick(11) + tick(12)
     }
 

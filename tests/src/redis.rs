@@ -177,6 +177,32 @@ impl RedisServer {
         }
     }
 
+    /// Clients connected besides the one asking (`INFO clients`).
+    pub fn other_clients(&self) -> u64 {
+        let Ok(mut s) = TcpStream::connect(("127.0.0.1", self.port)) else {
+            return 0;
+        };
+        let _ = s.set_read_timeout(Some(Duration::from_secs(1)));
+        if s.write_all(b"INFO clients\r\n").is_err() {
+            return 0;
+        }
+        let mut buf = [0u8; 2048];
+        let n = s.read(&mut buf).unwrap_or(0);
+        String::from_utf8_lossy(&buf[..n])
+            .lines()
+            .find_map(|l| l.strip_prefix("connected_clients:"))
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .map_or(0, |n| n.saturating_sub(1))
+    }
+
+    /// Waits until some client (a proxy) is connected.
+    pub async fn wait_for_a_client(&self) {
+        crate::harness::eventually(crate::harness::WAIT_AT_MOST, "a client connected", || {
+            self.other_clients() > 0
+        })
+        .await;
+    }
+
     /// The number of keys (`DBSIZE`).
     pub fn dbsize(&self) -> u64 {
         command(self.port, "DBSIZE")

@@ -304,7 +304,10 @@ impl Pending {
             sample_on_first_byte: !failed,
             status,
             keyed,
-            tally: watch.scanner.is_some().then(|| StreamTally::new(price, input_estimate)),
+            tally: watch
+                .scanner
+                .is_some()
+                .then(|| StreamTally::new(price, input_estimate)),
         };
         resp.map(|()| {
             Either::Right(TrackedBody::new(

@@ -378,7 +378,15 @@ impl Exchange {
                 record.generated = self.charge_of(pool.name(), answer.as_ref().ok());
             }
             if head.status.is_success() && (answer.is_err() || structured_ok.is_err()) {
-                lease.observe(Sample::Failure(waited));
+                // A body that is not JSON is the endpoint's failure; JSON
+                // that is not the structure asked for is the structured
+                // degrade's business (one tenant's prompts must not open
+                // the circuit for all), and the endpoint did answer.
+                lease.observe(if answer.is_err() {
+                    Sample::Failure(waited)
+                } else {
+                    Sample::Success(waited)
+                });
                 if let Err(why) = &structured_ok {
                     // Degraded on the backend's pattern, never on one
                     // request (nor on one its own cap explains).

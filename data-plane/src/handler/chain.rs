@@ -136,7 +136,8 @@ impl Exchange {
                         // walk when a later pool is clean
                         // (`router_policy::health::pass_over_marked_pool`).
                         let clean_later = || {
-                            later().any(|p| matches!(p.ready_outlook_marked_at(now), Ok((_, false))))
+                            later()
+                                .any(|p| matches!(p.ready_outlook_marked_at(now), Ok((_, false))))
                         };
                         if only_marked
                             && router_policy::health::pass_over_marked_pool(

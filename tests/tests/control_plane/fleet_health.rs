@@ -203,5 +203,9 @@ spec:
     );
     assert!(reached >= 1, "the failing pool was never tried");
     let health = proxies[PROXIES - 1].health().await;
-    assert_eq!(backend(&health, &bad.url())["suspect"], "attempt", "{health}");
+    assert_eq!(
+        backend(&health, &bad.url())["suspect"],
+        "attempt",
+        "{health}"
+    );
 }

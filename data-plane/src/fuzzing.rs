@@ -380,9 +380,11 @@ pub fn snapshot(data: &[u8]) {
     let again = crate::managed::Decoded {
         policy: decoded.policy.clone(),
         backends: decoded.backends.clone(),
-        circuits: decoded.circuits.clone(),
-        suspects: decoded.suspects.clone(),
-        skipped: decoded.skipped.clone(),
+        marks: crate::managed::Marks {
+            circuits: decoded.marks.circuits.clone(),
+            suspects: decoded.marks.suspects.clone(),
+            skipped: decoded.marks.skipped.clone(),
+        },
     };
     let version = format!("cp-{}", msg.revision);
     let applied = crate::managed::apply(&store, decoded, msg.revision);

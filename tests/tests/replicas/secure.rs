@@ -146,10 +146,12 @@ async fn replicas_share_state_through_etcd_with_tls_client_certs_and_a_user() {
     let kvs = etcd
         .client()
         .await
-        .get("/router/state", None)
+        .range(router_etcd::pb::etcdserverpb::RangeRequest::key(
+            "/router/state",
+        ))
         .await
         .unwrap();
-    assert_eq!(kvs.kvs().len(), 1);
+    assert_eq!(kvs.kvs.len(), 1);
     a.shutdown().await;
     b.shutdown().await;
 }

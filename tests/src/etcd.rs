@@ -19,6 +19,8 @@ pub struct EtcdServer {
     peer_port: u16,
     child: Option<Child>,
     tls: Option<EtcdTls>,
+    /// More flags for the member.
+    args: Vec<String>,
     root_password: Option<String>,
 }
 
@@ -50,16 +52,23 @@ fn find_binary() -> PathBuf {
 impl EtcdServer {
     /// Starts a fresh member and waits until it answers.
     pub async fn start(name: &str) -> Self {
-        Self::start_with(name, None).await
+        Self::start_with(name, None, &[]).await
     }
 
     /// Starts a fresh member serving TLS to clients, which must present a
     /// certificate signed by `tls.ca`.
     pub async fn start_tls(name: &str, tls: EtcdTls) -> Self {
-        Self::start_with(name, Some(tls)).await
+        Self::start_with(name, Some(tls), &[]).await
     }
 
-    async fn start_with(name: &str, tls: Option<EtcdTls>) -> Self {
+    /// Starts a fresh member that forgets an auth token once it has not
+    /// been used for `secs` seconds (etcd's `--auth-token-ttl`, 300 by
+    /// default).
+    pub async fn start_with_token_ttl(name: &str, secs: u32) -> Self {
+        Self::start_with(name, None, &["--auth-token-ttl".into(), secs.to_string()]).await
+    }
+
+    async fn start_with(name: &str, tls: Option<EtcdTls>, args: &[String]) -> Self {
         let data_dir =
             std::env::temp_dir().join(format!("router-etcd-{}-{name}", std::process::id()));
         let _ = std::fs::remove_dir_all(&data_dir);
@@ -72,6 +81,7 @@ impl EtcdServer {
             peer_port: crate::server_process::free_port(),
             child: None,
             tls,
+            args: args.to_vec(),
             root_password: None,
         };
         server.resume().await;
@@ -198,6 +208,7 @@ impl EtcdServer {
                 "--log-level",
                 "warn",
             ])
+            .args(&self.args)
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()

@@ -218,7 +218,7 @@ impl EtcdServer {
         loop {
             let connected = tokio::time::timeout(
                 Duration::from_secs(1),
-                router_etcd::Client::connect(&[client.clone()], self.client_options()),
+                router_etcd::Client::connect(std::slice::from_ref(&client), self.client_options()),
             )
             .await;
             if let Ok(Ok(c)) = connected {

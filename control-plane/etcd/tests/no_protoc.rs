@@ -53,7 +53,8 @@ fn packages(lock: &str) -> BTreeMap<String, Package> {
 
 /// The workspace members' directories, by package name.
 fn members(root: &Path) -> BTreeMap<String, PathBuf> {
-    let manifest = std::fs::read_to_string(root.join("Cargo.toml")).unwrap();
+    let manifest =
+        std::fs::read_to_string(root.join("Cargo.toml")).expect("the workspace manifest");
     let list = manifest
         .split("members = [")
         .nth(1)
@@ -92,7 +93,9 @@ fn needs_protoc(root: &Path, lock: &str) -> Vec<String> {
             continue;
         }
         if package.external {
-            problems.push(format!("{name} generates protobuf code in its build script"));
+            problems.push(format!(
+                "{name} generates protobuf code in its build script"
+            ));
             continue;
         }
         if !package.dependencies.iter().any(|d| d == "protox") {

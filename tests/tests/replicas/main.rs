@@ -17,11 +17,11 @@ use std::time::Duration;
 
 use http::StatusCode;
 use router_control_plane::store::etcd::{EtcdAddress, EtcdStore};
-use router_etcd::pb::etcdserverpb::RangeRequest;
 use router_control_plane::store::{PolicyRecord, State, Store, StoreChange, StoreEvent};
 use router_control_plane::{
     start, ControlPlaneOptions, Limits, RunningControlPlane, StoreLocation,
 };
+use router_etcd::pb::etcdserverpb::RangeRequest;
 use router_mock::{Behavior, MOCK_NAME_HEADER};
 use router_proto::v1 as pb;
 use router_tests::control::{admin, managed_proxy, policy, version_of, wait_version, TOKEN};

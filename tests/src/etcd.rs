@@ -19,6 +19,8 @@ pub struct EtcdServer {
     peer_port: u16,
     child: Option<Child>,
     tls: Option<EtcdTls>,
+    /// More flags for the member.
+    args: Vec<String>,
     root_password: Option<String>,
 }
 
@@ -50,16 +52,23 @@ fn find_binary() -> PathBuf {
 impl EtcdServer {
     /// Starts a fresh member and waits until it answers.
     pub async fn start(name: &str) -> Self {
-        Self::start_with(name, None).await
+        Self::start_with(name, None, &[]).await
     }
 
     /// Starts a fresh member serving TLS to clients, which must present a
     /// certificate signed by `tls.ca`.
     pub async fn start_tls(name: &str, tls: EtcdTls) -> Self {
-        Self::start_with(name, Some(tls)).await
+        Self::start_with(name, Some(tls), &[]).await
     }
 
-    async fn start_with(name: &str, tls: Option<EtcdTls>) -> Self {
+    /// Starts a fresh member that forgets an auth token once it has not
+    /// been used for `secs` seconds (etcd's `--auth-token-ttl`, 300 by
+    /// default).
+    pub async fn start_with_token_ttl(name: &str, secs: u32) -> Self {
+        Self::start_with(name, None, &["--auth-token-ttl".into(), secs.to_string()]).await
+    }
+
+    async fn start_with(name: &str, tls: Option<EtcdTls>, args: &[String]) -> Self {
         let data_dir =
             std::env::temp_dir().join(format!("router-etcd-{}-{name}", std::process::id()));
         let _ = std::fs::remove_dir_all(&data_dir);
@@ -72,6 +81,7 @@ impl EtcdServer {
             peer_port: crate::server_process::free_port(),
             child: None,
             tls,
+            args: args.to_vec(),
             root_password: None,
         };
         server.resume().await;
@@ -82,13 +92,13 @@ impl EtcdServer {
     /// whose role may read and write only keys under `prefix`. From then
     /// on [`client`](Self::client) signs in as root.
     pub async fn enable_auth(&mut self, user: &str, password: &str, prefix: &str) {
-        let mut c = self.client().await;
+        let c = self.client().await;
         let root_password = "root-password";
         let role = format!("{user}-role");
-        fn fail(step: &str, e: etcd_client::Error) -> ! {
+        fn fail(step: &str, e: router_etcd::Error) -> ! {
             panic!("etcd auth set-up, {step}: {e}")
         }
-        c.user_add("root", root_password, None)
+        c.user_add("root", root_password)
             .await
             .unwrap_or_else(|e| fail("user add root", e));
         c.user_grant_role("root", "root")
@@ -99,11 +109,11 @@ impl EtcdServer {
             .unwrap_or_else(|e| fail("role add", e));
         c.role_grant_permission(
             role.as_str(),
-            etcd_client::Permission::read_write(prefix).with_prefix(),
+            router_etcd::pb::authpb::Permission::read_write_prefix(prefix),
         )
         .await
         .unwrap_or_else(|e| fail("grant permission", e));
-        c.user_add(user, password, None)
+        c.user_add(user, password)
             .await
             .unwrap_or_else(|e| fail("user add", e));
         c.user_grant_role(user, role.as_str())
@@ -134,22 +144,18 @@ impl EtcdServer {
 
     /// The helper's own client options: its certificate, and root once
     /// authentication is on.
-    fn client_options(&self) -> Option<etcd_client::ConnectOptions> {
-        let mut options = etcd_client::ConnectOptions::new();
-        if let Some(tls) = &self.tls {
-            options = options.with_tls(
-                etcd_client::TlsOptions::new()
-                    .ca_certificate(etcd_client::Certificate::from_pem(&tls.ca))
-                    .identity(etcd_client::Identity::from_pem(
-                        &tls.client_cert,
-                        &tls.client_key,
-                    )),
-            );
+    fn client_options(&self) -> router_etcd::Options {
+        router_etcd::Options {
+            tls: self.tls.as_ref().map(|tls| router_etcd::Tls {
+                ca_pem: tls.ca.clone(),
+                identity: Some((tls.client_cert.clone(), tls.client_key.clone())),
+            }),
+            user: self
+                .root_password
+                .as_ref()
+                .map(|password| ("root".to_string(), password.clone())),
+            ..router_etcd::Options::default()
         }
-        if let Some(password) = &self.root_password {
-            options = options.with_user("root", password.clone());
-        }
-        Some(options)
     }
 
     /// Kills the member (SIGKILL: no goodbye to clients).
@@ -202,6 +208,7 @@ impl EtcdServer {
                 "--log-level",
                 "warn",
             ])
+            .args(&self.args)
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
@@ -209,11 +216,17 @@ impl EtcdServer {
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
-            if let Ok(mut c) =
-                etcd_client::Client::connect([client.as_str()], self.client_options()).await
-            {
-                if let Ok(Ok(_)) =
-                    tokio::time::timeout(Duration::from_secs(1), c.get("health", None)).await
+            let connected = tokio::time::timeout(
+                Duration::from_secs(1),
+                router_etcd::Client::connect(std::slice::from_ref(&client), self.client_options()),
+            )
+            .await;
+            if let Ok(Ok(c)) = connected {
+                if let Ok(Ok(_)) = tokio::time::timeout(
+                    Duration::from_secs(1),
+                    c.range(router_etcd::pb::etcdserverpb::RangeRequest::key("health")),
+                )
+                .await
                 {
                     return;
                 }
@@ -228,27 +241,28 @@ impl EtcdServer {
     }
 
     /// A client of this member.
-    pub async fn client(&self) -> etcd_client::Client {
-        etcd_client::Client::connect([self.client_url()], self.client_options())
-            .await
-            .unwrap_or_else(|e| panic!("etcd client: {e}"))
+    pub async fn client(&self) -> router_etcd::Client {
+        tokio::time::timeout(
+            Duration::from_secs(5),
+            router_etcd::Client::connect(&[self.client_url()], self.client_options()),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("etcd client: no answer within 5 s"))
+        .unwrap_or_else(|e| panic!("etcd client: {e}"))
     }
 
     /// Compacts the key space at its current revision; returns it.
     pub async fn compact(&self) -> i64 {
-        let mut c = self.client().await;
+        let c = self.client().await;
         let revision = c
-            .get("health", None)
+            .range(router_etcd::pb::etcdserverpb::RangeRequest::key("health"))
             .await
             .ok()
-            .and_then(|r| r.header().map(|h| h.revision()))
+            .and_then(|r| r.header.map(|h| h.revision))
             .unwrap_or_else(|| panic!("etcd has no revision"));
-        c.compact(
-            revision,
-            Some(etcd_client::CompactionOptions::new().with_physical()),
-        )
-        .await
-        .unwrap_or_else(|e| panic!("compaction: {e}"));
+        c.compact(revision, true)
+            .await
+            .unwrap_or_else(|e| panic!("compaction: {e}"));
         revision
     }
 }

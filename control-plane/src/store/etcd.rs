@@ -41,11 +41,12 @@ use std::time::Duration;
 
 use std::path::{Path, PathBuf};
 
-use etcd_client::{
-    Certificate, Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, Identity,
-    KeyValue, LeaseKeepAliveStream, LeaseKeeper, PutOptions, TlsOptions, Txn, TxnOp, TxnOpResponse,
-    WatchOptions,
+use router_etcd::pb::etcdserverpb::{
+    compare::CompareResult, Compare, RangeRequest, RequestOp, TxnRequest, WatchCreateRequest,
 };
+use router_etcd::pb::mvccpb::{event::EventType, KeyValue};
+use router_etcd::pb::prefix_end;
+use router_etcd::{Client, LeaseKeeper, Options, Tls};
 use tokio::sync::{mpsc, Mutex};
 
 use std::collections::BTreeMap;
@@ -304,28 +305,20 @@ impl EtcdAccess {
         })
     }
 
-    /// The client's options: TLS when the CA is given, the user when given.
-    fn connect_options(&self) -> ConnectOptions {
-        let mut options = ConnectOptions::new()
-            .with_connect_timeout(Duration::from_secs(3))
+    /// The client's options: TLS when the CA is given, the user when
+    /// given (etcd's tokens expire, 5 min by default: the client gets a
+    /// new one when etcd says so, instead of failing the call).
+    fn connect_options(&self) -> Options {
+        Options {
+            tls: self.ca_pem.as_ref().map(|ca| Tls {
+                ca_pem: ca.clone(),
+                identity: self.identity.clone(),
+            }),
+            user: self.user.clone(),
+            connect_timeout: Some(Duration::from_secs(3)),
             // A silently dead member breaks the watch within seconds.
-            .with_keep_alive(Duration::from_secs(5), Duration::from_secs(3))
-            .with_keep_alive_while_idle(true);
-        if let Some(ca) = &self.ca_pem {
-            let mut tls = TlsOptions::new().ca_certificate(Certificate::from_pem(ca));
-            if let Some((cert, key)) = &self.identity {
-                tls = tls.identity(Identity::from_pem(cert, key));
-            }
-            options = options.with_tls(tls);
+            keep_alive: Some((Duration::from_secs(5), Duration::from_secs(3))),
         }
-        if let Some((name, password)) = &self.user {
-            // etcd's tokens expire (5 min by default): get a new one when
-            // etcd says so, instead of failing the call.
-            options = options
-                .with_user(name.clone(), password.clone())
-                .with_auto_token_refresh(true);
-        }
-        options
     }
 }
 
@@ -368,24 +361,21 @@ struct PublishedProxy {
     record: ProxyRecord,
 }
 
-/// A held lease and its renewal stream.
+/// A held lease, with its renewal stream.
 struct Lease {
-    id: i64,
     keeper: LeaseKeeper,
-    answers: LeaseKeepAliveStream,
 }
 
 impl Lease {
+    fn id(&self) -> i64 {
+        self.keeper.id()
+    }
+
     /// Renews; false when the lease is gone (expired, or etcd unreachable).
     async fn renew(&mut self) -> bool {
-        let renewed = async {
-            self.keeper.keep_alive().await.ok()?;
-            let answer = self.answers.message().await.ok()??;
-            Some(answer.ttl() > 0)
-        };
         matches!(
-            tokio::time::timeout(CALL_TIMEOUT, renewed).await,
-            Ok(Some(true))
+            tokio::time::timeout(CALL_TIMEOUT, self.keeper.keep_alive()).await,
+            Ok(Ok(ttl)) if ttl > 0
         )
     }
 }
@@ -401,7 +391,7 @@ pub struct EtcdStore {
 
 async fn call<T, F>(f: F) -> Result<T, StoreError>
 where
-    F: std::future::Future<Output = Result<T, etcd_client::Error>>,
+    F: std::future::Future<Output = Result<T, router_etcd::Error>>,
 {
     match tokio::time::timeout(CALL_TIMEOUT, f).await {
         Ok(r) => r.map_err(classify),
@@ -412,9 +402,9 @@ where
 /// What etcd refused (credentials, permissions, a bad request) apart from
 /// what may pass (unreachable, no leader, a broken connection); each with
 /// its causes, so a TLS failure says which (unknown issuer, no certificate).
-fn classify(e: etcd_client::Error) -> StoreError {
+fn classify(e: router_etcd::Error) -> StoreError {
     use tonic::Code;
-    if let etcd_client::Error::GRpcStatus(status) = &e {
+    if let Some(status) = e.status() {
         if matches!(
             status.code(),
             Code::InvalidArgument
@@ -425,23 +415,8 @@ fn classify(e: etcd_client::Error) -> StoreError {
             return StoreError::Refused(status.message().to_string());
         }
     }
-    // etcd_client::Error names no source: start from what it wraps.
-    let (mut text, mut source): (String, Option<&(dyn std::error::Error + 'static)>) = match &e {
-        etcd_client::Error::TransportError(t) => (t.to_string(), std::error::Error::source(t)),
-        etcd_client::Error::GRpcStatus(s) => (
-            format!("{:?}: {}", s.code(), s.message()),
-            std::error::Error::source(s),
-        ),
-        other => (other.to_string(), None),
-    };
-    while let Some(cause) = source {
-        let cause_text = cause.to_string();
-        if !text.contains(&cause_text) {
-            text = format!("{text}: {cause_text}");
-        }
-        source = cause.source();
-    }
-    StoreError::Backend(text)
+    // The client's error names the code, etcd's message and every cause.
+    StoreError::Backend(e.to_string())
 }
 
 fn to_u64(revision: i64) -> u64 {
@@ -463,7 +438,7 @@ impl EtcdStore {
     ) -> Result<Self, StoreError> {
         let client = call(Client::connect(
             &address.endpoints,
-            Some(access.connect_options()),
+            access.connect_options(),
         ))
         .await?;
         Ok(Self {
@@ -537,15 +512,13 @@ impl EtcdStore {
             }
         }
         *slot = None;
-        let mut client = self.client.clone();
-        let granted =
-            call(client.lease_grant(i64::try_from(ttl.as_secs()).unwrap_or(10), None)).await?;
-        let (keeper, answers) = call(client.lease_keep_alive(granted.id())).await?;
-        *slot = Some(Lease {
-            id: granted.id(),
-            keeper,
-            answers,
-        });
+        let granted = call(
+            self.client
+                .lease_grant(i64::try_from(ttl.as_secs()).unwrap_or(10)),
+        )
+        .await?;
+        let (keeper, _ttl) = call(self.client.lease_keep_alive(granted.id)).await?;
+        *slot = Some(Lease { keeper });
         Ok(true)
     }
 
@@ -565,20 +538,21 @@ impl EtcdStore {
 
     /// The current etcd revision (of the whole key space).
     pub async fn etcd_revision(&self) -> Result<i64, StoreError> {
-        let mut client = self.client.clone();
-        let resp =
-            call(client.get(self.keys.state(), Some(GetOptions::new().with_count_only()))).await?;
-        Ok(resp.header().map_or(0, |h| h.revision()))
+        let request = RangeRequest {
+            count_only: true,
+            ..RangeRequest::key(self.keys.state())
+        };
+        let resp = call(self.client.range(request)).await?;
+        Ok(resp.header.map_or(0, |h| h.revision))
     }
 }
 
 /// Reads everything under the prefix; returns it with the etcd revision it was read at.
 async fn list(client: &Client, keys: &Keys) -> Result<(Contents, i64), StoreError> {
-    let mut client = client.clone();
-    let resp = call(client.get(keys.prefix.clone(), Some(GetOptions::new().with_prefix()))).await?;
-    let revision = resp.header().map_or(0, |h| h.revision());
+    let resp = call(client.range(RangeRequest::prefix(keys.prefix.clone()))).await?;
+    let revision = resp.header.map_or(0, |h| h.revision);
     let mut contents = Contents::default();
-    for kv in resp.kvs() {
+    for kv in &resp.kvs {
         match decode(keys, kv) {
             Some(StoreEvent::State(s)) => contents.state = s,
             Some(StoreEvent::Policy(p)) => contents.history.push(p),
@@ -593,11 +567,11 @@ async fn list(client: &Client, keys: &Keys) -> Result<(Contents, i64), StoreErro
 /// and for values that do not decode (logged, then skipped: a stray write
 /// must not stop the control plane).
 fn decode(keys: &Keys, kv: &KeyValue) -> Option<StoreEvent> {
-    let key = kv.key_str().ok()?;
+    let key = kv.key_str()?;
     if key == keys.state() {
-        match serde_json::from_slice::<State>(kv.value()) {
+        match serde_json::from_slice::<State>(&kv.value) {
             Ok(mut state) => {
-                state.revision = to_u64(kv.mod_revision());
+                state.revision = to_u64(kv.mod_revision);
                 Some(StoreEvent::State(state))
             }
             Err(e) => {
@@ -606,7 +580,7 @@ fn decode(keys: &Keys, kv: &KeyValue) -> Option<StoreEvent> {
             }
         }
     } else if key.starts_with(&keys.policies()) {
-        match serde_json::from_slice::<PolicyRecord>(kv.value()) {
+        match serde_json::from_slice::<PolicyRecord>(&kv.value) {
             Ok(p) => Some(StoreEvent::Policy(p)),
             Err(e) => {
                 tracing::error!(key, error = %e, "undecodable policy in etcd; ignored");
@@ -686,9 +660,13 @@ async fn watch(
     start: i64,
     tx: &mpsc::Sender<StoreChange>,
 ) -> WatchEnd {
-    let options = WatchOptions::new().with_prefix().with_start_revision(start);
-    let mut client = client.clone();
-    let mut stream = match call(client.watch(keys.prefix.clone(), Some(options))).await {
+    let create = WatchCreateRequest {
+        key: keys.prefix.clone().into_bytes(),
+        range_end: prefix_end(keys.prefix.as_bytes()),
+        start_revision: start,
+        ..WatchCreateRequest::default()
+    };
+    let mut stream = match call(client.watch(create)).await {
         Ok(s) => s,
         Err(e) => {
             return WatchEnd::Broken {
@@ -722,27 +700,28 @@ async fn watch(
                 }
             }
         };
-        if resp.compact_revision() > 0 {
+        if resp.compact_revision > 0 {
             return WatchEnd::Compacted;
         }
-        if resp.canceled() {
+        if resp.canceled {
             return WatchEnd::Broken {
                 next,
                 progressed,
-                error: format!("watch cancelled: {}", resp.cancel_reason()),
+                error: format!("watch cancelled: {}", resp.cancel_reason),
             };
         }
         progressed = true;
         let mut events = Vec::new();
-        for event in resp.events() {
-            let Some(kv) = event.kv() else { continue };
-            next = next.max(kv.mod_revision() + 1);
-            match event.event_type() {
+        for event in &resp.events {
+            let Some(kv) = event.kv.as_ref() else {
+                continue;
+            };
+            next = next.max(kv.mod_revision + 1);
+            match event.r#type() {
                 EventType::Put => events.extend(decode(keys, kv)),
                 EventType::Delete => {
                     let version = kv
                         .key_str()
-                        .ok()
                         .and_then(|k| k.strip_prefix(&keys.policies()))
                         .and_then(|v| v.parse::<u64>().ok());
                     events.extend(version.map(StoreEvent::PolicyRemoved));
@@ -761,20 +740,24 @@ impl Store for EtcdStore {
             // Created only if absent: of replicas starting together, the
             // first one's id stands, and every one reads it back.
             let key = self.keys.store_id();
-            let txn = Txn::new()
-                .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
-                .and_then([TxnOp::put(
+            let txn = TxnRequest {
+                compare: vec![Compare::create_revision(
+                    key.clone(),
+                    CompareResult::Equal,
+                    0,
+                )],
+                success: vec![RequestOp::put(
                     key.clone(),
                     uuid::Uuid::now_v7().to_string(),
-                    None,
-                )])
-                .or_else([TxnOp::get(key.clone(), None)]);
-            let mut client = self.client.clone();
-            call(client.txn(txn)).await?;
-            let resp = call(client.get(key, None)).await?;
-            resp.kvs()
+                    0,
+                )],
+                failure: vec![RequestOp::get(key.clone())],
+            };
+            call(self.client.txn(txn)).await?;
+            let resp = call(self.client.range(RangeRequest::key(key))).await?;
+            resp.kvs
                 .first()
-                .and_then(|kv| kv.value_str().ok())
+                .and_then(KeyValue::value_str)
                 .map(str::to_string)
                 .ok_or_else(|| backend("the store id key vanished"))
         })
@@ -792,41 +775,36 @@ impl Store for EtcdStore {
     ) -> StoreFuture<'a, u64> {
         Box::pin(async move {
             let key = self.keys.state();
-            let mut puts = vec![TxnOp::put(
+            let mut puts = vec![RequestOp::put(
                 key.clone(),
                 serde_json::to_vec(state).map_err(backend)?,
-                None,
+                0,
             )];
             if let Some(p) = policy {
-                puts.push(TxnOp::put(
+                puts.push(RequestOp::put(
                     self.keys.policy(p.version),
                     serde_json::to_vec(p).map_err(backend)?,
-                    None,
+                    0,
                 ));
             }
-            let txn = Txn::new()
-                .when([Compare::mod_revision(
+            let txn = TxnRequest {
+                compare: vec![Compare::mod_revision(
                     key.clone(),
-                    CompareOp::Equal,
+                    CompareResult::Equal,
                     to_i64(expected_revision),
-                )])
-                .and_then(puts)
-                .or_else([TxnOp::get(key, None)]);
-            let mut client = self.client.clone();
-            let resp = call(client.txn(txn)).await?;
-            if resp.succeeded() {
-                return Ok(resp.header().map_or(0, |h| to_u64(h.revision())));
+                )],
+                success: puts,
+                failure: vec![RequestOp::get(key)],
+            };
+            let resp = call(self.client.txn(txn)).await?;
+            if resp.succeeded {
+                return Ok(resp.header.map_or(0, |h| to_u64(h.revision)));
             }
             let actual = resp
-                .op_responses()
-                .into_iter()
-                .find_map(|r| match r {
-                    TxnOpResponse::Get(g) => {
-                        Some(g.kvs().first().map_or(0, KeyValue::mod_revision))
-                    }
-                    _ => None,
-                })
-                .unwrap_or(0);
+                .responses
+                .iter()
+                .find_map(|r| r.as_range())
+                .map_or(0, |g| g.kvs.first().map_or(0, |kv| kv.mod_revision));
             Err(StoreError::Conflict {
                 expected: expected_revision,
                 actual: to_u64(actual),
@@ -839,12 +817,15 @@ impl Store for EtcdStore {
             if versions.is_empty() {
                 return Ok(());
             }
-            let deletes: Vec<TxnOp> = versions
+            let deletes: Vec<RequestOp> = versions
                 .iter()
-                .map(|v| TxnOp::delete(self.keys.policy(*v), None))
+                .map(|v| RequestOp::delete(self.keys.policy(*v)))
                 .collect();
-            let mut client = self.client.clone();
-            call(client.txn(Txn::new().and_then(deletes))).await?;
+            call(self.client.txn(TxnRequest {
+                success: deletes,
+                ..TxnRequest::default()
+            }))
+            .await?;
             Ok(())
         })
     }
@@ -861,23 +842,24 @@ impl Store for EtcdStore {
                 return Ok(false);
             };
             let key = self.keys.singleton();
-            let txn = Txn::new()
-                .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
-                .and_then([TxnOp::put(
+            let txn = TxnRequest {
+                compare: vec![Compare::create_revision(
                     key.clone(),
-                    self.node.clone(),
-                    Some(PutOptions::new().with_lease(lease.id)),
-                )])
-                .or_else([TxnOp::get(key, None)]);
-            let mut client = self.client.clone();
-            let resp = call(client.txn(txn)).await?;
-            if resp.succeeded() {
+                    CompareResult::Equal,
+                    0,
+                )],
+                success: vec![RequestOp::put(key.clone(), self.node.clone(), lease.id())],
+                failure: vec![RequestOp::get(key)],
+            };
+            let resp = call(self.client.txn(txn)).await?;
+            if resp.succeeded {
                 tracing::info!(node = %self.node, "this replica now holds the singleton lease");
                 return Ok(true);
             }
-            Ok(resp.op_responses().into_iter().any(|r| match r {
-                TxnOpResponse::Get(g) => g.kvs().first().is_some_and(|kv| kv.lease() == lease.id),
-                _ => false,
+            Ok(resp.responses.iter().any(|r| {
+                r.as_range()
+                    .and_then(|g| g.kvs.first())
+                    .is_some_and(|kv| kv.lease == lease.id())
             }))
         })
     }
@@ -895,7 +877,7 @@ impl Store for EtcdStore {
         Box::pin(async move {
             let mut presence = self.presence.lock().await;
             let fresh = self.keep_lease(&mut presence, PRESENCE_TTL).await?;
-            let Some(lease) = presence.as_ref().map(|l| l.id) else {
+            let Some(lease) = presence.as_ref().map(Lease::id) else {
                 return Ok(());
             };
             // A new lease has nothing attached yet: publish everything.
@@ -915,24 +897,30 @@ impl Store for EtcdStore {
                         record: record.clone(),
                     })
                     .map_err(backend)?;
-                    puts.push(TxnOp::put(
+                    puts.push(RequestOp::put(
                         self.keys.proxy(&self.node, node),
                         value,
-                        Some(PutOptions::new().with_lease(lease)),
+                        lease,
                     ));
                 }
-                let mut client = self.client.clone();
-                call(client.txn(Txn::new().and_then(puts))).await?;
+                call(self.client.txn(TxnRequest {
+                    success: puts,
+                    ..TxnRequest::default()
+                }))
+                .await?;
             }
             // Records dropped after the TTL (a fresh lease never had them).
             let gone: Vec<&String> = removed.iter().filter(|n| !all.contains_key(*n)).collect();
             for chunk in gone.chunks(TXN_OPS) {
-                let deletes: Vec<TxnOp> = chunk
+                let deletes: Vec<RequestOp> = chunk
                     .iter()
-                    .map(|node| TxnOp::delete(self.keys.proxy(&self.node, node), None))
+                    .map(|node| RequestOp::delete(self.keys.proxy(&self.node, node)))
                     .collect();
-                let mut client = self.client.clone();
-                call(client.txn(Txn::new().and_then(deletes))).await?;
+                call(self.client.txn(TxnRequest {
+                    success: deletes,
+                    ..TxnRequest::default()
+                }))
+                .await?;
             }
             Ok(())
         })
@@ -940,13 +928,11 @@ impl Store for EtcdStore {
 
     fn fleet_proxies(&self) -> StoreFuture<'_, Option<Vec<(String, ProxyRecord)>>> {
         Box::pin(async move {
-            let mut client = self.client.clone();
-            let resp = call(client.get(self.keys.proxies(), Some(GetOptions::new().with_prefix())))
-                .await?;
+            let resp = call(self.client.range(RangeRequest::prefix(self.keys.proxies()))).await?;
             Ok(Some(
-                resp.kvs()
+                resp.kvs
                     .iter()
-                    .filter_map(|kv| serde_json::from_slice::<PublishedProxy>(kv.value()).ok())
+                    .filter_map(|kv| serde_json::from_slice::<PublishedProxy>(&kv.value).ok())
                     .map(|p| (p.node, p.record))
                     .collect(),
             ))
@@ -959,8 +945,7 @@ impl Store for EtcdStore {
                 let Some(lease) = slot.lock().await.take() else {
                     continue;
                 };
-                let mut client = self.client.clone();
-                call(client.lease_revoke(lease.id)).await?;
+                call(self.client.lease_revoke(lease.id())).await?;
             }
             Ok(())
         })

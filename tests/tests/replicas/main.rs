@@ -21,6 +21,7 @@ use router_control_plane::store::{PolicyRecord, State, Store, StoreChange, Store
 use router_control_plane::{
     start, ControlPlaneOptions, Limits, RunningControlPlane, StoreLocation,
 };
+use router_etcd::pb::etcdserverpb::RangeRequest;
 use router_mock::{Behavior, MOCK_NAME_HEADER};
 use router_proto::v1 as pb;
 use router_tests::control::{admin, managed_proxy, policy, version_of, wait_version, TOKEN};
@@ -54,10 +55,10 @@ async fn replica_with(etcd: &EtcdServer, node: &str, limits: Limits) -> RunningC
 async fn singleton_holder(etcd: &EtcdServer) -> Option<String> {
     etcd.client()
         .await
-        .get("/router/singleton", None)
+        .range(RangeRequest::key("/router/singleton"))
         .await
         .unwrap()
-        .kvs()
+        .kvs
         .first()
         .map(|kv| kv.value_str().unwrap().to_string())
 }
@@ -640,17 +641,13 @@ async fn a_crashed_replica_loses_its_leases_when_they_expire() {
 async fn published_records(etcd: &EtcdServer) -> Vec<String> {
     etcd.client()
         .await
-        .get(
-            "/router/proxies/",
-            Some(
-                etcd_client::GetOptions::new()
-                    .with_prefix()
-                    .with_keys_only(),
-            ),
-        )
+        .range(RangeRequest {
+            keys_only: true,
+            ..RangeRequest::prefix("/router/proxies/")
+        })
         .await
         .unwrap()
-        .kvs()
+        .kvs
         .iter()
         .map(|kv| kv.key_str().unwrap().to_string())
         .collect()

@@ -146,10 +146,12 @@ async fn replicas_share_state_through_etcd_with_tls_client_certs_and_a_user() {
     let kvs = etcd
         .client()
         .await
-        .get("/router/state", None)
+        .range(router_etcd::pb::etcdserverpb::RangeRequest::key(
+            "/router/state",
+        ))
         .await
         .unwrap();
-    assert_eq!(kvs.kvs().len(), 1);
+    assert_eq!(kvs.kvs.len(), 1);
     a.shutdown().await;
     b.shutdown().await;
 }
@@ -323,4 +325,60 @@ async fn the_certificates_of_make_certs_secure_etcd_the_control_plane_and_proxie
     wait_version(&proxy, &format!("cp-{revision}")).await;
     cp.shutdown().await;
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_etcd_token_is_renewed_for_a_new_watch_and_for_calls() {
+    // etcd forgets a token unused for a second: the store's token is stale
+    // after an idle spell, and both a watch created then (etcd 3.4 refuses
+    // it in the stream, as "permission denied") and a call (refused as
+    // Unauthenticated) must sign in again rather than fail for good.
+    let mut etcd = EtcdServer::start_with_token_ttl("token-ttl", 1).await;
+    etcd.enable_auth(USER, PASSWORD, "/router/").await;
+    let address = EtcdAddress::parse(&etcd.store_url("router")).unwrap();
+    let user = EtcdAccess {
+        user: Some((USER.to_string(), PASSWORD.to_string())),
+        ..EtcdAccess::default()
+    };
+    let store = EtcdStore::open(&address, &user, "cp-a", Duration::from_secs(5))
+        .await
+        .unwrap();
+    let from = store.etcd_revision().await.unwrap() + 1;
+
+    // Idle for longer than the token lives (etcd drops expired tokens
+    // once a second), then a watch, with nothing else to renew the token.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let mut changes = store.follow_from(from);
+    // Another client writes: the follower must see it.
+    let state = router_control_plane::store::State {
+        policy_version: 7,
+        ..Default::default()
+    };
+    etcd.client()
+        .await
+        .put(router_etcd::pb::etcdserverpb::PutRequest {
+            key: b"/router/state".to_vec(),
+            value: serde_json::to_vec(&state).unwrap(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let seen = tokio::time::timeout(Duration::from_secs(5), async {
+        while let Some(change) = changes.recv().await {
+            if let router_control_plane::store::StoreChange::Changed(events) = change {
+                for event in events {
+                    if let router_control_plane::store::StoreEvent::State(s) = event {
+                        return Some(s.policy_version);
+                    }
+                }
+            }
+        }
+        None
+    })
+    .await;
+    assert_eq!(seen, Ok(Some(7)), "the watch never saw the write");
+
+    // Idle again: a call signs in again too.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(store.etcd_revision().await.unwrap() >= from);
 }

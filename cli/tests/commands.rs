@@ -928,7 +928,12 @@ async fn connection_flags_go_before_or_after_the_group() {
         let o = run(nowhere, None, &["policy", "apply", "--help"]);
         assert!(text(&o).contains("--server"), "{}", text(&o));
         // Commands that do not use them refuse them, before or after.
-        for args in [&["--server", s, "up"][..], &["mock", "--server", s]] {
+        for args in [
+            &["--server", s, "up"][..],
+            &["mock", "--server", s],
+            &["drill", "--server", s],
+            &["--server", s, "approve"],
+        ] {
             let o = run(nowhere, None, args);
             assert_eq!(o.status.code(), Some(2), "{args:?}: {}", text(&o));
             assert!(

@@ -328,7 +328,9 @@ impl HeadMeter {
     }
 
     /// The request has been handled: bytes read from now on belong to the
-    /// next head.
+    /// next head. (Body bytes the handler left unread, which hyper may read
+    /// after its answer, are counted as head bytes then: at most the cap,
+    /// until the next head is complete or the connection closes.)
     pub(crate) fn expect_head(&self) {
         self.reading_head.store(true, Ordering::Release);
     }

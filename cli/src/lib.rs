@@ -2,6 +2,8 @@
 //!
 //! - [`approve_cmd`]: `routerctl approve`, a signed approval token for one
 //!   request;
+//! - [`connection_flags`]: `--server`, `--token`, `--ca-file` and `-o`
+//!   before a command group's name (the earlier interface) moved after it;
 //! - [`drill`]: the fallback drill (`routerctl drill`);
 //! - [`mock_cmd`]: `routerctl mock`, one mock model endpoint from the
 //!   `router-mock` crate (which also serves the drill's, `up`'s and the
@@ -16,6 +18,7 @@
 
 pub mod admin_cmd;
 pub mod approve_cmd;
+pub mod connection_flags;
 pub mod drill;
 pub mod mock_cmd;
 pub mod policy_cmd;

@@ -9,6 +9,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 use routerctl::admin_cmd;
 use routerctl::approve_cmd::{self, ApproveArgs};
+use routerctl::connection_flags;
 use routerctl::drill::{self, DrillConfig, Scenario};
 use routerctl::mock_cmd::{self, MockArgs};
 use routerctl::policy_cmd::{self, Output};
@@ -25,7 +26,8 @@ const LONG_ABOUT: &str = "The LLM router's command line.
   up            the control plane and a proxy in one process (demo endpoints
                 when no policy is given)
   policy, backends, circuits, proxies, route explain
-                operate a running control plane (--server, --token)
+                operate a running control plane (--server, --token, -o:
+                before or after the group's name)
   policy validate, route explain -f FILE
                 offline: check a policy, explain a routing decision
   approve       offline: sign an approval for one request on one route
@@ -108,6 +110,21 @@ enum Command {
     Approve(ApproveArgs),
 }
 
+/// The connection flags of a group's offline command (`policy validate`):
+/// accepted, as a script may pass them to every command of its group, but
+/// not shown in its help, since it does not use them. Same ids as
+/// [`Connection`]'s, so that the group's global flags are not added to it
+/// a second time, shown.
+#[derive(Args, Debug)]
+struct Unused {
+    #[arg(id = "server", long = "server", hide = true)]
+    _server: Option<String>,
+    #[arg(id = "token", long = "token", hide = true)]
+    _token: Option<String>,
+    #[arg(id = "ca_file", long = "ca-file", hide = true)]
+    _ca_file: Option<PathBuf>,
+}
+
 #[derive(Subcommand, Debug)]
 enum PolicyCommand {
     /// Check a policy file offline; every error with its field path.
@@ -115,6 +132,8 @@ enum PolicyCommand {
         /// The policy file (YAML or JSON).
         #[arg(short = 'f', long = "file")]
         file: PathBuf,
+        #[command(flatten)]
+        _unused: Unused,
     },
     /// Validate and apply a policy on the control plane.
     Apply {
@@ -334,7 +353,9 @@ struct DrillArgs {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    // Connection flags before a group's name go after it (see
+    // `connection_flags`): the earlier interface's spelling.
+    let cli = Cli::parse_from(connection_flags::hoist(std::env::args_os().collect()));
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -360,7 +381,7 @@ async fn run(cli: Cli) -> ExitCode {
         Command::Policy(g) => {
             let output = g.printing.output;
             match g.command {
-                PolicyCommand::Validate { file } => policy_cmd::validate(&file, output),
+                PolicyCommand::Validate { file, .. } => policy_cmd::validate(&file, output),
                 command => {
                     let mut admin = match connect(&g.connection).await {
                         Ok(a) => a,
@@ -533,7 +554,7 @@ async fn policy(admin: &mut admin_cmd::Admin, command: PolicyCommand, output: Ou
             to,
             expected_version,
         } => admin_cmd::rollback(admin, to, expected_version).await,
-        PolicyCommand::Validate { file } => policy_cmd::validate(&file, output),
+        PolicyCommand::Validate { file, .. } => policy_cmd::validate(&file, output),
     }
 }
 

@@ -839,3 +839,111 @@ async fn tasks_commands_say_what_the_control_plane_needs() {
     cp.shutdown().await;
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Issue 28, item 12: the connection flags work before the command group
+/// (the earlier interface, kubectl's order), between the group and its
+/// command, and after the command; commands that do not use them refuse
+/// them and do not show them. `ROUTERCTL_SERVER` points nowhere, so only
+/// the flag can reach the control plane.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connection_flags_go_before_or_after_the_group() {
+    let dir = std::env::temp_dir().join(format!("routerctl-flags-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let cp = control_plane_in(&dir).await;
+    let server = format!("http://{}", cp.local_addr());
+    let good = dir.join("good.yaml");
+    std::fs::write(&good, GOOD).unwrap();
+    let good = good.to_str().unwrap().to_string();
+    tokio::task::spawn_blocking(move || {
+        let nowhere = "http://127.0.0.1:9";
+        let s = server.as_str();
+        let with_equals = format!("--server={s}");
+        let lines: [Vec<&str>; 4] = [
+            vec![
+                "--server", s, "--token", "tok", "policy", "apply", "-f", &good,
+            ],
+            vec![
+                "policy", "--server", s, "--token", "tok", "apply", "-f", &good,
+            ],
+            vec![
+                "policy", "apply", "-f", &good, "--server", s, "--token", "tok",
+            ],
+            vec![&with_equals, "--token=tok", "policy", "apply", "-f", &good],
+        ];
+        for args in &lines {
+            let o = run(nowhere, None, args);
+            assert_eq!(o.status.code(), Some(0), "{args:?}: {}", text(&o));
+            assert!(
+                text(&o).contains("policy version 1"),
+                "{args:?}: {}",
+                text(&o)
+            );
+        }
+        // -o before the group, as scripts wrote `routerctl -o json policy
+        // history`.
+        let o = run(
+            nowhere,
+            Some("tok"),
+            &["-o", "json", "--server", s, "policy", "history"],
+        );
+        assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert_eq!(v[0]["version"], 1, "{v}");
+        // Without the flag, the variable's server is used (and is not
+        // there): the flag above was what reached the control plane.
+        let o = run(nowhere, Some("tok"), &["policy", "history"]);
+        assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+        // Offline `policy validate` still takes them (a script may pass
+        // them to every `policy` command) but does not show them.
+        let o = run(
+            nowhere,
+            None,
+            &["--server", s, "policy", "validate", "-f", &good],
+        );
+        assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+        let o = run(
+            nowhere,
+            None,
+            &["policy", "validate", "-f", &good, "--server", s],
+        );
+        assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+        for help in [
+            &["policy", "validate", "--help"][..],
+            &["up", "--help"],
+            &["drill", "--help"],
+            &["mock", "--help"],
+            &["approve", "--help"],
+        ] {
+            let o = run(nowhere, None, help);
+            assert_eq!(o.status.code(), Some(0), "{help:?}: {}", text(&o));
+            for flag in ["--server", "--token", "--ca-file"] {
+                assert!(
+                    !text(&o).contains(flag),
+                    "{help:?} shows {flag}: {}",
+                    text(&o)
+                );
+            }
+        }
+        let o = run(nowhere, None, &["policy", "apply", "--help"]);
+        assert!(text(&o).contains("--server"), "{}", text(&o));
+        // Commands that do not use them refuse them, before or after.
+        for args in [
+            &["--server", s, "up"][..],
+            &["mock", "--server", s],
+            &["drill", "--server", s],
+            &["--server", s, "approve"],
+        ] {
+            let o = run(nowhere, None, args);
+            assert_eq!(o.status.code(), Some(2), "{args:?}: {}", text(&o));
+            assert!(
+                text(&o).contains("unexpected argument '--server'"),
+                "{args:?}: {}",
+                text(&o)
+            );
+        }
+    })
+    .await
+    .unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -182,7 +182,7 @@ pub(crate) struct Shared {
     pub(crate) tasks: Arc<tasks::Tasks>,
     /// Request bytes held by all requests together, under a cap.
     pub(crate) buffered: Arc<limits::ByteBudget>,
-    /// Open client connections, under a cap.
+    /// Open client connections, under a cap in all and one per peer.
     pub(crate) connections: Arc<limits::ConnectionSlots>,
     /// Who may call the admin endpoints.
     pub(crate) admin: admin::AdminAccess,
@@ -370,8 +370,11 @@ pub async fn start(options: ProxyOptions) -> Result<RunningProxy, StartError> {
         ),
         Arc::clone(&metrics),
     ));
-    let (settings_buffered, settings_connections) =
-        (settings.max_buffered_bytes, settings.max_connections);
+    let (settings_buffered, settings_connections, settings_per_peer) = (
+        settings.max_buffered_bytes,
+        settings.max_connections,
+        settings.connections_per_peer(),
+    );
     let shared = Arc::new(Shared {
         route_log: RouteLog::spawn(route_log, Arc::clone(&metrics))?,
         settings,
@@ -387,7 +390,7 @@ pub async fn start(options: ProxyOptions) -> Result<RunningProxy, StartError> {
         spend,
         tasks: Arc::clone(&parked),
         buffered: limits::ByteBudget::new(settings_buffered),
-        connections: limits::ConnectionSlots::new(settings_connections),
+        connections: limits::ConnectionSlots::new(settings_connections, settings_per_peer),
     });
 
     let workers = match shared.settings.workers {
@@ -543,6 +546,9 @@ async fn serve_connection(
     _slot: limits::ConnectionSlot,
 ) {
     let _ = stream.set_nodelay(true);
+    // The head being read is counted in the buffered bytes (see `limits`).
+    let meter = limits::HeadMeter::new(&shared.buffered, shared.settings.max_header_bytes);
+    let stream = limits::Metered::new(stream, Arc::clone(&meter));
     let svc_shared = Arc::clone(&shared);
     // The peer reaches the handler twice: as the X-Forwarded-For value
     // passed upstream, and as the address the admin doors check.
@@ -552,16 +558,27 @@ async fn serve_connection(
         let shared = Arc::clone(&svc_shared);
         let client_ip = client_ip.clone();
         let client = client.clone();
+        meter.head_done();
+        let meter = Arc::clone(&meter);
         // A combinator, not an `async` block: the block would keep its own
         // copies of the arguments beside the handler's future.
         futures_util::FutureExt::map(
             handler::handle(shared, client, peer, client_ip, req),
-            Ok::<_, Infallible>,
+            move |answer| {
+                meter.expect_head();
+                Ok::<_, Infallible>(answer)
+            },
         )
     });
+    let head_cap = shared.settings.max_header_bytes;
     let conn = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())
         .header_read_timeout(shared.settings.client_header_timeout)
+        // A head past the cap is answered 431 and the connection closed;
+        // the read buffer never grows past it (hyper's default is about
+        // 400 KiB a connection).
+        .max_header_size(head_cap)
+        .max_buf_size(head_cap.max(settings::MIN_HEADER_BYTES))
         .keep_alive(true)
         // Head and body copied into one buffer, one plain write: for the
         // small JSON answers that dominate, cheaper than queueing both for
@@ -600,9 +617,12 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, workers: Vec<Wo
                 continue;
             }
         };
-        let Some(slot) = shared.connections.try_open() else {
-            tokio::spawn(refuse_overloaded(stream));
-            continue;
+        let slot = match shared.connections.try_open(remote.ip()) {
+            Ok(slot) => slot,
+            Err(refused) => {
+                tokio::spawn(refuse_overloaded(stream, refused.answer()));
+                continue;
+            }
         };
         if workers.is_empty() {
             let client = shared.client.clone();
@@ -640,15 +660,15 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, workers: Vec<Wo
     }
 }
 
-/// Answers a connection past the cap with a canned `503 overloaded` and
-/// closes it, reading (and dropping) what the client sends for a moment
-/// first so that it sees the answer rather than a reset. Bounded: 1 s and
-/// 64 KiB.
-async fn refuse_overloaded(mut stream: TcpStream) {
+/// Answers a connection past the cap (or its peer's) with a canned
+/// `503 overloaded` (`answer`) and closes it, reading (and dropping) what
+/// the client sends for a moment first so that it sees the answer rather
+/// than a reset. Bounded: 1 s and 64 KiB.
+async fn refuse_overloaded(mut stream: TcpStream, answer: &'static [u8]) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let wait = std::time::Duration::from_secs(1);
     let _ = tokio::time::timeout(wait, async {
-        stream.write_all(limits::OVERLOADED_ANSWER).await?;
+        stream.write_all(answer).await?;
         stream.shutdown().await?;
         let mut sink = [0u8; 4096];
         let mut read = 0usize;

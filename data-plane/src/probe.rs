@@ -19,14 +19,18 @@
 //!
 //!   Counts are summed over label sets (data-parallel engines behind one
 //!   port), KV usage is the highest. A page is at most 4 MiB, one GET per
-//!   endpoint per interval, each bounded by the interval: a bounded cost.
+//!   endpoint per round, each bounded by the probe's `timeout_ms`: a
+//!   bounded cost.
 //!
-//! Each pool with a `capacity_probe` has one task polling its endpoints
-//! every `interval_ms`, each poll bounded by the interval. A probe that
-//! fails (refused, timed out, an answer that does not parse) marks the
-//! endpoint unhealthy; data older than three intervals counts as unknown,
-//! which is not healthy: the endpoint takes no requests until a probe
-//! succeeds again.
+//! Each pool with a `capacity_probe` has one task polling its endpoints in
+//! rounds: every endpoint at once, each poll bounded by `timeout_ms` (its
+//! own setting, 1 s by default, not the interval), then `interval_ms`
+//! before the next round. What the endpoint may do with what the probes
+//! said is [`router_policy::probe`]'s rule: a failed probe (refused, timed
+//! out, an answer that does not parse) keeps the last answer and counts a
+//! failure; `unhealthy_after` failures in a row (3 by default) make the
+//! endpoint unusable until a probe answers again; an endpoint never
+//! answered, or whose last answer is stale, takes no requests.
 //!
 //! This module knows nothing of pools: a probe task polls whatever
 //! implements [`Probed`] (a pool does) and hands it [`ProbeReading`]s, which
@@ -38,6 +42,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Limited};
 use router_policy::engine_aware::EngineSignals;
+use router_policy::probe::ProbeRecord;
 use router_policy::{Endpoint, Probe, ProbeKind};
 use serde::Deserialize;
 use tokio::time::Instant;
@@ -47,16 +52,14 @@ use crate::forward::UpstreamClient;
 /// Largest probe answer read.
 const PROBE_BODY_LIMIT: usize = 4 * 1024 * 1024;
 
-/// A reading older than this many probe intervals counts as unknown.
-const STALE_INTERVALS: u32 = 3;
-
-/// What a capacity probe last saw at one endpoint.
+/// What the capacity probes last saw at one endpoint: the last answer (its
+/// time and numbers) and the failures since.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct ProbeReading {
-    /// When.
+    /// When the last answer came (when the probe failed, if none ever did).
     pub at: Instant,
-    /// The probe answered and parsed.
-    pub healthy: bool,
+    /// Whether a probe ever answered, failures in a row since.
+    pub record: ProbeRecord,
     /// Free VRAM, MB (Ollama).
     pub vram_free_mb: Option<u64>,
     /// Models resident in memory (Ollama).
@@ -81,11 +84,41 @@ impl ProbeReading {
 }
 
 impl ProbeReading {
-    /// Whether this reading lets the endpoint take requests as of `now`:
-    /// the probe answered, no more than three of `probe`'s intervals ago.
+    /// A failed probe's reading, at `at`, when nothing was known before.
+    fn failed(at: Instant) -> Self {
+        Self {
+            at,
+            record: ProbeRecord::default().after_failure(),
+            vram_free_mb: None,
+            resident: Vec::new(),
+            waiting: None,
+            running: None,
+            kv_cache_usage: None,
+        }
+    }
+
+    /// What to keep after a probe: its answer (`Some`), or, when it failed
+    /// (`None`, at `now`), the last answer with one more failure counted.
+    pub(crate) fn after(previous: Option<Self>, answer: Option<Self>, now: Instant) -> Self {
+        match (answer, previous) {
+            (Some(a), previous) => Self {
+                record: previous.map_or(a.record, |p| p.record).after_answer(),
+                ..a
+            },
+            (None, Some(p)) => Self {
+                record: p.record.after_failure(),
+                ..p
+            },
+            (None, None) => Self::failed(now),
+        }
+    }
+
+    /// Whether this reading lets the endpoint take requests as of `now`
+    /// ([`router_policy::probe::admits`]: answered, fewer than
+    /// `unhealthy_after` failures since, the answer not stale).
     #[inline]
     pub(crate) fn usable(&self, probe: &Probe, now: Instant) -> bool {
-        self.healthy && now.saturating_duration_since(self.at) <= probe.interval * STALE_INTERVALS
+        router_policy::probe::admits(probe, self.record, now.saturating_duration_since(self.at))
     }
 }
 
@@ -94,8 +127,9 @@ pub(crate) trait Probed: Send + Sync + 'static {
     /// The endpoints to poll now.
     fn probe_targets(&self) -> Vec<Endpoint>;
 
-    /// Records what the probe saw at `endpoint`.
-    fn record_probe(self: &Arc<Self>, endpoint: &Endpoint, reading: ProbeReading);
+    /// Records what the probe saw at `endpoint`: its answer, or `None`
+    /// when it failed (see [`ProbeReading::after`]).
+    fn record_probe(self: &Arc<Self>, endpoint: &Endpoint, answer: Option<ProbeReading>);
 }
 
 #[derive(Deserialize)]
@@ -223,33 +257,27 @@ async fn fetch(
         .map_err(|_| "probe timed out".to_string())?
 }
 
-/// Polls one endpoint once.
+/// Polls one endpoint once: its answer, `None` when the probe failed
+/// (refused, timed out after `probe.timeout`, not parsed).
 pub(crate) async fn probe_once(
     client: &UpstreamClient,
     endpoint: &Endpoint,
     probe: &Probe,
-) -> ProbeReading {
+) -> Option<ProbeReading> {
     let path = match probe.kind {
         ProbeKind::Ollama => "/api/ps",
         ProbeKind::Vllm | ProbeKind::Sglang | ProbeKind::Tgi => "/metrics",
     };
     let mut reading = ProbeReading {
-        at: Instant::now(),
-        healthy: false,
-        vram_free_mb: None,
-        resident: Vec::new(),
-        waiting: None,
-        running: None,
-        kv_cache_usage: None,
+        record: ProbeRecord::default().after_answer(),
+        ..ProbeReading::failed(Instant::now())
     };
-    let Ok(uri) = crate::forward::root_uri(endpoint, path) else {
-        return reading;
-    };
-    let body = match fetch(client, uri, probe.interval).await {
+    let uri = crate::forward::root_uri(endpoint, path).ok()?;
+    let body = match fetch(client, uri, probe.timeout).await {
         Ok(b) => b,
         Err(e) => {
             tracing::debug!(endpoint = %endpoint, error = %e, "capacity probe failed");
-            return reading;
+            return None;
         }
     };
     let parsed = match probe.kind {
@@ -265,18 +293,19 @@ pub(crate) async fn probe_once(
             })
         }
     };
-    match parsed {
-        Ok(()) => reading.healthy = true,
-        Err(e) => {
-            tracing::debug!(endpoint = %endpoint, error = %e, "capacity probe answer unusable")
-        }
+    if let Err(e) = parsed {
+        tracing::debug!(endpoint = %endpoint, error = %e, "capacity probe answer unusable");
+        return None;
     }
     reading.at = Instant::now();
-    reading
+    Some(reading)
 }
 
 /// Polls every endpoint of `pool` until the pool is gone or the task is
-/// aborted (on a config change that alters the probe).
+/// aborted (on a config change that alters the probe): a round polls every
+/// endpoint at once and waits for the last (each bounded by
+/// `probe.timeout`); the next starts `probe.interval` after the previous
+/// one started, or at once when the round took longer.
 pub(crate) async fn run<P: Probed>(pool: Weak<P>, client: UpstreamClient, probe: Probe) {
     let mut ticker = tokio::time::interval(probe.interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -426,30 +455,49 @@ sglang:cache_hit_rate{model_name="meta-llama/Llama-3.1-8B-Instruct"} 0.007507552
         assert_eq!(sample_line(r#"x{a="unterminated} 1"#), None);
     }
 
+    /// Issue 28, item 17: a failed probe keeps the last answer (its time
+    /// and numbers) and counts a failure; `unhealthy_after` in a row make
+    /// the endpoint unusable; one answer clears them.
     #[test]
-    fn a_reading_counts_while_healthy_and_at_most_three_intervals_old() {
+    fn a_failed_probe_keeps_the_last_answer_and_counts_a_failure() {
         let probe = Probe {
             kind: ProbeKind::Vllm,
-            interval: Duration::from_secs(1),
+            interval: Duration::from_millis(50),
+            timeout: Duration::from_secs(1),
+            unhealthy_after: 3,
             vram_total_mb: None,
         };
-        let at = Instant::now();
-        let reading = ProbeReading {
+        let t0 = Instant::now();
+        let answer = |at: Instant, waiting: u32| ProbeReading {
             at,
-            healthy: true,
-            vram_free_mb: None,
-            resident: Vec::new(),
-            waiting: Some(2),
-            running: None,
-            kv_cache_usage: None,
+            record: ProbeRecord::default().after_answer(),
+            waiting: Some(waiting),
+            ..ProbeReading::failed(at)
         };
-        assert!(reading.usable(&probe, at));
-        assert!(reading.usable(&probe, at + Duration::from_secs(3)));
-        assert!(!reading.usable(&probe, at + Duration::from_millis(3001)));
-        let failed = ProbeReading {
-            healthy: false,
-            ..reading
-        };
-        assert!(!failed.usable(&probe, at));
+        // Nothing known, a failure: not usable.
+        let r = ProbeReading::after(None, None, t0);
+        assert_eq!(r.record.failures, 1);
+        assert!(!r.usable(&probe, t0));
+        // An answer.
+        let r = ProbeReading::after(Some(r), Some(answer(t0, 4)), t0);
+        assert!(r.usable(&probe, t0));
+        // Two failures: the answer and its numbers still count.
+        let t1 = t0 + Duration::from_millis(1050);
+        let r = ProbeReading::after(Some(r), None, t1);
+        let r = ProbeReading::after(Some(r), None, t1 + Duration::from_millis(1050));
+        assert_eq!((r.at, r.waiting, r.record.failures), (t0, Some(4), 2));
+        assert!(r.usable(&probe, t1 + Duration::from_millis(1050)));
+        // The third in a row: unusable.
+        let t3 = t0 + Duration::from_millis(3 * 1050);
+        let r = ProbeReading::after(Some(r), None, t3);
+        assert!(!r.usable(&probe, t3));
+        // One answer brings it back, with its own numbers.
+        let r = ProbeReading::after(Some(r), Some(answer(t3, 1)), t3);
+        assert_eq!((r.record.failures, r.waiting), (0, Some(1)));
+        assert!(r.usable(&probe, t3));
+        // An answer goes stale after unhealthy_after rounds of interval
+        // plus timeout, not three intervals.
+        assert!(r.usable(&probe, t3 + Duration::from_millis(3150)));
+        assert!(!r.usable(&probe, t3 + Duration::from_millis(3151)));
     }
 }

@@ -112,6 +112,17 @@ pub struct Settings {
     pub max_buffered_bytes: usize,
     /// Client connections open at once (`CUSTOM_ROUTER_MAX_CONNECTIONS`, 4096).
     pub max_connections: usize,
+    /// Client connections one peer may hold open at once
+    /// (`CUSTOM_ROUTER_MAX_CONNECTIONS_PER_PEER`); `None`: half of
+    /// `max_connections` ([`Settings::connections_per_peer`]), so that one
+    /// peer never holds every slot. A peer is an IPv4 address or an IPv6
+    /// /64.
+    pub max_connections_per_peer: Option<usize>,
+    /// Largest request head (request line and headers) a client may send
+    /// (`CUSTOM_ROUTER_MAX_HEADER_BYTES`, 64 KiB, at least 8192): past it,
+    /// `431 Request Header Fields Too Large` and the connection is closed.
+    /// Also the most a connection's read buffer holds.
+    pub max_header_bytes: usize,
     /// What a policy may ask of this proxy: the variables a pool's
     /// `api_key_env` may name (`*_API_KEY`, plus
     /// `CUSTOM_ROUTER_API_KEY_ENV_ALLOW`) and the link-local or metadata
@@ -173,12 +184,27 @@ impl Default for Settings {
             attempt_timeout: Duration::from_secs(1800),
             max_buffered_bytes: 256 * 1024 * 1024,
             max_connections: 4096,
+            max_connections_per_peer: None,
+            max_header_bytes: 64 * 1024,
             guards: Guards::default(),
         }
     }
 }
 
+/// The smallest `CUSTOM_ROUTER_MAX_HEADER_BYTES`: hyper's smallest read
+/// buffer.
+pub(crate) const MIN_HEADER_BYTES: usize = 8192;
+
 impl Settings {
+    /// Connections one peer may hold open at once:
+    /// `CUSTOM_ROUTER_MAX_CONNECTIONS_PER_PEER`, or half of
+    /// `CUSTOM_ROUTER_MAX_CONNECTIONS` (at least 1) when unset.
+    pub fn connections_per_peer(&self) -> usize {
+        self.max_connections_per_peer
+            .unwrap_or(self.max_connections.div_ceil(2))
+            .max(1)
+    }
+
     /// Reads the process environment.
     ///
     /// A value that is not Unicode is read lossily, so that it fails its
@@ -353,6 +379,18 @@ impl Settings {
                 _ => return Err(bad(var, &v, "an integer of at least 1")),
             };
         }
+        if let Some((var, v)) = get("CUSTOM_ROUTER_MAX_CONNECTIONS_PER_PEER") {
+            s.max_connections_per_peer = match v.trim().parse::<usize>() {
+                Ok(n) if n >= 1 => Some(n),
+                _ => return Err(bad(var, &v, "an integer of at least 1")),
+            };
+        }
+        if let Some((var, v)) = get("CUSTOM_ROUTER_MAX_HEADER_BYTES") {
+            s.max_header_bytes = match v.trim().parse::<usize>() {
+                Ok(n) if n >= MIN_HEADER_BYTES => n,
+                _ => return Err(bad(var, &v, "a number of bytes of at least 8192")),
+            };
+        }
         s.guards = Guards::from_lookup(&lookup).map_err(|e| {
             let expected = match e.var {
                 ALLOW_BACKEND_HOSTS_VAR => "comma-separated host names or IP addresses",
@@ -499,6 +537,8 @@ mod tests {
         assert_eq!(s.max_buffered_bytes, 256 * 1024 * 1024);
         assert_eq!(s.attempt_timeout, Duration::from_secs(1800));
         assert_eq!(s.max_connections, 4096);
+        assert_eq!(s.connections_per_peer(), 2048);
+        assert_eq!(s.max_header_bytes, 65536);
         assert_eq!(
             s.connection_balance,
             crate::balance_workers::ConnectionBalance::Pack
@@ -519,8 +559,13 @@ mod tests {
             ("CUSTOM_ROUTER_MAX_BUFFERED_BYTES", "1048576"),
             ("CUSTOM_ROUTER_MAX_CONNECTIONS", "16"),
             ("CUSTOM_ROUTER_ATTEMPT_TIMEOUT", "2.5"),
+            ("CUSTOM_ROUTER_MAX_HEADER_BYTES", "8192"),
         ])
         .unwrap();
+        assert_eq!(s.max_header_bytes, 8192);
+        // Half of the connection cap unless set.
+        assert_eq!(s.connections_per_peer(), 8);
+
         assert_eq!(s.attempt_timeout, Duration::from_millis(2500));
         assert_eq!(s.max_buffered_bytes, 1 << 20);
         assert_eq!(s.max_connections, 16);
@@ -534,6 +579,18 @@ mod tests {
         assert_eq!(s.queue.timeout, Duration::from_millis(500));
         assert_eq!(s.queue.scoring, Scoring::LowestEwma);
         assert_eq!(s.max_concurrency, Some(4));
+        let s = with(&[
+            ("CUSTOM_ROUTER_MAX_CONNECTIONS", "1"),
+            ("CUSTOM_ROUTER_MAX_CONNECTIONS_PER_PEER", " 5000\n"),
+        ])
+        .unwrap();
+        assert_eq!(s.connections_per_peer(), 5000);
+        assert_eq!(
+            with(&[("CUSTOM_ROUTER_MAX_CONNECTIONS", "1")])
+                .unwrap()
+                .connections_per_peer(),
+            1
+        );
     }
 
     #[test]
@@ -556,6 +613,10 @@ mod tests {
             ("CUSTOM_ROUTER_MAX_BUFFERED_BYTES", "1GiB"),
             ("CUSTOM_ROUTER_MAX_CONNECTIONS", "0"),
             ("CUSTOM_ROUTER_MAX_CONNECTIONS", "-5"),
+            ("CUSTOM_ROUTER_MAX_CONNECTIONS_PER_PEER", "0"),
+            ("CUSTOM_ROUTER_MAX_CONNECTIONS_PER_PEER", "many"),
+            ("CUSTOM_ROUTER_MAX_HEADER_BYTES", "8191"),
+            ("CUSTOM_ROUTER_MAX_HEADER_BYTES", "64KiB"),
             ("CUSTOM_ROUTER_API_KEY_ENV_ALLOW", "*"),
             ("CUSTOM_ROUTER_API_KEY_ENV_ALLOW", "NOT-A-NAME"),
             (

@@ -30,6 +30,8 @@
 //!   settled when it ends, and what happens while the store is down.
 //! - [`park`]: safe mode: a request parked as a task when every pool of
 //!   its route is down (states, approval, TTL, claim, oldest first).
+//! - [`probe`]: capacity probes: when what a probe said of an endpoint
+//!   lets it take requests (its own timeout; one failure marks nothing).
 //! - [`structured`]: structured-output (JSON schema) checks of answers.
 //! - [`tenant`]: who is calling (hashed keys) and what they may ask for.
 
@@ -49,6 +51,7 @@ pub mod health;
 pub mod idempotency;
 pub mod outcome;
 pub mod park;
+pub mod probe;
 pub mod request_path;
 pub mod retry_budget;
 pub mod stream;

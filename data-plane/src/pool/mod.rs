@@ -661,13 +661,17 @@ impl Probed for PoolRuntime {
         st.endpoints.iter().map(|e| (*e.endpoint).clone()).collect()
     }
 
-    /// Records what a capacity probe saw at `endpoint`; a change may make
+    /// Records what a capacity probe saw at `endpoint` (an answer, or a
+    /// failure counted against the last answer); a change may make
     /// endpoints eligible, so waiters are dispatched.
-    fn record_probe(self: &Arc<Self>, endpoint: &Endpoint, reading: ProbeReading) {
+    fn record_probe(self: &Arc<Self>, endpoint: &Endpoint, answer: Option<ProbeReading>) {
         let mut st = self.lock();
         if let Some(e) = st.endpoints.iter_mut().find(|e| *e.endpoint == *endpoint) {
-            e.probe = Some(reading);
-            e.in_flight_at_scrape = e.in_flight;
+            let answered = answer.is_some();
+            e.probe = Some(ProbeReading::after(e.probe.take(), answer, Instant::now()));
+            if answered {
+                e.in_flight_at_scrape = e.in_flight;
+            }
         }
         self.dispatch(&mut st);
     }

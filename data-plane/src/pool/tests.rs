@@ -294,21 +294,23 @@ fn engine_pool(addrs: &[&str], affinity: bool) -> Arc<PoolRuntime> {
     s.probe = Some(router_policy::Probe {
         kind: router_policy::ProbeKind::Vllm,
         interval: Duration::from_secs(1),
+        timeout: Duration::from_secs(1),
+        unhealthy_after: 3,
         vram_total_mb: None,
     });
     PoolRuntime::new("p", s, &eps(addrs), PoolCounters::default())
 }
 
-fn reading(waiting: u32, running: u32, kv: f64) -> ProbeReading {
-    ProbeReading {
+fn reading(waiting: u32, running: u32, kv: f64) -> Option<ProbeReading> {
+    Some(ProbeReading {
         at: Instant::now(),
-        healthy: true,
+        record: router_policy::probe::ProbeRecord::default().after_answer(),
         vram_free_mb: None,
         resident: Vec::new(),
         waiting: Some(waiting),
         running: Some(running),
         kv_cache_usage: Some(kv),
-    }
+    })
 }
 
 #[tokio::test(start_paused = true)]
@@ -763,4 +765,138 @@ async fn new_pools_start_their_turn_at_random() {
         first.insert(p.acquire(None).await.unwrap().addr().to_string());
     }
     assert_eq!(first.len(), 2, "{first:?}");
+}
+
+/// A vLLM engine's `/metrics` on loopback; the n-th answer comes after
+/// `delays[n]` (the last one repeats): a slow engine or a loaded machine.
+async fn engine_answering_after(
+    delays: Vec<Duration>,
+) -> (std::net::SocketAddr, Arc<std::sync::atomic::AtomicUsize>) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let delays = Arc::new(delays);
+    let served = Arc::new(AtomicUsize::new(0));
+    let asked = Arc::clone(&served);
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let (delays, served) = (Arc::clone(&delays), Arc::clone(&served));
+            let service = hyper::service::service_fn(move |_req| {
+                let n = served.fetch_add(1, Ordering::SeqCst);
+                let delay = delays.get(n).or(delays.last()).copied().unwrap_or_default();
+                async move {
+                    tokio::time::sleep(delay).await;
+                    let page = "vllm:num_requests_waiting 0\nvllm:num_requests_running 1\n";
+                    Ok::<_, std::convert::Infallible>(http::Response::new(
+                        http_body_util::Full::new(bytes::Bytes::from_static(page.as_bytes())),
+                    ))
+                }
+            });
+            tokio::spawn(
+                hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service),
+            );
+        }
+    });
+    (addr, asked)
+}
+
+/// A pool of the one endpoint at `addr` with a vLLM probe every 50 ms and
+/// the default probe timeout (1 s) and failure count (3), its probe task
+/// running.
+fn probed_pool(addr: std::net::SocketAddr) -> Arc<PoolRuntime> {
+    let probe = router_policy::Probe {
+        kind: router_policy::ProbeKind::Vllm,
+        interval: Duration::from_millis(50),
+        timeout: router_policy::probe::DEFAULT_TIMEOUT,
+        unhealthy_after: router_policy::probe::DEFAULT_UNHEALTHY_AFTER,
+        vram_total_mb: None,
+    };
+    let mut s = settings(10, 60_000, None);
+    s.probe = Some(probe);
+    let p = PoolRuntime::new("p", s, &eps(&[&addr.to_string()]), PoolCounters::default());
+    let client = crate::forward::build_client(&crate::Settings::default()).unwrap();
+    p.ensure_probe(Some(probe), Some(&client));
+    p
+}
+
+/// The pool's availability every 10 ms for `span`.
+async fn watch(p: &PoolRuntime, span: Duration) -> Vec<Availability> {
+    let mut seen = Vec::new();
+    let end = Instant::now() + span;
+    while Instant::now() < end {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        seen.push(p.availability());
+    }
+    seen
+}
+
+/// Issue 28, item 17: with a 50 ms interval, engines that answer their
+/// probes in 200 ms (a loaded machine) stay usable: a probe's timeout is
+/// its own (1 s), not the interval. Before, each probe timed out at 50 ms
+/// and the endpoint was unusable (`503 no_backend`) though it was fine.
+#[tokio::test(start_paused = true)]
+async fn probes_slower_than_their_interval_keep_the_endpoint_usable() {
+    let (addr, _) = engine_answering_after(vec![Duration::from_millis(200)]).await;
+    let p = probed_pool(addr);
+    // The first answer, then three seconds of 200 ms answers.
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    let seen = watch(&p, Duration::from_secs(3)).await;
+    assert!(
+        seen.iter().all(|a| *a == Availability::Ready),
+        "{:?}",
+        seen.iter().filter(|a| **a != Availability::Ready).count()
+    );
+    p.close();
+}
+
+/// Issue 28, item 17: one probe that times out marks nothing (the last
+/// answer still counts); three in a row make the endpoint unusable; one
+/// answer brings it back.
+#[tokio::test(start_paused = true)]
+async fn one_late_probe_marks_nothing_and_three_in_a_row_do() {
+    use std::sync::atomic::Ordering;
+    let fast = Duration::from_millis(5);
+    let late = Duration::from_millis(1500); // past the 1 s timeout
+    let mut delays = vec![fast; 10];
+    delays.push(late);
+    delays.extend([fast; 10]);
+    let first_of_four = delays.len();
+    delays.extend([late; 4]);
+    delays.push(fast);
+    let (addr, asked) = engine_answering_after(delays).await;
+    let p = probed_pool(addr);
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert_eq!(p.availability(), Availability::Ready, "first answer");
+    // Ten answers, the late one (timed out at 1 s), ten answers: never
+    // out.
+    let mut polls = 0;
+    while asked.load(Ordering::SeqCst) <= first_of_four {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert_eq!(
+            p.availability(),
+            Availability::Ready,
+            "one late probe took the endpoint out ({} asked)",
+            asked.load(Ordering::SeqCst)
+        );
+        polls += 1;
+        assert!(polls < 1000, "the engine was not asked");
+    }
+    // Four late ones in a row: out once the third has timed out (about
+    // 3 s), not before.
+    let lates_began = Instant::now();
+    while p.availability() == Availability::Ready {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert!(lates_began.elapsed() < Duration::from_secs(5), "never out");
+    }
+    let out_after = lates_began.elapsed();
+    assert!(
+        out_after >= Duration::from_millis(2900),
+        "out after {out_after:?}: before the third failure"
+    );
+    // The answer after the fourth: back.
+    let seen = watch(&p, Duration::from_millis(1500)).await;
+    assert!(seen.contains(&Availability::Unhealthy), "{seen:?}");
+    assert_eq!(seen.last(), Some(&Availability::Ready), "{seen:?}");
+    p.close();
 }

@@ -127,6 +127,11 @@ pub struct Probe {
     pub kind: ProbeKind,
     /// Poll interval.
     pub interval: Duration,
+    /// Longest one probe may take (its own setting, not the interval).
+    pub timeout: Duration,
+    /// Failed probes in a row that make an endpoint unusable (at least 1);
+    /// see [`crate::probe`].
+    pub unhealthy_after: u32,
     /// Total VRAM (Ollama).
     pub vram_total_mb: Option<u64>,
 }

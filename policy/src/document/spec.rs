@@ -341,6 +341,12 @@ pub struct ProbeSpec {
     /// Poll interval (default 1000 ms).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub interval_ms: Option<u64>,
+    /// Longest one probe may take (default 1000 ms, whatever the interval).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_ms: Option<u64>,
+    /// Failed probes in a row that make an endpoint unusable (default 3).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unhealthy_after: Option<u32>,
     /// Total VRAM of the endpoint's GPUs (Ollama), to derive the free VRAM.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vram_total_mb: Option<u64>,

@@ -723,6 +723,57 @@ fn health_checks_default_by_provider_and_errors_name_their_field() {
     );
 }
 
+/// Issue 28, item 17: a capacity probe's timeout is its own setting (1 s
+/// by default, whatever the interval), and how many failures in a row make
+/// an endpoint unusable is set beside it.
+#[test]
+fn a_capacity_probe_has_its_own_timeout_and_failure_count() {
+    let text = "apiVersion: router/v1\nkind: RoutingPolicy\nspec:\n  pools:\n    - {name: fast, capacity_probe: {kind: vllm, interval_ms: 50}}\n    - {name: tuned, capacity_probe: {kind: sglang, interval_ms: 100, timeout_ms: 2500, unhealthy_after: 5}}\n    - {name: plain, capacity_probe: {kind: tgi}}\n  routes:\n    - {name: r, chain: [fast, tuned, plain]}\n";
+    let p = load(text, &QueueSettings::default()).expect("valid");
+    let probe = |name: &str| p.pool(name).unwrap().probe.unwrap();
+    let fast = probe("fast");
+    assert_eq!(fast.interval, Duration::from_millis(50));
+    assert_eq!(fast.timeout, crate::probe::DEFAULT_TIMEOUT);
+    assert_eq!(fast.timeout, Duration::from_secs(1), "not the interval");
+    assert_eq!(fast.unhealthy_after, 3);
+    let tuned = probe("tuned");
+    assert_eq!(
+        (tuned.interval, tuned.timeout, tuned.unhealthy_after),
+        (Duration::from_millis(100), Duration::from_millis(2500), 5)
+    );
+    let plain = probe("plain");
+    assert_eq!(
+        (plain.interval, plain.timeout),
+        (Duration::from_secs(1), Duration::from_secs(1))
+    );
+
+    let bad = "apiVersion: router/v1\nkind: RoutingPolicy\nspec:\n  pools:\n    - {name: a, capacity_probe: {kind: vllm, timeout_ms: 0, unhealthy_after: 0}}\n    - {name: b, capacity_probe: {kind: vllm, timeout_ms: 3600001}}\n  routes:\n    - {name: r, chain: [a, b]}\n";
+    let err = load(bad, &QueueSettings::default()).unwrap_err();
+    let fields: Vec<(&str, &str)> = err
+        .errors
+        .iter()
+        .map(|e| (e.field.as_str(), e.reason.as_str()))
+        .collect();
+    assert_eq!(
+        fields,
+        [
+            (
+                "spec.pools[0].capacity_probe.timeout_ms",
+                "must be positive"
+            ),
+            (
+                "spec.pools[0].capacity_probe.unhealthy_after",
+                "must be at least 1"
+            ),
+            (
+                "spec.pools[1].capacity_probe.timeout_ms",
+                "must be at most 3600000 (an hour)"
+            ),
+        ],
+        "{err}"
+    );
+}
+
 const PARKING: &str = r#"
 apiVersion: router/v1
 kind: RoutingPolicy

@@ -685,6 +685,23 @@ fn capacity_probe(
                 "must be positive",
             );
         }
+        match c.timeout_ms {
+            Some(0) => errs.push(
+                format!("{at}.capacity_probe.timeout_ms"),
+                "must be positive",
+            ),
+            Some(v) if v > 3_600_000 => errs.push(
+                format!("{at}.capacity_probe.timeout_ms"),
+                "must be at most 3600000 (an hour)",
+            ),
+            _ => {}
+        }
+        if c.unhealthy_after == Some(0) {
+            errs.push(
+                format!("{at}.capacity_probe.unhealthy_after"),
+                "must be at least 1",
+            );
+        }
         if c.kind == ProbeKind::Ollama && c.vram_total_mb.is_none() && g.min_vram_free_mb.is_some()
         {
             errs.push(
@@ -722,7 +739,16 @@ fn capacity_probe(
     }
     probe.map(|c| Probe {
         kind: c.kind,
-        interval: Duration::from_millis(c.interval_ms.unwrap_or(1000).max(1)),
+        interval: c.interval_ms.map_or(crate::probe::DEFAULT_INTERVAL, |ms| {
+            Duration::from_millis(ms.max(1))
+        }),
+        timeout: c.timeout_ms.map_or(crate::probe::DEFAULT_TIMEOUT, |ms| {
+            Duration::from_millis(ms.clamp(1, 3_600_000))
+        }),
+        unhealthy_after: c
+            .unhealthy_after
+            .unwrap_or(crate::probe::DEFAULT_UNHEALTHY_AFTER)
+            .max(1),
         vram_total_mb: c.vram_total_mb,
     })
 }

@@ -214,7 +214,9 @@ fn the_readme_try_it_block_runs_against_routerctl_up() {
     std::fs::create_dir_all(&dir).unwrap();
     let script = format!(
         "routerctl up --data-dir up-data >up.out 2>up.err &\n\
-         until curl -sf localhost:3000/_custom_router/health >/dev/null; do sleep 0.2; done\n{}",
+         up=$!\n\
+         for _ in $(seq 300); do curl -sf localhost:3000/_custom_router/health >/dev/null && break; \
+         kill -0 $up 2>/dev/null || {{ echo 'routerctl up exited' >&2; exit 1; }}; sleep 0.2; done\n{}",
         as_script(&block)
     );
     let (ok, out, err) = run_script(&dir, &script);

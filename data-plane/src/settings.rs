@@ -641,6 +641,18 @@ mod tests {
     }
 
     #[test]
+    fn the_parked_bytes_cap_is_read_and_an_unusable_one_stops_startup() {
+        assert_eq!(with(&[]).unwrap().park_max_bytes, 256 * 1024 * 1024);
+        let s = with(&[("CUSTOM_ROUTER_PARK_MAX_BYTES", " 1048576\n")]).unwrap();
+        assert_eq!(s.park_max_bytes, 1024 * 1024);
+        for bad in ["lots", "-1", "", "0", "64MiB"] {
+            let err = with(&[("CUSTOM_ROUTER_PARK_MAX_BYTES", bad)]).unwrap_err();
+            assert_eq!(err.var, "CUSTOM_ROUTER_PARK_MAX_BYTES", "{bad}");
+            assert!(err.to_string().contains("a positive number of bytes"));
+        }
+    }
+
+    #[test]
     fn the_guards_are_read() {
         let s = with(&[
             ("CUSTOM_ROUTER_API_KEY_ENV_ALLOW", "HF_TOKEN,VAULT_*"),

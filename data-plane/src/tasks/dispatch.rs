@@ -257,15 +257,7 @@ async fn run_one(
             .then(|| serde_json::from_slice::<serde_json::Value>(&body).ok())
             .flatten()
             .and_then(|v| v["error"]["type"].as_str().map(str::to_string));
-        let end = match error_type {
-            Some(t) if SHED_BEFORE_SEND.contains(&t.as_str()) => RunEnd::Router {
-                error_type: RouterError::ShedBeforeSend,
-            },
-            Some(_) => RunEnd::Router {
-                error_type: RouterError::Other,
-            },
-            None => RunEnd::Backend { status },
-        };
+        let end = run_end(error_type.as_deref(), status);
         let headers = head
             .headers
             .iter()
@@ -379,6 +371,20 @@ async fn run_one(
     }
 }
 
+/// How a run ended: the router's own answer (`error_type`, its error's
+/// `type`) or a backend's (`status`).
+fn run_end(error_type: Option<&str>, status: u16) -> RunEnd {
+    match error_type {
+        Some(t) if SHED_BEFORE_SEND.contains(&t) => RunEnd::Router {
+            error_type: RouterError::ShedBeforeSend,
+        },
+        Some(_) => RunEnd::Router {
+            error_type: RouterError::Other,
+        },
+        None => RunEnd::Backend { status },
+    }
+}
+
 /// The `Retry-After` (seconds) of a shed run's answer.
 fn retry_after(answer: &TaskAnswer) -> Option<Duration> {
     answer
@@ -424,4 +430,31 @@ fn build_request(
     }
     b.body(Full::new(body))
         .map_err(|e| format!("the stored request cannot be sent: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What the router's own answers to a run do to its task: a shed
+    /// before any send (a tenant's rate or concurrency limit among them)
+    /// waits, a refusal that waiting does not cure (a spent budget, a
+    /// tenant gone or forbidden) fails it.
+    #[test]
+    fn the_routers_own_answers_wait_or_fail_a_run() {
+        for waits in ["no_backend", "queue_full", "rate_limited", "overloaded"] {
+            assert_eq!(after_run(run_end(Some(waits), 503)), Event::Requeue, "{waits}");
+        }
+        for fails in ["budget_exceeded", "forbidden", "unauthorized", "outcome_unknown"] {
+            assert_eq!(after_run(run_end(Some(fails), 402)), Event::RunFailed, "{fails}");
+        }
+        assert_eq!(after_run(run_end(None, 200)), Event::Answered);
+        assert_eq!(after_run(run_end(None, 500)), Event::RunFailed);
+        let limited = TaskAnswer {
+            status: 429,
+            headers: vec![("Retry-After".into(), "3".into())],
+            body_b64: String::new(),
+        };
+        assert_eq!(retry_after(&limited), Some(Duration::from_secs(3)));
+    }
 }

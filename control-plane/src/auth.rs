@@ -442,9 +442,15 @@ mod tests {
             let err = parse_operator_tokens(bad).unwrap_err();
             assert!(matches!(err, TokenFileError::Line { line: 1, .. }), "{err}");
         }
-        assert_eq!(parse_operator_tokens("# none\n"), Err(TokenFileError::Empty));
+        assert_eq!(
+            parse_operator_tokens("# none\n"),
+            Err(TokenFileError::Empty)
+        );
         assert!(!format!("{:?}", parsed[0]).contains("alice-secret"));
         // Without any token the API is open, a role of its own.
-        assert_eq!(Tokens::default().role(None).map(|r| r.as_str()), Some("open"));
+        assert_eq!(
+            Tokens::default().role(None).map(|r| r.as_str()),
+            Some("open")
+        );
     }
 }

@@ -58,7 +58,10 @@ fn field_errors(errors: Vec<router_policy::FieldError>) -> Vec<pb::FieldError> {
 /// The caller's role, as the admin interceptor put it (an open API's when
 /// the service is mounted without one, as in tests).
 fn caller<T>(req: &Request<T>) -> Role {
-    req.extensions().get::<Role>().cloned().unwrap_or(Role::Open)
+    req.extensions()
+        .get::<Role>()
+        .cloned()
+        .unwrap_or(Role::Open)
 }
 
 fn stream_node(role: &Role, hello_node: &str) -> Result<String, Status> {

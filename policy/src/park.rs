@@ -910,7 +910,12 @@ mod tests {
         new.bytes = 42;
         let doc = serde_json::to_string(&new).unwrap();
         assert!(!doc.contains("body_b64"), "{doc}");
-        assert_eq!(serde_json::from_str::<TaskRecord>(&doc).unwrap().counted_bytes(), 42);
+        assert_eq!(
+            serde_json::from_str::<TaskRecord>(&doc)
+                .unwrap()
+                .counted_bytes(),
+            42
+        );
         // An ended task drops an older record's body.
         let mut ended = t;
         ended.apply(Event::Drop).unwrap();

@@ -185,9 +185,8 @@ impl Exchange {
                     let more_in_pool =
                         policy_pool.map_or(0, |p| p.endpoints.len()) > tried.len() + 1;
                     let may_park = self.park.as_ref().is_some_and(|p| !p.run);
-                    let last_chance = (!route.fallback || later().next().is_none())
-                        && !more_in_pool
-                        && !may_park;
+                    let last_chance =
+                        (!route.fallback || later().next().is_none()) && !more_in_pool && !may_park;
                     let headers = if last_chance {
                         std::mem::take(&mut self.headers)
                     } else {

@@ -60,7 +60,9 @@ pub(super) async fn park(
         Ok((ParkResult::OverCap(why), _)) => {
             pending.reject(no_backend(&format!("route {:?}: {why}", route.name)))
         }
-        Ok((ParkResult::Late, _)) => pending.reject(no_backend("the request's deadline has passed")),
+        Ok((ParkResult::Late, _)) => {
+            pending.reject(no_backend("the request's deadline has passed"))
+        }
         Err(e) => {
             tracing::warn!(error = %e, "a request could not be parked");
             pending.reject(no_backend(&format!("the task store failed: {e}")))

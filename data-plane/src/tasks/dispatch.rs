@@ -411,7 +411,8 @@ fn build_request(
         .uri(format!("http://{target}{}", t.path));
     let mut has_id = false;
     for (n, val) in &t.headers {
-        has_id |= n.eq_ignore_ascii_case("idempotency-key") || n.eq_ignore_ascii_case("x-request-id");
+        has_id |=
+            n.eq_ignore_ascii_case("idempotency-key") || n.eq_ignore_ascii_case("x-request-id");
         b = b.header(n.as_str(), val.as_str());
     }
     if !has_id {
@@ -443,10 +444,23 @@ mod tests {
     #[test]
     fn the_routers_own_answers_wait_or_fail_a_run() {
         for waits in ["no_backend", "queue_full", "rate_limited", "overloaded"] {
-            assert_eq!(after_run(run_end(Some(waits), 503)), Event::Requeue, "{waits}");
+            assert_eq!(
+                after_run(run_end(Some(waits), 503)),
+                Event::Requeue,
+                "{waits}"
+            );
         }
-        for fails in ["budget_exceeded", "forbidden", "unauthorized", "outcome_unknown"] {
-            assert_eq!(after_run(run_end(Some(fails), 402)), Event::RunFailed, "{fails}");
+        for fails in [
+            "budget_exceeded",
+            "forbidden",
+            "unauthorized",
+            "outcome_unknown",
+        ] {
+            assert_eq!(
+                after_run(run_end(Some(fails), 402)),
+                Event::RunFailed,
+                "{fails}"
+            );
         }
         assert_eq!(after_run(run_end(None, 200)), Event::Answered);
         assert_eq!(after_run(run_end(None, 500)), Event::RunFailed);

@@ -100,16 +100,23 @@ impl LocalTasks {
                     }
                     k.task.body_b64 = String::new();
                 }
-                tasks.insert(k.task.id.clone(), Entry { kept: k, body: None });
+                tasks.insert(
+                    k.task.id.clone(),
+                    Entry {
+                        kept: k,
+                        body: None,
+                    },
+                );
             }
             // Bodies of tasks that are gone (ended while the file was not
             // rewritten, or left by a crash mid-park).
             if let Ok(entries) = std::fs::read_dir(dir) {
                 for e in entries.flatten() {
                     let name = e.file_name();
-                    let live = name.to_str().and_then(|n| tasks.get(n)).is_some_and(
-                        |t: &Entry| !t.kept.task.state.is_terminal(),
-                    );
+                    let live = name
+                        .to_str()
+                        .and_then(|n| tasks.get(n))
+                        .is_some_and(|t: &Entry| !t.kept.task.state.is_terminal());
                     if !live {
                         let _ = std::fs::remove_file(e.path());
                     }
@@ -416,7 +423,10 @@ pub(crate) mod tests {
     }
 
     fn ids(v: Result<Vec<Versioned>, StoreError>) -> Vec<String> {
-        v.unwrap_or_default().into_iter().map(|v| v.task.id).collect()
+        v.unwrap_or_default()
+            .into_iter()
+            .map(|v| v.task.id)
+            .collect()
     }
 
     #[tokio::test]
@@ -472,9 +482,15 @@ pub(crate) mod tests {
             Ok(ParkResult::Parked)
         ));
         let file_len = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
-        assert!(file_len < 4096, "the records file holds no body: {file_len} bytes");
+        assert!(
+            file_len < 4096,
+            "the records file holds no body: {file_len} bytes"
+        );
         let body_file = dir.join("tasks.json.bodies").join("big");
-        assert_eq!(std::fs::metadata(&body_file).map(|m| m.len()).ok(), Some(1 << 20));
+        assert_eq!(
+            std::fs::metadata(&body_file).map(|m| m.len()).ok(),
+            Some(1 << 20)
+        );
         // Records are read without it; the body on its own.
         let listed = store.live(10).await.unwrap_or_default();
         assert!(listed[0].task.body_b64.is_empty());
@@ -504,7 +520,10 @@ pub(crate) mod tests {
         let file = serde_json::json!([{"rev": 3, "task": old}]);
         std::fs::write(&path, file.to_string()).unwrap();
         let store = LocalTasks::open(Some(path.clone())).unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(store.body("old1").await, Ok(Some(Bytes::from_static(b"hello"))));
+        assert_eq!(
+            store.body("old1").await,
+            Ok(Some(Bytes::from_static(b"hello")))
+        );
         let v = store.get("old1").await.ok().flatten().unwrap();
         assert_eq!(v.rev, 3);
         assert!(v.task.body_b64.is_empty());

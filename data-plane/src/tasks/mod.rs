@@ -169,7 +169,9 @@ fn kept_header(name: &str, connection_named: &[&str]) -> bool {
     !(name.starts_with("x-router-")
         || name.starts_with("x-forwarded-")
         || crate::hop_by_hop::is_hop_by_hop_name(name)
-        || connection_named.iter().any(|c| c.eq_ignore_ascii_case(name))
+        || connection_named
+            .iter()
+            .any(|c| c.eq_ignore_ascii_case(name))
         || matches!(
             name,
             "authorization"
@@ -305,7 +307,7 @@ pub(crate) fn keyed_task_id(key: &str, fp: Fingerprint) -> String {
 }
 
 fn unhex(s: &str) -> Option<Vec<u8>> {
-    if s.len() % 2 != 0 {
+    if !s.len().is_multiple_of(2) {
         return None;
     }
     (0..s.len())
@@ -595,7 +597,10 @@ mod tests {
             ("content-type", "application/json"),
             ("idempotency-key", "k-1"),
             ("x-request-id", "r-1"),
-            ("traceparent", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"),
+            (
+                "traceparent",
+                "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+            ),
             ("openai-beta", "assistants=v2"),
         ] {
             h.insert(

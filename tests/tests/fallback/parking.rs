@@ -692,7 +692,12 @@ async fn parked_bytes_are_capped_and_the_dispatchers_read_no_bodies() {
     }
     // A third would pass the route's 10 MB: no_backend, as at the count cap.
     let third = a.chat_with(&[("prefer", "respond-async")], &body).await;
-    assert_eq!(third.status, StatusCode::SERVICE_UNAVAILABLE, "{}", third.text());
+    assert_eq!(
+        third.status,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "{}",
+        third.text()
+    );
     assert_eq!(third.error_type(), "no_backend");
     assert!(third.text().contains("park.max_bytes"), "{}", third.text());
     // Idle for 2 s (8 polls on each proxy): what Redis sent them.
@@ -755,10 +760,8 @@ async fn a_task_parked_after_refused_attempts_runs_with_its_clients_headers() {
     let id = parked_id(&r);
     let lines = p.log.wait_for(1).await;
     assert!(
-        lines
-            .iter()
-            .any(|l| l["parked_task"] == id.as_str()
-                && l["attempts"].as_array().is_some_and(|a| !a.is_empty())),
+        lines.iter().any(|l| l["parked_task"] == id.as_str()
+            && l["attempts"].as_array().is_some_and(|a| !a.is_empty())),
         "parked after an attempt: {lines:?}"
     );
     let m = router_mock::MockModel::start_on(
@@ -786,14 +789,20 @@ async fn a_task_parked_after_refused_attempts_runs_with_its_clients_headers() {
     assert_eq!(get("x-client-tag"), Some("t-1"), "{h:?}");
     // Never a credential, nor the router's own headers.
     assert_eq!(get("authorization"), None, "{h:?}");
-    assert!(h.keys().all(|k| !k.as_str().starts_with("x-router-")), "{h:?}");
+    assert!(
+        h.keys().all(|k| !k.as_str().starts_with("x-router-")),
+        "{h:?}"
+    );
     assert_eq!(sent[0].body.as_ref(), BODY.as_bytes());
 }
 
 fn tenant_policy(url: &str, team_b: bool) -> String {
     use router_policy::tenant::key_hash_text;
     let b = if team_b {
-        format!("    - name: team-b\n      keys: [\"{}\"]\n", key_hash_text("rt_b"))
+        format!(
+            "    - name: team-b\n      keys: [\"{}\"]\n",
+            key_hash_text("rt_b")
+        )
     } else {
         String::new()
     };
@@ -892,7 +901,11 @@ async fn a_tenants_request_parks_and_runs_admitted_as_that_tenant_again() {
     assert_eq!(done.status, StatusCode::OK, "{}", done.text());
     let gone = wait_state(&p, &ids[1], "failed").await;
     assert_eq!(gone.status, StatusCode::FORBIDDEN, "{}", gone.text());
-    assert!(gone.text().contains("no longer in the policy"), "{}", gone.text());
+    assert!(
+        gone.text().contains("no longer in the policy"),
+        "{}",
+        gone.text()
+    );
     // team-c's run met its rate limit: it waits (not failed), then runs.
     let limited = wait_state(&p, &ids[2], "done").await;
     assert_eq!(limited.status, StatusCode::OK, "{}", limited.text());
@@ -915,7 +928,9 @@ async fn a_tenants_request_parks_and_runs_admitted_as_that_tenant_again() {
     // Two runs reached the backend, neither with a tenant's key.
     let sent: Vec<_> = m.requests().into_iter().skip(before as usize).collect();
     assert_eq!(sent.len(), 2);
-    assert!(sent.iter().all(|r| r.headers.get("authorization").is_none()));
+    assert!(sent
+        .iter()
+        .all(|r| r.headers.get("authorization").is_none()));
 }
 
 /// Issue 28, item 14: every approval and drop records the role of the

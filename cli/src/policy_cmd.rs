@@ -122,10 +122,11 @@ fn print_explanation(e: &Explanation, output: Output) {
 /// A parking route's line: what happens when every pool is down.
 fn print_on_all_down(p: &serde_json::Value) {
     println!(
-        "on_all_down:       park as {} for up to {} s (at most {} on the route); parks now: {}",
+        "on_all_down:       park as {} for up to {} s (at most {} tasks and {} bytes on the route); parks now: {}",
         p["state"].as_str().unwrap_or("?"),
         p["ttl_s"],
         p["max_tasks"],
+        p["max_bytes"],
         if p["parks_now"] == true { "yes" } else { "no" }
     );
 }

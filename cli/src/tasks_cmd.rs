@@ -16,6 +16,7 @@ fn view_json(t: &pb::TaskView) -> Value {
         "state": t.state,
         "route": t.route,
         "risk": t.risk,
+        "tenant": t.tenant,
         "approved": t.approved,
         "request_id": t.request_id,
         "parked_at": when(i64::try_from(t.parked_at_unix_ms).unwrap_or(0)),
@@ -24,6 +25,8 @@ fn view_json(t: &pb::TaskView) -> Value {
         "reason": t.reason,
         "error": t.error,
         "operator": t.operator,
+        "operator_role": t.operator_role,
+        "operator_token": t.operator_token,
         "answer_status": t.answer_status,
     })
 }
@@ -36,6 +39,7 @@ fn print_one(t: &pb::TaskView, output: Output) {
                 ("state", t.state.clone()),
                 ("route", t.route.clone()),
                 ("risk", t.risk.clone()),
+                ("tenant", t.tenant.clone()),
                 ("approved", t.approved.to_string()),
                 ("request id", t.request_id.clone()),
                 (
@@ -50,6 +54,8 @@ fn print_one(t: &pb::TaskView, output: Output) {
                 ("reason", t.reason.clone()),
                 ("error", t.error.clone()),
                 ("operator", t.operator.clone()),
+                ("operator role", t.operator_role.clone()),
+                ("operator token", t.operator_token.clone()),
                 ("answer status", t.answer_status.to_string()),
             ] {
                 if !v.is_empty() {
@@ -76,16 +82,17 @@ pub async fn list(admin: &mut Admin, state: &str, route: &str, output: Output) -
     match output {
         Output::Table => {
             println!(
-                "{:<33} {:<17} {:<12} {:<12} {:<21} RUNS",
-                "ID", "STATE", "ROUTE", "RISK", "PARKED AT"
+                "{:<33} {:<17} {:<12} {:<12} {:<14} {:<21} RUNS",
+                "ID", "STATE", "ROUTE", "RISK", "TENANT", "PARKED AT"
             );
             for t in &tasks {
                 println!(
-                    "{:<33} {:<17} {:<12} {:<12} {:<21} {}",
+                    "{:<33} {:<17} {:<12} {:<12} {:<14} {:<21} {}",
                     t.id,
                     t.state,
                     t.route,
                     t.risk,
+                    if t.tenant.is_empty() { "-" } else { &t.tenant },
                     when(i64::try_from(t.parked_at_unix_ms).unwrap_or(0)),
                     t.runs
                 );

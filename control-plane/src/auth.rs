@@ -5,7 +5,10 @@
 //! - **operator** (`--token-file`): every call, admin and stream. Also
 //!   accepted on the config stream, so proxies deployed with the operator
 //!   token keep working (separate secrets are recommended: a leaked proxy
-//!   token then cannot change policy);
+//!   token then cannot change policy). The file holds one token, or one
+//!   per line as `TOKEN` or `TOKEN NAME` ([`parse_operator_tokens`]): a
+//!   name says whose token it is, and every approval or drop of a parked
+//!   task records the caller's role and token name;
 //! - **proxy** (`--proxy-token-file`, one token per line, optionally
 //!   `TOKEN NODE_ID`): only the config stream, and the circuit reports on
 //!   it. A token pinned to a node id opens the stream for that node id
@@ -32,13 +35,107 @@ use tonic::{Request, Status};
 /// the request's extensions for the services to read.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Role {
-    /// The operator token (or an open API): everything.
-    Operator,
+    /// An operator token: everything.
+    Operator {
+        /// The name the token carries (`TOKEN NAME` in `--token-file`).
+        name: Option<String>,
+    },
+    /// No token is configured: every caller may do everything.
+    Open,
     /// A proxy token: the config stream only.
     Proxy {
         /// The node id the token is pinned to, if any.
         node: Option<String>,
     },
+}
+
+impl Role {
+    /// The role's name in records and logs: `operator`, `open`, `proxy`.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Self::Operator { .. } => "operator",
+            Self::Open => "open",
+            Self::Proxy { .. } => "proxy",
+        }
+    }
+
+    /// Whether the role may make admin calls.
+    pub fn is_admin(&self) -> bool {
+        matches!(self, Self::Operator { .. } | Self::Open)
+    }
+
+    /// The name the caller's token carries, if any.
+    pub fn token_name(&self) -> Option<&str> {
+        match self {
+            Self::Operator { name } => name.as_deref(),
+            Self::Open | Self::Proxy { .. } => None,
+        }
+    }
+}
+
+/// One line of `--token-file`.
+#[derive(Clone, PartialEq, Eq)]
+pub struct OperatorToken {
+    /// The secret.
+    pub token: String,
+    /// Whose it is (`None`: an unnamed token, as a one-token file has).
+    pub name: Option<String>,
+}
+
+impl std::fmt::Debug for OperatorToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OperatorToken")
+            .field("token", &"<redacted>")
+            .field("name", &self.name)
+            .finish()
+    }
+}
+
+/// Whether `name` may name a token: 1-63 letters, digits, `.`, `_`, `-`
+/// or `@`.
+fn valid_token_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 63
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-' | b'@'))
+}
+
+/// Parses `--token-file`: one `TOKEN` or `TOKEN NAME` per line; blank
+/// lines and lines starting with `#` are skipped. A file holding one bare
+/// token (every earlier token file) is one unnamed token.
+pub fn parse_operator_tokens(text: &str) -> Result<Vec<OperatorToken>, TokenFileError> {
+    let mut tokens = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let mut fields = line.split_whitespace();
+        let (Some(token), name) = (fields.next(), fields.next()) else {
+            continue;
+        };
+        if fields.next().is_some() {
+            return Err(TokenFileError::Line {
+                line: i + 1,
+                reason: "expected TOKEN or TOKEN NAME",
+            });
+        }
+        if name.is_some_and(|n| !valid_token_name(n)) {
+            return Err(TokenFileError::Line {
+                line: i + 1,
+                reason: "a token's NAME is 1-63 letters, digits, '.', '_', '-' or '@'",
+            });
+        }
+        tokens.push(OperatorToken {
+            token: token.to_string(),
+            name: name.map(str::to_string),
+        });
+    }
+    if tokens.is_empty() {
+        return Err(TokenFileError::Empty);
+    }
+    Ok(tokens)
 }
 
 /// One line of `--proxy-token-file`.
@@ -65,7 +162,7 @@ pub enum TokenFileError {
     /// No token in the file.
     #[error("no token in the file")]
     Empty,
-    /// A line is not `TOKEN` or `TOKEN NODE_ID`.
+    /// A line is not `TOKEN` and one name (`NODE_ID`, `NAME`).
     #[error("line {line}: {reason}")]
     Line {
         /// 1-based line number.
@@ -109,27 +206,31 @@ pub fn parse_proxy_tokens(text: &str) -> Result<Vec<ProxyToken>, TokenFileError>
 /// time, as the proxy compares its admin token).
 #[derive(Default)]
 pub struct Tokens {
-    operator: Option<Secret>,
+    operators: Vec<(Secret, Option<String>)>,
     proxies: Vec<(Secret, Option<String>)>,
 }
 
 impl std::fmt::Debug for Tokens {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Tokens")
-            .field("operator", &self.operator.is_some())
+            .field("operators", &self.operators.len())
             .field("proxies", &self.proxies.len())
             .finish()
     }
 }
 
 impl Tokens {
-    /// The operator token and the proxy tokens; an error for a token that
+    /// The operator tokens and the proxy tokens; an error for a token that
     /// cannot be one (empty, not visible ASCII).
-    pub fn new(operator: Option<&str>, proxies: &[ProxyToken]) -> Result<Self, TokenError> {
+    pub fn new(operators: &[OperatorToken], proxies: &[ProxyToken]) -> Result<Self, TokenError> {
         Ok(Self {
-            operator: operator
-                .map(|t| Secret::new(t, "the operator token (--token-file)"))
-                .transpose()?,
+            operators: operators
+                .iter()
+                .map(|o| {
+                    Secret::new(&o.token, "an operator token (--token-file)")
+                        .map(|s| (s, o.name.clone()))
+                })
+                .collect::<Result<_, _>>()?,
             proxies: proxies
                 .iter()
                 .map(|p| {
@@ -142,7 +243,7 @@ impl Tokens {
 
     /// No token at all: every caller is an operator.
     pub fn is_open(&self) -> bool {
-        self.operator.is_none() && self.proxies.is_empty()
+        self.operators.is_empty() && self.proxies.is_empty()
     }
 
     /// The role `presented` (the bearer token, if any) grants; `None` when
@@ -150,10 +251,15 @@ impl Tokens {
     /// constant time.
     pub fn role(&self, presented: Option<&[u8]>) -> Option<Role> {
         if self.is_open() {
-            return Some(Role::Operator);
+            return Some(Role::Open);
         }
         let given = presented.unwrap_or_default();
-        let operator = self.operator.as_ref().is_some_and(|s| s.matches(given));
+        let mut operator = None;
+        for (secret, name) in &self.operators {
+            if secret.matches(given) {
+                operator = Some(name);
+            }
+        }
         let mut proxy = None;
         for (secret, node) in &self.proxies {
             if secret.matches(given) {
@@ -161,9 +267,9 @@ impl Tokens {
             }
         }
         match (operator, proxy) {
-            (true, _) => Some(Role::Operator),
-            (false, Some(node)) => Some(Role::Proxy { node: node.clone() }),
-            (false, None) => None,
+            (Some(name), _) => Some(Role::Operator { name: name.clone() }),
+            (None, Some(node)) => Some(Role::Proxy { node: node.clone() }),
+            (None, None) => None,
         }
     }
 }
@@ -197,11 +303,11 @@ pub fn admin_check(
     tokens: Arc<Tokens>,
 ) -> impl Fn(Request<()>) -> Result<Request<()>, Status> + Clone {
     move |mut req: Request<()>| match tokens.role(bearer(&req)) {
-        Some(Role::Operator) => {
-            req.extensions_mut().insert(Role::Operator);
+        Some(role) if role.is_admin() => {
+            req.extensions_mut().insert(role);
             Ok(req)
         }
-        Some(Role::Proxy { .. }) => Err(Status::permission_denied(
+        Some(_) => Err(Status::permission_denied(
             "a proxy token may only open the config stream; admin calls need the operator token",
         )),
         None => Err(Status::unauthenticated("missing or invalid bearer token")),
@@ -214,7 +320,10 @@ mod tests {
 
     fn tokens() -> Tokens {
         let t = Tokens::new(
-            Some("operator-secret"),
+            &[OperatorToken {
+                token: "operator-secret".into(),
+                name: None,
+            }],
             &[
                 ProxyToken {
                     token: "fleet-secret".into(),
@@ -232,7 +341,10 @@ mod tests {
     #[test]
     fn each_token_grants_its_role_and_nothing_else_matches() {
         let t = tokens();
-        assert_eq!(t.role(Some(b"operator-secret")), Some(Role::Operator));
+        assert_eq!(
+            t.role(Some(b"operator-secret")),
+            Some(Role::Operator { name: None })
+        );
         assert_eq!(
             t.role(Some(b"fleet-secret")),
             Some(Role::Proxy { node: None })
@@ -255,7 +367,7 @@ mod tests {
             assert_eq!(t.role(wrong.map(str::as_bytes)), None, "{wrong:?}");
         }
         // No token configured: open.
-        assert_eq!(Tokens::default().role(None), Some(Role::Operator));
+        assert_eq!(Tokens::default().role(None), Some(Role::Open));
         // Only digests are kept, and Debug shows none of them.
         let shown = format!("{t:?}");
         assert!(!shown.contains("secret"), "{shown}");
@@ -289,5 +401,56 @@ mod tests {
         // The error never quotes the secret.
         assert!(!err.to_string().contains("secret"));
         assert!(!format!("{:?}", parsed[1]).contains("p1-secret"));
+    }
+
+    /// Issue 28, item 14: an operator's token carries a name, which the
+    /// role says (so an approval can record who made it); a one-token
+    /// file, as every earlier one, is still one unnamed operator token.
+    #[test]
+    fn operator_tokens_carry_names_and_old_token_files_still_read() {
+        let parsed =
+            parse_operator_tokens("# ops\nalice-secret alice\n\nbob-secret bob@example.org\n")
+                .unwrap();
+        assert_eq!(parsed[0].name.as_deref(), Some("alice"));
+        assert_eq!(parsed[1].name.as_deref(), Some("bob@example.org"));
+        let t = Tokens::new(&parsed, &[]).unwrap();
+        let alice = t.role(Some(b"alice-secret")).unwrap();
+        assert_eq!(alice.as_str(), "operator");
+        assert_eq!(alice.token_name(), Some("alice"));
+        assert!(alice.is_admin());
+        assert_eq!(
+            t.role(Some(b"bob-secret")).unwrap().token_name(),
+            Some("bob@example.org")
+        );
+        assert_eq!(t.role(Some(b"alice-secre")), None);
+        // An earlier file: the token alone, with its newline.
+        let old = parse_operator_tokens("only-secret\n").unwrap();
+        assert_eq!(
+            old,
+            vec![OperatorToken {
+                token: "only-secret".into(),
+                name: None
+            }]
+        );
+        let t = Tokens::new(&old, &[]).unwrap();
+        assert_eq!(
+            t.role(Some(b"only-secret")),
+            Some(Role::Operator { name: None })
+        );
+        // Refused lines never quote the secret.
+        for bad in ["s name extra\n", "s na/me\n"] {
+            let err = parse_operator_tokens(bad).unwrap_err();
+            assert!(matches!(err, TokenFileError::Line { line: 1, .. }), "{err}");
+        }
+        assert_eq!(
+            parse_operator_tokens("# none\n"),
+            Err(TokenFileError::Empty)
+        );
+        assert!(!format!("{:?}", parsed[0]).contains("alice-secret"));
+        // Without any token the API is open, a role of its own.
+        assert_eq!(
+            Tokens::default().role(None).map(|r| r.as_str()),
+            Some("open")
+        );
     }
 }

@@ -33,7 +33,7 @@ use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_stream::wrappers::TcpListenerStream;
 
-use crate::auth::{ProxyToken, Tokens};
+use crate::auth::{OperatorToken, ProxyToken, Tokens};
 use crate::hub::Hub;
 use crate::service::{AdminService, ProxyConfigService};
 
@@ -47,6 +47,9 @@ pub struct ControlPlaneOptions {
     /// The operator token (`--token-file`): every call. With no token at
     /// all the API is open.
     pub token: Option<String>,
+    /// More operator tokens, each with the name it carries (`TOKEN NAME`
+    /// lines of `--token-file`): every call, like `token`.
+    pub operator_tokens: Vec<OperatorToken>,
     /// Proxy tokens (`--proxy-token-file`): the config stream only. They
     /// need an operator token beside them.
     pub proxy_tokens: Vec<ProxyToken>,
@@ -73,6 +76,7 @@ impl Default for ControlPlaneOptions {
             listen: SocketAddr::from(([127, 0, 0, 1], 50051)),
             store: StoreLocation::Embedded(PathBuf::from("router-data")),
             token: None,
+            operator_tokens: Vec::new(),
             proxy_tokens: Vec::new(),
             insecure: false,
             tls: None,
@@ -89,6 +93,7 @@ impl std::fmt::Debug for ControlPlaneOptions {
             .field("listen", &self.listen)
             .field("store", &self.store)
             .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .field("operator_tokens", &self.operator_tokens)
             .field("proxy_tokens", &self.proxy_tokens)
             .field("insecure", &self.insecure)
             .field("tls", &self.tls.is_some())
@@ -182,10 +187,11 @@ pub enum StartError {
 /// Refuses an open API on a non-loopback address unless `insecure`, and
 /// proxy tokens without an operator token.
 pub fn check_exposure(options: &ControlPlaneOptions) -> Result<(), StartError> {
-    if options.token.is_none() && !options.proxy_tokens.is_empty() {
+    let operator = options.token.is_some() || !options.operator_tokens.is_empty();
+    if !operator && !options.proxy_tokens.is_empty() {
         return Err(StartError::ProxyTokensWithoutOperator);
     }
-    if options.token.is_none() && !options.insecure && !options.listen.ip().is_loopback() {
+    if !operator && !options.insecure && !options.listen.ip().is_loopback() {
         return Err(StartError::Insecure(options.listen));
     }
     Ok(())
@@ -237,10 +243,16 @@ impl Drop for RunningControlPlane {
 /// Opens the store, binds, and serves in background tasks.
 pub async fn start(options: ControlPlaneOptions) -> Result<RunningControlPlane, StartError> {
     check_exposure(&options)?;
-    let tokens = Arc::new(Tokens::new(
-        options.token.as_deref(),
-        &options.proxy_tokens,
-    )?);
+    let operators: Vec<OperatorToken> = options
+        .token
+        .iter()
+        .map(|t| OperatorToken {
+            token: t.clone(),
+            name: None,
+        })
+        .chain(options.operator_tokens.iter().cloned())
+        .collect();
+    let tokens = Arc::new(Tokens::new(&operators, &options.proxy_tokens)?);
     if tokens.is_open() {
         tracing::warn!(listen = %options.listen, "no token: the admin and proxy APIs are open to anyone who can reach them");
     } else if options.tls.is_none() && !options.listen.ip().is_loopback() {

@@ -12,7 +12,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
-use router_control_plane::auth::parse_proxy_tokens;
+use router_control_plane::auth::{parse_operator_tokens, parse_proxy_tokens};
 use router_control_plane::store::etcd::{EtcdAccess, EtcdAccessFiles, EtcdAddress};
 use router_control_plane::{check_exposure, start, ControlPlaneOptions, Limits, StoreLocation};
 
@@ -52,7 +52,9 @@ struct Args {
     #[arg(long, env = "ROUTER_NODE_ID")]
     node_id: Option<String>,
     /// File holding the operator token: every call (admin and stream).
-    /// Required on a non-loopback --listen unless --insecure.
+    /// One token, or one per line as `TOKEN` or `TOKEN NAME` (the name is
+    /// recorded with every approval or drop of a parked task). Required on
+    /// a non-loopback --listen unless --insecure.
     #[arg(long)]
     token_file: Option<PathBuf>,
     /// File of proxy tokens, one per line, `TOKEN` or `TOKEN NODE_ID`: they
@@ -92,17 +94,25 @@ struct Args {
 fn main() -> ExitCode {
     let args = Args::parse();
     router_process::init_logs();
-    let token = match &args.token_file {
-        None => None,
+    let operator_tokens = match &args.token_file {
+        None => Vec::new(),
         Some(path) => match std::fs::read_to_string(path) {
-            // Trimmed and checked as every token is (`router_proto::token`).
-            Ok(t) => match router_proto::token::normalize(
-                &t,
-                &format!("--token-file {}", path.display()),
-            ) {
-                Ok(t) => Some(t),
+            // Each checked as every token is (`router_proto::token`).
+            Ok(t) => match parse_operator_tokens(&t) {
+                Ok(tokens) => {
+                    for o in &tokens {
+                        if let Err(e) = router_proto::token::normalize(
+                            &o.token,
+                            &format!("--token-file {}", path.display()),
+                        ) {
+                            eprintln!("router-control-plane: {e}");
+                            return ExitCode::from(2);
+                        }
+                    }
+                    tokens
+                }
                 Err(e) => {
-                    eprintln!("router-control-plane: {e}");
+                    eprintln!("router-control-plane: --token-file {}: {e}", path.display());
                     return ExitCode::from(2);
                 }
             },
@@ -205,7 +215,8 @@ fn main() -> ExitCode {
     let options = ControlPlaneOptions {
         listen: args.listen,
         store,
-        token,
+        token: None,
+        operator_tokens,
         proxy_tokens,
         insecure: args.insecure,
         tls,

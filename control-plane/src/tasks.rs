@@ -45,6 +45,39 @@ fn now_ms() -> u64 {
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
+/// Who approves or drops a task: the caller's role and token name, and
+/// the name they gave (`routerctl tasks approve --operator NAME`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Actor {
+    /// `operator` or `open`.
+    pub role: &'static str,
+    /// The name the caller's token carries.
+    pub token: Option<String>,
+    /// The name they gave, if any.
+    pub said: Option<String>,
+}
+
+impl Actor {
+    /// The caller with `role`, who said `said` (empty: nothing).
+    pub fn new(role: &crate::auth::Role, said: &str) -> Self {
+        let said = said.trim();
+        Self {
+            role: role.as_str(),
+            token: role.token_name().map(str::to_string),
+            said: (!said.is_empty()).then(|| said.to_string()),
+        }
+    }
+
+    /// The name recorded as the task's `operator`: the one they gave, else
+    /// their token's, else their role.
+    pub fn name(&self) -> &str {
+        self.said
+            .as_deref()
+            .or(self.token.as_deref())
+            .unwrap_or(self.role)
+    }
+}
+
 /// The operator's view of a task.
 pub fn view(t: &TaskRecord) -> pb::TaskView {
     pb::TaskView {
@@ -61,6 +94,9 @@ pub fn view(t: &TaskRecord) -> pb::TaskView {
         error: t.error.clone().unwrap_or_default(),
         operator: t.operator.clone().unwrap_or_default(),
         answer_status: t.answer.as_ref().map_or(0, |a| u32::from(a.status)),
+        tenant: t.tenant.clone().unwrap_or_default(),
+        operator_role: t.operator_role.clone().unwrap_or_default(),
+        operator_token: t.operator_token.clone().unwrap_or_default(),
     }
 }
 
@@ -141,12 +177,13 @@ pub async fn get(client: &redis::Client, id: &str) -> Result<pb::TaskView, Statu
         .ok_or_else(|| Status::not_found(format!("no task {id:?}")))
 }
 
-/// Applies an operator's `event` (approve, drop) to task `id`.
+/// Applies an operator's `event` (approve, drop) to task `id`, recording
+/// who: the caller's role, token name and given name.
 pub async fn change(
     client: &redis::Client,
     id: &str,
     event: Event,
-    operator: &str,
+    who: &Actor,
 ) -> Result<pb::TaskView, Status> {
     let mut conn = conn(client).await?;
     let script = redis::Script::new(layout::CAS_SCRIPT);
@@ -162,19 +199,20 @@ pub async fn change(
         }
         task.apply(event)
             .map_err(|e: Illegal| Status::failed_precondition(format!("task {id}: {e}")))?;
-        if !operator.is_empty() {
-            task.operator = Some(operator.to_string());
-        }
+        task.operator = Some(who.name().to_string());
+        task.operator_role = Some(who.role.to_string());
+        task.operator_token.clone_from(&who.token);
         let doc = serde_json::to_string(&task).map_err(|e| Status::internal(e.to_string()))?;
         let keep = task
             .expires_at_ms
             .saturating_sub(task.parked_at_ms)
             .max(60_000);
+        let mut invocation = script.prepare_invoke();
+        for k in layout::script_keys(PREFIX, id, &task.route) {
+            invocation.key(k);
+        }
         let r: u64 = bounded(
-            script
-                .key(layout::task_key(PREFIX, id))
-                .key(layout::live_key(PREFIX))
-                .key(layout::route_key(PREFIX, &task.route))
+            invocation
                 .arg(rev)
                 .arg(doc)
                 .arg(id)
@@ -187,7 +225,10 @@ pub async fn change(
             tracing::info!(
                 task = id,
                 event = event.as_str(),
-                operator,
+                operator = who.name(),
+                role = who.role,
+                token = who.token.as_deref().unwrap_or(""),
+                said = who.said.as_deref().unwrap_or(""),
                 state = task.state.as_str(),
                 "parked task changed by an operator"
             );

@@ -355,7 +355,12 @@ async fn task_action(shared: &Shared, path: &str) -> Result<Response<Bytes>, Pro
         };
         let changed = shared
             .tasks
-            .change(&mut v, event, |t| t.operator = Some("admin api".into()))
+            .change(&mut v, event, |t| {
+                // The admin token carries no name: its role says who.
+                t.operator = Some("admin api".into());
+                t.operator_role = Some("admin".into());
+                t.operator_token = None;
+            })
             .await;
         match changed {
             Ok(Some(_)) => {

@@ -358,6 +358,7 @@ pub async fn start(options: ProxyOptions) -> Result<RunningProxy, StartError> {
         task_store,
         Arc::clone(&metrics),
         settings.task_lease,
+        settings.park_max_bytes,
     ));
     let shared_store = redis.map(|r| r as Arc<dyn idempotency::IdempotencyStore>);
     let keys = Arc::new(idempotency::Keys::new(

@@ -95,6 +95,12 @@ pub struct Settings {
     /// (`CUSTOM_ROUTER_TASK_LEASE_MS`, 10000): a proxy that dies while
     /// running a task gives it up this long after its last renewal.
     pub task_lease: Duration,
+    /// Bytes the parked tasks (`on_all_down: park`) hold at most, all
+    /// routes together, in the store they are kept in: this process's
+    /// memory (or `CUSTOM_ROUTER_TASKS_FILE`), or the shared store
+    /// (`CUSTOM_ROUTER_PARK_MAX_BYTES`, 256 MiB). Past it, a request that
+    /// would park gets `503 no_backend`.
+    pub park_max_bytes: u64,
     /// Connection-serving threads (`CUSTOM_ROUTER_WORKERS`, 0 = one per core).
     pub workers: usize,
     /// How new connections are placed on those threads
@@ -179,6 +185,7 @@ impl Default for Settings {
             shared_store: None,
             tasks_file: None,
             task_lease: Duration::from_secs(10),
+            park_max_bytes: 256 * 1024 * 1024,
             workers: 0,
             connection_balance: crate::balance_workers::ConnectionBalance::Pack,
             attempt_timeout: Duration::from_secs(1800),
@@ -338,6 +345,12 @@ impl Settings {
             s.task_lease = match v.trim().parse::<u64>() {
                 Ok(n) if n >= 100 => Duration::from_millis(n),
                 _ => return Err(bad(var, &v, "a number of milliseconds of at least 100")),
+            };
+        }
+        if let Some((var, v)) = get("CUSTOM_ROUTER_PARK_MAX_BYTES") {
+            s.park_max_bytes = match v.trim().parse::<u64>() {
+                Ok(n) if n >= 1 => n,
+                _ => return Err(bad(var, &v, "a positive number of bytes")),
             };
         }
         if let Some((_, v)) = get("CUSTOM_ROUTER_TASKS_FILE") {
@@ -685,6 +698,18 @@ mod tests {
             assert!(err
                 .to_string()
                 .contains("CUSTOM_ROUTER_IDEMPOTENCY_MAX_BYTES"));
+        }
+    }
+
+    #[test]
+    fn the_parked_bytes_cap_is_read_and_an_unusable_one_stops_startup() {
+        assert_eq!(with(&[]).unwrap().park_max_bytes, 256 * 1024 * 1024);
+        let s = with(&[("CUSTOM_ROUTER_PARK_MAX_BYTES", " 1048576\n")]).unwrap();
+        assert_eq!(s.park_max_bytes, 1024 * 1024);
+        for bad in ["lots", "-1", "", "0", "64MiB"] {
+            let err = with(&[("CUSTOM_ROUTER_PARK_MAX_BYTES", bad)]).unwrap_err();
+            assert_eq!(err.var, "CUSTOM_ROUTER_PARK_MAX_BYTES", "{bad}");
+            assert!(err.to_string().contains("a positive number of bytes"));
         }
     }
 

@@ -217,6 +217,8 @@ pub struct ParkExplanation {
     pub ttl_s: u64,
     /// Most live parked tasks of the route.
     pub max_tasks: u32,
+    /// Most bytes the route's live parked tasks hold.
+    pub max_bytes: u64,
     /// Why, in words.
     pub why: String,
 }
@@ -675,10 +677,11 @@ pub fn explain(policy: &Policy, situation: &Situation) -> Explanation {
             "it runs by itself, oldest first, once a pool of the chain can take it"
         };
         let why = format!(
-            "on_all_down: park: when every pool of the chain is down, the request is parked as a task ({}) for up to {} s (at most {} on the route, then no_backend); {then}",
+            "on_all_down: park: when every pool of the chain is down, the request is parked as a task ({}) for up to {} s (at most {} tasks and {} bytes on the route, then no_backend); {then}",
             state.as_str(),
             p.ttl.as_secs(),
-            p.max_tasks
+            p.max_tasks,
+            p.max_bytes
         );
         if parks_now {
             d.reason.push_str("; ");
@@ -690,6 +693,7 @@ pub fn explain(policy: &Policy, situation: &Situation) -> Explanation {
             state: state.as_str(),
             ttl_s: p.ttl.as_secs(),
             max_tasks: p.max_tasks,
+            max_bytes: p.max_bytes,
             why,
         }
     });

@@ -42,10 +42,26 @@
 //! - A run that the router itself shed before sending anything (every
 //!   pool down again, a full queue) puts the task back in line
 //!   ([`after_run`]); any answer from a backend ends it.
+//! - A run shed with a `Retry-After` (a tenant's rate limit, say) waits
+//!   that long before it is run again ([`Times::not_before_ms`]), so a
+//!   limited task is not re-run on every poll.
 //! - Runnable tasks go oldest first ([`pick_oldest`]'s order: park time,
-//!   then id; the shared store lists them so), and a route holds
-//!   at most `park.max_tasks` live tasks ([`may_park`]): past the cap the
-//!   request gets `no_backend` as before (every queue is bounded).
+//!   then id; the shared store lists them so).
+//! - Parked tasks are bounded in number and in bytes ([`may_park`]): a
+//!   route holds at most `park.max_tasks` live tasks and `park.max_bytes`
+//!   of them, and the store as a whole at most the proxy's
+//!   `CUSTOM_ROUTER_PARK_MAX_BYTES`; past any cap the request gets
+//!   `no_backend` as before (every queue is bounded). A task's bytes are
+//!   [`task_bytes`]: its body, path and kept headers.
+//! - A task's body is stored apart from the rest of its record, which is
+//!   all the dispatchers read on every poll ([`layout`]): a body is read
+//!   only to run its task, and dropped from the store when the task ends.
+//! - A task parked by a tenant keeps the tenant's name (never its key) and
+//!   its run is admitted again under that tenant, as the live policy has
+//!   it then: a tenant that is gone (or may no longer use the route or
+//!   risk) fails the task; a rate or concurrency limit makes it wait
+//!   (`rate_limited` is shed before send); a spent budget fails it
+//!   (`budget_exceeded`: a budget's period is longer than a park TTL).
 //!
 //! Times are wall-clock Unix milliseconds: tasks are shared by proxies on
 //! different machines, whose monotonic clocks mean nothing to each other.
@@ -245,6 +261,8 @@ pub struct Times {
     pub expires_at_ms: u64,
     /// The request's own deadline, if it gave one.
     pub deadline_at_ms: Option<u64>,
+    /// Not run before this (a shed run's `Retry-After`), if set.
+    pub not_before_ms: Option<u64>,
 }
 
 impl Times {
@@ -256,6 +274,7 @@ impl Times {
             parked_at_ms: now_ms,
             expires_at_ms: now_ms.saturating_add(ttl_ms),
             deadline_at_ms,
+            not_before_ms: None,
         }
     }
 
@@ -288,6 +307,8 @@ pub enum Wait {
     NotWaiting,
     /// Its time is up: expire it.
     Expired,
+    /// Its last run was shed with a `Retry-After` that has not passed.
+    Later,
 }
 
 /// Whether a task may run at `now` (the caller also needs a pool of its
@@ -301,14 +322,76 @@ pub fn may_run(task: Facts, times: Times, now_ms: u64) -> Wait {
         TaskState::WaitingCapacity if task.risk.has_side_effects() && !task.approved => {
             Wait::Approval
         }
+        TaskState::WaitingCapacity if times.not_before_ms.is_some_and(|t| now_ms < t) => {
+            Wait::Later
+        }
         TaskState::WaitingCapacity => Wait::Run,
         _ => Wait::NotWaiting,
     }
 }
 
-/// Whether a route holding `live` tasks may park another under `cap`.
-pub fn may_park(live: u64, cap: u32) -> bool {
-    live < u64::from(cap)
+/// What parked tasks hold now, as a cap counts it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ParkLoad {
+    /// The route's live tasks.
+    pub route_tasks: u64,
+    /// Their bytes ([`task_bytes`]).
+    pub route_bytes: u64,
+    /// Every live task's bytes in the store (all routes).
+    pub store_bytes: u64,
+}
+
+/// The caps a new task must fit under.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ParkCaps {
+    /// The route's `park.max_tasks`.
+    pub max_tasks: u32,
+    /// The route's `park.max_bytes`.
+    pub max_bytes: u64,
+    /// The store's (`CUSTOM_ROUTER_PARK_MAX_BYTES`).
+    pub store_max_bytes: u64,
+}
+
+/// Which cap a task did not fit under.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum ParkRefusal {
+    /// The route holds `park.max_tasks` live tasks.
+    #[error("the route holds its cap of {0} parked tasks")]
+    Tasks(u32),
+    /// The task does not fit in the route's `park.max_bytes`.
+    #[error("the route's parked tasks would pass its cap of {0} bytes (park.max_bytes)")]
+    RouteBytes(u64),
+    /// The task does not fit in the store's cap.
+    #[error("parked tasks would pass the proxy's cap of {0} bytes (CUSTOM_ROUTER_PARK_MAX_BYTES)")]
+    StoreBytes(u64),
+}
+
+/// Whether a task of `size` bytes may be parked on a route under `load`:
+/// the route must hold fewer than `max_tasks`, and the task must fit in
+/// what is left of the route's bytes and of the store's. (The shared
+/// store's park script applies the same rule.)
+pub fn may_park(load: ParkLoad, size: u64, caps: ParkCaps) -> Result<(), ParkRefusal> {
+    if load.route_tasks >= u64::from(caps.max_tasks) {
+        return Err(ParkRefusal::Tasks(caps.max_tasks));
+    }
+    if load.route_bytes.saturating_add(size) > caps.max_bytes {
+        return Err(ParkRefusal::RouteBytes(caps.max_bytes));
+    }
+    if load.store_bytes.saturating_add(size) > caps.store_max_bytes {
+        return Err(ParkRefusal::StoreBytes(caps.store_max_bytes));
+    }
+    Ok(())
+}
+
+/// The bytes a parked task counts against the caps: its body, its path
+/// and its kept headers (names and values).
+pub fn task_bytes<'a>(
+    path: &str,
+    headers: impl IntoIterator<Item = (&'a str, &'a str)>,
+    body_len: usize,
+) -> u64 {
+    let headers: usize = headers.into_iter().map(|(n, v)| n.len() + v.len()).sum();
+    u64::try_from(body_len.saturating_add(path.len()).saturating_add(headers)).unwrap_or(u64::MAX)
 }
 
 /// How a run ended, as far as the task cares.
@@ -330,7 +413,8 @@ pub enum RunEnd {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RouterError {
     /// Shed before any send (`no_backend`, `queue_full`, `queue_timeout`,
-    /// `overloaded`, `parked`): nothing reached a backend.
+    /// `overloaded`, `parked`, a tenant's `rate_limited`): nothing
+    /// reached a backend.
     ShedBeforeSend,
     /// Anything else (`deadline_exhausted` after attempts, an upstream
     /// failure, `outcome_unknown`, ...).
@@ -372,15 +456,25 @@ pub struct TaskRecord {
     pub route: String,
     /// The request's risk class.
     pub risk: Risk,
-    /// Whether an operator approved it (and who, if they said).
+    /// Whether an operator approved it.
     #[serde(default)]
     pub approved: bool,
-    /// Who approved or dropped it, as they said.
+    /// Who approved or dropped it: the name they gave, else their
+    /// token's name, else their role.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub operator: Option<String>,
+    /// The role of the credential that approved or dropped it
+    /// (`operator` for a control plane's operator token, `admin` for a
+    /// proxy's admin token, `open` for an API without tokens).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub operator_role: Option<String>,
+    /// The name that credential carries, if it carries one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub operator_token: Option<String>,
     /// The request id of the request that parked it.
     pub request_id: String,
-    /// The tenant, if tenancy was on.
+    /// The tenant's name, if tenancy was on (never its key): the run is
+    /// admitted again under this tenant.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tenant: Option<String>,
     /// Parked at (Unix ms).
@@ -390,17 +484,27 @@ pub struct TaskRecord {
     /// The request's own deadline (Unix ms), if it gave one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deadline_at_ms: Option<u64>,
+    /// Not run again before (Unix ms): its last run was shed with a
+    /// `Retry-After`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub not_before_ms: Option<u64>,
     /// Why it was parked (the chain walk's reason).
     pub reason: String,
     /// The request: method.
     pub method: String,
     /// The request: path and query.
     pub path: String,
-    /// The request headers that matter (no credentials, no hop-by-hop,
-    /// none of the router's own).
+    /// The client's request headers, as an attempt sends them: all but
+    /// credentials, hop-by-hop and per-hop ones, and the router's own.
+    #[serde(default)]
     pub headers: Vec<(String, String)>,
-    /// The request body, base64.
+    /// The request body, base64, in records written before bodies were
+    /// stored apart (see [`layout`]); empty in newer ones.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub body_b64: String,
+    /// The task's bytes as the caps count them ([`task_bytes`]).
+    #[serde(default)]
+    pub bytes: u64,
     /// The runner: its proxy's id, while running.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub claimed_by: Option<String>,
@@ -449,6 +553,7 @@ impl TaskRecord {
             parked_at_ms: self.parked_at_ms,
             expires_at_ms: self.expires_at_ms,
             deadline_at_ms: self.deadline_at_ms,
+            not_before_ms: self.not_before_ms,
         }
     }
 
@@ -462,6 +567,11 @@ impl TaskRecord {
         if next != TaskState::Running {
             self.claimed_by = None;
             self.lease_until_ms = None;
+        }
+        if next.is_terminal() {
+            // An ended task never runs: its body (in an older record) goes.
+            self.body_b64 = String::new();
+            self.not_before_ms = None;
         }
         self.state = next;
         Ok(next)
@@ -486,6 +596,7 @@ impl TaskRecord {
             "route": self.route,
             "risk": self.risk.as_str(),
             "approved": self.approved,
+            "tenant": self.tenant,
             "request_id": self.request_id,
             "parked_at_ms": self.parked_at_ms,
             "expires_at_ms": self.expires_at_ms,
@@ -498,18 +609,42 @@ impl TaskRecord {
     }
 }
 
+impl TaskRecord {
+    /// The bytes the caps count for this task: [`TaskRecord::bytes`], or,
+    /// in a record written before tasks counted their bytes, its body's
+    /// and headers' sizes.
+    pub fn counted_bytes(&self) -> u64 {
+        if self.bytes > 0 {
+            return self.bytes;
+        }
+        task_bytes(
+            &self.path,
+            self.headers.iter().map(|(n, v)| (n.as_str(), v.as_str())),
+            self.body_b64.len() / 4 * 3,
+        )
+    }
+}
+
 /// The shared store's layout for tasks: one definition for the proxies and
 /// the control plane. `{p}` is the store's key prefix.
 ///
-/// - `{p}task:{id}`: a hash, `rev` (a counter) and `doc` (the
-///   [`TaskRecord`] as JSON). Every change is a compare-and-set on `rev`
-///   ([`layout::CAS_SCRIPT`]), so two proxies never both claim a task.
+/// - `{p}task:{id}`: a hash, `rev` (a counter), `doc` (the [`TaskRecord`]
+///   as JSON, without the body) and `body` (the request body, raw bytes;
+///   absent in records written before bodies were stored apart, whose
+///   `doc` carries it as `body_b64`). Every change is a compare-and-set on
+///   `rev` ([`layout::CAS_SCRIPT`]), so two proxies never both claim a
+///   task. The dispatchers read `rev` and `doc` only; `body` is read to
+///   run the task, and deleted when it ends.
 /// - `{p}tasks`: a sorted set of the live tasks' ids, scored by their
 ///   park time (oldest first, for the dispatchers and `tasks list`).
 /// - `{p}tasks:route:{route}`: the same per route, for the cap.
+/// - `{p}tasks:bytes` and `{p}tasks:route_bytes:{route}`: hashes of the
+///   live tasks' bytes ([`task_bytes`]) by id, in the store and on the
+///   route, for the byte caps.
 ///
-/// A task that ends leaves both sets and its hash is kept for its TTL, so
-/// that the client can still fetch the answer.
+/// A task that ends leaves the sets and the byte hashes, its body is
+/// deleted, and its hash is kept for its TTL, so that the client can still
+/// fetch the answer.
 pub mod layout {
     /// The task's hash.
     pub fn task_key(prefix: &str, id: &str) -> String {
@@ -527,34 +662,79 @@ pub mod layout {
     pub fn route_key(prefix: &str, route: &str) -> String {
         format!("{prefix}tasks:route:{route}")
     }
+    /// The live tasks' bytes, by id.
+    pub fn bytes_key(prefix: &str) -> String {
+        format!("{prefix}tasks:bytes")
+    }
+    /// A route's live tasks' bytes, by id.
+    pub fn route_bytes_key(prefix: &str, route: &str) -> String {
+        format!("{prefix}tasks:route_bytes:{route}")
+    }
+    /// The `KEYS` of [`PARK_SCRIPT`] and [`CAS_SCRIPT`] for task `id` on
+    /// `route`.
+    pub fn script_keys(prefix: &str, id: &str, route: &str) -> [String; 5] {
+        [
+            task_key(prefix, id),
+            live_key(prefix),
+            route_key(prefix, route),
+            bytes_key(prefix),
+            route_bytes_key(prefix, route),
+        ]
+    }
 
-    /// Parks a task: `KEYS = [task, live, route_set]`, `ARGV = [doc,
-    /// parked_at_ms, id, cap, task key prefix]`. Returns 1 parked, 0 over
-    /// the cap, 2 a task with this id exists already (a retry of the same
-    /// keyed request). At the cap, ids whose task is gone (deleted or
-    /// evicted by hand) are pruned first, so they never hold the cap.
+    /// Parks a task: `KEYS` = [`script_keys`], `ARGV = [doc, parked_at_ms,
+    /// id, max_tasks, task key prefix, body, bytes, route max_bytes, store
+    /// max_bytes]`. Returns 1 parked, 2 a task with this id exists already
+    /// (a retry of the same keyed request), or which cap it does not fit
+    /// under ([`super::may_park`]'s rule): 0 the route's count, 3 the
+    /// route's bytes, 4 the store's bytes. Over a cap, ids whose task is
+    /// gone (deleted or evicted by hand) are pruned first, so they never
+    /// hold a cap.
     pub const PARK_SCRIPT: &str = r"
 if redis.call('EXISTS', KEYS[1]) == 1 then return 2 end
-if redis.call('ZCARD', KEYS[3]) >= tonumber(ARGV[4]) then
+local size = tonumber(ARGV[7])
+local function sum(key)
+  local s = 0
+  for _, v in ipairs(redis.call('HVALS', key)) do s = s + tonumber(v) end
+  return s
+end
+local function verdict()
+  if redis.call('ZCARD', KEYS[3]) >= tonumber(ARGV[4]) then return 0 end
+  if sum(KEYS[5]) + size > tonumber(ARGV[8]) then return 3 end
+  if sum(KEYS[4]) + size > tonumber(ARGV[9]) then return 4 end
+  return 1
+end
+local v = verdict()
+if v ~= 1 then
   for _, id in ipairs(redis.call('ZRANGE', KEYS[3], 0, -1)) do
     if redis.call('EXISTS', ARGV[5] .. id) == 0 then
       redis.call('ZREM', KEYS[3], id)
       redis.call('ZREM', KEYS[2], id)
     end
   end
-  if redis.call('ZCARD', KEYS[3]) >= tonumber(ARGV[4]) then return 0 end
+  for _, key in ipairs({KEYS[4], KEYS[5]}) do
+    for _, id in ipairs(redis.call('HKEYS', key)) do
+      if redis.call('EXISTS', ARGV[5] .. id) == 0 then
+        redis.call('HDEL', key, id)
+      end
+    end
+  end
+  v = verdict()
+  if v ~= 1 then return v end
 end
-redis.call('HSET', KEYS[1], 'rev', '1', 'doc', ARGV[1])
+redis.call('HSET', KEYS[1], 'rev', '1', 'doc', ARGV[1], 'body', ARGV[6])
 redis.call('ZADD', KEYS[2], ARGV[2], ARGV[3])
 redis.call('ZADD', KEYS[3], ARGV[2], ARGV[3])
+redis.call('HSET', KEYS[4], ARGV[3], ARGV[7])
+redis.call('HSET', KEYS[5], ARGV[3], ARGV[7])
 return 1
 ";
 
-    /// Compare-and-set of a task: `KEYS = [task, live, route_set]`,
-    /// `ARGV = [expected rev, doc, id, live (1/0), keep_ms]`. Returns the
-    /// new rev, or 0 when the task changed since it was read (or is gone).
-    /// A task that is no longer live leaves the sets and expires after
-    /// `keep_ms`.
+    /// Compare-and-set of a task: `KEYS` = [`script_keys`], `ARGV =
+    /// [expected rev, doc, id, live (1/0), keep_ms]`. Returns the new rev,
+    /// or 0 when the task changed since it was read (or is gone). A task
+    /// that is no longer live leaves the sets and the byte hashes, loses
+    /// its body, and expires after `keep_ms`.
     pub const CAS_SCRIPT: &str = r"
 local rev = redis.call('HGET', KEYS[1], 'rev')
 if rev ~= ARGV[1] then return 0 end
@@ -563,6 +743,9 @@ redis.call('HSET', KEYS[1], 'rev', tostring(next), 'doc', ARGV[2])
 if ARGV[4] == '0' then
   redis.call('ZREM', KEYS[2], ARGV[3])
   redis.call('ZREM', KEYS[3], ARGV[3])
+  redis.call('HDEL', KEYS[4], ARGV[3])
+  redis.call('HDEL', KEYS[5], ARGV[3])
+  redis.call('HDEL', KEYS[1], 'body')
   redis.call('PEXPIRE', KEYS[1], ARGV[5])
 end
 return next
@@ -647,10 +830,96 @@ mod tests {
 
     #[test]
     fn the_cap_and_the_oldest_first() {
-        assert!(may_park(0, 1));
-        assert!(!may_park(1, 1));
+        let caps = ParkCaps {
+            max_tasks: 1,
+            max_bytes: u64::MAX,
+            store_max_bytes: u64::MAX,
+        };
+        assert_eq!(may_park(ParkLoad::default(), 10, caps), Ok(()));
+        let one = ParkLoad {
+            route_tasks: 1,
+            ..ParkLoad::default()
+        };
+        assert_eq!(may_park(one, 10, caps), Err(ParkRefusal::Tasks(1)));
         assert_eq!(pick_oldest([(3, "c"), (1, "b"), (1, "a")]), Some("a"));
         assert_eq!(pick_oldest(std::iter::empty()), None);
+    }
+
+    #[test]
+    fn parked_bytes_are_capped_per_route_and_per_store() {
+        let caps = ParkCaps {
+            max_tasks: 100,
+            max_bytes: 100,
+            store_max_bytes: 150,
+        };
+        let load = |route_bytes, store_bytes| ParkLoad {
+            route_tasks: 1,
+            route_bytes,
+            store_bytes,
+        };
+        // Up to the cap exactly, not a byte past it.
+        assert_eq!(may_park(load(60, 60), 40, caps), Ok(()));
+        assert_eq!(
+            may_park(load(60, 60), 41, caps),
+            Err(ParkRefusal::RouteBytes(100))
+        );
+        // The route has room, the store (other routes' tasks) has not.
+        assert_eq!(
+            may_park(load(10, 120), 40, caps),
+            Err(ParkRefusal::StoreBytes(150))
+        );
+        // One task larger than the cap is refused on an empty route.
+        assert_eq!(
+            may_park(ParkLoad::default(), 101, caps),
+            Err(ParkRefusal::RouteBytes(100))
+        );
+        // What counts: body, path, headers.
+        assert_eq!(
+            task_bytes("/v1/x", [("content-type", "a/b")], 1000),
+            1000 + 5 + 12 + 3
+        );
+    }
+
+    #[test]
+    fn a_run_shed_with_retry_after_waits_for_it() {
+        let mut t = Times::new(1_000, Duration::from_secs(60), None);
+        t.not_before_ms = Some(5_000);
+        let read = facts(TaskState::WaitingCapacity, Risk::Read, false);
+        assert_eq!(may_run(read, t, 4_999), Wait::Later);
+        assert_eq!(may_run(read, t, 5_000), Wait::Run);
+        // Its TTL still ends it while it waits.
+        assert_eq!(may_run(read, t, 61_000), Wait::Expired);
+    }
+
+    #[test]
+    fn records_written_before_bodies_were_stored_apart_still_read() {
+        // A record as an earlier version wrote it: the body in the doc, no
+        // byte count, no tenant, no operator's role.
+        let old = r#"{"id":"t1","state":"waiting_capacity","route":"r","risk":"READ",
+            "request_id":"q","parked_at_ms":1,"expires_at_ms":2,"reason":"down",
+            "method":"POST","path":"/v1/chat/completions",
+            "headers":[["content-type","application/json"]],"body_b64":"AAAAAAAA"}"#;
+        let t: TaskRecord = serde_json::from_str(old).unwrap();
+        assert_eq!(t.body_b64, "AAAAAAAA");
+        assert_eq!(t.bytes, 0);
+        assert_eq!(t.counted_bytes(), 6 + 20 + 12 + 16);
+        assert_eq!(t.operator_role, None);
+        // A newer record leaves the body out of the doc.
+        let mut new = t.clone();
+        new.body_b64 = String::new();
+        new.bytes = 42;
+        let doc = serde_json::to_string(&new).unwrap();
+        assert!(!doc.contains("body_b64"), "{doc}");
+        assert_eq!(
+            serde_json::from_str::<TaskRecord>(&doc)
+                .unwrap()
+                .counted_bytes(),
+            42
+        );
+        // An ended task drops an older record's body.
+        let mut ended = t;
+        ended.apply(Event::Drop).unwrap();
+        assert!(ended.body_b64.is_empty());
     }
 
     fn any_event() -> impl Strategy<Value = Event> {
@@ -691,16 +960,20 @@ mod tests {
                 risk,
                 approved: false,
                 operator: None,
+                operator_role: None,
+                operator_token: None,
                 request_id: "q".into(),
                 tenant: None,
                 parked_at_ms: 0,
                 expires_at_ms: 1,
                 deadline_at_ms: None,
+                not_before_ms: None,
                 reason: String::new(),
                 method: "POST".into(),
                 path: "/".into(),
                 headers: Vec::new(),
                 body_b64: String::new(),
+                bytes: 0,
                 claimed_by: None,
                 lease_until_ms: None,
                 runs: 0,

@@ -374,6 +374,12 @@ pub enum TenantRefusal {
         /// The tenant's highest.
         max: Risk,
     },
+    /// A parked task's tenant is no longer in the policy (its run is
+    /// admitted by the tenant's name, [`Tenants::by_name`]).
+    Gone {
+        /// The tenant's name, as the task keeps it.
+        tenant: String,
+    },
 }
 
 impl TenantRefusal {
@@ -392,6 +398,10 @@ impl fmt::Display for TenantRefusal {
             Self::UnknownKey => f.write_str("the tenant key is not known to this router"),
             Self::MalformedKey => f.write_str(
                 "the Authorization header is not Bearer <tenant key>: a credential that is present must be a valid key",
+            ),
+            Self::Gone { tenant } => write!(
+                f,
+                "tenant {tenant:?}, who parked this task, is no longer in the policy"
             ),
             Self::Route { tenant, route } => {
                 write!(f, "tenant {tenant:?} may not use route {route:?}")
@@ -438,6 +448,17 @@ impl Tenants {
     /// Every tenant, in policy order.
     pub fn list(&self) -> &[Tenant] {
         &self.list
+    }
+
+    /// The tenant called `name`: a parked task's run is admitted again
+    /// under the tenant that parked it, as the live policy has it.
+    pub fn by_name(&self, name: &str) -> Result<&Tenant, TenantRefusal> {
+        self.list
+            .iter()
+            .find(|t| t.name == name)
+            .ok_or_else(|| TenantRefusal::Gone {
+                tenant: name.to_string(),
+            })
     }
 
     /// The tenant a request's `Authorization` header names.
@@ -619,6 +640,22 @@ mod tests {
         assert!(plausible_usage(None, None));
         assert!(!plausible_usage(Some(10_000_000_000_000_000_000), Some(1)));
         assert!(!plausible_usage(Some(1), Some(MAX_USAGE_TOKENS + 1)));
+    }
+
+    #[test]
+    fn a_parked_task_is_admitted_by_its_tenants_name_while_the_tenant_lasts() {
+        let t = tenants(false);
+        assert_eq!(t.by_name("team-a").map(|t| t.name.as_str()), Ok("team-a"));
+        let gone = t.by_name("team-z").unwrap_err();
+        assert_eq!(
+            gone,
+            TenantRefusal::Gone {
+                tenant: "team-z".into()
+            }
+        );
+        // Not a question of who is calling (401) but of what may run (403).
+        assert!(!gone.is_authentication());
+        assert!(gone.to_string().contains("no longer in the policy"));
     }
 
     #[test]

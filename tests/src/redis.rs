@@ -203,6 +203,52 @@ impl RedisServer {
         .await;
     }
 
+    /// One command's reply, for a test to look into the store: a bulk
+    /// string's bytes (`None` for a nil), an integer's or a status's text.
+    pub fn query(&self, args: &[&str]) -> Option<Vec<u8>> {
+        let mut s = TcpStream::connect(("127.0.0.1", self.port)).ok()?;
+        s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+        let mut cmd = format!("*{}\r\n", args.len());
+        for a in args {
+            cmd.push_str(&format!("${}\r\n{a}\r\n", a.len()));
+        }
+        s.write_all(cmd.as_bytes()).ok()?;
+        let mut reply = Vec::new();
+        let mut buf = [0u8; 64 * 1024];
+        loop {
+            let n = s.read(&mut buf).ok()?;
+            if n == 0 {
+                return None;
+            }
+            reply.extend_from_slice(&buf[..n]);
+            let Some(eol) = reply.windows(2).position(|w| w == b"\r\n") else {
+                continue;
+            };
+            let head = String::from_utf8_lossy(&reply[1..eol]).to_string();
+            match reply[0] {
+                b'$' => {
+                    let len: i64 = head.parse().ok()?;
+                    if len < 0 {
+                        return None;
+                    }
+                    let end = eol + 2 + usize::try_from(len).ok()?;
+                    if reply.len() >= end {
+                        return Some(reply[eol + 2..end].to_vec());
+                    }
+                }
+                _ => return Some(head.into_bytes()),
+            }
+        }
+    }
+
+    /// A field of `INFO section` (e.g. `stats`, `total_net_output_bytes`).
+    pub fn info(&self, section: &str, field: &str) -> Option<u64> {
+        let text = String::from_utf8(self.query(&["INFO", section])?).ok()?;
+        text.lines()
+            .find_map(|l| l.strip_prefix(&format!("{field}:")))
+            .and_then(|v| v.trim().parse().ok())
+    }
+
     /// The number of keys (`DBSIZE`).
     pub fn dbsize(&self) -> u64 {
         command(self.port, "DBSIZE")

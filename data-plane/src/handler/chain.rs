@@ -202,11 +202,14 @@ impl Exchange {
                         pending.rec().first_route = Some(Arc::clone(pool.shared_name()));
                     }
                     // The client's headers go to the last attempt there can be as
-                    // they are; earlier ones send a copy.
+                    // they are; earlier ones send a copy. On a parking route
+                    // the last one sends a copy too: a request that every
+                    // pool refused is parked with its headers.
                     let more_in_pool =
                         policy_pool.map_or(0, |p| p.endpoints.len()) > tried.len() + 1;
+                    let may_park = self.park.as_ref().is_some_and(|p| !p.run);
                     let last_chance =
-                        (!route.fallback || later().next().is_none()) && !more_in_pool;
+                        (!route.fallback || later().next().is_none()) && !more_in_pool && !may_park;
                     let headers = if last_chance {
                         std::mem::take(&mut self.headers)
                     } else {
@@ -480,7 +483,6 @@ impl Exchange {
                     .iter()
                     .any(|a| a.outcome.may_have_reached_backend())
                 {
-                    let tenancy = self.snapshot.policy.tenants.is_some();
                     let detail = format!("route {:?}: {}", route.name, notes.join("; "));
                     let ctx = intent.context(
                         &self.method,
@@ -489,8 +491,7 @@ impl Exchange {
                         &self.body,
                         self.risk,
                     );
-                    return Box::pin(super::parking::park(pending, route, &ctx, tenancy, detail))
-                        .await;
+                    return Box::pin(super::parking::park(pending, route, &ctx, detail)).await;
                 }
             }
             pending.reject(err)

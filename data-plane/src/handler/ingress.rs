@@ -96,8 +96,8 @@ pub(crate) fn handle(
         } else {
             None
         };
-        if task_run.is_some() {
-            pending.rec().parked_task = task_run.clone();
+        if let Some(run) = &task_run {
+            pending.rec().parked_task = Some(run.id.clone());
         }
         match request_id(&seen, pending.rec().offered_at.0) {
             Ok((id, header)) => {
@@ -179,15 +179,22 @@ pub(crate) fn handle(
         // their limits (boxed: rare, and its store calls' state stays out of
         // every request's future).
         if let Some(tenants) = &snapshot.policy.tenants {
-            let key = parts
-                .headers
-                .get(http::header::AUTHORIZATION)
-                .map(HeaderValue::as_bytes);
+            // A parked task's run is admitted under the tenant that parked
+            // it (its name is in the run's mark), as the policy has it now.
+            let caller = match &task_run {
+                Some(run) => tenancy::Caller::Task(run.tenant.as_deref()),
+                None => tenancy::Caller::Key(
+                    parts
+                        .headers
+                        .get(http::header::AUTHORIZATION)
+                        .map(HeaderValue::as_bytes),
+                ),
+            };
             let admitted = Box::pin(tenancy::admit(
                 &shared,
                 &snapshot,
                 tenants,
-                key,
+                caller,
                 route,
                 risk,
                 estimate,
@@ -248,10 +255,13 @@ pub(crate) fn handle(
         // task's own run is never parked again (it answers `no_backend`,
         // and its task waits again).
         // The request's `Idempotency-Key` and fingerprint, computed once
-        // (parking and idempotency both go by them).
+        // (parking and idempotency both go by them). A parked task's run
+        // carries its client's key to the backend but is no keyed request
+        // of its own here: its task is what runs it once.
         let keyed = seen
             .idempotency_key
             .as_ref()
+            .filter(|_| task_run.is_none())
             .and_then(|v| v.to_str().ok())
             .map(|k| {
                 let fp =
@@ -278,9 +288,7 @@ pub(crate) fn handle(
                     let path_and_query = parts.uri.path_and_query().map_or(path, |p| p.as_str());
                     let ctx =
                         intent.context(&parts.method, path_and_query, &parts.headers, &body, risk);
-                    let tenancy = snapshot.policy.tenants.is_some();
-                    return Box::pin(super::parking::park(pending, route, &ctx, tenancy, detail))
-                        .await;
+                    return Box::pin(super::parking::park(pending, route, &ctx, detail)).await;
                 }
                 return pending.reject(ProxyError::NoBackend { detail });
             }

@@ -15,13 +15,13 @@ use crate::idempotency::StoredAnswer;
 use crate::tasks::{task_response, unix_ms, ParkContext, ParkResult, Versioned};
 
 /// Parks the request of `ctx` (every pool of `route` is down: `detail`
-/// says why), or answers `no_backend` when it cannot be parked (the cap,
-/// the store, tenancy on).
+/// says why), or answers `no_backend` when it cannot be parked (a cap,
+/// the store). A tenant's task keeps the tenant's name (never its key):
+/// its run is admitted under that tenant again.
 pub(super) async fn park(
     mut pending: Pending,
     route: &Route,
     ctx: &ParkContext,
-    tenancy: bool,
     detail: String,
 ) -> Response<ProxyBody> {
     let no_backend = |why: &str| ProxyError::NoBackend {
@@ -30,13 +30,6 @@ pub(super) async fn park(
     if ctx.run {
         return pending.reject(no_backend(
             "this is a parked task's run, which waits again instead",
-        ));
-    }
-    if tenancy {
-        // A run carries no client credential (none is stored), so a
-        // tenant's request could not be admitted when it runs.
-        return pending.reject(no_backend(
-            "parking is not available on a policy with tenants yet",
         ));
     }
     let shared = std::sync::Arc::clone(&pending.shared);
@@ -64,12 +57,11 @@ pub(super) async fn park(
             })
         }
         Ok((ParkResult::Exists(v), _)) => answer_with(pending, &v, ctx.respond_async),
-        Ok((ParkResult::OverCap, _)) => {
-            let cap = route.park.map_or(0, |p| p.max_tasks);
-            pending.reject(no_backend(&format!(
-                "route {:?} holds its cap of {cap} parked tasks (or the request's deadline has passed)",
-                route.name
-            )))
+        Ok((ParkResult::OverCap(why), _)) => {
+            pending.reject(no_backend(&format!("route {:?}: {why}", route.name)))
+        }
+        Ok((ParkResult::Late, _)) => {
+            pending.reject(no_backend("the request's deadline has passed"))
         }
         Err(e) => {
             tracing::warn!(error = %e, "a request could not be parked");

@@ -11,6 +11,12 @@
 //! settles it to the call's usage when the request ends, whichever way it
 //! ends. A limit whose store is down fails open or closed as the tenant
 //! says.
+//!
+//! A parked task's run carries no key (none is stored): it is admitted by
+//! the name of the tenant that parked it ([`Caller::Task`]), under that
+//! tenant's routes, risk, limits and budget as the live policy has them. A
+//! tenant gone from the policy is refused (`403`, the task fails); a limit
+//! answers `429 rate_limited` and the task waits.
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -45,6 +51,16 @@ pub(super) struct CallEstimate {
     pub(super) max_tokens: Option<u64>,
 }
 
+/// Who a request says it is.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Caller<'a> {
+    /// A client: its `Authorization` header, if any.
+    Key(Option<&'a [u8]>),
+    /// A parked task's run: the name of the tenant that parked it (`None`:
+    /// a task parked without tenancy, admitted as a request without a key).
+    Task(Option<&'a str>),
+}
+
 /// Admits a request to its tenant (see the module docs): the tenant and
 /// the holds go into `rec`; the error is the answer when it is refused.
 #[allow(clippy::too_many_arguments)]
@@ -52,16 +68,19 @@ pub(super) async fn admit(
     shared: &Shared,
     snapshot: &Snapshot,
     tenants: &Tenants,
-    authorization: Option<&[u8]>,
+    caller: Caller<'_>,
     route: &Route,
     risk: Risk,
     estimate: CallEstimate,
     deadline: Option<Duration>,
     rec: &mut RouteRecord,
 ) -> Result<(), ProxyError> {
-    let tenant = tenants
-        .identify(authorization)
-        .map_err(ProxyError::Tenant)?;
+    let tenant = match caller {
+        Caller::Key(authorization) => tenants.identify(authorization),
+        Caller::Task(Some(name)) => tenants.by_name(name),
+        Caller::Task(None) => tenants.identify(None),
+    }
+    .map_err(ProxyError::Tenant)?;
     rec.tenant = Some(Arc::from(tenant.name.as_str()));
     tenant
         .admits(&route.name, risk)

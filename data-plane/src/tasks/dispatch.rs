@@ -1,8 +1,9 @@
 //! The per-proxy dispatcher of parked tasks.
 //!
 //! Every [`POLL`] while the policy has a route that parks (else every 10 s,
-//! for tasks an earlier policy parked) it reads the live tasks, oldest
-//! first, at most [`SCAN`], and for each:
+//! for tasks an earlier policy parked) it reads the live tasks' records,
+//! oldest first, at most [`SCAN`] (never their bodies: a body is read only
+//! to run its task), and for each:
 //!
 //! - a waiting task past its TTL or deadline is marked `expired`;
 //! - a running task whose runner's lease ran out (a proxy that died
@@ -13,7 +14,9 @@
 //!   route has a pool that can take work now is claimed (compare-and-set:
 //!   one proxy wins) and run, at most [`MAX_RUNS`] at a time per proxy
 //!   (none while the proxy drains). A run whose loopback connection cannot
-//!   be made sent nothing: its task waits again.
+//!   be made sent nothing: its task waits again. A run shed with a
+//!   `Retry-After` (a tenant's rate limit) is not claimed again before it
+//!   has passed.
 //!
 //! A run is the parked request sent to this proxy over loopback (see the
 //! module docs of [`super`]); while it runs, its lease is renewed every
@@ -52,15 +55,22 @@ pub(crate) const MAX_RUNS: usize = 4;
 /// this many polls (10 s) only.
 const IDLE_EVERY: u64 = 40;
 
-/// The router's own answers that mean nothing was sent.
-const SHED_BEFORE_SEND: [&str; 6] = [
+/// The router's own answers that mean nothing was sent, and that the task
+/// may wait out (a tenant's `rate_limited` among them: a rate or
+/// concurrency limit; a spent budget, `budget_exceeded`, fails the task).
+const SHED_BEFORE_SEND: [&str; 7] = [
     "no_backend",
     "queue_full",
     "queue_timeout",
     "overloaded",
     "parked",
     "shared_store_unavailable",
+    "rate_limited",
 ];
+
+/// The longest `Retry-After` a shed run waits (a longer one waits this
+/// long, then is tried again).
+const MAX_RETRY_AFTER: Duration = Duration::from_secs(3600);
 
 type SelfClient = Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>;
 
@@ -86,10 +96,10 @@ pub(crate) async fn run(shared: Arc<Shared>, tasks: Arc<Tasks>, target: SocketAd
             }
         }
         idle_ticks = 0;
-        let ids = match tasks.store.live(SCAN).await {
-            Ok(ids) => {
+        let listed = match tasks.store.live(SCAN).await {
+            Ok(listed) => {
                 store_down = false;
-                ids
+                listed
             }
             Err(e) => {
                 if !store_down {
@@ -101,16 +111,8 @@ pub(crate) async fn run(shared: Arc<Shared>, tasks: Arc<Tasks>, target: SocketAd
         };
         let mut live: std::collections::HashMap<(String, &'static str), i64> =
             std::collections::HashMap::new();
-        for id in ids {
-            let mut v = match tasks.store.get(&id).await {
-                Ok(Some(v)) => v,
-                // Listed, but its task is gone (deleted by hand): unlisted.
-                Ok(None) => {
-                    let _ = tasks.store.forget(&id).await;
-                    continue;
-                }
-                Err(_) => continue,
-            };
+        for mut v in listed {
+            let id = v.task.id.clone();
             let now = unix_ms();
             *live
                 .entry((v.task.route.clone(), v.task.state.as_str()))
@@ -224,7 +226,12 @@ async fn run_one(
         .settings
         .attempt_timeout
         .saturating_add(Duration::from_secs(10));
-    let request = match build_request(&tasks, &v, target) {
+    let built = match tasks.body(&v.task).await {
+        Ok(Some(body)) => build_request(&tasks, &v, body, target),
+        Ok(None) => Err("its body is gone from the task store".to_string()),
+        Err(e) => Err(e),
+    };
+    let request = match built {
         Ok(r) => r,
         Err(why) => {
             let _ = tasks
@@ -250,15 +257,7 @@ async fn run_one(
             .then(|| serde_json::from_slice::<serde_json::Value>(&body).ok())
             .flatten()
             .and_then(|v| v["error"]["type"].as_str().map(str::to_string));
-        let end = match error_type {
-            Some(t) if SHED_BEFORE_SEND.contains(&t.as_str()) => RunEnd::Router {
-                error_type: RouterError::ShedBeforeSend,
-            },
-            Some(_) => RunEnd::Router {
-                error_type: RouterError::Other,
-            },
-            None => RunEnd::Backend { status },
-        };
+        let end = run_end(error_type.as_deref(), status);
         let headers = head
             .headers
             .iter()
@@ -313,18 +312,23 @@ async fn run_one(
             }
         }
     };
+    let mut not_before = None;
     let (event, answer, error) = match ran {
         Ran::Answer(end, answer) => {
             let event = after_run(end);
             let status = answer.status;
             match event {
-                Event::Requeue => (
-                    event,
-                    None,
-                    Some(format!(
-                        "the run was shed by the router ({status}) before anything was sent: waiting again"
-                    )),
-                ),
+                Event::Requeue => {
+                    not_before = retry_after(&answer)
+                        .map(|d| unix_ms().saturating_add(millis(d.min(MAX_RETRY_AFTER))));
+                    (
+                        event,
+                        None,
+                        Some(format!(
+                            "the run was shed by the router ({status}) before anything was sent: waiting again"
+                        )),
+                    )
+                }
                 _ => (event, Some(answer), None),
             }
         }
@@ -351,6 +355,7 @@ async fn run_one(
         .change(&mut v, event, |t| {
             t.answer = answer;
             t.error = error;
+            t.not_before_ms = not_before;
         })
         .await;
     match r {
@@ -366,26 +371,55 @@ async fn run_one(
     }
 }
 
-/// The parked request, as this proxy's own run of it.
+/// How a run ended: the router's own answer (`error_type`, its error's
+/// `type`) or a backend's (`status`).
+fn run_end(error_type: Option<&str>, status: u16) -> RunEnd {
+    match error_type {
+        Some(t) if SHED_BEFORE_SEND.contains(&t) => RunEnd::Router {
+            error_type: RouterError::ShedBeforeSend,
+        },
+        Some(_) => RunEnd::Router {
+            error_type: RouterError::Other,
+        },
+        None => RunEnd::Backend { status },
+    }
+}
+
+/// The `Retry-After` (seconds) of a shed run's answer.
+fn retry_after(answer: &TaskAnswer) -> Option<Duration> {
+    answer
+        .headers
+        .iter()
+        .find(|(n, _)| n.eq_ignore_ascii_case("retry-after"))
+        .and_then(|(_, v)| v.trim().parse::<u64>().ok())
+        .map(Duration::from_secs)
+}
+
+/// The parked request, as this proxy's own run of it: the client's kept
+/// headers as they came (its `Idempotency-Key`, `X-Request-Id`,
+/// `Content-Type`...), the request id when the client gave none (the one
+/// the router made when it parked), its risk, and the run's mark.
 fn build_request(
     tasks: &Tasks,
     v: &Versioned,
+    body: Bytes,
     target: SocketAddr,
 ) -> Result<http::Request<Full<Bytes>>, String> {
     let t = &v.task;
-    let body = base64::engine::general_purpose::STANDARD
-        .decode(&t.body_b64)
-        .map_err(|e| format!("the stored body is not base64: {e}"))?;
     let mut b = http::Request::builder()
         .method(t.method.as_str())
         .uri(format!("http://{target}{}", t.path));
+    let mut has_id = false;
     for (n, val) in &t.headers {
+        has_id |=
+            n.eq_ignore_ascii_case("idempotency-key") || n.eq_ignore_ascii_case("x-request-id");
         b = b.header(n.as_str(), val.as_str());
     }
-    b = b
-        .header(crate::handler::X_REQUEST_ID, t.request_id.as_str())
-        .header("x-router-risk", t.risk.as_str());
-    if let Some(h) = tasks.run_header(&t.id) {
+    if !has_id {
+        b = b.header(crate::handler::X_REQUEST_ID, t.request_id.as_str());
+    }
+    b = b.header("x-router-risk", t.risk.as_str());
+    if let Some(h) = tasks.run_header(t) {
         b = b.header(TASK_RUN, h);
     }
     if let Some(d) = t.deadline_at_ms {
@@ -395,6 +429,46 @@ fn build_request(
         }
         b = b.header("x-router-deadline-ms", left);
     }
-    b.body(Full::new(Bytes::from(body)))
+    b.body(Full::new(body))
         .map_err(|e| format!("the stored request cannot be sent: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What the router's own answers to a run do to its task: a shed
+    /// before any send (a tenant's rate or concurrency limit among them)
+    /// waits, a refusal that waiting does not cure (a spent budget, a
+    /// tenant gone or forbidden) fails it.
+    #[test]
+    fn the_routers_own_answers_wait_or_fail_a_run() {
+        for waits in ["no_backend", "queue_full", "rate_limited", "overloaded"] {
+            assert_eq!(
+                after_run(run_end(Some(waits), 503)),
+                Event::Requeue,
+                "{waits}"
+            );
+        }
+        for fails in [
+            "budget_exceeded",
+            "forbidden",
+            "unauthorized",
+            "outcome_unknown",
+        ] {
+            assert_eq!(
+                after_run(run_end(Some(fails), 402)),
+                Event::RunFailed,
+                "{fails}"
+            );
+        }
+        assert_eq!(after_run(run_end(None, 200)), Event::Answered);
+        assert_eq!(after_run(run_end(None, 500)), Event::RunFailed);
+        let limited = TaskAnswer {
+            status: 429,
+            headers: vec![("Retry-After".into(), "3".into())],
+            body_b64: String::new(),
+        };
+        assert_eq!(retry_after(&limited), Some(Duration::from_secs(3)));
+    }
 }

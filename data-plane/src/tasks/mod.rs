@@ -11,7 +11,12 @@
 //!   [`local::LocalTasks`] in this process, written through to
 //!   `CUSTOM_ROUTER_TASKS_FILE` when set (one proxy). Every change is a
 //!   compare-and-set on the task's revision: two proxies never both claim
-//!   a task.
+//!   a task. A task's body is kept apart from its record: reading, listing
+//!   and changing tasks (the dispatcher, every 250 ms) never copies a
+//!   body; it is read only to run the task ([`Tasks::body`]). Parking is
+//!   capped in count and in bytes per route, and in bytes for the whole
+//!   store (`CUSTOM_ROUTER_PARK_MAX_BYTES`), by
+//!   [`router_policy::park::may_park`].
 //! - [`Tasks`]: the proxy's handle (the store, this proxy's id, the secret
 //!   that marks its own runs, metrics).
 //! - [`dispatch`]: the per-proxy loop that expires, takes over and runs
@@ -20,10 +25,13 @@
 //! A task runs as an ordinary request sent by the proxy to itself over
 //! loopback, marked with `x-router-task-run: <secret> <task id>`: the same
 //! ingress, decision, chain walk and route log line as any request (the
-//! line carries `parked_task`), minus parking and the route's approval
-//! token (the operator's approval stands for it). Its request id is the
-//! parked request's, so a backend that deduplicates by `Idempotency-Key`
-//! sees the same id on every run.
+//! line carries `parked_task`), minus parking, the route's approval
+//! token (the operator's approval stands for it) and the `Idempotency-Key`
+//! bookkeeping (the task is the run's once-only guard). It carries the
+//! client's own headers, as any attempt does (credentials excepted), so
+//! its request id, `Idempotency-Key` and `Content-Type` are the parked
+//! request's. A tenant's task names its tenant in the mark, and the run is
+//! admitted under that tenant again (see `handler::tenancy`).
 
 pub(crate) mod dispatch;
 mod local;
@@ -36,7 +44,9 @@ use base64::Engine as _;
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
 use http::{HeaderMap, HeaderValue};
-use router_policy::park::{initial_state, Event, TaskRecord, TaskState, Times};
+use router_policy::park::{
+    initial_state, Event, ParkCaps, ParkRefusal, TaskRecord, TaskState, Times,
+};
 use router_policy::Risk;
 
 use crate::idempotency::{Fingerprint, StoreError};
@@ -65,24 +75,31 @@ pub(crate) struct Versioned {
 pub(crate) enum ParkResult {
     /// Stored.
     Parked,
-    /// The route holds its cap of live tasks.
-    OverCap,
+    /// It does not fit under a cap.
+    OverCap(ParkRefusal),
+    /// The request's own deadline has passed: nothing to park.
+    Late,
     /// A task with this id exists (a keyed retry): here it is.
     Exists(Box<Versioned>),
 }
 
 /// Where tasks are kept. Object-safe (boxed futures), like the
-/// idempotency store.
+/// idempotency store. Records are read and written without their bodies.
 pub(crate) trait TaskStore: Send + Sync + 'static {
-    /// Stores a new task unless its route holds `cap` live tasks or a task
-    /// with its id exists.
+    /// Stores a new task and its body unless it does not fit under `caps`
+    /// ([`router_policy::park::may_park`], with [`TaskRecord::bytes`]) or
+    /// a task with its id exists.
     fn park<'a>(
         &'a self,
         task: &'a TaskRecord,
-        cap: u32,
+        body: &'a Bytes,
+        caps: ParkCaps,
     ) -> BoxFuture<'a, Result<ParkResult, StoreError>>;
-    /// A task by id.
+    /// A task by id (its record, without the body).
     fn get<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<Option<Versioned>, StoreError>>;
+    /// A live task's body; `None` when the store has none (it ended, or
+    /// the record is older and carries it in `body_b64`).
+    fn body<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<Option<Bytes>, StoreError>>;
     /// Replaces the task read at `rev` by `task`: its new revision, or
     /// `None` when it changed since (or is gone). A task that has ended
     /// leaves the live lists and is kept `keep` longer.
@@ -92,10 +109,9 @@ pub(crate) trait TaskStore: Send + Sync + 'static {
         task: &'a TaskRecord,
         keep: Duration,
     ) -> BoxFuture<'a, Result<Option<u64>, StoreError>>;
-    /// Takes `id` off the live list (its task is gone from the store).
-    fn forget<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), StoreError>>;
-    /// The ids of the live tasks, oldest first, at most `limit`.
-    fn live<'a>(&'a self, limit: usize) -> BoxFuture<'a, Result<Vec<String>, StoreError>>;
+    /// The live tasks (records, without bodies), oldest first, at most
+    /// `limit`. Ids listed whose task is gone are taken off the list.
+    fn live<'a>(&'a self, limit: usize) -> BoxFuture<'a, Result<Vec<Versioned>, StoreError>>;
 }
 
 /// This proxy's parked tasks.
@@ -108,6 +124,17 @@ pub(crate) struct Tasks {
     pub(crate) metrics: Arc<Metrics>,
     /// How long a claim holds without renewal.
     pub(crate) lease: Duration,
+    /// Most bytes of live tasks in the store (`CUSTOM_ROUTER_PARK_MAX_BYTES`).
+    pub(crate) max_bytes: u64,
+}
+
+/// A parked task's run, as its mark says ([`Tasks::run_of`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct TaskRun {
+    /// The task's id.
+    pub(crate) id: String,
+    /// The tenant that parked it, if any: the run is admitted under it.
+    pub(crate) tenant: Option<String>,
 }
 
 /// What a parked request keeps: built when it parks
@@ -130,33 +157,31 @@ pub(crate) struct ParkContext {
     pub(crate) run: bool,
 }
 
-/// Headers not kept with a parked task: credentials (never stored),
-/// per-connection and per-hop headers, the router's own and those it sets
-/// on each run.
-fn kept_header(name: &str) -> bool {
+/// Headers kept with a parked task: what the client sent, as an attempt
+/// passes it on (its `Idempotency-Key`, `X-Request-Id`, `Content-Type`,
+/// trace context, its own headers), except credentials (never stored:
+/// a pool sends its own key, a tenant's run is admitted by the tenant's
+/// name), hop-by-hop headers and those named in `Connection`, those the
+/// router sets per hop (`Host`, `Content-Length`, `Forwarded`,
+/// `X-Forwarded-*`), the router's own `X-Router-*`, and `Prefer` (the
+/// router itself answered `respond-async`).
+fn kept_header(name: &str, connection_named: &[&str]) -> bool {
     !(name.starts_with("x-router-")
         || name.starts_with("x-forwarded-")
+        || crate::hop_by_hop::is_hop_by_hop_name(name)
+        || connection_named
+            .iter()
+            .any(|c| c.eq_ignore_ascii_case(name))
         || matches!(
             name,
             "authorization"
                 | "x-api-key"
                 | "api-key"
                 | "cookie"
-                | "proxy-authorization"
                 | "host"
                 | "content-length"
-                | "transfer-encoding"
-                | "connection"
-                | "keep-alive"
-                | "te"
-                | "trailer"
-                | "upgrade"
                 | "forwarded"
                 | "prefer"
-                | "idempotency-key"
-                | "x-request-id"
-                | "traceparent"
-                | "tracestate"
         ))
 }
 
@@ -226,9 +251,16 @@ impl ParkIntent {
         body: &Bytes,
         risk: Risk,
     ) -> ParkContext {
+        let connection: Vec<&str> = headers
+            .get_all(http::header::CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .map(str::trim)
+            .collect();
         let kept = headers
             .iter()
-            .filter(|(n, _)| kept_header(n.as_str()))
+            .filter(|(n, _)| kept_header(n.as_str(), &connection))
             .filter_map(|(n, v)| Some((n.as_str().to_string(), v.to_str().ok()?.to_string())))
             .collect();
         ParkContext {
@@ -274,6 +306,16 @@ pub(crate) fn keyed_task_id(key: &str, fp: Fingerprint) -> String {
     hex(&d.as_ref()[..16])
 }
 
+fn unhex(s: &str) -> Option<Vec<u8>> {
+    if !s.len().is_multiple_of(2) {
+        return None;
+    }
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
+        .collect()
+}
+
 fn hex(b: &[u8]) -> String {
     use std::fmt::Write;
     b.iter()
@@ -302,29 +344,67 @@ pub(crate) fn keep_for(task: &TaskRecord) -> Duration {
 }
 
 impl Tasks {
-    /// Tasks in `store`; claims last `lease` unless renewed.
-    pub(crate) fn new(store: Arc<dyn TaskStore>, metrics: Arc<Metrics>, lease: Duration) -> Self {
+    /// Tasks in `store`; claims last `lease` unless renewed; the store
+    /// holds at most `max_bytes` of live tasks.
+    pub(crate) fn new(
+        store: Arc<dyn TaskStore>,
+        metrics: Arc<Metrics>,
+        lease: Duration,
+        max_bytes: u64,
+    ) -> Self {
         Self {
             store,
             proxy_id: format!("proxy-{}", hex(&crate::random::bytes::<6>())),
             secret: hex(&crate::random::bytes::<16>()),
             metrics,
             lease,
+            max_bytes,
         }
     }
 
-    /// The header value that marks this proxy's run of `task`.
-    pub(crate) fn run_header(&self, task: &str) -> Option<HeaderValue> {
-        HeaderValue::from_str(&format!("{} {task}", self.secret)).ok()
+    /// The header value that marks this proxy's run of `task`:
+    /// `SECRET ID`, and the tenant's name (hex) when it has one.
+    pub(crate) fn run_header(&self, task: &TaskRecord) -> Option<HeaderValue> {
+        let mark = match &task.tenant {
+            Some(t) => format!("{} {} {}", self.secret, task.id, hex(t.as_bytes())),
+            None => format!("{} {}", self.secret, task.id),
+        };
+        HeaderValue::from_str(&mark).ok()
     }
 
     /// The task `headers` say this request is a run of, if the mark is
     /// this proxy's (compared in constant time).
-    pub(crate) fn run_of(&self, headers: &HeaderMap) -> Option<String> {
+    pub(crate) fn run_of(&self, headers: &HeaderMap) -> Option<TaskRun> {
         use subtle::ConstantTimeEq;
         let v = headers.get(TASK_RUN)?.to_str().ok()?;
-        let (secret, task) = v.split_once(' ')?;
-        bool::from(secret.as_bytes().ct_eq(self.secret.as_bytes())).then(|| task.to_string())
+        let mut fields = v.split(' ');
+        let (secret, id) = (fields.next()?, fields.next()?);
+        if !bool::from(secret.as_bytes().ct_eq(self.secret.as_bytes())) {
+            return None;
+        }
+        let tenant = match fields.next() {
+            None => None,
+            Some(h) => Some(String::from_utf8(unhex(h)?).ok()?),
+        };
+        Some(TaskRun {
+            id: id.to_string(),
+            tenant,
+        })
+    }
+
+    /// The body of task `task` (read only to run it): an older record's
+    /// own, else the store's.
+    pub(crate) async fn body(&self, task: &TaskRecord) -> Result<Option<Bytes>, String> {
+        if !task.body_b64.is_empty() {
+            return base64::engine::general_purpose::STANDARD
+                .decode(&task.body_b64)
+                .map(|b| Some(Bytes::from(b)))
+                .map_err(|e| format!("the stored body is not base64: {e}"));
+        }
+        self.store
+            .body(&task.id)
+            .await
+            .map_err(|e| format!("the task store: {e}"))
     }
 
     /// Parks the request of `ctx` on `route` (id `request_id`), or says
@@ -342,6 +422,11 @@ impl Tasks {
         })?;
         let now = unix_ms();
         let times = Times::new(now, settings.ttl, ctx.deadline_at_ms);
+        let bytes = router_policy::park::task_bytes(
+            &ctx.path,
+            ctx.headers.iter().map(|(n, v)| (n.as_str(), v.as_str())),
+            ctx.body.len(),
+        );
         let task = TaskRecord {
             id: ctx.task_id(),
             state: initial_state(ctx.risk),
@@ -349,16 +434,20 @@ impl Tasks {
             risk: ctx.risk,
             approved: false,
             operator: None,
+            operator_role: None,
+            operator_token: None,
             request_id: request_id.to_string(),
             tenant: tenant.map(str::to_string),
             parked_at_ms: times.parked_at_ms,
             expires_at_ms: times.expires_at_ms,
             deadline_at_ms: times.deadline_at_ms,
+            not_before_ms: None,
             reason,
             method: ctx.method.clone(),
             path: ctx.path.clone(),
             headers: ctx.headers.clone(),
-            body_b64: base64::engine::general_purpose::STANDARD.encode(&ctx.body),
+            body_b64: String::new(),
+            bytes,
             claimed_by: None,
             lease_until_ms: None,
             runs: 0,
@@ -368,9 +457,14 @@ impl Tasks {
         };
         // A deadline already past: nothing to park.
         if times.ends_at_ms() <= now {
-            return Ok((ParkResult::OverCap, task));
+            return Ok((ParkResult::Late, task));
         }
-        let r = self.store.park(&task, settings.max_tasks).await?;
+        let caps = ParkCaps {
+            max_tasks: settings.max_tasks,
+            max_bytes: settings.max_bytes,
+            store_max_bytes: self.max_bytes,
+        };
+        let r = self.store.park(&task, &ctx.body, caps).await?;
         if matches!(r, ParkResult::Parked) {
             self.metrics.parked_task(&task.route, task.state.as_str());
             tracing::info!(task = %task.id, route = %task.route, state = task.state.as_str(), request_id, "every pool of the route is down: request parked");
@@ -487,12 +581,33 @@ mod tests {
     use super::*;
 
     #[test]
-    fn credentials_and_router_headers_are_never_kept() {
+    fn the_clients_headers_are_kept_but_credentials_hops_and_router_headers() {
         let mut h = HeaderMap::new();
-        h.insert("authorization", HeaderValue::from_static("Bearer s"));
-        h.insert("x-router-risk", HeaderValue::from_static("READ"));
-        h.insert("content-type", HeaderValue::from_static("application/json"));
-        h.insert("prefer", HeaderValue::from_static("respond-async, wait=5"));
+        for (n, v) in [
+            ("authorization", "Bearer s"),
+            ("x-api-key", "s"),
+            ("cookie", "s=1"),
+            ("x-router-risk", "READ"),
+            ("x-forwarded-for", "10.0.0.1"),
+            ("host", "router"),
+            ("connection", "keep-alive, x-hop"),
+            ("x-hop", "1"),
+            ("te", "trailers"),
+            ("prefer", "respond-async, wait=5"),
+            ("content-type", "application/json"),
+            ("idempotency-key", "k-1"),
+            ("x-request-id", "r-1"),
+            (
+                "traceparent",
+                "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+            ),
+            ("openai-beta", "assistants=v2"),
+        ] {
+            h.insert(
+                http::header::HeaderName::from_static(n),
+                HeaderValue::from_static(v),
+            );
+        }
         let ctx = ParkIntent::new(&h, None, None).context(
             &http::Method::POST,
             "/v1/chat/completions",
@@ -500,12 +615,51 @@ mod tests {
             &Bytes::from_static(b"{}"),
             Risk::Read,
         );
+        let mut kept: Vec<&str> = ctx.headers.iter().map(|(n, _)| n.as_str()).collect();
+        kept.sort_unstable();
         assert_eq!(
-            ctx.headers,
-            vec![("content-type".to_string(), "application/json".to_string())]
+            kept,
+            [
+                "content-type",
+                "idempotency-key",
+                "openai-beta",
+                "traceparent",
+                "x-request-id"
+            ]
         );
         assert!(ctx.respond_async);
         assert_eq!(ctx.task_id().len(), 32);
+    }
+
+    #[test]
+    fn a_runs_mark_names_its_task_and_tenant_and_only_this_proxys_counts() {
+        let store: Arc<dyn TaskStore> = Arc::new(LocalTasks::open(None).unwrap());
+        let tasks = Tasks::new(
+            store,
+            Arc::new(Metrics::default()),
+            Duration::from_secs(1),
+            1,
+        );
+        let mut t = local::tests::task("abc", "r", 1);
+        t.tenant = Some("team a/é".into());
+        let mut h = HeaderMap::new();
+        h.insert(TASK_RUN, tasks.run_header(&t).unwrap());
+        assert_eq!(
+            tasks.run_of(&h),
+            Some(TaskRun {
+                id: "abc".into(),
+                tenant: Some("team a/é".into())
+            })
+        );
+        t.tenant = None;
+        h.insert(TASK_RUN, tasks.run_header(&t).unwrap());
+        assert_eq!(
+            tasks.run_of(&h).map(|r| (r.id, r.tenant)),
+            Some(("abc".into(), None))
+        );
+        // Another proxy's (or a client's) mark is nobody's run.
+        h.insert(TASK_RUN, HeaderValue::from_static("0000 abc"));
+        assert_eq!(tasks.run_of(&h), None);
     }
 
     #[test]

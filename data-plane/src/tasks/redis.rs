@@ -1,13 +1,15 @@
 //! Parked tasks in the fleet's shared store (Redis or Valkey), laid out as
 //! [`router_policy::park::layout`] says (the control plane reads and
-//! writes the same keys). Every call is bounded by the store's call
-//! timeout.
+//! writes the same keys): records and bodies apart, so that listing the
+//! live tasks (every dispatcher, every 250 ms) reads records only, in one
+//! round trip. Every call is bounded by the store's call timeout.
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
 use futures_util::future::BoxFuture;
-use router_policy::park::{layout, TaskRecord};
+use router_policy::park::{layout, ParkCaps, ParkRefusal, TaskRecord};
 
 use super::{ParkResult, TaskStore, Versioned};
 use crate::idempotency::{bounded, RedisStore, StoreError};
@@ -28,13 +30,8 @@ impl RedisTasks {
         }
     }
 
-    fn keys(&self, task: &TaskRecord) -> [String; 3] {
-        let p = self.store.prefix();
-        [
-            layout::task_key(p, &task.id),
-            layout::live_key(p),
-            layout::route_key(p, &task.route),
-        ]
+    fn keys(&self, task: &TaskRecord) -> [String; 5] {
+        layout::script_keys(self.store.prefix(), &task.id, &task.route)
     }
 }
 
@@ -42,25 +39,44 @@ fn encode(task: &TaskRecord) -> Result<String, StoreError> {
     serde_json::to_string(task).map_err(|e| StoreError::Unavailable(e.to_string()))
 }
 
+/// A task's record from its `rev` and `doc` fields.
+fn decode(id: &str, rev: Option<u64>, doc: Option<String>) -> Option<Versioned> {
+    let (Some(rev), Some(doc)) = (rev, doc) else {
+        return None;
+    };
+    match serde_json::from_str::<TaskRecord>(&doc) {
+        Ok(task) => Some(Versioned { rev, task }),
+        Err(e) => {
+            tracing::warn!(task = id, error = %e, "task store: a task that is not a task record; ignored");
+            None
+        }
+    }
+}
+
 impl TaskStore for RedisTasks {
     fn park<'a>(
         &'a self,
         task: &'a TaskRecord,
-        cap: u32,
+        body: &'a Bytes,
+        caps: ParkCaps,
     ) -> BoxFuture<'a, Result<ParkResult, StoreError>> {
         Box::pin(async move {
             let mut conn = self.store.conn().await?;
-            let [k, live, route] = self.keys(task);
+            let mut script = self.park.prepare_invoke();
+            for k in self.keys(task) {
+                script.key(k);
+            }
             let r: i64 = bounded(
-                self.park
-                    .key(k)
-                    .key(live)
-                    .key(route)
+                script
                     .arg(encode(task)?)
                     .arg(task.parked_at_ms)
                     .arg(&task.id)
-                    .arg(cap)
+                    .arg(caps.max_tasks)
                     .arg(layout::task_key_prefix(self.store.prefix()))
+                    .arg(body.as_ref())
+                    .arg(task.counted_bytes())
+                    .arg(caps.max_bytes)
+                    .arg(caps.store_max_bytes)
                     .invoke_async(&mut conn),
             )
             .await?;
@@ -68,9 +84,12 @@ impl TaskStore for RedisTasks {
                 1 => ParkResult::Parked,
                 2 => match self.get(&task.id).await? {
                     Some(v) => ParkResult::Exists(Box::new(v)),
-                    None => ParkResult::OverCap,
+                    // Ended and gone between the two calls.
+                    None => ParkResult::Late,
                 },
-                _ => ParkResult::OverCap,
+                3 => ParkResult::OverCap(ParkRefusal::RouteBytes(caps.max_bytes)),
+                4 => ParkResult::OverCap(ParkRefusal::StoreBytes(caps.store_max_bytes)),
+                _ => ParkResult::OverCap(ParkRefusal::Tasks(caps.max_tasks)),
             })
         })
     }
@@ -86,16 +105,21 @@ impl TaskStore for RedisTasks {
                     .query_async(&mut conn),
             )
             .await?;
-            let (Some(rev), Some(doc)) = (rev, doc) else {
-                return Ok(None);
-            };
-            match serde_json::from_str::<TaskRecord>(&doc) {
-                Ok(task) => Ok(Some(Versioned { rev, task })),
-                Err(e) => {
-                    tracing::warn!(task = id, error = %e, "task store: a task that is not a task record; ignored");
-                    Ok(None)
-                }
-            }
+            Ok(decode(id, rev, doc))
+        })
+    }
+
+    fn body<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<Option<Bytes>, StoreError>> {
+        Box::pin(async move {
+            let mut conn = self.store.conn().await?;
+            let body: Option<Vec<u8>> = bounded(
+                redis::cmd("HGET")
+                    .arg(layout::task_key(self.store.prefix(), id))
+                    .arg("body")
+                    .query_async(&mut conn),
+            )
+            .await?;
+            Ok(body.map(Bytes::from))
         })
     }
 
@@ -107,12 +131,12 @@ impl TaskStore for RedisTasks {
     ) -> BoxFuture<'a, Result<Option<u64>, StoreError>> {
         Box::pin(async move {
             let mut conn = self.store.conn().await?;
-            let [k, live, route] = self.keys(task);
+            let mut script = self.cas.prepare_invoke();
+            for k in self.keys(task) {
+                script.key(k);
+            }
             let r: u64 = bounded(
-                self.cas
-                    .key(k)
-                    .key(live)
-                    .key(route)
+                script
                     .arg(rev)
                     .arg(encode(task)?)
                     .arg(&task.id)
@@ -125,31 +149,54 @@ impl TaskStore for RedisTasks {
         })
     }
 
-    fn forget<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), StoreError>> {
+    fn live<'a>(&'a self, limit: usize) -> BoxFuture<'a, Result<Vec<Versioned>, StoreError>> {
         Box::pin(async move {
             let mut conn = self.store.conn().await?;
-            bounded(
-                redis::cmd("ZREM")
-                    .arg(layout::live_key(self.store.prefix()))
-                    .arg(id)
-                    .query_async::<()>(&mut conn),
-            )
-            .await
-        })
-    }
-
-    fn live<'a>(&'a self, limit: usize) -> BoxFuture<'a, Result<Vec<String>, StoreError>> {
-        Box::pin(async move {
-            let mut conn = self.store.conn().await?;
+            let p = self.store.prefix();
             let stop = i64::try_from(limit).unwrap_or(i64::MAX).saturating_sub(1);
-            bounded(
+            let ids: Vec<String> = bounded(
                 redis::cmd("ZRANGE")
-                    .arg(layout::live_key(self.store.prefix()))
+                    .arg(layout::live_key(p))
                     .arg(0)
                     .arg(stop)
                     .query_async(&mut conn),
             )
-            .await
+            .await?;
+            if ids.is_empty() {
+                return Ok(Vec::new());
+            }
+            // Every record (never a body) in one round trip.
+            let mut pipe = redis::pipe();
+            for id in &ids {
+                pipe.cmd("HMGET")
+                    .arg(layout::task_key(p, id))
+                    .arg("rev")
+                    .arg("doc");
+            }
+            let rows: Vec<(Option<u64>, Option<String>)> =
+                bounded(pipe.query_async(&mut conn)).await?;
+            let mut out = Vec::with_capacity(ids.len());
+            let mut gone = Vec::new();
+            for (id, (rev, doc)) in ids.iter().zip(rows) {
+                match (rev.is_some() && doc.is_some(), decode(id, rev, doc)) {
+                    (_, Some(v)) => out.push(v),
+                    // Listed, but its task is gone (deleted by hand):
+                    // unlisted.
+                    (false, None) => gone.push(id.as_str()),
+                    // Not a task record: left as it is.
+                    (true, None) => {}
+                }
+            }
+            if !gone.is_empty() {
+                bounded(
+                    redis::cmd("ZREM")
+                        .arg(layout::live_key(p))
+                        .arg(&gone)
+                        .query_async::<()>(&mut conn),
+                )
+                .await?;
+            }
+            Ok(out)
         })
     }
 }

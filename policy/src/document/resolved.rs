@@ -244,6 +244,9 @@ pub struct ParkSettings {
     pub ttl: Duration,
     /// Most live parked tasks of the route.
     pub max_tasks: u32,
+    /// Most bytes the route's live parked tasks hold
+    /// ([`crate::park::task_bytes`]).
+    pub max_bytes: u64,
 }
 
 impl ParkSettings {
@@ -251,6 +254,8 @@ impl ParkSettings {
     pub const DEFAULT_TTL: Duration = Duration::from_secs(3600);
     /// The default cap.
     pub const DEFAULT_MAX_TASKS: u32 = 100;
+    /// The default byte cap: 64 MiB.
+    pub const DEFAULT_MAX_BYTES: u64 = 64 * 1024 * 1024;
 }
 
 /// A route's hedging, resolved.

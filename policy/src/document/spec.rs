@@ -603,6 +603,10 @@ pub struct ParkSpec {
     /// (default 100).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_tasks: Option<u32>,
+    /// Most bytes the route's live parked tasks hold (bodies, paths,
+    /// headers); past it, `no_backend` (default 64 MiB).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_bytes: Option<u64>,
 }
 
 /// A route's hedging as written: `{after_ms: 300}` or `{after: p95}`.

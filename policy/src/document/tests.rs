@@ -789,7 +789,7 @@ spec:
     - name: default
       chain: [only]
       on_all_down: park
-      park: {ttl_s: 600, max_tasks: 5}
+      park: {ttl_s: 600, max_tasks: 5, max_bytes: 1000000}
 "#;
 
 #[test]
@@ -798,9 +798,11 @@ fn parking_routes_resolve_their_bounds_and_explain_when_they_park() {
     let governed = p.routes[0].park.unwrap();
     assert_eq!(governed.ttl, ParkSettings::DEFAULT_TTL);
     assert_eq!(governed.max_tasks, ParkSettings::DEFAULT_MAX_TASKS);
+    assert_eq!(governed.max_bytes, 64 * 1024 * 1024);
     let default = p.routes[1].park.unwrap();
     assert_eq!(default.ttl, Duration::from_secs(600));
     assert_eq!(default.max_tasks, 5);
+    assert_eq!(default.max_bytes, 1_000_000);
     // Every pool down: the explanation says the request parks, and how.
     let down = |risk: &str| {
         let s: crate::decide::Situation = serde_json::from_str(&format!(
@@ -837,8 +839,8 @@ fn parking_routes_resolve_their_bounds_and_explain_when_they_park() {
 fn parking_bounds_are_checked() {
     let text = PARKING
         .replace(
-            "park: {ttl_s: 600, max_tasks: 5}",
-            "park: {ttl_s: 0, max_tasks: 0}",
+            "park: {ttl_s: 600, max_tasks: 5, max_bytes: 1000000}",
+            "park: {ttl_s: 0, max_tasks: 0, max_bytes: 0}",
         )
         .replace(
             "      on_all_down: park\n    - name: default",
@@ -851,7 +853,8 @@ fn parking_bounds_are_checked() {
         [
             "spec.routes[0].park",
             "spec.routes[1].park.ttl_s",
-            "spec.routes[1].park.max_tasks"
+            "spec.routes[1].park.max_tasks",
+            "spec.routes[1].park.max_bytes"
         ],
         "{err}"
     );

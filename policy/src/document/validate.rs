@@ -830,7 +830,7 @@ fn route(
 }
 
 /// A route's safe mode: `park` bounds only with `on_all_down: park`; a
-/// positive TTL and cap (every parked queue is bounded).
+/// positive TTL, count cap and byte cap (every parked queue is bounded).
 fn park(r: &RouteSpec, at: &str, errs: &mut Errors) -> Option<ParkSettings> {
     let spec = r.park.clone().unwrap_or_default();
     if r.on_all_down != Some(OnAllDown::Park) {
@@ -864,9 +864,21 @@ fn park(r: &RouteSpec, at: &str, errs: &mut Errors) -> Option<ParkSettings> {
         Some(n) => Some(n),
         None => Some(ParkSettings::DEFAULT_MAX_TASKS),
     };
+    let max_bytes = match spec.max_bytes {
+        Some(0) => {
+            errs.push(
+                format!("{at}.park.max_bytes"),
+                "must be at least 1 byte (a route that must not park says on_all_down: no_backend)",
+            );
+            None
+        }
+        Some(n) => Some(n),
+        None => Some(ParkSettings::DEFAULT_MAX_BYTES),
+    };
     Some(ParkSettings {
         ttl: ttl?,
         max_tasks: max_tasks?,
+        max_bytes: max_bytes?,
     })
 }
 

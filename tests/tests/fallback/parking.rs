@@ -338,6 +338,18 @@ mod ops {
         router_control_plane::RunningControlPlane,
         routerctl::admin_cmd::Admin,
     ) {
+        admin_as(redis, TOKEN).await
+    }
+
+    /// A control plane whose operator tokens are `TOKEN` (unnamed) and
+    /// `alice-secret` (named `alice`), and routerctl with `token`.
+    pub(super) async fn admin_as(
+        redis: &RedisServer,
+        token: &str,
+    ) -> (
+        router_control_plane::RunningControlPlane,
+        routerctl::admin_cmd::Admin,
+    ) {
         let dir = std::env::temp_dir().join(format!(
             "router-park-cp-{}-{}",
             std::process::id(),
@@ -348,16 +360,54 @@ mod ops {
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             store: router_control_plane::StoreLocation::Embedded(dir),
             token: Some(TOKEN.into()),
+            operator_tokens: vec![router_control_plane::auth::OperatorToken {
+                token: "alice-secret".into(),
+                name: Some("alice".into()),
+            }],
             shared_store: Some(redis.url()),
             ..Default::default()
         })
         .await
         .unwrap_or_else(|e| panic!("control plane: {e}"));
         let admin =
-            routerctl::admin_cmd::connect(&cp.local_addr().to_string(), Some(TOKEN.into()), None)
+            routerctl::admin_cmd::connect(&cp.local_addr().to_string(), Some(token.into()), None)
                 .await
                 .unwrap_or_else(|e| panic!("{e}"));
         (cp, admin)
+    }
+
+    /// `routerctl tasks approve|drop ID [--operator said]` with `token`.
+    pub(super) async fn act_as(
+        redis: &RedisServer,
+        token: &str,
+        action: Action,
+        id: &str,
+        said: &str,
+    ) -> ExitCode {
+        let (cp, mut admin) = admin_as(redis, token).await;
+        let code = tasks_cmd::act(
+            &mut admin,
+            action,
+            id,
+            said,
+            routerctl::policy_cmd::Output::Json,
+        )
+        .await;
+        cp.shutdown().await;
+        code
+    }
+
+    /// The views `routerctl tasks list` shows, in order.
+    pub(super) async fn list_views(redis: &RedisServer) -> Vec<router_proto::v1::TaskView> {
+        let (cp, mut admin) = admin(redis).await;
+        let tasks = admin
+            .list_tasks(router_proto::v1::ListTasksRequest::default())
+            .await
+            .unwrap_or_else(|s| panic!("{s}"))
+            .into_inner()
+            .tasks;
+        cp.shutdown().await;
+        tasks
     }
 
     /// `routerctl tasks approve|drop ID`: its exit code.
@@ -415,7 +465,15 @@ mod ops {
             .unwrap_or_else(|s| panic!("{s}"))
             .into_inner();
         cp.shutdown().await;
-        serde_json::json!({"state": v.state, "runs": v.runs, "approved": v.approved, "operator": v.operator})
+        serde_json::json!({
+            "state": v.state,
+            "runs": v.runs,
+            "approved": v.approved,
+            "operator": v.operator,
+            "operator_role": v.operator_role,
+            "operator_token": v.operator_token,
+            "tenant": v.tenant,
+        })
     }
 }
 
@@ -597,4 +655,322 @@ async fn a_task_expires_at_its_own_deadline_and_a_stream_is_kept_whole() {
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(task(&p, &short).await.json()["state"], "expired");
     assert_eq!(m.stats().received, 1, "only the stream ran");
+}
+
+/// A chat body whose content is `n` bytes of `x`.
+fn big_body(n: usize) -> String {
+    format!(
+        r#"{{"model":"m","messages":[{{"role":"user","content":"{}"}}]}}"#,
+        "x".repeat(n)
+    )
+}
+
+/// Issue 28, item 3: parked tasks are capped in bytes (the route's
+/// `park.max_bytes`), and the dispatchers read the tasks' records, never
+/// their bodies: two proxies idling over two parked 4 MiB bodies read
+/// almost nothing from Redis (before: every body, four times a second,
+/// on each proxy). A body is read once, to run its task, which sends it
+/// whole; the store drops it when the task ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parked_bytes_are_capped_and_the_dispatchers_read_no_bodies() {
+    let redis = RedisServer::start("park-bytes").await;
+    let m = mock("m", Behavior::Json).await;
+    let (a, b) = fleet(
+        &redis,
+        &m.url(),
+        "{ttl_s: 60, max_tasks: 10, max_bytes: 10000000}",
+        10_000,
+    )
+    .await;
+    let before = m.stats().received;
+    let body = big_body(4 << 20);
+    let mut ids = Vec::new();
+    for p in [&a, &b] {
+        let r = p.chat_with(&[("prefer", "respond-async")], &body).await;
+        assert_eq!(r.status, StatusCode::ACCEPTED, "{}", r.text());
+        ids.push(parked_id(&r));
+    }
+    // A third would pass the route's 10 MB: no_backend, as at the count cap.
+    let third = a.chat_with(&[("prefer", "respond-async")], &body).await;
+    assert_eq!(
+        third.status,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "{}",
+        third.text()
+    );
+    assert_eq!(third.error_type(), "no_backend");
+    assert!(third.text().contains("park.max_bytes"), "{}", third.text());
+    // Idle for 2 s (8 polls on each proxy): what Redis sent them.
+    let sent = || redis.info("stats", "total_net_output_bytes").unwrap_or(0);
+    let start = sent();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let idle = sent() - start;
+    assert!(
+        idle < 1 << 20,
+        "the dispatchers read {idle} bytes in 2 s of idling over 8 MiB of parked bodies"
+    );
+    // Bodies are kept apart from the records.
+    let key = format!("router:task:{}", ids[0]);
+    let stored = redis.query(&["HGET", &key, "body"]).unwrap_or_default();
+    assert_eq!(stored.len(), body.len());
+    let doc = redis.query(&["HGET", &key, "doc"]).unwrap_or_default();
+    assert!(doc.len() < 4096, "a record of {} bytes", doc.len());
+    // Runs send each body whole; ended tasks' bodies leave the store.
+    a.set_backends_pool("only", &[m.url()]).await;
+    b.set_backends_pool("only", &[m.url()]).await;
+    for id in &ids {
+        wait_state(&a, id, "done").await;
+    }
+    let runs: Vec<_> = m.requests().into_iter().skip(before as usize).collect();
+    assert_eq!(runs.len(), 2);
+    for r in &runs {
+        assert_eq!(r.body.as_ref(), body.as_bytes());
+    }
+    assert_eq!(redis.query(&["HEXISTS", &key, "body"]), Some(b"0".to_vec()));
+    assert_eq!(
+        redis.query(&["HLEN", "router:tasks:bytes"]),
+        Some(b"0".to_vec())
+    );
+}
+
+/// Issue 28, item 10: a request parked after every pool refused its
+/// connection runs with what its client sent (its `Idempotency-Key`,
+/// `Content-Type`, its own headers), as any attempt does; before, the
+/// last refused attempt had taken its headers, and the task was stored
+/// with none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_parked_after_refused_attempts_runs_with_its_clients_headers() {
+    let port = router_tests::server_process::free_port();
+    let url = format!("http://127.0.0.1:{port}");
+    let mut s = settings();
+    s.task_lease = Duration::from_millis(600);
+    let p = TestProxy::with_policy(s, &policy(&url, "{ttl_s: 60}")).await;
+    let r = p
+        .chat_with(
+            &[
+                ("prefer", "respond-async"),
+                ("idempotency-key", "drill-k1"),
+                ("x-client-tag", "t-1"),
+                ("authorization", "Bearer client-secret"),
+            ],
+            BODY,
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::ACCEPTED, "{}", r.text());
+    let id = parked_id(&r);
+    let lines = p.log.wait_for(1).await;
+    assert!(
+        lines.iter().any(|l| l["parked_task"] == id.as_str()
+            && l["attempts"].as_array().is_some_and(|a| !a.is_empty())),
+        "parked after an attempt: {lines:?}"
+    );
+    let m = router_mock::MockModel::start_on(
+        std::net::SocketAddr::from(([127, 0, 0, 1], port)),
+        router_mock::MockConfig {
+            name: "back".into(),
+            behavior: Behavior::Json,
+            ..router_mock::MockConfig::default()
+        },
+    )
+    .await
+    .unwrap();
+    let until = tokio::time::Instant::now() + Duration::from_secs(15);
+    while task(&p, &id).await.header("x-router-task-state") != Some("done") {
+        assert!(tokio::time::Instant::now() < until, "never ran");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let sent = m.requests();
+    assert_eq!(sent.len(), 1);
+    let h = &sent[0].headers;
+    let get = |n: &str| h.get(n).and_then(|v| v.to_str().ok());
+    assert_eq!(get("idempotency-key"), Some("drill-k1"), "{h:?}");
+    assert_eq!(get("x-request-id"), Some("drill-k1"), "{h:?}");
+    assert_eq!(get("content-type"), Some("application/json"), "{h:?}");
+    assert_eq!(get("x-client-tag"), Some("t-1"), "{h:?}");
+    // Never a credential, nor the router's own headers.
+    assert_eq!(get("authorization"), None, "{h:?}");
+    assert!(
+        h.keys().all(|k| !k.as_str().starts_with("x-router-")),
+        "{h:?}"
+    );
+    assert_eq!(sent[0].body.as_ref(), BODY.as_bytes());
+}
+
+fn tenant_policy(url: &str, team_b: bool) -> String {
+    use router_policy::tenant::key_hash_text;
+    let b = if team_b {
+        format!(
+            "    - name: team-b\n      keys: [\"{}\"]\n",
+            key_hash_text("rt_b")
+        )
+    } else {
+        String::new()
+    };
+    format!(
+        r#"apiVersion: router/v1
+kind: RoutingPolicy
+spec:
+  circuit_breaker: {{consecutive_errors: 3, open_duration_s: 1}}
+  pools:
+    - name: only
+      endpoints: ["{url}"]
+  routes:
+    - name: r
+      chain: [only]
+      on_all_down: park
+      park: {{ttl_s: 60}}
+  tenants:
+    - name: team-a
+      keys: ["{}"]
+{b}    - name: team-c
+      keys: ["{}"]
+      limits: {{requests_per_minute: 20}}
+"#,
+        key_hash_text("rt_a"),
+        key_hash_text("rt_c"),
+    )
+}
+
+/// Issue 28, item 16: on a policy with tenants, a tenant's request parks
+/// like any other; its task keeps the tenant's name (never its key), shows
+/// it in `tasks list`, and its run is admitted under that tenant as the
+/// live policy has it: team-a's runs and is done (its key never stored,
+/// never sent); team-b, removed from the policy meanwhile, fails; team-c,
+/// whose rate limit (one request per 3 s) the parked request used, waits
+/// out its `Retry-After` and then runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenants_request_parks_and_runs_admitted_as_that_tenant_again() {
+    let redis = RedisServer::start("park-tenants").await;
+    let m = mock("m", Behavior::Json).await;
+    let mut s = settings();
+    s.shared_store = Some(SharedStore::new(&redis.url()).unwrap());
+    let p = TestProxy::with_policy(s, &tenant_policy(&m.url(), true)).await;
+    let mut ok = false;
+    for _ in 0..200 {
+        let r = p
+            .chat_with(
+                &[
+                    ("authorization", "Bearer rt_a"),
+                    ("idempotency-key", "warm-tenants"),
+                ],
+                BODY,
+            )
+            .await;
+        if r.status == StatusCode::OK {
+            ok = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(ok, "proxy did not reach the shared store");
+    p.set_backends_pool("only", &[]).await;
+    let before = m.stats().received;
+
+    let mut ids = Vec::new();
+    for key in ["rt_a", "rt_b", "rt_c"] {
+        let r = p
+            .chat_with(
+                &[
+                    ("prefer", "respond-async"),
+                    ("authorization", &format!("Bearer {key}")),
+                ],
+                BODY,
+            )
+            .await;
+        assert_eq!(r.status, StatusCode::ACCEPTED, "{key}: {}", r.text());
+        ids.push(parked_id(&r));
+    }
+    // The tenant's name is kept, and shown; its key is nowhere.
+    let waiting = task(&p, &ids[0]).await.json();
+    assert_eq!(waiting["tenant"], "team-a", "{waiting}");
+    let listed = ops::list_views(&redis).await;
+    let tenants: Vec<&str> = listed.iter().map(|t| t.tenant.as_str()).collect();
+    assert_eq!(tenants, ["team-a", "team-b", "team-c"]);
+    for id in &ids {
+        let doc = redis
+            .query(&["HGET", &format!("router:task:{id}"), "doc"])
+            .unwrap_or_default();
+        let doc = String::from_utf8_lossy(&doc);
+        assert!(!doc.contains("rt_"), "a key stored: {doc}");
+    }
+
+    // team-b leaves the policy; the backend is back (the new policy's).
+    p.apply(&tenant_policy(&m.url(), false));
+    p.set_backends_pool("only", &[m.url()]).await;
+    let done = wait_state(&p, &ids[0], "done").await;
+    assert_eq!(done.status, StatusCode::OK, "{}", done.text());
+    let gone = wait_state(&p, &ids[1], "failed").await;
+    assert_eq!(gone.status, StatusCode::FORBIDDEN, "{}", gone.text());
+    assert!(
+        gone.text().contains("no longer in the policy"),
+        "{}",
+        gone.text()
+    );
+    // team-c's run met its rate limit: it waits (not failed), then runs.
+    let limited = wait_state(&p, &ids[2], "done").await;
+    assert_eq!(limited.status, StatusCode::OK, "{}", limited.text());
+    let lines = p.log.lines();
+    let runs = |id: &str| -> Vec<&Value> {
+        lines
+            .iter()
+            .filter(|l| l["parked_task"] == id && l["outcome"] != "parked")
+            .collect()
+    };
+    let c_runs = runs(&ids[2]);
+    assert!(
+        c_runs.iter().any(|l| l["outcome"] == "rate_limited"),
+        "{c_runs:?}"
+    );
+    assert!(c_runs.iter().all(|l| l["tenant"] == "team-c"), "{c_runs:?}");
+    let a_runs = runs(&ids[0]);
+    assert_eq!(a_runs.len(), 1, "{a_runs:?}");
+    assert_eq!(a_runs[0]["tenant"], "team-a");
+    // Two runs reached the backend, neither with a tenant's key.
+    let sent: Vec<_> = m.requests().into_iter().skip(before as usize).collect();
+    assert_eq!(sent.len(), 2);
+    assert!(sent
+        .iter()
+        .all(|r| r.headers.get("authorization").is_none()));
+}
+
+/// Issue 28, item 14: every approval and drop records the role of the
+/// caller's token and the name the token carries, whether or not the
+/// operator gave a name (before: `operator: ""` when they gave none).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_approval_or_a_drop_records_the_tokens_role_and_name() {
+    let redis = RedisServer::start("park-who").await;
+    let m = mock("m", Behavior::Json).await;
+    let (a, _b) = fleet(&redis, &m.url(), "{ttl_s: 60}", 10_000).await;
+    let mut ids = Vec::new();
+    for _ in 0..2 {
+        let r = a
+            .chat_with(
+                &[("x-router-risk", "SEND"), ("prefer", "respond-async")],
+                BODY,
+            )
+            .await;
+        assert_eq!(r.status, StatusCode::ACCEPTED, "{}", r.text());
+        ids.push(parked_id(&r));
+    }
+    // Alice's named token, no --operator.
+    let code = ops::act_as(&redis, "alice-secret", Action::Approve, &ids[0], "").await;
+    assert_eq!(code, ExitCode::SUCCESS);
+    let view = ops::show(&redis, &ids[0]).await;
+    assert_eq!(view["operator_role"], "operator", "{view}");
+    assert_eq!(view["operator_token"], "alice", "{view}");
+    assert_eq!(view["operator"], "alice", "{view}");
+    // The unnamed token with --operator bob: both are kept.
+    let code = ops::act_as(
+        &redis,
+        router_tests::control::TOKEN,
+        Action::Drop,
+        &ids[1],
+        "bob",
+    )
+    .await;
+    assert_eq!(code, ExitCode::SUCCESS);
+    let view = ops::show(&redis, &ids[1]).await;
+    assert_eq!(view["operator_role"], "operator", "{view}");
+    assert_eq!(view["operator_token"], "", "{view}");
+    assert_eq!(view["operator"], "bob", "{view}");
 }

@@ -101,29 +101,46 @@ fn valid_token_name(name: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-' | b'@'))
 }
 
-/// Parses `--token-file`: one `TOKEN` or `TOKEN NAME` per line; blank
-/// lines and lines starting with `#` are skipped. A file holding one bare
-/// token (every earlier token file) is one unnamed token.
-pub fn parse_operator_tokens(text: &str) -> Result<Vec<OperatorToken>, TokenFileError> {
-    let mut tokens = Vec::new();
+/// The `TOKEN [SECOND]` lines of a token file (blank lines and lines
+/// starting with `#` skipped), each with its 1-based line number; a line
+/// with more is refused with `expected`. An empty file is refused.
+fn token_lines<'a>(
+    text: &'a str,
+    expected: &'static str,
+) -> Result<Vec<(usize, &'a str, Option<&'a str>)>, TokenFileError> {
+    let mut lines = Vec::new();
     for (i, line) in text.lines().enumerate() {
         let line = line.trim();
         if line.is_empty() || line.starts_with('#') {
             continue;
         }
         let mut fields = line.split_whitespace();
-        let (Some(token), name) = (fields.next(), fields.next()) else {
+        let (Some(token), second) = (fields.next(), fields.next()) else {
             continue;
         };
         if fields.next().is_some() {
             return Err(TokenFileError::Line {
                 line: i + 1,
-                reason: "expected TOKEN or TOKEN NAME",
+                reason: expected,
             });
         }
+        lines.push((i + 1, token, second));
+    }
+    if lines.is_empty() {
+        return Err(TokenFileError::Empty);
+    }
+    Ok(lines)
+}
+
+/// Parses `--token-file`: one `TOKEN` or `TOKEN NAME` per line; blank
+/// lines and lines starting with `#` are skipped. A file holding one bare
+/// token (every earlier token file) is one unnamed token.
+pub fn parse_operator_tokens(text: &str) -> Result<Vec<OperatorToken>, TokenFileError> {
+    let mut tokens = Vec::new();
+    for (line, token, name) in token_lines(text, "expected TOKEN or TOKEN NAME")? {
         if name.is_some_and(|n| !valid_token_name(n)) {
             return Err(TokenFileError::Line {
-                line: i + 1,
+                line,
                 reason: "a token's NAME is 1-63 letters, digits, '.', '_', '-' or '@'",
             });
         }
@@ -131,9 +148,6 @@ pub fn parse_operator_tokens(text: &str) -> Result<Vec<OperatorToken>, TokenFile
             token: token.to_string(),
             name: name.map(str::to_string),
         });
-    }
-    if tokens.is_empty() {
-        return Err(TokenFileError::Empty);
     }
     Ok(tokens)
 }
@@ -175,31 +189,13 @@ pub enum TokenFileError {
 /// Parses `--proxy-token-file`: one `TOKEN` or `TOKEN NODE_ID` per line;
 /// blank lines and lines starting with `#` are skipped.
 pub fn parse_proxy_tokens(text: &str) -> Result<Vec<ProxyToken>, TokenFileError> {
-    let mut tokens = Vec::new();
-    for (i, line) in text.lines().enumerate() {
-        let line = line.trim();
-        if line.is_empty() || line.starts_with('#') {
-            continue;
-        }
-        let mut fields = line.split_whitespace();
-        let (Some(token), node) = (fields.next(), fields.next()) else {
-            continue;
-        };
-        if fields.next().is_some() {
-            return Err(TokenFileError::Line {
-                line: i + 1,
-                reason: "expected TOKEN or TOKEN NODE_ID",
-            });
-        }
-        tokens.push(ProxyToken {
+    Ok(token_lines(text, "expected TOKEN or TOKEN NODE_ID")?
+        .into_iter()
+        .map(|(_, token, node)| ProxyToken {
             token: token.to_string(),
             node: node.map(str::to_string),
-        });
-    }
-    if tokens.is_empty() {
-        return Err(TokenFileError::Empty);
-    }
-    Ok(tokens)
+        })
+        .collect())
 }
 
 /// The configured tokens, as [`Secret`]s (digests compared in constant

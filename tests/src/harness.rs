@@ -452,3 +452,17 @@ impl Drop for TcpRelay {
         self.task.abort();
     }
 }
+
+/// A tenant item of a policy's `spec.tenants`: `name`, the hash of `key`,
+/// and `limits` (a YAML flow map's contents; empty for none).
+pub fn tenant_item(name: &str, key: &str, limits: &str) -> String {
+    let limits = if limits.is_empty() {
+        String::new()
+    } else {
+        format!("      limits: {{{limits}}}\n")
+    };
+    format!(
+        "    - name: {name}\n      keys: [\"{}\"]\n{limits}",
+        router_policy::tenant::key_hash_text(key)
+    )
+}

@@ -5,31 +5,15 @@
 use std::time::Duration;
 
 use futures_util::future::join_all;
-use http::{Method, StatusCode};
+use http::StatusCode;
 use http_body_util::BodyExt;
 use router_mock::{Behavior, StreamScript, UsageMode};
-use router_tests::harness::{eventually, TestClient};
+use router_tests::harness::eventually;
 use router_tests::mocks::mock;
 use router_tests::proxy_process::ProxyProcess;
 use router_tests::redis::RedisServer;
 
-use super::{chat_body, micros, policy, tenant};
-
-/// Sends `body` for the tenant whose key is `key`.
-async fn call(proxy: &ProxyProcess, key: &str, body: &str) -> router_tests::harness::TestResponse {
-    let auth = format!("Bearer {key}");
-    TestClient::new()
-        .send(
-            Method::POST,
-            &proxy.url("/v1/chat/completions"),
-            &[
-                ("content-type", "application/json"),
-                ("authorization", auth.as_str()),
-            ],
-            body.to_string(),
-        )
-        .await
-}
+use super::{chat_body, micros, policy, send_as, tenant};
 
 /// The input tokens the router estimates for `body` (bytes / 4).
 fn input_estimate(body: &str) -> u64 {
@@ -62,7 +46,7 @@ async fn the_larger_output_cap_is_reserved() {
         )],
     );
     let proxy = ProxyProcess::start("budget-cap", &doc, &[]);
-    let answers = join_all((0..8).map(|_| call(&proxy, "rt_a", &body))).await;
+    let answers = join_all((0..8).map(|_| send_as(&proxy, "rt_a", &body))).await;
     let ok = answers
         .iter()
         .filter(|r| r.status == StatusCode::OK)
@@ -105,13 +89,13 @@ async fn absurd_usage_never_wraps_the_spend_to_money_left() {
         )],
     );
     let proxy = ProxyProcess::start("budget-absurd", &doc, &[]);
-    assert_eq!(call(&proxy, "rt_a", &body).await.status, StatusCode::OK);
+    assert_eq!(send_as(&proxy, "rt_a", &body).await.status, StatusCode::OK);
     // Honest answers from now on: each costs exactly its reservation.
     backend.set_behavior(Behavior::Json);
     let mut statuses = Vec::new();
     for _ in 0..6 {
         tokio::time::sleep(Duration::from_millis(50)).await;
-        statuses.push(call(&proxy, "rt_a", &body).await.status);
+        statuses.push(send_as(&proxy, "rt_a", &body).await.status);
     }
     // The absurd answer counts as its reservation kept: two more fit.
     let ok = statuses.iter().filter(|s| **s == StatusCode::OK).count();
@@ -182,7 +166,7 @@ async fn an_answer_whose_usage_cannot_be_read_keeps_its_reservation() {
     for (name, behavior, body) in shapes {
         backend.set_behavior(behavior);
         let key = format!("rt_{name}");
-        let first = call(&proxy, &key, body).await;
+        let first = send_as(&proxy, &key, body).await;
         assert_eq!(first.status, StatusCode::OK, "{name}: {}", first.text());
         assert!(
             first.text().contains("hello from") || first.text().contains("tok2"),
@@ -190,7 +174,7 @@ async fn an_answer_whose_usage_cannot_be_read_keeps_its_reservation() {
             first.text()
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
-        let second = call(&proxy, &key, body).await;
+        let second = send_as(&proxy, &key, body).await;
         assert_eq!(
             second.status,
             StatusCode::PAYMENT_REQUIRED,

@@ -18,26 +18,32 @@ mod credentials;
 mod paths;
 mod structured;
 
-use router_policy::tenant::key_hash_text;
-
 /// A chat body with `extra` fields (`"max_tokens":5,` ...) before the
 /// messages.
 fn chat_body(extra: &str) -> String {
     format!(r#"{{"model":"m",{extra}"messages":[{{"role":"user","content":"hi"}}]}}"#)
 }
 
-/// A tenant item of `spec.tenants`: `name`, its key `key` (as a hash), and
-/// `limits` (a flow map's contents, may be empty).
-fn tenant(name: &str, key: &str, limits: &str) -> String {
-    let limits = if limits.is_empty() {
-        String::new()
-    } else {
-        format!("      limits: {{{limits}}}\n")
-    };
-    format!(
-        "    - name: {name}\n      keys: [\"{}\"]\n{limits}",
-        key_hash_text(key)
-    )
+use router_tests::harness::tenant_item as tenant;
+
+/// Sends `body` to the proxy's chat path for the tenant whose key is `key`.
+async fn send_as(
+    proxy: &router_tests::proxy_process::ProxyProcess,
+    key: &str,
+    body: &str,
+) -> router_tests::harness::TestResponse {
+    let auth = format!("Bearer {key}");
+    router_tests::harness::TestClient::new()
+        .send(
+            http::Method::POST,
+            &proxy.url("/v1/chat/completions"),
+            &[
+                ("content-type", "application/json"),
+                ("authorization", auth.as_str()),
+            ],
+            body.to_string(),
+        )
+        .await
 }
 
 /// A policy with pools `(name, url, extra lines)` priced $1 per 1k tokens

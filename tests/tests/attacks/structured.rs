@@ -6,9 +6,9 @@
 
 use std::time::Duration;
 
-use http::{Method, StatusCode};
+use http::StatusCode;
 use router_mock::Behavior;
-use router_tests::harness::{eventually, TestClient};
+use router_tests::harness::eventually;
 use router_tests::mocks::mock;
 use router_tests::proxy_process::ProxyProcess;
 use router_tests::redis::RedisServer;
@@ -16,19 +16,7 @@ use router_tests::redis::RedisServer;
 use super::{chat_body, micros, policy, tenant};
 
 async fn structured(proxy: &ProxyProcess, key: &str, body: &str) -> StatusCode {
-    let auth = format!("Bearer {key}");
-    TestClient::new()
-        .send(
-            Method::POST,
-            &proxy.url("/v1/chat/completions"),
-            &[
-                ("content-type", "application/json"),
-                ("authorization", auth.as_str()),
-            ],
-            body.to_string(),
-        )
-        .await
-        .status
+    super::send_as(proxy, key, body).await.status
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -108,6 +108,11 @@ async fn failures_in_retry_on_fail_over_and_others_are_passed_back() {
     };
     let policy = no_breaker(two_pools(&primary.url(), &fallback.url(), "", ""));
     let proxy = TestProxy::with_policy(settings(), &policy).await;
+    // The primary answers once first: a failure on an endpoint that never
+    // answered would make it suspect, and the walk would pass over it.
+    primary.set_behavior(Behavior::Json);
+    assert_eq!(proxy.chat_with(&[], BODY).await.status, StatusCode::OK);
+    primary.set_behavior(Behavior::Status(503));
     let r = proxy.chat_with(&[], BODY).await;
     assert_eq!(r.status, StatusCode::OK);
     assert_eq!(r.header(MOCK_NAME_HEADER), Some("fallback"));
@@ -206,10 +211,15 @@ async fn an_open_circuit_is_skipped_at_once() {
         "spec:\n  circuit_breaker: {consecutive_errors: 3, open_duration_s: 60}\n",
     );
     let proxy = TestProxy::with_policy(settings(), &policy).await;
+    // The primary answers once first (else its first failure makes it
+    // suspect, and the walk passes over it before the circuit opens).
+    primary.set_behavior(Behavior::Json);
+    assert_eq!(proxy.chat_with(&[], BODY).await.status, StatusCode::OK);
+    primary.set_behavior(Behavior::Status(500));
     for _ in 0..3 {
         assert_eq!(proxy.chat_with(&[], BODY).await.status, StatusCode::OK);
     }
-    assert_eq!(primary.stats().received, 3);
+    assert_eq!(primary.stats().received, 4);
     let h = proxy.health().await;
     let primary_health = h["backends"]
         .as_array()
@@ -224,10 +234,10 @@ async fn an_open_circuit_is_skipped_at_once() {
         assert_eq!(r.status, StatusCode::OK);
         assert_eq!(r.header("x-router-attempts"), Some("1"));
     }
-    assert_eq!(primary.stats().received, 3, "no traffic to an open circuit");
-    let l = proxy.log.wait_for(8).await;
+    assert_eq!(primary.stats().received, 4, "no traffic to an open circuit");
+    let l = proxy.log.wait_for(9).await;
     assert!(
-        l[7]["reason"]
+        l[8]["reason"]
             .as_str()
             .unwrap()
             .contains("primary skipped: unhealthy (circuits open"),

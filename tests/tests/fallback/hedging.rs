@@ -200,16 +200,21 @@ async fn retries_after_failures_draw_on_the_same_budget() {
     );
     let proxy = TestProxy::with_policy(settings(), &policy).await;
     let body = r#"{"model":"m","messages":[]}"#;
+    // The primary answers once first: a failure on an endpoint that never
+    // answered would make it suspect, and the walk would pass over it.
+    primary.set_behavior(router_mock::Behavior::Json);
+    assert_eq!(proxy.chat_with(&[], body).await.status.as_u16(), 200);
+    primary.set_behavior(router_mock::Behavior::Status(503));
     let mut statuses = Vec::new();
     for _ in 0..4 {
         statuses.push(proxy.chat_with(&[], body).await.status.as_u16());
     }
     // Every second request pays for a retry; the others get the 503.
-    assert_eq!(statuses, [503, 200, 503, 200]);
+    assert_eq!(statuses, [200, 503, 200, 503]);
     assert_eq!(fallback.stats().received, 2);
-    let lines = proxy.log.wait_for(4).await;
-    assert_eq!(lines[0]["stopped"], "retry_budget_exhausted");
+    let lines = proxy.log.wait_for(5).await;
+    assert_eq!(lines[2]["stopped"], "retry_budget_exhausted");
     assert!(lines[1].get("stopped").is_none());
-    let reason = lines[0]["reason"].as_str().unwrap();
+    let reason = lines[2]["reason"].as_str().unwrap();
     assert!(reason.contains("retry budget"), "{reason}");
 }

@@ -585,16 +585,18 @@ async fn a_send_request_that_may_have_reached_a_backend_is_never_resent() {
     let strong = mock("strong", Behavior::Json).await;
     let policy = two(&local.url(), &strong.url(), "", "", "", "");
     let proxy = TestProxy::with_policy(Settings::default(), &policy).await;
-    // READ falls over as usual.
-    let r = proxy.chat_with(&[], CHAT).await;
-    assert_eq!(r.header(MOCK_NAME_HEADER), Some("strong"));
     // SEND: local may have acted on it; the 503 goes back, strong never sees it.
     let r = proxy.chat_with(&[("x-router-risk", "SEND")], CHAT).await;
     assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(r.header(MOCK_NAME_HEADER), Some("local"));
+    assert_eq!(strong.stats().received, 0);
+    // READ falls over as usual (local, suspect now, is passed over for
+    // strong, the clean pool after it).
+    let r = proxy.chat_with(&[], CHAT).await;
+    assert_eq!(r.header(MOCK_NAME_HEADER), Some("strong"));
     assert_eq!(strong.stats().received, 1);
     // The route log says why the walk stopped.
-    let l = &proxy.log.wait_for(2).await[1];
+    let l = &proxy.log.wait_for(2).await[0];
     assert!(
         l["reason"].as_str().unwrap().contains(
             "stopped: a SEND request that may have reached its backend is not sent again"

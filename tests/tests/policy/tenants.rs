@@ -126,19 +126,7 @@ fn one_pool_with(backend: &str, spec_extra: &str, pool_extra: &str, tenants: &[S
     )
 }
 
-/// A tenant item: `name`, the hash of `key`, and `limits` (a YAML flow
-/// map's contents; empty for none).
-fn tenant(name: &str, key: &str, limits: &str) -> String {
-    let limits = if limits.is_empty() {
-        String::new()
-    } else {
-        format!("      limits: {{{limits}}}\n")
-    };
-    format!(
-        "    - name: {name}\n      keys: [\"{}\"]\n{limits}",
-        key_hash_text(key)
-    )
-}
+use router_tests::harness::tenant_item as tenant;
 
 fn limited_policy(backend: &str, rpm: u32, store_down: &str) -> String {
     let a = tenant(

@@ -101,13 +101,17 @@ fn valid_token_name(name: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-' | b'@'))
 }
 
+/// A token file's line: its 1-based number, the token, and the second
+/// field (a name or a node id) if there is one.
+type TokenLine<'a> = (usize, &'a str, Option<&'a str>);
+
 /// The `TOKEN [SECOND]` lines of a token file (blank lines and lines
 /// starting with `#` skipped), each with its 1-based line number; a line
 /// with more is refused with `expected`. An empty file is refused.
 fn token_lines<'a>(
     text: &'a str,
     expected: &'static str,
-) -> Result<Vec<(usize, &'a str, Option<&'a str>)>, TokenFileError> {
+) -> Result<Vec<TokenLine<'a>>, TokenFileError> {
     let mut lines = Vec::new();
     for (i, line) in text.lines().enumerate() {
         let line = line.trim();

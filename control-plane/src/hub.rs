@@ -513,7 +513,20 @@ impl Hub {
     /// next state (and a new policy version), or `None` when nothing
     /// changes; it is planned again from a reloaded state when another
     /// writer won the compare-and-swap.
-    async fn change<F>(&self, mut plan: F) -> Result<Committed, HubError>
+    async fn change<F>(&self, plan: F) -> Result<Committed, HubError>
+    where
+        F: FnMut(&Inner) -> Result<Option<(State, Option<PolicyRecord>)>, HubError>,
+    {
+        self.change_with(plan, false).await
+    }
+
+    /// [`Self::change`]; with `early`, a change of circuits and suspicions
+    /// only is pushed to this replica's proxies before it is stored (at the
+    /// revision they have), so a failing endpoint's marks do not wait for
+    /// the store's commit (an fsync): the marks are soft and expire, and
+    /// the stored revision follows at once. A commit that fails pushes the
+    /// stored state again.
+    async fn change_with<F>(&self, mut plan: F, early: bool) -> Result<Committed, HubError>
     where
         F: FnMut(&Inner) -> Result<Option<(State, Option<PolicyRecord>)>, HubError>,
     {
@@ -539,6 +552,22 @@ impl Hub {
                                 .map_or(0, |p| p.document.len()),
                         };
                         check_fits(&next, document_len, &self.store_id)?;
+                        let marks_only = policy.is_none()
+                            && next.policy_version == inner.state.policy_version
+                            && next.backends == inner.state.backends;
+                        if early && marks_only {
+                            let document = inner
+                                .history
+                                .iter()
+                                .find(|p| p.version == next.policy_version)
+                                .map(|p| p.document.clone())
+                                .unwrap_or_default();
+                            self.published.send_replace(Arc::new(Published {
+                                revision: inner.state.revision,
+                                store_id: self.store_id.clone(),
+                                snapshot: snapshot_for(&next, document),
+                            }));
+                        }
                         (inner.state.revision, next, policy)
                     }
                 }
@@ -564,7 +593,15 @@ impl Hub {
                     let contents = self.store.load().await?;
                     self.take_change(StoreChange::Relisted(contents));
                 }
-                Err(e) => return Err(e.into()),
+                Err(e) => {
+                    if early {
+                        // What was pushed early was not stored: push what is.
+                        let inner = self.lock();
+                        self.published
+                            .send_replace(Arc::new(snapshot_of(&inner, &self.store_id)));
+                    }
+                    return Err(e.into());
+                }
             }
         }
     }
@@ -946,48 +983,51 @@ impl Hub {
         node: &str,
         report: &pb::CircuitReport,
     ) -> Result<u64, HubError> {
-        self.change(|inner| {
-            let now = now_ms();
-            if report.open {
-                let policy = policy_of(inner, inner.state.policy_version, &self.guards);
-                check_circuit(
-                    &inner.state,
-                    policy.as_deref(),
-                    &report.pool,
-                    &report.endpoint,
-                )
-                .map_err(HubError::Invalid)?;
-            }
-            if !report.suspect.is_empty() && SuspectCause::parse(&report.suspect).is_none() {
-                return Err(HubError::Invalid(vec![FieldError {
-                    field: "suspect".into(),
-                    reason: format!("unknown cause {:?} (check, attempt)", report.suspect),
-                }]));
-            }
-            let mut next = inner.state.clone();
-            // A passing check or an answer clears that cause's suspicion
-            // for every proxy (router_policy::health); anything else
-            // replaces this proxy's own record of the same kind.
-            let clears_all = !report.open && !report.suspect.is_empty();
-            next.circuits.retain(|c| {
-                !(c.pool == report.pool
-                    && c.endpoint == report.endpoint
-                    && c.suspect == report.suspect
-                    && (c.source == node || clears_all))
-            });
-            if report.open && report.until_unix_ms > now {
-                next.circuits.push(CircuitRecord {
-                    pool: report.pool.clone(),
-                    endpoint: report.endpoint.clone(),
-                    open: true,
-                    // A proxy may not hold the fleet's circuit open for long.
-                    until_unix_ms: report.until_unix_ms.min(now + 600_000),
-                    source: node.to_string(),
-                    suspect: report.suspect.clone(),
+        self.change_with(
+            |inner| {
+                let now = now_ms();
+                if report.open {
+                    let policy = policy_of(inner, inner.state.policy_version, &self.guards);
+                    check_circuit(
+                        &inner.state,
+                        policy.as_deref(),
+                        &report.pool,
+                        &report.endpoint,
+                    )
+                    .map_err(HubError::Invalid)?;
+                }
+                if !report.suspect.is_empty() && SuspectCause::parse(&report.suspect).is_none() {
+                    return Err(HubError::Invalid(vec![FieldError {
+                        field: "suspect".into(),
+                        reason: format!("unknown cause {:?} (check, attempt)", report.suspect),
+                    }]));
+                }
+                let mut next = inner.state.clone();
+                // A passing check or an answer clears that cause's suspicion
+                // for every proxy (router_policy::health); anything else
+                // replaces this proxy's own record of the same kind.
+                let clears_all = !report.open && !report.suspect.is_empty();
+                next.circuits.retain(|c| {
+                    !(c.pool == report.pool
+                        && c.endpoint == report.endpoint
+                        && c.suspect == report.suspect
+                        && (c.source == node || clears_all))
                 });
-            }
-            Ok((next.circuits != inner.state.circuits).then_some((next, None)))
-        })
+                if report.open && report.until_unix_ms > now {
+                    next.circuits.push(CircuitRecord {
+                        pool: report.pool.clone(),
+                        endpoint: report.endpoint.clone(),
+                        open: true,
+                        // A proxy may not hold the fleet's circuit open for long.
+                        until_unix_ms: report.until_unix_ms.min(now + 600_000),
+                        source: node.to_string(),
+                        suspect: report.suspect.clone(),
+                    });
+                }
+                Ok((next.circuits != inner.state.circuits).then_some((next, None)))
+            },
+            true,
+        )
         .await
         .map(|c| c.revision)
     }

@@ -32,6 +32,10 @@ use crate::upstream::UpstreamBody;
 /// (so a malformed one can fail over and a complete one can be replayed).
 const BUFFERED_ANSWER_LIMIT: usize = 16 * 1024 * 1024;
 
+/// A translated request's failure answer (a 429 or 5xx) is kept up to
+/// this size, to be passed on in the client's dialect.
+const HELD_ERROR_LIMIT: usize = 64 * 1024;
+
 /// What the chain walk gives an attempt.
 pub(super) struct Attempt<'a> {
     /// The pool to try.
@@ -269,6 +273,21 @@ impl Exchange {
                     }
                     record.outcome = outcome;
                     record.latency_ms = super::ms(waited);
+                    if self.translation.is_some() {
+                        // Kept whole, to be passed on in the client's
+                        // dialect if no later pool answers (the slot is
+                        // given back now).
+                        let (head, incoming) = resp.into_parts();
+                        let read = forward::read_whole(incoming, HELD_ERROR_LIMIT);
+                        let body = match within(expiry.as_mut(), read).await {
+                            Some(Ok(b)) => b,
+                            _ => Bytes::new(),
+                        };
+                        return AttemptEnd::Failed {
+                            record,
+                            held: Some(Held::Whole(head, body)),
+                        };
+                    }
                     return AttemptEnd::Failed {
                         record,
                         held: Some(Held::Stream(resp, lease, started)),
@@ -316,6 +335,7 @@ impl Exchange {
                                 ended,
                                 stall,
                                 strip_usage,
+                                ..StreamWatch::default()
                             });
                             return AttemptEnd::Stream {
                                 resp: Response::from_parts(head, body),
@@ -444,6 +464,28 @@ impl Exchange {
                     output_tokens: o,
                 });
             }
+            let (mut head, mut body) = (head, body);
+            if let Some(t) = &self.translation {
+                // The client's dialect: an answer that cannot be written
+                // in it fails over as a malformed one (the endpoint did
+                // answer).
+                if head.status.is_success() {
+                    match t.answer(&mut head, &body) {
+                        Ok(b) => body = b,
+                        Err(why) => {
+                            tracing::debug!(pool = pool.name(), %why, "an answer the client's dialect cannot take");
+                            lease.observe(Sample::Success(waited));
+                            record.outcome = Outcome::MalformedJson;
+                            return AttemptEnd::Failed {
+                                record,
+                                held: Some(Held::Whole(head, body)),
+                            };
+                        }
+                    }
+                } else {
+                    body = t.error(&mut head, &body);
+                }
+            }
             lease.finish(Sample::Success(waited), answered);
             AttemptEnd::Whole { head, body, record }
         }
@@ -478,8 +520,11 @@ impl Exchange {
 
     /// Non-streaming OpenAI-style calls with a JSON answer of known,
     /// modest size are read whole.
+    /// A translated request's JSON answer is read whole even when a
+    /// stream was asked for (an error, or a pool that ignored `stream`):
+    /// it is translated whole.
     fn should_buffer(&self, resp: &Response<UpstreamBody>) -> bool {
-        if !self.json_call || self.streaming {
+        if !self.json_call || (self.streaming && self.translation.is_none()) {
             return false;
         }
         // One pass over the answer's few headers instead of two lookups

@@ -2,8 +2,8 @@
 //! who is calling, whether they may ask this, and what the request draws
 //! on their limits until it ends.
 //!
-//! [`admit`] runs before routing: the key names the tenant (401 when it
-//! names none), the route and risk class must be the tenant's (403), then
+//! [`admit`] runs before routing: the key (`Authorization: Bearer`, or
+//! Anthropic's `x-api-key`) names the tenant (401 when it names none), the route and risk class must be the tenant's (403), then
 //! each limit the tenant has takes its part, in this order: the request
 //! rate, the token rate (the call's worst case), a concurrency slot, the
 //! spend budget (the worst-case cost, reserved). What was taken is kept in
@@ -52,7 +52,7 @@ pub(super) async fn admit(
     shared: &Shared,
     snapshot: &Snapshot,
     tenants: &Tenants,
-    authorization: Option<&[u8]>,
+    (authorization, api_key): (Option<&[u8]>, Option<&[u8]>),
     route: &Route,
     risk: Risk,
     estimate: CallEstimate,
@@ -60,7 +60,7 @@ pub(super) async fn admit(
     rec: &mut RouteRecord,
 ) -> Result<(), ProxyError> {
     let tenant = tenants
-        .identify(authorization)
+        .identify_credentials(authorization, api_key)
         .map_err(ProxyError::Tenant)?;
     rec.tenant = Some(Arc::from(tenant.name.as_str()));
     tenant

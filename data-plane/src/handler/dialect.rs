@@ -38,7 +38,9 @@
 //! `POST /v1/messages/count_tokens` and `GET /v1/models` are answered by
 //! the router itself ([`count_tokens`], [`models`]), from the request and
 //! the policy, without a backend (and, like a parked task's view, without
-//! a route record). With tenants, both need a valid key.
+//! a route record). With tenants, both need a valid key. A policy that
+//! names no model (the sidecar's) passes `GET /v1/models` to its pool as
+//! before.
 
 use std::sync::Arc;
 
@@ -281,15 +283,30 @@ pub(super) async fn count_tokens(
 /// tenants, those of the routes the caller's tenant may use), in
 /// Anthropic's shape when the request carries `anthropic-version`
 /// (paged by `limit`, `after_id` and `before_id`), else OpenAI's.
-pub(super) fn models(shared: &Shared, req: &Request<Incoming>) -> Response<Bytes> {
+///
+/// `None` when the policy names no model at all (a sidecar's one pool
+/// has none): the request is then passed to the pools as before, so that
+/// a sidecar stays a drop-in for its backend's own list.
+pub(super) fn models(shared: &Shared, req: &Request<Incoming>) -> Option<Response<Bytes>> {
     let snapshot = shared.config.load();
+    if snapshot
+        .policy
+        .served_models(CHAT_PATH, |_| true)
+        .is_empty()
+    {
+        return None;
+    }
+    Some(models_of(&snapshot, req))
+}
+
+fn models_of(snapshot: &Snapshot, req: &Request<Incoming>) -> Response<Bytes> {
     let anthropic = req.headers().contains_key(ANTHROPIC_VERSION);
     let dialect = if anthropic {
         Dialect::Anthropic
     } else {
         Dialect::OpenAi
     };
-    let tenant = match tenant(&snapshot, req.headers()) {
+    let tenant = match tenant(snapshot, req.headers()) {
         Ok(t) => t,
         Err(e) => return e.to_response_in(dialect, None),
     };

@@ -94,7 +94,11 @@ pub(crate) fn handle(
                 Some(Own::CountTokens) => {
                     return Box::pin(dialect::count_tokens(&shared, req)).await
                 }
-                Some(Own::Models) => return full(dialect::models(&shared, &req)),
+                Some(Own::Models) => {
+                    if let Some(list) = dialect::models(&shared, &req) {
+                        return full(list);
+                    }
+                }
                 None => {}
             }
         }

@@ -601,3 +601,18 @@ async fn a_pool_that_takes_no_stream_options_is_not_sent_the_routers() {
     // Its usage then reads zero.
     assert_eq!(said.usage.map(|u| u.output), Some(0));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sidecar_names_no_model_and_passes_the_model_list_to_its_backend() {
+    let backend = mock("local", Behavior::Json).await;
+    let proxy = TestProxy::sidecar(Settings::default()).await;
+    proxy.set_backends(&[backend.host_port()]).await;
+    let r = proxy
+        .client
+        .send(Method::GET, &proxy.url("/v1/models"), &[], "")
+        .await;
+    assert_eq!(r.status, StatusCode::OK);
+    // The backend's own page (the mock serves /v1/models as a health page).
+    assert_eq!(r.json(), json!({"ok": true}));
+    assert_eq!(backend.health_hits(), 1);
+}

@@ -235,7 +235,7 @@ impl Exchange {
             tokio::pin!(expiry);
             // The answer's head, in a block of its own: what it binds is not
             // kept (in the future's state) while the body is read.
-            let (head, incoming) = {
+            let (mut head, incoming) = {
                 let resp = match within(expiry.as_mut(), sent).await {
                     None => return timed_out(&lease, record, started),
                     Some(Ok(r)) => r,
@@ -276,13 +276,10 @@ impl Exchange {
                     if self.translation.is_some() {
                         // Kept whole, to be passed on in the client's
                         // dialect if no later pool answers (the slot is
-                        // given back now).
+                        // given back now). Boxed: this rare wait stays
+                        // out of every attempt's future.
                         let (head, incoming) = resp.into_parts();
-                        let read = forward::read_whole(incoming, HELD_ERROR_LIMIT);
-                        let body = match within(expiry.as_mut(), read).await {
-                            Some(Ok(b)) => b,
-                            _ => Bytes::new(),
-                        };
+                        let body = Box::pin(read_held(incoming, deadline)).await;
                         return AttemptEnd::Failed {
                             record,
                             held: Some(Held::Whole(head, body)),
@@ -380,7 +377,7 @@ impl Exchange {
             let answered = Instant::now();
             let waited = answered.saturating_duration_since(started);
             record.latency_ms = super::ms(waited);
-            let body = match body {
+            let mut body = match body {
                 Ok(b) => b,
                 Err(_) => {
                     lease.observe(Sample::Failure(waited));
@@ -464,7 +461,6 @@ impl Exchange {
                     output_tokens: o,
                 });
             }
-            let (mut head, mut body) = (head, body);
             if let Some(t) = &self.translation {
                 // The client's dialect: an answer that cannot be written
                 // in it fails over as a malformed one (the endpoint did
@@ -667,6 +663,17 @@ mod first_token {
 fn retry_after(value: &http::HeaderValue) -> Option<Duration> {
     let secs = value.to_str().ok()?.trim().parse::<u64>().ok()?;
     Some(Duration::from_secs(secs).min(MAX_RETRY_AFTER))
+}
+
+/// A failure answer's body, read whole up to [`HELD_ERROR_LIMIT`] bytes
+/// until `deadline` (empty when it is larger, broken or late).
+async fn read_held(incoming: UpstreamBody, deadline: Option<Instant>) -> Bytes {
+    let read = forward::read_whole(incoming, HELD_ERROR_LIMIT);
+    let body = match deadline {
+        Some(d) => tokio::time::timeout_at(d, read).await.ok(),
+        None => Some(read.await),
+    };
+    body.and_then(Result::ok).unwrap_or_default()
 }
 
 /// Runs `work` until `expiry` (if any) fires; `None` when it came first.

@@ -152,7 +152,7 @@ pub(crate) fn handle(
             };
         // A client of another dialect: its body translated to an OpenAI
         // chat body, routed and sent as one (`dialect`).
-        let (body, translation) = if client_dialect == Dialect::OpenAi {
+        let (body, translation) = if pending.dialect == Dialect::OpenAi {
             (body, None)
         } else {
             match dialect::Translation::messages(body, parts.uri.path_and_query()) {
@@ -382,7 +382,7 @@ pub(crate) fn handle(
                     .and_then(|name| snapshot.policy.pool(name))
                     .is_some_and(|p| p.stream_usage)
             });
-        let parsed = if rewrites || translation.is_some() {
+        let parsed = if rewrites {
             match ParsedBody::parse(&body) {
                 Ok(p) => Some(p),
                 Err(e) => {

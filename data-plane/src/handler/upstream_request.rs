@@ -183,8 +183,9 @@ impl Exchange {
         };
         let rewritten = if model.is_some() || usage != Usage::Keep {
             // Parsed at ingress when any candidate rewrites; parsed here
-            // otherwise (never: kept for safety). Either way an error
-            // stops the attempt: the original body never goes instead.
+            // otherwise (a translated stream to a pool that takes no
+            // `stream_options`). Either way an error stops the attempt:
+            // the original body never goes instead.
             Some(match &self.parsed {
                 Some(p) => p.rewritten(model, usage)?,
                 None => ParsedBody::parse(&self.body)?.rewritten(model, usage)?,

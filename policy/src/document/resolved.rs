@@ -388,7 +388,7 @@ impl Policy {
             if out.contains(&m) {
                 continue;
             }
-            if self.route_for(Some(m), path).is_some_and(|r| may_use(r)) {
+            if self.route_for(Some(m), path).is_some_and(&may_use) {
                 out.push(m);
             }
         }

@@ -6,7 +6,8 @@
 # Prints the instructions per request, all threads together and on the
 # request path alone (every thread but the route-log writer's); the
 # profiles are OUT_DIR/callgrind.out.*, one per thread (read them with
-# callgrind_annotate). Build first:
+# callgrind_annotate). CG_LOAD_ARGS adds count-load flags (`--anthropic`:
+# the same request from an Anthropic Messages client). Build first:
 #   cargo build --release -p router-proxy -p router-bench
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,7 +24,7 @@ CUSTOM_ROUTER_PORT=$port CUSTOM_ROUTER_BIND=127.0.0.1 RUST_LOG=warn \
 vg=$!
 trap 'kill -TERM $vg 2>/dev/null || true' EXIT
 "$target_dir/release/count-load" --target "127.0.0.1:$port" --wait-ready 60 --warmup 2000 \
-  --requests "$requests" --concurrency "$concurrency" \
+  --requests "$requests" --concurrency "$concurrency" ${CG_LOAD_ARGS:-} \
   --between "callgrind_control -z $vg >/dev/null" \
   --after "callgrind_control -d $vg >/dev/null" | tee "$out/load.txt"
 kill -TERM $vg
@@ -37,7 +38,9 @@ writer=0
 for f in "$out"/callgrind.out.*.1-*; do
   ir=$(grep -E '^(summary|totals):' "$f" | head -1 | awk '{print $2}')
   total=$((total + ir))
-  if grep -q 'route_log::write_lines' "$f"; then
+  # (write_lines may be inlined into the thread's closure: write_json too
+  # runs on that thread only.)
+  if grep -qE 'route_log::(write_lines|RouteRecord::write_json)' "$f"; then
     writer=$((writer + ir))
   fi
 done

@@ -30,9 +30,11 @@ pub struct MockArgs {
     /// What happens past --max-concurrency.
     #[arg(long, value_enum, default_value_t = OverCapArg::Queue)]
     over_cap: OverCapArg,
-    /// json | sse | hang | status:<code> | malformed | redirect:<url> |
-    /// engine (a simulated vLLM engine: continuous batching, a KV cache
-    /// with prefix caching, vLLM's /metrics; docs/simulator.md)
+    /// json | chat (answers the request it reads: text or a tool call,
+    /// streamed when asked) | sse | hang | status:<code> | malformed |
+    /// redirect:<url> | engine (a simulated vLLM engine: continuous
+    /// batching, a KV cache with prefix caching, vLLM's /metrics;
+    /// docs/simulator.md)
     #[arg(long, default_value = "json", value_parser = parse_behavior)]
     behavior: BehaviorArg,
     /// SSE events per answer (with --behavior sse).
@@ -61,6 +63,7 @@ enum BehaviorArg {
 fn parse_behavior(text: &str) -> Result<BehaviorArg, String> {
     let behavior = match text {
         "json" => Behavior::Json,
+        "chat" => Behavior::Chat,
         "sse" => return Ok(BehaviorArg::Sse),
         "hang" => Behavior::Hang,
         "malformed" => Behavior::MalformedJson,
@@ -77,7 +80,7 @@ fn parse_behavior(text: &str) -> Result<BehaviorArg, String> {
                 Behavior::Redirect(url.to_owned())
             } else {
                 return Err(
-                    "expected json, sse, hang, status:<code>, malformed, redirect:<url> or engine"
+                    "expected json, chat, sse, hang, status:<code>, malformed, redirect:<url> or engine"
                         .to_owned(),
                 );
             }

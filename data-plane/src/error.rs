@@ -9,6 +9,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{header, HeaderValue, Response, StatusCode};
+use router_dialect::errors::ErrorKind;
+use router_dialect::Dialect;
 use router_policy::Outcome;
 
 /// Why a request was answered by the router itself.
@@ -215,6 +217,62 @@ impl ProxyError {
         self.outcome().is_shed()
     }
 
+    /// The answer in the client's dialect: OpenAI's shape
+    /// ([`ProxyError::to_response`]) or, for an Anthropic client,
+    /// `{"type": "error", "error": {"type", "message", "code"},
+    /// "request_id"}` with the status and type
+    /// `router_dialect::errors::render` gives (capacity sheds `529
+    /// overloaded_error`, `rate_limited` `429 rate_limit_error`), the
+    /// router's label in `code`. The headers are the same (`Retry-After`,
+    /// `Location`, ...); a parked task's view and an unknown outcome's
+    /// first request ride in the error object as they do in OpenAI's.
+    pub fn to_response_in(&self, dialect: Dialect, request_id: Option<&str>) -> Response<Bytes> {
+        let mut resp = self.to_response(request_id);
+        if dialect == Dialect::OpenAi {
+            return resp;
+        }
+        if let Self::Parked {
+            respond_async: true,
+            ..
+        } = self
+        {
+            // 202 and the task's view: the same in every dialect.
+            return resp;
+        }
+        let kind = ErrorKind::from_label(self.kind()).unwrap_or(ErrorKind::UpstreamError);
+        let retry_after = match self {
+            Self::RateLimited { retry_after, .. } => {
+                Some(retry_after.as_secs() + u64::from(retry_after.subsec_nanos() > 0))
+            }
+            _ => None,
+        };
+        let rendered =
+            router_dialect::errors::render(dialect, kind, &self.to_string(), retry_after);
+        let mut body = rendered.body;
+        if let Ok(serde_json::Value::Object(old)) =
+            serde_json::from_slice::<serde_json::Value>(resp.body())
+        {
+            let old_error = old.get("error");
+            for extra in ["task", "first_request"] {
+                if let Some(v) = old_error.and_then(|e| e.get(extra)) {
+                    body["error"][extra] = v.clone();
+                }
+            }
+        }
+        if dialect == Dialect::Anthropic {
+            body["request_id"] = request_id.into();
+        }
+        *resp.body_mut() = Bytes::from(body.to_string());
+        if let Ok(status) = StatusCode::from_u16(rendered.status) {
+            *resp.status_mut() = status;
+        }
+        if let Some(secs) = rendered.retry_after {
+            resp.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+        resp
+    }
+
     /// The OpenAI-shaped JSON answer.
     pub fn to_response(&self, request_id: Option<&str>) -> Response<Bytes> {
         let mut body = serde_json::json!({
@@ -377,6 +435,60 @@ mod tests {
         }
         let msg = ProxyError::Forbidden(Forbidden::Managed).to_string();
         assert!(msg.contains("routerctl backends set"), "{msg}");
+    }
+
+    #[test]
+    fn an_anthropic_client_gets_the_routers_errors_in_its_shape() {
+        let body = |r: &Response<Bytes>| -> serde_json::Value {
+            serde_json::from_slice(r.body()).unwrap()
+        };
+        // Capacity sheds: 529 overloaded_error, which Anthropic's SDKs retry.
+        for e in [
+            ProxyError::QueueFull { pool: "p".into() },
+            ProxyError::QueueTimeout {
+                pool: "p".into(),
+                waited_ms: 5,
+            },
+            ProxyError::NoBackend {
+                detail: "none".into(),
+            },
+            ProxyError::Overloaded { what: "x" },
+        ] {
+            let r = e.to_response_in(Dialect::Anthropic, Some("r1"));
+            assert_eq!(r.status().as_u16(), 529, "{e}");
+            assert_eq!(r.headers()[header::RETRY_AFTER], "1");
+            let v = body(&r);
+            assert_eq!(v["type"], "error");
+            assert_eq!(v["error"]["type"], "overloaded_error");
+            assert_eq!(v["error"]["code"], e.kind());
+            assert_eq!(v["error"]["message"], e.to_string());
+            assert_eq!(v["request_id"], "r1");
+        }
+        // Rate limited: 429 rate_limit_error with the wait, rounded up.
+        let e = ProxyError::RateLimited {
+            tenant: "t".into(),
+            limit: "rate limit",
+            retry_after: Duration::from_millis(2500),
+        };
+        let r = e.to_response_in(Dialect::Anthropic, None);
+        assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(r.headers()[header::RETRY_AFTER], "3");
+        assert_eq!(body(&r)["error"]["type"], "rate_limit_error");
+        // The rest keep the router's status with the Anthropic type of it.
+        let r = ProxyError::InvalidRequest("bad".into()).to_response_in(Dialect::Anthropic, None);
+        assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+        assert_eq!(body(&r)["error"]["type"], "invalid_request_error");
+        let r = ProxyError::Tenant(router_policy::tenant::TenantRefusal::NoKey)
+            .to_response_in(Dialect::Anthropic, None);
+        assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
+        assert_eq!(body(&r)["error"]["type"], "authentication_error");
+        // An OpenAI client's answer is unchanged.
+        let e = ProxyError::QueueFull { pool: "p".into() };
+        let (a, b) = (
+            e.to_response_in(Dialect::OpenAi, Some("r")),
+            e.to_response(Some("r")),
+        );
+        assert_eq!((a.status(), a.body()), (b.status(), b.body()));
     }
 
     #[test]

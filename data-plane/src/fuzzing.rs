@@ -305,6 +305,7 @@ fn record(data: &[u8]) -> RouteRecord {
         idempotency: b
             .some()
             .then(|| ["lead", "lead_local", "join", "replay"][usize::from(b.byte()) % 4]),
+        dialect: b.some().then_some("anthropic"),
         tenant: b.some().then(|| b.string().into()),
         parked_task: b.some().then(|| b.string()),
         tenant_holds: None,

@@ -174,6 +174,10 @@ pub(crate) struct RouteRecord {
     /// absent without a key.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub idempotency: Option<&'static str>,
+    /// The client's dialect when it is not OpenAI's (`anthropic`: the
+    /// request was translated to the pools' and its answer back).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dialect: Option<&'static str>,
     /// The tenant the request's key named (tenancy on).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tenant: Option<Arc<str>>,
@@ -803,6 +807,11 @@ impl RouteRecord {
         if let Some(i) = self.idempotency {
             out.extend_from_slice(b",\"idempotency\":\"");
             json_plain_contents(out, i);
+            out.push(b'"');
+        }
+        if let Some(d) = self.dialect {
+            out.extend_from_slice(b",\"dialect\":\"");
+            json_plain_contents(out, d);
             out.push(b'"');
         }
         if let Some(t) = &self.tenant {
@@ -1479,6 +1488,7 @@ mod tests {
             stopped: some(rng).then_some("retry_budget_exhausted"),
             trace_id: some(rng).then(|| pick(rng).into()),
             idempotency: some(rng).then(|| ["lead", "join", "replay"][rng.below(3) as usize]),
+            dialect: some(rng).then_some("anthropic"),
             tenant: some(rng).then(|| pick(rng).into()),
             parked_task: some(rng).then(|| pick(rng).into()),
             config_version: pick(rng).into(),

@@ -45,6 +45,21 @@
 //!   `stream_stalled`; the timer runs in the task, whether or not the
 //!   client reads. A client that reads nothing for that long is cut too
 //!   (as gone: the backend is not blamed).
+//!
+//! # Translated streams
+//!
+//! A client of another dialect than the pool's (an Anthropic client of an
+//! OpenAI-compatible pool, see `handler::dialect`) gets the stream
+//! translated as it flows: what the watch passes on goes through the
+//! watch's `router_dialect::stream::StreamTranslator`, event by event,
+//! and only the client's dialect reaches it (never buffered whole: the
+//! translator holds at most one event). The usage and content the watch
+//! reads are the pool's, before translation. The end of the upstream's
+//! bytes ends the translated answer (`message_delta`, `message_stop`), or,
+//! when the upstream had not finished it, fails it with one error event;
+//! a broken upstream body and the router's own cuts (deadline, stall, an
+//! error inside the stream) are one `event: error` in the client's
+//! dialect too, and nothing follows it.
 
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -57,6 +72,9 @@ use http_body_util::BodyExt;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
+use router_dialect::errors::ErrorKind;
+use router_dialect::stream::{StreamState, StreamTranslator};
+use router_dialect::Dialect;
 use router_policy::stream::{RawEvent, SseEvent, SseScanner, StreamUsage};
 
 use crate::forward::BoxError;
@@ -111,12 +129,59 @@ pub(crate) struct StreamWatch {
     pub(crate) stall: Option<std::time::Duration>,
     /// Usage-only chunks are the router's own request: not passed on.
     pub(crate) strip_usage: bool,
+    /// What is passed on is translated to the client's dialect first (see
+    /// the module docs; boxed: only translated streams pay for it).
+    pub(crate) translate: Option<Box<StreamTranslator>>,
+    /// The client's dialect: the router's own cut events are written in it.
+    pub(crate) client: Dialect,
 }
 
 impl StreamWatch {
     /// Whether this watch needs the relay task.
     fn active(&self) -> bool {
-        self.scanner.is_some() || self.stall.is_some() || !self.prefix.is_empty() || self.ended
+        self.scanner.is_some()
+            || self.stall.is_some()
+            || !self.prefix.is_empty()
+            || self.ended
+            || self.translate.is_some()
+    }
+
+    /// `data` as the client gets it: translated when the stream is (empty:
+    /// nothing to send yet), and whether the translation failed (it then
+    /// ended with an error event, in what it gave).
+    fn pass(&mut self, data: Bytes) -> (Option<Bytes>, bool) {
+        let Some(t) = self.translate.as_mut() else {
+            return ((!data.is_empty()).then_some(data), false);
+        };
+        let mut out = Vec::new();
+        t.feed(&data, &mut out);
+        let failed = t.state() == StreamState::Failed;
+        ((!out.is_empty()).then(|| Bytes::from(out)), failed)
+    }
+
+    /// The upstream's bytes ended: what the client still gets (a
+    /// translated answer's end, or its error event when the upstream had
+    /// not finished it), and whether that is a failure.
+    fn finish(&mut self) -> (Option<Bytes>, bool) {
+        let Some(t) = self.translate.as_mut() else {
+            return (None, false);
+        };
+        let mut out = Vec::new();
+        t.finish(&mut out);
+        let failed = t.state() == StreamState::Failed;
+        ((!out.is_empty()).then(|| Bytes::from(out)), failed)
+    }
+
+    /// The upstream's body broke: a translated stream's error event.
+    fn broken(&mut self) -> Option<Bytes> {
+        let t = self.translate.as_mut()?;
+        let mut out = Vec::new();
+        t.fail(
+            ErrorKind::UpstreamReset,
+            "the backend's stream broke; the answer is incomplete",
+            &mut out,
+        );
+        (!out.is_empty()).then(|| Bytes::from(out))
     }
 }
 
@@ -129,9 +194,13 @@ enum Cut {
     Stalled = 3,
 }
 
+/// Set on a cut's code when the client was told already (a translated
+/// stream's own error event): nothing more is sent.
+const TOLD: u8 = 0x80;
+
 impl Cut {
     fn from_u8(v: u8) -> Option<Self> {
-        match v {
+        match v & !TOLD {
             1 => Some(Self::Deadline),
             2 => Some(Self::StreamError),
             3 => Some(Self::Stalled),
@@ -153,6 +222,31 @@ impl Cut {
             Self::StreamError => STREAM_ERROR_EVENT,
             Self::Stalled => STALLED_EVENT,
         }
+    }
+
+    /// The cut's one SSE event in the client's dialect (the same kind and
+    /// message as OpenAI's).
+    fn event_in(self, client: Dialect) -> Bytes {
+        if client == Dialect::OpenAi {
+            return Bytes::from_static(self.event().as_bytes());
+        }
+        let (kind, message) = match self {
+            Self::Deadline => (
+                ErrorKind::DeadlineExhausted,
+                "the request's deadline ran out; the stream was cut",
+            ),
+            Self::StreamError => (
+                ErrorKind::StreamError,
+                "the backend reported an error inside the stream; the answer is incomplete",
+            ),
+            Self::Stalled => (
+                ErrorKind::StreamStalled,
+                "the backend sent nothing for the stall timeout; the stream was cut",
+            ),
+        };
+        Bytes::from(router_dialect::errors::stream_event(
+            client, kind, false, message,
+        ))
     }
 }
 
@@ -231,6 +325,8 @@ impl Drop for Once {
 pub(crate) struct TrackedBody {
     source: Source,
     sse: bool,
+    /// The client's dialect (its cut events are written in it).
+    client: Dialect,
 }
 
 enum Source {
@@ -270,6 +366,7 @@ impl TrackedBody {
             )),
             (d, _) => d,
         };
+        let client = watch.client;
         let source = match deadline {
             None => Source::Direct {
                 inner: Some(inner),
@@ -294,7 +391,11 @@ impl TrackedBody {
                 }
             }
         };
-        Self { source, sse }
+        Self {
+            source,
+            sse,
+            client,
+        }
     }
 }
 
@@ -381,6 +482,9 @@ async fn relay(
     let stalled = tokio::time::sleep_until(next_stall(Instant::now()));
     tokio::pin!(stalled);
     let mut gone = false;
+    // A translated stream ended with its own error event: a cut then adds
+    // none.
+    let mut told = false;
     let ended = |gone: bool| {
         if gone {
             BodyEnd::FinishedAfterClientLeft
@@ -411,6 +515,40 @@ async fn relay(
             }
         };
     }
+    // Passes `data` on as the client gets it (translated when the stream
+    // is); leaves the relay when the translation failed (its error event
+    // sent).
+    macro_rules! pass {
+        ($data:expr, $relay:lifetime) => {{
+            let (bytes, failed) = watch.pass($data);
+            if let Some(b) = bytes {
+                let f = Frame::data(b);
+                once.frame(&f);
+                send!(f, $relay);
+            }
+            if failed {
+                told = true;
+                break $relay Cut::StreamError;
+            }
+        }};
+    }
+    // The backend's bytes ended: a translated stream's last events (or
+    // its error event, when the backend had not finished), then the end.
+    macro_rules! end {
+        ($relay:lifetime) => {{
+            let (bytes, failed) = watch.finish();
+            if let Some(b) = bytes {
+                let f = Frame::data(b);
+                once.frame(&f);
+                send!(f, $relay);
+            }
+            if failed {
+                told = true;
+                break $relay Cut::StreamError;
+            }
+            return once.finish(ended(gone));
+        }};
+    }
     let prefix = std::mem::take(&mut watch.prefix);
     let why: Cut = 'relay: {
         // What was read before the head was passed on goes first.
@@ -418,9 +556,7 @@ async fn relay(
             let mut out = bytes::BytesMut::new();
             let cut_now = judge_events(prefix, watch.strip_usage, &mut once, &mut out);
             if !out.is_empty() {
-                let f = Frame::data(out.freeze());
-                once.frame(&f);
-                send!(f, 'relay);
+                pass!(out.freeze(), 'relay);
             }
             if let Some(c) = cut_now {
                 break 'relay c;
@@ -429,11 +565,9 @@ async fn relay(
         if watch.ended {
             let held = watch.scanner.as_mut().map(SseScanner::take_held);
             if let Some(rest) = held.filter(|b| !b.is_empty()) {
-                let f = Frame::data(rest);
-                once.frame(&f);
-                send!(f, 'relay);
+                pass!(rest, 'relay);
             }
-            return once.finish(ended(gone));
+            end!('relay);
         }
         loop {
             let frame = tokio::select! {
@@ -455,42 +589,50 @@ async fn relay(
                     // A last event without its blank line passes as it is.
                     let held = watch.scanner.as_mut().map(SseScanner::take_held);
                     if let Some(rest) = held.filter(|b| !b.is_empty()) {
-                        let f = Frame::data(rest);
-                        once.frame(&f);
-                        send!(f, 'relay);
+                        pass!(rest, 'relay);
                     }
-                    return once.finish(ended(gone));
+                    end!('relay);
                 }
                 Some(Err(e)) => {
+                    // A translated stream tells its client in its dialect;
+                    // any other body is aborted.
+                    let told_in_dialect = watch.broken().map(Frame::data);
+                    if let Some(f) = &told_in_dialect {
+                        once.frame(f);
+                    }
                     once.finish(BodyEnd::UpstreamError);
                     if !gone {
-                        let _ = tx.send(Err(e.into())).await;
+                        let _ = match told_in_dialect {
+                            Some(f) => tx.send(Ok(f)).await,
+                            None => tx.send(Err(e.into())).await,
+                        };
                     }
                     return;
                 }
                 Some(Ok(f)) => {
                     let end = inner.is_end_stream();
-                    let f = match f.into_data() {
+                    match f.into_data() {
                         Ok(data) => match judge(&mut watch, &mut once, &data) {
-                            Judged::Pass(None) => None,
-                            Judged::Pass(Some(b)) => Some(Frame::data(b)),
-                            Judged::Cut(pass, c) => {
-                                if let Some(b) = pass {
-                                    let f = Frame::data(b);
-                                    once.frame(&f);
-                                    send!(f, 'relay);
+                            Judged::Pass(None) => {}
+                            Judged::Pass(Some(b)) => pass!(b, 'relay),
+                            Judged::Cut(passed, c) => {
+                                if let Some(b) = passed {
+                                    pass!(b, 'relay);
                                 }
                                 break 'relay c;
                             }
                         },
-                        Err(other) => Some(other),
-                    };
-                    if let Some(f) = f {
-                        once.frame(&f);
-                        send!(f, 'relay);
+                        // Trailers: passed on, except into a translated
+                        // stream (whose dialect has none).
+                        Err(other) => {
+                            if watch.translate.is_none() {
+                                once.frame(&other);
+                                send!(other, 'relay);
+                            }
+                        }
                     }
                     if end {
-                        return once.finish(ended(gone));
+                        end!('relay);
                     }
                 }
             }
@@ -498,17 +640,17 @@ async fn relay(
     };
     // A cut: the backend's body goes (its connection closes, the backend
     // stops), the lease is released, and the client learns of the cut
-    // when it reads again.
+    // when it reads again (unless a translated stream told it already).
     drop(inner);
-    cut.store(why as u8, Ordering::Release);
+    cut.store(why as u8 | if told { TOLD } else { 0 }, Ordering::Release);
     once.finish(why.end());
 }
 
-/// What the client gets at a cut: one SSE error event, or an error that
-/// aborts any other body.
-fn cut_frame(sse: bool, why: Cut) -> Result<Frame<Bytes>, BoxError> {
+/// What the client gets at a cut: one SSE error event in its dialect, or
+/// an error that aborts any other body.
+fn cut_frame(sse: bool, why: Cut, client: Dialect) -> Result<Frame<Bytes>, BoxError> {
     if sse {
-        Ok(Frame::data(Bytes::from_static(why.event().as_bytes())))
+        Ok(Frame::data(why.event_in(client)))
     } else {
         Err(format!("answer cut: {why:?}").into())
     }
@@ -523,7 +665,7 @@ impl Body for TrackedBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = self.get_mut();
-        let sse = this.sse;
+        let (sse, client) = (this.sse, this.client);
         match &mut this.source {
             Source::Direct { inner, once } => {
                 let Some(body) = inner.as_mut() else {
@@ -549,13 +691,22 @@ impl Body for TrackedBody {
                 }
                 match ready!(frames.poll_recv(cx)) {
                     Some(frame) => Poll::Ready(Some(frame)),
-                    None => match Cut::from_u8(cut.load(Ordering::Acquire)) {
-                        Some(why) => {
-                            *told = true;
-                            Poll::Ready(Some(cut_frame(sse, why)))
+                    None => {
+                        let code = cut.load(Ordering::Acquire);
+                        match Cut::from_u8(code) {
+                            // Told already (a translated stream's own
+                            // error event): the body just ends.
+                            Some(_) if code & TOLD != 0 => {
+                                *told = true;
+                                Poll::Ready(None)
+                            }
+                            Some(why) => {
+                                *told = true;
+                                Poll::Ready(Some(cut_frame(sse, why, client)))
+                            }
+                            None => Poll::Ready(None),
                         }
-                        None => Poll::Ready(None),
-                    },
+                    }
                 }
             }
         }

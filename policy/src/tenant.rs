@@ -358,6 +358,11 @@ pub enum TenantRefusal {
     UnknownKey,
     /// A credential that is not `Bearer <key>`.
     MalformedKey,
+    /// An `x-api-key` header that is not a key (empty, or not text).
+    MalformedApiKey,
+    /// `Authorization` and `x-api-key` name different tenants (or one of
+    /// them none).
+    KeysDisagree,
     /// The tenant may not use this route.
     Route {
         /// The tenant.
@@ -385,7 +390,14 @@ pub enum TenantRefusal {
 impl TenantRefusal {
     /// A refusal of who is calling (401), as opposed to what they ask (403).
     pub fn is_authentication(&self) -> bool {
-        matches!(self, Self::NoKey | Self::UnknownKey | Self::MalformedKey)
+        matches!(
+            self,
+            Self::NoKey
+                | Self::UnknownKey
+                | Self::MalformedKey
+                | Self::MalformedApiKey
+                | Self::KeysDisagree
+        )
     }
 }
 
@@ -393,7 +405,13 @@ impl fmt::Display for TenantRefusal {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::NoKey => f.write_str(
-                "this router serves tenants: send Authorization: Bearer <your tenant key>",
+                "this router serves tenants: send Authorization: Bearer <your tenant key> (or x-api-key: <your tenant key>)",
+            ),
+            Self::MalformedApiKey => f.write_str(
+                "the x-api-key header is not a tenant key: a credential that is present must be a valid key",
+            ),
+            Self::KeysDisagree => f.write_str(
+                "Authorization and x-api-key do not name the same tenant: send one key",
             ),
             Self::UnknownKey => f.write_str("the tenant key is not known to this router"),
             Self::MalformedKey => f.write_str(
@@ -469,6 +487,48 @@ impl Tenants {
     /// text) is refused like an unknown key: a client that meant to send a
     /// key is never served as somebody else.
     pub fn identify(&self, authorization: Option<&[u8]>) -> Result<&Tenant, TenantRefusal> {
+        let index = self.index_of(authorization)?;
+        self.list.get(index).ok_or(TenantRefusal::UnknownKey)
+    }
+
+    /// The tenant a request's credentials name: `Authorization: Bearer
+    /// <key>` or `x-api-key: <key>` (the header Anthropic's SDKs and Claude
+    /// Code send), by the rules of [`Tenants::identify`]: each credential
+    /// that is present must be a valid key (an empty or non-text
+    /// `x-api-key` is refused like a malformed `Authorization`), and when
+    /// both are present they must name the same tenant, or the request is
+    /// refused (401): a key is never ignored because another one came
+    /// along. Only a request with neither is the anonymous tenant's.
+    pub fn identify_credentials(
+        &self,
+        authorization: Option<&[u8]>,
+        api_key: Option<&[u8]>,
+    ) -> Result<&Tenant, TenantRefusal> {
+        let Some(api_key) = api_key else {
+            return self.identify(authorization);
+        };
+        let key = std::str::from_utf8(api_key)
+            .ok()
+            .map(str::trim)
+            .filter(|k| !k.is_empty())
+            .ok_or(TenantRefusal::MalformedApiKey)?;
+        let by_api_key = *self
+            .by_key
+            .get(&key_hash(key))
+            .ok_or(TenantRefusal::UnknownKey)?;
+        if authorization.is_some() {
+            let by_authorization = self
+                .index_of(authorization)
+                .map_err(|_| TenantRefusal::KeysDisagree)?;
+            if by_authorization != by_api_key {
+                return Err(TenantRefusal::KeysDisagree);
+            }
+        }
+        self.list.get(by_api_key).ok_or(TenantRefusal::UnknownKey)
+    }
+
+    /// The index of the tenant an `Authorization` header names.
+    fn index_of(&self, authorization: Option<&[u8]>) -> Result<usize, TenantRefusal> {
         let key = match authorization {
             None => None,
             Some(v) => Some(
@@ -478,14 +538,14 @@ impl Tenants {
                     .ok_or(TenantRefusal::MalformedKey)?,
             ),
         };
-        let index = match key {
-            None => self.anonymous.ok_or(TenantRefusal::NoKey)?,
-            Some(k) => *self
+        match key {
+            None => self.anonymous.ok_or(TenantRefusal::NoKey),
+            Some(k) => self
                 .by_key
                 .get(&key_hash(k))
-                .ok_or(TenantRefusal::UnknownKey)?,
-        };
-        self.list.get(index).ok_or(TenantRefusal::UnknownKey)
+                .copied()
+                .ok_or(TenantRefusal::UnknownKey),
+        }
     }
 }
 
@@ -602,6 +662,43 @@ mod tests {
                 matches!(refused, Err(ref e) if e.is_authentication()),
                 "{shape:?}: {refused:?}"
             );
+        }
+    }
+
+    #[test]
+    fn a_key_may_come_as_x_api_key_and_two_keys_must_agree() {
+        let t = tenants(true);
+        let id = |auth: Option<&[u8]>, api: Option<&[u8]>| {
+            t.identify_credentials(auth, api).map(|t| t.name.clone())
+        };
+        // Anthropic's header, the key alone (surrounding spaces trimmed).
+        assert_eq!(id(None, Some(b"key-a")), Ok("team-a".into()));
+        assert_eq!(id(None, Some(b" key-a ")), Ok("team-a".into()));
+        // Without it, Authorization's rules as before; neither: anonymous.
+        assert_eq!(id(Some(b"Bearer key-a"), None), Ok("team-a".into()));
+        assert_eq!(id(None, None), Ok("guests".into()));
+        // Both, naming the same tenant: that tenant.
+        assert_eq!(
+            id(Some(b"Bearer key-a"), Some(b"key-a")),
+            Ok("team-a".into())
+        );
+        // A present x-api-key that is not a valid key is refused, never
+        // served as the anonymous tenant.
+        assert_eq!(id(None, Some(b"nope")), Err(TenantRefusal::UnknownKey));
+        for bad in [&b""[..], b"   ", b"\xff\xfe"] {
+            assert_eq!(id(None, Some(bad)), Err(TenantRefusal::MalformedApiKey));
+        }
+        // Two credentials that do not name the same tenant: refused, whichever is valid.
+        for auth in [&b"Bearer other"[..], b"Basic a2V5LWE6", b""] {
+            let refused = id(Some(auth), Some(b"key-a"));
+            assert_eq!(refused, Err(TenantRefusal::KeysDisagree), "{auth:?}");
+        }
+        assert_eq!(
+            id(Some(b"Bearer key-a"), Some(b"nope")),
+            Err(TenantRefusal::UnknownKey)
+        );
+        for e in [TenantRefusal::MalformedApiKey, TenantRefusal::KeysDisagree] {
+            assert!(e.is_authentication(), "{e}");
         }
     }
 

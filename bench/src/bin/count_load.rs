@@ -33,6 +33,12 @@ pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 const REQUEST_BODY: &str = r#"{"model":"bench","messages":[{"role":"user","content":"hi"}]}"#;
 
+/// The same request from an Anthropic Messages client (`--anthropic`):
+/// translated by the router to the chat request above (with `max_tokens`)
+/// and its answer back.
+const MESSAGES_BODY: &str =
+    r#"{"model":"bench","max_tokens":16,"messages":[{"role":"user","content":"hi"}]}"#;
+
 /// Send a fixed number of benchmark requests to a router.
 #[derive(Debug, Parser)]
 #[command(name = "count-load")]
@@ -61,6 +67,10 @@ struct Args {
     /// (one that was just started, perhaps under valgrind).
     #[arg(long, default_value_t = 0)]
     wait_ready: u64,
+    /// Send the request as an Anthropic Messages client does (`POST
+    /// /v1/messages`), for the cost of its translation.
+    #[arg(long)]
+    anthropic: bool,
 }
 
 fn main() -> ExitCode {
@@ -111,12 +121,17 @@ async fn run(args: &Args) -> Result<(), BoxError> {
     for _ in 0..args.concurrency.max(1) {
         conns.push(connect(args.target).await?);
     }
-    let (conns, failed) = phase(args.target, conns, args.warmup).await?;
+    let request = if args.anthropic {
+        ("/v1/messages", MESSAGES_BODY)
+    } else {
+        ("/v1/chat/completions", REQUEST_BODY)
+    };
+    let (conns, failed) = phase(args.target, conns, args.warmup, request).await?;
     if let Some(cmd) = &args.between {
         shell(cmd)?;
     }
     let started = Instant::now();
-    let (_, failed_counted) = phase(args.target, conns, args.requests).await?;
+    let (_, failed_counted) = phase(args.target, conns, args.requests, request).await?;
     let secs = started.elapsed().as_secs_f64();
     if let Some(cmd) = &args.after {
         shell(cmd)?;
@@ -154,6 +169,7 @@ async fn phase(
     target: SocketAddr,
     conns: Vec<SendRequest<Full<Bytes>>>,
     n: u64,
+    (path, body): (&'static str, &'static str),
 ) -> Result<(Vec<SendRequest<Full<Bytes>>>, u64), BoxError> {
     let k = conns.len() as u64;
     let mut tasks = Vec::new();
@@ -162,14 +178,7 @@ async fn phase(
         tasks.push(tokio::spawn(async move {
             let mut failed = 0u64;
             for _ in 0..share {
-                match send(
-                    &mut conn,
-                    target,
-                    "/v1/chat/completions",
-                    Bytes::from_static(REQUEST_BODY.as_bytes()),
-                )
-                .await
-                {
+                match send(&mut conn, target, path, Bytes::from_static(body.as_bytes())).await {
                     Ok((StatusCode::OK, _)) => {}
                     _ => failed += 1,
                 }

@@ -18,7 +18,8 @@
 //!   are answered `429` at once with `Retry-After: 1` ([`OverCap::Reject429`]).
 //!   A slot is held for the whole answer, including a streamed one.
 //! - **Answer shapes** ([`Behavior`]): chat-completion JSON, an SSE token
-//!   stream with one flushed frame per chunk, a request that never gets an
+//!   stream with one flushed frame per chunk, a chat server that answers
+//!   the request it reads (text, tool calls, streamed or not), a request that never gets an
 //!   answer, an error status, a broken JSON body, or a redirect. The behavior
 //!   and the latency can be switched while the server runs.
 //! - **A whole engine** ([`Behavior::Engine`]): a simulated vLLM-like engine
@@ -137,6 +138,17 @@ pub enum Behavior {
     /// `GET /metrics` with vLLM's metric names, labelled
     /// `model_name="<mock name>"` (unless a page is set for `/metrics`).
     Engine(engine::EngineConfig),
+    /// An OpenAI-compatible chat server that reads the request (after
+    /// `latency`): a JSON answer, or a stream when the request says
+    /// `stream: true` (with a usage chunk when it asks,
+    /// `stream_options.include_usage`). It answers `echo: TEXT`, TEXT the
+    /// last user message's text; when the request offers `tools` and its
+    /// last message is not a tool's result, it calls the first tool with
+    /// the arguments `{"text": TEXT}` (`finish_reason: tool_calls`); after
+    /// a tool's result it answers `tool said: RESULT`. Usage: the body's
+    /// bytes / 4 as prompt tokens, one completion token per content piece
+    /// (text words, tool call pieces).
+    Chat,
     /// 302 redirect with `Location` set to the given URL, after `latency`.
     /// A URL that is not a valid header value is answered as 500.
     Redirect(String),

@@ -434,3 +434,72 @@ async fn invalid_name_is_rejected() {
     let error = MockModel::start(config).await.expect_err("invalid name");
     assert_eq!(error.kind(), io::ErrorKind::InvalidInput);
 }
+
+#[tokio::test]
+async fn chat_answers_the_request_it_reads_with_text_or_a_tool_call() {
+    let mock = MockModel::start(config(Behavior::Chat))
+        .await
+        .expect("start");
+    let addr = mock.addr();
+    let json = |b: Bytes| -> Value { serde_json::from_slice(&b).expect("JSON") };
+    // Text: an echo of the last user message.
+    let a = json(
+        body_bytes(
+            post(
+                addr,
+                r#"{"model":"m","messages":[{"role":"user","content":"hi there"}]}"#,
+            )
+            .await,
+        )
+        .await,
+    );
+    assert_eq!(a["choices"][0]["message"]["content"], "echo: hi there");
+    assert_eq!(a["choices"][0]["finish_reason"], "stop");
+    assert_eq!(a["usage"]["completion_tokens"], 2);
+    // Tools offered: a call of the first, with the user's text.
+    let tools = r#""tools":[{"type":"function","function":{"name":"lookup","parameters":{"type":"object"}}}]"#;
+    let a = json(
+        body_bytes(
+            post(
+                addr,
+                &format!(
+                    r#"{{"model":"m",{tools},"messages":[{{"role":"user","content":"paris"}}]}}"#
+                ),
+            )
+            .await,
+        )
+        .await,
+    );
+    let call = &a["choices"][0]["message"]["tool_calls"][0];
+    assert_eq!(call["function"]["name"], "lookup");
+    assert_eq!(call["function"]["arguments"], r#"{"text":"paris"}"#);
+    assert_eq!(a["choices"][0]["finish_reason"], "tool_calls");
+    // After the tool's result: what it said.
+    let a = json(body_bytes(post(addr, &format!(r#"{{"model":"m",{tools},"messages":[{{"role":"user","content":"paris"}},{{"role":"tool","tool_call_id":"call_1","content":"sunny"}}]}}"#)).await).await);
+    assert_eq!(a["choices"][0]["message"]["content"], "tool said: sunny");
+    // Streamed when asked, with usage when asked: the same reply in chunks.
+    let r = post(addr, &format!(r#"{{"model":"m","stream":true,"stream_options":{{"include_usage":true}},{tools},"messages":[{{"role":"user","content":"paris"}}]}}"#)).await;
+    assert_eq!(r.headers()[CONTENT_TYPE], "text/event-stream");
+    let text = String::from_utf8(body_bytes(r).await.to_vec()).expect("UTF-8");
+    let chunks: Vec<Value> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter(|d| *d != "[DONE]")
+        .map(|d| serde_json::from_str(d).expect("chunk"))
+        .collect();
+    let args: String = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["tool_calls"][0]["function"]["arguments"].as_str())
+        .collect();
+    assert_eq!(args, r#"{"text":"paris"}"#);
+    assert!(chunks
+        .iter()
+        .any(|c| c["choices"][0]["finish_reason"] == "tool_calls"));
+    assert_eq!(
+        chunks
+            .last()
+            .map(|c| c["usage"]["completion_tokens"].clone()),
+        Some(Value::from(3))
+    );
+    assert!(text.ends_with("data: [DONE]\n\n"));
+}

@@ -340,6 +340,94 @@ pub fn stream_event(dialect: Dialect, kind: ErrorKind, overloaded: bool, message
     out
 }
 
+/// An upstream's error answer (`status`, `body`, in any dialect) as a
+/// client of dialect `to` expects it, passed on when no pool of the chain
+/// answered (the upstream's status is kept; its headers, `Retry-After`
+/// among them, are the caller's).
+///
+/// The message is the upstream's `error.message` (OpenAI, Anthropic and
+/// Gemini all put it there; older vLLM servers at the top level), cut to [`crate::stream::MAX_MESSAGE_CHARS`]
+/// characters, else "the backend answered STATUS": a body that is not an
+/// error object (an HTML page from a load balancer) is not passed on. An
+/// Anthropic client gets the error type of the status (`529` and `503`
+/// are `overloaded_error`, which its SDKs retry with backoff), or the
+/// upstream's own type when the upstream spoke Anthropic; a Gemini client
+/// Google's canonical status name; an OpenAI client the upstream's `type`
+/// when it gave one.
+pub fn from_upstream(to: Dialect, status: u16, body: &[u8]) -> ErrorAnswer {
+    let parsed: Option<Value> = serde_json::from_slice(body).ok();
+    let error = parsed.as_ref().and_then(|v| v.get("error"));
+    let given = |key: &str| error.and_then(|e| e.get(key)).and_then(Value::as_str);
+    // Older vLLM servers put the message at the top level.
+    let top = parsed
+        .as_ref()
+        .and_then(|v| v.get("message"))
+        .and_then(Value::as_str);
+    let message = match given("message").or(top).filter(|m| !m.is_empty()) {
+        Some(m) => crate::stream::cut_message(m),
+        None => format!("the backend answered {status}"),
+    };
+    let anthropic_shaped = parsed
+        .as_ref()
+        .and_then(|v| v.get("type"))
+        .and_then(Value::as_str)
+        == Some("error");
+    let body = match to {
+        Dialect::Anthropic => {
+            let ty = match given("type") {
+                Some(t) if anthropic_shaped => t,
+                _ => anthropic_type_of_status(status),
+            };
+            json!({"type": "error", "error": {"type": ty, "message": message}})
+        }
+        Dialect::OpenAi => {
+            let ty = given("type").unwrap_or("upstream_error");
+            json!({"error": {"message": message, "type": ty, "code": Value::Null}})
+        }
+        Dialect::Gemini => json!({"error": {
+            "code": status,
+            "message": message,
+            "status": gemini_status_of(status),
+        }}),
+    };
+    ErrorAnswer {
+        status,
+        body,
+        retry_after: None,
+    }
+}
+
+/// Anthropic's error type for an HTTP status.
+pub const fn anthropic_type_of_status(status: u16) -> &'static str {
+    match status {
+        401 => "authentication_error",
+        402 => "billing_error",
+        403 => "permission_error",
+        404 => "not_found_error",
+        408 | 504 => "timeout_error",
+        413 => "request_too_large",
+        429 => "rate_limit_error",
+        503 | 529 => "overloaded_error",
+        500..=599 => "api_error",
+        _ => "invalid_request_error",
+    }
+}
+
+/// Google's canonical status name for an HTTP status.
+const fn gemini_status_of(status: u16) -> &'static str {
+    match status {
+        401 => "UNAUTHENTICATED",
+        403 => "PERMISSION_DENIED",
+        404 => "NOT_FOUND",
+        408 | 504 => "DEADLINE_EXCEEDED",
+        409 => "ABORTED",
+        429 => "RESOURCE_EXHAUSTED",
+        503 | 529 => "UNAVAILABLE",
+        500..=599 => "INTERNAL",
+        _ => "INVALID_ARGUMENT",
+    }
+}
+
 /// What an upstream's error answer (`status`, `body`) of `dialect` is for
 /// the chain: `Status5xx` (retried like a 503), `Status429`, or `None`
 /// for an answer that is not a retryable failure.
@@ -547,6 +635,58 @@ mod tests {
         assert!(String::from_utf8(o)
             .unwrap()
             .starts_with("event: error\ndata: {\"error\":"));
+    }
+
+    #[test]
+    fn an_upstreams_error_answer_reaches_the_client_in_its_dialect() {
+        // vLLM's 400, an OpenAI-shaped body.
+        let vllm = br#"{"object":"error","message":"max_tokens is too large","type":"BadRequestError","param":null,"code":400}"#;
+        let a = from_upstream(Dialect::Anthropic, 400, vllm);
+        assert_eq!(a.status, 400);
+        assert_eq!(
+            a.body,
+            json!({"type": "error", "error": {"type": "invalid_request_error", "message": "max_tokens is too large"}})
+        );
+        let openai = br#"{"error":{"message":"Rate limit reached","type":"rate_limit_error","code":"rate_limit_exceeded"}}"#;
+        let a = from_upstream(Dialect::Anthropic, 429, openai);
+        assert_eq!(
+            (
+                a.status,
+                a.body["error"]["type"].as_str(),
+                a.body["error"]["message"].as_str()
+            ),
+            (429, Some("rate_limit_error"), Some("Rate limit reached"))
+        );
+        // 503 and 529 are overloaded (retried by Anthropic's SDKs), other 5xx api_error.
+        assert_eq!(
+            from_upstream(Dialect::Anthropic, 503, b"").body["error"]["type"],
+            "overloaded_error"
+        );
+        assert_eq!(
+            from_upstream(Dialect::Anthropic, 500, b"<html>").body["error"]["message"],
+            "the backend answered 500"
+        );
+        assert_eq!(
+            from_upstream(Dialect::Anthropic, 502, b"").body["error"]["type"],
+            "api_error"
+        );
+        // An Anthropic upstream keeps its own type for an Anthropic client.
+        let anth =
+            br#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}"#;
+        let a = from_upstream(Dialect::Anthropic, 500, anth);
+        assert_eq!(a.body["error"]["type"], "overloaded_error");
+        // ... and reaches an OpenAI client as an OpenAI error.
+        let o = from_upstream(Dialect::OpenAi, 529, anth);
+        assert_eq!(o.status, 529);
+        assert_eq!(o.body["error"]["message"], "Overloaded");
+        assert_eq!(o.body["error"]["type"], "overloaded_error");
+        let g = from_upstream(Dialect::Gemini, 429, openai);
+        assert_eq!(g.body["error"]["status"], "RESOURCE_EXHAUSTED");
+        // A long message is cut.
+        let long = json!({"error": {"message": "x".repeat(5000)}}).to_string();
+        let a = from_upstream(Dialect::Anthropic, 400, long.as_bytes());
+        let m = a.body["error"]["message"].as_str().unwrap_or_default();
+        assert_eq!(m.chars().count(), crate::stream::MAX_MESSAGE_CHARS);
     }
 
     #[test]

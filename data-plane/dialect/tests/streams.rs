@@ -592,3 +592,51 @@ fn parsed_events_fed_one_by_one_give_the_same_bytes_as_raw_bytes() {
     );
     assert_eq!(t.state(), StreamState::Completed);
 }
+
+#[test]
+fn a_whole_answer_becomes_a_well_formed_stream_for_a_client_that_asked_for_one() {
+    use router_dialect::stream::answer_stream;
+    // An upstream that ignored `stream: true` and answered one JSON body.
+    let body = json!({
+        "id": "chatcmpl-9", "object": "chat.completion", "created": 1, "model": "qwen3",
+        "choices": [{"index": 0, "finish_reason": "tool_calls", "message": {
+            "role": "assistant", "content": "Let me look.",
+            "tool_calls": [{"id": "call_1", "type": "function",
+                "function": {"name": "get_weather", "arguments": "{\"city\":\"Paris\"}"}}]}}],
+        "usage": {"prompt_tokens": 30, "completion_tokens": 12, "total_tokens": 42,
+            "prompt_tokens_details": {"cached_tokens": 10}}
+    })
+    .to_string();
+    let answer = router_dialect::parse_answer(Dialect::OpenAi, body.as_bytes()).unwrap();
+    let events = answer_stream(&answer, Dialect::Anthropic, &opts()).unwrap();
+    let said = anthropic_stream(&events).unwrap();
+    assert_eq!(said.text, "Let me look.");
+    assert_eq!(
+        said.tools,
+        vec![(
+            "call_1".to_owned(),
+            "get_weather".to_owned(),
+            "{\"city\":\"Paris\"}".to_owned()
+        )]
+    );
+    assert_eq!(said.stop_reason.as_deref(), Some("tool_use"));
+    assert_eq!(said.blocks, 2);
+    assert_eq!(
+        said.usage,
+        Some(Usage {
+            input: 20,
+            output: 12,
+            cache_read: 10,
+            cache_write: 0
+        })
+    );
+    // And for an OpenAI client, a well-formed chunk stream.
+    let chunks = answer_stream(&answer, Dialect::OpenAi, &opts()).unwrap();
+    let said = openai_stream(&chunks).unwrap();
+    assert_eq!(said.text, "Let me look.");
+    assert_eq!(said.stop_reason.as_deref(), Some("tool_calls"));
+    // Arguments that are not an object cannot be an Anthropic tool_use.
+    let bad = body.replace("{\\\"city\\\":\\\"Paris\\\"}", "[1]");
+    let answer = router_dialect::parse_answer(Dialect::OpenAi, bad.as_bytes()).unwrap();
+    assert!(answer_stream(&answer, Dialect::Anthropic, &opts()).is_err());
+}

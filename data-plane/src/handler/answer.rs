@@ -19,6 +19,7 @@ use http_body_util::Either;
 use hyper::body::Incoming;
 use opentelemetry::trace::TraceContextExt;
 use opentelemetry::KeyValue;
+use router_dialect::Dialect;
 use router_policy::Outcome;
 use tokio::time::Instant;
 
@@ -52,6 +53,9 @@ pub(super) struct Pending {
     pub(super) id_header: Option<HeaderValue>,
     /// The config version as a header value.
     version_header: Option<HeaderValue>,
+    /// The client's dialect: the router's own errors are written in it,
+    /// and a stream of another dialect is translated to it.
+    pub(super) dialect: Dialect,
 }
 
 impl Pending {
@@ -74,6 +78,7 @@ impl Pending {
             pool: None,
             id_header: None,
             version_header: snapshot.version_header.clone(),
+            dialect: Dialect::OpenAi,
         }
     }
 
@@ -161,7 +166,7 @@ impl Pending {
             record.reason = err.to_string();
         }
         let id = (!record.request_id.is_empty()).then_some(record.request_id.as_str());
-        let mut resp = err.to_response(id);
+        let mut resp = err.to_response_in(self.dialect, id);
         self.stamp(&mut resp, &record, None, record.attempts.len());
         let status = resp.status().as_u16();
         finish_record(&self.shared, record, self.t0, outcome, status, pool);
@@ -260,6 +265,15 @@ impl Pending {
             .get(header::CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
             .is_some_and(|ct| ct.starts_with("text/event-stream"));
+        let mut watch = watch;
+        if self.dialect != Dialect::OpenAi && watch.scanner.is_some() {
+            // A client of another dialect: the pool's events translated as
+            // they flow (a failure answer never comes here as a stream for
+            // it: it is read whole and translated).
+            watch.translate = super::dialect::stream_translator(self.dialect);
+            watch.client = self.dialect;
+            head.headers.remove(header::CONTENT_LENGTH);
+        }
         // A keyed stream that is finished even if its client leaves is
         // bounded: by its deadline, else by the attempt timeout (a backend
         // that never ends must not hold its slot and key for ever).

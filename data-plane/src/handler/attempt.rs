@@ -32,6 +32,10 @@ use crate::upstream::UpstreamBody;
 /// (so a malformed one can fail over and a complete one can be replayed).
 const BUFFERED_ANSWER_LIMIT: usize = 16 * 1024 * 1024;
 
+/// A translated request's failure answer (a 429 or 5xx) is kept up to
+/// this size, to be passed on in the client's dialect.
+const HELD_ERROR_LIMIT: usize = 64 * 1024;
+
 /// What the chain walk gives an attempt.
 pub(super) struct Attempt<'a> {
     /// The pool to try.
@@ -231,7 +235,7 @@ impl Exchange {
             tokio::pin!(expiry);
             // The answer's head, in a block of its own: what it binds is not
             // kept (in the future's state) while the body is read.
-            let (head, incoming) = {
+            let (mut head, incoming) = {
                 let resp = match within(expiry.as_mut(), sent).await {
                     None => return timed_out(&lease, record, started),
                     Some(Ok(r)) => r,
@@ -269,6 +273,18 @@ impl Exchange {
                     }
                     record.outcome = outcome;
                     record.latency_ms = super::ms(waited);
+                    if self.translation.is_some() {
+                        // Kept whole, to be passed on in the client's
+                        // dialect if no later pool answers (the slot is
+                        // given back now). Boxed: this rare wait stays
+                        // out of every attempt's future.
+                        let (head, incoming) = resp.into_parts();
+                        let body = Box::pin(read_held(incoming, deadline)).await;
+                        return AttemptEnd::Failed {
+                            record,
+                            held: Some(Held::Whole(head, body)),
+                        };
+                    }
                     return AttemptEnd::Failed {
                         record,
                         held: Some(Held::Stream(resp, lease, started)),
@@ -316,6 +332,7 @@ impl Exchange {
                                 ended,
                                 stall,
                                 strip_usage,
+                                ..StreamWatch::default()
                             });
                             return AttemptEnd::Stream {
                                 resp: Response::from_parts(head, body),
@@ -360,7 +377,7 @@ impl Exchange {
             let answered = Instant::now();
             let waited = answered.saturating_duration_since(started);
             record.latency_ms = super::ms(waited);
-            let body = match body {
+            let mut body = match body {
                 Ok(b) => b,
                 Err(_) => {
                     lease.observe(Sample::Failure(waited));
@@ -444,6 +461,27 @@ impl Exchange {
                     output_tokens: o,
                 });
             }
+            if let Some(t) = &self.translation {
+                // The client's dialect: an answer that cannot be written
+                // in it fails over as a malformed one (the endpoint did
+                // answer).
+                if head.status.is_success() {
+                    match t.answer(&mut head, &body) {
+                        Ok(b) => body = b,
+                        Err(why) => {
+                            tracing::debug!(pool = pool.name(), %why, "an answer the client's dialect cannot take");
+                            lease.observe(Sample::Success(waited));
+                            record.outcome = Outcome::MalformedJson;
+                            return AttemptEnd::Failed {
+                                record,
+                                held: Some(Held::Whole(head, body)),
+                            };
+                        }
+                    }
+                } else {
+                    body = t.error(&mut head, &body);
+                }
+            }
             lease.finish(Sample::Success(waited), answered);
             AttemptEnd::Whole { head, body, record }
         }
@@ -478,8 +516,11 @@ impl Exchange {
 
     /// Non-streaming OpenAI-style calls with a JSON answer of known,
     /// modest size are read whole.
+    /// A translated request's JSON answer is read whole even when a
+    /// stream was asked for (an error, or a pool that ignored `stream`):
+    /// it is translated whole.
     fn should_buffer(&self, resp: &Response<UpstreamBody>) -> bool {
-        if !self.json_call || self.streaming {
+        if !self.json_call || (self.streaming && self.translation.is_none()) {
             return false;
         }
         // One pass over the answer's few headers instead of two lookups
@@ -622,6 +663,17 @@ mod first_token {
 fn retry_after(value: &http::HeaderValue) -> Option<Duration> {
     let secs = value.to_str().ok()?.trim().parse::<u64>().ok()?;
     Some(Duration::from_secs(secs).min(MAX_RETRY_AFTER))
+}
+
+/// A failure answer's body, read whole up to [`HELD_ERROR_LIMIT`] bytes
+/// until `deadline` (empty when it is larger, broken or late).
+async fn read_held(incoming: UpstreamBody, deadline: Option<Instant>) -> Bytes {
+    let read = forward::read_whole(incoming, HELD_ERROR_LIMIT);
+    let body = match deadline {
+        Some(d) => tokio::time::timeout_at(d, read).await.ok(),
+        None => Some(read.await),
+    };
+    body.and_then(Result::ok).unwrap_or_default()
 }
 
 /// Runs `work` until `expiry` (if any) fires; `None` when it came first.

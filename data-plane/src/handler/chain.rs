@@ -85,6 +85,9 @@ pub(super) struct Exchange {
     /// On a route with `on_all_down: park`: what parking noted of the
     /// request on arrival ([`super::parking`]).
     pub(super) park: Option<Box<crate::tasks::ParkIntent>>,
+    /// A client of another dialect: what was translated, and how its
+    /// answers are ([`super::dialect`]).
+    pub(super) translation: Option<Box<super::dialect::Translation>>,
 }
 
 impl Exchange {
@@ -450,7 +453,11 @@ impl Exchange {
                             (None, self.estimated_input_tokens),
                         )
                     }
-                    Held::Whole(head, body) => {
+                    Held::Whole(mut head, mut body) => {
+                        if let Some(t) = &self.translation {
+                            // A failure answer, in the client's dialect.
+                            body = t.error(&mut head, &body);
+                        }
                         let summary = leader.as_ref().map(|_| super::route_summary(pending.rec()));
                         let name = record.pool;
                         let route = pools.get(&*name).and_then(|p| p.route_header().cloned());
@@ -484,11 +491,16 @@ impl Exchange {
                     .any(|a| a.outcome.may_have_reached_backend())
                 {
                     let detail = format!("route {:?}: {}", route.name, notes.join("; "));
+                    // A translated request parks as its client sent it.
+                    let (path_and_query, body) = match &self.translation {
+                        None => (self.path_and_query.as_str(), &self.body),
+                        Some(t) => (t.client_path.as_str(), &t.client_body),
+                    };
                     let ctx = intent.context(
                         &self.method,
-                        self.path_and_query.as_str(),
+                        path_and_query,
                         &self.headers,
-                        &self.body,
+                        body,
                         self.risk,
                     );
                     return Box::pin(super::parking::park(pending, route, &ctx, detail)).await;

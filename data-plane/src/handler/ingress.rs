@@ -19,6 +19,7 @@ use bytes::Bytes;
 use http::header::HeaderValue;
 use http::{Method, Request, Response};
 use hyper::body::Incoming;
+use router_dialect::Dialect;
 use router_json_peek::RequestPeek;
 use router_policy::approval::Refusal as TokenRefusal;
 use router_policy::decide::{decide_on_route, Refusal, RequestFacts};
@@ -28,6 +29,7 @@ use tokio::time::Instant;
 
 use super::answer::Pending;
 use super::chain::Exchange;
+use super::dialect::{self, Own};
 use super::upstream_request::ParsedBody;
 use super::{full, spans, tenancy, ProxyBody, IDEMPOTENCY_KEY, X_REQUEST_ID};
 use crate::config::Snapshot;
@@ -83,8 +85,26 @@ pub(crate) fn handle(
             // A parked task's handle (`on_all_down: park`).
             return full(Box::pin(crate::tasks::view(&shared.tasks, path)).await);
         }
+        // The router's endpoints of another dialect (`dialect`): one
+        // compare for every other path.
+        let mut client_dialect = Dialect::OpenAi;
+        if path.starts_with("/v1/m") {
+            match dialect::own_endpoint(req.method(), path) {
+                Some(Own::Messages) => client_dialect = Dialect::Anthropic,
+                Some(Own::CountTokens) => {
+                    return Box::pin(dialect::count_tokens(&shared, req)).await
+                }
+                Some(Own::Models) => {
+                    if let Some(list) = dialect::models(&shared, &req) {
+                        return full(list);
+                    }
+                }
+                None => {}
+            }
+        }
         let snapshot = shared.config.load();
         let mut pending = Pending::new(Arc::clone(&shared), &req, &snapshot);
+        pending.dialect = client_dialect;
         if crate::telemetry::enabled() {
             spans::start_server_span(&req, pending.rec());
         }
@@ -123,14 +143,34 @@ pub(crate) fn handle(
         };
         pending.rec().risk = Some(risk.as_str());
         let (parts, body) = req.into_parts();
-        // `_reserved` holds the body's bytes under the proxy's cap until the
+        // `reserved` holds the body's bytes under the proxy's cap until the
         // request is done.
-        let (body, _reserved) =
+        let (body, mut reserved) =
             match read_body(&shared, pending.t0, seen.content_length.as_ref(), body).await {
                 Ok(b) => b,
                 Err(e) => return pending.reject(e),
             };
-        let path = parts.uri.path();
+        // A client of another dialect: its body translated to an OpenAI
+        // chat body, routed and sent as one (`dialect`).
+        let (body, translation) = if pending.dialect == Dialect::OpenAi {
+            (body, None)
+        } else {
+            match dialect::Translation::messages(body, parts.uri.path_and_query()) {
+                // Both bodies are held until the request is done.
+                Ok((b, t)) if reserved.grow_to(b.len() + t.client_body.len()) => {
+                    (b, Some(Box::new(t)))
+                }
+                Ok(_) => return pending.reject(OVERLOADED),
+                Err(e) => return pending.reject(e),
+            }
+        };
+        let path = match &translation {
+            None => parts.uri.path(),
+            Some(t) => {
+                pending.rec().dialect = Some(t.client.as_str());
+                dialect::CHAT_PATH
+            }
+        };
         let json_call = parts.method == Method::POST && OPENAI_JSON_PATHS.contains(&path);
         let peek = if json_call {
             match router_json_peek::peek_request(&body) {
@@ -187,6 +227,10 @@ pub(crate) fn handle(
                     parts
                         .headers
                         .get(http::header::AUTHORIZATION)
+                        .map(HeaderValue::as_bytes),
+                    parts
+                        .headers
+                        .get(dialect::X_API_KEY)
                         .map(HeaderValue::as_bytes),
                 ),
             };
@@ -264,8 +308,14 @@ pub(crate) fn handle(
             .filter(|_| task_run.is_none())
             .and_then(|v| v.to_str().ok())
             .map(|k| {
-                let fp =
-                    idempotency::fingerprint(parts.method.as_str(), path, &body, &parts.headers);
+                // The client's own path: the same key on another dialect's
+                // path is another request.
+                let fp = idempotency::fingerprint(
+                    parts.method.as_str(),
+                    parts.uri.path(),
+                    &body,
+                    &parts.headers,
+                );
                 (k.trim().to_string(), fp)
             });
         let park = match &route.park {
@@ -285,9 +335,16 @@ pub(crate) fn handle(
             Some(_) => {
                 let detail = pending.rec().reason.clone();
                 if let Some(intent) = &park {
-                    let path_and_query = parts.uri.path_and_query().map_or(path, |p| p.as_str());
+                    // A translated request parks as its client sent it.
+                    let (path_and_query, body) = match &translation {
+                        None => (
+                            parts.uri.path_and_query().map_or(path, |p| p.as_str()),
+                            &body,
+                        ),
+                        Some(t) => (t.client_path.as_str(), &t.client_body),
+                    };
                     let ctx =
-                        intent.context(&parts.method, path_and_query, &parts.headers, &body, risk);
+                        intent.context(&parts.method, path_and_query, &parts.headers, body, risk);
                     return Box::pin(super::parking::park(pending, route, &ctx, detail)).await;
                 }
                 return pending.reject(ProxyError::NoBackend { detail });
@@ -401,6 +458,10 @@ pub(crate) fn handle(
             // The tenant's key never leaves the router: a pool with a key of
             // its own sends that one, any other nothing.
             headers.remove(http::header::AUTHORIZATION);
+            headers.remove(dialect::X_API_KEY);
+        }
+        if translation.is_some() {
+            dialect::upstream_headers(&mut headers, body.len());
         }
         forward::add_forwarded(&mut headers, &client_ip, seen.host.clone(), &seen);
         if let Some(id) = &pending.id_header {
@@ -419,11 +480,15 @@ pub(crate) fn handle(
             client,
             snapshot: Arc::clone(&snapshot),
             method: parts.method,
-            path_and_query: parts
-                .uri
-                .path_and_query()
-                .cloned()
-                .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/")),
+            path_and_query: match &translation {
+                // The client's query stays with it.
+                Some(_) => http::uri::PathAndQuery::from_static(dialect::CHAT_PATH),
+                None => parts
+                    .uri
+                    .path_and_query()
+                    .cloned()
+                    .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/")),
+            },
             headers,
             body,
             parsed,
@@ -434,6 +499,7 @@ pub(crate) fn handle(
             model,
             deadline_at,
             park,
+            translation,
         };
         // With a key the client will retry: unless the route says
         // otherwise, the request runs in a task of its own, which a
@@ -549,7 +615,7 @@ fn deadline_header(value: Option<&HeaderValue>) -> Result<Option<Duration>, Prox
 /// and the proxy's cap on buffered request bytes; the reservation holds
 /// the body's bytes under that cap until it is dropped (when the request
 /// is done).
-async fn read_body(
+pub(super) async fn read_body(
     shared: &Shared,
     t0: Instant,
     content_length: Option<&HeaderValue>,

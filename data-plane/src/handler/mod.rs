@@ -5,6 +5,7 @@
 //!
 //! ```text
 //! ingress.rs   admin? ─▶ request id ─▶ deadline, risk ─▶ body (limit, timeout)
+//!              ─▶ another dialect's body translated (dialect.rs)
 //!              ─▶ model (JSON paths) ─▶ route (first match), approval
 //!              ─▶ decide_on_route (gates on live measurements)
 //!              ─▶ Idempotency-Key: join the request in flight / replay / lead
@@ -17,6 +18,8 @@
 //! attempt.rs   lease (queue) ─▶ send ─▶ answer head (JSON answers: whole body)
 //!              ─▶ the attempt's Outcome, its latency sample, its record
 //! upstream_request.rs  URI, model rewrite, the pool's own key, Host
+//! dialect.rs   clients of another dialect (Anthropic Messages): the
+//!              translation, its answers and errors; count_tokens, /v1/models
 //! answer.rs    Pending: the router's own answer, a replay, or the backend's
 //!              answer passed on (buffered, or streamed through TrackedBody)
 //! finish.rs    one route record + metrics per request (at once, or when a
@@ -45,6 +48,7 @@
 mod answer;
 mod attempt;
 mod chain;
+mod dialect;
 mod finish;
 mod hedge;
 mod ingress;

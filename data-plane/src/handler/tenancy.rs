@@ -2,8 +2,8 @@
 //! who is calling, whether they may ask this, and what the request draws
 //! on their limits until it ends.
 //!
-//! [`admit`] runs before routing: the key names the tenant (401 when it
-//! names none), the route and risk class must be the tenant's (403), then
+//! [`admit`] runs before routing: the key (`Authorization: Bearer`, or
+//! Anthropic's `x-api-key`) names the tenant (401 when it names none), the route and risk class must be the tenant's (403), then
 //! each limit the tenant has takes its part, in this order: the request
 //! rate, the token rate (the call's worst case), a concurrency slot, the
 //! spend budget (the worst-case cost, reserved). What was taken is kept in
@@ -54,8 +54,8 @@ pub(super) struct CallEstimate {
 /// Who a request says it is.
 #[derive(Debug, Clone, Copy)]
 pub(super) enum Caller<'a> {
-    /// A client: its `Authorization` header, if any.
-    Key(Option<&'a [u8]>),
+    /// A client: its `Authorization` and `x-api-key` headers, if any.
+    Key(Option<&'a [u8]>, Option<&'a [u8]>),
     /// A parked task's run: the name of the tenant that parked it (`None`:
     /// a task parked without tenancy, admitted as a request without a key).
     Task(Option<&'a str>),
@@ -76,7 +76,7 @@ pub(super) async fn admit(
     rec: &mut RouteRecord,
 ) -> Result<(), ProxyError> {
     let tenant = match caller {
-        Caller::Key(authorization) => tenants.identify(authorization),
+        Caller::Key(authorization, api_key) => tenants.identify_credentials(authorization, api_key),
         Caller::Task(Some(name)) => tenants.by_name(name),
         Caller::Task(None) => tenants.identify(None),
     }

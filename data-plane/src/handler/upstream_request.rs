@@ -58,20 +58,28 @@ impl ParsedBody {
     }
 
     /// The body with its top-level `model` set to `model` (in its place,
-    /// or last when there was none) and, with `include_usage`,
-    /// `stream_options.include_usage: true`; the rest as it was parsed.
-    fn rewritten(
-        &self,
-        model: Option<&str>,
-        include_usage: bool,
-    ) -> Result<Bytes, serde_json::Error> {
+    /// or last when there was none) and its `stream_options` as `usage`
+    /// says; the rest as it was parsed.
+    fn rewritten(&self, model: Option<&str>, usage: Usage) -> Result<Bytes, serde_json::Error> {
         serde_json::to_vec(&Rewritten {
             map: &self.0,
             model,
-            include_usage,
+            usage,
         })
         .map(Bytes::from)
     }
+}
+
+/// What a rewritten body's `stream_options` become.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Usage {
+    /// As they were.
+    Keep,
+    /// `include_usage: true`, the client's other options kept.
+    Include,
+    /// None: the pool takes no `stream_options` (`stream_usage: false`)
+    /// and the request's were the router's own (a translated request).
+    Drop,
 }
 
 /// Serialises a map with `model` and `stream_options` replaced, without
@@ -79,20 +87,24 @@ impl ParsedBody {
 struct Rewritten<'a> {
     map: &'a Map<String, Value>,
     model: Option<&'a str>,
-    include_usage: bool,
+    usage: Usage,
 }
 
 impl Serialize for Rewritten<'_> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         let map = self.map;
         let add_model = self.model.is_some() && !map.contains_key("model");
-        let add_options = self.include_usage && !map.contains_key("stream_options");
-        let len = map.len() + usize::from(add_model) + usize::from(add_options);
+        let has_options = map.contains_key("stream_options");
+        let add_options = self.usage == Usage::Include && !has_options;
+        let drop_options = self.usage == Usage::Drop && has_options;
+        let len = map.len() + usize::from(add_model) + usize::from(add_options)
+            - usize::from(drop_options);
         let mut out = s.serialize_map(Some(len))?;
         for (k, v) in map {
             match (k.as_str(), self.model) {
                 ("model", Some(model)) => out.serialize_entry(k, model)?,
-                ("stream_options", _) if self.include_usage => {
+                ("stream_options", _) if self.usage == Usage::Drop => {}
+                ("stream_options", _) if self.usage == Usage::Include => {
                     let mut options = match v {
                         Value::Object(o) => o.clone(),
                         _ => Map::new(),
@@ -152,15 +164,31 @@ impl Exchange {
             .and_then(|p| p.model.as_deref());
         let model = pool_model.filter(|m| self.json_call && self.model.as_deref() != Some(*m));
         // Usage asked for in the stream on the client's behalf (the pool
-        // says its endpoints take `stream_options`).
-        let include_usage = self.router_asks_usage(pool);
-        let rewritten = if model.is_some() || include_usage {
+        // says its endpoints take `stream_options`); a translated
+        // request's own `stream_options` (the router's) are not sent to a
+        // pool that takes none.
+        let usage = if self.router_asks_usage(pool) {
+            Usage::Include
+        } else if self.translation.is_some()
+            && self.streaming
+            && self
+                .snapshot
+                .policy
+                .pool(pool)
+                .is_some_and(|p| !p.stream_usage)
+        {
+            Usage::Drop
+        } else {
+            Usage::Keep
+        };
+        let rewritten = if model.is_some() || usage != Usage::Keep {
             // Parsed at ingress when any candidate rewrites; parsed here
-            // otherwise (never: kept for safety). Either way an error
-            // stops the attempt: the original body never goes instead.
+            // otherwise (a translated stream to a pool that takes no
+            // `stream_options`). Either way an error stops the attempt:
+            // the original body never goes instead.
             Some(match &self.parsed {
-                Some(p) => p.rewritten(model, include_usage)?,
-                None => ParsedBody::parse(&self.body)?.rewritten(model, include_usage)?,
+                Some(p) => p.rewritten(model, usage)?,
+                None => ParsedBody::parse(&self.body)?.rewritten(model, usage)?,
             })
         } else {
             None
@@ -209,7 +237,7 @@ mod tests {
     use super::*;
 
     fn rewrite(body: &[u8], model: &str) -> Result<Value, serde_json::Error> {
-        let out = ParsedBody::parse(body)?.rewritten(Some(model), false)?;
+        let out = ParsedBody::parse(body)?.rewritten(Some(model), Usage::Keep)?;
         serde_json::from_slice(&out)
     }
 
@@ -217,7 +245,7 @@ mod tests {
     fn usage_is_asked_for_in_place_keeping_the_clients_other_options() {
         let usage = |body: &[u8], model: Option<&str>| -> Value {
             let parsed = ParsedBody::parse(body).unwrap();
-            serde_json::from_slice(&parsed.rewritten(model, true).unwrap()).unwrap()
+            serde_json::from_slice(&parsed.rewritten(model, Usage::Include).unwrap()).unwrap()
         };
         let v = usage(br#"{"model":"a","stream":true}"#, None);
         assert_eq!(v["stream_options"]["include_usage"], true);
@@ -239,6 +267,23 @@ mod tests {
                 .unwrap()
                 .asks_stream_usage()
         );
+    }
+
+    #[test]
+    fn the_routers_own_stream_options_can_be_dropped_for_a_pool_that_takes_none() {
+        let parsed = ParsedBody::parse(
+            br#"{"model":"a","stream":true,"stream_options":{"include_usage":true},"messages":[]}"#,
+        )
+        .unwrap();
+        let v: Value =
+            serde_json::from_slice(&parsed.rewritten(Some("b"), Usage::Drop).unwrap()).unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!({"model": "b", "stream": true, "messages": []})
+        );
+        let v: Value =
+            serde_json::from_slice(&parsed.rewritten(None, Usage::Keep).unwrap()).unwrap();
+        assert_eq!(v["stream_options"]["include_usage"], true);
     }
 
     #[test]

@@ -372,6 +372,39 @@ impl Policy {
             .find(|r| r.matches.matches_risk(risk, model, path))
     }
 
+    /// The models the router serves on `path` (its own `GET /v1/models`):
+    /// each exact model name a route matches (a `prefix*` pattern names
+    /// no model) and each pool's `model`, in policy order without
+    /// repeats, kept when a request for it at the default risk class is
+    /// routed (the first route that fits it) and `may_use` that route (a
+    /// tenant's allowed routes). A catch-all route takes any model but
+    /// names none: a sidecar, whose one pool has no model, lists nothing.
+    pub fn served_models(&self, path: &str, may_use: impl Fn(&Route) -> bool) -> Vec<&str> {
+        let named = self.routes.iter().flat_map(|r| {
+            let exact = r
+                .matches
+                .models
+                .iter()
+                .filter(|m| !m.ends_with('*'))
+                .map(String::as_str);
+            let pools = r
+                .chain
+                .iter()
+                .filter_map(|p| self.pool(p).and_then(|p| p.model.as_deref()));
+            exact.chain(pools)
+        });
+        let mut out: Vec<&str> = Vec::new();
+        for m in named {
+            if out.contains(&m) {
+                continue;
+            }
+            if self.route_for(Some(m), path).is_some_and(&may_use) {
+                out.push(m);
+            }
+        }
+        out
+    }
+
     /// The pool of that name.
     pub fn pool(&self, name: &str) -> Option<&Pool> {
         self.pools.iter().find(|p| p.name == name)

@@ -864,3 +864,64 @@ fn parking_bounds_are_checked() {
     );
     assert!(PolicyDocument::parse(&unknown).is_err());
 }
+
+#[test]
+fn the_served_models_are_the_names_routes_take_and_pools_serve() {
+    let yaml = r#"
+apiVersion: router/v1
+kind: RoutingPolicy
+metadata: {name: models}
+spec:
+  pools:
+    - {name: claude, model: claude-sonnet-4-5, endpoints: ["127.0.0.1:9001"]}
+    - {name: local, model: qwen3, endpoints: ["127.0.0.1:9002"]}
+    - {name: other, model: llama3, endpoints: ["127.0.0.1:9003"]}
+  routes:
+    - name: agents
+      match: {model: ["claude-sonnet-4-5", "claude-*", "claude-haiku-4-5"]}
+      chain: [claude, local]
+    - name: chat
+      match: {model: ["gpt-4o"], path_prefix: /v1/chat}
+      chain: [local]
+    - name: only-llama
+      match: {model: ["llama3"], path_prefix: /v1/embeddings}
+      chain: [other]
+"#;
+    let p = load(yaml, &QueueSettings::default()).unwrap();
+    // Exact names in order, then the chain's pool models; a pattern names
+    // none; `qwen3` is a pool's model, but no route takes a request for it;
+    // `llama3` is routed on /v1/embeddings only.
+    assert_eq!(
+        p.served_models("/v1/chat/completions", |_| true),
+        vec!["claude-sonnet-4-5", "claude-haiku-4-5", "gpt-4o"]
+    );
+    assert_eq!(
+        p.served_models("/v1/embeddings", |_| true),
+        vec!["claude-sonnet-4-5", "claude-haiku-4-5", "llama3"]
+    );
+    // A tenant that may use `chat` only sees its models.
+    assert_eq!(
+        p.served_models("/v1/chat/completions", |r| r.name == "chat"),
+        vec!["gpt-4o"]
+    );
+    // A catch-all route names its pools' models; the sidecar names none.
+    let catch_all = yaml.replace(
+        "match: {model: [\"llama3\"], path_prefix: /v1/embeddings}",
+        "match: {}",
+    );
+    let p = load(&catch_all, &QueueSettings::default()).unwrap();
+    assert_eq!(
+        p.served_models("/v1/chat/completions", |_| true),
+        vec![
+            "claude-sonnet-4-5",
+            "claude-haiku-4-5",
+            "qwen3",
+            "gpt-4o",
+            "llama3"
+        ]
+    );
+    let sidecar = Policy::sidecar(QueueSettings::default(), None);
+    assert!(sidecar
+        .served_models("/v1/chat/completions", |_| true)
+        .is_empty());
+}

@@ -4,6 +4,7 @@
 
 #![allow(clippy::unwrap_used)]
 
+mod anthropic;
 mod balance;
 mod doors;
 mod exactly_once;

@@ -157,7 +157,7 @@ impl Failure {
     pub(crate) fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
         let message: String = message.into();
         let message = if message.chars().count() > MAX_MESSAGE_CHARS {
-            message.chars().take(MAX_MESSAGE_CHARS).collect()
+            cut_message(&message)
         } else {
             message
         };
@@ -167,6 +167,11 @@ impl Failure {
             message,
         }
     }
+}
+
+/// `message`, cut to [`MAX_MESSAGE_CHARS`] characters.
+pub(crate) fn cut_message(message: &str) -> String {
+    message.chars().take(MAX_MESSAGE_CHARS).collect()
 }
 
 /// Options of a translated stream.
@@ -195,6 +200,72 @@ impl Default for StreamOptions {
             max_event_bytes: DEFAULT_MAX_EVENT_BYTES,
         }
     }
+}
+
+/// A whole answer written as a stream of dialect `to` (OpenAI or
+/// Anthropic): for a client that asked for a stream from an upstream that
+/// answered with one JSON body. The same encoder as a translated stream
+/// writes it, so it keeps the same rules (one `message_start`, each block
+/// opened and closed, `message_delta` with the usage, one
+/// `message_stop`). An answer the client's dialect cannot carry (see
+/// [`crate::write_answer`]) is refused.
+pub fn answer_stream(
+    answer: &crate::Answer,
+    to: Dialect,
+    opts: &StreamOptions,
+) -> Result<Vec<u8>, DialectError> {
+    // The same refusals as a whole answer (an image, arguments that are
+    // not an object for Anthropic).
+    crate::write_answer(answer, to, opts.created)?;
+    let mut encoder = Encoder::new(to, opts)?;
+    let mut out = Vec::new();
+    let mut events = vec![
+        Event::Start {
+            id: answer.id.clone(),
+            model: answer.model.clone(),
+        },
+        Event::Usage(answer.usage),
+    ];
+    for (key, part) in answer.content.iter().enumerate() {
+        match part {
+            crate::Part::Text { text, .. } => events.push(Event::Text(text.clone())),
+            crate::Part::Thinking { text, signature } => {
+                events.push(Event::Thinking(text.clone()));
+                if let Some(s) = signature.as_ref().filter(|s| !s.is_empty()) {
+                    events.push(Event::Signature(s.clone()));
+                }
+            }
+            crate::Part::RedactedThinking { data } => {
+                events.push(Event::RedactedThinking(data.clone()))
+            }
+            crate::Part::ToolUse {
+                id, name, input, ..
+            } => {
+                let key = key as u64;
+                events.push(Event::ToolStart {
+                    key,
+                    id: id.clone(),
+                    name: name.clone(),
+                });
+                events.push(Event::ToolArgs {
+                    key,
+                    json: input.clone(),
+                });
+            }
+            // Refused above for a dialect that cannot carry them.
+            _ => {}
+        }
+        events.push(Event::BlockEnd);
+    }
+    events.push(Event::Stop {
+        reason: answer.stop_reason,
+        sequence: answer.stop_sequence.clone(),
+    });
+    events.push(Event::End);
+    for ev in events {
+        encoder.encode(ev, &mut out);
+    }
+    Ok(out)
 }
 
 /// Where a translated stream is.

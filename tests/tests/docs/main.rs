@@ -121,6 +121,15 @@ fn as_script(block: &str) -> String {
 /// on PATH, in a process group of its own that is killed afterwards (the
 /// block's background processes with it); its exit status and stdout.
 fn run_script(dir: &std::path::Path, script: &str) -> (bool, String, String) {
+    run_script_with(dir, script, &[])
+}
+
+/// [`run_script`] with more environment variables.
+fn run_script_with(
+    dir: &std::path::Path,
+    script: &str,
+    env: &[(&str, String)],
+) -> (bool, String, String) {
     use std::os::unix::process::CommandExt;
     let path = format!(
         "{}:{}",
@@ -133,6 +142,7 @@ fn run_script(dir: &std::path::Path, script: &str) -> (bool, String, String) {
         .env("PATH", path)
         .env_remove("ROUTER_TOKEN")
         .env_remove("CUSTOM_ROUTER_ADMIN_TOKEN")
+        .envs(env.iter().map(|(k, v)| (k, v)))
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .process_group(0)
@@ -176,24 +186,69 @@ fn the_readme_policy_commands_run() {
     assert!(out.contains("local-medium chosen"), "{out}");
 }
 
-/// The README's examples use the default ports (3000, 8001, 50051): one
-/// at a time.
-static DEFAULT_PORTS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+/// A port free on loopback now (bound, then released).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free loopback port")
+}
+
+/// The README's examples use the default ports (3000, 8001, 50051). The
+/// blocks run as written with those numbers swapped for free ones: a
+/// process that happens to hold a default port on the machine running the
+/// tests (another checkout's `routerctl up`) cannot fail them, and the
+/// defaults themselves are pinned by the `--help` snapshots.
+struct FreePorts {
+    proxy: u16,
+    mock: u16,
+    grpc: u16,
+}
+
+impl FreePorts {
+    fn new() -> Self {
+        FreePorts {
+            proxy: free_port(),
+            mock: free_port(),
+            grpc: free_port(),
+        }
+    }
+
+    /// `script` on these ports, and the variables that point the binaries'
+    /// defaults at them.
+    fn apply(&self, script: &str) -> (String, Vec<(&'static str, String)>) {
+        let FreePorts { proxy, mock, grpc } = *self;
+        let script = script
+            .replace("localhost:3000", &format!("localhost:{proxy}"))
+            .replace("127.0.0.1:8001", &format!("127.0.0.1:{mock}"))
+            .replace("--port 8001", &format!("--port {mock}"))
+            .replace(
+                "routerctl up --data-dir",
+                &format!("routerctl up --port {proxy} --grpc 127.0.0.1:{grpc} --data-dir"),
+            );
+        let env = vec![
+            ("CUSTOM_ROUTER_PORT", proxy.to_string()),
+            ("ROUTERCTL_SERVER", format!("http://127.0.0.1:{grpc}")),
+        ];
+        (script, env)
+    }
+}
 
 /// Issue 20, item 12: the README's sidecar walk-through, as written: a
 /// mock, a sidecar, set-backends, a chat call, health and metrics.
 #[test]
 fn the_readme_sidecar_walk_through_runs() {
-    let _ports = DEFAULT_PORTS.lock().unwrap_or_else(|e| e.into_inner());
     let block = sh_block("README.md", "mock --port 8001 --name gpu-a");
     let dir = std::env::temp_dir().join(format!("router-readme-sidecar-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let (ok, out, err) = run_script(&dir, &as_script(&block));
+    let ports = FreePorts::new();
+    let (script, env) = ports.apply(&as_script(&block));
+    let (ok, out, err) = run_script_with(&dir, &script, &env);
     assert!(ok, "{block}\nstdout: {out}\nstderr: {err}");
     assert!(out.contains(r#"{"ok":true}"#), "set-backends: {out}");
     assert!(out.contains("chat.completion"), "the chat call: {out}");
     assert!(
-        out.contains(r#""addr":"http://127.0.0.1:8001""#),
+        out.contains(&format!(r#""addr":"http://127.0.0.1:{}""#, ports.mock)),
         "health: {out}"
     );
     assert!(
@@ -207,7 +262,6 @@ fn the_readme_sidecar_walk_through_runs() {
 /// as a new user runs it (get, apply the same document: unchanged).
 #[test]
 fn the_readme_try_it_block_runs_against_routerctl_up() {
-    let _ports = DEFAULT_PORTS.lock().unwrap_or_else(|e| e.into_inner());
     let block = sh_block("README.md", "cargo run -p routerctl -- proxies list");
     let dir = std::env::temp_dir().join(format!("router-readme-up-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
@@ -219,7 +273,8 @@ fn the_readme_try_it_block_runs_against_routerctl_up() {
          kill -0 $up 2>/dev/null || {{ echo 'routerctl up exited' >&2; exit 1; }}; sleep 0.2; done\n{}",
         as_script(&block)
     );
-    let (ok, out, err) = run_script(&dir, &script);
+    let (script, env) = FreePorts::new().apply(&script);
+    let (ok, out, err) = run_script_with(&dir, &script, &env);
     let up_err = std::fs::read_to_string(dir.join("up.err")).unwrap_or_default();
     assert!(ok, "{script}\nstdout: {out}\nstderr: {err}\nup: {up_err}");
     assert!(out.contains("chat.completion"), "{out}");

@@ -150,24 +150,21 @@ pub(crate) fn handle(
                 Ok(b) => b,
                 Err(e) => return pending.reject(e),
             };
-        // A client of another dialect: its body translated to an OpenAI
-        // chat body, routed and sent as one (`dialect`).
-        let (body, translation) = if pending.dialect == Dialect::OpenAi {
-            (body, None)
+        // An Anthropic client's request must be one; it is routed as a
+        // chat completion, and written for each pool's dialect once the
+        // pools are known (`dialect`). Boxed: rare, and large.
+        let anthropic_request = if pending.dialect == Dialect::OpenAi {
+            None
         } else {
-            match dialect::Translation::messages(body, parts.uri.path_and_query()) {
-                // Both bodies are held until the request is done.
-                Ok((b, t)) if reserved.grow_to(b.len() + t.client_body.len()) => {
-                    (b, Some(Box::new(t)))
-                }
-                Ok(_) => return pending.reject(OVERLOADED),
+            match dialect::parse_messages(&body) {
+                Ok(r) => Some(Box::new(r)),
                 Err(e) => return pending.reject(e),
             }
         };
-        let path = match &translation {
+        let path = match &anthropic_request {
             None => parts.uri.path(),
-            Some(t) => {
-                pending.rec().dialect = Some(t.client.as_str());
+            Some(_) => {
+                pending.rec().dialect = Some(pending.dialect.as_str());
                 dialect::CHAT_PATH
             }
         };
@@ -325,16 +322,13 @@ pub(crate) fn handle(
             Some(_) => {
                 let detail = pending.rec().reason.clone();
                 if let Some(intent) = &park {
-                    // A translated request parks as its client sent it.
-                    let (path_and_query, body) = match &translation {
-                        None => (
-                            parts.uri.path_and_query().map_or(path, |p| p.as_str()),
-                            &body,
-                        ),
-                        Some(t) => (t.client_path.as_str(), &t.client_body),
-                    };
+                    // As its client sent it (its own path and body).
+                    let path_and_query = parts
+                        .uri
+                        .path_and_query()
+                        .map_or(parts.uri.path(), |p| p.as_str());
                     let ctx =
-                        intent.context(&parts.method, path_and_query, &parts.headers, body, risk);
+                        intent.context(&parts.method, path_and_query, &parts.headers, &body, risk);
                     let tenancy = snapshot.policy.tenants.is_some();
                     return Box::pin(super::parking::park(pending, route, &ctx, tenancy, detail))
                         .await;
@@ -358,11 +352,50 @@ pub(crate) fn handle(
             };
         }
 
+        // Clients or pools of another dialect (`dialect`): the request is
+        // written for each pool's dialect; a pool whose dialect cannot
+        // carry it is passed over, saying why (none left: 400).
+        let mut candidates = decision.candidates;
+        let mut translation = None;
+        let mut body = body;
+        if anthropic_request.is_some()
+            || (snapshot.anthropic_pools && json_call && path == dialect::CHAT_PATH)
+        {
+            let client = dialect::ClientRequest {
+                dialect: pending.dialect,
+                body: body.clone(),
+                path: parts.uri.path_and_query(),
+                parsed: anthropic_request.map(|r| *r),
+                stream: streaming,
+                created: unix_seconds(pending.rec().offered_at.0),
+            };
+            let policy = &snapshot.policy;
+            let prepared = dialect::prepare(client, &candidates, |k| {
+                let name = route.chain.get(k).map_or("", String::as_str);
+                (name.to_owned(), dialect::pool_dialect(policy.pool(name)))
+            });
+            let prepared = match prepared {
+                Ok(p) => p,
+                Err(e) => return pending.reject(e),
+            };
+            if !prepared.notes.is_empty() {
+                let rec = pending.rec();
+                rec.reason = format!("{}; {}", rec.reason, prepared.notes.join("; "));
+            }
+            // Both bodies are held until the request is done.
+            if !reserved.grow_to(prepared.body.len() + body.len()) {
+                return pending.reject(OVERLOADED);
+            }
+            body = prepared.body;
+            candidates = prepared.candidates;
+            translation = Some(prepared.translation);
+        }
+
         // A pool that may take it rewrites the model: the body must be one
         // serde_json can re-encode, else the request is refused (never sent
         // with the client's own model instead).
         let rewrites = json_call
-            && decision.candidates.iter().any(|k| {
+            && candidates.iter().any(|k| {
                 route
                     .chain
                     .get(*k)
@@ -375,12 +408,12 @@ pub(crate) fn handle(
         let usage_wanted = streaming
             && json_call
             && super::upstream_request::STREAM_USAGE_PATHS.contains(&path)
-            && decision.candidates.iter().any(|k| {
+            && candidates.iter().any(|k| {
                 route
                     .chain
                     .get(*k)
                     .and_then(|name| snapshot.policy.pool(name))
-                    .is_some_and(|p| p.stream_usage)
+                    .is_some_and(|p| p.stream_usage && !p.provider.is_anthropic())
             });
         let parsed = if rewrites {
             match ParsedBody::parse(&body) {
@@ -452,9 +485,6 @@ pub(crate) fn handle(
             headers.remove(http::header::AUTHORIZATION);
             headers.remove(dialect::X_API_KEY);
         }
-        if translation.is_some() {
-            dialect::upstream_headers(&mut headers, body.len());
-        }
         forward::add_forwarded(&mut headers, &client_ip, seen.host.clone(), &seen);
         if let Some(id) = &pending.id_header {
             headers.insert(X_REQUEST_ID, id.clone());
@@ -465,7 +495,7 @@ pub(crate) fn handle(
             operation: spans::operation_name(path),
             risk,
             structured,
-            candidates: decision.candidates,
+            candidates,
             estimated_input_tokens,
             output_cap: estimate.max_tokens,
             shared,
@@ -473,7 +503,8 @@ pub(crate) fn handle(
             snapshot: Arc::clone(&snapshot),
             method: parts.method,
             path_and_query: match &translation {
-                // The client's query stays with it.
+                // The client's query stays with it (a pool of Anthropic's
+                // dialect gets its own path: `upstream_request`).
                 Some(_) => http::uri::PathAndQuery::from_static(dialect::CHAT_PATH),
                 None => parts
                     .uri

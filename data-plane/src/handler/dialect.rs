@@ -142,8 +142,6 @@ pub(super) struct ClientRequest<'a> {
     /// Its body and path as sent.
     pub(super) body: Bytes,
     pub(super) path: Option<&'a http::uri::PathAndQuery>,
-    /// An Anthropic client's request, parsed at ingress.
-    pub(super) parsed: Option<router_dialect::Request>,
     pub(super) stream: bool,
     pub(super) created: u64,
 }
@@ -167,10 +165,7 @@ pub(super) fn prepare(
             None
         }
     };
-    let neutral = match &client.parsed {
-        Some(r) => Ok(r.clone()),
-        None => router_dialect::parse_request(client.dialect, &client.body),
-    };
+    let neutral = router_dialect::parse_request(client.dialect, &client.body);
     let written = |to: Dialect, opts: &WriteOptions| -> Result<Bytes, String> {
         let req = neutral.as_ref().map_err(|e| {
             format!(
@@ -577,11 +572,9 @@ mod tests {
     }
 
     fn client(dialect: Dialect, body: &'static [u8]) -> ClientRequest<'static> {
-        let body = Bytes::from_static(body);
         ClientRequest {
             dialect,
-            parsed: (dialect == Dialect::Anthropic).then(|| parse_messages(&body).unwrap()),
-            body,
+            body: Bytes::from_static(body),
             path: None,
             stream: true,
             created: 0,

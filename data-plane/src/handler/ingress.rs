@@ -145,7 +145,7 @@ pub(crate) fn handle(
         let (parts, body) = req.into_parts();
         // `reserved` holds the body's bytes under the proxy's cap until the
         // request is done.
-        let (body, mut reserved) =
+        let (mut body, mut reserved) =
             match read_body(&shared, pending.t0, seen.content_length.as_ref(), body).await {
                 Ok(b) => b,
                 Err(e) => return pending.reject(e),
@@ -153,20 +153,17 @@ pub(crate) fn handle(
         // An Anthropic client's request must be one; it is routed as a
         // chat completion, and written for each pool's dialect once the
         // pools are known (`dialect`). Boxed: rare, and large.
-        let anthropic_request = if pending.dialect == Dialect::OpenAi {
-            None
+        // (Checked here, parsed again once the pools are known: nothing of
+        // it is kept across the waits in between, which every request's
+        // future would carry.)
+        let path = if pending.dialect == Dialect::OpenAi {
+            parts.uri.path()
         } else {
-            match dialect::parse_messages(&body) {
-                Ok(r) => Some(Box::new(r)),
-                Err(e) => return pending.reject(e),
+            if let Err(e) = dialect::parse_messages(&body) {
+                return pending.reject(e);
             }
-        };
-        let path = match &anthropic_request {
-            None => parts.uri.path(),
-            Some(_) => {
-                pending.rec().dialect = Some(pending.dialect.as_str());
-                dialect::CHAT_PATH
-            }
+            pending.rec().dialect = Some(pending.dialect.as_str());
+            dialect::CHAT_PATH
         };
         let json_call = parts.method == Method::POST && OPENAI_JSON_PATHS.contains(&path);
         let peek = if json_call {
@@ -277,7 +274,7 @@ pub(crate) fn handle(
         };
         // Measured at the request's own start time: a few microseconds old,
         // and one clock reading instead of one per pool call.
-        let decision = decide_on_route(&snapshot.policy, route, &facts, |_, name| {
+        let mut decision = decide_on_route(&snapshot.policy, route, &facts, |_, name| {
             snapshot
                 .pools
                 .get(name)
@@ -355,22 +352,21 @@ pub(crate) fn handle(
         // Clients or pools of another dialect (`dialect`): the request is
         // written for each pool's dialect; a pool whose dialect cannot
         // carry it is passed over, saying why (none left: 400).
-        let mut candidates = decision.candidates;
+        // (The request's own bindings are updated, not new ones made: the
+        // future keeps one of each across its waits.)
         let mut translation = None;
-        let mut body = body;
-        if anthropic_request.is_some()
+        if pending.dialect != Dialect::OpenAi
             || (snapshot.anthropic_pools && json_call && path == dialect::CHAT_PATH)
         {
             let client = dialect::ClientRequest {
                 dialect: pending.dialect,
                 body: body.clone(),
                 path: parts.uri.path_and_query(),
-                parsed: anthropic_request.map(|r| *r),
                 stream: streaming,
                 created: unix_seconds(pending.rec().offered_at.0),
             };
             let policy = &snapshot.policy;
-            let prepared = dialect::prepare(client, &candidates, |k| {
+            let prepared = dialect::prepare(client, &decision.candidates, |k| {
                 let name = route.chain.get(k).map_or("", String::as_str);
                 (name.to_owned(), dialect::pool_dialect(policy.pool(name)))
             });
@@ -387,7 +383,7 @@ pub(crate) fn handle(
                 return pending.reject(OVERLOADED);
             }
             body = prepared.body;
-            candidates = prepared.candidates;
+            decision.candidates = prepared.candidates;
             translation = Some(prepared.translation);
         }
 
@@ -395,7 +391,7 @@ pub(crate) fn handle(
         // serde_json can re-encode, else the request is refused (never sent
         // with the client's own model instead).
         let rewrites = json_call
-            && candidates.iter().any(|k| {
+            && decision.candidates.iter().any(|k| {
                 route
                     .chain
                     .get(*k)
@@ -408,7 +404,7 @@ pub(crate) fn handle(
         let usage_wanted = streaming
             && json_call
             && super::upstream_request::STREAM_USAGE_PATHS.contains(&path)
-            && candidates.iter().any(|k| {
+            && decision.candidates.iter().any(|k| {
                 route
                     .chain
                     .get(*k)
@@ -495,7 +491,7 @@ pub(crate) fn handle(
             operation: spans::operation_name(path),
             risk,
             structured,
-            candidates,
+            candidates: decision.candidates,
             estimated_input_tokens,
             output_cap: estimate.max_tokens,
             shared,

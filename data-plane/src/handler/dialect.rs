@@ -177,11 +177,14 @@ pub(super) fn prepare(
             .map(Bytes::from)
             .map_err(|e| e.to_string())
     };
-    let openai = same(Dialect::OpenAi).or_else(|| {
-        wants(Dialect::OpenAi).then(|| written(Dialect::OpenAi, &WriteOptions::default()))
+    // Only the dialects some candidate speaks are written (and the
+    // Anthropic body parsed for its model).
+    let openai = wants(Dialect::OpenAi).then(|| {
+        same(Dialect::OpenAi).unwrap_or_else(|| written(Dialect::OpenAi, &WriteOptions::default()))
     });
-    let anthropic = same(Dialect::Anthropic).or_else(|| {
-        wants(Dialect::Anthropic).then(|| written(Dialect::Anthropic, &WriteOptions::default()))
+    let anthropic = wants(Dialect::Anthropic).then(|| {
+        same(Dialect::Anthropic)
+            .unwrap_or_else(|| written(Dialect::Anthropic, &WriteOptions::default()))
     });
     let anthropic = anthropic.map(|r| {
         r.and_then(|b| super::upstream_request::ParsedBody::parse(&b).map_err(|e| e.to_string()))

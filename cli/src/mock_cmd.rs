@@ -31,7 +31,8 @@ pub struct MockArgs {
     #[arg(long, value_enum, default_value_t = OverCapArg::Queue)]
     over_cap: OverCapArg,
     /// json | chat (answers the request it reads: text or a tool call,
-    /// streamed when asked) | sse | hang | status:<code> | malformed |
+    /// streamed when asked) | anthropic (the same, in Anthropic's Messages
+    /// dialect) | sse | hang | status:<code> | malformed |
     /// redirect:<url> | engine (a simulated vLLM engine: continuous
     /// batching, a KV cache with prefix caching, vLLM's /metrics;
     /// docs/simulator.md)
@@ -64,6 +65,7 @@ fn parse_behavior(text: &str) -> Result<BehaviorArg, String> {
     let behavior = match text {
         "json" => Behavior::Json,
         "chat" => Behavior::Chat,
+        "anthropic" => Behavior::Anthropic,
         "sse" => return Ok(BehaviorArg::Sse),
         "hang" => Behavior::Hang,
         "malformed" => Behavior::MalformedJson,
@@ -80,7 +82,7 @@ fn parse_behavior(text: &str) -> Result<BehaviorArg, String> {
                 Behavior::Redirect(url.to_owned())
             } else {
                 return Err(
-                    "expected json, chat, sse, hang, status:<code>, malformed, redirect:<url> or engine"
+                    "expected json, chat, anthropic, sse, hang, status:<code>, malformed, redirect:<url> or engine"
                         .to_owned(),
                 );
             }

@@ -53,7 +53,10 @@ pub(crate) struct Secrets {
 /// replaced).
 #[derive(Clone)]
 pub(crate) struct PoolKey {
-    /// `Authorization: Bearer <key>`, marked sensitive.
+    /// The header the key goes in: `Authorization` (`Bearer <key>`), or
+    /// `x-api-key` (the key alone) for an Anthropic pool.
+    pub name: http::header::HeaderName,
+    /// Its value, marked sensitive.
     pub header: HeaderValue,
     /// The endpoints the policy lists for the pool.
     pub origins: Vec<Endpoint>,
@@ -62,7 +65,9 @@ pub(crate) struct PoolKey {
 impl PoolKey {
     /// The same key for the same origins.
     pub(crate) fn same_as(&self, other: &PoolKey) -> bool {
-        self.header.as_bytes() == other.header.as_bytes() && self.origins == other.origins
+        self.name == other.name
+            && self.header.as_bytes() == other.header.as_bytes()
+            && self.origins == other.origins
     }
 
     /// Whether the key may be sent to `endpoint`.
@@ -101,10 +106,11 @@ fn read_secrets(policy: &Policy) -> Secrets {
             continue;
         };
         match std::env::var(var).ok().filter(|v| !v.trim().is_empty()) {
-            Some(key) => match HeaderValue::from_str(&format!("Bearer {}", key.trim())) {
-                Ok(mut header) => {
+            Some(key) => match pool_key_header(pool.provider, key.trim()) {
+                Ok((name, mut header)) => {
                     header.set_sensitive(true);
                     let key = PoolKey {
+                        name,
                         header,
                         origins: pool.endpoints.clone(),
                     };
@@ -120,6 +126,25 @@ fn read_secrets(policy: &Policy) -> Secrets {
         }
     }
     secrets
+}
+
+/// The header a pool's key goes in, and its value: `x-api-key: <key>` for
+/// Anthropic's API, `Authorization: Bearer <key>` for every other.
+fn pool_key_header(
+    provider: router_policy::Provider,
+    key: &str,
+) -> Result<(http::header::HeaderName, HeaderValue), http::header::InvalidHeaderValue> {
+    if provider.is_anthropic() {
+        Ok((
+            http::header::HeaderName::from_static("x-api-key"),
+            HeaderValue::from_str(key)?,
+        ))
+    } else {
+        Ok((
+            http::header::AUTHORIZATION,
+            HeaderValue::from_str(&format!("Bearer {key}"))?,
+        ))
+    }
 }
 
 /// Errors of config changes.
@@ -190,6 +215,9 @@ pub(crate) struct Snapshot {
     /// False for a managed proxy's boot config (the empty sidecar pool it
     /// holds until a control plane, or its cache, gives it a policy).
     pub configured: bool,
+    /// A pool speaks Anthropic's dialect (`provider: anthropic`): an
+    /// OpenAI chat request may need translating (see `handler::dialect`).
+    pub anthropic_pools: bool,
 }
 
 /// Where a new snapshot finds the budgets of the routes it keeps.
@@ -498,6 +526,7 @@ fn build(
         version_header: HeaderValue::from_str(&version).ok(),
         version,
         secrets,
+        anthropic_pools: policy.pools.iter().any(|p| p.provider.is_anthropic()),
         policy: Arc::new(policy),
         pools,
         budgets,

@@ -56,7 +56,7 @@ pub(crate) async fn run(
         let auth = key
             .as_ref()
             .filter(|k| k.sent_to(&endpoint))
-            .map(|k| k.header.clone());
+            .map(|k| (k.name.clone(), k.header.clone()));
         async move { check_once(&client, &endpoint, &check, auth).await }
     })
     .await;
@@ -121,15 +121,15 @@ async fn check_once(
     client: &UpstreamClient,
     endpoint: &Endpoint,
     check: &HealthCheck,
-    auth: Option<http::HeaderValue>,
+    auth: Option<(http::header::HeaderName, http::HeaderValue)>,
 ) -> bool {
     let Ok(uri) = crate::forward::root_uri(endpoint, &check.path) else {
         return false;
     };
     let mut req =
         http::Request::get(uri).header(http::header::USER_AGENT, "llm-router-health-check");
-    if let Some(auth) = auth {
-        req = req.header(http::header::AUTHORIZATION, auth);
+    if let Some((name, value)) = auth {
+        req = req.header(name, value);
     }
     let Ok(req) = req.body(crate::upstream::OutBody::default()) else {
         return false;

@@ -69,20 +69,22 @@ pub const DEFAULT_UNHEALTHY_AFTER: u32 = 3;
 pub const DEFAULT_HEALTHY_AFTER: u32 = 2;
 
 /// The health path a provider's servers answer: `/health` for vLLM and
-/// TGI, `/api/tags` for Ollama, `/v1/models` for any OpenAI-compatible API.
+/// TGI, `/api/tags` for Ollama, `/v1/models` for any OpenAI-compatible API
+/// and for Anthropic's.
 pub fn default_path(provider: Provider) -> &'static str {
     match provider {
         Provider::Vllm | Provider::Tgi => "/health",
         Provider::Ollama => "/api/tags",
-        Provider::Openai => "/v1/models",
+        Provider::Openai | Provider::Anthropic => "/v1/models",
     }
 }
 
 /// Whether a pool of `provider` checks its endpoints when its policy says
 /// nothing: local engines (vLLM, TGI, Ollama) yes; `openai`, which is how
-/// cloud APIs are written (and where a check costs quota), no.
+/// cloud APIs are written, and `anthropic` (where a check costs quota),
+/// no.
 pub fn on_by_default(provider: Provider) -> bool {
-    !matches!(provider, Provider::Openai)
+    !matches!(provider, Provider::Openai | Provider::Anthropic)
 }
 
 impl HealthCheck {
@@ -465,6 +467,11 @@ mod tests {
         assert_eq!(HealthCheck::defaults(Provider::Openai).path, "/v1/models");
         assert!(on_by_default(Provider::Ollama));
         assert!(!on_by_default(Provider::Openai));
+        assert!(!on_by_default(Provider::Anthropic));
+        assert_eq!(
+            HealthCheck::defaults(Provider::Anthropic).path,
+            "/v1/models"
+        );
     }
 
     #[test]

@@ -23,6 +23,14 @@
 //! 4. **Which events does the client get?** A usage chunk the client did
 //!    not ask for is removed; everything else passes byte for byte.
 //!
+//! An Anthropic Messages stream (`provider: anthropic` pools) is read by
+//! the same rules: a `content_block_delta` is content (the first token);
+//! `message_start` (its message's usage: the input tokens) and
+//! `message_delta` (its usage: the output tokens, cumulative) are usage
+//! events, which [`StreamUsage::update`] merges (a later count replaces
+//! an earlier one, an absent one keeps it); `event: error` is an error;
+//! `ping`, block starts and stops and `message_stop` carry nothing.
+//!
 //! [`SseScanner`] splits the byte stream into whole events (an event may
 //! span frames, a frame may hold several events) without copying more than
 //! the one partial event it carries between frames, and refuses an event
@@ -44,6 +52,19 @@ pub struct StreamUsage {
     pub input_tokens: Option<u64>,
     /// Completion (output) tokens.
     pub output_tokens: Option<u64>,
+}
+
+impl StreamUsage {
+    /// `self` after a later usage event: its counts replace these, and a
+    /// count it does not give is kept (Anthropic's `message_delta` gives
+    /// the output tokens so far, cumulative, after `message_start` gave
+    /// the input tokens; an OpenAI stream gives all in one chunk).
+    pub fn update(self, later: Self) -> Self {
+        Self {
+            input_tokens: later.input_tokens.or(self.input_tokens),
+            output_tokens: later.output_tokens.or(self.output_tokens),
+        }
+    }
 }
 
 /// What one server-sent event is.
@@ -232,11 +253,15 @@ pub fn classify(event: &[u8]) -> SseEvent {
             message: chunk.error.as_ref().map(error_message).unwrap_or_default(),
         };
     }
-    let usage = chunk.usage.map(|u| StreamUsage {
-        input_tokens: u.prompt_tokens.or(u.input_tokens),
-        output_tokens: u.completion_tokens.or(u.output_tokens),
-    });
-    if chunk.choices.iter().any(Choice::has_content) {
+    let usage = chunk
+        .usage
+        .or_else(|| chunk.message.and_then(|m| m.usage))
+        .map(|u| StreamUsage {
+            input_tokens: u.prompt_tokens.or(u.input_tokens),
+            output_tokens: u.completion_tokens.or(u.output_tokens),
+        });
+    if chunk.choices.iter().any(Choice::has_content) || chunk.kind == Some(Kind::ContentBlockDelta)
+    {
         return SseEvent::Content { usage };
     }
     match usage {
@@ -274,6 +299,27 @@ struct Chunk {
     usage: Option<UsageFields>,
     #[serde(default)]
     error: Option<serde_json::Value>,
+    /// An Anthropic event's type.
+    #[serde(default, rename = "type")]
+    kind: Option<Kind>,
+    /// Anthropic's `message_start` carries the message (and its usage).
+    #[serde(default)]
+    message: Option<MessageFields>,
+}
+
+/// The Anthropic event types the router tells apart.
+#[derive(Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+enum Kind {
+    ContentBlockDelta,
+    #[serde(other)]
+    Other,
+}
+
+#[derive(Deserialize)]
+struct MessageFields {
+    #[serde(default)]
+    usage: Option<UsageFields>,
 }
 
 #[derive(Deserialize)]
@@ -394,6 +440,69 @@ data: [DONE]\n\n";
             ]
         );
         assert_eq!(bytes, VLLM.as_bytes());
+    }
+
+    /// An Anthropic Messages stream, as its API reference shows it.
+    const ANTHROPIC: &str = "event: message_start\n\
+data: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_1\",\"type\":\"message\",\"role\":\"assistant\",\"content\":[],\"model\":\"claude-sonnet-4-5\",\"stop_reason\":null,\"stop_sequence\":null,\"usage\":{\"input_tokens\":25,\"output_tokens\":1}}}\n\n\
+event: content_block_start\n\
+data: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\n\
+event: ping\n\
+data: {\"type\": \"ping\"}\n\n\
+event: content_block_delta\n\
+data: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"Hello\"}}\n\n\
+event: content_block_stop\n\
+data: {\"type\":\"content_block_stop\",\"index\":0}\n\n\
+event: message_delta\n\
+data: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\",\"stop_sequence\":null},\"usage\":{\"output_tokens\":15}}\n\n\
+event: message_stop\n\
+data: {\"type\":\"message_stop\"}\n\n";
+
+    #[test]
+    fn an_anthropic_stream_reads_as_usage_content_usage_and_merges_its_counts() {
+        let (k, bytes) = kinds(ANTHROPIC.as_bytes(), &[]);
+        let start = StreamUsage {
+            input_tokens: Some(25),
+            output_tokens: Some(1),
+        };
+        let delta = StreamUsage {
+            input_tokens: None,
+            output_tokens: Some(15),
+        };
+        assert_eq!(
+            k,
+            vec![
+                SseEvent::Usage {
+                    usage: start,
+                    only_usage: true
+                },
+                SseEvent::NoContent,
+                SseEvent::NoContent,
+                SseEvent::Content { usage: None },
+                SseEvent::NoContent,
+                SseEvent::Usage {
+                    usage: delta,
+                    only_usage: true
+                },
+                SseEvent::NoContent,
+            ]
+        );
+        assert_eq!(bytes, ANTHROPIC.as_bytes());
+        // The input from message_start, the output from message_delta.
+        assert_eq!(
+            start.update(delta),
+            StreamUsage {
+                input_tokens: Some(25),
+                output_tokens: Some(15)
+            }
+        );
+        // Anthropic's error event, mid-stream.
+        assert_eq!(
+            classify(b"event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\",\"message\":\"Overloaded\"}}\n\n"),
+            SseEvent::Error {
+                message: "Overloaded".into()
+            }
+        );
     }
 
     #[test]

@@ -101,6 +101,8 @@ pub(crate) async fn handle(
         .and_then(|value| value.to_str().ok())
         .map(str::to_owned);
     let prompt_len = body.len();
+    // Anthropic's Messages path: errors in Anthropic's shape.
+    let anthropic_path = parts.uri.path() == "/v1/messages";
     let json = serde_json::from_slice::<Value>(&body).ok();
     let model = json
         .as_ref()
@@ -213,6 +215,24 @@ pub(crate) async fn handle(
                 shared.respond(StatusCode::OK, Some("application/json"), body)
             }
         }
+        Behavior::Anthropic => {
+            service_time(latency).await;
+            let reply = anthropic_reply(json.as_ref(), n);
+            let input_tokens = prompt_len.div_ceil(4) as u64;
+            let stream = json
+                .as_ref()
+                .and_then(|j| j.get("stream"))
+                .and_then(Value::as_bool)
+                .unwrap_or(false);
+            if stream {
+                let frames = anthropic_frames(n, &model, &reply, input_tokens);
+                shared.event_stream(MockBody::new(frames, false, Some(tracker)))
+            } else {
+                let answer = anthropic_answer(n, &model, &reply, input_tokens);
+                let body = MockBody::full(Bytes::from(answer.to_string()), Some(tracker));
+                shared.respond(StatusCode::OK, Some("application/json"), body)
+            }
+        }
         Behavior::Sse { chunks, interval } => {
             let frames = sse_frames(&id, &model, &shared.name, chunks, latency, interval);
             shared.event_stream(MockBody::new(frames, false, Some(tracker)))
@@ -240,7 +260,11 @@ pub(crate) async fn handle(
             service_time(latency).await;
             let status = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
             let message = format!("mock {} answered {}", shared.name, status.as_u16());
-            shared.error_response(status, &message, Some(tracker))
+            if anthropic_path {
+                shared.anthropic_error_response(status, &message, tracker)
+            } else {
+                shared.error_response(status, &message, Some(tracker))
+            }
         }
         Behavior::RateLimited(retry_after) => {
             service_time(latency).await;
@@ -517,6 +541,170 @@ fn chat_frames(
     frames
 }
 
+/// The text of an Anthropic message's `content` (a string, or its text
+/// blocks; a `tool_result`'s own content likewise).
+fn anthropic_text(content: Option<&Value>) -> String {
+    match content {
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Array(blocks)) => blocks
+            .iter()
+            .filter_map(|b| match b.get("type").and_then(Value::as_str) {
+                Some("text") => b.get("text").and_then(Value::as_str).map(str::to_owned),
+                Some("tool_result") => Some(anthropic_text(b.get("content"))),
+                _ => None,
+            })
+            .collect::<Vec<_>>()
+            .join(""),
+        _ => String::new(),
+    }
+}
+
+/// [`Behavior::Anthropic`]'s reply to the request `json` (the `n`-th).
+fn anthropic_reply(json: Option<&Value>, n: u64) -> ChatReply {
+    let messages = json
+        .and_then(|j| j.get("messages"))
+        .and_then(Value::as_array)
+        .map(Vec::as_slice)
+        .unwrap_or_default();
+    let last = messages.last();
+    let has_tool_result = last
+        .and_then(|m| m.get("content"))
+        .and_then(Value::as_array)
+        .is_some_and(|b| {
+            b.iter()
+                .any(|b| b.get("type").and_then(Value::as_str) == Some("tool_result"))
+        });
+    let text = anthropic_text(last.and_then(|m| m.get("content")));
+    if has_tool_result {
+        return ChatReply::Text(vec!["tool said: ".into(), text]);
+    }
+    let first_tool = json
+        .and_then(|j| j.get("tools"))
+        .and_then(Value::as_array)
+        .and_then(|t| t.first())
+        .and_then(|t| t.get("name"))
+        .and_then(Value::as_str);
+    if let Some(name) = first_tool {
+        return ChatReply::Tool {
+            id: format!("toolu_{n}"),
+            name: name.to_owned(),
+            arguments: json!({ "text": text }).to_string(),
+        };
+    }
+    ChatReply::Text(vec!["echo: ".into(), text])
+}
+
+/// [`Behavior::Anthropic`]'s `message` answer.
+fn anthropic_answer(n: u64, model: &str, reply: &ChatReply, input_tokens: u64) -> Value {
+    let (content, stop) = match reply {
+        ChatReply::Text(pieces) => (
+            json!([{"type": "text", "text": pieces.concat()}]),
+            "end_turn",
+        ),
+        ChatReply::Tool {
+            id,
+            name,
+            arguments,
+        } => {
+            let input: Value = serde_json::from_str(arguments).unwrap_or_else(|_| json!({}));
+            (
+                json!([{"type": "tool_use", "id": id, "name": name, "input": input}]),
+                "tool_use",
+            )
+        }
+    };
+    json!({
+        "id": format!("msg_{n}"),
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": content,
+        "stop_reason": stop,
+        "stop_sequence": null,
+        "usage": {
+            "input_tokens": input_tokens,
+            "output_tokens": reply.tokens(),
+            "cache_creation_input_tokens": 0,
+            "cache_read_input_tokens": 0,
+        },
+    })
+}
+
+/// [`Behavior::Anthropic`]'s event stream.
+fn anthropic_frames(
+    n: u64,
+    model: &str,
+    reply: &ChatReply,
+    input_tokens: u64,
+) -> VecDeque<(Duration, Bytes)> {
+    let event = |name: &str, data: Value| {
+        (
+            Duration::ZERO,
+            Bytes::from(format!("event: {name}\ndata: {data}\n\n")),
+        )
+    };
+    let mut frames = VecDeque::new();
+    frames.push_back(event(
+        "message_start",
+        json!({"type": "message_start", "message": {
+            "id": format!("msg_{n}"), "type": "message", "role": "assistant", "model": model,
+            "content": [], "stop_reason": null, "stop_sequence": null,
+            "usage": {"input_tokens": input_tokens, "output_tokens": 1,
+                "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}}}),
+    ));
+    let delta = |delta: Value| {
+        event(
+            "content_block_delta",
+            json!({"type": "content_block_delta", "index": 0, "delta": delta}),
+        )
+    };
+    let stop = match reply {
+        ChatReply::Text(pieces) => {
+            frames.push_back(event(
+                "content_block_start",
+                json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}),
+            ));
+            frames.push_back(event("ping", json!({"type": "ping"})));
+            for p in pieces {
+                frames.push_back(delta(json!({"type": "text_delta", "text": p})));
+            }
+            "end_turn"
+        }
+        ChatReply::Tool {
+            id,
+            name,
+            arguments,
+        } => {
+            frames.push_back(event(
+                "content_block_start",
+                json!({"type": "content_block_start", "index": 0,
+                    "content_block": {"type": "tool_use", "id": id, "name": name, "input": {}}}),
+            ));
+            let half = arguments
+                .char_indices()
+                .nth(arguments.chars().count() / 2)
+                .map_or(arguments.len(), |(i, _)| i);
+            for piece in [&arguments[..half], &arguments[half..]] {
+                frames.push_back(delta(
+                    json!({"type": "input_json_delta", "partial_json": piece}),
+                ));
+            }
+            "tool_use"
+        }
+    };
+    frames.push_back(event(
+        "content_block_stop",
+        json!({"type": "content_block_stop", "index": 0}),
+    ));
+    frames.push_back(event(
+        "message_delta",
+        json!({"type": "message_delta", "delta": {"stop_reason": stop, "stop_sequence": null},
+            "usage": {"output_tokens": reply.tokens()}}),
+    ));
+    frames.push_back(event("message_stop", json!({"type": "message_stop"})));
+    frames
+}
+
 /// The frames of a [`Behavior::Stream`] answer for the `n`-th request.
 fn scripted_frames(
     id: &str,
@@ -769,6 +957,37 @@ impl Shared {
         );
         if let Some(content_type) = content_type {
             headers.insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+        }
+        response
+    }
+
+    /// An Anthropic-style error answer (`{"type": "error", "error":
+    /// {"type", "message"}}`, the type of the status: `529`
+    /// `overloaded_error`, `429` `rate_limit_error`, ...); a 429 carries
+    /// `Retry-After: 1`.
+    fn anthropic_error_response(
+        &self,
+        status: StatusCode,
+        message: &str,
+        tracker: Tracker,
+    ) -> Response<MockBody> {
+        let kind = match status.as_u16() {
+            529 | 503 => "overloaded_error",
+            429 => "rate_limit_error",
+            401 => "authentication_error",
+            403 => "permission_error",
+            404 => "not_found_error",
+            413 => "request_too_large",
+            500..=599 => "api_error",
+            _ => "invalid_request_error",
+        };
+        let error = json!({"type": "error", "error": {"type": kind, "message": message}});
+        let body = MockBody::full(Bytes::from(error.to_string()), Some(tracker));
+        let mut response = self.respond(status, Some("application/json"), body);
+        if status == StatusCode::TOO_MANY_REQUESTS {
+            response
+                .headers_mut()
+                .insert(RETRY_AFTER, HeaderValue::from_static("1"));
         }
         response
     }

@@ -117,7 +117,10 @@ pub enum Behavior {
     Hang,
     /// Answer this status with an OpenAI-style JSON error body after
     /// `latency` (e.g. 500, 503). A 429 also carries `Retry-After: 1`.
-    /// A code outside 100..=999 is answered as 500.
+    /// A code outside 100..=999 is answered as 500. On Anthropic's
+    /// `/v1/messages` path the body is in Anthropic's error shape
+    /// (`{"type": "error", "error": {"type", "message"}}`, `529`
+    /// `overloaded_error`).
     Status(u16),
     /// A 429 rate-limit error after `latency`, with this `Retry-After`
     /// value as given (a provider at its quota saying when to come back,
@@ -149,6 +152,15 @@ pub enum Behavior {
     /// bytes / 4 as prompt tokens, one completion token per content piece
     /// (text words, tool call pieces).
     Chat,
+    /// [`Behavior::Chat`] in Anthropic's Messages dialect, written from its
+    /// public API reference: a `message` JSON answer, or its event stream
+    /// (`message_start`, each content block started, its deltas, stopped,
+    /// `message_delta` with the stop reason and usage, `message_stop`)
+    /// when the request says `stream: true`. The same replies: `echo:
+    /// TEXT`, a `tool_use` of the first tool with `{"text": TEXT}`, `tool
+    /// said: RESULT` after a `tool_result`. Usage: the body's bytes / 4 as
+    /// `input_tokens`, one output token per piece.
+    Anthropic,
     /// 302 redirect with `Location` set to the given URL, after `latency`.
     /// A URL that is not a valid header value is answered as 500.
     Redirect(String),

@@ -265,13 +265,12 @@ impl Pending {
             .get(header::CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
             .is_some_and(|ct| ct.starts_with("text/event-stream"));
+        // The router's own cut events in the client's dialect; a stream
+        // translated to it (the walk set its translator) gets a length of
+        // its own.
         let mut watch = watch;
-        if self.dialect != Dialect::OpenAi && watch.scanner.is_some() {
-            // A client of another dialect: the pool's events translated as
-            // they flow (a failure answer never comes here as a stream for
-            // it: it is read whole and translated).
-            watch.translate = super::dialect::stream_translator(self.dialect);
-            watch.client = self.dialect;
+        watch.client = self.dialect;
+        if watch.translate.is_some() {
             head.headers.remove(header::CONTENT_LENGTH);
         }
         // A keyed stream that is finished even if its client leaves is

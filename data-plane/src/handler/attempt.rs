@@ -273,7 +273,7 @@ impl Exchange {
                     }
                     record.outcome = outcome;
                     record.latency_ms = super::ms(waited);
-                    if self.translation.is_some() {
+                    if self.translated_from(pool.name()).is_some() {
                         // Kept whole, to be passed on in the client's
                         // dialect if no later pool answers (the slot is
                         // given back now). Boxed: this rare wait stays
@@ -461,12 +461,12 @@ impl Exchange {
                     output_tokens: o,
                 });
             }
-            if let Some(t) = &self.translation {
+            if let Some((t, from)) = self.translated_from(pool.name()) {
                 // The client's dialect: an answer that cannot be written
                 // in it fails over as a malformed one (the endpoint did
                 // answer).
                 if head.status.is_success() {
-                    match t.answer(&mut head, &body) {
+                    match t.answer(from, &mut head, &body) {
                         Ok(b) => body = b,
                         Err(why) => {
                             tracing::debug!(pool = pool.name(), %why, "an answer the client's dialect cannot take");

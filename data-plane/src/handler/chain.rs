@@ -276,10 +276,17 @@ impl Exchange {
                             lease,
                             started,
                             record,
-                            watch,
+                            mut watch,
                         } => {
                             // The answering pool (a hedge's may be another).
                             let by = Arc::clone(lease.pool_name());
+                            // A pool of another dialect than the client's:
+                            // its events translated as they flow.
+                            if let (Some((t, from)), true) =
+                                (self.translated_from(&by), watch.scanner.is_some())
+                            {
+                                watch.translate = t.stream_translator(from);
+                            }
                             pending.note_attempt(record, attempted);
                             pending.rec().reason =
                                 reason(std::mem::take(&mut decided), &by, &notes);
@@ -454,7 +461,7 @@ impl Exchange {
                         )
                     }
                     Held::Whole(mut head, mut body) => {
-                        if let Some(t) = &self.translation {
+                        if let Some((t, _)) = self.translated_from(&record.pool) {
                             // A failure answer, in the client's dialect.
                             body = t.error(&mut head, &body);
                         }

@@ -1,39 +1,41 @@
-//! Clients of another dialect than the pools': Anthropic Messages clients
-//! (Claude Code, the Anthropic SDKs) in front of OpenAI-compatible pools,
-//! translated by `router-dialect` (pure; `docs/dialects.md` says what
-//! happens to every field).
+//! Clients and pools of different dialects: Anthropic Messages clients
+//! (Claude Code, the Anthropic SDKs) and pools of `provider: anthropic`,
+//! besides OpenAI chat completions, translated by `router-dialect` (pure;
+//! `docs/dialects.md` says what happens to every field).
 //!
 //! The branch is taken once, at ingress, on the normalized path. `POST
-//! /v1/messages` is parsed as an Anthropic request, written as an OpenAI
-//! chat completions body (a streamed one with
+//! /v1/messages` is parsed as an Anthropic request and from then on walks
+//! the chain exactly as a `POST /v1/chat/completions` request does: routed
+//! by its model and that path, with its tenant, deadline, chain walk,
+//! first-token failover, hedging and `Idempotency-Key`. Once the
+//! candidate pools are known ([`prepare`]), the request is written once
+//! for each dialect among them: an OpenAI chat body (streamed with
 //! `stream_options.include_usage`, so that its usage can be counted and
-//! told), and from then on walks the chain exactly as a `POST
-//! /v1/chat/completions` request does: routed by its model and that path,
-//! with its tenant, deadline, chain walk, first-token failover, hedging
-//! and `Idempotency-Key`. What differs rides on the request's
-//! [`Translation`]:
+//! told) and an Anthropic one (the client's own when it is Anthropic's:
+//! a pass-through). A pool whose dialect cannot carry a field is passed
+//! over, saying why; none left is a 400 naming the field. An OpenAI chat
+//! request pays this only when the policy has an Anthropic pool. What
+//! differs then rides on the request's [`Translation`]:
 //!
-//! - a field no pool of the chain can carry (every pool speaks OpenAI's
-//!   dialect) is a 400 naming the field, never dropped silently;
-//! - the upstream request: the client's Anthropic headers (`x-api-key`,
-//!   `anthropic-version`, `anthropic-beta`, ...) are not sent to a pool of
-//!   another dialect, nor `Accept-Encoding` (the answer is read to be
-//!   translated); the translated body has its own `Content-Length`; the
-//!   client's query (Claude Code's `?beta=true`) stays with the client;
-//! - a whole 2xx answer is translated back where the attempt reads it
-//!   (`attempt.rs`), or written as a stream of events when the client
-//!   asked for one and the pool answered with one JSON body; an answer
-//!   that cannot be translated fails over like malformed JSON;
-//! - an upstream's error answer (a 4xx passed on; a 429 or 5xx held in
+//! - the upstream request (`upstream_request.rs`): an Anthropic pool gets
+//!   `/v1/messages`, its key as `x-api-key`, `anthropic-version`, never
+//!   the client's `Authorization`; an OpenAI pool never gets an Anthropic
+//!   client's `x-api-key` or `anthropic-*` headers; no `Accept-Encoding`
+//!   (the answer is read); the client's query (Claude Code's
+//!   `?beta=true`) stays with the client;
+//! - a whole 2xx answer from a pool of another dialect than the client's
+//!   is translated where the attempt reads it (`attempt.rs`), or written
+//!   as a stream of events when the client asked for one and the pool
+//!   answered with one JSON body; an answer that cannot be translated
+//!   fails over like malformed JSON;
+//! - such a pool's error answer (a 4xx passed on; a 429 or 5xx held in
 //!   case no later pool answers, read whole for it) reaches the client in
-//!   its dialect, with the upstream's status
+//!   its dialect, with the pool's status
 //!   (`router_dialect::errors::from_upstream`);
-//! - a stream is translated as it flows (`tracked_body`'s relay), and the
-//!   router's cuts are error events in the client's dialect;
+//! - such a pool's stream is translated as it flows (`tracked_body`'s
+//!   relay), and the router's cuts are error events in the client's
+//!   dialect;
 //! - the router's own errors: `ProxyError::to_response_in`.
-//!
-//! An OpenAI request pays one path compare at ingress and a few `None`
-//! checks on the way.
 //!
 //! `POST /v1/messages/count_tokens` and `GET /v1/models` are answered by
 //! the router itself ([`count_tokens`], [`models`]), from the request and
@@ -92,7 +94,17 @@ pub(super) fn own_endpoint(method: &Method, path: &str) -> Option<Own> {
     }
 }
 
-/// A request translated at ingress from its client's dialect.
+/// The dialect a pool speaks.
+pub(super) fn pool_dialect(pool: Option<&router_policy::document::Pool>) -> Dialect {
+    match pool {
+        Some(p) if p.provider.is_anthropic() => Dialect::Anthropic,
+        _ => Dialect::OpenAi,
+    }
+}
+
+/// A request whose client or pools speak another dialect than OpenAI's
+/// chat completions: what each attempt needs to write it for its pool
+/// and to give its answer back in the client's dialect.
 pub(super) struct Translation {
     /// The client's dialect.
     pub(super) client: Dialect,
@@ -102,62 +114,190 @@ pub(super) struct Translation {
     pub(super) client_path: http::uri::PathAndQuery,
     /// The client asked for a stream.
     pub(super) stream: bool,
+    /// An OpenAI client asked for the usage chunk in its stream.
+    pub(super) include_usage: bool,
+    /// OpenAI's `created` for answers written in its dialect (the
+    /// request's arrival, Unix seconds).
+    pub(super) created: u64,
+    /// The body for Anthropic pools (the client's own, or translated),
+    /// parsed for the pool's model.
+    pub(super) anthropic: Option<super::upstream_request::ParsedBody>,
 }
 
-/// A request the dialect crate refused: 400, naming the field.
-fn refused(e: DialectError) -> ProxyError {
-    ProxyError::InvalidRequest(match e {
-        DialectError::CannotCarry(_) => {
-            format!("no pool of this route can take this request: {e}")
+/// What [`prepare`] gives the walk.
+pub(super) struct Prepared {
+    /// The body for OpenAI-dialect pools (the client's own when none is
+    /// left).
+    pub(super) body: Bytes,
+    pub(super) translation: Box<Translation>,
+    /// The candidates whose dialect can carry the request, in order.
+    pub(super) candidates: Vec<usize>,
+    /// Why the others were passed over (one note each).
+    pub(super) notes: Vec<String>,
+}
+
+/// A request's client side, for [`prepare`].
+pub(super) struct ClientRequest<'a> {
+    pub(super) dialect: Dialect,
+    /// Its body and path as sent.
+    pub(super) body: Bytes,
+    pub(super) path: Option<&'a http::uri::PathAndQuery>,
+    pub(super) stream: bool,
+    pub(super) created: u64,
+}
+
+/// Writes the request for each dialect among the `candidates`' pools
+/// (`dialect_of` a candidate), keeping the candidates whose dialect can
+/// carry it (an Anthropic client's own body goes to Anthropic pools as it
+/// came; the others' is translated), and saying why the rest are passed
+/// over. No candidate left: 400 naming every field that could not be
+/// carried.
+pub(super) fn prepare(
+    client: ClientRequest<'_>,
+    candidates: &[usize],
+    dialect_of: impl Fn(usize) -> (String, Dialect),
+) -> Result<Prepared, ProxyError> {
+    let wants = |d: Dialect| candidates.iter().any(|k| dialect_of(*k).1 == d);
+    let same = |d: Dialect| {
+        if client.dialect == d {
+            Some(Ok(client.body.clone()))
+        } else {
+            None
         }
-        e => format!("invalid Anthropic Messages request: {e}"),
+    };
+    let neutral = router_dialect::parse_request(client.dialect, &client.body);
+    let written = |to: Dialect, opts: &WriteOptions| -> Result<Bytes, String> {
+        let req = neutral.as_ref().map_err(|e| {
+            format!(
+                "the request cannot be read for dialect {}: {e}",
+                to.as_str()
+            )
+        })?;
+        router_dialect::write_request(req, to, opts)
+            .map(Bytes::from)
+            .map_err(|e| e.to_string())
+    };
+    // Only the dialects some candidate speaks are written (and the
+    // Anthropic body parsed for its model).
+    let openai = wants(Dialect::OpenAi).then(|| {
+        same(Dialect::OpenAi).unwrap_or_else(|| written(Dialect::OpenAi, &WriteOptions::default()))
+    });
+    let anthropic = wants(Dialect::Anthropic).then(|| {
+        same(Dialect::Anthropic)
+            .unwrap_or_else(|| written(Dialect::Anthropic, &WriteOptions::default()))
+    });
+    let anthropic = anthropic.map(|r| {
+        r.and_then(|b| super::upstream_request::ParsedBody::parse(&b).map_err(|e| e.to_string()))
+    });
+    let mut kept = Vec::with_capacity(candidates.len());
+    let mut notes = Vec::new();
+    let mut lost: Vec<String> = Vec::new();
+    for &k in candidates {
+        let (name, d) = dialect_of(k);
+        let why = match d {
+            Dialect::Anthropic => anthropic.as_ref().and_then(|r| r.as_ref().err()),
+            _ => openai.as_ref().and_then(|r| r.as_ref().err()),
+        };
+        match why {
+            None => kept.push(k),
+            Some(why) => {
+                notes.push(format!("{name}: skipped, {why}"));
+                if !lost.contains(why) {
+                    lost.push(why.clone());
+                }
+            }
+        }
+    }
+    if kept.is_empty() {
+        return Err(ProxyError::InvalidRequest(format!(
+            "no pool of this route can take this request: {}",
+            lost.join("; ")
+        )));
+    }
+    let translation = Box::new(Translation {
+        client: client.dialect,
+        client_path: client
+            .path
+            .cloned()
+            .unwrap_or_else(|| http::uri::PathAndQuery::from_static(MESSAGES_PATH)),
+        stream: client.stream,
+        // An OpenAI client's own `stream_options.include_usage`.
+        include_usage: neutral.as_ref().is_ok_and(|r| r.stream_usage),
+        created: client.created,
+        anthropic: anthropic.and_then(Result::ok),
+        client_body: client.body.clone(),
+    });
+    Ok(Prepared {
+        body: openai.and_then(Result::ok).unwrap_or(client.body),
+        translation,
+        candidates: kept,
+        notes,
     })
 }
 
+/// An Anthropic Messages request, parsed (400 when it is not one).
+pub(super) fn parse_messages(body: &[u8]) -> Result<router_dialect::Request, ProxyError> {
+    router_dialect::anthropic::parse_request(body)
+        .map_err(|e| ProxyError::InvalidRequest(format!("invalid Anthropic Messages request: {e}")))
+}
+
+impl super::chain::Exchange {
+    /// The translation of answers from `pool` and its dialect, when that
+    /// is not the client's.
+    pub(super) fn translated_from(&self, pool: &str) -> Option<(&Translation, Dialect)> {
+        let t = self.translation.as_deref()?;
+        let from = pool_dialect(self.snapshot.policy.pool(pool));
+        t.translates_from(from).then_some((t, from))
+    }
+}
+
 impl Translation {
-    /// An Anthropic Messages request (`body`, sent to `path`) as an OpenAI
-    /// chat completions body, and what is kept of the client's.
-    pub(super) fn messages(
-        body: Bytes,
-        path: Option<&http::uri::PathAndQuery>,
-    ) -> Result<(Bytes, Self), ProxyError> {
-        let (openai, stream) = to_openai(&body)?;
-        let client_path = path
-            .cloned()
-            .unwrap_or_else(|| http::uri::PathAndQuery::from_static(MESSAGES_PATH));
-        Ok((
-            openai,
-            Self {
-                client: Dialect::Anthropic,
-                client_body: body,
-                client_path,
-                stream,
-            },
-        ))
+    /// Whether an answer from a pool of dialect `pool` is translated for
+    /// the client.
+    pub(super) fn translates_from(&self, pool: Dialect) -> bool {
+        pool != self.client
     }
 
-    /// A 2xx answer of a pool (OpenAI chat completions JSON) as the client
-    /// gets it: in its dialect, or as a stream of its events when it asked
-    /// for one (the pool answered with one JSON body). `head` gets the
-    /// new body's headers.
+    /// The stream options of the client's side.
+    fn stream_options(&self) -> StreamOptions {
+        StreamOptions {
+            created: self.created,
+            include_usage: self.include_usage,
+            ..StreamOptions::default()
+        }
+    }
+
+    /// The translator of a pool's 2xx stream (`from` its dialect) to the
+    /// client's.
+    pub(super) fn stream_translator(&self, from: Dialect) -> Option<Box<StreamTranslator>> {
+        StreamTranslator::new(from, self.client, self.stream_options())
+            .ok()
+            .map(Box::new)
+    }
+
+    /// A 2xx answer of a pool of dialect `from` as the client gets it: in
+    /// its dialect, or as a stream of its events when it asked for one
+    /// (the pool answered with one JSON body). `head` gets the new body's
+    /// headers.
     pub(super) fn answer(
         &self,
+        from: Dialect,
         head: &mut http::response::Parts,
         body: &[u8],
     ) -> Result<Bytes, DialectError> {
-        let answer = router_dialect::parse_answer(Dialect::OpenAi, body)?;
+        let answer = router_dialect::parse_answer(from, body)?;
         let out = if self.stream {
             head.headers.insert(
                 header::CONTENT_TYPE,
                 HeaderValue::from_static("text/event-stream"),
             );
-            answer_stream(&answer, self.client, &StreamOptions::default())?
+            answer_stream(&answer, self.client, &self.stream_options())?
         } else {
             head.headers.insert(
                 header::CONTENT_TYPE,
                 HeaderValue::from_static("application/json"),
             );
-            router_dialect::write_answer(&answer, self.client, 0)?
+            router_dialect::write_answer(&answer, self.client, self.created)?
         };
         head.headers
             .insert(header::CONTENT_LENGTH, HeaderValue::from(out.len()));
@@ -190,35 +330,33 @@ impl Translation {
     }
 }
 
-/// The stream translator of a pool's 2xx stream to `client`'s dialect.
-pub(super) fn stream_translator(client: Dialect) -> Option<Box<StreamTranslator>> {
-    StreamTranslator::new(Dialect::OpenAi, client, StreamOptions::default())
-        .ok()
-        .map(Box::new)
-}
-
-/// An Anthropic Messages body as an OpenAI chat completions body (and
-/// whether it asks for a stream); a 400 naming the field when it cannot
-/// be.
-fn to_openai(body: &[u8]) -> Result<(Bytes, bool), ProxyError> {
-    let req = router_dialect::anthropic::parse_request(body).map_err(refused)?;
-    let openai = router_dialect::write_request(&req, Dialect::OpenAi, &WriteOptions::default())
-        .map_err(refused)?;
-    Ok((Bytes::from(openai), req.stream))
-}
-
-/// The client's headers as a pool of another dialect gets them (see the
-/// module docs); `body_len`: the translated body's length.
-pub(super) fn upstream_headers(headers: &mut HeaderMap, body_len: usize) {
-    let anthropic: Vec<HeaderName> = headers
-        .keys()
-        .filter(|n| n.as_str().starts_with("anthropic-"))
-        .cloned()
-        .collect();
-    for name in anthropic {
-        headers.remove(name);
+/// The headers of an attempt on a pool of dialect `to` for a translated
+/// request (see the module docs): an Anthropic client's `x-api-key` and
+/// `anthropic-*` headers do not go to an OpenAI pool, an OpenAI client's
+/// `Authorization` does not go to an Anthropic pool (which gets its own
+/// key, set after this, and `anthropic-version` when the client sent
+/// none); no `Accept-Encoding` (the answer is read); `body_len`: the
+/// body's length.
+pub(super) fn upstream_headers(headers: &mut HeaderMap, to: Dialect, body_len: usize) {
+    if to == Dialect::Anthropic {
+        headers.remove(header::AUTHORIZATION);
+        if !headers.contains_key(ANTHROPIC_VERSION) {
+            headers.insert(
+                HeaderName::from_static(ANTHROPIC_VERSION),
+                HeaderValue::from_static(DEFAULT_ANTHROPIC_VERSION),
+            );
+        }
+    } else {
+        let anthropic: Vec<HeaderName> = headers
+            .keys()
+            .filter(|n| n.as_str().starts_with("anthropic-"))
+            .cloned()
+            .collect();
+        for name in anthropic {
+            headers.remove(name);
+        }
+        headers.remove(X_API_KEY);
     }
-    headers.remove(X_API_KEY);
     headers.remove(header::ACCEPT_ENCODING);
     headers.insert(header::CONTENT_LENGTH, HeaderValue::from(body_len));
     headers.insert(
@@ -226,6 +364,10 @@ pub(super) fn upstream_headers(headers: &mut HeaderMap, body_len: usize) {
         HeaderValue::from_static("application/json"),
     );
 }
+
+/// The `anthropic-version` an Anthropic pool gets when the client sent
+/// none.
+pub(super) const DEFAULT_ANTHROPIC_VERSION: &str = "2023-06-01";
 
 /// The tenant a request's credentials name, when the policy has tenants
 /// (`Authorization: Bearer` or `x-api-key`).
@@ -250,10 +392,9 @@ pub(super) fn tenant<'s>(
 /// `POST /v1/messages/count_tokens`: the router's estimate of the
 /// request's prompt, `{"input_tokens": N}`. The estimate is the one the
 /// router itself reserves against a tenant's token limit for the same
-/// request: the translated chat body's bytes / 4, rounded up (not a
-/// tokenizer's count). The body is read as ingress reads one (bounded,
-/// with a timeout) and must be a request the pools can take (else 400
-/// naming the field).
+/// request: its body's bytes / 4, rounded up (not a tokenizer's count).
+/// The body is read as ingress reads one (bounded, with a timeout) and
+/// must be an Anthropic Messages request (else 400).
 pub(super) async fn count_tokens(
     shared: &Arc<Shared>,
     req: Request<Incoming>,
@@ -270,11 +411,10 @@ pub(super) async fn count_tokens(
         Ok(b) => b,
         Err(e) => return refuse(e),
     };
-    let openai = match to_openai(&body) {
-        Ok((b, _)) => b,
-        Err(e) => return refuse(e),
-    };
-    let tokens = (openai.len() as u64).div_ceil(4);
+    if let Err(e) = parse_messages(&body) {
+        return refuse(e);
+    }
+    let tokens = (body.len() as u64).div_ceil(4);
     full(json_response(json!({ "input_tokens": tokens })))
 }
 
@@ -434,44 +574,80 @@ mod tests {
         }
     }
 
+    fn client(dialect: Dialect, body: &'static [u8]) -> ClientRequest<'static> {
+        ClientRequest {
+            dialect,
+            body: Bytes::from_static(body),
+            path: None,
+            stream: true,
+            created: 0,
+        }
+    }
+
+    /// Candidates 0 and 2 are OpenAI pools, 1 an Anthropic one.
+    fn dialect_of(k: usize) -> (String, Dialect) {
+        let d = if k == 1 {
+            Dialect::Anthropic
+        } else {
+            Dialect::OpenAi
+        };
+        (format!("p{k}"), d)
+    }
+
     #[test]
-    fn an_anthropic_request_becomes_an_openai_one_or_a_400_naming_the_field() {
-        let body = Bytes::from_static(
-            br#"{"model":"claude-sonnet-4-5","max_tokens":100,"stream":true,
+    fn each_pool_gets_the_request_in_its_dialect_or_is_passed_over_saying_why() {
+        const ANTHROPIC: &[u8] = br#"{"model":"claude-sonnet-4-5","max_tokens":100,"stream":true,
             "system":[{"type":"text","text":"Be brief.","cache_control":{"type":"ephemeral"}}],
-            "messages":[{"role":"user","content":"hi"}]}"#,
-        );
-        let pq = http::uri::PathAndQuery::from_static("/v1/messages?beta=true");
-        let (openai, t) = Translation::messages(body.clone(), Some(&pq)).unwrap();
-        let v: serde_json::Value = serde_json::from_slice(&openai).unwrap();
-        assert_eq!(v["model"], "claude-sonnet-4-5");
+            "messages":[{"role":"user","content":"hi"}]}"#;
+        // An Anthropic client: OpenAI pools get the chat body, Anthropic
+        // ones the client's own.
+        let p = prepare(
+            client(Dialect::Anthropic, ANTHROPIC),
+            &[0, 1, 2],
+            dialect_of,
+        )
+        .unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&p.body).unwrap();
         assert_eq!(
             v["messages"][0],
             json!({"role": "system", "content": "Be brief."})
         );
         assert_eq!(v["stream_options"]["include_usage"], true);
-        assert!(t.stream);
-        assert_eq!(t.client_body, body);
-        assert_eq!(t.client_path.as_str(), "/v1/messages?beta=true");
-        // A field no OpenAI pool can carry: named in the 400.
-        let e = Translation::messages(
-            Bytes::from_static(
-                br#"{"model":"m","max_tokens":1,"top_k":5,"messages":[{"role":"user","content":"hi"}]}"#,
-            ),
-            None,
-        )
-        .err()
-        .unwrap();
-        assert_eq!(e.status(), StatusCode::BAD_REQUEST);
-        assert!(e.to_string().contains("`top_k`"), "{e}");
-        let e = Translation::messages(Bytes::from_static(b"{\"messages\": 3}"), None)
+        assert_eq!(p.candidates, vec![0, 1, 2]);
+        assert!(p.notes.is_empty());
+        assert_eq!(&p.translation.client_body[..], ANTHROPIC);
+        assert!(p.translation.anthropic.is_some());
+        // A field OpenAI cannot carry: its pools are passed over, saying why.
+        const TOP_K: &[u8] = br#"{"model":"m","max_tokens":1,"top_k":5,"messages":[{"role":"user","content":"hi"}]}"#;
+        let p = prepare(client(Dialect::Anthropic, TOP_K), &[0, 1, 2], dialect_of).unwrap();
+        assert_eq!(p.candidates, vec![1]);
+        assert_eq!(p.notes.len(), 2);
+        assert!(
+            p.notes[0].starts_with("p0: skipped, cannot carry field `top_k` to dialect openai"),
+            "{:?}",
+            p.notes
+        );
+        // ... and with none left, a 400 naming it.
+        let e = prepare(client(Dialect::Anthropic, TOP_K), &[0, 2], dialect_of)
             .err()
             .unwrap();
-        assert!(e.to_string().contains("messages"), "{e}");
+        assert_eq!(e.status(), StatusCode::BAD_REQUEST);
+        assert!(e.to_string().contains("`top_k`"), "{e}");
+        // An OpenAI client without max_tokens: Anthropic requires one.
+        const OPENAI: &[u8] = br#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#;
+        let p = prepare(client(Dialect::OpenAi, OPENAI), &[1, 0], dialect_of).unwrap();
+        assert_eq!(p.candidates, vec![0]);
+        assert!(p.notes[0].contains("`max_tokens`"), "{:?}", p.notes);
+        assert_eq!(&p.body[..], OPENAI);
+        // With one, the Anthropic pool gets an Anthropic body.
+        const WITH_MAX: &[u8] = br#"{"model":"m","max_tokens":9,"messages":[{"role":"system","content":"s"},{"role":"user","content":"hi"}]}"#;
+        let p = prepare(client(Dialect::OpenAi, WITH_MAX), &[1], dialect_of).unwrap();
+        assert_eq!(p.candidates, vec![1]);
+        assert!(p.translation.anthropic.is_some());
     }
 
     #[test]
-    fn the_clients_anthropic_headers_do_not_reach_an_openai_pool() {
+    fn each_pool_gets_the_headers_of_its_dialect() {
         let mut h = HeaderMap::new();
         for (k, v) in [
             ("x-api-key", "sk-ant-secret"),
@@ -483,7 +659,12 @@ mod tests {
         ] {
             h.insert(HeaderName::from_static(k), HeaderValue::from_static(v));
         }
-        upstream_headers(&mut h, 42);
+        h.insert(
+            header::AUTHORIZATION,
+            HeaderValue::from_static("Bearer sk-openai-client"),
+        );
+        let mut to_anthropic = h.clone();
+        upstream_headers(&mut h, Dialect::OpenAi, 42);
         assert!(h.get("x-api-key").is_none());
         assert!(h.get("anthropic-version").is_none());
         assert!(h.get("anthropic-beta").is_none());
@@ -491,6 +672,15 @@ mod tests {
         assert_eq!(h["content-length"], "42");
         assert_eq!(h["content-type"], "application/json");
         assert_eq!(h["x-stainless-lang"], "python");
+        // To an Anthropic pool: its own headers kept, no Authorization.
+        upstream_headers(&mut to_anthropic, Dialect::Anthropic, 7);
+        assert!(to_anthropic.get("authorization").is_none());
+        assert_eq!(to_anthropic["anthropic-beta"], "prompt-caching-2024-07-31");
+        assert_eq!(to_anthropic["anthropic-version"], "2023-06-01");
+        assert_eq!(to_anthropic["content-length"], "7");
+        let mut bare = HeaderMap::new();
+        upstream_headers(&mut bare, Dialect::Anthropic, 1);
+        assert_eq!(bare["anthropic-version"], DEFAULT_ANTHROPIC_VERSION);
     }
 
     #[test]

@@ -277,7 +277,9 @@ impl Completion for Finisher {
 
     fn usage(&mut self, usage: StreamUsage) {
         if let Some(t) = &mut self.tally {
-            t.usage = Some(usage);
+            // Merged: Anthropic's input comes in message_start, its
+            // output (cumulative) in message_delta.
+            t.usage = Some(t.usage.map_or(usage, |u| u.update(usage)));
         }
     }
 

@@ -145,31 +145,25 @@ pub(crate) fn handle(
         let (parts, body) = req.into_parts();
         // `reserved` holds the body's bytes under the proxy's cap until the
         // request is done.
-        let (body, mut reserved) =
+        let (mut body, mut reserved) =
             match read_body(&shared, pending.t0, seen.content_length.as_ref(), body).await {
                 Ok(b) => b,
                 Err(e) => return pending.reject(e),
             };
-        // A client of another dialect: its body translated to an OpenAI
-        // chat body, routed and sent as one (`dialect`).
-        let (body, translation) = if pending.dialect == Dialect::OpenAi {
-            (body, None)
+        // An Anthropic client's request must be one; it is routed as a
+        // chat completion, and written for each pool's dialect once the
+        // pools are known (`dialect`). Boxed: rare, and large.
+        // (Checked here, parsed again once the pools are known: nothing of
+        // it is kept across the waits in between, which every request's
+        // future would carry.)
+        let path = if pending.dialect == Dialect::OpenAi {
+            parts.uri.path()
         } else {
-            match dialect::Translation::messages(body, parts.uri.path_and_query()) {
-                // Both bodies are held until the request is done.
-                Ok((b, t)) if reserved.grow_to(b.len() + t.client_body.len()) => {
-                    (b, Some(Box::new(t)))
-                }
-                Ok(_) => return pending.reject(OVERLOADED),
-                Err(e) => return pending.reject(e),
+            if let Err(e) = dialect::parse_messages(&body) {
+                return pending.reject(e);
             }
-        };
-        let path = match &translation {
-            None => parts.uri.path(),
-            Some(t) => {
-                pending.rec().dialect = Some(t.client.as_str());
-                dialect::CHAT_PATH
-            }
+            pending.rec().dialect = Some(pending.dialect.as_str());
+            dialect::CHAT_PATH
         };
         let json_call = parts.method == Method::POST && OPENAI_JSON_PATHS.contains(&path);
         let peek = if json_call {
@@ -287,7 +281,7 @@ pub(crate) fn handle(
         };
         // Measured at the request's own start time: a few microseconds old,
         // and one clock reading instead of one per pool call.
-        let decision = decide_on_route(&snapshot.policy, route, &facts, |_, name| {
+        let mut decision = decide_on_route(&snapshot.policy, route, &facts, |_, name| {
             snapshot
                 .pools
                 .get(name)
@@ -335,16 +329,13 @@ pub(crate) fn handle(
             Some(_) => {
                 let detail = pending.rec().reason.clone();
                 if let Some(intent) = &park {
-                    // A translated request parks as its client sent it.
-                    let (path_and_query, body) = match &translation {
-                        None => (
-                            parts.uri.path_and_query().map_or(path, |p| p.as_str()),
-                            &body,
-                        ),
-                        Some(t) => (t.client_path.as_str(), &t.client_body),
-                    };
+                    // As its client sent it (its own path and body).
+                    let path_and_query = parts
+                        .uri
+                        .path_and_query()
+                        .map_or(parts.uri.path(), |p| p.as_str());
                     let ctx =
-                        intent.context(&parts.method, path_and_query, &parts.headers, body, risk);
+                        intent.context(&parts.method, path_and_query, &parts.headers, &body, risk);
                     return Box::pin(super::parking::park(pending, route, &ctx, detail)).await;
                 }
                 return pending.reject(ProxyError::NoBackend { detail });
@@ -364,6 +355,44 @@ pub(crate) fn handle(
                 Ok(resp) => return resp,
                 Err(p) => p,
             };
+        }
+
+        // Clients or pools of another dialect (`dialect`): the request is
+        // written for each pool's dialect; a pool whose dialect cannot
+        // carry it is passed over, saying why (none left: 400).
+        // (The request's own bindings are updated, not new ones made: the
+        // future keeps one of each across its waits.)
+        let mut translation = None;
+        if pending.dialect != Dialect::OpenAi
+            || (snapshot.anthropic_pools && json_call && path == dialect::CHAT_PATH)
+        {
+            let client = dialect::ClientRequest {
+                dialect: pending.dialect,
+                body: body.clone(),
+                path: parts.uri.path_and_query(),
+                stream: streaming,
+                created: unix_seconds(pending.rec().offered_at.0),
+            };
+            let policy = &snapshot.policy;
+            let prepared = dialect::prepare(client, &decision.candidates, |k| {
+                let name = route.chain.get(k).map_or("", String::as_str);
+                (name.to_owned(), dialect::pool_dialect(policy.pool(name)))
+            });
+            let prepared = match prepared {
+                Ok(p) => p,
+                Err(e) => return pending.reject(e),
+            };
+            if !prepared.notes.is_empty() {
+                let rec = pending.rec();
+                rec.reason = format!("{}; {}", rec.reason, prepared.notes.join("; "));
+            }
+            // Both bodies are held until the request is done.
+            if !reserved.grow_to(prepared.body.len() + body.len()) {
+                return pending.reject(OVERLOADED);
+            }
+            body = prepared.body;
+            decision.candidates = prepared.candidates;
+            translation = Some(prepared.translation);
         }
 
         // A pool that may take it rewrites the model: the body must be one
@@ -388,7 +417,7 @@ pub(crate) fn handle(
                     .chain
                     .get(*k)
                     .and_then(|name| snapshot.policy.pool(name))
-                    .is_some_and(|p| p.stream_usage)
+                    .is_some_and(|p| p.stream_usage && !p.provider.is_anthropic())
             });
         let parsed = if rewrites {
             match ParsedBody::parse(&body) {
@@ -460,9 +489,6 @@ pub(crate) fn handle(
             headers.remove(http::header::AUTHORIZATION);
             headers.remove(dialect::X_API_KEY);
         }
-        if translation.is_some() {
-            dialect::upstream_headers(&mut headers, body.len());
-        }
         forward::add_forwarded(&mut headers, &client_ip, seen.host.clone(), &seen);
         if let Some(id) = &pending.id_header {
             headers.insert(X_REQUEST_ID, id.clone());
@@ -481,7 +507,8 @@ pub(crate) fn handle(
             snapshot: Arc::clone(&snapshot),
             method: parts.method,
             path_and_query: match &translation {
-                // The client's query stays with it.
+                // The client's query stays with it (a pool of Anthropic's
+                // dialect gets its own path: `upstream_request`).
                 Some(_) => http::uri::PathAndQuery::from_static(dialect::CHAT_PATH),
                 None => parts
                     .uri

@@ -164,12 +164,7 @@ pub(super) fn operation_name(path: &str) -> &'static str {
 }
 
 fn provider_name(p: router_policy::Provider) -> &'static str {
-    match p {
-        router_policy::Provider::Openai => "openai",
-        router_policy::Provider::Ollama => "ollama",
-        router_policy::Provider::Vllm => "vllm",
-        router_policy::Provider::Tgi => "tgi",
-    }
+    p.as_str()
 }
 
 #[cfg(test)]

@@ -16,6 +16,7 @@
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderValue};
 use http::Request;
+use router_dialect::Dialect;
 use serde::ser::{Serialize, SerializeMap, Serializer};
 use serde_json::{Map, Value};
 
@@ -36,6 +37,10 @@ pub(super) enum UpstreamRequestError {
     /// The pool rewrites the model and the body cannot be re-encoded.
     #[error("the request body cannot be re-encoded with the pool's model: {0}")]
     Body(#[from] serde_json::Error),
+    /// No body of the pool's dialect (never: such pools are passed over
+    /// at ingress).
+    #[error("no request body in the pool's dialect")]
+    Dialect,
 }
 
 /// A JSON object request body, parsed for its model to be rewritten.
@@ -129,6 +134,47 @@ impl Serialize for Rewritten<'_> {
 }
 
 impl Exchange {
+    /// The body for an OpenAI-dialect pool: the request's own (its
+    /// `Content-Length` kept), or rewritten with `model` and its
+    /// `stream_options` as the pool takes them (with its own length).
+    fn openai_body(
+        &self,
+        pool: &str,
+        policy_pool: Option<&router_policy::document::Pool>,
+        model: Option<&str>,
+        headers: &mut HeaderMap,
+    ) -> Result<Bytes, UpstreamRequestError> {
+        // Usage asked for in the stream on the client's behalf (the pool
+        // says its endpoints take `stream_options`); a translated
+        // request's own `stream_options` (the router's) are not sent to a
+        // pool that takes none.
+        let usage = if self.router_asks_usage(pool) {
+            Usage::Include
+        } else if self.translation.is_some()
+            && self.streaming
+            && policy_pool.is_some_and(|p| !p.stream_usage)
+        {
+            Usage::Drop
+        } else {
+            Usage::Keep
+        };
+        if model.is_none() && usage == Usage::Keep {
+            // The client's `Content-Length` is right for its own body
+            // (hyper read the body by it).
+            return Ok(self.body.clone());
+        }
+        // Parsed at ingress when any candidate rewrites; parsed here
+        // otherwise (a translated stream to a pool that takes no
+        // `stream_options`). Either way an error stops the attempt: the
+        // original body never goes instead.
+        let b = match &self.parsed {
+            Some(p) => p.rewritten(model, usage)?,
+            None => ParsedBody::parse(&self.body)?.rewritten(model, usage)?,
+        };
+        headers.insert(header::CONTENT_LENGTH, HeaderValue::from(b.len()));
+        Ok(b)
+    }
+
     /// Whether attempts on `pool` ask for usage in the stream for the
     /// client (which did not ask itself): its usage chunk is then not
     /// passed on.
@@ -142,7 +188,7 @@ impl Exchange {
                 .snapshot
                 .policy
                 .pool(pool)
-                .is_some_and(|p| p.stream_usage)
+                .is_some_and(|p| p.stream_usage && !p.provider.is_anthropic())
     }
 
     /// The upstream request for an attempt on `lease`'s endpoint of `pool`;
@@ -153,56 +199,48 @@ impl Exchange {
         pool: &str,
         headers: HeaderMap,
     ) -> Result<Request<OutBody>, UpstreamRequestError> {
+        let policy_pool = self.snapshot.policy.pool(pool);
+        // A translated request (a client or pool of another dialect): the
+        // body of the pool's dialect, its path and headers.
+        let to_anthropic = match &self.translation {
+            Some(_) => super::dialect::pool_dialect(policy_pool) == Dialect::Anthropic,
+            None => false,
+        };
+        let messages_path = http::uri::PathAndQuery::from_static(super::dialect::MESSAGES_PATH);
+        let path_and_query = if to_anthropic {
+            &messages_path
+        } else {
+            &self.path_and_query
+        };
         let uri = match lease.target() {
-            Some(t) => t.uri(lease.endpoint(), &self.path_and_query),
-            None => forward::upstream_uri(lease.endpoint(), self.path_and_query.as_str()),
+            Some(t) => t.uri(lease.endpoint(), path_and_query),
+            None => forward::upstream_uri(lease.endpoint(), path_and_query.as_str()),
         }?;
-        let pool_model = self
-            .snapshot
-            .policy
-            .pool(pool)
-            .and_then(|p| p.model.as_deref());
+        let pool_model = policy_pool.and_then(|p| p.model.as_deref());
         let model = pool_model.filter(|m| self.json_call && self.model.as_deref() != Some(*m));
-        // Usage asked for in the stream on the client's behalf (the pool
-        // says its endpoints take `stream_options`); a translated
-        // request's own `stream_options` (the router's) are not sent to a
-        // pool that takes none.
-        let usage = if self.router_asks_usage(pool) {
-            Usage::Include
-        } else if self.translation.is_some()
-            && self.streaming
-            && self
-                .snapshot
-                .policy
-                .pool(pool)
-                .is_some_and(|p| !p.stream_usage)
-        {
-            Usage::Drop
-        } else {
-            Usage::Keep
-        };
-        let rewritten = if model.is_some() || usage != Usage::Keep {
-            // Parsed at ingress when any candidate rewrites; parsed here
-            // otherwise (a translated stream to a pool that takes no
-            // `stream_options`). Either way an error stops the attempt:
-            // the original body never goes instead.
-            Some(match &self.parsed {
-                Some(p) => p.rewritten(model, usage)?,
-                None => ParsedBody::parse(&self.body)?.rewritten(model, usage)?,
-            })
-        } else {
-            None
-        };
         let mut headers = headers;
-        // The client's `Content-Length` is right for its own body (hyper
-        // read the body by it); a rewritten body gets its own.
-        let body = match rewritten {
-            Some(b) => {
-                headers.insert(header::CONTENT_LENGTH, HeaderValue::from(b.len()));
-                b
-            }
-            None => self.body.clone(),
+        let body = if to_anthropic {
+            // The Anthropic body, its model the pool's (`prepare` kept only
+            // the pools that can take it).
+            let parsed = self
+                .translation
+                .as_ref()
+                .and_then(|t| t.anthropic.as_ref())
+                .ok_or(UpstreamRequestError::Dialect)?;
+            parsed.rewritten(model, Usage::Keep)?
+        } else {
+            self.openai_body(pool, policy_pool, model, &mut headers)?
         };
+        if let Some(t) = &self.translation {
+            let to = if to_anthropic {
+                Dialect::Anthropic
+            } else {
+                Dialect::OpenAi
+            };
+            if t.client != Dialect::OpenAi || to_anthropic {
+                super::dialect::upstream_headers(&mut headers, to, body.len());
+            }
+        }
         let mut req = Request::new(OutBody::new(body));
         *req.method_mut() = self.method.clone();
         *req.uri_mut() = uri;
@@ -211,11 +249,11 @@ impl Exchange {
             if key.sent_to(lease.endpoint()) {
                 // The pool's own credential replaces whatever the client sent.
                 req.headers_mut()
-                    .insert(header::AUTHORIZATION, key.header.clone());
+                    .insert(key.name.clone(), key.header.clone());
             } else {
                 // An endpoint the policy does not list (set-backends): no
                 // key, and not the client's credential either.
-                req.headers_mut().remove(header::AUTHORIZATION);
+                req.headers_mut().remove(&key.name);
             }
         }
         match lease.target() {

@@ -23,6 +23,29 @@ pub enum Provider {
     Vllm,
     /// Hugging Face Text Generation Inference.
     Tgi,
+    /// Anthropic's Messages API (`POST /v1/messages`; the pool's key goes
+    /// as `x-api-key`, with `anthropic-version: 2023-06-01`). Requests of
+    /// another dialect are translated to it (`docs/dialects.md`).
+    Anthropic,
+}
+
+impl Provider {
+    /// The provider's name in the policy (and spans).
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Openai => "openai",
+            Self::Ollama => "ollama",
+            Self::Vllm => "vllm",
+            Self::Tgi => "tgi",
+            Self::Anthropic => "anthropic",
+        }
+    }
+
+    /// Whether the pool speaks Anthropic's Messages dialect (every other
+    /// provider speaks OpenAI's chat completions).
+    pub const fn is_anthropic(self) -> bool {
+        matches!(self, Self::Anthropic)
+    }
 }
 
 /// The document as written.

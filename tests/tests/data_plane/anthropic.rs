@@ -10,7 +10,6 @@ use std::time::Duration;
 use http::{Method, StatusCode};
 use http_body_util::BodyExt;
 use router_dialect::check::anthropic_stream;
-use router_dialect::Dialect;
 use router_mock::{Behavior, StreamEnding, StreamScript};
 use router_policy::tenant::key_hash_text;
 use router_proxy::Settings;
@@ -344,7 +343,7 @@ async fn the_routers_own_errors_are_in_anthropics_shape() {
     - name: team-a
       keys: ["{}"]
       limits:
-        requests_per_minute: 1"#,
+        requests_per_minute: 40"#,
         key_hash_text("rt_team_a_key")
     );
     let proxy = TestProxy::with_policy(
@@ -401,7 +400,9 @@ async fn the_routers_own_errors_are_in_anthropics_shape() {
         anthropic_error(&r),
         (401, "authentication_error".into(), "unauthorized".into())
     );
-    // The tenant's one request a minute, then 429 rate_limit_error.
+    // The tenant's burst of two (40 a minute): the 400 above was one of
+    // them (the pools' dialects are known once routed and admitted), then
+    // 429 rate_limit_error.
     let r = send(&proxy, "/v1/messages", &hello("hi", false), &key).await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.text());
     let r = send(&proxy, "/v1/messages", &hello("hi", false), &key).await;
@@ -477,22 +478,18 @@ async fn count_tokens_and_the_model_list_are_the_routers_own_answers() {
         "messages": [{"role": "user", "content": "how many tokens is this?"}]});
     let r = send(&proxy, "/v1/messages/count_tokens", &body, &[]).await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.text());
-    // The router's own estimate: the translated chat body's bytes / 4.
-    let req =
-        router_dialect::parse_request(Dialect::Anthropic, body.to_string().as_bytes()).unwrap();
-    let openai = router_dialect::write_request(
-        &req,
-        Dialect::OpenAi,
-        &router_dialect::WriteOptions::default(),
-    )
-    .unwrap();
+    // The router's own estimate: the body's bytes / 4, rounded up.
     assert_eq!(
         r.json(),
-        json!({"input_tokens": (openai.len() as u64).div_ceil(4)})
+        json!({"input_tokens": (body.to_string().len() as u64).div_ceil(4)})
     );
-    let mut uncarried = body.clone();
-    uncarried["top_k"] = json!(3);
-    let r = send(&proxy, "/v1/messages/count_tokens", &uncarried, &[]).await;
+    let r = send(
+        &proxy,
+        "/v1/messages/count_tokens",
+        &json!({"messages": 3}),
+        &[],
+    )
+    .await;
     assert_eq!(anthropic_error(&r).0, 400);
 
     // The models the routes serve: Anthropic's shape with anthropic-version.
@@ -535,27 +532,25 @@ async fn a_keyed_translated_stream_is_replayed_in_the_clients_dialect() {
     assert_eq!(backend.stats().received, 1);
 }
 
-/// The official `anthropic` Python SDK through the router, against an
-/// OpenAI-compatible mock pool: `messages.create`, `messages.stream(...)`
-/// with `get_final_message()`, a tool-use round trip, `count_tokens`,
-/// `models.list` and a shed as the SDK's `529` error
-/// (`tests/python/anthropic_sdk.py`). Skipped, saying so, when the
-/// package is not installed (`scripts/install-test-deps` installs it).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_official_anthropic_python_sdk_through_the_router() {
+/// Whether `python3` can import `package`; if not, the test says it is
+/// skipped.
+fn python_has(package: &str) -> bool {
     let installed = std::process::Command::new("python3")
-        .args(["-c", "import anthropic"])
+        .args(["-c", &format!("import {package}")])
         .output()
         .is_ok_and(|o| o.status.success());
     if !installed {
         eprintln!(
-            "SKIPPED: the `anthropic` Python package is not installed (scripts/install-test-deps installs it)"
+            "SKIPPED: the `{package}` Python package is not installed (scripts/install-test-deps installs it)"
         );
-        return;
     }
-    let backend = mock("local", Behavior::Chat).await;
-    let proxy = start(&[("local", backend.url())]).await;
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/python/anthropic_sdk.py");
+    installed
+}
+
+/// Runs `tests/python/SCRIPT` against `proxy` and checks that it passed
+/// each of `steps`.
+async fn run_sdk_script(script: &str, proxy: &TestProxy, steps: &[&str]) {
+    let script = format!("{}/python/{script}", env!("CARGO_MANIFEST_DIR"));
     // The script bounds its own calls (a timeout per request).
     let url = proxy.url("");
     let out = tokio::task::spawn_blocking(move || {
@@ -572,16 +567,67 @@ async fn the_official_anthropic_python_sdk_through_the_router() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "stdout:\n{stdout}\nstderr:\n{stderr}");
     eprintln!("{stdout}");
-    for step in [
-        "messages.create",
-        "messages.stream",
-        "tool_use round trip",
-        "count_tokens",
-        "models.list",
-        "overloaded",
-    ] {
+    for step in steps {
         assert!(stdout.contains(&format!("ok {step}")), "{step}: {stdout}");
     }
+}
+
+const ANTHROPIC_SDK_STEPS: [&str; 6] = [
+    "messages.create",
+    "messages.stream",
+    "tool_use round trip",
+    "count_tokens",
+    "models.list",
+    "overloaded",
+];
+
+/// The official `anthropic` Python SDK through the router, against an
+/// OpenAI-compatible mock pool: `messages.create`, `messages.stream(...)`
+/// with `get_final_message()`, a tool-use round trip, `count_tokens`,
+/// `models.list` and a shed as the SDK's `529` error
+/// (`tests/python/anthropic_sdk.py`). Skipped, saying so, when the
+/// package is not installed (`scripts/install-test-deps` installs it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_official_anthropic_python_sdk_through_the_router() {
+    if !python_has("anthropic") {
+        return;
+    }
+    let backend = mock("local", Behavior::Chat).await;
+    let proxy = start(&[("local", backend.url())]).await;
+    run_sdk_script("anthropic_sdk.py", &proxy, &ANTHROPIC_SDK_STEPS).await;
+}
+
+/// The same script against an Anthropic mock pool (`provider: anthropic`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_official_anthropic_python_sdk_against_an_anthropic_pool() {
+    if !python_has("anthropic") {
+        return;
+    }
+    let claude = mock("claude", Behavior::Anthropic).await;
+    let proxy =
+        TestProxy::with_policy(Settings::default(), &egress_policy(&claude.url(), None)).await;
+    run_sdk_script("anthropic_sdk.py", &proxy, &ANTHROPIC_SDK_STEPS).await;
+    assert!(claude.stats().received >= 5);
+}
+
+/// The official `openai` Python SDK against an Anthropic mock pool:
+/// `chat.completions.create`, a stream with its usage chunk, a tool call
+/// (`tests/python/openai_sdk.py`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_official_openai_python_sdk_against_an_anthropic_pool() {
+    if !python_has("openai") {
+        return;
+    }
+    let claude = mock("claude", Behavior::Anthropic).await;
+    let proxy =
+        TestProxy::with_policy(Settings::default(), &egress_policy(&claude.url(), None)).await;
+    run_sdk_script(
+        "openai_sdk.py",
+        &proxy,
+        &["chat.completions.create", "stream", "tool call"],
+    )
+    .await;
+    assert_eq!(claude.requests()[0].path, "/v1/messages");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -615,4 +661,177 @@ async fn a_sidecar_names_no_model_and_passes_the_model_list_to_its_backend() {
     // The backend's own page (the mock serves /v1/models as a health page).
     assert_eq!(r.json(), json!({"ok": true}));
     assert_eq!(backend.health_hits(), 1);
+}
+
+/// A policy whose route for `claude-sonnet-4-5` tries the Anthropic pool
+/// `claude` (model `claude-sonnet-4-5-20250929`, its key in
+/// `TEST_ANTHROPIC_POOL_API_KEY`) first, then, when given, the OpenAI pool
+/// `local`.
+fn egress_policy(claude: &str, local: Option<&str>) -> String {
+    std::env::set_var("TEST_ANTHROPIC_POOL_API_KEY", "sk-ant-pool-key");
+    let (local_pool, chain) = match local {
+        Some(u) => (
+            format!("    - name: local\n      model: qwen3\n      endpoints: [\"{u}\"]\n"),
+            "claude, local",
+        ),
+        None => (String::new(), "claude"),
+    };
+    format!(
+        r#"apiVersion: router/v1
+kind: RoutingPolicy
+spec:
+  pools:
+    - name: claude
+      provider: anthropic
+      model: claude-sonnet-4-5-20250929
+      endpoints: ["{claude}"]
+      api_key_env: TEST_ANTHROPIC_POOL_API_KEY
+{local_pool}  routes:
+    - name: agents
+      match: {{model: ["{MODEL}"]}}
+      chain: [{chain}]
+"#
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_anthropic_client_reaches_an_anthropic_pool_as_it_sent_the_request() {
+    let claude = mock("claude", Behavior::Anthropic).await;
+    let proxy =
+        TestProxy::with_policy(Settings::default(), &egress_policy(&claude.url(), None)).await;
+    // Fields OpenAI could not carry (top_k, cache_control) pass through.
+    let body = json!({"model": MODEL, "max_tokens": 64, "top_k": 5,
+        "system": [{"type": "text", "text": "Be brief.", "cache_control": {"type": "ephemeral"}}],
+        "messages": [{"role": "user", "content": "hi"}]});
+    let r = send(
+        &proxy,
+        "/v1/messages",
+        &body,
+        &[
+            ("x-api-key", "sk-ant-client"),
+            ("anthropic-beta", "prompt-caching-2024-07-31"),
+        ],
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    let v = r.json();
+    assert_eq!(v["content"][0]["text"], "echo: hi");
+    assert_eq!(v["model"], "claude-sonnet-4-5-20250929");
+    let sent = &claude.requests()[0];
+    assert_eq!(sent.path, "/v1/messages");
+    // The body unchanged but for the pool's model.
+    let mut expected = body.clone();
+    expected["model"] = json!("claude-sonnet-4-5-20250929");
+    assert_eq!(
+        serde_json::from_slice::<Value>(&sent.body).unwrap(),
+        expected
+    );
+    // The pool's key as x-api-key, the client's anthropic-* headers kept.
+    assert_eq!(sent.headers["x-api-key"], "sk-ant-pool-key");
+    assert_eq!(sent.headers["anthropic-version"], "2023-06-01");
+    assert_eq!(sent.headers["anthropic-beta"], "prompt-caching-2024-07-31");
+    assert!(sent.headers.get("authorization").is_none());
+    // Streamed: the pool's events pass as they came, usage counted.
+    let r = send(&proxy, "/v1/messages", &hello("hi", true), &[]).await;
+    let said = anthropic_stream(&r.body).unwrap_or_else(|e| panic!("{e}: {}", r.text()));
+    assert_eq!(said.text, "echo: hi");
+    let lines = proxy.log.wait_for(2).await;
+    assert_eq!(lines[1]["tokens_out"], 2);
+    assert!(lines[1]["tokens_in"].as_u64().unwrap() > 0, "{}", lines[1]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_openai_client_reaches_an_anthropic_pool_translated_both_ways() {
+    let claude = mock("claude", Behavior::Anthropic).await;
+    let proxy =
+        TestProxy::with_policy(Settings::default(), &egress_policy(&claude.url(), None)).await;
+    let chat = |stream: bool, tools: bool| {
+        let mut b = json!({"model": MODEL, "max_tokens": 64, "stream": stream,
+            "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Paris"}]});
+        if stream {
+            b["stream_options"] = json!({"include_usage": true});
+        }
+        if tools {
+            b["tools"] = json!([{"type": "function", "function": {"name": "get_weather",
+                "parameters": {"type": "object", "properties": {"text": {"type": "string"}}}}}]);
+        }
+        b.to_string()
+    };
+    let r = proxy
+        .chat_with(
+            &[("authorization", "Bearer sk-openai-client")],
+            &chat(false, false),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    let v = r.json();
+    assert_eq!(v["object"], "chat.completion");
+    assert_eq!(v["choices"][0]["message"]["content"], "echo: Paris");
+    assert_eq!(v["choices"][0]["finish_reason"], "stop");
+    assert_eq!(v["usage"]["completion_tokens"], 2);
+    // The pool got an Anthropic request: system apart, its key, no client key.
+    let sent = &claude.requests()[0];
+    assert_eq!(sent.path, "/v1/messages");
+    let b: Value = serde_json::from_slice(&sent.body).unwrap();
+    assert_eq!(b["system"], "Be brief.");
+    assert_eq!(b["model"], "claude-sonnet-4-5-20250929");
+    assert_eq!(b["max_tokens"], 64);
+    assert!(b.get("stream_options").is_none(), "{b}");
+    assert_eq!(sent.headers["x-api-key"], "sk-ant-pool-key");
+    assert!(sent.headers.get("authorization").is_none());
+    // Streamed with a tool call: OpenAI chunks, the usage chunk asked for.
+    let r = proxy.chat_with(&[], &chat(true, true)).await;
+    let said = router_dialect::check::openai_stream(&r.body)
+        .unwrap_or_else(|e| panic!("{e}: {}", r.text()));
+    assert_eq!(said.tools.len(), 1, "{}", r.text());
+    assert_eq!(said.tools[0].1, "get_weather");
+    assert_eq!(said.tools[0].2, r#"{"text":"Paris"}"#);
+    assert_eq!(said.stop_reason.as_deref(), Some("tool_calls"));
+    assert_eq!(said.usage.map(|u| u.output), Some(3));
+    // Without max_tokens, which Anthropic requires: 400 naming it.
+    let r = proxy
+        .chat_with(
+            &[],
+            &json!({"model": MODEL, "messages": [{"role": "user", "content": "x"}]}).to_string(),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST);
+    assert!(r.text().contains("`max_tokens`"), "{}", r.text());
+    assert_eq!(claude.stats().received, 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_anthropic_pool_answering_529_falls_over_to_an_openai_pool_in_the_clients_dialect() {
+    let claude = mock("claude", Behavior::Status(529)).await;
+    let local = mock("local", Behavior::Chat).await;
+    let proxy = TestProxy::with_policy(
+        Settings::default(),
+        &egress_policy(&claude.url(), Some(&local.url())),
+    )
+    .await;
+    // An Anthropic client, streamed: Claude is overloaded, the local pool answers.
+    let r = send(&proxy, "/v1/messages", &hello("hi", true), &[]).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    assert_eq!(r.header("x-router-route"), Some("local"));
+    let said = anthropic_stream(&r.body).unwrap_or_else(|e| panic!("{e}: {}", r.text()));
+    assert_eq!(said.text, "echo: hi");
+    assert_eq!(claude.stats().received, 1);
+    let line = &proxy.log.wait_for(1).await[0];
+    assert_eq!(line["attempts"][0]["outcome"], "status_5xx");
+    assert_eq!(line["attempts"][0]["status"], 529);
+    // A field only Anthropic can carry: the local pool is passed over,
+    // saying why, and Claude's 529 reaches the client in its shape.
+    let mut top_k = hello("hi", false);
+    top_k["top_k"] = json!(5);
+    let r = send(&proxy, "/v1/messages", &top_k, &[]).await;
+    assert_eq!(anthropic_error(&r).0, 529, "{}", r.text());
+    assert_eq!(r.json()["error"]["type"], "overloaded_error");
+    assert_eq!(r.json()["error"]["message"], "mock claude answered 529");
+    let line = &proxy.log.wait_for(2).await[1];
+    let reason = line["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("local: skipped, cannot carry field `top_k` to dialect openai"),
+        "{reason}"
+    );
+    assert_eq!(local.stats().received, 1);
 }

@@ -109,6 +109,11 @@ async fn connect_from(from: std::net::IpAddr, addr: SocketAddr) -> std::io::Resu
 /// kernel dropped is accepted seconds later, which would read as "held".
 const CONNECTING: usize = 64;
 
+/// Each test opens thousands of connections: one at a time, so that one
+/// test's sockets do not overflow another's listen backlog (a reset there
+/// would read as the proxy closing without an answer).
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// `n` connections to `addr` from `from`, at most [`CONNECTING`] being
 /// set up at once; `None` for one that could not be made.
 async fn connect_many(
@@ -210,6 +215,7 @@ fn tally(seen: &[Seen]) -> std::collections::BTreeMap<String, usize> {
 /// and a health check is served after.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn four_thousand_endless_410_kb_heads_stay_under_a_memory_bound() {
+    let _one = ONE_AT_A_TIME.lock().await;
     const CONNECTIONS: usize = 4000;
     const CAP: usize = 128 * MIB;
     // Beside the cap: the process itself, 4,000 connections' fixed cost
@@ -311,6 +317,7 @@ async fn four_thousand_endless_410_kb_heads_stay_under_a_memory_bound() {
 /// = 234 MiB), none was refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn endless_heads_under_the_cap_are_held_within_the_buffered_bytes() {
+    let _one = ONE_AT_A_TIME.lock().await;
     const CONNECTIONS: usize = 4000;
     const CAP: usize = 32 * MIB;
     // Beside the cap, for each of the 4,000 connections: its buffer as
@@ -399,6 +406,7 @@ async fn endless_heads_under_the_cap_are_held_within_the_buffered_bytes() {
 /// `503 overloaded` at once, and another peer is still served.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_peer_cannot_hold_every_slot() {
+    let _one = ONE_AT_A_TIME.lock().await;
     const CONNECTIONS: usize = 4000;
     let proxy = Proxy::start(&[]);
     let baseline = proxy.open_fds();

@@ -12,8 +12,12 @@ pub struct AnswerPeek {
     pub usage: Option<Usage>,
 }
 
-/// Token counts, in the chat (`prompt_`/`completion_`) or responses
-/// (`input_`/`output_`) spelling.
+/// Token counts, in the chat (`prompt_`/`completion_`), responses or
+/// Anthropic (`input_`/`output_`) spelling, with the cache counts of each
+/// (OpenAI's `*_tokens_details.cached_tokens`, inside the prompt count;
+/// Anthropic's `cache_read_input_tokens` and
+/// `cache_creation_input_tokens`, outside it: `router_policy::usage` says
+/// how they add up).
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Usage {
     /// `prompt_tokens`.
@@ -24,6 +28,21 @@ pub struct Usage {
     pub input_tokens: Option<u64>,
     /// `output_tokens`.
     pub output_tokens: Option<u64>,
+    /// `prompt_tokens_details`.
+    pub prompt_tokens_details: Option<UsageDetails>,
+    /// `input_tokens_details`.
+    pub input_tokens_details: Option<UsageDetails>,
+    /// `cache_read_input_tokens`.
+    pub cache_read_input_tokens: Option<u64>,
+    /// `cache_creation_input_tokens`.
+    pub cache_creation_input_tokens: Option<u64>,
+}
+
+/// OpenAI's `prompt_tokens_details` / `input_tokens_details`.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct UsageDetails {
+    /// `cached_tokens`.
+    pub cached_tokens: Option<u64>,
 }
 
 /// Reads `model` and `usage` from a JSON answer, checking that the whole
@@ -39,7 +58,12 @@ const USAGE_FIELDS: &[&str] = &[
     "completion_tokens",
     "input_tokens",
     "output_tokens",
+    "prompt_tokens_details",
+    "input_tokens_details",
+    "cache_read_input_tokens",
+    "cache_creation_input_tokens",
 ];
+const DETAILS_FIELDS: &[&str] = &["cached_tokens"];
 
 impl Parser<'_> {
     /// The whole body (as [`Self::request`]).
@@ -78,13 +102,38 @@ impl Parser<'_> {
     /// The value of one field of [`Usage`].
     #[inline(always)]
     fn usage_field(&mut self, out: &mut Usage, field: usize) -> Result<()> {
-        let n = or_null!(self, self.unsigned()?);
         match field {
-            0 => out.prompt_tokens = n,
-            1 => out.completion_tokens = n,
-            2 => out.input_tokens = n,
-            _ => out.output_tokens = n,
+            4 => out.prompt_tokens_details = or_null!(self, self.details()?),
+            5 => out.input_tokens_details = or_null!(self, self.details()?),
+            _ => {
+                let n = or_null!(self, self.unsigned()?);
+                match field {
+                    0 => out.prompt_tokens = n,
+                    1 => out.completion_tokens = n,
+                    2 => out.input_tokens = n,
+                    3 => out.output_tokens = n,
+                    6 => out.cache_read_input_tokens = n,
+                    _ => out.cache_creation_input_tokens = n,
+                }
+            }
         }
         Ok(())
+    }
+
+    /// A `*_tokens_details` object (or its array form).
+    fn details(&mut self) -> Result<UsageDetails> {
+        let mut out = UsageDetails::default();
+        if self.nested("struct UsageDetails")? {
+            let mut members = Members::default();
+            while self.next_field(&mut members, DETAILS_FIELDS)?.is_some() {
+                out.cached_tokens = or_null!(self, self.unsigned()?);
+            }
+        } else {
+            self.i = self.array_fields(DETAILS_FIELDS.len(), |p, _| {
+                out.cached_tokens = or_null!(p, p.unsigned()?);
+                Ok(())
+            })?;
+        }
+        Ok(out)
     }
 }

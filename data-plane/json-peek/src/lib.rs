@@ -109,6 +109,6 @@ mod request;
 mod scan;
 mod skip;
 
-pub use answer::{peek_answer, AnswerPeek, Usage};
+pub use answer::{peek_answer, AnswerPeek, Usage, UsageDetails};
 pub use error::PeekError;
 pub use request::{peek_request, RequestPeek, ResponseFormatPeek};

@@ -18,8 +18,7 @@ fn bench_bodies() {
         Some(Usage {
             prompt_tokens: Some(9),
             completion_tokens: Some(12),
-            input_tokens: None,
-            output_tokens: None,
+            ..Usage::default()
         })
     );
     check(BENCH_ANSWER.as_bytes());
@@ -45,6 +44,45 @@ fn fields_and_types() {
     );
     let a = check_answer(br#"{"usage":{"input_tokens":3,"output_tokens":4}}"#).expect("ok");
     assert_eq!(a.usage.and_then(|u| u.output_tokens), Some(4));
+    // The cache counts: OpenAI's details (inside the prompt) and
+    // Anthropic's own fields (outside its input).
+    let a = check_answer(
+        br#"{"usage":{"prompt_tokens":2006,"completion_tokens":300,"total_tokens":2306,
+            "prompt_tokens_details":{"cached_tokens":1920,"audio_tokens":0},
+            "completion_tokens_details":{"reasoning_tokens":0}}}"#,
+    )
+    .expect("ok");
+    let u = a.usage.expect("usage");
+    assert_eq!(
+        u.prompt_tokens_details.and_then(|d| d.cached_tokens),
+        Some(1920)
+    );
+    assert_eq!(u.input_tokens_details, None);
+    let a = check_answer(
+        br#"{"usage":{"input_tokens":21,"cache_creation_input_tokens":188086,
+            "cache_read_input_tokens":0,"output_tokens":393,
+            "cache_creation":{"ephemeral_5m_input_tokens":188086}}}"#,
+    )
+    .expect("ok");
+    let u = a.usage.expect("usage");
+    assert_eq!(u.cache_creation_input_tokens, Some(188086));
+    assert_eq!(u.cache_read_input_tokens, Some(0));
+    for body in [
+        r#"{"usage":{"prompt_tokens_details":null,"input_tokens_details":{}}}"#,
+        r#"{"usage":{"input_tokens_details":{"cached_tokens":null}}}"#,
+        r#"{"usage":{"input_tokens_details":[5]}}"#,
+        r#"{"usage":{"input_tokens_details":[5,6]}}"#,
+        r#"{"usage":{"input_tokens_details":[]}}"#,
+        r#"{"usage":{"input_tokens_details":"x"}}"#,
+        r#"{"usage":{"input_tokens_details":{"cached_tokens":-1}}}"#,
+        r#"{"usage":{"input_tokens_details":{"cached_tokens":1,"cached_tokens":2}}}"#,
+        r#"{"usage":{"prompt_tokens_details":{"cached_tokens":1},"prompt_tokens_details":{}}}"#,
+        r#"{"usage":[1,2,3,4,[7],null,8,9]}"#,
+        r#"{"usage":[1,2,3,4,{"cached_tokens":7},[8],8,9,10]}"#,
+        r#"{"usage":{"cache_read_input_tokens":1.5}}"#,
+    ] {
+        check(body.as_bytes());
+    }
     for body in [
         // null is absent; absent type is "".
         r#"{"model":null,"stream":null,"max_tokens":null,"response_format":null}"#,

@@ -8,7 +8,9 @@
 
 use std::borrow::Cow;
 
-use router_json_peek::{peek_answer, peek_request, AnswerPeek, PeekError, RequestPeek, Usage};
+use router_json_peek::{
+    peek_answer, peek_request, AnswerPeek, PeekError, RequestPeek, Usage, UsageDetails,
+};
 
 /// The structs handler.rs gave serde_json (copied, names included, as
 /// they show in messages): the reference.
@@ -56,6 +58,20 @@ pub(crate) mod reference {
         pub(super) input_tokens: Option<u64>,
         #[serde(default)]
         pub(super) output_tokens: Option<u64>,
+        #[serde(default)]
+        pub(super) prompt_tokens_details: Option<UsageDetails>,
+        #[serde(default)]
+        pub(super) input_tokens_details: Option<UsageDetails>,
+        #[serde(default)]
+        pub(super) cache_read_input_tokens: Option<u64>,
+        #[serde(default)]
+        pub(super) cache_creation_input_tokens: Option<u64>,
+    }
+
+    #[derive(Deserialize, Debug)]
+    pub(super) struct UsageDetails {
+        #[serde(default)]
+        pub(super) cached_tokens: Option<u64>,
     }
 }
 
@@ -143,6 +159,14 @@ pub(crate) fn check_answer(b: &[u8]) -> std::result::Result<AnswerPeek, PeekErro
                 completion_tokens: u.completion_tokens,
                 input_tokens: u.input_tokens,
                 output_tokens: u.output_tokens,
+                prompt_tokens_details: u.prompt_tokens_details.map(|d| UsageDetails {
+                    cached_tokens: d.cached_tokens,
+                }),
+                input_tokens_details: u.input_tokens_details.map(|d| UsageDetails {
+                    cached_tokens: d.cached_tokens,
+                }),
+                cache_read_input_tokens: u.cache_read_input_tokens,
+                cache_creation_input_tokens: u.cache_creation_input_tokens,
             });
             assert_eq!(o.usage, t_usage, "{}", show(b));
         }

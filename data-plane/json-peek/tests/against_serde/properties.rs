@@ -156,6 +156,11 @@ fn key() -> impl Strategy<Value = Vec<u8>> {
         "completion_tokens",
         "input_tokens",
         "output_tokens",
+        "prompt_tokens_details",
+        "input_tokens_details",
+        "cached_tokens",
+        "cache_read_input_tokens",
+        "cache_creation_input_tokens",
         "messages",
         "id",
     ]);
@@ -192,23 +197,49 @@ fn tokens() -> impl Strategy<Value = Json> {
 fn known_member() -> BoxedStrategy<(Vec<u8>, Json)> {
     let named = |name: &str, v: BoxedStrategy<Json>| (Just(name.as_bytes().to_vec()), v);
     let text = || string_content().prop_map(Json::Str).boxed();
+    // `*_tokens_details`: `{"cached_tokens": N}` or its array form.
+    let details = || {
+        prop_oneof![
+            4 => prop::collection::vec(
+                (
+                    prop::sample::select(vec!["cached_tokens", "audio_tokens"])
+                        .prop_map(|k| k.as_bytes().to_vec()),
+                    tokens(),
+                ),
+                0..3,
+            )
+            .prop_map(Json::Object),
+            1 => prop::collection::vec(tokens(), 0..3).prop_map(Json::Array),
+            1 => tokens(),
+        ]
+    };
     let usage = prop_oneof![
         prop::collection::vec(
-            (
-                prop::sample::select(vec![
-                    "prompt_tokens",
-                    "completion_tokens",
-                    "input_tokens",
-                    "output_tokens",
-                    "total_tokens",
-                ])
-                .prop_map(|k| k.as_bytes().to_vec()),
-                tokens(),
-            ),
-            0..5,
+            prop_oneof![
+                4 => (
+                    prop::sample::select(vec![
+                        "prompt_tokens",
+                        "completion_tokens",
+                        "input_tokens",
+                        "output_tokens",
+                        "total_tokens",
+                        "cache_read_input_tokens",
+                        "cache_creation_input_tokens",
+                    ])
+                    .prop_map(|k| k.as_bytes().to_vec()),
+                    tokens(),
+                ),
+                1 => (
+                    prop::sample::select(vec!["prompt_tokens_details", "input_tokens_details"])
+                        .prop_map(|k| k.as_bytes().to_vec()),
+                    details(),
+                ),
+            ],
+            0..6,
         )
         .prop_map(Json::Object),
-        prop::collection::vec(tokens(), 0..6).prop_map(Json::Array),
+        prop::collection::vec(prop_oneof![4 => tokens(), 1 => details()], 0..9)
+            .prop_map(Json::Array),
     ];
     let format = prop_oneof![
         3 => prop::sample::select(vec!["json_object", "json_schema", "text"])

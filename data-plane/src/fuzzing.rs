@@ -253,6 +253,8 @@ fn attempt(b: &mut Bytes<'_>) -> AttemptRecord {
         // Not logged per attempt: set anyway, so a leak would show.
         tokens_in: b.opt_u64(),
         tokens_out: b.opt_u64(),
+        cache_read_tokens: b.opt_u64(),
+        cache_write_tokens: b.opt_u64(),
         cost_usd: b.some().then(|| b.float()),
         response_model: b.some().then(|| b.string()),
         generated: router_policy::tenant::Charge::default(),
@@ -290,6 +292,8 @@ fn record(data: &[u8]) -> RouteRecord {
         model: b.some().then(|| b.string().into()),
         tokens_in: b.opt_u64(),
         tokens_out: b.opt_u64(),
+        cache_read_tokens: b.opt_u64(),
+        cache_write_tokens: b.opt_u64(),
         cost_usd: b.some().then(|| b.float()),
         stream: b.some().then(|| crate::route_log::StreamRecord {
             ttft_ms: b.float(),

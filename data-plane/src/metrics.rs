@@ -597,25 +597,36 @@ impl Metrics {
             .inc();
     }
 
-    /// Accounts tokens and cost of one answer.
-    pub(crate) fn usage(&self, pool: &str, input: u64, output: u64, cost_usd: f64) {
-        let (tokens_in, tokens_out) = self.pool_series(pool, |s| {
-            s.tokens
-                .get_or_insert_with(|| {
-                    let counter = |kind: &str| {
-                        self.tokens
-                            .get_or_create(&TokenLabels {
-                                pool: pool.to_string(),
-                                kind: kind.to_string(),
-                            })
-                            .clone()
-                    };
-                    (counter("input"), counter("output"))
+    /// Accounts tokens and cost of one answer: `kind="input"` every
+    /// prompt token (cached ones included, as `gen_ai.usage.input_tokens`
+    /// counts them), `output`, and the parts of the input read from and
+    /// written to a prompt cache (`cache_read`, `cache_write`; their
+    /// series appear with the first such token).
+    pub(crate) fn usage(&self, pool: &str, tokens: router_policy::usage::Tokens, cost_usd: f64) {
+        let counter = |kind: &str| {
+            self.tokens
+                .get_or_create(&TokenLabels {
+                    pool: pool.to_string(),
+                    kind: kind.to_string(),
                 })
                 .clone()
+        };
+        let (tokens_in, tokens_out) = self.pool_series(pool, |s| {
+            s.tokens
+                .get_or_insert_with(|| (counter("input"), counter("output")))
+                .clone()
         });
-        tokens_in.inc_by(input);
-        tokens_out.inc_by(output);
+        tokens_in.inc_by(tokens.prompt);
+        tokens_out.inc_by(tokens.output);
+        // Rare (a prompt cache's pools): looked up when there is one.
+        for (kind, n) in [
+            ("cache_read", tokens.cache_read),
+            ("cache_write", tokens.cache_write),
+        ] {
+            if n > 0 {
+                counter(kind).inc_by(n);
+            }
+        }
         if cost_usd > 0.0 {
             let cost = self.pool_series(pool, |s| {
                 s.cost
@@ -771,8 +782,15 @@ mod tests {
         }
         a.request_done("r", "p", Outcome::Status5xx, 0.01);
         b.request_done("r", "p", Outcome::Ok, 0.01);
-        a.usage("p", 5, 7, 0.0);
-        b.usage("p", 1, 2, 0.5);
+        let tokens = |prompt, output, cache_read| router_policy::usage::Tokens {
+            prompt,
+            output,
+            cache_read,
+            cache_write: 0,
+        };
+        a.usage("p", tokens(5, 7, 0), 0.0);
+        b.usage("p", tokens(1, 2, 0), 0.5);
+        b.usage("p", tokens(100, 0, 64), 0.0);
         let (ta, tb) = (a.render(&[]), b.render(&[]));
         let ok = r#"router_requests_total{route="r",pool="p",outcome="ok"}"#;
         assert_eq!(line(&ta, ok), Some(&*format!("{ok} 3")));
@@ -782,7 +800,11 @@ mod tests {
         assert_eq!(line(&tb, failed), None);
         assert!(ta.contains(r#"router_queue_wait_seconds_count{pool="p"} 3"#));
         assert!(ta.contains(r#"router_tokens_total{pool="p",kind="output"} 7"#));
-        assert!(tb.contains(r#"router_tokens_total{pool="p",kind="input"} 1"#));
+        assert!(tb.contains(r#"router_tokens_total{pool="p",kind="input"} 101"#));
+        // Cache series only where a cache was used.
+        assert!(tb.contains(r#"router_tokens_total{pool="p",kind="cache_read"} 64"#));
+        assert!(!tb.contains("cache_write"));
+        assert!(!ta.contains("cache_read"));
         // No cost series until a cost is counted.
         assert!(!ta.contains("router_cost_usd_total{"));
         assert!(tb.contains(r#"router_cost_usd_total{pool="p"} 0.5"#));

@@ -39,6 +39,14 @@ pub(crate) struct AttemptRecord {
     /// Output tokens the answer's `usage` reported (logged per request).
     #[serde(skip)]
     pub tokens_out: Option<u64>,
+    /// The part of `tokens_in` read from a prompt cache (logged per
+    /// request).
+    #[serde(skip)]
+    pub cache_read_tokens: Option<u64>,
+    /// The part of `tokens_in` written to a prompt cache (logged per
+    /// request).
+    #[serde(skip)]
+    pub cache_write_tokens: Option<u64>,
     /// Cost from `usage` and the pool's prices (logged per request).
     #[serde(skip)]
     pub cost_usd: Option<f64>,
@@ -75,6 +83,11 @@ pub(crate) struct UsageRecord {
     pub input_tokens: Option<u64>,
     /// Completion tokens.
     pub output_tokens: Option<u64>,
+}
+
+/// A cache count that is absent or zero is left out of the line.
+fn no_tokens(n: &Option<u64>) -> bool {
+    n.is_none_or(|n| n == 0)
 }
 
 /// A wall-clock time, written as RFC 3339 with milliseconds (UTC).
@@ -154,10 +167,19 @@ pub(crate) struct RouteRecord {
     pub reason: String,
     /// The request's `model`, when it had one.
     pub model: Option<Arc<str>>,
-    /// Input tokens reported by the backend.
+    /// Input (prompt) tokens reported by the backend, cached ones
+    /// included (`router_policy::usage`).
     pub tokens_in: Option<u64>,
     /// Output tokens reported by the backend.
     pub tokens_out: Option<u64>,
+    /// The part of `tokens_in` read from a prompt cache (written when the
+    /// backend reported any).
+    #[serde(skip_serializing_if = "no_tokens")]
+    pub cache_read_tokens: Option<u64>,
+    /// The part of `tokens_in` written to a prompt cache (written when
+    /// the backend reported any).
+    #[serde(skip_serializing_if = "no_tokens")]
+    pub cache_write_tokens: Option<u64>,
     /// Estimated cost.
     pub cost_usd: Option<f64>,
     /// A streamed answer's timing and usage (streams only).
@@ -788,6 +810,15 @@ impl RouteRecord {
         json_opt_str(out, opt_key!("\"", "model", "\""), self.model.as_deref());
         json_opt_u64(out, opt_key!("", "tokens_in", ""), self.tokens_in);
         json_opt_u64(out, opt_key!("", "tokens_out", ""), self.tokens_out);
+        for (key, n) in [
+            (&b",\"cache_read_tokens\":"[..], self.cache_read_tokens),
+            (&b",\"cache_write_tokens\":"[..], self.cache_write_tokens),
+        ] {
+            if let Some(n) = n.filter(|n| *n > 0) {
+                out.extend_from_slice(key);
+                json_u64(out, n);
+            }
+        }
         json_opt_f64(out, opt_key!("", "cost_usd", ""), self.cost_usd);
         if let Some(stream) = &self.stream {
             // Streams only, and rare enough: serde_json writes it.
@@ -1475,6 +1506,8 @@ mod tests {
             model: some(rng).then(|| pick(rng).into()),
             tokens_in: some(rng).then(|| rng.next() >> rng.below(64)),
             tokens_out: some(rng).then(|| rng.next() >> rng.below(64)),
+            cache_read_tokens: some(rng).then(|| rng.next() >> rng.below(64)),
+            cache_write_tokens: some(rng).then(|| rng.below(3)),
             cost_usd: some(rng).then(|| float(rng)),
             stream: some(rng).then(|| StreamRecord {
                 ttft_ms: float(rng),

@@ -57,6 +57,7 @@ pub mod retry_budget;
 pub mod stream;
 pub mod structured;
 pub mod tenant;
+pub mod usage;
 
 pub use approval::{ApprovalKey, Refusal};
 pub use balance::{EndpointLoad, Scoring};

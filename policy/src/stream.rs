@@ -27,8 +27,9 @@
 //! the same rules: a `content_block_delta` is content (the first token);
 //! `message_start` (its message's usage: the input tokens) and
 //! `message_delta` (its usage: the output tokens, cumulative) are usage
-//! events, which [`StreamUsage::update`] merges (a later count replaces
-//! an earlier one, an absent one keeps it); `event: error` is an error;
+//! events, which [`crate::usage::ReportedUsage::merge`] merges (a later
+//! count replaces an earlier one, an absent one keeps it; the cache
+//! counts come with the input tokens); `event: error` is an error;
 //! `ping`, block starts and stops and `message_stop` carry nothing.
 //!
 //! [`SseScanner`] splits the byte stream into whole events (an event may
@@ -45,27 +46,9 @@ use serde::Deserialize;
 /// The largest single event the scanner holds (1 MiB).
 pub const MAX_EVENT_BYTES: usize = 1024 * 1024;
 
-/// Token counts a stream reported (its usage chunk).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct StreamUsage {
-    /// Prompt (input) tokens.
-    pub input_tokens: Option<u64>,
-    /// Completion (output) tokens.
-    pub output_tokens: Option<u64>,
-}
-
-impl StreamUsage {
-    /// `self` after a later usage event: its counts replace these, and a
-    /// count it does not give is kept (Anthropic's `message_delta` gives
-    /// the output tokens so far, cumulative, after `message_start` gave
-    /// the input tokens; an OpenAI stream gives all in one chunk).
-    pub fn update(self, later: Self) -> Self {
-        Self {
-            input_tokens: later.input_tokens.or(self.input_tokens),
-            output_tokens: later.output_tokens.or(self.output_tokens),
-        }
-    }
-}
+/// Token counts a stream reported: its usage events' fields, merged
+/// (`crate::usage` says how they add up).
+pub use crate::usage::ReportedUsage as StreamUsage;
 
 /// What one server-sent event is.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -257,8 +240,16 @@ pub fn classify(event: &[u8]) -> SseEvent {
         .usage
         .or_else(|| chunk.message.and_then(|m| m.usage))
         .map(|u| StreamUsage {
-            input_tokens: u.prompt_tokens.or(u.input_tokens),
-            output_tokens: u.completion_tokens.or(u.output_tokens),
+            prompt_tokens: u.prompt_tokens,
+            completion_tokens: u.completion_tokens,
+            input_tokens: u.input_tokens,
+            output_tokens: u.output_tokens,
+            cached_tokens: u
+                .prompt_tokens_details
+                .or(u.input_tokens_details)
+                .and_then(|d| d.cached_tokens),
+            cache_read_input_tokens: u.cache_read_input_tokens,
+            cache_creation_input_tokens: u.cache_creation_input_tokens,
         });
     if chunk.choices.iter().any(Choice::has_content) || chunk.kind == Some(Kind::ContentBlockDelta)
     {
@@ -355,6 +346,20 @@ struct UsageFields {
     input_tokens: Option<u64>,
     #[serde(default)]
     output_tokens: Option<u64>,
+    #[serde(default)]
+    prompt_tokens_details: Option<DetailsFields>,
+    #[serde(default)]
+    input_tokens_details: Option<DetailsFields>,
+    #[serde(default)]
+    cache_read_input_tokens: Option<u64>,
+    #[serde(default)]
+    cache_creation_input_tokens: Option<u64>,
+}
+
+#[derive(Deserialize, Clone, Copy)]
+struct DetailsFields {
+    #[serde(default)]
+    cached_tokens: Option<u64>,
 }
 
 impl Choice {
@@ -431,8 +436,9 @@ data: [DONE]\n\n";
                 SseEvent::Content { usage: None },
                 SseEvent::Usage {
                     usage: StreamUsage {
-                        input_tokens: Some(12),
-                        output_tokens: Some(2)
+                        prompt_tokens: Some(12),
+                        completion_tokens: Some(2),
+                        ..StreamUsage::default()
                     },
                     only_usage: true
                 },
@@ -444,7 +450,7 @@ data: [DONE]\n\n";
 
     /// An Anthropic Messages stream, as its API reference shows it.
     const ANTHROPIC: &str = "event: message_start\n\
-data: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_1\",\"type\":\"message\",\"role\":\"assistant\",\"content\":[],\"model\":\"claude-sonnet-4-5\",\"stop_reason\":null,\"stop_sequence\":null,\"usage\":{\"input_tokens\":25,\"output_tokens\":1}}}\n\n\
+data: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_1\",\"type\":\"message\",\"role\":\"assistant\",\"content\":[],\"model\":\"claude-sonnet-4-5\",\"stop_reason\":null,\"stop_sequence\":null,\"usage\":{\"input_tokens\":25,\"cache_creation_input_tokens\":0,\"cache_read_input_tokens\":2000,\"output_tokens\":1}}}\n\n\
 event: content_block_start\n\
 data: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\n\
 event: ping\n\
@@ -464,10 +470,13 @@ data: {\"type\":\"message_stop\"}\n\n";
         let start = StreamUsage {
             input_tokens: Some(25),
             output_tokens: Some(1),
+            cache_read_input_tokens: Some(2000),
+            cache_creation_input_tokens: Some(0),
+            ..StreamUsage::default()
         };
         let delta = StreamUsage {
-            input_tokens: None,
             output_tokens: Some(15),
+            ..StreamUsage::default()
         };
         assert_eq!(
             k,
@@ -488,12 +497,28 @@ data: {\"type\":\"message_stop\"}\n\n";
             ]
         );
         assert_eq!(bytes, ANTHROPIC.as_bytes());
-        // The input from message_start, the output from message_delta.
+        // The input and the cache counts from message_start, the output
+        // from message_delta: the cache read is part of the prompt, once.
         assert_eq!(
-            start.update(delta),
-            StreamUsage {
-                input_tokens: Some(25),
-                output_tokens: Some(15)
+            start.merge(delta).tokens(0),
+            crate::usage::Tokens {
+                prompt: 2025,
+                output: 15,
+                cache_read: 2000,
+                cache_write: 0,
+            }
+        );
+        // OpenAI's cached tokens come inside the usage chunk's prompt.
+        assert_eq!(
+            classify(b"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":90,\"completion_tokens\":3,\"prompt_tokens_details\":{\"cached_tokens\":64}}}\n\n"),
+            SseEvent::Usage {
+                usage: StreamUsage {
+                    prompt_tokens: Some(90),
+                    completion_tokens: Some(3),
+                    cached_tokens: Some(64),
+                    ..StreamUsage::default()
+                },
+                only_usage: true
             }
         );
         // Anthropic's error event, mid-stream.

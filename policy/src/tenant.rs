@@ -135,8 +135,10 @@ pub fn micros(usd: f64) -> u64 {
 }
 
 /// The worst-case cost of a call, micro-USD: `input_tokens` at the
-/// highest input price of `prices`, plus `max_tokens` (else
-/// [`DEFAULT_OUTPUT_CAP`]) at the highest output price.
+/// highest price a prompt token has among `prices` (input, cache read or
+/// cache write: a cache write usually costs more than a plain input
+/// token), plus `max_tokens` (else [`DEFAULT_OUTPUT_CAP`]) at the highest
+/// output price.
 pub fn worst_case_micros(
     prices: impl Iterator<Item = crate::document::Price>,
     input_tokens: u64,
@@ -144,12 +146,13 @@ pub fn worst_case_micros(
 ) -> u64 {
     let (mut input, mut output) = (0.0f64, 0.0f64);
     for p in prices {
-        input = input.max(p.input_per_1k_usd);
+        input = input.max(p.max_prompt_per_1k_usd());
         output = output.max(p.output_per_1k_usd);
     }
     let worst = crate::document::Price {
         input_per_1k_usd: input,
         output_per_1k_usd: output,
+        ..Default::default()
     };
     micros(worst.cost(input_tokens, max_tokens.unwrap_or(DEFAULT_OUTPUT_CAP)))
 }
@@ -813,6 +816,8 @@ mod tests {
         let p = |i, o| crate::document::Price {
             input_per_1k_usd: i,
             output_per_1k_usd: o,
+            cache_read_per_1k_usd: i,
+            cache_write_per_1k_usd: i,
         };
         let prices = [p(1.0, 2.0), p(3.0, 1.0)];
         // 1000 input tokens at $3/1k, 500 output at $2/1k: $4.
@@ -823,6 +828,15 @@ mod tests {
         assert_eq!(
             worst_case_micros(prices.into_iter(), 0, None),
             micros(2.0 * DEFAULT_OUTPUT_CAP as f64 / 1000.0)
+        );
+        // A cache write dearer than the input is the prompt's worst case.
+        let caching = crate::document::Price {
+            cache_write_per_1k_usd: 3.75,
+            ..p(3.0, 15.0)
+        };
+        assert_eq!(
+            worst_case_micros([caching].into_iter(), 1000, Some(0)),
+            3_750_000
         );
         assert_eq!(micros(f64::NAN), 0);
         assert_eq!(micros(0.000_000_1), 1, "rounded up");

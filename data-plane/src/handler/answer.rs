@@ -104,6 +104,8 @@ impl Pending {
         if attempt.tokens_in.is_some() || attempt.tokens_out.is_some() {
             rec.tokens_in = attempt.tokens_in;
             rec.tokens_out = attempt.tokens_out;
+            rec.cache_read_tokens = attempt.cache_read_tokens;
+            rec.cache_write_tokens = attempt.cache_write_tokens;
             rec.cost_usd = attempt.cost_usd;
         }
         if attempt.response_model.is_some() {

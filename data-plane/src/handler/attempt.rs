@@ -411,7 +411,7 @@ impl Exchange {
                         .as_ref()
                         .ok()
                         .and_then(|a| a.usage)
-                        .and_then(|u| u.completion_tokens.or(u.output_tokens));
+                        .and_then(|u| reported(&u).output());
                     let explained =
                         router_policy::structured::explained_by_request(self.output_cap, done);
                     let degraded = pool.note_structured_failure(
@@ -434,24 +434,22 @@ impl Exchange {
                 record.response_model = a.model.take();
             }
             if let Ok(Some(usage)) = answer.map(|a| a.usage) {
-                let (tokens_in, tokens_out) = (
-                    usage.prompt_tokens.or(usage.input_tokens),
-                    usage.completion_tokens.or(usage.output_tokens),
-                );
+                let usage = reported(&usage);
+                let (tokens_in, tokens_out) = (usage.prompt(), usage.output());
                 // Absurd counts are neither logged nor counted (the
                 // charge keeps the reservation instead).
                 if router_policy::tenant::plausible_usage(tokens_in, tokens_out) {
+                    let tokens = usage.tokens(self.estimated_input_tokens);
                     record.tokens_in = tokens_in;
                     record.tokens_out = tokens_out;
-                }
-                if let (Some(p), true) = (
-                    self.snapshot.policy.pool(pool.name()),
-                    record.tokens_in.is_some() || record.tokens_out.is_some(),
-                ) {
-                    record.cost_usd = Some(p.price.cost(
-                        record.tokens_in.unwrap_or(self.estimated_input_tokens),
-                        record.tokens_out.unwrap_or(0),
-                    ));
+                    record.cache_read_tokens = tokens_in.map(|_| tokens.cache_read);
+                    record.cache_write_tokens = tokens_in.map(|_| tokens.cache_write);
+                    if let (Some(p), true) = (
+                        self.snapshot.policy.pool(pool.name()),
+                        usage.reported(),
+                    ) {
+                        record.cost_usd = Some(p.price.cost_of(&tokens));
+                    }
                 }
             }
             if let (Some(i), Some(o)) = (record.tokens_in, record.tokens_out) {
@@ -499,19 +497,17 @@ impl Exchange {
         let Some(usage) = answer.and_then(|a| a.usage) else {
             return Charge::unreadable();
         };
-        let input = usage.prompt_tokens.or(usage.input_tokens);
-        let output = usage.completion_tokens.or(usage.output_tokens);
-        if (input.is_none() && output.is_none()) || !plausible_usage(input, output) {
+        let usage = reported(&usage);
+        if !usage.reported() || !plausible_usage(usage.prompt(), usage.output()) {
             return Charge::unreadable();
         }
-        let input = input.unwrap_or(self.estimated_input_tokens);
-        let output = output.unwrap_or(0);
+        let tokens = usage.tokens(self.estimated_input_tokens);
         let cost = self
             .snapshot
             .policy
             .pool(pool)
-            .map_or(0, |p| micros(p.price.cost(input, output)));
-        Charge::reported(cost, input.saturating_add(output))
+            .map_or(0, |p| micros(p.price.cost_of(&tokens)));
+        Charge::reported(cost, tokens.total())
     }
 
     /// Non-streaming OpenAI-style calls with a JSON answer of known,
@@ -725,5 +721,22 @@ mod tests {
         ] {
             assert_eq!(retry_after(&v(ignored)), None, "{ignored}");
         }
+    }
+}
+
+/// An answer's usage fields, as the router's usage rules take them
+/// (`router_policy::usage`: which counts hold which).
+pub(super) fn reported(u: &router_json_peek::Usage) -> router_policy::usage::ReportedUsage {
+    router_policy::usage::ReportedUsage {
+        prompt_tokens: u.prompt_tokens,
+        completion_tokens: u.completion_tokens,
+        input_tokens: u.input_tokens,
+        output_tokens: u.output_tokens,
+        cached_tokens: u
+            .prompt_tokens_details
+            .or(u.input_tokens_details)
+            .and_then(|d| d.cached_tokens),
+        cache_read_input_tokens: u.cache_read_input_tokens,
+        cache_creation_input_tokens: u.cache_creation_input_tokens,
     }
 }

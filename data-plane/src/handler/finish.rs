@@ -88,8 +88,12 @@ pub(super) fn finish_record(
     if record.tokens_in.is_some() || record.tokens_out.is_some() {
         shared.metrics.usage(
             pool,
-            record.tokens_in.unwrap_or(0),
-            record.tokens_out.unwrap_or(0),
+            router_policy::usage::Tokens {
+                prompt: record.tokens_in.unwrap_or(0),
+                output: record.tokens_out.unwrap_or(0),
+                cache_read: record.cache_read_tokens.unwrap_or(0),
+                cache_write: record.cache_write_tokens.unwrap_or(0),
+            },
             record.cost_usd.unwrap_or(0.0),
         );
     }
@@ -147,12 +151,15 @@ impl StreamTally {
                 .map_or(0, |p| router_policy::tenant::micros(p.cost(input, output)))
         };
         if let Some(u) = self.usage {
-            if (u.input_tokens.is_some() || u.output_tokens.is_some())
-                && router_policy::tenant::plausible_usage(u.input_tokens, u.output_tokens)
-            {
-                let input = u.input_tokens.unwrap_or(self.input_estimate);
-                let output = u.output_tokens.unwrap_or(self.content_events);
-                return Charge::reported(cost(input, output), input.saturating_add(output));
+            if u.reported() && router_policy::tenant::plausible_usage(u.prompt(), u.output()) {
+                let mut tokens = u.tokens(self.input_estimate);
+                if u.output().is_none() {
+                    tokens.output = self.content_events;
+                }
+                let cost = self.price.map_or(0, |p| {
+                    router_policy::tenant::micros(p.cost_of(&tokens))
+                });
+                return Charge::reported(cost, tokens.total());
             }
             return Charge::unreadable();
         }
@@ -175,7 +182,7 @@ impl StreamTally {
         let (first, last) = (self.first_content?, self.last_content?);
         let tokens = self
             .usage
-            .and_then(|u| u.output_tokens)
+            .and_then(|u| u.output())
             .unwrap_or(self.content_events);
         router_policy::stream::time_per_output_token(last.saturating_duration_since(first), tokens)
     }
@@ -189,13 +196,15 @@ impl StreamTally {
         let tpot = self.tpot();
         if let Some(u) = self
             .usage
-            .filter(|u| router_policy::tenant::plausible_usage(u.input_tokens, u.output_tokens))
+            .filter(|u| router_policy::tenant::plausible_usage(u.prompt(), u.output()))
         {
-            record.tokens_in = u.input_tokens;
-            record.tokens_out = u.output_tokens;
+            let tokens = u.tokens(0);
+            record.tokens_in = u.prompt();
+            record.tokens_out = u.output();
+            record.cache_read_tokens = u.prompt().map(|_| tokens.cache_read);
+            record.cache_write_tokens = u.prompt().map(|_| tokens.cache_write);
             if let Some(price) = self.price {
-                record.cost_usd =
-                    Some(price.cost(u.input_tokens.unwrap_or(0), u.output_tokens.unwrap_or(0)));
+                record.cost_usd = Some(price.cost_of(&tokens));
             }
         }
         record.stream = Some(StreamRecord {
@@ -203,8 +212,8 @@ impl StreamTally {
             tpot_ms: tpot.map(ms),
             content_events: self.content_events,
             usage: self.usage.map(|u| UsageRecord {
-                input_tokens: u.input_tokens,
-                output_tokens: u.output_tokens,
+                input_tokens: u.prompt(),
+                output_tokens: u.output(),
             }),
         });
         tpot
@@ -279,7 +288,7 @@ impl Completion for Finisher {
         if let Some(t) = &mut self.tally {
             // Merged: Anthropic's input comes in message_start, its
             // output (cumulative) in message_delta.
-            t.usage = Some(t.usage.map_or(usage, |u| u.update(usage)));
+            t.usage = Some(t.usage.map_or(usage, |u| u.merge(usage)));
         }
     }
 

@@ -89,6 +89,9 @@ pub(super) async fn traced_attempt(
         if let Some(n) = r.tokens_out {
             span.set_attribute(KeyValue::new("gen_ai.usage.output_tokens", n as i64));
         }
+        for (key, n) in cache_attributes(r.cache_read_tokens, r.cache_write_tokens) {
+            span.set_attribute(KeyValue::new(key, n));
+        }
         if !r.outcome.is_success() {
             span.set_status(Status::error(r.outcome.as_str()));
             // The failure may have opened the endpoint's circuit.
@@ -147,11 +150,25 @@ pub(super) fn end_server_span(cx: &opentelemetry::Context, record: &RouteRecord,
     if let Some(n) = record.tokens_out {
         attrs.push(KeyValue::new("gen_ai.usage.output_tokens", n as i64));
     }
+    for (key, n) in cache_attributes(record.cache_read_tokens, record.cache_write_tokens) {
+        attrs.push(KeyValue::new(key, n));
+    }
     span.set_attributes(attrs);
     if record.status >= 500 || !record.outcome.is_success() {
         span.set_status(Status::error(record.outcome.as_str()));
     }
     span.end();
+}
+
+/// OpenTelemetry's cache counts (parts of `gen_ai.usage.input_tokens`),
+/// when a prompt cache was used.
+fn cache_attributes(read: Option<u64>, write: Option<u64>) -> impl Iterator<Item = (&'static str, i64)> {
+    [
+        ("gen_ai.usage.cache_read.input_tokens", read),
+        ("gen_ai.usage.cache_creation.input_tokens", write),
+    ]
+    .into_iter()
+    .filter_map(|(k, n)| n.filter(|n| *n > 0).map(|n| (k, i64::try_from(n).unwrap_or(i64::MAX))))
 }
 
 /// `gen_ai.operation.name` for an OpenAI-style path.

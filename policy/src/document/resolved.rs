@@ -105,18 +105,43 @@ pub struct Gates {
 /// Resolved prices.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct Price {
-    /// USD per 1,000 input tokens.
+    /// USD per 1,000 input tokens (prompt tokens no cache served).
     pub input_per_1k_usd: f64,
     /// USD per 1,000 output tokens.
     pub output_per_1k_usd: f64,
+    /// USD per 1,000 prompt tokens read from a cache (the input price
+    /// when the policy gives none).
+    pub cache_read_per_1k_usd: f64,
+    /// USD per 1,000 prompt tokens written to a cache (the input price
+    /// when the policy gives none).
+    pub cache_write_per_1k_usd: f64,
 }
 
 impl Price {
-    /// Cost of a call with these token counts.
+    /// Cost of a call with these token counts, every prompt token at the
+    /// input price (an estimate before the answer says what was cached).
     pub fn cost(&self, input_tokens: u64, output_tokens: u64) -> f64 {
         (input_tokens as f64 * self.input_per_1k_usd
             + output_tokens as f64 * self.output_per_1k_usd)
             / 1000.0
+    }
+
+    /// Cost of an answer's normalized tokens: each part of the prompt at
+    /// its own price (`crate::usage`).
+    pub fn cost_of(&self, t: &crate::usage::Tokens) -> f64 {
+        (t.uncached_input() as f64 * self.input_per_1k_usd
+            + t.cache_read as f64 * self.cache_read_per_1k_usd
+            + t.cache_write as f64 * self.cache_write_per_1k_usd
+            + t.output as f64 * self.output_per_1k_usd)
+            / 1000.0
+    }
+
+    /// The highest price a prompt token can cost (input, cache read or
+    /// cache write).
+    pub fn max_prompt_per_1k_usd(&self) -> f64 {
+        self.input_per_1k_usd
+            .max(self.cache_read_per_1k_usd)
+            .max(self.cache_write_per_1k_usd)
     }
 }
 

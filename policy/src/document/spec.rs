@@ -339,6 +339,14 @@ pub struct PriceSpec {
     /// USD per 1,000 output tokens.
     #[serde(default)]
     pub output_per_1k_usd: f64,
+    /// USD per 1,000 prompt tokens read from the provider's prompt cache
+    /// (default: the input price).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_read_per_1k_usd: Option<f64>,
+    /// USD per 1,000 prompt tokens written to the provider's prompt cache
+    /// (default: the input price).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_write_per_1k_usd: Option<f64>,
 }
 
 /// Kind of capacity probe.

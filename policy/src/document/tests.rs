@@ -189,7 +189,7 @@ spec:
       attempt_timeout_ms: 0
       max_concurrency: 0
       gates: {max_latency_budget_fraction: 0, min_vram_free_mb: 100}
-      price: {input_per_1k_usd: -1, output_per_1k_usd: .inf}
+      price: {input_per_1k_usd: -1, output_per_1k_usd: .inf, cache_write_per_1k_usd: .nan}
       api_key_env: "a-b"
       queue: {max_size: 0, timeout_s: 0, latency_threshold_s: -1, ewma_alpha: 2}
     - name: "bad name"
@@ -282,6 +282,10 @@ spec:
         ),
         (
             "spec.pools[0].price.output_per_1k_usd",
+            "must be a non-negative number",
+        ),
+        (
+            "spec.pools[0].price.cache_write_per_1k_usd",
             "must be a non-negative number",
         ),
         (

@@ -613,10 +613,23 @@ fn price(p: Option<&PriceSpec>, at: &str, errs: &mut Errors) -> Price {
     let price = p.map_or(Price::default(), |p| Price {
         input_per_1k_usd: p.input_per_1k_usd,
         output_per_1k_usd: p.output_per_1k_usd,
+        cache_read_per_1k_usd: p.cache_read_per_1k_usd.unwrap_or(p.input_per_1k_usd),
+        cache_write_per_1k_usd: p.cache_write_per_1k_usd.unwrap_or(p.input_per_1k_usd),
     });
+    // The cache prices are checked when given (left out, they are the
+    // input price, already checked).
+    let given = |v: Option<f64>| v.unwrap_or(0.0);
     for (field, v) in [
         ("input_per_1k_usd", price.input_per_1k_usd),
         ("output_per_1k_usd", price.output_per_1k_usd),
+        (
+            "cache_read_per_1k_usd",
+            given(p.and_then(|p| p.cache_read_per_1k_usd)),
+        ),
+        (
+            "cache_write_per_1k_usd",
+            given(p.and_then(|p| p.cache_write_per_1k_usd)),
+        ),
     ] {
         if !(v.is_finite() && v >= 0.0) {
             errs.push(

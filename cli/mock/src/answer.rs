@@ -24,6 +24,7 @@ use tokio::time::Instant;
 use crate::body::{FrameFormat, MockBody, Tracker};
 use crate::engine::{EngineConfig, EngineRequest, FinishedRequest};
 use crate::engine_http::{parse_request, EngineEvent, ParsedRequest};
+use crate::prompt_cache::CacheUsage;
 use crate::server::{lock, Shared};
 use crate::{
     Behavior, OverCap, ReceivedRequest, StreamEnding, StreamScript, UsageMode, MOCK_NAME_HEADER,
@@ -218,7 +219,8 @@ pub(crate) async fn handle(
         Behavior::Anthropic => {
             service_time(latency).await;
             let reply = anthropic_reply(json.as_ref(), n);
-            let input_tokens = prompt_len.div_ceil(4) as u64;
+            let prompt_tokens = prompt_len.div_ceil(4) as u64;
+            let input_tokens = lock(&shared.prompt_cache).usage(json.as_ref(), prompt_tokens);
             let stream = json
                 .as_ref()
                 .and_then(|j| j.get("stream"))
@@ -595,7 +597,7 @@ fn anthropic_reply(json: Option<&Value>, n: u64) -> ChatReply {
 }
 
 /// [`Behavior::Anthropic`]'s `message` answer.
-fn anthropic_answer(n: u64, model: &str, reply: &ChatReply, input_tokens: u64) -> Value {
+fn anthropic_answer(n: u64, model: &str, reply: &ChatReply, input_tokens: CacheUsage) -> Value {
     let (content, stop) = match reply {
         ChatReply::Text(pieces) => (
             json!([{"type": "text", "text": pieces.concat()}]),
@@ -622,10 +624,10 @@ fn anthropic_answer(n: u64, model: &str, reply: &ChatReply, input_tokens: u64) -
         "stop_reason": stop,
         "stop_sequence": null,
         "usage": {
-            "input_tokens": input_tokens,
+            "input_tokens": input_tokens.input,
             "output_tokens": reply.tokens(),
-            "cache_creation_input_tokens": 0,
-            "cache_read_input_tokens": 0,
+            "cache_creation_input_tokens": input_tokens.cache_write,
+            "cache_read_input_tokens": input_tokens.cache_read,
         },
     })
 }
@@ -635,7 +637,7 @@ fn anthropic_frames(
     n: u64,
     model: &str,
     reply: &ChatReply,
-    input_tokens: u64,
+    input_tokens: CacheUsage,
 ) -> VecDeque<(Duration, Bytes)> {
     let event = |name: &str, data: Value| {
         (
@@ -649,8 +651,9 @@ fn anthropic_frames(
         json!({"type": "message_start", "message": {
             "id": format!("msg_{n}"), "type": "message", "role": "assistant", "model": model,
             "content": [], "stop_reason": null, "stop_sequence": null,
-            "usage": {"input_tokens": input_tokens, "output_tokens": 1,
-                "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}}}),
+            "usage": {"input_tokens": input_tokens.input, "output_tokens": 1,
+                "cache_creation_input_tokens": input_tokens.cache_write,
+                "cache_read_input_tokens": input_tokens.cache_read}}}),
     ));
     let delta = |delta: Value| {
         event(

@@ -75,6 +75,7 @@ mod answer;
 mod body;
 pub mod engine;
 mod engine_http;
+mod prompt_cache;
 mod server;
 pub mod workload;
 

@@ -82,6 +82,7 @@ impl MockModel {
             page_hits: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(1),
             engine: Mutex::new(None),
+            prompt_cache: Mutex::default(),
         });
         let (shutdown, shutdown_rx) = oneshot::channel();
         let server = tokio::spawn(serve(listener, Arc::clone(&shared), shutdown_rx));
@@ -201,6 +202,8 @@ pub(crate) struct Shared {
     /// The simulated engine, started by the first use of
     /// [`Behavior::Engine`].
     pub(crate) engine: Mutex<Option<Arc<EngineDriver>>>,
+    /// [`Behavior::Anthropic`]'s prompt cache.
+    pub(crate) prompt_cache: Mutex<crate::prompt_cache::PromptCache>,
 }
 
 impl Shared {

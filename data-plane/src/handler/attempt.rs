@@ -444,10 +444,9 @@ impl Exchange {
                     record.tokens_out = tokens_out;
                     record.cache_read_tokens = tokens_in.map(|_| tokens.cache_read);
                     record.cache_write_tokens = tokens_in.map(|_| tokens.cache_write);
-                    if let (Some(p), true) = (
-                        self.snapshot.policy.pool(pool.name()),
-                        usage.reported(),
-                    ) {
+                    if let (Some(p), true) =
+                        (self.snapshot.policy.pool(pool.name()), usage.reported())
+                    {
                         record.cost_usd = Some(p.price.cost_of(&tokens));
                     }
                 }

@@ -156,9 +156,9 @@ impl StreamTally {
                 if u.output().is_none() {
                     tokens.output = self.content_events;
                 }
-                let cost = self.price.map_or(0, |p| {
-                    router_policy::tenant::micros(p.cost_of(&tokens))
-                });
+                let cost = self
+                    .price
+                    .map_or(0, |p| router_policy::tenant::micros(p.cost_of(&tokens)));
                 return Charge::reported(cost, tokens.total());
             }
             return Charge::unreadable();

@@ -162,13 +162,19 @@ pub(super) fn end_server_span(cx: &opentelemetry::Context, record: &RouteRecord,
 
 /// OpenTelemetry's cache counts (parts of `gen_ai.usage.input_tokens`),
 /// when a prompt cache was used.
-fn cache_attributes(read: Option<u64>, write: Option<u64>) -> impl Iterator<Item = (&'static str, i64)> {
+fn cache_attributes(
+    read: Option<u64>,
+    write: Option<u64>,
+) -> impl Iterator<Item = (&'static str, i64)> {
     [
         ("gen_ai.usage.cache_read.input_tokens", read),
         ("gen_ai.usage.cache_creation.input_tokens", write),
     ]
     .into_iter()
-    .filter_map(|(k, n)| n.filter(|n| *n > 0).map(|n| (k, i64::try_from(n).unwrap_or(i64::MAX))))
+    .filter_map(|(k, n)| {
+        n.filter(|n| *n > 0)
+            .map(|n| (k, i64::try_from(n).unwrap_or(i64::MAX)))
+    })
 }
 
 /// `gen_ai.operation.name` for an OpenAI-style path.

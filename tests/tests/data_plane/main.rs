@@ -4,6 +4,7 @@
 
 #![allow(clippy::unwrap_used)]
 
+mod agent_session;
 mod anthropic;
 mod balance;
 mod doors;

@@ -698,6 +698,23 @@ fn timed_out(lease: &Lease, mut record: AttemptRecord, started: Instant) -> Atte
     AttemptEnd::Failed { record, held: None }
 }
 
+/// An answer's usage fields, as the router's usage rules take them
+/// (`router_policy::usage`: which counts hold which).
+pub(super) fn reported(u: &router_json_peek::Usage) -> router_policy::usage::ReportedUsage {
+    router_policy::usage::ReportedUsage {
+        prompt_tokens: u.prompt_tokens,
+        completion_tokens: u.completion_tokens,
+        input_tokens: u.input_tokens,
+        output_tokens: u.output_tokens,
+        cached_tokens: u
+            .prompt_tokens_details
+            .or(u.input_tokens_details)
+            .and_then(|d| d.cached_tokens),
+        cache_read_input_tokens: u.cache_read_input_tokens,
+        cache_creation_input_tokens: u.cache_creation_input_tokens,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -720,22 +737,5 @@ mod tests {
         ] {
             assert_eq!(retry_after(&v(ignored)), None, "{ignored}");
         }
-    }
-}
-
-/// An answer's usage fields, as the router's usage rules take them
-/// (`router_policy::usage`: which counts hold which).
-pub(super) fn reported(u: &router_json_peek::Usage) -> router_policy::usage::ReportedUsage {
-    router_policy::usage::ReportedUsage {
-        prompt_tokens: u.prompt_tokens,
-        completion_tokens: u.completion_tokens,
-        input_tokens: u.input_tokens,
-        output_tokens: u.output_tokens,
-        cached_tokens: u
-            .prompt_tokens_details
-            .or(u.input_tokens_details)
-            .and_then(|d| d.cached_tokens),
-        cache_read_input_tokens: u.cache_read_input_tokens,
-        cache_creation_input_tokens: u.cache_creation_input_tokens,
     }
 }

@@ -30,6 +30,20 @@
 //!    spills when that endpoint is over the bound
 //!    ([`crate::engine_aware::choose`]).
 //!
+//! 5. **Sessions** ([`session_key`], [`choose_session`]): a pool with
+//!    `session_affinity: {header: NAME}` keys a request by the value of
+//!    that header instead (Claude Code sends `x-claude-code-session-id` on
+//!    every request of a session), so a whole agent session stays where
+//!    its prompt cache is, even when its prompt prefix changes (a new
+//!    system reminder, a compacted history). The same ring and bound: a
+//!    session goes back to the endpoint that served it last while that
+//!    one is within the bound, else to the first endpoint within it
+//!    clockwise from the key; a session never seen starts at its ring
+//!    owner, so every proxy of a fleet places it alike without sharing
+//!    any state. The value is hashed at once and never kept or logged
+//!    (it may be as good as a credential), and a value longer than
+//!    [`MAX_SESSION_VALUE_BYTES`] gives no key.
+//!
 //! Pure: no clock, no I/O; the loads are the caller's (in-flight requests,
 //! or what the engines report).
 
@@ -193,6 +207,86 @@ impl LastServed {
     }
 }
 
+/// The longest session header value that gets a key.
+pub const MAX_SESSION_VALUE_BYTES: usize = 512;
+
+/// Default `session_affinity.load_factor`: the paper's usual 1.25.
+pub const DEFAULT_SESSION_LOAD_FACTOR: f64 = 1.25;
+
+/// The affinity key of a session header's value: `None` for an empty
+/// value or one longer than [`MAX_SESSION_VALUE_BYTES`]. Domain-separated
+/// from prefix keys (both may share one [`LastServed`]).
+pub fn session_key(value: &[u8]) -> Option<u64> {
+    if value.is_empty() || value.len() > MAX_SESSION_VALUE_BYTES {
+        return None;
+    }
+    Some(hash(&[b"session", value]))
+}
+
+/// Where [`choose_session`] put a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SessionPlacement {
+    /// On the endpoint that served the session last.
+    Kept,
+    /// A new session (or one whose endpoint is gone), on its ring owner.
+    Placed,
+    /// Away from where it would have gone (that endpoint is over the
+    /// bound or cannot take it): the first endpoint within the bound
+    /// clockwise from the key.
+    Spilled,
+}
+
+impl SessionPlacement {
+    /// How the route log and explain name it.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Kept => "session_kept",
+            Self::Placed => "session_placed",
+            Self::Spilled => "session_spilled",
+        }
+    }
+}
+
+/// The endpoint for a request of session `key`: `last` (the index of the
+/// endpoint that served the session last, if it is still in the pool)
+/// while it can take the request within the bound `ceil(c × (total + 1)
+/// / m)` over the `m` endpoints that can take it (`loads[i]`: `None` for
+/// one that cannot: unavailable or saturated); else the first within the
+/// bound clockwise from the key on `ring` ([`Ring::choose_among`]).
+/// `None` when no endpoint can take it.
+pub fn choose_session(
+    ring: &Ring,
+    key: u64,
+    last: Option<usize>,
+    loads: &[Option<u32>],
+    c: f64,
+) -> Option<(usize, SessionPlacement)> {
+    let m = loads.iter().flatten().count();
+    if m == 0 || loads.len() != ring.endpoints {
+        return None;
+    }
+    let c = if c.is_finite() { c.max(1.0) } else { 1.0 };
+    let total: u64 = loads.iter().flatten().map(|l| u64::from(*l)).sum::<u64>() + 1;
+    let bound = (c * total as f64 / m as f64).ceil() as u64;
+    if let Some(l) = last {
+        if loads
+            .get(l)
+            .copied()
+            .flatten()
+            .is_some_and(|x| u64::from(x) < bound)
+        {
+            return Some((l, SessionPlacement::Kept));
+        }
+    }
+    let i = ring.choose_among(key, loads, c)?;
+    let placement = if last.is_none() && ring.owner(key) == Some(i) {
+        SessionPlacement::Placed
+    } else {
+        SessionPlacement::Spilled
+    };
+    Some((i, placement))
+}
+
 /// The ring of one pool's endpoints. Built when the pool's endpoints
 /// change, consulted per request.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -315,6 +409,101 @@ mod tests {
             b"abc"
         );
         assert_eq!(leading_prompt(b"not json"), None);
+    }
+
+    #[test]
+    fn a_session_key_is_bounded_and_apart_from_prefix_keys() {
+        assert_eq!(session_key(b""), None);
+        assert_eq!(session_key(&[b'a'; MAX_SESSION_VALUE_BYTES + 1]), None);
+        assert!(session_key(&[b'a'; MAX_SESSION_VALUE_BYTES]).is_some());
+        assert_eq!(session_key(b"s-1"), session_key(b"s-1"));
+        assert_ne!(session_key(b"s-1"), session_key(b"s-2"));
+        let block = [b'x'; 16];
+        assert_ne!(session_key(&block), prefix_key(&block, 16, 1));
+    }
+
+    #[test]
+    fn a_session_stays_spills_when_full_and_comes_back() {
+        let ring = Ring::new(&["a", "b", "c"]);
+        let key = session_key(b"0f3c9a57-session").expect("a key");
+        let owner = ring.owner(key).expect("an owner");
+        // New: its ring owner.
+        let (i, how) = choose_session(&ring, key, None, &[Some(0); 3], 1.25).unwrap();
+        assert_eq!((i, how), (owner, SessionPlacement::Placed));
+        // Served there: kept while within the bound.
+        let mut loads = vec![Some(1); 3];
+        let (i, how) = choose_session(&ring, key, Some(owner), &loads, 1.25).unwrap();
+        assert_eq!((i, how), (owner, SessionPlacement::Kept));
+        // Its endpoint saturated: spilled elsewhere...
+        loads[owner] = None;
+        let (i, how) = choose_session(&ring, key, Some(owner), &loads, 1.25).unwrap();
+        assert_ne!(i, owner);
+        assert_eq!(how, SessionPlacement::Spilled);
+        // ... and back once it has room (the caller remembered the owner:
+        // the spill is not recorded over it when the owner comes back).
+        loads[owner] = Some(0);
+        let (i, _) = choose_session(&ring, key, Some(owner), &loads, 1.25).unwrap();
+        assert_eq!(i, owner);
+        assert_eq!(
+            choose_session(&ring, key, Some(owner), &[None; 3], 1.25),
+            None
+        );
+    }
+
+    proptest::proptest! {
+        /// The bounded-load rule: a session is kept on its endpoint while
+        /// that one is within the bound, spills only when it is not, and
+        /// wherever it goes the load after taking it is within the bound.
+        #[test]
+        fn sessions_keep_their_endpoint_within_the_bound(
+            loads in proptest::collection::vec(proptest::option::of(0u32..20), 1..6),
+            value in proptest::collection::vec(proptest::prelude::any::<u8>(), 1..40),
+            last in proptest::option::of(0usize..6),
+            c in 1.0f64..3.0,
+        ) {
+            let names: Vec<String> = (0..loads.len()).map(|i| format!("e{i}")).collect();
+            let ring = Ring::new(&names);
+            let key = session_key(&value).unwrap();
+            let last = last.filter(|l| *l < loads.len());
+            let m = loads.iter().flatten().count();
+            let total: u64 = loads.iter().flatten().map(|l| u64::from(*l)).sum::<u64>() + 1;
+            let bound = if m == 0 { 0 } else { (c * total as f64 / m as f64).ceil() as u64 };
+            match choose_session(&ring, key, last, &loads, c) {
+                None => proptest::prop_assert_eq!(m, 0),
+                Some((i, how)) => {
+                    let load = loads[i].map(u64::from);
+                    proptest::prop_assert!(load.is_some_and(|l| l < bound));
+                    let last_fits = last
+                        .and_then(|l| loads[l])
+                        .is_some_and(|x| u64::from(x) < bound);
+                    if last_fits {
+                        proptest::prop_assert_eq!((Some(i), how), (last, SessionPlacement::Kept));
+                    } else {
+                        proptest::prop_assert_ne!(how, SessionPlacement::Kept);
+                    }
+                }
+            }
+        }
+
+        /// Removing an endpoint moves only the sessions it owned.
+        #[test]
+        fn a_removed_endpoint_moves_only_its_own_sessions(
+            values in proptest::collection::vec(proptest::collection::vec(proptest::prelude::any::<u8>(), 1..24), 1..60),
+            gone in 0usize..4,
+        ) {
+            let names = ["a", "b", "c", "d"];
+            let before = Ring::new(&names);
+            let rest: Vec<&str> = names.iter().enumerate().filter(|(i, _)| *i != gone).map(|(_, n)| *n).collect();
+            let after = Ring::new(&rest);
+            for v in &values {
+                let key = session_key(v).unwrap();
+                let was = names[before.owner(key).unwrap()];
+                let now = rest[after.owner(key).unwrap()];
+                if was != names[gone] {
+                    proptest::prop_assert_eq!(was, now);
+                }
+            }
+        }
     }
 
     #[test]

@@ -57,14 +57,14 @@ mod tests;
 
 pub use resolved::{
     CircuitSettings, Gates, Hedge, HedgeDelay, ParkSettings, Policy, Pool, Price, Probe,
-    QueueSettings, Route, RouteMatch,
+    QueueSettings, Route, RouteMatch, SessionAffinity,
 };
 pub use spec::{
     AffinityKind, ApprovalSpec, CircuitSpec, DefaultsSpec, EndpointOptions, EndpointSpec,
     EngineAwareSpec, GatesSpec, HealthCheckSpec, HedgeQuantile, HedgeSpec, HedgeTarget, MatchSpec,
     Metadata, OnAllDown, OutlierEjectionSpec, ParkSpec, PolicyDocument, PoolSpec, PriceSpec,
-    ProbeKind, ProbeSpec, Provider, QueueSpec, RetryBudgetSpec, RetryOn, Risk, RouteSpec, Spec,
-    StoreDown, TenantLimitsSpec, TenantSpec,
+    ProbeKind, ProbeSpec, Provider, QueueSpec, RetryBudgetSpec, RetryOn, Risk, RouteSpec,
+    SessionAffinitySpec, Spec, StoreDown, TenantLimitsSpec, TenantSpec,
 };
 
 /// The API version this crate understands.

@@ -84,6 +84,17 @@ pub struct Pool {
     pub health_check: Option<crate::health::HealthCheck>,
     /// Outlier ejection; `None`: off.
     pub outlier_ejection: Option<crate::health::OutlierEjection>,
+    /// Session affinity; `None`: off.
+    pub session_affinity: Option<SessionAffinity>,
+}
+
+/// Resolved session affinity ([`crate::affinity::choose_session`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SessionAffinity {
+    /// The header naming the session, lowercase.
+    pub header: String,
+    /// The bounded-load factor (at least 1).
+    pub load_factor: f64,
 }
 
 /// Resolved gates.
@@ -358,6 +369,7 @@ impl Policy {
                 stream_usage: true,
                 health_check: None,
                 outlier_ejection: None,
+                session_affinity: None,
             }],
             routes: vec![Route {
                 name: "default".into(),

@@ -500,6 +500,23 @@ pub struct PoolSpec {
     /// Outlier ejection by error rate (off unless set).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub outlier_ejection: Option<OutlierEjectionSpec>,
+    /// Requests with the same value of a header go to the same endpoint
+    /// (off unless set).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_affinity: Option<SessionAffinitySpec>,
+}
+
+/// Session affinity as written.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SessionAffinitySpec {
+    /// The header whose value names the session
+    /// (`x-claude-code-session-id`).
+    pub header: String,
+    /// How far above the pool's average load a session's endpoint may be
+    /// before the session spills (default 1.25; at least 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub load_factor: Option<f64>,
 }
 
 /// Active health checks as written; every field optional (the provider's

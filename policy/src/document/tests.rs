@@ -929,3 +929,50 @@ spec:
         .served_models("/v1/chat/completions", |_| true)
         .is_empty());
 }
+
+#[test]
+fn session_affinity_names_a_header_and_a_load_factor_of_at_least_one() {
+    let text = "apiVersion: router/v1\nkind: RoutingPolicy\nspec:\n  pools:\n    - {name: a, session_affinity: {header: X-Claude-Code-Session-Id}}\n    - {name: b, session_affinity: {header: x-session, load_factor: 2}}\n    - {name: c}\n  routes:\n    - {name: r, chain: [a, b, c]}\n";
+    let p = load(text, &QueueSettings::default()).expect("valid");
+    let a = p.pool("a").unwrap().session_affinity.clone().unwrap();
+    assert_eq!(a.header, "x-claude-code-session-id");
+    assert_eq!(a.load_factor, crate::affinity::DEFAULT_SESSION_LOAD_FACTOR);
+    assert_eq!(
+        p.pool("b")
+            .unwrap()
+            .session_affinity
+            .clone()
+            .unwrap()
+            .load_factor,
+        2.0
+    );
+    assert!(p.pool("c").unwrap().session_affinity.is_none());
+    let bad = "apiVersion: router/v1\nkind: RoutingPolicy\nspec:\n  pools:\n    - {name: a, session_affinity: {header: \"bad header\", load_factor: 0.5}}\n  routes:\n    - {name: r, chain: [a]}\n";
+    let err = load(bad, &QueueSettings::default()).unwrap_err();
+    let found: Vec<(&str, &str)> = err
+        .errors
+        .iter()
+        .map(|e| (e.field.as_str(), e.reason.as_str()))
+        .collect();
+    assert!(
+        found.contains(&(
+            "spec.pools[0].session_affinity.header",
+            "\"bad header\" is not a header name"
+        )),
+        "{found:?}"
+    );
+    assert!(
+        found.contains(&(
+            "spec.pools[0].session_affinity.load_factor",
+            "must be at least 1 (the pool's average load)"
+        )),
+        "{found:?}"
+    );
+    // A missing header is a parse error naming the field.
+    let missing = load(
+        "apiVersion: router/v1\nkind: RoutingPolicy\nspec:\n  pools:\n    - {name: b, session_affinity: {load_factor: 2}}\n  routes:\n    - {name: r, chain: [b]}\n",
+        &QueueSettings::default(),
+    )
+    .unwrap_err();
+    assert!(missing.to_string().contains("header"), "{missing}");
+}

@@ -40,7 +40,7 @@ use super::{
     FieldError, Gates, GatesSpec, Hedge, HedgeDelay, HedgeQuantile, HedgeSpec, MatchSpec,
     OnAllDown, ParkSettings, Policy, PolicyDocument, PolicyError, Pool, PoolSpec, Price, PriceSpec,
     Probe, ProbeKind, ProbeSpec, QueueSettings, QueueSpec, RetryBudgetSpec, RetryOn, Risk, Route,
-    RouteMatch, RouteSpec, TenantSpec, API_VERSION, KIND,
+    RouteMatch, RouteSpec, SessionAffinity, SessionAffinitySpec, TenantSpec, API_VERSION, KIND,
 };
 use super::{AffinityKind, EngineAwareSpec};
 use crate::balance::Scoring;
@@ -443,6 +443,36 @@ fn pool(
             .outlier_ejection
             .as_ref()
             .map(|o| outlier_ejection(o, at, errs)),
+        session_affinity: p
+            .session_affinity
+            .as_ref()
+            .map(|s| session_affinity(s, at, errs)),
+    }
+}
+
+/// A pool's session affinity: a header name (any case; kept lowercase)
+/// and a load factor of at least 1.
+fn session_affinity(s: &SessionAffinitySpec, at: &str, errs: &mut Errors) -> SessionAffinity {
+    let at = format!("{at}.session_affinity");
+    let header = s.header.trim().to_ascii_lowercase();
+    if http::HeaderName::from_bytes(header.as_bytes()).is_err() {
+        errs.push(
+            format!("{at}.header"),
+            format!("{:?} is not a header name", s.header),
+        );
+    }
+    let load_factor = s
+        .load_factor
+        .unwrap_or(crate::affinity::DEFAULT_SESSION_LOAD_FACTOR);
+    if !(load_factor.is_finite() && load_factor >= 1.0) {
+        errs.push(
+            format!("{at}.load_factor"),
+            "must be at least 1 (the pool's average load)",
+        );
+    }
+    SessionAffinity {
+        header,
+        load_factor,
     }
 }
 

@@ -483,6 +483,11 @@ fn build(
             model: p.model.clone(),
             health_check: p.health_check.clone(),
             outlier: p.outlier_ejection,
+            session_affinity: p.session_affinity.as_ref().and_then(|s| {
+                http::HeaderName::from_bytes(s.header.as_bytes())
+                    .ok()
+                    .map(|h| (h, s.load_factor))
+            }),
         };
         let probe = p.probe;
         let runtime = match old.get(&p.name) {

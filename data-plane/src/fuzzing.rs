@@ -261,6 +261,9 @@ fn attempt(b: &mut Bytes<'_>) -> AttemptRecord {
         hedge: b
             .some()
             .then(|| ["primary_won", "hedge_won", "hedge_cancelled"][usize::from(b.byte()) % 3]),
+        affinity: b.some().then(|| {
+            ["session_kept", "session_placed", "session_spilled"][usize::from(b.byte()) % 3]
+        }),
     }
 }
 

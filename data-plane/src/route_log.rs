@@ -61,6 +61,11 @@ pub(crate) struct AttemptRecord {
     /// attempt), each `won` or `cancelled`: `primary_won`, `hedge_won`...
     #[serde(skip_serializing_if = "Option::is_none")]
     pub hedge: Option<&'static str>,
+    /// How session affinity placed it, when it did: `session_kept`,
+    /// `session_placed`, `session_spilled`
+    /// (`router_policy::affinity::SessionPlacement`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub affinity: Option<&'static str>,
 }
 
 /// What a streamed (server-sent events) answer told of itself.
@@ -745,6 +750,11 @@ impl AttemptRecord {
         if let Some(h) = self.hedge {
             out.extend_from_slice(b",\"hedge\":\"");
             json_plain_contents(out, h);
+            out.push(b'"');
+        }
+        if let Some(a) = self.affinity {
+            out.extend_from_slice(b",\"affinity\":\"");
+            json_plain_contents(out, a);
             out.push(b'"');
         }
         out.push(b'}');
@@ -1477,6 +1487,8 @@ mod tests {
                 queue_wait_ms: float(rng),
                 timeout_ms: some(rng).then(|| rng.next() >> rng.below(64)),
                 hedge: some(rng).then(|| ["primary_won", "hedge_cancelled"][rng.below(2) as usize]),
+                affinity: some(rng)
+                    .then(|| ["session_kept", "session_spilled"][rng.below(2) as usize]),
                 ..AttemptRecord::default()
             })
             .collect();

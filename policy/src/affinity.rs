@@ -40,7 +40,9 @@
 //!    one is within the bound, else to the first endpoint within it
 //!    clockwise from the key; a session never seen starts at its ring
 //!    owner, so every proxy of a fleet places it alike without sharing
-//!    any state. The value is hashed at once and never kept or logged
+//!    any state. A spill is a visit: the caller remembers where a session
+//!    was placed, not where it spilled, so it goes home once there is
+//!    room. The value is hashed at once and never kept or logged
 //!    (it may be as good as a credential), and a value longer than
 //!    [`MAX_SESSION_VALUE_BYTES`] gives no key.
 //!
@@ -439,8 +441,8 @@ mod tests {
         let (i, how) = choose_session(&ring, key, Some(owner), &loads, 1.25).unwrap();
         assert_ne!(i, owner);
         assert_eq!(how, SessionPlacement::Spilled);
-        // ... and back once it has room (the caller remembered the owner:
-        // the spill is not recorded over it when the owner comes back).
+        // ... and back once it has room (the caller remembers where a
+        // session was placed, not where it spilled).
         loads[owner] = Some(0);
         let (i, _) = choose_session(&ring, key, Some(owner), &loads, 1.25).unwrap();
         assert_eq!(i, owner);

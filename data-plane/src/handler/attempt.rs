@@ -160,6 +160,7 @@ impl Exchange {
             } = attempt;
             let shape = crate::pool::RequestShape {
                 prefix_key: pool.prefix_key(&self.body),
+                session_key: pool.session_key(&headers),
                 input_tokens: self.estimated_input_tokens,
                 tenant: self.tenant_key,
             };
@@ -207,6 +208,7 @@ impl Exchange {
                 latency_ms: 0.0,
                 queue_wait_ms: super::ms(lease.queue_wait()),
                 timeout_ms: timeout.map(super::millis),
+                affinity: lease.session().map(|s| s.as_str()),
                 ..AttemptRecord::default()
             };
             let upstream = match self.upstream_request(&lease, pool.name(), headers) {

@@ -130,6 +130,9 @@ pub(crate) struct PoolSettings {
     pub health_check: Option<HealthCheck>,
     /// Outlier ejection, when configured.
     pub outlier: Option<OutlierEjection>,
+    /// Session affinity, when configured: the header naming a session and
+    /// the bounded-load factor ([`router_policy::affinity::choose_session`]).
+    pub session_affinity: Option<(http::HeaderName, f64)>,
 }
 
 impl PoolSettings {
@@ -146,6 +149,7 @@ impl PoolSettings {
             model: None,
             health_check: None,
             outlier: None,
+            session_affinity: None,
         }
     }
 }
@@ -174,6 +178,8 @@ pub(crate) struct PoolRuntime {
     endpoints_changed: tokio::sync::Notify,
     /// The settings ask for prefix affinity (read without the lock).
     uses_affinity: std::sync::atomic::AtomicBool,
+    /// The settings ask for session affinity (read without the lock).
+    uses_sessions: std::sync::atomic::AtomicBool,
 }
 
 impl PoolRuntime {
@@ -193,6 +199,7 @@ impl PoolRuntime {
             check_task: Mutex::new(None),
             endpoints_changed: tokio::sync::Notify::new(),
             uses_affinity: std::sync::atomic::AtomicBool::new(false),
+            uses_sessions: std::sync::atomic::AtomicBool::new(false),
         });
         pool.update(settings, endpoints);
         pool
@@ -246,6 +253,10 @@ impl PoolRuntime {
         self.uses_affinity.store(
             settings.queue.scoring == router_policy::Scoring::EngineAware
                 && settings.queue.engine.affinity.is_some(),
+            std::sync::atomic::Ordering::Relaxed,
+        );
+        self.uses_sessions.store(
+            settings.session_affinity.is_some(),
             std::sync::atomic::Ordering::Relaxed,
         );
         st.settings = settings;
@@ -604,6 +615,22 @@ impl PoolRuntime {
             );
         }
         self.dispatch(&mut st);
+    }
+
+    /// The session key of a request (`headers`: the client's), when this
+    /// pool has session affinity and the request names a session
+    /// ([`router_policy::affinity::session_key`]: the value hashed, never
+    /// kept).
+    pub(crate) fn session_key(&self, headers: &http::HeaderMap) -> Option<u64> {
+        // Most pools have no session affinity: no lock for them.
+        if !self
+            .uses_sessions
+            .load(std::sync::atomic::Ordering::Relaxed)
+        {
+            return None;
+        }
+        let header = self.lock().settings.session_affinity.as_ref()?.0.clone();
+        router_policy::affinity::session_key(headers.get(&header)?.as_bytes())
     }
 
     /// The prefix-affinity key of a request body, when this pool balances

@@ -35,6 +35,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use router_policy::affinity::SessionPlacement;
 use router_policy::Endpoint;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
@@ -263,8 +264,16 @@ impl PoolRuntime {
             }
         }
         st.rotation = st.rotation.wrapping_add(1);
-        let i = st.choose(shape.prefix_key)?;
-        if let Some(key) = shape.prefix_key {
+        let (i, session) = match shape.session_key.and_then(|key| st.choose_session(key)) {
+            Some((i, how)) => (i, Some(how)),
+            None => (st.choose(shape.prefix_key)?, None),
+        };
+        // A session's home is where it was placed; a spill is a visit (the
+        // session goes home once there is room, as on every other proxy).
+        let home = shape
+            .session_key
+            .filter(|_| session.is_some_and(|s| s != SessionPlacement::Spilled));
+        for key in [home, shape.prefix_key].into_iter().flatten() {
             let id = st.endpoints[i].id;
             st.last_served.record(key, id);
         }
@@ -282,6 +291,7 @@ impl PoolRuntime {
             input_tokens: shape.input_tokens,
             prefill_pending: AtomicBool::new(shape.input_tokens > 0),
             probe,
+            session,
             sampled: AtomicBool::new(false),
             armed: true,
         })
@@ -400,6 +410,9 @@ impl PoolRuntime {
 pub(crate) struct RequestShape {
     /// Its prefix-affinity key ([`PoolRuntime::prefix_key`]).
     pub(crate) prefix_key: Option<u64>,
+    /// Its session key ([`PoolRuntime::session_key`]): when given, it
+    /// places the request, before any other rule.
+    pub(crate) session_key: Option<u64>,
     /// Its prompt size, tokens (estimated; 0 when unknown).
     pub(crate) input_tokens: u64,
     /// Its tenant (a hash of the name), for fairness in the queue.
@@ -459,6 +472,8 @@ pub(crate) struct Lease {
     prefill_pending: AtomicBool,
     /// This request is a half-open circuit's probe.
     probe: bool,
+    /// How session affinity placed it, when it did.
+    session: Option<router_policy::affinity::SessionPlacement>,
     sampled: AtomicBool,
     armed: bool,
 }
@@ -472,6 +487,11 @@ impl Lease {
     /// The endpoint's URI parts and `Host` header, when they parse.
     pub(crate) fn target(&self) -> Option<&UpstreamTarget> {
         self.target.as_deref()
+    }
+
+    /// How session affinity placed the request, when it did.
+    pub(crate) fn session(&self) -> Option<router_policy::affinity::SessionPlacement> {
+        self.session
     }
 
     /// The endpoint's address label.

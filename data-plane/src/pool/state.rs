@@ -365,6 +365,29 @@ impl PoolState {
         balance::choose(&self.loads, q.scoring, q.latency_threshold_s, self.rotation)
     }
 
+    /// Session affinity's pick among [`Self::loads`] (fill them first) for
+    /// a request of session `key`; `None` when the pool has no session
+    /// affinity or no endpoint can take the request.
+    pub(super) fn choose_session(
+        &self,
+        key: u64,
+    ) -> Option<(usize, router_policy::affinity::SessionPlacement)> {
+        let (_, c) = self.settings.session_affinity.as_ref()?;
+        let loads: Vec<Option<u32>> = self
+            .loads
+            .iter()
+            .map(|l| {
+                (l.available && l.max_concurrency.is_none_or(|m| l.in_flight < m))
+                    .then_some(l.in_flight)
+            })
+            .collect();
+        let last = self
+            .last_served
+            .get(key)
+            .and_then(|id| self.endpoints.iter().position(|e| e.id == id));
+        router_policy::affinity::choose_session(&self.ring, key, last, &loads, *c)
+    }
+
     /// Rebuilds the affinity ring after the endpoints changed.
     pub(super) fn rebuild_ring(&mut self) {
         let names: Vec<&str> = self.endpoints.iter().map(|e| &*e.addr).collect();

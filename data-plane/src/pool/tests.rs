@@ -395,6 +395,7 @@ async fn requests_sharing_a_prefix_go_to_one_endpoint_until_it_is_loaded() {
                 None,
                 Instant::now(),
                 RequestShape {
+                    session_key: None,
                     prefix_key: key,
                     ..RequestShape::default()
                 },
@@ -412,6 +413,7 @@ async fn requests_sharing_a_prefix_go_to_one_endpoint_until_it_is_loaded() {
             None,
             Instant::now(),
             RequestShape {
+                session_key: None,
                 prefix_key: key,
                 ..RequestShape::default()
             },

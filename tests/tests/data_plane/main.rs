@@ -13,6 +13,7 @@ mod keys;
 mod limits;
 mod queue;
 mod reload;
+mod sessions;
 mod sidecar;
 mod tls;
 mod transport;

@@ -290,5 +290,66 @@ spec:
         attr(server, "gen_ai.usage.output_tokens").as_deref(),
         Some("2")
     );
+
+    // An Anthropic pool with a prompt cache (issue 29): the second call
+    // reads what the first wrote; the spans carry the whole prompt as the
+    // input and the cache's part of it apart, with the pool's provider.
+    std::env::set_var("TEST_TRACING_CLAUDE_API_KEY", "sk-ant-pool");
+    let claude = mock("claude", Behavior::Anthropic).await;
+    let cached = format!(
+        "apiVersion: router/v1\nkind: RoutingPolicy\nspec:\n  pools:\n    - name: claude\n      provider: anthropic\n      endpoints: [\"{}\"]\n      api_key_env: TEST_TRACING_CLAUDE_API_KEY\n  routes:\n    - name: default\n      chain: [claude]\n",
+        claude.url()
+    );
+    let anthropic = TestProxy::with_policy(Settings::default(), &cached).await;
+    let body = serde_json::json!({"model": "claude-sonnet-4-5", "max_tokens": 64,
+        "system": [{"type": "text", "text": "A long system prompt. ".repeat(50),
+                    "cache_control": {"type": "ephemeral"}}],
+        "messages": [{"role": "user", "content": "hi"}]})
+    .to_string();
+    let cache_trace = "6bf92f3577b34da6a3ce929d0e0e4738";
+    for trace in ["6bf92f3577b34da6a3ce929d0e0e4739", cache_trace] {
+        let traceparent = format!("00-{trace}-{PARENT}-01");
+        let r = anthropic
+            .client
+            .send(
+                http::Method::POST,
+                &anthropic.url("/v1/messages"),
+                &[
+                    ("content-type", "application/json"),
+                    ("anthropic-version", "2023-06-01"),
+                    ("traceparent", traceparent.as_str()),
+                ],
+                body.clone(),
+            )
+            .await;
+        assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    }
+    let spans = wait_spans(&receiver, &provider, |s| {
+        s.iter().filter(|s| hex(&s.trace_id) == cache_trace).count() >= 2
+    })
+    .await;
+    let of_kind = |kind: SpanKind| {
+        spans
+            .iter()
+            .find(|s| hex(&s.trace_id) == cache_trace && s.kind == kind as i32)
+            .unwrap()
+    };
+    let (server, client) = (of_kind(SpanKind::Server), of_kind(SpanKind::Client));
+    assert_eq!(
+        attr(client, "gen_ai.provider.name").as_deref(),
+        Some("anthropic")
+    );
+    for span in [server, client] {
+        let input: u64 = attr(span, "gen_ai.usage.input_tokens")
+            .unwrap()
+            .parse()
+            .unwrap();
+        let read: u64 = attr(span, "gen_ai.usage.cache_read.input_tokens")
+            .expect("the cache read")
+            .parse()
+            .unwrap();
+        assert!(read > 100 && read < input, "read {read} of {input}");
+        assert_eq!(attr(span, "gen_ai.usage.cache_creation.input_tokens"), None);
+    }
     let _ = provider.shutdown();
 }

@@ -94,10 +94,12 @@ pub(super) fn own_endpoint(method: &Method, path: &str) -> Option<Own> {
     }
 }
 
-/// The dialect a pool speaks.
+/// The dialect a pool speaks (`azure_openai` speaks OpenAI's, on its own
+/// paths: `upstream_request`).
 pub(super) fn pool_dialect(pool: Option<&router_policy::document::Pool>) -> Dialect {
-    match pool {
-        Some(p) if p.provider.is_anthropic() => Dialect::Anthropic,
+    match pool.map(|p| p.provider) {
+        Some(router_policy::Provider::Anthropic) => Dialect::Anthropic,
+        Some(router_policy::Provider::Gemini) => Dialect::Gemini,
         _ => Dialect::OpenAi,
     }
 }
@@ -122,6 +124,8 @@ pub(super) struct Translation {
     /// The body for Anthropic pools (the client's own, or translated),
     /// parsed for the pool's model.
     pub(super) anthropic: Option<super::upstream_request::ParsedBody>,
+    /// The body for Gemini pools (translated; the model goes in the path).
+    pub(super) gemini: Option<Bytes>,
 }
 
 /// What [`prepare`] gives the walk.
@@ -189,6 +193,9 @@ pub(super) fn prepare(
     let anthropic = anthropic.map(|r| {
         r.and_then(|b| super::upstream_request::ParsedBody::parse(&b).map_err(|e| e.to_string()))
     });
+    let gemini = wants(Dialect::Gemini).then(|| {
+        same(Dialect::Gemini).unwrap_or_else(|| written(Dialect::Gemini, &WriteOptions::default()))
+    });
     let mut kept = Vec::with_capacity(candidates.len());
     let mut notes = Vec::new();
     let mut lost: Vec<String> = Vec::new();
@@ -196,7 +203,8 @@ pub(super) fn prepare(
         let (name, d) = dialect_of(k);
         let why = match d {
             Dialect::Anthropic => anthropic.as_ref().and_then(|r| r.as_ref().err()),
-            _ => openai.as_ref().and_then(|r| r.as_ref().err()),
+            Dialect::Gemini => gemini.as_ref().and_then(|r| r.as_ref().err()),
+            Dialect::OpenAi => openai.as_ref().and_then(|r| r.as_ref().err()),
         };
         match why {
             None => kept.push(k),
@@ -225,6 +233,7 @@ pub(super) fn prepare(
         include_usage: neutral.as_ref().is_ok_and(|r| r.stream_usage),
         created: client.created,
         anthropic: anthropic.and_then(Result::ok),
+        gemini: gemini.and_then(Result::ok),
         client_body: client.body.clone(),
     });
     Ok(Prepared {
@@ -332,14 +341,16 @@ impl Translation {
 
 /// The headers of an attempt on a pool of dialect `to` for a translated
 /// request (see the module docs): an Anthropic client's `x-api-key` and
-/// `anthropic-*` headers do not go to an OpenAI pool, an OpenAI client's
-/// `Authorization` does not go to an Anthropic pool (which gets its own
+/// `anthropic-*` headers go to Anthropic pools only, an OpenAI client's
+/// `Authorization` to OpenAI pools only (an Anthropic pool gets its own
 /// key, set after this, and `anthropic-version` when the client sent
-/// none); no `Accept-Encoding` (the answer is read); `body_len`: the
-/// body's length.
+/// none; a Gemini pool its own key as `x-goog-api-key`); no
+/// `Accept-Encoding` (the answer is read); `body_len`: the body's length.
 pub(super) fn upstream_headers(headers: &mut HeaderMap, to: Dialect, body_len: usize) {
-    if to == Dialect::Anthropic {
+    if to != Dialect::OpenAi {
         headers.remove(header::AUTHORIZATION);
+    }
+    if to == Dialect::Anthropic {
         if !headers.contains_key(ANTHROPIC_VERSION) {
             headers.insert(
                 HeaderName::from_static(ANTHROPIC_VERSION),

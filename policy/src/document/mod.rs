@@ -56,15 +56,15 @@ mod validate;
 mod tests;
 
 pub use resolved::{
-    CircuitSettings, Gates, Hedge, HedgeDelay, ParkSettings, Policy, Pool, Price, Probe,
-    QueueSettings, Route, RouteMatch,
+    AzureDeployment, CircuitSettings, Gates, Hedge, HedgeDelay, ParkSettings, Policy, Pool, Price,
+    Probe, QueueSettings, Route, RouteMatch,
 };
 pub use spec::{
     AffinityKind, ApprovalSpec, CircuitSpec, DefaultsSpec, EndpointOptions, EndpointSpec,
     EngineAwareSpec, GatesSpec, HealthCheckSpec, HedgeQuantile, HedgeSpec, HedgeTarget, MatchSpec,
     Metadata, OnAllDown, OutlierEjectionSpec, ParkSpec, PolicyDocument, PoolSpec, PriceSpec,
     ProbeKind, ProbeSpec, Provider, QueueSpec, RetryBudgetSpec, RetryOn, Risk, RouteSpec, Spec,
-    StoreDown, TenantLimitsSpec, TenantSpec,
+    StoreDown, TenantLimitsSpec, TenantSpec, DEFAULT_AZURE_API_VERSION,
 };
 
 /// The API version this crate understands.

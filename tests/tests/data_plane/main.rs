@@ -7,6 +7,7 @@
 mod anthropic;
 mod balance;
 mod doors;
+mod egress;
 mod exactly_once;
 mod keys;
 mod limits;

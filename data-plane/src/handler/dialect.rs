@@ -244,6 +244,25 @@ pub(super) fn prepare(
     })
 }
 
+/// The usage of a Gemini answer (`usageMetadata`) as the router counts
+/// tokens: the whole prompt as input (cached tokens inside it, as in
+/// OpenAI's `prompt_tokens`), candidates and thoughts as output
+/// (`router_dialect::Usage::from_gemini`). `None` without usage.
+pub(super) fn gemini_usage(body: &[u8]) -> Option<router_json_peek::Usage> {
+    #[derive(serde::Deserialize)]
+    struct Answer {
+        #[serde(rename = "usageMetadata")]
+        usage: Option<serde_json::Value>,
+    }
+    let a: Answer = serde_json::from_slice(body).ok()?;
+    let u = router_dialect::Usage::from_gemini(&a.usage?);
+    Some(router_json_peek::Usage {
+        prompt_tokens: Some(u.prompt()),
+        completion_tokens: Some(u.output),
+        ..router_json_peek::Usage::default()
+    })
+}
+
 /// An Anthropic Messages request, parsed (400 when it is not one).
 pub(super) fn parse_messages(body: &[u8]) -> Result<router_dialect::Request, ProxyError> {
     router_dialect::anthropic::parse_request(body)
@@ -692,6 +711,19 @@ mod tests {
         let mut bare = HeaderMap::new();
         upstream_headers(&mut bare, Dialect::Anthropic, 1);
         assert_eq!(bare["anthropic-version"], DEFAULT_ANTHROPIC_VERSION);
+    }
+
+    #[test]
+    fn a_gemini_answers_usage_counts_its_whole_prompt_and_its_thoughts_once() {
+        let u = gemini_usage(
+            br#"{"candidates":[],"usageMetadata":{"promptTokenCount":100,"cachedContentTokenCount":60,"candidatesTokenCount":7,"thoughtsTokenCount":5,"totalTokenCount":112}}"#,
+        )
+        .unwrap();
+        // The cached 60 are inside the prompt's 100, not added to it.
+        assert_eq!(u.prompt_tokens, Some(100));
+        assert_eq!(u.completion_tokens, Some(12));
+        assert_eq!(gemini_usage(br#"{"candidates":[]}"#), None);
+        assert_eq!(gemini_usage(b"not json"), None);
     }
 
     #[test]

@@ -3,9 +3,11 @@
 //! (`provider: gemini`), each reached by OpenAI and Anthropic clients,
 //! over real HTTP to mock endpoints that answer as those APIs do.
 
+use std::time::Duration;
+
 use http::{Method, StatusCode};
 use router_dialect::check::{anthropic_stream, openai_stream};
-use router_mock::Behavior;
+use router_mock::{Behavior, StreamEnding, StreamScript};
 use router_proxy::Settings;
 use router_tests::harness::{TestProxy, TestResponse};
 use router_tests::mocks::mock;
@@ -166,4 +168,318 @@ async fn an_azure_pool_sends_its_own_api_version_and_an_anthropic_client_reaches
     assert!(limited.requests()[0]
         .path
         .starts_with("/openai/deployments/gpt-4o-prod/"));
+}
+
+/// A Gemini pool `gemini` at `url` (model `gemini-2.5-flash`, its key in
+/// `TEST_GEMINI_POOL_API_KEY`), with `extra` YAML lines.
+fn gemini_pool(url: &str, extra: &str) -> String {
+    std::env::set_var("TEST_GEMINI_POOL_API_KEY", "gemini-pool-key");
+    format!(
+        "    - name: gemini\n      provider: gemini\n      model: gemini-2.5-flash\n      api_key_env: TEST_GEMINI_POOL_API_KEY\n      endpoints: [\"{url}\"]\n{extra}"
+    )
+}
+
+/// An OpenAI-compatible pool `local` at `url`.
+fn local_pool(url: &str) -> String {
+    format!("    - name: local\n      model: qwen3\n      endpoints: [\"{url}\"]\n")
+}
+
+fn weather_tool() -> Value {
+    json!([{"type": "function", "function": {"name": "get_weather",
+        "parameters": {"type": "object", "properties": {"text": {"type": "string"}}}}}])
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_openai_client_reaches_a_gemini_pool_translated_both_ways() {
+    let gemini = mock("gemini", Behavior::Gemini).await;
+    let proxy = TestProxy::with_policy(
+        Settings::default(),
+        &policy(&gemini_pool(&gemini.url(), ""), "gemini"),
+    )
+    .await;
+    let body = json!({"model": MODEL, "messages": [
+        {"role": "system", "content": "Be brief."}, {"role": "user", "content": "Paris"}]});
+    let r = post(
+        &proxy,
+        "/v1/chat/completions",
+        &body,
+        &[("authorization", "Bearer sk-client")],
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    let v = r.json();
+    assert_eq!(v["object"], "chat.completion");
+    assert_eq!(v["choices"][0]["message"]["content"], "echo: Paris");
+    assert_eq!(v["choices"][0]["finish_reason"], "stop");
+    // Gemini's cached tokens are inside its prompt count: counted once.
+    let prompt = v["usage"]["prompt_tokens"].as_u64().unwrap();
+    assert!(prompt > 0);
+    assert_eq!(
+        v["usage"]["prompt_tokens_details"]["cached_tokens"],
+        prompt / 2
+    );
+    assert_eq!(v["usage"]["completion_tokens"], 2);
+    // The pool got Gemini's request: the model in the path, its key as
+    // x-goog-api-key, never the client's Authorization.
+    let sent = &gemini.requests()[0];
+    assert_eq!(sent.path, "/v1beta/models/gemini-2.5-flash:generateContent");
+    assert_eq!(sent.headers["x-goog-api-key"], "gemini-pool-key");
+    assert!(sent.headers.get("authorization").is_none());
+    let b: Value = serde_json::from_slice(&sent.body).unwrap();
+    assert_eq!(
+        b["systemInstruction"],
+        json!({"parts": [{"text": "Be brief."}]})
+    );
+    assert_eq!(
+        b["contents"],
+        json!([{"role": "user", "parts": [{"text": "Paris"}]}])
+    );
+    assert!(b.get("model").is_none(), "{b}");
+    // The route log counts Gemini's usage.
+    let line = &proxy.log.wait_for(1).await[0];
+    assert_eq!(line["tokens_in"], prompt, "{line}");
+    assert_eq!(line["tokens_out"], 2, "{line}");
+
+    // Streamed, with a tool: OpenAI chunks; the call's thought signature
+    // rides in its id.
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    streamed["stream_options"] = json!({"include_usage": true});
+    streamed["tools"] = weather_tool();
+    let r = post(&proxy, "/v1/chat/completions", &streamed, &[]).await;
+    let said = openai_stream(&r.body).unwrap_or_else(|e| panic!("{e}: {}", r.text()));
+    assert_eq!(
+        gemini.requests()[1].path,
+        "/v1beta/models/gemini-2.5-flash:streamGenerateContent?alt=sse"
+    );
+    assert_eq!(said.tools.len(), 1, "{}", r.text());
+    let (id, name, args) = said.tools[0].clone();
+    assert_eq!(name, "get_weather");
+    assert_eq!(args, r#"{"text":"Paris"}"#);
+    assert_eq!(
+        router_dialect::gemini::signature_of_tool_id(&id).as_deref(),
+        Some(router_mock::gemini::signature_for("get_weather").as_str()),
+        "{id}"
+    );
+    assert_eq!(said.stop_reason.as_deref(), Some("tool_calls"));
+    assert_eq!(said.usage.map(|u| u.output), Some(3));
+    let line = &proxy.log.wait_for(2).await[1];
+    assert_eq!(line["tokens_out"], 3, "{line}");
+
+    // The next turn sends the call back; the pool (which refuses a call
+    // without its signature, as Gemini 3 does) gets the signature back.
+    let mut turn = body.clone();
+    turn["tools"] = weather_tool();
+    turn["messages"] = json!([
+        {"role": "user", "content": "Paris"},
+        {"role": "assistant", "content": null, "tool_calls": [{"id": id, "type": "function",
+            "function": {"name": "get_weather", "arguments": args}}]},
+        {"role": "tool", "tool_call_id": id, "content": "sunny"},
+    ]);
+    let r = post(&proxy, "/v1/chat/completions", &turn, &[]).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    assert_eq!(
+        r.json()["choices"][0]["message"]["content"],
+        "tool said: sunny"
+    );
+    let b: Value = serde_json::from_slice(&gemini.requests()[2].body).unwrap();
+    assert_eq!(
+        b["contents"][1]["parts"][0]["thoughtSignature"],
+        router_mock::gemini::signature_for("get_weather"),
+        "{b}"
+    );
+    // Without the signature (a client that rewrote the id): the pool's
+    // 400, in the client's dialect.
+    turn["messages"][1]["tool_calls"][0]["id"] = json!("call_1");
+    turn["messages"][2]["tool_call_id"] = json!("call_1");
+    let r = post(&proxy, "/v1/chat/completions", &turn, &[]).await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST, "{}", r.text());
+    assert!(r.json()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("thought_signature"));
+
+    // Thinking asked for: Gemini's thoughts are output tokens.
+    let mut thinking = body.clone();
+    thinking["reasoning_effort"] = json!("low");
+    let r = post(&proxy, "/v1/chat/completions", &thinking, &[]).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    let thoughts = router_mock::gemini::THOUGHT_TOKENS;
+    assert_eq!(r.json()["usage"]["completion_tokens"], 2 + thoughts);
+    let line = &proxy.log.wait_for(5).await[4];
+    assert_eq!(line["tokens_out"], 2 + thoughts, "{line}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_anthropic_client_reaches_a_gemini_pool_plain_streamed_and_with_tools() {
+    let gemini = mock("gemini", Behavior::Gemini).await;
+    let proxy = TestProxy::with_policy(
+        Settings::default(),
+        &policy(&gemini_pool(&gemini.url(), ""), "gemini"),
+    )
+    .await;
+    let anthropic = [
+        ("anthropic-version", "2023-06-01"),
+        ("x-api-key", "sk-ant-client"),
+    ];
+    let body = json!({"model": MODEL, "max_tokens": 64,
+        "messages": [{"role": "user", "content": "hi"}]});
+    let r = post(&proxy, "/v1/messages", &body, &anthropic).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    let v = r.json();
+    assert_eq!(v["type"], "message");
+    assert_eq!(v["content"][0]["text"], "echo: hi");
+    assert_eq!(v["stop_reason"], "end_turn");
+    // Anthropic counts cache reads apart from input: never twice.
+    let (input, cached) = (
+        v["usage"]["input_tokens"].as_u64().unwrap(),
+        v["usage"]["cache_read_input_tokens"].as_u64().unwrap(),
+    );
+    let line = &proxy.log.wait_for(1).await[0];
+    assert_eq!(Some(input + cached), line["tokens_in"].as_u64(), "{line}");
+    assert!(cached > 0);
+    let sent = &gemini.requests()[0];
+    assert_eq!(sent.headers["x-goog-api-key"], "gemini-pool-key");
+    assert!(sent.headers.get("x-api-key").is_none());
+    assert!(sent.headers.get("anthropic-version").is_none());
+    let b: Value = serde_json::from_slice(&sent.body).unwrap();
+    assert_eq!(b["generationConfig"]["maxOutputTokens"], 64);
+
+    // Streamed with a tool: well-formed Anthropic events as they flow.
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    streamed["tools"] = json!([{"name": "get_weather",
+        "input_schema": {"type": "object", "properties": {"text": {"type": "string"}}}}]);
+    let r = post(&proxy, "/v1/messages", &streamed, &anthropic).await;
+    let said = anthropic_stream(&r.body).unwrap_or_else(|e| panic!("{e}: {}", r.text()));
+    assert_eq!(said.tools.len(), 1, "{}", r.text());
+    let (id, name, input) = said.tools[0].clone();
+    assert_eq!(name, "get_weather");
+    assert_eq!(
+        serde_json::from_str::<Value>(&input).unwrap(),
+        json!({"text": "hi"})
+    );
+    assert_eq!(said.stop_reason.as_deref(), Some("tool_use"));
+    // The tool_use id carries the signature back to Gemini.
+    let mut turn = streamed.clone();
+    turn["messages"] = json!([
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": id, "name": "get_weather",
+            "input": {"text": "hi"}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": id, "content": "sunny"}]},
+    ]);
+    let r = post(&proxy, "/v1/messages", &turn, &anthropic).await;
+    let said = anthropic_stream(&r.body).unwrap_or_else(|e| panic!("{e}: {}", r.text()));
+    assert_eq!(said.text, "tool said: sunny");
+    assert_eq!(said.stop_reason.as_deref(), Some("end_turn"));
+    let line = &proxy.log.wait_for(3).await[2];
+    assert_eq!(line["tokens_out"], 2, "{line}");
+    assert!(line["tokens_in"].as_u64().unwrap() > 0, "{line}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gemini_failures_fail_over_and_reach_the_client_in_its_dialect() {
+    let local = mock("local", Behavior::Chat).await;
+    let proxy = TestProxy::with_policy(
+        Settings::default(),
+        &policy(&local_pool(&local.url()), "local"),
+    )
+    .await;
+    // Each case its own Gemini endpoint (a failed one is suspect a while).
+    let gemini_then_local = |behavior: Behavior| {
+        let proxy = &proxy;
+        let local = local.url();
+        async move {
+            let g = mock("gemini", behavior).await;
+            let pools = format!(
+                "{}{}",
+                gemini_pool(&g.url(), "      first_token_timeout_ms: 300\n"),
+                local_pool(&local)
+            );
+            proxy.apply(&policy(&pools, "gemini, local"));
+            g
+        }
+    };
+    let anthropic = [("anthropic-version", "2023-06-01")];
+    let hello = |stream: bool| {
+        json!({"model": MODEL, "max_tokens": 64, "stream": stream,
+            "messages": [{"role": "user", "content": "hi"}]})
+    };
+    // 429 RESOURCE_EXHAUSTED: the next pool answers.
+    let _g = gemini_then_local(Behavior::RateLimited("2".into())).await;
+    let r = post(&proxy, "/v1/messages", &hello(false), &anthropic).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    assert_eq!(r.header("x-router-route"), Some("local"));
+    let line = &proxy.log.wait_for(1).await[0];
+    assert_eq!(line["attempts"][0]["outcome"], "status_429", "{line}");
+    // 503 UNAVAILABLE, streamed: the same.
+    let _g = gemini_then_local(Behavior::Status(503)).await;
+    let r = post(&proxy, "/v1/messages", &hello(true), &anthropic).await;
+    let said = anthropic_stream(&r.body).unwrap_or_else(|e| panic!("{e}: {}", r.text()));
+    assert_eq!(said.text, "echo: hi");
+    let line = &proxy.log.wait_for(2).await[1];
+    assert_eq!(line["attempts"][0]["outcome"], "status_5xx", "{line}");
+    // An error in the stream before its first token: failed over.
+    let _g = gemini_then_local(Behavior::Stream(StreamScript {
+        chunks: 0,
+        ending: StreamEnding::Error,
+        ..StreamScript::default()
+    }))
+    .await;
+    let r = post(&proxy, "/v1/messages", &hello(true), &anthropic).await;
+    let said = anthropic_stream(&r.body).unwrap_or_else(|e| panic!("{e}: {}", r.text()));
+    assert_eq!(said.text, "echo: hi");
+    let line = &proxy.log.wait_for(3).await[2];
+    assert_eq!(line["attempts"][0]["outcome"], "stream_error", "{line}");
+    // No first token within the pool's first_token_timeout: failed over.
+    let _g = gemini_then_local(Behavior::Stream(StreamScript {
+        first_token: Duration::from_secs(5),
+        ..StreamScript::default()
+    }))
+    .await;
+    let r = post(&proxy, "/v1/messages", &hello(true), &anthropic).await;
+    let said = anthropic_stream(&r.body).unwrap_or_else(|e| panic!("{e}: {}", r.text()));
+    assert_eq!(said.text, "echo: hi");
+    let line = &proxy.log.wait_for(4).await[3];
+    assert_eq!(
+        line["attempts"][0]["outcome"], "first_token_timeout",
+        "{line}"
+    );
+    // An error after the first token: one error event in the client's
+    // dialect, after the content.
+    let _g = gemini_then_local(Behavior::Stream(StreamScript {
+        chunks: 2,
+        ending: StreamEnding::Error,
+        ..StreamScript::default()
+    }))
+    .await;
+    let r = post(&proxy, "/v1/messages", &hello(true), &anthropic).await;
+    let said = anthropic_stream(&r.body).unwrap_or_else(|e| panic!("{e}: {}", r.text()));
+    assert_eq!(said.text, "tok0 tok1 ");
+    assert!(said.error.is_some(), "{}", r.text());
+    assert_eq!(r.text().matches("event: error").count(), 1);
+    // A complete scripted stream: its usage counted.
+    let _g = gemini_then_local(Behavior::Stream(StreamScript::default())).await;
+    let chat = json!({"model": MODEL, "stream": true,
+        "messages": [{"role": "user", "content": "hi"}]});
+    let r = post(&proxy, "/v1/chat/completions", &chat, &[]).await;
+    let said = openai_stream(&r.body).unwrap_or_else(|e| panic!("{e}: {}", r.text()));
+    assert_eq!(said.text, "tok0 tok1 tok2 ");
+    let line = &proxy.log.wait_for(6).await[5];
+    assert_eq!(line["final_route"], "gemini", "{line}");
+    assert_eq!(line["tokens_out"], 3, "{line}");
+    // With no pool left, Gemini's error in the client's dialect.
+    let g = mock("gemini", Behavior::Status(503)).await;
+    proxy.apply(&policy(&gemini_pool(&g.url(), ""), "gemini"));
+    let r = post(&proxy, "/v1/messages", &hello(false), &anthropic).await;
+    assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE, "{}", r.text());
+    assert_eq!(r.json()["type"], "error");
+    assert_eq!(r.json()["error"]["type"], "overloaded_error");
+    assert_eq!(r.json()["error"]["message"], "mock gemini answered 503");
+    let g = mock("gemini", Behavior::Status(503)).await;
+    proxy.apply(&policy(&gemini_pool(&g.url(), ""), "gemini"));
+    let chat = json!({"model": MODEL, "messages": [{"role": "user", "content": "hi"}]});
+    let r = post(&proxy, "/v1/chat/completions", &chat, &[]).await;
+    assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE, "{}", r.text());
+    assert_eq!(r.json()["error"]["message"], "mock gemini answered 503");
 }

@@ -393,7 +393,10 @@ async fn gemini_failures_fail_over_and_reach_the_client_in_its_dialect() {
             let g = mock("gemini", behavior).await;
             let pools = format!(
                 "{}{}",
-                gemini_pool(&g.url(), "      first_token_timeout_ms: 300\n"),
+                gemini_pool(
+                    &g.url(),
+                    "      first_token_timeout_ms: 300\n      stall_timeout_ms: 300\n",
+                ),
                 local_pool(&local)
             );
             proxy.apply(&policy(&pools, "gemini, local"));
@@ -458,6 +461,34 @@ async fn gemini_failures_fail_over_and_reach_the_client_in_its_dialect() {
     assert_eq!(said.text, "tok0 tok1 ");
     assert!(said.error.is_some(), "{}", r.text());
     assert_eq!(r.text().matches("event: error").count(), 1);
+    // Silent after its first tokens: the stall watchdog cuts it, in the
+    // client's dialect.
+    let _g = gemini_then_local(Behavior::Stream(StreamScript {
+        chunks: 2,
+        ending: StreamEnding::Stall,
+        ..StreamScript::default()
+    }))
+    .await;
+    let r = post(&proxy, "/v1/messages", &hello(true), &anthropic).await;
+    let said = anthropic_stream(&r.body).unwrap_or_else(|e| panic!("{e}: {}", r.text()));
+    assert_eq!(said.text, "tok0 tok1 ");
+    let error = said.error.expect("an error event");
+    assert_eq!(error["error"]["code"], "stream_stalled", "{error}");
+    // A field Gemini cannot carry: the pool is passed over, saying why.
+    let _g = gemini_then_local(Behavior::Gemini).await;
+    let chat = json!({"model": MODEL, "parallel_tool_calls": false, "tools": weather_tool(),
+        "messages": [{"role": "user", "content": "hi"}]});
+    let r = post(&proxy, "/v1/chat/completions", &chat, &[]).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    assert_eq!(r.header("x-router-route"), Some("local"));
+    let line = &proxy.log.wait_for(7).await[6];
+    let reason = line["reason"].as_str().unwrap();
+    assert!(
+        reason.contains(
+            "gemini: skipped, cannot carry field `parallel_tool_calls` to dialect gemini"
+        ),
+        "{reason}"
+    );
     // A complete scripted stream: its usage counted.
     let _g = gemini_then_local(Behavior::Stream(StreamScript::default())).await;
     let chat = json!({"model": MODEL, "stream": true,
@@ -465,7 +496,7 @@ async fn gemini_failures_fail_over_and_reach_the_client_in_its_dialect() {
     let r = post(&proxy, "/v1/chat/completions", &chat, &[]).await;
     let said = openai_stream(&r.body).unwrap_or_else(|e| panic!("{e}: {}", r.text()));
     assert_eq!(said.text, "tok0 tok1 tok2 ");
-    let line = &proxy.log.wait_for(6).await[5];
+    let line = &proxy.log.wait_for(8).await[7];
     assert_eq!(line["final_route"], "gemini", "{line}");
     assert_eq!(line["tokens_out"], 3, "{line}");
     // With no pool left, Gemini's error in the client's dialect.

@@ -636,7 +636,12 @@ async fn the_official_openai_python_sdk_against_an_anthropic_pool() {
     run_sdk_script(
         "openai_sdk.py",
         &proxy,
-        &["chat.completions.create", "stream", "tool call"],
+        &[
+            "chat.completions.create",
+            "stream",
+            "tool call",
+            "tool round trip",
+        ],
     )
     .await;
     assert_eq!(claude.requests()[0].path, "/v1/messages");

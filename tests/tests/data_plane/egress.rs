@@ -11,6 +11,8 @@ use router_mock::{Behavior, StreamEnding, StreamScript};
 use router_proxy::Settings;
 use router_tests::harness::{TestProxy, TestResponse};
 use router_tests::mocks::mock;
+
+use crate::anthropic::{python_has, run_sdk_script_with};
 use serde_json::{json, Value};
 
 const MODEL: &str = "frontier";
@@ -513,4 +515,83 @@ async fn gemini_failures_fail_over_and_reach_the_client_in_its_dialect() {
     let r = post(&proxy, "/v1/chat/completions", &chat, &[]).await;
     assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE, "{}", r.text());
     assert_eq!(r.json()["error"]["message"], "mock gemini answered 503");
+}
+
+const OPENAI_SDK_STEPS: [&str; 4] = [
+    "chat.completions.create",
+    "stream",
+    "tool call",
+    "tool round trip",
+];
+
+/// The official `openai` Python SDK against a Gemini mock pool:
+/// `chat.completions.create`, a stream with its usage chunk, a tool call
+/// and its round trip (the thought signature carried back in the call's
+/// id) (`tests/python/openai_sdk.py`). Skipped, saying so, when the
+/// package is not installed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_official_openai_python_sdk_against_a_gemini_pool() {
+    if !python_has("openai") {
+        return;
+    }
+    let gemini = mock("gemini", Behavior::Gemini).await;
+    let proxy = TestProxy::with_policy(
+        Settings::default(),
+        &policy(&gemini_pool(&gemini.url(), ""), "gemini"),
+    )
+    .await;
+    run_sdk_script_with("openai_sdk.py", &proxy, &[MODEL], &OPENAI_SDK_STEPS).await;
+    assert!(gemini.requests()[0]
+        .path
+        .starts_with("/v1beta/models/gemini-2.5-flash:"));
+}
+
+/// The same script against an Azure OpenAI mock pool.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_official_openai_python_sdk_against_an_azure_pool() {
+    if !python_has("openai") {
+        return;
+    }
+    let azure = mock("azure", Behavior::Chat).await;
+    let proxy = TestProxy::with_policy(
+        Settings::default(),
+        &policy(&azure_pool(&azure.url(), ""), "azure"),
+    )
+    .await;
+    run_sdk_script_with("openai_sdk.py", &proxy, &[MODEL], &OPENAI_SDK_STEPS).await;
+    assert!(azure.requests().iter().all(
+        |r| r.path == "/openai/deployments/gpt-4o-prod/chat/completions?api-version=2024-10-21"
+    ));
+}
+
+/// The official `anthropic` Python SDK against a Gemini mock pool:
+/// `messages.create`, `messages.stream(...)` with `get_final_message()`, a
+/// tool-use round trip, `count_tokens`, `models.list` and a shed
+/// (`tests/python/anthropic_sdk.py`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_official_anthropic_python_sdk_against_a_gemini_pool() {
+    if !python_has("anthropic") {
+        return;
+    }
+    let gemini = mock("gemini", Behavior::Gemini).await;
+    let proxy = TestProxy::with_policy(
+        Settings::default(),
+        &policy(&gemini_pool(&gemini.url(), ""), "gemini"),
+    )
+    .await;
+    run_sdk_script_with(
+        "anthropic_sdk.py",
+        &proxy,
+        &[MODEL],
+        &[
+            "messages.create",
+            "messages.stream",
+            "tool_use round trip",
+            "count_tokens",
+            "models.list",
+            "overloaded",
+        ],
+    )
+    .await;
+    assert!(gemini.stats().received >= 5);
 }

@@ -1,7 +1,9 @@
 //! Clients and pools of different dialects: Anthropic Messages clients
-//! (Claude Code, the Anthropic SDKs) and pools of `provider: anthropic`,
-//! besides OpenAI chat completions, translated by `router-dialect` (pure;
-//! `docs/dialects.md` says what happens to every field).
+//! (Claude Code, the Anthropic SDKs) and pools of `provider: anthropic`
+//! and `provider: gemini`, besides OpenAI chat completions, translated by
+//! `router-dialect` (pure; `docs/dialects.md` says what happens to every
+//! field). A pool's dialect is its provider's ([`pool_dialect`]);
+//! `azure_openai` speaks OpenAI's, on its deployment's path.
 //!
 //! The branch is taken once, at ingress, on the normalized path. `POST
 //! /v1/messages` is parsed as an Anthropic request and from then on walks
@@ -11,18 +13,21 @@
 //! candidate pools are known ([`prepare`]), the request is written once
 //! for each dialect among them: an OpenAI chat body (streamed with
 //! `stream_options.include_usage`, so that its usage can be counted and
-//! told) and an Anthropic one (the client's own when it is Anthropic's:
-//! a pass-through). A pool whose dialect cannot carry a field is passed
-//! over, saying why; none left is a 400 naming the field. An OpenAI chat
-//! request pays this only when the policy has an Anthropic pool. What
-//! differs then rides on the request's [`Translation`]:
+//! told), an Anthropic one (the client's own when it is Anthropic's:
+//! a pass-through) and a Gemini one. A pool whose dialect cannot carry a
+//! field is passed over, saying why; none left is a 400 naming the field.
+//! An OpenAI chat request pays this only when the policy has a pool of
+//! another dialect. What differs then rides on the request's
+//! [`Translation`]:
 //!
 //! - the upstream request (`upstream_request.rs`): an Anthropic pool gets
-//!   `/v1/messages`, its key as `x-api-key`, `anthropic-version`, never
-//!   the client's `Authorization`; an OpenAI pool never gets an Anthropic
-//!   client's `x-api-key` or `anthropic-*` headers; no `Accept-Encoding`
-//!   (the answer is read); the client's query (Claude Code's
-//!   `?beta=true`) stays with the client;
+//!   `/v1/messages`, its key as `x-api-key`, `anthropic-version`; a
+//!   Gemini pool `/v1beta/models/{model}:generateContent` (or
+//!   `:streamGenerateContent?alt=sse`) and its key as `x-goog-api-key`;
+//!   neither the client's `Authorization`; an OpenAI pool never gets an
+//!   Anthropic client's `x-api-key` or `anthropic-*` headers (nor does a
+//!   Gemini pool); no `Accept-Encoding` (the answer is read); the
+//!   client's query (Claude Code's `?beta=true`) stays with the client;
 //! - a whole 2xx answer from a pool of another dialect than the client's
 //!   is translated where the attempt reads it (`attempt.rs`), or written
 //!   as a stream of events when the client asked for one and the pool

@@ -595,3 +595,28 @@ async fn the_official_anthropic_python_sdk_against_a_gemini_pool() {
     .await;
     assert!(gemini.stats().received >= 5);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gemini_pool_without_a_model_calls_the_requests() {
+    let gemini = mock("gemini", Behavior::Gemini).await;
+    let pool = gemini_pool(&gemini.url(), "").replace("      model: gemini-2.5-flash\n", "");
+    let yaml = policy(&pool, "gemini").replace(
+        &format!("model: [\"{MODEL}\"]"),
+        &format!("model: [\"{MODEL}\", \"bad/model\"]"),
+    );
+    let proxy = TestProxy::with_policy(Settings::default(), &yaml).await;
+    let ask =
+        |model: &str| json!({"model": model, "messages": [{"role": "user", "content": "hi"}]});
+    let r = post(&proxy, "/v1/chat/completions", &ask(MODEL), &[]).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    assert_eq!(
+        gemini.requests()[0].path,
+        format!("/v1beta/models/{MODEL}:generateContent")
+    );
+    // A model that would change the path: the attempt is never sent.
+    let r = post(&proxy, "/v1/chat/completions", &ask("bad/model"), &[]).await;
+    assert!(!r.status.is_success(), "{}", r.text());
+    assert_eq!(gemini.stats().received, 1);
+    let line = &proxy.log.wait_for(2).await[1];
+    assert_eq!(line["attempts"][0]["outcome"], "invalid_request", "{line}");
+}

@@ -32,7 +32,7 @@ pub struct MockArgs {
     over_cap: OverCapArg,
     /// json | chat (answers the request it reads: text or a tool call,
     /// streamed when asked) | anthropic (the same, in Anthropic's Messages
-    /// dialect) | sse | hang | status:<code> | malformed |
+    /// dialect) | gemini (the same, in Gemini's generateContent dialect) | sse | hang | status:<code> | malformed |
     /// redirect:<url> | engine (a simulated vLLM engine: continuous
     /// batching, a KV cache with prefix caching, vLLM's /metrics;
     /// docs/simulator.md)
@@ -66,6 +66,7 @@ fn parse_behavior(text: &str) -> Result<BehaviorArg, String> {
         "json" => Behavior::Json,
         "chat" => Behavior::Chat,
         "anthropic" => Behavior::Anthropic,
+        "gemini" => Behavior::Gemini,
         "sse" => return Ok(BehaviorArg::Sse),
         "hang" => Behavior::Hang,
         "malformed" => Behavior::MalformedJson,
@@ -82,7 +83,7 @@ fn parse_behavior(text: &str) -> Result<BehaviorArg, String> {
                 Behavior::Redirect(url.to_owned())
             } else {
                 return Err(
-                    "expected json, chat, anthropic, sse, hang, status:<code>, malformed, redirect:<url> or engine"
+                    "expected json, chat, anthropic, gemini, sse, hang, status:<code>, malformed, redirect:<url> or engine"
                         .to_owned(),
                 );
             }

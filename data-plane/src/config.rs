@@ -128,23 +128,28 @@ fn read_secrets(policy: &Policy) -> Secrets {
     secrets
 }
 
-/// The header a pool's key goes in, and its value: `x-api-key: <key>` for
-/// Anthropic's API, `Authorization: Bearer <key>` for every other.
+/// The header a pool's key goes in, and its value: the key alone in
+/// `x-api-key` for Anthropic's API, in `api-key` for Azure OpenAI's, in
+/// `x-goog-api-key` for Gemini's; `Authorization: Bearer <key>` for every
+/// other.
 fn pool_key_header(
     provider: router_policy::Provider,
     key: &str,
 ) -> Result<(http::header::HeaderName, HeaderValue), http::header::InvalidHeaderValue> {
-    if provider.is_anthropic() {
-        Ok((
-            http::header::HeaderName::from_static("x-api-key"),
-            HeaderValue::from_str(key)?,
-        ))
-    } else {
-        Ok((
-            http::header::AUTHORIZATION,
-            HeaderValue::from_str(&format!("Bearer {key}"))?,
-        ))
-    }
+    use http::header::HeaderName;
+    use router_policy::Provider;
+    let name = match provider {
+        Provider::Anthropic => HeaderName::from_static("x-api-key"),
+        Provider::AzureOpenai => HeaderName::from_static("api-key"),
+        Provider::Gemini => HeaderName::from_static("x-goog-api-key"),
+        Provider::Openai | Provider::Ollama | Provider::Vllm | Provider::Tgi => {
+            return Ok((
+                http::header::AUTHORIZATION,
+                HeaderValue::from_str(&format!("Bearer {key}"))?,
+            ))
+        }
+    };
+    Ok((name, HeaderValue::from_str(key)?))
 }
 
 /// Errors of config changes.
@@ -215,9 +220,10 @@ pub(crate) struct Snapshot {
     /// False for a managed proxy's boot config (the empty sidecar pool it
     /// holds until a control plane, or its cache, gives it a policy).
     pub configured: bool,
-    /// A pool speaks Anthropic's dialect (`provider: anthropic`): an
-    /// OpenAI chat request may need translating (see `handler::dialect`).
-    pub anthropic_pools: bool,
+    /// A pool speaks another dialect than OpenAI's (`provider: anthropic`
+    /// or `gemini`): an OpenAI chat request may need translating (see
+    /// `handler::dialect`).
+    pub translating_pools: bool,
 }
 
 /// Where a new snapshot finds the budgets of the routes it keeps.
@@ -531,7 +537,7 @@ fn build(
         version_header: HeaderValue::from_str(&version).ok(),
         version,
         secrets,
-        anthropic_pools: policy.pools.iter().any(|p| p.provider.is_anthropic()),
+        translating_pools: policy.pools.iter().any(|p| !p.provider.speaks_openai()),
         policy: Arc::new(policy),
         pools,
         budgets,
@@ -542,6 +548,25 @@ fn build(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_provider_gets_its_key_in_its_own_header() {
+        use router_policy::Provider;
+        for (provider, name, value) in [
+            (Provider::Openai, "authorization", "Bearer k1"),
+            (Provider::Vllm, "authorization", "Bearer k1"),
+            (Provider::Anthropic, "x-api-key", "k1"),
+            (Provider::AzureOpenai, "api-key", "k1"),
+            (Provider::Gemini, "x-goog-api-key", "k1"),
+        ] {
+            let (n, v) = pool_key_header(provider, "k1").unwrap();
+            assert_eq!(
+                (n.as_str(), v.to_str().unwrap()),
+                (name, value),
+                "{provider:?}"
+            );
+        }
+    }
     use router_policy::QueueSettings;
 
     #[tokio::test]

@@ -70,21 +70,24 @@ pub const DEFAULT_HEALTHY_AFTER: u32 = 2;
 
 /// The health path a provider's servers answer: `/health` for vLLM and
 /// TGI, `/api/tags` for Ollama, `/v1/models` for any OpenAI-compatible API
-/// and for Anthropic's.
+/// and for Anthropic's, `/v1beta/models` for Gemini's, and Azure OpenAI's
+/// model list (at the default `api-version`).
 pub fn default_path(provider: Provider) -> &'static str {
     match provider {
         Provider::Vllm | Provider::Tgi => "/health",
         Provider::Ollama => "/api/tags",
         Provider::Openai | Provider::Anthropic => "/v1/models",
+        Provider::AzureOpenai => "/openai/models?api-version=2024-10-21",
+        Provider::Gemini => "/v1beta/models",
     }
 }
 
 /// Whether a pool of `provider` checks its endpoints when its policy says
 /// nothing: local engines (vLLM, TGI, Ollama) yes; `openai`, which is how
-/// cloud APIs are written, and `anthropic` (where a check costs quota),
-/// no.
+/// cloud APIs are written, and the cloud APIs `anthropic`, `azure_openai`
+/// and `gemini` (where a check costs quota), no.
 pub fn on_by_default(provider: Provider) -> bool {
-    !matches!(provider, Provider::Openai | Provider::Anthropic)
+    matches!(provider, Provider::Vllm | Provider::Tgi | Provider::Ollama)
 }
 
 impl HealthCheck {
@@ -468,6 +471,18 @@ mod tests {
         assert!(on_by_default(Provider::Ollama));
         assert!(!on_by_default(Provider::Openai));
         assert!(!on_by_default(Provider::Anthropic));
+        assert!(!on_by_default(Provider::AzureOpenai));
+        assert!(!on_by_default(Provider::Gemini));
+        assert_eq!(
+            HealthCheck::defaults(Provider::Gemini).path,
+            "/v1beta/models"
+        );
+        assert!(HealthCheck::defaults(Provider::AzureOpenai)
+            .path
+            .ends_with(&format!(
+                "api-version={}",
+                crate::document::DEFAULT_AZURE_API_VERSION
+            )));
         assert_eq!(
             HealthCheck::defaults(Provider::Anthropic).path,
             "/v1/models"

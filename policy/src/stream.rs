@@ -32,6 +32,18 @@
 //! counts come with the input tokens); `event: error` is an error;
 //! `ping`, block starts and stops and `message_stop` carry nothing.
 //!
+//! A Gemini stream (`provider: gemini` pools, `streamGenerateContent?alt=sse`)
+//! too: each chunk is a `GenerateContentResponse`; one whose
+//! `candidates[].content.parts` hold a non-empty `text` (a thought's
+//! included), a `functionCall`, `inlineData` or code is content; its
+//! `usageMetadata` is usage: `promptTokenCount` (with
+//! `toolUsePromptTokenCount`) the input, cached tokens included as
+//! OpenAI's `prompt_tokens` includes them, and `candidatesTokenCount` plus
+//! `thoughtsTokenCount` the output (thoughts are billed as output). Each
+//! chunk's counts are the totals so far, so [`StreamUsage::update`]'s
+//! replacing keeps the last. An `error` object is an error. Gemini sends
+//! no `[DONE]`: its stream ends with its bytes.
+//!
 //! [`SseScanner`] splits the byte stream into whole events (an event may
 //! span frames, a frame may hold several events) without copying more than
 //! the one partial event it carries between frames, and refuses an event
@@ -250,8 +262,11 @@ pub fn classify(event: &[u8]) -> SseEvent {
                 .and_then(|d| d.cached_tokens),
             cache_read_input_tokens: u.cache_read_input_tokens,
             cache_creation_input_tokens: u.cache_creation_input_tokens,
-        });
-    if chunk.choices.iter().any(Choice::has_content) || chunk.kind == Some(Kind::ContentBlockDelta)
+        })
+        .or_else(|| chunk.usage_metadata.map(GeminiUsage::counts));
+    if chunk.choices.iter().any(Choice::has_content)
+        || chunk.kind == Some(Kind::ContentBlockDelta)
+        || chunk.candidates.iter().any(Candidate::has_content)
     {
         return SseEvent::Content { usage };
     }
@@ -296,6 +311,88 @@ struct Chunk {
     /// Anthropic's `message_start` carries the message (and its usage).
     #[serde(default)]
     message: Option<MessageFields>,
+    /// A Gemini chunk's candidates.
+    #[serde(default)]
+    candidates: Vec<Candidate>,
+    /// A Gemini chunk's usage.
+    #[serde(default, rename = "usageMetadata")]
+    usage_metadata: Option<GeminiUsage>,
+}
+
+/// A Gemini candidate: its content's parts.
+#[derive(Deserialize)]
+struct Candidate {
+    #[serde(default)]
+    content: Option<GeminiContent>,
+}
+
+#[derive(Deserialize)]
+struct GeminiContent {
+    #[serde(default)]
+    parts: Vec<GeminiPart>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct GeminiPart {
+    #[serde(default)]
+    text: Option<serde_json::Value>,
+    #[serde(default)]
+    function_call: Option<serde::de::IgnoredAny>,
+    #[serde(default)]
+    inline_data: Option<serde::de::IgnoredAny>,
+    #[serde(default)]
+    executable_code: Option<serde::de::IgnoredAny>,
+    #[serde(default)]
+    code_execution_result: Option<serde::de::IgnoredAny>,
+}
+
+impl Candidate {
+    fn has_content(&self) -> bool {
+        self.content.as_ref().is_some_and(|c| {
+            c.parts.iter().any(|p| {
+                p.text.as_ref().is_some_and(non_empty)
+                    || p.function_call.is_some()
+                    || p.inline_data.is_some()
+                    || p.executable_code.is_some()
+                    || p.code_execution_result.is_some()
+            })
+        })
+    }
+}
+
+/// Gemini's `usageMetadata` (the counts the router reads).
+#[derive(Deserialize, Clone, Copy)]
+#[serde(rename_all = "camelCase")]
+struct GeminiUsage {
+    #[serde(default)]
+    prompt_token_count: Option<u64>,
+    #[serde(default)]
+    tool_use_prompt_token_count: Option<u64>,
+    #[serde(default)]
+    candidates_token_count: Option<u64>,
+    #[serde(default)]
+    thoughts_token_count: Option<u64>,
+    #[serde(default)]
+    cached_content_token_count: Option<u64>,
+}
+
+impl GeminiUsage {
+    /// The whole prompt: the prompt (cached tokens are inside it, as in
+    /// OpenAI's spelling) and the prompt of Gemini's own tool calls;
+    /// output: candidates and thoughts.
+    fn counts(self) -> StreamUsage {
+        let sum = |a: Option<u64>, b: Option<u64>| match (a, b) {
+            (None, None) => None,
+            (a, b) => Some(a.unwrap_or(0).saturating_add(b.unwrap_or(0))),
+        };
+        StreamUsage {
+            prompt_tokens: sum(self.prompt_token_count, self.tool_use_prompt_token_count),
+            completion_tokens: sum(self.candidates_token_count, self.thoughts_token_count),
+            cached_tokens: self.cached_content_token_count,
+            ..StreamUsage::default()
+        }
+    }
 }
 
 /// The Anthropic event types the router tells apart.
@@ -526,6 +623,70 @@ data: {\"type\":\"message_stop\"}\n\n";
             classify(b"event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\",\"message\":\"Overloaded\"}}\n\n"),
             SseEvent::Error {
                 message: "Overloaded".into()
+            }
+        );
+    }
+
+    /// A Gemini stream as `streamGenerateContent?alt=sse` sends it
+    /// (`\r\n\r\n` between events, no end marker): a thought, text,
+    /// the last chunk with the finish reason and the whole usage.
+    const GEMINI: &str = "data: {\"candidates\": [{\"content\": {\"parts\": [{\"text\": \"Let me think.\",\"thought\": true}],\"role\": \"model\"},\"index\": 0}],\"usageMetadata\": {\"promptTokenCount\": 40,\"totalTokenCount\": 52,\"thoughtsTokenCount\": 12},\"modelVersion\": \"gemini-2.5-flash\",\"responseId\": \"r1\"}\r\n\r\n\
+data: {\"candidates\": [{\"content\": {\"parts\": [{\"text\": \"Hello\"}],\"role\": \"model\"},\"index\": 0}],\"usageMetadata\": {\"promptTokenCount\": 40,\"candidatesTokenCount\": 1,\"totalTokenCount\": 53,\"thoughtsTokenCount\": 12},\"modelVersion\": \"gemini-2.5-flash\",\"responseId\": \"r1\"}\r\n\r\n\
+data: {\"candidates\": [{\"content\": {\"parts\": [{\"text\": \"\"}],\"role\": \"model\"},\"finishReason\": \"STOP\",\"index\": 0}],\"usageMetadata\": {\"promptTokenCount\": 40,\"candidatesTokenCount\": 5,\"totalTokenCount\": 57,\"cachedContentTokenCount\": 32,\"thoughtsTokenCount\": 12},\"modelVersion\": \"gemini-2.5-flash\",\"responseId\": \"r1\"}\r\n\r\n";
+
+    #[test]
+    fn a_gemini_stream_reads_as_content_and_its_last_usage_counts_thoughts_as_output() {
+        for split in [vec![], vec![7], vec![100, 101, 400]] {
+            let (k, bytes) = kinds(GEMINI.as_bytes(), &split);
+            assert_eq!(bytes, GEMINI.as_bytes());
+            let usage = |o: u64| StreamUsage {
+                prompt_tokens: Some(40),
+                completion_tokens: Some(o),
+                ..StreamUsage::default()
+            };
+            assert_eq!(
+                k,
+                vec![
+                    // A thought is content: generation started.
+                    SseEvent::Content {
+                        usage: Some(usage(12))
+                    },
+                    SseEvent::Content {
+                        usage: Some(usage(13))
+                    },
+                    // The last chunk: no content, the whole usage (the
+                    // cached tokens inside the prompt's 40, not added).
+                    SseEvent::Usage {
+                        usage: StreamUsage {
+                            cached_tokens: Some(32),
+                            ..usage(17)
+                        },
+                        only_usage: true
+                    },
+                ]
+            );
+        }
+        // A function call is content; an error object is an error.
+        assert_eq!(
+            classify(b"data: {\"candidates\":[{\"content\":{\"parts\":[{\"functionCall\":{\"name\":\"f\",\"args\":{}},\"thoughtSignature\":\"c2ln\"}],\"role\":\"model\"}}]}\r\n\r\n"),
+            SseEvent::Content { usage: None }
+        );
+        assert_eq!(
+            classify(b"data: {\"error\":{\"code\":503,\"message\":\"The model is overloaded.\",\"status\":\"UNAVAILABLE\"}}\n\n"),
+            SseEvent::Error {
+                message: "The model is overloaded.".into()
+            }
+        );
+        // Gemini's own tool prompt counts as input.
+        assert_eq!(
+            classify(b"data: {\"usageMetadata\":{\"promptTokenCount\":10,\"toolUsePromptTokenCount\":5,\"candidatesTokenCount\":2}}\n\n"),
+            SseEvent::Usage {
+                usage: StreamUsage {
+                    prompt_tokens: Some(15),
+                    completion_tokens: Some(2),
+                    ..StreamUsage::default()
+                },
+                only_usage: true
             }
         );
     }

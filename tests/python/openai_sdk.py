@@ -1,10 +1,14 @@
-"""The official `openai` Python SDK through the router to an Anthropic pool.
+"""The official `openai` Python SDK through the router to a pool of
+another provider.
 
 Run by `tests/tests/data_plane/anthropic.rs`
-(`the_official_openai_python_sdk_against_an_anthropic_pool`) against a
-router whose route for MODEL leads to an Anthropic mock pool answering as
-`router_mock::Behavior::Anthropic` does: `echo: TEXT`, a `tool_use` of the
-first tool with `{"text": TEXT}`.
+(`the_official_openai_python_sdk_against_an_anthropic_pool`) and
+`tests/tests/data_plane/egress.rs` (against a Gemini pool and an Azure
+OpenAI pool) against a router whose route for MODEL leads to a mock pool
+answering as `router_mock::Behavior::Anthropic`, `Gemini` or `Chat` does:
+`echo: TEXT`, a call of the first tool with `{"text": TEXT}`, `tool
+said: RESULT` after the tool's result (a Gemini pool refuses the next
+turn unless the call's thought signature comes back with it).
 
     python3 openai_sdk.py BASE_URL MODEL
 
@@ -82,3 +86,28 @@ assert call.function.name == "get_weather", call
 assert json.loads(call.function.arguments) == {"text": "Paris"}, call
 assert c.choices[0].finish_reason == "tool_calls", c
 ok("tool call")
+
+# The tool's result, sent back with the call as the SDK gave it.
+answered = client.chat.completions.create(
+    model=model,
+    max_tokens=64,
+    tools=[
+        {
+            "type": "function",
+            "function": {
+                "name": "get_weather",
+                "parameters": {
+                    "type": "object",
+                    "properties": {"text": {"type": "string"}},
+                },
+            },
+        }
+    ],
+    messages=[
+        {"role": "user", "content": "Paris"},
+        c.choices[0].message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": "sunny"},
+    ],
+)
+assert answered.choices[0].message.content == "tool said: sunny", answered
+ok("tool round trip")

@@ -27,7 +27,8 @@ use crate::engine_http::{parse_request, EngineEvent, ParsedRequest};
 use crate::prompt_cache::CacheUsage;
 use crate::server::{lock, Shared};
 use crate::{
-    Behavior, OverCap, ReceivedRequest, StreamEnding, StreamScript, UsageMode, MOCK_NAME_HEADER,
+    gemini, Behavior, OverCap, ReceivedRequest, StreamEnding, StreamScript, UsageMode,
+    MOCK_NAME_HEADER,
 };
 
 /// Completion tokens reported in the `usage` of every JSON answer.
@@ -104,11 +105,19 @@ pub(crate) async fn handle(
     let prompt_len = body.len();
     // Anthropic's Messages path: errors in Anthropic's shape.
     let anthropic_path = parts.uri.path() == "/v1/messages";
+    // A Gemini model call (the model in its path): errors in Gemini's shape.
+    let gemini_call = parts
+        .uri
+        .path_and_query()
+        .and_then(|pq| gemini::call_of(pq.as_str()));
     let json = serde_json::from_slice::<Value>(&body).ok();
-    let model = json
-        .as_ref()
-        .and_then(|json| json.get("model").and_then(Value::as_str).map(str::to_owned))
-        .unwrap_or_else(|| "mock".to_owned());
+    let model = match &gemini_call {
+        Some(c) => c.model.clone(),
+        None => json
+            .as_ref()
+            .and_then(|json| json.get("model").and_then(Value::as_str).map(str::to_owned))
+            .unwrap_or_else(|| "mock".to_owned()),
+    };
     let asks_usage = json
         .as_ref()
         .and_then(|j| j.get("stream_options"))
@@ -235,6 +244,41 @@ pub(crate) async fn handle(
                 shared.respond(StatusCode::OK, Some("application/json"), body)
             }
         }
+        Behavior::Gemini => {
+            service_time(latency).await;
+            let call = gemini_call.clone().unwrap_or(gemini::Call {
+                model: model.clone(),
+                stream: false,
+                sse: false,
+            });
+            let prompt = prompt_len.div_ceil(4) as u64;
+            let thoughts = gemini::wants_thoughts(json.as_ref());
+            if let Err(message) = gemini::check(json.as_ref()) {
+                shared.gemini_error_response(StatusCode::BAD_REQUEST, &message, tracker)
+            } else if call.stream && !call.sse {
+                let message = "the mock streams with alt=sse only";
+                shared.gemini_error_response(StatusCode::BAD_REQUEST, message, tracker)
+            } else {
+                let reply = gemini::reply(json.as_ref());
+                if call.stream {
+                    let frames = gemini::frames(n, &call.model, &reply, prompt, thoughts);
+                    shared.event_stream(MockBody::new(frames, false, Some(tracker)))
+                } else {
+                    let answer = gemini::answer(n, &call.model, &reply, prompt, thoughts);
+                    let body = MockBody::full(Bytes::from(answer.to_string()), Some(tracker));
+                    shared.respond(StatusCode::OK, Some("application/json"), body)
+                }
+            }
+        }
+        Behavior::Stream(script) if gemini_call.is_some() => {
+            let prompt = prompt_len.div_ceil(4) as u64;
+            let first_token = match script.tail {
+                Some((one_in, slow)) if one_in > 0 && n.is_multiple_of(u64::from(one_in)) => slow,
+                _ => script.first_token,
+            };
+            let frames = gemini::scripted_frames(n, &model, &script, first_token, prompt);
+            shared.event_stream(MockBody::new(frames, false, Some(tracker)))
+        }
         Behavior::Sse { chunks, interval } => {
             let frames = sse_frames(&id, &model, &shared.name, chunks, latency, interval);
             shared.event_stream(MockBody::new(frames, false, Some(tracker)))
@@ -264,6 +308,8 @@ pub(crate) async fn handle(
             let message = format!("mock {} answered {}", shared.name, status.as_u16());
             if anthropic_path {
                 shared.anthropic_error_response(status, &message, tracker)
+            } else if gemini_call.is_some() {
+                shared.gemini_error_response(status, &message, tracker)
             } else {
                 shared.error_response(status, &message, Some(tracker))
             }
@@ -273,11 +319,19 @@ pub(crate) async fn handle(
             let message = format!("mock {} is rate limited", shared.name);
             match HeaderValue::from_str(&retry_after) {
                 Ok(value) => {
-                    let mut response = shared.error_response(
-                        StatusCode::TOO_MANY_REQUESTS,
-                        &message,
-                        Some(tracker),
-                    );
+                    let mut response = if gemini_call.is_some() {
+                        shared.gemini_error_response(
+                            StatusCode::TOO_MANY_REQUESTS,
+                            &message,
+                            tracker,
+                        )
+                    } else {
+                        shared.error_response(
+                            StatusCode::TOO_MANY_REQUESTS,
+                            &message,
+                            Some(tracker),
+                        )
+                    };
                     response.headers_mut().insert(RETRY_AFTER, value);
                     response
                 }
@@ -985,6 +1039,25 @@ impl Shared {
             _ => "invalid_request_error",
         };
         let error = json!({"type": "error", "error": {"type": kind, "message": message}});
+        let body = MockBody::full(Bytes::from(error.to_string()), Some(tracker));
+        let mut response = self.respond(status, Some("application/json"), body);
+        if status == StatusCode::TOO_MANY_REQUESTS {
+            response
+                .headers_mut()
+                .insert(RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        response
+    }
+
+    /// A Gemini-style error answer (`{"error": {"code", "message",
+    /// "status"}}`); a 429 carries `Retry-After: 1`.
+    fn gemini_error_response(
+        &self,
+        status: StatusCode,
+        message: &str,
+        tracker: Tracker,
+    ) -> Response<MockBody> {
+        let error = gemini::error_body(status.as_u16(), message);
         let body = MockBody::full(Bytes::from(error.to_string()), Some(tracker));
         let mut response = self.respond(status, Some("application/json"), body);
         if status == StatusCode::TOO_MANY_REQUESTS {

@@ -75,6 +75,7 @@ mod answer;
 mod body;
 pub mod engine;
 mod engine_http;
+pub mod gemini;
 mod prompt_cache;
 mod server;
 pub mod workload;
@@ -121,7 +122,8 @@ pub enum Behavior {
     /// A code outside 100..=999 is answered as 500. On Anthropic's
     /// `/v1/messages` path the body is in Anthropic's error shape
     /// (`{"type": "error", "error": {"type", "message"}}`, `529`
-    /// `overloaded_error`).
+    /// `overloaded_error`); on a Gemini model call in Gemini's
+    /// (`{"error": {"code", "message", "status"}}`).
     Status(u16),
     /// A 429 rate-limit error after `latency`, with this `Retry-After`
     /// value as given (a provider at its quota saying when to come back,
@@ -162,6 +164,13 @@ pub enum Behavior {
     /// said: RESULT` after a `tool_result`. Usage: the body's bytes / 4 as
     /// `input_tokens`, one output token per piece.
     Anthropic,
+    /// [`Behavior::Chat`] in Gemini's `generateContent` dialect, written
+    /// from its public API reference (see [`gemini`]): on
+    /// `/v1beta/models/{model}:generateContent` a `GenerateContentResponse`,
+    /// on `:streamGenerateContent?alt=sse` its SSE chunks; the same
+    /// replies (a `functionCall` with a `thoughtSignature`, which a later
+    /// turn must send back), usage with cached and thought tokens.
+    Gemini,
     /// 302 redirect with `Location` set to the given URL, after `latency`.
     /// A URL that is not a valid header value is answered as 500.
     Redirect(String),

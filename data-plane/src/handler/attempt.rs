@@ -388,6 +388,12 @@ impl Exchange {
                 }
             };
             let mut answer = router_json_peek::peek_answer(&body);
+            if let (Ok(a), Some((_, router_dialect::Dialect::Gemini))) =
+                (&mut answer, self.translated_from(pool.name()))
+            {
+                // Gemini's usage has a shape of its own (`usageMetadata`).
+                a.usage = super::dialect::gemini_usage(&body);
+            }
             let structured_ok = match (&self.structured, head.status.is_success()) {
                 (Some(expected), true) => router_policy::structured::check(&body, expected),
                 _ => Ok(()),

@@ -1,7 +1,9 @@
 //! Clients and pools of different dialects: Anthropic Messages clients
-//! (Claude Code, the Anthropic SDKs) and pools of `provider: anthropic`,
-//! besides OpenAI chat completions, translated by `router-dialect` (pure;
-//! `docs/dialects.md` says what happens to every field).
+//! (Claude Code, the Anthropic SDKs) and pools of `provider: anthropic`
+//! and `provider: gemini`, besides OpenAI chat completions, translated by
+//! `router-dialect` (pure; `docs/dialects.md` says what happens to every
+//! field). A pool's dialect is its provider's ([`pool_dialect`]);
+//! `azure_openai` speaks OpenAI's, on its deployment's path.
 //!
 //! The branch is taken once, at ingress, on the normalized path. `POST
 //! /v1/messages` is parsed as an Anthropic request and from then on walks
@@ -11,18 +13,21 @@
 //! candidate pools are known ([`prepare`]), the request is written once
 //! for each dialect among them: an OpenAI chat body (streamed with
 //! `stream_options.include_usage`, so that its usage can be counted and
-//! told) and an Anthropic one (the client's own when it is Anthropic's:
-//! a pass-through). A pool whose dialect cannot carry a field is passed
-//! over, saying why; none left is a 400 naming the field. An OpenAI chat
-//! request pays this only when the policy has an Anthropic pool. What
-//! differs then rides on the request's [`Translation`]:
+//! told), an Anthropic one (the client's own when it is Anthropic's:
+//! a pass-through) and a Gemini one. A pool whose dialect cannot carry a
+//! field is passed over, saying why; none left is a 400 naming the field.
+//! An OpenAI chat request pays this only when the policy has a pool of
+//! another dialect. What differs then rides on the request's
+//! [`Translation`]:
 //!
 //! - the upstream request (`upstream_request.rs`): an Anthropic pool gets
-//!   `/v1/messages`, its key as `x-api-key`, `anthropic-version`, never
-//!   the client's `Authorization`; an OpenAI pool never gets an Anthropic
-//!   client's `x-api-key` or `anthropic-*` headers; no `Accept-Encoding`
-//!   (the answer is read); the client's query (Claude Code's
-//!   `?beta=true`) stays with the client;
+//!   `/v1/messages`, its key as `x-api-key`, `anthropic-version`; a
+//!   Gemini pool `/v1beta/models/{model}:generateContent` (or
+//!   `:streamGenerateContent?alt=sse`) and its key as `x-goog-api-key`;
+//!   neither the client's `Authorization`; an OpenAI pool never gets an
+//!   Anthropic client's `x-api-key` or `anthropic-*` headers (nor does a
+//!   Gemini pool); no `Accept-Encoding` (the answer is read); the
+//!   client's query (Claude Code's `?beta=true`) stays with the client;
 //! - a whole 2xx answer from a pool of another dialect than the client's
 //!   is translated where the attempt reads it (`attempt.rs`), or written
 //!   as a stream of events when the client asked for one and the pool
@@ -94,10 +99,12 @@ pub(super) fn own_endpoint(method: &Method, path: &str) -> Option<Own> {
     }
 }
 
-/// The dialect a pool speaks.
+/// The dialect a pool speaks (`azure_openai` speaks OpenAI's, on its own
+/// paths: `upstream_request`).
 pub(super) fn pool_dialect(pool: Option<&router_policy::document::Pool>) -> Dialect {
-    match pool {
-        Some(p) if p.provider.is_anthropic() => Dialect::Anthropic,
+    match pool.map(|p| p.provider) {
+        Some(router_policy::Provider::Anthropic) => Dialect::Anthropic,
+        Some(router_policy::Provider::Gemini) => Dialect::Gemini,
         _ => Dialect::OpenAi,
     }
 }
@@ -122,6 +129,8 @@ pub(super) struct Translation {
     /// The body for Anthropic pools (the client's own, or translated),
     /// parsed for the pool's model.
     pub(super) anthropic: Option<super::upstream_request::ParsedBody>,
+    /// The body for Gemini pools (translated; the model goes in the path).
+    pub(super) gemini: Option<Bytes>,
 }
 
 /// What [`prepare`] gives the walk.
@@ -189,6 +198,9 @@ pub(super) fn prepare(
     let anthropic = anthropic.map(|r| {
         r.and_then(|b| super::upstream_request::ParsedBody::parse(&b).map_err(|e| e.to_string()))
     });
+    let gemini = wants(Dialect::Gemini).then(|| {
+        same(Dialect::Gemini).unwrap_or_else(|| written(Dialect::Gemini, &WriteOptions::default()))
+    });
     let mut kept = Vec::with_capacity(candidates.len());
     let mut notes = Vec::new();
     let mut lost: Vec<String> = Vec::new();
@@ -196,7 +208,8 @@ pub(super) fn prepare(
         let (name, d) = dialect_of(k);
         let why = match d {
             Dialect::Anthropic => anthropic.as_ref().and_then(|r| r.as_ref().err()),
-            _ => openai.as_ref().and_then(|r| r.as_ref().err()),
+            Dialect::Gemini => gemini.as_ref().and_then(|r| r.as_ref().err()),
+            Dialect::OpenAi => openai.as_ref().and_then(|r| r.as_ref().err()),
         };
         match why {
             None => kept.push(k),
@@ -225,6 +238,7 @@ pub(super) fn prepare(
         include_usage: neutral.as_ref().is_ok_and(|r| r.stream_usage),
         created: client.created,
         anthropic: anthropic.and_then(Result::ok),
+        gemini: gemini.and_then(Result::ok),
         client_body: client.body.clone(),
     });
     Ok(Prepared {
@@ -232,6 +246,28 @@ pub(super) fn prepare(
         translation,
         candidates: kept,
         notes,
+    })
+}
+
+/// The usage of a Gemini answer (`usageMetadata`) as the router counts
+/// tokens: the whole prompt as input (cached tokens inside it, as in
+/// OpenAI's `prompt_tokens`), candidates and thoughts as output
+/// (`router_dialect::Usage::from_gemini`). `None` without usage.
+pub(super) fn gemini_usage(body: &[u8]) -> Option<router_json_peek::Usage> {
+    #[derive(serde::Deserialize)]
+    struct Answer {
+        #[serde(rename = "usageMetadata")]
+        usage: Option<serde_json::Value>,
+    }
+    let a: Answer = serde_json::from_slice(body).ok()?;
+    let u = router_dialect::Usage::from_gemini(&a.usage?);
+    Some(router_json_peek::Usage {
+        prompt_tokens: Some(u.prompt()),
+        completion_tokens: Some(u.output),
+        prompt_tokens_details: Some(router_json_peek::UsageDetails {
+            cached_tokens: Some(u.cache_read),
+        }),
+        ..router_json_peek::Usage::default()
     })
 }
 
@@ -332,14 +368,16 @@ impl Translation {
 
 /// The headers of an attempt on a pool of dialect `to` for a translated
 /// request (see the module docs): an Anthropic client's `x-api-key` and
-/// `anthropic-*` headers do not go to an OpenAI pool, an OpenAI client's
-/// `Authorization` does not go to an Anthropic pool (which gets its own
+/// `anthropic-*` headers go to Anthropic pools only, an OpenAI client's
+/// `Authorization` to OpenAI pools only (an Anthropic pool gets its own
 /// key, set after this, and `anthropic-version` when the client sent
-/// none); no `Accept-Encoding` (the answer is read); `body_len`: the
-/// body's length.
+/// none; a Gemini pool its own key as `x-goog-api-key`); no
+/// `Accept-Encoding` (the answer is read); `body_len`: the body's length.
 pub(super) fn upstream_headers(headers: &mut HeaderMap, to: Dialect, body_len: usize) {
-    if to == Dialect::Anthropic {
+    if to != Dialect::OpenAi {
         headers.remove(header::AUTHORIZATION);
+    }
+    if to == Dialect::Anthropic {
         if !headers.contains_key(ANTHROPIC_VERSION) {
             headers.insert(
                 HeaderName::from_static(ANTHROPIC_VERSION),
@@ -681,6 +719,23 @@ mod tests {
         let mut bare = HeaderMap::new();
         upstream_headers(&mut bare, Dialect::Anthropic, 1);
         assert_eq!(bare["anthropic-version"], DEFAULT_ANTHROPIC_VERSION);
+    }
+
+    #[test]
+    fn a_gemini_answers_usage_counts_its_whole_prompt_and_its_thoughts_once() {
+        let u = gemini_usage(
+            br#"{"candidates":[],"usageMetadata":{"promptTokenCount":100,"cachedContentTokenCount":60,"candidatesTokenCount":7,"thoughtsTokenCount":5,"totalTokenCount":112}}"#,
+        )
+        .unwrap();
+        // The cached 60 are inside the prompt's 100, not added to it.
+        assert_eq!(u.prompt_tokens, Some(100));
+        assert_eq!(u.completion_tokens, Some(12));
+        assert_eq!(
+            u.prompt_tokens_details.and_then(|d| d.cached_tokens),
+            Some(60)
+        );
+        assert_eq!(gemini_usage(br#"{"candidates":[]}"#), None);
+        assert_eq!(gemini_usage(b"not json"), None);
     }
 
     #[test]

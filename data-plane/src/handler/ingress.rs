@@ -364,7 +364,7 @@ pub(crate) fn handle(
         // future keeps one of each across its waits.)
         let mut translation = None;
         if pending.dialect != Dialect::OpenAi
-            || (snapshot.anthropic_pools && json_call && path == dialect::CHAT_PATH)
+            || (snapshot.translating_pools && json_call && path == dialect::CHAT_PATH)
         {
             let client = dialect::ClientRequest {
                 dialect: pending.dialect,
@@ -417,7 +417,7 @@ pub(crate) fn handle(
                     .chain
                     .get(*k)
                     .and_then(|name| snapshot.policy.pool(name))
-                    .is_some_and(|p| p.stream_usage && !p.provider.is_anthropic())
+                    .is_some_and(|p| p.stream_usage && p.provider.speaks_openai())
             });
         let parsed = if rewrites {
             match ParsedBody::parse(&body) {

@@ -41,6 +41,10 @@ pub(super) enum UpstreamRequestError {
     /// at ingress).
     #[error("no request body in the pool's dialect")]
     Dialect,
+    /// A Gemini pool's model (the pool's, else the request's) is missing
+    /// or cannot go in the path.
+    #[error("no model to call on the Gemini pool: {0}")]
+    Model(String),
 }
 
 /// A JSON object request body, parsed for its model to be rewritten.
@@ -188,7 +192,7 @@ impl Exchange {
                 .snapshot
                 .policy
                 .pool(pool)
-                .is_some_and(|p| p.stream_usage && !p.provider.is_anthropic())
+                .is_some_and(|p| p.stream_usage && p.provider.speaks_openai())
     }
 
     /// The upstream request for an attempt on `lease`'s endpoint of `pool`;
@@ -202,42 +206,59 @@ impl Exchange {
         let policy_pool = self.snapshot.policy.pool(pool);
         // A translated request (a client or pool of another dialect): the
         // body of the pool's dialect, its path and headers.
-        let to_anthropic = match &self.translation {
-            Some(_) => super::dialect::pool_dialect(policy_pool) == Dialect::Anthropic,
-            None => false,
+        let to = match &self.translation {
+            Some(_) => super::dialect::pool_dialect(policy_pool),
+            None => Dialect::OpenAi,
         };
-        let messages_path = http::uri::PathAndQuery::from_static(super::dialect::MESSAGES_PATH);
-        let path_and_query = if to_anthropic {
-            &messages_path
-        } else {
-            &self.path_and_query
+        let pool_model = policy_pool.and_then(|p| p.model.as_deref());
+        let model = pool_model.filter(|m| self.json_call && self.model.as_deref() != Some(*m));
+        // The pool's own path: Anthropic's Messages, Gemini's model call,
+        // an Azure deployment's; else the request's.
+        let own_path;
+        let path_and_query = match (to, policy_pool.and_then(|p| p.azure.as_ref())) {
+            (Dialect::OpenAi, None) => &self.path_and_query,
+            (Dialect::OpenAi, Some(azure)) => {
+                own_path = azure_path(self.path_and_query.path(), azure)?;
+                &own_path
+            }
+            (Dialect::Anthropic, _) => {
+                own_path = http::uri::PathAndQuery::from_static(super::dialect::MESSAGES_PATH);
+                &own_path
+            }
+            (Dialect::Gemini, _) => {
+                let name = pool_model
+                    .or(self.model.as_deref())
+                    .ok_or_else(|| UpstreamRequestError::Model("the request names none".into()))?;
+                let path = router_dialect::gemini::endpoint_path(name, self.streaming)
+                    .map_err(|e| UpstreamRequestError::Model(e.to_string()))?;
+                own_path = http::uri::PathAndQuery::try_from(path).map_err(http::Error::from)?;
+                &own_path
+            }
         };
         let uri = match lease.target() {
             Some(t) => t.uri(lease.endpoint(), path_and_query),
             None => forward::upstream_uri(lease.endpoint(), path_and_query.as_str()),
         }?;
-        let pool_model = policy_pool.and_then(|p| p.model.as_deref());
-        let model = pool_model.filter(|m| self.json_call && self.model.as_deref() != Some(*m));
         let mut headers = headers;
-        let body = if to_anthropic {
+        let body = match to {
+            Dialect::OpenAi => self.openai_body(pool, policy_pool, model, &mut headers)?,
             // The Anthropic body, its model the pool's (`prepare` kept only
             // the pools that can take it).
-            let parsed = self
+            Dialect::Anthropic => self
                 .translation
                 .as_ref()
                 .and_then(|t| t.anthropic.as_ref())
-                .ok_or(UpstreamRequestError::Dialect)?;
-            parsed.rewritten(model, Usage::Keep)?
-        } else {
-            self.openai_body(pool, policy_pool, model, &mut headers)?
+                .ok_or(UpstreamRequestError::Dialect)?
+                .rewritten(model, Usage::Keep)?,
+            // Gemini's body names no model.
+            Dialect::Gemini => self
+                .translation
+                .as_ref()
+                .and_then(|t| t.gemini.clone())
+                .ok_or(UpstreamRequestError::Dialect)?,
         };
         if let Some(t) = &self.translation {
-            let to = if to_anthropic {
-                Dialect::Anthropic
-            } else {
-                Dialect::OpenAi
-            };
-            if t.client != Dialect::OpenAi || to_anthropic {
+            if t.client != Dialect::OpenAi || to != Dialect::OpenAi {
                 super::dialect::upstream_headers(&mut headers, to, body.len());
             }
         }
@@ -246,6 +267,11 @@ impl Exchange {
         *req.uri_mut() = uri;
         *req.headers_mut() = headers;
         if let Some(key) = self.snapshot.secrets.api_keys.get(pool) {
+            if key.name != header::AUTHORIZATION {
+                // A key of another header (Anthropic's, Azure's, Gemini's):
+                // the client's credential does not go along either.
+                req.headers_mut().remove(header::AUTHORIZATION);
+            }
             if key.sent_to(lease.endpoint()) {
                 // The pool's own credential replaces whatever the client sent.
                 req.headers_mut()
@@ -270,9 +296,49 @@ impl Exchange {
     }
 }
 
+/// An Azure OpenAI pool's path for the OpenAI call `path`: its
+/// deployment's (`/v1/chat/completions` is
+/// `/openai/deployments/{deployment}/chat/completions`), with the pool's
+/// `api-version` as the only query (the client's query stays with it).
+fn azure_path(
+    path: &str,
+    azure: &router_policy::document::AzureDeployment,
+) -> Result<http::uri::PathAndQuery, http::Error> {
+    let call = path
+        .strip_prefix("/v1")
+        .filter(|rest| rest.starts_with('/'))
+        .unwrap_or(path);
+    let p = format!(
+        "/openai/deployments/{}{call}?api-version={}",
+        azure.deployment, azure.api_version
+    );
+    Ok(http::uri::PathAndQuery::try_from(p)?)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_azure_deployment_has_its_own_paths_and_api_version() {
+        let azure = router_policy::document::AzureDeployment {
+            deployment: "gpt-4o-prod".into(),
+            api_version: "2024-10-21".into(),
+        };
+        let p = |path: &str| azure_path(path, &azure).unwrap().to_string();
+        assert_eq!(
+            p("/v1/chat/completions"),
+            "/openai/deployments/gpt-4o-prod/chat/completions?api-version=2024-10-21"
+        );
+        assert_eq!(
+            p("/v1/embeddings"),
+            "/openai/deployments/gpt-4o-prod/embeddings?api-version=2024-10-21"
+        );
+        assert_eq!(
+            p("/chat/completions"),
+            "/openai/deployments/gpt-4o-prod/chat/completions?api-version=2024-10-21"
+        );
+    }
 
     fn rewrite(body: &[u8], model: &str) -> Result<Value, serde_json::Error> {
         let out = ParsedBody::parse(body)?.rewritten(Some(model), Usage::Keep)?;

@@ -56,15 +56,15 @@ mod validate;
 mod tests;
 
 pub use resolved::{
-    CircuitSettings, Gates, Hedge, HedgeDelay, ParkSettings, Policy, Pool, Price, Probe,
-    QueueSettings, Route, RouteMatch, SessionAffinity,
+    AzureDeployment, CircuitSettings, Gates, Hedge, HedgeDelay, ParkSettings, Policy, Pool, Price,
+    Probe, QueueSettings, Route, RouteMatch, SessionAffinity,
 };
 pub use spec::{
     AffinityKind, ApprovalSpec, CircuitSpec, DefaultsSpec, EndpointOptions, EndpointSpec,
     EngineAwareSpec, GatesSpec, HealthCheckSpec, HedgeQuantile, HedgeSpec, HedgeTarget, MatchSpec,
     Metadata, OnAllDown, OutlierEjectionSpec, ParkSpec, PolicyDocument, PoolSpec, PriceSpec,
     ProbeKind, ProbeSpec, Provider, QueueSpec, RetryBudgetSpec, RetryOn, Risk, RouteSpec,
-    SessionAffinitySpec, Spec, StoreDown, TenantLimitsSpec, TenantSpec,
+    SessionAffinitySpec, Spec, StoreDown, TenantLimitsSpec, TenantSpec, DEFAULT_AZURE_API_VERSION,
 };
 
 /// The API version this crate understands.

@@ -80,6 +80,9 @@ pub struct Pool {
     pub stall_timeout: Option<Duration>,
     /// Ask for usage in streams when the client did not.
     pub stream_usage: bool,
+    /// Azure OpenAI's deployment and `api-version` (`provider:
+    /// azure_openai` only).
+    pub azure: Option<AzureDeployment>,
     /// Active health checks; `None`: off.
     pub health_check: Option<crate::health::HealthCheck>,
     /// Outlier ejection; `None`: off.
@@ -95,6 +98,16 @@ pub struct SessionAffinity {
     pub header: String,
     /// The bounded-load factor (at least 1).
     pub load_factor: f64,
+}
+
+/// Where an Azure OpenAI pool's requests go:
+/// `/openai/deployments/{deployment}/...?api-version={api_version}`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AzureDeployment {
+    /// The deployment's name.
+    pub deployment: String,
+    /// The `api-version` query parameter.
+    pub api_version: String,
 }
 
 /// Resolved gates.
@@ -367,6 +380,7 @@ impl Policy {
                 first_token_timeout: None,
                 stall_timeout: None,
                 stream_usage: true,
+                azure: None,
                 health_check: None,
                 outlier_ejection: None,
                 session_affinity: None,

@@ -27,6 +27,13 @@ pub enum Provider {
     /// as `x-api-key`, with `anthropic-version: 2023-06-01`). Requests of
     /// another dialect are translated to it (`docs/dialects.md`).
     Anthropic,
+    /// Azure OpenAI (`/openai/deployments/{deployment}/...?api-version=`;
+    /// the pool's key goes as `api-key`). OpenAI's dialect.
+    AzureOpenai,
+    /// Google's Gemini API (`/v1beta/models/{model}:generateContent`; the
+    /// pool's key goes as `x-goog-api-key`). Requests of another dialect
+    /// are translated to it (`docs/dialects.md`).
+    Gemini,
 }
 
 impl Provider {
@@ -38,15 +45,31 @@ impl Provider {
             Self::Vllm => "vllm",
             Self::Tgi => "tgi",
             Self::Anthropic => "anthropic",
+            Self::AzureOpenai => "azure_openai",
+            Self::Gemini => "gemini",
         }
     }
 
-    /// Whether the pool speaks Anthropic's Messages dialect (every other
-    /// provider speaks OpenAI's chat completions).
+    /// Whether the pool speaks Anthropic's Messages dialect.
     pub const fn is_anthropic(self) -> bool {
         matches!(self, Self::Anthropic)
     }
+
+    /// Whether the pool speaks Gemini's `generateContent` dialect.
+    pub const fn is_gemini(self) -> bool {
+        matches!(self, Self::Gemini)
+    }
+
+    /// Whether the pool speaks OpenAI's chat completions (every provider
+    /// but `anthropic` and `gemini`; `azure_openai` too, on its own paths).
+    pub const fn speaks_openai(self) -> bool {
+        !matches!(self, Self::Anthropic | Self::Gemini)
+    }
 }
+
+/// The Azure OpenAI `api-version` a pool sends when its policy names none
+/// (a GA version).
+pub const DEFAULT_AZURE_API_VERSION: &str = "2024-10-21";
 
 /// The document as written.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -486,6 +509,14 @@ pub struct PoolSpec {
     /// true, false for `tgi`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stream_usage: Option<bool>,
+    /// The Azure OpenAI deployment the requests go to (required with
+    /// `provider: azure_openai`, refused with any other).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deployment: Option<String>,
+    /// The Azure OpenAI `api-version` (default [`DEFAULT_AZURE_API_VERSION`];
+    /// only with `provider: azure_openai`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_version: Option<String>,
 
     /// How an endpoint is chosen; wins over `queue.scoring`.
     #[serde(default, skip_serializing_if = "Option::is_none")]

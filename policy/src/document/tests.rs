@@ -553,7 +553,7 @@ spec:
             ),
             (
                 "spec.pools[1].colour",
-                "unknown field `colour`, expected one of `name`, `provider`, `model`, `endpoints`, `max_concurrency`, `attempt_timeout_ms`, `drain`, `gates`, `structured_output`, `price`, `api_key_env`, `capacity_probe`, `queue`, `first_token_timeout_ms`, `stall_timeout_ms`, `stream_usage`, `balance`, `engine_aware`, `health_check`, `outlier_ejection`"
+                "unknown field `colour`, expected one of `name`, `provider`, `model`, `endpoints`, `max_concurrency`, `attempt_timeout_ms`, `drain`, `gates`, `structured_output`, `price`, `api_key_env`, `capacity_probe`, `queue`, `first_token_timeout_ms`, `stall_timeout_ms`, `stream_usage`, `deployment`, `api_version`, `balance`, `engine_aware`, `health_check`, `outlier_ejection`, `session_affinity`"
             ),
             (
                 "spec.routes[0].retry_onn",
@@ -975,4 +975,64 @@ fn session_affinity_names_a_header_and_a_load_factor_of_at_least_one() {
     )
     .unwrap_err();
     assert!(missing.to_string().contains("header"), "{missing}");
+}
+
+#[test]
+fn an_azure_pool_needs_its_deployment_and_defaults_its_api_version() {
+    let doc = |pools: &str| {
+        format!("apiVersion: router/v1\nkind: RoutingPolicy\nspec:\n  pools:\n{pools}  routes:\n    - {{name: r, chain: [a]}}\n")
+    };
+    let p = load(
+        &doc("    - {name: a, provider: azure_openai, deployment: gpt-4o-prod, endpoints: [\"https://x.openai.azure.com\"]}\n    - {name: g, provider: gemini}\n"),
+        &QueueSettings::default(),
+    )
+    .expect("valid");
+    let a = p.pool("a").unwrap();
+    assert_eq!(a.provider, Provider::AzureOpenai);
+    assert_eq!(
+        a.azure,
+        Some(AzureDeployment {
+            deployment: "gpt-4o-prod".into(),
+            api_version: DEFAULT_AZURE_API_VERSION.into(),
+        })
+    );
+    assert!(a.provider.speaks_openai());
+    assert_eq!(a.provider.as_str(), "azure_openai");
+    let g = p.pool("g").unwrap();
+    assert!(g.provider.is_gemini() && !g.provider.speaks_openai());
+    assert_eq!(g.azure, None);
+    let p = load(
+        &doc("    - {name: a, provider: azure_openai, deployment: d, api_version: 2025-04-01-preview}\n"),
+        &QueueSettings::default(),
+    )
+    .expect("valid");
+    assert_eq!(
+        p.pool("a").unwrap().azure.as_ref().unwrap().api_version,
+        "2025-04-01-preview"
+    );
+
+    // Missing, not a name, or on another provider: refused, naming the field.
+    let err = load(
+        &doc("    - {name: a, provider: azure_openai}\n    - {name: b, provider: azure_openai, deployment: \"x/../y\", api_version: \"1?x=2\"}\n    - {name: c, deployment: d, api_version: v}\n"),
+        &QueueSettings::default(),
+    )
+    .unwrap_err();
+    let fields: Vec<&str> = err.errors.iter().map(|e| e.field.as_str()).collect();
+    assert_eq!(
+        fields,
+        [
+            "spec.pools[0].deployment",
+            "spec.pools[1].api_version",
+            "spec.pools[1].deployment",
+            "spec.pools[2].deployment",
+            "spec.pools[2].api_version",
+        ],
+        "{err}"
+    );
+    assert!(
+        err.errors[0]
+            .reason
+            .contains("required with provider: azure_openai"),
+        "{err}"
+    );
 }

@@ -438,6 +438,7 @@ fn pool(
         stream_usage: p
             .stream_usage
             .unwrap_or(!matches!(p.provider, super::Provider::Tgi)),
+        azure: azure_deployment(p, at, errs),
         health_check: health_check(p.health_check.as_ref(), p.provider, at, errs),
         outlier_ejection: p
             .outlier_ejection
@@ -474,6 +475,59 @@ fn session_affinity(s: &SessionAffinitySpec, at: &str, errs: &mut Errors) -> Ses
         header,
         load_factor,
     }
+}
+
+/// An Azure OpenAI pool's `deployment` (required) and `api_version`
+/// (default [`super::DEFAULT_AZURE_API_VERSION`]): each a name of
+/// letters, digits, `.`, `_` and `-` (it goes in the URL). Either field
+/// on a pool of another provider is refused: it would be ignored.
+fn azure_deployment(p: &PoolSpec, at: &str, errs: &mut Errors) -> Option<super::AzureDeployment> {
+    fn url_safe(s: &str) -> bool {
+        !s.is_empty()
+            && s.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+    }
+    if p.provider != super::Provider::AzureOpenai {
+        for (field, value) in [
+            ("deployment", &p.deployment),
+            ("api_version", &p.api_version),
+        ] {
+            if value.is_some() {
+                errs.push(
+                    format!("{at}.{field}"),
+                    "only used with provider: azure_openai",
+                );
+            }
+        }
+        return None;
+    }
+    let api_version = p
+        .api_version
+        .clone()
+        .unwrap_or_else(|| super::DEFAULT_AZURE_API_VERSION.to_owned());
+    if !url_safe(&api_version) {
+        errs.push(
+            format!("{at}.api_version"),
+            "must be an Azure OpenAI API version, like 2024-10-21",
+        );
+    }
+    let Some(deployment) = p.deployment.clone() else {
+        errs.push(
+            format!("{at}.deployment"),
+            "required with provider: azure_openai (the deployment the requests go to)",
+        );
+        return None;
+    };
+    if !url_safe(&deployment) {
+        errs.push(
+            format!("{at}.deployment"),
+            "must be a deployment name: letters, digits, `.`, `_` and `-`",
+        );
+    }
+    Some(super::AzureDeployment {
+        deployment,
+        api_version,
+    })
 }
 
 /// A pool's health checks: the provider's defaults, each field replaced by

@@ -534,7 +534,7 @@ async fn a_keyed_translated_stream_is_replayed_in_the_clients_dialect() {
 
 /// Whether `python3` can import `package`; if not, the test says it is
 /// skipped.
-fn python_has(package: &str) -> bool {
+pub(crate) fn python_has(package: &str) -> bool {
     let installed = std::process::Command::new("python3")
         .args(["-c", &format!("import {package}")])
         .output()
@@ -550,14 +550,26 @@ fn python_has(package: &str) -> bool {
 /// Runs `tests/python/SCRIPT` against `proxy` and checks that it passed
 /// each of `steps`.
 async fn run_sdk_script(script: &str, proxy: &TestProxy, steps: &[&str]) {
+    run_sdk_script_with(script, proxy, &[MODEL], steps).await;
+}
+
+/// Runs `tests/python/SCRIPT BASE_URL ARGS...` and checks that it passed
+/// each of `steps`.
+pub(crate) async fn run_sdk_script_with(
+    script: &str,
+    proxy: &TestProxy,
+    args: &[&str],
+    steps: &[&str],
+) {
     let script = format!("{}/python/{script}", env!("CARGO_MANIFEST_DIR"));
     // The script bounds its own calls (a timeout per request).
     let url = proxy.url("");
+    let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
     let out = tokio::task::spawn_blocking(move || {
         std::process::Command::new("python3")
             .arg(script)
             .arg(url)
-            .arg(MODEL)
+            .args(args)
             .output()
     })
     .await
@@ -624,7 +636,12 @@ async fn the_official_openai_python_sdk_against_an_anthropic_pool() {
     run_sdk_script(
         "openai_sdk.py",
         &proxy,
-        &["chat.completions.create", "stream", "tool call"],
+        &[
+            "chat.completions.create",
+            "stream",
+            "tool call",
+            "tool round trip",
+        ],
     )
     .await;
     assert_eq!(claude.requests()[0].path, "/v1/messages");

@@ -8,6 +8,7 @@ mod agent_session;
 mod anthropic;
 mod balance;
 mod doors;
+mod egress;
 mod exactly_once;
 mod keys;
 mod limits;

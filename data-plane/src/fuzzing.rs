@@ -264,6 +264,9 @@ fn attempt(b: &mut Bytes<'_>) -> AttemptRecord {
         affinity: b.some().then(|| {
             ["session_kept", "session_placed", "session_spilled"][usize::from(b.byte()) % 3]
         }),
+        dialect: b
+            .some()
+            .then(|| ["openai", "anthropic", "gemini"][usize::from(b.byte()) % 3]),
     }
 }
 

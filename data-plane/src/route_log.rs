@@ -66,6 +66,11 @@ pub(crate) struct AttemptRecord {
     /// (`router_policy::affinity::SessionPlacement`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub affinity: Option<&'static str>,
+    /// The dialect the attempt spoke to its pool, for a request whose
+    /// client or pools speak another than OpenAI chat (`openai`,
+    /// `anthropic`, `gemini`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dialect: Option<&'static str>,
 }
 
 /// What a streamed (server-sent events) answer told of itself.
@@ -755,6 +760,11 @@ impl AttemptRecord {
         if let Some(a) = self.affinity {
             out.extend_from_slice(b",\"affinity\":\"");
             json_plain_contents(out, a);
+            out.push(b'"');
+        }
+        if let Some(d) = self.dialect {
+            out.extend_from_slice(b",\"dialect\":\"");
+            json_plain_contents(out, d);
             out.push(b'"');
         }
         out.push(b'}');
@@ -1489,6 +1499,7 @@ mod tests {
                 hedge: some(rng).then(|| ["primary_won", "hedge_cancelled"][rng.below(2) as usize]),
                 affinity: some(rng)
                     .then(|| ["session_kept", "session_spilled"][rng.below(2) as usize]),
+                dialect: some(rng).then(|| ["anthropic", "gemini"][rng.below(2) as usize]),
                 ..AttemptRecord::default()
             })
             .collect();

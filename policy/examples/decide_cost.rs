@@ -79,6 +79,7 @@ fn old_path(
         endpoints: Default::default(),
         prompt: None,
         prefix_last_served: None,
+        request: None,
     };
     for (i, name) in route.chain.iter().enumerate().take(measured) {
         situation

@@ -130,6 +130,12 @@ pub struct Situation {
     /// The endpoint (address) that served this prompt's prefix last.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prefix_last_served: Option<String>,
+    /// The request's body (explain only), in the dialect its `path` says
+    /// (`/v1/messages`: Anthropic's; otherwise OpenAI chat): a pool whose
+    /// dialect cannot carry one of its fields is passed over, naming the
+    /// field, as the proxy passes it over ([`explain`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request: Option<serde_json::Value>,
 }
 
 /// A pool passed over, and why.
@@ -151,6 +157,9 @@ pub enum Refusal {
     NoBackend,
     /// The cost ceiling rules out every pool the other gates allow.
     BudgetExceeded,
+    /// No pool of the chain speaks a dialect that can carry the request's
+    /// fields (explain only: the proxy answers 400 naming them).
+    UncarriedFields,
 }
 
 /// The decision for one request.
@@ -660,9 +669,75 @@ pub fn check_situation(policy: &Policy, situation: &Situation) -> Result<(), Fie
     })
 }
 
+/// The dialect a request to `path` is written in.
+fn client_dialect(path: Option<&str>) -> router_dialect::Dialect {
+    match path {
+        Some("/v1/messages") => router_dialect::Dialect::Anthropic,
+        _ => router_dialect::Dialect::OpenAi,
+    }
+}
+
+/// Passes over the candidates whose dialect cannot carry `request` (a
+/// body in `client`'s dialect), as the proxy does once the pools are
+/// known: each is skipped naming the fields, and with none left the
+/// request is refused (400) naming them.
+fn pass_over_uncarried(
+    policy: &Policy,
+    d: &mut Decision,
+    client: router_dialect::Dialect,
+    request: &serde_json::Value,
+) {
+    let body = request.to_string();
+    let parsed = router_dialect::parse_request(client, body.as_bytes());
+    let mut kept = Vec::with_capacity(d.candidates.len());
+    let mut notes = Vec::new();
+    for name in std::mem::take(&mut d.candidates) {
+        let to = policy
+            .pool(&name)
+            .map_or(router_dialect::Dialect::OpenAi, |p| p.provider.dialect());
+        let why = match &parsed {
+            // The same dialect passes through as the client wrote it.
+            _ if to == client => None,
+            Err(e) => Some(format!(
+                "the request cannot be read for dialect {}: {e}",
+                to.as_str()
+            )),
+            Ok(req) => {
+                let lost =
+                    router_dialect::uncarried(req, to, &router_dialect::WriteOptions::default());
+                (!lost.is_empty())
+                    .then(|| router_dialect::DialectError::CannotCarry(lost).to_string())
+            }
+        };
+        match why {
+            None => kept.push(name),
+            Some(why) => {
+                notes.push(format!("{name}: skipped, {why}"));
+                d.estimated_cost_usd.remove(&name);
+                d.skipped.push(Skipped { pool: name, why });
+            }
+        }
+    }
+    d.candidates = kept;
+    if notes.is_empty() {
+        return;
+    }
+    d.reason.push_str("; ");
+    d.reason.push_str(&notes.join("; "));
+    if d.candidates.is_empty() && d.refusal.is_none() {
+        d.refusal = Some(Refusal::UncarriedFields);
+        d.reason
+            .push_str("; no pool of this route can take this request (400 invalid_request)");
+    }
+}
+
 /// The contract's `explain` answer for a situation.
 pub fn explain(policy: &Policy, situation: &Situation) -> Explanation {
     let mut d = decide(policy, situation);
+    if let Some(request) = &situation.request {
+        let client = client_dialect(situation.path.as_deref());
+        pass_over_uncarried(policy, &mut d, client, request);
+    }
     let chosen = d.candidates.first().and_then(|n| policy.pool(n));
     let route = d
         .route
@@ -931,5 +1006,70 @@ spec:
             e.reason,
             "the policy has no pool \"locall\"; its pools: local, small, cloud"
         );
+    }
+
+    #[test]
+    fn explain_passes_over_the_pools_that_cannot_carry_the_requests_fields() {
+        let text = "apiVersion: router/v1
+kind: RoutingPolicy
+spec:
+  pools:
+    - {name: claude, provider: anthropic, endpoints: [\"h1:1\"]}
+    - {name: local, endpoints: [\"h2:1\"]}
+  routes:
+    - {name: agents, chain: [claude, local]}
+";
+        let policy = load(text, &QueueSettings::default()).unwrap();
+        let situation = |path: &str, request: serde_json::Value| Situation {
+            path: Some(path.into()),
+            request: Some(request),
+            ..Situation::default()
+        };
+        // Anthropic's `top_k`: the OpenAI pool is passed over, naming it.
+        let e = explain(
+            &policy,
+            &situation(
+                "/v1/messages",
+                serde_json::json!({"model": "m", "max_tokens": 8, "top_k": 5,
+                    "messages": [{"role": "user", "content": "hi"}]}),
+            ),
+        );
+        assert_eq!(e.candidates, vec!["claude".to_string()]);
+        assert_eq!(e.skipped.len(), 1);
+        assert_eq!(e.skipped[0].pool, "local");
+        assert!(
+            e.skipped[0]
+                .why
+                .starts_with("cannot carry field `top_k` to dialect openai"),
+            "{:?}",
+            e.skipped
+        );
+        assert!(
+            e.reason
+                .contains("local: skipped, cannot carry field `top_k`"),
+            "{}",
+            e.reason
+        );
+        // An OpenAI request without max_tokens cannot go to Anthropic, and
+        // with only that pool nothing can take it.
+        let only_claude = load(
+            &text.replace("chain: [claude, local]", "chain: [claude]"),
+            &QueueSettings::default(),
+        )
+        .unwrap();
+        let e = explain(
+            &only_claude,
+            &situation(
+                "/v1/chat/completions",
+                serde_json::json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]}),
+            ),
+        );
+        assert!(e.candidates.is_empty());
+        assert_eq!(e.refusal, Some(Refusal::UncarriedFields));
+        assert!(e.skipped[0].why.contains("`max_tokens`"), "{:?}", e.skipped);
+        assert_eq!(e.pool, None);
+        // Without a body, nothing changes.
+        let e = explain(&only_claude, &Situation::default());
+        assert_eq!(e.candidates, vec!["claude".to_string()]);
     }
 }

@@ -209,6 +209,11 @@ impl Exchange {
                 queue_wait_ms: super::ms(lease.queue_wait()),
                 timeout_ms: timeout.map(super::millis),
                 affinity: lease.session().map(|s| s.as_str()),
+                // A request of another dialect (or to a pool of one): the
+                // dialect this attempt spoke.
+                dialect: self.translation.as_ref().map(|_| {
+                    super::dialect::pool_dialect(self.snapshot.policy.pool(pool.name())).as_str()
+                }),
                 ..AttemptRecord::default()
             };
             let upstream = match self.upstream_request(&lease, pool.name(), headers) {

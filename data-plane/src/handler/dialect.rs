@@ -102,11 +102,7 @@ pub(super) fn own_endpoint(method: &Method, path: &str) -> Option<Own> {
 /// The dialect a pool speaks (`azure_openai` speaks OpenAI's, on its own
 /// paths: `upstream_request`).
 pub(super) fn pool_dialect(pool: Option<&router_policy::document::Pool>) -> Dialect {
-    match pool.map(|p| p.provider) {
-        Some(router_policy::Provider::Anthropic) => Dialect::Anthropic,
-        Some(router_policy::Provider::Gemini) => Dialect::Gemini,
-        _ => Dialect::OpenAi,
-    }
+    pool.map_or(Dialect::OpenAi, |p| p.provider.dialect())
 }
 
 /// A request whose client or pools speak another dialect than OpenAI's

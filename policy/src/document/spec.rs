@@ -65,6 +65,15 @@ impl Provider {
     pub const fn speaks_openai(self) -> bool {
         !matches!(self, Self::Anthropic | Self::Gemini)
     }
+
+    /// The dialect the pool's endpoints speak.
+    pub const fn dialect(self) -> router_dialect::Dialect {
+        match self {
+            Self::Anthropic => router_dialect::Dialect::Anthropic,
+            Self::Gemini => router_dialect::Dialect::Gemini,
+            _ => router_dialect::Dialect::OpenAi,
+        }
+    }
 }
 
 /// The Azure OpenAI `api-version` a pool sends when its policy names none

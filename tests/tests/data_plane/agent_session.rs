@@ -247,7 +247,14 @@ async fn a_claude_code_session_falls_over_from_an_overloaded_claude_to_a_local_p
             );
         }
         assert!(i > 0 || tried_claude, "turn 0 went to Claude first: {line}");
+        // The dialect in, and the one each attempt spoke.
         assert_eq!(line["dialect"], "anthropic", "turn {i}");
+        let attempts = line["attempts"].as_array().unwrap();
+        let last = attempts.last().unwrap();
+        assert_eq!(last["dialect"], "openai", "turn {i}: {line}");
+        if attempts.len() == 2 {
+            assert_eq!(attempts[0]["dialect"], "anthropic", "turn {i}: {line}");
+        }
         // The local pool got the turn in OpenAI's dialect: the tool result
         // as a `tool` message, the image as a data URL, no thinking.
         let body: Value = serde_json::from_slice(&sent[i].body).unwrap();

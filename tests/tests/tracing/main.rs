@@ -339,6 +339,8 @@ spec:
         attr(client, "gen_ai.provider.name").as_deref(),
         Some("anthropic")
     );
+    // The client's dialect, on the server span.
+    assert_eq!(attr(server, "router.dialect").as_deref(), Some("anthropic"));
     for span in [server, client] {
         let input: u64 = attr(span, "gen_ai.usage.input_tokens")
             .unwrap()

@@ -108,14 +108,13 @@ async fn each_session_stays_on_one_endpoint_and_sessions_spread() {
         "32 sessions: a {got_a}, b {got_b}"
     );
 
-    // Without the header: balanced as before (both endpoints, no note).
-    let before = (a.stats().received, b.stats().received);
+    // Without the header: balanced as before (by the pool's scoring), no
+    // affinity note.
     for _ in 0..10 {
-        chat(&proxy, None).await;
+        assert_eq!(chat(&proxy, None).await.status, StatusCode::OK);
     }
     let lines = proxy.log.wait_for(82).await;
     assert!(lines[72..].iter().all(|l| placed(l).1.is_none()));
-    assert!(a.stats().received > before.0 && b.stats().received > before.1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -403,9 +403,33 @@ impl Exchange {
                 (Some(expected), true) => router_policy::structured::check(&body, expected),
                 _ => Ok(()),
             };
+            // The answer's usage, normalized once: believable counts only
+            // (absurd ones are neither logged nor counted; the charge then
+            // keeps the reservation).
+            let usage = answer
+                .as_ref()
+                .ok()
+                .and_then(|a| a.usage.as_ref())
+                .map(reported)
+                .filter(|u| {
+                    u.reported() && router_policy::tenant::plausible_usage(u.prompt(), u.output())
+                });
+            let tokens = usage.map(|u| u.tokens(self.estimated_input_tokens));
+            let cost = tokens.and_then(|t| {
+                self.snapshot
+                    .policy
+                    .pool(pool.name())
+                    .map(|p| p.price.cost_of(&t))
+            });
             if head.status.is_success() {
                 // Generated, whether or not it is passed on: paid for.
-                record.generated = self.charge_of(pool.name(), answer.as_ref().ok());
+                record.generated = match tokens {
+                    Some(t) => router_policy::tenant::Charge::reported(
+                        router_policy::tenant::micros(cost.unwrap_or(0.0)),
+                        t.total(),
+                    ),
+                    None => router_policy::tenant::Charge::unreadable(),
+                };
             }
             if head.status.is_success() && (answer.is_err() || structured_ok.is_err()) {
                 // A body that is not JSON is the endpoint's failure; JSON
@@ -420,11 +444,7 @@ impl Exchange {
                 if let Err(why) = &structured_ok {
                     // Degraded on the backend's pattern, never on one
                     // request (nor on one its own cap explains).
-                    let done = answer
-                        .as_ref()
-                        .ok()
-                        .and_then(|a| a.usage)
-                        .and_then(|u| reported(&u).output());
+                    let done = usage.and_then(|u| u.output());
                     let explained =
                         router_policy::structured::explained_by_request(self.output_cap, done);
                     let degraded = pool.note_structured_failure(
@@ -446,23 +466,13 @@ impl Exchange {
             if let Ok(a) = &mut answer {
                 record.response_model = a.model.take();
             }
-            if let Ok(Some(usage)) = answer.map(|a| a.usage) {
-                let usage = reported(&usage);
-                let (tokens_in, tokens_out) = (usage.prompt(), usage.output());
-                // Absurd counts are neither logged nor counted (the
-                // charge keeps the reservation instead).
-                if router_policy::tenant::plausible_usage(tokens_in, tokens_out) {
-                    let tokens = usage.tokens(self.estimated_input_tokens);
-                    record.tokens_in = tokens_in;
-                    record.tokens_out = tokens_out;
-                    record.cache_read_tokens = tokens_in.map(|_| tokens.cache_read);
-                    record.cache_write_tokens = tokens_in.map(|_| tokens.cache_write);
-                    if let (Some(p), true) =
-                        (self.snapshot.policy.pool(pool.name()), usage.reported())
-                    {
-                        record.cost_usd = Some(p.price.cost_of(&tokens));
-                    }
-                }
+            if let (Some(usage), Some(tokens)) = (usage, tokens) {
+                let tokens_in = usage.prompt();
+                record.tokens_in = tokens_in;
+                record.tokens_out = usage.output();
+                record.cache_read_tokens = tokens_in.map(|_| tokens.cache_read);
+                record.cache_write_tokens = tokens_in.map(|_| tokens.cache_write);
+                record.cost_usd = cost;
             }
             if let (Some(i), Some(o)) = (record.tokens_in, record.tokens_out) {
                 lease.observe_tokens(crate::pool::TokenSample::Whole {
@@ -495,31 +505,6 @@ impl Exchange {
             lease.finish(Sample::Success(waited), answered);
             AttemptEnd::Whole { head, body, record }
         }
-    }
-
-    /// What a 2xx answer read whole generated: its usage's cost and tokens
-    /// when the usage can be read and is believable, else unreadable (the
-    /// tenant's reservation is kept).
-    fn charge_of(
-        &self,
-        pool: &str,
-        answer: Option<&router_json_peek::AnswerPeek>,
-    ) -> router_policy::tenant::Charge {
-        use router_policy::tenant::{micros, plausible_usage, Charge};
-        let Some(usage) = answer.and_then(|a| a.usage) else {
-            return Charge::unreadable();
-        };
-        let usage = reported(&usage);
-        if !usage.reported() || !plausible_usage(usage.prompt(), usage.output()) {
-            return Charge::unreadable();
-        }
-        let tokens = usage.tokens(self.estimated_input_tokens);
-        let cost = self
-            .snapshot
-            .policy
-            .pool(pool)
-            .map_or(0, |p| micros(p.price.cost_of(&tokens)));
-        Charge::reported(cost, tokens.total())
     }
 
     /// Non-streaming OpenAI-style calls with a JSON answer of known,

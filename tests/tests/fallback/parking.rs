@@ -974,3 +974,51 @@ async fn an_approval_or_a_drop_records_the_tokens_role_and_name() {
     assert_eq!(view["operator_token"], "", "{view}");
     assert_eq!(view["operator"], "bob", "{view}");
 }
+
+/// Issue 29, item 8: an Anthropic Messages client's request parks like a
+/// chat completion's, and the task runs the request as that client sent
+/// it: its answer, fetched later, is in Anthropic's shape.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_anthropic_clients_request_parks_and_its_answer_is_in_its_dialect() {
+    let port = router_tests::server_process::free_port();
+    let url = format!("http://127.0.0.1:{port}");
+    let mut s = settings();
+    s.task_lease = Duration::from_millis(600);
+    let p = TestProxy::with_policy(s, &policy(&url, "{ttl_s: 60}")).await;
+    let body = r#"{"model":"m","max_tokens":32,"messages":[{"role":"user","content":"later is fine"}]}"#;
+    let r = p
+        .client
+        .send(
+            Method::POST,
+            &p.url("/v1/messages"),
+            &[
+                ("content-type", "application/json"),
+                ("anthropic-version", "2023-06-01"),
+                ("prefer", "respond-async"),
+            ],
+            body.to_string(),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::ACCEPTED, "{}", r.text());
+    let id = parked_id(&r);
+    let m = router_mock::MockModel::start_on(
+        std::net::SocketAddr::from(([127, 0, 0, 1], port)),
+        router_mock::MockConfig {
+            name: "back".into(),
+            behavior: Behavior::Chat,
+            ..router_mock::MockConfig::default()
+        },
+    )
+    .await
+    .unwrap();
+    let done = wait_state(&p, &id, "done").await;
+    let answer = done.json();
+    assert_eq!(answer["type"], "message", "{answer}");
+    assert_eq!(
+        answer["content"][0]["text"], "echo: later is fine",
+        "{answer}"
+    );
+    // The pool got a chat completion, once.
+    assert_eq!(m.stats().received, 1);
+    assert_eq!(m.requests()[0].path, "/v1/chat/completions");
+}

@@ -102,20 +102,28 @@ impl Parser<'_> {
     /// The value of one field of [`Usage`].
     #[inline(always)]
     fn usage_field(&mut self, out: &mut Usage, field: usize) -> Result<()> {
+        if field >= 4 {
+            // The cache counts: rarer, out of line.
+            return self.cache_field(out, field);
+        }
+        let n = or_null!(self, self.unsigned()?);
+        match field {
+            0 => out.prompt_tokens = n,
+            1 => out.completion_tokens = n,
+            2 => out.input_tokens = n,
+            _ => out.output_tokens = n,
+        }
+        Ok(())
+    }
+
+    /// The value of one of [`Usage`]'s cache fields.
+    #[inline(never)]
+    fn cache_field(&mut self, out: &mut Usage, field: usize) -> Result<()> {
         match field {
             4 => out.prompt_tokens_details = or_null!(self, self.details()?),
             5 => out.input_tokens_details = or_null!(self, self.details()?),
-            _ => {
-                let n = or_null!(self, self.unsigned()?);
-                match field {
-                    0 => out.prompt_tokens = n,
-                    1 => out.completion_tokens = n,
-                    2 => out.input_tokens = n,
-                    3 => out.output_tokens = n,
-                    6 => out.cache_read_input_tokens = n,
-                    _ => out.cache_creation_input_tokens = n,
-                }
-            }
+            6 => out.cache_read_input_tokens = or_null!(self, self.unsigned()?),
+            _ => out.cache_creation_input_tokens = or_null!(self, self.unsigned()?),
         }
         Ok(())
     }

@@ -985,7 +985,8 @@ async fn an_anthropic_clients_request_parks_and_its_answer_is_in_its_dialect() {
     let mut s = settings();
     s.task_lease = Duration::from_millis(600);
     let p = TestProxy::with_policy(s, &policy(&url, "{ttl_s: 60}")).await;
-    let body = r#"{"model":"m","max_tokens":32,"messages":[{"role":"user","content":"later is fine"}]}"#;
+    let body =
+        r#"{"model":"m","max_tokens":32,"messages":[{"role":"user","content":"later is fine"}]}"#;
     let r = p
         .client
         .send(

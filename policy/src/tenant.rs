@@ -19,10 +19,14 @@
 //! atomic read-modify-write of one key in the shared store (a server-side
 //! script there, with the store's own clock), and a proxy alone keeps it in
 //! memory. A tenant gets one request per `60 s / limit`, with bursts of up
-//! to a twentieth of the limit (at least one), so that no window of one
-//! minute ever passes more than the limit plus that burst: the limit holds
-//! within 5%. A refused request is told exactly when the next one would
-//! pass (`Retry-After`).
+//! to `requests_burst` at once (default [`default_request_burst`]: five, or
+//! a twentieth of the limit when that is more, never more than the limit:
+//! a newcomer's script at 10 a minute may send a few calls back to back),
+//! so that no window of one minute ever passes more than the limit plus
+//! that burst (for limits of 100 and more, within 5% by default). A token
+//! limit's burst is `tokens_burst` (default a twentieth of it, at least
+//! one). A refused request is told exactly when the next one would pass
+//! (`Retry-After`).
 //!
 //! Spend budgets ([`Budgets`], USD per day and per month, UTC) are exact:
 //! before a call is sent, its worst-case cost ([`worst_case_micros`]: the
@@ -304,19 +308,32 @@ pub struct Gcra {
     pub tolerance: std::time::Duration,
 }
 
-/// The burst of a limit: a twentieth of it, at least one.
+/// The burst of a token limit: a twentieth of it, at least one.
 pub fn burst_of(limit: u32) -> u32 {
     (limit / 20).max(1)
 }
 
+/// The default burst of a request limit: five, or a twentieth of the
+/// limit when that is more, never more than the limit.
+pub fn default_request_burst(limit: u32) -> u32 {
+    (limit / 20).max(limit.min(5)).max(1)
+}
+
 impl Gcra {
-    /// `limit` requests per minute (`limit` at least 1).
+    /// `limit` units per minute (`limit` at least 1), in bursts of
+    /// [`burst_of`] (a token limit's default).
     pub fn per_minute(limit: u32) -> Self {
+        Self::per_minute_with_burst(limit, burst_of(limit))
+    }
+
+    /// `limit` units per minute in bursts of up to `burst` (both at least
+    /// 1).
+    pub fn per_minute_with_burst(limit: u32, burst: u32) -> Self {
         let limit = limit.max(1);
         let interval = std::time::Duration::from_secs(60) / limit;
         Self {
             interval,
-            tolerance: interval * (burst_of(limit) - 1),
+            tolerance: interval * (burst.max(1) - 1),
         }
     }
 
@@ -794,10 +811,22 @@ mod tests {
         assert_eq!(g.check(tat, s(100)), Err(half));
         let t = g.check(tat, s(100) + half).expect("one interval later");
         assert_eq!(g.check(Some(t), s(100) + half), Err(half));
-        // A limit under 20 a minute has no burst at all.
+        // A token limit under 20 a minute has no burst at all.
         let g = Gcra::per_minute(6);
         let t = g.check(None, s(0)).unwrap();
         assert_eq!(g.check(Some(t), s(0)), Err(s(10)));
+        // A request limit of 10 a minute takes five at once by default
+        // (a newcomer's script), then one per 6 s.
+        let g = Gcra::per_minute_with_burst(10, default_request_burst(10));
+        let mut tat = None;
+        for _ in 0..5 {
+            tat = Some(g.check(tat, s(0)).expect("within the burst"));
+        }
+        assert_eq!(g.check(tat, s(0)), Err(s(6)));
+        assert_eq!(
+            [1, 2, 10, 100, 200, 1000].map(default_request_burst),
+            [1, 2, 5, 5, 10, 50]
+        );
     }
 
     #[test]
@@ -905,14 +934,17 @@ mod tests {
         }
 
         /// However requests arrive, no window of one minute passes more
-        /// than the limit plus its burst: within 5% of the limit (one
-        /// request more for limits under 20).
+        /// than the limit plus its burst, whatever the burst: with the
+        /// default request burst, within 5% of the limit from 100 a
+        /// minute (five requests more below).
         #[test]
-        fn the_limit_holds_within_five_percent_over_any_minute(
+        fn the_limit_holds_within_its_burst_over_any_minute(
             limit in 1u32..400,
+            burst in proptest::option::of(1u32..50),
             gaps in proptest::collection::vec(0u64..2_000, 1..800),
         ) {
-            let g = Gcra::per_minute(limit);
+            let burst = burst.unwrap_or(default_request_burst(limit));
+            let g = Gcra::per_minute_with_burst(limit, burst);
             let mut tat = None;
             let mut now = std::time::Duration::ZERO;
             let mut passed = Vec::new();
@@ -924,12 +956,13 @@ mod tests {
                 }
             }
             let minute = std::time::Duration::from_secs(60);
-            let bound = limit + burst_of(limit);
+            let bound = limit + burst;
             for (i, start) in passed.iter().enumerate() {
                 let in_window = passed[i..].iter().take_while(|t| **t < *start + minute).count();
                 prop_assert!(in_window as u32 <= bound, "{in_window} > {bound}");
             }
-            prop_assert!(f64::from(bound) <= f64::from(limit) * 1.05 + 1.0);
+            let default = limit + default_request_burst(limit);
+            prop_assert!(f64::from(default) <= f64::from(limit) * 1.05 + 5.0);
         }
 
         /// No key but the listed one names the tenant.

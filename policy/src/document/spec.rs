@@ -168,6 +168,11 @@ pub struct TenantLimitsSpec {
     /// proxy).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub requests_per_minute: Option<u32>,
+    /// Requests that may come at once within `requests_per_minute`
+    /// (default: five, or a twentieth of the limit when that is more,
+    /// never more than the limit).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requests_burst: Option<u32>,
     /// While the shared store is unreachable: `open` (default: requests
     /// pass) or `closed` (refused with 503 shared_store_unavailable).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -177,6 +182,10 @@ pub struct TenantLimitsSpec {
     /// sent, its actual tokens after.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tokens_per_minute: Option<u32>,
+    /// Tokens that may be drawn at once within `tokens_per_minute`
+    /// (default: a twentieth of the limit, at least one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens_burst: Option<u32>,
     /// Requests in flight at once (fleet-wide with a shared store, else
     /// per proxy).
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -174,6 +174,29 @@ fn tenants(specs: &[TenantSpec], routes: &[Route], errs: &mut Errors) -> Option<
                 "must be at least 1 (leave it out for no limit)",
             );
         }
+        for (field, burst, limit) in [
+            (
+                "requests_burst",
+                limits.requests_burst,
+                limits.requests_per_minute,
+            ),
+            (
+                "tokens_burst",
+                limits.tokens_burst,
+                limits.tokens_per_minute,
+            ),
+        ] {
+            let Some(burst) = burst else { continue };
+            let reason = match limit {
+                None => Some("only used with its per-minute limit"),
+                Some(_) if burst == 0 => Some("must be at least 1"),
+                Some(l) if burst > l => Some("must be at most the per-minute limit"),
+                Some(_) => None,
+            };
+            if let Some(reason) = reason {
+                errs.push(format!("{at}.limits.{field}"), reason);
+            }
+        }
         if limits.requests_per_minute == Some(0) {
             errs.push(
                 format!("{at}.limits.requests_per_minute"),
@@ -184,16 +207,18 @@ fn tenants(specs: &[TenantSpec], routes: &[Route], errs: &mut Errors) -> Option<
             name: t.name.clone(),
             routes: t.routes.clone(),
             max_risk: t.max_risk.unwrap_or(Risk::Destructive),
-            rate: limits
-                .requests_per_minute
-                .filter(|n| *n > 0)
-                .map(crate::tenant::Gcra::per_minute),
+            rate: limits.requests_per_minute.filter(|n| *n > 0).map(|n| {
+                let burst = limits
+                    .requests_burst
+                    .unwrap_or(crate::tenant::default_request_burst(n));
+                crate::tenant::Gcra::per_minute_with_burst(n, burst)
+            }),
             rate_fail_open: limits.on_store_down != Some(super::StoreDown::Closed),
             max_concurrent: limits.concurrent_requests,
-            token_rate: limits
-                .tokens_per_minute
-                .filter(|n| *n > 0)
-                .map(crate::tenant::Gcra::per_minute),
+            token_rate: limits.tokens_per_minute.filter(|n| *n > 0).map(|n| {
+                let burst = limits.tokens_burst.unwrap_or(crate::tenant::burst_of(n));
+                crate::tenant::Gcra::per_minute_with_burst(n, burst)
+            }),
             budgets: crate::tenant::Budgets {
                 per_day: budget(
                     limits.budget_usd_per_day,

@@ -343,7 +343,8 @@ async fn the_routers_own_errors_are_in_anthropics_shape() {
     - name: team-a
       keys: ["{}"]
       limits:
-        requests_per_minute: 40"#,
+        requests_per_minute: 40
+        requests_burst: 2"#,
         key_hash_text("rt_team_a_key")
     );
     let proxy = TestProxy::with_policy(

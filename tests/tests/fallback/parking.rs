@@ -824,7 +824,7 @@ spec:
       keys: ["{}"]
 {b}    - name: team-c
       keys: ["{}"]
-      limits: {{requests_per_minute: 20}}
+      limits: {{requests_per_minute: 20, requests_burst: 1}}
 "#,
         key_hash_text("rt_a"),
         key_hash_text("rt_c"),

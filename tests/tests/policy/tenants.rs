@@ -166,9 +166,11 @@ const B: [(&str, &str); 1] = [("authorization", "Bearer rt_b")];
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rate_limit_refuses_with_the_exact_wait_per_tenant() {
     let backend = mock("local", Behavior::Json).await;
-    // 2 a minute: one per 30 s, no burst.
+    // 2 a minute: one per 30 s, both at once by default (issue 30: a
+    // newcomer's script's second call is not a 429).
     let proxy =
         TestProxy::with_policy(Settings::default(), &limited_policy(&backend.url(), 2, "")).await;
+    assert_eq!(proxy.chat_with(&A, CHAT).await.status, StatusCode::OK);
     assert_eq!(proxy.chat_with(&A, CHAT).await.status, StatusCode::OK);
     let r = proxy.chat_with(&A, CHAT).await;
     assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS);
@@ -177,14 +179,57 @@ async fn a_rate_limit_refuses_with_the_exact_wait_per_tenant() {
     assert!((29..=30).contains(&retry), "{retry}");
     // Another tenant has its own allowance.
     assert_eq!(proxy.chat_with(&B, CHAT).await.status, StatusCode::OK);
-    assert_eq!(backend.stats().received, 2);
+    assert_eq!(backend.stats().received, 3);
+}
+
+/// Issue 30, item 9: a script at 10 a minute sends a few calls back to
+/// back (the default burst, five); `requests_burst` sets it per tenant.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_small_rate_limit_takes_a_few_calls_at_once_and_its_burst_is_set_per_tenant() {
+    let backend = mock("local", Behavior::Json).await;
+    let a = tenant("team-a", "rt_a", "requests_per_minute: 10");
+    let b = tenant(
+        "team-b",
+        "rt_b",
+        "requests_per_minute: 10, requests_burst: 1",
+    );
+    let proxy = TestProxy::with_policy(
+        Settings::default(),
+        &one_pool_with(&backend.url(), "", "", &[a, b]),
+    )
+    .await;
+    let mut a_passed = 0;
+    let mut b_passed = 0;
+    for _ in 0..7 {
+        a_passed += usize::from(proxy.chat_with(&A, CHAT).await.status == StatusCode::OK);
+        b_passed += usize::from(proxy.chat_with(&B, CHAT).await.status == StatusCode::OK);
+    }
+    assert_eq!((a_passed, b_passed), (5, 1));
+    // A burst larger than its limit is refused, naming the field.
+    let bad = one_pool_with(
+        &backend.url(),
+        "",
+        "",
+        &[tenant(
+            "team-a",
+            "rt_a",
+            "requests_per_minute: 10, requests_burst: 11",
+        )],
+    );
+    let err = router_policy::document::load(&bad, &router_policy::QueueSettings::default())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("spec.tenants[0].limits.requests_burst: must be at most the per-minute limit"),
+        "{err}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rate_limit_holds_across_proxies_sharing_redis() {
     let redis = router_tests::redis::RedisServer::start("tenants").await;
     let backend = mock("local", Behavior::Json).await;
-    // 60 a minute: one a second, bursts of 3.
+    // 60 a minute: one a second, bursts of 5 (the default).
     let policy = limited_policy(&backend.url(), 60, "");
     let (p1, p2) = two_proxies_on(&redis, &policy).await;
     let mut passed = 0;
@@ -194,8 +239,8 @@ async fn a_rate_limit_holds_across_proxies_sharing_redis() {
             passed += 1;
         }
     }
-    // One allowance for the fleet: the burst of 3, not 3 per proxy.
-    assert_eq!(passed, 3);
+    // One allowance for the fleet: the burst of 5, not 5 per proxy.
+    assert_eq!(passed, 5);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

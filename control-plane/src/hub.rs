@@ -1265,6 +1265,19 @@ impl Hub {
         }
     }
 
+    /// The tenants the current policy names (none before a policy).
+    pub fn tenant_names(&self) -> Vec<String> {
+        let inner = self.lock();
+        let version = inner.state.policy_version;
+        policy_of(&inner, version, &self.guards)
+            .and_then(|p| {
+                p.tenants
+                    .as_ref()
+                    .map(|t| t.list().iter().map(|t| t.name.clone()).collect())
+            })
+            .unwrap_or_default()
+    }
+
     /// Explains a situation against the current policy.
     pub fn explain(&self, situation_json: &str) -> Result<String, HubError> {
         let situation: router_policy::decide::Situation = serde_json::from_str(situation_json)

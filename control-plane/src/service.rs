@@ -304,6 +304,19 @@ impl Admin for AdminService {
                 "tenants' spend lives in the proxies' shared store: start the control plane with --shared-store (ROUTER_SHARED_STORE) pointing at it",
             ));
         };
+        // A tenant the policy does not name has no spend to show: not
+        // zeros (a typo would read as an idle tenant).
+        let names = upgrade(&self.hub)?.tenant_names();
+        if !names.contains(&tenant) {
+            return Err(Status::not_found(if names.is_empty() {
+                format!("no tenant {tenant:?}: the current policy has no tenants")
+            } else {
+                format!(
+                    "no tenant {tenant:?} in the current policy; its tenants: {}",
+                    names.join(", ")
+                )
+            }));
+        }
         // Budgets are per UTC day and month: the wall clock is the point.
         #[allow(clippy::disallowed_methods)]
         let now = std::time::SystemTime::now()

@@ -966,6 +966,19 @@ async fn tenant_usage_is_read_from_the_proxies_shared_store() {
     assert_eq!(usage.spent_today_micros, call, "{usage:?}");
     assert_eq!(usage.spent_month_micros, call, "{usage:?}");
     assert_eq!(usage.reserved_micros, 0);
+    // Issue 30, item 8: a tenant the policy does not name is an error
+    // naming the ones it does, not zeros.
+    let e = operator
+        .tenant_usage(pb::TenantUsageRequest {
+            tenant: "team-z".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::NotFound);
+    assert_eq!(
+        e.message(),
+        "no tenant \"team-z\" in the current policy; its tenants: team-a"
+    );
 
     // A control plane without the store says where the spend lives.
     let dir2 = temp("usage-none");

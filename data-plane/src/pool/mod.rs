@@ -385,12 +385,22 @@ impl PoolRuntime {
             return;
         }
         let until = crate::clock::later(now, open_for, crate::clock::A_YEAR);
-        tracing::warn!(
-            pool = &*self.name,
-            endpoint = &*e.addr,
-            cause = cause.as_str(),
-            "endpoint reported suspect to the fleet"
-        );
+        // A standalone proxy has no fleet to tell.
+        if self.counters.events.is_some() {
+            tracing::warn!(
+                pool = &*self.name,
+                endpoint = &*e.addr,
+                cause = cause.as_str(),
+                "endpoint marked suspect; reported to the fleet"
+            );
+        } else {
+            tracing::warn!(
+                pool = &*self.name,
+                endpoint = &*e.addr,
+                cause = cause.as_str(),
+                "endpoint marked suspect"
+            );
+        }
         e.suspect.set(cause, until);
         self.report(e, true, Some(until), Some(cause));
     }

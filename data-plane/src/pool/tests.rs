@@ -902,3 +902,57 @@ async fn one_late_probe_marks_nothing_and_three_in_a_row_do() {
     assert_eq!(seen.last(), Some(&Availability::Ready), "{seen:?}");
     p.close();
 }
+
+/// The log lines written while `f` runs (this thread's).
+async fn logs_of<F: std::future::Future<Output = ()>>(f: F) -> String {
+    #[derive(Clone, Default)]
+    struct Lines(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+    impl std::io::Write for Lines {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let lines = Lines::default();
+    let writer = lines.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+    f.await;
+    let bytes = lines.0.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+/// Issue 30, item 8: only a managed proxy says it told the fleet.
+#[tokio::test(start_paused = true)]
+async fn a_standalone_proxy_does_not_say_it_told_a_fleet() {
+    for managed in [false, true] {
+        let (tx, _rx) = tokio::sync::mpsc::channel(8);
+        let mut s = settings(10, 60_000, None);
+        s.queue.scoring = Scoring::RoundRobin;
+        let p = PoolRuntime::new(
+            "p",
+            s,
+            &eps(&["http://a:1", "http://b:1"]),
+            PoolCounters {
+                events: managed.then_some(tx),
+                ..PoolCounters::default()
+            },
+        );
+        let logs = logs_of(async {
+            let l = p.acquire(None).await.unwrap();
+            l.observe(Sample::Failure(Duration::from_millis(1)));
+        })
+        .await;
+        assert!(logs.contains("endpoint marked suspect"), "{logs}");
+        assert_eq!(logs.contains("fleet"), managed, "{logs}");
+    }
+}

@@ -755,6 +755,22 @@ pub async fn circuits_set(
     }
 }
 
+/// A proxy's state in `proxies list`: `gone` (not connected), `NACK` (it
+/// refused the latest revision it was sent), `waiting` (connected, no
+/// revision applied yet: no policy exists, or none has reached it), `ACK`.
+fn proxy_state(p: &pb::ProxyStatus) -> &'static str {
+    match (
+        p.connected,
+        p.nacked_revision > p.applied_revision,
+        p.applied_revision,
+    ) {
+        (false, _, _) => "gone",
+        (true, true, _) => "NACK",
+        (true, false, 0) => "waiting",
+        (true, false, _) => "ACK",
+    }
+}
+
 /// `proxies list`.
 pub async fn proxies_list(admin: &mut Admin, output: Output) -> ExitCode {
     let proxies = match admin.list_proxies(pb::ListProxiesRequest {}).await {
@@ -768,11 +784,7 @@ pub async fn proxies_list(admin: &mut Admin, output: Output) -> ExitCode {
                 "NODE", "CONTROL PLANE", "REVISION", "STATE", "LAST SEEN"
             );
             for p in &proxies {
-                let state = match (p.connected, p.nacked_revision > p.applied_revision) {
-                    (false, _) => "gone",
-                    (true, true) => "NACK",
-                    (true, false) => "ACK",
-                };
+                let state = proxy_state(p);
                 println!(
                     "{:<24} {:<16} {:<9} {:<10} {:<21} {}",
                     p.node_id,
@@ -819,5 +831,22 @@ mod tests {
         let d = line_diff("a\nb\nc\n", "a\nx\nc\nd\n");
         assert_eq!(d, vec!["-b", "+x", "+d"]);
         assert!(line_diff("same\n", "same\n").is_empty());
+    }
+
+    /// Issue 30, item 8: a proxy that has applied nothing yet is not
+    /// `ACK` (there was nothing to acknowledge).
+    #[test]
+    fn a_proxy_with_no_revision_yet_is_waiting_not_acked() {
+        let p = |connected, applied, nacked| pb::ProxyStatus {
+            connected,
+            applied_revision: applied,
+            nacked_revision: nacked,
+            ..Default::default()
+        };
+        assert_eq!(proxy_state(&p(true, 0, 0)), "waiting");
+        assert_eq!(proxy_state(&p(true, 3, 0)), "ACK");
+        assert_eq!(proxy_state(&p(true, 3, 4)), "NACK");
+        assert_eq!(proxy_state(&p(true, 0, 1)), "NACK");
+        assert_eq!(proxy_state(&p(false, 3, 0)), "gone");
     }
 }

@@ -25,7 +25,7 @@ const LONG_ABOUT: &str = "The LLM router's command line.
 
   up            the control plane and a proxy in one process (demo endpoints
                 when no policy is given)
-  policy, backends, circuits, proxies, route explain
+  policy, backends, circuits, proxies, tenants, tasks, route explain
                 operate a running control plane (--server, --token, -o:
                 before or after the group's name)
   policy validate, route explain -f FILE

@@ -86,7 +86,8 @@ struct Args {
     #[arg(long, requires = "tls_cert")]
     tls_key: Option<PathBuf>,
     /// The proxies' shared store (redis://HOST:PORT or rediss://...), where
-    /// `routerctl tenants usage` reads tenants' spend.
+    /// `routerctl tenants usage` reads tenants' spend and `routerctl tasks`
+    /// reads and changes parked tasks.
     #[arg(long, env = "ROUTER_SHARED_STORE", hide_env_values = true)]
     shared_store: Option<String>,
 }

@@ -1560,4 +1560,45 @@ mod tests {
             assert_eq!(line(&r), serde_json::to_string(&r).unwrap());
         }
     }
+
+    /// Issue 30, item 13: every field a route-log line can carry is named
+    /// in docs/observability.md's "Route decision log" section.
+    #[test]
+    fn every_route_log_field_is_documented() {
+        let doc = std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/observability.md"),
+        )
+        .expect("docs/observability.md");
+        let section = doc
+            .split_once("## Route decision log")
+            .and_then(|(_, rest)| rest.split("\n## ").next())
+            .expect("the route log's section");
+        fn keys(v: &serde_json::Value, out: &mut std::collections::BTreeSet<String>) {
+            match v {
+                serde_json::Value::Object(m) => {
+                    for (k, v) in m {
+                        out.insert(k.clone());
+                        keys(v, out);
+                    }
+                }
+                serde_json::Value::Array(a) => a.iter().for_each(|v| keys(v, out)),
+                _ => {}
+            }
+        }
+        let mut all = std::collections::BTreeSet::new();
+        let mut rng = Rng(30);
+        for _ in 0..2_000 {
+            let v: serde_json::Value =
+                serde_json::from_str(&line(&random_record(&mut rng))).expect("JSON");
+            keys(&v, &mut all);
+        }
+        let missing: Vec<&String> = all
+            .iter()
+            .filter(|k| !section.contains(k.as_str()))
+            .collect();
+        assert!(
+            missing.is_empty(),
+            "not in the route log's docs: {missing:?}"
+        );
+    }
 }

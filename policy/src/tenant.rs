@@ -40,8 +40,7 @@
 //! calls (through any number of proxies sharing the counter) can never take
 //! the recorded spend past the budget. Amounts are integers, in micro-USD,
 //! so counters add exactly.
-//!
-//! What is not here yet: token limits and concurrency caps per tenant.
+
 //!
 //! Pure: the proxy passes the header it received.
 

@@ -262,7 +262,7 @@ fn the_readme_sidecar_walk_through_runs() {
 /// as a new user runs it (get, apply the same document: unchanged).
 #[test]
 fn the_readme_try_it_block_runs_against_routerctl_up() {
-    let block = sh_block("README.md", "cargo run -p routerctl -- proxies list");
+    let block = sh_block("README.md", "routerctl -- proxies list");
     let dir = std::env::temp_dir().join(format!("router-readme-up-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
@@ -439,4 +439,137 @@ fn main_error_messages_match_their_snapshots() {
         .filter_map(|(name, text)| assert_snapshot(&format!("errors/{name}"), text))
         .collect();
     assert!(differ.is_empty(), "{}", differ.join("\n\n"));
+}
+
+/// Issue 30, item 13: the README's examples use the release build (the
+/// one `routerctl up` and the proxy were built with: a debug build would
+/// be a second, long build), and so do the examples' comments.
+#[test]
+fn the_examples_run_the_release_build() {
+    let mut debug = Vec::new();
+    let mut files = vec!["README.md".to_string()];
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    for dir in ["docs", "deploy/examples"] {
+        for e in std::fs::read_dir(root.join(dir)).unwrap().flatten() {
+            files.push(format!("{dir}/{}", e.file_name().to_string_lossy()));
+        }
+    }
+    for f in &files {
+        let Ok(text) = std::fs::read_to_string(root.join(f)) else {
+            continue;
+        };
+        for (i, line) in text.lines().enumerate() {
+            if line.contains("cargo run -p ") {
+                debug.push(format!("{f}:{}: {line}", i + 1));
+            }
+        }
+    }
+    assert!(
+        debug.is_empty(),
+        "debug builds in examples:\n{}",
+        debug.join("\n")
+    );
+}
+
+/// Issue 30, item 13: the README counts the drill's scenarios right.
+#[test]
+fn the_readme_counts_the_drills_scenarios() {
+    let readme = repo_file("README.md");
+    let words = [
+        "zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten",
+        "eleven", "twelve",
+    ];
+    let n = routerctl::drill::Scenario::ALL.len();
+    let said = format!("{} scenarios", words[n]);
+    assert!(readme.contains(&said), "the README should say {said:?}");
+    for (i, w) in words.iter().enumerate() {
+        if i != n {
+            assert!(!readme.contains(&format!("{w} scenarios")), "{w} scenarios");
+        }
+    }
+}
+
+/// Issue 30, item 13: no paragraph is said twice in the docs (a copy
+/// drifts from its original).
+#[test]
+fn no_paragraph_appears_twice_in_the_docs() {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../docs");
+    let mut seen: std::collections::HashMap<String, String> = Default::default();
+    let mut twice = Vec::new();
+    for e in std::fs::read_dir(&root).unwrap().flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if !name.ends_with(".md") {
+            continue;
+        }
+        let text = std::fs::read_to_string(e.path()).unwrap();
+        let mut in_code = false;
+        let mut para = String::new();
+        let mut flush = |para: &mut String| {
+            let p = para.split_whitespace().collect::<Vec<_>>().join(" ");
+            if p.len() >= 120 && !p.starts_with('|') {
+                if let Some(first) = seen.insert(p.clone(), name.clone()) {
+                    twice.push(format!("{first} and {name}: {p}"));
+                }
+            }
+            para.clear();
+        };
+        for line in text.lines() {
+            if line.trim_start().starts_with("```") {
+                in_code = !in_code;
+                flush(&mut para);
+                continue;
+            }
+            if in_code || line.trim().is_empty() {
+                flush(&mut para);
+                continue;
+            }
+            para.push_str(line);
+            para.push('\n');
+        }
+        flush(&mut para);
+    }
+    assert!(twice.is_empty(), "{}", twice.join("\n\n"));
+}
+
+/// Issue 30, item 13: `routerctl --help`'s overview names every command
+/// group it has.
+#[test]
+fn the_routerctl_overview_names_every_command() {
+    let help = output_of("routerctl", &["--help"]);
+    let (overview, rest) = help.split_once("Usage:").unwrap();
+    let commands = rest.split_once("Commands:\n").unwrap().1;
+    let mut missing = Vec::new();
+    for line in commands.lines().take_while(|l| !l.trim().is_empty()) {
+        let Some(name) = line.split_whitespace().next() else {
+            continue;
+        };
+        let command = line.starts_with("  ") && !line.starts_with("   ");
+        if command && name != "help" && !overview.contains(name) {
+            missing.push(name.to_string());
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "not in the overview: {missing:?}\n{help}"
+    );
+}
+
+/// Issue 30, item 13: every field of a tenant's `limits` is described in
+/// docs/tenants.md.
+#[test]
+fn every_tenant_limit_is_documented() {
+    // The policy loader's "unknown field" error lists the known ones.
+    let bad = "apiVersion: router/v1\nkind: RoutingPolicy\nspec:\n  pools:\n    - {name: p}\n  routes:\n    - {name: r, chain: [p]}\n  tenants:\n    - {name: t, anonymous: true, limits: {no_such_limit: 1}}\n";
+    let err = router_policy::document::load(bad, &router_policy::QueueSettings::default())
+        .unwrap_err()
+        .to_string();
+    let known = err.split_once("expected one of").unwrap().1;
+    let fields: Vec<&str> = known.split('`').skip(1).step_by(2).collect();
+    assert!(fields.len() >= 8, "{err}");
+    let doc = repo_file("docs/tenants.md");
+    let missing: Vec<&&str> = fields
+        .iter()
+        .filter(|f| !doc.contains(&format!("{f}")))
+        .collect();
+    assert!(missing.is_empty(), "not in docs/tenants.md: {missing:?}");
 }

@@ -569,7 +569,7 @@ fn every_tenant_limit_is_documented() {
     let doc = repo_file("docs/tenants.md");
     let missing: Vec<&&str> = fields
         .iter()
-        .filter(|f| !doc.contains(&format!("{f}")))
+        .filter(|f| !doc.contains(**f))
         .collect();
     assert!(missing.is_empty(), "not in docs/tenants.md: {missing:?}");
 }

@@ -81,6 +81,14 @@ pub enum ProxyError {
         /// The decision's reason.
         detail: String,
     },
+    /// The tenant's spend budget cannot take this call: the same answer as
+    /// [`ProxyError::BudgetExceeded`] (402 `budget_exceeded`), but a
+    /// refusal the tenant earned, not a shed (the router had capacity).
+    #[error("budget exceeded: {detail}")]
+    TenantBudgetExceeded {
+        /// Which budget, what is left and when it resets.
+        detail: String,
+    },
     /// The request body or a header is malformed.
     #[error("{0}")]
     InvalidRequest(String),
@@ -159,7 +167,9 @@ impl ProxyError {
             Self::NotReplayable(_) | Self::OutcomeUnknown { .. } => StatusCode::CONFLICT,
             Self::IdempotencyMismatch(_) => StatusCode::UNPROCESSABLE_ENTITY,
             Self::ApprovalRequired { .. } => StatusCode::FORBIDDEN,
-            Self::BudgetExceeded { .. } => StatusCode::PAYMENT_REQUIRED,
+            Self::BudgetExceeded { .. } | Self::TenantBudgetExceeded { .. } => {
+                StatusCode::PAYMENT_REQUIRED
+            }
             Self::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
             Self::InvalidRequest(_) => StatusCode::BAD_REQUEST,
             Self::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
@@ -192,7 +202,9 @@ impl ProxyError {
             Self::SharedStoreUnavailable => Outcome::SharedStoreUnavailable,
             Self::IdempotencyMismatch(_) => Outcome::IdempotencyMismatch,
             Self::ApprovalRequired { .. } => Outcome::ApprovalRequired,
-            Self::BudgetExceeded { .. } => Outcome::BudgetExceeded,
+            Self::BudgetExceeded { .. } | Self::TenantBudgetExceeded { .. } => {
+                Outcome::BudgetExceeded
+            }
             Self::RateLimited { .. } => Outcome::RateLimited,
             Self::InvalidRequest(_) => Outcome::InvalidRequest,
             Self::PayloadTooLarge { .. } => Outcome::PayloadTooLarge,
@@ -212,9 +224,11 @@ impl ProxyError {
         self.outcome().as_str()
     }
 
-    /// True for the load-shedding answers (counted as sheds).
+    /// True for the load-shedding answers (counted as sheds): not a
+    /// tenant's own budget refusal, which says nothing of the router's
+    /// capacity.
     pub fn is_shed(&self) -> bool {
-        self.outcome().is_shed()
+        !matches!(self, Self::TenantBudgetExceeded { .. }) && self.outcome().is_shed()
     }
 
     /// The answer in the client's dialect: OpenAI's shape
@@ -402,6 +416,14 @@ mod tests {
         assert_eq!(v["error"]["type"], "queue_full");
         assert_eq!(v["error"]["request_id"], "r1");
         assert!(e.is_shed());
+        // Issue 30, item 5: a tenant out of money is not a shed; a route
+        // whose cost ceiling rules out every pool is.
+        let tenant = ProxyError::TenantBudgetExceeded { detail: "d".into() };
+        let ceiling = ProxyError::BudgetExceeded { detail: "d".into() };
+        assert_eq!(tenant.status(), ceiling.status());
+        assert_eq!(tenant.kind(), "budget_exceeded");
+        assert!(!tenant.is_shed());
+        assert!(ceiling.is_shed());
     }
 
     #[test]

@@ -150,7 +150,7 @@ impl Pending {
         let pool = self.pool.take().or_else(|| record.first_route.clone());
         let outcome = err.outcome();
         record.first_outcome.get_or_insert(outcome);
-        if outcome.is_shed() {
+        if err.is_shed() {
             self.shared
                 .metrics
                 .shed(pool.as_deref().unwrap_or(""), outcome);

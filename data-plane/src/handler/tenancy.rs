@@ -163,7 +163,7 @@ async fn reserve_spend(
             let resets = humantime::format_rfc3339_seconds(
                 SystemTime::UNIX_EPOCH + Duration::from_secs(resets_at),
             );
-            Err(ProxyError::BudgetExceeded {
+            Err(ProxyError::TenantBudgetExceeded {
                 detail: format!(
                     "tenant {:?}: this call may cost up to ${:.6}; ${:.6} is left of its {period} budget, which resets at {resets}",
                     tenant.name,

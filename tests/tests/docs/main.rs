@@ -567,9 +567,6 @@ fn every_tenant_limit_is_documented() {
     let fields: Vec<&str> = known.split('`').skip(1).step_by(2).collect();
     assert!(fields.len() >= 8, "{err}");
     let doc = repo_file("docs/tenants.md");
-    let missing: Vec<&&str> = fields
-        .iter()
-        .filter(|f| !doc.contains(**f))
-        .collect();
+    let missing: Vec<&&str> = fields.iter().filter(|f| !doc.contains(**f)).collect();
     assert!(missing.is_empty(), "not in docs/tenants.md: {missing:?}");
 }

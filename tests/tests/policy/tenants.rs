@@ -513,3 +513,41 @@ async fn with_the_store_down_a_budget_fails_closed_unless_told_otherwise() {
         "{m}"
     );
 }
+
+/// Issue 30, item 5: a tenant out of money earns its 402; it is not a
+/// shed (the router had capacity), so it does not feed `RouterShedding`;
+/// the tenant's own counter shows it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenants_budget_refusal_is_not_counted_as_a_shed() {
+    let redis = router_tests::redis::RedisServer::start("budget-shed").await;
+    let backend = mock("local", Behavior::Json).await;
+    let body = r#"{"model":"m","max_tokens":5,"messages":[{"role":"user","content":"hi"}]}"#;
+    let call = (body.len() as u64).div_ceil(4) * 1000 + 5 * 1000;
+    let budget_usd = 1.5 * call as f64 / 1e6;
+    let policy = one_pool_with(
+        &backend.url(),
+        "",
+        "price: {input_per_1k_usd: 1.0, output_per_1k_usd: 1.0}",
+        &[tenant(
+            "team-a",
+            "rt_a",
+            &format!("budget_usd_per_day: {budget_usd}"),
+        )],
+    );
+    let (p1, _p2) = two_proxies_on(&redis, &policy).await;
+    assert_eq!(p1.chat_with(&A, body).await.status, StatusCode::OK);
+    let refused = p1.chat_with(&A, body).await;
+    assert_eq!(refused.status, StatusCode::PAYMENT_REQUIRED);
+    assert_eq!(refused.error_type(), "budget_exceeded");
+    let metrics = p1.metrics().await;
+    assert!(
+        !metrics.contains(r#"reason="budget_exceeded""#),
+        "a tenant's refusal counted as a shed: {metrics}"
+    );
+    assert!(
+        metrics.contains(
+            r#"router_tenant_requests_total{tenant="team-a",outcome="budget_exceeded"} 1"#
+        ),
+        "{metrics}"
+    );
+}

@@ -67,6 +67,13 @@ pub(crate) struct TenantLabels {
     pub outcome: &'static str,
 }
 
+/// `router_tenant_cost_usd`'s label.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct TenantName {
+    /// A tenant's name from the policy.
+    pub tenant: String,
+}
+
 /// `router_shared_store_errors`' label.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(crate) struct OpLabel {
@@ -235,6 +242,7 @@ pub(crate) struct Metrics {
     store_errors: Family<OpLabel, Counter>,
     stream_events: Family<StreamEventLabels, Counter>,
     tenant_requests: Family<TenantLabels, Counter>,
+    tenant_cost: Family<TenantName, Counter<f64, AtomicU64>>,
     tpot: Family<BackendLabels, FloatGauge>,
     health_checks: Family<CheckLabels, Counter>,
     endpoint_health: Family<BackendLabels, Gauge>,
@@ -284,6 +292,7 @@ impl Metrics {
             parked_tasks: Family::default(),
             parked_live: Family::default(),
             tenant_requests: Family::default(),
+            tenant_cost: Family::default(),
             tpot: Family::default(),
             health_checks: Family::default(),
             endpoint_health: Family::default(),
@@ -413,6 +422,11 @@ impl Metrics {
             m.tenant_requests.clone(),
         );
         registry.register(
+            "router_tenant_cost_usd",
+            "What a tenant's requests generated, USD, from the answers' usage and the pools' prices (every attempt that generated; an answer without usage adds nothing here)",
+            m.tenant_cost.clone(),
+        );
+        registry.register(
             "router_endpoint_tpot_seconds",
             "Time per output token per endpoint (EWMA over its streams)",
             m.tpot.clone(),
@@ -453,6 +467,17 @@ impl Metrics {
                 outcome: outcome.as_str(),
             })
             .inc();
+    }
+
+    /// Adds what a tenant's request generated (micro-USD).
+    pub(crate) fn tenant_cost(&self, tenant: &str, micros: u64) {
+        if micros > 0 {
+            self.tenant_cost
+                .get_or_create(&TenantName {
+                    tenant: tenant.to_string(),
+                })
+                .inc_by(micros as f64 / 1e6);
+        }
     }
 
     /// Counts a stream or hedging event of a pool.

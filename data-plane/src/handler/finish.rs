@@ -71,16 +71,19 @@ pub(super) fn finish_record(
         outcome,
         elapsed.as_secs_f64(),
     );
-    if let Some(t) = &record.tenant {
-        shared.metrics.tenant_request(t, outcome);
-    }
-    if let Some(holds) = record.tenant_holds.take() {
-        // Every attempt that generated is paid for, whichever answered.
-        let charge = record
+    // Every attempt that generated is paid for, whichever answered.
+    let charge = || {
+        record
             .attempts
             .iter()
-            .fold(Charge::default(), |sum, a| sum.plus(a.generated));
-        super::tenancy::settle(shared, *holds, charge);
+            .fold(Charge::default(), |sum, a| sum.plus(a.generated))
+    };
+    if let Some(t) = &record.tenant {
+        shared.metrics.tenant_request(t, outcome);
+        shared.metrics.tenant_cost(t, charge().spend(0));
+    }
+    if let Some(holds) = record.tenant_holds.take() {
+        super::tenancy::settle(shared, *holds, charge());
     }
     if let Some(cx) = record.otel.take() {
         spans::end_server_span(&cx, &record, pool);

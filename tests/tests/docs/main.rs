@@ -654,6 +654,21 @@ async fn every_series_the_dashboard_and_alerts_query_is_served() {
             }
             walk(&v, &mut exprs);
             assert!(exprs.len() >= 10, "{file}: {exprs:?}");
+            // Every panel reads the datasource the viewer picks.
+            assert_eq!(v["templating"]["list"][0]["type"], "datasource");
+            for p in v["panels"].as_array().unwrap() {
+                assert_eq!(p["datasource"]["uid"], "${datasource}", "{}", p["title"]);
+            }
+            // Tenants, health, suspicion and ejection have panels.
+            for series in [
+                "router_tenant_requests_total",
+                "router_tenant_cost_usd_total",
+                "router_endpoint_health",
+                "router_endpoint_suspect",
+                "router_endpoint_ejected",
+            ] {
+                assert!(exprs.iter().any(|e| e.contains(series)), "{series}");
+            }
             exprs.join("\n")
         } else {
             text.lines()

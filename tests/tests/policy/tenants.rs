@@ -550,4 +550,16 @@ async fn a_tenants_budget_refusal_is_not_counted_as_a_shed() {
         ),
         "{metrics}"
     );
+    // What the tenant's answered call cost, for the dashboard's tenant
+    // panels.
+    let cost: f64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(r#"router_tenant_cost_usd_total{tenant="team-a"} "#))
+        .unwrap_or_else(|| panic!("no tenant cost in {metrics}"))
+        .parse()
+        .unwrap();
+    assert!(
+        (cost - call as f64 / 1e6).abs() < 1e-9,
+        "{cost} vs {call} micro-USD"
+    );
 }

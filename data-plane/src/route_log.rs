@@ -221,6 +221,10 @@ pub(crate) struct RouteRecord {
     /// (boxed: tenancy is rare, the record is filled for every request).
     #[serde(skip)]
     pub tenant_holds: Option<Box<crate::handler::tenancy::TenantHolds>>,
+    /// The route's first pool, when the walk began past it (passed over
+    /// by the decision or the walk): counted as a fallback from it.
+    #[serde(skip)]
+    pub primary_passed_over: Option<Arc<str>>,
     /// Config version that routed the request.
     pub config_version: Arc<str>,
 }

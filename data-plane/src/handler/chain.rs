@@ -202,7 +202,11 @@ impl Exchange {
                     held = None;
                     attempted += 1;
                     if attempted == 1 {
-                        pending.rec().first_route = Some(Arc::clone(pool.shared_name()));
+                        let rec = pending.rec();
+                        rec.first_route = Some(Arc::clone(pool.shared_name()));
+                        if *k != 0 {
+                            rec.primary_passed_over = route.chain.first().map(|p| Arc::from(&**p));
+                        }
                     }
                     // The client's headers go to the last attempt there can be as
                     // they are; earlier ones send a copy. On a parking route

@@ -58,11 +58,16 @@ pub(super) fn finish_record(
     record.outcome = outcome;
     record.status = status;
     record.first_outcome.get_or_insert(outcome);
-    if record.attempts.len() > 1 {
-        shared.metrics.fallback(
-            record.first_route.as_deref().unwrap_or(""),
-            pool.as_deref().unwrap_or(""),
-        );
+    // A fallback: more than one attempt, or a walk that began past the
+    // route's first pool (passed over as down: RouterFallbackSpike sees a
+    // dead primary too).
+    let from = match (&record.primary_passed_over, record.attempts.len() > 1) {
+        (Some(primary), _) => Some(&**primary),
+        (None, true) => record.first_route.as_deref(),
+        (None, false) => None,
+    };
+    if let Some(from) = from {
+        shared.metrics.fallback(from, pool.as_deref().unwrap_or(""));
     }
     let pool = pool.as_deref().unwrap_or_default();
     shared.metrics.request_done(

@@ -252,6 +252,13 @@ async fn an_open_circuit_is_skipped_at_once() {
         )),
         "{m}"
     );
+    // Issue 30, item 5: the passed-over primary still counts as a
+    // fallback from it (RouterFallbackSpike sees a dead primary): the 3
+    // failed-then-fallen-back requests and the 5 that skipped it.
+    assert!(
+        m.contains("router_fallbacks_total{from=\"primary\",to=\"fallback\"} 8"),
+        "{m}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

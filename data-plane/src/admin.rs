@@ -351,7 +351,11 @@ async fn task_action(shared: &Shared, path: &str) -> Result<Response<Bytes>, Pro
         let mut v = match shared.tasks.store.get(id).await {
             Ok(Some(v)) => v,
             Ok(None) => return Err(ProxyError::NotFound),
-            Err(_) => return Err(ProxyError::SharedStoreUnavailable),
+            Err(_) => {
+                return Err(ProxyError::SharedStoreUnavailable(
+                    crate::error::StoreNeed::Task,
+                ))
+            }
         };
         let changed = shared
             .tasks
@@ -380,7 +384,9 @@ async fn task_action(shared: &Shared, path: &str) -> Result<Response<Bytes>, Pro
                 return Err(ProxyError::InvalidRequest(format!("task {id}: {e}")))
             }
             Err(crate::tasks::ChangeError::Store(_)) => {
-                return Err(ProxyError::SharedStoreUnavailable)
+                return Err(ProxyError::SharedStoreUnavailable(
+                    crate::error::StoreNeed::Task,
+                ))
             }
         }
     }

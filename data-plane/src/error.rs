@@ -61,9 +61,10 @@ pub enum ProxyError {
         /// The first request's route record (JSON), for the client.
         route: Bytes,
     },
-    /// A keyed SEND/DESTRUCTIVE request while the shared store is down.
-    #[error("the shared idempotency store is unavailable; a request with side effects is not sent without it: retry shortly")]
-    SharedStoreUnavailable,
+    /// The shared store is down and something this request needs lives
+    /// there; the message names what ([`StoreNeed`]).
+    #[error("the shared store is unavailable and {0}: retry shortly")]
+    SharedStoreUnavailable(StoreNeed),
     /// An `Idempotency-Key` reused with a different request.
     #[error("Idempotency-Key {0} was used for a different request")]
     IdempotencyMismatch(String),
@@ -162,7 +163,7 @@ impl ProxyError {
             | Self::QueueTimeout { .. }
             | Self::NoBackend { .. }
             | Self::Overloaded { .. }
-            | Self::SharedStoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+            | Self::SharedStoreUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             Self::DeadlineExhausted { .. } => StatusCode::GATEWAY_TIMEOUT,
             Self::NotReplayable(_) | Self::OutcomeUnknown { .. } => StatusCode::CONFLICT,
             Self::IdempotencyMismatch(_) => StatusCode::UNPROCESSABLE_ENTITY,
@@ -199,7 +200,7 @@ impl ProxyError {
             Self::DeadlineExhausted { .. } => Outcome::DeadlineExhausted,
             Self::NotReplayable(_) => Outcome::NotReplayable,
             Self::OutcomeUnknown { .. } => Outcome::OutcomeUnknown,
-            Self::SharedStoreUnavailable => Outcome::SharedStoreUnavailable,
+            Self::SharedStoreUnavailable(_) => Outcome::SharedStoreUnavailable,
             Self::IdempotencyMismatch(_) => Outcome::IdempotencyMismatch,
             Self::ApprovalRequired { .. } => Outcome::ApprovalRequired,
             Self::BudgetExceeded { .. } | Self::TenantBudgetExceeded { .. } => {
@@ -362,6 +363,32 @@ impl ProxyError {
     }
 }
 
+/// What needed the shared store when it was down: the cause a
+/// `shared_store_unavailable` answer names, so an operator knows which
+/// setting (or which feature) made the request wait for the store. The
+/// status and outcome are the same for every one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum StoreNeed {
+    /// A keyed SEND/DESTRUCTIVE request: another proxy may be sending it.
+    #[error("this request's Idempotency-Key needs it (a request with side effects is not sent without it)")]
+    Idempotency,
+    /// The tenant's spend budget, which fails closed by default.
+    #[error("the tenant's budget needs it (budget_on_store_down: closed)")]
+    Budget,
+    /// The tenant's rate limit with `on_store_down: closed`.
+    #[error("the tenant's rate limit needs it (on_store_down: closed)")]
+    RateLimit,
+    /// The tenant's token limit with `on_store_down: closed`.
+    #[error("the tenant's token limit needs it (on_store_down: closed)")]
+    TokenLimit,
+    /// The tenant's concurrent requests cap with `on_store_down: closed`.
+    #[error("the tenant's concurrent requests cap needs it (on_store_down: closed)")]
+    ConcurrencyLimit,
+    /// Parked tasks are kept in the store.
+    #[error("parked tasks are kept in it")]
+    Task,
+}
+
 /// Why a request on a route that requires approval was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum ApprovalRefusal {
@@ -511,6 +538,27 @@ mod tests {
             e.to_response(Some("r")),
         );
         assert_eq!((a.status(), a.body()), (b.status(), b.body()));
+    }
+
+    #[test]
+    fn a_store_outage_names_what_needed_the_store() {
+        for (need, names) in [
+            (StoreNeed::Idempotency, "Idempotency-Key"),
+            (StoreNeed::Budget, "budget_on_store_down"),
+            (StoreNeed::RateLimit, "rate limit"),
+            (StoreNeed::TokenLimit, "token limit"),
+            (StoreNeed::ConcurrencyLimit, "concurrent requests cap"),
+            (StoreNeed::Task, "parked tasks"),
+        ] {
+            let e = ProxyError::SharedStoreUnavailable(need);
+            let resp = e.to_response(None);
+            assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
+            assert_eq!(resp.headers()[header::RETRY_AFTER], "1");
+            assert_eq!(e.kind(), "shared_store_unavailable");
+            let msg = e.to_string();
+            assert!(msg.contains(names), "{msg}");
+            assert!(msg.starts_with("the shared store is unavailable"), "{msg}");
+        }
     }
 
     #[test]

@@ -267,6 +267,7 @@ fn attempt(b: &mut Bytes<'_>) -> AttemptRecord {
         dialect: b
             .some()
             .then(|| ["openai", "anthropic", "gemini"][usize::from(b.byte()) % 3]),
+        upstream_request_id: b.some().then(|| b.string().into()),
     }
 }
 

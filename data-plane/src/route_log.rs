@@ -71,7 +71,16 @@ pub(crate) struct AttemptRecord {
     /// `anthropic`, `gemini`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub dialect: Option<&'static str>,
+    /// The backend's own `x-request-id`, when its answer carried one
+    /// (a provider's id, for its support), cut to
+    /// [`UPSTREAM_REQUEST_ID_MAX`] bytes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub upstream_request_id: Option<Box<str>>,
 }
+
+/// The longest backend request id kept (in the route log and the
+/// client's `x-upstream-request-id`): longer ones are cut to it.
+pub(crate) const UPSTREAM_REQUEST_ID_MAX: usize = 128;
 
 /// What a streamed (server-sent events) answer told of itself.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
@@ -771,6 +780,11 @@ impl AttemptRecord {
             json_plain_contents(out, d);
             out.push(b'"');
         }
+        if let Some(id) = &self.upstream_request_id {
+            out.extend_from_slice(b",\"upstream_request_id\":\"");
+            json_str_contents(out, id);
+            out.push(b'"');
+        }
         out.push(b'}');
     }
 }
@@ -1352,6 +1366,7 @@ mod tests {
             ..RouteRecord::default()
         };
         let mut other = full.clone();
+        other.attempts[1].upstream_request_id = Some("req_\"ünï\u{1}".into());
         other.cost_usd = Some(123_456.789e10);
         other.elapsed_ms = 1.0;
         other.method = http::Method::from_bytes(b"PROPFIND").unwrap();

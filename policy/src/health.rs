@@ -449,6 +449,26 @@ pub fn admits(usable: bool, soft_marked: bool, any_clean: bool) -> bool {
     usable && (!soft_marked || !any_clean)
 }
 
+/// When an open circuit's wait ends, given a passing active health check
+/// at `now` (issue 30, "recovery in seconds"): a backend that came back
+/// is found by its checks within an interval or two, while the circuit's
+/// open period (a minute, say, doubled on each failed probe) would keep
+/// it out far longer. So a passing check ends the wait at once: the
+/// circuit's probe is due now, and the next request granted is that probe
+/// (half-open), which closes the circuit if it is answered and reopens it
+/// if not. The check does not close the circuit itself: a health page
+/// that answers 200 says nothing about whether generation works (see the
+/// module docs), so one real request still decides.
+///
+/// Two bounds: the wait never grows (`open_until` is the latest), and a
+/// provider's `Retry-After` is still honoured (`not_before`, the instant
+/// it named; `now` or earlier when there is none): a rate-limited
+/// provider's health page answering 200 is no reason to come back before
+/// it said. Generic over the clock so the proxy passes its own instants.
+pub fn open_until_after_passing_check<T: Ord + Copy>(now: T, open_until: T, not_before: T) -> T {
+    open_until.min(now.max(not_before))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -459,6 +479,31 @@ mod tests {
             unhealthy_after,
             healthy_after,
             ..HealthCheck::defaults(Provider::Vllm)
+        }
+    }
+
+    #[test]
+    fn a_passing_check_makes_an_open_circuits_probe_due_now() {
+        // Open until 60 (a minute), no Retry-After: the probe is due now.
+        assert_eq!(open_until_after_passing_check(5, 60, 0), 5);
+        // A provider's Retry-After until 30 still holds.
+        assert_eq!(open_until_after_passing_check(5, 60, 30), 30);
+        // The wait never grows: a Retry-After past the open period (which
+        // the breaker folds into it) changes nothing, nor does a check
+        // after the wait is over.
+        assert_eq!(open_until_after_passing_check(5, 20, 30), 20);
+        assert_eq!(open_until_after_passing_check(70, 60, 0), 60);
+    }
+
+    proptest! {
+        #[test]
+        fn a_passing_check_only_ever_shortens_the_wait(
+            now in 0u64..1000, until in 0u64..1000, not_before in 0u64..1000,
+        ) {
+            let end = open_until_after_passing_check(now, until, not_before);
+            prop_assert!(end <= until);
+            prop_assert!(end >= now.min(until));
+            prop_assert!(end >= not_before.min(until));
         }
     }
 

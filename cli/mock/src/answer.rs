@@ -998,7 +998,8 @@ impl Shared {
         self.respond(StatusCode::OK, Some("application/json"), body)
     }
 
-    /// A response with `x-mock-name` and, if given, a content type.
+    /// A response with `x-mock-name`, `x-request-id` if set
+    /// ([`crate::MockModel::set_request_id`]) and, if given, a content type.
     fn respond(
         &self,
         status: StatusCode,
@@ -1014,6 +1015,9 @@ impl Shared {
         );
         if let Some(content_type) = content_type {
             headers.insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+        }
+        if let Some(id) = &lock(&self.live).request_id {
+            headers.insert(HeaderName::from_static("x-request-id"), id.clone());
         }
         response
     }

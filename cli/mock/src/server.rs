@@ -71,6 +71,7 @@ impl MockModel {
                 behavior: config.behavior,
                 latency: config.latency,
                 health: HealthMode::Ok,
+                request_id: None,
             }),
             health_hits: AtomicU64::new(0),
             name: config.name,
@@ -129,6 +130,18 @@ impl MockModel {
     /// `/v1/models`) answer from now on.
     pub fn set_health(&self, health: HealthMode) {
         lock(&self.shared.live).health = health;
+    }
+
+    /// Answers from now on carry `x-request-id: id`, as a provider's do
+    /// (`None`: none, the default). Fails if `id` is not a valid header
+    /// value.
+    pub fn set_request_id(&self, id: Option<&str>) -> io::Result<()> {
+        let value = id
+            .map(HeaderValue::from_str)
+            .transpose()
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "not a header value"))?;
+        lock(&self.shared.live).request_id = value;
+        Ok(())
     }
 
     /// How many health page requests arrived (answered or not).
@@ -228,6 +241,9 @@ pub(crate) struct Live {
     pub(crate) behavior: Behavior,
     pub(crate) latency: Duration,
     pub(crate) health: HealthMode,
+    /// The `x-request-id` every answer carries, as a provider's does
+    /// (OpenAI's `req_...`); `None`: no such header.
+    pub(crate) request_id: Option<HeaderValue>,
 }
 
 /// Locks a mutex, ignoring poisoning (the data stays consistent: every

@@ -26,13 +26,13 @@ use tokio::time::Instant;
 use super::finish::{finish_record, Finisher, KeyedStream, StreamTally};
 use super::{
     full, ProxyBody, X_REQUEST_ID, X_ROUTER_ATTEMPTS, X_ROUTER_CONFIG_VERSION, X_ROUTER_REPLAYED,
-    X_ROUTER_ROUTE,
+    X_ROUTER_ROUTE, X_UPSTREAM_REQUEST_ID,
 };
 use crate::config::Snapshot;
 use crate::error::ProxyError;
 use crate::idempotency::{KeyLease, StoredAnswer};
 use crate::pool::Lease;
-use crate::route_log::{AttemptRecord, RouteRecord, Timestamp};
+use crate::route_log::{AttemptRecord, RouteRecord, Timestamp, UPSTREAM_REQUEST_ID_MAX};
 use crate::tracked_body::{StreamWatch, TrackedBody};
 use crate::upstream::UpstreamBody;
 use crate::Shared;
@@ -226,6 +226,7 @@ impl Pending {
         // The backend's `Content-Length`, if it sent one, is the length of
         // `body` (hyper read the body by it): kept, not recomputed.
         crate::hop_by_hop::strip_hop_by_hop(&mut head.headers);
+        move_upstream_request_id(&mut head.headers);
         let mut resp = Response::from_parts(head, body);
         self.stamp(&mut resp, &record, route, attempts);
         let status = resp.status().as_u16();
@@ -262,6 +263,7 @@ impl Pending {
         let attempt = record.attempts.pop().unwrap_or_default();
         let (mut head, incoming) = resp.into_parts();
         crate::hop_by_hop::strip_hop_by_hop(&mut head.headers);
+        move_upstream_request_id(&mut head.headers);
         let sse = head
             .headers
             .get(header::CONTENT_TYPE)
@@ -334,6 +336,29 @@ impl Pending {
                 *watch,
             ))
         })
+    }
+}
+
+/// The backend's own `x-request-id`, cut to
+/// [`UPSTREAM_REQUEST_ID_MAX`] bytes (a prefix of a header value is one).
+pub(super) fn upstream_request_id(headers: &http::HeaderMap) -> Option<HeaderValue> {
+    let v = headers.get(X_REQUEST_ID)?;
+    if v.len() <= UPSTREAM_REQUEST_ID_MAX {
+        return Some(v.clone());
+    }
+    let cut = v.as_bytes().get(..UPSTREAM_REQUEST_ID_MAX)?;
+    HeaderValue::from_bytes(cut).ok()
+}
+
+/// A backend's answer keeps its own `x-request-id` as
+/// `x-upstream-request-id` (the router's id takes `x-request-id`, as the
+/// contract says); a backend's own `x-upstream-request-id` is not passed
+/// on, so the header is always the backend's request id.
+fn move_upstream_request_id(headers: &mut http::HeaderMap) {
+    let id = upstream_request_id(headers);
+    headers.remove(X_UPSTREAM_REQUEST_ID);
+    if let Some(id) = id {
+        headers.insert(X_UPSTREAM_REQUEST_ID, id);
     }
 }
 

@@ -260,6 +260,8 @@ impl Exchange {
                 };
                 let status = resp.status();
                 record.status = Some(status.as_u16());
+                record.upstream_request_id = super::answer::upstream_request_id(resp.headers())
+                    .map(|v| String::from_utf8_lossy(v.as_bytes()).into());
                 let failure = if status == StatusCode::TOO_MANY_REQUESTS {
                     Some(Outcome::Status429)
                 } else if status.is_server_error() {

@@ -78,6 +78,10 @@ pub(crate) fn full(body: Response<Bytes>) -> Response<ProxyBody> {
 }
 
 pub(crate) const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+/// The backend's own `x-request-id`, passed on to the client under this
+/// name (the router's id keeps `x-request-id`).
+pub(crate) const X_UPSTREAM_REQUEST_ID: HeaderName =
+    HeaderName::from_static("x-upstream-request-id");
 const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
 pub(crate) const X_ROUTER_ROUTE: HeaderName = HeaderName::from_static("x-router-route");
 const X_ROUTER_ATTEMPTS: HeaderName = HeaderName::from_static("x-router-attempts");

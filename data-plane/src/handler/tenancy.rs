@@ -25,7 +25,7 @@ use router_policy::tenant::{Charge, Tenant, Tenants};
 use router_policy::{Risk, Route};
 
 use crate::config::Snapshot;
-use crate::error::ProxyError;
+use crate::error::{ProxyError, StoreNeed};
 use crate::rate_limit::{ConcurrencyHold, RateVerdict, TokenHold, MAX_SLOT_HOLD};
 use crate::route_log::RouteRecord;
 use crate::spend::{SpendHold, SpendRefusal};
@@ -91,7 +91,7 @@ pub(super) async fn admit(
             .rate_limits
             .check(&format!("rate:{}", tenant.name), limit)
             .await;
-        limit_verdict(shared, tenant, verdict, "rate limit")?;
+        limit_verdict(shared, tenant, verdict, "rate limit", StoreNeed::RateLimit)?;
     }
     if let Some(limit) = tenant.token_rate {
         // The call's worst case now, its actual tokens when it ends.
@@ -102,7 +102,13 @@ pub(super) async fn admit(
         );
         let key = format!("tokens:{}", tenant.name);
         let verdict = shared.rate_limits.check(&key, limit.times(tokens)).await;
-        if limit_verdict(shared, tenant, verdict, "token limit")? {
+        if limit_verdict(
+            shared,
+            tenant,
+            verdict,
+            "token limit",
+            StoreNeed::TokenLimit,
+        )? {
             holds.token = Some(TokenHold {
                 key,
                 tokens,
@@ -119,7 +125,13 @@ pub(super) async fn admit(
             .rate_limits
             .take_slot(&tenant.name, cap, &member, hold_for)
             .await;
-        limit_verdict(shared, tenant, verdict, "concurrent requests cap")?;
+        limit_verdict(
+            shared,
+            tenant,
+            verdict,
+            "concurrent requests cap",
+            StoreNeed::ConcurrencyLimit,
+        )?;
         holds.slot = slot;
     }
     if tenant.budgets.any() {
@@ -177,7 +189,7 @@ async fn reserve_spend(
             if tenant.budget_fail_open {
                 Ok(None)
             } else {
-                Err(ProxyError::SharedStoreUnavailable)
+                Err(ProxyError::SharedStoreUnavailable(StoreNeed::Budget))
             }
         }
     }
@@ -192,6 +204,7 @@ fn limit_verdict(
     tenant: &Tenant,
     verdict: RateVerdict,
     limit: &'static str,
+    need: StoreNeed,
 ) -> Result<bool, ProxyError> {
     match verdict {
         RateVerdict::Pass => Ok(true),
@@ -205,7 +218,7 @@ fn limit_verdict(
             if tenant.rate_fail_open {
                 Ok(false)
             } else {
-                Err(ProxyError::SharedStoreUnavailable)
+                Err(ProxyError::SharedStoreUnavailable(need))
             }
         }
     }

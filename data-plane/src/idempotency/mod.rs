@@ -247,7 +247,9 @@ impl Keys {
             }
             WhenDown::FailClosed => {
                 self.metrics().idempotency("fail_closed");
-                Err(ProxyError::SharedStoreUnavailable)
+                Err(ProxyError::SharedStoreUnavailable(
+                    crate::error::StoreNeed::Idempotency,
+                ))
             }
         }
     }
@@ -562,7 +564,9 @@ mod tests {
         for risk in [Risk::Send, Risk::Destructive] {
             assert!(matches!(
                 k.begin(req("k", 1, risk)).await,
-                Begin::Refuse(ProxyError::SharedStoreUnavailable)
+                Begin::Refuse(ProxyError::SharedStoreUnavailable(
+                    crate::error::StoreNeed::Idempotency
+                ))
             ));
         }
         for risk in [Risk::Read, Risk::Draft] {

@@ -15,6 +15,11 @@
 //!   success closes the circuit; its failure reopens it for twice as long as
 //!   last time (capped at 16× the open duration). A probe that ends without
 //!   a verdict (its client went away) lets the next request probe instead.
+//! - A passing active health check ends an open circuit's wait: its probe
+//!   is due at once, so the next request granted is the probe (the rule:
+//!   [`router_policy::health::open_until_after_passing_check`]). It does
+//!   not close the circuit: one real request decides. A provider's
+//!   `Retry-After` still holds.
 //! - A 429's `Retry-After` extends an open circuit: not back before the
 //!   provider said, but never more than [`MAX_RETRY_AFTER`] (an hour) from
 //!   now. Every instant here is computed with checked arithmetic
@@ -130,6 +135,9 @@ struct Forced {
 pub(super) struct Breaker {
     circuit: Circuit,
     forced: Option<Forced>,
+    /// Until when the provider's last `Retry-After` said not to come back
+    /// (a passing health check does not end the wait before it).
+    retry_after_until: Option<Instant>,
 }
 
 impl Breaker {
@@ -138,6 +146,7 @@ impl Breaker {
         Self {
             circuit: Circuit::Closed { failures: 0 },
             forced: None,
+            retry_after_until: None,
         }
     }
 
@@ -214,12 +223,31 @@ impl Breaker {
         }
     }
 
+    /// An active health check passed at `now`. Returns whether this ended
+    /// an open circuit's wait (its probe is now due).
+    pub(super) fn on_passing_check(&mut self, now: Instant) -> bool {
+        let Circuit::Open { until, reopenings } = self.circuit else {
+            return false;
+        };
+        let not_before = self.retry_after_until.unwrap_or(now);
+        let end = router_policy::health::open_until_after_passing_check(now, until, not_before);
+        if end >= until {
+            return false;
+        }
+        self.circuit = Circuit::Open {
+            until: end,
+            reopenings,
+        };
+        true
+    }
+
     /// The endpoint answered. Returns whether this closed a circuit that
     /// was not closed.
     #[inline]
     pub(super) fn on_success(&mut self) -> bool {
         let was_closed = matches!(self.circuit, Circuit::Closed { .. });
         self.circuit = Circuit::Closed { failures: 0 };
+        self.retry_after_until = None;
         !was_closed
     }
 
@@ -261,8 +289,10 @@ impl Breaker {
         {
             // The provider said when to come back: not before (within
             // reason: at most an hour).
+            let not_before = crate::clock::later(now, retry_after, MAX_RETRY_AFTER);
+            self.retry_after_until = self.retry_after_until.max(Some(not_before));
             self.circuit = Circuit::Open {
-                until: until.max(crate::clock::later(now, retry_after, MAX_RETRY_AFTER)),
+                until: until.max(not_before),
                 reopenings,
             };
         }
@@ -282,6 +312,7 @@ mod tests {
     use super::*;
 
     const MS: Duration = Duration::from_millis(1);
+    const SEC: Duration = Duration::from_secs(1);
 
     fn settings(errors: u32, open_ms: u64) -> CircuitSettings {
         CircuitSettings {
@@ -374,6 +405,43 @@ mod tests {
         assert!(b.on_success());
         b.on_probe_abandoned(t1);
         assert_eq!(state(&b, t1), CircuitState::Closed);
+    }
+
+    #[test]
+    fn a_passing_check_makes_the_probe_due_at_once_but_honours_retry_after() {
+        let s = settings(1, 60_000);
+        let t0 = Instant::now();
+        let mut b = Breaker::new();
+        b.on_failure(t0, &s, None);
+        assert_eq!(state(&b, t0 + 5 * SEC), CircuitState::Open);
+        // A check passes 5 s in: the next request is the probe.
+        assert!(b.on_passing_check(t0 + 5 * SEC));
+        assert_eq!(b.effective_state(t0 + 5 * SEC), Effective::ProbeDue);
+        assert!(b.on_grant());
+        assert_eq!(b.effective_state(t0 + 5 * SEC), Effective::Probing);
+        // While the probe is out, a check changes nothing; its failure
+        // reopens (for twice as long), and the next passing check ends
+        // that wait too.
+        assert!(!b.on_passing_check(t0 + 6 * SEC));
+        b.on_failure(t0 + 6 * SEC, &s, None);
+        assert_eq!(state(&b, t0 + 7 * SEC), CircuitState::Open);
+        assert!(b.on_passing_check(t0 + 7 * SEC));
+        assert!(b.admits(t0 + 7 * SEC));
+        // A closed circuit: nothing to end.
+        assert!(b.on_success());
+        assert!(!b.on_passing_check(t0 + 8 * SEC));
+        // A provider's Retry-After of 30 s holds against passing checks.
+        let mut b = Breaker::new();
+        b.on_failure(t0, &s, Some(30 * SEC));
+        assert!(b.on_passing_check(t0 + SEC));
+        assert!(!b.admits(t0 + 29 * SEC));
+        assert!(b.admits(t0 + 30 * SEC));
+        // A forced-open override still decides.
+        let mut b = Breaker::new();
+        b.on_failure(t0, &s, None);
+        b.set_forced(Some((true, t0 + 100 * SEC)));
+        b.on_passing_check(t0 + SEC);
+        assert!(!b.admits(t0 + 2 * SEC));
     }
 
     #[test]

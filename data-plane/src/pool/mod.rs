@@ -552,6 +552,20 @@ impl PoolRuntime {
         }
         if passed {
             self.end_suspicion(e, SuspectCause::Check, now);
+            // A backend that came back is found by its checks: its open
+            // circuit's probe is due now, not at the end of the open
+            // period (`router_policy::health::open_until_after_passing_check`).
+            // The fleet's too: this proxy withdraws its open report (which
+            // the control plane holds every proxy, this one included, to),
+            // as an answer would.
+            if e.breaker.on_passing_check(now) {
+                tracing::info!(
+                    pool = &*self.name,
+                    endpoint = &*e.addr,
+                    "a passing health check ended the open circuit's wait: the next request probes"
+                );
+                self.report(e, false, None, None);
+            }
         } else {
             self.raise_suspicion(e, SuspectCause::Check, now, open_for);
             // Those waiting (for a first check, say) move on now if the

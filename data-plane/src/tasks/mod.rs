@@ -571,7 +571,8 @@ pub(crate) async fn view(tasks: &Tasks, path: &str) -> http::Response<Bytes> {
         Ok(None) => not_found(),
         Err(e) => {
             tracing::warn!(error = %e, "task store: cannot read a task");
-            crate::error::ProxyError::SharedStoreUnavailable.to_response(None)
+            crate::error::ProxyError::SharedStoreUnavailable(crate::error::StoreNeed::Task)
+                .to_response(None)
         }
     }
 }

@@ -209,3 +209,110 @@ spec:
         "{health}"
     );
 }
+
+/// Issue 30 item 6 in a fleet: a proxy's open circuit is shared as an
+/// override that holds every proxy (this one too) out of the endpoint.
+/// When a passing check ends the circuit's wait here, the proxy withdraws
+/// its report, so a backend killed and brought back gets traffic on every
+/// proxy within 5 s of its first passing check, its circuit open for 60 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_brought_back_gets_fleet_traffic_within_seconds_of_its_checks() {
+    let primary = mock("primary", Behavior::Json).await;
+    let addr = primary.addr();
+    let fallback = mock("fallback", Behavior::Json).await;
+    let policy = format!(
+        r#"apiVersion: router/v1
+kind: RoutingPolicy
+spec:
+  circuit_breaker: {{consecutive_errors: 1, open_duration_s: 60}}
+  pools:
+    - name: primary
+      endpoints: ["{}"]
+      health_check: {{interval_ms: 100, timeout_ms: 50}}
+    - name: fallback
+      endpoints: ["{}"]
+  routes:
+    - name: default
+      chain: [primary, fallback]
+"#,
+        primary.url(),
+        fallback.url()
+    );
+    let dir = temp("fleet-recovery");
+    let cp = control_plane(&dir, "127.0.0.1:0".parse().unwrap()).await;
+    let cp_addr = cp.local_addr();
+    let mut admin = admin(cp_addr, Some(TOKEN)).await;
+    let r = admin
+        .apply_policy(pb::ApplyPolicyRequest {
+            document: policy,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(r.applied, "{r:?}");
+    let p1 = managed_proxy(&[cp_addr], "p1", None).await;
+    let p2 = managed_proxy(&[cp_addr], "p2", None).await;
+    wait_revision(&p1, r.revision).await;
+    wait_revision(&p2, r.revision).await;
+    let body = r#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#;
+    let served_by =
+        |r: &router_tests::harness::TestResponse| r.header(MOCK_NAME_HEADER).map(str::to_string);
+    // p1 is answered by the primary, which then dies: p1's circuit opens
+    // and the control plane holds p2 out too.
+    let until = tokio::time::Instant::now() + Duration::from_secs(5);
+    while served_by(&p1.chat_with(&[], body).await).as_deref() != Some("primary") {
+        assert!(tokio::time::Instant::now() < until, "never answered");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    primary.stop().await;
+    let until = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let r = p1.chat_with(&[], body).await;
+        assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+        let circuits = admin
+            .list_circuits(pb::ListCircuitsRequest {})
+            .await
+            .unwrap()
+            .into_inner()
+            .circuits;
+        if circuits.iter().any(|c| c.suspect.is_empty() && c.open) {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < until, "no circuit reported");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let back = MockModel::start_on(
+        addr,
+        router_mock::MockConfig {
+            name: "primary".into(),
+            ..router_mock::MockConfig::default()
+        },
+    )
+    .await
+    .unwrap();
+    let until = tokio::time::Instant::now() + Duration::from_secs(5);
+    while back.health_hits() == 0 {
+        assert!(tokio::time::Instant::now() < until, "never checked");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let first_check = tokio::time::Instant::now();
+    for (name, p) in [("p1", &p1), ("p2", &p2)] {
+        let mut served = None;
+        while first_check.elapsed() < Duration::from_secs(8) {
+            let r = p.chat_with(&[], body).await;
+            assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+            if served_by(&r).as_deref() == Some("primary") {
+                served = Some(first_check.elapsed());
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let served = served.unwrap_or_else(|| panic!("{name}: no traffic to the primary"));
+        eprintln!("{name}: the primary got traffic {served:?} after its first passing check");
+        assert!(served < Duration::from_secs(5), "{name}: after {served:?}");
+    }
+    drop(cp);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -77,6 +77,77 @@ async fn a_request_id_is_generated_when_absent() {
     );
 }
 
+/// Issue 30 item 14: a provider's own `x-request-id` (the one its
+/// support asks for) reaches the client as `x-upstream-request-id`, the
+/// router's id keeping `x-request-id`, plain and streamed; the route log's
+/// attempt records it, cut to 128 bytes; an answer without one has neither.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_backends_request_id_reaches_the_client_beside_the_routers() {
+    let backend = mock("provider", Behavior::Json).await;
+    backend.set_request_id(Some("req_provider_1")).unwrap();
+    let proxy = TestProxy::sidecar(settings()).await;
+    proxy.set_backends(&[backend.host_port()]).await;
+    // Plain JSON.
+    let r = proxy
+        .chat_with(&[("x-request-id", "router-side-1")], r#"{"model":"m"}"#)
+        .await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(r.header("x-request-id"), Some("router-side-1"));
+    assert_eq!(r.header("x-upstream-request-id"), Some("req_provider_1"));
+    // Streamed.
+    backend.set_behavior(Behavior::Sse {
+        chunks: 2,
+        interval: Duration::from_millis(10),
+    });
+    let resp = proxy
+        .client
+        .stream(
+            Method::POST,
+            &proxy.url("/v1/chat/completions"),
+            r#"{"model":"m","stream":true}"#,
+        )
+        .await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    let router_id = resp.headers()["x-request-id"].to_str().unwrap().to_string();
+    assert_ne!(router_id, "req_provider_1");
+    assert_eq!(resp.headers()["x-upstream-request-id"], "req_provider_1");
+    let _ = resp.into_body().collect().await.unwrap();
+    // A long id is cut to 128 bytes, in the header and in the log.
+    let long = "x".repeat(300);
+    backend.set_request_id(Some(&long)).unwrap();
+    backend.set_behavior(Behavior::Json);
+    let r = proxy.chat("m").await;
+    assert_eq!(r.header("x-upstream-request-id"), Some(&long[..128]));
+    // No id from the backend: no header, no field.
+    backend.set_request_id(None).unwrap();
+    let r = proxy.chat("m").await;
+    assert!(r.header("x-request-id").is_some());
+    assert!(r.header("x-upstream-request-id").is_none());
+    let lines = proxy.log.wait_for(4).await;
+    let ids: Vec<_> = lines
+        .iter()
+        .map(|l| l["attempts"][0].get("upstream_request_id").cloned())
+        .collect();
+    let (streamed, plain): (Vec<_>, Vec<_>) = lines
+        .iter()
+        .partition(|l| l["request_id"].as_str() == Some(router_id.as_str()));
+    assert_eq!(streamed.len(), 1);
+    assert_eq!(
+        streamed[0]["attempts"][0]["upstream_request_id"],
+        "req_provider_1"
+    );
+    assert!(
+        plain.iter().any(|l| l["request_id"] == "router-side-1"
+            && l["attempts"][0]["upstream_request_id"] == "req_provider_1"),
+        "{ids:?}"
+    );
+    assert!(
+        ids.contains(&Some(serde_json::Value::String(long[..128].to_string()))),
+        "{ids:?}"
+    );
+    assert_eq!(ids.iter().filter(|i| i.is_none()).count(), 1, "{ids:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redirects_go_back_to_the_client_unfollowed() {
     let backend = mock(

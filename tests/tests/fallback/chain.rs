@@ -202,6 +202,85 @@ async fn fallback_is_switched_off_and_on_by_a_file_reload() {
     let _ = std::fs::remove_file(&path);
 }
 
+/// Issue 30 item 6, recovery in seconds: a backend killed under traffic
+/// (its circuit opens for a minute) and brought back on its address gets
+/// traffic again within 5 s of its first passing health check: the check
+/// ends the circuit's wait, and the next request is its probe.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_brought_back_gets_traffic_within_seconds_of_its_first_passing_check() {
+    let primary = mock("primary", Behavior::Json).await;
+    let addr = primary.addr();
+    let fallback = mock("fallback", Behavior::Json).await;
+    let policy = two_pools(
+        &primary.url(),
+        &fallback.url(),
+        "",
+        "health_check: {interval_ms: 100, timeout_ms: 50}",
+    )
+    .replace(
+        "spec:\n",
+        "spec:\n  circuit_breaker: {consecutive_errors: 1, open_duration_s: 60}\n",
+    );
+    let proxy = TestProxy::with_policy(settings(), &policy).await;
+    let served_by =
+        |r: &router_tests::harness::TestResponse| r.header(MOCK_NAME_HEADER).map(str::to_string);
+    // The primary answers (after its first check), then dies.
+    let until = Instant::now() + Duration::from_secs(5);
+    while served_by(&proxy.chat_with(&[], BODY).await).as_deref() != Some("primary") {
+        assert!(Instant::now() < until, "the primary never answered");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    primary.stop().await;
+    let circuit = || async {
+        let h = proxy.health().await;
+        h["backends"]
+            .as_array()
+            .and_then(|b| b.iter().find(|b| b["pool"] == "primary"))
+            .map(|b| b["circuit"].clone())
+    };
+    let until = Instant::now() + Duration::from_secs(5);
+    loop {
+        let r = proxy.chat_with(&[], BODY).await;
+        assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+        if circuit().await == Some("open".into()) {
+            break;
+        }
+        assert!(Instant::now() < until, "the primary's circuit never opened");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Back on its address, after a few failed checks.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let back = router_mock::MockModel::start_on(
+        addr,
+        router_mock::MockConfig {
+            name: "primary".into(),
+            ..router_mock::MockConfig::default()
+        },
+    )
+    .await
+    .unwrap();
+    eventually(Duration::from_secs(5), "a check reaches it", || {
+        back.health_hits() >= 1
+    })
+    .await;
+    let first_check = Instant::now();
+    let mut served = None;
+    while first_check.elapsed() < Duration::from_secs(8) {
+        let r = proxy.chat_with(&[], BODY).await;
+        assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+        if served_by(&r).as_deref() == Some("primary") {
+            served = Some(first_check.elapsed());
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let served = served.expect("the primary got traffic again");
+    eprintln!("the primary got traffic {served:?} after its first passing check");
+    assert!(served < Duration::from_secs(5), "after {served:?}");
+    assert_eq!(circuit().await, Some("closed".into()));
+    assert!(back.stats().received >= 1);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_open_circuit_is_skipped_at_once() {
     let primary = mock("primary", Behavior::Status(500)).await;

@@ -281,6 +281,9 @@ async fn a_store_outage_fails_send_closed_and_read_open_then_recovers() {
         let r = a.chat_with(&send, BODY).await;
         assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE, "{}", r.text());
         assert_eq!(r.error_type(), "shared_store_unavailable");
+        // The answer names the cause (issue 30).
+        let message = r.json()["error"]["message"].as_str().unwrap().to_string();
+        assert!(message.contains("Idempotency-Key"), "{message}");
         assert!(r.header("retry-after").is_some());
         assert!(m.stats().received >= before);
         // READ with a key: served from the proxy's own store.

@@ -265,6 +265,8 @@ async fn with_the_store_down_a_rate_limit_fails_open_unless_told_otherwise() {
     let r = closed.chat_with(&A, CHAT).await;
     assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(r.error_type(), "shared_store_unavailable");
+    let message = r.json()["error"]["message"].as_str().unwrap().to_string();
+    assert!(message.contains("rate limit"), "{message}");
     // team-b has no on_store_down: open.
     assert_eq!(closed.chat_with(&B, CHAT).await.status, StatusCode::OK);
 }
@@ -504,6 +506,13 @@ async fn with_the_store_down_a_budget_fails_closed_unless_told_otherwise() {
     let r = closed.chat_with(&A, CHAT).await;
     assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(r.error_type(), "shared_store_unavailable");
+    // The answer names the cause: the budget, not idempotency (issue 30).
+    let message = r.json()["error"]["message"].as_str().unwrap().to_string();
+    assert!(
+        message.contains("budget") && message.contains("budget_on_store_down: closed"),
+        "{message}"
+    );
+    assert!(!message.contains("idempotency"), "{message}");
     let open = TestProxy::with_policy(settings(), &policy(", budget_on_store_down: open")).await;
     assert_eq!(open.chat_with(&A, CHAT).await.status, StatusCode::OK);
     assert_eq!(backend.stats().received, 1);

@@ -320,6 +320,7 @@ fn record(data: &[u8]) -> RouteRecord {
         tenant: b.some().then(|| b.string().into()),
         parked_task: b.some().then(|| b.string()),
         tenant_holds: None,
+        primary_passed_over: None,
         config_version: b.string().into(),
     }
 }

@@ -30,13 +30,14 @@ pub struct MockArgs {
     /// What happens past --max-concurrency.
     #[arg(long, value_enum, default_value_t = OverCapArg::Queue)]
     over_cap: OverCapArg,
-    /// json | chat (answers the request it reads: text or a tool call,
-    /// streamed when asked) | anthropic (the same, in Anthropic's Messages
+    /// chat (the default: answers the request it reads, text or a tool
+    /// call, plain or streamed as asked; embeddings too) | json (one fixed
+    /// chat completion) | anthropic (chat's answers in Anthropic's Messages
     /// dialect) | gemini (the same, in Gemini's generateContent dialect) | sse | hang | status:<code> | malformed |
     /// redirect:<url> | engine (a simulated vLLM engine: continuous
     /// batching, a KV cache with prefix caching, vLLM's /metrics;
     /// docs/simulator.md)
-    #[arg(long, default_value = "json", value_parser = parse_behavior)]
+    #[arg(long, default_value = "chat", value_parser = parse_behavior)]
     behavior: BehaviorArg,
     /// SSE events per answer (with --behavior sse).
     #[arg(long, default_value_t = 5)]

@@ -160,7 +160,22 @@ pub(crate) async fn handle(
 
     let n = shared.next_id.fetch_add(1, Ordering::Relaxed);
     let id = format!("chatcmpl-{n}");
+    // Embeddings (OpenAI's `/v1/embeddings`, Azure's deployment path): the
+    // answering behaviors answer them too; failures fail them alike.
+    let embeddings = parts_path_is_embeddings(&lock(&shared.requests));
     let response = match behavior {
+        Behavior::Json | Behavior::Chat | Behavior::Content(_) if embeddings => {
+            service_time(latency).await;
+            match embeddings_answer(json.as_ref(), &model) {
+                Ok(answer) => {
+                    let body = MockBody::full(Bytes::from(answer.to_string()), Some(tracker));
+                    shared.respond(StatusCode::OK, Some("application/json"), body)
+                }
+                Err(message) => {
+                    shared.error_response(StatusCode::BAD_REQUEST, message, Some(tracker))
+                }
+            }
+        }
         Behavior::JsonUsage(usage) => {
             service_time(latency).await;
             let answer = json!({
@@ -1096,4 +1111,58 @@ impl Shared {
         }
         response
     }
+}
+
+/// Whether the request just recorded (the last of `requests`) is an
+/// embeddings call.
+fn parts_path_is_embeddings(requests: &[ReceivedRequest]) -> bool {
+    requests.last().is_some_and(|r| {
+        r.method == "POST"
+            && r.path
+                .split('?')
+                .next()
+                .is_some_and(|p| p.ends_with("/embeddings"))
+    })
+}
+
+/// An OpenAI embeddings answer for `request` (`input`: a string or a list
+/// of strings; `dimensions`, default 8): one unit vector per input, the
+/// same for the same text, and `usage.prompt_tokens` as the inputs' bytes
+/// / 4 (rounded up), as the chat answers count theirs.
+fn embeddings_answer(request: Option<&Value>, model: &str) -> Result<Value, &'static str> {
+    let request = request.ok_or("the body is not JSON")?;
+    let inputs: Vec<&str> = match request.get("input") {
+        Some(Value::String(s)) => vec![s.as_str()],
+        Some(Value::Array(items)) if !items.is_empty() => items
+            .iter()
+            .map(|v| v.as_str().ok_or("input items must be strings"))
+            .collect::<Result<_, _>>()?,
+        _ => return Err("input must be a string or a list of strings"),
+    };
+    let dimensions = request
+        .get("dimensions")
+        .and_then(Value::as_u64)
+        .unwrap_or(8)
+        .clamp(1, 4096) as usize;
+    let data: Vec<Value> = inputs
+        .iter()
+        .enumerate()
+        .map(|(index, text)| {
+            // A deterministic vector from the text's bytes, normalized.
+            let mut v = vec![0f64; dimensions];
+            for (i, b) in text.bytes().enumerate() {
+                v[i % dimensions] += f64::from(b) / 255.0 + 0.01;
+            }
+            let norm = v.iter().map(|x| x * x).sum::<f64>().sqrt().max(1e-9);
+            let v: Vec<f64> = v.iter().map(|x| x / norm).collect();
+            json!({"object": "embedding", "index": index, "embedding": v})
+        })
+        .collect();
+    let tokens: u64 = inputs.iter().map(|t| (t.len() as u64).div_ceil(4)).sum();
+    Ok(json!({
+        "object": "list",
+        "data": data,
+        "model": model,
+        "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+    }))
 }

@@ -9,6 +9,7 @@ mod anthropic;
 mod balance;
 mod doors;
 mod egress;
+mod embeddings;
 mod exactly_once;
 mod keys;
 mod limits;

@@ -247,6 +247,13 @@ fn the_readme_sidecar_walk_through_runs() {
     assert!(ok, "{block}\nstdout: {out}\nstderr: {err}");
     assert!(out.contains(r#"{"ok":true}"#), "set-backends: {out}");
     assert!(out.contains("chat.completion"), "the chat call: {out}");
+    // The mock's default answers streams and embeddings too (issue 30,
+    // item 10).
+    assert!(out.contains("data: [DONE]"), "the streamed call: {out}");
+    assert!(
+        out.contains(r#""object":"embedding""#),
+        "the embeddings call: {out}"
+    );
     assert!(
         out.contains(&format!(r#""addr":"http://127.0.0.1:{}""#, ports.mock)),
         "health: {out}"

@@ -52,46 +52,69 @@ impl ProxyProcess {
         std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
         let file = dir.join("policy.yaml");
         std::fs::write(&file, policy).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
-        let port = crate::server_process::free_port();
-        let mut cmd = Command::new(bin_dir().join("router-proxy"));
-        cmd.arg("--policy")
-            .arg(&file)
-            .env_clear()
-            .env("PATH", std::env::var("PATH").unwrap_or_default())
-            .env("CUSTOM_ROUTER_PORT", port.to_string())
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null());
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
-        let mut child = cmd
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start router-proxy: {e}"));
-        let lines = Arc::new(Mutex::new(Vec::new()));
-        if let Some(out) = child.stdout.take() {
-            let lines = Arc::clone(&lines);
-            std::thread::spawn(move || {
-                for line in BufReader::new(out).lines().map_while(Result::ok) {
-                    lines.lock().unwrap_or_else(|e| e.into_inner()).push(line);
+        // A port picked free can be taken before the proxy binds it (an
+        // outgoing connection of another test gets it as its ephemeral
+        // port): a proxy that exits at once is started again on another.
+        for _ in 0..5 {
+            // (Written again each try: a proxy that exited took its
+            // directory with it.)
+            std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+            std::fs::write(&file, policy).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+            let port = crate::server_process::free_port();
+            let stderr = std::fs::File::create(dir.join("stderr.log"))
+                .unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+            let mut cmd = Command::new(bin_dir().join("router-proxy"));
+            cmd.arg("--policy")
+                .arg(&file)
+                .env_clear()
+                .env("PATH", std::env::var("PATH").unwrap_or_default())
+                .env("CUSTOM_ROUTER_PORT", port.to_string())
+                .env("RUST_LOG", "warn")
+                .stdout(Stdio::piped())
+                .stderr(stderr);
+            for (k, v) in env {
+                cmd.env(k, v);
+            }
+            let mut child = cmd
+                .spawn()
+                .unwrap_or_else(|e| panic!("cannot start router-proxy: {e}"));
+            let lines = Arc::new(Mutex::new(Vec::new()));
+            if let Some(out) = child.stdout.take() {
+                let lines = Arc::clone(&lines);
+                std::thread::spawn(move || {
+                    for line in BufReader::new(out).lines().map_while(Result::ok) {
+                        lines.lock().unwrap_or_else(|e| e.into_inner()).push(line);
+                    }
+                });
+            }
+            let mut proxy = Self {
+                child,
+                port,
+                dir: dir.clone(),
+                lines,
+            };
+            let until = Instant::now() + Duration::from_secs(20);
+            loop {
+                if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                    return proxy;
                 }
-            });
+                if let Ok(Some(_)) = proxy.child.try_wait() {
+                    let why = std::fs::read_to_string(dir.join("stderr.log")).unwrap_or_default();
+                    assert!(
+                        why.contains("in use"),
+                        "router-proxy exited at start: {why}"
+                    );
+                    break;
+                }
+                assert!(
+                    Instant::now() < until,
+                    "router-proxy did not listen on {port}: {}",
+                    std::fs::read_to_string(dir.join("stderr.log")).unwrap_or_default()
+                );
+                std::thread::sleep(Duration::from_millis(20));
+            }
         }
-        let proxy = Self {
-            child,
-            port,
-            dir,
-            lines,
-        };
-        let until = Instant::now() + Duration::from_secs(20);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(
-                Instant::now() < until,
-                "router-proxy did not listen on {port}"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        proxy
+        panic!("router-proxy found no free port in five tries");
     }
 
     /// `http://127.0.0.1:<port><path>`.

@@ -190,6 +190,7 @@ pub async fn run(args: UpArgs) -> ExitCode {
             node_id: "routerctl-up".into(),
             cache_dir: Some(args.data_dir.join("proxy-cache")),
             ca_pem: None,
+            heartbeat: router_proxy::managed::HEARTBEAT,
         }),
         route_log: Box::new(BufWriter::new(std::io::stdout())),
     })

@@ -137,6 +137,7 @@ fn main() -> ExitCode {
                 node_id,
                 cache_dir: args.cache_dir,
                 ca_pem,
+                heartbeat: router_proxy::managed::HEARTBEAT,
             })
         }
         (None, true) => Mode::Sidecar,

@@ -66,7 +66,14 @@ pub struct ManagedOptions {
     pub cache_dir: Option<PathBuf>,
     /// Extra CA (PEM) for `https://` control planes, beside the webpki roots.
     pub ca_pem: Option<String>,
+    /// How often the proxy says it is alive on its stream when it has
+    /// nothing else to say ([`HEARTBEAT`] by default): `proxies list`'s
+    /// LAST SEEN is then at most this old for a live proxy.
+    pub heartbeat: Duration,
 }
+
+/// The default [`ManagedOptions::heartbeat`].
+pub const HEARTBEAT: Duration = Duration::from_secs(10);
 
 /// A gRPC endpoint for a control-plane address: plain for `http://`, TLS
 /// (webpki roots plus `ca_pem`) for `https://`.
@@ -659,8 +666,21 @@ async fn stream_once(
         .map_err(|e| explain_refusal(&e, &options.node_id))?
         .into_inner();
     tracing::info!(control_plane = %addr, "connected to the control plane");
+    // A heartbeat (an empty load report): the control plane's LAST SEEN
+    // for this proxy, whether or not anything changed.
+    let mut heartbeat = tokio::time::interval(options.heartbeat.max(Duration::from_millis(10)));
+    heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    heartbeat.tick().await;
     loop {
         tokio::select! {
+            _ = heartbeat.tick() => {
+                let alive = pb::ProxyMessage {
+                    msg: Some(pb::proxy_message::Msg::Load(pb::LoadReport::default())),
+                };
+                if tx.send(alive).await.is_err() {
+                    return Ok(());
+                }
+            }
             msg = inbound.next() => {
                 let msg = match msg {
                     Some(Ok(m)) => m,

@@ -54,6 +54,7 @@ pub fn managed_options(url: impl Into<String>, token: Option<&str>, node: &str) 
         node_id: node.into(),
         cache_dir: None,
         ca_pem: None,
+        heartbeat: router_proxy::managed::HEARTBEAT,
     }
 }
 

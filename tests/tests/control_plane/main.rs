@@ -995,3 +995,47 @@ async fn tenant_usage_is_read_from_the_proxies_shared_store() {
     let _ = std::fs::remove_dir_all(&dir);
     let _ = std::fs::remove_dir_all(&dir2);
 }
+
+/// Issue 30, item 8: `proxies list`'s LAST SEEN is a heartbeat: a live
+/// proxy with nothing to say (no policy change, no circuit) is still seen
+/// every heartbeat, not only when it last ACKed a push.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quiet_proxy_is_still_seen_every_heartbeat() {
+    let dir = temp("heartbeat");
+    let cp = control_plane(&dir, "127.0.0.1:0".parse().unwrap()).await;
+    let mut admin = admin(cp.local_addr(), Some(TOKEN)).await;
+    let _proxy = TestProxy::start(
+        Settings::default(),
+        Mode::Managed(ManagedOptions {
+            heartbeat: Duration::from_millis(100),
+            ..managed_options(format!("http://{}", cp.local_addr()), Some(TOKEN), "quiet")
+        }),
+    )
+    .await;
+    async fn seen(admin: &mut router_tests::control::Admin) -> Option<i64> {
+        admin
+            .list_proxies(pb::ListProxiesRequest {})
+            .await
+            .unwrap()
+            .into_inner()
+            .proxies
+            .into_iter()
+            .find(|p| p.node_id == "quiet")
+            .map(|p| p.last_seen_unix_ms)
+    }
+    let mut first = None;
+    for _ in 0..100 {
+        first = seen(&mut admin).await;
+        if first.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let first = first.expect("the proxy connected");
+    // Nothing is pushed meanwhile: only heartbeats move LAST SEEN.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let later = seen(&mut admin).await.expect("still listed");
+    assert!(later >= first + 300, "last seen {first} then {later}");
+    cp.shutdown().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}

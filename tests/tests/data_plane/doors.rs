@@ -284,6 +284,7 @@ async fn a_token_that_cannot_be_a_header_stops_the_start() {
         node_id: "bad-token".into(),
         cache_dir: None,
         ca_pem: None,
+        heartbeat: router_proxy::managed::HEARTBEAT,
     });
     let err = router_proxy::start(router_proxy::ProxyOptions {
         settings: Settings {

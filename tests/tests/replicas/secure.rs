@@ -314,6 +314,7 @@ async fn the_certificates_of_make_certs_secure_etcd_the_control_plane_and_proxie
         Settings::default(),
         Mode::Managed(ManagedOptions {
             ca_pem: Some(read("ca.pem")),
+            heartbeat: router_proxy::managed::HEARTBEAT,
             ..managed_options(
                 format!("https://localhost:{}", cp.local_addr().port()),
                 Some(TOKEN),

@@ -669,9 +669,12 @@ pub fn check_situation(policy: &Policy, situation: &Situation) -> Result<(), Fie
     })
 }
 
-/// The dialect a request to `path` is written in.
+/// The dialect a request to `path` is written in, the path read as the
+/// proxy reads it (`crate::request_path`: `/v1/messages/`,
+/// `/v1//messages` and `%6D`-escaped spellings are the same path).
 fn client_dialect(path: Option<&str>) -> router_dialect::Dialect {
-    match path {
+    let normal = path.and_then(|p| crate::request_path::normalize(p).ok());
+    match normal.as_deref() {
         Some("/v1/messages") => router_dialect::Dialect::Anthropic,
         _ => router_dialect::Dialect::OpenAi,
     }
@@ -1025,11 +1028,12 @@ spec:
             request: Some(request),
             ..Situation::default()
         };
-        // Anthropic's `top_k`: the OpenAI pool is passed over, naming it.
+        // Anthropic's `top_k`: the OpenAI pool is passed over, naming it
+        // (the path spelled as a client may spell it).
         let e = explain(
             &policy,
             &situation(
-                "/v1/messages",
+                "/v1/%6Dessages/",
                 serde_json::json!({"model": "m", "max_tokens": 8, "top_k": 5,
                     "messages": [{"role": "user", "content": "hi"}]}),
             ),

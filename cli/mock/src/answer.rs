@@ -105,6 +105,9 @@ pub(crate) async fn handle(
     let prompt_len = body.len();
     // Anthropic's Messages path: errors in Anthropic's shape.
     let anthropic_path = parts.uri.path() == "/v1/messages";
+    // Embeddings (OpenAI's `/v1/embeddings`, Azure's deployment path): the
+    // answering behaviors answer them too; failures fail them alike.
+    let embeddings = parts.method == Method::POST && parts.uri.path().ends_with("/embeddings");
     // A Gemini model call (the model in its path): errors in Gemini's shape.
     let gemini_call = parts
         .uri
@@ -160,9 +163,6 @@ pub(crate) async fn handle(
 
     let n = shared.next_id.fetch_add(1, Ordering::Relaxed);
     let id = format!("chatcmpl-{n}");
-    // Embeddings (OpenAI's `/v1/embeddings`, Azure's deployment path): the
-    // answering behaviors answer them too; failures fail them alike.
-    let embeddings = parts_path_is_embeddings(&lock(&shared.requests));
     let response = match behavior {
         Behavior::Json | Behavior::Chat | Behavior::Content(_) if embeddings => {
             service_time(latency).await;
@@ -1111,18 +1111,6 @@ impl Shared {
         }
         response
     }
-}
-
-/// Whether the request just recorded (the last of `requests`) is an
-/// embeddings call.
-fn parts_path_is_embeddings(requests: &[ReceivedRequest]) -> bool {
-    requests.last().is_some_and(|r| {
-        r.method == "POST"
-            && r.path
-                .split('?')
-                .next()
-                .is_some_and(|p| p.ends_with("/embeddings"))
-    })
 }
 
 /// An OpenAI embeddings answer for `request` (`input`: a string or a list

@@ -173,7 +173,7 @@ pub fn without_get_header(document: &str) -> &str {
 }
 
 /// A new tenant key: `rt_` and 32 random bytes, base64url.
-fn mint_tenant_key() -> Result<String, String> {
+pub(crate) fn mint_tenant_key() -> Result<String, String> {
     use base64::Engine;
     use ring::rand::SecureRandom;
     let mut bytes = [0u8; 32];
@@ -186,25 +186,15 @@ fn mint_tenant_key() -> Result<String, String> {
     ))
 }
 
-/// `routerctl tenants add-key NAME`: mints a key, adds its hash to the
-/// tenant in the applied policy (compare-and-swap on its version), and
-/// prints the key once. The control plane, its store and the proxies only
-/// ever see the hash.
+/// `routerctl tenants add-key NAME`: the old spelling of `tenants keys
+/// create NAME` (the key is stored beside the policy, which is left as
+/// written).
 pub async fn tenant_add_key(admin: &mut Admin, tenant: &str) -> ExitCode {
-    match add_tenant_key(admin, tenant).await {
-        Ok((key, version)) => {
-            eprintln!(
-                "tenant {tenant:?}: key added (policy version {version}); it is shown once, only its hash is kept:"
-            );
-            println!("{key}");
-            ExitCode::SUCCESS
-        }
-        Err(e) => fail(e),
-    }
+    crate::keys_cmd::create(admin, tenant, "", None, Output::Table).await
 }
 
 /// `routerctl tenants list`: the applied policy's tenants and their
-/// limits (keys as counts: the policy holds hashes only).
+/// limits (keys as counts: those the policy lists and those stored).
 pub async fn tenants_list(admin: &mut Admin, output: Output) -> ExitCode {
     let current = match admin.get_policy(pb::GetPolicyRequest { version: 0 }).await {
         Ok(r) => r.into_inner(),
@@ -214,6 +204,13 @@ pub async fn tenants_list(admin: &mut Admin, output: Output) -> ExitCode {
         Ok(d) => d,
         Err(e) => return fail(format!("the applied policy does not parse: {e}")),
     };
+    // Keys in the control plane's store count beside the policy's own (a
+    // control plane from before stored keys has none to list).
+    let stored = admin
+        .list_keys(pb::ListKeysRequest::default())
+        .await
+        .map(|r| r.into_inner().keys)
+        .unwrap_or_default();
     let rows: Vec<Value> = doc
         .spec
         .tenants
@@ -222,7 +219,7 @@ pub async fn tenants_list(admin: &mut Admin, output: Output) -> ExitCode {
             let l = t.limits.clone().unwrap_or_default();
             json!({
                 "name": t.name,
-                "keys": t.keys.len(),
+                "keys": t.keys.len() + stored.iter().filter(|k| k.tenant == t.name).count(),
                 "anonymous": t.anonymous,
                 "routes": t.routes,
                 "max_risk": t.max_risk.map(|r| r.as_str()),
@@ -345,46 +342,6 @@ pub async fn tenant_usage(admin: &mut Admin, tenant: &str, output: Output) -> Ex
         _ => print_value(&v, output),
     }
     ExitCode::SUCCESS
-}
-
-/// Mints a key for `tenant`, applies its hash; the key and the new policy
-/// version.
-pub async fn add_tenant_key(admin: &mut Admin, tenant: &str) -> Result<(String, u64), String> {
-    let current = admin
-        .get_policy(pb::GetPolicyRequest { version: 0 })
-        .await
-        .map_err(|s| explain_status(&s))?
-        .into_inner();
-    let mut doc = router_policy::document::PolicyDocument::parse(&current.document)
-        .map_err(|e| format!("the applied policy does not parse: {e}"))?;
-    let Some(entry) = doc.spec.tenants.iter_mut().find(|t| t.name == tenant) else {
-        return Err(format!(
-            "the applied policy (version {}) has no tenant {tenant:?}: add it to spec.tenants first",
-            current.version
-        ));
-    };
-    let key = mint_tenant_key()?;
-    entry.keys.push(router_policy::tenant::key_hash_text(&key));
-    let document =
-        serde_yaml_ng::to_string(&doc).map_err(|e| format!("cannot write the policy: {e}"))?;
-    let author = std::env::var("USER").unwrap_or_else(|_| "routerctl".into());
-    let r = admin
-        .apply_policy(pb::ApplyPolicyRequest {
-            document,
-            dry_run: false,
-            expected_version: current.version,
-            author,
-        })
-        .await
-        .map_err(|s| explain_status(&s))?
-        .into_inner();
-    if let Some(e) = r.errors.first() {
-        return Err(format!(
-            "the policy with the new key was refused: {}: {}",
-            e.field, e.reason
-        ));
-    }
-    Ok((key, r.version))
 }
 
 /// `policy get [--version N]`.

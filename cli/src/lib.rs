@@ -20,6 +20,7 @@ pub mod admin_cmd;
 pub mod approve_cmd;
 pub mod connection_flags;
 pub mod drill;
+pub mod keys_cmd;
 pub mod mock_cmd;
 pub mod policy_cmd;
 pub mod tasks_cmd;

@@ -230,11 +230,44 @@ enum TenantsCommand {
         /// The tenant's name.
         name: String,
     },
-    /// Mint a key for a tenant of the applied policy, add its hash, and
-    /// print the key once.
+    /// Tenants' keys, kept in the control plane beside the policy:
+    /// create (printed once), list, revoke.
+    Keys {
+        #[command(subcommand)]
+        command: KeysCommand,
+    },
+    /// The old spelling of `keys create NAME`: mint a key for a tenant of
+    /// the applied policy, store its hash, and print the key once.
     AddKey {
         /// The tenant's name.
         name: String,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum KeysCommand {
+    /// Mint a key for a tenant of the applied policy and print it once
+    /// (only its hash is stored; proxies take it with their next snapshot).
+    Create {
+        /// The tenant's name.
+        tenant: String,
+        /// A name for the key, to recognise it in `keys list`.
+        #[arg(long, default_value = "")]
+        name: String,
+        /// Stop working after this long (e.g. 30d, 12h); default: never.
+        #[arg(long, value_parser = humantime::parse_duration)]
+        expires: Option<Duration>,
+    },
+    /// The stored keys (of one tenant, or all): id, name, prefix, created,
+    /// expires, last used. Keys written in the policy are not listed.
+    List {
+        /// Only this tenant's.
+        tenant: Option<String>,
+    },
+    /// Revoke a stored key: every proxy refuses it from its next snapshot.
+    Revoke {
+        /// The key's id (`key-...`, from `keys list`).
+        id: String,
     },
 }
 
@@ -482,6 +515,33 @@ async fn run(cli: Cli) -> ExitCode {
                 TenantsCommand::AddKey { name } => {
                     admin_cmd::tenant_add_key(&mut admin, &name).await
                 }
+                TenantsCommand::Keys { command } => match command {
+                    KeysCommand::Create {
+                        tenant,
+                        name,
+                        expires,
+                    } => {
+                        routerctl::keys_cmd::create(
+                            &mut admin,
+                            &tenant,
+                            &name,
+                            expires,
+                            g.printing.output,
+                        )
+                        .await
+                    }
+                    KeysCommand::List { tenant } => {
+                        routerctl::keys_cmd::list(
+                            &mut admin,
+                            tenant.as_deref().unwrap_or(""),
+                            g.printing.output,
+                        )
+                        .await
+                    }
+                    KeysCommand::Revoke { id } => {
+                        routerctl::keys_cmd::revoke(&mut admin, &id, g.printing.output).await
+                    }
+                },
                 TenantsCommand::List => {
                     admin_cmd::tenants_list(&mut admin, g.printing.output).await
                 }

@@ -758,9 +758,10 @@ fn up_keeps_the_users_policy_unless_reset() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// `routerctl tenants add-key` then `tenants list`, as an operator runs
-/// them: the key is printed once on stdout (only its hash is applied), and
-/// the list shows the tenant with its key count and limits.
+/// `routerctl tenants add-key`, `tenants keys create/list/revoke`, then
+/// `tenants list`, as an operator runs them: a key is printed once on
+/// stdout (only its hash is stored, beside the policy, which is left as
+/// written), and the list shows the tenant with its key count and limits.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tenants_add_key_prints_the_key_once_and_list_shows_the_limits() {
     let dir = std::env::temp_dir().join(format!("routerctl-tenants-{}", std::process::id()));
@@ -778,6 +779,7 @@ async fn tenants_add_key_prints_the_key_once_and_list_shows_the_limits() {
     tokio::task::spawn_blocking(move || {
         let o = run(&server, Some("tok"), &["policy", "apply", "-f", &policy]);
         assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+        // The old spelling still mints a key; the policy is left as written.
         let o = run(&server, Some("tok"), &["tenants", "add-key", "team-a"]);
         assert_eq!(o.status.code(), Some(0), "{}", text(&o));
         let key = String::from_utf8_lossy(&o.stdout).trim().to_string();
@@ -786,7 +788,61 @@ async fn tenants_add_key_prints_the_key_once_and_list_shows_the_limits() {
         let o = run(&server, Some("tok"), &["policy", "get"]);
         let applied = String::from_utf8_lossy(&o.stdout).to_string();
         assert!(!applied.contains(&key), "{applied}");
-        assert!(applied.contains("sha256:"), "{applied}");
+        assert!(!applied.contains("sha256:"), "{applied}");
+        assert!(applied.starts_with("# version 1 "), "{applied}");
+        // keys create / list / revoke, as scripts run them.
+        let o = run(
+            &server,
+            Some("tok"),
+            &[
+                "tenants",
+                "keys",
+                "create",
+                "team-a",
+                "--name",
+                "ci",
+                "--expires",
+                "30d",
+            ],
+        );
+        assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+        let second = String::from_utf8_lossy(&o.stdout).trim().to_string();
+        assert!(second.starts_with("rt_") && second != key, "{}", text(&o));
+        assert!(text(&o).contains("expires 20"), "{}", text(&o));
+        let o = run(&server, Some("tok"), &["tenants", "keys", "list", "team-a"]);
+        let table = String::from_utf8_lossy(&o.stdout).to_string();
+        assert!(table.starts_with("ID "), "{table}");
+        assert!(
+            table.contains("LAST USED") && table.contains(" ci "),
+            "{table}"
+        );
+        assert!(
+            table.contains(&second[..7]) && !table.contains(&second),
+            "{table}"
+        );
+        let o = run(
+            &server,
+            Some("tok"),
+            &["tenants", "keys", "list", "-o", "json"],
+        );
+        let listed: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        let listed = listed.as_array().unwrap();
+        assert_eq!(listed.len(), 2, "{listed:?}");
+        let id = listed
+            .iter()
+            .find(|k| k["name"] == "ci")
+            .and_then(|k| k["id"].as_str())
+            .unwrap()
+            .to_string();
+        let o = run(&server, Some("tok"), &["tenants", "keys", "revoke", &id]);
+        assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+        assert!(
+            text(&o).contains(&format!("revoked key {id}")),
+            "{}",
+            text(&o)
+        );
+        let o = run(&server, Some("tok"), &["tenants", "keys", "revoke", &id]);
+        assert_eq!(o.status.code(), Some(1), "{}", text(&o));
         let o = run(&server, Some("tok"), &["tenants", "list"]);
         let table = String::from_utf8_lossy(&o.stdout).to_string();
         assert!(table.contains("team-a (anonymous)"), "{table}");

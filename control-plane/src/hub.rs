@@ -46,9 +46,12 @@ use tracing::Instrument;
 use crate::Limits;
 
 use crate::store::{
-    BackendSet, CircuitRecord, Contents, PolicyRecord, State, Store, StoreChange, StoreError,
-    StoreEvent,
+    BackendSet, CircuitRecord, Contents, KeyRecord, PolicyRecord, State, Store, StoreChange,
+    StoreError, StoreEvent,
 };
+
+mod keys;
+pub use keys::{KEY_KEPT_AFTER_EXPIRY_MS, MAX_KEYS_PER_TENANT, MAX_KEY_NAME};
 
 /// How many times a change is planned again after losing a
 /// compare-and-swap to another replica.
@@ -144,6 +147,9 @@ struct Inner {
     /// circuit or suspicion report is checked against the policy, and a
     /// parse per report would delay the fleet's marks.
     parsed: Mutex<Option<(u64, Arc<Policy>)>>,
+    /// When proxies last admitted a request with each key (by id), as
+    /// they reported it to this replica; bounded by the keys stored.
+    keys_used: HashMap<String, i64>,
 }
 
 /// What the hub keeps per proxy beside its record (not stored).
@@ -288,6 +294,12 @@ fn snapshot_for(state: &State, document: String) -> pb::Snapshot {
                 source: c.source.clone(),
                 suspect: c.suspect.clone(),
             })
+            .collect(),
+        keys: state
+            .keys
+            .iter()
+            .filter(|k| k.live(now))
+            .map(|k| keys::key_view(k, 0))
             .collect(),
     }
 }
@@ -450,6 +462,7 @@ impl Hub {
             proxies_removed: BTreeSet::new(),
             links: HashMap::new(),
             parsed: Mutex::new(None),
+            keys_used: HashMap::new(),
         };
         let (published, _) = watch::channel(Arc::new(snapshot_of(&inner, &store_id)));
         let changes = store.follow();
@@ -1032,15 +1045,20 @@ impl Hub {
         .map(|c| c.revision)
     }
 
-    /// Drops expired circuit overrides (a change only when some expired).
+    /// Drops expired circuit overrides, and keys a day past their expiry
+    /// (a change only when some expired).
     pub async fn prune_expired(&self) -> Result<(), HubError> {
         self.change(|inner| {
             let now = now_ms();
-            if inner.state.circuits.iter().all(|c| c.until_unix_ms > now) {
+            let kept = |k: &KeyRecord| k.live(now - KEY_KEPT_AFTER_EXPIRY_MS);
+            if inner.state.circuits.iter().all(|c| c.until_unix_ms > now)
+                && inner.state.keys.iter().all(kept)
+            {
                 return Ok(None);
             }
             let mut next = inner.state.clone();
             next.circuits.retain(|c| c.until_unix_ms > now);
+            next.keys.retain(kept);
             Ok(Some((next, None)))
         })
         .await

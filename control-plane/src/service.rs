@@ -372,6 +372,42 @@ impl Admin for AdminService {
         ))
     }
 
+    async fn create_key(
+        &self,
+        req: Request<pb::CreateKeyRequest>,
+    ) -> Result<Response<pb::TenantKey>, Status> {
+        let role = caller(&req);
+        let by = role.token_name().unwrap_or(role.as_str()).to_string();
+        let r = req.into_inner();
+        upgrade(&self.hub)?
+            .create_key(&r, &by)
+            .await
+            .map(Response::new)
+            .map_err(status)
+    }
+
+    async fn list_keys(
+        &self,
+        req: Request<pb::ListKeysRequest>,
+    ) -> Result<Response<pb::ListKeysResponse>, Status> {
+        let tenant = req.into_inner().tenant;
+        Ok(Response::new(pb::ListKeysResponse {
+            keys: upgrade(&self.hub)?.list_keys(&tenant),
+        }))
+    }
+
+    async fn revoke_key(
+        &self,
+        req: Request<pb::RevokeKeyRequest>,
+    ) -> Result<Response<pb::TenantKey>, Status> {
+        let id = req.into_inner().id;
+        upgrade(&self.hub)?
+            .revoke_key(&id)
+            .await
+            .map(Response::new)
+            .map_err(status)
+    }
+
     async fn approve_task(
         &self,
         req: Request<pb::TaskRequest>,
@@ -507,6 +543,10 @@ impl ProxyConfig for ProxyConfigService {
                         if let Err(e) = hub.report_circuit(&node, &c).await {
                             tracing::warn!(node = %node, error = %e, "circuit report not stored");
                         }
+                    }
+                    Some(pb::proxy_message::Msg::KeysUsed(k)) => {
+                        hub.proxy_seen(&node, |_| {});
+                        hub.keys_used(&k);
                     }
                     Some(pb::proxy_message::Msg::Load(_))
                     | Some(pb::proxy_message::Msg::Hello(_))

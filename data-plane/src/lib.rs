@@ -60,6 +60,7 @@ mod handler;
 mod health_check;
 mod hop_by_hop;
 mod idempotency;
+mod key_use;
 mod limits;
 pub mod managed;
 mod metrics;
@@ -191,6 +192,8 @@ pub(crate) struct Shared {
     pub(crate) readiness: Option<Arc<managed::Readiness>>,
     /// Set when draining: health answers 503 so load balancers move on.
     pub(crate) draining: std::sync::atomic::AtomicBool,
+    /// Stored tenant keys used since the last heartbeat (managed mode).
+    pub(crate) key_use: Arc<key_use::KeyUse>,
     /// Asks every connection to finish gracefully.
     stops: stop_signal::StopSignals,
 }
@@ -385,6 +388,7 @@ pub async fn start(options: ProxyOptions) -> Result<RunningProxy, StartError> {
         readiness: managed.then(|| Arc::new(managed::Readiness::default())),
         draining: std::sync::atomic::AtomicBool::new(false),
         stops: stop_signal::StopSignals::default(),
+        key_use: Arc::default(),
         admin,
         idempotency: keys,
         rate_limits,
@@ -451,6 +455,7 @@ pub async fn start(options: ProxyOptions) -> Result<RunningProxy, StartError> {
             defaults: shared.settings.queue,
             guards: shared.settings.guards.clone(),
             readiness: shared.readiness.clone().unwrap_or_default(),
+            key_use: Arc::clone(&shared.key_use),
         };
         tasks.push(tokio::spawn(managed::run(context, events_rx, applied)));
     }

@@ -324,14 +324,17 @@ pub(crate) struct Applied {
 pub(crate) struct Basis {
     document: String,
     backends: Vec<pb::PoolBackends>,
+    keys: Vec<pb::TenantKey>,
     policy: Policy,
     endpoints: BTreeMap<String, Vec<Endpoint>>,
 }
 
 impl Basis {
-    /// Whether `snapshot` has this policy and these backend sets.
+    /// Whether `snapshot` has this policy, these backend sets and keys.
     fn same(&self, snapshot: &pb::Snapshot) -> bool {
-        self.document == snapshot.policy_document && self.backends == snapshot.backends
+        self.document == snapshot.policy_document
+            && self.backends == snapshot.backends
+            && self.keys == snapshot.keys
     }
 }
 
@@ -350,14 +353,7 @@ impl Applied {
     }
 }
 
-/// Now, in Unix milliseconds: the control plane speaks wall time (circuit
-/// overrides expire at a wall-clock instant), so this is where it is read.
-#[allow(clippy::disallowed_methods)] // a wall time is the point
-fn unix_now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-}
+use crate::clock::unix_now_ms;
 
 /// The longest an override from the control plane is held without being
 /// sent again: a far-off (or hostile) expiry must not overflow the clock.
@@ -410,6 +406,7 @@ pub(crate) fn decode(
 ) -> Result<Decoded, String> {
     let mut policy =
         load_with(&snapshot.policy_document, defaults, guards).map_err(|e| e.to_string())?;
+    add_stored_keys(&mut policy, &snapshot.keys);
     let mut backends = BTreeMap::new();
     for b in &snapshot.backends {
         let Some(pool) = policy.pools.iter_mut().find(|p| p.name == b.pool) else {
@@ -435,6 +432,37 @@ pub(crate) fn decode(
         backends,
         marks,
     })
+}
+
+/// Adds the tenants' keys of the control plane's store to the policy's
+/// tenants (a key with a malformed hash, or of a tenant the policy does
+/// not name, is skipped and logged: the rest of the snapshot applies).
+fn add_stored_keys(policy: &mut Policy, keys: &[pb::TenantKey]) {
+    if keys.is_empty() {
+        return;
+    }
+    let Some(tenants) = policy.tenants.as_mut() else {
+        tracing::warn!(
+            keys = keys.len(),
+            "the control plane sent tenants' keys, but the policy has no tenants: not used"
+        );
+        return;
+    };
+    let mut stored = Vec::with_capacity(keys.len());
+    for k in keys {
+        match router_policy::tenant::parse_key_hash(&k.hash) {
+            Some(hash) => stored.push(router_policy::tenant::StoredKey {
+                id: k.id.clone(),
+                tenant: k.tenant.clone(),
+                hash,
+                expires_at_unix_ms: k.expires_at_unix_ms,
+            }),
+            None => tracing::warn!(key = %k.id, "skipped a tenant key with a malformed hash"),
+        }
+    }
+    for why in tenants.add_stored_keys(stored) {
+        tracing::warn!(reason = %why, "skipped a tenant key; the rest of the snapshot applies");
+    }
 }
 
 /// The circuit overrides and suspicion marks of a snapshot, checked
@@ -597,7 +625,13 @@ pub(crate) struct StreamContext {
     pub(crate) guards: Guards,
     /// Whether a config has been applied yet, and why not.
     pub(crate) readiness: Arc<Readiness>,
+    /// Stored keys used since the last heartbeat, sent with it.
+    pub(crate) key_use: Arc<crate::key_use::KeyUse>,
 }
+
+/// Key uses per `KeysUsed` message: a key id is at most a few dozen bytes,
+/// so a message stays far below `router_proto::MAX_PROXY_MESSAGE_BYTES`.
+const KEYS_USED_PER_MESSAGE: usize = 500;
 
 /// Streams config from the control plane forever.
 pub(crate) async fn run(
@@ -679,6 +713,24 @@ async fn stream_once(
                 };
                 if tx.send(alive).await.is_err() {
                     return Ok(());
+                }
+                // Keys used since the last beat, in messages well under the
+                // control plane's per-message limit.
+                let used = context.key_use.take();
+                for chunk in used.chunks(KEYS_USED_PER_MESSAGE) {
+                    let keys = chunk
+                        .iter()
+                        .map(|(id, at)| pb::KeyUse {
+                            id: id.to_string(),
+                            last_used_unix_ms: *at,
+                        })
+                        .collect();
+                    let report = pb::ProxyMessage {
+                        msg: Some(pb::proxy_message::Msg::KeysUsed(pb::KeysUsed { keys })),
+                    };
+                    if tx.send(report).await.is_err() {
+                        return Ok(());
+                    }
                 }
             }
             msg = inbound.next() => {
@@ -782,6 +834,7 @@ pub(crate) fn handle(
             let basis = Arc::new(Basis {
                 document: snapshot.policy_document.clone(),
                 backends: snapshot.backends.clone(),
+                keys: snapshot.keys.clone(),
                 policy: d.policy.clone(),
                 endpoints: d.backends.clone(),
             });

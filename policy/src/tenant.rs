@@ -1,12 +1,15 @@
 //! Tenants: who is calling, and what they may ask for.
 //!
 //! A policy with `spec.tenants` routes only requests that name a tenant:
-//! `Authorization: Bearer <key>` with a key the policy lists, or, when one
-//! tenant is marked `anonymous`, no key at all. The policy holds keys only
-//! as SHA-256 hashes (`sha256:<64 hex digits>`), so a policy document, the
-//! control plane's store and every proxy's cache can be read without
-//! revealing a key; `routerctl tenants add-key` mints one, prints it once
-//! and applies its hash.
+//! `Authorization: Bearer <key>` with a key of the tenant, or, when one
+//! tenant is marked `anonymous`, no key at all. Keys live in the control
+//! plane's store beside the policy (`routerctl tenants keys create` mints
+//! one, prints it once and stores its hash; proxies receive the hashes
+//! with their snapshot, [`Tenants::add_stored_keys`]), each with an
+//! optional expiry; a policy may also list keys itself (for standalone
+//! proxies). Either way only SHA-256 hashes (`sha256:<64 hex digits>`) are
+//! kept, so a policy document, the control plane's store and every proxy's
+//! cache can be read without revealing a key.
 //!
 //! [`Tenants::identify`] hashes the presented key and looks the hash up:
 //! the lookup compares hashes, never keys, so its timing says nothing about
@@ -46,6 +49,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
+use std::sync::Arc;
 
 use crate::document::Risk;
 
@@ -398,6 +402,8 @@ pub enum TenantRefusal {
         /// The tenant's highest.
         max: Risk,
     },
+    /// The key was created with an expiry, and it has passed.
+    ExpiredKey,
     /// A parked task's tenant is no longer in the policy (its run is
     /// admitted by the tenant's name, [`Tenants::by_name`]).
     Gone {
@@ -413,6 +419,7 @@ impl TenantRefusal {
             self,
             Self::NoKey
                 | Self::UnknownKey
+                | Self::ExpiredKey
                 | Self::MalformedKey
                 | Self::MalformedApiKey
                 | Self::KeysDisagree
@@ -433,6 +440,9 @@ impl fmt::Display for TenantRefusal {
                 "Authorization and x-api-key do not name the same tenant: send one key",
             ),
             Self::UnknownKey => f.write_str("the tenant key is not known to this router"),
+            Self::ExpiredKey => f.write_str(
+                "the tenant key has expired: ask the operator for a new one (`routerctl tenants keys create`)",
+            ),
             Self::MalformedKey => f.write_str(
                 "the Authorization header is not Bearer <tenant key>: a credential that is present must be a valid key",
             ),
@@ -461,8 +471,42 @@ impl fmt::Display for TenantRefusal {
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Tenants {
     list: Vec<Tenant>,
-    by_key: HashMap<KeyHash, usize>,
+    by_key: HashMap<KeyHash, KeyEntry>,
     anonymous: Option<usize>,
+}
+
+/// What a key hash names: its tenant, and for a key from the control
+/// plane's store its id and expiry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct KeyEntry {
+    tenant: usize,
+    /// The store's id for it (`None`: a key the policy lists).
+    id: Option<Arc<str>>,
+    /// When it stops working (Unix ms; 0: never).
+    expires_at_unix_ms: i64,
+}
+
+/// A key from the control plane's store, as a proxy receives it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredKey {
+    /// The store's id for it.
+    pub id: String,
+    /// The tenant it names.
+    pub tenant: String,
+    /// Its hash.
+    pub hash: KeyHash,
+    /// When it stops working (Unix ms; 0: never).
+    pub expires_at_unix_ms: i64,
+}
+
+/// Who a request's credentials name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Identified<'a> {
+    /// The tenant.
+    pub tenant: &'a Tenant,
+    /// The id of the stored key it came with (`None`: a key of the
+    /// policy, or no key).
+    pub key_id: Option<&'a Arc<str>>,
 }
 
 impl Tenants {
@@ -472,7 +516,14 @@ impl Tenants {
         let mut by_key = HashMap::new();
         for (i, hashes) in keys.into_iter().enumerate() {
             for h in hashes {
-                by_key.insert(h, i);
+                by_key.insert(
+                    h,
+                    KeyEntry {
+                        tenant: i,
+                        id: None,
+                        expires_at_unix_ms: 0,
+                    },
+                );
             }
         }
         Self {
@@ -487,6 +538,41 @@ impl Tenants {
         &self.list
     }
 
+    /// The hashes of the keys the policy lists and the stored keys added.
+    pub fn hashes(&self) -> Vec<KeyHash> {
+        self.by_key.keys().copied().collect()
+    }
+
+    /// Adds keys from the control plane's store. A key whose tenant the
+    /// policy does not name, or whose hash is already taken (by the
+    /// policy's keys or an earlier one), is not added: each comes back
+    /// with why, for the proxy to log.
+    pub fn add_stored_keys(&mut self, keys: Vec<StoredKey>) -> Vec<String> {
+        let mut skipped = Vec::new();
+        for k in keys {
+            let Some(tenant) = self.list.iter().position(|t| t.name == k.tenant) else {
+                skipped.push(format!(
+                    "key {}: no tenant {:?} in the policy",
+                    k.id, k.tenant
+                ));
+                continue;
+            };
+            if self.by_key.contains_key(&k.hash) {
+                skipped.push(format!("key {}: the same key is already listed", k.id));
+                continue;
+            }
+            self.by_key.insert(
+                k.hash,
+                KeyEntry {
+                    tenant,
+                    id: Some(Arc::from(k.id.as_str())),
+                    expires_at_unix_ms: k.expires_at_unix_ms,
+                },
+            );
+        }
+        skipped
+    }
+
     /// The tenant called `name`: a parked task's run is admitted again
     /// under the tenant that parked it, as the live policy has it.
     pub fn by_name(&self, name: &str) -> Result<&Tenant, TenantRefusal> {
@@ -498,16 +584,21 @@ impl Tenants {
             })
     }
 
-    /// The tenant a request's `Authorization` header names.
+    /// The tenant a request's `Authorization` header names, at
+    /// `now_unix_ms` (a stored key past its expiry is refused).
     ///
     /// Only a request with no credential at all is the anonymous tenant's
     /// (when the policy has one). A credential that is present but is not
     /// `Bearer <key>` (another scheme, an empty key, bytes that are not
     /// text) is refused like an unknown key: a client that meant to send a
     /// key is never served as somebody else.
-    pub fn identify(&self, authorization: Option<&[u8]>) -> Result<&Tenant, TenantRefusal> {
-        let index = self.index_of(authorization)?;
-        self.list.get(index).ok_or(TenantRefusal::UnknownKey)
+    pub fn identify(
+        &self,
+        authorization: Option<&[u8]>,
+        now_unix_ms: i64,
+    ) -> Result<Identified<'_>, TenantRefusal> {
+        let entry = self.entry_of(authorization, now_unix_ms)?;
+        self.identified(entry)
     }
 
     /// The tenant a request's credentials name: `Authorization: Bearer
@@ -522,49 +613,70 @@ impl Tenants {
         &self,
         authorization: Option<&[u8]>,
         api_key: Option<&[u8]>,
-    ) -> Result<&Tenant, TenantRefusal> {
+        now_unix_ms: i64,
+    ) -> Result<Identified<'_>, TenantRefusal> {
         let Some(api_key) = api_key else {
-            return self.identify(authorization);
+            return self.identify(authorization, now_unix_ms);
         };
         let key = std::str::from_utf8(api_key)
             .ok()
             .map(str::trim)
             .filter(|k| !k.is_empty())
             .ok_or(TenantRefusal::MalformedApiKey)?;
-        let by_api_key = *self
-            .by_key
-            .get(&key_hash(key))
-            .ok_or(TenantRefusal::UnknownKey)?;
+        let by_api_key = self.lookup(key, now_unix_ms)?;
         if authorization.is_some() {
             let by_authorization = self
-                .index_of(authorization)
+                .entry_of(authorization, now_unix_ms)
                 .map_err(|_| TenantRefusal::KeysDisagree)?;
-            if by_authorization != by_api_key {
+            if by_authorization.map(|e| e.tenant) != Some(by_api_key.tenant) {
                 return Err(TenantRefusal::KeysDisagree);
             }
         }
-        self.list.get(by_api_key).ok_or(TenantRefusal::UnknownKey)
+        self.identified(Some(by_api_key))
     }
 
-    /// The index of the tenant an `Authorization` header names.
-    fn index_of(&self, authorization: Option<&[u8]>) -> Result<usize, TenantRefusal> {
-        let key = match authorization {
-            None => None,
-            Some(v) => Some(
-                std::str::from_utf8(v)
-                    .ok()
-                    .and_then(bearer)
-                    .ok_or(TenantRefusal::MalformedKey)?,
-            ),
+    /// The tenant an entry names (`None`: the anonymous tenant).
+    fn identified<'a>(
+        &'a self,
+        entry: Option<&'a KeyEntry>,
+    ) -> Result<Identified<'a>, TenantRefusal> {
+        let index = match entry {
+            Some(e) => e.tenant,
+            None => self.anonymous.ok_or(TenantRefusal::NoKey)?,
         };
-        match key {
-            None => self.anonymous.ok_or(TenantRefusal::NoKey),
-            Some(k) => self
-                .by_key
-                .get(&key_hash(k))
-                .copied()
-                .ok_or(TenantRefusal::UnknownKey),
+        let tenant = self.list.get(index).ok_or(TenantRefusal::UnknownKey)?;
+        Ok(Identified {
+            tenant,
+            key_id: entry.and_then(|e| e.id.as_ref()),
+        })
+    }
+
+    /// The key entry an `Authorization` header names (`None`: no header).
+    fn entry_of(
+        &self,
+        authorization: Option<&[u8]>,
+        now_unix_ms: i64,
+    ) -> Result<Option<&KeyEntry>, TenantRefusal> {
+        let Some(v) = authorization else {
+            return Ok(None);
+        };
+        let key = std::str::from_utf8(v)
+            .ok()
+            .and_then(bearer)
+            .ok_or(TenantRefusal::MalformedKey)?;
+        self.lookup(key, now_unix_ms).map(Some)
+    }
+
+    /// The entry of `key`, refused when unknown or expired.
+    fn lookup(&self, key: &str, now_unix_ms: i64) -> Result<&KeyEntry, TenantRefusal> {
+        let entry = self
+            .by_key
+            .get(&key_hash(key))
+            .ok_or(TenantRefusal::UnknownKey)?;
+        if entry.expires_at_unix_ms != 0 && entry.expires_at_unix_ms <= now_unix_ms {
+            return Err(TenantRefusal::ExpiredKey);
         }
+        Ok(entry)
     }
 }
 
@@ -651,18 +763,24 @@ mod tests {
     #[test]
     fn a_listed_key_names_its_tenant_and_nothing_else_does() {
         let t = tenants(false);
-        let id = |h: &str| t.identify(Some(h.as_bytes())).map(|t| t.name.clone());
+        let id = |h: &str| {
+            t.identify(Some(h.as_bytes()), 0)
+                .map(|t| t.tenant.name.clone())
+        };
         assert_eq!(id("Bearer key-a"), Ok("team-a".into()));
         assert_eq!(id("bearer   key-a "), Ok("team-a".into()));
         assert_eq!(id("Bearer key-b"), Err(TenantRefusal::UnknownKey));
         assert_eq!(id("Basic key-a"), Err(TenantRefusal::MalformedKey));
-        assert_eq!(t.identify(None), Err(TenantRefusal::NoKey));
+        assert_eq!(t.identify(None, 0), Err(TenantRefusal::NoKey));
         // With an anonymous tenant, no key is that tenant; a wrong key is
         // still refused.
         let t = tenants(true);
-        assert_eq!(t.identify(None).map(|t| t.name.as_str()), Ok("guests"));
         assert_eq!(
-            t.identify(Some(b"Bearer nope")),
+            t.identify(None, 0).map(|t| t.tenant.name.as_str()),
+            Ok("guests")
+        );
+        assert_eq!(
+            t.identify(Some(b"Bearer nope"), 0),
             Err(TenantRefusal::UnknownKey)
         );
         // Any credential present that is not a valid key is refused, never
@@ -676,7 +794,7 @@ mod tests {
             b"",
             b"key-a",
         ] {
-            let refused = t.identify(Some(shape));
+            let refused = t.identify(Some(shape), 0);
             assert!(
                 matches!(refused, Err(ref e) if e.is_authentication()),
                 "{shape:?}: {refused:?}"
@@ -685,10 +803,66 @@ mod tests {
     }
 
     #[test]
+    fn stored_keys_name_their_tenant_until_they_expire() {
+        let mut t = tenants(false);
+        let skipped = t.add_stored_keys(vec![
+            StoredKey {
+                id: "key-1".into(),
+                tenant: "guests".into(),
+                hash: key_hash("stored"),
+                expires_at_unix_ms: 0,
+            },
+            StoredKey {
+                id: "key-2".into(),
+                tenant: "team-a".into(),
+                hash: key_hash("short-lived"),
+                expires_at_unix_ms: 5_000,
+            },
+            // A tenant the policy does not name, and a hash already taken:
+            // skipped, each with why.
+            StoredKey {
+                id: "key-3".into(),
+                tenant: "team-z".into(),
+                hash: key_hash("orphan"),
+                expires_at_unix_ms: 0,
+            },
+            StoredKey {
+                id: "key-4".into(),
+                tenant: "guests".into(),
+                hash: key_hash("key-a"),
+                expires_at_unix_ms: 0,
+            },
+        ]);
+        assert_eq!(skipped.len(), 2, "{skipped:?}");
+        assert!(skipped[0].contains("team-z") && skipped[1].contains("key-4"));
+        let who = |key: &str, now: i64| {
+            t.identify(Some(format!("Bearer {key}").as_bytes()), now)
+                .map(|i| (i.tenant.name.clone(), i.key_id.map(|k| k.to_string())))
+        };
+        assert_eq!(
+            who("stored", 1),
+            Ok(("guests".into(), Some("key-1".into())))
+        );
+        // The policy's own key keeps its tenant and has no id.
+        assert_eq!(who("key-a", 1), Ok(("team-a".into(), None)));
+        assert_eq!(who("orphan", 1), Err(TenantRefusal::UnknownKey));
+        // Working until its instant, refused (401) from it on.
+        assert_eq!(
+            who("short-lived", 4_999),
+            Ok(("team-a".into(), Some("key-2".into())))
+        );
+        assert_eq!(who("short-lived", 5_000), Err(TenantRefusal::ExpiredKey));
+        assert!(TenantRefusal::ExpiredKey.is_authentication());
+        let by_api_key = t.identify_credentials(None, Some(b"short-lived"), 6_000);
+        assert_eq!(by_api_key, Err(TenantRefusal::ExpiredKey));
+    }
+
+    #[test]
     fn a_key_may_come_as_x_api_key_and_two_keys_must_agree() {
         let t = tenants(true);
         let id = |auth: Option<&[u8]>, api: Option<&[u8]>| {
-            t.identify_credentials(auth, api).map(|t| t.name.clone())
+            t.identify_credentials(auth, api, 0)
+                .map(|t| t.tenant.name.clone())
         };
         // Anthropic's header, the key alone (surrounding spaces trimmed).
         assert_eq!(id(None, Some(b"key-a")), Ok("team-a".into()));
@@ -777,7 +951,7 @@ mod tests {
     #[test]
     fn routes_and_risk_are_checked() {
         let t = tenants(false);
-        let a = t.identify(Some(b"Bearer key-a")).unwrap();
+        let a = t.identify(Some(b"Bearer key-a"), 0).unwrap().tenant;
         assert_eq!(a.admits("chat", Risk::Draft), Ok(()));
         assert!(matches!(
             a.admits("other", Risk::Read),
@@ -969,7 +1143,7 @@ mod tests {
         fn only_the_listed_key_passes(key in "[ -~]{1,40}") {
             let t = tenants(false);
             let header = format!("Bearer {key}");
-            let named = t.identify(Some(header.as_bytes())).is_ok();
+            let named = t.identify(Some(header.as_bytes()), 0).is_ok();
             prop_assert_eq!(named, key.trim() == "key-a");
         }
     }

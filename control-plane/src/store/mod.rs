@@ -137,6 +137,40 @@ pub struct State {
     pub backends: BTreeMap<String, BackendSet>,
     /// Circuit overrides.
     pub circuits: Vec<CircuitRecord>,
+    /// Tenants' keys (hashes), kept beside the policy, not in it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub keys: Vec<KeyRecord>,
+}
+
+/// A tenant's key as the store keeps it: its SHA-256, never the key.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeyRecord {
+    /// `key-` and 12 hex digits of the hash.
+    pub id: String,
+    /// The tenant it names.
+    pub tenant: String,
+    /// The operator's name for it.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub name: String,
+    /// `sha256:<64 hex digits>`.
+    pub hash: String,
+    /// The key's first characters, to recognise it.
+    pub prefix: String,
+    /// When it was created (Unix ms).
+    pub created_at_unix_ms: i64,
+    /// When it stops working (Unix ms; 0: never).
+    #[serde(default)]
+    pub expires_at_unix_ms: i64,
+    /// Who created it (the token's name, else its role).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub created_by: String,
+}
+
+impl KeyRecord {
+    /// Whether it still works at `now` (Unix ms).
+    pub fn live(&self, now_unix_ms: i64) -> bool {
+        self.expires_at_unix_ms == 0 || self.expires_at_unix_ms > now_unix_ms
+    }
 }
 
 /// What a [`Store`] holds: the state and the policy history (oldest first).

@@ -418,8 +418,9 @@ pub(super) fn tenant<'s>(
                 .get(header::AUTHORIZATION)
                 .map(HeaderValue::as_bytes),
             headers.get(X_API_KEY).map(HeaderValue::as_bytes),
+            crate::clock::unix_now_ms(),
         )
-        .map(Some)
+        .map(|who| Some(who.tenant))
         .map_err(ProxyError::Tenant)
 }
 

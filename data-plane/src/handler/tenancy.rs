@@ -75,10 +75,18 @@ pub(super) async fn admit(
     deadline: Option<Duration>,
     rec: &mut RouteRecord,
 ) -> Result<(), ProxyError> {
+    let now = crate::clock::unix_now_ms();
     let tenant = match caller {
-        Caller::Key(authorization, api_key) => tenants.identify_credentials(authorization, api_key),
+        Caller::Key(authorization, api_key) => tenants
+            .identify_credentials(authorization, api_key, now)
+            .map(|who| {
+                if let Some(id) = who.key_id {
+                    shared.key_use.note(id, now);
+                }
+                who.tenant
+            }),
         Caller::Task(Some(name)) => tenants.by_name(name),
-        Caller::Task(None) => tenants.identify(None),
+        Caller::Task(None) => tenants.identify(None, now).map(|who| who.tenant),
     }
     .map_err(ProxyError::Tenant)?;
     rec.tenant = Some(Arc::from(tenant.name.as_str()));

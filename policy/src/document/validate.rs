@@ -138,7 +138,7 @@ fn tenants(specs: &[TenantSpec], routes: &[Route], errs: &mut Errors) -> Option<
                 }
                 None => errs.push(
                     format!("{at}.keys[{j}]"),
-                    "must be sha256:<64 hex digits>, the hash of a key (`routerctl tenants add-key` mints one); a policy never holds keys",
+                    "must be sha256:<64 hex digits>, the hash of a key (`routerctl tenants keys create` mints one and keeps its hash in the control plane, outside the policy); a policy never holds keys",
                 ),
             }
         }
@@ -155,12 +155,9 @@ fn tenants(specs: &[TenantSpec], routes: &[Route], errs: &mut Errors) -> Option<
                 );
             }
             anonymous = Some(i);
-        } else if t.keys.is_empty() {
-            errs.push(
-                format!("{at}.keys"),
-                "a tenant that is not anonymous needs at least one key",
-            );
         }
+        // A tenant without keys in the policy is valid: its keys may live
+        // in the control plane's store (`routerctl tenants keys create`).
         let limits = t.limits.clone().unwrap_or_default();
         if limits.tokens_per_minute == Some(0) {
             errs.push(

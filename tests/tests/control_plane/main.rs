@@ -6,6 +6,7 @@
 #![allow(clippy::unwrap_used)]
 
 mod fleet_health;
+mod keys;
 mod security;
 
 use std::net::SocketAddr;
@@ -820,82 +821,6 @@ async fn a_managed_proxy_without_config_is_not_ready_and_says_why() {
     // The refused one stays not ready.
     assert_eq!(refused.health().await["ok"], false);
     drop(cp);
-    let _ = std::fs::remove_dir_all(&dir);
-}
-
-/// `routerctl tenants add-key`: the key is minted on the operator's side,
-/// only its hash reaches the control plane (and, from it, the proxies),
-/// and a managed proxy takes the new key as soon as the policy lands.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_tenant_key_added_by_routerctl_is_stored_as_a_hash_and_opens_the_proxy() {
-    let backend = mock("local", Behavior::Json).await;
-    let dir = temp("tenants");
-    let cp = control_plane(&dir, "127.0.0.1:0".parse().unwrap()).await;
-    let policy = format!(
-        "apiVersion: router/v1\nkind: RoutingPolicy\nspec:\n  pools:\n    - name: local\n      endpoints: [\"{}\"]\n  routes:\n    - name: default\n      chain: [local]\n  tenants:\n    - name: team-a\n      keys: [\"{}\"]\n",
-        backend.url(),
-        router_policy::tenant::key_hash_text("rt_old_key")
-    );
-    let mut operator = admin(cp.local_addr(), Some(TOKEN)).await;
-    operator
-        .apply_policy(pb::ApplyPolicyRequest {
-            document: policy,
-            ..Default::default()
-        })
-        .await
-        .unwrap();
-    let proxy = TestProxy::start(
-        Settings::default(),
-        managed(format!("http://{}", cp.local_addr()), Some(TOKEN), "t1"),
-    )
-    .await;
-    wait_version(&proxy, "cp-1").await;
-    let with = |key: &str| format!("Bearer {key}");
-
-    let mut cli = routerctl::admin_cmd::connect(
-        &format!("http://{}", cp.local_addr()),
-        Some(TOKEN.into()),
-        None,
-    )
-    .await
-    .unwrap();
-    let (key, version) = routerctl::admin_cmd::add_tenant_key(&mut cli, "team-a")
-        .await
-        .unwrap();
-    assert!(key.starts_with("rt_") && key.len() > 40, "{key}");
-    assert_eq!(version, 2);
-    // The control plane holds the hash, never the key.
-    let stored = operator
-        .get_policy(pb::GetPolicyRequest { version: 0 })
-        .await
-        .unwrap()
-        .into_inner()
-        .document;
-    assert!(!stored.contains(&key), "{stored}");
-    assert!(
-        stored.contains(&router_policy::tenant::key_hash_text(&key)),
-        "{stored}"
-    );
-    wait_version(&proxy, "cp-2").await;
-    let r = proxy
-        .chat_with(
-            &[("authorization", with(&key).as_str())],
-            r#"{"model":"m","messages":[]}"#,
-        )
-        .await;
-    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
-    let r = proxy
-        .chat_with(
-            &[("authorization", "Bearer rt_guess")],
-            r#"{"model":"m","messages":[]}"#,
-        )
-        .await;
-    assert_eq!(r.status, StatusCode::UNAUTHORIZED);
-    // An unknown tenant is refused with what to do.
-    let e = routerctl::admin_cmd::add_tenant_key(&mut cli, "nobody")
-        .await
-        .unwrap_err();
-    assert!(e.contains("no tenant \"nobody\""), "{e}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -72,7 +72,8 @@ pub fn explain_status(s: &tonic::Status) -> String {
     }
 }
 
-pub(crate) fn fail(msg: impl std::fmt::Display) -> ExitCode {
+/// Prints `routerctl: MSG` on stderr; exit 1.
+pub fn fail(msg: impl std::fmt::Display) -> ExitCode {
     eprintln!("routerctl: {msg}");
     ExitCode::FAILURE
 }
@@ -100,12 +101,24 @@ fn print_errors(errors: &[pb::FieldError]) {
     }
 }
 
-/// `policy apply -f FILE [--dry-run] [--expected-version N]`.
+/// `policy apply -f FILE [--dry-run] [--expected-version N]` (no note).
 pub async fn apply(
     admin: &mut Admin,
     file: &Path,
     dry_run: bool,
     expected_version: u64,
+    output: Output,
+) -> ExitCode {
+    apply_noted(admin, file, dry_run, expected_version, "", output).await
+}
+
+/// `policy apply -f FILE [--dry-run] [--expected-version N] [--note TEXT]`.
+pub async fn apply_noted(
+    admin: &mut Admin,
+    file: &Path,
+    dry_run: bool,
+    expected_version: u64,
+    note: &str,
     output: Output,
 ) -> ExitCode {
     let document = match std::fs::read_to_string(file) {
@@ -119,6 +132,7 @@ pub async fn apply(
             dry_run,
             expected_version,
             author,
+            note: note.to_string(),
         })
         .await
     {
@@ -371,37 +385,72 @@ pub async fn get(admin: &mut Admin, version: u64, output: Output) -> ExitCode {
     }
 }
 
-/// A line diff (longest common subsequence), `-`/`+` prefixed.
+/// A line diff (Myers, via `similar`), `-`/`+` prefixed: the lines
+/// removed from `old` and added in `new`, in order.
 pub fn line_diff(old: &str, new: &str) -> Vec<String> {
-    let a: Vec<&str> = old.lines().collect();
-    let b: Vec<&str> = new.lines().collect();
-    let (n, m) = (a.len(), b.len());
-    let mut lcs = vec![vec![0u32; m + 1]; n + 1];
-    for i in (0..n).rev() {
-        for j in (0..m).rev() {
-            lcs[i][j] = if a[i] == b[j] {
-                lcs[i + 1][j + 1] + 1
+    similar::TextDiff::from_lines(old, new)
+        .iter_all_changes()
+        .filter_map(|c| {
+            let line = c.value().trim_end_matches(['\n', '\r']);
+            match c.tag() {
+                similar::ChangeTag::Equal => None,
+                similar::ChangeTag::Delete => Some(format!("-{line}")),
+                similar::ChangeTag::Insert => Some(format!("+{line}")),
+            }
+        })
+        .collect()
+}
+
+/// `policy diff A [B]`: policy version A against version B (default: the
+/// current one), as a unified diff with three lines of context; exit 0
+/// when they mean the same (comments and layout aside), 1 otherwise.
+pub async fn diff_versions(admin: &mut Admin, a: u64, b: u64) -> ExitCode {
+    let mut versions = Vec::with_capacity(2);
+    for version in [a, b] {
+        match admin.get_policy(pb::GetPolicyRequest { version }).await {
+            Ok(r) => versions.push(r.into_inner()),
+            Err(s) => return fail(explain_status(&s)),
+        }
+    }
+    let (Some(new), Some(old)) = (versions.pop(), versions.pop()) else {
+        return fail("the control plane did not answer both versions");
+    };
+    let same_meaning = matches!(
+        (
+            router_policy::document::PolicyDocument::parse(&old.document),
+            router_policy::document::PolicyDocument::parse(&new.document)
+        ),
+        (Ok(x), Ok(y)) if x == y
+    );
+    let label = |p: &pb::PolicyVersion| {
+        format!(
+            "version {} ({} by {}{})",
+            p.version,
+            when(p.applied_at_unix_ms),
+            if p.operator.is_empty() {
+                &p.author
             } else {
-                lcs[i + 1][j].max(lcs[i][j + 1])
-            };
-        }
+                &p.operator
+            },
+            if p.message.is_empty() {
+                String::new()
+            } else {
+                format!(": {}", p.message)
+            }
+        )
+    };
+    let text = similar::TextDiff::from_lines(&old.document, &new.document);
+    print!(
+        "{}",
+        text.unified_diff()
+            .context_radius(3)
+            .header(&label(&old), &label(&new))
+    );
+    if same_meaning {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
     }
-    let (mut i, mut j, mut out) = (0, 0, Vec::new());
-    while i < n && j < m {
-        if a[i] == b[j] {
-            i += 1;
-            j += 1;
-        } else if lcs[i + 1][j] >= lcs[i][j + 1] {
-            out.push(format!("-{}", a[i]));
-            i += 1;
-        } else {
-            out.push(format!("+{}", b[j]));
-            j += 1;
-        }
-    }
-    out.extend(a[i..].iter().map(|l| format!("-{l}")));
-    out.extend(b[j..].iter().map(|l| format!("+{l}")));
-    out
 }
 
 /// `policy diff -f FILE`: 0 when the file is what is applied, 1 otherwise.
@@ -439,16 +488,31 @@ pub async fn history(admin: &mut Admin, output: Output) -> ExitCode {
     };
     match output {
         Output::Table => {
-            println!("{:<8} {:<21} {:<16} NOTE", "VERSION", "APPLIED", "AUTHOR");
+            println!(
+                "{:<8} {:<21} {:<16} {:<16} NOTE",
+                "VERSION", "APPLIED", "AUTHOR", "OPERATOR"
+            );
             for v in &versions {
-                println!("{:<8} {:<21} {:<16} {}", v.version, when(v.applied_at_unix_ms), v.author, v.note);
+                let note = if v.message.is_empty() {
+                    v.note.clone()
+                } else {
+                    format!("{}: {}", v.note, v.message)
+                };
+                println!(
+                    "{:<8} {:<21} {:<16} {:<16} {}",
+                    v.version,
+                    when(v.applied_at_unix_ms),
+                    v.author,
+                    if v.operator.is_empty() { "-" } else { &v.operator },
+                    note
+                );
             }
         }
         _ => print_value(
             &Value::Array(
                 versions
                     .iter()
-                    .map(|v| json!({"version": v.version, "applied_at": when(v.applied_at_unix_ms), "author": v.author, "note": v.note}))
+                    .map(|v| json!({"version": v.version, "applied_at": when(v.applied_at_unix_ms), "author": v.author, "operator": v.operator, "note": v.note, "message": v.message}))
                     .collect(),
             ),
             output,
@@ -459,10 +523,22 @@ pub async fn history(admin: &mut Admin, output: Output) -> ExitCode {
 
 /// `policy rollback [--to N]`.
 pub async fn rollback(admin: &mut Admin, to: u64, expected_version: u64) -> ExitCode {
+    rollback_noted(admin, to, expected_version, "").await
+}
+
+/// `policy rollback [--to N] [--note TEXT]`.
+pub async fn rollback_noted(
+    admin: &mut Admin,
+    to: u64,
+    expected_version: u64,
+    note: &str,
+) -> ExitCode {
     match admin
         .rollback(pb::RollbackRequest {
             to_version: to,
             expected_version,
+            note: note.to_string(),
+            author: std::env::var("USER").unwrap_or_else(|_| "routerctl".into()),
         })
         .await
     {

@@ -147,6 +147,9 @@ enum PolicyCommand {
         /// 0: no check).
         #[arg(long, default_value_t = 0)]
         expected_version: u64,
+        /// Why: kept with the version and shown by `policy history`.
+        #[arg(long, default_value = "")]
+        note: String,
     },
     /// Print the current (or a given) version.
     Get {
@@ -154,11 +157,16 @@ enum PolicyCommand {
         #[arg(long, default_value_t = 0)]
         version: u64,
     },
-    /// Compare a file with the applied policy: exit 0 same, 1 different.
+    /// Compare a file with the applied policy (`-f FILE`), or version A
+    /// with version B (`diff A [B]`, B default: the current one): exit 0
+    /// same meaning, 1 different.
     Diff {
         /// The policy file.
-        #[arg(short = 'f', long = "file")]
-        file: PathBuf,
+        #[arg(short = 'f', long = "file", conflicts_with = "versions")]
+        file: Option<PathBuf>,
+        /// Versions A and B.
+        #[arg(num_args = 0..=2, required_unless_present = "file")]
+        versions: Vec<u64>,
     },
     /// Every applied version.
     History,
@@ -170,6 +178,9 @@ enum PolicyCommand {
         /// Refuse unless this is the current version (0: no check).
         #[arg(long, default_value_t = 0)]
         expected_version: u64,
+        /// Why: kept with the new version and shown by `policy history`.
+        #[arg(long, default_value = "")]
+        note: String,
     },
 }
 
@@ -606,14 +617,21 @@ async fn policy(admin: &mut admin_cmd::Admin, command: PolicyCommand, output: Ou
             file,
             dry_run,
             expected_version,
-        } => admin_cmd::apply(admin, &file, dry_run, expected_version, output).await,
+            note,
+        } => admin_cmd::apply_noted(admin, &file, dry_run, expected_version, &note, output).await,
         PolicyCommand::Get { version } => admin_cmd::get(admin, version, output).await,
-        PolicyCommand::Diff { file } => admin_cmd::diff(admin, &file).await,
+        PolicyCommand::Diff { file, versions } => match (file, versions.as_slice()) {
+            (Some(file), _) => admin_cmd::diff(admin, &file).await,
+            (None, [a]) => admin_cmd::diff_versions(admin, *a, 0).await,
+            (None, [a, b]) => admin_cmd::diff_versions(admin, *a, *b).await,
+            (None, _) => admin_cmd::fail("policy diff: give -f FILE, or versions A [B]"),
+        },
         PolicyCommand::History => admin_cmd::history(admin, output).await,
         PolicyCommand::Rollback {
             to,
             expected_version,
-        } => admin_cmd::rollback(admin, to, expected_version).await,
+            note,
+        } => admin_cmd::rollback_noted(admin, to, expected_version, &note).await,
         PolicyCommand::Validate { file, .. } => policy_cmd::validate(&file, output),
     }
 }

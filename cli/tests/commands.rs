@@ -1003,3 +1003,120 @@ async fn connection_flags_go_before_or_after_the_group() {
     .unwrap();
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Issue 30, item 7: a policy's history is its own. `policy apply --note`
+/// and `policy rollback --note` keep the note with the version; history
+/// names the operator by the token's name; `policy diff A B` shows what
+/// changed between two versions (exit 1), and nothing for two versions
+/// that mean the same (exit 0).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn policy_history_names_the_operator_and_the_note_and_diff_compares_versions() {
+    let dir = std::env::temp_dir().join(format!("routerctl-history-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let cp = start(ControlPlaneOptions {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        store: router_control_plane::StoreLocation::Embedded(dir.join("cp")),
+        operator_tokens: vec![router_control_plane::auth::OperatorToken {
+            token: "alice-token".into(),
+            name: Some("alice".into()),
+        }],
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let server = format!("http://{}", cp.local_addr());
+    let doc = |rpm: u32| {
+        format!("apiVersion: router/v1\nkind: RoutingPolicy\nspec:\n  pools:\n    - name: p\n      endpoints: [\"127.0.0.1:9\"]\n  routes:\n    - name: r\n      chain: [p]\n  tenants:\n    - name: team-a\n      limits: {{requests_per_minute: {rpm}}}\n")
+    };
+    let v1 = dir.join("v1.yaml");
+    let v2 = dir.join("v2.yaml");
+    std::fs::write(&v1, doc(60)).unwrap();
+    std::fs::write(&v2, doc(600)).unwrap();
+    let (v1, v2) = (
+        v1.to_str().unwrap().to_string(),
+        v2.to_str().unwrap().to_string(),
+    );
+    tokio::task::spawn_blocking(move || {
+        let t = Some("alice-token");
+        let o = run(&server, t, &["policy", "apply", "-f", &v1]);
+        assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+        let o = run(
+            &server,
+            t,
+            &[
+                "policy",
+                "apply",
+                "-f",
+                &v2,
+                "--note",
+                "team-a launches: 10x rate",
+            ],
+        );
+        assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+        let o = run(&server, t, &["policy", "rollback", "--note", "too hot"]);
+        assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+        let o = run(&server, t, &["policy", "history"]);
+        let table = String::from_utf8_lossy(&o.stdout).to_string();
+        assert!(
+            table.lines().next().unwrap().contains("OPERATOR"),
+            "{table}"
+        );
+        let row = |v: &str| {
+            table
+                .lines()
+                .find(|l| l.starts_with(v))
+                .unwrap_or_else(|| panic!("{table}"))
+                .to_string()
+        };
+        assert!(row("2 ").contains("alice"), "{table}");
+        assert!(
+            row("2 ").contains("apply: team-a launches: 10x rate"),
+            "{table}"
+        );
+        assert!(row("3 ").contains("rollback to 1: too hot"), "{table}");
+        let o = run(&server, t, &["policy", "history", "-o", "json"]);
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert_eq!(v[1]["operator"], "alice");
+        assert_eq!(v[1]["message"], "team-a launches: 10x rate");
+        assert_eq!(v[1]["note"], "apply");
+        // Two versions: a unified diff naming both, exit 1.
+        let o = run(&server, t, &["policy", "diff", "1", "2"]);
+        assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+        let d = String::from_utf8_lossy(&o.stdout).to_string();
+        assert!(d.starts_with("--- version 1 ("), "{d}");
+        assert!(
+            d.contains("+++ version 2 (") && d.contains("by alice: team-a launches"),
+            "{d}"
+        );
+        assert!(
+            d.contains("\n-      limits: {requests_per_minute: 60}\n"),
+            "{d}"
+        );
+        assert!(
+            d.contains("\n+      limits: {requests_per_minute: 600}\n"),
+            "{d}"
+        );
+        assert!(d.contains("\n   tenants:\n"), "context lines: {d}");
+        // Version 1 against the current one (3, its rollback): same, exit 0.
+        let o = run(&server, t, &["policy", "diff", "1"]);
+        assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+        let o = run(&server, t, &["policy", "diff", "1", "9"]);
+        assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+        assert!(text(&o).contains("no policy version 9"), "{}", text(&o));
+        // The file form is as before.
+        let o = run(&server, t, &["policy", "diff", "-f", &v1]);
+        assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+        // A note on two lines is refused, naming the field.
+        let o = run(
+            &server,
+            t,
+            &["policy", "apply", "-f", &v2, "--note", "a\nb"],
+        );
+        assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+        assert!(text(&o).contains("note: "), "{}", text(&o));
+    })
+    .await
+    .unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+}

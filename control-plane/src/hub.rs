@@ -71,6 +71,20 @@ pub struct PolicyApplied {
     pub changed: bool,
 }
 
+/// Who applies a policy (or rolls one back), and why, for its history.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Applier<'a> {
+    /// Who, as the client said (`$USER`).
+    pub author: &'a str,
+    /// The caller's token: its name, else its role (`operator`, `open`).
+    pub operator: &'a str,
+    /// The operator's note (`policy apply --note`); may be empty.
+    pub message: &'a str,
+}
+
+/// The longest note a policy version may carry.
+pub const MAX_NOTE: usize = 512;
+
 /// Why a change was refused.
 #[derive(Debug, thiserror::Error)]
 pub enum HubError {
@@ -301,6 +315,7 @@ fn snapshot_for(state: &State, document: String) -> pb::Snapshot {
             .filter(|k| k.live(now))
             .map(|k| keys::key_view(k, 0))
             .collect(),
+        config_revision: state.effective_config_revision(),
     }
 }
 
@@ -555,7 +570,13 @@ impl Hub {
                             policy_version: inner.state.policy_version,
                         })
                     }
-                    Some((next, policy)) => {
+                    Some((mut next, policy)) => {
+                        let marks_only = policy.is_none() && inner.state.marks_only_change(&next);
+                        next.config_revision = if marks_only {
+                            inner.state.effective_config_revision()
+                        } else {
+                            0
+                        };
                         let document_len = match &policy {
                             Some(p) => p.document.len(),
                             None => inner
@@ -565,9 +586,6 @@ impl Hub {
                                 .map_or(0, |p| p.document.len()),
                         };
                         check_fits(&next, document_len, &self.store_id)?;
-                        let marks_only = policy.is_none()
-                            && next.policy_version == inner.state.policy_version
-                            && next.backends == inner.state.backends;
                         if early && marks_only {
                             let document = inner
                                 .history
@@ -633,10 +651,7 @@ impl Hub {
             .map(|a| (a.version, a.revision))
     }
 
-    /// [`Hub::apply_policy`], saying whether a new version was made: a
-    /// document that reads the same as the current one (comments and
-    /// layout aside) is not applied again; the answer names the current
-    /// version, `changed: false`.
+    /// [`Hub::apply_policy_by`] with only the client's author name.
     pub async fn apply_policy_checked(
         &self,
         document: &str,
@@ -644,6 +659,27 @@ impl Hub {
         expected_version: u64,
         author: &str,
     ) -> Result<PolicyApplied, HubError> {
+        let who = Applier {
+            author,
+            ..Applier::default()
+        };
+        self.apply_policy_by(document, dry_run, expected_version, &who)
+            .await
+    }
+
+    /// [`Hub::apply_policy`], saying whether a new version was made: a
+    /// document that reads the same as the current one (comments and
+    /// layout aside) is not applied again; the answer names the current
+    /// version, `changed: false`. `who` goes into the version's record.
+    pub async fn apply_policy_by(
+        &self,
+        document: &str,
+        dry_run: bool,
+        expected_version: u64,
+        who: &Applier<'_>,
+    ) -> Result<PolicyApplied, HubError> {
+        check_note(who.message)?;
+        let author = who.author;
         let span = tracing::info_span!(
             "policy.apply",
             dry_run,
@@ -716,6 +752,8 @@ impl Hub {
                         applied_at_unix_ms: now_ms(),
                         author: author.to_string(),
                         note: "apply".into(),
+                        operator: who.operator.to_string(),
+                        message: who.message.to_string(),
                     };
                     let next = with_policy(inner, document, version, &self.guards);
                     Ok(Some((next, Some(record))))
@@ -755,6 +793,18 @@ impl Hub {
         to_version: u64,
         expected_version: u64,
     ) -> Result<(u64, u64), HubError> {
+        self.rollback_by(to_version, expected_version, &Applier::default())
+            .await
+    }
+
+    /// [`Hub::rollback`], recording `who` with the new version.
+    pub async fn rollback_by(
+        &self,
+        to_version: u64,
+        expected_version: u64,
+        who: &Applier<'_>,
+    ) -> Result<(u64, u64), HubError> {
+        check_note(who.message)?;
         let mut target = 0;
         let done = self
             .change(|inner| {
@@ -801,8 +851,14 @@ impl Hub {
                     version,
                     document,
                     applied_at_unix_ms: now_ms(),
-                    author: "rollback".into(),
+                    author: if who.author.is_empty() {
+                        "rollback".into()
+                    } else {
+                        who.author.to_string()
+                    },
                     note: format!("rollback to {wanted}"),
+                    operator: who.operator.to_string(),
+                    message: who.message.to_string(),
                 };
                 Ok(Some((next, Some(record))))
             })
@@ -1320,6 +1376,17 @@ impl Hub {
             }])
         })
     }
+}
+
+/// Refuses a note too long to show, or with control characters.
+fn check_note(note: &str) -> Result<(), HubError> {
+    if note.len() > MAX_NOTE || note.chars().any(char::is_control) {
+        return Err(HubError::Invalid(vec![FieldError {
+            field: "note".into(),
+            reason: format!("at most {MAX_NOTE} bytes on one line, without control characters"),
+        }]));
+    }
+    Ok(())
 }
 
 /// The next state with `document` current: backend sets of pools it no

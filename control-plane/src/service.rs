@@ -113,6 +113,8 @@ fn policy_version(p: crate::store::PolicyRecord) -> pb::PolicyVersion {
         applied_at_unix_ms: p.applied_at_unix_ms,
         author: p.author,
         note: p.note,
+        operator: p.operator,
+        message: p.message,
     }
 }
 
@@ -122,9 +124,16 @@ impl Admin for AdminService {
         &self,
         req: Request<pb::ApplyPolicyRequest>,
     ) -> Result<Response<pb::ApplyPolicyResponse>, Status> {
+        let role = caller(&req);
+        let operator = role.token_name().unwrap_or(role.as_str()).to_string();
         let r = req.into_inner();
+        let who = crate::hub::Applier {
+            author: &r.author,
+            operator: &operator,
+            message: &r.note,
+        };
         match upgrade(&self.hub)?
-            .apply_policy_checked(&r.document, r.dry_run, r.expected_version, &r.author)
+            .apply_policy_by(&r.document, r.dry_run, r.expected_version, &who)
             .await
         {
             Ok(a) => Ok(Response::new(pb::ApplyPolicyResponse {
@@ -179,9 +188,16 @@ impl Admin for AdminService {
         &self,
         req: Request<pb::RollbackRequest>,
     ) -> Result<Response<pb::ApplyPolicyResponse>, Status> {
+        let role = caller(&req);
+        let operator = role.token_name().unwrap_or(role.as_str()).to_string();
         let r = req.into_inner();
+        let who = crate::hub::Applier {
+            author: &r.author,
+            operator: &operator,
+            message: &r.note,
+        };
         let (version, revision) = upgrade(&self.hub)?
-            .rollback(r.to_version, r.expected_version)
+            .rollback_by(r.to_version, r.expected_version, &who)
             .await
             .map_err(status)?;
         Ok(Response::new(pb::ApplyPolicyResponse {

@@ -261,6 +261,7 @@ fn health(shared: &Shared, details: bool) -> Response<Bytes> {
                 "ok": true,
                 "queue_depth": queue_depth,
                 "config_version": &*snapshot.version,
+                "revision": shared.readiness.is_some().then(|| shared.config.revision()),
                 "pool_count": pools.len(),
                 "backend_count": pools.iter().map(|p| p.endpoints.len()).sum::<usize>(),
             }),
@@ -291,6 +292,11 @@ fn health(shared: &Shared, details: bool) -> Response<Bytes> {
         "config_version": &*snapshot.version,
         "backends": backends,
     });
+    // Managed: the control plane's revision applied, runtime marks
+    // (circuits, suspicions) included; `config_version` names the config.
+    if shared.readiness.is_some() {
+        body["revision"] = serde_json::json!(shared.config.revision());
+    }
     // With a shared store: whether it is reachable (informational: the
     // proxy serves without it, so readiness does not depend on it).
     if let Some((connected, reachable)) = shared.idempotency.shared_status() {

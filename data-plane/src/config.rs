@@ -293,6 +293,9 @@ pub struct ConfigStore {
     client: Option<UpstreamClient>,
     /// Where pools report circuit transitions (managed mode).
     events: Option<tokio::sync::mpsc::Sender<crate::pool::CircuitEvent>>,
+    /// The control plane's revision last applied, runtime marks included
+    /// (0: none; health shows it as `revision` in managed mode).
+    revision: std::sync::atomic::AtomicU64,
 }
 
 impl ConfigStore {
@@ -326,7 +329,19 @@ impl ConfigStore {
             metrics,
             client,
             events,
+            revision: std::sync::atomic::AtomicU64::new(0),
         }
+    }
+
+    /// Records the control plane's revision just applied.
+    pub(crate) fn set_revision(&self, revision: u64) {
+        self.revision
+            .store(revision, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The control plane's revision last applied (0: none).
+    pub(crate) fn revision(&self) -> u64 {
+        self.revision.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The version of the config being served.

@@ -356,7 +356,7 @@ pub fn route_log(data: &[u8]) {
 /// value (the NACK's text). A snapshot it accepts is applied to a
 /// `ConfigStore` (`managed::apply`), twice, as a repeated message would
 /// be. Never a panic; after each apply the store serves the version
-/// `cp-<revision>`, a runtime for every pool of the decoded policy, and
+/// `cp-<config revision>` (the snapshot's, else the message's revision), a runtime for every pool of the decoded policy, and
 /// that policy with the snapshot's backend sets in place of its pools'
 /// endpoints. The second apply keeps every pool's runtime.
 pub fn snapshot(data: &[u8]) {
@@ -399,8 +399,8 @@ pub fn snapshot(data: &[u8]) {
             skipped: decoded.marks.skipped.clone(),
         },
     };
-    let version = format!("cp-{}", msg.revision);
-    let applied = crate::managed::apply(&store, decoded, msg.revision);
+    let version = format!("cp-{}", crate::managed::config_revision(&msg));
+    let applied = crate::managed::apply(&store, decoded, &msg);
     assert_eq!(*applied, version);
     let first = store.load();
     assert_eq!(*first.version, version);
@@ -409,7 +409,7 @@ pub fn snapshot(data: &[u8]) {
     for pool in &want.pools {
         assert!(first.pools.contains_key(&pool.name), "{}", pool.name);
     }
-    crate::managed::apply(&store, again, msg.revision);
+    crate::managed::apply(&store, again, &msg);
     let second = store.load();
     assert_eq!(*second.policy, want);
     for (name, runtime) in &first.pools {

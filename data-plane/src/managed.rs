@@ -524,10 +524,22 @@ fn decode_marks(
 
 /// Applies a decoded snapshot: one atomic config swap, then the forced
 /// circuits on the new pools. Skipped overrides are logged and counted.
-pub(crate) fn apply(store: &ConfigStore, d: Decoded, revision: u64) -> Arc<str> {
-    let version = store.apply_managed(d.policy, d.backends, revision);
-    apply_marks(store, &d.marks, revision);
+pub(crate) fn apply(store: &ConfigStore, d: Decoded, msg: &pb::ControlMessage) -> Arc<str> {
+    let version = store.apply_managed(d.policy, d.backends, config_revision(msg));
+    apply_marks(store, &d.marks, msg.revision);
+    store.set_revision(msg.revision);
     version
+}
+
+/// The revision a message's config is named by: its snapshot's
+/// `config_revision` (the last change of policy, backend sets or keys), or
+/// from a control plane that does not send one, the message's revision.
+pub(crate) fn config_revision(msg: &pb::ControlMessage) -> u64 {
+    msg.snapshot
+        .as_ref()
+        .map(|s| s.config_revision)
+        .filter(|r| *r != 0)
+        .unwrap_or(msg.revision)
 }
 
 /// Sets the forced circuits and the fleet's suspicions on the current
@@ -557,7 +569,7 @@ pub(crate) fn apply_cache(
     let snapshot = msg.snapshot.as_ref()?;
     match decode(snapshot, defaults, guards) {
         Ok(d) => {
-            let version = apply(store, d, msg.revision);
+            let version = apply(store, d, &msg);
             tracing::info!(
                 version = &*version,
                 "serving the cached snapshot until the control plane answers"
@@ -816,8 +828,9 @@ pub(crate) fn handle(
     // sooner).
     if let Some(basis) = applied.basis.clone().filter(|b| b.same(snapshot)) {
         let marks = decode_marks(snapshot, &basis.policy, &basis.endpoints);
-        let version = store.rename_managed(msg.revision);
+        let version = store.rename_managed(config_revision(msg));
         apply_marks(store, &marks, msg.revision);
+        store.set_revision(msg.revision);
         applied.store_id = msg.store_id.clone();
         applied.revision = msg.revision;
         tracing::debug!(
@@ -838,7 +851,7 @@ pub(crate) fn handle(
                 policy: d.policy.clone(),
                 endpoints: d.backends.clone(),
             });
-            let version = apply(store, d, msg.revision);
+            let version = apply(store, d, msg);
             *applied = Applied {
                 store_id: msg.store_id.clone(),
                 revision: msg.revision,
@@ -893,6 +906,7 @@ mod tests {
                 drained: vec![],
             }],
             circuits: vec![],
+            ..Default::default()
         };
         let err = decode(&s, &QueueSettings::default(), &Guards::default())
             .err()
@@ -916,6 +930,7 @@ mod tests {
                 drained: vec![],
             }],
             circuits: vec![],
+            ..Default::default()
         };
         let q = QueueSettings::default();
         // The control plane may allow what this proxy does not.

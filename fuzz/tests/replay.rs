@@ -274,6 +274,7 @@ fn snapshot_seeds() {
                     circuit("local", "127.0.0.1:8003", true, 1_900_000_000_000),
                     circuit("cloud", "", false, 0),
                 ],
+                ..Default::default()
             }),
         ),
     );
@@ -287,6 +288,7 @@ fn snapshot_seeds() {
                 policy_document: repo_file("deploy/examples/agents.yaml"),
                 backends: vec![],
                 circuits: vec![circuit("cloud-cheap", "", true, i64::MAX)],
+                ..Default::default()
             }),
         ),
     );
@@ -304,6 +306,7 @@ fn snapshot_seeds() {
                     circuit("a", "127.0.0.1:9001", false, i64::MIN),
                     circuit("nope", "127.0.0.1:1", true, 0),
                 ],
+                ..Default::default()
             }),
         ),
     );
@@ -317,6 +320,7 @@ fn snapshot_seeds() {
                 policy_document: SMALL_POLICY.into(),
                 backends: vec![backends("nope", &[], &[])],
                 circuits: vec![],
+                ..Default::default()
             }),
         ),
     );
@@ -330,6 +334,7 @@ fn snapshot_seeds() {
                 policy_document: SMALL_POLICY.into(),
                 backends: vec![backends("a", &["ftp://x"], &[])],
                 circuits: vec![circuit("a", "not an endpoint", true, 0)],
+                ..Default::default()
             }),
         ),
     );

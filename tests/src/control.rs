@@ -117,18 +117,22 @@ pub async fn wait_version(p: &TestProxy, want: &str) {
 /// control plane's store or a later one (proxies' reports move the
 /// revision on, and a proxy may skip revisions).
 pub async fn wait_revision(p: &TestProxy, revision: u64) {
-    let mut applied = String::new();
+    let mut applied = None;
     for _ in 0..500 {
-        applied = version_of(p).await;
-        let at = applied
-            .strip_prefix("cp-")
-            .and_then(|n| n.parse::<u64>().ok());
-        if at >= Some(revision) {
+        applied = revision_of(p).await;
+        if applied >= Some(revision) {
             return;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    panic!("proxy stuck at {applied:?}, wanted cp-{revision} or later");
+    panic!("proxy stuck at revision {applied:?}, wanted {revision} or later");
+}
+
+/// The control plane's revision a managed proxy applied last, runtime
+/// marks included (health's `revision`; `config_version` names only the
+/// config: `cp-<revision of its last policy, backends or keys change>`).
+pub async fn revision_of(p: &TestProxy) -> Option<u64> {
+    p.health().await["revision"].as_u64().filter(|r| *r > 0)
 }
 
 /// A control plane with the operator token [`TOKEN`] and `proxy_tokens`

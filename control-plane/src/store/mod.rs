@@ -91,7 +91,7 @@ pub struct CircuitRecord {
 }
 
 /// One stored policy version.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct PolicyRecord {
     /// Version (1, 2, ...).
     pub version: u64,
@@ -103,6 +103,13 @@ pub struct PolicyRecord {
     pub author: String,
     /// `apply` or `rollback to N`.
     pub note: String,
+    /// The caller's token: its name, else its role (empty before it was
+    /// recorded).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub operator: String,
+    /// The operator's note (`policy apply --note`).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub message: String,
 }
 
 /// A proxy as the replica it talks to sees it.
@@ -140,6 +147,35 @@ pub struct State {
     /// Tenants' keys (hashes), kept beside the policy, not in it.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub keys: Vec<KeyRecord>,
+    /// The revision of the last change to the proxies' config (policy,
+    /// backend sets, keys); 0: this state's own revision. A change of
+    /// runtime marks only (circuits, suspicions) keeps it, so the config a
+    /// proxy serves keeps its name through an outage's marks.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub config_revision: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+impl State {
+    /// The revision naming this state's config (see
+    /// [`State::config_revision`]).
+    pub fn effective_config_revision(&self) -> u64 {
+        if self.config_revision == 0 {
+            self.revision
+        } else {
+            self.config_revision
+        }
+    }
+
+    /// Whether `next` differs from this state in runtime marks only.
+    pub fn marks_only_change(&self, next: &State) -> bool {
+        next.policy_version == self.policy_version
+            && next.backends == self.backends
+            && next.keys == self.keys
+    }
 }
 
 /// A tenant's key as the store keeps it: its SHA-256, never the key.
@@ -450,6 +486,8 @@ mod tests {
                 applied_at_unix_ms: 5,
                 author: "me".into(),
                 note: "apply".into(),
+                operator: "ops-alice".into(),
+                message: "raise the budget".into(),
             };
             assert_eq!(store.commit(0, &next, Some(&p)).await.unwrap(), 1);
             // A writer that read revision 0 loses.

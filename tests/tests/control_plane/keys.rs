@@ -3,7 +3,9 @@
 //! proxies, revoked fleet-wide, expiring on their own, and untouched by the
 //! policy file being applied again from git.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use http::StatusCode;
 use router_mock::Behavior;

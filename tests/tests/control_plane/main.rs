@@ -7,6 +7,7 @@
 
 mod fleet_health;
 mod keys;
+mod marks;
 mod security;
 
 use std::net::SocketAddr;
@@ -85,6 +86,7 @@ async fn apply_reaches_every_proxy_and_bad_changes_do_not() {
             dry_run: false,
             expected_version: 0,
             author: "test".into(),
+            ..Default::default()
         })
         .await
         .unwrap()
@@ -301,6 +303,7 @@ async fn proxies_outlive_the_control_plane_which_keeps_its_history() {
         .rollback(pb::RollbackRequest {
             to_version: 1,
             expected_version: 2,
+            ..Default::default()
         })
         .await
         .unwrap()

@@ -31,6 +31,7 @@ fn apply_request(document: String) -> pb::ApplyPolicyRequest {
         dry_run: false,
         expected_version: 0,
         author: "test".into(),
+        ..Default::default()
     }
 }
 

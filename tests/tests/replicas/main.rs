@@ -108,6 +108,7 @@ async fn apply(
             dry_run: false,
             expected_version,
             author: "test".into(),
+            ..Default::default()
         })
         .await
         .map(tonic::Response::into_inner)
@@ -399,6 +400,7 @@ fn record(version: u64) -> PolicyRecord {
         applied_at_unix_ms: 0,
         author: "test".into(),
         note: "apply".into(),
+        ..Default::default()
     }
 }
 

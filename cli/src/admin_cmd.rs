@@ -731,24 +731,97 @@ pub async fn circuits_list(admin: &mut Admin, output: Output) -> ExitCode {
     };
     match output {
         Output::Table => {
-            println!("{:<16} {:<36} {:<7} {:<21} SOURCE", "POOL", "ENDPOINT", "STATE", "UNTIL");
-            for c in &circuits {
-                let ep = if c.endpoint.is_empty() { "(all)" } else { &c.endpoint };
-                let state = if c.open { "open" } else { "closed" };
-                println!("{:<16} {:<36} {:<7} {:<21} {}", c.pool, ep, state, when(c.until_unix_ms), c.source);
+            println!(
+                "{:<16} {:<36} {:<16} {:<7} {:<21} SOURCE",
+                "POOL", "ENDPOINT", "KIND", "STATE", "UNTIL"
+            );
+            for row in circuit_rows(&circuits) {
+                println!(
+                    "{:<16} {:<36} {:<16} {:<7} {:<21} {}",
+                    row.pool,
+                    row.endpoint,
+                    row.kind,
+                    row.state,
+                    when(row.until_unix_ms),
+                    row.sources.join(", ")
+                );
             }
         }
         _ => print_value(
             &Value::Array(
                 circuits
                     .iter()
-                    .map(|c| json!({"pool": c.pool, "endpoint": c.endpoint, "open": c.open, "until": when(c.until_unix_ms), "source": c.source}))
+                    .map(|c| json!({"pool": c.pool, "endpoint": c.endpoint, "open": c.open, "until": when(c.until_unix_ms), "source": c.source, "kind": circuit_kind(c)}))
                     .collect(),
             ),
             output,
         ),
     }
     ExitCode::SUCCESS
+}
+
+/// What an override is: a forced circuit, or a suspicion and its cause.
+fn circuit_kind(c: &pb::CircuitOverride) -> String {
+    if c.suspect.is_empty() {
+        "circuit".into()
+    } else {
+        format!("suspect ({})", c.suspect)
+    }
+}
+
+/// One line of `circuits list`: the overrides of one target, kind and
+/// state, whoever reported them.
+#[derive(Debug, PartialEq, Eq)]
+pub struct CircuitRow {
+    /// Pool.
+    pub pool: String,
+    /// Endpoint, or `(all)`.
+    pub endpoint: String,
+    /// `circuit` or `suspect (cause)`.
+    pub kind: String,
+    /// `open` or `closed`.
+    pub state: &'static str,
+    /// The latest expiry among them.
+    pub until_unix_ms: i64,
+    /// Who set or reported them (`operator`, node ids), sorted.
+    pub sources: Vec<String>,
+}
+
+/// The table's rows: overrides of the same target, kind and state (each
+/// proxy reports its own, and a circuit and two kinds of suspicion of one
+/// endpoint are three records) are one row naming every source, instead
+/// of rows that read as the same override two and three times.
+pub fn circuit_rows(circuits: &[pb::CircuitOverride]) -> Vec<CircuitRow> {
+    let mut rows: Vec<CircuitRow> = Vec::new();
+    for c in circuits {
+        let endpoint = if c.endpoint.is_empty() {
+            "(all)".to_string()
+        } else {
+            c.endpoint.clone()
+        };
+        let kind = circuit_kind(c);
+        let state = if c.open { "open" } else { "closed" };
+        match rows.iter_mut().find(|r| {
+            r.pool == c.pool && r.endpoint == endpoint && r.kind == kind && r.state == state
+        }) {
+            Some(row) => {
+                row.until_unix_ms = row.until_unix_ms.max(c.until_unix_ms);
+                if !row.sources.contains(&c.source) {
+                    row.sources.push(c.source.clone());
+                    row.sources.sort();
+                }
+            }
+            None => rows.push(CircuitRow {
+                pool: c.pool.clone(),
+                endpoint,
+                kind,
+                state,
+                until_unix_ms: c.until_unix_ms,
+                sources: vec![c.source.clone()],
+            }),
+        }
+    }
+    rows
 }
 
 /// `circuits open|close POOL [ADDR] [--for DURATION]`.
@@ -858,6 +931,53 @@ pub async fn explain(admin: &mut Admin, situation_json: String) -> Result<String
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 30, item 8: `circuits list` showed one endpoint's override
+    /// two and three times (one record per reporting proxy, and a circuit
+    /// and suspicions of it in the same columns).
+    #[test]
+    fn circuits_list_shows_each_override_once_with_its_kind_and_every_source() {
+        let c = |endpoint: &str, suspect: &str, source: &str, until: i64| pb::CircuitOverride {
+            pool: "gpu".into(),
+            endpoint: endpoint.into(),
+            open: true,
+            until_unix_ms: until,
+            source: source.into(),
+            suspect: suspect.into(),
+        };
+        let rows = circuit_rows(&[
+            c("10.0.0.1:8000", "", "proxy-b", 5),
+            c("10.0.0.1:8000", "check", "proxy-a", 7),
+            c("10.0.0.1:8000", "", "proxy-a", 9),
+            c("10.0.0.1:8000", "attempt", "proxy-a", 3),
+            c("", "", "operator", 1),
+        ]);
+        let view: Vec<(&str, &str, String, i64)> = rows
+            .iter()
+            .map(|r| {
+                (
+                    r.endpoint.as_str(),
+                    r.kind.as_str(),
+                    r.sources.join(","),
+                    r.until_unix_ms,
+                )
+            })
+            .collect();
+        assert_eq!(
+            view,
+            vec![
+                ("10.0.0.1:8000", "circuit", "proxy-a,proxy-b".to_string(), 9),
+                ("10.0.0.1:8000", "suspect (check)", "proxy-a".to_string(), 7),
+                (
+                    "10.0.0.1:8000",
+                    "suspect (attempt)",
+                    "proxy-a".to_string(),
+                    3
+                ),
+                ("(all)", "circuit", "operator".to_string(), 1),
+            ]
+        );
+    }
 
     #[test]
     fn line_diff_marks_changes() {

@@ -9,7 +9,8 @@ use std::time::Duration;
 use clap::{Args, ValueEnum};
 use router_mock::{Behavior, MockConfig, MockModel, OverCap};
 
-/// Runs a mock OpenAI-compatible model endpoint until Ctrl-C.
+/// Runs a mock OpenAI-compatible model endpoint until Ctrl-C or SIGTERM
+/// (then drains: the answers in flight finish).
 #[derive(Args, Debug)]
 pub struct MockArgs {
     /// Port to listen on.
@@ -121,13 +122,18 @@ pub async fn run(args: MockArgs) -> ExitCode {
         }
     };
     println!("mock {} listening on {}", mock.name(), mock.url());
-    let result = tokio::signal::ctrl_c().await;
-    mock.stop().await;
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(error) => {
-            eprintln!("routerctl mock: cannot wait for Ctrl-C: {error}");
-            ExitCode::FAILURE
-        }
+    // SIGTERM (`docker stop`, Kubernetes) or Ctrl-C: answer what is being
+    // answered, then exit, as the proxy does.
+    router_process::shutdown_signal().await;
+    eprintln!(
+        "routerctl mock: draining: finishing the answers in flight (at most {} s)",
+        DRAIN_TIMEOUT.as_secs()
+    );
+    if !mock.drain(DRAIN_TIMEOUT).await {
+        eprintln!("routerctl mock: drain timed out; closed the remaining connections");
     }
+    ExitCode::SUCCESS
 }
+
+/// How long a stopping mock (or `routerctl up`) waits for answers in flight.
+pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);

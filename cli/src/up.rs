@@ -223,9 +223,22 @@ pub async fn run(args: UpArgs) -> ExitCode {
     eprintln!("  curl -s http://{proxy_addr}/_custom_router/health");
     eprintln!("  routerctl proxies list      routerctl policy history      routerctl policy get");
     eprintln!();
-    let _ = tokio::signal::ctrl_c().await;
-    proxy.shutdown();
+    // SIGTERM (`docker stop`, Kubernetes) or Ctrl-C: drain as
+    // router-proxy does (health turns 503, requests in flight finish),
+    // then stop the control plane and the demo endpoints.
+    router_process::shutdown_signal().await;
+    let timeout = crate::mock_cmd::DRAIN_TIMEOUT;
+    eprintln!(
+        "routerctl up: draining: finishing requests in flight (at most {} s)",
+        timeout.as_secs()
+    );
+    if !proxy.drain(timeout).await {
+        eprintln!("routerctl up: drain timed out; closed the remaining connections");
+    }
     cp.shutdown().await;
-    drop(mocks);
+    for mock in mocks {
+        mock.drain(Duration::from_secs(1)).await;
+    }
+    eprintln!("routerctl up: stopped");
     ExitCode::SUCCESS
 }

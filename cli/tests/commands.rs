@@ -1120,3 +1120,223 @@ async fn policy_history_names_the_operator_and_the_note_and_diff_compares_versio
     .unwrap();
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+// Child processes run in real time: std's clock and sleep are the point.
+#[allow(clippy::disallowed_types, clippy::disallowed_methods)]
+/// Starts `routerctl ARGS` with stderr read line by line; returns the child,
+/// the first line `pick` maps to a value, and the lines read so far (the
+/// rest are read in the background so the child never blocks on stderr).
+fn spawn_until<T>(
+    args: &[&str],
+    pick: impl Fn(&str) -> Option<T>,
+) -> (
+    std::process::Child,
+    T,
+    std::sync::Arc<std::sync::Mutex<String>>,
+) {
+    use std::io::{BufRead, BufReader};
+    let mut c = Command::new(BIN);
+    c.args(args)
+        .env_remove("ROUTER_TOKEN")
+        .env_remove("CUSTOM_ROUTER_BIND")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let mut child = c.spawn().unwrap();
+    let said = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    for pipe in [
+        Box::new(child.stderr.take().unwrap()) as Box<dyn std::io::Read + Send>,
+        Box::new(child.stdout.take().unwrap()),
+    ] {
+        let said = std::sync::Arc::clone(&said);
+        let tx = tx.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(pipe).lines() {
+                let Ok(line) = line else { break };
+                said.lock().unwrap().push_str(&format!("{line}\n"));
+                let _ = tx.send(line);
+            }
+        });
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(line) => {
+                if let Some(v) = pick(&line) {
+                    return (child, v, said);
+                }
+            }
+            Err(_) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("routerctl {args:?} never said it: {}", said.lock().unwrap());
+            }
+        }
+    }
+}
+
+/// A chat completion over a raw HTTP/1.1 connection: the status line and
+/// the body, read to the end.
+fn chat_raw(addr: &str) -> String {
+    use std::io::{Read, Write};
+    let addr = addr.trim_start_matches("http://");
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    let body = r#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#;
+    write!(
+        s,
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut answer = String::new();
+    let _ = s.read_to_string(&mut answer);
+    answer
+}
+
+fn sigterm(child: &std::process::Child) {
+    let o = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+}
+
+/// Waits (10 s at most) for the child to exit; its exit code.
+#[allow(clippy::disallowed_methods)] // a child process: real time
+fn exit_code(child: &mut std::process::Child) -> Option<i32> {
+    for _ in 0..1000 {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status.code();
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    panic!("still running 10 s after SIGTERM");
+}
+
+/// Issue 32, item 6: `routerctl mock` and `routerctl up` drain on SIGTERM
+/// as router-proxy does (`docker stop` used to kill them mid-answer): a
+/// request in flight gets its whole answer, then the program exits 0.
+#[test]
+#[allow(clippy::disallowed_methods)] // child processes: real time
+fn mock_and_up_finish_the_requests_in_flight_on_sigterm() {
+    // The mock: an answer that takes 1.5 s, SIGTERM 0.5 s into it.
+    let (mut mock, url, said) = spawn_until(
+        &[
+            "mock",
+            "--port",
+            "0",
+            "--latency-ms",
+            "1500",
+            "--name",
+            "slow",
+        ],
+        |l| {
+            l.strip_prefix("mock slow listening on ")
+                .map(str::to_string)
+        },
+    );
+    let request = {
+        let url = url.clone();
+        std::thread::spawn(move || chat_raw(&url))
+    };
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    sigterm(&mock);
+    let answer = request.join().unwrap();
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(answer.contains("\"choices\""), "{answer}");
+    assert_eq!(exit_code(&mut mock), Some(0), "{}", said.lock().unwrap());
+    assert!(
+        said.lock().unwrap().contains("draining"),
+        "{}",
+        said.lock().unwrap()
+    );
+
+    // `up`, serving a policy whose backend is a slow mock.
+    let (mut backend, backend_url, _) = spawn_until(
+        &[
+            "mock",
+            "--port",
+            "0",
+            "--latency-ms",
+            "1500",
+            "--name",
+            "gpu",
+        ],
+        |l| l.strip_prefix("mock gpu listening on ").map(str::to_string),
+    );
+    let dir = std::env::temp_dir().join(format!("routerctl-up-drain-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let data = dir.join("data");
+    let policy = dir.join("p.yaml");
+    std::fs::write(
+        &policy,
+        format!("apiVersion: router/v1\nkind: RoutingPolicy\nspec:\n  pools: [{{name: a, endpoints: [\"{backend_url}\"]}}]\n  routes: [{{name: r, chain: [a]}}]\n"),
+    )
+    .unwrap();
+    let (mut up, (proxy, server), said) = {
+        let found = std::sync::Mutex::new((None::<String>, None::<String>));
+        spawn_until(
+            &[
+                "up",
+                "--port",
+                "0",
+                "--grpc",
+                "127.0.0.1:0",
+                "--data-dir",
+                data.to_str().unwrap(),
+            ],
+            move |l| {
+                let mut f = found.lock().unwrap();
+                let l = l.trim();
+                if let Some(rest) = l.strip_prefix("proxy:") {
+                    f.0 = rest.split_whitespace().next().map(str::to_string);
+                }
+                if let Some(rest) = l.strip_prefix("control plane:") {
+                    f.1 = rest.split_whitespace().next().map(str::to_string);
+                }
+                match (&f.0, &f.1) {
+                    (Some(p), Some(c)) => Some((p.clone(), c.clone())),
+                    _ => None,
+                }
+            },
+        )
+    };
+    let o = run(
+        &server,
+        None,
+        &["policy", "apply", "-f", policy.to_str().unwrap()],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    // Until the proxy serves the applied policy (the mock's name answers).
+    let mut served = String::new();
+    for _ in 0..100 {
+        served = chat_raw(&proxy);
+        if served.contains("x-mock-name: gpu") {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert!(served.contains("x-mock-name: gpu"), "{served}");
+    let request = {
+        let proxy = proxy.clone();
+        std::thread::spawn(move || chat_raw(&proxy))
+    };
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    sigterm(&up);
+    let answer = request.join().unwrap();
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(answer.contains("\"choices\""), "{answer}");
+    assert_eq!(exit_code(&mut up), Some(0), "{}", said.lock().unwrap());
+    assert!(
+        said.lock().unwrap().contains("draining"),
+        "{}",
+        said.lock().unwrap()
+    );
+    sigterm(&backend);
+    let _ = exit_code(&mut backend);
+    let _ = std::fs::remove_dir_all(&dir);
+}

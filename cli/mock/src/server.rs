@@ -29,9 +29,9 @@ use crate::{Behavior, Generation, MockConfig, MockStats, OverCap, ReceivedReques
 pub struct MockModel {
     addr: SocketAddr,
     shared: Arc<Shared>,
-    /// Dropping this sender tells the server task to shut down.
-    shutdown: oneshot::Sender<()>,
-    server: JoinHandle<()>,
+    /// Tells the server task to stop (dropping it: at once).
+    shutdown: oneshot::Sender<Stop>,
+    server: JoinHandle<bool>,
 }
 
 impl fmt::Debug for MockModel {
@@ -191,6 +191,18 @@ impl MockModel {
         // runtime is shutting down, and then there is nothing left to wait for.
         let _ = server.await;
     }
+
+    /// Stops as a server does on SIGTERM: closes the listener, lets every
+    /// request being answered finish (idle keep-alive connections are
+    /// closed, busy ones after their answer), waiting at most `timeout`,
+    /// then closes what is left. Returns whether everything finished.
+    pub async fn drain(self, timeout: Duration) -> bool {
+        let MockModel {
+            shutdown, server, ..
+        } = self;
+        let _ = shutdown.send(Stop::Drain(timeout));
+        server.await.unwrap_or(false)
+    }
 }
 
 /// State shared by the handle, the server task and every request.
@@ -252,17 +264,30 @@ pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// Accepts connections until `shutdown` fires (or its sender is dropped), then
-/// closes the listener and drops every connection.
-async fn serve(listener: TcpListener, shared: Arc<Shared>, mut shutdown: oneshot::Receiver<()>) {
+/// How the server task is told to stop.
+enum Stop {
+    /// Finish the requests being answered, waiting at most this long.
+    Drain(Duration),
+}
+
+/// Accepts connections until `shutdown` fires (or its sender is dropped),
+/// then closes the listener and, for a drain, lets the connections finish
+/// what they are answering; then drops every connection left. Returns
+/// whether every connection finished by itself.
+async fn serve(
+    listener: TcpListener,
+    shared: Arc<Shared>,
+    mut shutdown: oneshot::Receiver<Stop>,
+) -> bool {
     let mut connections = JoinSet::new();
-    loop {
+    let (draining, drain_rx) = tokio::sync::watch::channel(false);
+    let stop = loop {
         tokio::select! {
-            _ = &mut shutdown => break,
+            stop = &mut shutdown => break stop.ok(),
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => {
                     lock(&shared.stats).connections += 1;
-                    connections.spawn(serve_connection(stream, Arc::clone(&shared)));
+                    connections.spawn(serve_connection(stream, Arc::clone(&shared), drain_rx.clone()));
                 }
                 // E.g. out of file descriptors: back off instead of spinning.
                 Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
@@ -270,19 +295,40 @@ async fn serve(listener: TcpListener, shared: Arc<Shared>, mut shutdown: oneshot
             // Reap finished connections so the set does not grow forever.
             Some(_) = connections.join_next(), if !connections.is_empty() => {}
         }
-    }
+    };
     drop(listener);
-    // Aborts every connection and waits until each is dropped, which drops
-    // the in-progress handlers and bodies (counted as cancelled).
+    let mut drained = connections.is_empty();
+    if let Some(Stop::Drain(timeout)) = stop {
+        let _ = draining.send(true);
+        drained = tokio::time::timeout(timeout, async {
+            while connections.join_next().await.is_some() {}
+        })
+        .await
+        .is_ok();
+    }
+    // Aborts every connection left and waits until each is dropped, which
+    // drops the in-progress handlers and bodies (counted as cancelled).
     connections.shutdown().await;
+    drained
 }
 
-async fn serve_connection(stream: TcpStream, shared: Arc<Shared>) {
+async fn serve_connection(
+    stream: TcpStream,
+    shared: Arc<Shared>,
+    mut draining: tokio::sync::watch::Receiver<bool>,
+) {
     let _ = stream.set_nodelay(true);
     let service = service_fn(move |request| handle(Arc::clone(&shared), request));
     // Connection errors (client gone, malformed request) only end this
     // connection.
-    let _ = http1::Builder::new()
-        .serve_connection(TokioIo::new(stream), service)
-        .await;
+    let conn = http1::Builder::new().serve_connection(TokioIo::new(stream), service);
+    tokio::pin!(conn);
+    tokio::select! {
+        _ = conn.as_mut() => return,
+        _ = draining.wait_for(|d| *d) => {}
+    }
+    // Draining: finish the request being answered (an idle connection
+    // closes at once), then close.
+    conn.as_mut().graceful_shutdown();
+    let _ = conn.await;
 }

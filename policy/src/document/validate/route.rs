@@ -1,0 +1,245 @@
+//! One route of `spec.routes`: chain, match, deadlines, retries, hedge,
+//! retry budget and parking.
+
+use super::*;
+
+/// What a route is checked against: the rest of the document.
+pub(super) struct RouteContext<'a> {
+    /// Every pool name, including those of pools with errors.
+    pub(super) pool_names: HashSet<&'a str>,
+    /// `spec.defaults`, for routes that set no deadline of their own.
+    pub(super) defaults: RequestDefaults,
+}
+
+/// One route: chain, match, cost ceiling, shadowing by an
+/// `earlier` catch-all route, deadlines (inherited from `spec.defaults`),
+/// retries.
+pub(super) fn route(
+    r: &RouteSpec,
+    at: &str,
+    earlier: &[Route],
+    context: &RouteContext<'_>,
+    errs: &mut Errors,
+) -> Route {
+    chain(&r.chain, at, &context.pool_names, errs);
+    let matches = route_match(&r.matches, at, errs);
+    if let Some(c) = r.cost_ceiling_per_call_usd {
+        if !(c.is_finite() && c >= 0.0) {
+            errs.push(
+                format!("{at}.cost_ceiling_per_call_usd"),
+                "must be a non-negative number",
+            );
+        }
+    }
+    if let Some(catch_all) = earlier.iter().find(|e| e.matches.is_catch_all()) {
+        errs.push(
+            format!("{at}.match"),
+            format!(
+                "can never match: route {:?} before it matches every request",
+                catch_all.name
+            ),
+        );
+    }
+    let deadline =
+        millis(r.deadline_ms, &format!("{at}.deadline_ms"), errs).or(context.defaults.deadline);
+    let attempt_timeout = millis(
+        r.attempt_timeout_ms,
+        &format!("{at}.attempt_timeout_ms"),
+        errs,
+    )
+    .or(context.defaults.attempt_timeout);
+    let retry_on = retry_on(r.retry_on.as_deref(), at, errs);
+    let hedge = r
+        .hedge
+        .as_ref()
+        .and_then(|h| hedge(h, &matches, &format!("{at}.hedge"), errs));
+    Route {
+        name: r.name.clone(),
+        matches,
+        chain: r.chain.clone(),
+        deadline,
+        attempt_timeout,
+        retry_on,
+        fallback: r.fallback.unwrap_or(true),
+        requires_approval: r.requires_approval,
+        allow_downgrade: r.allow_downgrade.unwrap_or(true),
+        cost_ceiling_per_call_usd: r.cost_ceiling_per_call_usd,
+        finish_on_client_gone: r.finish_on_client_gone.unwrap_or(true),
+        first_token_timeout: millis(
+            r.first_token_timeout_ms,
+            &format!("{at}.first_token_timeout_ms"),
+            errs,
+        ),
+        stall_timeout: millis(r.stall_timeout_ms, &format!("{at}.stall_timeout_ms"), errs),
+        hedge,
+        retry_budget: retry_budget(r.retry_budget.as_ref(), &format!("{at}.retry_budget"), errs),
+        park: park(r, at, errs),
+    }
+}
+
+/// A route's safe mode: `park` bounds only with `on_all_down: park`; a
+/// positive TTL, count cap and byte cap (every parked queue is bounded).
+fn park(r: &RouteSpec, at: &str, errs: &mut Errors) -> Option<ParkSettings> {
+    let spec = r.park.clone().unwrap_or_default();
+    if r.on_all_down != Some(OnAllDown::Park) {
+        if r.park.is_some() {
+            errs.push(
+                format!("{at}.park"),
+                "has no effect without on_all_down: park",
+            );
+        }
+        return None;
+    }
+    let ttl = match spec.ttl_s {
+        Some(0) => {
+            errs.push(
+                format!("{at}.park.ttl_s"),
+                "must be a positive number of seconds",
+            );
+            None
+        }
+        Some(s) => Some(Duration::from_secs(s)),
+        None => Some(ParkSettings::DEFAULT_TTL),
+    };
+    let max_tasks = match spec.max_tasks {
+        Some(0) => {
+            errs.push(
+                format!("{at}.park.max_tasks"),
+                "must be at least 1 (a route that must not park says on_all_down: no_backend)",
+            );
+            None
+        }
+        Some(n) => Some(n),
+        None => Some(ParkSettings::DEFAULT_MAX_TASKS),
+    };
+    let max_bytes = match spec.max_bytes {
+        Some(0) => {
+            errs.push(
+                format!("{at}.park.max_bytes"),
+                "must be at least 1 byte (a route that must not park says on_all_down: no_backend)",
+            );
+            None
+        }
+        Some(n) => Some(n),
+        None => Some(ParkSettings::DEFAULT_MAX_BYTES),
+    };
+    Some(ParkSettings {
+        ttl: ttl?,
+        max_tasks: max_tasks?,
+        max_bytes: max_bytes?,
+    })
+}
+
+/// A route's hedge: exactly one of `after_ms` and `after`, on a route that
+/// takes READ or DRAFT requests (a SEND or DESTRUCTIVE request is never
+/// sent twice at once).
+fn hedge(h: &HedgeSpec, matches: &RouteMatch, at: &str, errs: &mut Errors) -> Option<Hedge> {
+    let after = match (h.after_ms, h.after) {
+        (Some(_), Some(_)) => {
+            errs.push(at, "give after_ms or after, not both");
+            return None;
+        }
+        (None, None) => {
+            errs.push(at, "needs after_ms (a delay) or after: p95");
+            return None;
+        }
+        (Some(ms), None) => HedgeDelay::Fixed(millis(Some(ms), &format!("{at}.after_ms"), errs)?),
+        (None, Some(HedgeQuantile::P95)) => HedgeDelay::PoolP95,
+    };
+    if !matches.risks.is_empty() && matches.risks.iter().all(|r| r.has_side_effects()) {
+        errs.push(
+            at,
+            "this route only takes SEND or DESTRUCTIVE requests, which are never hedged (a second attempt could act twice)",
+        );
+        return None;
+    }
+    Some(Hedge {
+        after,
+        to: h.to.unwrap_or_default(),
+    })
+}
+
+/// A route's retry budget: a ratio in (0, 1], a positive window.
+fn retry_budget(b: Option<&RetryBudgetSpec>, at: &str, errs: &mut Errors) -> BudgetSettings {
+    let mut settings = BudgetSettings::default();
+    let Some(b) = b else {
+        return settings;
+    };
+    if let Some(ratio) = b.ratio {
+        if ratio.is_finite() && ratio > 0.0 && ratio <= 1.0 {
+            settings.ratio = ratio;
+        } else {
+            errs.push(
+                format!("{at}.ratio"),
+                "must be more than 0 and at most 1 (0.2: one extra attempt per five requests)",
+            );
+        }
+    }
+    if let Some(min) = b.min_per_second {
+        settings.min_per_second = min;
+    }
+    if let Some(window) = millis(b.window_ms, &format!("{at}.window_ms"), errs) {
+        settings.window = window;
+    }
+    settings
+}
+
+/// A route's chain: not empty, each name a pool, no pool twice.
+fn chain(chain: &[String], at: &str, pool_names: &HashSet<&str>, errs: &mut Errors) {
+    if chain.is_empty() {
+        errs.push(format!("{at}.chain"), "must name at least one pool");
+    }
+    let mut seen = HashSet::new();
+    for (j, name) in chain.iter().enumerate() {
+        if !pool_names.contains(name.as_str()) {
+            errs.push(format!("{at}.chain[{j}]"), format!("unknown pool {name:?}"));
+        } else if !seen.insert(name.as_str()) {
+            errs.push(
+                format!("{at}.chain[{j}]"),
+                format!("pool {name:?} appears twice"),
+            );
+        }
+    }
+}
+
+/// A route's match: model patterns that say something, an absolute path
+/// prefix.
+fn route_match(m: &MatchSpec, at: &str, errs: &mut Errors) -> RouteMatch {
+    for (j, pattern) in m.model.iter().enumerate() {
+        if pattern.is_empty() || pattern == "*" {
+            errs.push(
+                format!("{at}.match.model[{j}]"),
+                "empty or bare \"*\" pattern; leave model out to match any model",
+            );
+        }
+    }
+    if let Some(p) = &m.path_prefix {
+        if !p.starts_with('/') {
+            errs.push(format!("{at}.match.path_prefix"), "must start with '/'");
+        }
+    }
+    RouteMatch {
+        models: m.model.clone(),
+        path_prefix: m.path_prefix.clone(),
+        risks: m.risk.clone(),
+    }
+}
+
+/// A route's `retry_on`: no failure listed twice (the default set when
+/// left out).
+fn retry_on(list: Option<&[RetryOn]>, at: &str, errs: &mut Errors) -> Vec<RetryOn> {
+    let Some(list) = list else {
+        return RetryOn::DEFAULT.to_vec();
+    };
+    let mut out: Vec<RetryOn> = Vec::new();
+    for (j, f) in list.iter().enumerate() {
+        if out.contains(f) {
+            errs.push(format!("{at}.retry_on[{j}]"), "listed twice");
+        } else {
+            out.push(*f);
+        }
+    }
+    out
+}
+
+// ---- Checks shared by several sections. ----

@@ -79,6 +79,74 @@ impl ListenerTls {
     }
 }
 
+impl ListenerTls {
+    /// A client config for this proxy's own calls to its listener (the
+    /// parked tasks' runs): it trusts exactly the certificate the listener
+    /// presents now, whatever names it holds.
+    pub(crate) fn loopback_client(&self) -> Result<rustls::ClientConfig, rustls::Error> {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let verifier = Arc::new(OwnCertificate {
+            current: Arc::clone(&self.resolver),
+            algorithms: provider.signature_verification_algorithms,
+        });
+        Ok(rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()?
+            .dangerous()
+            .with_custom_certificate_verifier(verifier)
+            .with_no_client_auth())
+    }
+}
+
+/// Trusts the one certificate the listener presents now (see
+/// [`ListenerTls::loopback_client`]); signatures are checked as usual.
+#[derive(Debug)]
+struct OwnCertificate {
+    current: Arc<CurrentPair>,
+    algorithms: rustls::crypto::WebPkiSupportedAlgorithms,
+}
+
+impl rustls::client::danger::ServerCertVerifier for OwnCertificate {
+    fn verify_server_cert(
+        &self,
+        end_entity: &rustls::pki_types::CertificateDer<'_>,
+        _intermediates: &[rustls::pki_types::CertificateDer<'_>],
+        _server_name: &rustls::pki_types::ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        match self.current.0.load().end_entity_cert() {
+            Ok(own) if own == end_entity => {
+                Ok(rustls::client::danger::ServerCertVerified::assertion())
+            }
+            _ => Err(rustls::Error::InvalidCertificate(
+                rustls::CertificateError::UnknownIssuer,
+            )),
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls::pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.algorithms)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls::pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.algorithms)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.algorithms.supported_schemes()
+    }
+}
+
 /// The pair handshakes present now.
 #[derive(Debug)]
 struct CurrentPair(ArcSwap<CertifiedKey>);

@@ -8,6 +8,7 @@
 #![allow(clippy::unwrap_used)]
 
 mod bounds;
+mod parking;
 mod protocols;
 mod reload;
 

@@ -35,6 +35,7 @@ async fn the_head_and_body_caps_hold_over_h2() {
     let settings = Settings {
         max_header_bytes: 32 * 1024,
         max_body_bytes: 4096,
+        max_buffered_bytes: 3000,
         ..Settings::default()
     };
     let proxy = TestProxy::sidecar(settings).await;
@@ -55,6 +56,13 @@ async fn the_head_and_body_caps_hold_over_h2() {
     assert_eq!(a.status, StatusCode::PAYLOAD_TOO_LARGE);
     let v: serde_json::Value = serde_json::from_slice(&a.body).unwrap();
     assert!(v["error"]["type"].is_string(), "{v}");
+    // Under the body cap, past the buffered-bytes cap.
+    let over = format!(r#"{{"model":"m","pad":"{}"}}"#, "a".repeat(3500));
+    let a = read(h2.send_request(chat(&url, &over)).await.unwrap()).await;
+    assert_eq!(a.status, StatusCode::SERVICE_UNAVAILABLE);
+    let v: serde_json::Value = serde_json::from_slice(&a.body).unwrap();
+    assert_eq!(v["error"]["type"], "overloaded", "{v}");
+    assert_eq!(backend.stats().received, 2);
 }
 
 /// One HTTP/2 connection has at most `CUSTOM_ROUTER_H2_MAX_CONCURRENT_STREAMS`
@@ -168,8 +176,33 @@ async fn an_h2c_preface_without_a_request_is_cut_at_the_header_timeout() {
         .ok();
     let waited = started.elapsed();
     assert!(waited >= Duration::from_millis(400), "{waited:?}");
-    // The server spoke HTTP/2 (its SETTINGS frame: type 4 at byte 3).
+    // The server spoke HTTP/2: its SETTINGS frame first (type 4 at byte
+    // 3), then nothing but its acknowledgement of ours, if anything.
     assert_eq!(seen.get(3), Some(&4), "{seen:?}");
+    let len = usize::from(seen[0]) << 16 | usize::from(seen[1]) << 8 | usize::from(seen[2]);
+    let settings: Vec<(u16, u32)> = seen[9..9 + len]
+        .chunks(6)
+        .map(|c| {
+            (
+                u16::from_be_bytes([c[0], c[1]]),
+                u32::from_be_bytes([c[2], c[3], c[4], c[5]]),
+            )
+        })
+        .collect();
+    // MAX_CONCURRENT_STREAMS (3), INITIAL_WINDOW_SIZE (4),
+    // MAX_HEADER_LIST_SIZE (6): the defaults.
+    assert!(settings.contains(&(3, 100)), "{settings:?}");
+    assert!(settings.contains(&(4, 65_535)), "{settings:?}");
+    assert!(settings.contains(&(6, 65_536)), "{settings:?}");
+    // No WINDOW_UPDATE (type 8): the connection's window stays 65,535.
+    let mut at = 9 + len;
+    while at + 9 <= seen.len() {
+        let n = usize::from(seen[at]) << 16
+            | usize::from(seen[at + 1]) << 8
+            | usize::from(seen[at + 2]);
+        assert_ne!(seen[at + 3], 8, "a WINDOW_UPDATE: {seen:?}");
+        at += 9 + n;
+    }
 }
 
 /// A pair that cannot be used stops startup, naming the variable and why.

@@ -241,3 +241,45 @@ async fn a_drain_lets_h2_streams_finish_and_sends_goaway() {
 }
 
 use router_proxy::Settings;
+
+/// The official `openai` Python SDK over the TLS listener, trusting the
+/// router's certificate through its HTTP client (`tests/python/openai_tls.py`):
+/// a completion and a stream. Skipped, saying so, when the package is not
+/// installed (`scripts/install-test-deps` installs it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_official_openai_sdk_over_tls() {
+    let has = std::process::Command::new("python3")
+        .args(["-c", "import openai"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !has {
+        eprintln!("SKIPPED: the `openai` Python package is not installed");
+        return;
+    }
+    let backend = router_tests::mocks::mock("chat", router_mock::Behavior::Chat).await;
+    let pair = Pair::new();
+    let dir = temp_dir("sdk-ca");
+    let proxy = tls_proxy("sdk", &pair, &backend.url()).await;
+    let ca = dir.join("ca.pem");
+    std::fs::write(&ca, &pair.cert_pem).unwrap();
+    let script = format!("{}/python/openai_tls.py", env!("CARGO_MANIFEST_DIR"));
+    let url = tls_base(proxy.addr());
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new("python3")
+            .arg(script)
+            .arg(url)
+            .arg("m")
+            .arg(ca)
+            .output()
+    })
+    .await
+    .unwrap()
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "stdout:\n{stdout}\nstderr:\n{stderr}");
+    for step in ["chat.completions.create", "stream", "untrusted refused"] {
+        assert!(stdout.contains(&format!("ok {step}")), "{step}: {stdout}");
+    }
+    assert_eq!(backend.stats().received, 2);
+}

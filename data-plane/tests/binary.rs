@@ -36,7 +36,9 @@ fn an_invalid_variable_stops_startup_and_is_named() {
 fn unusable_tls_variables_stop_startup_and_are_named() {
     let missing = std::env::temp_dir().join(format!("router-no-such-{}.pem", std::process::id()));
     let missing = missing.to_string_lossy().into_owned();
-    let cases: [(&[(&str, &str)], &str, &str); 3] = [
+    /// The variables set, the one named, the reason given.
+    type Case<'a> = (&'a [(&'a str, &'a str)], &'a str, &'a str);
+    let cases: [Case; 3] = [
         (
             &[("CUSTOM_ROUTER_TLS_CERT_FILE", "/x.pem")],
             "CUSTOM_ROUTER_TLS_KEY_FILE",

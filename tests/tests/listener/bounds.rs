@@ -110,7 +110,7 @@ async fn one_h2_connection_holds_at_most_the_stream_cap() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unfinished_handshake_is_cut_at_the_header_timeout() {
     let backend = mock_latency("b", 0).await;
-    let pair = Pair::new();
+    let pair = Pair::generate();
     let files = pair.write(&temp_dir("stall"));
     let settings = Settings {
         client_header_timeout: Duration::from_millis(500),
@@ -209,10 +209,10 @@ async fn an_h2c_preface_without_a_request_is_cut_at_the_header_timeout() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unusable_certificate_or_key_stops_startup() {
     let dir = temp_dir("bad");
-    let a = Pair::new().write(&dir);
+    let a = Pair::generate().write(&dir);
     let b_dir = dir.join("b");
     std::fs::create_dir_all(&b_dir).unwrap();
-    let b = Pair::new().write(&b_dir);
+    let b = Pair::generate().write(&b_dir);
     let cases = [
         (
             TlsFiles {
@@ -259,6 +259,6 @@ async fn an_unusable_certificate_or_key_stops_startup() {
         assert!(text.starts_with(var) && text.contains(reason), "{text}");
     }
     // A good pair starts.
-    let proxy = tls_proxy("good", &Pair::new(), "http://127.0.0.1:9").await;
+    let proxy = tls_proxy("good", &Pair::generate(), "http://127.0.0.1:9").await;
     assert!(proxy.addr().port() > 0);
 }

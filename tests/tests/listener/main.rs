@@ -36,7 +36,7 @@ pub struct Pair {
 
 impl Pair {
     /// A new pair.
-    pub fn new() -> Self {
+    pub fn generate() -> Self {
         let ck = rcgen::generate_simple_self_signed(vec![
             "localhost".to_string(),
             "127.0.0.1".to_string(),

@@ -47,7 +47,7 @@ async fn a_parked_task_runs_through_the_tls_listener() {
     let id = r.json()["id"].as_str().unwrap().to_string();
     drop(first);
 
-    let pair = Pair::new();
+    let pair = Pair::generate();
     let tls = Settings {
         tasks_file: Some(tasks_file),
         ..tls_settings(pair.write(&dir))

@@ -99,7 +99,7 @@ pub(crate) async fn tls_proxy(name: &str, pair: &Pair, backend_url: &str) -> Tes
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_serves_h2_and_http1_by_alpn() {
     let backend = mock_latency("b", 0).await;
-    let pair = Pair::new();
+    let pair = Pair::generate();
     let proxy = tls_proxy("alpn", &pair, &backend.url()).await;
     let url = tls_base(proxy.addr());
 
@@ -161,7 +161,7 @@ async fn tls_serves_h2_and_http1_by_alpn() {
     );
     // An untrusted certificate is refused by the client: the proxy
     // presents the pair it was given.
-    let other = Pair::new();
+    let other = Pair::generate();
     assert!(tls_connect(proxy.addr(), &[&other], &[b"h2"])
         .await
         .is_err());
@@ -257,7 +257,7 @@ async fn the_official_openai_sdk_over_tls() {
         return;
     }
     let backend = router_tests::mocks::mock("chat", router_mock::Behavior::Chat).await;
-    let pair = Pair::new();
+    let pair = Pair::generate();
     let dir = temp_dir("sdk-ca");
     let proxy = tls_proxy("sdk", &pair, &backend.url()).await;
     let ca = dir.join("ca.pem");

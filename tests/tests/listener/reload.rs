@@ -25,7 +25,7 @@ async fn presented(addr: std::net::SocketAddr, trusted: &[&Pair]) -> Option<Vec<
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_changed_pair_is_served_and_a_broken_one_keeps_the_old() {
     let backend = mock_latency("b", 0).await;
-    let (a, b) = (Pair::new(), Pair::new());
+    let (a, b) = (Pair::generate(), Pair::generate());
     let dir = temp_dir("reload");
     let files = a.write(&dir);
     let settings = router_proxy::Settings {

@@ -178,8 +178,9 @@ pub(crate) fn client_ip_header(ip: std::net::IpAddr) -> HeaderValue {
     HeaderValue::try_from(ip.to_string()).unwrap_or_else(|_| HeaderValue::from_static("unknown"))
 }
 
-/// Adds `X-Forwarded-For` (appended), `-Proto` and `-Host` (kept if a
-/// proxy in front already set them). `client_ip` is from
+/// Adds `X-Forwarded-For` (appended), `-Proto` (`https` when the client
+/// came over the listener's TLS) and `-Host` (kept if a proxy in front
+/// already set them). `client_ip` is from
 /// [`client_ip_header`]; `seen` is what the client sent of them (see
 /// [`crate::request_headers`]), so nothing is looked up here.
 pub(crate) fn add_forwarded(
@@ -187,6 +188,7 @@ pub(crate) fn add_forwarded(
     client_ip: &HeaderValue,
     original_host: Option<HeaderValue>,
     seen: &crate::request_headers::RequestHeaders,
+    tls: bool,
 ) {
     let value = match seen.forwarded_for.as_ref().and_then(|v| v.to_str().ok()) {
         Some(prev) if !prev.trim().is_empty() => {
@@ -199,7 +201,8 @@ pub(crate) fn add_forwarded(
         headers.insert(X_FORWARDED_FOR, v);
     }
     if !seen.forwarded_proto {
-        headers.append(X_FORWARDED_PROTO, HeaderValue::from_static("http"));
+        let proto = if tls { "https" } else { "http" };
+        headers.append(X_FORWARDED_PROTO, HeaderValue::from_static(proto));
     }
     if let (Some(host), false) = (original_host, seen.forwarded_host) {
         headers.append(X_FORWARDED_HOST, host);
@@ -352,6 +355,7 @@ mod tests {
             &ip,
             Some(HeaderValue::from_static("router:3000")),
             &seen,
+            false,
         );
         assert_eq!(h["x-forwarded-for"], "203.0.113.7, 127.0.0.1");
         assert_eq!(h["x-forwarded-proto"], "http");
@@ -365,9 +369,12 @@ mod tests {
             &client_ip_header("::1".parse().unwrap()),
             None,
             &seen,
+            true,
         );
         assert_eq!(h["x-forwarded-for"], "::1");
         assert!(!h.contains_key("x-forwarded-host"));
+        // Over the listener's TLS.
+        assert_eq!(h["x-forwarded-proto"], "https");
         let mut h = HeaderMap::new();
         h.insert("x-forwarded-proto", HeaderValue::from_static("https"));
         let seen = crate::request_headers::RequestHeaders::scan(&h);
@@ -377,6 +384,7 @@ mod tests {
             &client_ip_header("::1".parse().unwrap()),
             host,
             &seen,
+            false,
         );
         assert_eq!(h["x-forwarded-proto"], "https");
         assert_eq!(h.get_all("x-forwarded-proto").iter().count(), 1);

@@ -8,6 +8,9 @@
 //! order a request meets them:
 //!
 //! - `balance_workers`: which worker thread a new connection goes to;
+//! - `listener_tls`: TLS at the listener (ALPN `h2` and `http/1.1`) and
+//!   its certificate's reload; without it the listener serves HTTP/1.1
+//!   and h2c with prior knowledge (`serve_connection`);
 //! - `stop_signal`: how a drain reaches every open connection;
 //! - `handler`: the request path, one file per step (ingress, chain,
 //!   attempt, upstream_request, answer, finish, spans); the rules it
@@ -62,6 +65,7 @@ mod hop_by_hop;
 mod idempotency;
 mod key_use;
 mod limits;
+mod listener_tls;
 pub mod managed;
 mod metrics;
 mod pool;
@@ -87,7 +91,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioIo, TokioTimer};
+use std::future::Future;
+
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use router_policy::Policy;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
@@ -98,7 +104,7 @@ pub use crate::error::{Forbidden, ProxyError, Unauthorized};
 use crate::forward::UpstreamClient;
 use crate::metrics::Metrics;
 use crate::route_log::RouteLog;
-pub use crate::settings::{Settings, SettingsError, SharedStore};
+pub use crate::settings::{Settings, SettingsError, SharedStore, TlsFiles};
 
 /// Where the proxy's policy comes from.
 #[derive(Debug, Clone, PartialEq)]
@@ -144,6 +150,15 @@ pub enum StartError {
     /// The upstream client could not be built.
     #[error(transparent)]
     Client(#[from] forward::ClientError),
+    /// The listener's certificate or key (`CUSTOM_ROUTER_TLS_CERT_FILE`,
+    /// `CUSTOM_ROUTER_TLS_KEY_FILE`) cannot be used.
+    #[error("{var}: {reason}")]
+    Tls {
+        /// The variable naming the file at fault.
+        var: &'static str,
+        /// Why.
+        reason: String,
+    },
     /// Another I/O failure at startup.
     #[error("startup: {0}")]
     Io(#[from] std::io::Error),
@@ -196,6 +211,9 @@ pub(crate) struct Shared {
     pub(crate) key_use: Arc<key_use::KeyUse>,
     /// Asks every connection to finish gracefully.
     stops: stop_signal::StopSignals,
+    /// The listener's TLS (`CUSTOM_ROUTER_TLS_CERT_FILE`); `None`:
+    /// plaintext.
+    pub(crate) tls: Option<listener_tls::ListenerTls>,
 }
 
 /// A proxy running in this process.
@@ -312,6 +330,17 @@ pub async fn start(options: ProxyOptions) -> Result<RunningProxy, StartError> {
         Mode::Managed(m) => router_proto::BearerToken::new(m.token.as_deref(), "ROUTER_TOKEN")?,
         _ => router_proto::BearerToken::default(),
     };
+    let tls = match &settings.tls {
+        None => None,
+        Some(files) => {
+            let (tls, stamp) =
+                listener_tls::ListenerTls::load(files).map_err(|e| StartError::Tls {
+                    var: e.var,
+                    reason: e.reason,
+                })?;
+            Some((files.clone(), tls, stamp))
+        }
+    };
     let client = forward::build_client(&settings)?;
     let (events_tx, events_rx) = tokio::sync::mpsc::channel(256);
     let managed = matches!(mode, Mode::Managed(_));
@@ -396,6 +425,7 @@ pub async fn start(options: ProxyOptions) -> Result<RunningProxy, StartError> {
         tasks: Arc::clone(&parked),
         buffered: limits::ByteBudget::new(settings_buffered),
         connections: limits::ConnectionSlots::new(settings_connections, settings_per_peer),
+        tls: tls.as_ref().map(|(_, t, _)| t.clone()),
     });
 
     let workers = match shared.settings.workers {
@@ -416,6 +446,14 @@ pub async fn start(options: ProxyOptions) -> Result<RunningProxy, StartError> {
             shared.settings.guards.clone(),
             shared.settings.policy_poll_interval,
             bytes,
+        )));
+    }
+    if let Some((files, tls, stamp)) = tls {
+        tasks.push(tokio::spawn(listener_tls::watch(
+            files,
+            tls,
+            shared.settings.tls_poll_interval,
+            stamp,
         )));
     }
     tasks.push(tokio::spawn(state_log(Arc::clone(&shared))));
@@ -544,6 +582,14 @@ fn start_workers(
 /// Serves one client connection; its requests' attempts use `client`, the
 /// upstream connection pool of the thread it runs on. `_slot` holds its
 /// place under the connection cap until it is done.
+///
+/// Plaintext: HTTP/1.1, or h2c when the client opens with the HTTP/2
+/// preface (prior knowledge), told apart by the first bytes. TLS: the
+/// version the client chose by ALPN (`h2`, else HTTP/1.1). Either way,
+/// from the accept to the first request's head (the TLS handshake and the
+/// HTTP/2 preface included) at most `CUSTOM_ROUTER_CLIENT_HEADER_TIMEOUT`:
+/// a client that never finishes its handshake holds its slot, counted
+/// against its peer's cap, no longer than one that never sends a head.
 async fn serve_connection(
     shared: Arc<Shared>,
     client: UpstreamClient,
@@ -552,10 +598,59 @@ async fn serve_connection(
     _slot: limits::ConnectionSlot,
 ) {
     let _ = stream.set_nodelay(true);
+    let first_head_by = tokio::time::Instant::now() + shared.settings.client_header_timeout;
+    let stop = shared.stops.register();
+    let Some(tls) = shared.tls.clone() else {
+        let version = limits::Version::Sniff;
+        serve_http(shared, client, stream, remote, version, first_head_by, stop).await;
+        return;
+    };
+    let handshake = tokio::time::timeout_at(first_head_by, tls.acceptor.accept(stream));
+    tokio::pin!(handshake);
+    // A drain does not wait for a handshake.
+    let done = std::future::poll_fn(|cx| {
+        if stop.poll_stopped(cx) {
+            return std::task::Poll::Ready(None);
+        }
+        std::future::Future::poll(handshake.as_mut(), cx).map(Some)
+    })
+    .await;
+    match done {
+        Some(Ok(Ok(stream))) => {
+            let version = match stream.get_ref().1.alpn_protocol() {
+                Some(b"h2") => limits::Version::Http2,
+                _ => limits::Version::Http1,
+            };
+            serve_http(shared, client, stream, remote, version, first_head_by, stop).await;
+        }
+        Some(Ok(Err(e))) => tracing::debug!(%remote, error = %e, "TLS handshake failed"),
+        Some(Err(_)) => {
+            tracing::debug!(%remote, "TLS handshake not finished within the header timeout")
+        }
+        None => {}
+    }
+}
+
+/// Serves HTTP on a connection (after the TLS handshake, if any) until it
+/// ends, `stop` asks it to finish (a drain: HTTP/1.1 closes after the
+/// request in progress, HTTP/2 sends GOAWAY and finishes its open
+/// streams), or no request head arrived by `first_head_by`.
+async fn serve_http<S>(
+    shared: Arc<Shared>,
+    client: UpstreamClient,
+    stream: S,
+    remote: SocketAddr,
+    version: limits::Version,
+    first_head_by: tokio::time::Instant,
+    stop: Arc<stop_signal::StopSignal>,
+) where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
     // The head being read is counted in the buffered bytes (see `limits`).
     let meter = limits::HeadMeter::new(&shared.buffered, shared.settings.max_header_bytes);
-    let stream = limits::Metered::new(stream, Arc::clone(&meter));
+    let stream = limits::Metered::new(stream, Arc::clone(&meter), version);
     let svc_shared = Arc::clone(&shared);
+    let heads = Arc::clone(&meter);
     // The peer reaches the handler twice: as the X-Forwarded-For value
     // passed upstream, and as the address the admin doors check.
     let peer = remote.ip();
@@ -577,28 +672,56 @@ async fn serve_connection(
         )
     });
     let head_cap = shared.settings.max_header_bytes;
-    let conn = hyper::server::conn::http1::Builder::new()
+    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
         .timer(TokioTimer::new())
         .header_read_timeout(shared.settings.client_header_timeout)
-        // A head past the cap is answered 431 and the connection closed;
-        // the read buffer never grows past it (hyper's default is about
-        // 400 KiB a connection).
-        .max_header_size(head_cap)
+        // A head past the cap (the read buffer full without a complete
+        // head) is answered 431 and the connection closed; the read
+        // buffer never grows past it (hyper's default is about 400 KiB a
+        // connection).
         .max_buf_size(head_cap.max(settings::MIN_HEADER_BYTES))
         .keep_alive(true)
         // Head and body copied into one buffer, one plain write: for the
         // small JSON answers that dominate, cheaper than queueing both for
         // a vectored write.
-        .writev(false)
-        .serve_connection(TokioIo::new(stream), service);
+        .writev(false);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        // One connection holds at most this many requests at once.
+        .max_concurrent_streams(shared.settings.h2_max_concurrent_streams)
+        // A header list past the cap: the stream is answered 431 (the
+        // connection stays open for the others).
+        .max_header_list_size(u32::try_from(head_cap).unwrap_or(u32::MAX))
+        // HTTP/2's own default windows (64 KiB) instead of hyper's 1 MiB:
+        // request bytes the proxy has not read yet (and so not counted
+        // in the buffered bytes) stay within 64 KiB a connection, as an
+        // HTTP/1.1 connection's read buffer.
+        .initial_stream_window_size(H2_WINDOW)
+        .initial_connection_window_size(H2_WINDOW)
+        .adaptive_window(false)
+        // Answer bytes queued per stream for a client that reads slowly.
+        .max_send_buf_size(H2_SEND_BUFFER);
+    let builder = match version {
+        limits::Version::Sniff => builder,
+        limits::Version::Http1 => builder.http1_only(),
+        limits::Version::Http2 => builder.http2_only(),
+    };
+    let conn = builder.serve_connection(TokioIo::new(stream), service);
     tokio::pin!(conn);
-    let stop = shared.stops.register();
+    let no_head = tokio::time::sleep_until(first_head_by);
+    tokio::pin!(no_head);
     let mut stopping = false;
     let result = std::future::poll_fn(|cx| {
         if !stopping && stop.poll_stopped(cx) {
-            // Finish the request in progress, then close.
+            // Finish the requests in progress, then close.
             conn.as_mut().graceful_shutdown();
             stopping = true;
+        }
+        if !heads.any_head() && no_head.as_mut().poll(cx).is_ready() {
+            return std::task::Poll::Ready(Ok(()));
         }
         std::future::Future::poll(conn.as_mut(), cx)
     })
@@ -607,6 +730,13 @@ async fn serve_connection(
         tracing::debug!(%remote, error = %e, "client connection ended with an error");
     }
 }
+
+/// HTTP/2 flow-control windows of the listener, the connection's and each
+/// stream's: RFC 9113's initial 65,535 bytes.
+const H2_WINDOW: u32 = 65_535;
+
+/// Answer bytes hyper queues per HTTP/2 stream for a slow reader.
+const H2_SEND_BUFFER: usize = 64 * 1024;
 
 async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, workers: Vec<Worker>) {
     let mut chooser =
@@ -625,6 +755,9 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, workers: Vec<Wo
         };
         let slot = match shared.connections.try_open(remote.ip()) {
             Ok(slot) => slot,
+            // Over TLS a plaintext answer would be garbage to the client:
+            // the connection is closed unanswered.
+            Err(_) if shared.tls.is_some() => continue,
             Err(refused) => {
                 tokio::spawn(refuse_overloaded(stream, refused.answer()));
                 continue;

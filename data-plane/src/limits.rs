@@ -36,6 +36,12 @@
 //!   per-connection constant, and ordinary requests, whose heads are
 //!   smaller, never touch the shared counter.
 //!
+//!   An HTTP/2 connection (ALPN `h2`, or a plaintext one that opens with
+//!   the HTTP/2 preface) is not metered: its requests' heads arrive
+//!   interleaved on one connection, and hyper bounds them itself (a
+//!   header list past `CUSTOM_ROUTER_MAX_HEADER_BYTES` is answered `431`
+//!   on its stream) within flow-control windows of 64 KiB a connection.
+//!
 //! The byte and connection counters are lock-free: one atomic add (and one
 //! subtract) per request or connection; the per-peer counts are a map
 //! under a lock, taken once when a connection opens and once when it
@@ -50,7 +56,6 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::TcpStream;
 
 /// Bytes reserved out of a fixed cap, shared by every request.
 #[derive(Debug)]
@@ -282,6 +287,8 @@ pub(crate) struct HeadMeter {
     cap: usize,
     /// The bytes beyond [`FREE_HEAD_BYTES`].
     reserved: Mutex<Reservation>,
+    /// A request's head has been complete at least once.
+    any_head: AtomicBool,
 }
 
 impl HeadMeter {
@@ -293,6 +300,7 @@ impl HeadMeter {
             counted: AtomicUsize::new(0),
             cap,
             reserved: Mutex::new(budget.reservation()),
+            any_head: AtomicBool::new(false),
         })
     }
 
@@ -321,10 +329,16 @@ impl HeadMeter {
     /// The head is complete (the request is being handled): its bytes are
     /// given back; bytes read from now on are the body's.
     pub(crate) fn head_done(&self) {
+        self.any_head.store(true, Ordering::Relaxed);
         self.reading_head.store(false, Ordering::Release);
         if self.counted.swap(0, Ordering::AcqRel) > FREE_HEAD_BYTES {
             self.reserved().release();
         }
+    }
+
+    /// Whether a request's head has been complete on this connection.
+    pub(crate) fn any_head(&self) -> bool {
+        self.any_head.load(Ordering::Relaxed)
     }
 
     /// The request has been handled: bytes read from now on belong to the
@@ -342,29 +356,67 @@ impl HeadMeter {
     }
 }
 
-/// A client connection whose reads go through a [`HeadMeter`]. When a
-/// head no longer fits, it writes [`OVERLOADED_ANSWER`] (best effort: the
-/// client is sending, not reading, so the socket's buffer has room) and
-/// reads as closed from then on, so hyper drops the connection.
-#[derive(Debug)]
-pub(crate) struct Metered {
-    stream: TcpStream,
-    meter: Arc<HeadMeter>,
-    refused: bool,
+/// The HTTP version a connection speaks, as far as the listener knows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Version {
+    /// Plaintext: HTTP/2 if the first bytes are its preface, else HTTP/1.1.
+    Sniff,
+    /// HTTP/1.1 (TLS with ALPN `http/1.1` or none).
+    Http1,
+    /// HTTP/2 (TLS with ALPN `h2`).
+    Http2,
 }
 
-impl Metered {
-    /// `stream`, counted by `meter`.
-    pub(crate) fn new(stream: TcpStream, meter: Arc<HeadMeter>) -> Self {
+/// The start of the HTTP/2 client preface (`PRI * HTTP/2.0`): no HTTP/1.1
+/// request starts so (there is no method `PRI`).
+const H2_PREFACE_START: &[u8] = b"PRI ";
+
+/// A client connection whose reads go through a [`HeadMeter`] (HTTP/1.1
+/// only: see the module docs). When a head no longer fits, it writes
+/// [`OVERLOADED_ANSWER`] (best effort: the client is sending, not reading,
+/// so the socket's buffer has room) and reads as closed from then on, so
+/// hyper drops the connection.
+#[derive(Debug)]
+pub(crate) struct Metered<S> {
+    stream: S,
+    meter: Arc<HeadMeter>,
+    refused: bool,
+    /// What is known of the version: `Sniff` until the first bytes tell.
+    version: Version,
+    /// Bytes of [`H2_PREFACE_START`] matched so far (while sniffing).
+    matched: usize,
+}
+
+impl<S> Metered<S> {
+    /// `stream`, counted by `meter` unless it speaks HTTP/2.
+    pub(crate) fn new(stream: S, meter: Arc<HeadMeter>, version: Version) -> Self {
         Self {
             stream,
             meter,
             refused: false,
+            version,
+            matched: 0,
+        }
+    }
+
+    /// Reads the first bytes of a plaintext connection for the preface.
+    fn sniff(&mut self, bytes: &[u8]) {
+        if self.version != Version::Sniff {
+            return;
+        }
+        let want = H2_PREFACE_START.get(self.matched..).unwrap_or_default();
+        let n = want.len().min(bytes.len());
+        if want.get(..n) != bytes.get(..n) {
+            self.version = Version::Http1;
+        } else if self.matched + n == H2_PREFACE_START.len() {
+            self.version = Version::Http2;
+        } else {
+            self.matched += n;
         }
     }
 }
 
-impl AsyncRead for Metered {
+impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for Metered<S> {
     fn poll_read(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -377,16 +429,21 @@ impl AsyncRead for Metered {
         let before = buf.filled().len();
         std::task::ready!(Pin::new(&mut this.stream).poll_read(cx, buf))?;
         let n = buf.filled().len().saturating_sub(before);
-        if n > 0 && !this.meter.read(n) {
+        if n == 0 || this.version == Version::Http2 {
+            return Poll::Ready(Ok(()));
+        }
+        this.sniff(buf.filled().get(before..).unwrap_or_default());
+        if this.version != Version::Http2 && !this.meter.read(n) {
             this.refused = true;
-            let _ = this.stream.try_write(OVERLOADED_ANSWER);
+            // Best effort, as the answer is.
+            let _ = Pin::new(&mut this.stream).poll_write(cx, OVERLOADED_ANSWER);
             buf.set_filled(before);
         }
         Poll::Ready(Ok(()))
     }
 }
 
-impl AsyncWrite for Metered {
+impl<S: AsyncWrite + Unpin> AsyncWrite for Metered<S> {
     fn poll_write(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -535,6 +592,36 @@ mod tests {
         assert!(b.read(10 * 1024));
         drop(b);
         assert_eq!(budget.used(), 0, "a closed connection gives its bytes back");
+    }
+
+    /// Issue 30, item 11: a plaintext connection that opens with the
+    /// HTTP/2 preface is told apart from HTTP/1.1 by its first bytes,
+    /// however they are split across reads.
+    #[test]
+    fn the_http2_preface_is_told_apart_from_http1() {
+        let budget = ByteBudget::new(1 << 20);
+        let sniffed = |reads: &[&[u8]]| {
+            let mut m = Metered::new((), HeadMeter::new(&budget, 65536), Version::Sniff);
+            for r in reads {
+                m.sniff(r);
+            }
+            m.version
+        };
+        assert_eq!(
+            sniffed(&[b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"]),
+            Version::Http2
+        );
+        assert_eq!(sniffed(&[b"PR", b"I * HTTP/2.0"]), Version::Http2);
+        assert_eq!(
+            sniffed(&[b"POST /v1/chat/completions HTTP/1.1\r\n"]),
+            Version::Http1
+        );
+        assert_eq!(sniffed(&[b"P", b"UT / HTTP/1.1"]), Version::Http1);
+        assert_eq!(sniffed(&[b"PRI"]), Version::Sniff, "not told yet");
+        // A known version is not sniffed again.
+        let mut m = Metered::new((), HeadMeter::new(&budget, 65536), Version::Http1);
+        m.sniff(b"PRI * HTTP/2.0");
+        assert_eq!(m.version, Version::Http1);
     }
 
     #[test]

@@ -30,6 +30,8 @@ Modes:
 
 Settings come from CUSTOM_ROUTER_* variables, among them:
   CUSTOM_ROUTER_PORT, CUSTOM_ROUTER_BIND        where to listen (3000, 0.0.0.0)
+  CUSTOM_ROUTER_TLS_CERT_FILE, _TLS_KEY_FILE    serve TLS (ALPN h2, http/1.1);
+                                                unset: HTTP/1.1 and h2c
   CUSTOM_ROUTER_ADMIN_TOKEN                     opens the admin calls
   CUSTOM_ROUTER_METRICS_TOKEN                   opens /metrics off loopback
   CUSTOM_ROUTER_APPROVAL_KEY                    checks signed approvals
@@ -188,7 +190,7 @@ async fn run(settings: Settings, mode: Mode) -> ExitCode {
     };
     let proxy = match router_proxy::start(options).await {
         Ok(p) => p,
-        Err(e @ router_proxy::StartError::Token(_)) => {
+        Err(e @ (router_proxy::StartError::Token(_) | router_proxy::StartError::Tls { .. })) => {
             eprintln!("router-proxy: {e}");
             return ExitCode::from(2);
         }

@@ -129,6 +129,19 @@ pub struct Settings {
     /// `431 Request Header Fields Too Large` and the connection is closed.
     /// Also the most a connection's read buffer holds.
     pub max_header_bytes: usize,
+    /// The listener's certificate and key (`CUSTOM_ROUTER_TLS_CERT_FILE`
+    /// and `CUSTOM_ROUTER_TLS_KEY_FILE`, PEM, both or neither): with them
+    /// the listener speaks TLS only (ALPN `h2` and `http/1.1`); without,
+    /// plaintext HTTP/1.1 and h2c with prior knowledge.
+    pub tls: Option<TlsFiles>,
+    /// How often the certificate and key files are checked for changes
+    /// (`CUSTOM_ROUTER_TLS_POLL_INTERVAL`, 2 s).
+    pub tls_poll_interval: Duration,
+    /// Requests one HTTP/2 connection may have open at once
+    /// (`CUSTOM_ROUTER_H2_MAX_CONCURRENT_STREAMS`, 100: the least RFC 9113
+    /// recommends); the client waits for a stream to end before it opens
+    /// another.
+    pub h2_max_concurrent_streams: u32,
     /// What a policy may ask of this proxy: the variables a pool's
     /// `api_key_env` may name (`*_API_KEY`, plus
     /// `CUSTOM_ROUTER_API_KEY_ENV_ALLOW`) and the link-local or metadata
@@ -193,6 +206,9 @@ impl Default for Settings {
             max_connections: 4096,
             max_connections_per_peer: None,
             max_header_bytes: 64 * 1024,
+            tls: None,
+            tls_poll_interval: Duration::from_secs(2),
+            h2_max_concurrent_streams: 100,
             guards: Guards::default(),
         }
     }
@@ -404,6 +420,29 @@ impl Settings {
                 _ => return Err(bad(var, &v, "a number of bytes of at least 8192")),
             };
         }
+        match (
+            get("CUSTOM_ROUTER_TLS_CERT_FILE"),
+            get("CUSTOM_ROUTER_TLS_KEY_FILE"),
+        ) {
+            (None, None) => {}
+            (Some((cert_var, cert)), Some((key_var, key))) => {
+                s.tls = Some(TlsFiles {
+                    cert: pem_path(cert_var, &cert)?,
+                    key: pem_path(key_var, &key)?,
+                });
+            }
+            (Some(_), None) => return Err(tls_pair("CUSTOM_ROUTER_TLS_KEY_FILE")),
+            (None, Some(_)) => return Err(tls_pair("CUSTOM_ROUTER_TLS_CERT_FILE")),
+        }
+        if let Some((var, v)) = get("CUSTOM_ROUTER_TLS_POLL_INTERVAL") {
+            s.tls_poll_interval = seconds(var, &v)?;
+        }
+        if let Some((var, v)) = get("CUSTOM_ROUTER_H2_MAX_CONCURRENT_STREAMS") {
+            s.h2_max_concurrent_streams = match v.trim().parse::<u32>() {
+                Ok(n) if n >= 1 => n,
+                _ => return Err(bad(var, &v, "an integer of at least 1")),
+            };
+        }
         s.guards = Guards::from_lookup(&lookup).map_err(|e| {
             let expected = match e.var {
                 ALLOW_BACKEND_HOSTS_VAR => "comma-separated host names or IP addresses",
@@ -412,6 +451,32 @@ impl Settings {
             bad(e.var, &e.value, expected)
         })?;
         Ok(s)
+    }
+}
+
+/// The listener's PEM certificate chain and private key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsFiles {
+    /// The certificate chain, leaf first (`CUSTOM_ROUTER_TLS_CERT_FILE`).
+    pub cert: PathBuf,
+    /// Its private key (`CUSTOM_ROUTER_TLS_KEY_FILE`).
+    pub key: PathBuf,
+}
+
+/// A path in `var`, trimmed; an empty one is refused.
+fn pem_path(var: &'static str, value: &str) -> Result<PathBuf, SettingsError> {
+    match value.trim() {
+        "" => Err(bad(var, value, "a path to a PEM file")),
+        path => Ok(PathBuf::from(path)),
+    }
+}
+
+/// `missing`, unset while the other TLS variable is set.
+fn tls_pair(missing: &'static str) -> SettingsError {
+    SettingsError {
+        var: missing,
+        shown: "(unset)".into(),
+        expected: "CUSTOM_ROUTER_TLS_CERT_FILE and CUSTOM_ROUTER_TLS_KEY_FILE set together",
     }
 }
 
@@ -552,6 +617,9 @@ mod tests {
         assert_eq!(s.max_connections, 4096);
         assert_eq!(s.connections_per_peer(), 2048);
         assert_eq!(s.max_header_bytes, 65536);
+        assert_eq!(s.tls, None);
+        assert_eq!(s.tls_poll_interval, Duration::from_secs(2));
+        assert_eq!(s.h2_max_concurrent_streams, 100);
         assert_eq!(
             s.connection_balance,
             crate::balance_workers::ConnectionBalance::Pack
@@ -630,6 +698,9 @@ mod tests {
             ("CUSTOM_ROUTER_MAX_CONNECTIONS_PER_PEER", "many"),
             ("CUSTOM_ROUTER_MAX_HEADER_BYTES", "8191"),
             ("CUSTOM_ROUTER_MAX_HEADER_BYTES", "64KiB"),
+            ("CUSTOM_ROUTER_H2_MAX_CONCURRENT_STREAMS", "0"),
+            ("CUSTOM_ROUTER_H2_MAX_CONCURRENT_STREAMS", "lots"),
+            ("CUSTOM_ROUTER_TLS_POLL_INTERVAL", "0"),
             ("CUSTOM_ROUTER_API_KEY_ENV_ALLOW", "*"),
             ("CUSTOM_ROUTER_API_KEY_ENV_ALLOW", "NOT-A-NAME"),
             (
@@ -641,6 +712,40 @@ mod tests {
             assert_eq!(err.var, var);
             assert!(err.to_string().contains(var), "{err}");
         }
+    }
+
+    /// Issue 30, item 11: the listener's certificate and key come
+    /// together; either alone, or an empty path, stops startup naming the
+    /// variable.
+    #[test]
+    fn the_tls_files_come_together() {
+        let s = with(&[
+            ("CUSTOM_ROUTER_TLS_CERT_FILE", " /etc/router/tls.crt\n"),
+            ("CUSTOM_ROUTER_TLS_KEY_FILE", "/etc/router/tls.key"),
+            ("CUSTOM_ROUTER_TLS_POLL_INTERVAL", "0.25"),
+            ("CUSTOM_ROUTER_H2_MAX_CONCURRENT_STREAMS", "8"),
+        ])
+        .unwrap();
+        assert_eq!(
+            s.tls,
+            Some(TlsFiles {
+                cert: "/etc/router/tls.crt".into(),
+                key: "/etc/router/tls.key".into(),
+            })
+        );
+        assert_eq!(s.tls_poll_interval, Duration::from_millis(250));
+        assert_eq!(s.h2_max_concurrent_streams, 8);
+        let err = with(&[("CUSTOM_ROUTER_TLS_CERT_FILE", "/c.pem")]).unwrap_err();
+        assert_eq!(err.var, "CUSTOM_ROUTER_TLS_KEY_FILE");
+        assert!(err.to_string().contains("set together"), "{err}");
+        let err = with(&[("CUSTOM_ROUTER_TLS_KEY_FILE", "/k.pem")]).unwrap_err();
+        assert_eq!(err.var, "CUSTOM_ROUTER_TLS_CERT_FILE");
+        let err = with(&[
+            ("CUSTOM_ROUTER_TLS_CERT_FILE", "/c.pem"),
+            ("CUSTOM_ROUTER_TLS_KEY_FILE", " "),
+        ])
+        .unwrap_err();
+        assert_eq!(err.var, "CUSTOM_ROUTER_TLS_KEY_FILE");
     }
 
     #[test]

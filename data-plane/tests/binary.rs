@@ -29,6 +29,50 @@ fn an_invalid_variable_stops_startup_and_is_named() {
     }
 }
 
+/// Issue 30, item 11: the listener's TLS variables come together, and a
+/// file that cannot be used stops startup (exit code 2) naming the
+/// variable and the reason.
+#[test]
+fn unusable_tls_variables_stop_startup_and_are_named() {
+    let missing = std::env::temp_dir().join(format!("router-no-such-{}.pem", std::process::id()));
+    let missing = missing.to_string_lossy().into_owned();
+    /// The variables set, the one named, the reason given.
+    type Case<'a> = (&'a [(&'a str, &'a str)], &'a str, &'a str);
+    let cases: [Case; 3] = [
+        (
+            &[("CUSTOM_ROUTER_TLS_CERT_FILE", "/x.pem")],
+            "CUSTOM_ROUTER_TLS_KEY_FILE",
+            "set together",
+        ),
+        (
+            &[("CUSTOM_ROUTER_TLS_KEY_FILE", "/x.pem")],
+            "CUSTOM_ROUTER_TLS_CERT_FILE",
+            "set together",
+        ),
+        (
+            &[
+                ("CUSTOM_ROUTER_TLS_CERT_FILE", &missing),
+                ("CUSTOM_ROUTER_TLS_KEY_FILE", &missing),
+            ],
+            "CUSTOM_ROUTER_TLS_CERT_FILE",
+            "cannot read it",
+        ),
+    ];
+    for (vars, named, reason) in cases {
+        let out = Command::new(BIN)
+            .args(["--bind", "127.0.0.1", "--port", "0"])
+            .envs(vars.iter().copied())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{vars:?}: {stderr}");
+        assert!(
+            stderr.contains(named) && stderr.contains(reason),
+            "{stderr}"
+        );
+    }
+}
+
 /// Issue 20, item 10: `--help` names the modes and the variables, and a
 /// managed-mode flag without `--control-plane` is refused, not ignored.
 #[test]

@@ -71,6 +71,12 @@ struct Args {
     /// /v1/messages`), for the cost of its translation.
     #[arg(long)]
     anthropic: bool,
+    /// Only serve: start the backend, run `--between` with its address in
+    /// `BENCH_BACKEND` (`127.0.0.1:PORT`), and exit when it is done (for a
+    /// load generator of another protocol, e.g. `h2load`; see
+    /// bench/listener-callgrind.sh).
+    #[arg(long)]
+    serve_only: bool,
 }
 
 fn main() -> ExitCode {
@@ -96,6 +102,19 @@ fn main() -> ExitCode {
 
 async fn run(args: &Args) -> Result<(), BoxError> {
     let backend = backend::Backend::start()?;
+    if args.serve_only {
+        let cmd = args.between.as_deref().unwrap_or("true");
+        let status = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(cmd)
+            .env("BENCH_BACKEND", backend.addr.to_string())
+            .status()?;
+        println!("backend_hits={}", backend.hits());
+        return match status.success() {
+            true => Ok(()),
+            false => Err(format!("{cmd:?} failed: {status}").into()),
+        };
+    }
     let ready_by = Instant::now() + Duration::from_secs(args.wait_ready);
     let mut admin = loop {
         match connect(args.target).await {

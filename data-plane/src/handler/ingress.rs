@@ -489,7 +489,13 @@ pub(crate) fn handle(
             headers.remove(http::header::AUTHORIZATION);
             headers.remove(dialect::X_API_KEY);
         }
-        forward::add_forwarded(&mut headers, &client_ip, seen.host.clone(), &seen);
+        // Over HTTP/2 the host is the `:authority`, not a header.
+        let host = seen.host.clone().or_else(|| {
+            let authority = parts.uri.authority()?;
+            http::HeaderValue::from_str(authority.as_str()).ok()
+        });
+        let tls = shared.tls.is_some();
+        forward::add_forwarded(&mut headers, &client_ip, host, &seen, tls);
         if let Some(id) = &pending.id_header {
             headers.insert(X_REQUEST_ID, id.clone());
             headers.insert(IDEMPOTENCY_KEY, id.clone());

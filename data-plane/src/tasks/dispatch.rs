@@ -72,11 +72,49 @@ const SHED_BEFORE_SEND: [&str; 7] = [
 /// long, then is tried again).
 const MAX_RETRY_AFTER: Duration = Duration::from_secs(3600);
 
-type SelfClient = Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>;
+type SelfClient = Client<
+    hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector>,
+    Full<Bytes>,
+>;
+
+/// The client of this proxy's own listener: over TLS when the listener
+/// speaks it, trusting exactly the certificate it presents.
+fn self_client(shared: &Shared) -> Result<(SelfClient, &'static str), rustls::Error> {
+    let (config, scheme) = match &shared.tls {
+        Some(tls) => (tls.loopback_client()?, "https"),
+        // Never used for a handshake: the URIs are `http`.
+        None => (
+            rustls::ClientConfig::builder_with_provider(Arc::new(
+                rustls::crypto::ring::default_provider(),
+            ))
+            .with_safe_default_protocol_versions()?
+            .with_root_certificates(rustls::RootCertStore::empty())
+            .with_no_client_auth(),
+            "http",
+        ),
+    };
+    let connector = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(config)
+        .https_or_http()
+        .enable_http1()
+        .build();
+    Ok((
+        Client::builder(TokioExecutor::new()).build(connector),
+        scheme,
+    ))
+}
 
 /// Runs the dispatcher until the proxy stops (its runs are aborted with it).
 pub(crate) async fn run(shared: Arc<Shared>, tasks: Arc<Tasks>, target: SocketAddr) {
-    let client: SelfClient = Client::builder(TokioExecutor::new()).build_http();
+    let (client, scheme) = match self_client(&shared) {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!(error = %e, "parked tasks cannot run: no client for the listener");
+            return;
+        }
+    };
+    // `http://127.0.0.1:PORT`, or https over the listener's TLS.
+    let target: Arc<str> = format!("{scheme}://{target}").into();
     let mut running: JoinSet<()> = JoinSet::new();
     let mut tick = tokio::time::interval(POLL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -164,7 +202,7 @@ pub(crate) async fn run(shared: Arc<Shared>, tasks: Arc<Tasks>, target: SocketAd
                             Arc::clone(&shared),
                             Arc::clone(&tasks),
                             client.clone(),
-                            target,
+                            Arc::clone(&target),
                             v,
                         ));
                     }
@@ -217,7 +255,7 @@ async fn run_one(
     shared: Arc<Shared>,
     tasks: Arc<Tasks>,
     client: SelfClient,
-    target: SocketAddr,
+    target: Arc<str>,
     mut v: Versioned,
 ) {
     let id = v.task.id.clone();
@@ -227,7 +265,7 @@ async fn run_one(
         .attempt_timeout
         .saturating_add(Duration::from_secs(10));
     let built = match tasks.body(&v.task).await {
-        Ok(Some(body)) => build_request(&tasks, &v, body, target),
+        Ok(Some(body)) => build_request(&tasks, &v, body, &target),
         Ok(None) => Err("its body is gone from the task store".to_string()),
         Err(e) => Err(e),
     };
@@ -403,12 +441,12 @@ fn build_request(
     tasks: &Tasks,
     v: &Versioned,
     body: Bytes,
-    target: SocketAddr,
+    target: &str,
 ) -> Result<http::Request<Full<Bytes>>, String> {
     let t = &v.task;
     let mut b = http::Request::builder()
         .method(t.method.as_str())
-        .uri(format!("http://{target}{}", t.path));
+        .uri(format!("{target}{}", t.path));
     let mut has_id = false;
     for (n, val) in &t.headers {
         has_id |=

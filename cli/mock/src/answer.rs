@@ -405,16 +405,26 @@ fn sse_frames(
     interval: Duration,
 ) -> VecDeque<(Duration, Bytes)> {
     let mut frames = VecDeque::with_capacity(chunks + 1);
+    // One event written by serde_json around a marker, then only the
+    // token's number per chunk: a stream of 200,000 chunks is made before
+    // its first byte, and a JSON value per chunk took seconds in a debug
+    // build under load (a test's deadline ran out before the first byte).
+    const MARK: &str = "@@TOKEN@@";
+    let template = json!({
+        "id": id,
+        "object": "chat.completion.chunk",
+        "model": model,
+        "served_by": served_by,
+        "choices": [{"index": 0, "delta": {"content": MARK}}],
+    })
+    .to_string();
+    let (before, after) = template.split_once(MARK).unwrap_or((&template, ""));
     for i in 0..chunks {
-        let event = json!({
-            "id": id,
-            "object": "chat.completion.chunk",
-            "model": model,
-            "served_by": served_by,
-            "choices": [{"index": 0, "delta": {"content": format!("tok{i} ")}}],
-        });
         let delay = if i == 0 { latency } else { interval };
-        frames.push_back((delay, Bytes::from(format!("data: {event}\n\n"))));
+        frames.push_back((
+            delay,
+            Bytes::from(format!("data: {before}tok{i} {after}\n\n")),
+        ));
     }
     let done_delay = if chunks == 0 { latency } else { Duration::ZERO };
     frames.push_back((done_delay, Bytes::from_static(b"data: [DONE]\n\n")));
@@ -1153,4 +1163,39 @@ fn embeddings_answer(request: Option<&Value>, model: &str) -> Result<Value, &'st
         "model": model,
         "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
     }))
+}
+
+#[cfg(test)]
+mod sse_tests {
+    use super::*;
+
+    /// The frames written from one template are what serde_json writes
+    /// for each chunk's event (the oracle), marker-like text in the model
+    /// included.
+    #[test]
+    fn sse_frames_match_the_events_serde_json_writes() {
+        let model = "m@@TOKEN@@\"quoted\"";
+        let frames = sse_frames(
+            "id-1",
+            model,
+            "mock",
+            3,
+            Duration::from_millis(5),
+            Duration::from_millis(1),
+        );
+        assert_eq!(frames.len(), 4);
+        for (i, (delay, bytes)) in frames.iter().take(3).enumerate() {
+            let event = json!({
+                "id": "id-1",
+                "object": "chat.completion.chunk",
+                "model": model,
+                "served_by": "mock",
+                "choices": [{"index": 0, "delta": {"content": format!("tok{i} ")}}],
+            });
+            assert_eq!(bytes, &Bytes::from(format!("data: {event}\n\n")));
+            let want = if i == 0 { 5 } else { 1 };
+            assert_eq!(*delay, Duration::from_millis(want));
+        }
+        assert_eq!(frames[3].1, Bytes::from_static(b"data: [DONE]\n\n"));
+    }
 }

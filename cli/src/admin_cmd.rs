@@ -312,9 +312,7 @@ pub async fn tenant_usage(admin: &mut Admin, tenant: &str, output: Output) -> Ex
         u64::try_from(ms)
             .ok()
             .filter(|ms| *ms > 0)
-            .and_then(|ms| {
-                std::time::UNIX_EPOCH.checked_add(std::time::Duration::from_millis(ms))
-            })
+            .and_then(|ms| std::time::UNIX_EPOCH.checked_add(std::time::Duration::from_millis(ms)))
             .map(|t| humantime::format_rfc3339_seconds(t).to_string())
     };
     let since = when(usage.store_since_unix_ms);

@@ -30,7 +30,11 @@ pub(crate) async fn watch(store: Arc<RedisStore>, metrics: Arc<Metrics>, every: 
             tokio::time::sleep(UNTIL_CONNECTED).await;
             continue;
         }
-        let offered = candidate(uuid::Uuid::now_v7().to_string(), unix_now_ms(), saw.as_ref());
+        let offered = candidate(
+            uuid::Uuid::now_v7().to_string(),
+            unix_now_ms(),
+            saw.as_ref(),
+        );
         match store.offer_epoch(&offered.to_text()).await {
             Err(e) => {
                 metrics.store_error("epoch");

@@ -182,10 +182,7 @@ mod tests {
     fn a_key_that_is_not_a_marker_says_nothing() {
         let a = epoch("a", 10);
         let offered = candidate("b".into(), 20, Some(&a));
-        assert_eq!(
-            observe(Some(&a), &offered, Some("hello")),
-            Seen::Unreadable
-        );
+        assert_eq!(observe(Some(&a), &offered, Some("hello")), Seen::Unreadable);
         assert_eq!(observe(None, &offered, Some("")), Seen::Unreadable);
     }
 

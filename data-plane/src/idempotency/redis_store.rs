@@ -304,10 +304,14 @@ impl RedisStore {
     pub(crate) async fn offer_epoch(&self, text: &str) -> Result<Option<String>, StoreError> {
         let mut conn = self.conn().await?;
         let mut cmd = redis::cmd("SET");
-        cmd.arg(format!("{}{}", self.prefix, router_policy::store_epoch::KEY))
-            .arg(text)
-            .arg("NX")
-            .arg("GET");
+        cmd.arg(format!(
+            "{}{}",
+            self.prefix,
+            router_policy::store_epoch::KEY
+        ))
+        .arg(text)
+        .arg("NX")
+        .arg("GET");
         let old: Option<Vec<u8>> = bounded(cmd.query_async(&mut conn)).await?;
         Ok(old.map(|b| String::from_utf8_lossy(&b).into_owned()))
     }

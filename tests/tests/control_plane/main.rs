@@ -1071,10 +1071,7 @@ async fn a_shared_store_that_lost_its_data_is_detected_counted_and_shown() {
     assert_eq!(r.status, StatusCode::OK, "{}", r.text());
     eventually(WAIT_AT_MOST, "the call's spend settled", || {
         redis
-            .get(&format!(
-                "router:spend:team-a:{}",
-                first.day
-            ))
+            .get(&format!("router:spend:team-a:{}", first.day))
             .is_some_and(|v| v != "0")
     })
     .await;
@@ -1109,7 +1106,10 @@ async fn a_shared_store_that_lost_its_data_is_detected_counted_and_shown() {
     let after = usage(&mut operator).await;
     assert!(after.store_reset_seen, "{after:?}");
     assert_eq!(after.store_lost_since_unix_ms, first.store_since_unix_ms);
-    assert!(after.store_since_unix_ms >= first.store_since_unix_ms, "{after:?}");
+    assert!(
+        after.store_since_unix_ms >= first.store_since_unix_ms,
+        "{after:?}"
+    );
     assert_eq!(after.spent_today_micros, 0, "the spend is gone: {after:?}");
     // Counted once: later checks find the new marker.
     tokio::time::sleep(Duration::from_millis(400)).await;
@@ -1131,7 +1131,11 @@ async fn a_shared_store_that_lost_its_data_is_detected_counted_and_shown() {
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(
         text.contains("a reset was seen: the store lost its data, spend since"),
         "{text}"

@@ -487,7 +487,10 @@ fn the_image_docs_name_the_commands_ci_runs() {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
     let deploy = repo_file("docs/deploy.md");
     for script in ["scripts/build-image", ".ci/check-image"] {
-        assert!(deploy.contains(script), "docs/deploy.md should name {script}");
+        assert!(
+            deploy.contains(script),
+            "docs/deploy.md should name {script}"
+        );
         let mode = std::fs::metadata(root.join(script))
             .unwrap_or_else(|e| panic!("{script}: {e}"))
             .permissions()

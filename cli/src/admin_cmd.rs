@@ -319,6 +319,15 @@ pub async fn tenant_usage(admin: &mut Admin, tenant: &str, output: Output) -> Ex
         Err(s) => return fail(explain_status(&s)),
     };
     let usd = |micros: i64| micros as f64 / 1e6;
+    let when = |ms: i64| {
+        u64::try_from(ms)
+            .ok()
+            .filter(|ms| *ms > 0)
+            .and_then(|ms| std::time::UNIX_EPOCH.checked_add(std::time::Duration::from_millis(ms)))
+            .map(|t| humantime::format_rfc3339_seconds(t).to_string())
+    };
+    let since = when(usage.store_since_unix_ms);
+    let lost_since = when(usage.store_lost_since_unix_ms);
     let v = json!({
         "tenant": tenant,
         "day": usage.day,
@@ -328,6 +337,9 @@ pub async fn tenant_usage(admin: &mut Admin, tenant: &str, output: Output) -> Ex
         "reserved_usd": usd(usage.reserved_micros),
         "budget_usd_per_day": limits.as_ref().and_then(|l| l.budget_usd_per_day),
         "budget_usd_per_month": limits.as_ref().and_then(|l| l.budget_usd_per_month),
+        "store_data_since": since,
+        "store_reset_seen": usage.store_reset_seen,
+        "store_lost_data_since": lost_since,
     });
     match output {
         Output::Table => {
@@ -352,6 +364,17 @@ pub async fn tenant_usage(admin: &mut Admin, tenant: &str, output: Output) -> Ex
                 "  reserved by calls in flight: ${:.6}",
                 usd(usage.reserved_micros)
             );
+            // The shared store's epoch (router_policy::store_epoch).
+            match (&since, usage.store_reset_seen) {
+                (None, _) => println!(
+                    "  store data since: unknown (no epoch marker yet: no proxy has checked the shared store since it started or lost its data)"
+                ),
+                (Some(since), false) => println!("  store data since: {since}"),
+                (Some(since), true) => println!(
+                    "  store data since: {since}; a reset was seen: the store lost its data, spend since {} is gone",
+                    lost_since.as_deref().unwrap_or("an unknown time")
+                ),
+            }
         }
         _ => print_value(&v, output),
     }

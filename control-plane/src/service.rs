@@ -346,26 +346,47 @@ impl Admin for AdminService {
         .await
         .map_err(|_| Status::unavailable("the shared store did not answer within 2 s"))?
         .map_err(|e| Status::unavailable(format!("the shared store: {e}")))?;
-        // The proxies' keys (`router:` prefix; `router_proxy::spend`).
+        // The proxies' keys (`router:` prefix; `router_proxy::spend`), and
+        // the store's epoch marker (`router_policy::store_epoch`), read
+        // together.
         let keys = [
             format!("router:spend:{tenant}:{day}"),
             format!("router:spend:{tenant}:{month}"),
             format!("router:spend_pending:{tenant}:{day}"),
+            format!("router:{}", router_policy::store_epoch::KEY),
         ];
-        let values: Vec<Option<i64>> =
-            redis::cmd("MGET")
-                .arg(&keys)
-                .query_async(&mut conn)
-                .await
-                .map_err(|e| Status::unavailable(format!("the shared store: {e}")))?;
-        let get = |i: usize| values.get(i).copied().flatten().unwrap_or(0);
+        let values: Vec<Option<String>> = tokio::time::timeout(
+            std::time::Duration::from_secs(2),
+            redis::cmd("MGET").arg(&keys).query_async(&mut conn),
+        )
+        .await
+        .map_err(|_| Status::unavailable("the shared store did not answer within 2 s"))?
+        .map_err(|e| Status::unavailable(format!("the shared store: {e}")))?;
+        let get = |i: usize| {
+            values
+                .get(i)
+                .and_then(|v| v.as_deref())
+                .and_then(|v| v.parse::<i64>().ok())
+                .unwrap_or(0)
+        };
         let reserved = get(2).max(0);
+        let epoch = values
+            .get(3)
+            .and_then(|v| v.as_deref())
+            .and_then(router_policy::store_epoch::Epoch::parse);
+        let ms = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
         Ok(Response::new(pb::TenantUsageResponse {
             day,
             month,
-            spent_today_micros: get(0) - reserved,
-            spent_month_micros: get(1) - reserved,
+            spent_today_micros: get(0).saturating_sub(reserved),
+            spent_month_micros: get(1).saturating_sub(reserved),
             reserved_micros: reserved,
+            store_since_unix_ms: epoch.as_ref().map_or(0, |e| ms(e.since_unix_ms)),
+            store_reset_seen: epoch.as_ref().is_some_and(|e| e.replaces.is_some()),
+            store_lost_since_unix_ms: epoch
+                .as_ref()
+                .and_then(|e| e.replaces.as_ref())
+                .map_or(0, |l| ms(l.since_unix_ms)),
         }))
     }
 

@@ -79,6 +79,7 @@ mod route_log;
 mod settings;
 mod spend;
 mod stop_signal;
+mod store_epoch;
 mod tasks;
 pub mod telemetry;
 mod tracked_body;
@@ -392,6 +393,8 @@ pub async fn start(options: ProxyOptions) -> Result<RunningProxy, StartError> {
         settings.task_lease,
         settings.park_max_bytes,
     ));
+    // Watched for a loss of its data once the proxy is up (below).
+    let epoch_store = redis.clone();
     let shared_store = redis.map(|r| r as Arc<dyn idempotency::IdempotencyStore>);
     let keys = Arc::new(idempotency::Keys::new(
         shared_store,
@@ -457,6 +460,13 @@ pub async fn start(options: ProxyOptions) -> Result<RunningProxy, StartError> {
         )));
     }
     tasks.push(tokio::spawn(state_log(Arc::clone(&shared))));
+    if let Some(store) = epoch_store {
+        tasks.push(tokio::spawn(store_epoch::watch(
+            store,
+            Arc::clone(&shared.metrics),
+            shared.settings.shared_store_check,
+        )));
+    }
     // Parked tasks run through this proxy's own listener, over loopback
     // when it listens on every address.
     let own = match addr.ip() {

@@ -240,6 +240,7 @@ pub(crate) struct Metrics {
     circuit_overrides_skipped: Counter,
     idempotency: Family<EventLabel, Counter>,
     store_errors: Family<OpLabel, Counter>,
+    store_resets: Counter,
     stream_events: Family<StreamEventLabels, Counter>,
     tenant_requests: Family<TenantLabels, Counter>,
     tenant_cost: Family<TenantName, Counter<f64, AtomicU64>>,
@@ -288,6 +289,7 @@ impl Metrics {
             circuit_overrides_skipped: Counter::default(),
             idempotency: Family::default(),
             store_errors: Family::default(),
+            store_resets: Counter::default(),
             stream_events: Family::default(),
             parked_tasks: Family::default(),
             parked_live: Family::default(),
@@ -398,8 +400,13 @@ impl Metrics {
         );
         registry.register(
             "router_shared_store_errors",
-            "Failed calls to the shared store, by call (claim, get, settle, rate_limit, spend)",
+            "Failed calls to the shared store, by call (claim, get, settle, rate_limit, spend, epoch)",
             m.store_errors.clone(),
+        );
+        registry.register(
+            "router_shared_store_resets",
+            "Times this proxy found that the shared store had lost its data (its epoch marker gone or replaced): tenants' spend, rate-limit windows, idempotency records and parked tasks written before are gone",
+            m.store_resets.clone(),
         );
         registry.register(
             "router_stream_events",
@@ -519,6 +526,11 @@ impl Metrics {
     /// Counts an `Idempotency-Key` event.
     pub(crate) fn idempotency(&self, event: &'static str) {
         self.idempotency.get_or_create(&EventLabel { event }).inc();
+    }
+
+    /// Counts a shared store found to have lost its data.
+    pub(crate) fn store_reset(&self) {
+        self.store_resets.inc();
     }
 
     /// Counts a failed shared-store call.

@@ -87,6 +87,11 @@ pub struct Settings {
     /// `redis://host:port/db` or `rediss://`; the password from the URL or
     /// `CUSTOM_ROUTER_SHARED_STORE_PASSWORD`). `None`: in-process keys.
     pub shared_store: Option<SharedStore>,
+    /// How often a proxy with a shared store checks that the store still
+    /// holds its data (one `SET NX GET` of the epoch marker; see
+    /// `router_policy::store_epoch`): 5 s, and at once when the first
+    /// connection is made. Not a variable: tests shorten it.
+    pub shared_store_check: Duration,
     /// Without a shared store: the file where parked tasks
     /// (`on_all_down: park`) are kept (`CUSTOM_ROUTER_TASKS_FILE`); `None`:
     /// in memory only (lost when the proxy stops).
@@ -196,6 +201,7 @@ impl Default for Settings {
             idempotency_max_answer_bytes: 1024 * 1024,
             idempotency_max_bytes: 64 * 1024 * 1024,
             shared_store: None,
+            shared_store_check: Duration::from_secs(5),
             tasks_file: None,
             task_lease: Duration::from_secs(10),
             park_max_bytes: 256 * 1024 * 1024,

@@ -32,6 +32,8 @@
 //!   its route is down (states, approval, TTL, claim, oldest first).
 //! - [`probe`]: capacity probes: when what a probe said of an endpoint
 //!   lets it take requests (its own timeout; one failure marks nothing).
+//! - [`store_epoch`]: telling that the shared store lost its data (a marker
+//!   key with a fresh id; a proxy that saw one epoch and finds another).
 //! - [`structured`]: structured-output (JSON schema) checks of answers.
 //! - [`tenant`]: who is calling (hashed keys) and what they may ask for.
 
@@ -54,6 +56,7 @@ pub mod park;
 pub mod probe;
 pub mod request_path;
 pub mod retry_budget;
+pub mod store_epoch;
 pub mod stream;
 pub mod structured;
 pub mod tenant;

@@ -117,6 +117,11 @@ impl ProxyProcess {
         panic!("router-proxy found no free port in five tries");
     }
 
+    /// What it has logged so far (stderr, `RUST_LOG=warn`).
+    pub fn stderr(&self) -> String {
+        std::fs::read_to_string(self.dir.join("stderr.log")).unwrap_or_default()
+    }
+
     /// `http://127.0.0.1:<port><path>`.
     pub fn url(&self, path: &str) -> String {
         format!("http://127.0.0.1:{}{path}", self.port)

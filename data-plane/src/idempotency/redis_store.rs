@@ -299,6 +299,23 @@ impl RedisStore {
         })
     }
 
+    /// Writes the store's epoch marker `text` if there is none (see
+    /// [`router_policy::store_epoch`]); the marker already there, if any.
+    pub(crate) async fn offer_epoch(&self, text: &str) -> Result<Option<String>, StoreError> {
+        let mut conn = self.conn().await?;
+        let mut cmd = redis::cmd("SET");
+        cmd.arg(format!(
+            "{}{}",
+            self.prefix,
+            router_policy::store_epoch::KEY
+        ))
+        .arg(text)
+        .arg("NX")
+        .arg("GET");
+        let old: Option<Vec<u8>> = bounded(cmd.query_async(&mut conn)).await?;
+        Ok(old.map(|b| String::from_utf8_lossy(&b).into_owned()))
+    }
+
     /// Adds `delta` to the integer at `key` (a token limit's settlement).
     pub(crate) async fn adjust_counter(&self, key: &str, delta: i64) -> Result<(), StoreError> {
         let mut conn = self.conn().await?;

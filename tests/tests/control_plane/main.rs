@@ -924,6 +924,154 @@ async fn tenant_usage_is_read_from_the_proxies_shared_store() {
     let _ = std::fs::remove_dir_all(&dir2);
 }
 
+/// Issue 30, item 3: a Redis restarted without persistence forgets the
+/// day's spend. The proxy finds its epoch marker gone, logs and counts it
+/// (`router_shared_store_resets_total`), and `routerctl tenants usage`
+/// shows since when the store's data runs and that a reset was seen.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shared_store_that_lost_its_data_is_detected_counted_and_shown() {
+    let mut redis = router_tests::redis::RedisServer::start("reset").await;
+    let backend = mock("local", Behavior::Json).await;
+    let dir = temp("store-reset");
+    let cp = start(ControlPlaneOptions {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        store: router_control_plane::StoreLocation::Embedded(dir.clone()),
+        token: Some(TOKEN.into()),
+        shared_store: Some(redis.url()),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let policy = format!(
+        "apiVersion: router/v1\nkind: RoutingPolicy\nspec:\n  pools:\n    - name: local\n      endpoints: [\"{}\"]\n      price: {{input_per_1k_usd: 1.0, output_per_1k_usd: 1.0}}\n  routes:\n    - name: default\n      chain: [local]\n  tenants:\n    - name: team-a\n      keys: [\"{}\"]\n      limits: {{budget_usd_per_day: 10}}\n",
+        backend.url(),
+        router_policy::tenant::key_hash_text("rt_a")
+    );
+    let mut operator = admin(cp.local_addr(), Some(TOKEN)).await;
+    operator
+        .apply_policy(pb::ApplyPolicyRequest {
+            document: policy,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let settings = Settings {
+        shared_store: Some(router_proxy::SharedStore::new(&redis.url()).unwrap()),
+        shared_store_check: Duration::from_millis(100),
+        ..Settings::default()
+    };
+    let proxy = TestProxy::start(
+        settings,
+        managed(format!("http://{}", cp.local_addr()), Some(TOKEN), "r1"),
+    )
+    .await;
+    wait_version(&proxy, "cp-1").await;
+    eventually(WAIT_AT_MOST, "store connected", || {
+        proxy.proxy.shared_store_connected()
+    })
+    .await;
+    async fn usage(operator: &mut router_tests::control::Admin) -> pb::TenantUsageResponse {
+        operator
+            .tenant_usage(pb::TenantUsageRequest {
+                tenant: "team-a".into(),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+    }
+    // The proxy writes the marker at once; no reset yet.
+    let mut first = pb::TenantUsageResponse::default();
+    for _ in 0..250 {
+        first = usage(&mut operator).await;
+        if first.store_since_unix_ms > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(first.store_since_unix_ms > 0, "no epoch marker: {first:?}");
+    assert!(!first.store_reset_seen, "{first:?}");
+    let r = proxy
+        .chat_with(
+            &[("authorization", "Bearer rt_a")],
+            r#"{"model":"m","max_tokens":5,"messages":[]}"#,
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    eventually(WAIT_AT_MOST, "the call's spend settled", || {
+        redis
+            .get(&format!("router:spend:team-a:{}", first.day))
+            .is_some_and(|v| v != "0")
+    })
+    .await;
+    assert!(
+        proxy
+            .metrics()
+            .await
+            .contains("router_shared_store_resets_total 0"),
+        "no reset counted yet"
+    );
+
+    // Redis restarts without persistence: the spend is gone.
+    redis.stop();
+    redis.resume().await;
+    let mut metrics = String::new();
+    for _ in 0..250 {
+        metrics = proxy.metrics().await;
+        if metrics.contains("router_shared_store_resets_total 1") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        metrics.contains("router_shared_store_resets_total 1"),
+        "the reset was not counted: {}",
+        metrics
+            .lines()
+            .filter(|l| l.contains("shared_store"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    let after = usage(&mut operator).await;
+    assert!(after.store_reset_seen, "{after:?}");
+    assert_eq!(after.store_lost_since_unix_ms, first.store_since_unix_ms);
+    assert!(
+        after.store_since_unix_ms >= first.store_since_unix_ms,
+        "{after:?}"
+    );
+    assert_eq!(after.spent_today_micros, 0, "the spend is gone: {after:?}");
+    // Counted once: later checks find the new marker.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert!(proxy
+        .metrics()
+        .await
+        .contains("router_shared_store_resets_total 1"));
+
+    // What an operator sees.
+    let out = std::process::Command::new(router_tests::proxy_process::bin_dir().join("routerctl"))
+        .args([
+            "tenants",
+            "usage",
+            "team-a",
+            "--server",
+            &format!("http://{}", cp.local_addr()),
+        ])
+        .env("ROUTER_TOKEN", TOKEN)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("a reset was seen: the store lost its data, spend since"),
+        "{text}"
+    );
+    assert!(text.contains("store data since: 20"), "{text}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// Issue 30, item 8: `proxies list`'s LAST SEEN is a heartbeat: a live
 /// proxy with nothing to say (no policy change, no circuit) is still seen
 /// every heartbeat, not only when it last ACKed a push.

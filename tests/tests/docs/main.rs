@@ -478,6 +478,45 @@ fn the_examples_run_the_release_build() {
     );
 }
 
+/// Issue 30, item 12: the image section names commands that exist, CI
+/// runs the check, and the sizes in docs/deploy.md were measured by the
+/// command it names (the one `.ci/check-image` runs).
+#[test]
+fn the_image_docs_name_the_commands_ci_runs() {
+    use std::os::unix::fs::PermissionsExt;
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let deploy = repo_file("docs/deploy.md");
+    for script in ["scripts/build-image", ".ci/check-image"] {
+        assert!(
+            deploy.contains(script),
+            "docs/deploy.md should name {script}"
+        );
+        let mode = std::fs::metadata(root.join(script))
+            .unwrap_or_else(|e| panic!("{script}: {e}"))
+            .permissions()
+            .mode();
+        assert!(mode & 0o111 != 0, "{script} is not executable");
+    }
+    assert!(
+        repo_file(".ci/run").contains("\n.ci/check-image\n"),
+        ".ci/run should run .ci/check-image"
+    );
+    let containerfile = repo_file("deploy/docker/Containerfile.scratch");
+    assert!(containerfile.contains("\nFROM scratch\n"));
+    assert!(containerfile.contains("\nUSER 10001:10001\n"));
+    assert!(
+        repo_file("scripts/build-image").contains("-f deploy/docker/Containerfile.scratch"),
+        "scripts/build-image should build the Containerfile"
+    );
+    assert!(repo_file("deploy/docker/Dockerfile").contains("Containerfile.scratch"));
+    let measure = "podman image inspect --format '{{.Size}}'";
+    assert!(repo_file(".ci/check-image").contains(measure));
+    assert!(
+        deploy.contains(measure),
+        "docs/deploy.md should give the command that measured the image"
+    );
+}
+
 /// Issue 30, item 13: the README counts the drill's scenarios right.
 #[test]
 fn the_readme_counts_the_drills_scenarios() {

@@ -477,3 +477,40 @@ async fn rediss_carries_the_keys_and_an_untrusted_certificate_is_refused() {
     assert_eq!(retry.body, first.body);
     assert_eq!(m.stats().received - before, 1);
 }
+
+/// Issue 30, item 3: a proxy process whose Redis restarts without
+/// persistence says so, once, at warn (the epoch marker is checked every
+/// 5 s): the log names what is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_that_lost_its_data_is_logged_once_at_warn() {
+    let mut redis = RedisServer::start("reset-log").await;
+    let backend = mock("only", Behavior::Json).await;
+    let store = redis.url();
+    let proxy = router_tests::proxy_process::ProxyProcess::start(
+        "reset-log",
+        &policy(&backend.url()),
+        &[("CUSTOM_ROUTER_SHARED_STORE", store.as_str())],
+    );
+    eventually(WAIT_AT_MOST, "the epoch marker written", || {
+        redis.get("router:store:epoch").is_some()
+    })
+    .await;
+    redis.stop();
+    redis.resume().await;
+    let said = "the shared store lost its data: spend since";
+    eventually(Duration::from_secs(15), "the loss logged", || {
+        proxy.stderr().contains(said)
+    })
+    .await;
+    // Once: the next checks find the marker written after the loss.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let log = proxy.stderr();
+    assert_eq!(log.matches(said).count(), 1, "{log}");
+    assert!(log.contains("WARN"), "{log}");
+    assert!(
+        redis
+            .get("router:store:epoch")
+            .is_some_and(|m| m.contains("\"replaces\"")),
+        "the new marker names the lost epoch"
+    );
+}

@@ -25,7 +25,7 @@ pub async fn create_key(
     name: &str,
     expires_in: Option<Duration>,
 ) -> Result<(String, pb::TenantKey), String> {
-    let key = crate::admin_cmd::mint_tenant_key()?;
+    let key = crate::tenants_cmd::mint_tenant_key()?;
     let expires_at_unix_ms = match expires_in {
         None => 0,
         Some(d) => {

@@ -1,0 +1,178 @@
+//! `routerctl backends list | set | drain`: pools' backend sets.
+
+use std::process::ExitCode;
+
+use router_proto::v1 as pb;
+use serde_json::{json, Value};
+
+use crate::admin_cmd::{explain_status, fail, print_value, Admin};
+use crate::policy_cmd::Output;
+
+/// `backends list`.
+pub async fn backends_list(admin: &mut Admin, output: Output) -> ExitCode {
+    let mut pools = match admin.list_backends(pb::ListBackendsRequest {}).await {
+        Ok(r) => r.into_inner().pools,
+        Err(s) => return fail(explain_status(&s)),
+    };
+    // Pools without a backend set serve the endpoints their policy lists:
+    // listed too, after the sets (a policy that does not parse lists none).
+    let policy = match admin.get_policy(pb::GetPolicyRequest { version: 0 }).await {
+        Ok(r) => router_policy::document::PolicyDocument::parse(&r.into_inner().document).ok(),
+        Err(s) => return fail(explain_status(&s)),
+    };
+    let sets = pools.len();
+    for p in policy.map(|d| d.spec.pools).unwrap_or_default() {
+        if pools.iter().any(|b| b.pool == p.name) {
+            continue;
+        }
+        let endpoints: Vec<String> = p.endpoints.iter().map(|e| e.url().to_string()).collect();
+        let drained = endpoints
+            .iter()
+            .zip(&p.endpoints)
+            .filter(|(_, e)| p.drain || e.drain())
+            .map(|(u, _)| u.clone())
+            .collect();
+        pools.push(pb::PoolBackends {
+            pool: p.name,
+            endpoints,
+            drained,
+        });
+    }
+    let source = |i: usize| if i < sets { "backends set" } else { "policy" };
+    // The fleet's marks on each endpoint: open circuits and suspicions
+    // (router_policy::health), with the proxy that raised them.
+    let circuits = match admin.list_circuits(pb::ListCircuitsRequest {}).await {
+        Ok(r) => r.into_inner().circuits,
+        Err(s) => return fail(explain_status(&s)),
+    };
+    let marks = |pool: &str, endpoint: &str| -> Vec<String> {
+        circuits
+            .iter()
+            .filter(|c| {
+                c.pool == pool
+                    && (c.endpoint.is_empty()
+                        || router_policy::Endpoint::same_address(&c.endpoint, endpoint))
+            })
+            .map(|c| match (c.suspect.as_str(), c.open) {
+                ("", true) => format!("circuit open ({})", c.source),
+                ("", false) => format!("circuit forced closed ({})", c.source),
+                (cause, _) => format!("suspect: {cause} ({})", c.source),
+            })
+            .collect()
+    };
+    match output {
+        Output::Table => {
+            println!(
+                "{:<20} {:<40} {:<9} {:<13} FLEET",
+                "POOL", "ENDPOINT", "STATE", "FROM"
+            );
+            for (i, p) in pools.iter().enumerate() {
+                for e in &p.endpoints {
+                    let state = if p.drained.contains(e) {
+                        "draining"
+                    } else {
+                        "active"
+                    };
+                    let m = marks(&p.pool, e);
+                    let fleet = if m.is_empty() {
+                        "-".to_string()
+                    } else {
+                        m.join(", ")
+                    };
+                    println!(
+                        "{:<20} {:<40} {state:<9} {:<13} {fleet}",
+                        p.pool,
+                        e,
+                        source(i)
+                    );
+                }
+            }
+        }
+        _ => print_value(
+            &Value::Array(
+                pools
+                    .iter()
+                    .enumerate()
+                    .map(|(i, p)| {
+                        let marks: serde_json::Map<String, Value> = p
+                            .endpoints
+                            .iter()
+                            .map(|e| (e.clone(), json!(marks(&p.pool, e))))
+                            .collect();
+                        json!({"pool": p.pool, "endpoints": p.endpoints, "drained": p.drained, "fleet": marks, "source": source(i)})
+                    })
+                    .collect(),
+            ),
+            output,
+        ),
+    }
+    ExitCode::SUCCESS
+}
+
+/// `backends set POOL ADDR...`.
+pub async fn backends_set(admin: &mut Admin, pool: &str, endpoints: Vec<String>) -> ExitCode {
+    match admin
+        .set_backends(pb::SetBackendsRequest {
+            pool: pool.to_string(),
+            endpoints,
+            drained: Vec::new(),
+        })
+        .await
+    {
+        Ok(r) => {
+            println!(
+                "backends of {pool} set (revision {})",
+                r.into_inner().revision
+            );
+            ExitCode::SUCCESS
+        }
+        Err(s) => fail(explain_status(&s)),
+    }
+}
+
+/// `backends drain POOL ADDR`.
+pub async fn backends_drain(admin: &mut Admin, pool: &str, addr: &str) -> ExitCode {
+    let pools = match admin.list_backends(pb::ListBackendsRequest {}).await {
+        Ok(r) => r.into_inner().pools,
+        Err(s) => return fail(explain_status(&s)),
+    };
+    let Some(current) = pools.into_iter().find(|p| p.pool == pool) else {
+        return fail(format!(
+            "no backend set for pool {pool} (routerctl backends set {pool} ...)"
+        ));
+    };
+    // Compared as endpoints: health and metrics show `http://host:port`
+    // for a backend set as `host:port`.
+    let Some(addr) = current
+        .endpoints
+        .iter()
+        .find(|e| router_policy::Endpoint::same_address(e, addr))
+        .cloned()
+    else {
+        return fail(format!(
+            "{addr} is not a backend of {pool} (its backends: {})",
+            current.endpoints.join(", ")
+        ));
+    };
+    let mut drained = current.drained;
+    if !drained.contains(&addr) {
+        drained.push(addr.clone());
+    }
+    match admin
+        .set_backends(pb::SetBackendsRequest {
+            pool: pool.to_string(),
+            endpoints: current.endpoints,
+            drained,
+        })
+        .await
+    {
+        Ok(r) => {
+            println!(
+                "{addr} of {pool} draining (revision {})",
+                r.into_inner().revision
+            );
+            ExitCode::SUCCESS
+        }
+        Err(s) => fail(explain_status(&s)),
+    }
+}

@@ -93,13 +93,29 @@ pub(crate) fn print_value(v: &Value, output: Output) {
     }
 }
 
+/// The wall clock in Unix milliseconds: the one place routerctl reads it
+/// (expiries it sends and shows are wall times).
+#[allow(clippy::disallowed_methods)] // a wall time is the point
+pub(crate) fn now_unix_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
 pub(crate) fn when(ms: i64) -> String {
-    if ms <= 0 {
-        return "-".into();
-    }
-    let t =
-        std::time::UNIX_EPOCH + std::time::Duration::from_millis(u64::try_from(ms).unwrap_or(0));
-    humantime::format_rfc3339_seconds(t).to_string()
+    when_given(ms).unwrap_or_else(|| "-".into())
+}
+
+/// A Unix time in milliseconds as RFC 3339 (UTC, seconds); `None` for 0,
+/// a negative time or one past year 9999 (a control plane's value is
+/// never trusted to fit the clock).
+pub(crate) fn when_given(ms: i64) -> Option<String> {
+    const YEAR_10000_MS: u64 = 253_402_300_800_000;
+    let ms = u64::try_from(ms)
+        .ok()
+        .filter(|ms| (1..YEAR_10000_MS).contains(ms))?;
+    let t = std::time::UNIX_EPOCH.checked_add(std::time::Duration::from_millis(ms))?;
+    Some(humantime::format_rfc3339_seconds(t).to_string())
 }
 
 fn print_errors(errors: &[pb::FieldError]) {
@@ -250,13 +266,7 @@ pub async fn diff_versions(admin: &mut Admin, a: u64, b: u64) -> ExitCode {
     let (Some(new), Some(old)) = (versions.pop(), versions.pop()) else {
         return fail("the control plane did not answer both versions");
     };
-    let same_meaning = matches!(
-        (
-            router_policy::document::PolicyDocument::parse(&old.document),
-            router_policy::document::PolicyDocument::parse(&new.document)
-        ),
-        (Ok(x), Ok(y)) if x == y
-    );
+    let same_meaning = same_meaning(&old.document, &new.document);
     let label = |p: &pb::PolicyVersion| {
         format!(
             "version {} ({} by {}{})",
@@ -288,6 +298,13 @@ pub async fn diff_versions(admin: &mut Admin, a: u64, b: u64) -> ExitCode {
     }
 }
 
+/// Whether two policy documents mean the same (both parse, and equal
+/// once parsed: comments and layout aside).
+fn same_meaning(a: &str, b: &str) -> bool {
+    use router_policy::document::PolicyDocument;
+    matches!((PolicyDocument::parse(a), PolicyDocument::parse(b)), (Ok(x), Ok(y)) if x == y)
+}
+
 /// `policy diff -f FILE`: 0 when the file is what is applied, 1 otherwise.
 pub async fn diff(admin: &mut Admin, file: &Path) -> ExitCode {
     let local = match std::fs::read_to_string(file) {
@@ -299,13 +316,7 @@ pub async fn diff(admin: &mut Admin, file: &Path) -> ExitCode {
         Err(s) if s.code() == tonic::Code::NotFound => String::new(),
         Err(s) => return fail(explain_status(&s)),
     };
-    let same_meaning = matches!(
-        (
-            router_policy::document::PolicyDocument::parse(&local),
-            router_policy::document::PolicyDocument::parse(&current)
-        ),
-        (Ok(a), Ok(b)) if a == b
-    );
+    let same_meaning = same_meaning(&local, &current);
     if same_meaning {
         return ExitCode::SUCCESS;
     }

@@ -11,7 +11,7 @@ use std::time::Duration;
 use router_proto::v1 as pb;
 use serde_json::{json, Value};
 
-use crate::admin_cmd::{explain_status, fail, print_value, when, Admin};
+use crate::admin_cmd::{explain_status, fail, now_unix_ms, print_value, when, Admin};
 use crate::policy_cmd::Output;
 
 /// How many characters of a key `keys list` shows (`rt_` and 4 more).
@@ -28,16 +28,10 @@ pub async fn create_key(
     let key = crate::tenants_cmd::mint_tenant_key()?;
     let expires_at_unix_ms = match expires_in {
         None => 0,
-        Some(d) => {
-            #[allow(clippy::disallowed_methods)] // a wall time is the point: it is stored
-            let now = std::time::SystemTime::now();
-            let at = now
-                .checked_add(d)
-                .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-                .ok_or_else(|| format!("--expires {}: too far", humantime::format_duration(d)))?;
-            i64::try_from(at.as_millis())
-                .map_err(|_| format!("--expires {}: too far", humantime::format_duration(d)))?
-        }
+        Some(d) => i64::try_from(d.as_millis())
+            .ok()
+            .and_then(|ms| now_unix_ms().checked_add(ms))
+            .ok_or_else(|| format!("--expires {}: too far", humantime::format_duration(d)))?,
     };
     let stored = admin
         .create_key(pb::CreateKeyRequest {
@@ -126,10 +120,7 @@ pub async fn list(admin: &mut Admin, tenant: &str, output: Output) -> ExitCode {
                 );
                 return ExitCode::SUCCESS;
             }
-            #[allow(clippy::disallowed_methods)] // a wall time is the point: "expired"
-            let now = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+            let now = now_unix_ms();
             println!(
                 "{:<17} {:<16} {:<16} {:<8} {:<21} {:<29} LAST USED",
                 "ID", "TENANT", "NAME", "PREFIX", "CREATED", "EXPIRES"

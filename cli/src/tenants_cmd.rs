@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use router_proto::v1 as pb;
 use serde_json::{json, Value};
 
-use crate::admin_cmd::{explain_status, fail, print_value, Admin};
+use crate::admin_cmd::{explain_status, fail, print_value, when_given, Admin};
 use crate::policy_cmd::Output;
 
 /// A new tenant key: `rt_` and 32 random bytes, base64url.
@@ -143,15 +143,8 @@ pub async fn tenant_usage(admin: &mut Admin, tenant: &str, output: Output) -> Ex
         Err(s) => return fail(explain_status(&s)),
     };
     let usd = |micros: i64| micros as f64 / 1e6;
-    let when = |ms: i64| {
-        u64::try_from(ms)
-            .ok()
-            .filter(|ms| *ms > 0)
-            .and_then(|ms| std::time::UNIX_EPOCH.checked_add(std::time::Duration::from_millis(ms)))
-            .map(|t| humantime::format_rfc3339_seconds(t).to_string())
-    };
-    let since = when(usage.store_since_unix_ms);
-    let lost_since = when(usage.store_lost_since_unix_ms);
+    let since = when_given(usage.store_since_unix_ms);
+    let lost_since = when_given(usage.store_lost_since_unix_ms);
     let v = json!({
         "tenant": tenant,
         "day": usage.day,

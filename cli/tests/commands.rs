@@ -1216,6 +1216,31 @@ fn exit_code(child: &mut std::process::Child) -> Option<i32> {
     panic!("still running 10 s after SIGTERM");
 }
 
+/// A chat request to `url` in flight, SIGTERM to `child` 0.5 s into it: the
+/// answer arrives whole, the child says it drains and exits 0.
+#[allow(clippy::disallowed_methods)] // a child process: real time
+fn answers_in_flight_through_sigterm(
+    child: &mut std::process::Child,
+    url: &str,
+    said: &std::sync::Mutex<String>,
+) {
+    let request = {
+        let url = url.to_string();
+        std::thread::spawn(move || chat_raw(&url))
+    };
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    sigterm(child);
+    let answer = request.join().unwrap();
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(answer.contains("\"choices\""), "{answer}");
+    assert_eq!(exit_code(child), Some(0), "{}", said.lock().unwrap());
+    assert!(
+        said.lock().unwrap().contains("draining"),
+        "{}",
+        said.lock().unwrap()
+    );
+}
+
 /// Issue 32, item 6: `routerctl mock` and `routerctl up` drain on SIGTERM
 /// as router-proxy does (`docker stop` used to kill them mid-answer): a
 /// request in flight gets its whole answer, then the program exits 0.
@@ -1238,21 +1263,7 @@ fn mock_and_up_finish_the_requests_in_flight_on_sigterm() {
                 .map(str::to_string)
         },
     );
-    let request = {
-        let url = url.clone();
-        std::thread::spawn(move || chat_raw(&url))
-    };
-    std::thread::sleep(std::time::Duration::from_millis(500));
-    sigterm(&mock);
-    let answer = request.join().unwrap();
-    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
-    assert!(answer.contains("\"choices\""), "{answer}");
-    assert_eq!(exit_code(&mut mock), Some(0), "{}", said.lock().unwrap());
-    assert!(
-        said.lock().unwrap().contains("draining"),
-        "{}",
-        said.lock().unwrap()
-    );
+    answers_in_flight_through_sigterm(&mut mock, &url, &said);
 
     // `up`, serving a policy whose backend is a slow mock.
     let (mut backend, backend_url, _) = spawn_until(
@@ -1321,21 +1332,7 @@ fn mock_and_up_finish_the_requests_in_flight_on_sigterm() {
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
     assert!(served.contains("x-mock-name: gpu"), "{served}");
-    let request = {
-        let proxy = proxy.clone();
-        std::thread::spawn(move || chat_raw(&proxy))
-    };
-    std::thread::sleep(std::time::Duration::from_millis(500));
-    sigterm(&up);
-    let answer = request.join().unwrap();
-    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
-    assert!(answer.contains("\"choices\""), "{answer}");
-    assert_eq!(exit_code(&mut up), Some(0), "{}", said.lock().unwrap());
-    assert!(
-        said.lock().unwrap().contains("draining"),
-        "{}",
-        said.lock().unwrap()
-    );
+    answers_in_flight_through_sigterm(&mut up, &proxy, &said);
     sigterm(&backend);
     let _ = exit_code(&mut backend);
     let _ = std::fs::remove_dir_all(&dir);

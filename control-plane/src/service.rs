@@ -322,22 +322,11 @@ impl Admin for AdminService {
         };
         // A tenant the policy does not name has no spend to show: not
         // zeros (a typo would read as an idle tenant).
-        let names = upgrade(&self.hub)?.tenant_names();
-        if !names.contains(&tenant) {
-            return Err(Status::not_found(if names.is_empty() {
-                format!("no tenant {tenant:?}: the current policy has no tenants")
-            } else {
-                format!(
-                    "no tenant {tenant:?} in the current policy; its tenants: {}",
-                    names.join(", ")
-                )
-            }));
-        }
-        // Budgets are per UTC day and month: the wall clock is the point.
-        #[allow(clippy::disallowed_methods)]
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs());
+        upgrade(&self.hub)?
+            .check_tenant(&tenant)
+            .map_err(Status::not_found)?;
+        // Budgets are per UTC day and month.
+        let now = u64::try_from(crate::hub::now_ms() / 1000).unwrap_or(0);
         let (day, _, month, _) = router_policy::tenant::periods(now);
         let mut conn = tokio::time::timeout(
             std::time::Duration::from_secs(2),

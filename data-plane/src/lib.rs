@@ -712,8 +712,9 @@ async fn serve_http<S>(
         .initial_stream_window_size(H2_WINDOW)
         .initial_connection_window_size(H2_WINDOW)
         .adaptive_window(false)
-        // Answer bytes queued per stream for a client that reads slowly.
-        .max_send_buf_size(H2_SEND_BUFFER);
+        // Answer bytes queued for a client that reads slowly: a share per
+        // stream of one connection's allowance.
+        .max_send_buf_size(h2_send_buffer(shared.settings.h2_max_concurrent_streams));
     let builder = match version {
         limits::Version::Sniff => builder,
         limits::Version::Http1 => builder.http1_only(),
@@ -745,8 +746,17 @@ async fn serve_http<S>(
 /// stream's: RFC 9113's initial 65,535 bytes.
 const H2_WINDOW: u32 = 65_535;
 
-/// Answer bytes hyper queues per HTTP/2 stream for a slow reader.
-const H2_SEND_BUFFER: usize = 64 * 1024;
+/// Answer bytes hyper may queue for a slow reader on one HTTP/2
+/// connection, all its streams together: each stream's send buffer is
+/// this divided by the streams allowed at once, at least 4 KiB: 64 KiB a
+/// connection up to 16 streams, 4 KiB a stream beyond (400 KiB at the
+/// default cap of 100), instead of hyper's 400 KiB a stream.
+const H2_SEND_BYTES_PER_CONNECTION: usize = 64 * 1024;
+
+/// The per-stream send buffer for `streams` streams at once.
+fn h2_send_buffer(streams: u32) -> usize {
+    (H2_SEND_BYTES_PER_CONNECTION / usize::try_from(streams.max(1)).unwrap_or(1)).max(4096)
+}
 
 async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, workers: Vec<Worker>) {
     let mut chooser =

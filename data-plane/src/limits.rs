@@ -40,7 +40,12 @@
 //!   the HTTP/2 preface) is not metered: its requests' heads arrive
 //!   interleaved on one connection, and hyper bounds them itself (a
 //!   header list past `CUSTOM_ROUTER_MAX_HEADER_BYTES` is answered `431`
-//!   on its stream) within flow-control windows of 64 KiB a connection.
+//!   on its stream); request body bytes not yet read stay within
+//!   flow-control windows of 64 KiB a connection, and answer bytes queued
+//!   for a slow reader within a share per stream of 64 KiB (4 KiB a
+//!   stream at least).
+//!   Heads of requests in flight are not counted in the byte budget (as
+//!   on HTTP/1.1); their number is the stream cap times the connections.
 //!
 //! The byte and connection counters are lock-free: one atomic add (and one
 //! subtract) per request or connection; the per-peer counts are a map

@@ -70,13 +70,10 @@ pub(crate) async fn watch(store: Arc<RedisStore>, metrics: Arc<Metrics>, every: 
     }
 }
 
-/// Now, in Unix milliseconds: the marker tells operators since when the
-/// data runs, a wall time.
-#[allow(clippy::disallowed_methods)] // a wall time is the point
+/// Now, in Unix milliseconds (the marker tells operators since when the
+/// data runs, a wall time).
 fn unix_now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+    u64::try_from(crate::clock::unix_now_ms()).unwrap_or(0)
 }
 
 /// A Unix time in milliseconds as RFC 3339 (UTC, seconds); the number

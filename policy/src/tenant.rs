@@ -69,7 +69,12 @@ pub fn key_hash(key: &str) -> KeyHash {
 
 /// `sha256:<hex>` of `key`, as a policy lists it.
 pub fn key_hash_text(key: &str) -> String {
-    let hex: String = key_hash(key).iter().map(|b| format!("{b:02x}")).collect();
+    hash_text(&key_hash(key))
+}
+
+/// `sha256:<hex>`: a hash as a policy and the control plane write it.
+pub fn hash_text(hash: &KeyHash) -> String {
+    let hex: String = hash.iter().map(|b| format!("{b:02x}")).collect();
     format!("{HASH_PREFIX}{hex}")
 }
 

@@ -81,14 +81,7 @@ impl Hub {
     ) -> Result<pb::TenantKey, HubError> {
         let parsed = router_policy::tenant::parse_key_hash(&req.hash)
             .ok_or_else(|| invalid("hash", "must be sha256:<64 hex digits>, the hash of a key"))?;
-        let hash = format!(
-            "{}{}",
-            router_policy::tenant::HASH_PREFIX,
-            parsed
-                .iter()
-                .map(|b| format!("{b:02x}"))
-                .collect::<String>()
-        );
+        let hash = router_policy::tenant::hash_text(&parsed);
         if req.name.len() > MAX_KEY_NAME || req.name.chars().any(char::is_control) {
             return Err(invalid(
                 "name",
@@ -108,24 +101,8 @@ impl Hub {
                 "must be in the future (0: never)",
             ));
         }
-        let names = self.tenant_names();
-        if !names.contains(&req.tenant) {
-            return Err(invalid(
-                "tenant",
-                if names.is_empty() {
-                    format!(
-                        "no tenant {:?}: the current policy has no tenants",
-                        req.tenant
-                    )
-                } else {
-                    format!(
-                        "no tenant {:?} in the current policy; its tenants: {}",
-                        req.tenant,
-                        names.join(", ")
-                    )
-                },
-            ));
-        }
+        self.check_tenant(&req.tenant)
+            .map_err(|reason| invalid("tenant", reason))?;
         let id = key_id(&hash);
         let record = KeyRecord {
             id: id.clone(),

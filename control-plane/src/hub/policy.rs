@@ -28,6 +28,9 @@ pub struct Applier<'a> {
     pub message: &'a str,
 }
 
+/// How many tenant names an error lists.
+pub(super) const NAMES_SHOWN: usize = 10;
+
 /// The longest note a policy version may carry.
 pub const MAX_NOTE: usize = 512;
 
@@ -348,6 +351,33 @@ impl Hub {
         self.lock().history.retain(|p| !old.contains(&p.version));
         tracing::info!(removed = old.len(), "old policy versions pruned");
         Ok(old.len())
+    }
+
+    /// `Err` saying why, when the current policy has no tenant `name`
+    /// (naming at most [`NAMES_SHOWN`] of those it has: the reason travels
+    /// in a gRPC status, whose headers are bounded).
+    pub fn check_tenant(&self, name: &str) -> Result<(), String> {
+        let names = self.tenant_names();
+        if names.iter().any(|n| n == name) {
+            return Ok(());
+        }
+        Err(if names.is_empty() {
+            format!("no tenant {name:?}: the current policy has no tenants")
+        } else {
+            let mut shown = names
+                .iter()
+                .take(NAMES_SHOWN)
+                .cloned()
+                .collect::<Vec<_>>()
+                .join(", ");
+            if names.len() > NAMES_SHOWN {
+                shown.push_str(&format!(
+                    ", ... ({} in all: routerctl tenants list)",
+                    names.len()
+                ));
+            }
+            format!("no tenant {name:?} in the current policy; its tenants: {shown}")
+        })
     }
 
     /// The tenants the current policy names (none before a policy).

@@ -77,18 +77,17 @@ pub(super) fn finish_record(
         elapsed.as_secs_f64(),
     );
     // Every attempt that generated is paid for, whichever answered.
-    let charge = || {
-        record
-            .attempts
-            .iter()
-            .fold(Charge::default(), |sum, a| sum.plus(a.generated))
-    };
+    // (A few additions: one per attempt.)
+    let charge = record
+        .attempts
+        .iter()
+        .fold(Charge::default(), |sum, a| sum.plus(a.generated));
     if let Some(t) = &record.tenant {
         shared.metrics.tenant_request(t, outcome);
-        shared.metrics.tenant_cost(t, charge().spend(0));
+        shared.metrics.tenant_cost(t, charge.spend(0));
     }
     if let Some(holds) = record.tenant_holds.take() {
-        super::tenancy::settle(shared, *holds, charge());
+        super::tenancy::settle(shared, *holds, charge);
     }
     if let Some(cx) = record.otel.take() {
         spans::end_server_span(&cx, &record, pool);

@@ -827,28 +827,25 @@ async fn a_managed_proxy_without_config_is_not_ready_and_says_why() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// `routerctl tenants usage`: the control plane reads a tenant's spend
-/// from the store the proxies share (settled spend, reservations in
-/// flight); without `--shared-store` it says where the spend lives.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn tenant_usage_is_read_from_the_proxies_shared_store() {
-    let redis = router_tests::redis::RedisServer::start("usage").await;
-    let backend = mock("local", Behavior::Json).await;
-    let dir = temp("usage");
+/// A control plane reading the proxies' shared store at `redis`, serving a
+/// policy with one priced pool at `backend` and tenant `team-a` (key
+/// `rt_a`, $10 a day); and an operator's admin client.
+async fn budget_control_plane(
+    dir: &Path,
+    redis: &str,
+    backend: &str,
+) -> (RunningControlPlane, router_tests::control::Admin) {
     let cp = start(ControlPlaneOptions {
         listen: "127.0.0.1:0".parse().unwrap(),
-        store: router_control_plane::StoreLocation::Embedded(dir.clone()),
+        store: router_control_plane::StoreLocation::Embedded(dir.to_path_buf()),
         token: Some(TOKEN.into()),
-        shared_store: Some(redis.url()),
+        shared_store: Some(redis.to_string()),
         ..Default::default()
     })
     .await
     .unwrap();
-    let body = r#"{"model":"m","max_tokens":5,"messages":[]}"#;
-    let call = (body.len() as i64 + 3) / 4 * 1000 + 5 * 1000;
     let policy = format!(
-        "apiVersion: router/v1\nkind: RoutingPolicy\nspec:\n  pools:\n    - name: local\n      endpoints: [\"{}\"]\n      price: {{input_per_1k_usd: 1.0, output_per_1k_usd: 1.0}}\n  routes:\n    - name: default\n      chain: [local]\n  tenants:\n    - name: team-a\n      keys: [\"{}\"]\n      limits: {{budget_usd_per_day: 10}}\n",
-        backend.url(),
+        "apiVersion: router/v1\nkind: RoutingPolicy\nspec:\n  pools:\n    - name: local\n      endpoints: [\"{backend}\"]\n      price: {{input_per_1k_usd: 1.0, output_per_1k_usd: 1.0}}\n  routes:\n    - name: default\n      chain: [local]\n  tenants:\n    - name: team-a\n      keys: [\"{}\"]\n      limits: {{budget_usd_per_day: 10}}\n",
         router_policy::tenant::key_hash_text("rt_a")
     );
     let mut operator = admin(cp.local_addr(), Some(TOKEN)).await;
@@ -859,6 +856,20 @@ async fn tenant_usage_is_read_from_the_proxies_shared_store() {
         })
         .await
         .unwrap();
+    (cp, operator)
+}
+
+/// `routerctl tenants usage`: the control plane reads a tenant's spend
+/// from the store the proxies share (settled spend, reservations in
+/// flight); without `--shared-store` it says where the spend lives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tenant_usage_is_read_from_the_proxies_shared_store() {
+    let redis = router_tests::redis::RedisServer::start("usage").await;
+    let backend = mock("local", Behavior::Json).await;
+    let dir = temp("usage");
+    let (cp, mut operator) = budget_control_plane(&dir, &redis.url(), &backend.url()).await;
+    let body = r#"{"model":"m","max_tokens":5,"messages":[]}"#;
+    let call = (body.len() as i64 + 3) / 4 * 1000 + 5 * 1000;
     let settings = Settings {
         shared_store: Some(router_proxy::SharedStore::new(&redis.url()).unwrap()),
         ..Settings::default()
@@ -933,28 +944,7 @@ async fn a_shared_store_that_lost_its_data_is_detected_counted_and_shown() {
     let mut redis = router_tests::redis::RedisServer::start("reset").await;
     let backend = mock("local", Behavior::Json).await;
     let dir = temp("store-reset");
-    let cp = start(ControlPlaneOptions {
-        listen: "127.0.0.1:0".parse().unwrap(),
-        store: router_control_plane::StoreLocation::Embedded(dir.clone()),
-        token: Some(TOKEN.into()),
-        shared_store: Some(redis.url()),
-        ..Default::default()
-    })
-    .await
-    .unwrap();
-    let policy = format!(
-        "apiVersion: router/v1\nkind: RoutingPolicy\nspec:\n  pools:\n    - name: local\n      endpoints: [\"{}\"]\n      price: {{input_per_1k_usd: 1.0, output_per_1k_usd: 1.0}}\n  routes:\n    - name: default\n      chain: [local]\n  tenants:\n    - name: team-a\n      keys: [\"{}\"]\n      limits: {{budget_usd_per_day: 10}}\n",
-        backend.url(),
-        router_policy::tenant::key_hash_text("rt_a")
-    );
-    let mut operator = admin(cp.local_addr(), Some(TOKEN)).await;
-    operator
-        .apply_policy(pb::ApplyPolicyRequest {
-            document: policy,
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    let (cp, mut operator) = budget_control_plane(&dir, &redis.url(), &backend.url()).await;
     let settings = Settings {
         shared_store: Some(router_proxy::SharedStore::new(&redis.url()).unwrap()),
         shared_store_check: Duration::from_millis(100),

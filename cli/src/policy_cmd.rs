@@ -224,9 +224,21 @@ fn print_balance(b: &serde_json::Value) {
     if let Some(k) = b["prefix_key"].as_str() {
         println!("prefix key:        {k}");
     }
+    if let Some(p) = b["placement"].as_str() {
+        println!(
+            "prefix placement:  {p} ({} blocks in the prompt)",
+            opt(&b["prefix_blocks"])
+        );
+    }
+    if let Some(r) = b["runner_up"].as_str() {
+        println!(
+            "runner-up:         {r} (expected TTFT {} s)",
+            opt(&b["runner_up_ttft_s"])
+        );
+    }
     if let Some(signals) = b["signals"].as_array() {
         println!(
-            "  {:<20} {:>9} {:>7} {:>7} {:>5} {:>5} {:>9} {:>13} {:>15}",
+            "  {:<20} {:>9} {:>7} {:>7} {:>5} {:>5} {:>9} {:>13} {:>15} {:>7} {:>10}",
             "endpoint",
             "in_flight",
             "waiting",
@@ -235,11 +247,13 @@ fn print_balance(b: &serde_json::Value) {
             "load",
             "saturated",
             "prefill s/tok",
-            "pending prefill"
+            "pending prefill",
+            "matched",
+            "ttft s"
         );
         for s in signals {
             println!(
-                "  {:<20} {:>9} {:>7} {:>7} {:>5} {:>5} {:>9} {:>13} {:>15}",
+                "  {:<20} {:>9} {:>7} {:>7} {:>5} {:>5} {:>9} {:>13} {:>15} {:>7} {:>10}",
                 s["addr"].as_str().unwrap_or(""),
                 opt(&s["in_flight"]),
                 opt(&s["waiting"]),
@@ -249,6 +263,8 @@ fn print_balance(b: &serde_json::Value) {
                 opt(&s["saturated"]),
                 opt(&s["prefill_s_per_token"]),
                 opt(&s["pending_prefill_tokens"]),
+                opt(&s["prefix_matched_blocks"]),
+                opt(&s["expected_ttft_s"]),
             );
         }
     }

@@ -411,7 +411,7 @@ async fn explain(shared: &Shared, req: Request<Incoming>) -> Result<Response<Byt
     // signals, so the answer shows what this proxy would go by now.
     for (name, pool) in &snapshot.pools {
         if !situation.endpoints.contains_key(name) {
-            if let Some(live) = pool.endpoint_situations() {
+            if let Some(live) = pool.endpoint_situations(situation.prompt.as_deref()) {
                 situation.endpoints.insert(name.clone(), live);
             }
         }

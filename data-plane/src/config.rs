@@ -296,6 +296,9 @@ pub struct ConfigStore {
     /// The control plane's revision last applied, runtime marks included
     /// (0: none; health shows it as `revision` in managed mode).
     revision: std::sync::atomic::AtomicU64,
+    /// Prefix placements shared with the other proxies (with a shared
+    /// store), given to every pool.
+    prefix_share: std::sync::OnceLock<Arc<crate::prefix_share::PrefixShare>>,
 }
 
 impl ConfigStore {
@@ -330,7 +333,17 @@ impl ConfigStore {
             client,
             events,
             revision: std::sync::atomic::AtomicU64::new(0),
+            prefix_share: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Shares every pool's prefix placements, now and after every change.
+    pub(crate) fn share_prefixes(&self, share: Arc<crate::prefix_share::PrefixShare>) {
+        let _guard = self.source.lock();
+        for pool in self.load().pools.values() {
+            pool.share_prefixes(&share);
+        }
+        let _ = self.prefix_share.set(share);
     }
 
     /// Records the control plane's revision just applied.
@@ -453,6 +466,11 @@ impl ConfigStore {
             self.client.as_ref(),
             self.events.as_ref(),
         );
+        if let Some(share) = self.prefix_share.get() {
+            for pool in next.pools.values() {
+                pool.share_prefixes(share);
+            }
+        }
         for (name, pool) in &old.pools {
             if !next.pools.contains_key(name) {
                 pool.close();

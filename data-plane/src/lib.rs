@@ -26,6 +26,9 @@
 //!   `router_policy::idempotency`'s;
 //! - `config`: the immutable `Snapshot` and its atomic swaps ([`ConfigStore`]);
 //! - `pool`: one pool's circuits, latency window, bounded FIFO and leases;
+//!   with prefix affinity, per endpoint the prompt blocks it likely holds;
+//! - `prefix_share`: those placements shared between the proxies of a
+//!   fleet over the shared store's publish/subscribe;
 //! - `probe`: capacity probes (vLLM `/metrics`, Ollama `/api/ps`);
 //! - `health_check`: active health checks (one task per pool that has
 //!   them; the rules are `router_policy::health`'s);
@@ -69,6 +72,7 @@ mod listener_tls;
 pub mod managed;
 mod metrics;
 mod pool;
+mod prefix_share;
 mod probe;
 mod random;
 mod rate_limit;
@@ -367,6 +371,13 @@ pub async fn start(options: ProxyOptions) -> Result<RunningProxy, StartError> {
                 store = s.shown(),
                 "idempotency keys and tenants' rate limits in the shared store"
             );
+            // Prefix-affinity placements reach the other proxies over the
+            // same server's publish/subscribe.
+            config.share_prefixes(prefix_share::PrefixShare::spawn(
+                client.clone(),
+                "router:prefix".into(),
+                &config,
+            ));
             Some(Arc::new(idempotency::RedisStore::connect(
                 client,
                 "router:".into(),

@@ -70,6 +70,9 @@ pub(crate) struct ProbeReading {
     pub running: Option<u32>,
     /// KV-cache usage, 0..1 (vLLM, SGLang).
     pub kv_cache_usage: Option<f64>,
+    /// The KV cache's size in tokens (vLLM's `vllm:cache_config_info`:
+    /// `num_gpu_blocks × block_size`), for prefix affinity's index.
+    pub cache_tokens: Option<u64>,
 }
 
 impl ProbeReading {
@@ -94,6 +97,7 @@ impl ProbeReading {
             waiting: None,
             running: None,
             kv_cache_usage: None,
+            cache_tokens: None,
         }
     }
 
@@ -233,6 +237,32 @@ pub(crate) fn parse_engine_metrics(text: &str) -> Result<EngineSignals, String> 
     })
 }
 
+/// A label's value in one Prometheus sample line (no escapes in the
+/// values this reads: numbers).
+fn label<'a>(line: &'a str, name: &str) -> Option<&'a str> {
+    let open = line.find('{')?;
+    let close = line[open..].find('}')? + open;
+    line[open + 1..close].split(',').find_map(|pair| {
+        let (k, v) = pair.split_once('=')?;
+        (k.trim() == name).then(|| v.trim().trim_matches('"'))
+    })
+}
+
+/// The KV cache's size in tokens from vLLM's `vllm:cache_config_info`
+/// (a gauge whose labels are the cache config: `num_gpu_blocks` ×
+/// `block_size`), summed over its engines; `None` when absent.
+pub(crate) fn parse_cache_tokens(text: &str) -> Option<u64> {
+    let mut total: Option<u64> = None;
+    for line in text.lines().filter(|l| l.starts_with("vllm:cache_config_info{")) {
+        let blocks = label(line, "num_gpu_blocks").and_then(|v| v.parse::<u64>().ok());
+        let size = label(line, "block_size").and_then(|v| v.parse::<u64>().ok());
+        if let (Some(b), Some(s)) = (blocks, size) {
+            total = Some(total.unwrap_or(0).saturating_add(b.saturating_mul(s)));
+        }
+    }
+    total.filter(|t| *t > 0)
+}
+
 async fn fetch(
     client: &UpstreamClient,
     uri: http::Uri,
@@ -290,6 +320,7 @@ pub(crate) async fn probe_once(
                 reading.waiting = s.waiting;
                 reading.running = s.running;
                 reading.kv_cache_usage = s.kv_usage;
+                reading.cache_tokens = parse_cache_tokens(&String::from_utf8_lossy(&body));
             })
         }
     };

@@ -66,6 +66,9 @@ pub(crate) struct AttemptRecord {
     /// (`router_policy::affinity::SessionPlacement`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub affinity: Option<&'static str>,
+    /// How longest-prefix affinity placed it, when it did.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prefix: Option<PrefixRecord>,
     /// The dialect the attempt spoke to its pool, for a request whose
     /// client or pools speak another than OpenAI chat (`openai`,
     /// `anthropic`, `gemini`).
@@ -76,6 +79,32 @@ pub(crate) struct AttemptRecord {
     /// [`UPSTREAM_REQUEST_ID_MAX`] bytes.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub upstream_request_id: Option<Box<str>>,
+}
+
+/// How longest-prefix affinity placed an attempt: the prompt's blocks, the
+/// blocks the chosen endpoint likely held and its expected time to first
+/// token, and the same for the runner-up
+/// (`router_policy::engine_aware::pick`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub(crate) struct PrefixRecord {
+    /// `prefix_matched`, `prefix_home` or `prefix_scored`.
+    pub placement: &'static str,
+    /// Whole blocks in the prompt.
+    pub blocks: usize,
+    /// Leading blocks the chosen endpoint likely held.
+    pub matched: usize,
+    /// Its expected time to first token.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ttft_ms: Option<f64>,
+    /// The best other endpoint.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub runner_up: Option<Arc<str>>,
+    /// Leading blocks it likely held.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub runner_up_matched: Option<usize>,
+    /// Its expected time to first token.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub runner_up_ttft_ms: Option<f64>,
 }
 
 /// The longest backend request id kept (in the route log and the
@@ -774,6 +803,33 @@ impl AttemptRecord {
             out.extend_from_slice(b",\"affinity\":\"");
             json_plain_contents(out, a);
             out.push(b'"');
+        }
+        if let Some(p) = &self.prefix {
+            out.extend_from_slice(b",\"prefix\":{\"placement\":\"");
+            json_plain_contents(out, p.placement);
+            out.extend_from_slice(b"\",\"blocks\":");
+            json_u64(out, p.blocks as u64);
+            out.extend_from_slice(b",\"matched\":");
+            json_u64(out, p.matched as u64);
+            if let Some(t) = p.ttft_ms {
+                out.extend_from_slice(b",\"ttft_ms\":");
+                json_f64(out, t);
+            }
+            if let Some(r) = &p.runner_up {
+                out.extend_from_slice(b",\"runner_up\":\"");
+                json_str_contents(out, r);
+                out.push(b'"');
+            }
+            json_opt_u64(
+                out,
+                opt_key!("", "runner_up_matched", ""),
+                p.runner_up_matched.map(|m| m as u64),
+            );
+            if let Some(t) = p.runner_up_ttft_ms {
+                out.extend_from_slice(b",\"runner_up_ttft_ms\":");
+                json_f64(out, t);
+            }
+            out.push(b'}');
         }
         if let Some(d) = self.dialect {
             out.extend_from_slice(b",\"dialect\":\"");
@@ -1519,6 +1575,15 @@ mod tests {
                 affinity: some(rng)
                     .then(|| ["session_kept", "session_spilled"][rng.below(2) as usize]),
                 dialect: some(rng).then(|| ["anthropic", "gemini"][rng.below(2) as usize]),
+                prefix: some(rng).then(|| PrefixRecord {
+                    placement: ["prefix_matched", "prefix_home"][rng.below(2) as usize],
+                    blocks: rng.below(5000) as usize,
+                    matched: rng.below(5000) as usize,
+                    ttft_ms: some(rng).then(|| float(rng)),
+                    runner_up: some(rng).then(|| pick(rng).into()),
+                    runner_up_matched: some(rng).then(|| rng.below(5000) as usize),
+                    runner_up_ttft_ms: some(rng).then(|| float(rng)),
+                }),
                 ..AttemptRecord::default()
             })
             .collect();

@@ -1,16 +1,16 @@
-//! Prefix affinity: requests that share a prompt prefix go to the endpoint
-//! that has it cached, unless that endpoint is overloaded.
+//! Affinity by consistent hashing with bounded loads: where a key (a
+//! session, or a prompt's first block) goes, alike on every proxy of a
+//! fleet, unless that endpoint is overloaded.
 //!
 //! An engine with prefix caching (vLLM, SGLang) skips the prefill of prompt
-//! blocks it already holds. Requests of one conversation, or of one agent
-//! with a long system prompt, share their leading blocks; sent to the same
-//! endpoint they skip most of their prefill, sent round the pool they pay
-//! it everywhere. This module decides *where*, without any engine help:
+//! blocks it already holds, so requests that share a prompt prefix belong
+//! together. Longest-prefix matching ([`crate::prefix_cache`]) decides
+//! where by what each endpoint likely holds; this module gives the parts
+//! that need no memory at all:
 //!
-//! 1. **The key** ([`prefix_key`]): a hash of the prompt's leading bytes,
-//!    in fixed-size blocks (the system prompt and first messages), so
-//!    requests sharing those blocks share the key. Only whole blocks count,
-//!    as in an engine's block cache.
+//! 1. **Keys**: a session header's value ([`session_key`]), or the hash of
+//!    a prompt's first block (where a prefix no endpoint holds goes,
+//!    [`crate::engine_aware::pick`]).
 //! 2. **Consistent hashing** ([`Ring`]): each endpoint owns
 //!    [`POINTS_PER_ENDPOINT`] points on a ring of 64-bit hashes; a key
 //!    belongs to the first endpoint clockwise from its hash. Adding or
@@ -25,10 +25,8 @@
 //!    more than `c` times the average, and a popular prefix spills over to
 //!    its ring neighbours instead of piling onto one GPU.
 //!
-//! 4. **Memory** ([`LastServed`]): which endpoint served each key last, so
-//!    that a key goes back where its blocks are; the ring is where it
-//!    spills when that endpoint is over the bound
-//!    ([`crate::engine_aware::choose`]).
+//! 4. **Memory** ([`LastServed`]): which endpoint served each session
+//!    last, so that it goes back where its cache is.
 //!
 //! 5. **Sessions** ([`session_key`], [`choose_session`]): a pool with
 //!    `session_affinity: {header: NAME}` keys a request by the value of
@@ -92,15 +90,6 @@ fn hash(parts: &[&[u8]]) -> u64 {
         h.write(p);
     }
     h.finish()
-}
-
-/// The affinity key of a prompt: a hash of its first `max_blocks` whole
-/// blocks of `block_bytes` bytes; `None` when the prompt is shorter than
-/// one block (nothing worth keeping together).
-pub fn prefix_key(prompt: &[u8], block_bytes: usize, max_blocks: usize) -> Option<u64> {
-    let block_bytes = block_bytes.max(1);
-    let blocks = (prompt.len() / block_bytes).min(max_blocks);
-    (blocks > 0).then(|| hash(&[&prompt[..blocks * block_bytes]]))
 }
 
 #[derive(serde::Deserialize)]
@@ -369,22 +358,9 @@ mod tests {
     use super::*;
 
     #[test]
-    fn only_whole_leading_blocks_make_the_key() {
-        let a = b"system: you are a helpful agent. user: hello there, how are you";
-        let b = b"system: you are a helpful agent. user: goodbye, see you later";
-        // Two 16-byte blocks are shared; the third differs.
-        assert_eq!(prefix_key(a, 16, 2), prefix_key(b, 16, 2));
-        assert_ne!(prefix_key(a, 16, 3), prefix_key(b, 16, 3));
-        assert_eq!(prefix_key(b"short", 16, 4), None);
-        // Bytes past the last whole block do not count.
-        assert_eq!(prefix_key(&a[..33], 16, 4), prefix_key(&a[..32], 16, 4));
-    }
-
-    #[test]
     fn a_full_owner_spills_to_its_ring_neighbour() {
         let ring = Ring::new(&["a", "b", "c"]);
-        let key =
-            prefix_key(b"a long shared system prompt, block after block", 16, 4).expect("a key");
+        let key = hash(&[b"a long shared system prompt, block after block"]);
         let owner = ring.owner(key).expect("an owner");
         // The owner alone is loaded: bound ceil(1.25 × 7 / 3) = 3.
         let mut loads = vec![0; 3];
@@ -421,7 +397,7 @@ mod tests {
         assert_eq!(session_key(b"s-1"), session_key(b"s-1"));
         assert_ne!(session_key(b"s-1"), session_key(b"s-2"));
         let block = [b'x'; 16];
-        assert_ne!(session_key(&block), prefix_key(&block, 16, 1));
+        assert_ne!(session_key(&block), Some(hash(&[&block])));
     }
 
     #[test]

@@ -45,28 +45,29 @@
 //!    slow for everyone. Endpoints without a measurement yet are given the
 //!    best unit of the pool (optimistic, as untried endpoints are
 //!    elsewhere).
-//! 5. **Prefix affinity** (optional, [`crate::affinity`]): a request
-//!    carrying a prefix key that was served before ([`Affinity::last`],
-//!    remembered by [`crate::affinity::LastServed`]) goes back to the
-//!    endpoint that served it, while that endpoint is unsaturated and its
-//!    load stays within `c ×` (default 2) the average of the unsaturated
-//!    endpoints (bounded loads, Mirrokni, Thorup and Zadimoghaddam, 2018).
-//!    Over the bound it spills along the key's consistent-hash ring to the
-//!    first endpoint within it, so a hot prefix's overflow lands on the
-//!    same neighbours every time instead of queueing on one GPU. A key
-//!    never seen has nothing cached anywhere: it goes by cost, so affinity
-//!    costs nothing on traffic without shared prefixes.
+//! 5. **Longest-prefix affinity** (optional, [`crate::prefix_cache`]): the
+//!    request's prompt as a chain of block hashes, and per endpoint how
+//!    many of its leading blocks that endpoint likely holds. The score is
+//!    the expected time to first token there: the cost above plus `unit ×`
+//!    the prompt tokens it does not hold. Only endpoints within the bounded
+//!    load compete (`load < ceil(c × (total + 1) / open)`, Mirrokni,
+//!    Thorup and Zadimoghaddam, 2018; `c` defaults to 2), so a hot prompt
+//!    spills to the next best *by the same score* instead of piling onto
+//!    one GPU. A prefix no endpoint holds goes to its **home**, the first
+//!    endpoint within the bound clockwise from its first block's hash on
+//!    the pool's consistent-hash ring, unless that is slower than the best
+//!    by more than [`PrefixAffinity::new_prefix_slack`] of the request's
+//!    own prefill: every proxy of a fleet puts a new system prompt, or a
+//!    new conversation's first turn, on the same endpoint without sharing
+//!    anything, and later turns reached through another proxy find it
+//!    there.
 //!
 //! Endpoints where the pool's model is already resident are preferred, as
 //! in [`crate::balance`].
 //!
 //! Where an engine publishes KV-cache events (vLLM's `KVEvents` over ZMQ,
-//! block stored / removed with their hashes), the router's memory of "who
-//! served this prefix last" could be replaced by an index of which endpoint
-//! holds which block hashes, built from those events: [`Affinity::last`]
-//! becomes the endpoint with the longest cached prefix, and the same
-//! bounded-load rule decides whether it may take one more. Nothing else
-//! here changes.
+//! block stored / removed with their hashes), the inferred index could be
+//! fed from those events instead; the score here would not change.
 //!
 //! Pure: the caller brings the clock-free facts; no I/O.
 
@@ -90,11 +91,22 @@ pub const DEFAULT_MAX_KV_USAGE: f64 = 0.8;
 /// on the prefix-heavy simulated workload at 80% load, TTFT p99 fell from
 /// 840–890 ms at 1.25 and 1.5 to 554 ms at 2.
 pub const DEFAULT_LOAD_FACTOR: f64 = 2.0;
-/// Default [`PrefixAffinity::block_bytes`]: 16 tokens of ~4 bytes, vLLM's
-/// block.
-pub const DEFAULT_BLOCK_BYTES: usize = 64;
-/// Default [`PrefixAffinity::max_blocks`]: 16 KiB of prompt, about 4k tokens.
-pub const DEFAULT_MAX_BLOCKS: usize = 256;
+/// Default [`PrefixAffinity::block_bytes`]: 64 tokens of ~4 bytes (four of
+/// vLLM's blocks): fine enough that a match is off by at most 64 tokens,
+/// coarse enough that a 128 KiB agent prompt is 512 hashes.
+pub const DEFAULT_BLOCK_BYTES: usize = 256;
+/// Default [`PrefixAffinity::max_blocks`]: 128 KiB of prompt, about 32k
+/// tokens.
+pub const DEFAULT_MAX_BLOCKS: usize = 512;
+/// Default [`PrefixAffinity::bytes_per_token`]: English text in the
+/// common BPE tokenizers.
+pub const DEFAULT_BYTES_PER_TOKEN: f64 = 4.0;
+/// Default [`PrefixAffinity::cache_tokens`] for an engine that does not
+/// report its cache (vLLM does: `vllm:cache_config_info`): the simulated
+/// 8B model's 32,768 tokens doubled, a middle for 24-80 GB cards.
+pub const DEFAULT_CACHE_TOKENS: u64 = 65_536;
+/// Default [`PrefixAffinity::new_prefix_slack`].
+pub const DEFAULT_NEW_PREFIX_SLACK: f64 = 0.25;
 
 /// What an engine said about itself at its last scrape.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
@@ -113,12 +125,21 @@ pub struct EngineSignals {
 /// Prefix-affinity settings.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct PrefixAffinity {
-    /// Bytes per block of the prompt's leading text.
+    /// Bytes per block of the prompt's text.
     pub block_bytes: usize,
     /// Blocks hashed at most.
     pub max_blocks: usize,
     /// Bounded-load factor `c` (> 1).
     pub load_factor: f64,
+    /// Prompt bytes per token (the pool's tokenizer ratio).
+    pub bytes_per_token: f64,
+    /// Each endpoint's prefix cache, in tokens, when its engine does not
+    /// report it; `None`: [`DEFAULT_CACHE_TOKENS`].
+    pub cache_tokens: Option<u64>,
+    /// A prefix no endpoint holds goes home unless home's expected time
+    /// to first token exceeds the best's by more than this fraction of the
+    /// request's own prefill.
+    pub new_prefix_slack: f64,
 }
 
 impl Default for PrefixAffinity {
@@ -127,7 +148,30 @@ impl Default for PrefixAffinity {
             block_bytes: DEFAULT_BLOCK_BYTES,
             max_blocks: DEFAULT_MAX_BLOCKS,
             load_factor: DEFAULT_LOAD_FACTOR,
+            bytes_per_token: DEFAULT_BYTES_PER_TOKEN,
+            cache_tokens: None,
+            new_prefix_slack: DEFAULT_NEW_PREFIX_SLACK,
         }
+    }
+}
+
+impl PrefixAffinity {
+    /// Tokens per block.
+    pub fn block_tokens(&self) -> f64 {
+        self.block_bytes as f64 / self.bytes_per_token.max(f64::MIN_POSITIVE)
+    }
+
+    /// An endpoint's index capacity in blocks for a cache of
+    /// `reported_tokens` (the engine's figure, else the policy's, else the
+    /// default).
+    pub fn index_blocks(&self, reported_tokens: Option<u64>) -> usize {
+        let tokens = reported_tokens
+            .or(self.cache_tokens)
+            .unwrap_or(DEFAULT_CACHE_TOKENS);
+        let blocks = (tokens as f64 / self.block_tokens()).ceil();
+        // At most 4 Mi blocks (a 1 GiB-of-text cache): the index is bounded
+        // whatever an engine reports.
+        (blocks as usize).clamp(1, 1 << 22)
     }
 }
 
@@ -300,45 +344,103 @@ impl EngineLoad {
 /// Why an endpoint was chosen (for `route explain` and the logs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Choice {
-    /// The endpoint that served the prefix last, or after a spill its
-    /// neighbour on the ring.
-    Affinity {
-        /// The endpoint that served it last was over the bound: spilled.
-        spilled: bool,
-    },
+    /// Longest-prefix affinity placed it.
+    Prefix(Placement),
     /// The lowest cost.
     LowestCost,
 }
 
-/// What prefix affinity knows of a request.
+/// How longest-prefix affinity placed a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Placement {
+    /// Some endpoint holds leading blocks: the lowest expected time to
+    /// first token within the bound.
+    Matched,
+    /// No endpoint holds any: the prefix's home on the ring, alike on
+    /// every proxy.
+    Home,
+    /// No endpoint holds any and home is slower than the best by more than
+    /// the slack: the lowest expected time to first token.
+    Scored,
+}
+
+impl Placement {
+    /// How the route log and explain name it.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Matched => "prefix_matched",
+            Self::Home => "prefix_home",
+            Self::Scored => "prefix_scored",
+        }
+    }
+}
+
+/// What longest-prefix affinity knows of a request
+/// ([`crate::prefix_cache`]).
 #[derive(Debug, Clone, Copy)]
-pub struct Affinity<'a> {
+pub struct PrefixMatch<'a> {
     /// The pool's ring, built over the same endpoints in the same order.
     pub ring: &'a Ring,
-    /// The request's prefix key.
-    pub key: u64,
-    /// The endpoint that served this key last, if remembered
-    /// ([`crate::affinity::LastServed`]).
-    pub last: Option<usize>,
+    /// The hash of the prompt's first block: where a prefix no endpoint
+    /// holds goes.
+    pub anchor: u64,
+    /// Per endpoint (same order), how many leading blocks it likely holds.
+    pub matched_blocks: &'a [usize],
+    /// Tokens per block.
+    pub block_tokens: f64,
+    /// The prompt's tokens (estimated).
+    pub prompt_tokens: u64,
+}
+
+/// One endpoint's score for a request.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Scored {
+    /// The endpoint (index).
+    pub endpoint: usize,
+    /// Leading blocks of the prompt it likely holds.
+    pub matched_blocks: usize,
+    /// Expected seconds to the first token there.
+    pub ttft_s: f64,
+}
+
+/// The balancer's pick, with the scores behind it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Picked {
+    /// The endpoint (index).
+    pub endpoint: usize,
+    /// Why.
+    pub choice: Choice,
+    /// The chosen endpoint's score (longest-prefix affinity only).
+    pub chosen: Option<Scored>,
+    /// The best other endpoint's score (longest-prefix affinity only).
+    pub runner_up: Option<Scored>,
 }
 
 /// Picks the endpoint for the next request: `None` when every endpoint is
 /// unavailable, full or saturated (the request then waits in the router's
-/// queue). `affinity` is given for a request with a prefix key in a pool
-/// with prefix affinity; `rotation` breaks ties.
-///
-/// With affinity: the endpoint that served the key last keeps it while it
-/// is open, unsaturated and within the bounded load; over the bound, the
-/// request spills along the key's consistent-hash ring to the first
-/// endpoint within it (so a hot prefix's overflow lands on the same
-/// neighbours, whose caches warm up too). A key never seen has nothing
-/// cached anywhere: it goes by cost, like a request without a key.
+/// queue). `prefix` is given for a request with a prompt at least one
+/// block long in a pool with prefix affinity; `rotation` breaks ties.
 pub fn choose(
     endpoints: &[EngineLoad],
     settings: &EngineAware,
-    affinity: Option<Affinity<'_>>,
+    prefix: Option<PrefixMatch<'_>>,
     rotation: usize,
 ) -> Option<(usize, Choice)> {
+    pick(endpoints, settings, prefix, rotation).map(|p| (p.endpoint, p.choice))
+}
+
+/// [`choose`], with the scores of the chosen endpoint and the runner-up.
+///
+/// With longest-prefix affinity: among the endpoints that are open,
+/// unsaturated and within the bounded load, the lowest expected time to
+/// first token (cost plus the prefill of the blocks not held); a prefix
+/// no endpoint holds goes home within the slack (module docs).
+pub fn pick(
+    endpoints: &[EngineLoad],
+    settings: &EngineAware,
+    prefix: Option<PrefixMatch<'_>>,
+    rotation: usize,
+) -> Option<Picked> {
     let n = endpoints.len();
     if n == 0 {
         return None;
@@ -357,35 +459,96 @@ pub fn choose(
     // Only preferred endpoints compete when some are open.
     let candidate =
         |i: usize| estimates[i].is_some() && (!any_preferred || endpoints[i].base.preferred);
-
-    let remembered = affinity.and_then(|a| a.last.map(|last| (a, last)));
-    if let (Some((a, last)), Some(c)) = (remembered, settings.affinity.map(|a| a.load_factor)) {
-        let loads: Vec<Option<u32>> = (0..n)
-            .map(|i| candidate(i).then(|| estimates[i].map_or(0, |e| e.load)))
-            .collect();
-        let open = loads.iter().flatten().count();
-        if open > 0 {
-            let total: u64 = loads.iter().flatten().map(|l| u64::from(*l)).sum::<u64>() + 1;
-            let bound = (c * total as f64 / open as f64).ceil() as u64;
-            if loads
-                .get(last)
-                .copied()
-                .flatten()
-                .is_some_and(|l| u64::from(l) < bound)
-            {
-                return Some((last, Choice::Affinity { spilled: false }));
-            }
-        }
-        if let Some(i) = a.ring.choose_among(a.key, &loads, c) {
-            return Some((i, Choice::Affinity { spilled: true }));
-        }
-    }
-
     let best_unit = endpoints
         .iter()
         .filter_map(|e| e.unit)
         .filter(|u| u.is_finite() && *u > 0.0)
         .reduce(f64::min);
+    let unit_of = |i: usize| {
+        endpoints[i]
+            .unit
+            .filter(|u| u.is_finite() && *u > 0.0)
+            .or(best_unit)
+            .unwrap_or(1.0)
+    };
+
+    if let (Some(pm), Some(affinity)) = (prefix, settings.affinity) {
+        if pm.matched_blocks.len() == n {
+            let c = affinity.load_factor;
+            let loads: Vec<Option<u32>> = (0..n)
+                .map(|i| candidate(i).then(|| estimates[i].map_or(0, |e| e.load)))
+                .collect();
+            let open = loads.iter().flatten().count();
+            if open == 0 {
+                return None;
+            }
+            let total: u64 = loads.iter().flatten().map(|l| u64::from(*l)).sum::<u64>() + 1;
+            let bound = (c * total as f64 / open as f64).ceil() as u64;
+            let within: Vec<Option<u32>> = loads
+                .iter()
+                .map(|l| l.filter(|l| u64::from(*l) < bound))
+                .collect();
+            let score = |i: usize| {
+                let est = estimates[i]?;
+                let held = (pm.matched_blocks[i] as f64 * pm.block_tokens) as u64;
+                let uncached = pm.prompt_tokens.saturating_sub(held);
+                let unit = unit_of(i);
+                Some(Scored {
+                    endpoint: i,
+                    matched_blocks: pm.matched_blocks[i],
+                    ttft_s: endpoints[i].cost(&est, unit) + unit * uncached as f64,
+                })
+            };
+            let (mut best, mut second): (Option<Scored>, Option<Scored>) = (None, None);
+            for k in 0..n {
+                let i = rotation.wrapping_add(k) % n;
+                let Some(s) = within[i].and_then(|_| score(i)) else {
+                    continue;
+                };
+                if best.is_none_or(|b| s.ttft_s < b.ttft_s) {
+                    second = best;
+                    best = Some(s);
+                } else if second.is_none_or(|b| s.ttft_s < b.ttft_s) {
+                    second = Some(s);
+                }
+            }
+            let best = best?;
+            if pm.matched_blocks.iter().all(|m| *m == 0) {
+                let home = pm.ring.choose_among(pm.anchor, &within, c).and_then(score);
+                if let Some(home) = home {
+                    let slack = affinity.new_prefix_slack.max(0.0)
+                        * unit_of(best.endpoint)
+                        * pm.prompt_tokens as f64;
+                    if home.ttft_s <= best.ttft_s + slack {
+                        let runner_up = if home.endpoint == best.endpoint {
+                            second
+                        } else {
+                            Some(best)
+                        };
+                        return Some(Picked {
+                            endpoint: home.endpoint,
+                            choice: Choice::Prefix(Placement::Home),
+                            chosen: Some(home),
+                            runner_up,
+                        });
+                    }
+                }
+                return Some(Picked {
+                    endpoint: best.endpoint,
+                    choice: Choice::Prefix(Placement::Scored),
+                    chosen: Some(best),
+                    runner_up: second,
+                });
+            }
+            return Some(Picked {
+                endpoint: best.endpoint,
+                choice: Choice::Prefix(Placement::Matched),
+                chosen: Some(best),
+                runner_up: second,
+            });
+        }
+    }
+
     let mut best: Option<(usize, f64)> = None;
     for k in 0..n {
         let i = rotation.wrapping_add(k) % n;
@@ -393,17 +556,17 @@ pub fn choose(
             continue;
         }
         let Some(est) = estimates[i] else { continue };
-        let unit = endpoints[i]
-            .unit
-            .filter(|u| u.is_finite() && *u > 0.0)
-            .or(best_unit)
-            .unwrap_or(1.0);
-        let cost = endpoints[i].cost(&est, unit);
+        let cost = endpoints[i].cost(&est, unit_of(i));
         if best.is_none_or(|(_, b)| cost < b) {
             best = Some((i, cost));
         }
     }
-    best.map(|(i, _)| (i, Choice::LowestCost))
+    best.map(|(i, _)| Picked {
+        endpoint: i,
+        choice: Choice::LowestCost,
+        chosen: None,
+        runner_up: None,
+    })
 }
 
 /// One endpoint's measurements, as `routerctl route explain` is given
@@ -434,6 +597,10 @@ pub struct EndpointSituation {
     /// The router's prompt tokens there with no first token yet.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pending_prefill_tokens: Option<u64>,
+    /// Leading blocks of the situation's `prompt` this endpoint likely
+    /// holds (a live proxy fills it from its index).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefix_matched_blocks: Option<usize>,
 }
 
 /// One endpoint as the engine-aware choice saw it.
@@ -459,6 +626,11 @@ pub struct EndpointExplained {
     pub estimated_waiting: u32,
     /// Takes nothing new.
     pub saturated: bool,
+    /// Leading blocks of the prompt it likely holds (prefix affinity).
+    pub prefix_matched_blocks: Option<usize>,
+    /// Expected seconds to the first token there (prefix affinity; `None`
+    /// for an endpoint that is saturated or over the bounded load).
+    pub expected_ttft_s: Option<f64>,
 }
 
 /// How an engine-aware pool would place the request, and on what.
@@ -472,15 +644,27 @@ pub struct BalanceExplanation {
     pub endpoint: Option<String>,
     /// Why, in words.
     pub why: String,
-    /// The request's prefix-affinity key (hex), when it has one.
+    /// The hash of the prompt's first block (hex): where a prefix no
+    /// endpoint holds goes.
     pub prefix_key: Option<String>,
+    /// Whole blocks in the prompt (prefix affinity).
+    pub prefix_blocks: Option<usize>,
+    /// How prefix affinity placed it: `prefix_matched`, `prefix_home`,
+    /// `prefix_scored`.
+    pub placement: Option<String>,
+    /// The runner-up endpoint and its expected time to first token.
+    pub runner_up: Option<String>,
+    /// The runner-up's expected seconds to the first token.
+    pub runner_up_ttft_s: Option<f64>,
     /// The signals, endpoint by endpoint.
     pub signals: Vec<EndpointExplained>,
 }
 
 /// Explains the engine-aware choice among `endpoints` for a request whose
-/// leading prompt is `prompt` (system prompt and first user message), that
-/// `last_served` (an endpoint's address) served last.
+/// prompt text is `prompt` ([`crate::prefix_cache::prompt_text`]); each
+/// endpoint's `prefix_matched_blocks` says how much of it that endpoint
+/// holds, and `last_served` (an endpoint's address, the older spelling)
+/// holds all of it.
 pub fn explain(
     pool: &str,
     settings: &EngineAware,
@@ -515,40 +699,83 @@ pub fn explain(
             .map(|e| e.addr.as_str())
             .collect::<Vec<_>>(),
     );
-    let key = match (settings.affinity, prompt) {
+    let chain = match (settings.affinity, prompt) {
         (Some(a), Some(p)) => {
-            crate::affinity::prefix_key(p.as_bytes(), a.block_bytes, a.max_blocks)
+            crate::prefix_cache::block_chain(p.as_bytes(), a.block_bytes, a.max_blocks)
         }
+        _ => Vec::new(),
+    };
+    let matched: Vec<usize> = endpoints
+        .iter()
+        .map(|e| {
+            if last_served == Some(e.addr.as_str()) {
+                chain.len()
+            } else {
+                e.prefix_matched_blocks.unwrap_or(0).min(chain.len())
+            }
+        })
+        .collect();
+    let prefix = match (settings.affinity, chain.first()) {
+        (Some(a), Some(&anchor)) => Some(PrefixMatch {
+            ring: &ring,
+            anchor,
+            matched_blocks: &matched,
+            block_tokens: a.block_tokens(),
+            prompt_tokens: prompt.map_or(0, |p| (p.len() as f64 / a.bytes_per_token) as u64),
+        }),
         _ => None,
     };
-    let last = last_served.and_then(|addr| endpoints.iter().position(|e| e.addr == addr));
-    let choice = choose(
-        &loads,
-        settings,
-        key.map(|key| Affinity {
-            ring: &ring,
-            key,
-            last,
-        }),
-        0,
-    );
-    let why = match choice {
+    let picked = pick(&loads, settings, prefix, 0);
+    // Every endpoint's score, for the table (the chooser scores only those
+    // within the bound; the rest show none).
+    let scores: Vec<Option<f64>> = (0..endpoints.len())
+        .map(|i| {
+            let p = prefix?;
+            [
+                picked.and_then(|p| p.chosen),
+                picked.and_then(|p| p.runner_up),
+            ]
+            .into_iter()
+            .flatten()
+            .find(|s| s.endpoint == i)
+            .map(|s| s.ttft_s)
+            .or_else(|| {
+                let est = loads[i].estimate(settings);
+                (!est.saturated).then(|| {
+                    let unit = loads[i].unit.unwrap_or(1.0);
+                    let held = (p.matched_blocks[i] as f64 * p.block_tokens) as u64;
+                    loads[i].cost(&est, unit) + unit * p.prompt_tokens.saturating_sub(held) as f64
+                })
+            })
+        })
+        .collect();
+    let why = match picked.map(|p| p.choice) {
         None if endpoints.is_empty() => "no endpoint measurements given".to_string(),
         None => "every endpoint is saturated: the request waits in the router's queue and is bound when one frees".to_string(),
-        Some((_, Choice::Affinity { spilled: false })) => "prefix affinity: the endpoint that served this prefix last, within the bounded load".to_string(),
-        Some((_, Choice::Affinity { spilled: true })) => "prefix affinity, spilled: the endpoint that served this prefix last is over the bounded load (or saturated); the first within it on the key's ring".to_string(),
-        Some((_, Choice::LowestCost)) => "lowest cost: the estimated wait for a first token, prefill seconds per token × (pending prefill tokens + 128 × (load + 1) × (1 + KV use))".to_string(),
+        Some(Choice::Prefix(Placement::Matched)) => "longest prefix: the lowest expected time to first token (prefill of the blocks the endpoint does not hold + the wait its queue and batch imply), among the endpoints within the bounded load".to_string(),
+        Some(Choice::Prefix(Placement::Home)) => "new prefix: no endpoint holds its first block; its home on the ring (first within the bounded load clockwise from the first block's hash), the same on every proxy".to_string(),
+        Some(Choice::Prefix(Placement::Scored)) => "new prefix, home too slow: no endpoint holds its first block and its home's expected time to first token exceeds the best's by more than the slack; the lowest".to_string(),
+        Some(Choice::LowestCost) => "lowest cost: the estimated wait for a first token, prefill seconds per token × (pending prefill tokens + 128 × (load + 1) × (1 + KV use))".to_string(),
     };
+    let runner_up = picked.and_then(|p| p.runner_up);
     BalanceExplanation {
         pool: pool.to_string(),
         balance: "engine_aware".to_string(),
-        endpoint: choice.map(|(i, _)| endpoints[i].addr.clone()),
+        endpoint: picked.map(|p| endpoints[p.endpoint].addr.clone()),
         why,
-        prefix_key: key.map(|k| format!("{k:016x}")),
+        prefix_key: chain.first().map(|k| format!("{k:016x}")),
+        prefix_blocks: prefix.map(|_| chain.len()),
+        placement: picked.and_then(|p| match p.choice {
+            Choice::Prefix(how) => Some(how.as_str().to_string()),
+            Choice::LowestCost => None,
+        }),
+        runner_up: runner_up.map(|r| endpoints[r.endpoint].addr.clone()),
+        runner_up_ttft_s: runner_up.map(|r| r.ttft_s),
         signals: endpoints
             .iter()
             .zip(&loads)
-            .map(|(e, l)| {
+            .enumerate()
+            .map(|(i, (e, l))| {
                 let est = l.estimate(settings);
                 EndpointExplained {
                     addr: e.addr.clone(),
@@ -561,6 +788,8 @@ pub fn explain(
                     estimated_load: est.load,
                     estimated_waiting: est.waiting,
                     saturated: est.saturated,
+                    prefix_matched_blocks: prefix.map(|_| matched[i]),
+                    expected_ttft_s: scores[i],
                 }
             })
             .collect(),
@@ -583,6 +812,7 @@ mod tests {
             kv_usage: Some(kv),
             prefill_s_per_token: Some(0.0003),
             pending_prefill_tokens: None,
+            prefix_matched_blocks: None,
         };
         let eps = [sit("http://a:1", 0, 4, 0.5), sit("http://b:1", 7, 9, 0.9)];
         let e = explain("gpus", &EngineAware::default(), &eps, None, None);
@@ -711,42 +941,149 @@ mod tests {
     }
 
     #[test]
-    fn affinity_keeps_a_prefix_where_it_was_served_until_that_is_overloaded() {
+    fn the_longest_held_prefix_wins_and_spills_by_score_past_the_bound() {
         let s = EngineAware {
             affinity: Some(PrefixAffinity::default()),
             ..EngineAware::default()
         };
         let ring = Ring::new(&["a", "b", "c", "d"]);
-        let key = 0x1234_5678_9abc_def0;
-        let even: Vec<_> = (0..4).map(|_| ep(2, sig(0, 2, 0.3), 2)).collect();
-        let aff = |last| {
-            Some(Affinity {
+        let mut even: Vec<_> = (0..4).map(|_| ep(2, sig(0, 2, 0.3), 2)).collect();
+        for e in &mut even {
+            e.unit = Some(0.0002);
+        }
+        let pm = |matched: &'static [usize]| {
+            Some(PrefixMatch {
                 ring: &ring,
-                key,
-                last,
+                anchor: 0x1234_5678_9abc_def0,
+                matched_blocks: matched,
+                block_tokens: 64.0,
+                prompt_tokens: 40 * 64,
             })
         };
-        // A key never seen: by cost (nothing is cached anywhere).
+        // 2 holds 30 of the 40 blocks, 1 holds 10: 2, with 1 the runner-up.
+        let p = pick(&even, &s, pm(&[0, 10, 30, 0]), 0).expect("placed");
         assert_eq!(
-            choose(&even, &s, aff(None), 0).map(|c| c.1),
-            Some(Choice::LowestCost)
+            (p.endpoint, p.choice),
+            (2, Choice::Prefix(Placement::Matched))
         );
-        // Served by 2 before: 2 again, though all cost the same.
-        assert_eq!(
-            choose(&even, &s, aff(Some(2)), 0),
-            Some((2, Choice::Affinity { spilled: false }))
-        );
-        // 2 carries 6 while the others carry 1: bound ceil(2 × 10 / 4) = 5,
-        // it spills along the ring.
-        let mut skewed: Vec<_> = (0..4).map(|_| ep(1, sig(0, 1, 0.3), 1)).collect();
-        skewed[2] = ep(6, sig(0, 6, 0.3), 6);
-        let (i, why) = choose(&skewed, &s, aff(Some(2)), 0).expect("placed");
-        assert_ne!(i, 2);
-        assert_eq!(why, Choice::Affinity { spilled: true });
+        let (chosen, runner) = (p.chosen.expect("scored"), p.runner_up.expect("runner-up"));
+        assert_eq!((chosen.matched_blocks, runner.endpoint), (30, 1));
+        // The difference is the prefill of 20 blocks at 0.2 ms a token.
+        assert!((runner.ttft_s - chosen.ttft_s - 20.0 * 64.0 * 0.0002).abs() < 1e-9);
+        // 2 carries 6 while the others carry 1: bound ceil(2 × 10 / 4) = 5;
+        // the next best by the same score (1), not a ring neighbour.
+        let mut skewed = even.clone();
+        for e in &mut skewed {
+            *e = EngineLoad {
+                base: EndpointLoad {
+                    in_flight: 1,
+                    ..e.base
+                },
+                signals: sig(0, 1, 0.3),
+                in_flight_at_scrape: 1,
+                ..*e
+            };
+        }
+        skewed[2] = EngineLoad {
+            base: EndpointLoad {
+                in_flight: 6,
+                ..skewed[2].base
+            },
+            signals: sig(0, 6, 0.3),
+            in_flight_at_scrape: 6,
+            ..skewed[2]
+        };
+        let p = pick(&skewed, &s, pm(&[0, 10, 30, 0]), 0).expect("placed");
+        assert_eq!(p.endpoint, 1);
         // A saturated endpoint is skipped too.
         let mut sat = even.clone();
-        sat[2] = ep(2, sig(9, 2, 0.3), 2);
-        assert_ne!(choose(&sat, &s, aff(Some(2)), 0).map(|c| c.0), Some(2));
+        sat[2].signals = sig(9, 2, 0.3);
+        assert_eq!(
+            pick(&sat, &s, pm(&[0, 10, 30, 0]), 0).map(|p| p.endpoint),
+            Some(1)
+        );
+    }
+
+    #[test]
+    fn a_new_prefix_goes_home_unless_home_is_too_slow() {
+        let s = EngineAware {
+            affinity: Some(PrefixAffinity::default()),
+            ..EngineAware::default()
+        };
+        let ring = Ring::new(&["a", "b", "c", "d"]);
+        let anchor = 0x0fed_cba9_8765_4321;
+        let home = ring.owner(anchor).expect("an owner");
+        let mut eps: Vec<_> = (0..4).map(|_| ep(2, sig(0, 2, 0.3), 2)).collect();
+        for e in &mut eps {
+            e.unit = Some(0.0002);
+        }
+        let none = [0usize; 4];
+        let pm = Some(PrefixMatch {
+            ring: &ring,
+            anchor,
+            matched_blocks: &none,
+            block_tokens: 64.0,
+            prompt_tokens: 2000,
+        });
+        // Whatever the rotation, home: every proxy agrees.
+        for rotation in 0..4 {
+            let p = pick(&eps, &s, pm, rotation).expect("placed");
+            assert_eq!(
+                (p.endpoint, p.choice),
+                (home, Choice::Prefix(Placement::Home))
+            );
+        }
+        // Home has 1,500 prompt tokens pending (0.3 s): more than a quarter
+        // of this request's own prefill (0.1 s) above the best.
+        eps[home].pending_prefill_tokens = 1500;
+        let p = pick(&eps, &s, pm, 0).expect("placed");
+        assert_ne!(p.endpoint, home);
+        assert_eq!(p.choice, Choice::Prefix(Placement::Scored));
+        // 200 pending (40 ms): within the slack, still home.
+        eps[home].pending_prefill_tokens = 200;
+        assert_eq!(pick(&eps, &s, pm, 0).map(|p| p.endpoint), Some(home));
+    }
+
+    #[test]
+    fn explain_shows_the_matched_blocks_and_the_runner_up() {
+        let s = EngineAware {
+            affinity: Some(PrefixAffinity {
+                block_bytes: 4,
+                ..PrefixAffinity::default()
+            }),
+            ..EngineAware::default()
+        };
+        let sit = |addr: &str, matched| EndpointSituation {
+            addr: addr.into(),
+            in_flight: 1,
+            in_flight_at_scrape: None,
+            waiting: Some(0),
+            running: Some(1),
+            kv_usage: Some(0.2),
+            prefill_s_per_token: Some(0.001),
+            pending_prefill_tokens: None,
+            prefix_matched_blocks: matched,
+        };
+        let eps = [
+            sit("http://a:1", Some(2)),
+            sit("http://b:1", Some(5)),
+            sit("http://c:1", None),
+        ];
+        let prompt = "system\nabcdefgh\nuser\nijklmnop\n";
+        let e = explain("gpus", &s, &eps, Some(prompt), None);
+        assert_eq!(e.endpoint.as_deref(), Some("http://b:1"));
+        assert_eq!(e.placement.as_deref(), Some("prefix_matched"));
+        assert_eq!(e.prefix_blocks, Some(prompt.len() / 4));
+        assert_eq!(e.runner_up.as_deref(), Some("http://a:1"));
+        assert_eq!(e.signals[1].prefix_matched_blocks, Some(5));
+        let (b, a) = (
+            e.signals[1].expected_ttft_s.expect("b"),
+            e.runner_up_ttft_s.expect("a"),
+        );
+        assert!((a - b - 3.0 * 0.001).abs() < 1e-9, "{a} {b}");
+        // The older spelling: the endpoint that served it last holds it all.
+        let e = explain("gpus", &s, &eps, Some(prompt), Some("http://c:1"));
+        assert_eq!(e.endpoint.as_deref(), Some("http://c:1"));
     }
 
     proptest! {
@@ -776,16 +1113,23 @@ mod tests {
             let open: Vec<usize> = (0..eps.len())
                 .filter(|&i| eps[i].base.available && !eps[i].estimate(&s).saturated)
                 .collect();
-            let last = usize::try_from(key % eps.len() as u64).ok();
-            let aff = Some(Affinity { ring: &ring, key, last });
-            match choose(&eps, &s, aff, rotation) {
+            let matched: Vec<usize> = (0..eps.len()).map(|i| usize::try_from((key >> (i * 3)) % 8).unwrap_or(0)).collect();
+            let pm = Some(PrefixMatch { ring: &ring, anchor: key, matched_blocks: &matched, block_tokens: 64.0, prompt_tokens: 8 * 64 });
+            match pick(&eps, &s, pm, rotation) {
                 None => prop_assert!(open.is_empty()),
-                Some((i, Choice::LowestCost)) => prop_assert!(open.contains(&i)),
-                Some((i, Choice::Affinity { .. })) => {
-                    prop_assert!(open.contains(&i));
+                Some(p) => {
+                    prop_assert!(open.contains(&p.endpoint));
                     let total: u64 = open.iter().map(|&j| u64::from(eps[j].estimate(&s).load)).sum::<u64>() + 1;
                     let bound = (DEFAULT_LOAD_FACTOR * total as f64 / open.len() as f64).ceil() as u64;
-                    prop_assert!(u64::from(eps[i].estimate(&s).load) < bound);
+                    prop_assert!(u64::from(eps[p.endpoint].estimate(&s).load) < bound);
+                    // The chosen scores no worse than the runner-up, unless
+                    // a new prefix went home (within the slack).
+                    if let (Some(c), Some(r)) = (p.chosen, p.runner_up) {
+                        prop_assert_ne!(c.endpoint, r.endpoint);
+                        if p.choice != Choice::Prefix(Placement::Home) {
+                            prop_assert!(c.ttft_s <= r.ttft_s);
+                        }
+                    }
                 }
             }
         }

@@ -53,6 +53,7 @@ pub mod health;
 pub mod idempotency;
 pub mod outcome;
 pub mod park;
+pub mod prefix_cache;
 pub mod probe;
 pub mod request_path;
 pub mod retry_budget;

@@ -3,7 +3,8 @@
 //! changes, and keys spread over the ring.
 
 use proptest::prelude::*;
-use router_policy::affinity::{prefix_key, Ring};
+use router_policy::affinity::Ring;
+use router_policy::prefix_cache::block_chain;
 
 fn names(n: usize) -> Vec<String> {
     (0..n).map(|i| format!("http://10.0.0.{i}:8000")).collect()
@@ -44,8 +45,9 @@ fn keys_spread_over_the_endpoints() {
     let ring = Ring::new(&names(4));
     let mut count = [0usize; 4];
     for i in 0..4000u32 {
-        let prompt = format!("session {i} system prompt, long enough for a few blocks");
-        let key = prefix_key(prompt.as_bytes(), 16, 4).expect("a key");
+        let prompt = format!("{i:05} session's system prompt, long enough for a few blocks");
+        // A prompt's home is its first block's hash.
+        let key = block_chain(prompt.as_bytes(), 16, 4)[0];
         count[ring.owner(key).expect("an owner")] += 1;
     }
     for c in count {

@@ -159,7 +159,7 @@ impl Exchange {
                 avoid,
             } = attempt;
             let shape = crate::pool::RequestShape {
-                prefix_key: pool.prefix_key(&self.body),
+                prefix: pool.prefix_request(&self.body),
                 session_key: pool.session_key(&headers),
                 input_tokens: self.estimated_input_tokens,
                 tenant: self.tenant_key,
@@ -209,6 +209,15 @@ impl Exchange {
                 queue_wait_ms: super::ms(lease.queue_wait()),
                 timeout_ms: timeout.map(super::millis),
                 affinity: lease.session().map(|s| s.as_str()),
+                prefix: lease.prefix().map(|p| crate::route_log::PrefixRecord {
+                    placement: p.placement,
+                    blocks: p.blocks,
+                    matched: p.matched,
+                    ttft_ms: p.ttft_ms,
+                    runner_up: p.runner_up.as_ref().map(|r| Arc::clone(&r.0)),
+                    runner_up_matched: p.runner_up.as_ref().map(|r| r.1),
+                    runner_up_ttft_ms: p.runner_up.as_ref().map(|r| r.2),
+                }),
                 // A request of another dialect (or to a pool of one): the
                 // dialect this attempt spoke.
                 dialect: self.translation.as_ref().map(|_| {

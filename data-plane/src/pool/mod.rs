@@ -68,6 +68,15 @@ mod wake;
 pub(crate) use circuit::{CircuitState, MAX_RETRY_AFTER};
 pub(crate) use latency::Sample;
 pub(crate) use queue::{EndpointHandle, Lease, RequestShape, Shed, TokenSample};
+
+/// A request's prompt as prefix affinity sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct PrefixRequest {
+    /// Its chained block hashes ([`router_policy::prefix_cache::block_chain`]).
+    pub(crate) chain: Vec<u64>,
+    /// Its prompt tokens, estimated from its bytes and the pool's ratio.
+    pub(crate) prompt_tokens: u64,
+}
 pub(crate) use status::{Availability, PoolStatus};
 
 use state::{EndpointState, PoolState};
@@ -180,6 +189,8 @@ pub(crate) struct PoolRuntime {
     uses_affinity: std::sync::atomic::AtomicBool,
     /// The settings ask for session affinity (read without the lock).
     uses_sessions: std::sync::atomic::AtomicBool,
+    /// Where placements go for the other proxies (with a shared store).
+    prefix_share: std::sync::OnceLock<Arc<crate::prefix_share::PrefixShare>>,
 }
 
 impl PoolRuntime {
@@ -200,6 +211,7 @@ impl PoolRuntime {
             endpoints_changed: tokio::sync::Notify::new(),
             uses_affinity: std::sync::atomic::AtomicBool::new(false),
             uses_sessions: std::sync::atomic::AtomicBool::new(false),
+            prefix_share: std::sync::OnceLock::new(),
         });
         pool.update(settings, endpoints);
         pool
@@ -657,10 +669,38 @@ impl PoolRuntime {
         router_policy::affinity::session_key(headers.get(&header)?.as_bytes())
     }
 
-    /// The prefix-affinity key of a request body, when this pool balances
-    /// with prefix affinity ([`router_policy::affinity`]); `None` otherwise
-    /// or for a body without a prompt one block long.
-    pub(crate) fn prefix_key(&self, body: &[u8]) -> Option<u64> {
+    /// Shares this pool's prefix placements with the other proxies
+    /// ([`crate::prefix_share`]); the first call wins.
+    pub(crate) fn share_prefixes(&self, share: &Arc<crate::prefix_share::PrefixShare>) {
+        let _ = self.prefix_share.set(Arc::clone(share));
+    }
+
+    /// Another proxy placed a prompt with `chain` on `addr`: this pool's
+    /// index of that endpoint records it (nothing for an endpoint this
+    /// pool does not have, or without prefix affinity).
+    pub(crate) fn learn(&self, addr: &str, chain: &[u64]) {
+        if !self
+            .uses_affinity
+            .load(std::sync::atomic::Ordering::Relaxed)
+        {
+            return;
+        }
+        let mut st = self.lock();
+        let Some(affinity) = st.settings.queue.engine.affinity else {
+            return;
+        };
+        let chain = &chain[..chain.len().min(affinity.max_blocks)];
+        if let Some(e) = st.endpoints.iter_mut().find(|e| &*e.addr == addr) {
+            let capacity = affinity.index_blocks(e.probe.as_ref().and_then(|p| p.cache_tokens));
+            e.prefix_record(chain, capacity);
+        }
+    }
+
+    /// The prompt of a request body as a chain of block hashes, when this
+    /// pool balances with prefix affinity
+    /// ([`router_policy::prefix_cache`]); `None` otherwise or for a body
+    /// without a prompt one block long.
+    pub(crate) fn prefix_request(&self, body: &[u8]) -> Option<Arc<PrefixRequest>> {
         // Most pools have no affinity: no lock for them.
         if !self
             .uses_affinity
@@ -673,8 +713,14 @@ impl PoolRuntime {
             return None;
         }
         let a = q.engine.affinity?;
-        let prompt = router_policy::affinity::leading_prompt(body)?;
-        router_policy::affinity::prefix_key(&prompt, a.block_bytes, a.max_blocks)
+        let text = router_policy::prefix_cache::prompt_text(body)?;
+        let chain = router_policy::prefix_cache::block_chain(&text, a.block_bytes, a.max_blocks);
+        (!chain.is_empty()).then(|| {
+            Arc::new(PrefixRequest {
+                chain,
+                prompt_tokens: (text.len() as f64 / a.bytes_per_token) as u64,
+            })
+        })
     }
 
     /// Notes a malformed structured answer for `caller` (a tenant's key,

@@ -147,7 +147,7 @@ impl PoolRuntime {
                 return Err(Shed::NoBackend);
             }
             if st.queue.is_empty() {
-                if let Some(lease) = self.try_grant(&mut st, now, now, shape) {
+                if let Some(lease) = self.try_grant(&mut st, now, now, &shape) {
                     self.counters.dispatched.inc();
                     return Ok(lease);
                 }
@@ -232,7 +232,7 @@ impl PoolRuntime {
         if st.closed || !st.queue.is_empty() {
             return None;
         }
-        let lease = self.try_grant_avoiding(&mut st, now, now, shape, avoid)?;
+        let lease = self.try_grant_avoiding(&mut st, now, now, &shape, avoid)?;
         self.counters.dispatched.inc();
         Some(lease)
     }
@@ -242,7 +242,7 @@ impl PoolRuntime {
         st: &mut PoolState,
         enqueued_at: Instant,
         now: Instant,
-        shape: RequestShape,
+        shape: &RequestShape,
     ) -> Option<Lease> {
         self.try_grant_avoiding(st, enqueued_at, now, shape, &[])
     }
@@ -252,7 +252,7 @@ impl PoolRuntime {
         st: &mut PoolState,
         enqueued_at: Instant,
         now: Instant,
-        shape: RequestShape,
+        shape: &RequestShape,
         avoid: &[u64],
     ) -> Option<Lease> {
         st.fill_loads(now);
@@ -264,19 +264,46 @@ impl PoolRuntime {
             }
         }
         st.rotation = st.rotation.wrapping_add(1);
-        let (i, session) = match shape.session_key.and_then(|key| st.choose_session(key)) {
-            Some((i, how)) => (i, Some(how)),
-            None => (st.choose(shape.prefix_key)?, None),
-        };
+        let prefix = shape.prefix.as_deref();
+        let (i, session, placed) =
+            match shape.session_key.and_then(|key| st.choose_session(key)) {
+                Some((i, how)) => (i, Some(how), None),
+                None if prefix.is_some() => {
+                    let picked = st.pick_engine_aware(prefix)?;
+                    (picked.endpoint, None, Some(picked))
+                }
+                None => (st.choose(None)?, None, None),
+            };
         // A session's home is where it was placed; a spill is a visit (the
         // session goes home once there is room, as on every other proxy).
-        let home = shape
+        if let Some(key) = shape
             .session_key
-            .filter(|_| session.is_some_and(|s| s != SessionPlacement::Spilled));
-        for key in [home, shape.prefix_key].into_iter().flatten() {
+            .filter(|_| session.is_some_and(|s| s != SessionPlacement::Spilled))
+        {
             let id = st.endpoints[i].id;
             st.last_served.record(key, id);
         }
+        let placement = prefix.and_then(|req| {
+            let capacity = st.settings.queue.engine.affinity.map(|a| {
+                a.index_blocks(st.endpoints[i].probe.as_ref().and_then(|p| p.cache_tokens))
+            })?;
+            st.endpoints[i].prefix_record(&req.chain, capacity);
+            if let Some(share) = self.prefix_share.get() {
+                share.learned(&self.name, &st.endpoints[i].addr, &req.chain);
+            }
+            let picked = placed?;
+            let addr = |s: &router_policy::engine_aware::Scored| Arc::clone(&st.endpoints[s.endpoint].addr);
+            Some(PrefixPlacement {
+                placement: match picked.choice {
+                    router_policy::engine_aware::Choice::Prefix(p) => p.as_str(),
+                    router_policy::engine_aware::Choice::LowestCost => "lowest_cost",
+                },
+                blocks: req.chain.len(),
+                matched: picked.chosen.map_or(0, |c| c.matched_blocks),
+                ttft_ms: picked.chosen.map(|c| c.ttft_s * 1000.0),
+                runner_up: picked.runner_up.map(|r| (addr(&r), r.matched_blocks, r.ttft_s * 1000.0)),
+            })
+        });
         let e = &mut st.endpoints[i];
         e.in_flight += 1;
         e.pending_prefill_tokens = e.pending_prefill_tokens.saturating_add(shape.input_tokens);
@@ -292,6 +319,7 @@ impl PoolRuntime {
             prefill_pending: AtomicBool::new(shape.input_tokens > 0),
             probe,
             session,
+            prefix: placement,
             sampled: AtomicBool::new(false),
             armed: true,
         })
@@ -313,9 +341,9 @@ impl PoolRuntime {
                 st.queue.remove(i);
                 continue;
             }
-            let (enqueued_at, shape) = (next.enqueued_at, next.shape);
+            let (enqueued_at, shape) = (next.enqueued_at, next.shape.clone());
             let now = *now.get_or_insert_with(Instant::now);
-            let Some(lease) = self.try_grant(st, enqueued_at, now, shape) else {
+            let Some(lease) = self.try_grant(st, enqueued_at, now, &shape) else {
                 break;
             };
             let Some(waiter) = st.queue.remove(i) else {
@@ -406,10 +434,10 @@ impl PoolRuntime {
 }
 
 /// What the balancer may know of a request before choosing.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub(crate) struct RequestShape {
-    /// Its prefix-affinity key ([`PoolRuntime::prefix_key`]).
-    pub(crate) prefix_key: Option<u64>,
+    /// Its prompt's block chain ([`PoolRuntime::prefix_request`]).
+    pub(crate) prefix: Option<Arc<super::PrefixRequest>>,
     /// Its session key ([`PoolRuntime::session_key`]): when given, it
     /// places the request, before any other rule.
     pub(crate) session_key: Option<u64>,
@@ -417,6 +445,25 @@ pub(crate) struct RequestShape {
     pub(crate) input_tokens: u64,
     /// Its tenant (a hash of the name), for fairness in the queue.
     pub(crate) tenant: Option<u64>,
+}
+
+/// How prefix affinity placed a request, for the route log: the matched
+/// blocks and expected time to first token of the chosen endpoint and of
+/// the runner-up.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct PrefixPlacement {
+    /// `prefix_matched`, `prefix_home`, `prefix_scored`
+    /// ([`router_policy::engine_aware::Placement`]).
+    pub(crate) placement: &'static str,
+    /// Whole blocks in the prompt.
+    pub(crate) blocks: usize,
+    /// Leading blocks the chosen endpoint likely held.
+    pub(crate) matched: usize,
+    /// Its expected time to first token, ms.
+    pub(crate) ttft_ms: Option<f64>,
+    /// The runner-up: address, matched blocks, expected time to first
+    /// token (ms).
+    pub(crate) runner_up: Option<(Arc<str>, usize, f64)>,
 }
 
 /// A latency measured against a token count.
@@ -474,6 +521,8 @@ pub(crate) struct Lease {
     probe: bool,
     /// How session affinity placed it, when it did.
     session: Option<router_policy::affinity::SessionPlacement>,
+    /// How prefix affinity placed it, when it did.
+    prefix: Option<PrefixPlacement>,
     sampled: AtomicBool,
     armed: bool,
 }
@@ -492,6 +541,11 @@ impl Lease {
     /// How session affinity placed the request, when it did.
     pub(crate) fn session(&self) -> Option<router_policy::affinity::SessionPlacement> {
         self.session
+    }
+
+    /// How prefix affinity placed the request, when it did.
+    pub(crate) fn prefix(&self) -> Option<&PrefixPlacement> {
+        self.prefix.as_ref()
     }
 
     /// The endpoint's address label.

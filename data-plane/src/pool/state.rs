@@ -19,7 +19,8 @@ use std::time::Duration;
 use router_policy::affinity::{LastServed, Ring};
 use router_policy::balance::{self, EndpointLoad, Scoring};
 use router_policy::deadline::PoolOutlook;
-use router_policy::engine_aware::{self, EngineLoad, TokenLatency};
+use router_policy::engine_aware::{self, EngineLoad, Picked, PrefixMatch, TokenLatency};
+use router_policy::prefix_cache::BlockIndex;
 use router_policy::health::{CheckState, Suspicion};
 use router_policy::{Endpoint, Probe};
 use tokio::time::Instant;
@@ -32,7 +33,7 @@ use super::{Availability, PoolSettings, Shed};
 use crate::forward::UpstreamTarget;
 use crate::probe::ProbeReading;
 
-/// Prefix keys a pool remembers the last endpoint of (8 bytes of key and
+/// Session keys a pool remembers the last endpoint of (8 bytes of key and
 /// 8 of id each, plus the table's overhead: a few MiB at most).
 const LAST_SERVED_KEYS: usize = 65_536;
 
@@ -77,6 +78,9 @@ pub(super) struct EndpointState {
     /// Ejections in a row (an endpoint that served a window cleanly
     /// starts over).
     pub(super) ejections: u32,
+    /// The prompt blocks it likely holds (prefix affinity; made on first
+    /// use, sized by [`router_policy::engine_aware::PrefixAffinity::index_blocks`]).
+    pub(super) prefix_index: Option<BlockIndex>,
 }
 
 /// Requests and errors of one endpoint in the current and the previous
@@ -151,7 +155,25 @@ impl EndpointState {
             outlier: OutlierCounts::default(),
             ejected_until: None,
             ejections: 0,
+            prefix_index: None,
         }
+    }
+
+    /// Leading blocks of `chain` it likely holds.
+    pub(super) fn prefix_matched(&self, chain: &[u64]) -> usize {
+        self.prefix_index.as_ref().map_or(0, |i| i.matched(chain))
+    }
+
+    /// It was sent (or, by another proxy, is known to hold) a prompt with
+    /// this chain; `capacity` is its index size in blocks.
+    pub(super) fn prefix_record(&mut self, chain: &[u64], capacity: usize) {
+        let index = self
+            .prefix_index
+            .get_or_insert_with(|| BlockIndex::new(capacity));
+        if index.capacity() != capacity {
+            index.resize(capacity);
+        }
+        index.record(chain);
     }
 
     /// Fresh, healthy probe data when a probe is configured.
@@ -204,9 +226,9 @@ pub(super) struct PoolState {
     /// The engine-aware balancer's input (engine-aware pools only).
     pub(super) engine_loads: Vec<EngineLoad>,
     /// The consistent-hash ring of the endpoints, in their order (prefix
-    /// affinity).
+    /// and session affinity).
     pub(super) ring: Ring,
-    /// Which endpoint (id) served each prefix key last.
+    /// Which endpoint (id) served each session key last.
     pub(super) last_served: LastServed,
     pub(super) latencies: LatencyWindow,
     pub(super) wake: WakeTimer,
@@ -344,25 +366,39 @@ impl PoolState {
     }
 
     /// The balancer's pick among [`Self::loads`] (fill them first), for a
-    /// request with this prefix-affinity key.
+    /// request with this prompt chain (prefix affinity).
     #[inline]
-    pub(super) fn choose(&self, prefix_key: Option<u64>) -> Option<usize> {
+    pub(super) fn choose(&self, prefix: Option<&super::PrefixRequest>) -> Option<usize> {
         let q = &self.settings.queue;
         if q.scoring == Scoring::EngineAware {
-            let affinity = prefix_key
-                .filter(|_| q.engine.affinity.is_some())
-                .map(|key| engine_aware::Affinity {
-                    ring: &self.ring,
-                    key,
-                    last: self
-                        .last_served
-                        .get(key)
-                        .and_then(|id| self.endpoints.iter().position(|e| e.id == id)),
-                });
-            return engine_aware::choose(&self.engine_loads, &q.engine, affinity, self.rotation)
-                .map(|(i, _)| i);
+            return self.pick_engine_aware(prefix).map(|p| p.endpoint);
         }
         balance::choose(&self.loads, q.scoring, q.latency_threshold_s, self.rotation)
+    }
+
+    /// The engine-aware pick with its scores (fill [`Self::loads`] first).
+    pub(super) fn pick_engine_aware(
+        &self,
+        prefix: Option<&super::PrefixRequest>,
+    ) -> Option<Picked> {
+        let q = &self.settings.queue;
+        let chain = prefix.filter(|r| !r.chain.is_empty());
+        let Some((affinity, req)) = q.engine.affinity.zip(chain) else {
+            return engine_aware::pick(&self.engine_loads, &q.engine, None, self.rotation);
+        };
+        let matched: Vec<usize> = self
+            .endpoints
+            .iter()
+            .map(|e| e.prefix_matched(&req.chain))
+            .collect();
+        let pm = PrefixMatch {
+            ring: &self.ring,
+            anchor: req.chain[0],
+            matched_blocks: &matched,
+            block_tokens: affinity.block_tokens(),
+            prompt_tokens: req.prompt_tokens,
+        };
+        engine_aware::pick(&self.engine_loads, &q.engine, Some(pm), self.rotation)
     }
 
     /// Session affinity's pick among [`Self::loads`] (fill them first) for

@@ -128,14 +128,26 @@ impl PoolRuntime {
     }
 
     /// For an engine-aware pool, each endpoint's signals as the balancer
-    /// sees them now (for `route explain`); `None` for other pools.
+    /// sees them now, and with prefix affinity how many leading blocks of
+    /// `prompt` (a prompt's text) each likely holds (for `route explain`);
+    /// `None` for other pools.
     pub(crate) fn endpoint_situations(
         &self,
+        prompt: Option<&str>,
     ) -> Option<Vec<router_policy::engine_aware::EndpointSituation>> {
         let st = self.lock();
         if st.settings.queue.scoring != router_policy::Scoring::EngineAware {
             return None;
         }
+        let chain = st
+            .settings
+            .queue
+            .engine
+            .affinity
+            .zip(prompt)
+            .map(|(a, p)| {
+                router_policy::prefix_cache::block_chain(p.as_bytes(), a.block_bytes, a.max_blocks)
+            });
         let now = Instant::now();
         let probe = st.settings.probe;
         Some(
@@ -155,6 +167,7 @@ impl PoolRuntime {
                         kv_usage: fresh.and_then(|r| r.kv_cache_usage),
                         prefill_s_per_token: e.tokens.prefill_s_per_token,
                         pending_prefill_tokens: Some(e.pending_prefill_tokens),
+                        prefix_matched_blocks: chain.as_deref().map(|c| e.prefix_matched(c)),
                     }
                 })
                 .collect(),

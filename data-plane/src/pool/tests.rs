@@ -310,6 +310,7 @@ fn reading(waiting: u32, running: u32, kv: f64) -> Option<ProbeReading> {
         waiting: Some(waiting),
         running: Some(running),
         kv_cache_usage: Some(kv),
+        cache_tokens: None,
     })
 }
 
@@ -365,67 +366,81 @@ async fn a_scrape_showing_room_binds_a_waiting_request() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn requests_sharing_a_prefix_go_to_one_endpoint_until_it_is_loaded() {
-    let p = engine_pool(&["h:1", "h:2", "h:3", "h:4"], true);
+async fn turns_and_conversations_go_where_their_prefix_is_held_until_it_is_loaded() {
+    let names = ["h:1", "h:2", "h:3", "h:4"];
+    let p = engine_pool(&names, true);
     // Each engine runs 2 requests (other clients').
-    for a in eps(&["h:1", "h:2", "h:3", "h:4"]) {
+    for a in eps(&names) {
         p.record_probe(&a, reading(0, 2, 0.1));
     }
     let system = "You are a careful assistant. ".repeat(40);
-    let body = |user: &str, more: &str| {
-        serde_json::json!({"model": "m", "messages": [
-            {"role": "system", "content": system},
-            {"role": "user", "content": user},
-            {"role": "assistant", "content": "ok"},
-            {"role": "user", "content": more},
-        ]})
-        .to_string()
+    let body = |turns: &[&str]| {
+        let mut messages = vec![serde_json::json!({"role": "system", "content": system})];
+        for (i, t) in turns.iter().enumerate() {
+            let role = if i % 2 == 0 { "user" } else { "assistant" };
+            messages.push(serde_json::json!({"role": role, "content": t}));
+        }
+        serde_json::json!({"model": "m", "messages": messages}).to_string()
     };
-    let key = p.prefix_key(body("plan my trip", "").as_bytes());
-    assert!(key.is_some());
-    // A later turn of the same conversation has the same key.
-    assert_eq!(
-        p.prefix_key(body("plan my trip", "and the hotel").as_bytes()),
-        key
-    );
-    let mut leases = Vec::new();
-    for _ in 0..2 {
-        leases.push(
-            p.acquire_at(
-                None,
-                Instant::now(),
-                RequestShape {
-                    session_key: None,
-                    prefix_key: key,
-                    ..RequestShape::default()
-                },
-            )
-            .await
-            .unwrap(),
-        );
-    }
-    assert_eq!(leases[0].endpoint(), leases[1].endpoint());
-    let owner = leases[0].endpoint().clone();
-    // The owner now runs 4 of 10: the bound is ceil(1.25 × 11 / 4) = 4,
-    // so the next spills to another endpoint.
-    let spilled = p
-        .acquire_at(
-            None,
-            Instant::now(),
-            RequestShape {
-                session_key: None,
-                prefix_key: key,
-                ..RequestShape::default()
-            },
-        )
-        .await
-        .unwrap();
+    let shape = |b: &str| RequestShape {
+        prefix: p.prefix_request(b.as_bytes()),
+        ..RequestShape::default()
+    };
+    let wishes = "plan my trip to the coast, with a long list of wishes; ".repeat(6);
+    let first = body(&[wishes.as_str()]);
+    let first_shape = shape(&first);
+    let chain = first_shape.prefix.clone().expect("a prompt chain");
+    let home = p.acquire_at(None, Instant::now(), first_shape).await.unwrap();
+    assert_eq!(home.prefix().map(|x| x.placement), Some("prefix_home"));
+    let owner = home.endpoint().clone();
+    // Another conversation with the same system prompt: the system
+    // prompt's blocks are held there, so it goes there too.
+    let other = body(&["something else entirely"]);
+    let l2 = p.acquire_at(None, Instant::now(), shape(&other)).await.unwrap();
+    assert_eq!(l2.endpoint(), &owner);
+    let placed = l2.prefix().expect("placed by prefix");
+    assert_eq!(placed.placement, "prefix_matched");
+    assert!(placed.matched >= system.len() / 256 && placed.matched < chain.chain.len());
+    assert!(placed.runner_up.is_some());
+    // The next turn of the first conversation matches all of its first
+    // turn there, but the owner runs 4 of 10 now: over the bound
+    // ceil(1.25 × 11 / 4) = 4, so the next best by the same score.
+    let next = body(&[
+        wishes.as_str(),
+        "Here is a plan. ".repeat(30).as_str(),
+        "and the hotel",
+    ]);
+    let next_shape = shape(&next);
+    assert!(next_shape.prefix.as_ref().unwrap().chain.starts_with(&chain.chain));
+    let spilled = p.acquire_at(None, Instant::now(), next_shape).await.unwrap();
     assert_ne!(spilled.endpoint(), &owner);
-    // A pool without affinity computes no key.
+    let spilled_to = spilled.endpoint().clone();
+    drop((home, l2, spilled));
+    // With room again, the turn goes where its longest prefix is: the
+    // endpoint that got the whole turn, not the one that has its start.
+    let again = p.acquire_at(None, Instant::now(), shape(&next)).await.unwrap();
+    assert_eq!(again.endpoint(), &spilled_to);
     assert_eq!(
-        engine_pool(&["h:1"], false).prefix_key(body("x", "").as_bytes()),
-        None
+        again.prefix().map(|x| x.matched),
+        Some(shape(&next).prefix.unwrap().chain.len())
     );
+    drop(again);
+    // What another proxy learned counts like what this one sent.
+    let elsewhere = body(&["a conversation another proxy started, long enough to matter"]);
+    let learned_shape = shape(&elsewhere);
+    let target = names
+        .iter()
+        .map(|n| Endpoint::parse(n).unwrap())
+        .find(|e| e != &owner && e != &spilled_to)
+        .unwrap();
+    p.learn(&target.to_string(), &learned_shape.prefix.as_ref().unwrap().chain);
+    let l5 = p.acquire_at(None, Instant::now(), learned_shape).await.unwrap();
+    assert_eq!(l5.endpoint(), &target);
+    assert_eq!(l5.prefix().unwrap().placement, "prefix_matched");
+    // A pool without affinity computes no chain.
+    assert!(engine_pool(&["h:1"], false)
+        .prefix_request(first.as_bytes())
+        .is_none());
 }
 
 #[tokio::test(start_paused = true)]
@@ -436,7 +451,7 @@ async fn first_tokens_are_measured_per_input_token() {
         input_tokens: 2000,
         ..RequestShape::default()
     };
-    let l = p.acquire_at(None, Instant::now(), shape).await.unwrap();
+    let l = p.acquire_at(None, Instant::now(), shape.clone()).await.unwrap();
     // Its prompt waits for its prefill there until the first token.
     assert_eq!(p.lock().endpoints[0].pending_prefill_tokens, 2000);
     l.observe_first_token(Duration::from_millis(500));

@@ -262,12 +262,19 @@ pub struct EngineAwareSpec {
     /// Bounded-load factor `c` of the affinity ring, above 1 (default 1.25).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub load_factor: Option<f64>,
-    /// Bytes per block of the hashed prompt prefix (default 64).
+    /// Bytes per block of the hashed prompt (default 256).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prefix_block_bytes: Option<usize>,
-    /// Blocks hashed at most (default 256).
+    /// Blocks hashed at most (default 512).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prefix_max_blocks: Option<usize>,
+    /// Prompt bytes per token, the pool's tokenizer ratio (default 4).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefix_bytes_per_token: Option<f64>,
+    /// Each endpoint's prefix cache in tokens when its engine does not
+    /// report it (default 65,536; vLLM reports it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefix_cache_tokens: Option<u64>,
 }
 
 /// Request defaults as written.

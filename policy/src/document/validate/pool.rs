@@ -372,6 +372,9 @@ fn price(p: Option<&PriceSpec>, at: &str, errs: &mut Errors) -> Price {
     price
 }
 
+/// The most blocks a prompt is hashed in.
+const MAX_PREFIX_BLOCKS: usize = 4096;
+
 /// A pool's engine-aware settings over the defaults.
 fn engine_aware(e: &EngineAwareSpec, at: &str, errs: &mut Errors) -> EngineAware {
     let at = format!("{at}.engine_aware");
@@ -404,7 +407,24 @@ fn engine_aware(e: &EngineAwareSpec, at: &str, errs: &mut Errors) -> EngineAware
     }
     match e.prefix_max_blocks {
         Some(0) => errs.push(format!("{at}.prefix_max_blocks"), "must be at least 1"),
+        Some(b) if b > MAX_PREFIX_BLOCKS => errs.push(
+            format!("{at}.prefix_max_blocks"),
+            format!("must be at most {MAX_PREFIX_BLOCKS} (each block is a hash per request per endpoint lookup)"),
+        ),
         Some(b) => affinity.max_blocks = b,
+        None => {}
+    }
+    match e.prefix_bytes_per_token {
+        Some(r) if !(r.is_finite() && (0.5..=64.0).contains(&r)) => errs.push(
+            format!("{at}.prefix_bytes_per_token"),
+            "must be between 0.5 and 64 (about 4 for English text)",
+        ),
+        Some(r) => affinity.bytes_per_token = r,
+        None => {}
+    }
+    match e.prefix_cache_tokens {
+        Some(0) => errs.push(format!("{at}.prefix_cache_tokens"), "must be at least 1"),
+        Some(t) => affinity.cache_tokens = Some(t),
         None => {}
     }
     if e.affinity == Some(AffinityKind::Prefix) {

@@ -1,0 +1,311 @@
+//! What one proxy learns of where prompts went reaches the others, over the
+//! shared store's publish/subscribe.
+//!
+//! Prefix affinity ([`router_policy::prefix_cache`]) keeps, per endpoint,
+//! the block hashes this proxy sent there. Behind a round-robin load
+//! balancer each proxy of a fleet sees a share of a conversation's turns:
+//! without sharing, the proxy that gets turn 3 does not know that another
+//! sent turns 1 and 2 to one endpoint. So every proxy publishes, for each
+//! request it placed, `(pool, endpoint, chain)` on the channel
+//! `router:prefix`, and records what the others publish into its own
+//! indexes, as if it had sent the requests itself. Placement of a prefix
+//! nobody holds needs no sharing (its home on the ring is the same on
+//! every proxy); sharing carries the rest, a few milliseconds late.
+//!
+//! Off the request path: a grant puts the entry in a bounded queue
+//! ([`QUEUE`] entries; when full, entries are dropped and counted, a
+//! proxy's own placement is unaffected); a task publishes them in batches
+//! of at most [`MAX_MESSAGE_BYTES`] every [`FLUSH_EVERY`]; another
+//! subscribes and applies what others sent (its own messages, recognised
+//! by a random sender id, are skipped). A lost message costs a cache miss,
+//! never a wrong answer, so delivery is best effort (pub/sub keeps
+//! nothing for a proxy that was away).
+//!
+//! The message, little-endian: `b"PX1"`, the sender id (u64), then
+//! entries of pool name (u16 length + bytes), endpoint address (u16 length
+//! + bytes), block count (u16) and the blocks (u64 each). A message that
+//! does not parse is dropped whole.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+
+use crate::config::ConfigStore;
+
+/// Entries waiting to be published, at most.
+pub(crate) const QUEUE: usize = 4096;
+/// The largest message published or accepted.
+pub(crate) const MAX_MESSAGE_BYTES: usize = 256 * 1024;
+/// How often queued entries are published.
+pub(crate) const FLUSH_EVERY: Duration = Duration::from_millis(20);
+/// The most blocks an entry carries (a policy's `prefix_max_blocks` is at
+/// most this).
+pub(crate) const MAX_BLOCKS: usize = 4096;
+
+const MAGIC: &[u8; 3] = b"PX1";
+
+/// One placement: `pool` sent a prompt with `chain` to `endpoint`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Learned {
+    pub(crate) pool: Arc<str>,
+    pub(crate) endpoint: Arc<str>,
+    pub(crate) chain: Vec<u64>,
+}
+
+/// The proxy's side of the sharing: where grants put what they learned.
+pub(crate) struct PrefixShare {
+    tx: tokio::sync::mpsc::Sender<Learned>,
+    dropped: AtomicU64,
+}
+
+impl PrefixShare {
+    /// Notes a placement for the other proxies (never waits).
+    pub(crate) fn learned(&self, pool: &Arc<str>, endpoint: &Arc<str>, chain: &[u64]) {
+        let entry = Learned {
+            pool: Arc::clone(pool),
+            endpoint: Arc::clone(endpoint),
+            chain: chain[..chain.len().min(MAX_BLOCKS)].to_vec(),
+        };
+        if self.tx.try_send(entry).is_err() && self.dropped.fetch_add(1, Ordering::Relaxed) == 0 {
+            tracing::warn!(
+                "prefix sharing: the publish queue is full; placements are not shared until it drains"
+            );
+        }
+    }
+
+    /// Starts publishing and subscribing through `client`'s server, with
+    /// `config`'s pools as the subscriber's target.
+    pub(crate) fn spawn(client: redis::Client, channel: String, config: &Arc<ConfigStore>) -> Arc<Self> {
+        let (tx, rx) = tokio::sync::mpsc::channel(QUEUE);
+        let sender = crate::random::u64();
+        tokio::spawn(publish(client.clone(), channel.clone(), sender, rx));
+        tokio::spawn(subscribe(client, channel, sender, Arc::downgrade(config)));
+        Arc::new(Self {
+            tx,
+            dropped: AtomicU64::new(0),
+        })
+    }
+}
+
+/// Appends `entry` to a message being built; false (and nothing written)
+/// when it would pass [`MAX_MESSAGE_BYTES`] or a field is too long.
+pub(crate) fn encode_entry(out: &mut Vec<u8>, entry: &Learned) -> bool {
+    let (pool, endpoint) = (entry.pool.as_bytes(), entry.endpoint.as_bytes());
+    let blocks = entry.chain.len().min(MAX_BLOCKS);
+    let size = 2 + pool.len() + 2 + endpoint.len() + 2 + 8 * blocks;
+    let (Ok(pool_len), Ok(endpoint_len), Ok(count)) = (
+        u16::try_from(pool.len()),
+        u16::try_from(endpoint.len()),
+        u16::try_from(blocks),
+    ) else {
+        return false;
+    };
+    if out.len() + size > MAX_MESSAGE_BYTES {
+        return false;
+    }
+    out.extend_from_slice(&pool_len.to_le_bytes());
+    out.extend_from_slice(pool);
+    out.extend_from_slice(&endpoint_len.to_le_bytes());
+    out.extend_from_slice(endpoint);
+    out.extend_from_slice(&count.to_le_bytes());
+    for b in &entry.chain[..blocks] {
+        out.extend_from_slice(&b.to_le_bytes());
+    }
+    true
+}
+
+/// A message's header for `sender`.
+pub(crate) fn message_header(sender: u64) -> Vec<u8> {
+    let mut out = Vec::with_capacity(4096);
+    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(&sender.to_le_bytes());
+    out
+}
+
+/// A message's sender and entries; `None` when it does not parse.
+pub(crate) fn decode(message: &[u8]) -> Option<(u64, Vec<Learned>)> {
+    if message.len() > MAX_MESSAGE_BYTES {
+        return None;
+    }
+    let mut rest = message.strip_prefix(MAGIC)?;
+    let mut take = |n: usize| -> Option<&[u8]> {
+        let (head, tail) = rest.split_at_checked(n)?;
+        rest = tail;
+        Some(head)
+    };
+    let sender = u64::from_le_bytes(take(8)?.try_into().ok()?);
+    let mut entries = Vec::new();
+    loop {
+        let Some(len) = take(2) else { break };
+        let pool_len = usize::from(u16::from_le_bytes(len.try_into().ok()?));
+        let pool = std::str::from_utf8(take(pool_len)?).ok()?;
+        let endpoint_len = usize::from(u16::from_le_bytes(take(2)?.try_into().ok()?));
+        let endpoint = std::str::from_utf8(take(endpoint_len)?).ok()?;
+        let count = usize::from(u16::from_le_bytes(take(2)?.try_into().ok()?));
+        if count > MAX_BLOCKS {
+            return None;
+        }
+        let blocks = take(8 * count)?;
+        let chain = blocks
+            .chunks_exact(8)
+            .map(|b| b.try_into().map(u64::from_le_bytes))
+            .collect::<Result<Vec<u64>, _>>()
+            .ok()?;
+        entries.push(Learned {
+            pool: pool.into(),
+            endpoint: endpoint.into(),
+            chain,
+        });
+    }
+    Some((sender, entries))
+}
+
+async fn publish(
+    client: redis::Client,
+    channel: String,
+    sender: u64,
+    mut rx: tokio::sync::mpsc::Receiver<Learned>,
+) {
+    let mut conn: Option<redis::aio::MultiplexedConnection> = None;
+    let mut carried: Option<Learned> = None;
+    loop {
+        let first = match carried.take() {
+            Some(e) => e,
+            None => match rx.recv().await {
+                Some(e) => e,
+                None => return,
+            },
+        };
+        tokio::time::sleep(FLUSH_EVERY).await;
+        let mut message = message_header(sender);
+        let mut next = Some(first);
+        while let Some(entry) = next.take() {
+            if !encode_entry(&mut message, &entry) {
+                // Too big for what is left of this message: the next one.
+                if message.len() > 11 {
+                    carried = Some(entry);
+                }
+                break;
+            }
+            next = rx.try_recv().ok();
+        }
+        if message.len() <= 11 {
+            continue;
+        }
+        if conn.is_none() {
+            conn = tokio::time::timeout(
+                Duration::from_secs(1),
+                client.get_multiplexed_async_connection(),
+            )
+            .await
+            .ok()
+            .and_then(Result::ok);
+        }
+        let Some(c) = conn.as_mut() else {
+            tracing::debug!("prefix sharing: shared store unreachable; placements not shared");
+            continue;
+        };
+        let sent = tokio::time::timeout(
+            Duration::from_secs(1),
+            redis::cmd("PUBLISH")
+                .arg(&channel)
+                .arg(&message)
+                .query_async::<i64>(c),
+        )
+        .await;
+        if !matches!(sent, Ok(Ok(_))) {
+            conn = None;
+        }
+    }
+}
+
+async fn subscribe(
+    client: redis::Client,
+    channel: String,
+    sender: u64,
+    config: std::sync::Weak<ConfigStore>,
+) {
+    loop {
+        let connected = tokio::time::timeout(Duration::from_secs(1), client.get_async_pubsub())
+            .await
+            .ok()
+            .and_then(Result::ok);
+        if let Some(mut pubsub) = connected {
+            if pubsub.subscribe(&channel).await.is_ok() {
+                let mut messages = pubsub.on_message();
+                while let Some(msg) = messages.next().await {
+                    let Some(config) = config.upgrade() else {
+                        return;
+                    };
+                    let payload: &[u8] = msg.get_payload_bytes();
+                    let Some((from, entries)) = decode(payload) else {
+                        tracing::debug!("prefix sharing: a message that does not parse, dropped");
+                        continue;
+                    };
+                    if from == sender {
+                        continue;
+                    }
+                    let snapshot = config.load();
+                    for e in entries {
+                        if let Some(pool) = snapshot.pools.get(&*e.pool) {
+                            pool.learn(&e.endpoint, &e.chain);
+                        }
+                    }
+                }
+            }
+        }
+        if config.strong_count() == 0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(pool: &str, endpoint: &str, n: u64) -> Learned {
+        Learned {
+            pool: pool.into(),
+            endpoint: endpoint.into(),
+            chain: (0..n).map(|i| i.wrapping_mul(0x9e37_79b9_7f4a_7c15)).collect(),
+        }
+    }
+
+    #[test]
+    fn a_message_decodes_to_what_was_encoded() {
+        let mut m = message_header(7);
+        let entries = [entry("gpus", "http://10.0.0.1:8000", 3), entry("p", "h:1", 0)];
+        for e in &entries {
+            assert!(encode_entry(&mut m, e));
+        }
+        assert_eq!(decode(&m), Some((7, entries.to_vec())));
+        assert_eq!(decode(&message_header(9)), Some((9, Vec::new())));
+    }
+
+    #[test]
+    fn a_message_stays_under_its_bound_and_garbage_is_refused() {
+        let mut m = message_header(1);
+        let big = entry("gpus", "h:1", MAX_BLOCKS as u64);
+        let mut fitted = 0;
+        while encode_entry(&mut m, &big) {
+            fitted += 1;
+        }
+        assert!(m.len() <= MAX_MESSAGE_BYTES && fitted >= 7, "{fitted}");
+        assert_eq!(decode(&m).map(|(_, e)| e.len()), Some(fitted));
+        // Truncated, wrong magic, a count past the bound: refused whole.
+        assert_eq!(decode(&m[..m.len() - 3]), None);
+        assert_eq!(decode(b"PX2\0\0\0\0\0\0\0\0"), None);
+        let mut bad = message_header(1);
+        bad.extend_from_slice(&1u16.to_le_bytes());
+        bad.push(b'p');
+        bad.extend_from_slice(&1u16.to_le_bytes());
+        bad.push(b'h');
+        bad.extend_from_slice(&u16::MAX.to_le_bytes());
+        assert_eq!(decode(&bad), None);
+        assert_eq!(decode(b""), None);
+    }
+}

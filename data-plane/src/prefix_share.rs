@@ -77,7 +77,11 @@ impl PrefixShare {
 
     /// Starts publishing and subscribing through `client`'s server, with
     /// `config`'s pools as the subscriber's target.
-    pub(crate) fn spawn(client: redis::Client, channel: String, config: &Arc<ConfigStore>) -> Arc<Self> {
+    pub(crate) fn spawn(
+        client: redis::Client,
+        channel: String,
+        config: &Arc<ConfigStore>,
+    ) -> Arc<Self> {
         let (tx, rx) = tokio::sync::mpsc::channel(QUEUE);
         let sender = crate::random::u64();
         tokio::spawn(publish(client.clone(), channel.clone(), sender, rx));
@@ -271,14 +275,19 @@ mod tests {
         Learned {
             pool: pool.into(),
             endpoint: endpoint.into(),
-            chain: (0..n).map(|i| i.wrapping_mul(0x9e37_79b9_7f4a_7c15)).collect(),
+            chain: (0..n)
+                .map(|i| i.wrapping_mul(0x9e37_79b9_7f4a_7c15))
+                .collect(),
         }
     }
 
     #[test]
     fn a_message_decodes_to_what_was_encoded() {
         let mut m = message_header(7);
-        let entries = [entry("gpus", "http://10.0.0.1:8000", 3), entry("p", "h:1", 0)];
+        let entries = [
+            entry("gpus", "http://10.0.0.1:8000", 3),
+            entry("p", "h:1", 0),
+        ];
         for e in &entries {
             assert!(encode_entry(&mut m, e));
         }

@@ -253,7 +253,10 @@ fn label<'a>(line: &'a str, name: &str) -> Option<&'a str> {
 /// `block_size`), summed over its engines; `None` when absent.
 pub(crate) fn parse_cache_tokens(text: &str) -> Option<u64> {
     let mut total: Option<u64> = None;
-    for line in text.lines().filter(|l| l.starts_with("vllm:cache_config_info{")) {
+    for line in text
+        .lines()
+        .filter(|l| l.starts_with("vllm:cache_config_info{"))
+    {
         let blocks = label(line, "num_gpu_blocks").and_then(|v| v.parse::<u64>().ok());
         let size = label(line, "block_size").and_then(|v| v.parse::<u64>().ok());
         if let (Some(b), Some(s)) = (blocks, size) {

@@ -265,15 +265,14 @@ impl PoolRuntime {
         }
         st.rotation = st.rotation.wrapping_add(1);
         let prefix = shape.prefix.as_deref();
-        let (i, session, placed) =
-            match shape.session_key.and_then(|key| st.choose_session(key)) {
-                Some((i, how)) => (i, Some(how), None),
-                None if prefix.is_some() => {
-                    let picked = st.pick_engine_aware(prefix)?;
-                    (picked.endpoint, None, Some(picked))
-                }
-                None => (st.choose(None)?, None, None),
-            };
+        let (i, session, placed) = match shape.session_key.and_then(|key| st.choose_session(key)) {
+            Some((i, how)) => (i, Some(how), None),
+            None if prefix.is_some() => {
+                let picked = st.pick_engine_aware(prefix)?;
+                (picked.endpoint, None, Some(picked))
+            }
+            None => (st.choose(None)?, None, None),
+        };
         // A session's home is where it was placed; a spill is a visit (the
         // session goes home once there is room, as on every other proxy).
         if let Some(key) = shape
@@ -292,7 +291,9 @@ impl PoolRuntime {
                 share.learned(&self.name, &st.endpoints[i].addr, &req.chain);
             }
             let picked = placed?;
-            let addr = |s: &router_policy::engine_aware::Scored| Arc::clone(&st.endpoints[s.endpoint].addr);
+            let addr = |s: &router_policy::engine_aware::Scored| {
+                Arc::clone(&st.endpoints[s.endpoint].addr)
+            };
             Some(PrefixPlacement {
                 placement: match picked.choice {
                     router_policy::engine_aware::Choice::Prefix(p) => p.as_str(),
@@ -301,7 +302,9 @@ impl PoolRuntime {
                 blocks: req.chain.len(),
                 matched: picked.chosen.map_or(0, |c| c.matched_blocks),
                 ttft_ms: picked.chosen.map(|c| c.ttft_s * 1000.0),
-                runner_up: picked.runner_up.map(|r| (addr(&r), r.matched_blocks, r.ttft_s * 1000.0)),
+                runner_up: picked
+                    .runner_up
+                    .map(|r| (addr(&r), r.matched_blocks, r.ttft_s * 1000.0)),
             })
         });
         let e = &mut st.endpoints[i];

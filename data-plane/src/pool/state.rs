@@ -20,8 +20,8 @@ use router_policy::affinity::{LastServed, Ring};
 use router_policy::balance::{self, EndpointLoad, Scoring};
 use router_policy::deadline::PoolOutlook;
 use router_policy::engine_aware::{self, EngineLoad, Picked, PrefixMatch, TokenLatency};
-use router_policy::prefix_cache::BlockIndex;
 use router_policy::health::{CheckState, Suspicion};
+use router_policy::prefix_cache::BlockIndex;
 use router_policy::{Endpoint, Probe};
 use tokio::time::Instant;
 

@@ -139,15 +139,9 @@ impl PoolRuntime {
         if st.settings.queue.scoring != router_policy::Scoring::EngineAware {
             return None;
         }
-        let chain = st
-            .settings
-            .queue
-            .engine
-            .affinity
-            .zip(prompt)
-            .map(|(a, p)| {
-                router_policy::prefix_cache::block_chain(p.as_bytes(), a.block_bytes, a.max_blocks)
-            });
+        let chain = st.settings.queue.engine.affinity.zip(prompt).map(|(a, p)| {
+            router_policy::prefix_cache::block_chain(p.as_bytes(), a.block_bytes, a.max_blocks)
+        });
         let now = Instant::now();
         let probe = st.settings.probe;
         Some(

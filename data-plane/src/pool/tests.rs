@@ -390,13 +390,19 @@ async fn turns_and_conversations_go_where_their_prefix_is_held_until_it_is_loade
     let first = body(&[wishes.as_str()]);
     let first_shape = shape(&first);
     let chain = first_shape.prefix.clone().expect("a prompt chain");
-    let home = p.acquire_at(None, Instant::now(), first_shape).await.unwrap();
+    let home = p
+        .acquire_at(None, Instant::now(), first_shape)
+        .await
+        .unwrap();
     assert_eq!(home.prefix().map(|x| x.placement), Some("prefix_home"));
     let owner = home.endpoint().clone();
     // Another conversation with the same system prompt: the system
     // prompt's blocks are held there, so it goes there too.
     let other = body(&["something else entirely"]);
-    let l2 = p.acquire_at(None, Instant::now(), shape(&other)).await.unwrap();
+    let l2 = p
+        .acquire_at(None, Instant::now(), shape(&other))
+        .await
+        .unwrap();
     assert_eq!(l2.endpoint(), &owner);
     let placed = l2.prefix().expect("placed by prefix");
     assert_eq!(placed.placement, "prefix_matched");
@@ -411,14 +417,25 @@ async fn turns_and_conversations_go_where_their_prefix_is_held_until_it_is_loade
         "and the hotel",
     ]);
     let next_shape = shape(&next);
-    assert!(next_shape.prefix.as_ref().unwrap().chain.starts_with(&chain.chain));
-    let spilled = p.acquire_at(None, Instant::now(), next_shape).await.unwrap();
+    assert!(next_shape
+        .prefix
+        .as_ref()
+        .unwrap()
+        .chain
+        .starts_with(&chain.chain));
+    let spilled = p
+        .acquire_at(None, Instant::now(), next_shape)
+        .await
+        .unwrap();
     assert_ne!(spilled.endpoint(), &owner);
     let spilled_to = spilled.endpoint().clone();
     drop((home, l2, spilled));
     // With room again, the turn goes where its longest prefix is: the
     // endpoint that got the whole turn, not the one that has its start.
-    let again = p.acquire_at(None, Instant::now(), shape(&next)).await.unwrap();
+    let again = p
+        .acquire_at(None, Instant::now(), shape(&next))
+        .await
+        .unwrap();
     assert_eq!(again.endpoint(), &spilled_to);
     assert_eq!(
         again.prefix().map(|x| x.matched),
@@ -433,8 +450,14 @@ async fn turns_and_conversations_go_where_their_prefix_is_held_until_it_is_loade
         .map(|n| Endpoint::parse(n).unwrap())
         .find(|e| e != &owner && e != &spilled_to)
         .unwrap();
-    p.learn(&target.to_string(), &learned_shape.prefix.as_ref().unwrap().chain);
-    let l5 = p.acquire_at(None, Instant::now(), learned_shape).await.unwrap();
+    p.learn(
+        &target.to_string(),
+        &learned_shape.prefix.as_ref().unwrap().chain,
+    );
+    let l5 = p
+        .acquire_at(None, Instant::now(), learned_shape)
+        .await
+        .unwrap();
     assert_eq!(l5.endpoint(), &target);
     assert_eq!(l5.prefix().unwrap().placement, "prefix_matched");
     // A pool without affinity computes no chain.
@@ -451,7 +474,10 @@ async fn first_tokens_are_measured_per_input_token() {
         input_tokens: 2000,
         ..RequestShape::default()
     };
-    let l = p.acquire_at(None, Instant::now(), shape.clone()).await.unwrap();
+    let l = p
+        .acquire_at(None, Instant::now(), shape.clone())
+        .await
+        .unwrap();
     // Its prompt waits for its prefill there until the first token.
     assert_eq!(p.lock().endpoints[0].pending_prefill_tokens, 2000);
     l.observe_first_token(Duration::from_millis(500));

@@ -13,6 +13,7 @@ mod embeddings;
 mod exactly_once;
 mod keys;
 mod limits;
+mod prefix_fleet;
 mod queue;
 mod reload;
 mod sessions;

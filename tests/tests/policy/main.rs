@@ -756,4 +756,38 @@ spec:
         assert_eq!(s["saturated"], false, "{e}");
     }
     assert!(e["balance"]["endpoint"].is_string(), "{e}");
+    // Issue 31: with the prompt's text (roles and contents, a line each),
+    // explain shows how many of its blocks each engine likely holds, the
+    // placement and the runner-up.
+    let mut prompt = format!("system\n{system}\nuser\nPlan three days in Lisbon.\n");
+    prompt.push_str("assistant\nSure.\nuser\nAnd the hotels?\nassistant\nSure.\nuser\nAnd food?\n");
+    let held_by = if engine == "gpu-a" { a.url() } else { b.url() };
+    let r = proxy
+        .client
+        .send(
+            Method::POST,
+            &proxy.url("/_custom_router/explain"),
+            &[("authorization", "Bearer admin")],
+            serde_json::json!({"model": "m", "prompt": prompt}).to_string(),
+        )
+        .await;
+    let e = r.json();
+    let balance = &e["balance"];
+    assert_eq!(balance["placement"], "prefix_matched", "{e}");
+    assert_eq!(balance["endpoint"].as_str(), Some(held_by.as_str()), "{e}");
+    let blocks = balance["prefix_blocks"].as_u64().unwrap();
+    assert_eq!(blocks as usize, prompt.len() / 256, "{e}");
+    for s in balance["signals"].as_array().unwrap() {
+        let matched = s["prefix_matched_blocks"].as_u64().unwrap();
+        if s["addr"].as_str() == Some(held_by.as_str()) {
+            assert_eq!(matched, blocks, "{e}");
+        } else {
+            assert_eq!(matched, 0, "{e}");
+        }
+        assert!(s["expected_ttft_s"].is_f64(), "{e}");
+    }
+    assert!(
+        balance["runner_up"].is_string() && balance["runner_up_ttft_s"].is_f64(),
+        "{e}"
+    );
 }

@@ -270,6 +270,13 @@ pub(crate) fn parse_request(body: &[u8]) -> ParsedRequest {
     }
 }
 
+/// The prompt token ids the simulated engine gives a request body, by the
+/// same rule as for the requests it serves: what a harness checks its
+/// renderings of a workload against.
+pub fn prompt_token_ids(body: &[u8]) -> Vec<u32> {
+    parse_request(body).prompt
+}
+
 /// The text a model would see: each message's role and content on lines of
 /// their own (text parts of a multi-part content joined), or a completion
 /// request's `prompt`.

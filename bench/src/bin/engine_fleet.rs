@@ -1,7 +1,8 @@
 //! `engine-fleet-bench`: balancing strategies side by side on a fleet of
 //! simulated LLM engines, through a real `router-proxy` process.
 //!
-//! For each workload (prefix-heavy chat, and one without shared prefixes),
+//! For each workload (prefix-heavy chat, one without shared prefixes, and
+//! issue 31's multi-turn shape with a share of private system prompts),
 //! each load (fractions of the fleet's measured capacity) and each
 //! strategy, it starts `--engines` fresh simulated engines in-process
 //! (`router_mock`, `Behavior::Engine`: continuous batching, KV cache with
@@ -20,8 +21,8 @@
 //! cut where the workload's previous turns ended), `history` (system prompt
 //! and one user message holding the whole conversation, role labels
 //! inline). `turns` and `history` give the engine the same text, hence the
-//! same token ids; `chat` lacks the role labels between turns (a few tokens
-//! a turn). See [`prepare`].
+//! same token ids; `chat` lacks the role labels between turns (17 bytes,
+//! about 4 tokens, fewer per earlier turn). See [`prepare`].
 //!
 //! A fleet of proxies (`--proxies N`): N `router-proxy` processes with the
 //! same policy, sharing one `redis-server` (started fresh for each run, as
@@ -376,6 +377,9 @@ impl Drop for Proxy {
     }
 }
 
+/// The proxies' `CUSTOM_ROUTER_ADMIN_TOKEN`: they serve only loopback.
+const ADMIN_TOKEN: &str = "engine-fleet-bench";
+
 /// Starts one `router-proxy --policy`, its stderr in `stderr_path`, with
 /// the shared store `store` (a `redis://` URL) if given; returns once it
 /// answers its health check and, with a store, says it is connected to it.
@@ -395,6 +399,9 @@ async fn start_proxy(
         .env("CUSTOM_ROUTER_PORT", port.to_string())
         .env("CUSTOM_ROUTER_BIND", "127.0.0.1")
         .env("RUST_LOG", "warn")
+        // Health shows the shared store's state only to a caller with the
+        // admin token: a token of the bench's own, for its own proxies.
+        .env("CUSTOM_ROUTER_ADMIN_TOKEN", ADMIN_TOKEN)
         .stdout(Stdio::null())
         .stderr(stderr);
     if let Some(store) = store {
@@ -407,7 +414,9 @@ async fn start_proxy(
     let health: http::Uri = format!("{}/_custom_router/health", proxy.url).parse()?;
     let until = Instant::now() + Duration::from_secs(20);
     while Instant::now() < until {
-        let req = http::Request::get(health.clone()).body(Full::new(Bytes::new()))?;
+        let req = http::Request::get(health.clone())
+            .header("authorization", format!("Bearer {ADMIN_TOKEN}"))
+            .body(Full::new(Bytes::new()))?;
         if let Ok(resp) = client.request(req).await {
             if resp.status() == 200 {
                 let body = resp.into_body().collect().await?.to_bytes();

@@ -1,7 +1,8 @@
 //! `engine-fleet-bench`: balancing strategies side by side on a fleet of
 //! simulated LLM engines, through a real `router-proxy` process.
 //!
-//! For each workload (prefix-heavy chat, and one without shared prefixes),
+//! For each workload (prefix-heavy chat, one without shared prefixes, and
+//! issue 31's multi-turn shape with a share of private system prompts),
 //! each load (fractions of the fleet's measured capacity) and each
 //! strategy, it starts `--engines` fresh simulated engines in-process
 //! (`router_mock`, `Behavior::Engine`: continuous batching, KV cache with
@@ -11,6 +12,23 @@
 //! arrivals) as streamed chat completions. It measures, per request, the
 //! time to the first streamed chunk (TTFT) and to the end of the answer,
 //! and at the end reads the engines' prefix-cache counters.
+//!
+//! Renderings (`--render`): the same workload turned into chat messages in
+//! three ways, so that what the router keys on can differ while the engine
+//! sees the same conversation: `chat` (system prompt, the session's first
+//! user message, the rest of the conversation as one more user message),
+//! `turns` (system prompt, then user and assistant messages alternating,
+//! cut where the workload's previous turns ended), `history` (system prompt
+//! and one user message holding the whole conversation, role labels
+//! inline). `turns` and `history` give the engine the same text, hence the
+//! same token ids; `chat` lacks the role labels between turns (17 bytes,
+//! about 4 tokens, fewer per earlier turn). See [`prepare`].
+//!
+//! A fleet of proxies (`--proxies N`): N `router-proxy` processes with the
+//! same policy, sharing one `redis-server` (started fresh for each run, as
+//! `CUSTOM_ROUTER_SHARED_STORE`; also with one proxy under `--redis`);
+//! request k goes to proxy k mod N, as a round-robin load balancer in front
+//! of them would send it.
 //!
 //! Time scaling: the engines run `--time-scale` times faster than the
 //! modelled GPU (prefill rate multiplied, decode step times divided), so a
@@ -40,7 +58,13 @@ use router_mock::workload::{self, WorkloadConfig, WorkloadRequest};
 use router_mock::{Behavior, MockConfig, MockModel};
 use serde_json::json;
 
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
+// The throwaway redis-server the Redis benchmarks start; this binary
+// uses only `start_redis` of it.
+#[allow(dead_code)]
+#[path = "../redis_bench.rs"]
+mod redis_bench;
+
+use redis_bench::{start_redis, BoxError};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -67,10 +91,27 @@ struct Args {
         default_value = "round_robin,least_requests,lowest_ewma,peak_ewma,engine_aware,engine_aware_prefix"
     )]
     strategies: Vec<String>,
-    /// Workloads: `prefix` (shared system prompts, multi-turn sessions)
-    /// and `no_prefix` (every prompt distinct).
+    /// Workloads: `prefix` (shared system prompts, multi-turn sessions),
+    /// `no_prefix` (every prompt distinct) and `multi_turn` (issue 31's:
+    /// 70% of sessions on 4 shared system prompts of 2,048 tokens, the
+    /// others on one of their own, multi-turn).
     #[arg(long, value_delimiter = ',', default_value = "prefix,no_prefix")]
     workloads: Vec<String>,
+    /// How a turn becomes chat messages: `chat` (system, first user
+    /// message, the rest as one user message), `turns` (user and assistant
+    /// messages alternating) or `history` (one user message holding the
+    /// whole conversation).
+    #[arg(long, value_enum, default_value_t = Render::Chat)]
+    render: Render,
+    /// Router processes, with the same policy and one shared store;
+    /// request k goes to proxy k mod N.
+    #[arg(long, default_value_t = 1)]
+    proxies: usize,
+    /// Give the proxies a shared store (a fresh `redis-server` per run)
+    /// even when there is only one; with more than one they always get it.
+    /// The binary: `REDIS_SERVER_BIN`, else /usr/bin/redis-server.
+    #[arg(long)]
+    redis: bool,
     /// Workload seed.
     #[arg(long, default_value_t = 1)]
     seed: u64,
@@ -90,6 +131,27 @@ struct Args {
     /// Where the results (with every TTFT sample) go, as JSON.
     #[arg(long, default_value = "engine-fleet.json")]
     out: PathBuf,
+}
+
+/// How a workload's turn becomes chat messages (see the module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum Render {
+    /// System, the session's first user message, the rest in one more.
+    Chat,
+    /// System, then user and assistant messages alternating.
+    Turns,
+    /// System, then one user message holding the whole conversation.
+    History,
+}
+
+impl Render {
+    fn name(self) -> &'static str {
+        match self {
+            Render::Chat => "chat",
+            Render::Turns => "turns",
+            Render::History => "history",
+        }
+    }
 }
 
 /// One request as sent.
@@ -128,6 +190,14 @@ fn workload_config(name: &str, seed: u64, requests: usize) -> Result<WorkloadCon
     };
     match name {
         "prefix" => Ok(base),
+        // Issue 31's shape: most sessions, not all, on one of a few long
+        // shared system prompts; every turn resends the growing history.
+        "multi_turn" => Ok(WorkloadConfig {
+            system_prompts: 4,
+            system_prompt_tokens: 2048,
+            shared_system_share: 0.7,
+            ..base
+        }),
         // Every request its own session, its system prompt drawn from 20
         // times as many as there are requests: few prompts share anything
         // (a draw repeats for about one request in forty).
@@ -142,7 +212,7 @@ fn workload_config(name: &str, seed: u64, requests: usize) -> Result<WorkloadCon
 
 /// Token ids as text the simulated engine turns back into distinct
 /// tokens: 4 characters per id (the engine cuts text into 4-byte tokens).
-fn render(tokens: &[u32]) -> String {
+fn render_tokens(tokens: &[u32]) -> String {
     const ALPHABET: &[u8; 64] = b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_";
     let mut s = String::with_capacity(tokens.len() * 4);
     for t in tokens {
@@ -153,24 +223,102 @@ fn render(tokens: &[u32]) -> String {
     s
 }
 
-/// The workload as chat requests: the system prompt, the session's first
-/// user message, then the rest of the conversation, so every turn of a
-/// session repeats its first two messages word for word.
-fn prepare(requests: &[WorkloadRequest], system_tokens: usize) -> Vec<Prepared> {
+/// Where a turn's prompt is cut into messages: the ranges of `prompt`
+/// after the system prompt's `system_tokens`, alternately user and
+/// assistant, ending with the new user message. `previous` are the
+/// session's earlier turns as (prompt length, answer length): the workload
+/// makes each prompt the previous one, its answer, then a new user message
+/// (`router_mock::workload`), so the previous prompt's end is where an
+/// answer starts and the answer's end where the next user message starts.
+fn segments(
+    prompt_len: usize,
+    system_tokens: usize,
+    previous: &[(usize, usize)],
+) -> Vec<std::ops::Range<usize>> {
+    let mut cuts = vec![system_tokens.min(prompt_len)];
+    for &(len, answer) in previous {
+        for cut in [len, len + answer] {
+            // Monotone and within the prompt whatever the history says.
+            let last = cuts.last().copied().unwrap_or(0);
+            cuts.push(cut.clamp(last, prompt_len));
+        }
+    }
+    cuts.push(prompt_len);
+    cuts.windows(2).map(|w| w[0]..w[1]).collect()
+}
+
+/// The chat messages of one turn, rendered as `render` says.
+fn messages(
+    prompt: &[u32],
+    system_tokens: usize,
+    first_len: usize,
+    previous: &[(usize, usize)],
+    render: Render,
+) -> Vec<serde_json::Value> {
+    let sys = system_tokens.min(prompt.len());
+    let system = json!({"role": "system", "content": render_tokens(&prompt[..sys])});
+    match render {
+        Render::Chat => {
+            let first = first_len.min(prompt.len()).max(sys);
+            let mut messages = vec![
+                system,
+                json!({"role": "user", "content": render_tokens(&prompt[sys..first])}),
+            ];
+            if first < prompt.len() {
+                messages.push(json!({"role": "user", "content": render_tokens(&prompt[first..])}));
+            }
+            messages
+        }
+        Render::Turns => {
+            let mut messages = vec![system];
+            for (k, range) in segments(prompt.len(), system_tokens, previous)
+                .into_iter()
+                .enumerate()
+            {
+                let role = if k % 2 == 0 { "user" } else { "assistant" };
+                messages.push(json!({"role": role, "content": render_tokens(&prompt[range])}));
+            }
+            messages
+        }
+        Render::History => {
+            // The engine reads each message as `role\ncontent\n`: labels
+            // written the same way inside the one user message give it the
+            // very text `turns` gives it.
+            let mut content = String::new();
+            for (k, range) in segments(prompt.len(), system_tokens, previous)
+                .into_iter()
+                .enumerate()
+            {
+                if k > 0 {
+                    let role = if k % 2 == 0 { "user" } else { "assistant" };
+                    content.push('\n');
+                    content.push_str(role);
+                    content.push('\n');
+                }
+                content.push_str(&render_tokens(&prompt[range]));
+            }
+            vec![system, json!({"role": "user", "content": content})]
+        }
+    }
+}
+
+/// The workload as streamed chat requests, each turn rendered as `render`
+/// says (see [`messages`]). `chat`: every turn of a session repeats its
+/// first two messages word for word; `turns`: every turn repeats the
+/// previous turn's messages and adds the answer and the new user message;
+/// `history`: the one user message grows by the answer and the new
+/// message, so the text up to the end of the first user message changes
+/// every turn.
+fn prepare(requests: &[WorkloadRequest], system_tokens: usize, render: Render) -> Vec<Prepared> {
     let mut first_len: HashMap<u64, usize> = HashMap::new();
+    let mut history: HashMap<u64, Vec<(usize, usize)>> = HashMap::new();
     requests
         .iter()
         .map(|r| {
-            let sys = system_tokens.min(r.prompt.len());
             let first = *first_len.entry(r.session).or_insert(r.prompt.len());
-            let first = first.min(r.prompt.len()).max(sys);
-            let mut messages = vec![
-                json!({"role": "system", "content": render(&r.prompt[..sys])}),
-                json!({"role": "user", "content": render(&r.prompt[sys..first])}),
-            ];
-            if first < r.prompt.len() {
-                messages.push(json!({"role": "user", "content": render(&r.prompt[first..])}));
-            }
+            let previous = history.entry(r.session).or_default();
+            let messages = messages(&r.prompt, system_tokens, first, previous, render);
+            previous.push((r.prompt.len(), r.output_tokens as usize));
             let body = json!({
                 "model": "sim",
                 "stream": true,
@@ -229,38 +377,68 @@ impl Drop for Proxy {
     }
 }
 
+/// The proxies' `CUSTOM_ROUTER_ADMIN_TOKEN`: they serve only loopback.
+const ADMIN_TOKEN: &str = "engine-fleet-bench";
+
+/// Starts one `router-proxy --policy`, its stderr in `stderr_path`, with
+/// the shared store `store` (a `redis://` URL) if given; returns once it
+/// answers its health check and, with a store, says it is connected to it.
 async fn start_proxy(
     bin: &PathBuf,
     policy_path: &PathBuf,
+    stderr_path: &PathBuf,
+    store: Option<&str>,
     client: &Client<HttpConnector, Full<Bytes>>,
 ) -> Result<Proxy, BoxError> {
     let port = free_port()?;
-    let stderr = std::fs::File::create(policy_path.with_extension("stderr"))?;
-    let child = Command::new(bin)
+    let stderr = std::fs::File::create(stderr_path)?;
+    let mut command = Command::new(bin);
+    command
         .arg("--policy")
         .arg(policy_path)
         .env("CUSTOM_ROUTER_PORT", port.to_string())
         .env("CUSTOM_ROUTER_BIND", "127.0.0.1")
         .env("RUST_LOG", "warn")
+        // Health shows the shared store's state only to a caller with the
+        // admin token: a token of the bench's own, for its own proxies.
+        .env("CUSTOM_ROUTER_ADMIN_TOKEN", ADMIN_TOKEN)
         .stdout(Stdio::null())
-        .stderr(stderr)
-        .spawn()?;
+        .stderr(stderr);
+    if let Some(store) = store {
+        command.env("CUSTOM_ROUTER_SHARED_STORE", store);
+    }
     let proxy = Proxy {
-        child,
+        child: command.spawn()?,
         url: format!("http://127.0.0.1:{port}"),
     };
     let health: http::Uri = format!("{}/_custom_router/health", proxy.url).parse()?;
     let until = Instant::now() + Duration::from_secs(20);
     while Instant::now() < until {
-        let req = http::Request::get(health.clone()).body(Full::new(Bytes::new()))?;
+        let req = http::Request::get(health.clone())
+            .header("authorization", format!("Bearer {ADMIN_TOKEN}"))
+            .body(Full::new(Bytes::new()))?;
         if let Ok(resp) = client.request(req).await {
             if resp.status() == 200 {
-                return Ok(proxy);
+                let body = resp.into_body().collect().await?.to_bytes();
+                let health: serde_json::Value = serde_json::from_slice(&body)?;
+                let connected = health["shared_store"]["connected"].as_bool() == Some(true);
+                if store.is_none() || connected {
+                    return Ok(proxy);
+                }
             }
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    Err("router-proxy did not come up in 20 s".into())
+    Err(format!(
+        "router-proxy did not come up{} in 20 s (its stderr: {})",
+        if store.is_some() {
+            " connected to its shared store"
+        } else {
+            ""
+        },
+        stderr_path.display()
+    )
+    .into())
 }
 
 async fn send(client: Client<HttpConnector, Full<Bytes>>, uri: http::Uri, body: Bytes) -> Measured {
@@ -369,6 +547,8 @@ fn write_results(args: &Args, rows: &[serde_json::Value]) -> Result<(), BoxError
         "seed": args.seed,
         "probe_interval_ms": args.probe_interval_ms,
         "load_factor": args.load_factor,
+        "render": args.render.name(),
+        "proxies": args.proxies.max(1),
         "rows": rows,
     });
     std::fs::write(&args.out, serde_json::to_string(&out)?)?;
@@ -387,10 +567,13 @@ async fn run(args: Args) -> Result<(), BoxError> {
     std::fs::create_dir_all(&dir)?;
     eprintln!("policies and proxy logs in {}", dir.display());
     let mut rows = Vec::new();
+    let render = args.render.name();
+    let n_proxies = args.proxies.max(1);
+    let with_store = n_proxies > 1 || args.redis;
     println!(
-        "| workload | load | strategy | TTFT p50 (ms) | TTFT p99 (ms) | e2e p50 (ms) | e2e p99 (ms) | throughput (req/s) | prefix-cache hits | errors |"
+        "| workload | render | proxies | load | strategy | TTFT p50 (ms) | TTFT p99 (ms) | e2e p50 (ms) | e2e p99 (ms) | throughput (req/s) | prefix-cache hits | errors |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
     for wname in &args.workloads {
         let wcfg = workload_config(wname, args.seed, args.requests)?;
         let capacity = workload::simulated_capacity_rps(&engine, &wcfg);
@@ -404,7 +587,7 @@ async fn run(args: Args) -> Result<(), BoxError> {
                 rate_per_s: rate,
                 ..wcfg.clone()
             });
-            let prepared = prepare(&requests, wcfg.system_prompt_tokens as usize);
+            let prepared = prepare(&requests, wcfg.system_prompt_tokens as usize, args.render);
             for strategy in &args.strategies {
                 let mut engines = Vec::new();
                 for i in 0..args.engines {
@@ -418,19 +601,49 @@ async fn run(args: Args) -> Result<(), BoxError> {
                     );
                 }
                 let urls: Vec<String> = engines.iter().map(|e| e.url()).collect();
-                let policy_path = dir.join(format!("{wname}-{load}-{strategy}.yaml"));
+                let run = format!("{wname}-{render}-{n_proxies}p-{load}-{strategy}");
+                let policy_path = dir.join(format!("{run}.yaml"));
                 std::fs::write(
                     &policy_path,
                     policy(strategy, &urls, args.probe_interval_ms, args.load_factor),
                 )?;
-                let proxy = start_proxy(&args.router_bin, &policy_path, &client).await?;
-                let uri: http::Uri = format!("{}/v1/chat/completions", proxy.url).parse()?;
+                // A fresh store per run, as the engines are fresh: nothing
+                // learned in one run helps the next.
+                let redis = if with_store {
+                    Some(start_redis()?)
+                } else {
+                    None
+                };
+                let store = redis
+                    .as_ref()
+                    .map(|(_, port)| format!("redis://127.0.0.1:{port}/0"));
+                let mut proxies = Vec::with_capacity(n_proxies);
+                for i in 0..n_proxies {
+                    let stderr_path = dir.join(format!("{run}-proxy{i}.stderr"));
+                    proxies.push(
+                        start_proxy(
+                            &args.router_bin,
+                            &policy_path,
+                            &stderr_path,
+                            store.as_deref(),
+                            &client,
+                        )
+                        .await?,
+                    );
+                }
+                let uris = proxies
+                    .iter()
+                    .map(|p| format!("{}/v1/chat/completions", p.url).parse())
+                    .collect::<Result<Vec<http::Uri>, _>>()?;
                 let start = Instant::now();
                 let tasks: Vec<_> = prepared
                     .iter()
-                    .map(|p| {
-                        let (client, uri, body, at) =
-                            (client.clone(), uri.clone(), p.body.clone(), p.at);
+                    .enumerate()
+                    .map(|(k, p)| {
+                        // Round robin over the proxies, as a load balancer
+                        // in front of them would.
+                        let uri = uris[k % uris.len()].clone();
+                        let (client, body, at) = (client.clone(), p.body.clone(), p.at);
                         tokio::spawn(async move {
                             tokio::time::sleep_until((start + at).into()).await;
                             send(client, uri, body).await
@@ -442,7 +655,8 @@ async fn run(args: Args) -> Result<(), BoxError> {
                     measured.push(t.await?);
                 }
                 let (hits, queries) = prefix_counters(&client, &engines).await;
-                drop(proxy);
+                drop(proxies);
+                drop(redis);
                 drop(engines);
                 let ok: Vec<&Measured> = measured.iter().filter(|m| m.ok).collect();
                 let errors = measured.len() - ok.len();
@@ -451,7 +665,7 @@ async fn run(args: Args) -> Result<(), BoxError> {
                     for m in measured.iter().filter(|m| !m.ok) {
                         *by_status.entry(m.status).or_default() += 1;
                     }
-                    eprintln!("{wname} {load} {strategy}: errors by status {by_status:?}");
+                    eprintln!("{run}: errors by status {by_status:?}");
                 }
                 let ms = |d: Duration| d.as_secs_f64() * 1000.0 * scale;
                 let mut ttft: Vec<f64> = ok.iter().map(|m| ms(m.ttft)).collect();
@@ -467,7 +681,7 @@ async fn run(args: Args) -> Result<(), BoxError> {
                 let throughput = ok.len() as f64 / span;
                 let hit_rate = if queries > 0.0 { hits / queries } else { 0.0 };
                 println!(
-                    "| {wname} | {:.0}% | {strategy} | {:.0} | {:.0} | {:.0} | {:.0} | {:.3} | {:.1}% | {errors} |",
+                    "| {wname} | {render} | {n_proxies} | {:.0}% | {strategy} | {:.0} | {:.0} | {:.0} | {:.0} | {:.3} | {:.1}% | {errors} |",
                     load * 100.0,
                     percentile(&ttft, 50.0),
                     percentile(&ttft, 99.0),
@@ -478,6 +692,9 @@ async fn run(args: Args) -> Result<(), BoxError> {
                 );
                 rows.push(json!({
                     "workload": wname,
+                    "render": render,
+                    "proxies": n_proxies,
+                    "shared_store": with_store,
                     "load": load,
                     "strategy": strategy,
                     "ttft_p50_ms": percentile(&ttft, 50.0),
@@ -525,13 +742,157 @@ mod tests {
             ..WorkloadConfig::default()
         };
         let requests = workload::generate(&cfg);
-        let prepared = prepare(&requests, 32);
+        let prepared = prepare(&requests, 32, Render::Chat);
         let lead = |b: &Bytes| router_policy::affinity::leading_prompt(b).expect("chat");
         let mut seen: HashMap<u64, Vec<u8>> = HashMap::new();
         for (r, p) in requests.iter().zip(&prepared) {
             let l = lead(&p.body);
             assert_eq!(seen.entry(r.session).or_insert_with(|| l.clone()), &l);
         }
-        assert_eq!(render(&[0, 63]), "aaaa_aaa");
+        assert_eq!(render_tokens(&[0, 63]), "aaaa_aaa");
+    }
+
+    /// A multi-turn workload with short system prompts, 70% shared.
+    fn multi_turn(requests: usize) -> Vec<WorkloadRequest> {
+        workload::generate(&WorkloadConfig {
+            requests,
+            system_prompt_tokens: 32,
+            shared_system_share: 0.7,
+            ..WorkloadConfig::default()
+        })
+    }
+
+    fn json_of(p: &Prepared) -> serde_json::Value {
+        serde_json::from_slice(&p.body).expect("JSON")
+    }
+
+    /// Each session's turns in order, as (request, rendered body).
+    fn by_session<'a>(
+        requests: &'a [WorkloadRequest],
+        prepared: &'a [Prepared],
+    ) -> HashMap<u64, Vec<(&'a WorkloadRequest, &'a Prepared)>> {
+        let mut sessions: HashMap<u64, Vec<_>> = HashMap::new();
+        for (r, p) in requests.iter().zip(prepared) {
+            sessions.entry(r.session).or_default().push((r, p));
+        }
+        sessions
+    }
+
+    #[test]
+    fn segments_alternate_user_and_answer_where_the_turns_ended() {
+        assert_eq!(segments(100, 10, &[]), vec![10..100]);
+        assert_eq!(
+            segments(100, 10, &[(30, 20), (70, 5)]),
+            vec![10..30, 30..50, 50..70, 70..75, 75..100]
+        );
+        // A history that does not fit is clamped, never out of range.
+        assert_eq!(segments(40, 10, &[(30, 20)]), vec![10..30, 30..40, 40..40]);
+    }
+
+    /// In every rendering, each turn's messages extend the previous turn's
+    /// up to the new message, and so does the token stream the engine
+    /// makes of them (all but the last token, which holds the closing
+    /// newline of the previous text).
+    #[test]
+    fn each_turn_extends_the_previous_one_in_every_rendering() {
+        let requests = multi_turn(120);
+        assert!(requests.iter().any(|r| r.turn >= 2));
+        for render in [Render::Chat, Render::Turns, Render::History] {
+            let prepared = prepare(&requests, 32, render);
+            for turns in by_session(&requests, &prepared).values() {
+                for pair in turns.windows(2) {
+                    let (before, after) = (json_of(pair[0].1), json_of(pair[1].1));
+                    let (b, a) = (
+                        before["messages"].as_array().expect("messages"),
+                        after["messages"].as_array().expect("messages"),
+                    );
+                    let content =
+                        |m: &serde_json::Value| m["content"].as_str().expect("text").to_owned();
+                    match render {
+                        Render::Chat => {
+                            assert_eq!(a[..2], b[..2]);
+                            assert_eq!(a.len(), 3);
+                            if b.len() == 3 {
+                                assert!(content(&a[2]).starts_with(&content(&b[2])));
+                            }
+                        }
+                        Render::Turns => {
+                            assert_eq!(a[..b.len()], b[..]);
+                            assert_eq!(a.len(), b.len() + 2);
+                            assert_eq!(a[b.len()]["role"], "assistant");
+                            assert_eq!(a[b.len() + 1]["role"], "user");
+                        }
+                        Render::History => {
+                            assert_eq!((a.len(), b.len()), (2, 2));
+                            assert_eq!(a[0], b[0]);
+                            let grown = content(&a[1]);
+                            let rest = grown
+                                .strip_prefix(&content(&b[1]))
+                                .expect("the history grows at its end");
+                            assert!(rest.starts_with("\nassistant\n"), "{render:?}");
+                        }
+                    }
+                    let tb = router_mock::prompt_token_ids(&pair[0].1.body);
+                    let ta = router_mock::prompt_token_ids(&pair[1].1.body);
+                    let kept = tb.len() - 1;
+                    assert_eq!(ta[..kept], tb[..kept], "{render:?}");
+                }
+            }
+        }
+    }
+
+    /// `turns` and `history` give the engine the very same token ids; the
+    /// engine sees the workload's tokens plus the role labels: `system\n`,
+    /// `\n` and per message `user\n`/`assistant\n` and `\n` (4 bytes a
+    /// token), i.e. (14 + 17 × earlier turns) bytes in `turns` and
+    /// `history`, 14 bytes on a first turn and 20 after it in `chat`.
+    #[test]
+    fn turns_and_history_give_the_engine_the_same_tokens() {
+        let requests = multi_turn(120);
+        let chat = prepare(&requests, 32, Render::Chat);
+        let turns = prepare(&requests, 32, Render::Turns);
+        let history = prepare(&requests, 32, Render::History);
+        for (k, r) in requests.iter().enumerate() {
+            let t = router_mock::prompt_token_ids(&turns[k].body);
+            let h = router_mock::prompt_token_ids(&history[k].body);
+            let c = router_mock::prompt_token_ids(&chat[k].body);
+            assert_eq!(t, h);
+            let bytes = 4 * r.prompt.len();
+            let turn = r.turn as usize;
+            assert_eq!(t.len(), (bytes + 14 + 17 * turn).div_ceil(4));
+            let chat_labels = if turn == 0 { 14 } else { 20 };
+            assert_eq!(c.len(), (bytes + chat_labels).div_ceil(4));
+            // All three agree on the system prompt and the first user
+            // message, of 4 tokens at least: 8 + 4 × 32 + 5 + 4 × 4 = 157
+            // bytes, 39 whole tokens.
+            assert_eq!(c[..39], t[..39]);
+        }
+    }
+
+    /// What the router's one-hash key covers (up to the end of the first
+    /// user message) stays put over a session's turns with `chat` and
+    /// `turns`, and changes every turn with `history`.
+    #[test]
+    fn the_router_key_text_changes_every_turn_only_with_history() {
+        let requests = multi_turn(120);
+        let lead = |p: &Prepared| router_policy::affinity::leading_prompt(&p.body).expect("chat");
+        for render in [Render::Chat, Render::Turns, Render::History] {
+            let prepared = prepare(&requests, 32, render);
+            for turns in by_session(&requests, &prepared).values() {
+                for pair in turns.windows(2) {
+                    let same = lead(pair[0].1) == lead(pair[1].1);
+                    assert_eq!(same, render != Render::History, "{render:?}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_multi_turn_workload_is_issue_31s_shape() {
+        let config = workload_config("multi_turn", 1, 100).expect("known");
+        assert_eq!(config.system_prompts, 4);
+        assert_eq!(config.system_prompt_tokens, 2048);
+        assert_eq!(config.shared_system_share, 0.7);
+        assert!(workload_config("nonsense", 1, 100).is_err());
     }
 }

@@ -147,6 +147,20 @@ impl EngineDriver {
                 "# HELP {family} {help}\n# TYPE {family} counter\n{family}_total{{model_name=\"{label}\"}} {value}\n"
             );
         }
+        // vLLM's info gauge of its cache config (`log_metrics_info` in
+        // vllm/v1/metrics/loggers.py): always 1, the config in its labels
+        // (every CacheConfig field as text, plus `engine`; no `model_name`).
+        // The fields the simulator has: the block size and the number of
+        // KV blocks, which give the cache's size in tokens.
+        let _ = write!(
+            text,
+            "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n\
+             # TYPE vllm:cache_config_info gauge\n\
+             vllm:cache_config_info{{block_size=\"{}\",enable_prefix_caching=\"True\",\
+             engine=\"0\",num_gpu_blocks=\"{}\"}} 1.0\n",
+            self.config.block_size,
+            self.config.total_blocks(),
+        );
         text
     }
 }
@@ -254,6 +268,13 @@ pub(crate) fn parse_request(body: &[u8]) -> ParsedRequest {
             .and_then(Value::as_bool)
             .unwrap_or(false),
     }
+}
+
+/// The prompt token ids the simulated engine gives a request body, by the
+/// same rule as for the requests it serves: what a harness checks its
+/// renderings of a workload against.
+pub fn prompt_token_ids(body: &[u8]) -> Vec<u32> {
+    parse_request(body).prompt
 }
 
 /// The text a model would see: each message's role and content on lines of

@@ -63,7 +63,8 @@
 //! - [`engine`]: the simulated engine, a pure state machine on a virtual
 //!   clock;
 //! - `engine_http`: the task that runs it in real time behind the HTTP
-//!   endpoints, the prompt-to-token-ids mapping and the `/metrics` page;
+//!   endpoints, the prompt-to-token-ids mapping ([`prompt_token_ids`])
+//!   and the `/metrics` page;
 //! - [`workload`]: the seeded workload generator and the capacity measures.
 //!
 //! The behaviour tests, which use only this public API over real sockets,
@@ -86,6 +87,7 @@ use bytes::Bytes;
 use http::HeaderMap;
 use tokio::time::Instant;
 
+pub use engine_http::prompt_token_ids;
 pub use server::MockModel;
 
 /// Header echoed on every response with the mock's [`MockConfig::name`].

@@ -14,9 +14,12 @@
 //!   overload an engine, which is what load tests need).
 //! - **Prompts**: a session starts with one of
 //!   [`WorkloadConfig::system_prompts`] system prompts (picked uniformly, so
-//!   sessions share them), and each turn's prompt is the whole conversation
-//!   so far (system prompt, earlier user messages and answers) plus a new
-//!   user message. A session whose next prompt would pass
+//!   sessions share them), or, with probability
+//!   `1 - `[`WorkloadConfig::shared_system_share`], with a system prompt of
+//!   its own (as long, shared with no other session). Each turn's prompt is
+//!   the whole conversation so far (system prompt, earlier user messages and
+//!   answers) plus a new user message: turn `t + 1`'s prompt is turn `t`'s,
+//!   then its answer's `output_tokens` tokens, then the new message. A session whose next prompt would pass
 //!   [`WorkloadConfig::max_context_tokens`] is closed and a new one starts.
 //!   At most [`WorkloadConfig::max_open_sessions`] are open; opening one more
 //!   closes the oldest.
@@ -89,8 +92,13 @@ pub struct WorkloadConfig {
     pub requests: usize,
     /// Number of distinct system prompts.
     pub system_prompts: usize,
-    /// Length of each system prompt, tokens.
+    /// Length of each system prompt (shared or a session's own), tokens.
     pub system_prompt_tokens: u32,
+    /// Share of sessions that use one of the `system_prompts` shared ones;
+    /// the others get a system prompt of their own. At 1 (the default) no
+    /// random draw is spent on it, so the workloads made before this knob
+    /// existed come out the same for the same seed.
+    pub shared_system_share: f64,
     /// Mean number of turns of a session.
     pub mean_turns: f64,
     /// Most sessions open at once.
@@ -111,6 +119,7 @@ impl Default for WorkloadConfig {
             requests: 1000,
             system_prompts: 4,
             system_prompt_tokens: 1024,
+            shared_system_share: 1.0,
             mean_turns: 4.0,
             max_open_sessions: 64,
             max_context_tokens: 8192,
@@ -139,7 +148,9 @@ pub struct WorkloadRequest {
     pub session: u64,
     /// Its turn in the session (0 for the first).
     pub turn: u32,
-    /// Which system prompt the session uses.
+    /// Which system prompt the session uses: below
+    /// [`WorkloadConfig::system_prompts`] a shared one, otherwise the
+    /// session's own (`system_prompts + session`).
     pub system_prompt: usize,
     /// The prompt's token ids (whole conversation so far).
     pub prompt: Vec<u32>,
@@ -196,12 +207,24 @@ pub fn generate(config: &WorkloadConfig) -> Vec<WorkloadRequest> {
                 if open.len() >= config.max_open_sessions.max(1) {
                     open.pop_front();
                 }
-                let system_prompt = rng.usize(..system_prompts.len());
+                // At a share of 1, no draw: the same seed gives the same
+                // workload as before the share existed.
+                let shared =
+                    config.shared_system_share >= 1.0 || rng.f64() < config.shared_system_share;
+                let (system_prompt, context) = if shared {
+                    let k = rng.usize(..system_prompts.len());
+                    (k, system_prompts[k].clone())
+                } else {
+                    let own = system_prompts.len() + next_session as usize;
+                    let tokens =
+                        system_prompt_tokens(config.seed, own, config.system_prompt_tokens);
+                    (own, tokens)
+                };
                 open.push_back(Session {
                     id: next_session,
                     system_prompt,
                     turns: 0,
-                    context: system_prompts[system_prompt].clone(),
+                    context,
                 });
                 next_session += 1;
                 open.len() - 1
@@ -345,6 +368,8 @@ pub fn simulate(engine: EngineConfig, requests: &[WorkloadRequest]) -> Vec<Finis
 
 #[cfg(test)]
 mod tests {
+    use std::collections::HashMap;
+
     use super::*;
 
     fn workload(rate: f64, requests: usize) -> WorkloadConfig {
@@ -407,6 +432,110 @@ mod tests {
         assert!(requests
             .iter()
             .all(|r| r.prompt.len() <= config.max_context_tokens as usize));
+    }
+
+    /// An FNV-1a digest of everything a workload holds.
+    fn fingerprint(requests: &[WorkloadRequest]) -> u64 {
+        let mut hash = 0xcbf2_9ce4_8422_2325_u64;
+        let mut mix = |v: u64| {
+            hash ^= v;
+            hash = hash.wrapping_mul(0x0100_0000_01b3);
+        };
+        for r in requests {
+            mix(r.at.as_nanos() as u64);
+            mix(r.session);
+            mix(u64::from(r.turn));
+            mix(r.system_prompt as u64);
+            mix(u64::from(r.output_tokens));
+            for &t in &r.prompt {
+                mix(u64::from(t));
+            }
+        }
+        hash
+    }
+
+    /// The shared-system-prompt share (issue 31) left the workloads made
+    /// before it as they were: these digests were taken from the code
+    /// before the share existed (the default workload, and the one the
+    /// fleet bench calls `no_prefix`).
+    #[test]
+    fn the_workloads_made_before_the_shared_share_are_unchanged() {
+        let chat = generate(&workload(3.0, 500));
+        assert_eq!(fingerprint(&chat), 0xc0d6_e6c2_3fca_cc43);
+        let distinct = generate(&WorkloadConfig {
+            seed: 1,
+            rate_per_s: 2.0,
+            requests: 300,
+            system_prompts: 6000,
+            mean_turns: 1.0,
+            ..WorkloadConfig::default()
+        });
+        assert_eq!(fingerprint(&distinct), 0x53b1_13e9_b60e_5647);
+    }
+
+    /// Issue 31's shape: 70% of sessions on one of 4 shared system prompts
+    /// of 2,048 tokens, the others on one of their own; every turn resends
+    /// its session's previous prompt, that prompt's answer and a new user
+    /// message.
+    #[test]
+    fn a_share_of_sessions_uses_shared_system_prompts_and_turns_extend_the_last() {
+        let config = WorkloadConfig {
+            seed: 7,
+            rate_per_s: 2.0,
+            requests: 3000,
+            system_prompts: 4,
+            system_prompt_tokens: 2048,
+            shared_system_share: 0.7,
+            ..WorkloadConfig::default()
+        };
+        let requests = generate(&config);
+        let len = config.system_prompt_tokens as usize;
+        let mut sessions: HashMap<u64, &WorkloadRequest> = HashMap::new();
+        let mut own_prompts: HashMap<Vec<u32>, u64> = HashMap::new();
+        let mut shared = 0_usize;
+        for r in &requests {
+            let system = &r.prompt[..len];
+            if r.system_prompt < config.system_prompts {
+                let expected = system_prompt_tokens(config.seed, r.system_prompt, 2048);
+                assert_eq!(system, &expected[..]);
+            } else {
+                assert_eq!(r.system_prompt, config.system_prompts + r.session as usize);
+                // A session's own prompt is no other session's.
+                let owner = own_prompts.entry(system.to_vec()).or_insert(r.session);
+                assert_eq!(*owner, r.session);
+            }
+            match sessions.insert(r.session, r) {
+                None => {
+                    assert_eq!(r.turn, 0);
+                    if r.system_prompt < config.system_prompts {
+                        shared += 1;
+                    }
+                }
+                Some(previous) => {
+                    assert_eq!(r.turn, previous.turn + 1);
+                    assert_eq!(r.system_prompt, previous.system_prompt);
+                    // Previous prompt, its answer, then a new user message
+                    // within the user message's length bounds.
+                    assert!(r.prompt.starts_with(&previous.prompt));
+                    let answered = previous.prompt.len() + previous.output_tokens as usize;
+                    let user = r.prompt.len() - answered;
+                    let bounds = config.user_message_tokens;
+                    assert!(
+                        (bounds.min as usize..=bounds.max as usize).contains(&user),
+                        "user message of {user} tokens"
+                    );
+                }
+            }
+        }
+        for k in 0..config.system_prompts {
+            assert!(own_prompts
+                .keys()
+                .all(|own| own[..] != system_prompt_tokens(config.seed, k, 2048)[..]));
+        }
+        let share = shared as f64 / sessions.len() as f64;
+        assert!(sessions.len() > 500, "{} sessions", sessions.len());
+        assert!((share - 0.7).abs() < 0.05, "share {share}");
+        assert!(requests.iter().any(|r| r.turn >= 3));
     }
 
     #[test]

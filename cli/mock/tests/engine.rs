@@ -292,3 +292,44 @@ async fn a_request_longer_than_the_kv_cache_is_answered_400() {
     assert_eq!(error["error"]["type"], "invalid_request_error");
     mock.stop().await;
 }
+
+/// vLLM's `vllm:cache_config_info`: an info gauge of 1 whose labels carry
+/// the block size and the number of KV blocks (so a router can size its
+/// view of the engine's cache), as text, with `engine` and no `model_name`.
+#[tokio::test]
+async fn metrics_carry_the_cache_config_as_vllm_labels_it() {
+    let mock = engine_mock(EngineConfig {
+        kv_capacity_tokens: 20_000,
+        block_size: 32,
+        ..EngineConfig::default()
+    })
+    .await;
+    let page = text(send(mock.addr(), "GET", "/metrics", String::new()).await).await;
+    assert!(
+        page.contains("# TYPE vllm:cache_config_info gauge\n"),
+        "{page}"
+    );
+    let line = page
+        .lines()
+        .find(|l| l.starts_with("vllm:cache_config_info{"))
+        .unwrap_or_else(|| panic!("no cache_config_info in {page}"));
+    let (labels, value) = line
+        .strip_prefix("vllm:cache_config_info{")
+        .and_then(|rest| rest.split_once("} "))
+        .expect("labels and a value");
+    assert_eq!(value.parse::<f64>().expect("a number"), 1.0);
+    let labels: std::collections::HashMap<&str, &str> = labels
+        .split(',')
+        .map(|pair| {
+            let (name, value) = pair.split_once('=').expect("name=value");
+            (name, value.trim_matches('"'))
+        })
+        .collect();
+    assert_eq!(labels["block_size"], "32");
+    // 20,000 tokens in blocks of 32: 625 blocks.
+    assert_eq!(labels["num_gpu_blocks"], "625");
+    assert_eq!(labels["enable_prefix_caching"], "True");
+    assert_eq!(labels["engine"], "0");
+    assert!(!labels.contains_key("model_name"));
+    mock.stop().await;
+}

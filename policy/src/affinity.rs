@@ -92,64 +92,7 @@ fn hash(parts: &[&[u8]]) -> u64 {
     h.finish()
 }
 
-#[derive(serde::Deserialize)]
-struct ChatBody {
-    #[serde(default)]
-    messages: Vec<ChatMessage>,
-    #[serde(default)]
-    prompt: Option<serde_json::Value>,
-}
-
-#[derive(serde::Deserialize)]
-struct ChatMessage {
-    #[serde(default)]
-    role: String,
-    #[serde(default)]
-    content: serde_json::Value,
-}
-
-fn push_text(out: &mut Vec<u8>, v: &serde_json::Value) {
-    match v {
-        serde_json::Value::String(s) => out.extend_from_slice(s.as_bytes()),
-        // Content parts: their texts, in order.
-        serde_json::Value::Array(parts) => {
-            for p in parts {
-                match p.get("text") {
-                    Some(t) => push_text(out, t),
-                    None => push_text(out, p),
-                }
-            }
-        }
-        _ => {}
-    }
-}
-
-/// The leading text of an OpenAI-style request that identifies its
-/// conversation: for a chat call, its messages' roles and contents up to
-/// and including the first `user` message (the system prompt and the
-/// opening question, which every later turn of the conversation repeats
-/// word for word); for a completion, its `prompt`. `None` for a body that
-/// is not such JSON.
-pub fn leading_prompt(body: &[u8]) -> Option<Vec<u8>> {
-    let parsed: ChatBody = serde_json::from_slice(body).ok()?;
-    let mut out = Vec::new();
-    if parsed.messages.is_empty() {
-        push_text(&mut out, parsed.prompt.as_ref()?);
-        return Some(out);
-    }
-    for m in &parsed.messages {
-        out.extend_from_slice(m.role.as_bytes());
-        out.push(b'\n');
-        push_text(&mut out, &m.content);
-        out.push(b'\n');
-        if m.role == "user" {
-            break;
-        }
-    }
-    Some(out)
-}
-
-/// Which endpoint served each prefix key last: a bounded table, the oldest
+/// Which endpoint served each key last: a bounded table, the oldest
 /// key forgotten first when full. What "prefer the endpoint that served
 /// that prefix last" remembers; pure bookkeeping (the caller names
 /// endpoints by any stable id).
@@ -371,22 +314,6 @@ mod tests {
         // its key.
         let loads = vec![1; 3];
         assert_eq!(ring.choose(key, &loads, 1.25), Some(owner));
-    }
-
-    #[test]
-    fn the_leading_prompt_stops_after_the_first_user_message() {
-        let turn1 = br#"{"model":"m","messages":[{"role":"system","content":"be brief"},{"role":"user","content":"hi"}]}"#;
-        let turn2 = br#"{"model":"m","stream":true,"messages":[{"role":"system","content":"be brief"},{"role":"user","content":"hi"},{"role":"assistant","content":"hello"},{"role":"user","content":"more"}]}"#;
-        let a = leading_prompt(turn1).expect("chat");
-        assert_eq!(a, b"system\nbe brief\nuser\nhi\n");
-        assert_eq!(leading_prompt(turn2), Some(a));
-        let parts = br#"{"messages":[{"role":"user","content":[{"type":"text","text":"hi"}]}]}"#;
-        assert_eq!(leading_prompt(parts).expect("parts"), b"user\nhi\n");
-        assert_eq!(
-            leading_prompt(br#"{"prompt":"abc"}"#).expect("completion"),
-            b"abc"
-        );
-        assert_eq!(leading_prompt(b"not json"), None);
     }
 
     #[test]

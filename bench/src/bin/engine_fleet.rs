@@ -734,6 +734,28 @@ fn main() -> Result<(), BoxError> {
 mod tests {
     use super::*;
 
+    /// The text the router's former one-hash key covered: every message up
+    /// to and including the first user message.
+    fn lead_text(body: &[u8]) -> Vec<u8> {
+        let v: serde_json::Value = serde_json::from_slice(body).expect("json");
+        let mut out = Vec::new();
+        for m in v["messages"].as_array().expect("messages") {
+            out.extend_from_slice(m["role"].as_str().unwrap_or("").as_bytes());
+            out.extend_from_slice(m["content"].as_str().unwrap_or("").as_bytes());
+            if m["role"] == "user" {
+                break;
+            }
+        }
+        out
+    }
+
+    /// The router's block chain of a request (as a pool with default
+    /// prefix affinity hashes it).
+    fn chain(body: &[u8]) -> Vec<u64> {
+        let text = router_policy::prefix_cache::prompt_text(body).expect("a prompt");
+        router_policy::prefix_cache::block_chain(&text, 64, 4096)
+    }
+
     #[test]
     fn turns_of_a_session_repeat_their_first_two_messages() {
         let cfg = WorkloadConfig {
@@ -743,7 +765,7 @@ mod tests {
         };
         let requests = workload::generate(&cfg);
         let prepared = prepare(&requests, 32, Render::Chat);
-        let lead = |b: &Bytes| router_policy::affinity::leading_prompt(b).expect("chat");
+        let lead = |b: &Bytes| lead_text(b);
         let mut seen: HashMap<u64, Vec<u8>> = HashMap::new();
         for (r, p) in requests.iter().zip(&prepared) {
             let l = lead(&p.body);
@@ -875,7 +897,7 @@ mod tests {
     #[test]
     fn the_router_key_text_changes_every_turn_only_with_history() {
         let requests = multi_turn(120);
-        let lead = |p: &Prepared| router_policy::affinity::leading_prompt(&p.body).expect("chat");
+        let lead = |p: &Prepared| lead_text(&p.body);
         for render in [Render::Chat, Render::Turns, Render::History] {
             let prepared = prepare(&requests, 32, render);
             for turns in by_session(&requests, &prepared).values() {
@@ -885,6 +907,28 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// What the router hashes now, the whole prompt as a chain of blocks,
+    /// grows turn by turn in every rendering: a turn's chain holds the
+    /// previous turn's (but for its last block, which may end in the
+    /// previous turn's closing newline).
+    #[test]
+    fn the_router_chain_of_a_turn_extends_the_previous_turns_in_every_rendering() {
+        let requests = multi_turn(120);
+        let mut pairs = 0;
+        for render in [Render::Chat, Render::Turns, Render::History] {
+            let prepared = prepare(&requests, 32, render);
+            for turns in by_session(&requests, &prepared).values() {
+                for pair in turns.windows(2) {
+                    let (a, b) = (chain(&pair[0].1.body), chain(&pair[1].1.body));
+                    let kept = a.len().saturating_sub(1);
+                    assert!(kept > 0 && b.starts_with(&a[..kept]), "{render:?}");
+                    pairs += 1;
+                }
+            }
+        }
+        assert!(pairs > 30, "{pairs}");
     }
 
     #[test]

@@ -123,11 +123,12 @@ pub struct Situation {
     /// explanation then says which endpoint and on what signals).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub endpoints: BTreeMap<String, Vec<crate::engine_aware::EndpointSituation>>,
-    /// The request's leading prompt (system prompt and first user
-    /// message), for prefix affinity.
+    /// The request's prompt text as prefix affinity hashes it (each
+    /// message's role and text, a line each:
+    /// [`crate::prefix_cache::prompt_text`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prompt: Option<String>,
-    /// The endpoint (address) that served this prompt's prefix last.
+    /// An endpoint (address) that holds the whole prompt.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prefix_last_served: Option<String>,
     /// The request's body (explain only), in the dialect its `path` says

@@ -23,7 +23,9 @@
 //!
 //! The message, little-endian: `b"PX1"`, the sender id (u64), then
 //! entries of pool name (u16 length + bytes), endpoint address (u16 length
-//! + bytes), block count (u16) and the blocks (u64 each). A message that
+//! + bytes), the prompt tokens the sender expects the endpoint to prefill
+//! (u32: the others count them as that endpoint's pending work until
+//! drained), block count (u16) and the blocks (u64 each). A message that
 //! does not parse is dropped whole.
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -52,6 +54,8 @@ pub(crate) struct Learned {
     pub(crate) pool: Arc<str>,
     pub(crate) endpoint: Arc<str>,
     pub(crate) chain: Vec<u64>,
+    /// Prompt tokens the sender expects the endpoint to prefill.
+    pub(crate) uncached: u32,
 }
 
 /// The proxy's side of the sharing: where grants put what they learned.
@@ -62,11 +66,18 @@ pub(crate) struct PrefixShare {
 
 impl PrefixShare {
     /// Notes a placement for the other proxies (never waits).
-    pub(crate) fn learned(&self, pool: &Arc<str>, endpoint: &Arc<str>, chain: &[u64]) {
+    pub(crate) fn learned(
+        &self,
+        pool: &Arc<str>,
+        endpoint: &Arc<str>,
+        chain: &[u64],
+        uncached: u64,
+    ) {
         let entry = Learned {
             pool: Arc::clone(pool),
             endpoint: Arc::clone(endpoint),
             chain: chain[..chain.len().min(MAX_BLOCKS)].to_vec(),
+            uncached: u32::try_from(uncached).unwrap_or(u32::MAX),
         };
         if self.tx.try_send(entry).is_err() && self.dropped.fetch_add(1, Ordering::Relaxed) == 0 {
             tracing::warn!(
@@ -98,7 +109,7 @@ impl PrefixShare {
 pub(crate) fn encode_entry(out: &mut Vec<u8>, entry: &Learned) -> bool {
     let (pool, endpoint) = (entry.pool.as_bytes(), entry.endpoint.as_bytes());
     let blocks = entry.chain.len().min(MAX_BLOCKS);
-    let size = 2 + pool.len() + 2 + endpoint.len() + 2 + 8 * blocks;
+    let size = 2 + pool.len() + 2 + endpoint.len() + 4 + 2 + 8 * blocks;
     let (Ok(pool_len), Ok(endpoint_len), Ok(count)) = (
         u16::try_from(pool.len()),
         u16::try_from(endpoint.len()),
@@ -113,6 +124,7 @@ pub(crate) fn encode_entry(out: &mut Vec<u8>, entry: &Learned) -> bool {
     out.extend_from_slice(pool);
     out.extend_from_slice(&endpoint_len.to_le_bytes());
     out.extend_from_slice(endpoint);
+    out.extend_from_slice(&entry.uncached.to_le_bytes());
     out.extend_from_slice(&count.to_le_bytes());
     for b in &entry.chain[..blocks] {
         out.extend_from_slice(&b.to_le_bytes());
@@ -147,6 +159,7 @@ pub(crate) fn decode(message: &[u8]) -> Option<(u64, Vec<Learned>)> {
         let pool = std::str::from_utf8(take(pool_len)?).ok()?;
         let endpoint_len = usize::from(u16::from_le_bytes(take(2)?.try_into().ok()?));
         let endpoint = std::str::from_utf8(take(endpoint_len)?).ok()?;
+        let uncached = u32::from_le_bytes(take(4)?.try_into().ok()?);
         let count = usize::from(u16::from_le_bytes(take(2)?.try_into().ok()?));
         if count > MAX_BLOCKS {
             return None;
@@ -161,6 +174,7 @@ pub(crate) fn decode(message: &[u8]) -> Option<(u64, Vec<Learned>)> {
             pool: pool.into(),
             endpoint: endpoint.into(),
             chain,
+            uncached,
         });
     }
     Some((sender, entries))
@@ -254,7 +268,7 @@ async fn subscribe(
                     let snapshot = config.load();
                     for e in entries {
                         if let Some(pool) = snapshot.pools.get(&*e.pool) {
-                            pool.learn(&e.endpoint, &e.chain);
+                            pool.learn(&e.endpoint, &e.chain, u64::from(e.uncached));
                         }
                     }
                 }
@@ -278,6 +292,7 @@ mod tests {
             chain: (0..n)
                 .map(|i| i.wrapping_mul(0x9e37_79b9_7f4a_7c15))
                 .collect(),
+            uncached: 1234,
         }
     }
 
@@ -313,6 +328,7 @@ mod tests {
         bad.push(b'p');
         bad.extend_from_slice(&1u16.to_le_bytes());
         bad.push(b'h');
+        bad.extend_from_slice(&7u32.to_le_bytes());
         bad.extend_from_slice(&u16::MAX.to_le_bytes());
         assert_eq!(decode(&bad), None);
         assert_eq!(decode(b""), None);

@@ -243,6 +243,23 @@ impl TokenLatency {
     }
 }
 
+/// Prompt tokens other proxies of a fleet sent to an endpoint, still to
+/// prefill `elapsed_s` after `tokens` were counted: the engine works them
+/// off at `1 / unit` tokens a second (its measured prefill rate; `unit`
+/// includes queueing, so this drains slowly, on the safe side), 4,000 a
+/// second when unmeasured. Each proxy counts only its own requests in
+/// `pending_prefill_tokens`; this is the rest of the fleet's, learnt from
+/// the placements they share.
+pub fn peer_prefill_left(tokens: f64, elapsed_s: f64, unit: Option<f64>) -> f64 {
+    let rate = unit
+        .filter(|u| u.is_finite() && *u > 0.0)
+        .map_or(4000.0, |u| 1.0 / u);
+    if !(tokens.is_finite() && elapsed_s.is_finite()) {
+        return 0.0;
+    }
+    (tokens - elapsed_s.max(0.0) * rate).max(0.0)
+}
+
 /// `seconds / tokens`, for a positive count and a finite, non-negative time.
 pub fn per_token(seconds: f64, tokens: u64) -> Option<f64> {
     (tokens > 0 && seconds.is_finite() && seconds >= 0.0).then(|| seconds / tokens as f64)
@@ -1002,6 +1019,15 @@ mod tests {
             pick(&sat, &s, pm(&[0, 10, 30, 0]), 0).map(|p| p.endpoint),
             Some(1)
         );
+    }
+
+    #[test]
+    fn the_fleets_prefill_drains_at_the_endpoints_rate() {
+        assert_eq!(peer_prefill_left(4000.0, 0.5, Some(0.0005)), 3000.0);
+        assert_eq!(peer_prefill_left(4000.0, 3.0, Some(0.0005)), 0.0);
+        assert_eq!(peer_prefill_left(4000.0, 0.5, None), 2000.0);
+        assert_eq!(peer_prefill_left(f64::NAN, 0.5, None), 0.0);
+        assert_eq!(peer_prefill_left(100.0, -1.0, Some(0.001)), 100.0);
     }
 
     #[test]

@@ -18,7 +18,9 @@
 use clap::Parser;
 use router_policy::affinity::Ring;
 use router_policy::balance::EndpointLoad;
-use router_policy::engine_aware::{self, EngineAware, EngineLoad, EngineSignals, PrefixAffinity, PrefixMatch};
+use router_policy::engine_aware::{
+    self, EngineAware, EngineLoad, EngineSignals, PrefixAffinity, PrefixMatch,
+};
 use router_policy::prefix_cache::{block_chain, prompt_text, BlockIndex};
 
 #[derive(Parser)]
@@ -46,7 +48,8 @@ fn body(conv: usize, turn: usize, kib: usize) -> Vec<u8> {
         let text = format!("conversation {conv} turn {t}: ").repeat(per_turn / 24 + 1);
         messages.push(serde_json::json!({"role": "user", "content": text}));
         if t < turn {
-            messages.push(serde_json::json!({"role": "assistant", "content": "noted. ".repeat(40)}));
+            messages
+                .push(serde_json::json!({"role": "assistant", "content": "noted. ".repeat(40)}));
         }
     }
     serde_json::json!({"model": "m", "stream": true, "max_tokens": 200, "messages": messages})
@@ -92,7 +95,12 @@ fn main() {
         );
         return;
     }
-    let names = ["http://10.0.0.1:8000", "http://10.0.0.2:8000", "http://10.0.0.3:8000", "http://10.0.0.4:8000"];
+    let names = [
+        "http://10.0.0.1:8000",
+        "http://10.0.0.2:8000",
+        "http://10.0.0.3:8000",
+        "http://10.0.0.4:8000",
+    ];
     let ring = Ring::new(&names);
     let settings = EngineAware {
         affinity: Some(affinity),
@@ -119,7 +127,9 @@ fn main() {
         .collect();
     // Full indexes: 64 conversations' turns spread over the endpoints.
     let mut indexes: Vec<BlockIndex> = (0..4).map(|_| BlockIndex::new(capacity)).collect();
-    let bodies: Vec<Vec<u8>> = (0..64).map(|c| body(c, 1 + c % 4, args.prompt_kib)).collect();
+    let bodies: Vec<Vec<u8>> = (0..64)
+        .map(|c| body(c, 1 + c % 4, args.prompt_kib))
+        .collect();
     let chains: Vec<Vec<u64>> = bodies
         .iter()
         .map(|b| {

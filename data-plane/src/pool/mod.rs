@@ -675,10 +675,12 @@ impl PoolRuntime {
         let _ = self.prefix_share.set(Arc::clone(share));
     }
 
-    /// Another proxy placed a prompt with `chain` on `addr`: this pool's
-    /// index of that endpoint records it (nothing for an endpoint this
-    /// pool does not have, or without prefix affinity).
-    pub(crate) fn learn(&self, addr: &str, chain: &[u64]) {
+    /// Another proxy placed a prompt with `chain` on `addr`, `uncached`
+    /// of its tokens to prefill there: this pool's index of that endpoint
+    /// records it, and its prefill counts in the endpoint's pending work
+    /// until drained (nothing for an endpoint this pool does not have, or
+    /// without prefix affinity).
+    pub(crate) fn learn(&self, addr: &str, chain: &[u64], uncached: u64) {
         if !self
             .uses_affinity
             .load(std::sync::atomic::Ordering::Relaxed)
@@ -693,6 +695,7 @@ impl PoolRuntime {
         if let Some(e) = st.endpoints.iter_mut().find(|e| &*e.addr == addr) {
             let capacity = affinity.index_blocks(e.probe.as_ref().and_then(|p| p.cache_tokens));
             e.prefix_record(chain, capacity);
+            e.add_peer_prefill(uncached, Instant::now());
         }
     }
 

@@ -288,7 +288,16 @@ impl PoolRuntime {
             })?;
             st.endpoints[i].prefix_record(&req.chain, capacity);
             if let Some(share) = self.prefix_share.get() {
-                share.learned(&self.name, &st.endpoints[i].addr, &req.chain);
+                let held = placed.and_then(|p| p.chosen).map_or(0.0, |c| {
+                    c.matched_blocks as f64
+                        * st.settings
+                            .queue
+                            .engine
+                            .affinity
+                            .map_or(0.0, |a| a.block_tokens())
+                });
+                let uncached = req.prompt_tokens.saturating_sub(held as u64);
+                share.learned(&self.name, &st.endpoints[i].addr, &req.chain, uncached);
             }
             let picked = placed?;
             let addr = |s: &router_policy::engine_aware::Scored| {

@@ -78,6 +78,10 @@ pub(super) struct EndpointState {
     /// Ejections in a row (an endpoint that served a window cleanly
     /// starts over).
     pub(super) ejections: u32,
+    /// Prompt tokens the other proxies of a fleet sent here (uncached,
+    /// as they estimated), as of when: drained at the endpoint's rate
+    /// ([`router_policy::engine_aware::peer_prefill_left`]).
+    pub(super) peer_prefill: (f64, Option<Instant>),
     /// The prompt blocks it likely holds (prefix affinity; made on first
     /// use, sized by [`router_policy::engine_aware::PrefixAffinity::index_blocks`]).
     pub(super) prefix_index: Option<BlockIndex>,
@@ -156,7 +160,23 @@ impl EndpointState {
             ejected_until: None,
             ejections: 0,
             prefix_index: None,
+            peer_prefill: (0.0, None),
         }
+    }
+
+    /// The fleet's prompt tokens still to prefill here as of `now`.
+    pub(super) fn peer_prefill_left(&self, now: Instant) -> u64 {
+        let (tokens, Some(at)) = self.peer_prefill else {
+            return 0;
+        };
+        let elapsed = now.saturating_duration_since(at).as_secs_f64();
+        engine_aware::peer_prefill_left(tokens, elapsed, self.tokens.prefill_s_per_token) as u64
+    }
+
+    /// Another proxy sent `uncached` prompt tokens here.
+    pub(super) fn add_peer_prefill(&mut self, uncached: u64, now: Instant) {
+        let left = self.peer_prefill_left(now) as f64;
+        self.peer_prefill = (left + uncached as f64, Some(now));
     }
 
     /// Leading blocks of `chain` it likely holds.
@@ -479,21 +499,20 @@ impl PoolState {
         if self.settings.queue.scoring == Scoring::EngineAware {
             self.engine_loads.clear();
             self.engine_loads
-                .extend(
-                    self.endpoints
-                        .iter()
-                        .zip(&self.loads)
-                        .map(|(e, base)| EngineLoad {
-                            base: *base,
-                            signals: match (&probe, &e.probe) {
-                                (Some(p), Some(r)) if r.usable(p, now) => Some(r.signals()),
-                                _ => None,
-                            },
-                            in_flight_at_scrape: e.in_flight_at_scrape,
-                            unit: e.tokens.prefill_s_per_token,
-                            pending_prefill_tokens: e.pending_prefill_tokens,
-                        }),
-                );
+                .extend(self.endpoints.iter().zip(&self.loads).map(|(e, base)| {
+                    EngineLoad {
+                        base: *base,
+                        signals: match (&probe, &e.probe) {
+                            (Some(p), Some(r)) if r.usable(p, now) => Some(r.signals()),
+                            _ => None,
+                        },
+                        in_flight_at_scrape: e.in_flight_at_scrape,
+                        unit: e.tokens.prefill_s_per_token,
+                        pending_prefill_tokens: e
+                            .pending_prefill_tokens
+                            .saturating_add(e.peer_prefill_left(now)),
+                    }
+                }));
         }
     }
 

@@ -443,7 +443,8 @@ async fn turns_and_conversations_go_where_their_prefix_is_held_until_it_is_loade
     );
     drop(again);
     // What another proxy learned counts like what this one sent.
-    let elsewhere = body(&["a conversation another proxy started, long enough to matter"]);
+    let opening = "a conversation another proxy started, long enough to matter; ".repeat(10);
+    let elsewhere = body(&[opening.as_str()]);
     let learned_shape = shape(&elsewhere);
     let target = names
         .iter()
@@ -453,6 +454,7 @@ async fn turns_and_conversations_go_where_their_prefix_is_held_until_it_is_loade
     p.learn(
         &target.to_string(),
         &learned_shape.prefix.as_ref().unwrap().chain,
+        0,
     );
     let l5 = p
         .acquire_at(None, Instant::now(), learned_shape)
@@ -460,6 +462,23 @@ async fn turns_and_conversations_go_where_their_prefix_is_held_until_it_is_loade
         .unwrap();
     assert_eq!(l5.endpoint(), &target);
     assert_eq!(l5.prefix().unwrap().placement, "prefix_matched");
+    // What another proxy sends counts as the endpoint's pending prefill,
+    // drained at the engine's rate (4,000 tokens a second unmeasured).
+    let left = |p: &PoolRuntime| {
+        p.lock()
+            .endpoints
+            .iter()
+            .find(|e| *e.endpoint == target)
+            .map(|e| e.peer_prefill_left(Instant::now()))
+    };
+    p.learn(&target.to_string(), &[1, 2, 3], 1000);
+    assert_eq!(left(&p), Some(1000));
+    tokio::time::advance(Duration::from_millis(100)).await;
+    assert_eq!(left(&p), Some(600));
+    p.learn(&target.to_string(), &[1, 2, 3], 1000);
+    assert_eq!(left(&p), Some(1600));
+    tokio::time::advance(Duration::from_secs(1)).await;
+    assert_eq!(left(&p), Some(0));
     // A pool without affinity computes no chain.
     assert!(engine_pool(&["h:1"], false)
         .prefix_request(first.as_bytes())

@@ -41,7 +41,7 @@ pub(crate) const QUEUE: usize = 4096;
 /// The largest message published or accepted.
 pub(crate) const MAX_MESSAGE_BYTES: usize = 256 * 1024;
 /// How often queued entries are published.
-pub(crate) const FLUSH_EVERY: Duration = Duration::from_millis(20);
+pub(crate) const FLUSH_EVERY: Duration = Duration::from_millis(5);
 /// The most blocks an entry carries (a policy's `prefix_max_blocks` is at
 /// most this).
 pub(crate) const MAX_BLOCKS: usize = 4096;

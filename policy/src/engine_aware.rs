@@ -53,7 +53,10 @@
 //!    load compete (`load < ceil(c × (total + 1) / open)`, Mirrokni,
 //!    Thorup and Zadimoghaddam, 2018; `c` defaults to 2), so a hot prompt
 //!    spills to the next best *by the same score* instead of piling onto
-//!    one GPU. A prefix no endpoint holds goes to its **home**, the first
+//!    one GPU. Endpoints holding as much of the prompt as the best and
+//!    within [`NEAR_BEST`] of its score are taken in turn, so the proxies
+//!    of a fleet, which read the same scrapes, do not all pick the same
+//!    one between two scrapes. A prefix no endpoint holds goes to its **home**, the first
 //!    endpoint within the bound clockwise from its first block's hash on
 //!    the pool's consistent-hash ring, unless that is slower than the best
 //!    by more than [`PrefixAffinity::new_prefix_slack`] of the request's
@@ -105,6 +108,10 @@ pub const DEFAULT_BYTES_PER_TOKEN: f64 = 4.0;
 /// report its cache (vLLM does: `vllm:cache_config_info`): the simulated
 /// 8B model's 32,768 tokens doubled, a middle for 24-80 GB cards.
 pub const DEFAULT_CACHE_TOKENS: u64 = 65_536;
+/// Endpoints holding as many of the prompt's blocks as the best, with an
+/// expected time to first token within this fraction of its, are near
+/// ties, taken in turn ([`pick`]).
+pub const NEAR_BEST: f64 = 0.1;
 /// Default [`PrefixAffinity::new_prefix_slack`].
 pub const DEFAULT_NEW_PREFIX_SLACK: f64 = 0.25;
 
@@ -281,6 +288,10 @@ pub struct EngineLoad {
     pub signals: Option<EngineSignals>,
     /// The router's in-flight count at that scrape.
     pub in_flight_at_scrape: u32,
+    /// Requests the other proxies of a fleet sent there since that scrape
+    /// (learnt from their shared placements; their endings are not seen,
+    /// so this only grows until the next scrape counts them).
+    pub peer_sent: u32,
     /// Seconds of prefill per input token, if measured.
     pub unit: Option<f64>,
     /// Prompt tokens of this router's requests there with no first token
@@ -306,7 +317,8 @@ impl EngineLoad {
     /// sent and saw end since (see the module docs).
     pub fn estimate(&self, settings: &EngineAware) -> Estimate {
         let now = i64::from(self.base.in_flight);
-        let delta = now - i64::from(self.in_flight_at_scrape);
+        let own_delta = now - i64::from(self.in_flight_at_scrape);
+        let delta = own_delta + i64::from(self.peer_sent);
         let Some(s) = self.signals else {
             return Estimate {
                 waiting: 0,
@@ -326,7 +338,7 @@ impl EngineLoad {
         let engine_total = i64::from(s.waiting.unwrap_or(0)) + i64::from(s.running.unwrap_or(0));
         let load = (engine_total + delta).max(now).max(0);
         // An ending since the scrape freed blocks: the usage is out of date.
-        let kv_usage = if delta < 0 {
+        let kv_usage = if own_delta < 0 {
             0.0
         } else {
             s.kv_usage.unwrap_or(0.0).clamp(0.0, 1.0)
@@ -530,6 +542,30 @@ pub fn pick(
                 }
             }
             let best = best?;
+            // Near ties holding as much of the prompt go in turn: proxies
+            // of a fleet that read the same scrape would otherwise all pick
+            // the same best between two scrapes (herding); each starts its
+            // turn at random. An endpoint holding more or less is never a
+            // tie: affinity is not diluted.
+            let near: Vec<Scored> = (0..n)
+                .filter_map(|i| within[i].and_then(|_| score(i)))
+                .filter(|s| {
+                    s.matched_blocks == best.matched_blocks
+                        && s.ttft_s <= best.ttft_s * (1.0 + NEAR_BEST)
+                })
+                .collect();
+            let (best, second) = match near.len() {
+                0 | 1 => (best, second),
+                k => {
+                    let chosen = near[rotation % k];
+                    let runner = if chosen.endpoint == best.endpoint {
+                        second
+                    } else {
+                        Some(best)
+                    };
+                    (chosen, runner)
+                }
+            };
             if pm.matched_blocks.iter().all(|m| *m == 0) {
                 let home = pm.ring.choose_among(pm.anchor, &within, c).and_then(score);
                 if let Some(home) = home {
@@ -706,6 +742,7 @@ pub fn explain(
                     kv_usage: e.kv_usage,
                 }),
             in_flight_at_scrape: e.in_flight_at_scrape.unwrap_or(e.in_flight),
+            peer_sent: 0,
             unit: e.prefill_s_per_token,
             pending_prefill_tokens: e.pending_prefill_tokens.unwrap_or(0),
         })
@@ -854,6 +891,7 @@ mod tests {
             },
             signals,
             in_flight_at_scrape: at_scrape,
+            peer_sent: 0,
             unit: None,
             pending_prefill_tokens: 0,
         }
@@ -1022,6 +1060,21 @@ mod tests {
     }
 
     #[test]
+    fn what_other_proxies_sent_since_the_scrape_counts_against_the_engine() {
+        let s = EngineAware::default();
+        // The scrape said 1 running on both; other proxies sent 3 to the
+        // first since.
+        let mut eps = [ep(1, sig(0, 1, 0.1), 1), ep(1, sig(0, 1, 0.1), 1)];
+        eps[0].peer_sent = 3;
+        assert_eq!(eps[0].estimate(&s).load, 4);
+        assert_eq!(choose(&eps, &s, None, 0).map(|c| c.0), Some(1));
+        // The engine was queueing: they wait there too.
+        let mut q = ep(1, sig(2, 4, 0.1), 1);
+        q.peer_sent = 4;
+        assert!(q.estimate(&s).saturated);
+    }
+
+    #[test]
     fn the_fleets_prefill_drains_at_the_endpoints_rate() {
         assert_eq!(peer_prefill_left(4000.0, 0.5, Some(0.0005)), 3000.0);
         assert_eq!(peer_prefill_left(4000.0, 3.0, Some(0.0005)), 0.0);
@@ -1092,21 +1145,26 @@ mod tests {
         };
         let eps = [
             sit("http://a:1", Some(2)),
-            sit("http://b:1", Some(5)),
+            sit("http://b:1", Some(50)),
             sit("http://c:1", None),
         ];
-        let prompt = "system\nabcdefgh\nuser\nijklmnop\n";
+        let prompt = format!(
+            "system\n{}\nuser\n{}\n",
+            "abcdefgh".repeat(25),
+            "ijkl".repeat(50)
+        );
+        let prompt = prompt.as_str();
         let e = explain("gpus", &s, &eps, Some(prompt), None);
         assert_eq!(e.endpoint.as_deref(), Some("http://b:1"));
         assert_eq!(e.placement.as_deref(), Some("prefix_matched"));
         assert_eq!(e.prefix_blocks, Some(prompt.len() / 4));
         assert_eq!(e.runner_up.as_deref(), Some("http://a:1"));
-        assert_eq!(e.signals[1].prefix_matched_blocks, Some(5));
+        assert_eq!(e.signals[1].prefix_matched_blocks, Some(50));
         let (b, a) = (
             e.signals[1].expected_ttft_s.expect("b"),
             e.runner_up_ttft_s.expect("a"),
         );
-        assert!((a - b - 3.0 * 0.001).abs() < 1e-9, "{a} {b}");
+        assert!((a - b - 48.0 * 0.001).abs() < 1e-9, "{a} {b}");
         // The older spelling: the endpoint that served it last holds it all.
         let e = explain("gpus", &s, &eps, Some(prompt), Some("http://c:1"));
         assert_eq!(e.endpoint.as_deref(), Some("http://c:1"));
@@ -1153,7 +1211,7 @@ mod tests {
                     if let (Some(c), Some(r)) = (p.chosen, p.runner_up) {
                         prop_assert_ne!(c.endpoint, r.endpoint);
                         if p.choice != Choice::Prefix(Placement::Home) {
-                            prop_assert!(c.ttft_s <= r.ttft_s);
+                            prop_assert!(c.ttft_s <= r.ttft_s * (1.0 + NEAR_BEST) + 1e-12);
                         }
                     }
                 }

@@ -122,6 +122,10 @@ struct Args {
     /// router's).
     #[arg(long)]
     load_factor: Option<f64>,
+    /// More `engine_aware` settings of `engine_aware_prefix`, as YAML
+    /// flow-map entries (e.g. `prefix_home_slack: 0`).
+    #[arg(long)]
+    affinity_options: Option<String>,
     /// The proxy binary.
     #[arg(long, default_value = "target/release/router-proxy")]
     router_bin: PathBuf,
@@ -338,8 +342,13 @@ fn policy(
     endpoints: &[String],
     probe_interval_ms: u64,
     load_factor: Option<f64>,
+    affinity_options: Option<&str>,
 ) -> String {
-    let load_factor = load_factor.map_or(String::new(), |c| format!(", load_factor: {c}"));
+    let mut load_factor = load_factor.map_or(String::new(), |c| format!(", load_factor: {c}"));
+    if let Some(more) = affinity_options {
+        load_factor.push_str(", ");
+        load_factor.push_str(more);
+    }
     let (balance, extra) = match strategy {
         "engine_aware" => (
             "engine_aware",
@@ -547,6 +556,7 @@ fn write_results(args: &Args, rows: &[serde_json::Value]) -> Result<(), BoxError
         "seed": args.seed,
         "probe_interval_ms": args.probe_interval_ms,
         "load_factor": args.load_factor,
+        "affinity_options": args.affinity_options,
         "render": args.render.name(),
         "proxies": args.proxies.max(1),
         "rows": rows,
@@ -605,7 +615,13 @@ async fn run(args: Args) -> Result<(), BoxError> {
                 let policy_path = dir.join(format!("{run}.yaml"));
                 std::fs::write(
                     &policy_path,
-                    policy(strategy, &urls, args.probe_interval_ms, args.load_factor),
+                    policy(
+                        strategy,
+                        &urls,
+                        args.probe_interval_ms,
+                        args.load_factor,
+                        args.affinity_options.as_deref(),
+                    ),
                 )?;
                 // A fresh store per run, as the engines are fresh: nothing
                 // learned in one run helps the next.

@@ -121,6 +121,7 @@ fn main() {
                 kv_usage: Some(0.4),
             }),
             in_flight_at_scrape: i,
+            peer_sent: 0,
             unit: Some(0.00025),
             pending_prefill_tokens: 1000,
         })

@@ -771,6 +771,8 @@ impl Probed for PoolRuntime {
             e.probe = Some(ProbeReading::after(e.probe.take(), answer, Instant::now()));
             if answered {
                 e.in_flight_at_scrape = e.in_flight;
+                // The scrape counts what the other proxies sent.
+                e.peer_sent = 0;
             }
         }
         self.dispatch(&mut st);

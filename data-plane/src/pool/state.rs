@@ -82,6 +82,9 @@ pub(super) struct EndpointState {
     /// as they estimated), as of when: drained at the endpoint's rate
     /// ([`router_policy::engine_aware::peer_prefill_left`]).
     pub(super) peer_prefill: (f64, Option<Instant>),
+    /// Requests other proxies sent here since the last scrape (reset by
+    /// the next: it counts them).
+    pub(super) peer_sent: u32,
     /// The prompt blocks it likely holds (prefix affinity; made on first
     /// use, sized by [`router_policy::engine_aware::PrefixAffinity::index_blocks`]).
     pub(super) prefix_index: Option<BlockIndex>,
@@ -161,6 +164,7 @@ impl EndpointState {
             ejections: 0,
             prefix_index: None,
             peer_prefill: (0.0, None),
+            peer_sent: 0,
         }
     }
 
@@ -177,6 +181,7 @@ impl EndpointState {
     pub(super) fn add_peer_prefill(&mut self, uncached: u64, now: Instant) {
         let left = self.peer_prefill_left(now) as f64;
         self.peer_prefill = (left + uncached as f64, Some(now));
+        self.peer_sent = self.peer_sent.saturating_add(1);
     }
 
     /// Leading blocks of `chain` it likely holds.
@@ -507,6 +512,7 @@ impl PoolState {
                             _ => None,
                         },
                         in_flight_at_scrape: e.in_flight_at_scrape,
+                        peer_sent: e.peer_sent,
                         unit: e.tokens.prefill_s_per_token,
                         pending_prefill_tokens: e
                             .pending_prefill_tokens

@@ -443,7 +443,7 @@ async fn turns_and_conversations_go_where_their_prefix_is_held_until_it_is_loade
     );
     drop(again);
     // What another proxy learned counts like what this one sent.
-    let opening = "a conversation another proxy started, long enough to matter; ".repeat(10);
+    let opening = "a conversation another proxy started, long enough to matter; ".repeat(30);
     let elsewhere = body(&[opening.as_str()]);
     let learned_shape = shape(&elsewhere);
     let target = names

@@ -275,6 +275,11 @@ pub struct EngineAwareSpec {
     /// report it (default 65,536; vLLM reports it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prefix_cache_tokens: Option<u64>,
+    /// A prefix no endpoint holds goes to its home on the ring unless home
+    /// is slower than the best by more than this fraction of the
+    /// request's own prefill (default 0.25; 0: only when home is as good).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefix_home_slack: Option<f64>,
 }
 
 /// Request defaults as written.

@@ -650,7 +650,7 @@ fn balance_engine_aware_with_prefix_affinity_resolves_and_wins_over_queue_scorin
 
 #[test]
 fn engine_aware_errors_name_their_field() {
-    let text = "apiVersion: router/v1\nkind: RoutingPolicy\nspec:\n  pools:\n    - name: a\n      balance: engine_aware\n      engine_aware: {max_kv_usage: 1.5, load_factor: 1.0, prefix_block_bytes: 0, prefix_max_blocks: 0, prefix_bytes_per_token: 0.1, prefix_cache_tokens: 0}\n    - name: b\n      engine_aware: {affinity: prefix}\n  routes:\n    - {name: r, chain: [a, b]}\n";
+    let text = "apiVersion: router/v1\nkind: RoutingPolicy\nspec:\n  pools:\n    - name: a\n      balance: engine_aware\n      engine_aware: {max_kv_usage: 1.5, load_factor: 1.0, prefix_block_bytes: 0, prefix_max_blocks: 0, prefix_bytes_per_token: 0.1, prefix_cache_tokens: 0, prefix_home_slack: -1}\n    - name: b\n      engine_aware: {affinity: prefix}\n  routes:\n    - {name: r, chain: [a, b]}\n";
     let err = load(text, &QueueSettings::default()).unwrap_err();
     let fields: Vec<&str> = err.errors.iter().map(|e| e.field.as_str()).collect();
     assert_eq!(
@@ -661,6 +661,7 @@ fn engine_aware_errors_name_their_field() {
             "spec.pools[0].engine_aware.prefix_block_bytes",
             "spec.pools[0].engine_aware.prefix_max_blocks",
             "spec.pools[0].engine_aware.prefix_bytes_per_token",
+            "spec.pools[0].engine_aware.prefix_home_slack",
             "spec.pools[0].engine_aware.prefix_cache_tokens",
             "spec.pools[1].engine_aware",
         ],

@@ -422,6 +422,14 @@ fn engine_aware(e: &EngineAwareSpec, at: &str, errs: &mut Errors) -> EngineAware
         Some(r) => affinity.bytes_per_token = r,
         None => {}
     }
+    match e.prefix_home_slack {
+        Some(x) if !(x.is_finite() && (0.0..=10.0).contains(&x)) => errs.push(
+            format!("{at}.prefix_home_slack"),
+            "must be between 0 and 10 (a fraction of the request's own prefill)",
+        ),
+        Some(x) => affinity.new_prefix_slack = x,
+        None => {}
+    }
     match e.prefix_cache_tokens {
         Some(0) => errs.push(format!("{at}.prefix_cache_tokens"), "must be at least 1"),
         Some(t) => affinity.cache_tokens = Some(t),

@@ -411,7 +411,8 @@ async fn start_proxy(
         // Health shows the shared store's state only to a caller with the
         // admin token: a token of the bench's own, for its own proxies.
         .env("CUSTOM_ROUTER_ADMIN_TOKEN", ADMIN_TOKEN)
-        .stdout(Stdio::null())
+        // The route log (stdout) beside the stderr: what `--keep` keeps.
+        .stdout(std::fs::File::create(stderr_path.with_extension("routes"))?)
         .stderr(stderr);
     if let Some(store) = store {
         command.env("CUSTOM_ROUTER_SHARED_STORE", store);

@@ -486,9 +486,12 @@ impl Exchange {
                 record.cost_usd = cost;
             }
             if let (Some(i), Some(o)) = (record.tokens_in, record.tokens_out) {
+                // Per token computed: a prompt cache's tokens cost no
+                // prefill.
+                let computed = i.saturating_sub(record.cache_read_tokens.unwrap_or(0));
                 lease.observe_tokens(crate::pool::TokenSample::Whole {
                     took: waited,
-                    input_tokens: i,
+                    input_tokens: computed.max(1),
                     output_tokens: o,
                 });
             }

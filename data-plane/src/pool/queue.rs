@@ -282,43 +282,15 @@ impl PoolRuntime {
             let id = st.endpoints[i].id;
             st.last_served.record(key, id);
         }
-        let placement = prefix.and_then(|req| {
-            let capacity = st.settings.queue.engine.affinity.map(|a| {
-                a.index_blocks(st.endpoints[i].probe.as_ref().and_then(|p| p.cache_tokens))
-            })?;
-            st.endpoints[i].prefix_record(&req.chain, capacity);
-            if let Some(share) = self.prefix_share.get() {
-                let held = placed.and_then(|p| p.chosen).map_or(0.0, |c| {
-                    c.matched_blocks as f64
-                        * st.settings
-                            .queue
-                            .engine
-                            .affinity
-                            .map_or(0.0, |a| a.block_tokens())
-                });
-                let uncached = req.prompt_tokens.saturating_sub(held as u64);
-                share.learned(&self.name, &st.endpoints[i].addr, &req.chain, uncached);
-            }
-            let picked = placed?;
-            let addr = |s: &router_policy::engine_aware::Scored| {
-                Arc::clone(&st.endpoints[s.endpoint].addr)
-            };
-            Some(PrefixPlacement {
-                placement: match picked.choice {
-                    router_policy::engine_aware::Choice::Prefix(p) => p.as_str(),
-                    router_policy::engine_aware::Choice::LowestCost => "lowest_cost",
-                },
-                blocks: req.chain.len(),
-                matched: picked.chosen.map_or(0, |c| c.matched_blocks),
-                ttft_ms: picked.chosen.map(|c| c.ttft_s * 1000.0),
-                runner_up: picked
-                    .runner_up
-                    .map(|r| (addr(&r), r.matched_blocks, r.ttft_s * 1000.0)),
-            })
-        });
+        let (uncached, placement) = match prefix {
+            Some(req) => st.record_prefix(i, req, placed, self.prefix_share.get(), &self.name),
+            None => (None, None),
+        };
+        // With prefix affinity, the prefill is of the tokens not held.
+        let prefill_tokens = uncached.unwrap_or(shape.input_tokens);
         let e = &mut st.endpoints[i];
         e.in_flight += 1;
-        e.pending_prefill_tokens = e.pending_prefill_tokens.saturating_add(shape.input_tokens);
+        e.pending_prefill_tokens = e.pending_prefill_tokens.saturating_add(prefill_tokens);
         let probe = e.breaker.on_grant();
         Some(Lease {
             pool: Arc::clone(self),
@@ -327,8 +299,8 @@ impl PoolRuntime {
             target: e.target.clone(),
             addr: Arc::clone(&e.addr),
             queue_wait: now.saturating_duration_since(enqueued_at),
-            input_tokens: shape.input_tokens,
-            prefill_pending: AtomicBool::new(shape.input_tokens > 0),
+            input_tokens: prefill_tokens,
+            prefill_pending: AtomicBool::new(prefill_tokens > 0),
             probe,
             session,
             prefix: placement,

@@ -426,6 +426,54 @@ impl PoolState {
         engine_aware::pick(&self.engine_loads, &q.engine, Some(pm), self.rotation)
     }
 
+    /// Endpoint `i` is sent a prompt with `req`'s chain: its index records
+    /// it, the fleet hears of it (with a `share`), and the route log gets
+    /// how prefix affinity placed it (`placed`: its pick, when it chose).
+    /// Also the prompt tokens it will prefill there (those it did not
+    /// hold): the request's pending prefill, and what its first token's
+    /// time is measured per, so that the prefill rate is per token
+    /// computed, not per token sent.
+    pub(super) fn record_prefix(
+        &mut self,
+        i: usize,
+        req: &super::PrefixRequest,
+        placed: Option<Picked>,
+        share: Option<&Arc<crate::prefix_share::PrefixShare>>,
+        pool: &Arc<str>,
+    ) -> (Option<u64>, Option<super::queue::PrefixPlacement>) {
+        let Some(affinity) = self.settings.queue.engine.affinity else {
+            return (None, None);
+        };
+        let Some(e) = self.endpoints.get_mut(i) else {
+            return (None, None);
+        };
+        let held = (e.prefix_matched(&req.chain) as f64 * affinity.block_tokens()) as u64;
+        let uncached = req.prompt_tokens.saturating_sub(held).max(1);
+        let capacity = affinity.index_blocks(e.probe.as_ref().and_then(|p| p.cache_tokens));
+        e.prefix_record(&req.chain, capacity);
+        if let Some(share) = share {
+            share.learned(pool, &e.addr, &req.chain, uncached);
+        }
+        let Some(picked) = placed else {
+            return (Some(uncached), None);
+        };
+        let chosen = picked.chosen;
+        let placement = super::queue::PrefixPlacement {
+            placement: match picked.choice {
+                engine_aware::Choice::Prefix(p) => p.as_str(),
+                engine_aware::Choice::LowestCost => "lowest_cost",
+            },
+            blocks: req.chain.len(),
+            matched: chosen.map_or(0, |c| c.matched_blocks),
+            ttft_ms: chosen.map(|c| c.ttft_s * 1000.0),
+            runner_up: picked.runner_up.and_then(|r| {
+                let addr = Arc::clone(&self.endpoints.get(r.endpoint)?.addr);
+                Some((addr, r.matched_blocks, r.ttft_s * 1000.0))
+            }),
+        };
+        (Some(uncached), Some(placement))
+    }
+
     /// Session affinity's pick among [`Self::loads`] (fill them first) for
     /// a request of session `key`; `None` when the pool has no session
     /// affinity or no endpoint can take the request.

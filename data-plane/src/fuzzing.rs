@@ -264,6 +264,16 @@ fn attempt(b: &mut Bytes<'_>) -> AttemptRecord {
         affinity: b.some().then(|| {
             ["session_kept", "session_placed", "session_spilled"][usize::from(b.byte()) % 3]
         }),
+        prefix: b.some().then(|| crate::route_log::PrefixRecord {
+            placement: ["prefix_matched", "prefix_home", "prefix_scored"]
+                [usize::from(b.byte()) % 3],
+            blocks: b.u64() as usize,
+            matched: b.u64() as usize,
+            ttft_ms: b.some().then(|| b.float()),
+            runner_up: b.some().then(|| b.string().into()),
+            runner_up_matched: b.some().then(|| b.u64() as usize),
+            runner_up_ttft_ms: b.some().then(|| b.float()),
+        }),
         dialect: b
             .some()
             .then(|| ["openai", "anthropic", "gemini"][usize::from(b.byte()) % 3]),

@@ -22,11 +22,11 @@
 //! nothing for a proxy that was away).
 //!
 //! The message, little-endian: `b"PX1"`, the sender id (u64), then
-//! entries of pool name (u16 length + bytes), endpoint address (u16 length
-//! + bytes), the prompt tokens the sender expects the endpoint to prefill
-//! (u32: the others count them as that endpoint's pending work until
-//! drained), block count (u16) and the blocks (u64 each). A message that
-//! does not parse is dropped whole.
+//! entries of: the pool's name and the endpoint's address (each a u16
+//! length and the bytes), the prompt tokens the sender expects the
+//! endpoint to prefill (u32: the others count them as that endpoint's
+//! pending work until drained), the block count (u16) and the blocks (u64
+//! each). A message that does not parse is dropped whole.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -153,8 +153,7 @@ pub(crate) fn decode(message: &[u8]) -> Option<(u64, Vec<Learned>)> {
     };
     let sender = u64::from_le_bytes(take(8)?.try_into().ok()?);
     let mut entries = Vec::new();
-    loop {
-        let Some(len) = take(2) else { break };
+    while let Some(len) = take(2) {
         let pool_len = usize::from(u16::from_le_bytes(len.try_into().ok()?));
         let pool = std::str::from_utf8(take(pool_len)?).ok()?;
         let endpoint_len = usize::from(u16::from_le_bytes(take(2)?.try_into().ok()?));

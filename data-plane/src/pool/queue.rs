@@ -303,7 +303,7 @@ impl PoolRuntime {
             prefill_pending: AtomicBool::new(prefill_tokens > 0),
             probe,
             session,
-            prefix: placement,
+            prefix: placement.map(Box::new),
             sampled: AtomicBool::new(false),
             armed: true,
         })
@@ -505,8 +505,9 @@ pub(crate) struct Lease {
     probe: bool,
     /// How session affinity placed it, when it did.
     session: Option<router_policy::affinity::SessionPlacement>,
-    /// How prefix affinity placed it, when it did.
-    prefix: Option<PrefixPlacement>,
+    /// How prefix affinity placed it, when it did (boxed: leases move
+    /// through the hot path, most without one).
+    prefix: Option<Box<PrefixPlacement>>,
     sampled: AtomicBool,
     armed: bool,
 }
@@ -529,7 +530,7 @@ impl Lease {
 
     /// How prefix affinity placed the request, when it did.
     pub(crate) fn prefix(&self) -> Option<&PrefixPlacement> {
-        self.prefix.as_ref()
+        self.prefix.as_deref()
     }
 
     /// The endpoint's address label.

@@ -397,7 +397,11 @@ async fn turns_and_conversations_go_where_their_prefix_is_held_until_it_is_loade
     assert_eq!(home.prefix().map(|x| x.placement), Some("prefix_home"));
     // Its prompt was all to prefill there; streaming now, none is left.
     assert_eq!(
-        p.lock().endpoints.iter().map(|e| e.pending_prefill_tokens).sum::<u64>(),
+        p.lock()
+            .endpoints
+            .iter()
+            .map(|e| e.pending_prefill_tokens)
+            .sum::<u64>(),
         chain.prompt_tokens
     );
     home.observe_first_token(Duration::from_millis(100));
@@ -415,8 +419,16 @@ async fn turns_and_conversations_go_where_their_prefix_is_held_until_it_is_loade
     assert!(placed.matched >= system.len() / 256 && placed.matched < chain.chain.len());
     assert!(placed.runner_up.is_some());
     // Only the blocks it did not hold are to prefill.
-    let pending: u64 = p.lock().endpoints.iter().map(|e| e.pending_prefill_tokens).sum();
-    assert!(pending > 0 && pending < shape(&other).prefix.unwrap().prompt_tokens, "{pending}");
+    let pending: u64 = p
+        .lock()
+        .endpoints
+        .iter()
+        .map(|e| e.pending_prefill_tokens)
+        .sum();
+    assert!(
+        pending > 0 && pending < shape(&other).prefix.unwrap().prompt_tokens,
+        "{pending}"
+    );
     l2.observe_first_token(Duration::from_millis(100));
     // The next turn of the first conversation matches all of its first
     // turn there, but the owner runs 4 of 10 now: over the bound

@@ -820,11 +820,10 @@ impl AttemptRecord {
                 json_str_contents(out, r);
                 out.push(b'"');
             }
-            json_opt_u64(
-                out,
-                opt_key!("", "runner_up_matched", ""),
-                p.runner_up_matched.map(|m| m as u64),
-            );
+            if let Some(m) = p.runner_up_matched {
+                out.extend_from_slice(b",\"runner_up_matched\":");
+                json_u64(out, m as u64);
+            }
             if let Some(t) = p.runner_up_ttft_ms {
                 out.extend_from_slice(b",\"runner_up_ttft_ms\":");
                 json_f64(out, t);

@@ -373,11 +373,11 @@ pub async fn start(options: ProxyOptions) -> Result<RunningProxy, StartError> {
             );
             // Prefix-affinity placements reach the other proxies over the
             // same server's publish/subscribe.
-            config.share_prefixes(prefix_share::PrefixShare::spawn(
-                client.clone(),
-                "router:prefix".into(),
-                &config,
-            ));
+            if let Some(share) =
+                prefix_share::PrefixShare::new(client.clone(), "router:prefix".into(), &config)
+            {
+                config.share_prefixes(share);
+            }
             Some(Arc::new(idempotency::RedisStore::connect(
                 client,
                 "router:".into(),

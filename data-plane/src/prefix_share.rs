@@ -62,6 +62,19 @@ pub(crate) struct Learned {
 pub(crate) struct PrefixShare {
     tx: tokio::sync::mpsc::Sender<Learned>,
     dropped: AtomicU64,
+    /// What the tasks need, taken when the first pool with prefix
+    /// affinity asks ([`PrefixShare::activate`]): a proxy without such a
+    /// pool opens no connection for this.
+    start: std::sync::Mutex<Option<Start>>,
+}
+
+/// The publisher's and subscriber's makings, until started.
+struct Start {
+    client: redis::Client,
+    channel: String,
+    config: std::sync::Weak<ConfigStore>,
+    rx: tokio::sync::mpsc::Receiver<Learned>,
+    runtime: tokio::runtime::Handle,
 }
 
 impl PrefixShare {
@@ -86,21 +99,41 @@ impl PrefixShare {
         }
     }
 
-    /// Starts publishing and subscribing through `client`'s server, with
-    /// `config`'s pools as the subscriber's target.
-    pub(crate) fn spawn(
+    /// Sharing through `client`'s server on `channel`, with `config`'s
+    /// pools as the subscriber's target; nothing runs until
+    /// [`PrefixShare::activate`]. Call within a tokio runtime (the tasks
+    /// run on it).
+    pub(crate) fn new(
         client: redis::Client,
         channel: String,
         config: &Arc<ConfigStore>,
-    ) -> Arc<Self> {
+    ) -> Option<Arc<Self>> {
         let (tx, rx) = tokio::sync::mpsc::channel(QUEUE);
-        let sender = crate::random::u64();
-        tokio::spawn(publish(client.clone(), channel.clone(), sender, rx));
-        tokio::spawn(subscribe(client, channel, sender, Arc::downgrade(config)));
-        Arc::new(Self {
+        let runtime = tokio::runtime::Handle::try_current().ok()?;
+        Some(Arc::new(Self {
             tx,
             dropped: AtomicU64::new(0),
-        })
+            start: std::sync::Mutex::new(Some(Start {
+                client,
+                channel,
+                config: Arc::downgrade(config),
+                rx,
+                runtime,
+            })),
+        }))
+    }
+
+    /// Starts publishing and subscribing (once; a pool with prefix
+    /// affinity calls it).
+    pub(crate) fn activate(&self) {
+        let start = self.start.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(s) = start {
+            let sender = crate::random::u64();
+            s.runtime
+                .spawn(publish(s.client.clone(), s.channel.clone(), sender, s.rx));
+            s.runtime
+                .spawn(subscribe(s.client, s.channel, sender, s.config));
+        }
     }
 }
 

@@ -673,6 +673,14 @@ impl PoolRuntime {
     /// ([`crate::prefix_share`]); the first call wins.
     pub(crate) fn share_prefixes(&self, share: &Arc<crate::prefix_share::PrefixShare>) {
         let _ = self.prefix_share.set(Arc::clone(share));
+        // Only a pool with prefix affinity needs the fleet's placements:
+        // without one, no connection is opened for them.
+        if self
+            .uses_affinity
+            .load(std::sync::atomic::Ordering::Relaxed)
+        {
+            share.activate();
+        }
     }
 
     /// Another proxy placed a prompt with `chain` on `addr`, `uncached`

@@ -365,4 +365,32 @@ mod tests {
         assert_eq!(decode(&bad), None);
         assert_eq!(decode(b""), None);
     }
+
+    proptest::proptest! {
+        /// Whatever a message holds (another program on the channel, a
+        /// truncated or corrupted one), decoding answers without
+        /// panicking, and a valid message with bytes flipped decodes to
+        /// entries within the bounds or not at all.
+        #[test]
+        fn any_message_decodes_or_is_refused_without_panicking(
+            junk in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..512),
+            flips in proptest::collection::vec((0usize..4096, proptest::prelude::any::<u8>()), 0..8),
+        ) {
+            let _ = decode(&junk);
+            let mut m = message_header(3);
+            let entries = [entry("gpus", "http://10.0.0.1:8000", 40), entry("p", "h:1", 3)];
+            for e in &entries {
+                proptest::prop_assert!(encode_entry(&mut m, e));
+            }
+            for (at, byte) in flips {
+                let len = m.len();
+                m[at % len] ^= byte;
+            }
+            if let Some((_, got)) = decode(&m) {
+                for e in got {
+                    proptest::prop_assert!(e.chain.len() <= MAX_BLOCKS);
+                }
+            }
+        }
+    }
 }

@@ -13,7 +13,8 @@
 //! every proxy); sharing carries the rest, a few milliseconds late.
 //!
 //! Off the request path: a grant puts the entry in a bounded queue
-//! ([`QUEUE`] entries; when full, entries are dropped and counted, a
+//! ([`QUEUE`] entries and [`MAX_QUEUED_BYTES`]; when full, entries are
+//! dropped and counted, a
 //! proxy's own placement is unaffected); a task publishes them in batches
 //! of at most [`MAX_MESSAGE_BYTES`] every [`FLUSH_EVERY`]; another
 //! subscribes and applies what others sent (its own messages, recognised
@@ -28,7 +29,7 @@
 //! pending work until drained), the block count (u16) and the blocks (u64
 //! each). A message that does not parse is dropped whole.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -38,15 +39,19 @@ use crate::config::ConfigStore;
 
 /// Entries waiting to be published, at most.
 pub(crate) const QUEUE: usize = 4096;
+/// Bytes those entries may hold, at most (a chain of 512 blocks is 4 KiB;
+/// [`QUEUE`] of the longest, 4,096 blocks, would be 128 MiB).
+pub(crate) const MAX_QUEUED_BYTES: usize = 4 * 1024 * 1024;
 /// The largest message published or accepted.
 pub(crate) const MAX_MESSAGE_BYTES: usize = 256 * 1024;
 /// How often queued entries are published.
 pub(crate) const FLUSH_EVERY: Duration = Duration::from_millis(5);
-/// The most blocks an entry carries (a policy's `prefix_max_blocks` is at
-/// most this).
-pub(crate) const MAX_BLOCKS: usize = 4096;
+/// The most blocks an entry carries: as many as a policy may hash.
+pub(crate) const MAX_BLOCKS: usize = router_policy::engine_aware::MAX_PREFIX_BLOCKS;
 
 const MAGIC: &[u8; 3] = b"PX1";
+/// A message's header: the magic and the sender's id.
+const HEADER_LEN: usize = MAGIC.len() + 8;
 
 /// One placement: `pool` sent a prompt with `chain` to `endpoint`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -58,9 +63,18 @@ pub(crate) struct Learned {
     pub(crate) uncached: u32,
 }
 
+impl Learned {
+    /// What it holds, for the queue's byte budget.
+    fn bytes(&self) -> usize {
+        self.pool.len() + self.endpoint.len() + 8 * self.chain.len()
+    }
+}
+
 /// The proxy's side of the sharing: where grants put what they learned.
 pub(crate) struct PrefixShare {
     tx: tokio::sync::mpsc::Sender<Learned>,
+    /// Bytes of the entries queued ([`MAX_QUEUED_BYTES`]).
+    queued: Arc<AtomicUsize>,
     dropped: AtomicU64,
     /// What the tasks need, taken when the first pool with prefix
     /// affinity asks ([`PrefixShare::activate`]): a proxy without such a
@@ -74,6 +88,7 @@ struct Start {
     channel: String,
     config: std::sync::Weak<ConfigStore>,
     rx: tokio::sync::mpsc::Receiver<Learned>,
+    queued: Arc<AtomicUsize>,
     runtime: tokio::runtime::Handle,
 }
 
@@ -92,7 +107,14 @@ impl PrefixShare {
             chain: chain[..chain.len().min(MAX_BLOCKS)].to_vec(),
             uncached: u32::try_from(uncached).unwrap_or(u32::MAX),
         };
-        if self.tx.try_send(entry).is_err() && self.dropped.fetch_add(1, Ordering::Relaxed) == 0 {
+        let bytes = entry.bytes();
+        if reserve(&self.queued, bytes) {
+            if self.tx.try_send(entry).is_ok() {
+                return;
+            }
+            self.queued.fetch_sub(bytes, Ordering::Relaxed);
+        }
+        if self.dropped.fetch_add(1, Ordering::Relaxed) == 0 {
             tracing::warn!(
                 "prefix sharing: the publish queue is full; placements are not shared until it drains"
             );
@@ -110,14 +132,17 @@ impl PrefixShare {
     ) -> Option<Arc<Self>> {
         let (tx, rx) = tokio::sync::mpsc::channel(QUEUE);
         let runtime = tokio::runtime::Handle::try_current().ok()?;
+        let queued = Arc::new(AtomicUsize::new(0));
         Some(Arc::new(Self {
             tx,
+            queued: Arc::clone(&queued),
             dropped: AtomicU64::new(0),
             start: std::sync::Mutex::new(Some(Start {
                 client,
                 channel,
                 config: Arc::downgrade(config),
                 rx,
+                queued,
                 runtime,
             })),
         }))
@@ -129,12 +154,27 @@ impl PrefixShare {
         let start = self.start.lock().unwrap_or_else(|e| e.into_inner()).take();
         if let Some(s) = start {
             let sender = crate::random::u64();
-            s.runtime
-                .spawn(publish(s.client.clone(), s.channel.clone(), sender, s.rx));
+            s.runtime.spawn(publish(
+                s.client.clone(),
+                s.channel.clone(),
+                sender,
+                s.rx,
+                s.queued,
+            ));
             s.runtime
                 .spawn(subscribe(s.client, s.channel, sender, s.config));
         }
     }
+}
+
+/// Takes `bytes` of the queue's budget; false (and nothing taken) when
+/// they do not fit.
+fn reserve(queued: &AtomicUsize, bytes: usize) -> bool {
+    if queued.fetch_add(bytes, Ordering::Relaxed) + bytes <= MAX_QUEUED_BYTES {
+        return true;
+    }
+    queued.fetch_sub(bytes, Ordering::Relaxed);
+    false
 }
 
 /// Appends `entry` to a message being built; false (and nothing written)
@@ -217,14 +257,20 @@ async fn publish(
     channel: String,
     sender: u64,
     mut rx: tokio::sync::mpsc::Receiver<Learned>,
+    queued: Arc<AtomicUsize>,
 ) {
     let mut conn: Option<redis::aio::MultiplexedConnection> = None;
     let mut carried: Option<Learned> = None;
+    // Out of the queue: its bytes leave the budget.
+    let taken = |e: Learned| {
+        queued.fetch_sub(e.bytes(), Ordering::Relaxed);
+        e
+    };
     loop {
         let first = match carried.take() {
             Some(e) => e,
             None => match rx.recv().await {
-                Some(e) => e,
+                Some(e) => taken(e),
                 None => return,
             },
         };
@@ -234,14 +280,14 @@ async fn publish(
         while let Some(entry) = next.take() {
             if !encode_entry(&mut message, &entry) {
                 // Too big for what is left of this message: the next one.
-                if message.len() > 11 {
+                if message.len() > HEADER_LEN {
                     carried = Some(entry);
                 }
                 break;
             }
-            next = rx.try_recv().ok();
+            next = rx.try_recv().ok().map(taken);
         }
-        if message.len() <= 11 {
+        if message.len() <= HEADER_LEN {
             continue;
         }
         if conn.is_none() {
@@ -326,6 +372,22 @@ mod tests {
                 .collect(),
             uncached: 1234,
         }
+    }
+
+    #[test]
+    fn the_queue_holds_at_most_its_byte_budget() {
+        let queued = AtomicUsize::new(0);
+        let longest = entry("gpus", "http://10.0.0.1:8000", MAX_BLOCKS as u64).bytes();
+        let mut kept = 0;
+        while reserve(&queued, longest) {
+            kept += 1;
+        }
+        assert_eq!(kept, MAX_QUEUED_BYTES / longest);
+        assert!(kept < QUEUE, "the bytes bind before the count");
+        assert!(queued.load(Ordering::Relaxed) <= MAX_QUEUED_BYTES);
+        // Taken out of the queue, an entry's bytes make room again.
+        queued.fetch_sub(longest, Ordering::Relaxed);
+        assert!(reserve(&queued, longest));
     }
 
     #[test]

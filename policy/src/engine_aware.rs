@@ -112,6 +112,13 @@ pub const DEFAULT_CACHE_TOKENS: u64 = 65_536;
 /// expected time to first token within this fraction of its, are near
 /// ties, taken in turn ([`pick`]).
 pub const NEAR_BEST: f64 = 0.1;
+/// The most blocks a prompt may be hashed in (`prefix_max_blocks`; the
+/// fleet's shared placements carry at most this many).
+pub const MAX_PREFIX_BLOCKS: usize = 4096;
+/// The most blocks one endpoint's index holds, whatever its engine
+/// reports: 256 Ki blocks, a 16M-token cache at 64 tokens a block, about
+/// 17 MiB resident (67 bytes a block, docs/benchmarks.md).
+pub const MAX_INDEX_BLOCKS: usize = 1 << 18;
 /// Default [`PrefixAffinity::new_prefix_slack`].
 pub const DEFAULT_NEW_PREFIX_SLACK: f64 = 0.25;
 
@@ -176,9 +183,9 @@ impl PrefixAffinity {
             .or(self.cache_tokens)
             .unwrap_or(DEFAULT_CACHE_TOKENS);
         let blocks = (tokens as f64 / self.block_tokens()).ceil();
-        // At most 4 Mi blocks (a 1 GiB-of-text cache): the index is bounded
+        // At most [`MAX_INDEX_BLOCKS`]: the index is bounded in bytes
         // whatever an engine reports.
-        (blocks as usize).clamp(1, 1 << 22)
+        (blocks as usize).clamp(1, MAX_INDEX_BLOCKS)
     }
 }
 
@@ -488,117 +495,13 @@ pub fn pick(
     // Only preferred endpoints compete when some are open.
     let candidate =
         |i: usize| estimates[i].is_some() && (!any_preferred || endpoints[i].base.preferred);
-    let best_unit = endpoints
-        .iter()
-        .filter_map(|e| e.unit)
-        .filter(|u| u.is_finite() && *u > 0.0)
-        .reduce(f64::min);
-    let unit_of = |i: usize| {
-        endpoints[i]
-            .unit
-            .filter(|u| u.is_finite() && *u > 0.0)
-            .or(best_unit)
-            .unwrap_or(1.0)
-    };
-
+    let unit_of = |i: usize| unit_for(endpoints, i);
     if let (Some(pm), Some(affinity)) = (prefix, settings.affinity) {
         if pm.matched_blocks.len() == n {
-            let c = affinity.load_factor;
-            let loads: Vec<Option<u32>> = (0..n)
-                .map(|i| candidate(i).then(|| estimates[i].map_or(0, |e| e.load)))
+            let open: Vec<Option<Estimate>> = (0..n)
+                .map(|i| estimates[i].filter(|_| candidate(i)))
                 .collect();
-            let open = loads.iter().flatten().count();
-            if open == 0 {
-                return None;
-            }
-            let total: u64 = loads.iter().flatten().map(|l| u64::from(*l)).sum::<u64>() + 1;
-            let bound = (c * total as f64 / open as f64).ceil() as u64;
-            let within: Vec<Option<u32>> = loads
-                .iter()
-                .map(|l| l.filter(|l| u64::from(*l) < bound))
-                .collect();
-            let score = |i: usize| {
-                let est = estimates[i]?;
-                let held = (pm.matched_blocks[i] as f64 * pm.block_tokens) as u64;
-                let uncached = pm.prompt_tokens.saturating_sub(held);
-                let unit = unit_of(i);
-                Some(Scored {
-                    endpoint: i,
-                    matched_blocks: pm.matched_blocks[i],
-                    ttft_s: endpoints[i].cost(&est, unit) + unit * uncached as f64,
-                })
-            };
-            let (mut best, mut second): (Option<Scored>, Option<Scored>) = (None, None);
-            for k in 0..n {
-                let i = rotation.wrapping_add(k) % n;
-                let Some(s) = within[i].and_then(|_| score(i)) else {
-                    continue;
-                };
-                if best.is_none_or(|b| s.ttft_s < b.ttft_s) {
-                    second = best;
-                    best = Some(s);
-                } else if second.is_none_or(|b| s.ttft_s < b.ttft_s) {
-                    second = Some(s);
-                }
-            }
-            let best = best?;
-            // Near ties holding as much of the prompt go in turn: proxies
-            // of a fleet that read the same scrape would otherwise all pick
-            // the same best between two scrapes (herding); each starts its
-            // turn at random. An endpoint holding more or less is never a
-            // tie: affinity is not diluted.
-            let near: Vec<Scored> = (0..n)
-                .filter_map(|i| within[i].and_then(|_| score(i)))
-                .filter(|s| {
-                    s.matched_blocks == best.matched_blocks
-                        && s.ttft_s <= best.ttft_s * (1.0 + NEAR_BEST)
-                })
-                .collect();
-            let (best, second) = match near.len() {
-                0 | 1 => (best, second),
-                k => {
-                    let chosen = near[rotation % k];
-                    let runner = if chosen.endpoint == best.endpoint {
-                        second
-                    } else {
-                        Some(best)
-                    };
-                    (chosen, runner)
-                }
-            };
-            if pm.matched_blocks.iter().all(|m| *m == 0) {
-                let home = pm.ring.choose_among(pm.anchor, &within, c).and_then(score);
-                if let Some(home) = home {
-                    let slack = affinity.new_prefix_slack.max(0.0)
-                        * unit_of(best.endpoint)
-                        * pm.prompt_tokens as f64;
-                    if home.ttft_s <= best.ttft_s + slack {
-                        let runner_up = if home.endpoint == best.endpoint {
-                            second
-                        } else {
-                            Some(best)
-                        };
-                        return Some(Picked {
-                            endpoint: home.endpoint,
-                            choice: Choice::Prefix(Placement::Home),
-                            chosen: Some(home),
-                            runner_up,
-                        });
-                    }
-                }
-                return Some(Picked {
-                    endpoint: best.endpoint,
-                    choice: Choice::Prefix(Placement::Scored),
-                    chosen: Some(best),
-                    runner_up: second,
-                });
-            }
-            return Some(Picked {
-                endpoint: best.endpoint,
-                choice: Choice::Prefix(Placement::Matched),
-                chosen: Some(best),
-                runner_up: second,
-            });
+            return pick_by_prefix(endpoints, &open, &pm, &affinity, rotation);
         }
     }
 
@@ -619,6 +522,132 @@ pub fn pick(
         choice: Choice::LowestCost,
         chosen: None,
         runner_up: None,
+    })
+}
+
+/// The seconds of prefill per token endpoint `i` is taken at: its own
+/// measurement, else the best of the pool's (optimistic, as untried
+/// endpoints are elsewhere), else 1.
+pub fn unit_for(endpoints: &[EngineLoad], i: usize) -> f64 {
+    let usable = |u: &f64| u.is_finite() && *u > 0.0;
+    endpoints[i]
+        .unit
+        .filter(usable)
+        .or_else(|| {
+            endpoints
+                .iter()
+                .filter_map(|e| e.unit)
+                .filter(usable)
+                .reduce(f64::min)
+        })
+        .unwrap_or(1.0)
+}
+
+impl EngineLoad {
+    /// The expected seconds to the first token of a prompt of
+    /// `prompt_tokens` here, `held_tokens` of them cached: the wait
+    /// ([`EngineLoad::cost`]) plus the prefill of the rest.
+    pub fn expected_ttft(
+        &self,
+        estimate: &Estimate,
+        unit: f64,
+        prompt_tokens: u64,
+        held_tokens: u64,
+    ) -> f64 {
+        self.cost(estimate, unit) + unit * prompt_tokens.saturating_sub(held_tokens) as f64
+    }
+}
+
+/// Longest-prefix affinity's pick ([`pick`]); `open[i]`: the estimate of
+/// an endpoint that may take the request.
+fn pick_by_prefix(
+    endpoints: &[EngineLoad],
+    open: &[Option<Estimate>],
+    pm: &PrefixMatch<'_>,
+    affinity: &PrefixAffinity,
+    rotation: usize,
+) -> Option<Picked> {
+    let n = endpoints.len();
+    let c = affinity.load_factor;
+    let loads: Vec<Option<u32>> = open.iter().map(|e| e.map(|e| e.load)).collect();
+    let count = loads.iter().flatten().count();
+    if count == 0 {
+        return None;
+    }
+    let total: u64 = loads.iter().flatten().map(|l| u64::from(*l)).sum::<u64>() + 1;
+    let bound = (c * total as f64 / count as f64).ceil() as u64;
+    let within: Vec<Option<u32>> = loads
+        .iter()
+        .map(|l| l.filter(|l| u64::from(*l) < bound))
+        .collect();
+    // Every endpoint within the bound, scored once, in turn order.
+    let scores: Vec<Scored> = (0..n)
+        .map(|k| rotation.wrapping_add(k) % n)
+        .filter(|&i| within[i].is_some())
+        .filter_map(|i| {
+            let est = open[i]?;
+            let held = (pm.matched_blocks[i] as f64 * pm.block_tokens) as u64;
+            Some(Scored {
+                endpoint: i,
+                matched_blocks: pm.matched_blocks[i],
+                ttft_s: endpoints[i].expected_ttft(
+                    &est,
+                    unit_for(endpoints, i),
+                    pm.prompt_tokens,
+                    held,
+                ),
+            })
+        })
+        .collect();
+    // The best, the first in turn order among equals.
+    let best = *scores
+        .iter()
+        .reduce(|b, s| if s.ttft_s < b.ttft_s { s } else { b })?;
+    // Near ties holding as much of the prompt go in turn: proxies of a
+    // fleet that read the same scrape would otherwise all pick the same
+    // best between two scrapes (herding); each starts its turn at random.
+    // An endpoint holding more or less is never a tie: affinity is not
+    // diluted.
+    let near: Vec<&Scored> = scores
+        .iter()
+        .filter(|s| {
+            s.matched_blocks == best.matched_blocks && s.ttft_s <= best.ttft_s * (1.0 + NEAR_BEST)
+        })
+        .collect();
+    let chosen = match near.len() {
+        0 => best,
+        k => *near[rotation % k],
+    };
+    // A prefix no endpoint holds goes home within the slack.
+    let mut placement = Placement::Matched;
+    let mut chosen = chosen;
+    if pm.matched_blocks.iter().all(|m| *m == 0) {
+        placement = Placement::Scored;
+        let home = pm
+            .ring
+            .choose_among(pm.anchor, &within, c)
+            .and_then(|h| scores.iter().find(|s| s.endpoint == h));
+        if let Some(home) = home {
+            let slack = affinity.new_prefix_slack.max(0.0)
+                * unit_for(endpoints, best.endpoint)
+                * pm.prompt_tokens as f64;
+            if home.ttft_s <= best.ttft_s + slack {
+                placement = Placement::Home;
+                chosen = *home;
+            }
+        }
+    }
+    // The runner-up: the best of the others.
+    let runner_up = scores
+        .iter()
+        .filter(|s| s.endpoint != chosen.endpoint)
+        .copied()
+        .reduce(|b, s| if s.ttft_s < b.ttft_s { s } else { b });
+    Some(Picked {
+        endpoint: chosen.endpoint,
+        choice: Choice::Prefix(placement),
+        chosen: Some(chosen),
+        runner_up,
     })
 }
 
@@ -780,27 +809,15 @@ pub fn explain(
         _ => None,
     };
     let picked = pick(&loads, settings, prefix, 0);
-    // Every endpoint's score, for the table (the chooser scores only those
-    // within the bound; the rest show none).
+    // Every unsaturated endpoint's score, for the table (the chooser
+    // scores only those within the bound, by the same rule).
     let scores: Vec<Option<f64>> = (0..endpoints.len())
         .map(|i| {
             let p = prefix?;
-            [
-                picked.and_then(|p| p.chosen),
-                picked.and_then(|p| p.runner_up),
-            ]
-            .into_iter()
-            .flatten()
-            .find(|s| s.endpoint == i)
-            .map(|s| s.ttft_s)
-            .or_else(|| {
-                let est = loads[i].estimate(settings);
-                (!est.saturated).then(|| {
-                    let unit = loads[i].unit.unwrap_or(1.0);
-                    let held = (p.matched_blocks[i] as f64 * p.block_tokens) as u64;
-                    loads[i].cost(&est, unit) + unit * p.prompt_tokens.saturating_sub(held) as f64
-                })
-            })
+            let est = loads[i].estimate(settings);
+            let held = (p.matched_blocks[i] as f64 * p.block_tokens) as u64;
+            (!est.saturated)
+                .then(|| loads[i].expected_ttft(&est, unit_for(&loads, i), p.prompt_tokens, held))
         })
         .collect();
     let why = match picked.map(|p| p.choice) {
@@ -1072,6 +1089,22 @@ mod tests {
         let mut q = ep(1, sig(2, 4, 0.1), 1);
         q.peer_sent = 4;
         assert!(q.estimate(&s).saturated);
+    }
+
+    #[test]
+    fn an_index_is_sized_from_the_engine_then_the_policy_and_bounded() {
+        let a = PrefixAffinity::default();
+        // 64 tokens a block: a 32,768-token cache is 512 blocks.
+        assert_eq!(a.index_blocks(Some(32_768)), 512);
+        let policy = PrefixAffinity {
+            cache_tokens: Some(6_400),
+            ..a
+        };
+        assert_eq!(policy.index_blocks(None), 100);
+        assert_eq!(policy.index_blocks(Some(640)), 10);
+        assert_eq!(a.index_blocks(None), (DEFAULT_CACHE_TOKENS / 64) as usize);
+        assert_eq!(a.index_blocks(Some(u64::MAX)), MAX_INDEX_BLOCKS);
+        assert_eq!(a.index_blocks(Some(0)), 1);
     }
 
     #[test]

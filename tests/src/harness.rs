@@ -130,6 +130,25 @@ impl TestProxy {
             .await
     }
 
+    /// [`TestProxy::with_policy`] with `redis` as its shared store,
+    /// returned once connected to it.
+    pub async fn on_store(
+        redis: &crate::redis::RedisServer,
+        settings: Settings,
+        yaml: &str,
+    ) -> Self {
+        let settings = Settings {
+            shared_store: Some(router_proxy::SharedStore::new(&redis.url()).expect("a store URL")),
+            ..settings
+        };
+        let proxy = Self::with_policy(settings, yaml).await;
+        eventually(Duration::from_secs(5), "store connected", || {
+            proxy.proxy.shared_store_connected()
+        })
+        .await;
+        proxy
+    }
+
     /// Starts a proxy routing by the policy `yaml` (given in-process,
     /// validated against `settings.guards` as the proxy would).
     pub async fn with_policy(settings: Settings, yaml: &str) -> Self {

@@ -29,6 +29,19 @@ pub async fn mock(name: &str, behavior: Behavior) -> MockModel {
     .await
 }
 
+/// A simulated vLLM engine (`Behavior::Engine`) with quick decode steps
+/// (5 ms, four tokens unless asked): prefill and prefix caching as
+/// modelled, answers in tens of milliseconds.
+pub async fn mock_engine(name: &str) -> MockModel {
+    let engine = router_mock::engine::EngineConfig {
+        decode_step_base: Duration::from_millis(5),
+        decode_step_per_seq: Duration::ZERO,
+        default_output_tokens: 4,
+        ..router_mock::engine::EngineConfig::default()
+    };
+    mock(name, Behavior::Engine(engine)).await
+}
+
 /// A mock named `name` that answers chat-completion JSON after `latency_ms`.
 pub async fn mock_latency(name: &str, latency_ms: u64) -> MockModel {
     start(MockConfig {

@@ -817,6 +817,15 @@ fn embeddings_answer(request: Option<&Value>, model: &str) -> Result<Value, &'st
     }))
 }
 
+/// A chat request's `messages` (OpenAI's and Anthropic's alike); none
+/// when absent.
+fn messages(json: Option<&Value>) -> &[Value] {
+    json.and_then(|j| j.get("messages"))
+        .and_then(Value::as_array)
+        .map(Vec::as_slice)
+        .unwrap_or_default()
+}
+
 #[cfg(test)]
 mod sse_tests {
     use super::*;

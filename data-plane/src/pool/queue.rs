@@ -271,7 +271,7 @@ impl PoolRuntime {
                 let picked = st.pick_engine_aware(prefix)?;
                 (picked.endpoint, None, Some(picked))
             }
-            None => (st.choose(None)?, None, None),
+            None => (st.choose()?, None, None),
         };
         // A session's home is where it was placed; a spill is a visit (the
         // session goes home once there is room, as on every other proxy).

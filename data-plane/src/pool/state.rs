@@ -377,7 +377,7 @@ impl PoolState {
                 .extend(out.filter(|(_, l)| !l.available).map(|(e, _)| e.id));
         }
         let p95 = self.latencies.p95(now, &self.left_out);
-        let free_now = self.queue.is_empty() && self.choose(None).is_some();
+        let free_now = self.queue.is_empty() && self.choose().is_some();
         let expected_wait = if free_now {
             Some(Duration::ZERO)
         } else {
@@ -390,13 +390,14 @@ impl PoolState {
         }
     }
 
-    /// The balancer's pick among [`Self::loads`] (fill them first), for a
-    /// request with this prompt chain (prefix affinity).
+    /// The balancer's pick among [`Self::loads`] (fill them first) for a
+    /// request without a prompt chain ([`Self::pick_engine_aware`] takes
+    /// one).
     #[inline]
-    pub(super) fn choose(&self, prefix: Option<&super::PrefixRequest>) -> Option<usize> {
+    pub(super) fn choose(&self) -> Option<usize> {
         let q = &self.settings.queue;
         if q.scoring == Scoring::EngineAware {
-            return self.pick_engine_aware(prefix).map(|p| p.endpoint);
+            return self.pick_engine_aware(None).map(|p| p.endpoint);
         }
         balance::choose(&self.loads, q.scoring, q.latency_threshold_s, self.rotation)
     }

@@ -670,6 +670,14 @@ fn engine_aware_errors_name_their_field() {
     let bad = text.replace("balance: engine_aware", "balance: fastest");
     let err = load(&bad, &QueueSettings::default()).unwrap_err();
     assert!(err.errors[0].field.contains("balance"), "{err}");
+    // A chain of more blocks than the fleet's messages carry is refused.
+    let long = "apiVersion: router/v1\nkind: RoutingPolicy\nspec:\n  pools:\n    - name: a\n      balance: engine_aware\n      engine_aware: {affinity: prefix, prefix_max_blocks: 4097}\n  routes:\n    - {name: r, chain: [a]}\n";
+    let err = load(long, &QueueSettings::default()).unwrap_err();
+    assert_eq!(
+        err.errors[0].field, "spec.pools[0].engine_aware.prefix_max_blocks",
+        "{err}"
+    );
+    assert!(err.errors[0].reason.contains("at most 4096"), "{err}");
 }
 
 #[test]

@@ -146,19 +146,6 @@ fn spend_key() -> String {
     )
 }
 
-async fn proxy_on(redis: &RedisServer, policy: &str) -> TestProxy {
-    let settings = Settings {
-        shared_store: Some(router_proxy::SharedStore::new(&redis.url()).unwrap()),
-        ..Settings::default()
-    };
-    let proxy = TestProxy::with_policy(settings, policy).await;
-    eventually(Duration::from_secs(5), "store connected", || {
-        proxy.proxy.shared_store_connected()
-    })
-    .await;
-    proxy
-}
-
 /// Runs the session against `proxy`: each turn checked (answered within
 /// the deadline, a well-formed Anthropic stream); the streams' summaries.
 async fn run_session(proxy: &TestProxy) -> Vec<router_dialect::check::Said> {
@@ -217,7 +204,12 @@ async fn a_claude_code_session_falls_over_from_an_overloaded_claude_to_a_local_p
     let redis = RedisServer::start("agent-session-529").await;
     let claude = mock("claude", Behavior::Status(529)).await;
     let local = mock("local", Behavior::Chat).await;
-    let proxy = proxy_on(&redis, &policy(&claude.url(), Some(&local.url()))).await;
+    let proxy = TestProxy::on_store(
+        &redis,
+        Settings::default(),
+        &policy(&claude.url(), Some(&local.url())),
+    )
+    .await;
     let said = run_session(&proxy).await;
 
     // Turn 0 called the tool, turn 1 answered from its result.
@@ -305,7 +297,8 @@ async fn a_claude_code_session_falls_over_from_an_overloaded_claude_to_a_local_p
 async fn a_claude_code_session_on_claude_counts_its_cached_prompt_once_at_its_own_prices() {
     let redis = RedisServer::start("agent-session-cache").await;
     let claude = mock("claude", Behavior::Anthropic).await;
-    let proxy = proxy_on(&redis, &policy(&claude.url(), None)).await;
+    let proxy =
+        TestProxy::on_store(&redis, Settings::default(), &policy(&claude.url(), None)).await;
     let said = run_session(&proxy).await;
     let lines = proxy.log.wait_for(3).await;
     let mut expected_spend = 0;

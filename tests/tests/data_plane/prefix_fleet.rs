@@ -8,26 +8,12 @@
 use std::time::Duration;
 
 use http::{Method, StatusCode};
-use router_mock::{Behavior, MOCK_NAME_HEADER};
+use router_mock::MOCK_NAME_HEADER;
 use router_proxy::Settings;
-use router_tests::harness::{eventually, TestProxy};
-use router_tests::mocks::mock;
+use router_tests::harness::TestProxy;
+use router_tests::mocks::mock_engine;
 use router_tests::redis::RedisServer;
 use serde_json::json;
-
-async fn proxy_on(redis: &RedisServer, policy: &str) -> TestProxy {
-    let settings = Settings {
-        shared_store: Some(router_proxy::SharedStore::new(&redis.url()).unwrap()),
-        admin_token: Some("admin".into()),
-        ..Settings::default()
-    };
-    let proxy = TestProxy::with_policy(settings, policy).await;
-    eventually(Duration::from_secs(5), "store connected", || {
-        proxy.proxy.shared_store_connected()
-    })
-    .await;
-    proxy
-}
 
 async fn explain(proxy: &TestProxy, prompt: &str) -> serde_json::Value {
     let r = proxy
@@ -45,16 +31,9 @@ async fn explain(proxy: &TestProxy, prompt: &str) -> serde_json::Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn what_one_proxy_learns_of_a_conversation_the_other_routes_by() {
-    use router_mock::engine::EngineConfig;
-    let engine = EngineConfig {
-        decode_step_base: Duration::from_millis(5),
-        decode_step_per_seq: Duration::ZERO,
-        default_output_tokens: 4,
-        ..EngineConfig::default()
-    };
     let mut engines = Vec::new();
     for name in ["gpu-a", "gpu-b", "gpu-c"] {
-        engines.push(mock(name, Behavior::Engine(engine.clone())).await);
+        engines.push(mock_engine(name).await);
     }
     let urls: Vec<String> = engines.iter().map(|e| format!("\"{}\"", e.url())).collect();
     let policy = format!(
@@ -62,8 +41,12 @@ async fn what_one_proxy_learns_of_a_conversation_the_other_routes_by() {
         urls.join(", ")
     );
     let redis = RedisServer::start("prefix-fleet").await;
-    let a = proxy_on(&redis, &policy).await;
-    let b = proxy_on(&redis, &policy).await;
+    let admin = || Settings {
+        admin_token: Some("admin".into()),
+        ..Settings::default()
+    };
+    let a = TestProxy::on_store(&redis, admin(), &policy).await;
+    let b = TestProxy::on_store(&redis, admin(), &policy).await;
     tokio::time::sleep(Duration::from_millis(120)).await;
 
     let system = "You are a careful assistant who plans trips. ".repeat(30);

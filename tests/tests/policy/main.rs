@@ -680,15 +680,8 @@ async fn explain_answers_without_sending_anything() {
 /// explain shows the engines' signals it goes by.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn engine_aware_affinity_keeps_a_conversation_on_one_engine_and_explain_shows_the_signals() {
-    use router_mock::engine::EngineConfig;
-    let engine = EngineConfig {
-        decode_step_base: Duration::from_millis(5),
-        decode_step_per_seq: Duration::ZERO,
-        default_output_tokens: 4,
-        ..EngineConfig::default()
-    };
-    let a = mock("gpu-a", Behavior::Engine(engine.clone())).await;
-    let b = mock("gpu-b", Behavior::Engine(engine)).await;
+    let a = router_tests::mocks::mock_engine("gpu-a").await;
+    let b = router_tests::mocks::mock_engine("gpu-b").await;
     let policy = format!(
         r#"apiVersion: router/v1
 kind: RoutingPolicy

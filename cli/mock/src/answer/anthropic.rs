@@ -23,11 +23,7 @@ pub(super) fn anthropic_text(content: Option<&Value>) -> String {
 
 /// [`Behavior::Anthropic`]'s reply to the request `json` (the `n`-th).
 pub(super) fn anthropic_reply(json: Option<&Value>, n: u64) -> ChatReply {
-    let messages = json
-        .and_then(|j| j.get("messages"))
-        .and_then(Value::as_array)
-        .map(Vec::as_slice)
-        .unwrap_or_default();
+    let messages = super::messages(json);
     let last = messages.last();
     let has_tool_result = last
         .and_then(|m| m.get("content"))

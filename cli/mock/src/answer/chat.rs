@@ -41,11 +41,7 @@ pub(super) fn message_text(message: &Value) -> String {
 
 /// [`Behavior::Chat`]'s reply to the request `json` (the `n`-th).
 pub(super) fn chat_reply(json: Option<&Value>, n: u64) -> ChatReply {
-    let messages = json
-        .and_then(|j| j.get("messages"))
-        .and_then(Value::as_array)
-        .map(Vec::as_slice)
-        .unwrap_or_default();
+    let messages = super::messages(json);
     let last = messages.last();
     pub(super) fn role(m: Option<&Value>) -> Option<&str> {
         m.and_then(|m| m.get("role")).and_then(Value::as_str)

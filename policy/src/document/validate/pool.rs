@@ -2,6 +2,7 @@
 //! dialect, health checks, ejection, balancing and capacity probe, queue.
 
 use super::*;
+use crate::engine_aware::MAX_PREFIX_BLOCKS;
 
 /// One pool: endpoints, limits, model, gates, prices, API key, capacity
 /// probe, queue (inherited from `spec.queue`, field by field).
@@ -371,9 +372,6 @@ fn price(p: Option<&PriceSpec>, at: &str, errs: &mut Errors) -> Price {
     }
     price
 }
-
-/// The most blocks a prompt is hashed in.
-const MAX_PREFIX_BLOCKS: usize = 4096;
 
 /// A pool's engine-aware settings over the defaults.
 fn engine_aware(e: &EngineAwareSpec, at: &str, errs: &mut Errors) -> EngineAware {

@@ -448,7 +448,12 @@ impl PoolState {
         let Some(e) = self.endpoints.get_mut(i) else {
             return (None, None);
         };
-        let held = (e.prefix_matched(&req.chain) as f64 * affinity.block_tokens()) as u64;
+        // What the pick matched there, else (a session placed it) a match.
+        let matched = placed
+            .and_then(|p| p.chosen)
+            .filter(|c| c.endpoint == i)
+            .map_or_else(|| e.prefix_matched(&req.chain), |c| c.matched_blocks);
+        let held = (matched as f64 * affinity.block_tokens()) as u64;
         let uncached = req.prompt_tokens.saturating_sub(held).max(1);
         let capacity = affinity.index_blocks(e.probe.as_ref().and_then(|p| p.cache_tokens));
         e.prefix_record(&req.chain, capacity);

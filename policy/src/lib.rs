@@ -36,6 +36,8 @@
 //!   key with a fresh id; a proxy that saw one epoch and finds another).
 //! - [`structured`]: structured-output (JSON schema) checks of answers.
 //! - [`tenant`]: who is calling (hashed keys) and what they may ask for.
+//! - [`walk`]: the request's walk along its chain as a pure state machine
+//!   (which pool, hedge, in-pool retry, retry budget, how it ends).
 
 #![forbid(unsafe_code)]
 
@@ -62,6 +64,7 @@ pub mod stream;
 pub mod structured;
 pub mod tenant;
 pub mod usage;
+pub mod walk;
 
 pub use approval::{ApprovalKey, Refusal};
 pub use balance::{EndpointLoad, Scoring};

@@ -75,4 +75,4 @@ pub use document::{
 pub use endpoint::{Endpoint, EndpointError, Scheme};
 pub use fallback::{next_step, Step, StopReason};
 pub use guard::{EnvAllowList, GuardError, Guards, HostAllowList};
-pub use outcome::Outcome;
+pub use outcome::{AttemptEnding, Outcome, SampleKind};

@@ -13,6 +13,10 @@
 //! - [`Outcome::is_shed`]: the router's own load-shedding answers, which
 //!   never reached a backend and are counted as sheds.
 //!
+//! [`AttemptEnding`] classifies what the proxy saw of an attempt (a
+//! status, a send error, a late first token...) into its outcome and the
+//! latency sample it feeds, so those rules are not spread through I/O code.
+//!
 //! The labels are part of the contract (the route log and the
 //! `router_requests_total{outcome}` label); [`Outcome::ALL`] lists them all
 //! and the tests pin each one.
@@ -260,6 +264,111 @@ impl Outcome {
     }
 }
 
+/// How one attempt ended, as the proxy saw it. Each ending is one
+/// [`Outcome`] and feeds one latency sample ([`SampleKind`]): the proxy
+/// names what happened, this says what it counts as.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttemptEnding {
+    /// An answer (a whole one, or a stream's first token).
+    Answered,
+    /// The upstream request could not be made: never sent.
+    NotSent,
+    /// The connection could not be made.
+    ConnectFailed,
+    /// The connection broke after the request may have been written, or
+    /// the answer could not be read.
+    Broken,
+    /// No answer inside the attempt's time.
+    TimedOut,
+    /// The backend answered 429.
+    RateLimited,
+    /// The backend answered 5xx.
+    ServerError,
+    /// A stream's first token came too late.
+    FirstTokenLate,
+    /// A stream reported an error inside its 200 before its first token.
+    ErrorInStream,
+    /// A 2xx answer that is not JSON: the endpoint's failure.
+    NotJson,
+    /// JSON that is not the structure asked for: the endpoint did answer
+    /// (the structured degrade's business, not the circuit's).
+    OffSchema,
+    /// An answer the client's dialect cannot take: the endpoint did answer.
+    Untranslatable,
+    /// The losing attempt of a hedge, cancelled by the router.
+    Cancelled,
+}
+
+/// What an attempt's ending adds to its endpoint's latency and circuit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SampleKind {
+    /// Answered: its latency counts, the circuit sees a success.
+    Success,
+    /// Failed: no latency, the circuit sees a failure.
+    Failure,
+    /// Timed out: its wait counts (at the timeout), the circuit sees a failure.
+    Timeout,
+    /// A 429: the circuit may rest the endpoint for its `Retry-After`.
+    RateLimited,
+    /// Cancelled by the router: a lower bound of its latency, no failure.
+    Cancelled,
+}
+
+impl AttemptEnding {
+    /// The ending of an answer with this HTTP status, when it is a failure
+    /// (`None`: 2xx to 4xx other than 429, passed on).
+    pub const fn of_status(status: u16) -> Option<Self> {
+        match status {
+            429 => Some(Self::RateLimited),
+            500..=599 => Some(Self::ServerError),
+            _ => None,
+        }
+    }
+
+    /// The ending of a request that could not be sent or whose answer's
+    /// head never came: `connect` when the connection itself failed.
+    pub const fn of_send_error(connect: bool) -> Self {
+        if connect {
+            Self::ConnectFailed
+        } else {
+            Self::Broken
+        }
+    }
+
+    /// The outcome the attempt records.
+    pub const fn outcome(self) -> Outcome {
+        match self {
+            Self::Answered => Outcome::Ok,
+            Self::NotSent => Outcome::InvalidRequest,
+            Self::ConnectFailed => Outcome::ConnectError,
+            Self::Broken => Outcome::UpstreamError,
+            Self::TimedOut => Outcome::Timeout,
+            Self::RateLimited => Outcome::Status429,
+            Self::ServerError => Outcome::Status5xx,
+            Self::FirstTokenLate => Outcome::FirstTokenTimeout,
+            Self::ErrorInStream => Outcome::StreamError,
+            Self::NotJson | Self::OffSchema | Self::Untranslatable => Outcome::MalformedJson,
+            Self::Cancelled => Outcome::HedgeCancelled,
+        }
+    }
+
+    /// The latency sample it feeds (`None`: nothing was sent).
+    pub const fn sample(self) -> Option<SampleKind> {
+        match self {
+            Self::NotSent => None,
+            Self::Answered | Self::OffSchema | Self::Untranslatable => Some(SampleKind::Success),
+            Self::TimedOut | Self::FirstTokenLate => Some(SampleKind::Timeout),
+            Self::RateLimited => Some(SampleKind::RateLimited),
+            Self::Cancelled => Some(SampleKind::Cancelled),
+            Self::ConnectFailed
+            | Self::Broken
+            | Self::ServerError
+            | Self::ErrorInStream
+            | Self::NotJson => Some(SampleKind::Failure),
+        }
+    }
+}
+
 impl fmt::Display for Outcome {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
@@ -275,6 +384,45 @@ impl Serialize for Outcome {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn statuses_and_send_errors_are_classified() {
+        assert_eq!(
+            AttemptEnding::of_status(429),
+            Some(AttemptEnding::RateLimited)
+        );
+        for s in [500, 502, 503, 529, 599] {
+            assert_eq!(
+                AttemptEnding::of_status(s),
+                Some(AttemptEnding::ServerError)
+            );
+        }
+        for s in [200, 201, 400, 404, 422, 499] {
+            assert_eq!(AttemptEnding::of_status(s), None);
+        }
+        assert_eq!(
+            AttemptEnding::of_send_error(true).outcome(),
+            Outcome::ConnectError
+        );
+        assert_eq!(
+            AttemptEnding::of_send_error(false).outcome(),
+            Outcome::UpstreamError
+        );
+    }
+
+    #[test]
+    fn an_endpoint_that_answered_is_never_sampled_as_failed() {
+        use AttemptEnding::*;
+        for e in [Answered, OffSchema, Untranslatable] {
+            assert_eq!(e.sample(), Some(SampleKind::Success), "{e:?}");
+        }
+        // The same outcome, two samples: the endpoint's fault or not.
+        assert_eq!(NotJson.outcome(), OffSchema.outcome());
+        assert_eq!(NotJson.sample(), Some(SampleKind::Failure));
+        assert_eq!(NotSent.sample(), None);
+        assert_eq!(FirstTokenLate.sample(), Some(SampleKind::Timeout));
+        assert_eq!(Cancelled.sample(), Some(SampleKind::Cancelled));
+    }
 
     #[test]
     fn labels_are_the_contract() {

@@ -33,7 +33,7 @@
 //!   READ and DRAFT requests, only on a route with a retry budget; the
 //!   second attempt's delay is fixed or the pool's p95, its target the same
 //!   pool or the next ready one. Starting it draws on the budget
-//!   ([`Walk::hedge_due`]).
+//!   ([`hedge_may_start`]).
 //! - **After a failure** ([`Walk::ended`]): [`crate::fallback::next_step`]
 //!   says stop or move on; moving on first retries inside the pool (another
 //!   endpoint ready at once, time left, not after a hedge), and any extra
@@ -473,13 +473,6 @@ impl<'r> Walk<'r> {
         }
     }
 
-    /// Whether the hedge of the attempt out may start now: it draws on
-    /// the retry budget. False: the attempt goes on alone (and the proxy
-    /// says the budget refused it).
-    pub fn hedge_due(&mut self, pools: &impl Pools) -> bool {
-        pools.draw_retry_budget()
-    }
-
     /// The endpoints of the current pool that failed (a retry avoids them).
     pub fn tried(&self) -> &[u64] {
         &self.tried
@@ -666,6 +659,13 @@ impl<'r> Walk<'r> {
             reached: self.reached,
         }))
     }
+}
+
+/// Whether the hedge of an attempt may start now, its delay passed
+/// without a first token: it draws on the route's retry budget. False: the
+/// attempt goes on alone (and the proxy says the budget refused it).
+pub fn hedge_may_start(pools: &impl Pools) -> bool {
+    pools.draw_retry_budget()
 }
 
 /// What [`ending`] decides from.

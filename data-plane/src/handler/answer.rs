@@ -87,11 +87,6 @@ impl Pending {
         self.record.get_or_insert_with(Box::default)
     }
 
-    /// The record so far, to read.
-    pub(super) fn record_ref(&self) -> Option<&RouteRecord> {
-        self.record.as_deref()
-    }
-
     /// Takes the record to finish it elsewhere; the drop guard is off.
     fn take_record(&mut self) -> Box<RouteRecord> {
         self.record.take().unwrap_or_default()

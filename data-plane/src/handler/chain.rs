@@ -25,22 +25,24 @@
 //! backend.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::HeaderMap;
 use http::{Method, Response};
 use opentelemetry::trace::TraceContextExt;
 use opentelemetry::KeyValue;
-use router_policy::deadline::{plan_attempt, AttemptPlan, Budget};
-use router_policy::document::{HedgeDelay, HedgeTarget};
 use router_policy::idempotency::Ending;
-use router_policy::{next_step, Outcome, Risk, Route, Step, StopReason};
+use router_policy::walk::{
+    Action, Availability, Ended, Pools, Ready, Signal, TryPlan, Walk, WalkEnd, WalkOptions,
+};
+use router_policy::{Outcome, Risk, Route};
 use tokio::time::Instant;
 
 use super::answer::Pending;
 use super::attempt::{Attempt, AttemptEnd, Held};
 use super::ProxyBody;
-use crate::config::Snapshot;
+use crate::config::{RouteBudget, Snapshot};
 use crate::error::ProxyError;
 use crate::forward::UpstreamClient;
 use crate::idempotency::{KeyLease, StoredAnswer};
@@ -91,7 +93,8 @@ pub(super) struct Exchange {
 }
 
 impl Exchange {
-    /// Tries the decision's pools in order. (An `async move` block, like
+    /// Walks the decision's pools as [`Walk`] says: the executor of the
+    /// walk, with no decision of its own. (An `async move` block, like
     /// [`super::handle`], so that `self` and `pending` are kept once.)
     #[allow(clippy::manual_async_fn)] // on purpose: see `handle`
     pub(super) fn walk_chain<'r>(
@@ -101,423 +104,198 @@ impl Exchange {
         mut leader: Option<KeyLease>,
     ) -> impl std::future::Future<Output = Response<ProxyBody>> + 'r {
         async move {
-            // The decision's candidates (chain positions) and their pools,
-            // looked up as they are needed: no list is built per request.
-            let candidates = &self.candidates;
-            let pools = &self.snapshot.pools;
-            let pool_at = |k: &usize| route.chain.get(*k).and_then(|name| pools.get(name));
-            // The decision's own skips are already in the reason.
-            let mut decided = std::mem::take(&mut pending.rec().reason);
-            let mut notes: Vec<String> = Vec::new();
-            let mut held: Option<(Held, AttemptRecord)> = None;
-            let mut last_error: Option<ProxyError> = None;
-            let mut time_skips = 0;
-            let mut attempted = 0usize;
+            let candidates = std::mem::take(&mut self.candidates);
+            let snapshot = Arc::clone(&self.snapshot);
             // The route's retry budget: this request pays in; retries and
             // hedges draw on it.
-            let retry_budget = self.snapshot.budget_of(route);
-            if let Some(b) = &retry_budget {
+            let budget = snapshot.budget_of(route);
+            if let Some(b) = budget {
                 b.deposit(pending.t0);
             }
-            // A pool the hedge already tried is not tried again.
-            let mut hedged_into: Option<&str> = None;
-
-            'walk: for (i, k) in candidates.iter().enumerate() {
-                let Some(pool) = pool_at(k) else {
-                    continue;
-                };
-                let later = || candidates[i + 1..].iter().filter_map(pool_at);
-                let name = pool.name();
-                if hedged_into == Some(name) {
-                    notes.push(format!("{name}: tried as the hedge"));
-                    continue;
-                }
-                let now = Instant::now();
-                let outlook = match pool.ready_outlook_marked_at(now) {
-                    Ok((o, only_marked)) => {
-                        // Every endpoint suspect or ejected: down for this
-                        // walk when a later pool is clean
-                        // (`router_policy::health::pass_over_marked_pool`).
-                        let clean_later = || {
-                            later()
-                                .any(|p| matches!(p.ready_outlook_marked_at(now), Ok((_, false))))
-                        };
-                        if only_marked
-                            && router_policy::health::pass_over_marked_pool(
-                                only_marked,
-                                route.fallback,
-                                clean_later(),
-                            )
-                        {
-                            notes.push(format!(
-                                "{name}: skipped, every endpoint suspect or ejected and a later pool is clean"
-                            ));
-                            continue;
-                        }
-                        o
-                    }
-                    Err(unavailable) => {
-                        notes.push(format!("{name}: {}", unavailable.as_str()));
-                        continue;
-                    }
-                };
-                // The outlook of the next pool that could take the request, if
-                // this one fails (looked up lazily: only the first available
-                // one matters).
-                let next = if route.fallback {
-                    later().find_map(|p| p.ready_outlook_at(now).ok())
-                } else {
-                    None
-                };
-                let policy_pool = self.snapshot.policy.pool(name);
-                let budget = Budget {
-                    remaining: self.deadline_at.map(|d| d.saturating_duration_since(now)),
-                    attempt_timeout: policy_pool
-                        .and_then(|p| p.attempt_timeout)
-                        .or(route.attempt_timeout),
-                    next_p95: next.and_then(|o| o.p95),
-                    last_candidate: next.is_none(),
-                };
-                let timeout = match plan_attempt(budget, outlook) {
-                    AttemptPlan::Skip(why) => {
-                        time_skips += 1;
-                        notes.push(format!("{name}: skipped, {why}"));
-                        continue;
-                    }
-                    // Without a deadline or a configured timeout, the
-                    // process's default bounds the attempt (not the plan:
-                    // it skips nothing), so a silent backend cannot hold a
-                    // request forever.
-                    AttemptPlan::Try { timeout } => {
-                        timeout.or(Some(self.shared.settings.attempt_timeout))
-                    }
-                };
-                // Attempts on this pool: the first, then retries on its other
-                // endpoints (`tried` holds the endpoints that failed).
-                let mut tried: Vec<u64> = Vec::new();
-                let mut attempt_now = now;
-                loop {
-                    // A new attempt: the failure answer kept so far is dropped
-                    // (its upstream connection closes).
-                    held = None;
-                    attempted += 1;
-                    if attempted == 1 {
-                        let rec = pending.rec();
-                        rec.first_route = Some(Arc::clone(pool.shared_name()));
-                        if *k != 0 {
-                            rec.primary_passed_over = route.chain.first().map(|p| Arc::from(&**p));
-                        }
-                    }
-                    // The client's headers go to the last attempt there can be as
-                    // they are; earlier ones send a copy. On a parking route
-                    // the last one sends a copy too: a request that every
-                    // pool refused is parked with its headers.
-                    let more_in_pool =
-                        policy_pool.map_or(0, |p| p.endpoints.len()) > tried.len() + 1;
-                    let may_park = self.park.as_ref().is_some_and(|p| !p.run);
-                    let last_chance =
-                        (!route.fallback || later().next().is_none()) && !more_in_pool && !may_park;
-                    let headers = if last_chance {
-                        std::mem::take(&mut self.headers)
-                    } else {
-                        self.headers.clone()
-                    };
-                    // The first attempt of a READ or DRAFT request on a route
-                    // that hedges: the second attempt's delay and pool.
-                    let hedge = match (route.hedge, retry_budget) {
-                        (Some(h), Some(b)) if attempted == 1 && !self.risk.has_side_effects() => {
-                            let after = match h.after {
-                                HedgeDelay::Fixed(d) => Some(d),
-                                HedgeDelay::PoolP95 => outlook.p95,
-                            };
-                            let to = match h.to {
-                                HedgeTarget::SamePool => Some(pool),
-                                HedgeTarget::NextPool => {
-                                    later().find(|p| p.ready_outlook_at(now).is_ok())
-                                }
-                            };
-                            after.zip(to).map(|(after, to)| super::hedge::Hedge {
-                                after,
-                                to,
-                                same_pool: h.to == HedgeTarget::SamePool,
-                                budget: b,
-                            })
-                        }
-                        _ => None,
-                    };
-                    let attempt = Attempt {
-                        pool,
-                        planned_at: attempt_now,
-                        deadline: attempt_deadline(attempt_now, timeout, self.deadline_at),
-                        timeout,
-                        headers,
-                        first_token: policy_pool
-                            .and_then(|p| p.first_token_timeout)
-                            .or(route.first_token_timeout),
-                        stall: policy_pool
-                            .and_then(|p| p.stall_timeout)
-                            .or(route.stall_timeout),
-                        progress: None,
-                        avoid: (!tried.is_empty()).then_some(&tried[..]),
-                    };
-                    let hedging = hedge.is_some();
-                    let end = match hedge {
-                        None => self.attempt(attempt).await,
-                        Some(h) => {
-                            let hedge_pool = h.to.name();
-                            let (end, other_pool) =
-                                self.hedged(attempt, h, &mut pending, &mut attempted).await;
-                            if other_pool {
-                                hedged_into = Some(hedge_pool);
-                            }
-                            end
-                        }
-                    };
-                    let mut backend_failed = false;
-                    let (outcome, failure) = match end {
-                        AttemptEnd::Stream {
-                            resp,
-                            lease,
-                            started,
-                            record,
-                            mut watch,
-                        } => {
-                            // The answering pool (a hedge's may be another).
-                            let by = Arc::clone(lease.pool_name());
-                            // A pool of another dialect than the client's:
-                            // its events translated as they flow.
-                            if let (Some((t, from)), true) =
-                                (self.translated_from(&by), watch.scanner.is_some())
-                            {
-                                watch.translate = t.stream_translator(from);
-                            }
-                            pending.note_attempt(record, attempted);
-                            pending.rec().reason =
-                                reason(std::mem::take(&mut decided), &by, &notes);
-                            let keyed = leader.take().map(|l| (l, route.finish_on_client_gone));
-                            let price = self.snapshot.policy.pool(&by).map(|p| p.price);
-                            return pending.commit_stream(
-                                resp,
-                                lease,
-                                started,
-                                self.deadline_at,
-                                attempted,
-                                keyed,
-                                watch,
-                                (price, self.estimated_input_tokens),
-                            );
-                        }
-                        AttemptEnd::Whole { head, body, record } => {
-                            let outcome = record.outcome;
-                            // The answering pool (a hedge's may be another).
-                            let by = pools.get(&*record.pool).unwrap_or(pool);
-                            pending.note_attempt(record, attempted);
-                            pending.rec().reason =
-                                reason(std::mem::take(&mut decided), by.name(), &notes);
-                            let route = by.route_header().cloned();
-                            let summary =
-                                leader.as_ref().map(|_| super::route_summary(pending.rec()));
-                            let resp = pending.commit_whole(
-                                head,
-                                body,
-                                by.shared_name(),
-                                route,
-                                attempted,
-                            );
-                            if let Some(l) = leader.take() {
-                                settle_whole(l, &resp, outcome, summary).await;
-                            }
-                            return super::full(resp);
-                        }
-                        AttemptEnd::Failed {
-                            record,
-                            held: answer,
-                        } => {
-                            let outcome = record.outcome;
-                            backend_failed = true;
-                            notes.push(format!("{name}: {outcome}"));
-                            pending.note_attempt(record.clone(), attempted);
-                            let error = match answer {
-                                Some(h) => {
-                                    held = Some((h, record));
-                                    None
-                                }
-                                None if outcome == Outcome::Timeout => {
-                                    Some(ProxyError::DeadlineExhausted {
-                                        detail: format!(
-                                            "{name}: no answer within {} ms",
-                                            record.latency_ms.round()
-                                        ),
-                                    })
-                                }
-                                // The pool, not the endpoint: the client
-                                // is not told internal addresses (the route
-                                // log's attempt has the endpoint).
-                                None => Some(ProxyError::Upstream {
-                                    pool: name.to_string(),
-                                    detail: outcome.as_str().replace('_', " "),
-                                }),
-                            };
-                            (outcome, error)
-                        }
-                        AttemptEnd::Shed(shed) => {
-                            let err = shed_error(shed, name, now);
-                            notes.push(format!("{name}: {}", err.kind()));
-                            pending.rec().queue_wait_ms = super::ms(now.elapsed());
-                            pending.pool = Some(Arc::clone(pool.shared_name()));
-                            (err.outcome(), Some(err))
-                        }
-                    };
-                    if failure.is_some() {
-                        last_error = failure;
-                    }
-                    let time_left = self
-                        .deadline_at
-                        .map(|d| d.saturating_duration_since(Instant::now()));
-                    match next_step(route, self.risk, outcome, time_left) {
-                        Step::NextPool => {
-                            // Retry inside the pool first: another endpoint,
-                            // at once, inside the deadline.
-                            let in_pool = backend_failed
-                                && !hedging
-                                && self.retry_in_pool(pool, &pending, &mut tried);
-                            // An extra attempt after one that may have cost a
-                            // backend work draws on the route's budget; after
-                            // a shed it does not.
-                            let another = in_pool || later().next().is_some();
-                            if another
-                                && outcome.may_have_reached_backend()
-                                && retry_budget.is_some_and(|b| !b.withdraw())
-                            {
-                                notes
-                                    .push(format!("stopped: {}", StopReason::RetryBudgetExhausted));
-                                self.note_budget_exhausted(&mut pending, name);
-                                break 'walk;
-                            }
-                            if in_pool {
-                                notes.push(format!("{name}: retried on another endpoint"));
-                                attempt_now = Instant::now();
-                                continue;
-                            }
-                            if let Some(cx) = &self.otel {
-                                cx.span().add_event(
-                                    "fallback",
-                                    vec![
-                                        KeyValue::new("router.pool", name.to_string()),
-                                        KeyValue::new("router.outcome", outcome.as_str()),
-                                    ],
-                                );
-                            }
-                        }
-                        Step::Stop(why) => {
-                            // The walk ends here; say why unless it is plain
-                            // (nothing after, or fallback off).
-                            if later().next().is_some() && route.fallback {
-                                notes.push(format!("stopped: {why}"));
-                            }
-                            break 'walk;
-                        }
-                        // A failed attempt is never an answer.
-                        Step::Answer => break 'walk,
-                    }
-                    // On to the next pool.
-                    break;
-                }
-            }
-
-            // No pool answered. Never answer after the deadline with anything
-            // but deadline_exhausted; otherwise pass on the last backend
-            // failure answer, or say why nothing was tried.
-            let past_deadline = self.deadline_at.is_some_and(|d| Instant::now() >= d);
-            pending.rec().reason = format!("{decided}; then {}", notes.join("; "));
-            // A failure answer passed on settles the key with its own
-            // outcome (below); anything else ends without an answer.
-            let passed_on = !past_deadline && held.is_some();
-            let unanswered = if passed_on { None } else { leader.take() };
-            if let Some(l) = unanswered {
-                let rec = pending.rec();
-                let reached = rec
-                    .attempts
-                    .iter()
-                    .any(|a| a.outcome.may_have_reached_backend());
-                let summary = super::route_summary(rec);
-                l.settle(Ending::NoAnswer { reached }, None, move || summary)
-                    .await;
-            }
-            if past_deadline {
-                return pending.reject(ProxyError::DeadlineExhausted {
-                    detail: notes.join("; "),
-                });
-            }
-            if let Some((h, record)) = held {
-                return match h {
-                    Held::Stream(resp, lease, started) => {
-                        let keyed = leader.take().map(|l| (l, route.finish_on_client_gone));
-                        pending.commit_stream(
-                            resp,
-                            lease,
-                            started,
-                            self.deadline_at,
-                            attempted,
-                            keyed,
-                            Box::default(),
-                            (None, self.estimated_input_tokens),
-                        )
-                    }
-                    Held::Whole(mut head, mut body) => {
-                        if let Some((t, _)) = self.translated_from(&record.pool) {
-                            // A failure answer, in the client's dialect.
-                            body = t.error(&mut head, &body);
-                        }
-                        let summary = leader.as_ref().map(|_| super::route_summary(pending.rec()));
-                        let name = record.pool;
-                        let route = pools.get(&*name).and_then(|p| p.route_header().cloned());
-                        let resp = pending.commit_whole(head, body, &name, route, attempted);
-                        if let Some(l) = leader.take() {
-                            settle_whole(l, &resp, record.outcome, summary).await;
-                        }
-                        super::full(resp)
-                    }
-                };
-            }
-            let err = match last_error {
-                Some(e) => e,
-                None if time_skips > 0 => ProxyError::DeadlineExhausted {
-                    detail: notes.join("; "),
-                },
-                None => ProxyError::NoBackend {
-                    detail: format!("route {:?}: {}", route.name, notes.join("; ")),
-                },
+            let view = LivePools {
+                route,
+                snapshot: &snapshot,
+                budget,
             };
-            // Safe mode, on a route that parks: every pool was down (none
-            // could take the request, or each refused the connection), so
-            // nothing reached a backend.
-            if let (ProxyError::NoBackend { .. } | ProxyError::Upstream { .. }, Some(intent)) =
-                (&err, &self.park)
-            {
-                let rec = pending.rec();
-                if !rec
-                    .attempts
-                    .iter()
-                    .any(|a| a.outcome.may_have_reached_backend())
-                {
-                    let detail = format!("route {:?}: {}", route.name, notes.join("; "));
-                    // A translated request parks as its client sent it.
-                    let (path_and_query, body) = match &self.translation {
-                        None => (self.path_and_query.as_str(), &self.body),
-                        Some(t) => (t.client_path.as_str(), &t.client_body),
-                    };
-                    let ctx = intent.context(
-                        &self.method,
-                        path_and_query,
-                        &self.headers,
-                        body,
-                        self.risk,
-                    );
-                    return Box::pin(super::parking::park(pending, route, &ctx, detail)).await;
-                }
+            let mut walk = Walk::new(
+                route,
+                &candidates,
+                WalkOptions {
+                    risk: self.risk,
+                    has_retry_budget: budget.is_some(),
+                    parks: self.park.is_some(),
+                    may_park: self.park.as_ref().is_some_and(|p| !p.run),
+                    default_attempt_timeout: self.shared.settings.attempt_timeout,
+                },
+            );
+            // The decision's own skips are already in the reason.
+            let decided = std::mem::take(&mut pending.rec().reason);
+            // A backend's failure answer, kept until a later attempt.
+            let mut held: Option<(Held, AttemptRecord)> = None;
+            let mut last_error: Option<ProxyError> = None;
+            let mut attempted = 0usize;
+            let mut action = walk.start(&view, self.time_left());
+            loop {
+                action = match action {
+                    Action::Try(plan) => {
+                        let Some(pool) = view.pool(plan.at) else {
+                            break;
+                        };
+                        // A new attempt: the failure answer kept so far is
+                        // dropped (its upstream connection closes).
+                        held = None;
+                        attempted += 1;
+                        if plan.first {
+                            let rec = pending.rec();
+                            rec.first_route = Some(Arc::clone(pool.shared_name()));
+                            if plan.at != 0 {
+                                rec.primary_passed_over =
+                                    route.chain.first().map(|p| Arc::from(&**p));
+                            }
+                        }
+                        let avoid = if plan.in_pool {
+                            walk.tried().to_vec()
+                        } else {
+                            Vec::new()
+                        };
+                        let now = Instant::now();
+                        let (end, hedge) = self
+                            .attempt_planned(
+                                plan,
+                                pool,
+                                &view,
+                                now,
+                                &avoid,
+                                &mut pending,
+                                &mut attempted,
+                            )
+                            .await;
+                        let (ended, error) = match end {
+                            AttemptEnd::Failed {
+                                record,
+                                held: answer,
+                            } => {
+                                let mut ended = Ended::plain(record.outcome);
+                                ended.endpoint = pool.endpoint_id(&record.endpoint);
+                                let error = failure_error(pool.name(), &record, answer.is_none());
+                                pending.note_attempt(record.clone(), attempted);
+                                ended.held = answer.is_some();
+                                held = answer.map(|h| (h, record));
+                                (ended, error)
+                            }
+                            AttemptEnd::Shed(shed) => {
+                                let err = shed_error(shed, pool.name(), now);
+                                pending.rec().queue_wait_ms = super::ms(now.elapsed());
+                                pending.pool = Some(Arc::clone(pool.shared_name()));
+                                let mut ended = Ended::plain(shed.outcome());
+                                (ended.shed, ended.reached) = (true, false);
+                                (ended, Some(err))
+                            }
+                            answer => {
+                                let notes = render(&walk, route);
+                                return self
+                                    .pass_on(
+                                        answer, pending, route, leader, decided, &notes, attempted,
+                                    )
+                                    .await;
+                            }
+                        };
+                        if let Some(e) = error {
+                            last_error = Some(e);
+                        }
+                        let ended = Ended {
+                            reached: ended.reached || hedge.other_reached,
+                            hedged_into: hedge.other_pool.then_some(hedge.to).flatten(),
+                            ..ended
+                        };
+                        walk.ended(&view, ended, self.time_left())
+                    }
+                    Action::Signal(signal) => {
+                        self.signal(signal, route, &mut pending);
+                        walk.resume(&view, self.time_left())
+                    }
+                    // Answers are passed on where the attempt ends (above).
+                    Action::Answer => break,
+                    Action::End(end) => {
+                        let notes = render(&walk, route);
+                        pending.rec().reason = format!("{decided}; then {notes}");
+                        return self
+                            .end_unanswered(
+                                end, pending, route, leader, held, last_error, notes, attempted,
+                            )
+                            .await;
+                    }
+                };
             }
-            pending.reject(err)
+            // Unreachable by the walk's contract (a Try names a pool; an
+            // answer returns above): still one answer.
+            leader.take();
+            pending.reject(ProxyError::NoBackend {
+                detail: format!("route {:?}: the walk ended without a pool", route.name),
+            })
+        }
+    }
+
+    /// Time left of the request's deadline, now.
+    fn time_left(&self) -> Option<Duration> {
+        self.deadline_at
+            .map(|d| d.saturating_duration_since(Instant::now()))
+    }
+
+    /// One attempt as the walk planned it, hedged if the plan says.
+    #[allow(clippy::too_many_arguments)]
+    async fn attempt_planned<'a>(
+        &'a mut self,
+        plan: TryPlan,
+        pool: &'a Arc<PoolRuntime>,
+        view: &'a LivePools<'a>,
+        now: Instant,
+        avoid: &'a [u64],
+        pending: &mut Pending,
+        attempted: &mut usize,
+    ) -> (AttemptEnd, HedgeReport) {
+        // The client's headers go to the last attempt there can be as they
+        // are; earlier ones send a copy.
+        let headers = if plan.last_chance {
+            std::mem::take(&mut self.headers)
+        } else {
+            self.headers.clone()
+        };
+        let policy_pool = self.snapshot.policy.pool(pool.name());
+        let attempt = Attempt {
+            pool,
+            planned_at: now,
+            deadline: attempt_deadline(now, Some(plan.timeout), self.deadline_at),
+            timeout: Some(plan.timeout),
+            headers,
+            first_token: policy_pool
+                .and_then(|p| p.first_token_timeout)
+                .or(view.route.first_token_timeout),
+            stall: policy_pool
+                .and_then(|p| p.stall_timeout)
+                .or(view.route.stall_timeout),
+            progress: None,
+            avoid: (!avoid.is_empty()).then_some(avoid),
+        };
+        let hedge = plan.hedge.and_then(|h| view.pool(h.to).map(|to| (h, to)));
+        match hedge {
+            None => (self.attempt(attempt).await, HedgeReport::default()),
+            Some((h, to)) => {
+                let hedge = super::hedge::Hedge {
+                    after: h.after,
+                    to,
+                    same_pool: h.same_pool,
+                    view,
+                };
+                let (end, report) = self.hedged(attempt, hedge, pending, attempted).await;
+                (
+                    end,
+                    HedgeReport {
+                        to: Some(h.to),
+                        ..report
+                    },
+                )
+            }
         }
     }
 }
@@ -537,6 +315,25 @@ fn attempt_deadline(
 }
 
 impl Exchange {
+    /// Carries out a signal of the walk: the log line, the metric, the span.
+    fn signal(&self, signal: Signal, route: &Route, pending: &mut Pending) {
+        let name = |at: usize| route.chain.get(at).map_or("", |n| n.as_str());
+        match signal {
+            Signal::FellBack { from, outcome } => {
+                if let Some(cx) = &self.otel {
+                    cx.span().add_event(
+                        "fallback",
+                        vec![
+                            KeyValue::new("router.pool", name(from).to_string()),
+                            KeyValue::new("router.outcome", outcome.as_str()),
+                        ],
+                    );
+                }
+            }
+            Signal::RetryBudgetExhausted { at } => self.note_budget_exhausted(pending, name(at)),
+        }
+    }
+
     /// The route's retry budget refused an extra attempt (a retry, a hedge)
     /// on `pool`: the log line, the metric and the span say so.
     pub(super) fn note_budget_exhausted(&self, pending: &mut Pending, pool: &str) {
@@ -552,23 +349,282 @@ impl Exchange {
         }
     }
 
-    /// Whether the attempt that just failed on `pool` can be retried on
-    /// another of its endpoints now: the failed endpoint joins `tried`,
-    /// and one of the others must be ready at once (a retry never queues)
-    /// with time left.
-    fn retry_in_pool(&self, pool: &PoolRuntime, pending: &Pending, tried: &mut Vec<u64>) -> bool {
-        let failed = pending
-            .record_ref()
-            .and_then(|r| r.attempts.last())
-            .and_then(|a| pool.endpoint_id(&a.endpoint));
-        let Some(id) = failed else {
-            return false;
-        };
-        tried.push(id);
-        let now = Instant::now();
-        let time_left = self.deadline_at.is_none_or(|d| d > now);
-        time_left && pool.other_endpoint_ready(tried, now)
+    /// An attempt answered: its answer passed on (a whole one at once, a
+    /// stream through its finisher), the keyed request settled.
+    #[allow(clippy::too_many_arguments)]
+    async fn pass_on(
+        &self,
+        end: AttemptEnd,
+        pending: Pending,
+        route: &Route,
+        mut leader: Option<KeyLease>,
+        decided: String,
+        notes: &str,
+        attempted: usize,
+    ) -> Response<ProxyBody> {
+        let mut pending = pending;
+        let pools = &self.snapshot.pools;
+        match end {
+            AttemptEnd::Stream {
+                resp,
+                lease,
+                started,
+                record,
+                mut watch,
+            } => {
+                // The answering pool (a hedge's may be another).
+                let by = Arc::clone(lease.pool_name());
+                // A pool of another dialect than the client's: its events
+                // translated as they flow.
+                if let (Some((t, from)), true) =
+                    (self.translated_from(&by), watch.scanner.is_some())
+                {
+                    watch.translate = t.stream_translator(from);
+                }
+                pending.note_attempt(record, attempted);
+                pending.rec().reason = reason(decided, &by, notes);
+                let keyed = leader.take().map(|l| (l, route.finish_on_client_gone));
+                let price = self.snapshot.policy.pool(&by).map(|p| p.price);
+                pending.commit_stream(
+                    resp,
+                    lease,
+                    started,
+                    self.deadline_at,
+                    attempted,
+                    keyed,
+                    watch,
+                    (price, self.estimated_input_tokens),
+                )
+            }
+            AttemptEnd::Whole { head, body, record } => {
+                let outcome = record.outcome;
+                let name = Arc::clone(&record.pool);
+                pending.note_attempt(record, attempted);
+                pending.rec().reason = reason(decided, &name, notes);
+                let by = pools.get(&*name);
+                let route_header = by.and_then(|p| p.route_header().cloned());
+                let summary = leader.as_ref().map(|_| super::route_summary(pending.rec()));
+                let resp = pending.commit_whole(head, body, &name, route_header, attempted);
+                if let Some(l) = leader.take() {
+                    settle_whole(l, &resp, outcome, summary).await;
+                }
+                super::full(resp)
+            }
+            // Not answers: never passed here.
+            AttemptEnd::Failed { .. } | AttemptEnd::Shed(_) => {
+                pending.reject(ProxyError::NoBackend {
+                    detail: format!("route {:?}: no answer to pass on", route.name),
+                })
+            }
+        }
     }
+
+    /// No pool answered: the answer the walk chose. A keyed request is
+    /// settled without an answer unless a failure answer is passed on.
+    #[allow(clippy::too_many_arguments)]
+    async fn end_unanswered(
+        &self,
+        end: WalkEnd,
+        mut pending: Pending,
+        route: &Route,
+        mut leader: Option<KeyLease>,
+        held: Option<(Held, AttemptRecord)>,
+        last_error: Option<ProxyError>,
+        notes: String,
+        attempted: usize,
+    ) -> Response<ProxyBody> {
+        let passed_on = end == WalkEnd::PassOnFailureAnswer && held.is_some();
+        if let Some(l) = leader.take_if(|_| !passed_on) {
+            let rec = pending.rec();
+            let reached = rec
+                .attempts
+                .iter()
+                .any(|a| a.outcome.may_have_reached_backend());
+            let summary = super::route_summary(rec);
+            l.settle(Ending::NoAnswer { reached }, None, move || summary)
+                .await;
+        }
+        let no_backend = || ProxyError::NoBackend {
+            detail: format!("route {:?}: {notes}", route.name),
+        };
+        let err = match (end, held) {
+            (WalkEnd::PassOnFailureAnswer, Some((h, record))) => {
+                return self
+                    .pass_on_failure(h, record, pending, route, leader, attempted)
+                    .await;
+            }
+            (WalkEnd::DeadlineExhausted | WalkEnd::SkippedForTime, _) => {
+                ProxyError::DeadlineExhausted { detail: notes }
+            }
+            (WalkEnd::Park, _) => {
+                let Some(intent) = &self.park else {
+                    return pending.reject(no_backend());
+                };
+                let detail = format!("route {:?}: {notes}", route.name);
+                // A translated request parks as its client sent it.
+                let (path_and_query, body) = match &self.translation {
+                    None => (self.path_and_query.as_str(), &self.body),
+                    Some(t) => (t.client_path.as_str(), &t.client_body),
+                };
+                let ctx =
+                    intent.context(&self.method, path_and_query, &self.headers, body, self.risk);
+                return Box::pin(super::parking::park(pending, route, &ctx, detail)).await;
+            }
+            (WalkEnd::LastFailure | WalkEnd::PassOnFailureAnswer, _) => {
+                last_error.unwrap_or_else(no_backend)
+            }
+            (WalkEnd::NoBackend, _) => no_backend(),
+        };
+        pending.reject(err)
+    }
+
+    /// A backend's failure answer (a 503, a 429...) passed on as it came,
+    /// in the client's dialect.
+    async fn pass_on_failure(
+        &self,
+        h: Held,
+        record: AttemptRecord,
+        pending: Pending,
+        route: &Route,
+        mut leader: Option<KeyLease>,
+        attempted: usize,
+    ) -> Response<ProxyBody> {
+        let mut pending = pending;
+        match h {
+            Held::Stream(resp, lease, started) => {
+                let keyed = leader.take().map(|l| (l, route.finish_on_client_gone));
+                pending.commit_stream(
+                    resp,
+                    lease,
+                    started,
+                    self.deadline_at,
+                    attempted,
+                    keyed,
+                    Box::default(),
+                    (None, self.estimated_input_tokens),
+                )
+            }
+            Held::Whole(mut head, mut body) => {
+                if let Some((t, _)) = self.translated_from(&record.pool) {
+                    // A failure answer, in the client's dialect.
+                    body = t.error(&mut head, &body);
+                }
+                let summary = leader.as_ref().map(|_| super::route_summary(pending.rec()));
+                let name = record.pool;
+                let route_header = self
+                    .snapshot
+                    .pools
+                    .get(&*name)
+                    .and_then(|p| p.route_header().cloned());
+                let resp = pending.commit_whole(head, body, &name, route_header, attempted);
+                if let Some(l) = leader.take() {
+                    settle_whole(l, &resp, record.outcome, summary).await;
+                }
+                super::full(resp)
+            }
+        }
+    }
+}
+
+/// The live pools as the walk reads them (see [`router_policy::walk::Pools`]).
+pub(super) struct LivePools<'a> {
+    route: &'a Route,
+    snapshot: &'a Snapshot,
+    budget: Option<&'a RouteBudget>,
+}
+
+impl LivePools<'_> {
+    /// The pool at the route's chain position `at`.
+    fn pool(&self, at: usize) -> Option<&Arc<PoolRuntime>> {
+        self.route
+            .chain
+            .get(at)
+            .and_then(|name| self.snapshot.pools.get(name))
+    }
+
+    fn policy_pool(&self, at: usize) -> Option<&router_policy::Pool> {
+        self.route
+            .chain
+            .get(at)
+            .and_then(|name| self.snapshot.policy.pool(name))
+    }
+}
+
+impl Pools for LivePools<'_> {
+    fn exists(&self, at: usize) -> bool {
+        self.pool(at).is_some()
+    }
+
+    fn readiness(&self, at: usize) -> Result<Ready, Availability> {
+        let pool = self.pool(at).ok_or(Availability::NoEndpoints)?;
+        pool.ready_outlook_marked_at(Instant::now())
+            .map(|(outlook, only_marked)| Ready {
+                outlook,
+                only_marked,
+            })
+    }
+
+    fn endpoint_count(&self, at: usize) -> usize {
+        self.policy_pool(at).map_or(0, |p| p.endpoints.len())
+    }
+
+    fn attempt_timeout(&self, at: usize) -> Option<Duration> {
+        self.policy_pool(at).and_then(|p| p.attempt_timeout)
+    }
+
+    fn other_endpoint_ready(&self, at: usize, tried: &[u64]) -> bool {
+        self.pool(at)
+            .is_some_and(|p| p.other_endpoint_ready(tried, Instant::now()))
+    }
+
+    fn draw_retry_budget(&self) -> bool {
+        self.budget.is_none_or(|b| b.withdraw())
+    }
+}
+
+/// What a hedged attempt tells the walk beyond its end.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct HedgeReport {
+    /// The hedge's pool (a chain position).
+    pub(super) to: Option<usize>,
+    /// The hedge went to another pool than the first attempt's.
+    pub(super) other_pool: bool,
+    /// The attempt that is not the one reported may have reached a backend.
+    pub(super) other_reached: bool,
+}
+
+/// The walk's notes as the route log's reason writes them.
+fn render(walk: &Walk<'_>, route: &Route) -> String {
+    let name = |at: usize| route.chain.get(at).map_or("", |n| n.as_str());
+    let mut out = String::new();
+    for (i, note) in walk.notes().iter().enumerate() {
+        if i > 0 {
+            out.push_str("; ");
+        }
+        use std::fmt::Write as _;
+        let _ = write!(out, "{}", note.render(name));
+    }
+    out
+}
+
+/// The router's own error for a failed attempt on `pool` when no failure
+/// answer is kept (`None` when one is).
+fn failure_error(pool: &str, record: &AttemptRecord, nothing_held: bool) -> Option<ProxyError> {
+    if !nothing_held {
+        return None;
+    }
+    Some(if record.outcome == Outcome::Timeout {
+        ProxyError::DeadlineExhausted {
+            detail: format!("{pool}: no answer within {} ms", record.latency_ms.round()),
+        }
+    } else {
+        // The pool, not the endpoint: the client is not told internal
+        // addresses (the route log's attempt has the endpoint).
+        ProxyError::Upstream {
+            pool: pool.to_string(),
+            detail: record.outcome.as_str().replace('_', " "),
+        }
+    })
 }
 
 /// Settles a keyed request answered with a whole body: `resp` as the
@@ -621,11 +677,11 @@ fn shed_error(shed: Shed, pool: &str, now: Instant) -> ProxyError {
 /// The log line's reason for an answered request: the decision's own,
 /// then what happened on the way (the decision's text moved, not copied,
 /// when nothing did).
-fn reason(decided: String, pool: &str, notes: &[String]) -> String {
+fn reason(decided: String, pool: &str, notes: &str) -> String {
     if notes.is_empty() {
         decided
     } else {
-        format!("{decided}; then {}; answered by {pool}", notes.join("; "))
+        format!("{decided}; then {notes}; answered by {pool}")
     }
 }
 

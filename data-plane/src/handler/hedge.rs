@@ -39,8 +39,7 @@ use tokio::time::Instant;
 
 use super::answer::Pending;
 use super::attempt::{Attempt, AttemptEnd, AttemptProgress};
-use super::chain::Exchange;
-use crate::config::RouteBudget;
+use super::chain::{Exchange, HedgeReport, LivePools};
 use crate::pool::{PoolRuntime, Sample};
 use crate::route_log::AttemptRecord;
 
@@ -52,8 +51,8 @@ pub(super) struct Hedge<'a> {
     pub(super) to: &'a Arc<PoolRuntime>,
     /// `to` is the first attempt's own pool: another endpoint of it.
     pub(super) same_pool: bool,
-    /// The route's retry budget.
-    pub(super) budget: &'a RouteBudget,
+    /// The live pools (the hedge draws on the route's retry budget).
+    pub(super) view: &'a LivePools<'a>,
 }
 
 type AttemptFuture<'a> = Pin<Box<dyn Future<Output = AttemptEnd> + Send + 'a>>;
@@ -124,7 +123,7 @@ impl Exchange {
         hedge: Hedge<'a>,
         pending: &mut Pending,
         attempted: &mut usize,
-    ) -> (AttemptEnd, bool) {
+    ) -> (AttemptEnd, HedgeReport) {
         let p1 = AttemptProgress::default();
         let p2 = AttemptProgress::default();
         let first_pool = first.pool;
@@ -144,13 +143,13 @@ impl Exchange {
         tokio::pin!(delay);
         tokio::select! {
             biased;
-            end = &mut primary => return (end, false),
+            end = &mut primary => return (end, HedgeReport::default()),
             () = &mut delay => {}
         }
         // No first token yet: hedge, if the budget has room.
-        if !hedge.budget.withdraw() {
+        if !router_policy::walk::hedge_may_start(hedge.view) {
             self.note_budget_exhausted(pending, first_pool.name());
-            return (primary.await, false);
+            return (primary.await, HedgeReport::default());
         }
         // Still queued: any endpoint but none (no id is u64::MAX).
         let avoid_ids = [p1.get().map_or(u64::MAX, |l| l.handle.id())];
@@ -203,6 +202,7 @@ impl Exchange {
             }
             tag(&mut first_end, won);
             let record = cancelled(loser_progress, loser_pool, timeout_ms, cancelled_part);
+            let other_reached = record.outcome.may_have_reached_backend();
             pending.note_attempt(record, *attempted - 1);
             let metrics = &self.shared.metrics;
             metrics.stream_event(loser_pool.name(), "hedge_cancelled");
@@ -215,11 +215,18 @@ impl Exchange {
                     vec![KeyValue::new("router.pool", winner_pool.name().to_string())],
                 );
             }
-            return (first_end, other_pool);
+            let report = HedgeReport {
+                to: None,
+                other_pool,
+                other_reached,
+            };
+            return (first_end, report);
         }
         // The first to end failed: the other may still answer.
         tag(&mut first_end, lost);
-        pending.note_attempt(failed_record(first_end, winner_pool), *attempted - 1);
+        let record = failed_record(first_end, winner_pool);
+        let other_reached = record.outcome.may_have_reached_backend();
+        pending.note_attempt(record, *attempted - 1);
         let mut last = if primary_first {
             second.await
         } else {
@@ -237,6 +244,11 @@ impl Exchange {
                 .stream_event(loser_pool.name(), "hedge_won");
         }
         tag(&mut last, part);
-        (last, other_pool)
+        let report = HedgeReport {
+            to: None,
+            other_pool,
+            other_reached,
+        };
+        (last, report)
     }
 }

@@ -20,34 +20,8 @@ use tokio::time::Instant;
 use super::{CircuitState, PoolRuntime};
 use crate::probe::ProbeReading;
 
-/// Whether a pool can take a request at all right now.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Availability {
-    /// At least one endpoint can take requests (now or after queueing).
-    Ready,
-    /// No endpoints configured.
-    NoEndpoints,
-    /// Every endpoint (or the pool) is drained.
-    Drained,
-    /// Every endpoint that is not drained has an open circuit, a failing
-    /// (or stale) capacity probe, or failing (or no passing yet) health
-    /// checks.
-    Unhealthy,
-}
-
-impl Availability {
-    /// Text for the route log's reason.
-    pub(crate) fn as_str(self) -> &'static str {
-        match self {
-            Self::Ready => "ready",
-            Self::NoEndpoints => "no endpoints",
-            Self::Drained => "drained",
-            Self::Unhealthy => {
-                "unhealthy (circuits open, capacity probes or health checks failing)"
-            }
-        }
-    }
-}
+/// Whether a pool can take a request now (the walk's own type).
+pub(crate) use router_policy::walk::Availability;
 
 /// A live view of one endpoint, for health, metrics and the state log.
 #[derive(Debug, Clone, PartialEq)]

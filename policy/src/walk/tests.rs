@@ -622,11 +622,9 @@ proptest! {
     fn no_walk_outlives_its_deadline(case in case()) {
         let seen = drive(&case);
         for s in &seen {
-            if let Seen::Tried(plan, left) = s {
-                if let Some(left) = left {
-                    prop_assert!(!left.is_zero(), "tried with no time left: {seen:?}");
-                    prop_assert!(plan.timeout <= *left, "planned past the deadline: {seen:?}");
-                }
+            if let Seen::Tried(plan, Some(left)) = s {
+                prop_assert!(!left.is_zero(), "tried with no time left: {seen:?}");
+                prop_assert!(plan.timeout <= *left, "planned past the deadline: {seen:?}");
             }
         }
         // A walk that ends after its deadline ends as deadline_exhausted.

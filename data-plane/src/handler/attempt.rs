@@ -3,10 +3,11 @@
 //!
 //! The attempt is bounded by its deadline from the first step: the queue
 //! wait, the connection, the answer head and a buffered body all count.
-//! Each ending records the endpoint's latency sample exactly once (a
-//! success, a failure, a timeout at its timeout, a 429 with its
-//! `Retry-After`), and is classified as an [`Outcome`] here, where the
-//! answer is seen; what follows is [`router_policy::next_step`]'s call.
+//! Each ending is named here, where the answer is seen, as an
+//! [`AttemptEnding`]; which [`Outcome`] that is and which latency sample
+//! it feeds (a success, a failure, a timeout at its timeout, a 429 with
+//! its `Retry-After`) is the policy crate's rule, applied once per
+//! attempt by `ended`. What follows is [`router_policy::walk`]'s call.
 //!
 //! On a timeout, dropping the request future closes the upstream
 //! connection: the backend can stop generating.
@@ -16,8 +17,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{self, HeaderMap};
-use http::{Response, StatusCode};
-use router_policy::Outcome;
+use http::Response;
+use router_policy::{AttemptEnding, Outcome};
 use tokio::time::Instant;
 
 use super::chain::Exchange;
@@ -234,7 +235,7 @@ impl Exchange {
                 }
                 Err(e) => {
                     // Never sent: another pool's endpoint may work.
-                    record.outcome = Outcome::InvalidRequest;
+                    record.outcome = AttemptEnding::NotSent.outcome();
                     return AttemptEnd::Failed {
                         record: AttemptRecord {
                             endpoint: e.to_string().into(),
@@ -257,13 +258,8 @@ impl Exchange {
                     Some(Ok(r)) => r,
                     Some(Err(e)) => {
                         let waited = started.elapsed();
-                        lease.observe(Sample::Failure(waited));
-                        record.outcome = if e.is_connect() {
-                            Outcome::ConnectError
-                        } else {
-                            Outcome::UpstreamError
-                        };
-                        record.latency_ms = super::ms(waited);
+                        let ending = AttemptEnding::of_send_error(e.is_connect());
+                        ended(&lease, &mut record, ending, waited, None);
                         return AttemptEnd::Failed { record, held: None };
                     }
                 };
@@ -271,26 +267,13 @@ impl Exchange {
                 record.status = Some(status.as_u16());
                 record.upstream_request_id = super::answer::upstream_request_id(resp.headers())
                     .map(|v| String::from_utf8_lossy(v.as_bytes()).into());
-                let failure = if status == StatusCode::TOO_MANY_REQUESTS {
-                    Some(Outcome::Status429)
-                } else if status.is_server_error() {
-                    Some(Outcome::Status5xx)
-                } else {
-                    None
-                };
-                if let Some(outcome) = failure {
+                if let Some(ending) = AttemptEnding::of_status(status.as_u16()) {
                     let waited = started.elapsed();
-                    if outcome == Outcome::Status429 {
-                        let retry_after = resp
-                            .headers()
-                            .get(header::RETRY_AFTER)
-                            .and_then(retry_after);
-                        lease.observe(Sample::RateLimited(waited, retry_after));
-                    } else {
-                        lease.observe(Sample::Failure(waited));
-                    }
-                    record.outcome = outcome;
-                    record.latency_ms = super::ms(waited);
+                    let retry_after = resp
+                        .headers()
+                        .get(header::RETRY_AFTER)
+                        .and_then(retry_after);
+                    ended(&lease, &mut record, ending, waited, retry_after);
                     if self.translated_from(pool.name()).is_some() {
                         // Kept whole, to be passed on in the client's
                         // dialect if no later pool answers (the slot is
@@ -362,7 +345,7 @@ impl Exchange {
                         }
                         // The first token's limit came first, not the deadline.
                         None if token_by.is_some() && token_by == limit => {
-                            Outcome::FirstTokenTimeout
+                            AttemptEnding::FirstTokenLate
                         }
                         None => return timed_out(&lease, record, started),
                         Some(first_token::Start::Failed(outcome)) => outcome,
@@ -372,16 +355,14 @@ impl Exchange {
                     drop(body);
                     // A late first token is a timeout (its wait counts in
                     // the pool's p95); an error a failure.
-                    lease.observe(if failed == Outcome::FirstTokenTimeout {
-                        Sample::Timeout(waited)
-                    } else {
-                        Sample::Failure(waited)
-                    });
-                    record.outcome = failed;
-                    if matches!(failed, Outcome::FirstTokenTimeout | Outcome::StreamError) {
+                    ended(&lease, &mut record, failed, waited, None);
+                    if matches!(
+                        failed,
+                        AttemptEnding::FirstTokenLate | AttemptEnding::ErrorInStream
+                    ) {
                         self.shared
                             .metrics
-                            .stream_event(pool.name(), failed.as_str());
+                            .stream_event(pool.name(), record.outcome.as_str());
                     }
                     return AttemptEnd::Failed { record, held: None };
                 }
@@ -398,8 +379,7 @@ impl Exchange {
             let mut body = match body {
                 Ok(b) => b,
                 Err(_) => {
-                    lease.observe(Sample::Failure(waited));
-                    record.outcome = Outcome::UpstreamError;
+                    ended(&lease, &mut record, AttemptEnding::Broken, waited, None);
                     return AttemptEnd::Failed { record, held: None };
                 }
             };
@@ -447,11 +427,12 @@ impl Exchange {
                 // that is not the structure asked for is the structured
                 // degrade's business (one tenant's prompts must not open
                 // the circuit for all), and the endpoint did answer.
-                lease.observe(if answer.is_err() {
-                    Sample::Failure(waited)
+                let ending = if answer.is_err() {
+                    AttemptEnding::NotJson
                 } else {
-                    Sample::Success(waited)
-                });
+                    AttemptEnding::OffSchema
+                };
+                ended(&lease, &mut record, ending, waited, None);
                 if let Err(why) = &structured_ok {
                     // Degraded on the backend's pattern, never on one
                     // request (nor on one its own cap explains).
@@ -468,7 +449,6 @@ impl Exchange {
                         tracing::info!(pool = pool.name(), %why, "malformed structured output from several requests; pool degraded for structured requests");
                     }
                 }
-                record.outcome = Outcome::MalformedJson;
                 return AttemptEnd::Failed {
                     record,
                     held: Some(Held::Whole(head, body)),
@@ -504,8 +484,8 @@ impl Exchange {
                         Ok(b) => body = b,
                         Err(why) => {
                             tracing::debug!(pool = pool.name(), %why, "an answer the client's dialect cannot take");
-                            lease.observe(Sample::Success(waited));
-                            record.outcome = Outcome::MalformedJson;
+                            let ending = AttemptEnding::Untranslatable;
+                            ended(&lease, &mut record, ending, waited, None);
                             return AttemptEnd::Failed {
                                 record,
                                 held: Some(Held::Whole(head, body)),
@@ -569,7 +549,7 @@ pub(super) fn is_sse(headers: &http::HeaderMap) -> bool {
 mod first_token {
     use http_body_util::BodyExt;
     use router_policy::stream::{RawEvent, SseEvent, SseScanner};
-    use router_policy::Outcome;
+    use router_policy::AttemptEnding;
 
     use crate::upstream::UpstreamBody;
 
@@ -588,7 +568,7 @@ mod first_token {
             ended: bool,
         },
         /// A failed attempt: an error in the stream, or a broken body.
-        Failed(Outcome),
+        Failed(AttemptEnding),
     }
 
     /// [`read`] until `limit`; `None` when the limit came first.
@@ -619,7 +599,7 @@ mod first_token {
                         ended: true,
                     }
                 }
-                Some(Err(_)) => return Start::Failed(Outcome::UpstreamError),
+                Some(Err(_)) => return Start::Failed(AttemptEnding::Broken),
                 Some(Ok(frame)) => match frame.into_data() {
                     Ok(d) if !d.is_empty() => d,
                     // Trailers or an empty frame: nothing to learn.
@@ -639,14 +619,14 @@ mod first_token {
                 };
             };
             if s.feed(&data, &mut events).is_err() {
-                return Start::Failed(Outcome::StreamError);
+                return Start::Failed(AttemptEnding::ErrorInStream);
             }
             held += data.len();
             let mut content = false;
             for ev in events.drain(..) {
                 match ev.kind {
                     SseEvent::Error { .. } | SseEvent::Malformed => {
-                        return Start::Failed(Outcome::StreamError)
+                        return Start::Failed(AttemptEnding::ErrorInStream)
                     }
                     SseEvent::Content { .. } => content = true,
                     _ => {}
@@ -703,11 +683,31 @@ async fn within<F: std::future::Future>(
 
 /// The attempt ran out of time: a slow sample, and a retryable failure.
 fn timed_out(lease: &Lease, mut record: AttemptRecord, started: Instant) -> AttemptEnd {
-    let waited = started.elapsed();
-    lease.observe(Sample::Timeout(waited));
-    record.outcome = Outcome::Timeout;
-    record.latency_ms = super::ms(waited);
+    ended(
+        lease,
+        &mut record,
+        AttemptEnding::TimedOut,
+        started.elapsed(),
+        None,
+    );
     AttemptEnd::Failed { record, held: None }
+}
+
+/// An attempt ended as `ending` after `waited`: its outcome and latency in
+/// the record, its sample for the endpoint (the classification is
+/// [`AttemptEnding`]'s).
+fn ended(
+    lease: &Lease,
+    record: &mut AttemptRecord,
+    ending: AttemptEnding,
+    waited: Duration,
+    retry_after: Option<Duration>,
+) {
+    if let Some(kind) = ending.sample() {
+        lease.observe(Sample::of(kind, waited, retry_after));
+    }
+    record.outcome = ending.outcome();
+    record.latency_ms = super::ms(waited);
 }
 
 /// An answer's usage fields, as the router's usage rules take them

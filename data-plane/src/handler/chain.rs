@@ -1,25 +1,18 @@
-//! The chain walk: the decision's candidate pools tried in order, inside
-//! the request's deadline.
+//! The chain walk's executor: it carries out what
+//! [`router_policy::walk::Walk`] decides and decides nothing itself.
 //!
-//! For each candidate pool:
+//! ```text
+//! walk.start ─▶ Try(plan) ─▶ attempt_planned (hedged if the plan says)
+//!            ◀─ walk.ended(Ended { outcome, shed, held, reached, .. })
+//!            ─▶ Try again | Signal (span event, budget metric) ─▶ walk.resume
+//!            ─▶ Answer: pass_on (a whole answer, or a stream's finisher)
+//!            ─▶ End(how): end_unanswered (deadline_exhausted, the failure
+//!               answer passed on, the last error, no_backend, or park)
+//! ```
 //!
-//! 1. a pool that cannot take anything now (no endpoints, drained, every
-//!    circuit open) is passed over, with its reason;
-//! 2. [`plan_attempt`] (pure) gives the attempt's timeout, or skips the pool
-//!    when its expected wait plus p95 cannot fit what is left (keeping the
-//!    next pool's p95 in reserve);
-//! 3. the attempt runs ([`super::attempt`]) and ends with an
-//!    [`Outcome`](router_policy::Outcome);
-//! 4. [`next_step`] (pure) says what follows: pass the answer on, try the
-//!    next pool (same request id), or stop and say why.
-//!
-//! When no pool answers, the request gets, in this order of preference:
-//! `deadline_exhausted` if the deadline has passed; the last backend
-//! failure answer as it came (a 503, a 429...); `deadline_exhausted` if
-//! pools were skipped for time; the last shed or failure; `no_backend`.
-//!
-//! A keyed request's lease is settled where the walk ends
-//! ([`router_policy::idempotency::settle`] decides): with the answer
+//! [`LivePools`] is the walk's view of the pools (readiness, endpoints,
+//! the retry budget). A keyed request's lease is settled where the walk
+//! ends ([`router_policy::idempotency::settle`] decides): with the answer
 //! passed on (a whole one here, a stream by its finisher when it ends),
 //! or, when no pool answered, with whether any attempt may have reached a
 //! backend.

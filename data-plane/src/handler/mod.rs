@@ -11,10 +11,9 @@
 //!              ─▶ Idempotency-Key: join the request in flight / replay / lead
 //!                 (a leader runs in a task of its own: its client leaving
 //!                 does not cancel it)
-//! chain.rs     for each candidate pool of the route:
-//!                unavailable (no endpoints, drained, circuits open) → skip
-//!                plan_attempt (deadline share, p95, queue wait)      → skip, or try
-//!                attempt ─▶ router_policy::next_step(outcome): answer / next pool / stop
+//! chain.rs     the executor of router_policy::walk: start ─▶ Try(plan)
+//!                ─▶ attempt (hedged if planned) ─▶ walk.ended(how) ─▶
+//!                Try again / Signal (span event, budget) / Answer / End(how)
 //! attempt.rs   lease (queue) ─▶ send ─▶ answer head (JSON answers: whole body)
 //!              ─▶ the attempt's Outcome, its latency sample, its record
 //! upstream_request.rs  URI, model rewrite, the pool's own key, Host
@@ -28,10 +27,11 @@
 //! ```
 //!
 //! The rules live in `router_policy` and are only carried out here: the
-//! route and its gates ([`router_policy::decide`]), the time an attempt may
-//! take ([`router_policy::deadline`]), and what follows a failed attempt
-//! ([`router_policy::fallback::next_step`], on the typed
-//! [`router_policy::Outcome`]).
+//! route and its gates ([`router_policy::decide`]), the walk along the
+//! chain ([`router_policy::walk`]: which pool, the time an attempt may
+//! take, hedges, retries in the pool, the retry budget, which error wins,
+//! parking), and how an attempt ended ([`router_policy::AttemptEnding`]:
+//! its [`router_policy::Outcome`] and latency sample).
 //!
 //! Every request ends in exactly one of three ways, each writing one route
 //! decision line and one `router_requests_total` sample: the router answers

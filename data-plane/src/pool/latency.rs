@@ -51,6 +51,23 @@ pub(crate) enum Sample {
 }
 
 impl Sample {
+    /// The sample of an attempt that ended as `kind` after `waited` (a
+    /// 429's `Retry-After` with it).
+    pub(crate) fn of(
+        kind: router_policy::SampleKind,
+        waited: Duration,
+        retry_after: Option<Duration>,
+    ) -> Self {
+        use router_policy::SampleKind as K;
+        match kind {
+            K::Success => Self::Success(waited),
+            K::Failure => Self::Failure(waited),
+            K::Timeout => Self::Timeout(waited),
+            K::RateLimited => Self::RateLimited(waited, retry_after),
+            K::Cancelled => Self::Cancelled(waited),
+        }
+    }
+
     /// The latency this sample adds to the pool's window, if any: answers
     /// and timeouts count, failures do not.
     #[inline]

@@ -30,6 +30,24 @@ pub(crate) struct SpendHold {
     pub month: String,
 }
 
+/// A budget's period.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Period {
+    /// The UTC day.
+    Day,
+    /// The UTC month.
+    Month,
+}
+
+impl std::fmt::Display for Period {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Day => "day",
+            Self::Month => "month",
+        })
+    }
+}
+
 /// Why a reservation was not made.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum SpendRefusal {
@@ -37,7 +55,7 @@ pub(crate) enum SpendRefusal {
     /// (`day` or `month`), and when it resets (Unix seconds).
     Exceeded {
         left_micros: u64,
-        period: &'static str,
+        period: Period,
         resets_at: u64,
     },
     /// The shared store could not be asked.
@@ -101,9 +119,9 @@ impl SpendBudgets {
                 // Saturating: counters never wrap (a wrapped one would
                 // read as money left).
                 if day_limit >= 0 && d.saturating_add(amount) > day_limit {
-                    Some((day_limit.saturating_sub(d), "day"))
+                    Some((day_limit.saturating_sub(d), Period::Day))
                 } else if month_limit >= 0 && m.saturating_add(amount) > month_limit {
-                    Some((month_limit.saturating_sub(m), "month"))
+                    Some((month_limit.saturating_sub(m), Period::Month))
                 } else {
                     for k in [&day_key, &month_key, &pending_key] {
                         let v = c.entry(k.clone()).or_insert(0);
@@ -124,9 +142,14 @@ impl SpendBudgets {
                     .await
                 {
                     Ok(None) => None,
-                    Ok(Some((left, which))) => {
-                        Some((left, if which == 1 { "day" } else { "month" }))
-                    }
+                    Ok(Some((left, which))) => Some((
+                        left,
+                        if which == 1 {
+                            Period::Day
+                        } else {
+                            Period::Month
+                        },
+                    )),
                     Err(e) => {
                         tracing::warn!(error = %e, tenant, "spend budget: the shared store cannot be reached");
                         return Err(SpendRefusal::StoreDown);
@@ -138,7 +161,10 @@ impl SpendBudgets {
             Some((left, period)) => Err(SpendRefusal::Exceeded {
                 left_micros: u64::try_from(left.max(0)).unwrap_or(0),
                 period,
-                resets_at: if period == "day" { day_end } else { month_end },
+                resets_at: match period {
+                    Period::Day => day_end,
+                    Period::Month => month_end,
+                },
             }),
             None => Ok(SpendHold {
                 tenant: Arc::from(tenant),
@@ -217,7 +243,7 @@ mod tests {
             refused,
             SpendRefusal::Exceeded {
                 left_micros: 50,
-                period: "day",
+                period: Period::Day,
                 resets_at: 1_796_169_600
             }
         );

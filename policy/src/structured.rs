@@ -110,12 +110,24 @@ pub enum Expected {
     Schema(Value),
 }
 
+/// Whether a `response_format.type` asks for structured output: the one
+/// definition, used by the pools' `structured_output` gate and by the
+/// answer's check alike (a type that is neither `json_object` nor
+/// `json_schema`, `text` or unknown, is neither gated nor checked).
+pub fn is_structured_type(kind: &str) -> bool {
+    matches!(kind, "json_object" | "json_schema")
+}
+
 /// Reads `response_format` from a request body.
 pub fn expected(request: &Value) -> Option<Expected> {
     let rf = request
         .get("response_format")
         .or_else(|| request.get("text").and_then(|t| t.get("format")))?;
-    match rf.get("type").and_then(Value::as_str)? {
+    let kind = rf.get("type").and_then(Value::as_str)?;
+    if !is_structured_type(kind) {
+        return None;
+    }
+    match kind {
         "json_object" => Some(Expected::Json),
         "json_schema" => {
             let schema = rf
@@ -263,6 +275,26 @@ pub fn matches(value: &Value, schema: &Value, at: &str) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn one_definition_of_structured_output() {
+        // What the gate counts as structured is exactly what is checked.
+        for (kind, structured) in [
+            ("json_object", true),
+            ("json_schema", true),
+            ("text", false),
+            ("foo", false),
+            ("", false),
+        ] {
+            assert_eq!(is_structured_type(kind), structured, "{kind}");
+            let body = format!(r#"{{"response_format": {{"type": "{kind}"}}}}"#);
+            assert_eq!(
+                expected_in_body(body.as_bytes()).is_some(),
+                structured,
+                "{kind}"
+            );
+        }
+    }
 
     #[test]
     fn one_tenant_cannot_degrade_a_pool_for_all() {

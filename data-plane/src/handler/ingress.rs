@@ -185,7 +185,7 @@ pub(crate) fn handle(
         // Structured output: only a non-streaming answer can be checked before
         // it reaches the client.
         let structured = match peek.response_format.as_ref().map(|r| r.kind.as_ref()) {
-            Some("json_object" | "json_schema") => {
+            Some(kind) if router_policy::structured::is_structured_type(kind) => {
                 router_policy::structured::expected_in_body(&body)
             }
             _ => None,
@@ -270,11 +270,9 @@ pub(crate) fn handle(
             risk,
             model: model.as_deref(),
             path,
-            structured_output: structured.is_some()
-                || peek
-                    .response_format
-                    .as_ref()
-                    .is_some_and(|r| r.kind != "text"),
+            // One definition of structured output: what is gated is what
+            // is checked.
+            structured_output: structured.is_some(),
             deadline_ms: pending.rec().deadline_ms,
             input_tokens: Some(estimate.input_tokens),
             max_tokens: estimate.max_tokens,

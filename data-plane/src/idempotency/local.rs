@@ -263,6 +263,10 @@ impl IdempotencyStore for LocalStore {
     fn name(&self) -> &'static str {
         "local"
     }
+
+    fn is_local(&self) -> bool {
+        true
+    }
 }
 
 #[cfg(test)]

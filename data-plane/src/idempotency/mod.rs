@@ -101,6 +101,10 @@ pub(crate) trait IdempotencyStore: Send + Sync + 'static {
     fn changed<'a>(&'a self, key: &'a str, wait: Duration) -> BoxFuture<'a, ()>;
     /// `local` or `redis`, for logs and metrics.
     fn name(&self) -> &'static str;
+    /// Whether the store is this process's own memory.
+    fn is_local(&self) -> bool {
+        false
+    }
     /// Whether a connection has been made (a remote store connects in the
     /// background).
     fn connected(&self) -> bool {
@@ -405,7 +409,7 @@ pub(crate) struct KeyLease {
 impl KeyLease {
     /// Whether the key is held in this proxy's own store.
     pub(crate) fn is_local(&self) -> bool {
-        self.store.name() == "local"
+        self.store.is_local()
     }
 
     /// Largest answer kept for replay.

@@ -15,8 +15,6 @@
 //! - `handler`: the request path, one file per step (ingress, chain,
 //!   attempt, upstream_request, answer, finish, spans); the rules it
 //!   carries out are `router_policy`'s (`decide`, `deadline`, `fallback`);
-//! - `request_headers`: the client headers the router reads, in one pass;
-//! - `hop_by_hop`: the per-connection headers never passed on;
 //! - `admin`: `/_custom_router/set-backends`, `explain`, `health`,
 //!   `metrics`, and who may call them in each mode (the peer and the
 //!   admin token);
@@ -32,11 +30,13 @@
 //! - `probe`: capacity probes (vLLM `/metrics`, Ollama `/api/ps`);
 //! - `health_check`: active health checks (one task per pool that has
 //!   them; the rules are `router_policy::health`'s);
-//! - `forward`: the upstream client's set-up, URIs and forwarded headers;
 //! - `tracked_body`: a streamed answer on its way to the client, its
 //!   completion run once, its deadline enforced even when the client stops
 //!   reading;
-//! - `upstream`: the per-worker upstream connection pool;
+//! - `forward`, `upstream`, `resolver`, `hop_by_hop`, `request_headers`:
+//!   the upstream client, a crate of its own ([`router_upstream`]:
+//!   connect, TLS, the per-worker pool, URIs, forwarded and hop-by-hop
+//!   headers, body reads), re-exported here under its old module names;
 //! - `route_log`, `metrics`, [`telemetry`]: what the proxy tells operators;
 //! - `reload`: standalone mode's policy file watcher;
 //! - [`managed`]: managed mode's control-plane stream and its cache;
@@ -52,19 +52,21 @@
 
 #![forbid(unsafe_code)]
 
+// The upstream client's modules, under the names the proxy uses.
+use router_upstream::client as upstream;
+use router_upstream::{forward, hop_by_hop, request_headers};
+
 mod admin;
 mod balance_workers;
 mod clock;
 mod config;
 mod error;
-mod forward;
 /// Entry points for `fuzz/`; not an API (the `fuzzing` feature).
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub mod fuzzing;
 mod handler;
 mod health_check;
-mod hop_by_hop;
 mod idempotency;
 mod key_use;
 mod limits;
@@ -77,8 +79,6 @@ mod probe;
 mod random;
 mod rate_limit;
 mod reload;
-mod request_headers;
-mod resolver;
 mod route_log;
 mod settings;
 mod spend;
@@ -87,7 +87,6 @@ mod store_epoch;
 mod tasks;
 pub mod telemetry;
 mod tracked_body;
-mod upstream;
 
 use std::convert::Infallible;
 use std::io::Write;
@@ -346,7 +345,7 @@ pub async fn start(options: ProxyOptions) -> Result<RunningProxy, StartError> {
             Some((files.clone(), tls, stamp))
         }
     };
-    let client = forward::build_client(&settings)?;
+    let client = forward::build_client(&settings.client_config())?;
     let (events_tx, events_rx) = tokio::sync::mpsc::channel(256);
     let managed = matches!(mode, Mode::Managed(_));
     let config = Arc::new(ConfigStore::new(
@@ -557,7 +556,7 @@ fn start_workers(
         // refuse connections instead of queueing them without limit.
         let (tx, mut rx) = tokio::sync::mpsc::channel::<Accepted>(1024);
         let shared = Arc::clone(shared);
-        let client = forward::build_client(&shared.settings)?;
+        let client = forward::build_client(&shared.settings.client_config())?;
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?;

@@ -595,6 +595,17 @@ fn seconds(var: &'static str, value: &str) -> Result<Duration, SettingsError> {
         .ok_or_else(|| bad(var, value, "a positive number of seconds"))
 }
 
+impl Settings {
+    /// What the upstream client is built from.
+    pub(crate) fn client_config(&self) -> router_upstream::forward::ClientConfig {
+        router_upstream::forward::ClientConfig {
+            upstream_ca_file: self.upstream_ca_file.clone(),
+            backend_hosts: self.guards.backend_hosts.clone(),
+            connect_timeout: self.connect_timeout,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -899,7 +899,7 @@ fn probed_pool(addr: std::net::SocketAddr) -> Arc<PoolRuntime> {
     let mut s = settings(10, 60_000, None);
     s.probe = Some(probe);
     let p = PoolRuntime::new("p", s, &eps(&[&addr.to_string()]), PoolCounters::default());
-    let client = crate::forward::build_client(&crate::Settings::default()).unwrap();
+    let client = crate::forward::build_client(&crate::Settings::default().client_config()).unwrap();
     p.ensure_probe(Some(probe), Some(&client));
     p
 }

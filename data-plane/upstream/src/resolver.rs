@@ -29,14 +29,14 @@ use tower_service::Service;
 
 /// The system resolver, without link-local and metadata addresses.
 #[derive(Clone)]
-pub(crate) struct GuardedResolver {
+pub struct GuardedResolver {
     inner: GaiResolver,
     allow: Arc<HostAllowList>,
 }
 
 impl GuardedResolver {
     /// Resolves with the system resolver; `allow` names the exceptions.
-    pub(crate) fn new(allow: HostAllowList) -> Self {
+    pub fn new(allow: HostAllowList) -> Self {
         Self {
             inner: GaiResolver::new(),
             allow: Arc::new(allow),

@@ -62,7 +62,7 @@ use tokio::time::Instant;
 use tower_service::Service;
 
 /// Connections to plain and TLS upstreams.
-pub(crate) type Connector = HttpsConnector<HttpConnector<crate::resolver::GuardedResolver>>;
+pub type Connector = HttpsConnector<HttpConnector<crate::resolver::GuardedResolver>>;
 
 type Sender = http1::SendRequest<OutBody>;
 
@@ -83,13 +83,13 @@ const OUT_FRAME: usize = 64 * 1024;
 /// A request body sent upstream: bytes already read, handed to hyper in
 /// slices of at most [`OUT_FRAME`] (one frame for the usual small body).
 #[derive(Debug, Default, Clone)]
-pub(crate) struct OutBody {
+pub struct OutBody {
     rest: Bytes,
 }
 
 impl OutBody {
     /// A body of `bytes`.
-    pub(crate) fn new(bytes: Bytes) -> Self {
+    pub fn new(bytes: Bytes) -> Self {
         Self { rest: bytes }
     }
 }
@@ -133,11 +133,11 @@ const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 
 /// An upstream's identity in the pool: `scheme://authority`, lower case.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub(crate) struct PoolKey(Arc<str>);
+pub struct PoolKey(Arc<str>);
 
 impl PoolKey {
     /// The key of a scheme and authority.
-    pub(crate) fn new(scheme: &Scheme, authority: &Authority) -> Self {
+    pub fn new(scheme: &Scheme, authority: &Authority) -> Self {
         Self(
             format!("{scheme}://{authority}")
                 .to_ascii_lowercase()
@@ -146,14 +146,14 @@ impl PoolKey {
     }
 
     /// The key of an absolute URI; `None` without scheme or authority.
-    pub(crate) fn of(uri: &Uri) -> Option<Self> {
+    pub fn of(uri: &Uri) -> Option<Self> {
         Some(Self::new(uri.scheme()?, uri.authority()?))
     }
 }
 
 /// The `Host` header for an absolute URI: the host, with the port unless
 /// it is the scheme's default (what hyper-util's client sends).
-pub(crate) fn host_header(uri: &Uri) -> Option<HeaderValue> {
+pub fn host_header(uri: &Uri) -> Option<HeaderValue> {
     let host = uri.host()?;
     let default_port = if uri.scheme() == Some(&Scheme::HTTPS) {
         443
@@ -168,7 +168,7 @@ pub(crate) fn host_header(uri: &Uri) -> Option<HeaderValue> {
 
 /// Why an upstream call failed.
 #[derive(Debug, thiserror::Error)]
-pub(crate) enum UpstreamError {
+pub enum UpstreamError {
     /// No connection could be made (refused, timed out, TLS).
     #[error("connect: {0}")]
     Connect(BoxError),
@@ -182,7 +182,7 @@ pub(crate) enum UpstreamError {
 
 impl UpstreamError {
     /// True when no connection could be made.
-    pub(crate) fn is_connect(&self) -> bool {
+    pub fn is_connect(&self) -> bool {
         matches!(self, UpstreamError::Connect(_))
     }
 }
@@ -286,7 +286,7 @@ impl Inner {
 /// The keep-alive HTTP/1.1 client of one worker thread (cheap to clone:
 /// clones share the pool).
 #[derive(Clone)]
-pub(crate) struct UpstreamClient {
+pub struct UpstreamClient {
     inner: Arc<Inner>,
 }
 
@@ -298,7 +298,7 @@ impl std::fmt::Debug for UpstreamClient {
 
 impl UpstreamClient {
     /// A client making its connections with `connector`.
-    pub(crate) fn new(connector: Connector) -> Self {
+    pub fn new(connector: Connector) -> Self {
         Self::with_limits(connector, MAX_IDLE_PER_UPSTREAM, IDLE_TIMEOUT)
     }
 
@@ -312,7 +312,7 @@ impl UpstreamClient {
     }
 
     /// Sends a request with an absolute URI (sets `Host` if absent).
-    pub(crate) async fn request(
+    pub async fn request(
         &self,
         req: Request<OutBody>,
     ) -> Result<Response<UpstreamBody>, UpstreamError> {
@@ -328,7 +328,7 @@ impl UpstreamClient {
     /// the answer. An `async fn` would keep the request and the connect
     /// path's state in its future (about 900 bytes, copied at every move),
     /// whether a connection had to be made or not.
-    pub(crate) fn send<'a>(
+    pub fn send<'a>(
         &'a self,
         key: Option<&'a PoolKey>,
         mut req: Request<OutBody>,
@@ -505,7 +505,7 @@ async fn sweep(client: Weak<Inner>, every: Duration) {
 /// An upstream answer's body. When it has been read to the end, its
 /// connection goes back to the pool; dropped before that, it closes the
 /// connection (the backend sees the cancellation).
-pub(crate) struct UpstreamBody {
+pub struct UpstreamBody {
     inner: Incoming,
     giveback: Option<GiveBack>,
 }

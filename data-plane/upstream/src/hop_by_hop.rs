@@ -22,13 +22,13 @@ fn is_hop_by_hop(name: &HeaderName) -> bool {
 }
 
 /// [`is_hop_by_hop`] on a lower-case name's text.
-pub(crate) fn is_hop_by_hop_name(name: &str) -> bool {
+pub fn is_hop_by_hop_name(name: &str) -> bool {
     name == "transfer-encoding" || HOP_BY_HOP.contains(&name)
 }
 
 /// Removes hop-by-hop headers, including those named in `Connection`.
 /// (`Transfer-Encoding` is handled by hyper's framing on each side.)
-pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
+pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     // Usually there is none: one pass over the few names present instead
     // of a lookup (parse, hash, probe) per hop-by-hop name.
     if !headers.keys().any(is_hop_by_hop) {

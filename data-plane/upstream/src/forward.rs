@@ -1,6 +1,6 @@
 //! Sending a request to an endpoint and streaming its answer back.
 //!
-//! - A keep-alive connection pool per worker thread ([`crate::upstream`]),
+//! - A keep-alive connection pool per worker thread ([`crate::client`]),
 //!   HTTP/1.1 over plain TCP or rustls (webpki roots, plus an optional
 //!   extra CA file for private endpoints). Redirects are never followed: a
 //!   3xx is the backend's answer and goes back to the client as is.
@@ -8,7 +8,7 @@
 //!   `Connection` header names, are removed in both directions; the
 //!   client's address is appended to `X-Forwarded-For`.
 //! - The answer's body is passed through frame by frame
-//!   (`tracked_body::TrackedBody`), so server-sent events reach the client
+//!   (the proxy's `TrackedBody`), so server-sent events reach the client
 //!   as the backend produces them.
 
 use std::sync::Arc;
@@ -20,9 +20,8 @@ use http_body::Body;
 use hyper_util::client::legacy::connect::HttpConnector;
 use router_policy::Scheme;
 
-use crate::settings::Settings;
-use crate::upstream::PoolKey;
-pub(crate) use crate::upstream::UpstreamClient;
+use crate::client::PoolKey;
+pub use crate::client::UpstreamClient;
 
 /// Errors building the upstream client.
 #[derive(Debug, thiserror::Error)]
@@ -40,8 +39,19 @@ pub enum ClientError {
     Tls(String),
 }
 
+/// What an upstream client is built from (the proxy's settings).
+#[derive(Debug, Clone, Default)]
+pub struct ClientConfig {
+    /// An extra CA file (PEM) for private endpoints.
+    pub upstream_ca_file: Option<std::path::PathBuf>,
+    /// Backend hosts allowed despite resolving to refused addresses.
+    pub backend_hosts: router_policy::HostAllowList,
+    /// Longest TCP connect.
+    pub connect_timeout: Duration,
+}
+
 /// Builds an upstream client (keep-alive pool, TLS): one per worker thread.
-pub(crate) fn build_client(settings: &Settings) -> Result<UpstreamClient, ClientError> {
+pub fn build_client(settings: &ClientConfig) -> Result<UpstreamClient, ClientError> {
     let mut roots = rustls::RootCertStore::empty();
     roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
     if let Some(path) = &settings.upstream_ca_file {
@@ -70,7 +80,7 @@ pub(crate) fn build_client(settings: &Settings) -> Result<UpstreamClient, Client
     // Names resolving to link-local or metadata addresses are refused
     // (`crate::resolver`).
     let mut http = HttpConnector::new_with_resolver(crate::resolver::GuardedResolver::new(
-        settings.guards.backend_hosts.clone(),
+        settings.backend_hosts.clone(),
     ));
     http.enforce_http(false);
     http.set_nodelay(true);
@@ -87,10 +97,7 @@ pub(crate) fn build_client(settings: &Settings) -> Result<UpstreamClient, Client
 /// The URI of `path` at an endpoint's server root, whatever base path the
 /// endpoint has (capacity probes and health checks: their pages live at
 /// the root).
-pub(crate) fn root_uri(
-    endpoint: &router_policy::Endpoint,
-    path: &str,
-) -> Result<http::Uri, http::Error> {
+pub fn root_uri(endpoint: &router_policy::Endpoint, path: &str) -> Result<http::Uri, http::Error> {
     http::Uri::builder()
         .scheme(scheme_of(endpoint))
         .authority(endpoint.authority())
@@ -106,7 +113,7 @@ fn scheme_of(endpoint: &router_policy::Endpoint) -> &'static str {
 }
 
 /// The absolute upstream URI for a client path on an endpoint.
-pub(crate) fn upstream_uri(
+pub fn upstream_uri(
     endpoint: &router_policy::Endpoint,
     path_and_query: &str,
 ) -> Result<http::Uri, http::Error> {
@@ -121,7 +128,7 @@ pub(crate) fn upstream_uri(
 /// An endpoint's scheme, authority and `Host` header, parsed once (when
 /// the endpoint is added to its pool) instead of for every request.
 #[derive(Debug, Clone)]
-pub(crate) struct UpstreamTarget {
+pub struct UpstreamTarget {
     /// The connection pool's key of the endpoint.
     key: PoolKey,
     /// Whether the endpoint has a base path (then every path is joined).
@@ -134,28 +141,28 @@ pub(crate) struct UpstreamTarget {
 impl UpstreamTarget {
     /// Parses an endpoint; `None` when its URI would not be valid (the
     /// request path then reports the error).
-    pub(crate) fn new(endpoint: &router_policy::Endpoint) -> Option<Self> {
+    pub fn new(endpoint: &router_policy::Endpoint) -> Option<Self> {
         let uri = upstream_uri(endpoint, "/").ok()?;
         Some(Self {
             key: PoolKey::of(&uri)?,
             base_path: !endpoint.base_path().is_empty(),
-            host: crate::upstream::host_header(&uri)?,
+            host: crate::client::host_header(&uri)?,
         })
     }
 
     /// The `Host` header for requests to this endpoint.
-    pub(crate) fn host(&self) -> &HeaderValue {
+    pub fn host(&self) -> &HeaderValue {
         &self.host
     }
 
     /// The endpoint's key in the connection pool.
-    pub(crate) fn key(&self) -> &PoolKey {
+    pub fn key(&self) -> &PoolKey {
         &self.key
     }
 
     /// The upstream request's URI for a client path, in origin form (the
     /// path and query of [`upstream_uri`]).
-    pub(crate) fn uri(
+    pub fn uri(
         &self,
         endpoint: &router_policy::Endpoint,
         path_and_query: &http::uri::PathAndQuery,
@@ -173,7 +180,7 @@ const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto
 const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
 
 /// A client's IP address as a header value (made once per connection).
-pub(crate) fn client_ip_header(ip: std::net::IpAddr) -> HeaderValue {
+pub fn client_ip_header(ip: std::net::IpAddr) -> HeaderValue {
     // An IP address is always a valid header value.
     HeaderValue::try_from(ip.to_string()).unwrap_or_else(|_| HeaderValue::from_static("unknown"))
 }
@@ -183,7 +190,7 @@ pub(crate) fn client_ip_header(ip: std::net::IpAddr) -> HeaderValue {
 /// already set them). `client_ip` is from
 /// [`client_ip_header`]; `seen` is what the client sent of them (see
 /// [`crate::request_headers`]), so nothing is looked up here.
-pub(crate) fn add_forwarded(
+pub fn add_forwarded(
     headers: &mut HeaderMap,
     client_ip: &HeaderValue,
     original_host: Option<HeaderValue>,
@@ -210,11 +217,11 @@ pub(crate) fn add_forwarded(
 }
 
 /// Error type of proxied bodies.
-pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// Why [`read_whole`] stopped.
 #[derive(Debug)]
-pub(crate) enum ReadWholeError {
+pub enum ReadWholeError {
     /// The body is longer than the limit.
     TooLarge,
     /// Holding the body would go past the proxy's buffered-bytes cap.
@@ -229,7 +236,7 @@ pub(crate) enum ReadWholeError {
 /// body (a small JSON document) arrives as one data frame, which is
 /// returned as it is, with no queue of frames allocated and no copy; only a
 /// body of several frames is copied into one buffer. Trailers are dropped.
-pub(crate) async fn read_whole<B>(body: B, limit: usize) -> Result<Bytes, ReadWholeError>
+pub async fn read_whole<B>(body: B, limit: usize) -> Result<Bytes, ReadWholeError>
 where
     B: Body<Data = Bytes>,
     B::Error: Into<BoxError>,
@@ -241,7 +248,7 @@ where
 /// running total may be held ([`ReadWholeError::OverBudget`] when not).
 /// A body of several frames whose length is known is copied into one
 /// buffer of that length (no growth, no second copy).
-pub(crate) async fn read_whole_admitting<B>(
+pub async fn read_whole_admitting<B>(
     body: B,
     limit: usize,
     mut admit: impl FnMut(usize) -> bool,

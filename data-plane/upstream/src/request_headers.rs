@@ -29,7 +29,7 @@ const ROUTER_PREFIX: &str = "x-router-";
 
 /// What the client sent of the headers the router reads or rewrites.
 #[derive(Debug, Default)]
-pub(crate) struct RequestHeaders {
+pub struct RequestHeaders {
     /// `Idempotency-Key`.
     pub idempotency_key: Option<HeaderValue>,
     /// `X-Request-Id`.
@@ -58,7 +58,7 @@ pub(crate) struct RequestHeaders {
 
 impl RequestHeaders {
     /// One pass over `headers`.
-    pub(crate) fn scan(headers: &HeaderMap) -> Self {
+    pub fn scan(headers: &HeaderMap) -> Self {
         let mut seen = Self::default();
         for (name, value) in headers {
             let slot = match name.as_str() {
@@ -105,7 +105,7 @@ impl RequestHeaders {
 }
 
 /// Removes every `X-Router-*` header (call it when the scan saw one).
-pub(crate) fn strip_router_headers(headers: &mut HeaderMap) {
+pub fn strip_router_headers(headers: &mut HeaderMap) {
     let names: Vec<HeaderName> = headers
         .keys()
         .filter(|n| n.as_str().starts_with(ROUTER_PREFIX))

@@ -183,13 +183,42 @@ pub fn answer_text(answer: &Value) -> Option<&str> {
         .find_map(|c| c.get("text").and_then(Value::as_str))
 }
 
+/// Why an answer is not the structured output asked for.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StructuredError {
+    /// The answer body is not JSON.
+    #[error("answer is not JSON: {0}")]
+    AnswerNotJson(String),
+    /// The answer has no text content to check.
+    #[error("answer has no text content")]
+    NoText,
+    /// The answer's text is not JSON.
+    #[error("content is not JSON: {0}")]
+    ContentNotJson(String),
+    /// The content does not match the schema: where, and why.
+    #[error("{at}: {why}")]
+    Mismatch {
+        /// A JSON path (`$.items[2].name`).
+        at: String,
+        /// What the schema wanted there.
+        why: String,
+    },
+}
+
+fn mismatch(at: &str, why: String) -> StructuredError {
+    StructuredError::Mismatch {
+        at: at.to_string(),
+        why,
+    }
+}
+
 /// Checks an answer body against what was asked; `Err` says why not.
-pub fn check(answer_body: &[u8], expected: &Expected) -> Result<(), String> {
-    let answer: Value =
-        serde_json::from_slice(answer_body).map_err(|e| format!("answer is not JSON: {e}"))?;
-    let text = answer_text(&answer).ok_or("answer has no text content")?;
+pub fn check(answer_body: &[u8], expected: &Expected) -> Result<(), StructuredError> {
+    let answer: Value = serde_json::from_slice(answer_body)
+        .map_err(|e| StructuredError::AnswerNotJson(e.to_string()))?;
+    let text = answer_text(&answer).ok_or(StructuredError::NoText)?;
     let value: Value =
-        serde_json::from_str(text).map_err(|e| format!("content is not JSON: {e}"))?;
+        serde_json::from_str(text).map_err(|e| StructuredError::ContentNotJson(e.to_string()))?;
     match expected {
         Expected::Json => Ok(()),
         Expected::Schema(schema) => matches(&value, schema, "$"),
@@ -210,10 +239,10 @@ fn type_ok(value: &Value, ty: &str) -> bool {
 }
 
 /// Does `value` match `schema`? `Err` names the first place it does not.
-pub fn matches(value: &Value, schema: &Value, at: &str) -> Result<(), String> {
+pub fn matches(value: &Value, schema: &Value, at: &str) -> Result<(), StructuredError> {
     let Some(schema) = schema.as_object() else {
         return match schema {
-            Value::Bool(false) => Err(format!("{at}: no value is allowed")),
+            Value::Bool(false) => Err(mismatch(at, "no value is allowed".into())),
             _ => Ok(()),
         };
     };
@@ -227,29 +256,29 @@ pub fn matches(value: &Value, schema: &Value, at: &str) -> Result<(), String> {
             _ => true,
         };
         if !ok {
-            return Err(format!("{at}: expected type {ty}"));
+            return Err(mismatch(at, format!("expected type {ty}")));
         }
     }
     if let Some(c) = schema.get("const") {
         if c != value {
-            return Err(format!("{at}: expected {c}"));
+            return Err(mismatch(at, format!("expected {c}")));
         }
     }
     if let Some(Value::Array(options)) = schema.get("enum") {
         if !options.contains(value) {
-            return Err(format!("{at}: not one of the allowed values"));
+            return Err(mismatch(at, "not one of the allowed values".into()));
         }
     }
     if let Some(Value::Array(any)) = schema.get("anyOf") {
         if !any.iter().any(|s| matches(value, s, at).is_ok()) {
-            return Err(format!("{at}: matches none of anyOf"));
+            return Err(mismatch(at, "matches none of anyOf".into()));
         }
     }
     if let Some(obj) = value.as_object() {
         if let Some(Value::Array(required)) = schema.get("required") {
             for r in required.iter().filter_map(Value::as_str) {
                 if !obj.contains_key(r) {
-                    return Err(format!("{at}: missing required property {r:?}"));
+                    return Err(mismatch(at, format!("missing required property {r:?}")));
                 }
             }
         }
@@ -258,7 +287,7 @@ pub fn matches(value: &Value, schema: &Value, at: &str) -> Result<(), String> {
             match props.and_then(|p| p.get(k)) {
                 Some(s) => matches(v, s, &format!("{at}.{k}"))?,
                 None if schema.get("additionalProperties") == Some(&Value::Bool(false)) => {
-                    return Err(format!("{at}: unexpected property {k:?}"));
+                    return Err(mismatch(at, format!("unexpected property {k:?}")));
                 }
                 None => {}
             }
@@ -408,10 +437,22 @@ mod tests {
         )
         .is_ok());
         let err = check(&chat(r#"{"temp": 3}"#), &schema).unwrap_err();
-        assert!(err.contains("missing required property \"city\""), "{err}");
-        assert!(check(&chat(r#"{"city": 1}"#), &schema)
-            .unwrap_err()
-            .contains("$.city"));
+        assert_eq!(
+            err,
+            StructuredError::Mismatch {
+                at: "$".into(),
+                why: "missing required property \"city\"".into()
+            }
+        );
+        assert!(matches!(
+            check(&chat(r#"{"city": 1}"#), &schema),
+            Err(StructuredError::Mismatch { at, .. }) if at == "$.city"
+        ));
+        assert_eq!(
+            check(b"not json", &Expected::Json)
+                .map_err(|e| matches!(e, StructuredError::AnswerNotJson(_))),
+            Err(true)
+        );
         assert!(check(&chat(r#"{"city": "x", "extra": 1}"#), &schema).is_err());
         assert!(check(&chat(r#"{"city": "x", "tags": ["c"]}"#), &schema).is_err());
     }

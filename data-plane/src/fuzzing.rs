@@ -29,7 +29,7 @@ use router_proto::v1 as pb;
 use crate::config::ConfigStore;
 use crate::metrics::Metrics;
 use crate::request_headers::RequestHeaders;
-use crate::route_log::{AttemptRecord, RouteRecord, Timestamp};
+use crate::route_log::{AttemptRecord, LogLine, Timestamp};
 
 // ---- Request headers ----
 
@@ -282,11 +282,9 @@ fn attempt(b: &mut Bytes<'_>) -> AttemptRecord {
 }
 
 /// A route record with every field taken from `data`.
-fn record(data: &[u8]) -> RouteRecord {
+fn record(data: &[u8]) -> LogLine {
     let b = &mut Bytes(data);
-    RouteRecord {
-        otel: None,
-        response_model: b.some().then(|| b.string()),
+    LogLine {
         request_id: b.string(),
         offered_at: Timestamp(time(b)),
         method: method(b),
@@ -329,8 +327,6 @@ fn record(data: &[u8]) -> RouteRecord {
         dialect: b.some().then_some("anthropic"),
         tenant: b.some().then(|| b.string().into()),
         parked_task: b.some().then(|| b.string()),
-        tenant_holds: None,
-        primary_passed_over: None,
         config_version: b.string().into(),
     }
 }

@@ -32,7 +32,7 @@ use crate::config::Snapshot;
 use crate::error::ProxyError;
 use crate::idempotency::{KeyLease, StoredAnswer};
 use crate::pool::Lease;
-use crate::route_log::{AttemptRecord, RouteRecord, Timestamp, UPSTREAM_REQUEST_ID_MAX};
+use crate::route_log::{AttemptRecord, LogLine, RouteRecord, Timestamp, UPSTREAM_REQUEST_ID_MAX};
 use crate::tracked_body::{StreamWatch, TrackedBody};
 use crate::upstream::UpstreamBody;
 use crate::Shared;
@@ -65,10 +65,13 @@ impl Pending {
         #[allow(clippy::disallowed_methods)]
         let offered_at = Timestamp(SystemTime::now());
         let record = Box::new(RouteRecord {
-            offered_at,
-            method: req.method().clone(),
-            path: req.uri().path().to_string(),
-            config_version: Arc::clone(&snapshot.version),
+            line: LogLine {
+                offered_at,
+                method: req.method().clone(),
+                path: req.uri().path().to_string(),
+                config_version: Arc::clone(&snapshot.version),
+                ..LogLine::default()
+            },
             ..RouteRecord::default()
         });
         Self {
@@ -417,7 +420,10 @@ mod tests {
     #[test]
     fn router_headers_carry_the_id_route_attempts_and_version() {
         let record = RouteRecord {
-            request_id: "generated-1".into(),
+            line: LogLine {
+                request_id: "generated-1".into(),
+                ..LogLine::default()
+            },
             ..RouteRecord::default()
         };
         let mut resp = Response::new(());

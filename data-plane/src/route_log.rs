@@ -9,8 +9,8 @@ use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
 
 pub(crate) use router_route_log::{
-    AttemptRecord, PrefixRecord, RouteLog, StreamRecord, Timestamp, UsageRecord,
-    UPSTREAM_REQUEST_ID_MAX,
+    AttemptRecord, HedgeRole, IdempotencyRole, PrefixRecord, RouteLog, Stopped, StreamRecord,
+    Timestamp, UsageRecord, UPSTREAM_REQUEST_ID_MAX,
 };
 
 /// The line the route log writes for one request.

@@ -9,7 +9,7 @@
 use std::cell::RefCell;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use router_policy::Outcome;
+use router_policy::{Outcome, Risk};
 
 use crate::record::{AttemptRecord, RouteRecord};
 
@@ -542,7 +542,7 @@ impl AttemptRecord {
         json_opt_u64(out, opt_key!("", "timeout_ms", ""), self.timeout_ms);
         if let Some(h) = self.hedge {
             out.extend_from_slice(b",\"hedge\":\"");
-            json_plain_contents(out, h);
+            json_plain_contents(out, h.as_str());
             out.push(b'"');
         }
         if let Some(a) = self.affinity {
@@ -643,7 +643,8 @@ impl RouteRecord {
             }
             a.write_json(out);
         }
-        json_opt_plain(out, opt_key!("]", "risk", "\""), self.risk);
+        let risk = self.risk.map(Risk::as_str);
+        json_opt_plain(out, opt_key!("]", "risk", "\""), risk);
         out.extend_from_slice(b",\"reason\":\"");
         json_str_contents(out, &self.reason);
         json_opt_str(out, opt_key!("\"", "model", "\""), self.model.as_deref());
@@ -666,7 +667,7 @@ impl RouteRecord {
         }
         if let Some(s) = self.stopped {
             out.extend_from_slice(b",\"stopped\":\"");
-            json_plain_contents(out, s);
+            json_plain_contents(out, s.as_str());
             out.push(b'"');
         }
         json_opt_str(
@@ -676,7 +677,7 @@ impl RouteRecord {
         );
         if let Some(i) = self.idempotency {
             out.extend_from_slice(b",\"idempotency\":\"");
-            json_plain_contents(out, i);
+            json_plain_contents(out, i.as_str());
             out.push(b'"');
         }
         if let Some(d) = self.dialect {

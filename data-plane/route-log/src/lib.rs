@@ -22,7 +22,7 @@ mod record;
 mod writer;
 
 pub use record::{
-    AttemptRecord, PrefixRecord, RouteRecord, StreamRecord, Timestamp, UsageRecord,
-    UPSTREAM_REQUEST_ID_MAX,
+    AttemptRecord, HedgeRole, IdempotencyRole, PrefixRecord, RouteRecord, Stopped, StreamRecord,
+    Timestamp, UsageRecord, UPSTREAM_REQUEST_ID_MAX,
 };
 pub use writer::{RouteLog, FLUSH_INTERVAL, MAX_QUEUED};

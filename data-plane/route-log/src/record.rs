@@ -9,8 +9,83 @@
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use router_policy::Outcome;
+use router_policy::{Outcome, Risk};
 use serde::Serialize;
+
+/// A closed set of names written as JSON strings: the enum, its
+/// `as_str`, its `ALL` and a `Serialize` that writes the name.
+macro_rules! named {
+    ($(#[$meta:meta])* $name:ident {
+        $($(#[$vmeta:meta])* $variant:ident => $text:literal,)+
+    }) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub enum $name {
+            $($(#[$vmeta])* $variant,)+
+        }
+
+        impl $name {
+            /// Every value, in declaration order.
+            pub const ALL: &'static [Self] = &[$(Self::$variant),+];
+
+            /// The name the line writes.
+            pub const fn as_str(self) -> &'static str {
+                match self {
+                    $(Self::$variant => $text,)+
+                }
+            }
+        }
+
+        impl Serialize for $name {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.serialize_str(self.as_str())
+            }
+        }
+    };
+}
+
+named! {
+    /// An attempt's part in a hedged request: the first attempt
+    /// (`primary`) or the second (`hedge`), and how it ended.
+    HedgeRole {
+        /// The first attempt answered first.
+        PrimaryWon => "primary_won",
+        /// The first attempt failed.
+        PrimaryFailed => "primary_failed",
+        /// The first attempt was cancelled: the hedge answered first.
+        PrimaryCancelled => "primary_cancelled",
+        /// The hedge answered first.
+        HedgeWon => "hedge_won",
+        /// The hedge failed.
+        HedgeFailed => "hedge_failed",
+        /// The hedge was cancelled: the first attempt answered first.
+        HedgeCancelled => "hedge_cancelled",
+    }
+}
+
+named! {
+    /// Why a walk stopped early, when a limit stopped it.
+    Stopped {
+        /// The route's retry budget had no room for another attempt (a
+        /// retry or a hedge).
+        RetryBudgetExhausted => "retry_budget_exhausted",
+    }
+}
+
+named! {
+    /// What a request's `Idempotency-Key` did.
+    IdempotencyRole {
+        /// The first request with the key: it ran.
+        Lead => "lead",
+        /// The first, with the shared store down: it ran, claimed in this
+        /// process only.
+        LeadLocal => "lead_local",
+        /// Waited for the first request and passed its answer on.
+        Join => "join",
+        /// Replayed the stored answer of a finished request.
+        Replay => "replay",
+    }
+}
 
 /// One attempt to send the request to an endpoint.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
@@ -53,10 +128,9 @@ pub struct AttemptRecord {
     /// settlement (`router_policy::tenant::Charge`).
     #[serde(skip)]
     pub generated: router_policy::tenant::Charge,
-    /// Its part in a hedged request: `primary`, `hedge` (the second
-    /// attempt), each `won` or `cancelled`: `primary_won`, `hedge_won`...
+    /// Its part in a hedged request (`primary_won`, `hedge_cancelled`...).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub hedge: Option<&'static str>,
+    pub hedge: Option<HedgeRole>,
     /// How session affinity placed it, when it did: `session_kept`,
     /// `session_placed`, `session_spilled`
     /// (`router_policy::affinity::SessionPlacement`).
@@ -199,8 +273,8 @@ pub struct RouteRecord {
     pub queue_wait_ms: f64,
     /// Every attempt, in order.
     pub attempts: Vec<AttemptRecord>,
-    /// Risk class.
-    pub risk: Option<&'static str>,
+    /// Risk class (`READ`, `DRAFT`, `SEND`, `DESTRUCTIVE`).
+    pub risk: Option<Risk>,
     /// Why this route and pool were chosen.
     pub reason: String,
     /// The request's `model`, when it had one.
@@ -223,17 +297,14 @@ pub struct RouteRecord {
     /// A streamed answer's timing and usage (streams only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub stream: Option<StreamRecord>,
-    /// Why the walk stopped early, when a limit stopped it
-    /// (`retry_budget_exhausted`).
+    /// Why the walk stopped early, when a limit stopped it.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub stopped: Option<&'static str>,
+    pub stopped: Option<Stopped>,
     /// Trace id, when tracing is on.
     pub trace_id: Option<String>,
-    /// What the `Idempotency-Key` did: `lead`, `lead_local` (the shared
-    /// store was down), `join` (waited for the first request), `replay`;
-    /// absent without a key.
+    /// What the `Idempotency-Key` did; absent without a key.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub idempotency: Option<&'static str>,
+    pub idempotency: Option<IdempotencyRole>,
     /// The client's dialect when it is not OpenAI's (`anthropic`: the
     /// request was translated to the pools' and its answer back).
     #[serde(skip_serializing_if = "Option::is_none")]

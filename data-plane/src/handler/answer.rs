@@ -32,7 +32,9 @@ use crate::config::Snapshot;
 use crate::error::ProxyError;
 use crate::idempotency::{KeyLease, StoredAnswer};
 use crate::pool::Lease;
-use crate::route_log::{AttemptRecord, LogLine, RouteRecord, Timestamp, UPSTREAM_REQUEST_ID_MAX};
+use crate::route_log::{
+    AttemptRecord, IdempotencyRole, LogLine, RouteRecord, Timestamp, UPSTREAM_REQUEST_ID_MAX,
+};
 use crate::tracked_body::{StreamWatch, TrackedBody};
 use crate::upstream::UpstreamBody;
 use crate::Shared;
@@ -184,7 +186,11 @@ impl Pending {
     pub(super) fn replay(mut self, stored: &StoredAnswer, joined: bool) -> Response<ProxyBody> {
         let mut record = self.take_record();
         record.first_outcome = Some(Outcome::Replayed);
-        record.idempotency = Some(if joined { "join" } else { "replay" });
+        record.idempotency = Some(if joined {
+            IdempotencyRole::Join
+        } else {
+            IdempotencyRole::Replay
+        });
         record.reason = if joined {
             "Idempotency-Key retry: joined the first request in flight and got its answer".into()
         } else {

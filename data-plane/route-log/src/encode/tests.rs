@@ -2,10 +2,12 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use router_policy::Outcome;
+use router_policy::{Outcome, Risk};
 
 use super::*;
-use crate::record::{PrefixRecord, StreamRecord, Timestamp, UsageRecord};
+use crate::record::{
+    HedgeRole, IdempotencyRole, PrefixRecord, Stopped, StreamRecord, Timestamp, UsageRecord,
+};
 
 fn attempt(pool: &str, outcome: Outcome) -> AttemptRecord {
     AttemptRecord {
@@ -330,7 +332,7 @@ fn hand_written_json_is_serde_json_byte_for_byte() {
             attempt("primary", Outcome::Status5xx),
             attempt("fallback", Outcome::Ok),
         ],
-        risk: Some("READ"),
+        risk: Some(Risk::Read),
         reason: "route \"default\" (risk READ);\n\tthen primary: status_5xx".into(),
         model: Some("llama3.1:8b".into()),
         tokens_in: Some(0),
@@ -382,7 +384,7 @@ fn pinned_record() -> RouteRecord {
                 ..attempt("fallback", Outcome::Ok)
             },
         ],
-        risk: Some("READ"),
+        risk: Some(Risk::Read),
         reason: "route \"default\";\n\tthen \u{8}\u{c}\r".into(),
         model: Some("llama3.1:8b".into()),
         tokens_in: Some(0),
@@ -394,6 +396,95 @@ fn pinned_record() -> RouteRecord {
     }
 }
 
+/// The line of a blank record, pinned.
+const EMPTY: &str = concat!(
+    r#"{"request_id":"","offered_at":"1970-01-01T00:00:00.000Z","method":"GET","#,
+    r#""path":"","route":null,"first_route":null,"first_outcome":null,"#,
+    r#""fallback_outcome":null,"final_route":null,"outcome":"ok","status":0,"#,
+    r#""elapsed_ms":0.0,"deadline_ms":null,"queue_wait_ms":0.0,"attempts":[],"#,
+    r#""risk":null,"reason":"","model":null,"tokens_in":null,"tokens_out":null,"#,
+    r#""cost_usd":null,"trace_id":null,"config_version":""}"#,
+);
+
+/// Issue 32, item 3: the typed fields (hedge role, risk, stop reason,
+/// idempotency role) write, for every value, the very strings the
+/// `&'static str` fields wrote before (the log format is a contract):
+/// each value's line is the blank line with the field put in its place.
+#[test]
+fn typed_fields_write_the_strings_they_replaced() {
+    let hedge = [
+        (HedgeRole::PrimaryWon, "primary_won"),
+        (HedgeRole::PrimaryFailed, "primary_failed"),
+        (HedgeRole::PrimaryCancelled, "primary_cancelled"),
+        (HedgeRole::HedgeWon, "hedge_won"),
+        (HedgeRole::HedgeFailed, "hedge_failed"),
+        (HedgeRole::HedgeCancelled, "hedge_cancelled"),
+    ];
+    assert_eq!(hedge.len(), HedgeRole::ALL.len());
+    for (role, text) in hedge {
+        let r = RouteRecord {
+            attempts: vec![AttemptRecord {
+                hedge: Some(role),
+                ..AttemptRecord::default()
+            }],
+            ..RouteRecord::default()
+        };
+        let attempt = format!(
+            concat!(
+                r#""attempts":[{{"pool":"","endpoint":"","outcome":"ok","status":null,"#,
+                r#""latency_ms":0.0,"queue_wait_ms":0.0,"timeout_ms":null,"hedge":"{}"}}],"#
+            ),
+            text
+        );
+        assert_eq!(line(&r), EMPTY.replace(r#""attempts":[],"#, &attempt));
+    }
+    let risk = [
+        (Risk::Read, "READ"),
+        (Risk::Draft, "DRAFT"),
+        (Risk::Send, "SEND"),
+        (Risk::Destructive, "DESTRUCTIVE"),
+    ];
+    assert_eq!(risk.len(), Risk::ALL.len());
+    for (risk, text) in risk {
+        let r = RouteRecord {
+            risk: Some(risk),
+            ..RouteRecord::default()
+        };
+        let field = format!(r#""risk":"{text}""#);
+        assert_eq!(line(&r), EMPTY.replace(r#""risk":null"#, &field));
+    }
+    let stopped = [(Stopped::RetryBudgetExhausted, "retry_budget_exhausted")];
+    assert_eq!(stopped.len(), Stopped::ALL.len());
+    for (why, text) in stopped {
+        let r = RouteRecord {
+            stopped: Some(why),
+            ..RouteRecord::default()
+        };
+        let fields = format!(r#""cost_usd":null,"stopped":"{text}","trace_id""#);
+        assert_eq!(
+            line(&r),
+            EMPTY.replace(r#""cost_usd":null,"trace_id""#, &fields)
+        );
+    }
+    let idempotency = [
+        (IdempotencyRole::Lead, "lead"),
+        (IdempotencyRole::LeadLocal, "lead_local"),
+        (IdempotencyRole::Join, "join"),
+        (IdempotencyRole::Replay, "replay"),
+    ];
+    assert_eq!(idempotency.len(), IdempotencyRole::ALL.len());
+    for (role, text) in idempotency {
+        let r = RouteRecord {
+            idempotency: Some(role),
+            ..RouteRecord::default()
+        };
+        let fields = format!(r#""trace_id":null,"idempotency":"{text}","config_version""#);
+        let want = EMPTY.replace(r#""trace_id":null,"config_version""#, &fields);
+        assert_eq!(line(&r), want);
+        assert_eq!(line(&r), serde_json::to_string(&r).unwrap());
+    }
+}
+
 /// The line, pinned byte for byte: these are the bytes the route log
 /// wrote when it formatted lines by hand (checked against serde_json
 /// field by field), so a change to the record's fields, their order, or
@@ -401,14 +492,6 @@ fn pinned_record() -> RouteRecord {
 /// clamped, never a panic.
 #[test]
 fn lines_are_pinned_byte_for_byte() {
-    const EMPTY: &str = concat!(
-        r#"{"request_id":"","offered_at":"1970-01-01T00:00:00.000Z","method":"GET","#,
-        r#""path":"","route":null,"first_route":null,"first_outcome":null,"#,
-        r#""fallback_outcome":null,"final_route":null,"outcome":"ok","status":0,"#,
-        r#""elapsed_ms":0.0,"deadline_ms":null,"queue_wait_ms":0.0,"attempts":[],"#,
-        r#""risk":null,"reason":"","model":null,"tokens_in":null,"tokens_out":null,"#,
-        r#""cost_usd":null,"trace_id":null,"config_version":""}"#,
-    );
     const FULL: &str = concat!(
         r#"{"request_id":"id \"q\" \\ \u0001 \u001f "#,
         "\u{7f}",
@@ -490,7 +573,8 @@ fn random_record(rng: &mut Rng) -> RouteRecord {
             latency_ms: float(rng),
             queue_wait_ms: float(rng),
             timeout_ms: some(rng).then(|| rng.next() >> rng.below(64)),
-            hedge: some(rng).then(|| ["primary_won", "hedge_cancelled"][rng.below(2) as usize]),
+            hedge: some(rng)
+                .then(|| HedgeRole::ALL[rng.below(HedgeRole::ALL.len() as u64) as usize]),
             affinity: some(rng).then(|| ["session_kept", "session_spilled"][rng.below(2) as usize]),
             dialect: some(rng).then(|| ["anthropic", "gemini"][rng.below(2) as usize]),
             prefix: some(rng).then(|| PrefixRecord {
@@ -525,7 +609,7 @@ fn random_record(rng: &mut Rng) -> RouteRecord {
         deadline_ms: some(rng).then(|| rng.next() >> rng.below(64)),
         queue_wait_ms: float(rng),
         attempts,
-        risk: some(rng).then(|| ["READ", "DRAFT", "SEND", "DESTRUCTIVE"][rng.below(4) as usize]),
+        risk: some(rng).then(|| Risk::ALL[rng.below(Risk::ALL.len() as u64) as usize]),
         reason: pick(rng).into(),
         model: some(rng).then(|| pick(rng).into()),
         tokens_in: some(rng).then(|| rng.next() >> rng.below(64)),
@@ -542,9 +626,10 @@ fn random_record(rng: &mut Rng) -> RouteRecord {
                 output_tokens: some(rng).then(|| rng.below(100_000)),
             }),
         }),
-        stopped: some(rng).then_some("retry_budget_exhausted"),
+        stopped: some(rng).then_some(Stopped::RetryBudgetExhausted),
         trace_id: some(rng).then(|| pick(rng).into()),
-        idempotency: some(rng).then(|| ["lead", "join", "replay"][rng.below(3) as usize]),
+        idempotency: some(rng)
+            .then(|| IdempotencyRole::ALL[rng.below(IdempotencyRole::ALL.len() as u64) as usize]),
         dialect: some(rng).then_some("anthropic"),
         tenant: some(rng).then(|| pick(rng).into()),
         parked_task: some(rng).then(|| pick(rng).into()),

@@ -40,7 +40,7 @@ for f in "$out"/callgrind.out.*.1-*; do
   total=$((total + ir))
   # (write_lines may be inlined into the thread's closure: write_json too
   # runs on that thread only.)
-  if grep -qE 'route_log::(write_lines|RouteRecord::write_json)' "$f"; then
+  if grep -qE 'router_route_log::(writer::write_lines|.*::write_json)' "$f"; then
     writer=$((writer + ir))
   fi
 done

@@ -66,7 +66,7 @@ for mode in h1 h2c tls-h1 tls-h2; do
   for f in "$dir"/callgrind.out.*.1-*; do
     ir=$(grep -E '^(summary|totals):' "$f" | head -1 | awk '{print $2}')
     total=$((total + ir))
-    if grep -qE 'route_log::(write_lines|RouteRecord::write_json)' "$f"; then
+    if grep -qE 'router_route_log::(writer::write_lines|.*::write_json)' "$f"; then
       writer=$((writer + ir))
     fi
   done

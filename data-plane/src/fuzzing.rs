@@ -29,7 +29,7 @@ use router_proto::v1 as pb;
 use crate::config::ConfigStore;
 use crate::metrics::Metrics;
 use crate::request_headers::RequestHeaders;
-use crate::route_log::{AttemptRecord, RouteRecord, Timestamp};
+use crate::route_log::{AttemptRecord, HedgeRole, IdempotencyRole, LogLine, Stopped, Timestamp};
 
 // ---- Request headers ----
 
@@ -260,7 +260,7 @@ fn attempt(b: &mut Bytes<'_>) -> AttemptRecord {
         generated: router_policy::tenant::Charge::default(),
         hedge: b
             .some()
-            .then(|| ["primary_won", "hedge_won", "hedge_cancelled"][usize::from(b.byte()) % 3]),
+            .then(|| HedgeRole::ALL[usize::from(b.byte()) % HedgeRole::ALL.len()]),
         affinity: b.some().then(|| {
             ["session_kept", "session_placed", "session_spilled"][usize::from(b.byte()) % 3]
         }),
@@ -282,11 +282,9 @@ fn attempt(b: &mut Bytes<'_>) -> AttemptRecord {
 }
 
 /// A route record with every field taken from `data`.
-fn record(data: &[u8]) -> RouteRecord {
+fn record(data: &[u8]) -> LogLine {
     let b = &mut Bytes(data);
-    RouteRecord {
-        otel: None,
-        response_model: b.some().then(|| b.string()),
+    LogLine {
         request_id: b.string(),
         offered_at: Timestamp(time(b)),
         method: method(b),
@@ -304,7 +302,7 @@ fn record(data: &[u8]) -> RouteRecord {
         attempts: (0..b.below(5)).map(|_| attempt(b)).collect(),
         risk: b
             .some()
-            .then(|| Risk::ALL[usize::from(b.byte()) % Risk::ALL.len()].as_str()),
+            .then(|| Risk::ALL[usize::from(b.byte()) % Risk::ALL.len()]),
         reason: b.string(),
         model: b.some().then(|| b.string().into()),
         tokens_in: b.opt_u64(),
@@ -321,16 +319,14 @@ fn record(data: &[u8]) -> RouteRecord {
                 output_tokens: b.opt_u64(),
             }),
         }),
-        stopped: b.some().then_some("retry_budget_exhausted"),
+        stopped: b.some().then_some(Stopped::RetryBudgetExhausted),
         trace_id: b.some().then(|| b.string()),
         idempotency: b
             .some()
-            .then(|| ["lead", "lead_local", "join", "replay"][usize::from(b.byte()) % 4]),
+            .then(|| IdempotencyRole::ALL[usize::from(b.byte()) % IdempotencyRole::ALL.len()]),
         dialect: b.some().then_some("anthropic"),
         tenant: b.some().then(|| b.string().into()),
         parked_task: b.some().then(|| b.string()),
-        tenant_holds: None,
-        primary_passed_over: None,
         config_version: b.string().into(),
     }
 }

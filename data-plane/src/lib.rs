@@ -37,7 +37,8 @@
 //!   the upstream client, a crate of its own ([`router_upstream`]:
 //!   connect, TLS, the per-worker pool, URIs, forwarded and hop-by-hop
 //!   headers, body reads), re-exported here under its old module names;
-//! - `route_log`, `metrics`, [`telemetry`]: what the proxy tells operators;
+//! - `route_log` (the request's record around `router_route_log`'s
+//!   line), `metrics`, [`telemetry`]: what the proxy tells operators;
 //! - `reload`: standalone mode's policy file watcher;
 //! - [`managed`]: managed mode's control-plane stream and its cache;
 //! - `settings`, `error`: environment and typed errors;
@@ -422,7 +423,10 @@ pub async fn start(options: ProxyOptions) -> Result<RunningProxy, StartError> {
         settings.connections_per_peer(),
     );
     let shared = Arc::new(Shared {
-        route_log: RouteLog::spawn(route_log, Arc::clone(&metrics))?,
+        route_log: RouteLog::spawn(route_log, {
+            let metrics = Arc::clone(&metrics);
+            move || metrics.route_log_dropped()
+        })?,
         settings,
         config: Arc::clone(&config),
         metrics,

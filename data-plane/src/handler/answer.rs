@@ -32,7 +32,9 @@ use crate::config::Snapshot;
 use crate::error::ProxyError;
 use crate::idempotency::{KeyLease, StoredAnswer};
 use crate::pool::Lease;
-use crate::route_log::{AttemptRecord, RouteRecord, Timestamp, UPSTREAM_REQUEST_ID_MAX};
+use crate::route_log::{
+    AttemptRecord, IdempotencyRole, LogLine, RouteRecord, Timestamp, UPSTREAM_REQUEST_ID_MAX,
+};
 use crate::tracked_body::{StreamWatch, TrackedBody};
 use crate::upstream::UpstreamBody;
 use crate::Shared;
@@ -65,10 +67,13 @@ impl Pending {
         #[allow(clippy::disallowed_methods)]
         let offered_at = Timestamp(SystemTime::now());
         let record = Box::new(RouteRecord {
-            offered_at,
-            method: req.method().clone(),
-            path: req.uri().path().to_string(),
-            config_version: Arc::clone(&snapshot.version),
+            line: LogLine {
+                offered_at,
+                method: req.method().clone(),
+                path: req.uri().path().to_string(),
+                config_version: Arc::clone(&snapshot.version),
+                ..LogLine::default()
+            },
             ..RouteRecord::default()
         });
         Self {
@@ -176,7 +181,11 @@ impl Pending {
     pub(super) fn replay(mut self, stored: &StoredAnswer, joined: bool) -> Response<ProxyBody> {
         let mut record = self.take_record();
         record.first_outcome = Some(Outcome::Replayed);
-        record.idempotency = Some(if joined { "join" } else { "replay" });
+        record.idempotency = Some(if joined {
+            IdempotencyRole::Join
+        } else {
+            IdempotencyRole::Replay
+        });
         record.reason = if joined {
             "Idempotency-Key retry: joined the first request in flight and got its answer".into()
         } else {
@@ -412,7 +421,10 @@ mod tests {
     #[test]
     fn router_headers_carry_the_id_route_attempts_and_version() {
         let record = RouteRecord {
-            request_id: "generated-1".into(),
+            line: LogLine {
+                request_id: "generated-1".into(),
+                ..LogLine::default()
+            },
             ..RouteRecord::default()
         };
         let mut resp = Response::new(());

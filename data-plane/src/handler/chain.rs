@@ -330,7 +330,7 @@ impl Exchange {
     /// The route's retry budget refused an extra attempt (a retry, a hedge)
     /// on `pool`: the log line, the metric and the span say so.
     pub(super) fn note_budget_exhausted(&self, pending: &mut Pending, pool: &str) {
-        pending.rec().stopped = Some("retry_budget_exhausted");
+        pending.rec().stopped = Some(crate::route_log::Stopped::RetryBudgetExhausted);
         self.shared
             .metrics
             .stream_event(pool, "retry_budget_exhausted");

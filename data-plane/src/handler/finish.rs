@@ -104,7 +104,7 @@ pub(super) fn finish_record(
             record.cost_usd.unwrap_or(0.0),
         );
     }
-    shared.route_log.emit(record);
+    record.emit(&shared.route_log);
 }
 
 /// Runs when a streamed answer's body ends.

@@ -41,7 +41,7 @@ use super::answer::Pending;
 use super::attempt::{Attempt, AttemptEnd, AttemptProgress};
 use super::chain::{Exchange, HedgeReport, LivePools};
 use crate::pool::{PoolRuntime, Sample};
-use crate::route_log::AttemptRecord;
+use crate::route_log::{AttemptRecord, HedgeRole};
 
 /// A hedge to run alongside an attempt.
 pub(super) struct Hedge<'a> {
@@ -63,7 +63,7 @@ fn answered(end: &AttemptEnd) -> bool {
 }
 
 /// The record of an attempt's end, with its part in the hedge.
-fn tag(end: &mut AttemptEnd, part: &'static str) {
+fn tag(end: &mut AttemptEnd, part: HedgeRole) {
     match end {
         AttemptEnd::Stream { record, .. }
         | AttemptEnd::Whole { record, .. }
@@ -92,7 +92,7 @@ fn cancelled(
     progress: &AttemptProgress,
     pool: &PoolRuntime,
     timeout_ms: Option<u64>,
-    part: &'static str,
+    part: HedgeRole,
 ) -> AttemptRecord {
     let mut record = AttemptRecord {
         pool: Arc::clone(pool.shared_name()),
@@ -188,9 +188,17 @@ impl Exchange {
             (hedge.to, first_pool, &p1)
         };
         let (won, lost, cancelled_part) = if primary_first {
-            ("primary_won", "primary_failed", "hedge_cancelled")
+            (
+                HedgeRole::PrimaryWon,
+                HedgeRole::PrimaryFailed,
+                HedgeRole::HedgeCancelled,
+            )
         } else {
-            ("hedge_won", "hedge_failed", "primary_cancelled")
+            (
+                HedgeRole::HedgeWon,
+                HedgeRole::HedgeFailed,
+                HedgeRole::PrimaryCancelled,
+            )
         };
         let mut first_end = first_end;
         if answered(&first_end) {
@@ -211,7 +219,7 @@ impl Exchange {
             }
             if let Some(cx) = &self.otel {
                 cx.span().add_event(
-                    won,
+                    won.as_str(),
                     vec![KeyValue::new("router.pool", winner_pool.name().to_string())],
                 );
             }
@@ -233,12 +241,12 @@ impl Exchange {
             primary.await
         };
         let part = match (primary_first, answered(&last)) {
-            (true, true) => "hedge_won",
-            (true, false) => "hedge_failed",
-            (false, true) => "primary_won",
-            (false, false) => "primary_failed",
+            (true, true) => HedgeRole::HedgeWon,
+            (true, false) => HedgeRole::HedgeFailed,
+            (false, true) => HedgeRole::PrimaryWon,
+            (false, false) => HedgeRole::PrimaryFailed,
         };
-        if part == "hedge_won" {
+        if part == HedgeRole::HedgeWon {
             self.shared
                 .metrics
                 .stream_event(loser_pool.name(), "hedge_won");

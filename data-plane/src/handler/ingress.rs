@@ -38,6 +38,7 @@ use crate::forward::{self, ReadWholeError, UpstreamClient};
 use crate::idempotency::{self, Begin, KeyedRequest};
 use crate::limits::Reservation;
 use crate::request_headers::RequestHeaders;
+use crate::route_log::IdempotencyRole;
 use crate::Shared;
 
 /// Paths whose JSON body's `model` selects the route.
@@ -141,7 +142,7 @@ pub(crate) fn handle(
                 }
             },
         };
-        pending.rec().risk = Some(risk.as_str());
+        pending.rec().risk = Some(risk);
         let (parts, body) = req.into_parts();
         // `reserved` holds the body's bytes under the proxy's cap until the
         // request is done.
@@ -460,7 +461,11 @@ pub(crate) fn handle(
             match begun {
                 Begin::Lead(lease) => {
                     let local = lease.is_local() && shared.idempotency.is_shared();
-                    pending.rec().idempotency = Some(if local { "lead_local" } else { "lead" });
+                    pending.rec().idempotency = Some(if local {
+                        IdempotencyRole::LeadLocal
+                    } else {
+                        IdempotencyRole::Lead
+                    });
                     leader = Some(lease);
                 }
                 Begin::Untracked => {}

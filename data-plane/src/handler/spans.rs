@@ -125,7 +125,7 @@ pub(super) fn end_server_span(cx: &opentelemetry::Context, record: &RouteRecord,
     let optional = [
         ("router.route", record.route.clone()),
         ("router.pool", (!pool.is_empty()).then(|| pool.to_string())),
-        ("router.risk", record.risk.map(str::to_string)),
+        ("router.risk", record.risk.map(|r| r.as_str().to_string())),
         (
             "gen_ai.request.model",
             record.model.as_deref().map(str::to_string),

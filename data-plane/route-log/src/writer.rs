@@ -1,0 +1,144 @@
+//! Where records go: [`RouteLog`], a bounded queue and the writer thread
+//! that encodes and writes it out every [`FLUSH_INTERVAL`].
+
+use std::io::Write;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use crate::record::RouteRecord;
+
+/// Where route records go.
+///
+/// Each request hands its finished record over (one short lock, a move); a
+/// writer thread takes the records every [`FLUSH_INTERVAL`], serialises
+/// them and writes them in one go. Requests never format, wait for stdout
+/// or wake the writer: the line costs the request path a push, and its
+/// formatting (about 2k instructions) runs on the writer's thread, which
+/// is otherwise idle. The queue is bounded: past [`MAX_QUEUED`] records,
+/// records are dropped and counted (the proxy counts them in
+/// `router_route_log_dropped_total`).
+#[derive(Clone)]
+pub struct RouteLog {
+    queue: Arc<Queue>,
+    on_dropped: Arc<dyn Fn() + Send + Sync>,
+}
+
+/// Records waiting to be written. Boxed on purpose: a record is built in a
+/// box by the request (it moves around the request path as a pointer) and
+/// queued as one.
+#[allow(clippy::vec_box)]
+type Queue = Mutex<Vec<Box<RouteRecord>>>;
+
+/// How often queued records are written out.
+pub const FLUSH_INTERVAL: Duration = Duration::from_millis(10);
+/// Records held at most between two writes (about 10 MB of lines).
+pub const MAX_QUEUED: usize = 16 * 1024;
+
+impl RouteLog {
+    /// Starts the writer thread on `out` (stdout in production). The thread
+    /// writes what is left and ends when every `RouteLog` is dropped.
+    /// `on_dropped` runs for each record dropped because the queue was
+    /// full (the proxy counts them).
+    pub fn spawn(
+        out: Box<dyn Write + Send>,
+        on_dropped: impl Fn() + Send + Sync + 'static,
+    ) -> std::io::Result<Self> {
+        let queue = Arc::new(Mutex::new(Vec::with_capacity(1024)));
+        let weak = Arc::downgrade(&queue);
+        std::thread::Builder::new()
+            .name("route-log".into())
+            .spawn(move || write_lines(&weak, out))?;
+        Ok(Self {
+            queue,
+            on_dropped: Arc::new(on_dropped),
+        })
+    }
+
+    /// Queues one record; drops it (and counts) if the queue is full.
+    pub fn emit(&self, record: Box<RouteRecord>) {
+        let mut queue = self.queue.lock().unwrap_or_else(|e| e.into_inner());
+        if queue.len() >= MAX_QUEUED {
+            drop(queue);
+            (self.on_dropped)();
+            return;
+        }
+        queue.push(record);
+    }
+}
+
+fn write_lines(queue: &Weak<Queue>, mut out: Box<dyn Write + Send>) {
+    #[allow(clippy::vec_box)]
+    let mut records: Vec<Box<RouteRecord>> = Vec::with_capacity(1024);
+    let mut lines: Vec<u8> = Vec::with_capacity(256 * 1024);
+    loop {
+        // Its own OS thread, not a runtime's: a blocking sleep is right.
+        #[allow(clippy::disallowed_methods)]
+        std::thread::sleep(FLUSH_INTERVAL);
+        let Some(shared) = queue.upgrade() else {
+            let _ = out.flush();
+            return;
+        };
+        {
+            let mut queued = shared.lock().unwrap_or_else(|e| e.into_inner());
+            std::mem::swap(&mut *queued, &mut records);
+        }
+        drop(shared);
+        if records.is_empty() {
+            continue;
+        }
+        for record in records.drain(..) {
+            record.write_json(&mut lines);
+            lines.push(b'\n');
+        }
+        // stdout gone: lines are lost, requests are not affected.
+        let _ = out.write_all(&lines);
+        let _ = out.flush();
+        lines.clear();
+        if lines.capacity() > 16 * 1024 * 1024 {
+            // A burst of huge lines (long reasons): do not keep the room.
+            lines = Vec::with_capacity(256 * 1024);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    use super::*;
+
+    /// A stdout nobody reads: every write blocks until the test ends.
+    struct StuckOut(std::sync::mpsc::Receiver<()>);
+
+    impl Write for StuckOut {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            let _ = self.0.recv();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_stuck_stdout_costs_records_not_requests() {
+        let dropped = Arc::new(AtomicU64::new(0));
+        let counter = Arc::clone(&dropped);
+        let on_dropped = move || {
+            counter.fetch_add(1, Ordering::Relaxed);
+        };
+        let (unstick, rx) = std::sync::mpsc::channel();
+        let log = RouteLog::spawn(Box::new(StuckOut(rx)), on_dropped).unwrap();
+        // The writer takes at most one queue's worth before it blocks; the
+        // queue then holds at most MAX_QUEUED: the rest is dropped and
+        // counted, and `emit` never waits.
+        let sent = 2 * MAX_QUEUED + 10;
+        for _ in 0..sent {
+            log.emit(Box::default());
+        }
+        let lost = dropped.load(Ordering::Relaxed);
+        assert!(lost >= 10, "dropped {lost}");
+        assert!(lost <= sent as u64);
+        drop(unstick);
+    }
+}

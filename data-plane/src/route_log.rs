@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 pub(crate) use router_route_log::{
     AttemptRecord, HedgeRole, IdempotencyRole, PrefixRecord, RouteLog, Stopped, StreamRecord,
-    Timestamp, UsageRecord, UPSTREAM_REQUEST_ID_MAX,
+    Timestamp, UsageRecord, WalkNote, UPSTREAM_REQUEST_ID_MAX,
 };
 
 /// The line the route log writes for one request.

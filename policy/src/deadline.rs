@@ -61,6 +61,17 @@ pub enum SkipReason {
     BusyUnmeasured,
 }
 
+impl SkipReason {
+    /// A label: `no_time_left`, `too_slow`, `busy_unmeasured`.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Self::NoTimeLeft { .. } => "no_time_left",
+            Self::TooSlow { .. } => "too_slow",
+            Self::BusyUnmeasured => "busy_unmeasured",
+        }
+    }
+}
+
 impl fmt::Display for SkipReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {

@@ -66,6 +66,20 @@ pub enum StopReason {
     RetryBudgetExhausted,
 }
 
+impl StopReason {
+    /// A label: `fallback_off`, `deadline_spent`, `not_retried`,
+    /// `may_have_reached`, `retry_budget_exhausted`.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Self::FallbackOff => "fallback_off",
+            Self::DeadlineSpent => "deadline_spent",
+            Self::NotRetried(_) => "not_retried",
+            Self::MayHaveReached(_) => "may_have_reached",
+            Self::RetryBudgetExhausted => "retry_budget_exhausted",
+        }
+    }
+}
+
 impl fmt::Display for StopReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {

@@ -75,6 +75,16 @@ pub enum Availability {
 }
 
 impl Availability {
+    /// A label: `ready`, `no_endpoints`, `drained`, `unhealthy`.
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Ready => "ready",
+            Self::NoEndpoints => "no_endpoints",
+            Self::Drained => "drained",
+            Self::Unhealthy => "unhealthy",
+        }
+    }
+
     /// Text for the route log's reason.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -254,7 +264,50 @@ pub enum Note {
     Stopped(StopReason),
 }
 
+/// A [`Note`] as labels, for the route log's structured `walk` list.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NoteFields {
+    /// What happened: `failed`, `shed`, `retried_in_pool`, `unavailable`,
+    /// `skipped_for_time`, `passed_over_marked`, `tried_as_hedge`,
+    /// `stopped`.
+    pub note: &'static str,
+    /// The pool (a chain position), when the note is about one.
+    pub at: Option<usize>,
+    /// The attempt's outcome, or the failure a route does not retry.
+    pub outcome: Option<Outcome>,
+    /// Why: the pool's unavailability, the skip, or the stop.
+    pub why: Option<&'static str>,
+}
+
 impl Note {
+    /// The note's labels (see [`NoteFields`]).
+    pub fn fields(&self) -> NoteFields {
+        let f = |note, at, outcome, why| NoteFields {
+            note,
+            at,
+            outcome,
+            why,
+        };
+        match *self {
+            Self::TriedAsHedge(at) => f("tried_as_hedge", Some(at), None, None),
+            Self::PassedOverMarked(at) => f("passed_over_marked", Some(at), None, None),
+            Self::Unavailable(at, a) => f("unavailable", Some(at), None, Some(a.label())),
+            Self::SkippedForTime(at, why) => {
+                f("skipped_for_time", Some(at), None, Some(why.label()))
+            }
+            Self::Failed(at, o) => f("failed", Some(at), Some(o), None),
+            Self::Shed(at, o) => f("shed", Some(at), Some(o), None),
+            Self::RetriedInPool(at) => f("retried_in_pool", Some(at), None, None),
+            Self::Stopped(why) => {
+                let outcome = match why {
+                    StopReason::NotRetried(o) => Some(o),
+                    _ => None,
+                };
+                f("stopped", None, outcome, Some(why.label()))
+            }
+        }
+    }
+
     /// The note as the route log's reason writes it, with the chain
     /// position's pool name from `name`.
     pub fn render<'a>(&self, name: impl Fn(usize) -> &'a str) -> NoteText<'a> {

@@ -647,7 +647,13 @@ impl RouteRecord {
         json_opt_plain(out, opt_key!("]", "risk", "\""), risk);
         out.extend_from_slice(b",\"reason\":\"");
         json_str_contents(out, &self.reason);
-        json_opt_str(out, opt_key!("\"", "model", "\""), self.model.as_deref());
+        out.push(b'"');
+        if !self.walk.is_empty() {
+            // Failures only, and rare enough: serde_json writes it.
+            out.extend_from_slice(b",\"walk\":");
+            let _ = serde_json::to_writer(&mut *out, &self.walk);
+        }
+        json_opt_str(out, opt_key!("", "model", "\""), self.model.as_deref());
         json_opt_u64(out, opt_key!("", "tokens_in", ""), self.tokens_in);
         json_opt_u64(out, opt_key!("", "tokens_out", ""), self.tokens_out);
         for (key, n) in [

@@ -23,6 +23,6 @@ mod writer;
 
 pub use record::{
     AttemptRecord, HedgeRole, IdempotencyRole, PrefixRecord, RouteRecord, Stopped, StreamRecord,
-    Timestamp, UsageRecord, UPSTREAM_REQUEST_ID_MAX,
+    Timestamp, UsageRecord, WalkNote, UPSTREAM_REQUEST_ID_MAX,
 };
 pub use writer::{RouteLog, FLUSH_INTERVAL, MAX_QUEUED};

@@ -228,6 +228,38 @@ fn serialize_method<S: serde::Serializer>(m: &http::Method, s: S) -> Result<S::O
     s.serialize_str(m.as_str())
 }
 
+/// One thing that happened on the walk along the chain
+/// ([`router_policy::walk::Note`]), with its pool's name.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct WalkNote {
+    /// What happened (`failed`, `shed`, `retried_in_pool`, `unavailable`,
+    /// `skipped_for_time`, `passed_over_marked`, `tried_as_hedge`,
+    /// `stopped`).
+    pub note: &'static str,
+    /// The pool, when the note is about one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pool: Option<Arc<str>>,
+    /// The attempt's outcome (or the failure the route does not retry).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub outcome: Option<Outcome>,
+    /// Why (the pool's unavailability, the skip, the stop).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub why: Option<&'static str>,
+}
+
+impl WalkNote {
+    /// `note` with its pool's name from `pool` (by chain position).
+    pub fn of(note: &router_policy::walk::Note, pool: impl Fn(usize) -> Option<Arc<str>>) -> Self {
+        let f = note.fields();
+        Self {
+            note: f.note,
+            pool: f.at.and_then(pool),
+            outcome: f.outcome,
+            why: f.why,
+        }
+    }
+}
+
 /// One request's routing story.
 ///
 /// Written as one JSON line by [`RouteRecord::write_json`] (by hand, field
@@ -277,6 +309,10 @@ pub struct RouteRecord {
     pub risk: Option<Risk>,
     /// Why this route and pool were chosen.
     pub reason: String,
+    /// What happened on the walk along the chain, typed (the same notes
+    /// `reason` tells in prose); absent when nothing did.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub walk: Vec<WalkNote>,
     /// The request's `model`, when it had one.
     pub model: Option<Arc<str>>,
     /// Input (prompt) tokens reported by the backend, cached ones

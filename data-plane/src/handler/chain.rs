@@ -40,7 +40,7 @@ use crate::error::ProxyError;
 use crate::forward::UpstreamClient;
 use crate::idempotency::{KeyLease, StoredAnswer};
 use crate::pool::{PoolRuntime, Shed};
-use crate::route_log::AttemptRecord;
+use crate::route_log::{AttemptRecord, WalkNote};
 use crate::Shared;
 
 /// A request ready to be sent: what every attempt needs to build its
@@ -185,7 +185,7 @@ impl Exchange {
                                 (ended, Some(err))
                             }
                             answer => {
-                                let notes = render(&walk, route);
+                                let notes = note_walk(&walk, route, &mut pending);
                                 return self
                                     .pass_on(
                                         answer, pending, route, leader, decided, &notes, attempted,
@@ -210,7 +210,7 @@ impl Exchange {
                     // Answers are passed on where the attempt ends (above).
                     Action::Answer => break,
                     Action::End(end) => {
-                        let notes = render(&walk, route);
+                        let notes = note_walk(&walk, route, &mut pending);
                         pending.rec().reason = format!("{decided}; then {notes}");
                         return self
                             .end_unanswered(
@@ -586,8 +586,14 @@ pub(super) struct HedgeReport {
     pub(super) other_reached: bool,
 }
 
-/// The walk's notes as the route log's reason writes them.
-fn render(walk: &Walk<'_>, route: &Route) -> String {
+/// The walk's notes in the record, typed (`walk`), and as the route log's
+/// reason writes them (returned).
+fn note_walk(walk: &Walk<'_>, route: &Route, pending: &mut Pending) -> String {
+    if walk.notes().is_empty() {
+        return String::new();
+    }
+    let pool = |at: usize| route.chain.get(at).map(|n| Arc::from(n.as_str()));
+    pending.rec().walk = walk.notes().iter().map(|n| WalkNote::of(n, pool)).collect();
     let name = |at: usize| route.chain.get(at).map_or("", |n| n.as_str());
     let mut out = String::new();
     for (i, note) in walk.notes().iter().enumerate() {

@@ -77,6 +77,8 @@ async fn a_pool_that_cannot_fit_is_shed_at_once() {
     assert_eq!(r.error_type(), "deadline_exhausted");
     assert_eq!(slow.stats().received, 1, "nothing was sent");
     let l = &proxy.log.wait_for(2).await[1];
+    assert_eq!(l["walk"][0]["note"], "skipped_for_time", "{l}");
+    assert_eq!(l["walk"][0]["why"], "too_slow", "{l}");
     assert!(
         l["reason"].as_str().unwrap().contains("does not fit"),
         "{l}"

@@ -215,6 +215,13 @@ async fn retries_after_failures_draw_on_the_same_budget() {
     let lines = proxy.log.wait_for(5).await;
     assert_eq!(lines[2]["stopped"], "retry_budget_exhausted");
     assert!(lines[1].get("stopped").is_none());
+    let walk = lines[2]["walk"].as_array().unwrap();
+    assert_eq!(walk.last().unwrap()["note"], "stopped", "{walk:?}");
+    assert_eq!(
+        walk.last().unwrap()["why"],
+        "retry_budget_exhausted",
+        "{walk:?}"
+    );
     let reason = lines[2]["reason"].as_str().unwrap();
     assert!(reason.contains("retry budget"), "{reason}");
 }

@@ -64,6 +64,11 @@ async fn a_failing_endpoint_beside_a_healthy_one_fails_no_client() {
     assert_eq!(l["attempts"][0]["outcome"], "status_5xx");
     assert_eq!(l["attempts"][1]["endpoint"], good.url());
     assert_eq!(l["outcome"], "ok");
+    // The walk's typed notes: failed on the pool, then retried in it.
+    assert_eq!(l["walk"][0]["note"], "failed", "{l}");
+    assert_eq!(l["walk"][0]["outcome"], "status_5xx", "{l}");
+    assert_eq!(l["walk"][1]["note"], "retried_in_pool", "{l}");
+    assert_eq!(l["walk"][1]["pool"], l["attempts"][0]["pool"], "{l}");
     let reason = l["reason"].as_str().unwrap();
     assert!(reason.contains("retried on another endpoint"), "{reason}");
     let id = l["request_id"].as_str().unwrap();

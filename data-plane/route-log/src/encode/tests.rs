@@ -7,6 +7,7 @@ use router_policy::{Outcome, Risk};
 use super::*;
 use crate::record::{
     HedgeRole, IdempotencyRole, PrefixRecord, Stopped, StreamRecord, Timestamp, UsageRecord,
+    WalkNote,
 };
 
 fn attempt(pool: &str, outcome: Outcome) -> AttemptRecord {
@@ -611,6 +612,21 @@ fn random_record(rng: &mut Rng) -> RouteRecord {
         attempts,
         risk: some(rng).then(|| Risk::ALL[rng.below(Risk::ALL.len() as u64) as usize]),
         reason: pick(rng).into(),
+        walk: (0..rng.below(3))
+            .map(|_| {
+                use router_policy::walk::{Availability, Note};
+                let notes = [
+                    Note::Failed(0, PLAIN[rng.below(4) as usize]),
+                    Note::Unavailable(1, Availability::Drained),
+                    Note::Stopped(router_policy::StopReason::RetryBudgetExhausted),
+                    Note::RetriedInPool(2),
+                ];
+                let k = rng.below(4) as usize;
+                let name: std::sync::Arc<str> = std::sync::Arc::from(pick(rng));
+                let named = rng.below(2) == 0;
+                WalkNote::of(&notes[k], |_| named.then(|| name.clone()))
+            })
+            .collect(),
         model: some(rng).then(|| pick(rng).into()),
         tokens_in: some(rng).then(|| rng.next() >> rng.below(64)),
         tokens_out: some(rng).then(|| rng.next() >> rng.below(64)),

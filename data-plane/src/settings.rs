@@ -266,6 +266,9 @@ type Expected = &'static str;
 /// stores the value in the settings being built).
 struct Var {
     name: &'static str,
+    // The default and the doc are read by the tests that hold the docs to
+    // the table.
+    #[cfg_attr(not(test), allow(dead_code))]
     default: &'static str,
     #[cfg_attr(not(test), allow(dead_code))]
     doc: &'static str,

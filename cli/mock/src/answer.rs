@@ -13,7 +13,7 @@ use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{HeaderName, HeaderValue, CACHE_CONTROL, CONTENT_TYPE, LOCATION, RETRY_AFTER};
@@ -579,13 +579,8 @@ impl Shared {
                 )
             }
         };
-        #[allow(
-            clippy::disallowed_methods,
-            reason = "`created` is a wall-clock Unix time in OpenAI's answer shape"
-        )]
-        let created = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |since| since.as_secs());
+        // `created` is a wall-clock Unix time in OpenAI's answer shape.
+        let created = router_policy::wall_clock::since_epoch().as_secs();
         let EngineAnswer {
             id,
             model,

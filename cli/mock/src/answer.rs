@@ -752,13 +752,12 @@ impl Shared {
         tracker: Option<Tracker>,
     ) -> Response<MockBody> {
         let (kind, code) = match status.as_u16() {
-            429 => ("rate_limit_error", json!("rate_limit_exceeded")),
-            400..=499 => ("invalid_request_error", Value::Null),
-            _ => ("server_error", Value::Null),
+            429 => ("rate_limit_error", Some("rate_limit_exceeded")),
+            400..=499 => ("invalid_request_error", None),
+            _ => ("server_error", None),
         };
-        let error = json!({
-            "error": {"message": message, "type": kind, "param": null, "code": code},
-        });
+        let mut error = router_dialect::errors::openai_envelope(message, kind, code);
+        error["error"]["param"] = Value::Null;
         let body = MockBody::full(Bytes::from(error.to_string()), tracker);
         let mut response = self.respond(status, Some("application/json"), body);
         if status == StatusCode::TOO_MANY_REQUESTS {

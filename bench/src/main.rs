@@ -12,7 +12,6 @@
 // A benchmark measures wall time: std's clock is the point here.
 #![allow(clippy::disallowed_types, clippy::disallowed_methods)]
 
-mod backend;
 mod load;
 mod procs;
 mod report;
@@ -26,10 +25,10 @@ use bytes::Bytes;
 use clap::{Parser, ValueEnum};
 use hyper::{Method, StatusCode};
 
-use crate::backend::{Backend, RESPONSE_BODY};
 use crate::load::{Conn, LoadConfig, REQUEST_BODY, REQUEST_PATH};
 use crate::procs::{ChildGuard, CpuSource, RouterSpec};
 use crate::report::{FixedStats, MaxStats, Report, Settings, TargetResult};
+use router_mock::fixed::{Backend, RESPONSE_BODY};
 
 /// The load generator's threads' name (their CPU time is read by it).
 const CLIENT_THREAD_NAME: &str = "bench-client";
@@ -291,7 +290,7 @@ async fn stop_on_signal(tmp: PathBuf, keep_tmp: bool) {
     let interrupted = ctrl_c;
     interrupted.await;
     eprintln!("proxy-bench: interrupted; stopping children");
-    procs::terminate_children();
+    router_test_kit::child::terminate_children();
     if !keep_tmp {
         let _ = std::fs::remove_dir_all(&tmp);
     }
@@ -406,10 +405,10 @@ fn measure_target(env: &Env<'_>, target: Target) -> TargetResult {
     // the whole machine.
     let cpu = vec![
         match &guard {
-            Some(g) => g.cpu_source(),
-            None => CpuSource::Thread(backend::THREAD_NAME),
+            Some(g) => CpuSource::Tree(g.pid()),
+            None => CpuSource::Thread(router_mock::fixed::THREAD_NAME),
         },
-        CpuSource::Thread(backend::THREAD_NAME),
+        CpuSource::Thread(router_mock::fixed::THREAD_NAME),
         CpuSource::Thread(CLIENT_THREAD_NAME),
         CpuSource::Machine,
     ];

@@ -1,9 +1,9 @@
 //! The proxies under test, run as child processes: the router and nginx.
 
 use std::fs::File;
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -13,103 +13,8 @@ use tokio::time::Instant;
 use crate::load::Conn;
 use crate::BoxError;
 
-/// A child process that is stopped (SIGTERM, then SIGKILL) when dropped,
-/// including on every error path.
-pub(crate) struct ChildGuard {
-    name: &'static str,
-    child: Child,
-}
-
-impl ChildGuard {
-    fn spawn(name: &'static str, cmd: &mut Command) -> Result<Self, BoxError> {
-        let child = cmd
-            .spawn()
-            .map_err(|e| format!("cannot start {name} ({:?}): {e}", cmd.get_program()))?;
-        if let Ok(mut live) = LIVE_CHILDREN.lock() {
-            live.push(child.id());
-        }
-        Ok(Self { name, child })
-    }
-
-    /// Where its CPU time can be read: the process and its direct children
-    /// (nginx's workers).
-    pub(crate) fn cpu_source(&self) -> CpuSource {
-        CpuSource::Tree(self.child.id())
-    }
-
-    /// Its process id.
-    pub(crate) fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    /// `Some(description)` if the process has already exited.
-    pub(crate) fn exited(&mut self) -> Option<String> {
-        match self.child.try_wait() {
-            Ok(Some(status)) => Some(format!("{} exited early: {status}", self.name)),
-            Ok(None) => None,
-            Err(e) => Some(format!("cannot wait for {}: {e}", self.name)),
-        }
-    }
-}
-
-impl Drop for ChildGuard {
-    fn drop(&mut self) {
-        let pid = self.child.id();
-        if let Ok(mut live) = LIVE_CHILDREN.lock() {
-            live.retain(|&p| p != pid);
-        }
-        if let Ok(Some(_)) = self.child.try_wait() {
-            return;
-        }
-        // A polite stop first: nginx's master only takes its workers down on
-        // a signal it can catch. `kill` the utility keeps this crate free of
-        // unsafe code.
-        let pid = self.child.id().to_string();
-        let termed = Command::new("kill")
-            .args(["-TERM", &pid])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success());
-        if termed {
-            let deadline = std::time::Instant::now() + Duration::from_secs(5);
-            while std::time::Instant::now() < deadline {
-                if let Ok(Some(_)) = self.child.try_wait() {
-                    return;
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            eprintln!("{} ignored SIGTERM for 5 s; killing it", self.name);
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// Children started and not yet stopped, for the signal handler.
-static LIVE_CHILDREN: std::sync::Mutex<Vec<u32>> = std::sync::Mutex::new(Vec::new());
-
-/// Sends SIGTERM to every child still running (used when the harness is
-/// interrupted, where the guards' destructors do not run).
-pub(crate) fn terminate_children() {
-    let pids = LIVE_CHILDREN
-        .lock()
-        .map(|live| live.clone())
-        .unwrap_or_default();
-    for pid in pids {
-        let _ = Command::new("kill")
-            .args(["-TERM", &pid.to_string()])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status();
-    }
-}
-
-/// A free TCP port on 127.0.0.1 (bound, then released; racy but fine here).
-pub(crate) fn free_port() -> Result<u16, BoxError> {
-    let l = TcpListener::bind("127.0.0.1:0")?;
-    Ok(l.local_addr()?.port())
-}
+pub(crate) use router_test_kit::child::ChildGuard;
+use router_test_kit::server_process::free_port;
 
 /// The last `max` bytes of a text file, for error messages.
 pub(crate) fn tail(path: &Path, max: usize) -> String {
@@ -151,7 +56,7 @@ pub(crate) async fn start_router_with(
     if !spec.bin.is_file() {
         return Err(format!("binary not found at {}", spec.bin.display()).into());
     }
-    let port = free_port()?;
+    let port = free_port();
     let addr = SocketAddr::from(([127, 0, 0, 1], port));
     let mut cmd = Command::new(spec.bin);
     cmd.args(spec.args)
@@ -342,7 +247,7 @@ pub(crate) async fn start_nginx_canned(
     dir: &Path,
     answer: &str,
 ) -> Result<(ChildGuard, SocketAddr), BoxError> {
-    let port = free_port()?;
+    let port = free_port();
     let conf = dir.join("nginx-canned.conf");
     std::fs::write(&conf, nginx_canned_config(dir, port, answer))?;
     run_nginx(bin, dir, &conf, port).await
@@ -356,7 +261,7 @@ pub(crate) async fn start_nginx(
     backend: SocketAddr,
     workers: usize,
 ) -> Result<(ChildGuard, SocketAddr), BoxError> {
-    let port = free_port()?;
+    let port = free_port();
     let conf = dir.join("nginx.conf");
     std::fs::write(&conf, nginx_config(dir, port, backend, workers))?;
     run_nginx(bin, dir, &conf, port).await

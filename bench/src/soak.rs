@@ -54,10 +54,10 @@ use hyper_util::rt::TokioIo;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::time::Instant;
 
-use crate::backend::RESPONSE_BODY;
 use crate::load::REQUEST_PATH;
 use crate::procs::{self, RouterSpec};
 use crate::BoxError;
+use router_mock::fixed::RESPONSE_BODY;
 
 /// Which traffic.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -141,7 +141,7 @@ pub(crate) fn main(args: Vec<String>) -> ExitCode {
         }
         Err(e) => {
             eprintln!("proxy-bench soak: {e}");
-            procs::terminate_children();
+            router_test_kit::child::terminate_children();
             ExitCode::FAILURE
         }
     }

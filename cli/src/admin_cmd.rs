@@ -93,15 +93,6 @@ pub(crate) fn print_value(v: &Value, output: Output) {
     }
 }
 
-/// The wall clock in Unix milliseconds: the one place routerctl reads it
-/// (expiries it sends and shows are wall times).
-#[allow(clippy::disallowed_methods)] // a wall time is the point
-pub(crate) fn now_unix_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-}
-
 pub(crate) fn when(ms: i64) -> String {
     when_given(ms).unwrap_or_else(|| "-".into())
 }

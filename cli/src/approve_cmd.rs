@@ -97,7 +97,7 @@ pub fn mint(
 
 /// The wall clock in Unix seconds (the token's expiry).
 fn now_unix() -> u64 {
-    u64::try_from(crate::admin_cmd::now_unix_ms() / 1000).unwrap_or(0)
+    router_policy::wall_clock::since_epoch().as_secs()
 }
 
 #[cfg(test)]

@@ -11,8 +11,9 @@ use std::time::Duration;
 use router_proto::v1 as pb;
 use serde_json::{json, Value};
 
-use crate::admin_cmd::{explain_status, fail, now_unix_ms, print_value, when, Admin};
+use crate::admin_cmd::{explain_status, fail, print_value, when, Admin};
 use crate::policy_cmd::Output;
+use router_policy::wall_clock::unix_ms_i64;
 
 /// How many characters of a key `keys list` shows (`rt_` and 4 more).
 const PREFIX_CHARS: usize = 7;
@@ -30,7 +31,7 @@ pub async fn create_key(
         None => 0,
         Some(d) => i64::try_from(d.as_millis())
             .ok()
-            .and_then(|ms| now_unix_ms().checked_add(ms))
+            .and_then(|ms| unix_ms_i64().checked_add(ms))
             .ok_or_else(|| format!("--expires {}: too far", humantime::format_duration(d)))?,
     };
     let stored = admin
@@ -120,7 +121,7 @@ pub async fn list(admin: &mut Admin, tenant: &str, output: Output) -> ExitCode {
                 );
                 return ExitCode::SUCCESS;
             }
-            let now = now_unix_ms();
+            let now = unix_ms_i64();
             println!(
                 "{:<17} {:<16} {:<16} {:<8} {:<21} {:<29} LAST USED",
                 "ID", "TENANT", "NAME", "PREFIX", "CREATED", "EXPIRES"

@@ -38,7 +38,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use prost::Message;
 use router_policy::document::{load_with, PolicyDocument};
@@ -207,13 +207,8 @@ impl Inner {
     }
 }
 
-/// Now, in Unix milliseconds.
-#[allow(clippy::disallowed_methods)] // a wall time is the point: it is stored and shown
-pub fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-}
+/// Now, in Unix milliseconds (a wall time: it is stored and shown).
+pub use router_policy::wall_clock::unix_ms_i64 as now_ms;
 
 fn snapshot_of(inner: &Inner, store_id: &str) -> Published {
     let document = inner

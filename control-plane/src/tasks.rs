@@ -37,13 +37,8 @@ async fn bounded<T>(
         .map_err(unavailable)
 }
 
-fn now_ms() -> u64 {
-    // Tasks carry wall-clock times shared by every proxy.
-    #[allow(clippy::disallowed_methods)]
-    let now = std::time::SystemTime::now();
-    now.duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-}
+// Tasks carry wall-clock times shared by every proxy.
+use router_policy::wall_clock::unix_ms as now_ms;
 
 /// Who approves or drops a task: the caller's role and token name, and
 /// the name they gave (`routerctl tasks approve --operator NAME`).

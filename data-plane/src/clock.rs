@@ -25,15 +25,6 @@ pub(crate) fn later(now: Instant, after: Duration, ceiling: Duration) -> Instant
     now.checked_add(after.min(ceiling)).unwrap_or(now)
 }
 
-/// Now, in Unix milliseconds: the wall clock, for what the control plane
-/// states in wall time (override and key expiries).
-#[allow(clippy::disallowed_methods)] // a wall time is the point
-pub(crate) fn unix_now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -290,14 +290,12 @@ impl ProxyError {
 
     /// The OpenAI-shaped JSON answer.
     pub fn to_response(&self, request_id: Option<&str>) -> Response<Bytes> {
-        let mut body = serde_json::json!({
-            "error": {
-                "message": self.to_string(),
-                "type": self.kind(),
-                "code": self.kind(),
-                "request_id": request_id,
-            }
-        });
+        let mut body = router_dialect::errors::openai_envelope(
+            &self.to_string(),
+            self.kind(),
+            Some(self.kind()),
+        );
+        body["error"]["request_id"] = request_id.into();
         if let Self::Parked {
             task,
             state,

@@ -304,6 +304,19 @@ fn record(data: &[u8]) -> LogLine {
             .some()
             .then(|| Risk::ALL[usize::from(b.byte()) % Risk::ALL.len()]),
         reason: b.string(),
+        walk: (0..b.byte() % 3)
+            .map(|_| {
+                use router_policy::walk::{Availability, Note};
+                let note = match b.byte() % 4 {
+                    0 => Note::Failed(0, Outcome::Status5xx),
+                    1 => Note::Unavailable(1, Availability::Drained),
+                    2 => Note::RetriedInPool(0),
+                    _ => Note::Stopped(router_policy::StopReason::RetryBudgetExhausted),
+                };
+                let pool: Arc<str> = b.string().into();
+                crate::route_log::WalkNote::of(&note, |_| Some(Arc::clone(&pool)))
+            })
+            .collect(),
         model: b.some().then(|| b.string().into()),
         tokens_in: b.opt_u64(),
         tokens_out: b.opt_u64(),

@@ -500,6 +500,34 @@ content-length: 162\r\n\
 mod tests {
     use super::*;
 
+    /// The canned answers are written ahead (no allocation past the cap),
+    /// and say what the one envelope writer would.
+    #[test]
+    fn the_canned_answers_are_the_envelope_writers() {
+        for (answer, message) in [
+            (
+                OVERLOADED_ANSWER,
+                "the router is at its limit of open connections; retry shortly",
+            ),
+            (
+                PEER_OVERLOADED_ANSWER,
+                "this address has as many connections open as one address may hold; retry shortly",
+            ),
+        ] {
+            let text = std::str::from_utf8(answer).unwrap();
+            let (head, body) = text.split_once("\r\n\r\n").unwrap();
+            assert!(
+                head.ends_with(&format!("\r\ncontent-length: {}", body.len())),
+                "{head}"
+            );
+            let mut want =
+                router_dialect::errors::openai_envelope(message, "overloaded", Some("overloaded"));
+            want["error"]["request_id"] = serde_json::Value::Null;
+            let got: serde_json::Value = serde_json::from_str(body).unwrap();
+            assert_eq!(got, want);
+        }
+    }
+
     #[test]
     fn reservations_stay_within_the_cap_and_give_back_on_drop() {
         let b = ByteBudget::new(100);

@@ -36,7 +36,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use prost::Message;
 use router_policy::document::load_with;
@@ -353,7 +353,7 @@ impl Applied {
     }
 }
 
-use crate::clock::unix_now_ms;
+use router_policy::wall_clock::unix_ms_i64;
 
 /// The longest an override from the control plane is held without being
 /// sent again: a far-off (or hostile) expiry must not overflow the clock.
@@ -363,7 +363,7 @@ const MAX_OVERRIDE: Duration = crate::clock::A_YEAR;
 /// The instant a wall-clock expiry (Unix ms) falls on, at most
 /// [`MAX_OVERRIDE`] from now; a past one is now.
 fn unix_ms_to_instant(ms: i64) -> Instant {
-    let left = ms.saturating_sub(unix_now_ms()).max(0);
+    let left = ms.saturating_sub(unix_ms_i64()).max(0);
     crate::clock::later(
         Instant::now(),
         Duration::from_millis(u64::try_from(left).unwrap_or(0)),
@@ -613,7 +613,7 @@ impl Backoff {
 }
 
 fn unix_ms(at: Option<Instant>) -> i64 {
-    let now = unix_now_ms();
+    let now = unix_ms_i64();
     match at {
         Some(t) => now.saturating_add(
             i64::try_from(t.saturating_duration_since(Instant::now()).as_millis())
@@ -652,11 +652,7 @@ pub(crate) async fn run(
     mut applied: Applied,
 ) {
     // Jitter differs between proxies started together.
-    #[allow(clippy::disallowed_methods)]
-    let seed = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(7, |d| d.as_nanos() as u64)
-        | 1;
+    let seed = router_policy::wall_clock::since_epoch().as_nanos() as u64 | 1;
     let mut backoff = Backoff { attempt: 0, seed };
     let mut index = 0usize;
     loop {

@@ -10,8 +10,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use router_policy::document::positive_duration;
-use router_policy::guard::ALLOW_BACKEND_HOSTS_VAR;
-use router_policy::{ApprovalKey, Guards, QueueSettings, Scoring};
+use router_policy::guard::{ALLOW_BACKEND_HOSTS_VAR, API_KEY_ENV_ALLOW_VAR};
+use router_policy::{ApprovalKey, EnvAllowList, Guards, HostAllowList, QueueSettings, Scoring};
 
 /// A variable whose value cannot be used.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -243,221 +243,238 @@ impl Settings {
         Self::from_lookup(|name| std::env::var_os(name).map(|v| v.to_string_lossy().into_owned()))
     }
 
-    /// Reads settings through `lookup` (the environment, or a map in tests).
+    /// Reads settings through `lookup` (the environment, or a map in tests):
+    /// every variable of [`VARS`] in its order, the first unusable value
+    /// stopping with its name, then the rules that join two variables
+    /// (the TLS pair, the shared store and its password).
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, SettingsError> {
-        let mut s = Self::default();
-        let get = |var: &'static str| lookup(var).map(|v| (var, v));
+        let mut draft = Draft::default();
+        for var in VARS {
+            if let Some(value) = lookup(var.name) {
+                (var.set)(&mut draft, &value).map_err(|expected| var.refused(&value, expected))?;
+            }
+        }
+        draft.finish()
+    }
+}
 
-        if let Some((var, v)) = get("CUSTOM_ROUTER_BIND") {
-            s.bind = v
-                .trim()
-                .parse()
-                .map_err(|_| bad(var, &v, "an IP address"))?;
-        }
-        if let Some((var, v)) = get("CUSTOM_ROUTER_PORT") {
-            s.port = v
-                .trim()
-                .parse()
-                .map_err(|_| bad(var, &v, "a port number 0-65535"))?;
-        }
-        if let Some((var, v)) = get("CUSTOM_ROUTER_LATENCY_THRESHOLD") {
-            s.queue.latency_threshold_s = seconds(var, &v)?.as_secs_f64();
-        }
-        if let Some((var, v)) = get("CUSTOM_ROUTER_QUEUE_MAX_SIZE") {
-            s.queue.max_size = match v.trim().parse::<usize>() {
-                Ok(n) if n >= 1 => n,
-                _ => return Err(bad(var, &v, "an integer of at least 1")),
-            };
-        }
-        if let Some((var, v)) = get("CUSTOM_ROUTER_QUEUE_TIMEOUT") {
-            s.queue.timeout = seconds(var, &v)?;
-        }
-        if let Some((var, v)) = get("CUSTOM_ROUTER_EWMA_ALPHA") {
-            s.queue.ewma_alpha = match v.trim().parse::<f64>() {
-                Ok(a) if a > 0.0 && a <= 1.0 => a,
-                _ => return Err(bad(var, &v, "a number in (0, 1]")),
-            };
-        }
-        if let Some((var, v)) = get("CUSTOM_ROUTER_SCORING") {
-            s.queue.scoring = Scoring::parse(v.trim()).ok_or_else(|| {
-                bad(
-                    var,
-                    &v,
-                    "peak_ewma, lowest_ewma, least_requests, round_robin or engine_aware",
-                )
-            })?;
-        }
-        if let Some((var, v)) = get("CUSTOM_ROUTER_STATE_LOG_INTERVAL") {
-            s.state_log_interval = seconds(var, &v)?;
-        }
-        if let Some((var, v)) = get("CUSTOM_ROUTER_MAX_CONCURRENCY") {
-            s.max_concurrency = match v.trim().parse::<u32>() {
-                Ok(0) => None,
-                Ok(n) => Some(n),
-                Err(_) => return Err(bad(var, &v, "a non-negative integer (0 = no limit)")),
-            };
-        }
-        if let Some((var, v)) = get("CUSTOM_ROUTER_ADMIN_TOKEN") {
-            s.admin_token = Some(token(var, &v)?);
-        }
-        if let Some((var, v)) = get("CUSTOM_ROUTER_MAX_BODY_BYTES") {
-            s.max_body_bytes = match v.trim().parse::<usize>() {
-                Ok(n) if n >= 1 => n,
-                _ => return Err(bad(var, &v, "a positive number of bytes")),
-            };
-        }
-        if let Some((var, v)) = get("CUSTOM_ROUTER_CLIENT_HEADER_TIMEOUT") {
-            s.client_header_timeout = seconds(var, &v)?;
-        }
-        if let Some((var, v)) = get("CUSTOM_ROUTER_CLIENT_BODY_TIMEOUT") {
-            s.client_body_timeout = seconds(var, &v)?;
-        }
-        if let Some((var, v)) = get("CUSTOM_ROUTER_CONNECT_TIMEOUT") {
-            s.connect_timeout = seconds(var, &v)?;
-        }
-        if let Some((var, v)) = get("CUSTOM_ROUTER_UPSTREAM_CA_FILE") {
-            if v.trim().is_empty() {
-                return Err(bad(var, &v, "a path to a PEM file"));
-            }
-            s.upstream_ca_file = Some(PathBuf::from(v.trim()));
-        }
-        if let Some((var, v)) = get("CUSTOM_ROUTER_POLICY_POLL_INTERVAL") {
-            s.policy_poll_interval = seconds(var, &v)?;
-        }
-        if let Some((var, v)) = get("CUSTOM_ROUTER_IDEMPOTENCY_TTL") {
-            s.idempotency_ttl = seconds(var, &v)?;
-        }
-        if let Some((var, v)) = get("CUSTOM_ROUTER_WORKERS") {
-            s.workers = v
-                .trim()
-                .parse::<usize>()
-                .ok()
-                .filter(|n| *n <= 1024)
-                .ok_or_else(|| bad(var, &v, "a number of threads from 0 (one per core) to 1024"))?;
-        }
-        if let Some((var, v)) = get("CUSTOM_ROUTER_CONNECTION_BALANCE") {
-            s.connection_balance = crate::balance_workers::ConnectionBalance::parse(&v)
-                .ok_or_else(|| bad(var, &v, "pack or spread"))?;
-        }
-        if let Some((var, v)) = get("CUSTOM_ROUTER_IDEMPOTENCY_MAX_KEYS") {
-            s.idempotency_max_keys = match v.trim().parse::<usize>() {
-                Ok(n) if n >= 1 => n,
-                _ => return Err(bad(var, &v, "an integer of at least 1")),
-            };
-        }
-        if let Some((var, v)) = get("CUSTOM_ROUTER_IDEMPOTENCY_MAX_ANSWER_BYTES") {
-            s.idempotency_max_answer_bytes = match v.trim().parse::<usize>() {
-                Ok(n) => n,
-                _ => return Err(bad(var, &v, "a number of bytes (0: keep no answer)")),
-            };
-        }
-        if let Some((var, v)) = get("CUSTOM_ROUTER_IDEMPOTENCY_MAX_BYTES") {
-            s.idempotency_max_bytes = match v.trim().parse::<usize>() {
-                Ok(n) if n >= 1024 * 1024 => n,
-                _ => {
-                    return Err(bad(
-                        var,
-                        &v,
-                        "a number of bytes of at least 1048576 (1 MiB)",
-                    ))
-                }
-            };
-        }
-        if let Some((var, v)) = get("CUSTOM_ROUTER_TASK_LEASE_MS") {
-            s.task_lease = match v.trim().parse::<u64>() {
-                Ok(n) if n >= 100 => Duration::from_millis(n),
-                _ => return Err(bad(var, &v, "a number of milliseconds of at least 100")),
-            };
-        }
-        if let Some((var, v)) = get("CUSTOM_ROUTER_PARK_MAX_BYTES") {
-            s.park_max_bytes = match v.trim().parse::<u64>() {
-                Ok(n) if n >= 1 => n,
-                _ => return Err(bad(var, &v, "a positive number of bytes")),
-            };
-        }
-        if let Some((_, v)) = get("CUSTOM_ROUTER_TASKS_FILE") {
-            s.tasks_file = Some(std::path::PathBuf::from(v));
-        }
-        if let Some((var, v)) = get("CUSTOM_ROUTER_SHARED_STORE") {
-            let password = get("CUSTOM_ROUTER_SHARED_STORE_PASSWORD").map(|(_, p)| p);
-            s.shared_store = Some(SharedStore::parse(var, &v, password)?);
-        } else if get("CUSTOM_ROUTER_SHARED_STORE_PASSWORD").is_some() {
-            return Err(SettingsError {
-                var: "CUSTOM_ROUTER_SHARED_STORE_PASSWORD",
+/// What a parser says of a value it refuses: what would have been accepted.
+type Expected = &'static str;
+
+/// One variable: its name, its default as docs/data-plane.md's table shows
+/// it, what it sets, whether its value may be shown, and its parser (which
+/// stores the value in the settings being built).
+struct Var {
+    name: &'static str,
+    // The default and the doc are read by the tests that hold the docs to
+    // the table.
+    #[cfg_attr(not(test), allow(dead_code))]
+    default: &'static str,
+    #[cfg_attr(not(test), allow(dead_code))]
+    doc: &'static str,
+    shown: Shown,
+    set: fn(&mut Draft, &str) -> Result<(), Expected>,
+}
+
+/// Whether a refused value is quoted in the error, or hidden (secrets).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Shown {
+    Quoted,
+    Hidden,
+}
+use Shown::{Hidden, Quoted};
+
+impl Var {
+    fn refused(&self, value: &str, expected: Expected) -> SettingsError {
+        match self.shown {
+            Quoted => bad(self.name, value, expected),
+            Hidden => SettingsError {
+                var: self.name,
                 shown: "(hidden)".into(),
-                expected: "to be set together with CUSTOM_ROUTER_SHARED_STORE",
-            });
+                expected,
+            },
         }
-        if let Some((var, v)) = get("CUSTOM_ROUTER_ATTEMPT_TIMEOUT") {
-            s.attempt_timeout = seconds(var, &v)?;
-        }
-        if let Some((var, v)) = get("CUSTOM_ROUTER_METRICS_TOKEN") {
-            s.metrics_token = Some(token(var, &v)?);
-        }
-        if let Some((var, v)) = get("CUSTOM_ROUTER_APPROVAL_KEY") {
-            // The value is never shown.
-            s.approval_key = Some(ApprovalKey::new(&v).map_err(|_| SettingsError {
-                var,
-                shown: "(hidden)".into(),
-                expected: "a key of at least 32 bytes (e.g. `openssl rand -base64 32`)",
-            })?);
-        }
-        if let Some((var, v)) = get("CUSTOM_ROUTER_MAX_BUFFERED_BYTES") {
-            s.max_buffered_bytes = match v.trim().parse::<usize>() {
-                Ok(n) if n >= 1 => n,
-                _ => return Err(bad(var, &v, "a positive number of bytes")),
-            };
-        }
-        if let Some((var, v)) = get("CUSTOM_ROUTER_MAX_CONNECTIONS") {
-            s.max_connections = match v.trim().parse::<usize>() {
-                Ok(n) if n >= 1 => n,
-                _ => return Err(bad(var, &v, "an integer of at least 1")),
-            };
-        }
-        if let Some((var, v)) = get("CUSTOM_ROUTER_MAX_CONNECTIONS_PER_PEER") {
-            s.max_connections_per_peer = match v.trim().parse::<usize>() {
-                Ok(n) if n >= 1 => Some(n),
-                _ => return Err(bad(var, &v, "an integer of at least 1")),
-            };
-        }
-        if let Some((var, v)) = get("CUSTOM_ROUTER_MAX_HEADER_BYTES") {
-            s.max_header_bytes = match v.trim().parse::<usize>() {
-                Ok(n) if n >= MIN_HEADER_BYTES => n,
-                _ => return Err(bad(var, &v, "a number of bytes of at least 8192")),
-            };
-        }
-        match (
-            get("CUSTOM_ROUTER_TLS_CERT_FILE"),
-            get("CUSTOM_ROUTER_TLS_KEY_FILE"),
-        ) {
-            (None, None) => {}
-            (Some((cert_var, cert)), Some((key_var, key))) => {
-                s.tls = Some(TlsFiles {
-                    cert: pem_path(cert_var, &cert)?,
-                    key: pem_path(key_var, &key)?,
-                });
-            }
+    }
+}
+
+/// The settings being read, and the values of the variables that only
+/// mean something together (checked in [`Draft::finish`]).
+#[derive(Default)]
+struct Draft {
+    s: Settings,
+    tls_cert: Option<PathBuf>,
+    tls_key: Option<PathBuf>,
+    store: Option<String>,
+    store_password: Option<String>,
+}
+
+/// Every `CUSTOM_ROUTER_*` variable the proxy reads, one line each, in the
+/// order they are checked: name, default (as documented), doc, shown or
+/// hidden, parser. `settings::tests::every_variable_is_documented_with_its_default`
+/// holds the docs to it.
+#[rustfmt::skip]
+static VARS: &[Var] = &[
+    Var { name: "CUSTOM_ROUTER_BIND", default: "0.0.0.0", doc: "address to listen on", shown: Quoted, set: |d, v| { d.s.bind = ip(v)?; Ok(()) } },
+    Var { name: "CUSTOM_ROUTER_PORT", default: "3000", doc: "port to listen on", shown: Quoted, set: |d, v| { d.s.port = port(v)?; Ok(()) } },
+    Var { name: "CUSTOM_ROUTER_LATENCY_THRESHOLD", default: "3.0", doc: "s; a busy endpoint takes more work only under this EWMA", shown: Quoted, set: |d, v| { d.s.queue.latency_threshold_s = seconds(v)?.as_secs_f64(); Ok(()) } },
+    Var { name: "CUSTOM_ROUTER_QUEUE_MAX_SIZE", default: "1000", doc: "waiters per pool", shown: Quoted, set: |d, v| { d.s.queue.max_size = at_least(v, 1, "an integer of at least 1")?; Ok(()) } },
+    Var { name: "CUSTOM_ROUTER_QUEUE_TIMEOUT", default: "1200", doc: "s a request may wait in the queue", shown: Quoted, set: |d, v| { d.s.queue.timeout = seconds(v)?; Ok(()) } },
+    Var { name: "CUSTOM_ROUTER_EWMA_ALPHA", default: "0.3", doc: "smoothing factor, (0, 1]", shown: Quoted, set: |d, v| { d.s.queue.ewma_alpha = alpha(v)?; Ok(()) } },
+    Var { name: "CUSTOM_ROUTER_SCORING", default: "`peak_ewma`", doc: "how a pool picks an endpoint", shown: Quoted, set: |d, v| { d.s.queue.scoring = scoring(v)?; Ok(()) } },
+    Var { name: "CUSTOM_ROUTER_STATE_LOG_INTERVAL", default: "30", doc: "s between backend-state log lines", shown: Quoted, set: |d, v| { d.s.state_log_interval = seconds(v)?; Ok(()) } },
+    Var { name: "CUSTOM_ROUTER_MAX_CONCURRENCY", default: "0", doc: "requests in flight per endpoint in sidecar mode; 0 = no limit", shown: Quoted, set: |d, v| { d.s.max_concurrency = limit(v)?; Ok(()) } },
+    Var { name: "CUSTOM_ROUTER_ADMIN_TOKEN", default: "unset", doc: "bearer token for the admin calls", shown: Hidden, set: |d, v| { d.s.admin_token = Some(token(v)?); Ok(()) } },
+    Var { name: "CUSTOM_ROUTER_MAX_BODY_BYTES", default: "33554432", doc: "request body limit", shown: Quoted, set: |d, v| { d.s.max_body_bytes = at_least(v, 1, "a positive number of bytes")?; Ok(()) } },
+    Var { name: "CUSTOM_ROUTER_CLIENT_HEADER_TIMEOUT", default: "30", doc: "s a client has to send its headers", shown: Quoted, set: |d, v| { d.s.client_header_timeout = seconds(v)?; Ok(()) } },
+    Var { name: "CUSTOM_ROUTER_CLIENT_BODY_TIMEOUT", default: "60", doc: "s a client has to send its body", shown: Quoted, set: |d, v| { d.s.client_body_timeout = seconds(v)?; Ok(()) } },
+    Var { name: "CUSTOM_ROUTER_CONNECT_TIMEOUT", default: "5", doc: "s to connect to a backend", shown: Quoted, set: |d, v| { d.s.connect_timeout = seconds(v)?; Ok(()) } },
+    Var { name: "CUSTOM_ROUTER_UPSTREAM_CA_FILE", default: "unset", doc: "extra PEM roots for HTTPS backends", shown: Quoted, set: |d, v| { d.s.upstream_ca_file = Some(pem_path(v)?); Ok(()) } },
+    Var { name: "CUSTOM_ROUTER_POLICY_POLL_INTERVAL", default: "1", doc: "s between policy file checks", shown: Quoted, set: |d, v| { d.s.policy_poll_interval = seconds(v)?; Ok(()) } },
+    Var { name: "CUSTOM_ROUTER_IDEMPOTENCY_TTL", default: "300", doc: "s an answer is kept for Idempotency-Key retries", shown: Quoted, set: |d, v| { d.s.idempotency_ttl = seconds(v)?; Ok(()) } },
+    Var { name: "CUSTOM_ROUTER_WORKERS", default: "0", doc: "connection-serving threads; 0 = one per core", shown: Quoted, set: |d, v| { d.s.workers = workers(v)?; Ok(()) } },
+    Var { name: "CUSTOM_ROUTER_CONNECTION_BALANCE", default: "pack", doc: "how new connections are placed on the threads", shown: Quoted, set: |d, v| { d.s.connection_balance = balance(v)?; Ok(()) } },
+    Var { name: "CUSTOM_ROUTER_IDEMPOTENCY_MAX_KEYS", default: "10000", doc: "keys the in-process store tracks at most", shown: Quoted, set: |d, v| { d.s.idempotency_max_keys = at_least(v, 1, "an integer of at least 1")?; Ok(()) } },
+    Var { name: "CUSTOM_ROUTER_IDEMPOTENCY_MAX_ANSWER_BYTES", default: "1048576", doc: "largest answer kept for replay", shown: Quoted, set: |d, v| { d.s.idempotency_max_answer_bytes = at_least(v, 0, "a number of bytes (0: keep no answer)")?; Ok(()) } },
+    Var { name: "CUSTOM_ROUTER_IDEMPOTENCY_MAX_BYTES", default: "67108864", doc: "bytes the in-process idempotency store holds at most", shown: Quoted, set: |d, v| { d.s.idempotency_max_bytes = at_least(v, 1024 * 1024, "a number of bytes of at least 1048576 (1 MiB)")?; Ok(()) } },
+    Var { name: "CUSTOM_ROUTER_TASK_LEASE_MS", default: "10000", doc: "ms a claim on a parked task holds without renewal", shown: Quoted, set: |d, v| { d.s.task_lease = Duration::from_millis(at_least(v, 100, "a number of milliseconds of at least 100")?); Ok(()) } },
+    Var { name: "CUSTOM_ROUTER_PARK_MAX_BYTES", default: "268435456 (256 MiB)", doc: "bytes all live parked tasks hold at most", shown: Quoted, set: |d, v| { d.s.park_max_bytes = at_least(v, 1, "a positive number of bytes")?; Ok(()) } },
+    Var { name: "CUSTOM_ROUTER_TASKS_FILE", default: "unset", doc: "without a shared store: the file parked tasks are kept in", shown: Quoted, set: |d, v| { d.s.tasks_file = Some(PathBuf::from(v)); Ok(()) } },
+    Var { name: "CUSTOM_ROUTER_SHARED_STORE", default: "unset", doc: "the fleet's shared store, redis:// or rediss://", shown: Quoted, set: |d, v| { d.store = Some(v.to_owned()); Ok(()) } },
+    Var { name: "CUSTOM_ROUTER_SHARED_STORE_PASSWORD", default: "unset", doc: "the shared store's password", shown: Hidden, set: |d, v| { d.store_password = Some(v.to_owned()); Ok(()) } },
+    Var { name: "CUSTOM_ROUTER_ATTEMPT_TIMEOUT", default: "1800", doc: "s an attempt may take when nothing else bounds it", shown: Quoted, set: |d, v| { d.s.attempt_timeout = seconds(v)?; Ok(()) } },
+    Var { name: "CUSTOM_ROUTER_METRICS_TOKEN", default: "unset", doc: "bearer token that opens /metrics off loopback", shown: Hidden, set: |d, v| { d.s.metrics_token = Some(token(v)?); Ok(()) } },
+    Var { name: "CUSTOM_ROUTER_APPROVAL_KEY", default: "unset", doc: "key X-Router-Approval tokens are checked with", shown: Hidden, set: |d, v| { d.s.approval_key = Some(approval_key(v)?); Ok(()) } },
+    Var { name: "CUSTOM_ROUTER_MAX_BUFFERED_BYTES", default: "268435456", doc: "request bytes held at once by all requests", shown: Quoted, set: |d, v| { d.s.max_buffered_bytes = at_least(v, 1, "a positive number of bytes")?; Ok(()) } },
+    Var { name: "CUSTOM_ROUTER_MAX_CONNECTIONS", default: "4096", doc: "client connections open at once", shown: Quoted, set: |d, v| { d.s.max_connections = at_least(v, 1, "an integer of at least 1")?; Ok(()) } },
+    Var { name: "CUSTOM_ROUTER_MAX_CONNECTIONS_PER_PEER", default: "half of `CUSTOM_ROUTER_MAX_CONNECTIONS` (2048)", doc: "client connections one peer may hold open", shown: Quoted, set: |d, v| { d.s.max_connections_per_peer = Some(at_least(v, 1, "an integer of at least 1")?); Ok(()) } },
+    Var { name: "CUSTOM_ROUTER_MAX_HEADER_BYTES", default: "65536", doc: "largest request head", shown: Quoted, set: |d, v| { d.s.max_header_bytes = at_least(v, MIN_HEADER_BYTES, "a number of bytes of at least 8192")?; Ok(()) } },
+    Var { name: "CUSTOM_ROUTER_TLS_CERT_FILE", default: "unset", doc: "the listener's PEM certificate chain", shown: Quoted, set: |d, v| { d.tls_cert = Some(pem_path(v)?); Ok(()) } },
+    Var { name: "CUSTOM_ROUTER_TLS_KEY_FILE", default: "unset", doc: "the listener's PEM private key", shown: Quoted, set: |d, v| { d.tls_key = Some(pem_path(v)?); Ok(()) } },
+    Var { name: "CUSTOM_ROUTER_TLS_POLL_INTERVAL", default: "2", doc: "s between checks of the TLS files", shown: Quoted, set: |d, v| { d.s.tls_poll_interval = seconds(v)?; Ok(()) } },
+    Var { name: "CUSTOM_ROUTER_H2_MAX_CONCURRENT_STREAMS", default: "100", doc: "requests one HTTP/2 connection may have open", shown: Quoted, set: |d, v| { d.s.h2_max_concurrent_streams = at_least(v, 1, "an integer of at least 1")?; Ok(()) } },
+    Var { name: API_KEY_ENV_ALLOW_VAR, default: "unset", doc: "variables a pool's api_key_env may name beyond *_API_KEY", shown: Quoted, set: |d, v| { d.s.guards.api_key_env = env_allow(v)?; Ok(()) } },
+    Var { name: ALLOW_BACKEND_HOSTS_VAR, default: "unset", doc: "link-local or metadata hosts allowed as backends", shown: Quoted, set: |d, v| { d.s.guards.backend_hosts = host_allow(v)?; Ok(()) } },
+];
+
+impl Draft {
+    /// The rules that join two variables.
+    fn finish(self) -> Result<Settings, SettingsError> {
+        let mut s = self.s;
+        s.tls = match (self.tls_cert, self.tls_key) {
+            (None, None) => None,
+            (Some(cert), Some(key)) => Some(TlsFiles { cert, key }),
             (Some(_), None) => return Err(tls_pair("CUSTOM_ROUTER_TLS_KEY_FILE")),
             (None, Some(_)) => return Err(tls_pair("CUSTOM_ROUTER_TLS_CERT_FILE")),
-        }
-        if let Some((var, v)) = get("CUSTOM_ROUTER_TLS_POLL_INTERVAL") {
-            s.tls_poll_interval = seconds(var, &v)?;
-        }
-        if let Some((var, v)) = get("CUSTOM_ROUTER_H2_MAX_CONCURRENT_STREAMS") {
-            s.h2_max_concurrent_streams = match v.trim().parse::<u32>() {
-                Ok(n) if n >= 1 => n,
-                _ => return Err(bad(var, &v, "an integer of at least 1")),
-            };
-        }
-        s.guards = Guards::from_lookup(&lookup).map_err(|e| {
-            let expected = match e.var {
-                ALLOW_BACKEND_HOSTS_VAR => "comma-separated host names or IP addresses",
-                _ => "comma-separated variable names or PREFIX* patterns (a bare * is refused)",
-            };
-            bad(e.var, &e.value, expected)
-        })?;
+        };
+        s.shared_store = match (self.store, self.store_password) {
+            (Some(url), password) => Some(SharedStore::parse(
+                "CUSTOM_ROUTER_SHARED_STORE",
+                &url,
+                password,
+            )?),
+            (None, Some(_)) => {
+                return Err(SettingsError {
+                    var: "CUSTOM_ROUTER_SHARED_STORE_PASSWORD",
+                    shown: "(hidden)".into(),
+                    expected: "to be set together with CUSTOM_ROUTER_SHARED_STORE",
+                })
+            }
+            (None, None) => None,
+        };
         Ok(s)
     }
+}
+
+// The parsers: each trims what it reads and says what it expected.
+
+fn ip(v: &str) -> Result<IpAddr, Expected> {
+    v.trim().parse().map_err(|_| "an IP address")
+}
+
+fn port(v: &str) -> Result<u16, Expected> {
+    v.trim().parse().map_err(|_| "a port number 0-65535")
+}
+
+/// A positive, finite number of seconds.
+fn seconds(v: &str) -> Result<Duration, Expected> {
+    v.trim()
+        .parse::<f64>()
+        .ok()
+        .and_then(positive_duration)
+        .ok_or("a positive number of seconds")
+}
+
+/// An integer of at least `min`.
+fn at_least<T: std::str::FromStr + PartialOrd>(
+    v: &str,
+    min: T,
+    expected: Expected,
+) -> Result<T, Expected> {
+    v.trim()
+        .parse::<T>()
+        .ok()
+        .filter(|n| *n >= min)
+        .ok_or(expected)
+}
+
+/// A limit where 0 means none.
+fn limit(v: &str) -> Result<Option<u32>, Expected> {
+    match v.trim().parse::<u32>() {
+        Ok(0) => Ok(None),
+        Ok(n) => Ok(Some(n)),
+        Err(_) => Err("a non-negative integer (0 = no limit)"),
+    }
+}
+
+fn alpha(v: &str) -> Result<f64, Expected> {
+    v.trim()
+        .parse::<f64>()
+        .ok()
+        .filter(|a| *a > 0.0 && *a <= 1.0)
+        .ok_or("a number in (0, 1]")
+}
+
+fn scoring(v: &str) -> Result<Scoring, Expected> {
+    Scoring::parse(v.trim())
+        .ok_or("peak_ewma, lowest_ewma, least_requests, round_robin or engine_aware")
+}
+
+fn workers(v: &str) -> Result<usize, Expected> {
+    v.trim()
+        .parse::<usize>()
+        .ok()
+        .filter(|n| *n <= 1024)
+        .ok_or("a number of threads from 0 (one per core) to 1024")
+}
+
+fn balance(v: &str) -> Result<crate::balance_workers::ConnectionBalance, Expected> {
+    crate::balance_workers::ConnectionBalance::parse(v).ok_or("pack or spread")
+}
+
+/// A path, trimmed; an empty one is refused.
+fn pem_path(v: &str) -> Result<PathBuf, Expected> {
+    match v.trim() {
+        "" => Err("a path to a PEM file"),
+        path => Ok(PathBuf::from(path)),
+    }
+}
+
+/// A token: trimmed and checked as every token is (`router_proto::token`).
+fn token(v: &str) -> Result<String, Expected> {
+    router_proto::token::normalize(v, "").map_err(|e| e.problem)
+}
+
+fn approval_key(v: &str) -> Result<ApprovalKey, Expected> {
+    ApprovalKey::new(v).map_err(|_| "a key of at least 32 bytes (e.g. `openssl rand -base64 32`)")
+}
+
+fn env_allow(v: &str) -> Result<EnvAllowList, Expected> {
+    EnvAllowList::parse(v)
+        .map_err(|_| "comma-separated variable names or PREFIX* patterns (a bare * is refused)")
+}
+
+fn host_allow(v: &str) -> Result<HostAllowList, Expected> {
+    HostAllowList::parse(v).map_err(|_| "comma-separated host names or IP addresses")
 }
 
 /// The listener's PEM certificate chain and private key.
@@ -469,14 +486,6 @@ pub struct TlsFiles {
     pub key: PathBuf,
 }
 
-/// A path in `var`, trimmed; an empty one is refused.
-fn pem_path(var: &'static str, value: &str) -> Result<PathBuf, SettingsError> {
-    match value.trim() {
-        "" => Err(bad(var, value, "a path to a PEM file")),
-        path => Ok(PathBuf::from(path)),
-    }
-}
-
 /// `missing`, unset while the other TLS variable is set.
 fn tls_pair(missing: &'static str) -> SettingsError {
     SettingsError {
@@ -484,16 +493,6 @@ fn tls_pair(missing: &'static str) -> SettingsError {
         shown: "(unset)".into(),
         expected: "CUSTOM_ROUTER_TLS_CERT_FILE and CUSTOM_ROUTER_TLS_KEY_FILE set together",
     }
-}
-
-/// A token in `var`: trimmed and checked as every token is
-/// (`router_proto::token`); the value is never shown.
-fn token(var: &'static str, value: &str) -> Result<String, SettingsError> {
-    router_proto::token::normalize(value, var).map_err(|e| SettingsError {
-        var,
-        shown: "(hidden)".into(),
-        expected: e.problem,
-    })
 }
 
 /// The shared store's address and credentials, checked at startup.
@@ -584,15 +583,6 @@ fn bad(var: &'static str, value: &str, expected: &'static str) -> SettingsError 
         shown: format!("{value:?}"),
         expected,
     }
-}
-
-fn seconds(var: &'static str, value: &str) -> Result<Duration, SettingsError> {
-    value
-        .trim()
-        .parse::<f64>()
-        .ok()
-        .and_then(positive_duration)
-        .ok_or_else(|| bad(var, value, "a positive number of seconds"))
 }
 
 impl Settings {
@@ -897,5 +887,82 @@ mod tests {
         let err = with(&[("CUSTOM_ROUTER_METRICS_TOKEN", "two words")]).unwrap_err();
         assert_eq!(err.var, "CUSTOM_ROUTER_METRICS_TOKEN");
         assert!(!err.to_string().contains("two words"), "{err}");
+    }
+
+    /// Every variable of the table is in docs/data-plane.md's table, its
+    /// row showing the table's default; no name is listed twice.
+    #[test]
+    fn every_variable_is_documented_with_its_default() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/data-plane.md");
+        let doc = std::fs::read_to_string(path).unwrap();
+        let mut names = std::collections::HashSet::new();
+        for var in VARS {
+            assert!(names.insert(var.name), "{} listed twice", var.name);
+            assert!(var.name.starts_with("CUSTOM_ROUTER_"), "{}", var.name);
+            assert!(!var.doc.is_empty(), "{}", var.name);
+            let row = format!("| `{}` | {} |", var.name, var.default);
+            assert!(doc.contains(&row), "docs/data-plane.md has no row {row:?}");
+        }
+        assert!(VARS.len() >= 38, "{}", VARS.len());
+    }
+
+    /// The table's defaults are `Settings::default()`: each default that is
+    /// a value, read through its own parser, changes nothing.
+    #[test]
+    fn the_table_defaults_are_the_defaults() {
+        let mut read = 0;
+        for var in VARS {
+            if var.default == "unset" || var.name == "CUSTOM_ROUTER_MAX_CONNECTIONS_PER_PEER" {
+                continue;
+            }
+            // "`peak_ewma`" and "268435456 (256 MiB)": the value alone.
+            let value = var.default.split(' ').next().unwrap().trim_matches('`');
+            let s = with(&[(var.name, value)]).unwrap();
+            assert!(s == Settings::default(), "{} = {value}", var.name);
+            read += 1;
+        }
+        assert_eq!(read, 28);
+        // The computed one: half of the connection cap.
+        assert_eq!(Settings::default().connections_per_peer(), 2048);
+    }
+
+    /// Every parser refuses a bad value with its variable's name, and a
+    /// secret's value is never shown; a path is any text, and the store's
+    /// password is refused only without a store (the test above).
+    #[test]
+    fn every_parser_refuses_a_bad_value_naming_its_variable() {
+        let accept_anything = [
+            "CUSTOM_ROUTER_TASKS_FILE",
+            "CUSTOM_ROUTER_SHARED_STORE_PASSWORD",
+        ];
+        let candidates = ["", "-1", "*", "http://169.254.169.254/", "two words"];
+        for var in VARS.iter().filter(|v| !accept_anything.contains(&v.name)) {
+            let refused: Vec<SettingsError> = candidates
+                .iter()
+                .filter_map(|bad| {
+                    // The TLS files come in pairs: the other one is usable.
+                    let mut vars = vec![(var.name, *bad)];
+                    for (tls, path) in [
+                        ("CUSTOM_ROUTER_TLS_CERT_FILE", "/c.pem"),
+                        ("CUSTOM_ROUTER_TLS_KEY_FILE", "/k.pem"),
+                    ] {
+                        if tls != var.name {
+                            vars.push((tls, path));
+                        }
+                    }
+                    with(&vars).err()
+                })
+                .collect();
+            assert!(!refused.is_empty(), "{} accepts every candidate", var.name);
+            for err in refused {
+                assert_eq!(err.var, var.name);
+                let text = err.to_string();
+                assert!(text.contains(var.name), "{text}");
+                assert!(text.contains(err.expected), "{text}");
+                if var.shown == Hidden {
+                    assert_eq!(err.shown, "(hidden)", "{text}");
+                }
+            }
+        }
     }
 }

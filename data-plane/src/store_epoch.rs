@@ -32,7 +32,8 @@ pub(crate) async fn watch(store: Arc<RedisStore>, metrics: Arc<Metrics>, every: 
         }
         let offered = candidate(
             uuid::Uuid::now_v7().to_string(),
-            unix_now_ms(),
+            // The marker tells operators since when the data runs: a wall time.
+            router_policy::wall_clock::unix_ms(),
             saw.as_ref(),
         );
         match store.offer_epoch(&offered.to_text()).await {
@@ -68,12 +69,6 @@ pub(crate) async fn watch(store: Arc<RedisStore>, metrics: Arc<Metrics>, every: 
         }
         tokio::time::sleep(every).await;
     }
-}
-
-/// Now, in Unix milliseconds (the marker tells operators since when the
-/// data runs, a wall time).
-fn unix_now_ms() -> u64 {
-    u64::try_from(crate::clock::unix_now_ms()).unwrap_or(0)
 }
 
 /// A Unix time in milliseconds as RFC 3339 (UTC, seconds); the number

@@ -250,6 +250,10 @@ impl Cut {
     }
 }
 
+// The three OpenAI events are written ahead, in the order clients have
+// seen since they were introduced; `tests::the_cut_events_are_the_envelope_writers`
+// holds them to `router_dialect::errors::openai_envelope`.
+
 /// The one SSE event sent when a stream is cut at its deadline.
 const DEADLINE_EVENT: &str = "event: error\ndata: {\"error\":{\"type\":\"deadline_exhausted\",\"code\":\"deadline_exhausted\",\"message\":\"the request's deadline ran out; the stream was cut\"}}\n\n";
 
@@ -740,5 +744,40 @@ impl Drop for TrackedBody {
             once.finish(end);
         }
         // Relayed: dropping the receiver tells the task (`tx.closed()`).
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_cut_events_are_the_envelope_writers() {
+        for (cut, label, message) in [
+            (
+                Cut::Deadline,
+                "deadline_exhausted",
+                "the request's deadline ran out; the stream was cut",
+            ),
+            (
+                Cut::StreamError,
+                "stream_error",
+                "the backend reported an error inside the stream; the answer is incomplete",
+            ),
+            (
+                Cut::Stalled,
+                "stream_stalled",
+                "the backend sent nothing for the stall timeout; the stream was cut",
+            ),
+        ] {
+            let data = cut
+                .event()
+                .strip_prefix("event: error\ndata: ")
+                .and_then(|d| d.strip_suffix("\n\n"))
+                .unwrap();
+            let got: serde_json::Value = serde_json::from_str(data).unwrap();
+            let want = router_dialect::errors::openai_envelope(message, label, Some(label));
+            assert_eq!(got, want, "{data}");
+        }
     }
 }

@@ -1,6 +1,8 @@
 //! The router's policy model and its pure decisions.
 //!
-//! Nothing in this crate does I/O, spawns tasks or reads the clock: every
+//! Nothing in this crate does I/O, spawns tasks or reads the clock (except
+//! [`wall_clock`], the workspace's one wall-clock reading, which no
+//! decision here calls): every
 //! function takes what it needs as arguments and returns a value, so the
 //! rules that decide where a request goes can be unit-tested in
 //! milliseconds and read without knowing anything about sockets.
@@ -38,6 +40,7 @@
 //! - [`tenant`]: who is calling (hashed keys) and what they may ask for.
 //! - [`walk`]: the request's walk along its chain as a pure state machine
 //!   (which pool, hedge, in-pool retry, retry budget, how it ends).
+//! - [`wall_clock`]: the one place the workspace reads `SystemTime::now`.
 
 #![forbid(unsafe_code)]
 
@@ -65,6 +68,7 @@ pub mod structured;
 pub mod tenant;
 pub mod usage;
 pub mod walk;
+pub mod wall_clock;
 
 pub use approval::{ApprovalKey, Refusal};
 pub use balance::{EndpointLoad, Scoring};

@@ -11,10 +11,6 @@
 // A benchmark measures wall time: std's clock is the point here.
 #![allow(clippy::disallowed_types, clippy::disallowed_methods)]
 
-#[path = "../backend.rs"]
-#[allow(dead_code)]
-mod backend;
-
 use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -101,7 +97,7 @@ fn main() -> ExitCode {
 }
 
 async fn run(args: &Args) -> Result<(), BoxError> {
-    let backend = backend::Backend::start()?;
+    let backend = router_mock::fixed::Backend::start()?;
     if args.serve_only {
         let cmd = args.between.as_deref().unwrap_or("true");
         let status = std::process::Command::new("sh")

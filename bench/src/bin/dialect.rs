@@ -97,12 +97,9 @@ struct ModeSpec {
     anthropic: bool,
 }
 
+/// The `p` quantile of `sorted`, in microseconds.
 fn pct(sorted: &[Duration], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return 0.0;
-    }
-    let rank = ((sorted.len() as f64 * p).ceil() as usize).clamp(1, sorted.len()) - 1;
-    sorted[rank].as_secs_f64() * 1e6
+    router_test_kit::stats::pct(sorted, p) * 1e3
 }
 
 fn main() -> Result<(), BoxError> {

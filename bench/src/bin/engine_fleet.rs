@@ -58,13 +58,8 @@ use router_mock::workload::{self, WorkloadConfig, WorkloadRequest};
 use router_mock::{Behavior, MockConfig, MockModel};
 use serde_json::json;
 
-// The throwaway redis-server the Redis benchmarks start; this binary
-// uses only `start_redis` of it.
-#[allow(dead_code)]
-#[path = "../redis_bench.rs"]
-mod redis_bench;
-
-use redis_bench::{start_redis, BoxError};
+use router_test_kit::redis::RedisServer;
+use router_test_kit::BoxError;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -627,13 +622,13 @@ async fn run(args: Args) -> Result<(), BoxError> {
                 // A fresh store per run, as the engines are fresh: nothing
                 // learned in one run helps the next.
                 let redis = if with_store {
-                    Some(start_redis()?)
+                    Some(RedisServer::start(&format!("engine-fleet-{run}")).await)
                 } else {
                     None
                 };
                 let store = redis
                     .as_ref()
-                    .map(|(_, port)| format!("redis://127.0.0.1:{port}/0"));
+                    .map(|r| format!("redis://127.0.0.1:{}/0", r.port()));
                 let mut proxies = Vec::with_capacity(n_proxies);
                 for i in 0..n_proxies {
                     let stderr_path = dir.join(format!("{run}-proxy{i}.stderr"));

@@ -43,10 +43,10 @@ struct Args {
     json: bool,
 }
 
-#[path = "../redis_bench.rs"]
-mod redis_bench;
-
-use redis_bench::{loadavg, pct, proxy_on_redis, start_redis, BoxError};
+use router_test_kit::proxy::on_redis as proxy_on_redis;
+use router_test_kit::redis::RedisServer;
+use router_test_kit::stats::{loadavg, pct};
+use router_test_kit::BoxError;
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Kind {
@@ -65,7 +65,8 @@ fn main() -> Result<(), BoxError> {
 }
 
 async fn run(args: Args) -> Result<(), BoxError> {
-    let (_redis, port) = start_redis()?;
+    let redis = RedisServer::start("idempotency-bench").await;
+    let port = redis.port();
     let mock = router_mock::MockModel::start(router_mock::MockConfig::default())
         .await
         .map_err(|e| format!("mock: {e}"))?;

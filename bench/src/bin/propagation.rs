@@ -54,15 +54,12 @@ struct Args {
     replicas: usize,
 }
 
-fn free_port() -> std::io::Result<u16> {
-    let l = std::net::TcpListener::bind("127.0.0.1:0")?;
-    Ok(l.local_addr()?.port())
-}
+use router_test_kit::server_process::free_port;
 
 /// Starts a one-member etcd in `dir`; returns it and its client address.
 fn start_etcd(dir: &std::path::Path) -> Result<(Killer, String), Box<dyn std::error::Error>> {
     let bin = std::env::var("ETCD_BIN").unwrap_or_else(|_| "etcd".into());
-    let (client, peer) = (free_port()?, free_port()?);
+    let (client, peer) = (free_port(), free_port());
     let client_url = format!("http://127.0.0.1:{client}");
     let peer_url = format!("http://127.0.0.1:{peer}");
     let child = Command::new(&bin)
@@ -196,7 +193,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut pids = Vec::new();
     let mut addrs = Vec::new();
     for i in 0..args.replicas.max(1) {
-        let port = free_port()?;
+        let port = free_port();
         let mut cmd = Command::new(&bin);
         cmd.args(["--listen", &format!("127.0.0.1:{port}")]);
         match &store {

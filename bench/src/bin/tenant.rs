@@ -26,10 +26,10 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
-#[path = "../redis_bench.rs"]
-mod redis_bench;
-
-use redis_bench::{loadavg, pct, proxy_on_redis, start_redis, BoxError};
+use router_test_kit::proxy::on_redis as proxy_on_redis;
+use router_test_kit::redis::RedisServer;
+use router_test_kit::stats::{loadavg, pct};
+use router_test_kit::BoxError;
 
 /// Measure the added latency of a tenant's checks with Redis on loopback.
 #[derive(Parser, Debug)]
@@ -55,7 +55,8 @@ fn main() -> Result<(), BoxError> {
 }
 
 async fn run(args: Args) -> Result<(), BoxError> {
-    let (_redis, port) = start_redis()?;
+    let redis = RedisServer::start("tenant-bench").await;
+    let port = redis.port();
     let mock = router_mock::MockModel::start(router_mock::MockConfig::default())
         .await
         .map_err(|e| format!("mock: {e}"))?;

@@ -13,7 +13,7 @@ use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{HeaderName, HeaderValue, CACHE_CONTROL, CONTENT_TYPE, LOCATION, RETRY_AFTER};
@@ -579,13 +579,8 @@ impl Shared {
                 )
             }
         };
-        #[allow(
-            clippy::disallowed_methods,
-            reason = "`created` is a wall-clock Unix time in OpenAI's answer shape"
-        )]
-        let created = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |since| since.as_secs());
+        // `created` is a wall-clock Unix time in OpenAI's answer shape.
+        let created = router_policy::wall_clock::since_epoch().as_secs();
         let EngineAnswer {
             id,
             model,
@@ -757,13 +752,12 @@ impl Shared {
         tracker: Option<Tracker>,
     ) -> Response<MockBody> {
         let (kind, code) = match status.as_u16() {
-            429 => ("rate_limit_error", json!("rate_limit_exceeded")),
-            400..=499 => ("invalid_request_error", Value::Null),
-            _ => ("server_error", Value::Null),
+            429 => ("rate_limit_error", Some("rate_limit_exceeded")),
+            400..=499 => ("invalid_request_error", None),
+            _ => ("server_error", None),
         };
-        let error = json!({
-            "error": {"message": message, "type": kind, "param": null, "code": code},
-        });
+        let mut error = router_dialect::errors::openai_envelope(message, kind, code);
+        error["error"]["param"] = Value::Null;
         let body = MockBody::full(Bytes::from(error.to_string()), tracker);
         let mut response = self.respond(status, Some("application/json"), body);
         if status == StatusCode::TOO_MANY_REQUESTS {

@@ -76,6 +76,7 @@ mod answer;
 mod body;
 pub mod engine;
 mod engine_http;
+pub mod fixed;
 pub mod gemini;
 mod prompt_cache;
 mod server;

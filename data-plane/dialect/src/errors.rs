@@ -273,6 +273,16 @@ pub struct ErrorAnswer {
     pub retry_after: Option<u64>,
 }
 
+/// The OpenAI error envelope, `{"error": {"message", "type", "code"}}`:
+/// the one place it is written (the router's own errors, its stream
+/// events, an upstream's error translated for an OpenAI client, the mock's
+/// OpenAI-style errors). A caller may add fields to the error object
+/// (`request_id`, a parked task's view); `serde_json` writes the keys
+/// sorted, so the bytes do not depend on the order they were added in.
+pub fn openai_envelope(message: &str, ty: &str, code: Option<&str>) -> Value {
+    json!({"error": {"message": message, "type": ty, "code": code}})
+}
+
 /// The router's error `kind` (with its message) as an answer in
 /// `dialect`. `retry_after` is the wait of a rate limit, in seconds.
 pub fn render(
@@ -283,10 +293,7 @@ pub fn render(
 ) -> ErrorAnswer {
     let label = kind.label();
     let (status, body) = match dialect {
-        Dialect::OpenAi => (
-            kind.status(),
-            json!({"error": {"message": message, "type": label, "code": label}}),
-        ),
+        Dialect::OpenAi => (kind.status(), openai_envelope(message, label, Some(label))),
         Dialect::Anthropic => {
             let (status, ty) = kind.anthropic();
             (
@@ -325,7 +332,7 @@ pub fn stream_event(dialect: Dialect, kind: ErrorKind, overloaded: bool, message
             };
             json!({"type": "error", "error": {"type": ty, "message": message, "code": label}})
         }
-        Dialect::OpenAi => json!({"error": {"type": label, "code": label, "message": message}}),
+        Dialect::OpenAi => openai_envelope(message, label, Some(label)),
         Dialect::Gemini => {
             json!({"error": {"code": kind.status(), "message": message, "status": kind.gemini_status()}})
         }
@@ -382,7 +389,7 @@ pub fn from_upstream(to: Dialect, status: u16, body: &[u8]) -> ErrorAnswer {
         }
         Dialect::OpenAi => {
             let ty = given("type").unwrap_or("upstream_error");
-            json!({"error": {"message": message, "type": ty, "code": Value::Null}})
+            openai_envelope(&message, ty, None)
         }
         Dialect::Gemini => json!({"error": {
             "code": status,

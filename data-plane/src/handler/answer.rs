@@ -10,7 +10,6 @@
 //! ([`super::finish`]).
 
 use std::sync::Arc;
-use std::time::SystemTime;
 
 use bytes::Bytes;
 use http::header::{self, HeaderValue};
@@ -64,8 +63,7 @@ impl Pending {
     pub(super) fn new(shared: Arc<Shared>, req: &Request<Incoming>, snapshot: &Snapshot) -> Self {
         // The log's `offered_at` is a wall time: the one clock reading
         // that must not be tokio's.
-        #[allow(clippy::disallowed_methods)]
-        let offered_at = Timestamp(SystemTime::now());
+        let offered_at = Timestamp(router_policy::wall_clock::now());
         let record = Box::new(RouteRecord {
             line: LogLine {
                 offered_at,

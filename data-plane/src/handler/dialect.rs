@@ -418,7 +418,7 @@ pub(super) fn tenant<'s>(
                 .get(header::AUTHORIZATION)
                 .map(HeaderValue::as_bytes),
             headers.get(X_API_KEY).map(HeaderValue::as_bytes),
-            crate::clock::unix_now_ms(),
+            router_policy::wall_clock::unix_ms_i64(),
         )
         .map(|who| Some(who.tenant))
         .map_err(ProxyError::Tenant)

@@ -155,9 +155,12 @@ pub(crate) fn handle(
                 Ok(resp) => resp,
                 Err(e) => {
                     tracing::error!(error = %e, "a keyed request's task failed");
-                    let mut resp = Response::new(Bytes::from_static(
-                        b"{\"error\":{\"message\":\"internal error\",\"type\":\"internal_error\",\"code\":\"internal_error\"}}",
-                    ));
+                    let body = router_dialect::errors::openai_envelope(
+                        "internal error",
+                        "internal_error",
+                        Some("internal_error"),
+                    );
+                    let mut resp = Response::new(Bytes::from(body.to_string()));
                     *resp.status_mut() = http::StatusCode::INTERNAL_SERVER_ERROR;
                     full(resp)
                 }

@@ -75,7 +75,7 @@ pub(super) async fn admit(
     deadline: Option<Duration>,
     rec: &mut RouteRecord,
 ) -> Result<(), ProxyError> {
-    let now = crate::clock::unix_now_ms();
+    let now = router_policy::wall_clock::unix_ms_i64();
     let tenant = match caller {
         Caller::Key(authorization, api_key) => tenants
             .identify_credentials(authorization, api_key, now)

@@ -38,7 +38,7 @@ mod local;
 mod redis;
 
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use base64::Engine as _;
 use bytes::Bytes;
@@ -327,12 +327,7 @@ fn hex(b: &[u8]) -> String {
 
 /// Now, as Unix milliseconds (tasks are shared across machines: wall
 /// time, not a monotonic clock).
-pub(crate) fn unix_ms() -> u64 {
-    #[allow(clippy::disallowed_methods)]
-    let now = SystemTime::now();
-    now.duration_since(SystemTime::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-}
+pub(crate) use router_policy::wall_clock::unix_ms;
 
 /// How long an ended task is kept for its client to fetch.
 pub(crate) fn keep_for(task: &TaskRecord) -> Duration {

@@ -81,10 +81,6 @@ fn micros(tokens: u64) -> u64 {
 
 /// Today's budget day, as the spend counters name it (UTC, wall clock).
 fn today() -> String {
-    #[allow(clippy::disallowed_methods)]
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs();
+    let now = router_policy::wall_clock::since_epoch().as_secs();
     router_policy::tenant::periods(now).0
 }

@@ -135,11 +135,7 @@ const IMAGE_PNG_BASE64: &str = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAA
 
 /// Today's spend key of `team-a`.
 fn spend_key() -> String {
-    #[allow(clippy::disallowed_methods)]
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs();
+    let now = router_policy::wall_clock::since_epoch().as_secs();
     format!(
         "router:spend:team-a:{}",
         router_policy::tenant::periods(now).0

@@ -140,11 +140,8 @@ fn approve(route: &str, request_id: &str, ttl: Duration) -> String {
         ttl,
         key_file: None,
     };
-    #[allow(clippy::disallowed_methods)] // the token's expiry is wall time
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs();
+    // The token's expiry is wall time.
+    let now = router_policy::wall_clock::since_epoch().as_secs();
     routerctl::approve_cmd::mint(&args, Some(APPROVAL_KEY.into()), now)
         .unwrap()
         .0

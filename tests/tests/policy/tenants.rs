@@ -322,14 +322,7 @@ async fn a_spend_budget_holds_exactly_across_proxies_under_a_flood() {
     assert_eq!(backend.stats().received, 3);
     // Settled: the recorded spend is the sum of the answers' costs. (The
     // budget's day is the wall clock's: the point here.)
-    #[allow(clippy::disallowed_methods)]
-    let day = router_policy::tenant::periods(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_secs(),
-    )
-    .0;
+    let day = router_policy::tenant::periods(router_policy::wall_clock::since_epoch().as_secs()).0;
     let key = format!("router:spend:team-a:{day}");
     router_tests::harness::eventually(std::time::Duration::from_secs(2), "settled", || {
         redis.get(&key) == Some((3 * call).to_string())

@@ -1,6 +1,7 @@
-//! The fake model server: a hyper http1 server on its own single-threaded
-//! tokio runtime (its own OS thread), so that the load generator's runtime
-//! cannot starve it.
+//! The benchmarks' fixed backend: one canned chat completion, served by a
+//! hyper http1 server on its own single-threaded tokio runtime (its own OS
+//! thread), so that a load generator's runtime cannot starve it. Nothing
+//! is simulated: it measures the router, not a model.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -18,10 +19,11 @@ use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use tokio::sync::oneshot;
 
-use crate::BoxError;
+/// The error [`Backend::start`] returns.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// The fixed OpenAI-style answer (about 300 bytes).
-pub(crate) const RESPONSE_BODY: &str = concat!(
+pub const RESPONSE_BODY: &str = concat!(
     r#"{"id":"chatcmpl-bench-0001","object":"chat.completion","created":1700000000,"#,
     r#""model":"bench","choices":[{"index":0,"message":{"role":"assistant","#,
     r#""content":"Hello! This is a fixed answer from the benchmark backend."},"#,
@@ -30,12 +32,12 @@ pub(crate) const RESPONSE_BODY: &str = concat!(
 );
 
 /// The backend thread's name (its CPU time is read by this name).
-pub(crate) const THREAD_NAME: &str = "bench-backend";
+pub const THREAD_NAME: &str = "bench-backend";
 
 /// A running backend; stops its runtime when dropped.
-pub(crate) struct Backend {
+pub struct Backend {
     /// Where it listens.
-    pub(crate) addr: SocketAddr,
+    pub addr: SocketAddr,
     hits: Arc<AtomicU64>,
     stop: Option<oneshot::Sender<()>>,
     thread: Option<JoinHandle<()>>,
@@ -43,7 +45,7 @@ pub(crate) struct Backend {
 
 impl Backend {
     /// Binds 127.0.0.1:0 and starts serving on a new thread.
-    pub(crate) fn start() -> Result<Self, BoxError> {
+    pub fn start() -> Result<Self, BoxError> {
         let std_listener = std::net::TcpListener::bind("127.0.0.1:0")?;
         std_listener.set_nonblocking(true)?;
         let addr = std_listener.local_addr()?;
@@ -79,7 +81,7 @@ impl Backend {
     }
 
     /// How many chat-completion requests it has answered so far.
-    pub(crate) fn hits(&self) -> u64 {
+    pub fn hits(&self) -> u64 {
         self.hits.load(Ordering::Relaxed)
     }
 }

@@ -197,7 +197,7 @@ impl RedisServer {
 
     /// Waits until some client (a proxy) is connected.
     pub async fn wait_for_a_client(&self) {
-        crate::harness::eventually(crate::harness::WAIT_AT_MOST, "a client connected", || {
+        crate::wait::eventually(crate::wait::WAIT_AT_MOST, "a client connected", || {
             self.other_clients() > 0
         })
         .await;

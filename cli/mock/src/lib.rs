@@ -66,6 +66,8 @@
 //!   endpoints, the prompt-to-token-ids mapping ([`prompt_token_ids`])
 //!   and the `/metrics` page;
 //! - [`workload`]: the seeded workload generator and the capacity measures.
+//! - `tls` (feature `tls`): an endpoint behind TLS with a certificate made
+//!   on start, for tests of HTTPS upstreams.
 //!
 //! The behaviour tests, which use only this public API over real sockets,
 //! are in `tests/behaviors.rs` and, for the engine, `tests/engine.rs`.
@@ -80,6 +82,8 @@ pub mod fixed;
 pub mod gemini;
 mod prompt_cache;
 mod server;
+#[cfg(feature = "tls")]
+pub mod tls;
 pub mod workload;
 
 use std::time::Duration;

@@ -42,7 +42,8 @@ pub async fn connect(
     } else {
         format!("http://{server}")
     };
-    let channel = router_proxy::managed::grpc_endpoint(&url, ca_pem)?
+    let channel = router_proxy::managed::grpc_endpoint(&url, ca_pem)
+        .map_err(|e| e.to_string())?
         .connect()
         .await
         .map_err(|e| {

@@ -65,7 +65,7 @@ mod proxies;
 pub use circuits::check_circuit;
 use circuits::retain_valid_circuits;
 pub use keys::{KEY_KEPT_AFTER_EXPIRY_MS, MAX_KEYS_PER_TENANT, MAX_KEY_NAME};
-pub use policy::{validate, Applier, PolicyApplied, HISTORY_LIMIT, MAX_NOTE};
+pub use policy::{validate, Applier, PolicyApplied, UnknownTenant, HISTORY_LIMIT, MAX_NOTE};
 use proxies::Link;
 #[cfg(test)]
 use proxies::TokenBucket;

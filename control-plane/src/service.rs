@@ -324,7 +324,7 @@ impl Admin for AdminService {
         // zeros (a typo would read as an idle tenant).
         upgrade(&self.hub)?
             .check_tenant(&tenant)
-            .map_err(Status::not_found)?;
+            .map_err(|e| Status::not_found(e.to_string()))?;
         // Budgets are per UTC day and month.
         let now = u64::try_from(crate::hub::now_ms() / 1000).unwrap_or(0);
         let (day, _, month, _) = router_policy::tenant::periods(now);

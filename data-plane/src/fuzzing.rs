@@ -398,7 +398,7 @@ pub fn snapshot(data: &[u8]) {
         match crate::managed::decode(snapshot, &defaults, &router_policy::Guards::default()) {
             Ok(d) => d,
             Err(nack) => {
-                assert!(!nack.is_empty(), "a NACK says why");
+                assert!(!nack.to_string().is_empty(), "a NACK says why");
                 assert_eq!(store.version(), boot, "a refused snapshot is not applied");
                 return;
             }

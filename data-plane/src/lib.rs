@@ -395,7 +395,8 @@ pub async fn start(options: ProxyOptions) -> Result<RunningProxy, StartError> {
     let task_store: Arc<dyn tasks::TaskStore> = match &redis {
         Some(r) => Arc::new(tasks::RedisTasks::new(Arc::clone(r))),
         None => Arc::new(
-            tasks::LocalTasks::open(settings.tasks_file.clone()).map_err(StartError::Tasks)?,
+            tasks::LocalTasks::open(settings.tasks_file.clone())
+                .map_err(|e| StartError::Tasks(e.to_string()))?,
         ),
     };
     let parked = Arc::new(tasks::Tasks::new(

@@ -52,6 +52,10 @@ use tokio_stream::StreamExt;
 use crate::config::ConfigStore;
 use crate::pool::CircuitEvent;
 
+mod error;
+pub use error::AddressError;
+pub(crate) use error::{DecodeError, OverrideError, StreamError};
+
 /// Managed mode's settings.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ManagedOptions {
@@ -80,9 +84,12 @@ pub const HEARTBEAT: Duration = Duration::from_secs(10);
 pub fn grpc_endpoint(
     addr: &str,
     ca_pem: Option<&str>,
-) -> Result<tonic::transport::Endpoint, String> {
+) -> Result<tonic::transport::Endpoint, AddressError> {
     let mut endpoint = tonic::transport::Endpoint::from_shared(addr.to_string())
-        .map_err(|e| format!("bad address {addr}: {e}"))?
+        .map_err(|error| AddressError::Bad {
+            addr: addr.to_string(),
+            error,
+        })?
         .connect_timeout(Duration::from_secs(2));
     if addr.starts_with("https://") {
         let mut tls = tonic::transport::ClientTlsConfig::new().with_webpki_roots();
@@ -91,7 +98,10 @@ pub fn grpc_endpoint(
         }
         endpoint = endpoint
             .tls_config(tls)
-            .map_err(|e| format!("TLS for {addr}: {e}"))?;
+            .map_err(|error| AddressError::Tls {
+                addr: addr.to_string(),
+                error,
+            })?;
     }
     Ok(endpoint)
 }
@@ -219,18 +229,17 @@ pub fn connect_failure(url: &str, e: &(dyn std::error::Error + 'static), ca_flag
 }
 
 /// What to tell the operator when the control plane refused the stream.
-fn explain_refusal(status: &tonic::Status, node_id: &str) -> String {
+fn explain_refusal(status: tonic::Status, node_id: &str) -> StreamError {
     use tonic::Code;
-    let detail = status.message();
+    let detail = status.message().to_string();
     match status.code() {
-        Code::Unauthenticated => format!(
-            "the control plane refused the token: set ROUTER_TOKEN to a token in its --token-file or --proxy-token-file ({detail})"
-        ),
-        Code::PermissionDenied => format!(
-            "the control plane does not let this token speak for node {node_id}: use the token pinned to it, or set --node-id to the node the token names ({detail})"
-        ),
-        Code::ResourceExhausted => format!("the control plane holds no more proxies ({detail})"),
-        _ => format!("stream: {status}"),
+        Code::Unauthenticated => StreamError::Unauthenticated { detail },
+        Code::PermissionDenied => StreamError::NotThisNode {
+            node_id: node_id.to_string(),
+            detail,
+        },
+        Code::ResourceExhausted => StreamError::Full { detail },
+        _ => StreamError::Status(Box::new(status)),
     }
 }
 
@@ -377,20 +386,22 @@ fn circuit_target(
     c: &pb::CircuitOverride,
     policy: &Policy,
     backends: &BTreeMap<String, Vec<Endpoint>>,
-) -> Result<Option<Endpoint>, String> {
+) -> Result<Option<Endpoint>, OverrideError> {
     let Some(pool) = policy.pool(&c.pool) else {
-        return Err(format!("no pool {:?} in the policy", c.pool));
+        return Err(OverrideError::NoPool {
+            pool: c.pool.clone(),
+        });
     };
     if c.endpoint.is_empty() {
         return Ok(None);
     }
-    let ep = Endpoint::parse(&c.endpoint).map_err(|e| e.to_string())?;
+    let ep = Endpoint::parse(&c.endpoint)?;
     let endpoints = backends.get(&c.pool).unwrap_or(&pool.endpoints);
     if !endpoints.contains(&ep) {
-        return Err(format!(
-            "{} is not an endpoint of pool {}",
-            c.endpoint, c.pool
-        ));
+        return Err(OverrideError::NotInPool {
+            endpoint: c.endpoint.clone(),
+            pool: c.pool.clone(),
+        });
     }
     Ok(Some(ep))
 }
@@ -403,26 +414,36 @@ pub(crate) fn decode(
     snapshot: &pb::Snapshot,
     defaults: &QueueSettings,
     guards: &Guards,
-) -> Result<Decoded, String> {
-    let mut policy =
-        load_with(&snapshot.policy_document, defaults, guards).map_err(|e| e.to_string())?;
+) -> Result<Decoded, DecodeError> {
+    let mut policy = load_with(&snapshot.policy_document, defaults, guards)?;
     add_stored_keys(&mut policy, &snapshot.keys);
     let mut backends = BTreeMap::new();
     for b in &snapshot.backends {
         let Some(pool) = policy.pools.iter_mut().find(|p| p.name == b.pool) else {
-            return Err(format!("backends for unknown pool {:?}", b.pool));
+            return Err(DecodeError::UnknownPool {
+                pool: b.pool.clone(),
+            });
+        };
+        let parse = |e: &String| {
+            Endpoint::parse(e).map_err(|error| DecodeError::BadEndpoint {
+                pool: b.pool.clone(),
+                endpoint: e.clone(),
+                error,
+            })
         };
         let mut eps = Vec::new();
         for e in &b.endpoints {
-            let ep = Endpoint::parse(e).map_err(|err| format!("pool {}: {e}: {err}", b.pool))?;
+            let ep = parse(e)?;
             if let Some(why) = backend_refusal(&ep, &guards.backend_hosts) {
-                return Err(format!("pool {}: {why}", b.pool));
+                return Err(DecodeError::RefusedBackend {
+                    pool: b.pool.clone(),
+                    why,
+                });
             }
             eps.push(ep);
         }
         for d in &b.drained {
-            pool.drained
-                .push(Endpoint::parse(d).map_err(|err| format!("pool {}: {d}: {err}", b.pool))?);
+            pool.drained.push(parse(d)?);
         }
         backends.insert(b.pool.clone(), eps);
     }
@@ -665,7 +686,7 @@ pub(crate) async fn run(
                 tracing::warn!(control_plane = %addr, error = %e, "control plane stream failed; serving the last good config")
             }
             Err(e) => {
-                context.readiness.waiting_on(&e);
+                context.readiness.waiting_on(&e.to_string());
                 tracing::warn!(control_plane = %addr, error = %e, "control plane stream failed; no configuration yet: health answers 503 and requests get 503 no_backend until one is applied")
             }
         }
@@ -680,7 +701,7 @@ async fn stream_once(
     addr: &str,
     events: &mut mpsc::Receiver<CircuitEvent>,
     applied: &mut Applied,
-) -> Result<(), String> {
+) -> Result<(), StreamError> {
     let options = &context.options;
     let endpoint = grpc_endpoint(addr, options.ca_pem.as_deref())?
         .http2_keep_alive_interval(Duration::from_secs(10))
@@ -688,7 +709,7 @@ async fn stream_once(
     let channel = endpoint
         .connect()
         .await
-        .map_err(|e| connect_failure(addr, &e, "--control-plane-ca"))?;
+        .map_err(|e| StreamError::Unreachable(connect_failure(addr, &e, "--control-plane-ca")))?;
     let mut client = ProxyConfigClient::with_interceptor(channel, context.token.clone())
         .max_decoding_message_size(router_proto::MAX_MESSAGE_BYTES)
         .max_encoding_message_size(router_proto::MAX_PROXY_MESSAGE_BYTES);
@@ -699,13 +720,11 @@ async fn stream_once(
             last_applied_revision: applied.revision,
         })),
     };
-    tx.send(hello)
-        .await
-        .map_err(|_| "stream closed".to_string())?;
+    tx.send(hello).await.map_err(|_| StreamError::Closed)?;
     let mut inbound = client
         .stream(tokio_stream::wrappers::ReceiverStream::new(rx))
         .await
-        .map_err(|e| explain_refusal(&e, &options.node_id))?
+        .map_err(|e| explain_refusal(e, &options.node_id))?
         .into_inner();
     tracing::info!(control_plane = %addr, "connected to the control plane");
     // A heartbeat (an empty load report): the control plane's LAST SEEN
@@ -744,7 +763,7 @@ async fn stream_once(
             msg = inbound.next() => {
                 let msg = match msg {
                     Some(Ok(m)) => m,
-                    Some(Err(e)) => return Err(format!("stream: {e}")),
+                    Some(Err(e)) => return Err(StreamError::Status(Box::new(e))),
                     None => return Ok(()),
                 };
                 let reply = handle(
@@ -859,7 +878,7 @@ pub(crate) fn handle(
             }
             ack(msg)
         }
-        Err(e) => nack(e),
+        Err(e) => nack(e.to_string()),
     }
 }
 
@@ -907,7 +926,11 @@ mod tests {
         let err = decode(&s, &QueueSettings::default(), &Guards::default())
             .err()
             .unwrap();
-        assert!(err.contains("unknown pool"), "{err}");
+        assert!(
+            matches!(&err, DecodeError::UnknownPool { pool } if pool == "nope"),
+            "{err:?}"
+        );
+        assert!(err.to_string().contains("unknown pool"), "{err}");
     }
 
     #[test]
@@ -933,10 +956,12 @@ mod tests {
         let err = decode(&s("HF_TOKEN", "127.0.0.1:9"), &q, &Guards::default())
             .err()
             .unwrap();
-        assert!(
-            err.contains("spec.pools[0].api_key_env") && err.contains("HF_TOKEN"),
-            "{err}"
-        );
+        let DecodeError::Policy(policy) = &err else {
+            panic!("not a policy error: {err:?}");
+        };
+        assert_eq!(policy.errors.len(), 1, "{err}");
+        assert_eq!(policy.errors[0].field, "spec.pools[0].api_key_env");
+        assert!(err.to_string().contains("HF_TOKEN"), "{err}");
         let err = decode(
             &s("A_API_KEY", "169.254.169.254:80"),
             &q,
@@ -945,8 +970,13 @@ mod tests {
         .err()
         .unwrap();
         assert!(
-            err.contains("pool a") && err.contains("link-local"),
-            "{err}"
+            matches!(&err, DecodeError::RefusedBackend { pool, .. } if pool == "a"),
+            "{err:?}"
+        );
+        let text = err.to_string();
+        assert!(
+            text.contains("pool a") && text.contains("link-local"),
+            "{text}"
         );
         let allowing = Guards::from_lookup(|k| match k {
             "CUSTOM_ROUTER_API_KEY_ENV_ALLOW" => Some("HF_TOKEN".into()),
@@ -955,6 +985,151 @@ mod tests {
         })
         .unwrap();
         assert!(decode(&s("HF_TOKEN", "169.254.169.254:80"), &q, &allowing).is_ok());
+    }
+
+    #[test]
+    fn a_control_plane_address_tonic_cannot_dial_is_a_bad_address() {
+        let err = grpc_endpoint("not a uri", None).unwrap_err();
+        assert!(
+            matches!(&err, AddressError::Bad { addr, .. } if addr == "not a uri"),
+            "{err:?}"
+        );
+        assert!(
+            err.to_string().starts_with("bad address not a uri: "),
+            "{err}"
+        );
+        assert!(grpc_endpoint("http://127.0.0.1:1", None).is_ok());
+    }
+
+    #[test]
+    fn a_backend_that_does_not_parse_is_nacked_with_its_pool() {
+        let s = pb::Snapshot {
+            policy_version: 1,
+            policy_document: "apiVersion: router/v1\nkind: RoutingPolicy\nspec: {pools: [{name: a}], routes: [{name: r, chain: [a]}]}\n".into(),
+            backends: vec![pb::PoolBackends {
+                pool: "a".into(),
+                endpoints: vec!["127.0.0.1:9".into()],
+                drained: vec!["ftp://x".into()],
+            }],
+            ..Default::default()
+        };
+        let err = decode(&s, &QueueSettings::default(), &Guards::default())
+            .err()
+            .unwrap();
+        assert!(
+            matches!(&err, DecodeError::BadEndpoint { pool, endpoint, .. } if pool == "a" && endpoint == "ftp://x"),
+            "{err:?}"
+        );
+        assert!(err.to_string().starts_with("pool a: ftp://x: "), "{err}");
+    }
+
+    #[test]
+    fn an_override_that_does_not_fit_the_policy_says_why() {
+        let policy = router_policy::document::load(
+            "apiVersion: router/v1\nkind: RoutingPolicy\nspec: {pools: [{name: a, endpoints: [\"127.0.0.1:9\"]}], routes: [{name: r, chain: [a]}]}\n",
+            &QueueSettings::default(),
+        )
+        .unwrap();
+        let backends = BTreeMap::new();
+        let over = |pool: &str, endpoint: &str| pb::CircuitOverride {
+            pool: pool.into(),
+            endpoint: endpoint.into(),
+            ..Default::default()
+        };
+        let err = circuit_target(&over("b", ""), &policy, &backends).unwrap_err();
+        assert!(
+            matches!(&err, OverrideError::NoPool { pool } if pool == "b"),
+            "{err:?}"
+        );
+        let err = circuit_target(&over("a", "ftp://x"), &policy, &backends).unwrap_err();
+        assert!(matches!(err, OverrideError::BadEndpoint(_)), "{err:?}");
+        let err = circuit_target(&over("a", "127.0.0.1:10"), &policy, &backends).unwrap_err();
+        assert!(
+            matches!(&err, OverrideError::NotInPool { endpoint, pool } if endpoint == "127.0.0.1:10" && pool == "a"),
+            "{err:?}"
+        );
+        assert_eq!(err.to_string(), "127.0.0.1:10 is not an endpoint of pool a");
+        let ep = circuit_target(&over("a", "127.0.0.1:9"), &policy, &backends).unwrap();
+        assert!(ep.is_some());
+        assert_eq!(
+            circuit_target(&over("a", ""), &policy, &backends).ok(),
+            Some(None)
+        );
+    }
+
+    #[test]
+    fn a_refused_stream_is_explained_by_its_status() {
+        use tonic::{Code, Status};
+        let err = explain_refusal(Status::unauthenticated("no"), "n1");
+        assert!(
+            matches!(&err, StreamError::Unauthenticated { detail } if detail == "no"),
+            "{err:?}"
+        );
+        let err = explain_refusal(Status::permission_denied("pinned"), "n1");
+        assert!(
+            matches!(&err, StreamError::NotThisNode { node_id, .. } if node_id == "n1"),
+            "{err:?}"
+        );
+        let err = explain_refusal(Status::resource_exhausted("full"), "n1");
+        assert!(matches!(err, StreamError::Full { .. }), "{err:?}");
+        let err = explain_refusal(Status::unavailable("down"), "n1");
+        assert!(
+            matches!(&err, StreamError::Status(s) if s.code() == Code::Unavailable),
+            "{err:?}"
+        );
+        assert!(err.to_string().starts_with("stream: "), "{err}");
+    }
+
+    #[tokio::test]
+    async fn a_stream_to_an_unusable_address_ends_with_why() {
+        let defaults = QueueSettings::default();
+        let context = StreamContext {
+            options: ManagedOptions {
+                addrs: vec![],
+                token: None,
+                node_id: "n1".into(),
+                cache_dir: None,
+                ca_pem: None,
+                heartbeat: HEARTBEAT,
+            },
+            token: router_proto::BearerToken::new(None, "test").unwrap(),
+            store: Arc::new(ConfigStore::new(
+                Policy::sidecar(defaults, None),
+                "boot",
+                Arc::new(crate::metrics::Metrics::new()),
+                None,
+                None,
+            )),
+            defaults,
+            guards: Guards::default(),
+            readiness: Arc::default(),
+            key_use: Arc::default(),
+        };
+        let (_tx, mut events) = mpsc::channel(1);
+        let mut applied = Applied::default();
+        let err = stream_once(&context, "not a uri", &mut events, &mut applied)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, StreamError::Address(AddressError::Bad { .. })),
+            "{err:?}"
+        );
+        // Nothing listens on a port just freed.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .unwrap()
+            .port();
+        let addr = format!("http://127.0.0.1:{port}");
+        let err = stream_once(&context, &addr, &mut events, &mut applied)
+            .await
+            .unwrap_err();
+        let StreamError::Unreachable(why) = &err else {
+            panic!("not unreachable: {err:?}");
+        };
+        assert!(
+            why.starts_with(&format!("cannot reach the control plane at {addr}")),
+            "{why}"
+        );
     }
 
     #[test]

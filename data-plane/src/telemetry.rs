@@ -35,17 +35,25 @@ pub fn wanted() -> bool {
     !off && (set("OTEL_EXPORTER_OTLP_ENDPOINT") || set("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"))
 }
 
+/// Why OpenTelemetry export could not be set up ([`init`]).
+#[derive(Debug, thiserror::Error)]
+pub enum InitError {
+    /// The OTLP exporter could not be built from the environment.
+    #[error("OTLP exporter: {0}")]
+    Exporter(opentelemetry_otlp::ExporterBuildError),
+}
+
 /// Builds the OTLP exporter and installs the global tracer provider and the
 /// W3C propagator. Must run inside the tokio runtime. Returns the provider
 /// (flush and shut it down before exit), or `None` when export is off.
-pub fn init(default_service_name: &str) -> Result<Option<SdkTracerProvider>, String> {
+pub fn init(default_service_name: &str) -> Result<Option<SdkTracerProvider>, InitError> {
     if !wanted() {
         return Ok(None);
     }
     let exporter = opentelemetry_otlp::SpanExporter::builder()
         .with_tonic()
         .build()
-        .map_err(|e| format!("OTLP exporter: {e}"))?;
+        .map_err(InitError::Exporter)?;
     let processor =
         opentelemetry_sdk::trace::span_processor_with_async_runtime::BatchSpanProcessor::builder(
             exporter,

@@ -50,7 +50,39 @@ pub struct GuardError {
     /// Its value.
     pub value: String,
     /// What is wrong with it.
-    pub reason: String,
+    pub reason: AllowListError,
+}
+
+/// Why an allow list ([`EnvAllowList`], [`HostAllowList`]) cannot be parsed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AllowListError {
+    /// A bare `*` in an [`EnvAllowList`]: it would allow every variable.
+    #[error("a bare \"*\" would allow every variable: list names or PREFIX* patterns")]
+    BareStar,
+    /// An [`EnvAllowList`] entry that is neither a name nor `PREFIX*`.
+    #[error("{entry:?} is not a variable name or a PREFIX* pattern (letters, digits, '_')")]
+    NotAVariable {
+        /// The entry as written.
+        entry: String,
+    },
+    /// A [`HostAllowList`] entry that is neither a host name nor an IP.
+    #[error("{entry:?} is not a host name or an IP address")]
+    NotAHost {
+        /// The entry as written.
+        entry: String,
+    },
+}
+
+/// A variable that may not hold a pool's API key ([`EnvAllowList::check`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "{name:?} may not hold an API key: the key is sent to the pool's endpoints, so \
+     only variables whose names end in {API_KEY_SUFFIX} are allowed, or those \
+     {API_KEY_ENV_ALLOW_VAR} lists on the proxies and the control plane"
+)]
+pub struct KeyEnvRefused {
+    /// The variable named.
+    pub name: String,
 }
 
 /// What this process allows a policy to ask for.
@@ -97,7 +129,7 @@ pub struct EnvAllowList {
 impl EnvAllowList {
     /// Parses `NAME,OTHER_NAME,PREFIX_*` (spaces around entries ignored).
     /// A bare `*` is refused: it would allow every variable of the process.
-    pub fn parse(text: &str) -> Result<Self, String> {
+    pub fn parse(text: &str) -> Result<Self, AllowListError> {
         let mut list = Self::default();
         for entry in text.split(',').map(str::trim).filter(|e| !e.is_empty()) {
             let (name, prefix) = match entry.strip_suffix('*') {
@@ -105,15 +137,12 @@ impl EnvAllowList {
                 None => (entry, false),
             };
             if name.is_empty() {
-                return Err(
-                    "a bare \"*\" would allow every variable: list names or PREFIX* patterns"
-                        .into(),
-                );
+                return Err(AllowListError::BareStar);
             }
             if !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
-                return Err(format!(
-                    "{entry:?} is not a variable name or a PREFIX* pattern (letters, digits, '_')"
-                ));
+                return Err(AllowListError::NotAVariable {
+                    entry: entry.to_string(),
+                });
             }
             if prefix {
                 list.prefixes.push(name.to_string());
@@ -131,16 +160,14 @@ impl EnvAllowList {
             || self.prefixes.iter().any(|p| name.starts_with(p.as_str()))
     }
 
-    /// `Err(reason)` when `name` may not hold a pool's API key.
-    pub fn check(&self, name: &str) -> Result<(), String> {
+    /// `Err` when `name` may not hold a pool's API key.
+    pub fn check(&self, name: &str) -> Result<(), KeyEnvRefused> {
         if self.allows(name) {
             Ok(())
         } else {
-            Err(format!(
-                "{name:?} may not hold an API key: the key is sent to the pool's endpoints, so \
-                 only variables whose names end in {API_KEY_SUFFIX} are allowed, or those \
-                 {API_KEY_ENV_ALLOW_VAR} lists on the proxies and the control plane"
-            ))
+            Err(KeyEnvRefused {
+                name: name.to_string(),
+            })
         }
     }
 }
@@ -156,7 +183,7 @@ pub struct HostAllowList {
 impl HostAllowList {
     /// Parses `169.254.10.1,[fe80::1],gpu.local` (spaces ignored; IPv6
     /// with or without brackets).
-    pub fn parse(text: &str) -> Result<Self, String> {
+    pub fn parse(text: &str) -> Result<Self, AllowListError> {
         let mut list = Self::default();
         for entry in text.split(',').map(str::trim).filter(|e| !e.is_empty()) {
             let host = normalise_host(entry);
@@ -168,7 +195,9 @@ impl HostAllowList {
             {
                 list.names.push(host);
             } else {
-                return Err(format!("{entry:?} is not a host name or an IP address"));
+                return Err(AllowListError::NotAHost {
+                    entry: entry.to_string(),
+                });
             }
         }
         Ok(list)
@@ -318,17 +347,22 @@ mod tests {
             "openai_api_key",
         ] {
             let why = default.check(refused).unwrap_err();
-            assert!(why.contains(API_KEY_ENV_ALLOW_VAR), "{why}");
+            assert_eq!(why.name, refused);
+            assert!(why.to_string().contains(API_KEY_ENV_ALLOW_VAR), "{why}");
         }
         let extended = EnvAllowList::parse(" HF_TOKEN , VAULT_* ,").unwrap();
         assert!(extended.allows("HF_TOKEN") && extended.allows("VAULT_OPENAI"));
         assert!(extended.allows("X_API_KEY"));
         assert!(!extended.allows("HF_TOKEN2") && !extended.allows("AWS_SECRET_ACCESS_KEY"));
         assert_eq!(EnvAllowList::parse(""), Ok(EnvAllowList::default()));
-        assert!(EnvAllowList::parse("*").is_err());
-        assert!(EnvAllowList::parse("A,*").is_err());
-        assert!(EnvAllowList::parse("BAD-NAME").is_err());
-        assert!(EnvAllowList::parse("A*B").is_err());
+        assert_eq!(EnvAllowList::parse("*"), Err(AllowListError::BareStar));
+        assert_eq!(EnvAllowList::parse("A,*"), Err(AllowListError::BareStar));
+        for bad in ["BAD-NAME", "A*B"] {
+            assert_eq!(
+                EnvAllowList::parse(&format!("OK, {bad}")),
+                Err(AllowListError::NotAVariable { entry: bad.into() })
+            );
+        }
     }
 
     #[test]
@@ -385,8 +419,12 @@ mod tests {
         );
         assert!(backend_refusal(&ep("http://169.254.169.254:80"), &allow).is_some());
         assert!(backend_refusal(&ep("http://[fe80::2]:80"), &allow).is_some());
-        assert!(HostAllowList::parse("a b").is_err());
-        assert!(HostAllowList::parse("http://x").is_err());
+        for bad in ["a b", "http://x"] {
+            assert_eq!(
+                HostAllowList::parse(bad),
+                Err(AllowListError::NotAHost { entry: bad.into() })
+            );
+        }
     }
 
     #[test]
@@ -403,10 +441,17 @@ mod tests {
         let err =
             Guards::from_lookup(|k| (k == API_KEY_ENV_ALLOW_VAR).then(|| "*".into())).unwrap_err();
         assert_eq!(err.var, API_KEY_ENV_ALLOW_VAR);
+        assert_eq!(err.reason, AllowListError::BareStar);
         assert!(err.to_string().contains(API_KEY_ENV_ALLOW_VAR), "{err}");
         let err = Guards::from_lookup(|k| (k == ALLOW_BACKEND_HOSTS_VAR).then(|| "a/b".into()))
             .unwrap_err();
         assert_eq!(err.var, ALLOW_BACKEND_HOSTS_VAR);
+        assert_eq!(
+            err.reason,
+            AllowListError::NotAHost {
+                entry: "a/b".into()
+            }
+        );
     }
 
     #[test]

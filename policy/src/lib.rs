@@ -78,5 +78,5 @@ pub use document::{
 };
 pub use endpoint::{Endpoint, EndpointError, Scheme};
 pub use fallback::{next_step, Step, StopReason};
-pub use guard::{EnvAllowList, GuardError, Guards, HostAllowList};
+pub use guard::{AllowListError, EnvAllowList, GuardError, Guards, HostAllowList, KeyEnvRefused};
 pub use outcome::{AttemptEnding, Outcome, SampleKind};

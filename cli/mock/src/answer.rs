@@ -277,6 +277,7 @@ pub(crate) async fn handle(
             let prompt = prompt_len.div_ceil(4) as u64;
             let thoughts = gemini::wants_thoughts(json.as_ref());
             if let Err(message) = gemini::check(json.as_ref()) {
+                let message = message.to_string();
                 shared.gemini_error_response(StatusCode::BAD_REQUEST, &message, tracker)
             } else if call.stream && !call.sse {
                 let message = "the mock streams with alt=sse only";

@@ -131,9 +131,23 @@ fn parts_of(content: &Value) -> &[Value] {
         .unwrap_or_default()
 }
 
+/// What Gemini 3 refuses ([`check`]), in its words.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum Refusal {
+    /// A `functionCall` of an earlier `model` turn without the
+    /// `thoughtSignature` it came with (or with another one).
+    #[error("Function call is missing a thought_signature in functionCall parts. This is required for tools to work correctly, and missing thought_signature may lead to degraded model performance. Additional data, function call `{name}` , position {position}. Please refer to https://ai.google.dev/gemini-api/docs/thought-signatures for more details.")]
+    MissingSignature {
+        /// The function called.
+        name: String,
+        /// Where, as Gemini counts it (content * 100 + part).
+        position: usize,
+    },
+}
+
 /// Refuses what Gemini 3 refuses: a `functionCall` of an earlier `model`
 /// turn without the `thoughtSignature` it came with.
-pub(crate) fn check(json: Option<&Value>) -> Result<(), String> {
+pub(crate) fn check(json: Option<&Value>) -> Result<(), Refusal> {
     let contents = json
         .and_then(|j| j.get("contents"))
         .and_then(Value::as_array)
@@ -153,10 +167,10 @@ pub(crate) fn check(json: Option<&Value>) -> Result<(), String> {
             };
             let sig = p.get("thoughtSignature").and_then(Value::as_str);
             if sig != Some(signature_for(name).as_str()) {
-                return Err(format!(
-                    "Function call is missing a thought_signature in functionCall parts. This is required for tools to work correctly, and missing thought_signature may lead to degraded model performance. Additional data, function call `{name}` , position {}. Please refer to https://ai.google.dev/gemini-api/docs/thought-signatures for more details.",
-                    i * 100 + j
-                ));
+                return Err(Refusal::MissingSignature {
+                    name: name.to_string(),
+                    position: i * 100 + j,
+                });
             }
         }
     }
@@ -427,8 +441,18 @@ mod tests {
                 {"role": "user", "parts": [{"functionResponse": {"name": "f", "response": {"output": "1"}}}]},
             ]})
         };
-        assert!(check(Some(&call(None))).is_err());
-        assert!(check(Some(&call(Some("other")))).is_err());
+        let missing = Refusal::MissingSignature {
+            name: "f".into(),
+            position: 100,
+        };
+        assert_eq!(check(Some(&call(None))), Err(missing.clone()));
+        assert_eq!(check(Some(&call(Some("other")))), Err(missing.clone()));
+        assert!(
+            missing
+                .to_string()
+                .contains("function call `f` , position 100."),
+            "{missing}"
+        );
         assert!(check(Some(&call(Some(&signature_for("f"))))).is_ok());
         assert_eq!(
             reply(Some(&call(None))),

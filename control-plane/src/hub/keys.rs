@@ -102,7 +102,7 @@ impl Hub {
             ));
         }
         self.check_tenant(&req.tenant)
-            .map_err(|reason| invalid("tenant", reason))?;
+            .map_err(|reason| invalid("tenant", reason.to_string()))?;
         let id = key_id(&hash);
         let record = KeyRecord {
             id: id.clone(),

@@ -31,6 +31,44 @@ pub struct Applier<'a> {
 /// How many tenant names an error lists.
 pub(super) const NAMES_SHOWN: usize = 10;
 
+/// A tenant the current policy does not name ([`Hub::check_tenant`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum UnknownTenant {
+    /// The current policy has no tenants (or there is no policy yet).
+    #[error("no tenant {name:?}: the current policy has no tenants")]
+    NoTenants {
+        /// The tenant asked for.
+        name: String,
+    },
+    /// The current policy names other tenants.
+    #[error("no tenant {name:?} in the current policy; its tenants: {}", shown(.tenants))]
+    NotNamed {
+        /// The tenant asked for.
+        name: String,
+        /// Those the policy names (the text shows at most [`NAMES_SHOWN`]).
+        tenants: Vec<String>,
+    },
+}
+
+/// At most [`NAMES_SHOWN`] of `names`, and how many there are in all when
+/// that is more: the text travels in a gRPC status, whose headers are
+/// bounded.
+fn shown(names: &[String]) -> String {
+    let mut shown = names
+        .iter()
+        .take(NAMES_SHOWN)
+        .cloned()
+        .collect::<Vec<_>>()
+        .join(", ");
+    if names.len() > NAMES_SHOWN {
+        shown.push_str(&format!(
+            ", ... ({} in all: routerctl tenants list)",
+            names.len()
+        ));
+    }
+    shown
+}
+
 /// The longest note a policy version may carry.
 pub const MAX_NOTE: usize = 512;
 
@@ -356,27 +394,19 @@ impl Hub {
     /// `Err` saying why, when the current policy has no tenant `name`
     /// (naming at most [`NAMES_SHOWN`] of those it has: the reason travels
     /// in a gRPC status, whose headers are bounded).
-    pub fn check_tenant(&self, name: &str) -> Result<(), String> {
+    pub fn check_tenant(&self, name: &str) -> Result<(), UnknownTenant> {
         let names = self.tenant_names();
         if names.iter().any(|n| n == name) {
             return Ok(());
         }
+        let name = name.to_string();
         Err(if names.is_empty() {
-            format!("no tenant {name:?}: the current policy has no tenants")
+            UnknownTenant::NoTenants { name }
         } else {
-            let mut shown = names
-                .iter()
-                .take(NAMES_SHOWN)
-                .cloned()
-                .collect::<Vec<_>>()
-                .join(", ");
-            if names.len() > NAMES_SHOWN {
-                shown.push_str(&format!(
-                    ", ... ({} in all: routerctl tenants list)",
-                    names.len()
-                ));
+            UnknownTenant::NotNamed {
+                name,
+                tenants: names,
             }
-            format!("no tenant {name:?} in the current policy; its tenants: {shown}")
         })
     }
 
@@ -416,5 +446,51 @@ impl Hub {
                 reason: e.to_string(),
             }])
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_tenant_the_policy_does_not_name_is_refused_with_those_it_names() {
+        let dir = std::env::temp_dir().join(format!("router-hub-tenants-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let store = crate::store::RedbStore::open(&dir).unwrap_or_else(|e| panic!("{e}"));
+        let hub = Hub::open(Box::new(store), Guards::default(), Limits::default())
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            hub.check_tenant("team-a"),
+            Err(UnknownTenant::NoTenants {
+                name: "team-a".into()
+            })
+        );
+        let names: Vec<String> = (0..12).map(|i| format!("team-{i:02}")).collect();
+        let tenants = names
+            .iter()
+            .map(|n| format!("{{name: {n}}}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let document = format!(
+            "apiVersion: router/v1\nkind: RoutingPolicy\nspec:\n  pools: [{{name: a, endpoints: [\"127.0.0.1:9\"]}}]\n  routes: [{{name: r, chain: [a]}}]\n  tenants: [{tenants}]\n"
+        );
+        hub.apply_policy(&document, false, 0, "test")
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(hub.check_tenant("team-03"), Ok(()));
+        let err = hub.check_tenant("team-z").unwrap_err();
+        assert!(
+            matches!(&err, UnknownTenant::NotNamed { name, tenants } if name == "team-z" && *tenants == names),
+            "{err:?}"
+        );
+        let text = err.to_string();
+        assert!(
+            text.starts_with("no tenant \"team-z\" in the current policy; its tenants: team-00, ")
+                && text.ends_with("team-09, ... (12 in all: routerctl tenants list)"),
+            "{text}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

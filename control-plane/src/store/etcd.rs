@@ -71,7 +71,7 @@ const BACKOFF_MAX: Duration = Duration::from_secs(5);
 mod access;
 mod follow;
 
-pub use access::{EtcdAccess, EtcdAccessError, EtcdAccessFiles, EtcdAddress};
+pub use access::{EtcdAccess, EtcdAccessError, EtcdAccessFiles, EtcdAddress, EtcdAddressError};
 use follow::{follow, list};
 
 /// The store's keys.

@@ -150,7 +150,7 @@ proptest! {
     ) {
         let (stream, expect) = openai_stream_of(&items, finish, usage);
         let anth = run(Dialect::OpenAi, Dialect::Anthropic, stream.as_bytes(), &cuts, false);
-        let said = anthropic_stream(&anth).map_err(TestCaseError::fail)?;
+        let said = anthropic_stream(&anth).map_err(|e| TestCaseError::fail(e.to_string()))?;
         prop_assert!(said.error.is_none(), "{:?}", said.error);
         prop_assert_eq!(&said.text, &expect.text);
         prop_assert_eq!(&said.thinking, &expect.thinking);
@@ -163,7 +163,7 @@ proptest! {
         prop_assert_eq!(u.input + u.cache_read + u.cache_write, p);
 
         let back = run(Dialect::Anthropic, Dialect::OpenAi, &anth, &back_cuts, true);
-        let again = openai_stream(&back).map_err(TestCaseError::fail)?;
+        let again = openai_stream(&back).map_err(|e| TestCaseError::fail(e.to_string()))?;
         prop_assert!(again.error.is_none());
         prop_assert_eq!(&again.text, &expect.text);
         prop_assert_eq!(&again.thinking, &expect.thinking);
@@ -240,12 +240,12 @@ proptest! {
         let all = events.concat();
         let bytes = if cut_short { &all.as_bytes()[..truncate.index(all.len() + 1)] } else { all.as_bytes() };
         let a = run(Dialect::OpenAi, Dialect::Anthropic, bytes, &cuts, false);
-        anthropic_stream(&a).map_err(TestCaseError::fail)?;
+        anthropic_stream(&a).map_err(|e| TestCaseError::fail(e.to_string()))?;
         let o = run(Dialect::OpenAi, Dialect::OpenAi, bytes, &cuts, true);
-        openai_stream(&o).map_err(TestCaseError::fail)?;
+        openai_stream(&o).map_err(|e| TestCaseError::fail(e.to_string()))?;
         // And the Anthropic stream read back as OpenAI is well-formed too.
         let back = run(Dialect::Anthropic, Dialect::OpenAi, &a, &cuts, true);
-        openai_stream(&back).map_err(TestCaseError::fail)?;
+        openai_stream(&back).map_err(|e| TestCaseError::fail(e.to_string()))?;
     }
 }
 
@@ -322,7 +322,7 @@ proptest! {
         let last = *outputs.last().unwrap();
 
         let o = run(Dialect::Anthropic, Dialect::OpenAi, s.as_bytes(), &cuts, true);
-        let said = openai_stream(&o).map_err(TestCaseError::fail)?;
+        let said = openai_stream(&o).map_err(|e| TestCaseError::fail(e.to_string()))?;
         prop_assert!(said.error.is_none());
         prop_assert_eq!(&said.text, &text);
         prop_assert_eq!(&said.thinking, &thinking);
@@ -334,7 +334,7 @@ proptest! {
         prop_assert_eq!(u.output, last);
 
         let a = run(Dialect::Anthropic, Dialect::Anthropic, s.as_bytes(), &cuts, false);
-        let same = anthropic_stream(&a).map_err(TestCaseError::fail)?;
+        let same = anthropic_stream(&a).map_err(|e| TestCaseError::fail(e.to_string()))?;
         prop_assert_eq!(same.usage, Some(Usage { input, output: last, cache_read: read, cache_write: write }));
         prop_assert_eq!(&same.tools, &tools);
         prop_assert_eq!(&same.text, &text);
@@ -370,9 +370,9 @@ proptest! {
             s += &format!("data: {c}\n\n");
         }
         let a = run(Dialect::Gemini, Dialect::Anthropic, s.as_bytes(), &cuts, false);
-        let said_a = anthropic_stream(&a).map_err(TestCaseError::fail)?;
+        let said_a = anthropic_stream(&a).map_err(|e| TestCaseError::fail(e.to_string()))?;
         let o = run(Dialect::Gemini, Dialect::OpenAi, s.as_bytes(), &cuts, true);
-        let said_o = openai_stream(&o).map_err(TestCaseError::fail)?;
+        let said_o = openai_stream(&o).map_err(|e| TestCaseError::fail(e.to_string()))?;
         if n == 0 {
             // Nothing at all: a cut, for both.
             prop_assert!(said_a.error.is_some() && said_o.error.is_some());

@@ -41,7 +41,7 @@ use router_policy::park::{
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use super::{unix_ms, Tasks, Versioned, TASK_RUN};
+use super::{unix_ms, RunError, Tasks, Versioned, TASK_RUN};
 use crate::config::Snapshot;
 use crate::Shared;
 
@@ -266,14 +266,16 @@ async fn run_one(
         .saturating_add(Duration::from_secs(10));
     let built = match tasks.body(&v.task).await {
         Ok(Some(body)) => build_request(&tasks, &v, body, &target),
-        Ok(None) => Err("its body is gone from the task store".to_string()),
+        Ok(None) => Err(RunError::BodyGone),
         Err(e) => Err(e),
     };
     let request = match built {
         Ok(r) => r,
         Err(why) => {
             let _ = tasks
-                .change(&mut v, Event::RunFailed, |t| t.error = Some(why))
+                .change(&mut v, Event::RunFailed, |t| {
+                    t.error = Some(why.to_string())
+                })
                 .await;
             return;
         }
@@ -442,7 +444,7 @@ fn build_request(
     v: &Versioned,
     body: Bytes,
     target: &str,
-) -> Result<http::Request<Full<Bytes>>, String> {
+) -> Result<http::Request<Full<Bytes>>, RunError> {
     let t = &v.task;
     let mut b = http::Request::builder()
         .method(t.method.as_str())
@@ -463,17 +465,53 @@ fn build_request(
     if let Some(d) = t.deadline_at_ms {
         let left = d.saturating_sub(unix_ms());
         if left == 0 {
-            return Err("its deadline passed".into());
+            return Err(RunError::DeadlinePassed);
         }
         b = b.header("x-router-deadline-ms", left);
     }
-    b.body(Full::new(body))
-        .map_err(|e| format!("the stored request cannot be sent: {e}"))
+    b.body(Full::new(body)).map_err(RunError::Unsendable)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_stored_request_that_cannot_be_built_says_why() {
+        let store: Arc<dyn super::super::TaskStore> =
+            Arc::new(super::super::LocalTasks::open(None).unwrap());
+        let tasks = Tasks::new(
+            store,
+            Arc::new(crate::metrics::Metrics::default()),
+            Duration::from_secs(1),
+            1,
+        );
+        let mut task = super::super::local::tests::task("abc", "r", 1);
+        let body = Bytes::from_static(b"{}");
+        let v = Versioned {
+            rev: 1,
+            task: task.clone(),
+        };
+        let built = build_request(&tasks, &v, body.clone(), "http://127.0.0.1:9");
+        assert!(built.is_ok(), "{built:?}");
+        task.deadline_at_ms = Some(1);
+        let v = Versioned {
+            rev: 1,
+            task: task.clone(),
+        };
+        let err = build_request(&tasks, &v, body.clone(), "http://127.0.0.1:9").unwrap_err();
+        assert!(matches!(err, RunError::DeadlinePassed), "{err:?}");
+        task.deadline_at_ms = None;
+        task.headers = vec![("bad header".into(), "x".into())];
+        let v = Versioned { rev: 1, task };
+        let err = build_request(&tasks, &v, body, "http://127.0.0.1:9").unwrap_err();
+        assert!(matches!(err, RunError::Unsendable(_)), "{err:?}");
+        assert!(
+            err.to_string()
+                .starts_with("the stored request cannot be sent: "),
+            "{err}"
+        );
+    }
 
     /// What the router's own answers to a run do to its task: a shed
     /// before any send (a tenant's rate or concurrency limit among them)

@@ -65,25 +65,70 @@ fn safe_id(id: &str) -> bool {
     !id.is_empty() && id.len() <= 64 && id.bytes().all(|b| b.is_ascii_alphanumeric())
 }
 
+/// Why the tasks file cannot be used at start ([`LocalTasks::open`]).
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum OpenError {
+    /// Reading or writing the file or a body failed.
+    #[error("{path}: {error}")]
+    Io {
+        /// The file or directory.
+        path: PathBuf,
+        /// Why.
+        error: std::io::Error,
+    },
+    /// The file is not a list of tasks.
+    #[error("{path}: not a tasks file: {error}")]
+    NotATasksFile {
+        /// The file.
+        path: PathBuf,
+        /// What the JSON reader said.
+        error: serde_json::Error,
+    },
+    /// A task of an earlier version whose body is not base64.
+    #[error("{path}: task {task}: {error}")]
+    BadBody {
+        /// The file.
+        path: PathBuf,
+        /// The task's id.
+        task: String,
+        /// What the decoder said.
+        error: base64::DecodeError,
+    },
+    /// The file could not be rewritten.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+fn open_io(path: &Path) -> impl FnOnce(std::io::Error) -> OpenError + '_ {
+    move |error| OpenError::Io {
+        path: path.to_path_buf(),
+        error,
+    }
+}
+
 fn io_error(path: &Path, e: impl std::fmt::Display) -> StoreError {
     StoreError::Unavailable(format!("{}: {e}", path.display()))
 }
 
 impl LocalTasks {
     /// Tasks kept in `file` (read now if it exists), or in memory only.
-    pub(crate) fn open(file: Option<PathBuf>) -> Result<Self, String> {
+    pub(crate) fn open(file: Option<PathBuf>) -> Result<Self, OpenError> {
         let mut tasks = HashMap::new();
         let bodies = file
             .as_ref()
             .map(|f| PathBuf::from(format!("{}.bodies", f.display())));
         if let (Some(path), Some(dir)) = (&file, &bodies) {
             let list: Vec<Kept> = match std::fs::read(path) {
-                Ok(bytes) => serde_json::from_slice(&bytes)
-                    .map_err(|e| format!("{}: not a tasks file: {e}", path.display()))?,
+                Ok(bytes) => {
+                    serde_json::from_slice(&bytes).map_err(|error| OpenError::NotATasksFile {
+                        path: path.clone(),
+                        error,
+                    })?
+                }
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
-                Err(e) => return Err(format!("{}: {e}", path.display())),
+                Err(e) => return Err(open_io(path)(e)),
             };
-            std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+            std::fs::create_dir_all(dir).map_err(open_io(dir))?;
             for mut k in list {
                 if !safe_id(&k.task.id) {
                     tracing::warn!(task = %k.task.id, "tasks file: a task id that cannot name a file; left out");
@@ -94,9 +139,13 @@ impl LocalTasks {
                     if !k.task.state.is_terminal() {
                         let body = base64::engine::general_purpose::STANDARD
                             .decode(&k.task.body_b64)
-                            .map_err(|e| format!("{}: task {}: {e}", path.display(), k.task.id))?;
+                            .map_err(|error| OpenError::BadBody {
+                                path: path.clone(),
+                                task: k.task.id.clone(),
+                                error,
+                            })?;
                         let at = dir.join(&k.task.id);
-                        std::fs::write(&at, body).map_err(|e| format!("{}: {e}", at.display()))?;
+                        std::fs::write(&at, body).map_err(open_io(&at))?;
                     }
                     k.task.body_b64 = String::new();
                 }
@@ -130,7 +179,7 @@ impl LocalTasks {
         };
         if store.file.is_some() {
             let mut tasks = store.lock();
-            store.commit(&mut tasks).map_err(|e| e.to_string())?;
+            store.commit(&mut tasks)?;
         }
         Ok(store)
     }
@@ -529,6 +578,41 @@ pub(crate) mod tests {
         assert!(v.task.body_b64.is_empty());
         let text = std::fs::read_to_string(&path).unwrap();
         assert!(!text.contains("body_b64"), "{text}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_tasks_file_that_cannot_be_used_stops_the_start_with_why() {
+        let dir = dir("unusable");
+        let path = dir.join("tasks.json");
+        std::fs::write(&path, "not json").unwrap();
+        let err = LocalTasks::open(Some(path.clone())).err().unwrap();
+        assert!(
+            matches!(&err, OpenError::NotATasksFile { path: p, .. } if *p == path),
+            "{err:?}"
+        );
+        assert!(
+            err.to_string()
+                .starts_with(&format!("{}: not a tasks file: ", path.display())),
+            "{err}"
+        );
+        let mut old = task("old1", "r", 1);
+        old.body_b64 = "not base64!".into();
+        let file = serde_json::json!([{"rev": 3, "task": old}]);
+        std::fs::write(&path, file.to_string()).unwrap();
+        let err = LocalTasks::open(Some(path.clone())).err().unwrap();
+        assert!(
+            matches!(&err, OpenError::BadBody { task, .. } if task == "old1"),
+            "{err:?}"
+        );
+        // A file where the bodies' directory should be.
+        let blocked = dir.join("blocked.json");
+        std::fs::write(dir.join("blocked.json.bodies"), "").unwrap();
+        let err = LocalTasks::open(Some(blocked)).err().unwrap();
+        assert!(
+            matches!(&err, OpenError::Io { path, .. } if *path == dir.join("blocked.json.bodies")),
+            "{err:?}"
+        );
         let _ = std::fs::remove_dir_all(&dir);
     }
 

@@ -389,17 +389,14 @@ impl Tasks {
 
     /// The body of task `task` (read only to run it): an older record's
     /// own, else the store's.
-    pub(crate) async fn body(&self, task: &TaskRecord) -> Result<Option<Bytes>, String> {
+    pub(crate) async fn body(&self, task: &TaskRecord) -> Result<Option<Bytes>, RunError> {
         if !task.body_b64.is_empty() {
             return base64::engine::general_purpose::STANDARD
                 .decode(&task.body_b64)
                 .map(|b| Some(Bytes::from(b)))
-                .map_err(|e| format!("the stored body is not base64: {e}"));
+                .map_err(RunError::BodyNotBase64);
         }
-        self.store
-            .body(&task.id)
-            .await
-            .map_err(|e| format!("the task store: {e}"))
+        self.store.body(&task.id).await.map_err(RunError::Store)
     }
 
     /// Parks the request of `ctx` on `route` (id `request_id`), or says
@@ -491,6 +488,26 @@ impl Tasks {
             Err(e) => Err(ChangeError::Store(e)),
         }
     }
+}
+
+/// Why a parked task's run could not be sent (the task's `error`).
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum RunError {
+    /// An older record's own body is not base64.
+    #[error("the stored body is not base64: {0}")]
+    BodyNotBase64(base64::DecodeError),
+    /// The store failed to give the body.
+    #[error("the task store: {0}")]
+    Store(StoreError),
+    /// The store no longer has the body.
+    #[error("its body is gone from the task store")]
+    BodyGone,
+    /// The task's deadline passed before its run.
+    #[error("its deadline passed")]
+    DeadlinePassed,
+    /// The stored method, path or headers do not make a request.
+    #[error("the stored request cannot be sent: {0}")]
+    Unsendable(http::Error),
 }
 
 /// Why a change was not made.
@@ -656,6 +673,32 @@ mod tests {
         // Another proxy's (or a client's) mark is nobody's run.
         h.insert(TASK_RUN, HeaderValue::from_static("0000 abc"));
         assert_eq!(tasks.run_of(&h), None);
+    }
+
+    #[tokio::test]
+    async fn a_body_that_cannot_be_read_says_why() {
+        let store: Arc<dyn TaskStore> = Arc::new(LocalTasks::open(None).unwrap());
+        let tasks = Tasks::new(
+            store,
+            Arc::new(Metrics::default()),
+            Duration::from_secs(1),
+            1,
+        );
+        let mut t = local::tests::task("abc", "r", 1);
+        assert!(matches!(tasks.body(&t).await, Ok(None)));
+        t.body_b64 = "not base64!".into();
+        let err = tasks.body(&t).await.unwrap_err();
+        assert!(matches!(err, RunError::BodyNotBase64(_)), "{err:?}");
+        assert!(
+            err.to_string()
+                .starts_with("the stored body is not base64: "),
+            "{err}"
+        );
+        t.body_b64 = "e30=".into();
+        assert_eq!(
+            tasks.body(&t).await.ok().flatten(),
+            Some(Bytes::from_static(b"{}"))
+        );
     }
 
     #[test]

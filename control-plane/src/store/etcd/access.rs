@@ -17,19 +17,45 @@ pub struct EtcdAddress {
     pub tls: bool,
 }
 
+/// Why an etcd store URL cannot be used ([`EtcdAddress::parse`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum EtcdAddressError {
+    /// Neither `etcd://` nor `etcds://`.
+    #[error(
+        "{url:?}: an etcd store is etcd://host:port[,host:port...][/prefix] (etcds:// for TLS)"
+    )]
+    NotEtcd {
+        /// The URL as given.
+        url: String,
+    },
+    /// A member that is not `host:port`.
+    #[error("{host:?}: expected host:port")]
+    NotHostPort {
+        /// The member as given.
+        host: String,
+    },
+    /// No member at all.
+    #[error("{url:?}: no etcd member given")]
+    NoMember {
+        /// The URL as given.
+        url: String,
+    },
+    /// A key prefix of only `/`.
+    #[error("{url:?}: the key prefix must not be empty")]
+    EmptyPrefix {
+        /// The URL as given.
+        url: String,
+    },
+}
+
 impl EtcdAddress {
     /// Parses `etcd://host:port[,host:port...][/prefix]`, or the same with
     /// `etcds://` for TLS.
-    pub fn parse(url: &str) -> Result<Self, String> {
+    pub fn parse(url: &str) -> Result<Self, EtcdAddressError> {
         let (rest, tls) = match (url.strip_prefix("etcd://"), url.strip_prefix("etcds://")) {
             (Some(rest), _) => (rest, false),
             (_, Some(rest)) => (rest, true),
-            _ => {
-                return Err(format!(
-                    "{url:?}: an etcd store is etcd://host:port[,host:port...][/prefix] \
-                     (etcds:// for TLS)"
-                ))
-            }
+            _ => return Err(EtcdAddressError::NotEtcd { url: url.into() }),
         };
         let scheme = if tls { "https" } else { "http" };
         let (hosts, prefix) = match rest.find('/') {
@@ -38,20 +64,21 @@ impl EtcdAddress {
         };
         let mut endpoints = Vec::new();
         for host in hosts.split(',').map(str::trim).filter(|h| !h.is_empty()) {
+            let not_host_port = || EtcdAddressError::NotHostPort { host: host.into() };
             let Some((name, port)) = host.rsplit_once(':') else {
-                return Err(format!("{host:?}: expected host:port"));
+                return Err(not_host_port());
             };
             if name.is_empty() || port.parse::<u16>().is_err() {
-                return Err(format!("{host:?}: expected host:port"));
+                return Err(not_host_port());
             }
             endpoints.push(format!("{scheme}://{host}"));
         }
         if endpoints.is_empty() {
-            return Err(format!("{url:?}: no etcd member given"));
+            return Err(EtcdAddressError::NoMember { url: url.into() });
         }
         let prefix = prefix.trim_end_matches('/');
         if prefix.is_empty() {
-            return Err(format!("{url:?}: the key prefix must not be empty"));
+            return Err(EtcdAddressError::EmptyPrefix { url: url.into() });
         }
         Ok(Self {
             endpoints,
@@ -255,5 +282,49 @@ impl EtcdAccess {
             // A silently dead member breaks the watch within seconds.
             keep_alive: Some((Duration::from_secs(5), Duration::from_secs(3))),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_etcd_url_that_cannot_be_used_says_which_part_is_wrong() {
+        let url = |u: &str| u.to_string();
+        assert_eq!(
+            EtcdAddress::parse("http://h:1"),
+            Err(EtcdAddressError::NotEtcd {
+                url: url("http://h:1")
+            })
+        );
+        for (bad, host) in [
+            ("etcd://h", "h"),
+            ("etcd://h:x", "h:x"),
+            ("etcd://:1", ":1"),
+        ] {
+            assert_eq!(
+                EtcdAddress::parse(bad),
+                Err(EtcdAddressError::NotHostPort { host: host.into() }),
+                "{bad}"
+            );
+        }
+        assert_eq!(
+            EtcdAddress::parse("etcd://"),
+            Err(EtcdAddressError::NoMember {
+                url: url("etcd://")
+            })
+        );
+        let err = EtcdAddress::parse("etcd://h:1/").unwrap_err();
+        assert_eq!(
+            err,
+            EtcdAddressError::EmptyPrefix {
+                url: url("etcd://h:1/")
+            }
+        );
+        assert_eq!(
+            err.to_string(),
+            "\"etcd://h:1/\": the key prefix must not be empty"
+        );
     }
 }

@@ -37,7 +37,7 @@ pub(super) fn pool(
         let field = format!("{at}.api_key_env");
         if check_env_name(env, field.clone(), errs) {
             if let Err(why) = guards.api_key_env.check(env) {
-                errs.push(field, why);
+                errs.push(field, why.to_string());
             }
         }
     }

@@ -212,11 +212,12 @@ impl Exchange {
                     Action::End(end) => {
                         let notes = note_walk(&walk, route, &mut pending);
                         pending.rec().reason = format!("{decided}; then {notes}");
-                        return self
-                            .end_unanswered(
-                                end, pending, route, leader, held, last_error, notes, attempted,
-                            )
-                            .await;
+                        // Boxed: the failure path's state stays out of every
+                        // request's future.
+                        return Box::pin(self.end_unanswered(
+                            end, pending, route, leader, held, last_error, notes, attempted,
+                        ))
+                        .await;
                     }
                 };
             }
@@ -237,57 +238,59 @@ impl Exchange {
 
     /// One attempt as the walk planned it, hedged if the plan says.
     #[allow(clippy::too_many_arguments)]
-    async fn attempt_planned<'a>(
+    fn attempt_planned<'a>(
         &'a mut self,
         plan: TryPlan,
         pool: &'a Arc<PoolRuntime>,
         view: &'a LivePools<'a>,
         now: Instant,
         avoid: &'a [u64],
-        pending: &mut Pending,
-        attempted: &mut usize,
-    ) -> (AttemptEnd, HedgeReport) {
-        // The client's headers go to the last attempt there can be as they
-        // are; earlier ones send a copy.
-        let headers = if plan.last_chance {
-            std::mem::take(&mut self.headers)
-        } else {
-            self.headers.clone()
-        };
-        let policy_pool = self.snapshot.policy.pool(pool.name());
-        let attempt = Attempt {
-            pool,
-            planned_at: now,
-            deadline: attempt_deadline(now, Some(plan.timeout), self.deadline_at),
-            timeout: Some(plan.timeout),
-            headers,
-            first_token: policy_pool
-                .and_then(|p| p.first_token_timeout)
-                .or(view.route.first_token_timeout),
-            stall: policy_pool
-                .and_then(|p| p.stall_timeout)
-                .or(view.route.stall_timeout),
-            progress: None,
-            avoid: (!avoid.is_empty()).then_some(avoid),
-        };
-        let hedge = plan.hedge.and_then(|h| view.pool(h.to).map(|to| (h, to)));
-        match hedge {
-            None => (self.attempt(attempt).await, HedgeReport::default()),
-            Some((h, to)) => {
-                let hedge = super::hedge::Hedge {
-                    after: h.after,
-                    to,
-                    same_pool: h.same_pool,
-                    view,
-                };
-                let (end, report) = self.hedged(attempt, hedge, pending, attempted).await;
-                (
-                    end,
-                    HedgeReport {
-                        to: Some(h.to),
-                        ..report
-                    },
-                )
+        pending: &'a mut Pending,
+        attempted: &'a mut usize,
+    ) -> impl std::future::Future<Output = (AttemptEnd, HedgeReport)> + 'a {
+        async move {
+            // The client's headers go to the last attempt there can be as they
+            // are; earlier ones send a copy.
+            let headers = if plan.last_chance {
+                std::mem::take(&mut self.headers)
+            } else {
+                self.headers.clone()
+            };
+            let policy_pool = self.snapshot.policy.pool(pool.name());
+            let attempt = Attempt {
+                pool,
+                planned_at: now,
+                deadline: attempt_deadline(now, Some(plan.timeout), self.deadline_at),
+                timeout: Some(plan.timeout),
+                headers,
+                first_token: policy_pool
+                    .and_then(|p| p.first_token_timeout)
+                    .or(view.route.first_token_timeout),
+                stall: policy_pool
+                    .and_then(|p| p.stall_timeout)
+                    .or(view.route.stall_timeout),
+                progress: None,
+                avoid: (!avoid.is_empty()).then_some(avoid),
+            };
+            let hedge = plan.hedge.and_then(|h| view.pool(h.to).map(|to| (h, to)));
+            match hedge {
+                None => (self.attempt(attempt).await, HedgeReport::default()),
+                Some((h, to)) => {
+                    let hedge = super::hedge::Hedge {
+                        after: h.after,
+                        to,
+                        same_pool: h.same_pool,
+                        view,
+                    };
+                    let (end, report) = self.hedged(attempt, hedge, pending, attempted).await;
+                    (
+                        end,
+                        HedgeReport {
+                            to: Some(h.to),
+                            ..report
+                        },
+                    )
+                }
             }
         }
     }
@@ -345,69 +348,71 @@ impl Exchange {
     /// An attempt answered: its answer passed on (a whole one at once, a
     /// stream through its finisher), the keyed request settled.
     #[allow(clippy::too_many_arguments)]
-    async fn pass_on(
-        &self,
+    fn pass_on<'a>(
+        &'a self,
         end: AttemptEnd,
         pending: Pending,
-        route: &Route,
+        route: &'a Route,
         mut leader: Option<KeyLease>,
         decided: String,
-        notes: &str,
+        notes: &'a str,
         attempted: usize,
-    ) -> Response<ProxyBody> {
-        let mut pending = pending;
-        let pools = &self.snapshot.pools;
-        match end {
-            AttemptEnd::Stream {
-                resp,
-                lease,
-                started,
-                record,
-                mut watch,
-            } => {
-                // The answering pool (a hedge's may be another).
-                let by = Arc::clone(lease.pool_name());
-                // A pool of another dialect than the client's: its events
-                // translated as they flow.
-                if let (Some((t, from)), true) =
-                    (self.translated_from(&by), watch.scanner.is_some())
-                {
-                    watch.translate = t.stream_translator(from);
-                }
-                pending.note_attempt(record, attempted);
-                pending.rec().reason = reason(decided, &by, notes);
-                let keyed = leader.take().map(|l| (l, route.finish_on_client_gone));
-                let price = self.snapshot.policy.pool(&by).map(|p| p.price);
-                pending.commit_stream(
+    ) -> impl std::future::Future<Output = Response<ProxyBody>> + 'a {
+        async move {
+            let mut pending = pending;
+            let pools = &self.snapshot.pools;
+            match end {
+                AttemptEnd::Stream {
                     resp,
                     lease,
                     started,
-                    self.deadline_at,
-                    attempted,
-                    keyed,
-                    watch,
-                    (price, self.estimated_input_tokens),
-                )
-            }
-            AttemptEnd::Whole { head, body, record } => {
-                let outcome = record.outcome;
-                let name = Arc::clone(&record.pool);
-                pending.note_attempt(record, attempted);
-                pending.rec().reason = reason(decided, &name, notes);
-                let by = pools.get(&*name);
-                let route_header = by.and_then(|p| p.route_header().cloned());
-                let summary = leader.as_ref().map(|_| super::route_summary(pending.rec()));
-                let resp = pending.commit_whole(head, body, &name, route_header, attempted);
-                if let Some(l) = leader.take() {
-                    settle_whole(l, &resp, outcome, summary).await;
+                    record,
+                    mut watch,
+                } => {
+                    // The answering pool (a hedge's may be another).
+                    let by = Arc::clone(lease.pool_name());
+                    // A pool of another dialect than the client's: its events
+                    // translated as they flow.
+                    if let (Some((t, from)), true) =
+                        (self.translated_from(&by), watch.scanner.is_some())
+                    {
+                        watch.translate = t.stream_translator(from);
+                    }
+                    pending.note_attempt(record, attempted);
+                    pending.rec().reason = reason(decided, &by, notes);
+                    let keyed = leader.take().map(|l| (l, route.finish_on_client_gone));
+                    let price = self.snapshot.policy.pool(&by).map(|p| p.price);
+                    pending.commit_stream(
+                        resp,
+                        lease,
+                        started,
+                        self.deadline_at,
+                        attempted,
+                        keyed,
+                        watch,
+                        (price, self.estimated_input_tokens),
+                    )
                 }
-                super::full(resp)
-            }
-            // Not answers: never passed here.
-            AttemptEnd::Failed { .. } | AttemptEnd::Shed(_) => {
-                pending.reject(ProxyError::NoBackend {
-                    detail: format!("route {:?}: no answer to pass on", route.name),
-                })
+                AttemptEnd::Whole { head, body, record } => {
+                    let outcome = record.outcome;
+                    let name = Arc::clone(&record.pool);
+                    pending.note_attempt(record, attempted);
+                    pending.rec().reason = reason(decided, &name, notes);
+                    let by = pools.get(&*name);
+                    let route_header = by.and_then(|p| p.route_header().cloned());
+                    let summary = leader.as_ref().map(|_| super::route_summary(pending.rec()));
+                    let resp = pending.commit_whole(head, body, &name, route_header, attempted);
+                    if let Some(l) = leader.take() {
+                        settle_whole(l, &resp, outcome, summary).await;
+                    }
+                    super::full(resp)
+                }
+                // Not answers: never passed here.
+                AttemptEnd::Failed { .. } | AttemptEnd::Shed(_) => {
+                    pending.reject(ProxyError::NoBackend {
+                        detail: format!("route {:?}: no answer to pass on", route.name),
+                    })
+                }
             }
         }
     }
@@ -415,105 +420,114 @@ impl Exchange {
     /// No pool answered: the answer the walk chose. A keyed request is
     /// settled without an answer unless a failure answer is passed on.
     #[allow(clippy::too_many_arguments)]
-    async fn end_unanswered(
-        &self,
+    fn end_unanswered<'a>(
+        &'a self,
         end: WalkEnd,
         mut pending: Pending,
-        route: &Route,
+        route: &'a Route,
         mut leader: Option<KeyLease>,
         held: Option<(Held, AttemptRecord)>,
         last_error: Option<ProxyError>,
         notes: String,
         attempted: usize,
-    ) -> Response<ProxyBody> {
-        let passed_on = end == WalkEnd::PassOnFailureAnswer && held.is_some();
-        if let Some(l) = leader.take_if(|_| !passed_on) {
-            let rec = pending.rec();
-            let reached = rec
-                .attempts
-                .iter()
-                .any(|a| a.outcome.may_have_reached_backend());
-            let summary = super::route_summary(rec);
-            l.settle(Ending::NoAnswer { reached }, None, move || summary)
-                .await;
-        }
-        let no_backend = || ProxyError::NoBackend {
-            detail: format!("route {:?}: {notes}", route.name),
-        };
-        let err = match (end, held) {
-            (WalkEnd::PassOnFailureAnswer, Some((h, record))) => {
-                return self
-                    .pass_on_failure(h, record, pending, route, leader, attempted)
+    ) -> impl std::future::Future<Output = Response<ProxyBody>> + 'a {
+        async move {
+            let passed_on = end == WalkEnd::PassOnFailureAnswer && held.is_some();
+            if let Some(l) = leader.take_if(|_| !passed_on) {
+                let rec = pending.rec();
+                let reached = rec
+                    .attempts
+                    .iter()
+                    .any(|a| a.outcome.may_have_reached_backend());
+                let summary = super::route_summary(rec);
+                l.settle(Ending::NoAnswer { reached }, None, move || summary)
                     .await;
             }
-            (WalkEnd::DeadlineExhausted | WalkEnd::SkippedForTime, _) => {
-                ProxyError::DeadlineExhausted { detail: notes }
-            }
-            (WalkEnd::Park, _) => {
-                let Some(intent) = &self.park else {
-                    return pending.reject(no_backend());
-                };
-                let detail = format!("route {:?}: {notes}", route.name);
-                // A translated request parks as its client sent it.
-                let (path_and_query, body) = match &self.translation {
-                    None => (self.path_and_query.as_str(), &self.body),
-                    Some(t) => (t.client_path.as_str(), &t.client_body),
-                };
-                let ctx =
-                    intent.context(&self.method, path_and_query, &self.headers, body, self.risk);
-                return Box::pin(super::parking::park(pending, route, &ctx, detail)).await;
-            }
-            (WalkEnd::LastFailure | WalkEnd::PassOnFailureAnswer, _) => {
-                last_error.unwrap_or_else(no_backend)
-            }
-            (WalkEnd::NoBackend, _) => no_backend(),
-        };
-        pending.reject(err)
+            let no_backend = || ProxyError::NoBackend {
+                detail: format!("route {:?}: {notes}", route.name),
+            };
+            let err = match (end, held) {
+                (WalkEnd::PassOnFailureAnswer, Some((h, record))) => {
+                    return self
+                        .pass_on_failure(h, record, pending, route, leader, attempted)
+                        .await;
+                }
+                (WalkEnd::DeadlineExhausted | WalkEnd::SkippedForTime, _) => {
+                    ProxyError::DeadlineExhausted { detail: notes }
+                }
+                (WalkEnd::Park, _) => {
+                    let Some(intent) = &self.park else {
+                        return pending.reject(no_backend());
+                    };
+                    let detail = format!("route {:?}: {notes}", route.name);
+                    // A translated request parks as its client sent it.
+                    let (path_and_query, body) = match &self.translation {
+                        None => (self.path_and_query.as_str(), &self.body),
+                        Some(t) => (t.client_path.as_str(), &t.client_body),
+                    };
+                    let ctx = intent.context(
+                        &self.method,
+                        path_and_query,
+                        &self.headers,
+                        body,
+                        self.risk,
+                    );
+                    return Box::pin(super::parking::park(pending, route, &ctx, detail)).await;
+                }
+                (WalkEnd::LastFailure | WalkEnd::PassOnFailureAnswer, _) => {
+                    last_error.unwrap_or_else(no_backend)
+                }
+                (WalkEnd::NoBackend, _) => no_backend(),
+            };
+            pending.reject(err)
+        }
     }
 
     /// A backend's failure answer (a 503, a 429...) passed on as it came,
     /// in the client's dialect.
-    async fn pass_on_failure(
-        &self,
+    fn pass_on_failure<'a>(
+        &'a self,
         h: Held,
         record: AttemptRecord,
         pending: Pending,
-        route: &Route,
+        route: &'a Route,
         mut leader: Option<KeyLease>,
         attempted: usize,
-    ) -> Response<ProxyBody> {
-        let mut pending = pending;
-        match h {
-            Held::Stream(resp, lease, started) => {
-                let keyed = leader.take().map(|l| (l, route.finish_on_client_gone));
-                pending.commit_stream(
-                    resp,
-                    lease,
-                    started,
-                    self.deadline_at,
-                    attempted,
-                    keyed,
-                    Box::default(),
-                    (None, self.estimated_input_tokens),
-                )
-            }
-            Held::Whole(mut head, mut body) => {
-                if let Some((t, _)) = self.translated_from(&record.pool) {
-                    // A failure answer, in the client's dialect.
-                    body = t.error(&mut head, &body);
+    ) -> impl std::future::Future<Output = Response<ProxyBody>> + 'a {
+        async move {
+            let mut pending = pending;
+            match h {
+                Held::Stream(resp, lease, started) => {
+                    let keyed = leader.take().map(|l| (l, route.finish_on_client_gone));
+                    pending.commit_stream(
+                        resp,
+                        lease,
+                        started,
+                        self.deadline_at,
+                        attempted,
+                        keyed,
+                        Box::default(),
+                        (None, self.estimated_input_tokens),
+                    )
                 }
-                let summary = leader.as_ref().map(|_| super::route_summary(pending.rec()));
-                let name = record.pool;
-                let route_header = self
-                    .snapshot
-                    .pools
-                    .get(&*name)
-                    .and_then(|p| p.route_header().cloned());
-                let resp = pending.commit_whole(head, body, &name, route_header, attempted);
-                if let Some(l) = leader.take() {
-                    settle_whole(l, &resp, record.outcome, summary).await;
+                Held::Whole(mut head, mut body) => {
+                    if let Some((t, _)) = self.translated_from(&record.pool) {
+                        // A failure answer, in the client's dialect.
+                        body = t.error(&mut head, &body);
+                    }
+                    let summary = leader.as_ref().map(|_| super::route_summary(pending.rec()));
+                    let name = record.pool;
+                    let route_header = self
+                        .snapshot
+                        .pools
+                        .get(&*name)
+                        .and_then(|p| p.route_header().cloned());
+                    let resp = pending.commit_whole(head, body, &name, route_header, attempted);
+                    if let Some(l) = leader.take() {
+                        settle_whole(l, &resp, record.outcome, summary).await;
+                    }
+                    super::full(resp)
                 }
-                super::full(resp)
             }
         }
     }

@@ -208,92 +208,94 @@ impl Read {
     }
 }
 
-async fn read_request(
-    shared: &Arc<Shared>,
-    snapshot: &Snapshot,
-    pending: &mut Pending,
+fn read_request<'a>(
+    shared: &'a Arc<Shared>,
+    snapshot: &'a Snapshot,
+    pending: &'a mut Pending,
     req: Request<Incoming>,
-) -> Result<Read, ProxyError> {
-    let seen = RequestHeaders::scan(req.headers());
-    let task_run = if seen.router_headers {
-        shared.tasks.run_of(req.headers())
-    } else {
-        None
-    };
-    if let Some(run) = &task_run {
-        pending.rec().parked_task = Some(run.id.clone());
-    }
-    let (id, header) = request_id(&seen, pending.rec().offered_at.0)?;
-    pending.id_header = header;
-    pending.rec().request_id = id;
-    let header_deadline = deadline_header(seen.deadline_ms.as_ref())?;
-    let risk = match &seen.risk {
-        None => snapshot.policy.default_risk,
-        Some(v) => v.to_str().ok().and_then(Risk::parse).ok_or_else(|| {
-            ProxyError::InvalidRequest(
-                "X-Router-Risk must be READ, DRAFT, SEND or DESTRUCTIVE".into(),
-            )
-        })?,
-    };
-    pending.rec().risk = Some(risk);
-    let (parts, body) = req.into_parts();
-    let (body, reserved) =
-        read_body(shared, pending.t0, seen.content_length.as_ref(), body).await?;
-    // An Anthropic client's request must be one; it is routed as a chat
-    // completion, and written for each pool's dialect once the pools are
-    // known (`dialect`). (Checked here, parsed again once the pools are
-    // known: nothing of it is kept across the waits in between, which
-    // every request's future would carry.)
-    let as_chat = pending.dialect != Dialect::OpenAi;
-    if as_chat {
-        dialect::parse_messages(&body)?;
-        pending.rec().dialect = Some(pending.dialect.as_str());
-    }
-    let path = if as_chat {
-        dialect::CHAT_PATH
-    } else {
-        parts.uri.path()
-    };
-    let json_call = parts.method == Method::POST && OPENAI_JSON_PATHS.contains(&path);
-    let peek = if json_call {
-        router_json_peek::peek_request(&body).map_err(|e| {
-            ProxyError::InvalidRequest(format!("request body is not valid JSON: {e}"))
-        })?
-    } else {
-        RequestPeek::default()
-    };
-    let model: Option<Arc<str>> = peek.model.as_deref().map(Arc::from);
-    let structured = match peek.response_format.as_ref().map(|r| r.kind.as_ref()) {
-        Some(kind) if router_policy::structured::is_structured_type(kind) => {
-            router_policy::structured::expected_in_body(&body)
+) -> impl std::future::Future<Output = Result<Read, ProxyError>> + 'a {
+    async move {
+        let seen = RequestHeaders::scan(req.headers());
+        let task_run = if seen.router_headers {
+            shared.tasks.run_of(req.headers())
+        } else {
+            None
+        };
+        if let Some(run) = &task_run {
+            pending.rec().parked_task = Some(run.id.clone());
         }
-        _ => None,
-    };
-    pending.rec().model = model.clone();
-    let estimate = tenancy::CallEstimate {
-        input_tokens: (body.len() as u64).div_ceil(4),
-        // The largest cap given: engines differ in which they honour.
-        max_tokens: router_policy::tenant::output_cap([
-            peek.max_tokens,
-            peek.max_completion_tokens,
-            peek.max_output_tokens,
-        ]),
-    };
-    Ok(Read {
-        streaming: peek.stream.unwrap_or(false),
-        parts,
-        seen,
-        task_run,
-        header_deadline,
-        risk,
-        body,
-        reserved,
-        as_chat,
-        json_call,
-        model,
-        structured,
-        estimate,
-    })
+        let (id, header) = request_id(&seen, pending.rec().offered_at.0)?;
+        pending.id_header = header;
+        pending.rec().request_id = id;
+        let header_deadline = deadline_header(seen.deadline_ms.as_ref())?;
+        let risk = match &seen.risk {
+            None => snapshot.policy.default_risk,
+            Some(v) => v.to_str().ok().and_then(Risk::parse).ok_or_else(|| {
+                ProxyError::InvalidRequest(
+                    "X-Router-Risk must be READ, DRAFT, SEND or DESTRUCTIVE".into(),
+                )
+            })?,
+        };
+        pending.rec().risk = Some(risk);
+        let (parts, body) = req.into_parts();
+        let (body, reserved) =
+            read_body(shared, pending.t0, seen.content_length.as_ref(), body).await?;
+        // An Anthropic client's request must be one; it is routed as a chat
+        // completion, and written for each pool's dialect once the pools are
+        // known (`dialect`). (Checked here, parsed again once the pools are
+        // known: nothing of it is kept across the waits in between, which
+        // every request's future would carry.)
+        let as_chat = pending.dialect != Dialect::OpenAi;
+        if as_chat {
+            dialect::parse_messages(&body)?;
+            pending.rec().dialect = Some(pending.dialect.as_str());
+        }
+        let path = if as_chat {
+            dialect::CHAT_PATH
+        } else {
+            parts.uri.path()
+        };
+        let json_call = parts.method == Method::POST && OPENAI_JSON_PATHS.contains(&path);
+        let peek = if json_call {
+            router_json_peek::peek_request(&body).map_err(|e| {
+                ProxyError::InvalidRequest(format!("request body is not valid JSON: {e}"))
+            })?
+        } else {
+            RequestPeek::default()
+        };
+        let model: Option<Arc<str>> = peek.model.as_deref().map(Arc::from);
+        let structured = match peek.response_format.as_ref().map(|r| r.kind.as_ref()) {
+            Some(kind) if router_policy::structured::is_structured_type(kind) => {
+                router_policy::structured::expected_in_body(&body)
+            }
+            _ => None,
+        };
+        pending.rec().model = model.clone();
+        let estimate = tenancy::CallEstimate {
+            input_tokens: (body.len() as u64).div_ceil(4),
+            // The largest cap given: engines differ in which they honour.
+            max_tokens: router_policy::tenant::output_cap([
+                peek.max_tokens,
+                peek.max_completion_tokens,
+                peek.max_output_tokens,
+            ]),
+        };
+        Ok(Read {
+            streaming: peek.stream.unwrap_or(false),
+            parts,
+            seen,
+            task_run,
+            header_deadline,
+            risk,
+            body,
+            reserved,
+            as_chat,
+            json_call,
+            model,
+            structured,
+            estimate,
+        })
+    }
 }
 
 /// Phase 2, admitted: the route, the caller's tenant and approval, and
@@ -310,159 +312,163 @@ struct Admitted<'s> {
     park: Option<Box<crate::tasks::ParkIntent>>,
 }
 
-async fn admit<'s>(
-    shared: &Arc<Shared>,
+fn admit<'s: 'a, 'a>(
+    shared: &'a Arc<Shared>,
     snapshot: &'s Snapshot,
     mut pending: Pending,
-    read: &Read,
-) -> Result<(Pending, Admitted<'s>), Response<ProxyBody>> {
-    let (risk, path, parts) = (read.risk, read.path(), &read.parts);
-    let Some(route) = snapshot
-        .policy
-        .route_for_risk(risk, read.model.as_deref(), path)
-    else {
-        return Err(pending.reject(ProxyError::NoBackend {
-            detail: format!("no route matches risk {}", risk.as_str()),
-        }));
-    };
-    pending.rec().route = Some(route.name.clone());
-    // Tenancy: who is calling, may they ask this, and what it draws on
-    // their limits (boxed: rare, and its store calls' state stays out of
-    // every request's future).
-    if let Some(tenants) = &snapshot.policy.tenants {
-        // A parked task's run is admitted under the tenant that parked it
-        // (its name is in the run's mark), as the policy has it now.
-        let caller = match &read.task_run {
-            Some(run) => tenancy::Caller::Task(run.tenant.as_deref()),
-            None => tenancy::Caller::Key(
-                parts
-                    .headers
-                    .get(http::header::AUTHORIZATION)
-                    .map(HeaderValue::as_bytes),
-                parts
-                    .headers
-                    .get(dialect::X_API_KEY)
-                    .map(HeaderValue::as_bytes),
-            ),
-        };
-        let admitted = Box::pin(tenancy::admit(
-            shared,
-            snapshot,
-            tenants,
-            caller,
-            route,
-            risk,
-            read.estimate,
-            read.header_deadline.or(route.deadline),
-            pending.rec(),
-        ))
-        .await;
-        if let Err(e) = admitted {
-            return Err(pending.reject(e));
-        }
-    }
-    // A parked task's run: the operator's approval stands for the token.
-    if route.requires_approval && read.task_run.is_none() {
-        let given = read.seen.approval.as_ref().map(HeaderValue::as_bytes);
-        let rec = pending.rec();
-        let now = unix_seconds(rec.offered_at.0);
-        let checked = approve(shared, snapshot, &route.name, &rec.request_id, given, now);
-        if let Err(why) = checked {
-            return Err(pending.reject(ProxyError::ApprovalRequired {
-                route: route.name.clone(),
-                why,
+    read: &'a Read,
+) -> impl std::future::Future<Output = Result<(Pending, Admitted<'s>), Response<ProxyBody>>> + 'a {
+    async move {
+        let (risk, path, parts) = (read.risk, read.path(), &read.parts);
+        let Some(route) = snapshot
+            .policy
+            .route_for_risk(risk, read.model.as_deref(), path)
+        else {
+            return Err(pending.reject(ProxyError::NoBackend {
+                detail: format!("no route matches risk {}", risk.as_str()),
             }));
-        }
-    }
-    let deadline = read.header_deadline.or(route.deadline);
-    pending.rec().deadline_ms = deadline.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
-    // Checked: a policy's deadline_ms may be anything up to u64::MAX.
-    let deadline_at = deadline.map(|d| crate::clock::later(pending.t0, d, crate::clock::A_YEAR));
-    let facts = RequestFacts {
-        risk,
-        model: read.model.as_deref(),
-        path,
-        // One definition of structured output: what is gated is what is
-        // checked.
-        structured_output: read.structured.is_some(),
-        deadline_ms: pending.rec().deadline_ms,
-        input_tokens: Some(read.estimate.input_tokens),
-        max_tokens: read.estimate.max_tokens,
-    };
-    // Measured at the request's own start time: a few microseconds old,
-    // and one clock reading instead of one per pool call.
-    let mut decision = decide_on_route(&snapshot.policy, route, &facts, |_, name| {
-        snapshot
-            .pools
-            .get(name)
-            .map(|p| p.measurements_at(pending.t0))
-    });
-    pending.rec().reason = std::mem::take(&mut decision.reason);
-    // A parked task's run carries its client's key to the backend but is
-    // no keyed request of its own here: its task is what runs it once.
-    let keyed = read
-        .seen
-        .idempotency_key
-        .as_ref()
-        .filter(|_| read.task_run.is_none())
-        .and_then(|v| v.to_str().ok())
-        .map(|k| {
-            // The client's own path: the same key on another dialect's
-            // path is another request.
-            let fp = idempotency::fingerprint(
-                parts.method.as_str(),
-                parts.uri.path(),
-                &read.body,
-                &parts.headers,
-            );
-            (k.trim().to_string(), fp)
-        });
-    // Safe mode: a parked task's own run is never parked again (it
-    // answers `no_backend`, and its task waits again).
-    let park = match &route.park {
-        Some(_) if read.task_run.is_some() => Some(crate::tasks::ParkIntent::run()),
-        Some(_) => Some(crate::tasks::ParkIntent::new(
-            &parts.headers,
-            read.header_deadline,
-            keyed.clone(),
-        )),
-        None => None,
-    };
-    match decision.refusal {
-        Some(Refusal::BudgetExceeded) => {
-            let detail = pending.rec().reason.clone();
-            Err(pending.reject(ProxyError::BudgetExceeded { detail }))
-        }
-        Some(_) => {
-            let detail = pending.rec().reason.clone();
-            let Some(intent) = &park else {
-                return Err(pending.reject(ProxyError::NoBackend { detail }));
+        };
+        pending.rec().route = Some(route.name.clone());
+        // Tenancy: who is calling, may they ask this, and what it draws on
+        // their limits (boxed: rare, and its store calls' state stays out of
+        // every request's future).
+        if let Some(tenants) = &snapshot.policy.tenants {
+            // A parked task's run is admitted under the tenant that parked it
+            // (its name is in the run's mark), as the policy has it now.
+            let caller = match &read.task_run {
+                Some(run) => tenancy::Caller::Task(run.tenant.as_deref()),
+                None => tenancy::Caller::Key(
+                    parts
+                        .headers
+                        .get(http::header::AUTHORIZATION)
+                        .map(HeaderValue::as_bytes),
+                    parts
+                        .headers
+                        .get(dialect::X_API_KEY)
+                        .map(HeaderValue::as_bytes),
+                ),
             };
-            // As its client sent it (its own path and body).
-            let path_and_query = parts
-                .uri
-                .path_and_query()
-                .map_or(parts.uri.path(), |p| p.as_str());
-            let ctx = intent.context(
-                &parts.method,
-                path_and_query,
-                &parts.headers,
-                &read.body,
-                risk,
-            );
-            Err(Box::pin(super::parking::park(pending, route, &ctx, detail)).await)
-        }
-        None => Ok((
-            pending,
-            Admitted {
+            let admitted = Box::pin(tenancy::admit(
+                shared,
+                snapshot,
+                tenants,
+                caller,
                 route,
-                deadline,
-                deadline_at,
-                decision,
-                keyed,
-                park,
-            },
-        )),
+                risk,
+                read.estimate,
+                read.header_deadline.or(route.deadline),
+                pending.rec(),
+            ))
+            .await;
+            if let Err(e) = admitted {
+                return Err(pending.reject(e));
+            }
+        }
+        // A parked task's run: the operator's approval stands for the token.
+        if route.requires_approval && read.task_run.is_none() {
+            let given = read.seen.approval.as_ref().map(HeaderValue::as_bytes);
+            let rec = pending.rec();
+            let now = unix_seconds(rec.offered_at.0);
+            let checked = approve(shared, snapshot, &route.name, &rec.request_id, given, now);
+            if let Err(why) = checked {
+                return Err(pending.reject(ProxyError::ApprovalRequired {
+                    route: route.name.clone(),
+                    why,
+                }));
+            }
+        }
+        let deadline = read.header_deadline.or(route.deadline);
+        pending.rec().deadline_ms =
+            deadline.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        // Checked: a policy's deadline_ms may be anything up to u64::MAX.
+        let deadline_at =
+            deadline.map(|d| crate::clock::later(pending.t0, d, crate::clock::A_YEAR));
+        let facts = RequestFacts {
+            risk,
+            model: read.model.as_deref(),
+            path,
+            // One definition of structured output: what is gated is what is
+            // checked.
+            structured_output: read.structured.is_some(),
+            deadline_ms: pending.rec().deadline_ms,
+            input_tokens: Some(read.estimate.input_tokens),
+            max_tokens: read.estimate.max_tokens,
+        };
+        // Measured at the request's own start time: a few microseconds old,
+        // and one clock reading instead of one per pool call.
+        let mut decision = decide_on_route(&snapshot.policy, route, &facts, |_, name| {
+            snapshot
+                .pools
+                .get(name)
+                .map(|p| p.measurements_at(pending.t0))
+        });
+        pending.rec().reason = std::mem::take(&mut decision.reason);
+        // A parked task's run carries its client's key to the backend but is
+        // no keyed request of its own here: its task is what runs it once.
+        let keyed = read
+            .seen
+            .idempotency_key
+            .as_ref()
+            .filter(|_| read.task_run.is_none())
+            .and_then(|v| v.to_str().ok())
+            .map(|k| {
+                // The client's own path: the same key on another dialect's
+                // path is another request.
+                let fp = idempotency::fingerprint(
+                    parts.method.as_str(),
+                    parts.uri.path(),
+                    &read.body,
+                    &parts.headers,
+                );
+                (k.trim().to_string(), fp)
+            });
+        // Safe mode: a parked task's own run is never parked again (it
+        // answers `no_backend`, and its task waits again).
+        let park = match &route.park {
+            Some(_) if read.task_run.is_some() => Some(crate::tasks::ParkIntent::run()),
+            Some(_) => Some(crate::tasks::ParkIntent::new(
+                &parts.headers,
+                read.header_deadline,
+                keyed.clone(),
+            )),
+            None => None,
+        };
+        match decision.refusal {
+            Some(Refusal::BudgetExceeded) => {
+                let detail = pending.rec().reason.clone();
+                Err(pending.reject(ProxyError::BudgetExceeded { detail }))
+            }
+            Some(_) => {
+                let detail = pending.rec().reason.clone();
+                let Some(intent) = &park else {
+                    return Err(pending.reject(ProxyError::NoBackend { detail }));
+                };
+                // As its client sent it (its own path and body).
+                let path_and_query = parts
+                    .uri
+                    .path_and_query()
+                    .map_or(parts.uri.path(), |p| p.as_str());
+                let ctx = intent.context(
+                    &parts.method,
+                    path_and_query,
+                    &parts.headers,
+                    &read.body,
+                    risk,
+                );
+                Err(Box::pin(super::parking::park(pending, route, &ctx, detail)).await)
+            }
+            None => Ok((
+                pending,
+                Admitted {
+                    route,
+                    deadline,
+                    deadline_at,
+                    decision,
+                    keyed,
+                    park,
+                },
+            )),
+        }
     }
 }
 
@@ -482,240 +488,242 @@ struct Planned {
 /// replays a stored answer, or leads. What is left is the [`Exchange`]
 /// the chain walks, and the key's lease when this request leads.
 #[allow(clippy::too_many_arguments)]
-async fn plan(
+fn plan<'a>(
     shared: Arc<Shared>,
     client: UpstreamClient,
     client_ip: HeaderValue,
-    snapshot: &Arc<Snapshot>,
+    snapshot: &'a Arc<Snapshot>,
     mut pending: Pending,
     read: Read,
-    admitted: Admitted<'_>,
-) -> Result<Planned, Response<ProxyBody>> {
-    let Admitted {
-        route,
-        deadline,
-        deadline_at,
-        mut decision,
-        keyed,
-        park,
-    } = admitted;
-    // A keyed retry of a request parked earlier: its task's state, or its
-    // answer (never a second run beside the task's).
-    if let Some(ctx) = park.as_ref().filter(|c| c.keyed.is_some() && !c.run) {
-        let found = Box::pin(super::parking::existing(
-            pending,
-            &ctx.task_id(),
-            ctx.respond_async,
-        ))
-        .await;
-        // Ok: the task's answer or state; Err: no task, the request goes on.
-        pending = match found {
-            Ok(resp) => return Err(resp),
-            Err(p) => p,
-        };
-    }
-    let Read {
-        parts,
-        seen,
-        risk,
-        mut body,
-        mut reserved,
-        as_chat,
-        json_call,
-        model,
-        streaming,
-        structured,
-        estimate,
-        ..
-    } = read;
-    let path = if as_chat {
-        dialect::CHAT_PATH
-    } else {
-        parts.uri.path()
-    };
-    // Clients or pools of another dialect (`dialect`): the request is
-    // written for each pool's dialect; a pool whose dialect cannot carry
-    // it is passed over, saying why (none left: 400).
-    let mut translation = None;
-    if pending.dialect != Dialect::OpenAi
-        || (snapshot.translating_pools && json_call && path == dialect::CHAT_PATH)
-    {
-        let client = dialect::ClientRequest {
-            dialect: pending.dialect,
-            body: body.clone(),
-            path: parts.uri.path_and_query(),
-            stream: streaming,
-            created: unix_seconds(pending.rec().offered_at.0),
-        };
-        let policy = &snapshot.policy;
-        let prepared = dialect::prepare(client, &decision.candidates, |k| {
-            let name = route.chain.get(k).map_or("", String::as_str);
-            (name.to_owned(), dialect::pool_dialect(policy.pool(name)))
-        });
-        let prepared = match prepared {
-            Ok(p) => p,
-            Err(e) => return Err(pending.reject(e)),
-        };
-        if !prepared.notes.is_empty() {
-            let rec = pending.rec();
-            rec.reason = format!("{}; {}", rec.reason, prepared.notes.join("; "));
-        }
-        // Both bodies are held until the request is done.
-        if !reserved.grow_to(prepared.body.len() + body.len()) {
-            return Err(pending.reject(OVERLOADED));
-        }
-        body = prepared.body;
-        decision.candidates = prepared.candidates;
-        translation = Some(prepared.translation);
-    }
-    let pool_of = |k: &usize| {
-        route
-            .chain
-            .get(*k)
-            .and_then(|name| snapshot.policy.pool(name))
-    };
-    // A pool that may take it rewrites the model: the body must be one
-    // serde_json can re-encode, else the request is refused (never sent
-    // with the client's own model instead).
-    let rewrites = json_call
-        && decision.candidates.iter().any(|k| {
-            pool_of(k)
-                .and_then(|p| p.model.as_deref())
-                .is_some_and(|m| model.as_deref() != Some(m))
-        });
-    // A stream a candidate pool asks usage for: the body is parsed to see
-    // whether the client asked itself, and to add the option.
-    let usage_wanted = streaming
-        && json_call
-        && super::upstream_request::STREAM_USAGE_PATHS.contains(&path)
-        && decision
-            .candidates
-            .iter()
-            .any(|k| pool_of(k).is_some_and(|p| p.stream_usage && p.provider.speaks_openai()));
-    let parsed = if rewrites {
-        match ParsedBody::parse(&body) {
-            Ok(p) => Some(p),
-            Err(e) => {
-                return Err(pending.reject(ProxyError::InvalidRequest(format!(
-                    "the request body cannot be re-encoded with the pool's model: {e}"
-                ))))
-            }
-        }
-    } else if usage_wanted {
-        // Optional: a body serde_json cannot take goes as it came.
-        ParsedBody::parse(&body).ok()
-    } else {
-        None
-    };
-    let client_asks_usage = parsed.as_ref().is_some_and(ParsedBody::asks_stream_usage);
-
-    // Idempotency: join a request in flight, or replay a stored answer.
-    let mut leader = None;
-    if let Some((key, fp)) = keyed {
-        let wait_until = deadline_at.unwrap_or_else(|| {
-            crate::clock::later(
-                pending.t0,
-                shared.settings.queue.timeout,
-                crate::clock::A_YEAR,
-            )
-        });
-        // A claim outlives a proxy that dies holding it by this much: the
-        // request's own time bound, and a margin.
-        let bound = deadline.unwrap_or(shared.settings.attempt_timeout);
-        let begun = shared
-            .idempotency
-            .begin(KeyedRequest {
-                key: &key,
-                fp,
-                risk,
-                inflight_ttl: bound.saturating_add(CLAIM_MARGIN),
-                wait_until,
-            })
+    admitted: Admitted<'a>,
+) -> impl std::future::Future<Output = Result<Planned, Response<ProxyBody>>> + 'a {
+    async move {
+        let Admitted {
+            route,
+            deadline,
+            deadline_at,
+            mut decision,
+            keyed,
+            park,
+        } = admitted;
+        // A keyed retry of a request parked earlier: its task's state, or its
+        // answer (never a second run beside the task's).
+        if let Some(ctx) = park.as_ref().filter(|c| c.keyed.is_some() && !c.run) {
+            let found = Box::pin(super::parking::existing(
+                pending,
+                &ctx.task_id(),
+                ctx.respond_async,
+            ))
             .await;
-        match begun {
-            Begin::Lead(lease) => {
-                let local = lease.is_local() && shared.idempotency.is_shared();
-                pending.rec().idempotency = Some(if local {
-                    IdempotencyRole::LeadLocal
-                } else {
-                    IdempotencyRole::Lead
-                });
-                leader = Some(lease);
-            }
-            Begin::Untracked => {}
-            Begin::Replay { answer, joined } => return Err(pending.replay(&answer, joined)),
-            Begin::Refuse(e) => return Err(pending.reject(e)),
+            // Ok: the task's answer or state; Err: no task, the request goes on.
+            pending = match found {
+                Ok(resp) => return Err(resp),
+                Err(p) => p,
+            };
         }
-    }
+        let Read {
+            parts,
+            seen,
+            risk,
+            mut body,
+            mut reserved,
+            as_chat,
+            json_call,
+            model,
+            streaming,
+            structured,
+            estimate,
+            ..
+        } = read;
+        let path = if as_chat {
+            dialect::CHAT_PATH
+        } else {
+            parts.uri.path()
+        };
+        // Clients or pools of another dialect (`dialect`): the request is
+        // written for each pool's dialect; a pool whose dialect cannot carry
+        // it is passed over, saying why (none left: 400).
+        let mut translation = None;
+        if pending.dialect != Dialect::OpenAi
+            || (snapshot.translating_pools && json_call && path == dialect::CHAT_PATH)
+        {
+            let client = dialect::ClientRequest {
+                dialect: pending.dialect,
+                body: body.clone(),
+                path: parts.uri.path_and_query(),
+                stream: streaming,
+                created: unix_seconds(pending.rec().offered_at.0),
+            };
+            let policy = &snapshot.policy;
+            let prepared = dialect::prepare(client, &decision.candidates, |k| {
+                let name = route.chain.get(k).map_or("", String::as_str);
+                (name.to_owned(), dialect::pool_dialect(policy.pool(name)))
+            });
+            let prepared = match prepared {
+                Ok(p) => p,
+                Err(e) => return Err(pending.reject(e)),
+            };
+            if !prepared.notes.is_empty() {
+                let rec = pending.rec();
+                rec.reason = format!("{}; {}", rec.reason, prepared.notes.join("; "));
+            }
+            // Both bodies are held until the request is done.
+            if !reserved.grow_to(prepared.body.len() + body.len()) {
+                return Err(pending.reject(OVERLOADED));
+            }
+            body = prepared.body;
+            decision.candidates = prepared.candidates;
+            translation = Some(prepared.translation);
+        }
+        let pool_of = |k: &usize| {
+            route
+                .chain
+                .get(*k)
+                .and_then(|name| snapshot.policy.pool(name))
+        };
+        // A pool that may take it rewrites the model: the body must be one
+        // serde_json can re-encode, else the request is refused (never sent
+        // with the client's own model instead).
+        let rewrites = json_call
+            && decision.candidates.iter().any(|k| {
+                pool_of(k)
+                    .and_then(|p| p.model.as_deref())
+                    .is_some_and(|m| model.as_deref() != Some(m))
+            });
+        // A stream a candidate pool asks usage for: the body is parsed to see
+        // whether the client asked itself, and to add the option.
+        let usage_wanted = streaming
+            && json_call
+            && super::upstream_request::STREAM_USAGE_PATHS.contains(&path)
+            && decision
+                .candidates
+                .iter()
+                .any(|k| pool_of(k).is_some_and(|p| p.stream_usage && p.provider.speaks_openai()));
+        let parsed = if rewrites {
+            match ParsedBody::parse(&body) {
+                Ok(p) => Some(p),
+                Err(e) => {
+                    return Err(pending.reject(ProxyError::InvalidRequest(format!(
+                        "the request body cannot be re-encoded with the pool's model: {e}"
+                    ))))
+                }
+            }
+        } else if usage_wanted {
+            // Optional: a body serde_json cannot take goes as it came.
+            ParsedBody::parse(&body).ok()
+        } else {
+            None
+        };
+        let client_asks_usage = parsed.as_ref().is_some_and(ParsedBody::asks_stream_usage);
 
-    // The scan said which of these are there: absent ones are not looked up.
-    let mut headers = parts.headers;
-    if seen.hop_by_hop {
-        crate::hop_by_hop::strip_hop_by_hop(&mut headers);
+        // Idempotency: join a request in flight, or replay a stored answer.
+        let mut leader = None;
+        if let Some((key, fp)) = keyed {
+            let wait_until = deadline_at.unwrap_or_else(|| {
+                crate::clock::later(
+                    pending.t0,
+                    shared.settings.queue.timeout,
+                    crate::clock::A_YEAR,
+                )
+            });
+            // A claim outlives a proxy that dies holding it by this much: the
+            // request's own time bound, and a margin.
+            let bound = deadline.unwrap_or(shared.settings.attempt_timeout);
+            let begun = shared
+                .idempotency
+                .begin(KeyedRequest {
+                    key: &key,
+                    fp,
+                    risk,
+                    inflight_ttl: bound.saturating_add(CLAIM_MARGIN),
+                    wait_until,
+                })
+                .await;
+            match begun {
+                Begin::Lead(lease) => {
+                    let local = lease.is_local() && shared.idempotency.is_shared();
+                    pending.rec().idempotency = Some(if local {
+                        IdempotencyRole::LeadLocal
+                    } else {
+                        IdempotencyRole::Lead
+                    });
+                    leader = Some(lease);
+                }
+                Begin::Untracked => {}
+                Begin::Replay { answer, joined } => return Err(pending.replay(&answer, joined)),
+                Begin::Refuse(e) => return Err(pending.reject(e)),
+            }
+        }
+
+        // The scan said which of these are there: absent ones are not looked up.
+        let mut headers = parts.headers;
+        if seen.hop_by_hop {
+            crate::hop_by_hop::strip_hop_by_hop(&mut headers);
+        }
+        // `Host` is replaced and `Content-Length` kept or replaced when the
+        // upstream request is made (`upstream_request`). The router's own
+        // headers (the approval token among them) never reach a backend.
+        if seen.router_headers {
+            crate::request_headers::strip_router_headers(&mut headers);
+        }
+        if snapshot.policy.tenants.is_some() {
+            // The tenant's key never leaves the router: a pool with a key of
+            // its own sends that one, any other nothing.
+            headers.remove(http::header::AUTHORIZATION);
+            headers.remove(dialect::X_API_KEY);
+        }
+        // Over HTTP/2 the host is the `:authority`, not a header.
+        let host = seen.host.clone().or_else(|| {
+            let authority = parts.uri.authority()?;
+            http::HeaderValue::from_str(authority.as_str()).ok()
+        });
+        let tls = shared.tls.is_some();
+        forward::add_forwarded(&mut headers, &client_ip, host, &seen, tls);
+        if let Some(id) = &pending.id_header {
+            headers.insert(X_REQUEST_ID, id.clone());
+            headers.insert(IDEMPOTENCY_KEY, id.clone());
+        }
+        let exchange = Exchange {
+            otel: pending.rec().otel.clone(),
+            operation: spans::operation_name(path),
+            risk,
+            structured,
+            candidates: decision.candidates,
+            estimated_input_tokens: estimate.input_tokens,
+            output_cap: estimate.max_tokens,
+            shared,
+            client,
+            snapshot: Arc::clone(snapshot),
+            method: parts.method,
+            path_and_query: match &translation {
+                // The client's query stays with it (a pool of Anthropic's
+                // dialect gets its own path: `upstream_request`).
+                Some(_) => http::uri::PathAndQuery::from_static(dialect::CHAT_PATH),
+                None => parts
+                    .uri
+                    .path_and_query()
+                    .cloned()
+                    .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/")),
+            },
+            headers,
+            body,
+            parsed,
+            client_asks_usage,
+            tenant_key: pending.rec().tenant.as_deref().map(tenant_key),
+            json_call,
+            streaming,
+            model,
+            deadline_at,
+            park,
+            translation,
+        };
+        Ok(Planned {
+            pending,
+            exchange,
+            leader,
+            reserved,
+        })
     }
-    // `Host` is replaced and `Content-Length` kept or replaced when the
-    // upstream request is made (`upstream_request`). The router's own
-    // headers (the approval token among them) never reach a backend.
-    if seen.router_headers {
-        crate::request_headers::strip_router_headers(&mut headers);
-    }
-    if snapshot.policy.tenants.is_some() {
-        // The tenant's key never leaves the router: a pool with a key of
-        // its own sends that one, any other nothing.
-        headers.remove(http::header::AUTHORIZATION);
-        headers.remove(dialect::X_API_KEY);
-    }
-    // Over HTTP/2 the host is the `:authority`, not a header.
-    let host = seen.host.clone().or_else(|| {
-        let authority = parts.uri.authority()?;
-        http::HeaderValue::from_str(authority.as_str()).ok()
-    });
-    let tls = shared.tls.is_some();
-    forward::add_forwarded(&mut headers, &client_ip, host, &seen, tls);
-    if let Some(id) = &pending.id_header {
-        headers.insert(X_REQUEST_ID, id.clone());
-        headers.insert(IDEMPOTENCY_KEY, id.clone());
-    }
-    let exchange = Exchange {
-        otel: pending.rec().otel.clone(),
-        operation: spans::operation_name(path),
-        risk,
-        structured,
-        candidates: decision.candidates,
-        estimated_input_tokens: estimate.input_tokens,
-        output_cap: estimate.max_tokens,
-        shared,
-        client,
-        snapshot: Arc::clone(snapshot),
-        method: parts.method,
-        path_and_query: match &translation {
-            // The client's query stays with it (a pool of Anthropic's
-            // dialect gets its own path: `upstream_request`).
-            Some(_) => http::uri::PathAndQuery::from_static(dialect::CHAT_PATH),
-            None => parts
-                .uri
-                .path_and_query()
-                .cloned()
-                .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/")),
-        },
-        headers,
-        body,
-        parsed,
-        client_asks_usage,
-        tenant_key: pending.rec().tenant.as_deref().map(tenant_key),
-        json_call,
-        streaming,
-        model,
-        deadline_at,
-        park,
-        translation,
-    };
-    Ok(Planned {
-        pending,
-        exchange,
-        leader,
-        reserved,
-    })
 }
 
 /// Puts the request's path in normal form (see

@@ -28,6 +28,7 @@ use router_policy::{Endpoint, Policy};
 use crate::forward::UpstreamClient;
 use crate::metrics::Metrics;
 use crate::pool::{PoolRuntime, PoolSettings, PoolStatus};
+pub(crate) use router_endpoints::PoolKey;
 
 /// The origin of a managed proxy's config before its first policy.
 pub(crate) const BOOT_ORIGIN: &str = "boot";
@@ -40,40 +41,6 @@ pub(crate) struct Secrets {
     pub approval_token: Option<String>,
     /// The key of each pool with `api_key_env`.
     pub api_keys: FnvHashMap<String, PoolKey>,
-}
-
-/// A pool's API key and where it may go.
-///
-/// The key goes only to the origins (scheme, host, port) the policy itself
-/// lists for the pool. Endpoints installed by `set-backends` (or a backend
-/// set from the control plane) replace the pool's endpoints but not this
-/// list: whoever may move traffic cannot thereby collect the provider's key.
-/// A request to any other endpoint of the pool goes without it (and
-/// without the client's own `Authorization`, which the key would have
-/// replaced).
-#[derive(Clone)]
-pub(crate) struct PoolKey {
-    /// The header the key goes in: `Authorization` (`Bearer <key>`), or
-    /// `x-api-key` (the key alone) for an Anthropic pool.
-    pub name: http::header::HeaderName,
-    /// Its value, marked sensitive.
-    pub header: HeaderValue,
-    /// The endpoints the policy lists for the pool.
-    pub origins: Vec<Endpoint>,
-}
-
-impl PoolKey {
-    /// The same key for the same origins.
-    pub(crate) fn same_as(&self, other: &PoolKey) -> bool {
-        self.name == other.name
-            && self.header.as_bytes() == other.header.as_bytes()
-            && self.origins == other.origins
-    }
-
-    /// Whether the key may be sent to `endpoint`.
-    pub(crate) fn sent_to(&self, endpoint: &Endpoint) -> bool {
-        self.origins.iter().any(|o| o.same_origin(endpoint))
-    }
 }
 
 impl std::fmt::Debug for Secrets {
@@ -298,7 +265,7 @@ pub struct ConfigStore {
     revision: std::sync::atomic::AtomicU64,
     /// Prefix placements shared with the other proxies (with a shared
     /// store), given to every pool.
-    prefix_share: std::sync::OnceLock<Arc<crate::prefix_share::PrefixShare>>,
+    prefix_share: std::sync::OnceLock<Arc<dyn router_endpoints::PlacementSink>>,
 }
 
 impl ConfigStore {
@@ -338,7 +305,7 @@ impl ConfigStore {
     }
 
     /// Shares every pool's prefix placements, now and after every change.
-    pub(crate) fn share_prefixes(&self, share: Arc<crate::prefix_share::PrefixShare>) {
+    pub(crate) fn share_prefixes(&self, share: Arc<dyn router_endpoints::PlacementSink>) {
         let _guard = self.source.lock();
         for pool in self.load().pools.values() {
             pool.share_prefixes(&share);
@@ -621,7 +588,10 @@ mod tests {
         assert_ne!(v1, v2);
         let pool = Arc::clone(&store.load().pools["default"]);
         assert_eq!(pool.availability(), crate::pool::Availability::Ready);
-        let lease = pool.acquire(None).await.unwrap();
+        let lease = pool
+            .acquire_at(None, tokio::time::Instant::now(), Default::default())
+            .await
+            .unwrap();
         // A policy reload keeps the set-backends endpoints and the runtime.
         store.apply_policy(
             Policy::sidecar(QueueSettings::default(), Some(2)),

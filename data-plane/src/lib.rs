@@ -23,13 +23,15 @@
 //!   the fleet (`CUSTOM_ROUTER_SHARED_STORE`); the rules are
 //!   `router_policy::idempotency`'s;
 //! - `config`: the immutable `Snapshot` and its atomic swaps ([`ConfigStore`]);
-//! - `pool`: one pool's circuits, latency window, bounded FIFO and leases;
-//!   with prefix affinity, per endpoint the prompt blocks it likely holds;
-//! - `prefix_share`: those placements shared between the proxies of a
-//!   fleet over the shared store's publish/subscribe;
-//! - `probe`: capacity probes (vLLM `/metrics`, Ollama `/api/ps`);
-//! - `health_check`: active health checks (one task per pool that has
-//!   them; the rules are `router_policy::health`'s);
+//! - `pool`, `clock`, `random`: pools and their endpoints, a crate of its
+//!   own ([`router_endpoints`]: one pool's circuits, latency window,
+//!   bounded FIFO and leases; with prefix affinity, per endpoint the
+//!   prompt blocks it likely holds; capacity probes and active health
+//!   checks, which its pools start), re-exported here under the old
+//!   module names with the instant and random helpers it shares;
+//! - `prefix_share`: a pool's placements shared between the proxies of a
+//!   fleet over the shared store's publish/subscribe (the pools reach it
+//!   as a `router_endpoints::PlacementSink`);
 //! - `tracked_body`: a streamed answer on its way to the client, its
 //!   completion run once, its deadline enforced even when the client stops
 //!   reading;
@@ -56,10 +58,11 @@
 // The upstream client's modules, under the names the proxy uses.
 use router_upstream::client as upstream;
 use router_upstream::{forward, hop_by_hop, request_headers};
+// Pools and their endpoints, and the helpers the proxy shares with them.
+use router_endpoints::{clock, pool, random};
 
 mod admin;
 mod balance_workers;
-mod clock;
 mod config;
 mod error;
 /// Entry points for `fuzz/`; not an API (the `fuzzing` feature).
@@ -67,17 +70,13 @@ mod error;
 #[doc(hidden)]
 pub mod fuzzing;
 mod handler;
-mod health_check;
 mod idempotency;
 mod key_use;
 mod limits;
 mod listener_tls;
 pub mod managed;
 mod metrics;
-mod pool;
 mod prefix_share;
-mod probe;
-mod random;
 mod rate_limit;
 mod reload;
 mod route_log;

@@ -12,7 +12,8 @@
 //! nobody holds needs no sharing (its home on the ring is the same on
 //! every proxy); sharing carries the rest, a few milliseconds late.
 //!
-//! Off the request path: a grant puts the entry in a bounded queue
+//! The pools reach it as a [`PlacementSink`] (the endpoints crate links
+//! no store). Off the request path: a grant puts the entry in a bounded queue
 //! ([`QUEUE`] entries and [`MAX_QUEUED_BYTES`]; when full, entries are
 //! dropped and counted, a
 //! proxy's own placement is unaffected); a task publishes them in batches
@@ -34,6 +35,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::StreamExt;
+
+use router_endpoints::PlacementSink;
 
 use crate::config::ConfigStore;
 
@@ -93,34 +96,6 @@ struct Start {
 }
 
 impl PrefixShare {
-    /// Notes a placement for the other proxies (never waits).
-    pub(crate) fn learned(
-        &self,
-        pool: &Arc<str>,
-        endpoint: &Arc<str>,
-        chain: &[u64],
-        uncached: u64,
-    ) {
-        let entry = Learned {
-            pool: Arc::clone(pool),
-            endpoint: Arc::clone(endpoint),
-            chain: chain[..chain.len().min(MAX_BLOCKS)].to_vec(),
-            uncached: u32::try_from(uncached).unwrap_or(u32::MAX),
-        };
-        let bytes = entry.bytes();
-        if reserve(&self.queued, bytes) {
-            if self.tx.try_send(entry).is_ok() {
-                return;
-            }
-            self.queued.fetch_sub(bytes, Ordering::Relaxed);
-        }
-        if self.dropped.fetch_add(1, Ordering::Relaxed) == 0 {
-            tracing::warn!(
-                "prefix sharing: the publish queue is full; placements are not shared until it drains"
-            );
-        }
-    }
-
     /// Sharing through `client`'s server on `channel`, with `config`'s
     /// pools as the subscriber's target; nothing runs until
     /// [`PrefixShare::activate`]. Call within a tokio runtime (the tasks
@@ -147,10 +122,34 @@ impl PrefixShare {
             })),
         }))
     }
+}
+
+impl PlacementSink for PrefixShare {
+    /// Notes a placement for the other proxies (never waits).
+    fn learned(&self, pool: &Arc<str>, endpoint: &Arc<str>, chain: &[u64], uncached: u64) {
+        let entry = Learned {
+            pool: Arc::clone(pool),
+            endpoint: Arc::clone(endpoint),
+            chain: chain[..chain.len().min(MAX_BLOCKS)].to_vec(),
+            uncached: u32::try_from(uncached).unwrap_or(u32::MAX),
+        };
+        let bytes = entry.bytes();
+        if reserve(&self.queued, bytes) {
+            if self.tx.try_send(entry).is_ok() {
+                return;
+            }
+            self.queued.fetch_sub(bytes, Ordering::Relaxed);
+        }
+        if self.dropped.fetch_add(1, Ordering::Relaxed) == 0 {
+            tracing::warn!(
+                "prefix sharing: the publish queue is full; placements are not shared until it drains"
+            );
+        }
+    }
 
     /// Starts publishing and subscribing (once; a pool with prefix
     /// affinity calls it).
-    pub(crate) fn activate(&self) {
+    fn activate(&self) {
         let start = self.start.lock().unwrap_or_else(|e| e.into_inner()).take();
         if let Some(s) = start {
             let sender = crate::random::u64();

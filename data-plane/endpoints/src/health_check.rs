@@ -33,10 +33,10 @@ use router_policy::Endpoint;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use crate::config::PoolKey;
-use crate::forward::UpstreamClient;
 use crate::pool::PoolRuntime;
 use crate::probe::Probed;
+use crate::PoolKey;
+use router_upstream::forward::UpstreamClient;
 
 /// Largest health answer read (then dropped).
 const BODY_LIMIT: usize = 64 * 1024;
@@ -123,7 +123,7 @@ async fn check_once(
     check: &HealthCheck,
     auth: Option<(http::header::HeaderName, http::HeaderValue)>,
 ) -> bool {
-    let Ok(uri) = crate::forward::root_uri(endpoint, &check.path) else {
+    let Ok(uri) = router_upstream::forward::root_uri(endpoint, &check.path) else {
         return false;
     };
     let mut req =
@@ -131,7 +131,7 @@ async fn check_once(
     if let Some((name, value)) = auth {
         req = req.header(name, value);
     }
-    let Ok(req) = req.body(crate::upstream::OutBody::default()) else {
+    let Ok(req) = req.body(router_upstream::client::OutBody::default()) else {
         return false;
     };
     let work = async {

@@ -21,11 +21,11 @@ use super::{CircuitState, PoolRuntime};
 use crate::probe::ProbeReading;
 
 /// Whether a pool can take a request now (the walk's own type).
-pub(crate) use router_policy::walk::Availability;
+pub use router_policy::walk::Availability;
 
 /// A live view of one endpoint, for health, metrics and the state log.
 #[derive(Debug, Clone, PartialEq)]
-pub(crate) struct EndpointStatus {
+pub struct EndpointStatus {
     /// `http://host:port[/base]`.
     pub addr: Arc<str>,
     /// Requests in flight.
@@ -48,7 +48,7 @@ pub(crate) struct EndpointStatus {
 
 /// A live view of one pool.
 #[derive(Debug, Clone, PartialEq)]
-pub(crate) struct PoolStatus {
+pub struct PoolStatus {
     /// Pool name.
     pub name: Arc<str>,
     /// Requests waiting.
@@ -61,27 +61,26 @@ pub(crate) struct PoolStatus {
 
 impl PoolRuntime {
     /// Whether the pool can take requests at all.
-    #[cfg(test)]
-    pub(crate) fn availability(&self) -> Availability {
+    pub fn availability(&self) -> Availability {
         self.lock().availability(Instant::now())
     }
 
     /// What the deadline planner needs to know about this pool now.
-    pub(crate) fn outlook(&self) -> PoolOutlook {
+    pub fn outlook(&self) -> PoolOutlook {
         self.lock().outlook(Instant::now())
     }
 
     /// The outlook as of `now` (a request passes its own clock reading)
     /// when the pool can take requests, else why not (availability and
     /// [`Self::outlook`] under one lock).
-    pub(crate) fn ready_outlook_at(&self, now: Instant) -> Result<PoolOutlook, Availability> {
+    pub fn ready_outlook_at(&self, now: Instant) -> Result<PoolOutlook, Availability> {
         self.ready_outlook_marked_at(now).map(|(o, _)| o)
     }
 
     /// As [`Self::ready_outlook_at`], with whether every endpoint that
     /// could take the request carries a soft mark (suspect or ejected:
     /// the marks were set aside so as not to empty the pool).
-    pub(crate) fn ready_outlook_marked_at(
+    pub fn ready_outlook_marked_at(
         &self,
         now: Instant,
     ) -> Result<(PoolOutlook, bool), Availability> {
@@ -105,7 +104,7 @@ impl PoolRuntime {
     /// sees them now, and with prefix affinity how many leading blocks of
     /// `prompt` (a prompt's text) each likely holds (for `route explain`);
     /// `None` for other pools.
-    pub(crate) fn endpoint_situations(
+    pub fn endpoint_situations(
         &self,
         prompt: Option<&str>,
     ) -> Option<Vec<router_policy::engine_aware::EndpointSituation>> {
@@ -143,7 +142,7 @@ impl PoolRuntime {
     }
 
     /// The measurements the policy's gates look at, as of `now`.
-    pub(crate) fn measurements_at(&self, now: Instant) -> PoolMeasurements {
+    pub fn measurements_at(&self, now: Instant) -> PoolMeasurements {
         let st = self.lock();
         let availability = st.availability(now);
         let fresh: Vec<&ProbeReading> = match st.settings.probe {
@@ -185,7 +184,7 @@ impl PoolRuntime {
     }
 
     /// A consistent view of the pool right now.
-    pub(crate) fn status(&self) -> PoolStatus {
+    pub fn status(&self) -> PoolStatus {
         let st = self.lock();
         let now = Instant::now();
         PoolStatus {
@@ -220,7 +219,7 @@ impl PoolRuntime {
 
     /// The circuit of the endpoint at `addr` as status reports it; `None`
     /// when the pool has no such endpoint.
-    pub(crate) fn circuit_of(&self, addr: &str) -> Option<CircuitState> {
+    pub fn circuit_of(&self, addr: &str) -> Option<CircuitState> {
         let st = self.lock();
         let now = Instant::now();
         st.endpoints

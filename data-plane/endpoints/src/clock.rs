@@ -16,12 +16,12 @@ use tokio::time::Instant;
 /// The ceiling for durations written by an operator (policy times in
 /// milliseconds or seconds, `CUSTOM_ROUTER_*` times): a year is beyond any
 /// sensible setting and well within what every clock represents.
-pub(crate) const A_YEAR: Duration = Duration::from_secs(365 * 24 * 3600);
+pub const A_YEAR: Duration = Duration::from_secs(365 * 24 * 3600);
 
 /// `now + after`, with `after` capped at `ceiling`; `now` itself if even
 /// that cannot be represented (no clock reaches that far: a ceiling of
 /// years is always representable in practice).
-pub(crate) fn later(now: Instant, after: Duration, ceiling: Duration) -> Instant {
+pub fn later(now: Instant, after: Duration, ceiling: Duration) -> Instant {
     now.checked_add(after.min(ceiling)).unwrap_or(now)
 }
 

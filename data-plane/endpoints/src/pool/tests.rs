@@ -899,7 +899,11 @@ fn probed_pool(addr: std::net::SocketAddr) -> Arc<PoolRuntime> {
     let mut s = settings(10, 60_000, None);
     s.probe = Some(probe);
     let p = PoolRuntime::new("p", s, &eps(&[&addr.to_string()]), PoolCounters::default());
-    let client = crate::forward::build_client(&crate::Settings::default().client_config()).unwrap();
+    let client = router_upstream::forward::build_client(&router_upstream::forward::ClientConfig {
+        connect_timeout: Duration::from_secs(5),
+        ..Default::default()
+    })
+    .unwrap();
     p.ensure_probe(Some(probe), Some(&client));
     p
 }

@@ -7,13 +7,13 @@
 //! shared this function.
 
 /// `N` random bytes.
-pub(crate) fn bytes<const N: usize>() -> [u8; N] {
+pub fn bytes<const N: usize>() -> [u8; N] {
     let mut b = [0u8; N];
     let _ = ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut b);
     b
 }
 
 /// A random `u64`.
-pub(crate) fn u64() -> u64 {
+pub fn u64() -> u64 {
     u64::from_le_bytes(bytes())
 }

@@ -44,7 +44,7 @@ use tokio::time::Instant;
 const MAX_REOPENINGS: u32 = 4;
 
 /// The longest a backend's `Retry-After` keeps its endpoint's circuit open.
-pub(crate) const MAX_RETRY_AFTER: Duration = Duration::from_secs(3600);
+pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(3600);
 
 /// The longest the breaker itself keeps a circuit open (the policy's open
 /// duration, doubled on reopenings): beyond any sensible setting, within
@@ -53,7 +53,7 @@ const MAX_OPEN: Duration = crate::clock::A_YEAR;
 
 /// An endpoint's circuit breaker, as shown in health and metrics.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum CircuitState {
+pub enum CircuitState {
     /// Traffic flows.
     Closed,
     /// No traffic until the open period ends.
@@ -64,7 +64,7 @@ pub(crate) enum CircuitState {
 
 impl CircuitState {
     /// `closed`, `open`, `half_open`.
-    pub(crate) fn as_str(self) -> &'static str {
+    pub fn as_str(self) -> &'static str {
         match self {
             Self::Closed => "closed",
             Self::Open => "open",

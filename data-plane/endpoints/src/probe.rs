@@ -47,7 +47,7 @@ use router_policy::{Endpoint, Probe, ProbeKind};
 use serde::Deserialize;
 use tokio::time::Instant;
 
-use crate::forward::UpstreamClient;
+use router_upstream::forward::UpstreamClient;
 
 /// Largest probe answer read.
 const PROBE_BODY_LIMIT: usize = 4 * 1024 * 1024;
@@ -152,13 +152,39 @@ struct OllamaModel {
     size_vram: u64,
 }
 
+/// Why a probe got no reading from an endpoint (logged at debug; the
+/// endpoint's reading then counts as failed).
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ProbeError {
+    /// The probe's request could not be built.
+    #[error("cannot build the probe request: {0}")]
+    Request(#[from] http::Error),
+    /// The endpoint could not be reached.
+    #[error(transparent)]
+    Send(#[from] router_upstream::client::UpstreamError),
+    /// The endpoint answered, not with a success.
+    #[error("status {0}")]
+    Status(http::StatusCode),
+    /// The answer's body could not be read (or passed the limit).
+    #[error("cannot read the answer: {0}")]
+    Body(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// No answer within the probe's timeout.
+    #[error("probe timed out")]
+    TimedOut,
+    /// An Ollama `/api/ps` answer that does not parse.
+    #[error("bad /api/ps answer: {0}")]
+    OllamaPs(#[from] serde_json::Error),
+    /// A `/metrics` page without any engine's load.
+    #[error("no engine metrics (vllm, sglang, tgi) in the answer")]
+    NoEngineMetrics,
+}
+
 /// Free VRAM (MB) and resident models from an `/api/ps` answer.
 pub(crate) fn parse_ollama_ps(
     body: &[u8],
     vram_total_mb: Option<u64>,
-) -> Result<(Option<u64>, Vec<String>), String> {
-    let ps: OllamaPs =
-        serde_json::from_slice(body).map_err(|e| format!("bad /api/ps answer: {e}"))?;
+) -> Result<(Option<u64>, Vec<String>), ProbeError> {
+    let ps: OllamaPs = serde_json::from_slice(body)?;
     let used_mb: u64 = ps.models.iter().map(|m| m.size_vram / (1024 * 1024)).sum();
     let free = vram_total_mb.map(|t| t.saturating_sub(used_mb));
     let resident = ps
@@ -208,7 +234,7 @@ fn sample_line(line: &str) -> Option<(&str, f64)> {
 /// An engine's load from its Prometheus `/metrics` page (vLLM, SGLang or
 /// TGI names, see the module docs); an error when the page has none of
 /// them.
-pub(crate) fn parse_engine_metrics(text: &str) -> Result<EngineSignals, String> {
+pub(crate) fn parse_engine_metrics(text: &str) -> Result<EngineSignals, ProbeError> {
     let mut waiting: Option<f64> = None;
     let mut running: Option<f64> = None;
     let mut kv: Option<f64> = None;
@@ -227,7 +253,7 @@ pub(crate) fn parse_engine_metrics(text: &str) -> Result<EngineSignals, String> 
         }
     }
     if waiting.is_none() && running.is_none() && kv.is_none() {
-        return Err("no engine metrics (vllm, sglang, tgi) in the answer".into());
+        return Err(ProbeError::NoEngineMetrics);
     }
     let count = |c: Option<f64>| c.map(|c| c.clamp(0.0, f64::from(u32::MAX)).round() as u32);
     Ok(EngineSignals {
@@ -270,24 +296,22 @@ async fn fetch(
     client: &UpstreamClient,
     uri: http::Uri,
     timeout: Duration,
-) -> Result<Bytes, String> {
-    let req = http::Request::get(uri)
-        .body(crate::upstream::OutBody::default())
-        .map_err(|e| e.to_string())?;
+) -> Result<Bytes, ProbeError> {
+    let req = http::Request::get(uri).body(router_upstream::client::OutBody::default())?;
     let work = async {
-        let resp = client.request(req).await.map_err(|e| e.to_string())?;
+        let resp = client.request(req).await?;
         if !resp.status().is_success() {
-            return Err(format!("status {}", resp.status()));
+            return Err(ProbeError::Status(resp.status()));
         }
         let body = Limited::new(resp.into_body(), PROBE_BODY_LIMIT)
             .collect()
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(ProbeError::Body)?;
         Ok(body.to_bytes())
     };
     tokio::time::timeout(timeout, work)
         .await
-        .map_err(|_| "probe timed out".to_string())?
+        .map_err(|_| ProbeError::TimedOut)?
 }
 
 /// Polls one endpoint once: its answer, `None` when the probe failed
@@ -305,7 +329,7 @@ pub(crate) async fn probe_once(
         record: ProbeRecord::default().after_answer(),
         ..ProbeReading::failed(Instant::now())
     };
-    let uri = crate::forward::root_uri(endpoint, path).ok()?;
+    let uri = router_upstream::forward::root_uri(endpoint, path).ok()?;
     let body = match fetch(client, uri, probe.timeout).await {
         Ok(b) => b,
         Err(e) => {
@@ -375,7 +399,10 @@ mod tests {
             Some(1000)
         );
         assert_eq!(parse_ollama_ps(br#"{"models":[]}"#, None).unwrap().0, None);
-        assert!(parse_ollama_ps(b"<html>", Some(1)).is_err());
+        assert!(matches!(
+            parse_ollama_ps(b"<html>", Some(1)),
+            Err(ProbeError::OllamaPs(_))
+        ));
     }
 
     fn signals(waiting: u32, running: u32, kv: Option<f64>) -> EngineSignals {
@@ -468,8 +495,14 @@ sglang:cache_hit_rate{model_name="meta-llama/Llama-3.1-8B-Instruct"} 0.007507552
             signals(3, 9, Some(0.28))
         );
         assert_eq!(parse_engine_metrics(TGI).unwrap(), signals(6, 14, None));
-        assert!(parse_engine_metrics("up 1\n").is_err());
-        assert!(parse_engine_metrics("<html>oops</html>").is_err());
+        assert!(matches!(
+            parse_engine_metrics("up 1\n"),
+            Err(ProbeError::NoEngineMetrics)
+        ));
+        assert!(matches!(
+            parse_engine_metrics("<html>oops</html>"),
+            Err(ProbeError::NoEngineMetrics)
+        ));
     }
 
     #[test]

@@ -45,8 +45,9 @@
 //! - `tests` (tests only): the pool as a whole, and helpers the others'
 //!   tests share.
 //!
-//! Capacity probes live in [`crate::probe`]; a pool implements
-//! [`Probed`] and keeps the [`ProbeReading`]s it is given.
+//! Capacity probes live in the crate's `probe` module; a pool implements
+//! its `Probed` and keeps the `ProbeReading`s it is given. Its placements
+//! go to a [`PlacementSink`] when the proxy gives it one.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -55,8 +56,8 @@ use router_policy::health::{HealthCheck, OutlierEjection, SuspectCause};
 use router_policy::{CircuitSettings, Endpoint, Probe, QueueSettings};
 use tokio::time::Instant;
 
-use crate::forward::UpstreamClient;
 use crate::probe::{ProbeReading, Probed};
+use router_upstream::forward::UpstreamClient;
 
 mod circuit;
 mod latency;
@@ -65,26 +66,40 @@ mod state;
 mod status;
 mod wake;
 
-pub(crate) use circuit::{CircuitState, MAX_RETRY_AFTER};
-pub(crate) use latency::Sample;
-pub(crate) use queue::{EndpointHandle, Lease, RequestShape, Shed, TokenSample};
+pub use circuit::{CircuitState, MAX_RETRY_AFTER};
+pub use latency::Sample;
+pub use queue::{EndpointHandle, Lease, PrefixPlacement, RequestShape, Shed, TokenSample};
+
+/// Where a pool reports the prompts it placed, for the other proxies of
+/// a fleet to learn (the proxy's `prefix_share` implements it over the
+/// shared store's publish/subscribe). Called under the pool's lock on the
+/// request path: it must never wait.
+pub trait PlacementSink: Send + Sync {
+    /// `pool` sent a prompt with `chain` to `endpoint`, `uncached` of its
+    /// tokens to prefill there.
+    fn learned(&self, pool: &Arc<str>, endpoint: &Arc<str>, chain: &[u64], uncached: u64);
+
+    /// A pool with prefix affinity shares through this sink: start what
+    /// the sharing needs (every such pool calls it; the sink starts once).
+    fn activate(&self);
+}
 
 /// A request's prompt as prefix affinity sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct PrefixRequest {
+pub struct PrefixRequest {
     /// Its chained block hashes ([`router_policy::prefix_cache::block_chain`]).
     pub(crate) chain: Vec<u64>,
     /// Its prompt tokens, estimated from its bytes and the pool's ratio.
-    pub(crate) prompt_tokens: u64,
+    pub prompt_tokens: u64,
 }
-pub(crate) use status::{Availability, PoolStatus};
+pub use status::{Availability, EndpointStatus, PoolStatus};
 
 use state::{EndpointState, PoolState};
 
 /// A circuit transition or a suspicion, for the control plane (shared
 /// with the fleet).
 #[derive(Debug, Clone, PartialEq)]
-pub(crate) struct CircuitEvent {
+pub struct CircuitEvent {
     /// Pool.
     pub pool: String,
     /// Endpoint URL.
@@ -101,7 +116,7 @@ pub(crate) struct CircuitEvent {
 /// Counters a pool increments (the HF `custom_router_requests_*_total`),
 /// and where it reports circuit transitions.
 #[derive(Clone, Default)]
-pub(crate) struct PoolCounters {
+pub struct PoolCounters {
     /// Circuit transitions go here (managed mode); full: dropped.
     pub events: Option<tokio::sync::mpsc::Sender<CircuitEvent>>,
     /// Leases granted.
@@ -120,7 +135,7 @@ pub(crate) struct PoolCounters {
 
 /// A pool's settings that can change on reload.
 #[derive(Debug, Clone, PartialEq)]
-pub(crate) struct PoolSettings {
+pub struct PoolSettings {
     /// Queue and scoring.
     pub queue: QueueSettings,
     /// Per-endpoint concurrency limit.
@@ -166,12 +181,12 @@ impl PoolSettings {
 /// A pool's running health check task and what it was started with.
 struct CheckTask {
     check: HealthCheck,
-    key: Option<crate::config::PoolKey>,
+    key: Option<crate::PoolKey>,
     handle: tokio::task::JoinHandle<()>,
 }
 
 /// One pool: endpoints, queue, dispatcher.
-pub(crate) struct PoolRuntime {
+pub struct PoolRuntime {
     name: Arc<str>,
     /// The name as the `x-router-route` answer header (made once).
     route_header: Option<http::HeaderValue>,
@@ -190,12 +205,12 @@ pub(crate) struct PoolRuntime {
     /// The settings ask for session affinity (read without the lock).
     uses_sessions: std::sync::atomic::AtomicBool,
     /// Where placements go for the other proxies (with a shared store).
-    prefix_share: std::sync::OnceLock<Arc<crate::prefix_share::PrefixShare>>,
+    prefix_share: std::sync::OnceLock<Arc<dyn PlacementSink>>,
 }
 
 impl PoolRuntime {
     /// A pool with these endpoints.
-    pub(crate) fn new(
+    pub fn new(
         name: &str,
         settings: PoolSettings,
         endpoints: &[Endpoint],
@@ -218,17 +233,17 @@ impl PoolRuntime {
     }
 
     /// The pool's name.
-    pub(crate) fn name(&self) -> &str {
+    pub fn name(&self) -> &str {
         &self.name
     }
 
     /// The pool's name, shared (a clone costs no allocation).
-    pub(crate) fn shared_name(&self) -> &Arc<str> {
+    pub fn shared_name(&self) -> &Arc<str> {
         &self.name
     }
 
     /// The pool's name as an `x-router-route` header value.
-    pub(crate) fn route_header(&self) -> Option<&http::HeaderValue> {
+    pub fn route_header(&self) -> Option<&http::HeaderValue> {
         self.route_header.as_ref()
     }
 
@@ -242,7 +257,7 @@ impl PoolRuntime {
     /// and in-flight count; removed ones are forgotten (their in-flight
     /// requests finish; their leases then release nothing). With no
     /// endpoints left, every waiter is answered `no_backend` at once.
-    pub(crate) fn update(self: &Arc<Self>, settings: PoolSettings, endpoints: &[Endpoint]) {
+    pub fn update(self: &Arc<Self>, settings: PoolSettings, endpoints: &[Endpoint]) {
         let mut st = self.lock();
         let mut old = std::mem::take(&mut st.endpoints);
         for ep in endpoints {
@@ -283,11 +298,7 @@ impl PoolRuntime {
     }
 
     /// Starts, restarts or stops the capacity probe task to match `probe`.
-    pub(crate) fn ensure_probe(
-        self: &Arc<Self>,
-        probe: Option<Probe>,
-        client: Option<&UpstreamClient>,
-    ) {
+    pub fn ensure_probe(self: &Arc<Self>, probe: Option<Probe>, client: Option<&UpstreamClient>) {
         let mut task = self.probe_task.lock().unwrap_or_else(|e| e.into_inner());
         if let (Some(want), Some((running, handle))) = (probe, task.as_ref()) {
             if want == *running && !handle.is_finished() {
@@ -313,7 +324,7 @@ impl PoolRuntime {
 
     /// Removes the pool from service: waiters get `no_backend`, new
     /// requests too; requests in flight finish.
-    pub(crate) fn close(&self) {
+    pub fn close(&self) {
         if let Some((_, handle)) = self
             .probe_task
             .lock()
@@ -519,7 +530,7 @@ impl PoolRuntime {
     /// anything not listed is not suspect by the fleet. (A mark this proxy
     /// raised itself is kept apart, until it expires or a check here
     /// clears it: a snapshot that predates the report does not undo it.)
-    pub(crate) fn set_suspects(self: &Arc<Self>, marks: &[(Endpoint, SuspectCause, Instant)]) {
+    pub fn set_suspects(self: &Arc<Self>, marks: &[(Endpoint, SuspectCause, Instant)]) {
         let mut st = self.lock();
         for e in &mut st.endpoints {
             let of = |cause: SuspectCause| {
@@ -590,10 +601,10 @@ impl PoolRuntime {
     /// Starts, restarts or stops the health check task to match `check`
     /// and the pool's API key (sent with each check to the origins it may
     /// go to, as with requests: a cloud API's `/v1/models` wants it).
-    pub(crate) fn ensure_checks(
+    pub fn ensure_checks(
         self: &Arc<Self>,
         check: Option<HealthCheck>,
-        key: Option<&crate::config::PoolKey>,
+        key: Option<&crate::PoolKey>,
         client: Option<&UpstreamClient>,
     ) {
         let mut task = self.check_task.lock().unwrap_or_else(|e| e.into_inner());
@@ -638,7 +649,7 @@ impl PoolRuntime {
     /// until)`, an endpoint of `None` meaning every endpoint of the pool.
     /// Anything not listed goes back to the local breaker. Waiters are
     /// dispatched, and woken again when an override ends.
-    pub(crate) fn set_forced(self: &Arc<Self>, forced: &[(Option<Endpoint>, bool, Instant)]) {
+    pub fn set_forced(self: &Arc<Self>, forced: &[(Option<Endpoint>, bool, Instant)]) {
         let mut st = self.lock();
         for e in &mut st.endpoints {
             e.breaker.set_forced(
@@ -657,7 +668,7 @@ impl PoolRuntime {
     /// pool has session affinity and the request names a session
     /// ([`router_policy::affinity::session_key`]: the value hashed, never
     /// kept).
-    pub(crate) fn session_key(&self, headers: &http::HeaderMap) -> Option<u64> {
+    pub fn session_key(&self, headers: &http::HeaderMap) -> Option<u64> {
         // Most pools have no session affinity: no lock for them.
         if !self
             .uses_sessions
@@ -670,8 +681,8 @@ impl PoolRuntime {
     }
 
     /// Shares this pool's prefix placements with the other proxies
-    /// ([`crate::prefix_share`]); the first call wins.
-    pub(crate) fn share_prefixes(&self, share: &Arc<crate::prefix_share::PrefixShare>) {
+    /// (through `share`, the proxy's `prefix_share`); the first call wins.
+    pub fn share_prefixes(&self, share: &Arc<dyn PlacementSink>) {
         let _ = self.prefix_share.set(Arc::clone(share));
         // Only a pool with prefix affinity needs the fleet's placements:
         // without one, no connection is opened for them.
@@ -688,7 +699,7 @@ impl PoolRuntime {
     /// records it, and its prefill counts in the endpoint's pending work
     /// until drained (nothing for an endpoint this pool does not have, or
     /// without prefix affinity).
-    pub(crate) fn learn(&self, addr: &str, chain: &[u64], uncached: u64) {
+    pub fn learn(&self, addr: &str, chain: &[u64], uncached: u64) {
         if !self
             .uses_affinity
             .load(std::sync::atomic::Ordering::Relaxed)
@@ -711,7 +722,7 @@ impl PoolRuntime {
     /// pool balances with prefix affinity
     /// ([`router_policy::prefix_cache`]); `None` otherwise or for a body
     /// without a prompt one block long.
-    pub(crate) fn prefix_request(&self, body: &[u8]) -> Option<Arc<PrefixRequest>> {
+    pub fn prefix_request(&self, body: &[u8]) -> Option<Arc<PrefixRequest>> {
         // Most pools have no affinity: no lock for them.
         if !self
             .uses_affinity
@@ -739,7 +750,7 @@ impl PoolRuntime {
     /// explain it. Degrades the pool for structured output for `period`
     /// when the failures make the backend's pattern
     /// (`router_policy::structured::DegradeWatch`); true when it did.
-    pub(crate) fn note_structured_failure(
+    pub fn note_structured_failure(
         &self,
         period: std::time::Duration,
         caller: Option<u64>,

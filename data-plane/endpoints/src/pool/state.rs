@@ -30,8 +30,8 @@ use super::latency::LatencyWindow;
 use super::queue::Waiter;
 use super::wake::WakeTimer;
 use super::{Availability, PoolSettings, Shed};
-use crate::forward::UpstreamTarget;
 use crate::probe::ProbeReading;
+use router_upstream::forward::UpstreamTarget;
 
 /// Session keys a pool remembers the last endpoint of (8 bytes of key and
 /// 8 of id each, plus the table's overhead: a few MiB at most).
@@ -439,7 +439,7 @@ impl PoolState {
         i: usize,
         req: &super::PrefixRequest,
         placed: Option<Picked>,
-        share: Option<&Arc<crate::prefix_share::PrefixShare>>,
+        share: Option<&Arc<dyn super::PlacementSink>>,
         pool: &Arc<str>,
     ) -> (Option<u64>, Option<super::queue::PrefixPlacement>) {
         let Some(affinity) = self.settings.queue.engine.affinity else {

@@ -42,11 +42,11 @@ use tokio::time::Instant;
 
 use super::state::PoolState;
 use super::{PoolRuntime, Sample};
-use crate::forward::UpstreamTarget;
+use router_upstream::forward::UpstreamTarget;
 
 /// Why a pool refused a request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Shed {
+pub enum Shed {
     /// Evicted as the oldest waiter of a full queue.
     QueueFull,
     /// Waited past the queue timeout.
@@ -64,7 +64,7 @@ pub(crate) enum Shed {
 impl Shed {
     /// The outcome the attempt records (an attempt timeout given back
     /// before sending is `deadline_exhausted`).
-    pub(crate) fn outcome(self) -> router_policy::Outcome {
+    pub fn outcome(self) -> router_policy::Outcome {
         use router_policy::Outcome;
         match self {
             Self::QueueFull => Outcome::QueueFull,
@@ -86,7 +86,7 @@ pub(super) struct Waiter {
 
 impl PoolRuntime {
     /// The id of the endpoint at `addr`, if the pool has it.
-    pub(crate) fn endpoint_id(&self, addr: &str) -> Option<u64> {
+    pub fn endpoint_id(&self, addr: &str) -> Option<u64> {
         self.lock()
             .endpoints
             .iter()
@@ -96,7 +96,7 @@ impl PoolRuntime {
 
     /// Whether an endpoint none of `avoid` could take a request now (a
     /// retry inside the pool), without taking it.
-    pub(crate) fn other_endpoint_ready(&self, avoid: &[u64], now: Instant) -> bool {
+    pub fn other_endpoint_ready(&self, avoid: &[u64], now: Instant) -> bool {
         let mut st = self.lock();
         if st.closed || !st.queue.is_empty() {
             return false;
@@ -135,7 +135,7 @@ impl PoolRuntime {
     /// clock (`now`) just before. Cancel-safe: dropping the future leaves
     /// the queue at once. `shape` is what the balancer may know of the
     /// request (its prefix-affinity key and prompt size).
-    pub(crate) async fn acquire_at(
+    pub async fn acquire_at(
         self: &Arc<Self>,
         attempt_deadline: Option<Instant>,
         now: Instant,
@@ -222,7 +222,7 @@ impl PoolRuntime {
     /// A lease on an endpoint none of `avoid`, at once or not at all
     /// (the second attempt of a request hedged inside its pool: it never
     /// queues, and never jumps a queue).
-    pub(crate) fn try_acquire_avoiding(
+    pub fn try_acquire_avoiding(
         self: &Arc<Self>,
         avoid: &[u64],
         now: Instant,
@@ -419,40 +419,40 @@ impl PoolRuntime {
 
 /// What the balancer may know of a request before choosing.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub(crate) struct RequestShape {
+pub struct RequestShape {
     /// Its prompt's block chain ([`PoolRuntime::prefix_request`]).
-    pub(crate) prefix: Option<Arc<super::PrefixRequest>>,
+    pub prefix: Option<Arc<super::PrefixRequest>>,
     /// Its session key ([`PoolRuntime::session_key`]): when given, it
     /// places the request, before any other rule.
-    pub(crate) session_key: Option<u64>,
+    pub session_key: Option<u64>,
     /// Its prompt size, tokens (estimated; 0 when unknown).
-    pub(crate) input_tokens: u64,
+    pub input_tokens: u64,
     /// Its tenant (a hash of the name), for fairness in the queue.
-    pub(crate) tenant: Option<u64>,
+    pub tenant: Option<u64>,
 }
 
 /// How prefix affinity placed a request, for the route log: the matched
 /// blocks and expected time to first token of the chosen endpoint and of
 /// the runner-up.
 #[derive(Debug, Clone, PartialEq)]
-pub(crate) struct PrefixPlacement {
+pub struct PrefixPlacement {
     /// `prefix_matched`, `prefix_home`, `prefix_scored`
     /// ([`router_policy::engine_aware::Placement`]).
-    pub(crate) placement: &'static str,
+    pub placement: &'static str,
     /// Whole blocks in the prompt.
-    pub(crate) blocks: usize,
+    pub blocks: usize,
     /// Leading blocks the chosen endpoint likely held.
-    pub(crate) matched: usize,
+    pub matched: usize,
     /// Its expected time to first token, ms.
-    pub(crate) ttft_ms: Option<f64>,
+    pub ttft_ms: Option<f64>,
     /// The runner-up: address, matched blocks, expected time to first
     /// token (ms).
-    pub(crate) runner_up: Option<(Arc<str>, usize, f64)>,
+    pub runner_up: Option<(Arc<str>, usize, f64)>,
 }
 
 /// A latency measured against a token count.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub(crate) enum TokenSample {
+pub enum TokenSample {
     /// The first token came `after` the request was sent, for a prompt of
     /// `input_tokens`.
     FirstToken {
@@ -489,7 +489,7 @@ impl Drop for QueuedGuard<'_> {
 
 /// The right to send one request to one endpoint. Dropping it releases the
 /// endpoint's slot and wakes the next waiter.
-pub(crate) struct Lease {
+pub struct Lease {
     pool: Arc<PoolRuntime>,
     endpoint_id: u64,
     endpoint: Arc<Endpoint>,
@@ -514,54 +514,54 @@ pub(crate) struct Lease {
 
 impl Lease {
     /// The endpoint to send to.
-    pub(crate) fn endpoint(&self) -> &Endpoint {
+    pub fn endpoint(&self) -> &Endpoint {
         &self.endpoint
     }
 
     /// The endpoint's URI parts and `Host` header, when they parse.
-    pub(crate) fn target(&self) -> Option<&UpstreamTarget> {
+    pub fn target(&self) -> Option<&UpstreamTarget> {
         self.target.as_deref()
     }
 
     /// How session affinity placed the request, when it did.
-    pub(crate) fn session(&self) -> Option<router_policy::affinity::SessionPlacement> {
+    pub fn session(&self) -> Option<router_policy::affinity::SessionPlacement> {
         self.session
     }
 
     /// How prefix affinity placed the request, when it did.
-    pub(crate) fn prefix(&self) -> Option<&PrefixPlacement> {
+    pub fn prefix(&self) -> Option<&PrefixPlacement> {
         self.prefix.as_deref()
     }
 
     /// The endpoint's address label.
-    pub(crate) fn addr(&self) -> &Arc<str> {
+    pub fn addr(&self) -> &Arc<str> {
         &self.addr
     }
 
     /// The pool's name.
-    pub(crate) fn pool_name(&self) -> &Arc<str> {
+    pub fn pool_name(&self) -> &Arc<str> {
         &self.pool.name
     }
 
     /// The pool's name as an `x-router-route` header value.
-    pub(crate) fn route_header(&self) -> Option<&http::HeaderValue> {
+    pub fn route_header(&self) -> Option<&http::HeaderValue> {
         self.pool.route_header()
     }
 
     /// How long the request waited in the queue.
-    pub(crate) fn queue_wait(&self) -> Duration {
+    pub fn queue_wait(&self) -> Duration {
         self.queue_wait
     }
 
     /// Folds what the attempt taught us into the endpoint's EWMA.
-    pub(crate) fn observe(&self, sample: Sample) {
+    pub fn observe(&self, sample: Sample) {
         self.sampled.store(true, Ordering::Relaxed);
         self.pool.observe(self.endpoint_id, sample);
     }
 
     /// A handle on the leased endpoint that outlives the lease (to sample
     /// an attempt that was cancelled with its lease).
-    pub(crate) fn endpoint_handle(&self) -> EndpointHandle {
+    pub fn endpoint_handle(&self) -> EndpointHandle {
         EndpointHandle {
             pool: Arc::clone(&self.pool),
             endpoint_id: self.endpoint_id,
@@ -569,7 +569,7 @@ impl Lease {
     }
 
     /// Folds a stream's time per output token into its endpoint's EWMA.
-    pub(crate) fn observe_tpot(&self, tpot: std::time::Duration) {
+    pub fn observe_tpot(&self, tpot: std::time::Duration) {
         self.pool.record_tpot(self.endpoint_id, tpot);
     }
 
@@ -584,14 +584,14 @@ impl Lease {
     }
 
     /// Folds a latency-per-token sample (engine-aware balancing).
-    pub(crate) fn observe_tokens(&self, sample: TokenSample) {
+    pub fn observe_tokens(&self, sample: TokenSample) {
         self.pool.observe_tokens(self.endpoint_id, sample, 0);
     }
 
     /// The first token of a streamed answer came `after` the request was
     /// sent: its prompt is no longer pending prefill there, and a
     /// prefill-per-input-token sample, when the prompt size is known.
-    pub(crate) fn observe_first_token(&self, after: Duration) {
+    pub fn observe_first_token(&self, after: Duration) {
         let prefilled = self.unprefilled();
         if prefilled > 0 {
             self.pool.observe_tokens(
@@ -608,7 +608,7 @@ impl Lease {
     /// Records the attempt's sample, taken at `now`, and gives the slot
     /// back: what [`Lease::observe`] then dropping the lease do, under one
     /// lock.
-    pub(crate) fn finish(mut self, sample: Sample, now: Instant) {
+    pub fn finish(mut self, sample: Sample, now: Instant) {
         self.sampled.store(true, Ordering::Relaxed);
         if self.armed {
             self.armed = false;
@@ -624,19 +624,19 @@ impl Lease {
 /// One endpoint of a pool, named beyond its lease (see
 /// [`Lease::endpoint_handle`]).
 #[derive(Clone)]
-pub(crate) struct EndpointHandle {
+pub struct EndpointHandle {
     pool: Arc<PoolRuntime>,
     endpoint_id: u64,
 }
 
 impl EndpointHandle {
     /// Records a sample for the endpoint.
-    pub(crate) fn observe(&self, sample: Sample) {
+    pub fn observe(&self, sample: Sample) {
         self.pool.observe(self.endpoint_id, sample);
     }
 
     /// The endpoint's id in its pool.
-    pub(crate) fn id(&self) -> u64 {
+    pub fn id(&self) -> u64 {
         self.endpoint_id
     }
 }

@@ -32,7 +32,7 @@ const LATENCY_MAX_AGE: Duration = Duration::from_secs(60);
 
 /// What one attempt taught us about an endpoint's latency.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub(crate) enum Sample {
+pub enum Sample {
     /// The endpoint answered; latency to its first byte.
     Success(Duration),
     /// The attempt failed after this long (connect error, 429, 5xx).
@@ -53,7 +53,7 @@ pub(crate) enum Sample {
 impl Sample {
     /// The sample of an attempt that ended as `kind` after `waited` (a
     /// 429's `Retry-After` with it).
-    pub(crate) fn of(
+    pub fn of(
         kind: router_policy::SampleKind,
         waited: Duration,
         retry_after: Option<Duration>,

@@ -717,8 +717,8 @@ impl<'r> Walk<'r> {
 /// Whether the hedge of an attempt may start now, its delay passed
 /// without a first token: it draws on the route's retry budget. False: the
 /// attempt goes on alone (and the proxy says the budget refused it).
-pub fn hedge_may_start(pools: &impl Pools) -> bool {
-    pools.draw_retry_budget()
+pub fn hedge_may_start(draw_retry_budget: impl FnOnce() -> bool) -> bool {
+    draw_retry_budget()
 }
 
 /// What [`ending`] decides from.

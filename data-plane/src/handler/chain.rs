@@ -109,6 +109,8 @@ impl Exchange {
                 route,
                 snapshot: &snapshot,
                 budget,
+                now: std::cell::Cell::new(pending.t0),
+                last: std::cell::Cell::new(None),
             };
             let mut walk = Walk::new(
                 route,
@@ -127,7 +129,7 @@ impl Exchange {
             let mut held: Option<(Held, AttemptRecord)> = None;
             let mut last_error: Option<ProxyError> = None;
             let mut attempted = 0usize;
-            let mut action = walk.start(&view, self.time_left());
+            let mut action = walk.start(&view, view.tick(self.deadline_at));
             loop {
                 action = match action {
                     Action::Try(plan) => {
@@ -151,18 +153,18 @@ impl Exchange {
                         } else {
                             Vec::new()
                         };
-                        let now = Instant::now();
-                        let (end, hedge) = self
-                            .attempt_planned(
-                                plan,
-                                pool,
-                                &view,
-                                now,
-                                &avoid,
-                                &mut pending,
-                                &mut attempted,
-                            )
-                            .await;
+                        // The walk's clock reading (no wait since).
+                        let now = view.now.get();
+                        let (attempt, hedge) = self.attempt_for(&plan, pool, &view, now, &avoid);
+                        let (end, hedge) = match hedge {
+                            None => (self.attempt(attempt).await, HedgeReport::default()),
+                            Some(h) => {
+                                let (end, report) =
+                                    self.hedged(attempt, h, &mut pending, &mut attempted).await;
+                                let to = plan.hedge.map(|h| h.to);
+                                (end, HedgeReport { to, ..report })
+                            }
+                        };
                         let (ended, error) = match end {
                             AttemptEnd::Failed {
                                 record,
@@ -186,11 +188,24 @@ impl Exchange {
                             }
                             answer => {
                                 let notes = note_walk(&walk, route, &mut pending);
-                                return self
-                                    .pass_on(
-                                        answer, pending, route, leader, decided, &notes, attempted,
-                                    )
-                                    .await;
+                                let passed = self.pass_on(
+                                    answer,
+                                    pending,
+                                    route,
+                                    &mut leader,
+                                    decided,
+                                    &notes,
+                                    attempted,
+                                );
+                                return match passed {
+                                    Passed::Stream(resp) => resp,
+                                    Passed::Whole(resp, outcome, summary) => {
+                                        if let Some(l) = leader.take() {
+                                            settle_whole(l, &resp, outcome, summary).await;
+                                        }
+                                        super::full(resp)
+                                    }
+                                };
                             }
                         };
                         if let Some(e) = error {
@@ -201,11 +216,11 @@ impl Exchange {
                             hedged_into: hedge.other_pool.then_some(hedge.to).flatten(),
                             ..ended
                         };
-                        walk.ended(&view, ended, self.time_left())
+                        walk.ended(&view, ended, view.tick(self.deadline_at))
                     }
                     Action::Signal(signal) => {
                         self.signal(signal, route, &mut pending);
-                        walk.resume(&view, self.time_left())
+                        walk.resume(&view, view.tick(self.deadline_at))
                     }
                     // Answers are passed on where the attempt ends (above).
                     Action::Answer => break,
@@ -230,69 +245,49 @@ impl Exchange {
         }
     }
 
-    /// Time left of the request's deadline, now.
-    fn time_left(&self) -> Option<Duration> {
-        self.deadline_at
-            .map(|d| d.saturating_duration_since(Instant::now()))
-    }
-
-    /// One attempt as the walk planned it, hedged if the plan says.
-    #[allow(clippy::too_many_arguments)]
-    fn attempt_planned<'a>(
-        &'a mut self,
-        plan: TryPlan,
+    /// The attempt the walk planned, and its hedge if the plan has one.
+    /// (Not async: the attempt's future is awaited in the walk itself, so
+    /// it is moved once, not once more inside a future of this.)
+    fn attempt_for<'a>(
+        &mut self,
+        plan: &TryPlan,
         pool: &'a Arc<PoolRuntime>,
-        view: &'a LivePools<'a>,
+        view: &'a LivePools<'_>,
         now: Instant,
         avoid: &'a [u64],
-        pending: &'a mut Pending,
-        attempted: &'a mut usize,
-    ) -> impl std::future::Future<Output = (AttemptEnd, HedgeReport)> + 'a {
-        async move {
-            // The client's headers go to the last attempt there can be as they
-            // are; earlier ones send a copy.
-            let headers = if plan.last_chance {
-                std::mem::take(&mut self.headers)
-            } else {
-                self.headers.clone()
-            };
-            let policy_pool = self.snapshot.policy.pool(pool.name());
-            let attempt = Attempt {
-                pool,
-                planned_at: now,
-                deadline: attempt_deadline(now, Some(plan.timeout), self.deadline_at),
-                timeout: Some(plan.timeout),
-                headers,
-                first_token: policy_pool
-                    .and_then(|p| p.first_token_timeout)
-                    .or(view.route.first_token_timeout),
-                stall: policy_pool
-                    .and_then(|p| p.stall_timeout)
-                    .or(view.route.stall_timeout),
-                progress: None,
-                avoid: (!avoid.is_empty()).then_some(avoid),
-            };
-            let hedge = plan.hedge.and_then(|h| view.pool(h.to).map(|to| (h, to)));
-            match hedge {
-                None => (self.attempt(attempt).await, HedgeReport::default()),
-                Some((h, to)) => {
-                    let hedge = super::hedge::Hedge {
-                        after: h.after,
-                        to,
-                        same_pool: h.same_pool,
-                        view,
-                    };
-                    let (end, report) = self.hedged(attempt, hedge, pending, attempted).await;
-                    (
-                        end,
-                        HedgeReport {
-                            to: Some(h.to),
-                            ..report
-                        },
-                    )
-                }
-            }
-        }
+    ) -> (Attempt<'a>, Option<super::hedge::Hedge<'a>>) {
+        // The client's headers go to the last attempt there can be as they
+        // are; earlier ones send a copy.
+        let headers = if plan.last_chance {
+            std::mem::take(&mut self.headers)
+        } else {
+            self.headers.clone()
+        };
+        let policy_pool = view.policy_pool(plan.at);
+        let attempt = Attempt {
+            pool,
+            planned_at: now,
+            deadline: attempt_deadline(now, Some(plan.timeout), self.deadline_at),
+            timeout: Some(plan.timeout),
+            headers,
+            first_token: policy_pool
+                .and_then(|p| p.first_token_timeout)
+                .or(view.route.first_token_timeout),
+            stall: policy_pool
+                .and_then(|p| p.stall_timeout)
+                .or(view.route.stall_timeout),
+            progress: None,
+            avoid: (!avoid.is_empty()).then_some(avoid),
+        };
+        let hedge = plan.hedge.and_then(|h| {
+            view.pool(h.to).map(|to| super::hedge::Hedge {
+                after: h.after,
+                to,
+                same_pool: h.same_pool,
+                budget: view.budget,
+            })
+        });
+        (attempt, hedge)
     }
 }
 
@@ -345,74 +340,69 @@ impl Exchange {
         }
     }
 
-    /// An attempt answered: its answer passed on (a whole one at once, a
-    /// stream through its finisher), the keyed request settled.
+    /// An attempt answered: its answer passed on (a stream through its
+    /// finisher, which settles a keyed request when it ends), or a whole
+    /// answer committed for the walk to settle its key with (not async:
+    /// the answer is moved once).
     #[allow(clippy::too_many_arguments)]
-    fn pass_on<'a>(
-        &'a self,
+    fn pass_on(
+        &self,
         end: AttemptEnd,
-        pending: Pending,
-        route: &'a Route,
-        mut leader: Option<KeyLease>,
+        mut pending: Pending,
+        route: &Route,
+        leader: &mut Option<KeyLease>,
         decided: String,
-        notes: &'a str,
+        notes: &str,
         attempted: usize,
-    ) -> impl std::future::Future<Output = Response<ProxyBody>> + 'a {
-        async move {
-            let mut pending = pending;
-            let pools = &self.snapshot.pools;
-            match end {
-                AttemptEnd::Stream {
+    ) -> Passed {
+        match end {
+            AttemptEnd::Stream {
+                resp,
+                lease,
+                started,
+                record,
+                mut watch,
+            } => {
+                // The answering pool (a hedge's may be another).
+                let by = Arc::clone(lease.pool_name());
+                // A pool of another dialect than the client's: its events
+                // translated as they flow.
+                if let (Some((t, from)), true) =
+                    (self.translated_from(&by), watch.scanner.is_some())
+                {
+                    watch.translate = t.stream_translator(from);
+                }
+                pending.note_attempt(record, attempted);
+                pending.rec().reason = reason(decided, &by, notes);
+                let keyed = leader.take().map(|l| (l, route.finish_on_client_gone));
+                let price = self.snapshot.policy.pool(&by).map(|p| p.price);
+                Passed::Stream(pending.commit_stream(
                     resp,
                     lease,
                     started,
-                    record,
-                    mut watch,
-                } => {
-                    // The answering pool (a hedge's may be another).
-                    let by = Arc::clone(lease.pool_name());
-                    // A pool of another dialect than the client's: its events
-                    // translated as they flow.
-                    if let (Some((t, from)), true) =
-                        (self.translated_from(&by), watch.scanner.is_some())
-                    {
-                        watch.translate = t.stream_translator(from);
-                    }
-                    pending.note_attempt(record, attempted);
-                    pending.rec().reason = reason(decided, &by, notes);
-                    let keyed = leader.take().map(|l| (l, route.finish_on_client_gone));
-                    let price = self.snapshot.policy.pool(&by).map(|p| p.price);
-                    pending.commit_stream(
-                        resp,
-                        lease,
-                        started,
-                        self.deadline_at,
-                        attempted,
-                        keyed,
-                        watch,
-                        (price, self.estimated_input_tokens),
-                    )
-                }
-                AttemptEnd::Whole { head, body, record } => {
-                    let outcome = record.outcome;
-                    let name = Arc::clone(&record.pool);
-                    pending.note_attempt(record, attempted);
-                    pending.rec().reason = reason(decided, &name, notes);
-                    let by = pools.get(&*name);
-                    let route_header = by.and_then(|p| p.route_header().cloned());
-                    let summary = leader.as_ref().map(|_| super::route_summary(pending.rec()));
-                    let resp = pending.commit_whole(head, body, &name, route_header, attempted);
-                    if let Some(l) = leader.take() {
-                        settle_whole(l, &resp, outcome, summary).await;
-                    }
-                    super::full(resp)
-                }
-                // Not answers: never passed here.
-                AttemptEnd::Failed { .. } | AttemptEnd::Shed(_) => {
-                    pending.reject(ProxyError::NoBackend {
-                        detail: format!("route {:?}: no answer to pass on", route.name),
-                    })
-                }
+                    self.deadline_at,
+                    attempted,
+                    keyed,
+                    watch,
+                    (price, self.estimated_input_tokens),
+                ))
+            }
+            AttemptEnd::Whole { head, body, record } => {
+                let outcome = record.outcome;
+                let name = Arc::clone(&record.pool);
+                pending.note_attempt(record, attempted);
+                pending.rec().reason = reason(decided, &name, notes);
+                let by = self.snapshot.pools.get(&*name);
+                let route_header = by.and_then(|p| p.route_header().cloned());
+                let summary = leader.as_ref().map(|_| super::route_summary(pending.rec()));
+                let resp = pending.commit_whole(head, body, &name, route_header, attempted);
+                Passed::Whole(resp, outcome, summary)
+            }
+            // Not answers: never passed here.
+            AttemptEnd::Failed { .. } | AttemptEnd::Shed(_) => {
+                Passed::Stream(pending.reject(ProxyError::NoBackend {
+                    detail: format!("route {:?}: no answer to pass on", route.name),
+                }))
             }
         }
     }
@@ -420,6 +410,7 @@ impl Exchange {
     /// No pool answered: the answer the walk chose. A keyed request is
     /// settled without an answer unless a failure answer is passed on.
     #[allow(clippy::too_many_arguments)]
+    #[allow(clippy::manual_async_fn)] // on purpose: see `handle`
     fn end_unanswered<'a>(
         &'a self,
         end: WalkEnd,
@@ -485,6 +476,7 @@ impl Exchange {
 
     /// A backend's failure answer (a 503, a 429...) passed on as it came,
     /// in the client's dialect.
+    #[allow(clippy::manual_async_fn)] // on purpose: see `handle`
     fn pass_on_failure<'a>(
         &'a self,
         h: Held,
@@ -538,9 +530,13 @@ pub(super) struct LivePools<'a> {
     route: &'a Route,
     snapshot: &'a Snapshot,
     budget: Option<&'a RouteBudget>,
+    /// The clock, read once per call into the walk ([`Self::tick`]).
+    now: std::cell::Cell<Instant>,
+    /// The last policy pool looked up (a walk asks of one pool at a time).
+    last: std::cell::Cell<Option<(usize, &'a router_policy::Pool)>>,
 }
 
-impl LivePools<'_> {
+impl<'a> LivePools<'a> {
     /// The pool at the route's chain position `at`.
     fn pool(&self, at: usize) -> Option<&Arc<PoolRuntime>> {
         self.route
@@ -549,11 +545,30 @@ impl LivePools<'_> {
             .and_then(|name| self.snapshot.pools.get(name))
     }
 
-    fn policy_pool(&self, at: usize) -> Option<&router_policy::Pool> {
-        self.route
+    fn policy_pool(&self, at: usize) -> Option<&'a router_policy::Pool> {
+        if let Some((k, p)) = self.last.get() {
+            if k == at {
+                return Some(p);
+            }
+        }
+        let snapshot: &'a Snapshot = self.snapshot;
+        let found = self
+            .route
             .chain
             .get(at)
-            .and_then(|name| self.snapshot.policy.pool(name))
+            .and_then(|name| snapshot.policy.pool(name));
+        if let Some(p) = found {
+            self.last.set(Some((at, p)));
+        }
+        found
+    }
+
+    /// Reads the clock for the next call into the walk; the time left of
+    /// `deadline` then.
+    fn tick(&self, deadline: Option<Instant>) -> Option<Duration> {
+        let now = Instant::now();
+        self.now.set(now);
+        deadline.map(|d| d.saturating_duration_since(now))
     }
 }
 
@@ -564,7 +579,7 @@ impl Pools for LivePools<'_> {
 
     fn readiness(&self, at: usize) -> Result<Ready, Availability> {
         let pool = self.pool(at).ok_or(Availability::NoEndpoints)?;
-        pool.ready_outlook_marked_at(Instant::now())
+        pool.ready_outlook_marked_at(self.now.get())
             .map(|(outlook, only_marked)| Ready {
                 outlook,
                 only_marked,
@@ -581,12 +596,21 @@ impl Pools for LivePools<'_> {
 
     fn other_endpoint_ready(&self, at: usize, tried: &[u64]) -> bool {
         self.pool(at)
-            .is_some_and(|p| p.other_endpoint_ready(tried, Instant::now()))
+            .is_some_and(|p| p.other_endpoint_ready(tried, self.now.get()))
     }
 
     fn draw_retry_budget(&self) -> bool {
         self.budget.is_none_or(|b| b.withdraw())
     }
+}
+
+/// An answer passed on: whole ones still settle a keyed request.
+enum Passed {
+    /// The response, done (a stream settles its key when it ends).
+    Stream(Response<ProxyBody>),
+    /// A whole answer, its attempt's outcome and the route summary a keyed
+    /// request is settled with.
+    Whole(Response<Bytes>, Outcome, Option<Bytes>),
 }
 
 /// What a hedged attempt tells the walk beyond its end.

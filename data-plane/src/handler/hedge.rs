@@ -39,7 +39,7 @@ use tokio::time::Instant;
 
 use super::answer::Pending;
 use super::attempt::{Attempt, AttemptEnd, AttemptProgress};
-use super::chain::{Exchange, HedgeReport, LivePools};
+use super::chain::{Exchange, HedgeReport};
 use crate::pool::{PoolRuntime, Sample};
 use crate::route_log::{AttemptRecord, HedgeRole};
 
@@ -51,8 +51,8 @@ pub(super) struct Hedge<'a> {
     pub(super) to: &'a Arc<PoolRuntime>,
     /// `to` is the first attempt's own pool: another endpoint of it.
     pub(super) same_pool: bool,
-    /// The live pools (the hedge draws on the route's retry budget).
-    pub(super) view: &'a LivePools<'a>,
+    /// The route's retry budget, which the hedge draws on.
+    pub(super) budget: Option<&'a crate::config::RouteBudget>,
 }
 
 type AttemptFuture<'a> = Pin<Box<dyn Future<Output = AttemptEnd> + Send + 'a>>;
@@ -147,7 +147,7 @@ impl Exchange {
             () = &mut delay => {}
         }
         // No first token yet: hedge, if the budget has room.
-        if !router_policy::walk::hedge_may_start(hedge.view) {
+        if !router_policy::walk::hedge_may_start(|| hedge.budget.is_none_or(|b| b.withdraw())) {
             self.note_budget_exhausted(pending, first_pool.name());
             return (primary.await, HedgeReport::default());
         }

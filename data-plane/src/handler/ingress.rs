@@ -1,26 +1,16 @@
 //! A request's arrival: everything read and decided before any pool is
-//! tried, in three phases, each handing the next a typed value:
+//! tried.
 //!
-//! ```text
-//! handle ─▶ admin, task handles, the router's own endpoints (count_tokens,
-//!           /v1/models) handed off
-//!        ─▶ read_request ─▶ Read      request id, deadline, risk (one header
-//!                                     scan); body (bounded, timed); the JSON
-//!                                     fields routing needs (model, stream,
-//!                                     response_format, token caps)
-//!        ─▶ admit        ─▶ Admitted  route; tenant; approval; the policy's
-//!                                     decision (candidates, reason);
-//!                                     Idempotency-Key fingerprint; park intent
-//!        ─▶ plan         ─▶ Planned   a keyed retry of a parked request finds
-//!                                     its task; the body written per dialect and
-//!                                     parsed where a pool rewrites it; the key
-//!                                     joins, replays or leads; headers stripped
-//!        ─▶ Exchange::walk_chain (`super::chain`), in a task of its own for a
-//!           keyed request whose client may leave
-//! ```
-//!
-//! Each phase answers the request itself when it ends it (a typed error,
-//! a replay, a parked task), so `handle` reads as the list of phases.
+//! In order: the admin paths are handed off; the request id, deadline and
+//! risk headers are read (one pass, [`RequestHeaders::scan`]); the body is
+//! read (bounded, with a timeout) and, on OpenAI-style JSON paths, peeked
+//! for its `model`, `stream`, `response_format` and token cap; the route is
+//! matched and its approval checked; the policy's decision picks the
+//! candidate pools; a body whose model a candidate pool rewrites is parsed
+//! (one serde_json cannot re-encode is refused); a request with an
+//! `Idempotency-Key` joins the one in flight, replays a stored answer, or
+//! leads; the router's own `X-Router-*` headers are stripped. What is left
+//! is an [`Exchange`] for the chain walk ([`super::chain`]).
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -33,7 +23,7 @@ use router_dialect::Dialect;
 use router_json_peek::RequestPeek;
 use router_policy::approval::Refusal as TokenRefusal;
 use router_policy::decide::{decide_on_route, Refusal, RequestFacts};
-use router_policy::{Risk, Route};
+use router_policy::Risk;
 use subtle::ConstantTimeEq;
 use tokio::time::Instant;
 
@@ -45,7 +35,7 @@ use super::{full, spans, tenancy, ProxyBody, IDEMPOTENCY_KEY, X_REQUEST_ID};
 use crate::config::Snapshot;
 use crate::error::{ApprovalRefusal, ProxyError};
 use crate::forward::{self, ReadWholeError, UpstreamClient};
-use crate::idempotency::{self, Begin, KeyLease, KeyedRequest};
+use crate::idempotency::{self, Begin, KeyedRequest};
 use crate::limits::Reservation;
 use crate::request_headers::RequestHeaders;
 use crate::route_log::IdempotencyRole;
@@ -119,103 +109,9 @@ pub(crate) fn handle(
         if crate::telemetry::enabled() {
             spans::start_server_span(&req, pending.rec());
         }
-        // The request's phases, each handing the next what it established.
-        let read = match read_request(&shared, &snapshot, &mut pending, req).await {
-            Ok(r) => r,
-            Err(e) => return pending.reject(e),
-        };
-        let (pending, admitted) = match admit(&shared, &snapshot, pending, &read).await {
-            Ok(a) => a,
-            Err(resp) => return resp,
-        };
-        let route = admitted.route;
-        let planned = plan(
-            shared, client, client_ip, &snapshot, pending, read, admitted,
-        )
-        .await;
-        let Planned {
-            pending,
-            exchange,
-            leader,
-            reserved: _reserved,
-        } = match planned {
-            Ok(p) => p,
-            Err(resp) => return resp,
-        };
-        // With a key the client will retry: unless the route says
-        // otherwise, the request runs in a task of its own, which a
-        // client going away does not cancel, and its answer is kept.
-        let keyed = leader.is_some();
-        if router_policy::idempotency::finish_when_client_leaves(keyed, route.finish_on_client_gone)
-        {
-            let route = route.clone();
-            let task =
-                tokio::spawn(async move { exchange.walk_chain(pending, &route, leader).await });
-            return match task.await {
-                Ok(resp) => resp,
-                Err(e) => {
-                    tracing::error!(error = %e, "a keyed request's task failed");
-                    let body = router_dialect::errors::openai_envelope(
-                        "internal error",
-                        "internal_error",
-                        Some("internal_error"),
-                    );
-                    let mut resp = Response::new(Bytes::from(body.to_string()));
-                    *resp.status_mut() = http::StatusCode::INTERNAL_SERVER_ERROR;
-                    full(resp)
-                }
-            };
-        }
-        exchange.walk_chain(pending, route, leader).await
-    }
-}
 
-/// Phase 1, read: what the request says of itself. Its headers (one
-/// scan), its body (bounded, with a timeout) and, on OpenAI-style JSON
-/// paths, the fields routing needs.
-struct Read {
-    parts: http::request::Parts,
-    seen: RequestHeaders,
-    /// This proxy's own run of a parked task (see `crate::tasks`).
-    task_run: Option<crate::tasks::TaskRun>,
-    header_deadline: Option<Duration>,
-    risk: Risk,
-    body: Bytes,
-    /// Holds the body's bytes under the proxy's cap until the request is done.
-    reserved: Reservation,
-    /// An Anthropic client's request, routed as a chat completion.
-    as_chat: bool,
-    json_call: bool,
-    /// One copy of the model name, shared by the log record and the attempts.
-    model: Option<Arc<str>>,
-    streaming: bool,
-    /// Structured output: only a non-streaming answer can be checked before
-    /// it reaches the client.
-    structured: Option<router_policy::structured::Expected>,
-    /// What the call may use, estimated once (tenants' limits, the
-    /// policy's cost gates).
-    estimate: tenancy::CallEstimate,
-}
-
-impl Read {
-    /// The path routing goes by.
-    fn path(&self) -> &str {
-        if self.as_chat {
-            dialect::CHAT_PATH
-        } else {
-            self.parts.uri.path()
-        }
-    }
-}
-
-fn read_request<'a>(
-    shared: &'a Arc<Shared>,
-    snapshot: &'a Snapshot,
-    pending: &'a mut Pending,
-    req: Request<Incoming>,
-) -> impl std::future::Future<Output = Result<Read, ProxyError>> + 'a {
-    async move {
         let seen = RequestHeaders::scan(req.headers());
+        // This proxy's own run of a parked task (see `crate::tasks`).
         let task_run = if seen.router_headers {
             shared.tasks.run_of(req.headers())
         } else {
@@ -224,46 +120,71 @@ fn read_request<'a>(
         if let Some(run) = &task_run {
             pending.rec().parked_task = Some(run.id.clone());
         }
-        let (id, header) = request_id(&seen, pending.rec().offered_at.0)?;
-        pending.id_header = header;
-        pending.rec().request_id = id;
-        let header_deadline = deadline_header(seen.deadline_ms.as_ref())?;
+        match request_id(&seen, pending.rec().offered_at.0) {
+            Ok((id, header)) => {
+                pending.id_header = header;
+                pending.rec().request_id = id;
+            }
+            Err(e) => return pending.reject(e),
+        }
+        let header_deadline = match deadline_header(seen.deadline_ms.as_ref()) {
+            Ok(d) => d,
+            Err(e) => return pending.reject(e),
+        };
         let risk = match &seen.risk {
             None => snapshot.policy.default_risk,
-            Some(v) => v.to_str().ok().and_then(Risk::parse).ok_or_else(|| {
-                ProxyError::InvalidRequest(
-                    "X-Router-Risk must be READ, DRAFT, SEND or DESTRUCTIVE".into(),
-                )
-            })?,
+            Some(v) => match v.to_str().ok().and_then(Risk::parse) {
+                Some(r) => r,
+                None => {
+                    return pending.reject(ProxyError::InvalidRequest(
+                        "X-Router-Risk must be READ, DRAFT, SEND or DESTRUCTIVE".into(),
+                    ))
+                }
+            },
         };
         pending.rec().risk = Some(risk);
         let (parts, body) = req.into_parts();
-        let (body, reserved) =
-            read_body(shared, pending.t0, seen.content_length.as_ref(), body).await?;
-        // An Anthropic client's request must be one; it is routed as a chat
-        // completion, and written for each pool's dialect once the pools are
-        // known (`dialect`). (Checked here, parsed again once the pools are
-        // known: nothing of it is kept across the waits in between, which
-        // every request's future would carry.)
-        let as_chat = pending.dialect != Dialect::OpenAi;
-        if as_chat {
-            dialect::parse_messages(&body)?;
-            pending.rec().dialect = Some(pending.dialect.as_str());
-        }
-        let path = if as_chat {
-            dialect::CHAT_PATH
-        } else {
+        // `reserved` holds the body's bytes under the proxy's cap until the
+        // request is done.
+        let (mut body, mut reserved) =
+            match read_body(&shared, pending.t0, seen.content_length.as_ref(), body).await {
+                Ok(b) => b,
+                Err(e) => return pending.reject(e),
+            };
+        // An Anthropic client's request must be one; it is routed as a
+        // chat completion, and written for each pool's dialect once the
+        // pools are known (`dialect`). Boxed: rare, and large.
+        // (Checked here, parsed again once the pools are known: nothing of
+        // it is kept across the waits in between, which every request's
+        // future would carry.)
+        let path = if pending.dialect == Dialect::OpenAi {
             parts.uri.path()
+        } else {
+            if let Err(e) = dialect::parse_messages(&body) {
+                return pending.reject(e);
+            }
+            pending.rec().dialect = Some(pending.dialect.as_str());
+            dialect::CHAT_PATH
         };
         let json_call = parts.method == Method::POST && OPENAI_JSON_PATHS.contains(&path);
         let peek = if json_call {
-            router_json_peek::peek_request(&body).map_err(|e| {
-                ProxyError::InvalidRequest(format!("request body is not valid JSON: {e}"))
-            })?
+            match router_json_peek::peek_request(&body) {
+                Ok(p) => p,
+                Err(e) => {
+                    return pending.reject(ProxyError::InvalidRequest(format!(
+                        "request body is not valid JSON: {e}"
+                    )))
+                }
+            }
         } else {
             RequestPeek::default()
         };
+        // One copy of the model name, shared by the log record and the
+        // attempts.
         let model: Option<Arc<str>> = peek.model.as_deref().map(Arc::from);
+        let streaming = peek.stream.unwrap_or(false);
+        // Structured output: only a non-streaming answer can be checked before
+        // it reaches the client.
         let structured = match peek.response_format.as_ref().map(|r| r.kind.as_ref()) {
             Some(kind) if router_policy::structured::is_structured_type(kind) => {
                 router_policy::structured::expected_in_body(&body)
@@ -271,6 +192,15 @@ fn read_request<'a>(
             _ => None,
         };
         pending.rec().model = model.clone();
+
+        let Some(route) = snapshot.policy.route_for_risk(risk, model.as_deref(), path) else {
+            return pending.reject(ProxyError::NoBackend {
+                detail: format!("no route matches risk {}", risk.as_str()),
+            });
+        };
+        pending.rec().route = Some(route.name.clone());
+        // What the call may use, estimated once (tenants' limits, the
+        // policy's cost gates).
         let estimate = tenancy::CallEstimate {
             input_tokens: (body.len() as u64).div_ceil(4),
             // The largest cap given: engines differ in which they honour.
@@ -280,62 +210,13 @@ fn read_request<'a>(
                 peek.max_output_tokens,
             ]),
         };
-        Ok(Read {
-            streaming: peek.stream.unwrap_or(false),
-            parts,
-            seen,
-            task_run,
-            header_deadline,
-            risk,
-            body,
-            reserved,
-            as_chat,
-            json_call,
-            model,
-            structured,
-            estimate,
-        })
-    }
-}
-
-/// Phase 2, admitted: the route, the caller's tenant and approval, and
-/// the policy's decision on live measurements.
-struct Admitted<'s> {
-    route: &'s Route,
-    deadline: Option<Duration>,
-    deadline_at: Option<Instant>,
-    decision: router_policy::decide::Verdict,
-    /// The request's `Idempotency-Key` and fingerprint, computed once
-    /// (parking and idempotency both go by them).
-    keyed: Option<(String, crate::idempotency::Fingerprint)>,
-    /// On a route with `on_all_down: park`: what parking keeps of it.
-    park: Option<Box<crate::tasks::ParkIntent>>,
-}
-
-fn admit<'s: 'a, 'a>(
-    shared: &'a Arc<Shared>,
-    snapshot: &'s Snapshot,
-    mut pending: Pending,
-    read: &'a Read,
-) -> impl std::future::Future<Output = Result<(Pending, Admitted<'s>), Response<ProxyBody>>> + 'a {
-    async move {
-        let (risk, path, parts) = (read.risk, read.path(), &read.parts);
-        let Some(route) = snapshot
-            .policy
-            .route_for_risk(risk, read.model.as_deref(), path)
-        else {
-            return Err(pending.reject(ProxyError::NoBackend {
-                detail: format!("no route matches risk {}", risk.as_str()),
-            }));
-        };
-        pending.rec().route = Some(route.name.clone());
         // Tenancy: who is calling, may they ask this, and what it draws on
         // their limits (boxed: rare, and its store calls' state stays out of
         // every request's future).
         if let Some(tenants) = &snapshot.policy.tenants {
-            // A parked task's run is admitted under the tenant that parked it
-            // (its name is in the run's mark), as the policy has it now.
-            let caller = match &read.task_run {
+            // A parked task's run is admitted under the tenant that parked
+            // it (its name is in the run's mark), as the policy has it now.
+            let caller = match &task_run {
                 Some(run) => tenancy::Caller::Task(run.tenant.as_deref()),
                 None => tenancy::Caller::Key(
                     parts
@@ -349,50 +230,53 @@ fn admit<'s: 'a, 'a>(
                 ),
             };
             let admitted = Box::pin(tenancy::admit(
-                shared,
-                snapshot,
+                &shared,
+                &snapshot,
                 tenants,
                 caller,
                 route,
                 risk,
-                read.estimate,
-                read.header_deadline.or(route.deadline),
+                estimate,
+                header_deadline.or(route.deadline),
                 pending.rec(),
             ))
             .await;
             if let Err(e) = admitted {
-                return Err(pending.reject(e));
+                return pending.reject(e);
             }
         }
         // A parked task's run: the operator's approval stands for the token.
-        if route.requires_approval && read.task_run.is_none() {
-            let given = read.seen.approval.as_ref().map(HeaderValue::as_bytes);
+        if route.requires_approval && task_run.is_none() {
+            let given = seen.approval.as_ref().map(HeaderValue::as_bytes);
             let rec = pending.rec();
             let now = unix_seconds(rec.offered_at.0);
-            let checked = approve(shared, snapshot, &route.name, &rec.request_id, given, now);
+            let checked = approve(&shared, &snapshot, &route.name, &rec.request_id, given, now);
             if let Err(why) = checked {
-                return Err(pending.reject(ProxyError::ApprovalRequired {
+                return pending.reject(ProxyError::ApprovalRequired {
                     route: route.name.clone(),
                     why,
-                }));
+                });
             }
         }
-        let deadline = read.header_deadline.or(route.deadline);
+        let deadline = header_deadline.or(route.deadline);
         pending.rec().deadline_ms =
             deadline.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
         // Checked: a policy's deadline_ms may be anything up to u64::MAX.
         let deadline_at =
             deadline.map(|d| crate::clock::later(pending.t0, d, crate::clock::A_YEAR));
+
+        // The policy's decision, on live measurements: which pools of the
+        // chain pass their gates.
         let facts = RequestFacts {
             risk,
-            model: read.model.as_deref(),
+            model: model.as_deref(),
             path,
-            // One definition of structured output: what is gated is what is
-            // checked.
-            structured_output: read.structured.is_some(),
+            // One definition of structured output: what is gated is what
+            // is checked.
+            structured_output: structured.is_some(),
             deadline_ms: pending.rec().deadline_ms,
-            input_tokens: Some(read.estimate.input_tokens),
-            max_tokens: read.estimate.max_tokens,
+            input_tokens: Some(estimate.input_tokens),
+            max_tokens: estimate.max_tokens,
         };
         // Measured at the request's own start time: a few microseconds old,
         // and one clock reading instead of one per pool call.
@@ -402,14 +286,19 @@ fn admit<'s: 'a, 'a>(
                 .get(name)
                 .map(|p| p.measurements_at(pending.t0))
         });
-        pending.rec().reason = std::mem::take(&mut decision.reason);
-        // A parked task's run carries its client's key to the backend but is
-        // no keyed request of its own here: its task is what runs it once.
-        let keyed = read
-            .seen
+        let estimated_input_tokens = facts.input_tokens.unwrap_or(0);
+        pending.rec().reason = decision.reason;
+        // Safe mode: what a parking route keeps of the request. A parked
+        // task's own run is never parked again (it answers `no_backend`,
+        // and its task waits again).
+        // The request's `Idempotency-Key` and fingerprint, computed once
+        // (parking and idempotency both go by them). A parked task's run
+        // carries its client's key to the backend but is no keyed request
+        // of its own here: its task is what runs it once.
+        let keyed = seen
             .idempotency_key
             .as_ref()
-            .filter(|_| read.task_run.is_none())
+            .filter(|_| task_run.is_none())
             .and_then(|v| v.to_str().ok())
             .map(|k| {
                 // The client's own path: the same key on another dialect's
@@ -417,18 +306,16 @@ fn admit<'s: 'a, 'a>(
                 let fp = idempotency::fingerprint(
                     parts.method.as_str(),
                     parts.uri.path(),
-                    &read.body,
+                    &body,
                     &parts.headers,
                 );
                 (k.trim().to_string(), fp)
             });
-        // Safe mode: a parked task's own run is never parked again (it
-        // answers `no_backend`, and its task waits again).
         let park = match &route.park {
-            Some(_) if read.task_run.is_some() => Some(crate::tasks::ParkIntent::run()),
+            Some(_) if task_run.is_some() => Some(crate::tasks::ParkIntent::run()),
             Some(_) => Some(crate::tasks::ParkIntent::new(
                 &parts.headers,
-                read.header_deadline,
+                header_deadline,
                 keyed.clone(),
             )),
             None => None,
@@ -436,78 +323,26 @@ fn admit<'s: 'a, 'a>(
         match decision.refusal {
             Some(Refusal::BudgetExceeded) => {
                 let detail = pending.rec().reason.clone();
-                Err(pending.reject(ProxyError::BudgetExceeded { detail }))
+                return pending.reject(ProxyError::BudgetExceeded { detail });
             }
             Some(_) => {
                 let detail = pending.rec().reason.clone();
-                let Some(intent) = &park else {
-                    return Err(pending.reject(ProxyError::NoBackend { detail }));
-                };
-                // As its client sent it (its own path and body).
-                let path_and_query = parts
-                    .uri
-                    .path_and_query()
-                    .map_or(parts.uri.path(), |p| p.as_str());
-                let ctx = intent.context(
-                    &parts.method,
-                    path_and_query,
-                    &parts.headers,
-                    &read.body,
-                    risk,
-                );
-                Err(Box::pin(super::parking::park(pending, route, &ctx, detail)).await)
+                if let Some(intent) = &park {
+                    // As its client sent it (its own path and body).
+                    let path_and_query = parts
+                        .uri
+                        .path_and_query()
+                        .map_or(parts.uri.path(), |p| p.as_str());
+                    let ctx =
+                        intent.context(&parts.method, path_and_query, &parts.headers, &body, risk);
+                    return Box::pin(super::parking::park(pending, route, &ctx, detail)).await;
+                }
+                return pending.reject(ProxyError::NoBackend { detail });
             }
-            None => Ok((
-                pending,
-                Admitted {
-                    route,
-                    deadline,
-                    deadline_at,
-                    decision,
-                    keyed,
-                    park,
-                },
-            )),
+            None => {}
         }
-    }
-}
-
-/// What phase 3 hands the walk.
-struct Planned {
-    pending: Pending,
-    exchange: Exchange,
-    /// The key's lease, when this request leads a keyed request.
-    leader: Option<KeyLease>,
-    /// The body's bytes under the proxy's cap: held until the request is done.
-    reserved: Reservation,
-}
-
-/// Phase 3, keys planned: a keyed retry of a parked request finds its
-/// task; the body is written for each pool's dialect and parsed where a
-/// pool rewrites it; an `Idempotency-Key` joins the request in flight,
-/// replays a stored answer, or leads. What is left is the [`Exchange`]
-/// the chain walks, and the key's lease when this request leads.
-#[allow(clippy::too_many_arguments)]
-fn plan<'a>(
-    shared: Arc<Shared>,
-    client: UpstreamClient,
-    client_ip: HeaderValue,
-    snapshot: &'a Arc<Snapshot>,
-    mut pending: Pending,
-    read: Read,
-    admitted: Admitted<'a>,
-) -> impl std::future::Future<Output = Result<Planned, Response<ProxyBody>>> + 'a {
-    async move {
-        let Admitted {
-            route,
-            deadline,
-            deadline_at,
-            mut decision,
-            keyed,
-            park,
-        } = admitted;
-        // A keyed retry of a request parked earlier: its task's state, or its
-        // answer (never a second run beside the task's).
+        // A keyed retry of a request parked earlier: its task's state, or
+        // its answer (never a second run beside the task's).
         if let Some(ctx) = park.as_ref().filter(|c| c.keyed.is_some() && !c.run) {
             let found = Box::pin(super::parking::existing(
                 pending,
@@ -515,34 +350,17 @@ fn plan<'a>(
                 ctx.respond_async,
             ))
             .await;
-            // Ok: the task's answer or state; Err: no task, the request goes on.
             pending = match found {
-                Ok(resp) => return Err(resp),
+                Ok(resp) => return resp,
                 Err(p) => p,
             };
         }
-        let Read {
-            parts,
-            seen,
-            risk,
-            mut body,
-            mut reserved,
-            as_chat,
-            json_call,
-            model,
-            streaming,
-            structured,
-            estimate,
-            ..
-        } = read;
-        let path = if as_chat {
-            dialect::CHAT_PATH
-        } else {
-            parts.uri.path()
-        };
+
         // Clients or pools of another dialect (`dialect`): the request is
-        // written for each pool's dialect; a pool whose dialect cannot carry
-        // it is passed over, saying why (none left: 400).
+        // written for each pool's dialect; a pool whose dialect cannot
+        // carry it is passed over, saying why (none left: 400).
+        // (The request's own bindings are updated, not new ones made: the
+        // future keeps one of each across its waits.)
         let mut translation = None;
         if pending.dialect != Dialect::OpenAi
             || (snapshot.translating_pools && json_call && path == dialect::CHAT_PATH)
@@ -561,7 +379,7 @@ fn plan<'a>(
             });
             let prepared = match prepared {
                 Ok(p) => p,
-                Err(e) => return Err(pending.reject(e)),
+                Err(e) => return pending.reject(e),
             };
             if !prepared.notes.is_empty() {
                 let rec = pending.rec();
@@ -569,43 +387,44 @@ fn plan<'a>(
             }
             // Both bodies are held until the request is done.
             if !reserved.grow_to(prepared.body.len() + body.len()) {
-                return Err(pending.reject(OVERLOADED));
+                return pending.reject(OVERLOADED);
             }
             body = prepared.body;
             decision.candidates = prepared.candidates;
             translation = Some(prepared.translation);
         }
-        let pool_of = |k: &usize| {
-            route
-                .chain
-                .get(*k)
-                .and_then(|name| snapshot.policy.pool(name))
-        };
+
         // A pool that may take it rewrites the model: the body must be one
         // serde_json can re-encode, else the request is refused (never sent
         // with the client's own model instead).
         let rewrites = json_call
             && decision.candidates.iter().any(|k| {
-                pool_of(k)
+                route
+                    .chain
+                    .get(*k)
+                    .and_then(|name| snapshot.policy.pool(name))
                     .and_then(|p| p.model.as_deref())
                     .is_some_and(|m| model.as_deref() != Some(m))
             });
-        // A stream a candidate pool asks usage for: the body is parsed to see
-        // whether the client asked itself, and to add the option.
+        // A stream a candidate pool asks usage for: the body is parsed to
+        // see whether the client asked itself, and to add the option.
         let usage_wanted = streaming
             && json_call
             && super::upstream_request::STREAM_USAGE_PATHS.contains(&path)
-            && decision
-                .candidates
-                .iter()
-                .any(|k| pool_of(k).is_some_and(|p| p.stream_usage && p.provider.speaks_openai()));
+            && decision.candidates.iter().any(|k| {
+                route
+                    .chain
+                    .get(*k)
+                    .and_then(|name| snapshot.policy.pool(name))
+                    .is_some_and(|p| p.stream_usage && p.provider.speaks_openai())
+            });
         let parsed = if rewrites {
             match ParsedBody::parse(&body) {
                 Ok(p) => Some(p),
                 Err(e) => {
-                    return Err(pending.reject(ProxyError::InvalidRequest(format!(
+                    return pending.reject(ProxyError::InvalidRequest(format!(
                         "the request body cannot be re-encoded with the pool's model: {e}"
-                    ))))
+                    )))
                 }
             }
         } else if usage_wanted {
@@ -626,8 +445,8 @@ fn plan<'a>(
                     crate::clock::A_YEAR,
                 )
             });
-            // A claim outlives a proxy that dies holding it by this much: the
-            // request's own time bound, and a margin.
+            // A claim outlives a proxy that dies holding it by this much:
+            // the request's own time bound, and a margin.
             let bound = deadline.unwrap_or(shared.settings.attempt_timeout);
             let begun = shared
                 .idempotency
@@ -650,8 +469,8 @@ fn plan<'a>(
                     leader = Some(lease);
                 }
                 Begin::Untracked => {}
-                Begin::Replay { answer, joined } => return Err(pending.replay(&answer, joined)),
-                Begin::Refuse(e) => return Err(pending.reject(e)),
+                Begin::Replay { answer, joined } => return pending.replay(&answer, joined),
+                Begin::Refuse(e) => return pending.reject(e),
             }
         }
 
@@ -661,8 +480,9 @@ fn plan<'a>(
             crate::hop_by_hop::strip_hop_by_hop(&mut headers);
         }
         // `Host` is replaced and `Content-Length` kept or replaced when the
-        // upstream request is made (`upstream_request`). The router's own
-        // headers (the approval token among them) never reach a backend.
+        // upstream request is made (`upstream_request`).
+        // The router's own headers (the approval token among them) never
+        // reach a backend.
         if seen.router_headers {
             crate::request_headers::strip_router_headers(&mut headers);
         }
@@ -689,11 +509,11 @@ fn plan<'a>(
             risk,
             structured,
             candidates: decision.candidates,
-            estimated_input_tokens: estimate.input_tokens,
+            estimated_input_tokens,
             output_cap: estimate.max_tokens,
             shared,
             client,
-            snapshot: Arc::clone(snapshot),
+            snapshot: Arc::clone(&snapshot),
             method: parts.method,
             path_and_query: match &translation {
                 // The client's query stays with it (a pool of Anthropic's
@@ -717,12 +537,31 @@ fn plan<'a>(
             park,
             translation,
         };
-        Ok(Planned {
-            pending,
-            exchange,
-            leader,
-            reserved,
-        })
+        // With a key the client will retry: unless the route says
+        // otherwise, the request runs in a task of its own, which a
+        // client going away does not cancel, and its answer is kept.
+        let keyed = leader.is_some();
+        if router_policy::idempotency::finish_when_client_leaves(keyed, route.finish_on_client_gone)
+        {
+            let route = route.clone();
+            let task =
+                tokio::spawn(async move { exchange.walk_chain(pending, &route, leader).await });
+            return match task.await {
+                Ok(resp) => resp,
+                Err(e) => {
+                    tracing::error!(error = %e, "a keyed request's task failed");
+                    let body = router_dialect::errors::openai_envelope(
+                        "internal error",
+                        "internal_error",
+                        Some("internal_error"),
+                    );
+                    let mut resp = Response::new(Bytes::from(body.to_string()));
+                    *resp.status_mut() = http::StatusCode::INTERNAL_SERVER_ERROR;
+                    full(resp)
+                }
+            };
+        }
+        exchange.walk_chain(pending, route, leader).await
     }
 }
 

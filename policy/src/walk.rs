@@ -21,7 +21,7 @@
 //!
 //! The rules, each in one place:
 //!
-//! - **Which pool** ([`Walk::advance`]): a pool that is absent, already
+//! - **Which pool** (`Walk::advance`): a pool that is absent, already
 //!   tried as the hedge, unavailable ([`Availability`]), entirely suspect
 //!   with a clean pool later ([`crate::health::pass_over_marked_pool`]), or
 //!   that cannot answer in the time left ([`crate::deadline::plan_attempt`])

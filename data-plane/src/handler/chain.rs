@@ -2,7 +2,7 @@
 //! [`router_policy::walk::Walk`] decides and decides nothing itself.
 //!
 //! ```text
-//! walk.start ─▶ Try(plan) ─▶ attempt_planned (hedged if the plan says)
+//! walk.start ─▶ Try(plan) ─▶ attempt_for, then the attempt (hedged if planned)
 //!            ◀─ walk.ended(Ended { outcome, shed, held, reached, .. })
 //!            ─▶ Try again | Signal (span event, budget metric) ─▶ walk.resume
 //!            ─▶ Answer: pass_on (a whole answer, or a stream's finisher)

@@ -49,8 +49,20 @@ impl DerefMut for RouteRecord {
 }
 
 impl RouteRecord {
-    /// Queues the line on `log` (what else the record held is dropped).
-    pub(crate) fn emit(self: Box<Self>, log: &RouteLog) {
-        log.emit(Box::new(self.line));
+    /// Queues the line on `log`, in the box the record was built in (no
+    /// copy): what else the record held is dropped here first (the span,
+    /// the tenant's holds: their ends belong to the request's thread).
+    pub(crate) fn emit(mut self: Box<Self>, log: &RouteLog) {
+        self.otel = None;
+        self.response_model = None;
+        self.tenant_holds = None;
+        self.primary_passed_over = None;
+        log.emit(self);
+    }
+}
+
+impl router_route_log::Line for RouteRecord {
+    fn record(&self) -> &LogLine {
+        &self.line
     }
 }

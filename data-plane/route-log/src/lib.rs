@@ -25,4 +25,4 @@ pub use record::{
     AttemptRecord, HedgeRole, IdempotencyRole, PrefixRecord, RouteRecord, Stopped, StreamRecord,
     Timestamp, UsageRecord, WalkNote, UPSTREAM_REQUEST_ID_MAX,
 };
-pub use writer::{RouteLog, FLUSH_INTERVAL, MAX_QUEUED};
+pub use writer::{Line, RouteLog, FLUSH_INTERVAL, MAX_QUEUED};

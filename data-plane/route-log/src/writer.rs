@@ -23,11 +23,24 @@ pub struct RouteLog {
     on_dropped: Arc<dyn Fn() + Send + Sync>,
 }
 
+/// Something that holds a finished record: the record itself, or a
+/// program's own record around it (the proxy's carries request state
+/// beside the line), queued in the box it was built in, with no copy.
+pub trait Line: Send + 'static {
+    /// The record to write.
+    fn record(&self) -> &RouteRecord;
+}
+
+impl Line for RouteRecord {
+    fn record(&self) -> &RouteRecord {
+        self
+    }
+}
+
 /// Records waiting to be written. Boxed on purpose: a record is built in a
 /// box by the request (it moves around the request path as a pointer) and
 /// queued as one.
-#[allow(clippy::vec_box)]
-type Queue = Mutex<Vec<Box<RouteRecord>>>;
+type Queue = Mutex<Vec<Box<dyn Line>>>;
 
 /// How often queued records are written out.
 pub const FLUSH_INTERVAL: Duration = Duration::from_millis(10);
@@ -55,7 +68,7 @@ impl RouteLog {
     }
 
     /// Queues one record; drops it (and counts) if the queue is full.
-    pub fn emit(&self, record: Box<RouteRecord>) {
+    pub fn emit(&self, record: Box<dyn Line>) {
         let mut queue = self.queue.lock().unwrap_or_else(|e| e.into_inner());
         if queue.len() >= MAX_QUEUED {
             drop(queue);
@@ -67,8 +80,7 @@ impl RouteLog {
 }
 
 fn write_lines(queue: &Weak<Queue>, mut out: Box<dyn Write + Send>) {
-    #[allow(clippy::vec_box)]
-    let mut records: Vec<Box<RouteRecord>> = Vec::with_capacity(1024);
+    let mut records: Vec<Box<dyn Line>> = Vec::with_capacity(1024);
     let mut lines: Vec<u8> = Vec::with_capacity(256 * 1024);
     loop {
         // Its own OS thread, not a runtime's: a blocking sleep is right.
@@ -87,7 +99,7 @@ fn write_lines(queue: &Weak<Queue>, mut out: Box<dyn Write + Send>) {
             continue;
         }
         for record in records.drain(..) {
-            record.write_json(&mut lines);
+            record.record().write_json(&mut lines);
             lines.push(b'\n');
         }
         // stdout gone: lines are lost, requests are not affected.
@@ -134,7 +146,7 @@ mod tests {
         // counted, and `emit` never waits.
         let sent = 2 * MAX_QUEUED + 10;
         for _ in 0..sent {
-            log.emit(Box::default());
+            log.emit(Box::<RouteRecord>::default());
         }
         let lost = dropped.load(Ordering::Relaxed);
         assert!(lost >= 10, "dropped {lost}");

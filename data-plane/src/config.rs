@@ -164,6 +164,12 @@ impl RouteBudget {
         let at = self.epoch.elapsed();
         self.lock().withdraw(at)
     }
+
+    /// Draws one extra attempt from a route's budget, if it has one
+    /// (always granted without): the walk's retries and the hedges alike.
+    pub(crate) fn draw(budget: Option<&Self>) -> bool {
+        budget.is_none_or(Self::withdraw)
+    }
 }
 
 /// The config a request is routed by.

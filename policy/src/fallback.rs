@@ -127,27 +127,10 @@ pub fn next_step(route: &Route, risk: Risk, outcome: Outcome, time_left: Option<
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::document::{RetryOn, RouteMatch};
+    use crate::document::RetryOn;
 
     fn route(fallback: bool, retry_on: &[RetryOn]) -> Route {
-        Route {
-            name: "r".into(),
-            matches: RouteMatch::default(),
-            chain: vec!["a".into(), "b".into()],
-            deadline: None,
-            attempt_timeout: None,
-            retry_on: retry_on.to_vec(),
-            fallback,
-            requires_approval: false,
-            allow_downgrade: true,
-            cost_ceiling_per_call_usd: None,
-            finish_on_client_gone: true,
-            first_token_timeout: None,
-            stall_timeout: None,
-            hedge: None,
-            retry_budget: crate::retry_budget::BudgetSettings::default(),
-            park: None,
-        }
+        Route::for_tests(vec!["a".into(), "b".into()], fallback, retry_on)
     }
 
     fn ms(n: u64) -> Option<Duration> {

@@ -123,11 +123,7 @@ pub fn expected(request: &Value) -> Option<Expected> {
     let rf = request
         .get("response_format")
         .or_else(|| request.get("text").and_then(|t| t.get("format")))?;
-    let kind = rf.get("type").and_then(Value::as_str)?;
-    if !is_structured_type(kind) {
-        return None;
-    }
-    match kind {
+    match rf.get("type").and_then(Value::as_str)? {
         "json_object" => Some(Expected::Json),
         "json_schema" => {
             let schema = rf

@@ -32,8 +32,9 @@
 //! - **Hedge** ([`HedgePlan`]): only on the walk's first attempt, only for
 //!   READ and DRAFT requests, only on a route with a retry budget; the
 //!   second attempt's delay is fixed or the pool's p95, its target the same
-//!   pool or the next ready one. Starting it draws on the budget
-//!   ([`hedge_may_start`]).
+//!   pool or the next ready one. Starting it draws on the budget as a
+//!   retry does (the proxy draws when the delay has passed without a first
+//!   token; a refusal leaves the first attempt alone).
 //! - **After a failure** ([`Walk::ended`]): [`crate::fallback::next_step`]
 //!   says stop or move on; moving on first retries inside the pool (another
 //!   endpoint ready at once, time left, not after a hedge), and any extra
@@ -178,6 +179,16 @@ pub struct Ended {
 }
 
 impl Ended {
+    /// A pool that refused the request without sending it (a shed): it
+    /// reached no backend.
+    pub fn shed(outcome: Outcome) -> Self {
+        Self {
+            shed: true,
+            reached: false,
+            ..Self::plain(outcome)
+        }
+    }
+
     /// An attempt that ended with `outcome` and nothing more to say: not
     /// a shed, nothing held, no hedge.
     pub fn plain(outcome: Outcome) -> Self {
@@ -536,16 +547,6 @@ impl<'r> Walk<'r> {
         &self.notes
     }
 
-    /// Whether any attempt may have reached a backend.
-    pub fn reached(&self) -> bool {
-        self.reached
-    }
-
-    /// Attempts started by the walk (a hedge's second not counted).
-    pub fn attempts(&self) -> u32 {
-        self.attempts
-    }
-
     /// The chain position of the pool being tried.
     fn current(&self) -> usize {
         self.candidates
@@ -712,13 +713,6 @@ impl<'r> Walk<'r> {
             reached: self.reached,
         }))
     }
-}
-
-/// Whether the hedge of an attempt may start now, its delay passed
-/// without a first token: it draws on the route's retry budget. False: the
-/// attempt goes on alone (and the proxy says the budget refused it).
-pub fn hedge_may_start(draw_retry_budget: impl FnOnce() -> bool) -> bool {
-    draw_retry_budget()
 }
 
 /// What [`ending`] decides from.

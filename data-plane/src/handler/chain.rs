@@ -158,12 +158,7 @@ impl Exchange {
                         let (attempt, hedge) = self.attempt_for(&plan, pool, &view, now, &avoid);
                         let (end, hedge) = match hedge {
                             None => (self.attempt(attempt).await, HedgeReport::default()),
-                            Some(h) => {
-                                let (end, report) =
-                                    self.hedged(attempt, h, &mut pending, &mut attempted).await;
-                                let to = plan.hedge.map(|h| h.to);
-                                (end, HedgeReport { to, ..report })
-                            }
+                            Some(h) => self.hedged(attempt, h, &mut pending, &mut attempted).await,
                         };
                         let (ended, error) = match end {
                             AttemptEnd::Failed {
@@ -182,12 +177,10 @@ impl Exchange {
                                 let err = shed_error(shed, pool.name(), now);
                                 pending.rec().queue_wait_ms = super::ms(now.elapsed());
                                 pending.pool = Some(Arc::clone(pool.shared_name()));
-                                let mut ended = Ended::plain(shed.outcome());
-                                (ended.shed, ended.reached) = (true, false);
-                                (ended, Some(err))
+                                (Ended::shed(shed.outcome()), Some(err))
                             }
                             answer => {
-                                let notes = note_walk(&walk, route, &mut pending);
+                                let notes = note_walk(&walk, &view, &mut pending);
                                 let passed = self.pass_on(
                                     answer,
                                     pending,
@@ -213,7 +206,7 @@ impl Exchange {
                         }
                         let ended = Ended {
                             reached: ended.reached || hedge.other_reached,
-                            hedged_into: hedge.other_pool.then_some(hedge.to).flatten(),
+                            hedged_into: plan.hedge.map(|h| h.to).filter(|_| hedge.other_pool),
                             ..ended
                         };
                         walk.ended(&view, ended, view.tick(self.deadline_at))
@@ -225,7 +218,7 @@ impl Exchange {
                     // Answers are passed on where the attempt ends (above).
                     Action::Answer => break,
                     Action::End(end) => {
-                        let notes = note_walk(&walk, route, &mut pending);
+                        let notes = note_walk(&walk, &view, &mut pending);
                         pending.rec().reason = format!("{decided}; then {notes}");
                         // Boxed: the failure path's state stays out of every
                         // request's future.
@@ -267,7 +260,7 @@ impl Exchange {
         let attempt = Attempt {
             pool,
             planned_at: now,
-            deadline: attempt_deadline(now, Some(plan.timeout), self.deadline_at),
+            deadline: Some(attempt_deadline(now, plan.timeout, self.deadline_at)),
             timeout: Some(plan.timeout),
             headers,
             first_token: policy_pool
@@ -293,16 +286,9 @@ impl Exchange {
 
 /// An attempt's deadline: `timeout` from `now`, never past the request's
 /// own deadline (a retry inside a pool has less time than the first).
-fn attempt_deadline(
-    now: Instant,
-    timeout: Option<std::time::Duration>,
-    request_deadline: Option<Instant>,
-) -> Option<Instant> {
-    let own = timeout.map(|t| crate::clock::later(now, t, crate::clock::A_YEAR));
-    match (own, request_deadline) {
-        (Some(a), Some(d)) => Some(a.min(d)),
-        (a, d) => a.or(d),
-    }
+fn attempt_deadline(now: Instant, timeout: Duration, request_deadline: Option<Instant>) -> Instant {
+    let own = crate::clock::later(now, timeout, crate::clock::A_YEAR);
+    request_deadline.map_or(own, |d| own.min(d))
 }
 
 impl Exchange {
@@ -600,7 +586,7 @@ impl Pools for LivePools<'_> {
     }
 
     fn draw_retry_budget(&self) -> bool {
-        self.budget.is_none_or(|b| b.withdraw())
+        RouteBudget::draw(self.budget)
     }
 }
 
@@ -616,8 +602,6 @@ enum Passed {
 /// What a hedged attempt tells the walk beyond its end.
 #[derive(Debug, Clone, Copy, Default)]
 pub(super) struct HedgeReport {
-    /// The hedge's pool (a chain position).
-    pub(super) to: Option<usize>,
     /// The hedge went to another pool than the first attempt's.
     pub(super) other_pool: bool,
     /// The attempt that is not the one reported may have reached a backend.
@@ -626,11 +610,13 @@ pub(super) struct HedgeReport {
 
 /// The walk's notes in the record, typed (`walk`), and as the route log's
 /// reason writes them (returned).
-fn note_walk(walk: &Walk<'_>, route: &Route, pending: &mut Pending) -> String {
+fn note_walk(walk: &Walk<'_>, view: &LivePools<'_>, pending: &mut Pending) -> String {
     if walk.notes().is_empty() {
         return String::new();
     }
-    let pool = |at: usize| route.chain.get(at).map(|n| Arc::from(n.as_str()));
+    let route = view.route;
+    // The pools' own shared names: no copy of the text.
+    let pool = |at: usize| view.pool(at).map(|p| Arc::clone(p.shared_name()));
     pending.rec().walk = walk.notes().iter().map(|n| WalkNote::of(n, pool)).collect();
     let name = |at: usize| route.chain.get(at).map_or("", |n| n.as_str());
     let mut out = String::new();

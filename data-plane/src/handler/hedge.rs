@@ -147,7 +147,7 @@ impl Exchange {
             () = &mut delay => {}
         }
         // No first token yet: hedge, if the budget has room.
-        if !router_policy::walk::hedge_may_start(|| hedge.budget.is_none_or(|b| b.withdraw())) {
+        if !crate::config::RouteBudget::draw(hedge.budget) {
             self.note_budget_exhausted(pending, first_pool.name());
             return (primary.await, HedgeReport::default());
         }
@@ -224,7 +224,6 @@ impl Exchange {
                 );
             }
             let report = HedgeReport {
-                to: None,
                 other_pool,
                 other_reached,
             };
@@ -253,7 +252,6 @@ impl Exchange {
         }
         tag(&mut last, part);
         let report = HedgeReport {
-            to: None,
             other_pool,
             other_reached,
         };

@@ -461,3 +461,29 @@ impl Policy {
         self.pools.iter().find(|p| p.name == name)
     }
 }
+
+#[cfg(test)]
+impl Route {
+    /// A route over `chain` with the defaults a document gives, for the
+    /// crate's unit tests.
+    pub(crate) fn for_tests(chain: Vec<String>, fallback: bool, retry_on: &[RetryOn]) -> Self {
+        Self {
+            name: "r".into(),
+            matches: RouteMatch::default(),
+            chain,
+            deadline: None,
+            attempt_timeout: None,
+            retry_on: retry_on.to_vec(),
+            fallback,
+            requires_approval: false,
+            allow_downgrade: true,
+            cost_ceiling_per_call_usd: None,
+            finish_on_client_gone: true,
+            first_token_timeout: None,
+            stall_timeout: None,
+            hedge: None,
+            retry_budget: crate::retry_budget::BudgetSettings::default(),
+            park: None,
+        }
+    }
+}

@@ -7,29 +7,13 @@ use std::time::Duration;
 use proptest::prelude::*;
 
 use super::*;
-use crate::document::{Hedge, RetryOn, RouteMatch};
+use crate::document::{Hedge, RetryOn};
 
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 
 fn route(chain: usize, fallback: bool) -> Route {
-    Route {
-        name: "r".into(),
-        matches: RouteMatch::default(),
-        chain: (0..chain).map(|i| format!("p{i}")).collect(),
-        deadline: None,
-        attempt_timeout: None,
-        retry_on: RetryOn::DEFAULT.to_vec(),
-        fallback,
-        requires_approval: false,
-        allow_downgrade: true,
-        cost_ceiling_per_call_usd: None,
-        finish_on_client_gone: true,
-        first_token_timeout: None,
-        stall_timeout: None,
-        hedge: None,
-        retry_budget: crate::retry_budget::BudgetSettings::default(),
-        park: None,
-    }
+    let names = (0..chain).map(|i| format!("p{i}")).collect();
+    Route::for_tests(names, fallback, &RetryOn::DEFAULT)
 }
 
 fn options(risk: Risk) -> WalkOptions {
@@ -120,11 +104,7 @@ fn failed(outcome: Outcome, endpoint: u64) -> Ended {
 }
 
 fn shed(outcome: Outcome) -> Ended {
-    Ended {
-        shed: true,
-        reached: false,
-        ..Ended::plain(outcome)
-    }
+    Ended::shed(outcome)
 }
 
 fn try_at(action: Action) -> usize {

@@ -274,6 +274,19 @@ pub struct ConfigStore {
     prefix_share: std::sync::OnceLock<Arc<dyn router_endpoints::PlacementSink>>,
 }
 
+/// Placements the fleet's other proxies made, learned by the pools they
+/// name in the current snapshot (`router_shared_state::prefix_share`).
+impl router_shared_state::prefix_share::PlacementTarget for ConfigStore {
+    fn learned_elsewhere(&self, entries: Vec<router_shared_state::prefix_share::Learned>) {
+        let snapshot = self.load();
+        for e in entries {
+            if let Some(pool) = snapshot.pools.get(&*e.pool) {
+                pool.learn(&e.endpoint, &e.chain, u64::from(e.uncached));
+            }
+        }
+    }
+}
+
 impl ConfigStore {
     /// A store serving `policy` from the start.
     pub(crate) fn new(

@@ -155,6 +155,28 @@ pub enum ProxyError {
     },
 }
 
+/// A keyed request's refusal (`router_shared_state::idempotency`), as the
+/// client's error.
+impl From<router_shared_state::idempotency::Refusal> for ProxyError {
+    fn from(refusal: router_shared_state::idempotency::Refusal) -> Self {
+        use router_shared_state::idempotency::Refusal;
+        match refusal {
+            Refusal::StoreUnavailable => Self::SharedStoreUnavailable(StoreNeed::Idempotency),
+            Refusal::Mismatch(key) => Self::IdempotencyMismatch(key),
+            Refusal::NotReplayable(key) => Self::NotReplayable(key),
+            Refusal::OutcomeUnknown { key, route } => Self::OutcomeUnknown { key, route },
+            Refusal::JoinTimedOut => Self::DeadlineExhausted {
+                detail: "waited for the first request with this Idempotency-Key".into(),
+            },
+            Refusal::KeptEndingUnanswered => Self::DeadlineExhausted {
+                detail:
+                    "the first requests with this Idempotency-Key kept ending without an answer"
+                        .into(),
+            },
+        }
+    }
+}
+
 impl ProxyError {
     /// The HTTP status of the answer.
     pub fn status(&self) -> StatusCode {

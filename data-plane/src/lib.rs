@@ -18,10 +18,13 @@
 //! - `admin`: `/_custom_router/set-backends`, `explain`, `health`,
 //!   `metrics`, and who may call them in each mode (the peer and the
 //!   admin token);
-//! - `idempotency`: `Idempotency-Key` requests in flight and stored answers,
-//!   behind one `IdempotencyStore` trait: in-process, or Redis shared by
-//!   the fleet (`CUSTOM_ROUTER_SHARED_STORE`); the rules are
-//!   `router_policy::idempotency`'s;
+//! - `idempotency`, `rate_limit`, `spend`, `store_epoch`, `prefix_share`:
+//!   what is kept in this process or in the fleet's shared store
+//!   (`CUSTOM_ROUTER_SHARED_STORE`), a crate of its own
+//!   ([`router_shared_state`], the only one that links `redis`: keys in
+//!   flight and stored answers, tenants' rates and spend, parked tasks'
+//!   store, the store's epoch, pools' placements shared between the
+//!   proxies of a fleet), re-exported here under the old module names;
 //! - `config`: the immutable `Snapshot` and its atomic swaps ([`ConfigStore`]);
 //! - `pool`, `clock`, `random`: pools and their endpoints, a crate of its
 //!   own ([`router_endpoints`]: one pool's circuits, latency window,
@@ -29,9 +32,6 @@
 //!   prompt blocks it likely holds; capacity probes and active health
 //!   checks, which its pools start), re-exported here under the old
 //!   module names with the instant and random helpers it shares;
-//! - `prefix_share`: a pool's placements shared between the proxies of a
-//!   fleet over the shared store's publish/subscribe (the pools reach it
-//!   as a `router_endpoints::PlacementSink`);
 //! - `tracked_body`: a streamed answer on its way to the client, its
 //!   completion run once, its deadline enforced even when the client stops
 //!   reading;
@@ -60,6 +60,8 @@ use router_upstream::client as upstream;
 use router_upstream::{forward, hop_by_hop, request_headers};
 // Pools and their endpoints, and the helpers the proxy shares with them.
 use router_endpoints::{clock, pool, random};
+// What is kept in this process or in the shared store.
+use router_shared_state::{idempotency, prefix_share, rate_limit, spend, store_epoch};
 
 mod admin;
 mod balance_workers;
@@ -70,20 +72,15 @@ mod error;
 #[doc(hidden)]
 pub mod fuzzing;
 mod handler;
-mod idempotency;
 mod key_use;
 mod limits;
 mod listener_tls;
 pub mod managed;
 mod metrics;
-mod prefix_share;
-mod rate_limit;
 mod reload;
 mod route_log;
 mod settings;
-mod spend;
 mod stop_signal;
-mod store_epoch;
 mod tasks;
 pub mod telemetry;
 mod tracked_body;
@@ -171,7 +168,7 @@ pub enum StartError {
     SharedStore(String),
     /// The parked tasks' file (`CUSTOM_ROUTER_TASKS_FILE`) cannot be read.
     #[error("CUSTOM_ROUTER_TASKS_FILE: {0}")]
-    Tasks(String),
+    Tasks(#[from] router_shared_state::tasks::OpenError),
     /// A token (`CUSTOM_ROUTER_ADMIN_TOKEN`, `ROUTER_TOKEN`) cannot be
     /// used; the error names it, never shows it.
     #[error(transparent)]
@@ -372,12 +369,14 @@ pub async fn start(options: ProxyOptions) -> Result<RunningProxy, StartError> {
             );
             // Prefix-affinity placements reach the other proxies over the
             // same server's publish/subscribe.
+            let target =
+                Arc::downgrade(&config) as std::sync::Weak<dyn prefix_share::PlacementTarget>;
             if let Some(share) =
-                prefix_share::PrefixShare::new(client.clone(), "router:prefix".into(), &config)
+                prefix_share::PrefixShare::new(client.clone(), "router:prefix".into(), target)
             {
                 config.share_prefixes(share);
             }
-            Some(Arc::new(idempotency::RedisStore::connect(
+            Some(Arc::new(router_shared_state::RedisStore::connect(
                 client,
                 "router:".into(),
             )))
@@ -392,11 +391,10 @@ pub async fn start(options: ProxyOptions) -> Result<RunningProxy, StartError> {
         None => spend::SpendBudgets::local(),
     });
     let task_store: Arc<dyn tasks::TaskStore> = match &redis {
-        Some(r) => Arc::new(tasks::RedisTasks::new(Arc::clone(r))),
-        None => Arc::new(
-            tasks::LocalTasks::open(settings.tasks_file.clone())
-                .map_err(|e| StartError::Tasks(e.to_string()))?,
-        ),
+        Some(r) => Arc::new(router_shared_state::tasks::RedisTasks::new(Arc::clone(r))),
+        None => Arc::new(router_shared_state::tasks::LocalTasks::open(
+            settings.tasks_file.clone(),
+        )?),
     };
     let parked = Arc::new(tasks::Tasks::new(
         task_store,
@@ -415,7 +413,7 @@ pub async fn start(options: ProxyOptions) -> Result<RunningProxy, StartError> {
             settings.idempotency_max_keys,
             settings.idempotency_max_bytes,
         ),
-        Arc::clone(&metrics),
+        Arc::clone(&metrics) as Arc<dyn router_shared_state::StoreEvents>,
     ));
     let (settings_buffered, settings_connections, settings_per_peer) = (
         settings.max_buffered_bytes,
@@ -477,7 +475,7 @@ pub async fn start(options: ProxyOptions) -> Result<RunningProxy, StartError> {
     if let Some(store) = epoch_store {
         tasks.push(tokio::spawn(store_epoch::watch(
             store,
-            Arc::clone(&shared.metrics),
+            Arc::clone(&shared.metrics) as Arc<dyn router_shared_state::StoreEvents>,
             shared.settings.shared_store_check,
         )));
     }

@@ -523,21 +523,6 @@ impl Metrics {
         }
     }
 
-    /// Counts an `Idempotency-Key` event.
-    pub(crate) fn idempotency(&self, event: &'static str) {
-        self.idempotency.get_or_create(&EventLabel { event }).inc();
-    }
-
-    /// Counts a shared store found to have lost its data.
-    pub(crate) fn store_reset(&self) {
-        self.store_resets.inc();
-    }
-
-    /// Counts a failed shared-store call.
-    pub(crate) fn store_error(&self, op: &'static str) {
-        self.store_errors.get_or_create(&OpLabel { op }).inc();
-    }
-
     /// The counters a pool increments itself.
     pub(crate) fn pool_counters(&self, pool: &str) -> PoolCounters {
         let l = PoolLabel {
@@ -799,6 +784,24 @@ impl Metrics {
         // Writing into a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
         out
+    }
+}
+
+/// The shared state's events (`router_shared_state`), counted here.
+impl router_shared_state::StoreEvents for Metrics {
+    /// Counts an `Idempotency-Key` event.
+    fn idempotency(&self, event: &'static str) {
+        self.idempotency.get_or_create(&EventLabel { event }).inc();
+    }
+
+    /// Counts a failed shared-store call.
+    fn store_error(&self, op: &'static str) {
+        self.store_errors.get_or_create(&OpLabel { op }).inc();
+    }
+
+    /// Counts a shared store found to have lost its data.
+    fn store_reset(&self) {
+        self.store_resets.inc();
     }
 }
 

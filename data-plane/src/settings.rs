@@ -367,11 +367,7 @@ impl Draft {
             (None, Some(_)) => return Err(tls_pair("CUSTOM_ROUTER_TLS_CERT_FILE")),
         };
         s.shared_store = match (self.store, self.store_password) {
-            (Some(url), password) => Some(SharedStore::parse(
-                "CUSTOM_ROUTER_SHARED_STORE",
-                &url,
-                password,
-            )?),
+            (Some(url), password) => Some(store_url(password, &url)?),
             (None, Some(_)) => {
                 return Err(SettingsError {
                     var: "CUSTOM_ROUTER_SHARED_STORE_PASSWORD",
@@ -495,86 +491,16 @@ fn tls_pair(missing: &'static str) -> SettingsError {
     }
 }
 
-/// The shared store's address and credentials, checked at startup.
-#[derive(Clone, PartialEq, Eq)]
-pub struct SharedStore {
-    /// The URL as given (it may hold a password: never shown).
-    url: String,
-    /// `CUSTOM_ROUTER_SHARED_STORE_PASSWORD`, overriding the URL's.
-    password: Option<String>,
-    /// `host:port/db` as shown in logs.
-    shown: String,
-}
+/// The shared store's address and credentials, checked at startup: the
+/// shared-state crate's type, named here as the variable that sets it.
+pub use router_shared_state::SharedStore;
 
-impl std::fmt::Debug for SharedStore {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.shown)
-    }
-}
-
-impl SharedStore {
-    /// A store at `url` (`redis://`, `rediss://`, `valkey://`, `valkeys://`).
-    pub fn new(url: &str) -> Result<Self, SettingsError> {
-        Self::parse("CUSTOM_ROUTER_SHARED_STORE", url, None)
-    }
-
-    fn parse(
-        var: &'static str,
-        value: &str,
-        password: Option<String>,
-    ) -> Result<Self, SettingsError> {
-        const EXPECTED: &str = "redis://[user:password@]host:port[/db] (or rediss:// for TLS)";
-        let url = value.trim().to_owned();
-        let scheme_ok = ["redis://", "rediss://", "valkey://", "valkeys://"]
-            .iter()
-            .any(|s| url.starts_with(s));
-        // The value may hold a password: shown with it removed.
-        let shown = redact(&url);
-        let quoted = format!("{shown:?}");
-        let invalid = || SettingsError {
-            var,
-            shown: quoted.clone(),
-            expected: EXPECTED,
-        };
-        if !scheme_ok {
-            return Err(invalid());
-        }
-        let store = Self {
-            url,
-            password: password
-                .map(|p| p.trim().to_owned())
-                .filter(|p| !p.is_empty()),
-            shown,
-        };
-        store.client().map_err(|_| invalid())?;
-        Ok(store)
-    }
-
-    /// A client for it (no connection yet).
-    pub(crate) fn client(&self) -> redis::RedisResult<redis::Client> {
-        use redis::IntoConnectionInfo;
-        let mut info = self.url.as_str().into_connection_info()?;
-        if let Some(p) = &self.password {
-            info.redis.password = Some(p.clone());
-        }
-        redis::Client::open(info)
-    }
-
-    /// The address without credentials.
-    pub fn shown(&self) -> &str {
-        &self.shown
-    }
-}
-
-/// `scheme://host:port/db` of a store URL, without user or password.
-fn redact(url: &str) -> String {
-    match url.split_once("://") {
-        Some((scheme, rest)) => {
-            let rest = rest.rsplit_once('@').map_or(rest, |(_, after)| after);
-            format!("{scheme}://{rest}")
-        }
-        None => "(not a URL)".into(),
-    }
+fn store_url(password: Option<String>, url: &str) -> Result<SharedStore, SettingsError> {
+    SharedStore::parse(url, password).map_err(|e| SettingsError {
+        var: "CUSTOM_ROUTER_SHARED_STORE",
+        shown: e.shown,
+        expected: router_shared_state::SharedStore::EXPECTED,
+    })
 }
 
 fn bad(var: &'static str, value: &str, expected: &'static str) -> SettingsError {
@@ -766,23 +692,20 @@ mod tests {
         let store = s.shared_store.clone().unwrap();
         assert_eq!(store.shown(), "redis://10.0.0.5:6379/2");
         assert!(!format!("{s:?}").contains("hunter22"));
-        let info = store.client().unwrap().get_connection_info().clone();
-        assert_eq!(info.redis.db, 2);
-        assert_eq!(info.redis.password.as_deref(), Some("hunter22"));
-        // The password variable wins over the URL's.
+        // The password variable wins over the URL's (the client it
+        // makes is the shared-state crate's test).
         let s = with(&[
             ("CUSTOM_ROUTER_SHARED_STORE", "rediss://cache.internal:6380"),
             ("CUSTOM_ROUTER_SHARED_STORE_PASSWORD", "from-env\n"),
         ])
         .unwrap();
-        let info = s
-            .shared_store
-            .unwrap()
-            .client()
-            .unwrap()
-            .get_connection_info()
-            .clone();
-        assert_eq!(info.redis.password.as_deref(), Some("from-env"));
+        assert_eq!(
+            s.shared_store,
+            Some(
+                SharedStore::parse("rediss://cache.internal:6380", Some("from-env".into()))
+                    .unwrap()
+            )
+        );
         for bad in [
             "localhost:6379",
             "http://x:1",

@@ -470,7 +470,7 @@ pub(crate) fn handle(
                 }
                 Begin::Untracked => {}
                 Begin::Replay { answer, joined } => return pending.replay(&answer, joined),
-                Begin::Refuse(e) => return pending.reject(e),
+                Begin::Refuse(e) => return pending.reject(e.into()),
             }
         }
 

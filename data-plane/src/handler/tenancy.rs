@@ -30,6 +30,7 @@ use crate::rate_limit::{ConcurrencyHold, RateVerdict, TokenHold, MAX_SLOT_HOLD};
 use crate::route_log::RouteRecord;
 use crate::spend::{SpendHold, SpendRefusal};
 use crate::Shared;
+use router_shared_state::StoreEvents as _;
 
 /// What a tenant's request holds on its limits until it ends.
 #[derive(Debug, Clone, Default)]

@@ -479,14 +479,14 @@ mod tests {
     #[test]
     fn a_stored_request_that_cannot_be_built_says_why() {
         let store: Arc<dyn super::super::TaskStore> =
-            Arc::new(super::super::LocalTasks::open(None).unwrap());
+            Arc::new(router_shared_state::tasks::LocalTasks::open(None).unwrap());
         let tasks = Tasks::new(
             store,
             Arc::new(crate::metrics::Metrics::default()),
             Duration::from_secs(1),
             1,
         );
-        let mut task = super::super::local::tests::task("abc", "r", 1);
+        let mut task = router_shared_state::testing::task("abc", "r", 1);
         let body = Bytes::from_static(b"{}");
         let v = Versioned {
             rev: 1,

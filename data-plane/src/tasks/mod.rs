@@ -5,10 +5,10 @@
 //! The rules (states, approval, TTL, leases, oldest first) are
 //! [`router_policy::park`]'s; this module carries them out:
 //!
-//! - [`TaskStore`]: where tasks live. [`redis::RedisTasks`] in the fleet's
-//!   shared store (`CUSTOM_ROUTER_SHARED_STORE`), so that any proxy can run
+//! - [`TaskStore`] (`router_shared_state::tasks`): where tasks live,
+//!   `RedisTasks` in the fleet's shared store (`CUSTOM_ROUTER_SHARED_STORE`), so that any proxy can run
 //!   a task another parked and a client can fetch it through any proxy;
-//!   [`local::LocalTasks`] in this process, written through to
+//!   `LocalTasks` in this process, written through to
 //!   `CUSTOM_ROUTER_TASKS_FILE` when set (one proxy). Every change is a
 //!   compare-and-set on the task's revision: two proxies never both claim
 //!   a task. A task's body is kept apart from its record: reading, listing
@@ -34,85 +34,27 @@
 //! admitted under that tenant again (see `handler::tenancy`).
 
 pub(crate) mod dispatch;
-mod local;
-mod redis;
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use base64::Engine as _;
 use bytes::Bytes;
-use futures_util::future::BoxFuture;
 use http::{HeaderMap, HeaderValue};
-use router_policy::park::{
-    initial_state, Event, ParkCaps, ParkRefusal, TaskRecord, TaskState, Times,
-};
+use router_policy::park::{initial_state, Event, ParkCaps, TaskRecord, TaskState, Times};
 use router_policy::Risk;
 
-use crate::idempotency::{Fingerprint, StoreError};
 use crate::metrics::Metrics;
+use router_shared_state::idempotency::Fingerprint;
+use router_shared_state::StoreError;
 
-pub(crate) use local::LocalTasks;
-pub(crate) use redis::RedisTasks;
+pub(crate) use router_shared_state::tasks::{ParkResult, TaskStore, Versioned};
 
 /// The header that marks a proxy's run of a parked task.
 pub(crate) const TASK_RUN: &str = "x-router-task-run";
 
 /// The path prefix of the clients' task handles.
 pub(crate) const TASKS_PATH: &str = "/v1/router/tasks/";
-
-/// A task and the revision it was read at.
-#[derive(Debug, Clone)]
-pub(crate) struct Versioned {
-    /// The revision (compare-and-set).
-    pub(crate) rev: u64,
-    /// The task.
-    pub(crate) task: TaskRecord,
-}
-
-/// What parking did.
-#[derive(Debug)]
-pub(crate) enum ParkResult {
-    /// Stored.
-    Parked,
-    /// It does not fit under a cap.
-    OverCap(ParkRefusal),
-    /// The request's own deadline has passed: nothing to park.
-    Late,
-    /// A task with this id exists (a keyed retry): here it is.
-    Exists(Box<Versioned>),
-}
-
-/// Where tasks are kept. Object-safe (boxed futures), like the
-/// idempotency store. Records are read and written without their bodies.
-pub(crate) trait TaskStore: Send + Sync + 'static {
-    /// Stores a new task and its body unless it does not fit under `caps`
-    /// ([`router_policy::park::may_park`], with [`TaskRecord::bytes`]) or
-    /// a task with its id exists.
-    fn park<'a>(
-        &'a self,
-        task: &'a TaskRecord,
-        body: &'a Bytes,
-        caps: ParkCaps,
-    ) -> BoxFuture<'a, Result<ParkResult, StoreError>>;
-    /// A task by id (its record, without the body).
-    fn get<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<Option<Versioned>, StoreError>>;
-    /// A live task's body; `None` when the store has none (it ended, or
-    /// the record is older and carries it in `body_b64`).
-    fn body<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<Option<Bytes>, StoreError>>;
-    /// Replaces the task read at `rev` by `task`: its new revision, or
-    /// `None` when it changed since (or is gone). A task that has ended
-    /// leaves the live lists and is kept `keep` longer.
-    fn cas<'a>(
-        &'a self,
-        rev: u64,
-        task: &'a TaskRecord,
-        keep: Duration,
-    ) -> BoxFuture<'a, Result<Option<u64>, StoreError>>;
-    /// The live tasks (records, without bodies), oldest first, at most
-    /// `limit`. Ids listed whose task is gone are taken off the list.
-    fn live<'a>(&'a self, limit: usize) -> BoxFuture<'a, Result<Vec<Versioned>, StoreError>>;
-}
 
 /// This proxy's parked tasks.
 pub(crate) struct Tasks {
@@ -316,14 +258,7 @@ fn unhex(s: &str) -> Option<Vec<u8>> {
         .collect()
 }
 
-fn hex(b: &[u8]) -> String {
-    use std::fmt::Write;
-    b.iter()
-        .fold(String::with_capacity(b.len() * 2), |mut s, x| {
-            let _ = write!(s, "{x:02x}");
-            s
-        })
-}
+use router_shared_state::tasks::hex;
 
 /// Now, as Unix milliseconds (tasks are shared across machines: wall
 /// time, not a monotonic clock).
@@ -646,14 +581,15 @@ mod tests {
 
     #[test]
     fn a_runs_mark_names_its_task_and_tenant_and_only_this_proxys_counts() {
-        let store: Arc<dyn TaskStore> = Arc::new(LocalTasks::open(None).unwrap());
+        let store: Arc<dyn TaskStore> =
+            Arc::new(router_shared_state::tasks::LocalTasks::open(None).unwrap());
         let tasks = Tasks::new(
             store,
             Arc::new(Metrics::default()),
             Duration::from_secs(1),
             1,
         );
-        let mut t = local::tests::task("abc", "r", 1);
+        let mut t = router_shared_state::testing::task("abc", "r", 1);
         t.tenant = Some("team a/é".into());
         let mut h = HeaderMap::new();
         h.insert(TASK_RUN, tasks.run_header(&t).unwrap());
@@ -677,14 +613,15 @@ mod tests {
 
     #[tokio::test]
     async fn a_body_that_cannot_be_read_says_why() {
-        let store: Arc<dyn TaskStore> = Arc::new(LocalTasks::open(None).unwrap());
+        let store: Arc<dyn TaskStore> =
+            Arc::new(router_shared_state::tasks::LocalTasks::open(None).unwrap());
         let tasks = Tasks::new(
             store,
             Arc::new(Metrics::default()),
             Duration::from_secs(1),
             1,
         );
-        let mut t = local::tests::task("abc", "r", 1);
+        let mut t = router_shared_state::testing::task("abc", "r", 1);
         assert!(matches!(tasks.body(&t).await, Ok(None)));
         t.body_b64 = "not base64!".into();
         let err = tasks.body(&t).await.unwrap_err();

@@ -12,17 +12,18 @@ use futures_util::future::BoxFuture;
 use router_policy::park::{layout, ParkCaps, ParkRefusal, TaskRecord};
 
 use super::{ParkResult, TaskStore, Versioned};
-use crate::idempotency::{bounded, RedisStore, StoreError};
+use crate::{bounded, RedisStore, StoreError};
 
 /// Tasks in Redis, on the idempotency store's connections.
-pub(crate) struct RedisTasks {
+pub struct RedisTasks {
     store: Arc<RedisStore>,
     park: redis::Script,
     cas: redis::Script,
 }
 
 impl RedisTasks {
-    pub(crate) fn new(store: Arc<RedisStore>) -> Self {
+    /// Tasks on `store`'s connections.
+    pub fn new(store: Arc<RedisStore>) -> Self {
         Self {
             store,
             park: redis::Script::new(layout::PARK_SCRIPT),

@@ -38,19 +38,17 @@ use futures_util::StreamExt;
 
 use router_endpoints::PlacementSink;
 
-use crate::config::ConfigStore;
-
 /// Entries waiting to be published, at most.
-pub(crate) const QUEUE: usize = 4096;
+pub const QUEUE: usize = 4096;
 /// Bytes those entries may hold, at most (a chain of 512 blocks is 4 KiB;
 /// [`QUEUE`] of the longest, 4,096 blocks, would be 128 MiB).
-pub(crate) const MAX_QUEUED_BYTES: usize = 4 * 1024 * 1024;
+pub const MAX_QUEUED_BYTES: usize = 4 * 1024 * 1024;
 /// The largest message published or accepted.
-pub(crate) const MAX_MESSAGE_BYTES: usize = 256 * 1024;
+pub const MAX_MESSAGE_BYTES: usize = 256 * 1024;
 /// How often queued entries are published.
-pub(crate) const FLUSH_EVERY: Duration = Duration::from_millis(5);
+pub const FLUSH_EVERY: Duration = Duration::from_millis(5);
 /// The most blocks an entry carries: as many as a policy may hash.
-pub(crate) const MAX_BLOCKS: usize = router_policy::engine_aware::MAX_PREFIX_BLOCKS;
+pub const MAX_BLOCKS: usize = router_policy::engine_aware::MAX_PREFIX_BLOCKS;
 
 const MAGIC: &[u8; 3] = b"PX1";
 /// A message's header: the magic and the sender's id.
@@ -58,12 +56,15 @@ const HEADER_LEN: usize = MAGIC.len() + 8;
 
 /// One placement: `pool` sent a prompt with `chain` to `endpoint`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Learned {
-    pub(crate) pool: Arc<str>,
-    pub(crate) endpoint: Arc<str>,
-    pub(crate) chain: Vec<u64>,
+pub struct Learned {
+    /// The pool's name.
+    pub pool: Arc<str>,
+    /// The endpoint's address.
+    pub endpoint: Arc<str>,
+    /// The prompt's block hashes, first block first.
+    pub chain: Vec<u64>,
     /// Prompt tokens the sender expects the endpoint to prefill.
-    pub(crate) uncached: u32,
+    pub uncached: u32,
 }
 
 impl Learned {
@@ -73,8 +74,16 @@ impl Learned {
     }
 }
 
+/// Where placements the other proxies made are applied (the proxy's
+/// pools: each entry is learned by the pool it names, as if this proxy
+/// had placed it).
+pub trait PlacementTarget: Send + Sync + 'static {
+    /// Applies one message's entries.
+    fn learned_elsewhere(&self, entries: Vec<Learned>);
+}
+
 /// The proxy's side of the sharing: where grants put what they learned.
-pub(crate) struct PrefixShare {
+pub struct PrefixShare {
     tx: tokio::sync::mpsc::Sender<Learned>,
     /// Bytes of the entries queued ([`MAX_QUEUED_BYTES`]).
     queued: Arc<AtomicUsize>,
@@ -89,21 +98,21 @@ pub(crate) struct PrefixShare {
 struct Start {
     client: redis::Client,
     channel: String,
-    config: std::sync::Weak<ConfigStore>,
+    target: std::sync::Weak<dyn PlacementTarget>,
     rx: tokio::sync::mpsc::Receiver<Learned>,
     queued: Arc<AtomicUsize>,
     runtime: tokio::runtime::Handle,
 }
 
 impl PrefixShare {
-    /// Sharing through `client`'s server on `channel`, with `config`'s
-    /// pools as the subscriber's target; nothing runs until
+    /// Sharing through `client`'s server on `channel`, with `target`
+    /// (the proxy's pools) applying what the others send; nothing runs until
     /// [`PrefixShare::activate`]. Call within a tokio runtime (the tasks
     /// run on it).
-    pub(crate) fn new(
+    pub fn new(
         client: redis::Client,
         channel: String,
-        config: &Arc<ConfigStore>,
+        target: std::sync::Weak<dyn PlacementTarget>,
     ) -> Option<Arc<Self>> {
         let (tx, rx) = tokio::sync::mpsc::channel(QUEUE);
         let runtime = tokio::runtime::Handle::try_current().ok()?;
@@ -115,7 +124,7 @@ impl PrefixShare {
             start: std::sync::Mutex::new(Some(Start {
                 client,
                 channel,
-                config: Arc::downgrade(config),
+                target,
                 rx,
                 queued,
                 runtime,
@@ -152,7 +161,7 @@ impl PlacementSink for PrefixShare {
     fn activate(&self) {
         let start = self.start.lock().unwrap_or_else(|e| e.into_inner()).take();
         if let Some(s) = start {
-            let sender = crate::random::u64();
+            let sender = router_endpoints::random::u64();
             s.runtime.spawn(publish(
                 s.client.clone(),
                 s.channel.clone(),
@@ -161,7 +170,7 @@ impl PlacementSink for PrefixShare {
                 s.queued,
             ));
             s.runtime
-                .spawn(subscribe(s.client, s.channel, sender, s.config));
+                .spawn(subscribe(s.client, s.channel, sender, s.target));
         }
     }
 }
@@ -178,7 +187,7 @@ fn reserve(queued: &AtomicUsize, bytes: usize) -> bool {
 
 /// Appends `entry` to a message being built; false (and nothing written)
 /// when it would pass [`MAX_MESSAGE_BYTES`] or a field is too long.
-pub(crate) fn encode_entry(out: &mut Vec<u8>, entry: &Learned) -> bool {
+pub fn encode_entry(out: &mut Vec<u8>, entry: &Learned) -> bool {
     let (pool, endpoint) = (entry.pool.as_bytes(), entry.endpoint.as_bytes());
     let blocks = entry.chain.len().min(MAX_BLOCKS);
     let size = 2 + pool.len() + 2 + endpoint.len() + 4 + 2 + 8 * blocks;
@@ -205,7 +214,7 @@ pub(crate) fn encode_entry(out: &mut Vec<u8>, entry: &Learned) -> bool {
 }
 
 /// A message's header for `sender`.
-pub(crate) fn message_header(sender: u64) -> Vec<u8> {
+pub fn message_header(sender: u64) -> Vec<u8> {
     let mut out = Vec::with_capacity(4096);
     out.extend_from_slice(MAGIC);
     out.extend_from_slice(&sender.to_le_bytes());
@@ -213,7 +222,7 @@ pub(crate) fn message_header(sender: u64) -> Vec<u8> {
 }
 
 /// A message's sender and entries; `None` when it does not parse.
-pub(crate) fn decode(message: &[u8]) -> Option<(u64, Vec<Learned>)> {
+pub fn decode(message: &[u8]) -> Option<(u64, Vec<Learned>)> {
     if message.len() > MAX_MESSAGE_BYTES {
         return None;
     }
@@ -320,7 +329,7 @@ async fn subscribe(
     client: redis::Client,
     channel: String,
     sender: u64,
-    config: std::sync::Weak<ConfigStore>,
+    target: std::sync::Weak<dyn PlacementTarget>,
 ) {
     loop {
         let connected = tokio::time::timeout(Duration::from_secs(1), client.get_async_pubsub())
@@ -331,7 +340,7 @@ async fn subscribe(
             if pubsub.subscribe(&channel).await.is_ok() {
                 let mut messages = pubsub.on_message();
                 while let Some(msg) = messages.next().await {
-                    let Some(config) = config.upgrade() else {
+                    let Some(target) = target.upgrade() else {
                         return;
                     };
                     let payload: &[u8] = msg.get_payload_bytes();
@@ -342,16 +351,11 @@ async fn subscribe(
                     if from == sender {
                         continue;
                     }
-                    let snapshot = config.load();
-                    for e in entries {
-                        if let Some(pool) = snapshot.pools.get(&*e.pool) {
-                            pool.learn(&e.endpoint, &e.chain, u64::from(e.uncached));
-                        }
-                    }
+                    target.learned_elsewhere(entries);
                 }
             }
         }
-        if config.strong_count() == 0 {
+        if target.strong_count() == 0 {
             return;
         }
         tokio::time::sleep(Duration::from_millis(500)).await;

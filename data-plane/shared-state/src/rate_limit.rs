@@ -5,7 +5,7 @@
 //! - With a shared store (`CUSTOM_ROUTER_SHARED_STORE`), one server-side
 //!   script call per request reads and advances the tenant's time with the
 //!   store's own clock, so every proxy counts against one limit and clocks
-//!   of the proxies do not matter ([`crate::idempotency::RedisStore::gcra`]).
+//!   of the proxies do not matter ([`crate::RedisStore::gcra`]).
 //! - Without one, each proxy keeps the times in memory: the limit is per
 //!   proxy (`docs/tenants.md` says so). The map holds one entry per tenant
 //!   named by the policy: bounded.
@@ -27,11 +27,11 @@ use std::time::Duration;
 use router_policy::tenant::Gcra;
 use tokio::time::Instant;
 
-use crate::idempotency::RedisStore;
+use crate::RedisStore;
 
 /// What the limit says of a request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum RateVerdict {
+pub enum RateVerdict {
     /// Within the limit.
     Pass,
     /// Over it: the next request would pass after this long.
@@ -42,11 +42,11 @@ pub(crate) enum RateVerdict {
 
 /// The longest a request holds a concurrency slot in the shared store if
 /// its proxy never gives it back.
-pub(crate) const MAX_SLOT_HOLD: Duration = Duration::from_secs(600);
+pub const MAX_SLOT_HOLD: Duration = Duration::from_secs(600);
 
 /// A concurrency slot held by a request until it ends.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct ConcurrencyHold {
+pub struct ConcurrencyHold {
     /// The tenant.
     pub tenant: Arc<str>,
     /// The request holding it (its member in the store's set).
@@ -54,11 +54,14 @@ pub(crate) struct ConcurrencyHold {
 }
 
 /// Where the limits are kept.
-pub(crate) enum RateLimits {
+pub enum RateLimits {
     /// In this process.
     Local {
+        /// What the GCRA's times count from.
         epoch: Instant,
+        /// Each key's theoretical arrival time, since `epoch`.
         tats: Mutex<HashMap<String, Duration>>,
+        /// Each key's requests in flight.
         in_flight: Mutex<HashMap<String, u32>>,
     },
     /// In the shared store.
@@ -67,7 +70,7 @@ pub(crate) enum RateLimits {
 
 impl RateLimits {
     /// Limits kept in this process.
-    pub(crate) fn local() -> Self {
+    pub fn local() -> Self {
         Self::Local {
             epoch: Instant::now(),
             tats: Mutex::new(HashMap::new()),
@@ -77,7 +80,7 @@ impl RateLimits {
 
     /// Checks (and, when it passes, counts) one request against the limit
     /// kept at `key` (`rate:<tenant>`, `tokens:<tenant>`).
-    pub(crate) async fn check(&self, key: &str, limit: Gcra) -> RateVerdict {
+    pub async fn check(&self, key: &str, limit: Gcra) -> RateVerdict {
         match self {
             Self::Local { epoch, tats, .. } => {
                 let now = epoch.elapsed();
@@ -103,7 +106,7 @@ impl RateLimits {
 
     /// Moves the limit kept at `key` by `delta` (a token limit settled to
     /// the tokens a call really used: negative gives time back).
-    pub(crate) async fn adjust(&self, key: &str, delta: i64) {
+    pub async fn adjust(&self, key: &str, delta: i64) {
         match self {
             Self::Local { tats, .. } => {
                 let mut tats = tats.lock().unwrap_or_else(|e| e.into_inner());
@@ -127,7 +130,7 @@ impl RateLimits {
 
 /// A token limit's draw, settled when the call ends.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct TokenHold {
+pub struct TokenHold {
     /// Where the limit is kept.
     pub key: String,
     /// Tokens drawn (the call's worst case).
@@ -140,7 +143,7 @@ impl RateLimits {
     /// Takes one of `tenant`'s `cap` concurrency slots for `request_id`,
     /// held at most `hold` in the store: `Pass` with the hold, or `Wait`
     /// (a second: slots free as requests end) when all are taken.
-    pub(crate) async fn take_slot(
+    pub async fn take_slot(
         &self,
         tenant: &str,
         cap: u32,
@@ -180,7 +183,7 @@ impl RateLimits {
     }
 
     /// Gives a slot back.
-    pub(crate) async fn release_slot(&self, hold: &ConcurrencyHold) {
+    pub async fn release_slot(&self, hold: &ConcurrencyHold) {
         match self {
             Self::Local { in_flight, .. } => {
                 let mut m = in_flight.lock().unwrap_or_else(|e| e.into_inner());

@@ -5,7 +5,7 @@
 //! Bounded twice: at most `max_entries` keys
 //! (`CUSTOM_ROUTER_IDEMPOTENCY_MAX_KEYS`) and at most `max_bytes` bytes
 //! (`CUSTOM_ROUTER_IDEMPOTENCY_MAX_BYTES`), each entry counted as what it
-//! holds ([`entry_cost`]: its key, its stored answer's own bytes, and
+//! holds (`entry_cost`: its key, its stored answer's own bytes, and
 //! [`ENTRY_OVERHEAD`] for the map slot and index entries). A key cap
 //! alone did not bound memory: the same 10,000 keys are 3 MB of 300-byte
 //! answers or 10 GB of 1 MiB ones. Past either bound, finished entries
@@ -27,8 +27,9 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use super::record::{Entry, Fingerprint, KeyState, Owner};
-use super::{ClaimResult, IdempotencyStore, StoreError};
-use crate::metrics::Metrics;
+use super::{ClaimResult, IdempotencyStore};
+use crate::StoreError;
+use crate::StoreEvents;
 
 /// What an entry costs beyond its key and its state's own bytes: the
 /// map's slot (key `String`, `Entry`, expiry, cost: 136 bytes, at most
@@ -53,7 +54,7 @@ pub(crate) fn entry_cost(key: &str, state: &KeyState) -> usize {
 }
 
 struct Inner {
-    /// Each key's entry, expiry and cost ([`entry_cost`]).
+    /// Each key's entry, expiry and cost (`entry_cost`).
     entries: HashMap<String, (Entry, Instant, usize)>,
     /// Every entry by expiry (exactly the entries of the map), so that
     /// expiry is a look at the front, not a scan.
@@ -65,18 +66,18 @@ struct Inner {
 }
 
 /// Keys in this process.
-pub(crate) struct LocalStore {
+pub struct LocalStore {
     inner: Mutex<Inner>,
     max_entries: usize,
     max_bytes: usize,
     settled: Notify,
-    metrics: Arc<Metrics>,
+    events: Arc<dyn StoreEvents>,
 }
 
 impl LocalStore {
     /// A store of at most `max_entries` keys and `max_bytes` bytes
-    /// ([`entry_cost`]); `metrics` counts the answers not kept.
-    pub(crate) fn new(max_entries: usize, max_bytes: usize, metrics: Arc<Metrics>) -> Self {
+    /// (`entry_cost`); `events` counts the answers not kept.
+    pub fn new(max_entries: usize, max_bytes: usize, events: Arc<dyn StoreEvents>) -> Self {
         Self {
             inner: Mutex::new(Inner {
                 entries: HashMap::new(),
@@ -87,11 +88,11 @@ impl LocalStore {
             max_entries: max_entries.max(1),
             max_bytes,
             settled: Notify::new(),
-            metrics,
+            events,
         }
     }
 
-    /// The bytes its entries cost now ([`entry_cost`]).
+    /// The bytes its entries cost now (`entry_cost`).
     #[cfg(test)]
     pub(crate) fn bytes(&self) -> usize {
         self.lock().bytes
@@ -129,7 +130,7 @@ impl LocalStore {
                 return ClaimResult::Untracked;
             }
         }
-        let expires = crate::clock::later(now, ttl, crate::clock::A_YEAR);
+        let expires = router_endpoints::clock::later(now, ttl, router_endpoints::clock::A_YEAR);
         let entry = Entry {
             owner,
             fingerprint: fp,
@@ -156,13 +157,13 @@ impl LocalStore {
                 if !inner.evict_one() {
                     // Larger than the budget with every finished entry
                     // gone: not kept, and not generated again either.
-                    self.metrics.idempotency("over_budget");
+                    self.events.idempotency("over_budget");
                     state = KeyState::NotReplayable;
                     cost = entry_cost(key, &state);
                     break;
                 }
             }
-            let expires = crate::clock::later(now, ttl, crate::clock::A_YEAR);
+            let expires = router_endpoints::clock::later(now, ttl, router_endpoints::clock::A_YEAR);
             let entry = Entry {
                 owner,
                 fingerprint,
@@ -277,13 +278,14 @@ mod tests {
 
     use super::super::record::StoredAnswer;
     use super::*;
+    use crate::Counted;
 
     const OWNER: Owner = Owner([1; 16]);
     const FP: Fingerprint = Fingerprint([2; 16]);
     const MIN: Duration = Duration::from_secs(60);
 
     fn store(max_entries: usize) -> LocalStore {
-        LocalStore::new(max_entries, usize::MAX, Arc::new(Metrics::new()))
+        LocalStore::new(max_entries, usize::MAX, Arc::new(crate::NoEvents))
     }
 
     async fn claim(s: &LocalStore, key: &str) -> ClaimResult {
@@ -343,7 +345,7 @@ mod tests {
         // The byte budget binds before the key cap (answers of 0 to 2,000
         // bytes, about 30 entries of 340 bytes and more).
         let budget = 30 * 340 + 2_000;
-        let s = LocalStore::new(50, budget, Arc::new(Metrics::new()));
+        let s = LocalStore::new(50, budget, Arc::new(crate::NoEvents));
         let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
         for _ in 0..5000 {
             // xorshift: a fixed pseudo-random sequence of operations.
@@ -401,7 +403,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_thousand_300_byte_answers_cost_their_own_bytes_not_their_read_buffers() {
-        let s = LocalStore::new(10_000, usize::MAX, Arc::new(Metrics::new()));
+        let s = LocalStore::new(10_000, usize::MAX, Arc::new(crate::NoEvents));
         // What hyper hands over: the body and the header values are
         // slices of the upstream connection's read buffer (8 KiB to
         // start with, 16 KiB and more once it has grown).
@@ -452,7 +454,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn past_the_byte_budget_the_oldest_finished_entries_go_first_never_one_in_flight() {
         let one = entry_cost("k0", &answer_of(10_000));
-        let s = LocalStore::new(100, 3 * one, Arc::new(Metrics::new()));
+        let s = LocalStore::new(100, 3 * one, Arc::new(crate::NoEvents));
         // In flight: never dropped for the budget.
         assert!(matches!(claim(&s, "busy").await, ClaimResult::Claimed));
         for (n, key) in ["k0", "k1", "k2", "k3"].into_iter().enumerate() {
@@ -476,8 +478,8 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn an_answer_larger_than_the_whole_budget_is_kept_as_not_replayable_and_counted() {
-        let metrics = Arc::new(Metrics::new());
-        let s = LocalStore::new(100, 20_000, Arc::clone(&metrics));
+        let events = Arc::new(Counted::default());
+        let s = LocalStore::new(100, 20_000, Arc::clone(&events) as Arc<dyn StoreEvents>);
         keep(&s, "small", answer_of(1_000)).await;
         keep(&s, "huge", answer_of(50_000)).await;
         // Every finished entry went, and it still did not fit: the key
@@ -486,9 +488,7 @@ mod tests {
         assert!(matches!(s.get("small").await, Ok(None)));
         assert!(matches!(s.get("huge").await, Ok(Some(e)) if e.state == KeyState::NotReplayable));
         assert!(s.bytes() <= 20_000);
-        assert!(metrics
-            .render(&[])
-            .contains("router_idempotency_events_total{event=\"over_budget\"} 1"));
+        assert_eq!(events.seen(), ["over_budget"]);
     }
 
     #[tokio::test(start_paused = true)]

@@ -5,10 +5,10 @@
 //! store outage, client gone); this module carries them out against an
 //! [`IdempotencyStore`]:
 //!
-//! - [`LocalStore`](local::LocalStore): in-process, one proxy (no
+//! - [`LocalStore`]: in-process, one proxy (no
 //!   `CUSTOM_ROUTER_SHARED_STORE`), and the fail-open store of READ/DRAFT
 //!   requests while the shared store is down;
-//! - [`RedisStore`](redis_store::RedisStore): Redis or Valkey, shared by
+//! - [`RedisStore`](crate::RedisStore): Redis or Valkey, shared by
 //!   every proxy.
 //!
 //! [`Keys::begin`] claims a request's key and says what the request does:
@@ -22,8 +22,7 @@
 //! Unkeyed requests never come here.
 
 mod local;
-mod record;
-mod redis_store;
+pub(crate) mod record;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -37,16 +36,14 @@ use router_policy::idempotency::{
 use router_policy::Risk;
 use tokio::time::Instant;
 
-pub(crate) use local::LocalStore;
-pub(crate) use record::{fingerprint, Entry, Fingerprint, KeyState, Owner, StoredAnswer};
-pub(crate) use redis_store::{bounded, RedisStore};
+pub use local::LocalStore;
+pub use record::{fingerprint, Corrupt, Entry, Fingerprint, KeyState, Owner, StoredAnswer};
 
-use crate::error::ProxyError;
-use crate::metrics::Metrics;
+use crate::{StoreError, StoreEvents};
 
 /// What a claim found.
 #[derive(Debug)]
-pub(crate) enum ClaimResult {
+pub enum ClaimResult {
     /// The key was free and is now the caller's.
     Claimed,
     /// The key's entry.
@@ -55,25 +52,11 @@ pub(crate) enum ClaimResult {
     Untracked,
 }
 
-/// Why a store call failed.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub(crate) enum StoreError {
-    /// No connection, or the server refused the call.
-    #[error("shared store unavailable: {0}")]
-    Unavailable(String),
-    /// No answer within the call's time limit.
-    #[error("shared store call timed out")]
-    Timeout,
-    /// The stored bytes are not an entry.
-    #[error(transparent)]
-    Corrupt(#[from] record::Corrupt),
-}
-
 /// Where keys are claimed, settled and read. Object-safe (boxed futures)
 /// so that the proxy holds one `Arc<dyn IdempotencyStore>` whatever the
 /// backend, and so that budgets and rate limits can share the connection
 /// later.
-pub(crate) trait IdempotencyStore: Send + Sync + 'static {
+pub trait IdempotencyStore: Send + Sync + 'static {
     /// Claims `key` for `owner` (one atomic set-if-absent with `ttl`), or
     /// returns what is there.
     fn claim<'a>(
@@ -115,7 +98,7 @@ pub(crate) trait IdempotencyStore: Send + Sync + 'static {
 /// Whether the shared store is reachable: one log line per outage.
 struct Health {
     up: AtomicBool,
-    metrics: Arc<Metrics>,
+    events: Arc<dyn StoreEvents>,
 }
 
 impl Health {
@@ -126,7 +109,7 @@ impl Health {
     }
 
     fn failed(&self, op: &'static str, e: &StoreError) {
-        self.metrics.store_error(op);
+        self.events.store_error(op);
         if self.up.swap(false, Ordering::Relaxed) {
             tracing::warn!(op, error = %e, "shared store unreachable: keyed SEND/DESTRUCTIVE requests get 503 shared_store_unavailable, READ/DRAFT use this proxy's own store until it is back");
         }
@@ -134,7 +117,7 @@ impl Health {
 }
 
 /// The proxy's keys: the shared store (if configured) and the local one.
-pub(crate) struct Keys {
+pub struct Keys {
     shared: Option<Arc<dyn IdempotencyStore>>,
     local: Arc<LocalStore>,
     /// How long settled entries are kept.
@@ -145,19 +128,23 @@ pub(crate) struct Keys {
 }
 
 /// A keyed request, as [`Keys::begin`] needs it.
-pub(crate) struct KeyedRequest<'a> {
-    pub(crate) key: &'a str,
-    pub(crate) fp: Fingerprint,
-    pub(crate) risk: Risk,
+pub struct KeyedRequest<'a> {
+    /// The `Idempotency-Key`.
+    pub key: &'a str,
+    /// The request's fingerprint (a key reused with another request is
+    /// refused).
+    pub fp: Fingerprint,
+    /// The route's risk: whether a store outage fails open or closed.
+    pub risk: Risk,
     /// How long the claim holds if this proxy never settles it (the
     /// request's own time bound plus a margin).
-    pub(crate) inflight_ttl: Duration,
+    pub inflight_ttl: Duration,
     /// When a join gives up.
-    pub(crate) wait_until: Instant,
+    pub wait_until: Instant,
 }
 
 /// What a keyed request does.
-pub(crate) enum Begin {
+pub enum Begin {
     /// Route it; settle the lease at the end.
     Lead(KeyLease),
     /// Route it untracked (local store full).
@@ -165,11 +152,38 @@ pub(crate) enum Begin {
     /// Answer with the stored answer (`joined`: after waiting for the
     /// first request in flight).
     Replay {
+        /// The stored answer.
         answer: Arc<StoredAnswer>,
+        /// Whether the request waited for the first one in flight.
         joined: bool,
     },
     /// Answer with this error.
-    Refuse(ProxyError),
+    Refuse(Refusal),
+}
+
+/// Why a keyed request is refused; the proxy answers each with its own
+/// typed error.
+#[derive(Debug)]
+pub enum Refusal {
+    /// The shared store is down and the request's risk may not fall back
+    /// to this proxy's own store (SEND, DESTRUCTIVE).
+    StoreUnavailable,
+    /// The key was used with a different request.
+    Mismatch(String),
+    /// The key's first request ended with an answer that is not kept.
+    NotReplayable(String),
+    /// The key's first request may have reached a backend and its outcome
+    /// is unknown; `route` is its route record.
+    OutcomeUnknown {
+        /// The key.
+        key: String,
+        /// The first request's route record.
+        route: Bytes,
+    },
+    /// The caller's time ran out while it waited for the first request.
+    JoinTimedOut,
+    /// The first requests with this key kept ending without an answer.
+    KeptEndingUnanswered,
 }
 
 /// How a join's wait ended.
@@ -186,38 +200,38 @@ impl Keys {
     /// Keys kept for `ttl`, answers up to `cap` bytes, `max_local` keys
     /// and `max_local_bytes` bytes in the local store; `shared`: the
     /// fleet's store.
-    pub(crate) fn new(
+    pub fn new(
         shared: Option<Arc<dyn IdempotencyStore>>,
         ttl: Duration,
         cap: usize,
         (max_local, max_local_bytes): (usize, usize),
-        metrics: Arc<Metrics>,
+        events: Arc<dyn StoreEvents>,
     ) -> Self {
         Self {
             shared,
             local: Arc::new(LocalStore::new(
                 max_local,
                 max_local_bytes,
-                Arc::clone(&metrics),
+                Arc::clone(&events),
             )),
             ttl,
             cap,
             health: Arc::new(Health {
                 up: AtomicBool::new(true),
-                metrics,
+                events,
             }),
         }
     }
 
     /// Whether the shared store (if any) has been reached once.
-    pub(crate) fn connected(&self) -> bool {
+    pub fn connected(&self) -> bool {
         self.shared.as_ref().is_none_or(|s| s.connected())
     }
 
     /// The shared store's state for the health details: `None` without
     /// one, else whether it was ever connected and whether its last call
     /// succeeded.
-    pub(crate) fn shared_status(&self) -> Option<(bool, bool)> {
+    pub fn shared_status(&self) -> Option<(bool, bool)> {
         self.shared.as_ref().map(|s| {
             (
                 s.connected(),
@@ -227,12 +241,12 @@ impl Keys {
     }
 
     /// Whether a shared store is configured.
-    pub(crate) fn is_shared(&self) -> bool {
+    pub fn is_shared(&self) -> bool {
         self.shared.is_some()
     }
 
-    fn metrics(&self) -> &Metrics {
-        &self.health.metrics
+    fn events(&self) -> &dyn StoreEvents {
+        &*self.health.events
     }
 
     /// After a failed call on the shared store: the local store to go on
@@ -242,24 +256,22 @@ impl Keys {
         risk: Risk,
         op: &'static str,
         e: &StoreError,
-    ) -> Result<Arc<dyn IdempotencyStore>, ProxyError> {
+    ) -> Result<Arc<dyn IdempotencyStore>, Refusal> {
         self.health.failed(op, e);
         match when_store_down(risk) {
             WhenDown::FailOpenLocal => {
-                self.metrics().idempotency("fail_open");
+                self.events().idempotency("fail_open");
                 Ok(Arc::clone(&self.local) as Arc<dyn IdempotencyStore>)
             }
             WhenDown::FailClosed => {
-                self.metrics().idempotency("fail_closed");
-                Err(ProxyError::SharedStoreUnavailable(
-                    crate::error::StoreNeed::Idempotency,
-                ))
+                self.events().idempotency("fail_closed");
+                Err(Refusal::StoreUnavailable)
             }
         }
     }
 
     /// Claims the request's key and decides (see the module docs).
-    pub(crate) async fn begin(&self, req: KeyedRequest<'_>) -> Begin {
+    pub async fn begin(&self, req: KeyedRequest<'_>) -> Begin {
         let mut store: Arc<dyn IdempotencyStore> = match &self.shared {
             Some(s) => Arc::clone(s),
             None => Arc::clone(&self.local) as Arc<dyn IdempotencyStore>,
@@ -271,7 +283,7 @@ impl Keys {
             let claimed = store.claim(req.key, owner, req.fp, req.inflight_ttl).await;
             let found = match claimed {
                 Ok(r) => {
-                    if store.name() != "local" {
+                    if !store.is_local() {
                         self.health.ok();
                     }
                     r
@@ -286,7 +298,7 @@ impl Keys {
             };
             let entry = match found {
                 ClaimResult::Claimed => {
-                    self.metrics().idempotency("claim");
+                    self.events().idempotency("claim");
                     return Begin::Lead(KeyLease {
                         store,
                         health: Arc::clone(&self.health),
@@ -305,43 +317,38 @@ impl Keys {
             let key = req.key.to_owned();
             match on_claim(Some((entry.state.stored(), entry.fingerprint == req.fp))) {
                 OnClaim::Mismatch => {
-                    self.metrics().idempotency("mismatch");
-                    return Begin::Refuse(ProxyError::IdempotencyMismatch(key));
+                    self.events().idempotency("mismatch");
+                    return Begin::Refuse(Refusal::Mismatch(key));
                 }
                 OnClaim::NotReplayable => {
-                    self.metrics().idempotency("not_replayable");
-                    return Begin::Refuse(ProxyError::NotReplayable(key));
+                    self.events().idempotency("not_replayable");
+                    return Begin::Refuse(Refusal::NotReplayable(key));
                 }
                 OnClaim::OutcomeUnknown => {
-                    self.metrics().idempotency("outcome_unknown_refused");
+                    self.events().idempotency("outcome_unknown_refused");
                     let route = match entry.state {
                         KeyState::OutcomeUnknown(r) => r,
                         _ => Bytes::new(),
                     };
-                    return Begin::Refuse(ProxyError::OutcomeUnknown { key, route });
+                    return Begin::Refuse(Refusal::OutcomeUnknown { key, route });
                 }
                 OnClaim::Replay => {
                     let KeyState::Completed(answer) = entry.state else {
                         return Begin::Untracked;
                     };
-                    self.metrics().idempotency("replay");
+                    self.events().idempotency("replay");
                     return Begin::Replay { answer, joined };
                 }
                 // Claimed above, not found: cannot happen.
                 OnClaim::Lead => return Begin::Untracked,
                 OnClaim::Join => {
                     if !joined {
-                        self.metrics().idempotency("join");
+                        self.events().idempotency("join");
                         joined = true;
                     }
                     match self.wait(&*store, req.key, req.fp, req.wait_until).await {
                         Waited::Changed => continue,
-                        Waited::TimedOut => {
-                            return Begin::Refuse(ProxyError::DeadlineExhausted {
-                                detail: "waited for the first request with this Idempotency-Key"
-                                    .into(),
-                            })
-                        }
+                        Waited::TimedOut => return Begin::Refuse(Refusal::JoinTimedOut),
                         Waited::Failed(e) => match self.store_down(req.risk, "get", &e) {
                             Ok(local) => {
                                 store = local;
@@ -353,10 +360,7 @@ impl Keys {
                 }
             }
         }
-        Begin::Refuse(ProxyError::DeadlineExhausted {
-            detail: "the first requests with this Idempotency-Key kept ending without an answer"
-                .into(),
-        })
+        Begin::Refuse(Refusal::KeptEndingUnanswered)
     }
 
     /// Polls `key` (with backoff) until its in-flight entry changes or
@@ -394,7 +398,7 @@ const SETTLE_RETRIES: [Duration; 3] = [
 ];
 
 /// A claimed key, held by the request that leads it.
-pub(crate) struct KeyLease {
+pub struct KeyLease {
     store: Arc<dyn IdempotencyStore>,
     health: Arc<Health>,
     key: String,
@@ -408,12 +412,12 @@ pub(crate) struct KeyLease {
 
 impl KeyLease {
     /// Whether the key is held in this proxy's own store.
-    pub(crate) fn is_local(&self) -> bool {
+    pub fn is_local(&self) -> bool {
         self.store.is_local()
     }
 
     /// Largest answer kept for replay.
-    pub(crate) fn cap(&self) -> usize {
+    pub fn cap(&self) -> usize {
         self.cap
     }
 
@@ -422,7 +426,7 @@ impl KeyLease {
     /// replayable or outcome unknown (with `route`, the route record), or
     /// releases it. Store failures are counted and logged; the request's
     /// own answer is not changed by them.
-    pub(crate) async fn settle(
+    pub async fn settle(
         mut self,
         ending: Ending,
         answer: Option<StoredAnswer>,
@@ -440,7 +444,7 @@ impl KeyLease {
                 (Some(KeyState::OutcomeUnknown(route())), "outcome_unknown")
             }
         };
-        self.health.metrics.idempotency(event);
+        self.health.events.idempotency(event);
         let done = self
             .store
             .settle(&self.key, self.owner, self.fp, state.clone(), self.ttl)
@@ -484,7 +488,7 @@ impl Drop for KeyLease {
             return;
         }
         // Unsettled: release, so that a retry is a fresh try.
-        self.health.metrics.idempotency("release");
+        self.health.events.idempotency("release");
         let store = Arc::clone(&self.store);
         let (key, owner, fp, ttl) = (std::mem::take(&mut self.key), self.owner, self.fp, self.ttl);
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
@@ -539,7 +543,7 @@ mod tests {
             Duration::from_secs(60),
             1024,
             (100, usize::MAX),
-            Arc::new(Metrics::new()),
+            Arc::new(crate::NoEvents),
         )
     }
 
@@ -568,9 +572,7 @@ mod tests {
         for risk in [Risk::Send, Risk::Destructive] {
             assert!(matches!(
                 k.begin(req("k", 1, risk)).await,
-                Begin::Refuse(ProxyError::SharedStoreUnavailable(
-                    crate::error::StoreNeed::Idempotency
-                ))
+                Begin::Refuse(Refusal::StoreUnavailable)
             ));
         }
         for risk in [Risk::Read, Risk::Draft] {
@@ -590,7 +592,7 @@ mod tests {
         };
         assert!(matches!(
             k.begin(req("k", 2, Risk::Read)).await,
-            Begin::Refuse(ProxyError::IdempotencyMismatch(_))
+            Begin::Refuse(Refusal::Mismatch(_))
         ));
         let joiner = {
             let k = Arc::clone(&k);
@@ -629,7 +631,7 @@ mod tests {
             })
             .await;
         match k.begin(req("s", 1, Risk::Send)).await {
-            Begin::Refuse(ProxyError::OutcomeUnknown { route, .. }) => {
+            Begin::Refuse(Refusal::OutcomeUnknown { route, .. }) => {
                 assert_eq!(route, "{\"request_id\":\"s\"}")
             }
             _ => panic!("outcome_unknown expected"),

@@ -11,7 +11,7 @@
 //! ```
 //!
 //! The owner and state sit at fixed offsets so that the settle script
-//! (see `redis_store`) checks them with `string.sub`, without parsing.
+//! (see the crate's `redis` module) checks them with `string.sub`, without parsing.
 
 use std::sync::Arc;
 
@@ -22,29 +22,24 @@ use router_policy::idempotency::Stored;
 
 /// Who claimed a key: random per request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Owner(pub(crate) [u8; 16]);
+pub struct Owner(pub [u8; 16]);
 
 /// The request a key was claimed for: SHA-256 (first 16 bytes) of its
 /// method, path, body and a hash of the caller's credential.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Fingerprint(pub(crate) [u8; 16]);
+pub struct Fingerprint(pub [u8; 16]);
 
 impl Owner {
     /// A fresh random owner.
-    pub(crate) fn random() -> Self {
-        Self(crate::random::bytes())
+    pub fn random() -> Self {
+        Self(router_endpoints::random::bytes())
     }
 }
 
 /// The fingerprint of a request. The credential (the `Authorization`,
 /// `x-api-key` or `api-key` header) is hashed on its own first and only
 /// its hash enters the fingerprint: it is never stored.
-pub(crate) fn fingerprint(
-    method: &str,
-    path: &str,
-    body: &[u8],
-    headers: &HeaderMap,
-) -> Fingerprint {
+pub fn fingerprint(method: &str, path: &str, body: &[u8], headers: &HeaderMap) -> Fingerprint {
     use ring::digest::{Context, SHA256};
     let mut cred = Context::new(&SHA256);
     for name in ["authorization", "x-api-key", "api-key"] {
@@ -81,16 +76,16 @@ pub(crate) fn fingerprint(
 /// default 10,000 keys). Only the headers a replay sends are kept, in a
 /// list of exactly their number.
 #[derive(Debug, Clone, PartialEq)]
-pub(crate) struct StoredAnswer {
+pub struct StoredAnswer {
     /// Status.
-    pub(crate) status: StatusCode,
+    pub status: StatusCode,
     /// The end-to-end headers a replay sends (not the ones every answer
-    /// gets anew: see [`NOT_KEPT`]).
-    pub(crate) headers: Box<[(HeaderName, HeaderValue)]>,
+    /// gets anew: see `NOT_KEPT`).
+    pub headers: Box<[(HeaderName, HeaderValue)]>,
     /// Body: the whole answer, or a stream's SSE frames together.
-    pub(crate) body: Bytes,
+    pub body: Bytes,
     /// Streamed (replayed with the same content type, as one stream).
-    pub(crate) stream: bool,
+    pub stream: bool,
 }
 
 /// Headers a stored answer does not keep: the router stamps them anew on
@@ -103,8 +98,8 @@ pub(crate) const NOT_KEPT: [&str; 3] = [
 
 impl StoredAnswer {
     /// An answer to keep: `body` and the header values are copied (never
-    /// a slice of a larger buffer), headers in [`NOT_KEPT`] left out.
-    pub(crate) fn keep(status: StatusCode, headers: &HeaderMap, body: &[u8], stream: bool) -> Self {
+    /// a slice of a larger buffer), headers in `NOT_KEPT` left out.
+    pub fn keep(status: StatusCode, headers: &HeaderMap, body: &[u8], stream: bool) -> Self {
         let headers = headers
             .iter()
             .filter(|(k, _)| !NOT_KEPT.contains(&k.as_str()))
@@ -127,7 +122,7 @@ impl StoredAnswer {
     }
 
     /// The headers as a map, for a replay.
-    pub(crate) fn header_map(&self) -> HeaderMap {
+    pub fn header_map(&self) -> HeaderMap {
         let mut map = HeaderMap::with_capacity(self.headers.len());
         for (k, v) in self.headers.iter() {
             map.append(k.clone(), v.clone());
@@ -140,7 +135,7 @@ impl StoredAnswer {
     /// header's bytes (a name's counted even when it is a constant) and
     /// the body. Exact for what [`StoredAnswer::keep`] builds, since it
     /// owns every byte it points at.
-    pub(crate) fn heap_bytes(&self) -> usize {
+    pub fn heap_bytes(&self) -> usize {
         let headers: usize = self
             .headers
             .iter()
@@ -156,7 +151,7 @@ impl StoredAnswer {
 
 /// The state of a key.
 #[derive(Debug, Clone, PartialEq)]
-pub(crate) enum KeyState {
+pub enum KeyState {
     /// Claimed, not ended.
     InFlight,
     /// Answered; replayable.
@@ -169,7 +164,7 @@ pub(crate) enum KeyState {
 
 impl KeyState {
     /// The decision's view of it.
-    pub(crate) fn stored(&self) -> Stored {
+    pub fn stored(&self) -> Stored {
         match self {
             Self::InFlight => Stored::InFlight,
             Self::Completed(_) => Stored::Completed,
@@ -181,16 +176,19 @@ impl KeyState {
 
 /// A key's entry: who holds it, for which request, in which state.
 #[derive(Debug, Clone, PartialEq)]
-pub(crate) struct Entry {
-    pub(crate) owner: Owner,
-    pub(crate) fingerprint: Fingerprint,
-    pub(crate) state: KeyState,
+pub struct Entry {
+    /// The claim's owner (one request).
+    pub owner: Owner,
+    /// The request's fingerprint.
+    pub fingerprint: Fingerprint,
+    /// In flight, or how it ended.
+    pub state: KeyState,
 }
 
 /// Why stored bytes could not be read.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("stored idempotency record is malformed: {0}")]
-pub(crate) struct Corrupt(pub(crate) &'static str);
+pub struct Corrupt(pub &'static str);
 
 const MAGIC: &[u8; 3] = b"RI1";
 /// Offset of the payload.

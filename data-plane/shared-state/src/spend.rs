@@ -6,7 +6,7 @@
 //! - With a shared store, the reservation is one server-side script that
 //!   checks both counters and adds to both, atomically: concurrent calls
 //!   through any number of proxies cannot overshoot
-//!   ([`crate::idempotency::RedisStore::reserve_spend`]); a settlement adds
+//!   ([`crate::RedisStore::reserve_spend`]); a settlement adds
 //!   the difference to both.
 //! - Without one, the counters are this process's (a budget per proxy; the
 //!   docs say so), one entry per tenant and period, older periods dropped.
@@ -16,23 +16,24 @@ use std::sync::{Arc, Mutex};
 
 use router_policy::tenant::{periods, Budgets};
 
-use crate::idempotency::RedisStore;
+use crate::RedisStore;
 
 /// A reservation held for a call until it ends.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct SpendHold {
+pub struct SpendHold {
     /// The tenant.
     pub tenant: Arc<str>,
     /// Reserved, micro-USD.
     pub micros: u64,
-    /// The counters it was added to.
+    /// The day's counter it was added to.
     pub day: String,
+    /// The month's counter it was added to.
     pub month: String,
 }
 
 /// A budget's period.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Period {
+pub enum Period {
     /// The UTC day.
     Day,
     /// The UTC month.
@@ -50,12 +51,15 @@ impl std::fmt::Display for Period {
 
 /// Why a reservation was not made.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum SpendRefusal {
+pub enum SpendRefusal {
     /// It does not fit: what is left of the budget that refused, which one
     /// (`day` or `month`), and when it resets (Unix seconds).
     Exceeded {
+        /// What is left, micro-USD.
         left_micros: u64,
+        /// The budget that refused.
         period: Period,
+        /// When it resets, Unix seconds.
         resets_at: u64,
     },
     /// The shared store could not be asked.
@@ -63,7 +67,7 @@ pub(crate) enum SpendRefusal {
 }
 
 /// Where the counters are kept.
-pub(crate) enum SpendBudgets {
+pub enum SpendBudgets {
     /// In this process.
     Local(Mutex<HashMap<String, i64>>),
     /// In the shared store.
@@ -72,24 +76,24 @@ pub(crate) enum SpendBudgets {
 
 /// The key of a tenant's spend counter for a period (`router:` is the
 /// store's prefix): `spend:<tenant>:<YYYY-MM-DD or YYYY-MM>`.
-pub(crate) fn counter(tenant: &str, period: &str) -> String {
+pub fn counter(tenant: &str, period: &str) -> String {
     format!("spend:{tenant}:{period}")
 }
 
 /// The key of a tenant's reservations in flight today:
 /// `spend_pending:<tenant>:<YYYY-MM-DD>`.
-pub(crate) fn pending_counter(tenant: &str, day: &str) -> String {
+pub fn pending_counter(tenant: &str, day: &str) -> String {
     format!("spend_pending:{tenant}:{day}")
 }
 
 impl SpendBudgets {
     /// Counters kept in this process.
-    pub(crate) fn local() -> Self {
+    pub fn local() -> Self {
         Self::Local(Mutex::new(HashMap::new()))
     }
 
     /// Reserves `micros` for a call of `tenant` at `unix_secs`.
-    pub(crate) async fn reserve(
+    pub async fn reserve(
         &self,
         tenant: &str,
         budgets: Budgets,
@@ -177,7 +181,7 @@ impl SpendBudgets {
 
     /// Settles a hold to `actual` micro-USD (`None`: keep the reservation,
     /// the cost is unknown; `Some(0)` for a call that got no answer).
-    pub(crate) async fn settle(&self, hold: &SpendHold, actual: Option<u64>) {
+    pub async fn settle(&self, hold: &SpendHold, actual: Option<u64>) {
         // Unknown: the reservation stays counted as spent.
         let actual = actual.unwrap_or(hold.micros);
         let reserved = i64::try_from(hold.micros).unwrap_or(i64::MAX);
@@ -211,7 +215,7 @@ impl SpendBudgets {
     /// The spend counted for `tenant` today and this month (micro-USD;
     /// local counters only, for tests and status).
     #[cfg(test)]
-    pub(crate) fn local_spend(&self, tenant: &str, unix_secs: u64) -> (i64, i64) {
+    pub fn local_spend(&self, tenant: &str, unix_secs: u64) -> (i64, i64) {
         let (day, _, month, _) = periods(unix_secs);
         match self {
             Self::Local(c) => {

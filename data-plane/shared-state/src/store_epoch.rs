@@ -1,6 +1,6 @@
 //! Watching the shared store for a loss of its data, carried out (the
 //! rules are `router_policy::store_epoch`'s): once the first connection is
-//! made and then every [`crate::Settings::shared_store_check`], one
+//! made and then every `Settings::shared_store_check` (`CUSTOM_ROUTER_SHARED_STORE_CHECK`), one
 //! `SET router:store:epoch <offer> NX GET`; a marker gone or replaced since
 //! the last check is logged once at warn and counted in
 //! `router_shared_store_resets_total`.
@@ -15,14 +15,14 @@ use std::time::Duration;
 
 use router_policy::store_epoch::{candidate, observe, Epoch, Seen};
 
-use crate::idempotency::{IdempotencyStore, RedisStore};
-use crate::metrics::Metrics;
+use crate::idempotency::IdempotencyStore;
+use crate::{RedisStore, StoreEvents};
 
 /// How often to look whether the first connection has been made.
 const UNTIL_CONNECTED: Duration = Duration::from_millis(100);
 
 /// Runs the checks until the proxy stops (the caller aborts the task).
-pub(crate) async fn watch(store: Arc<RedisStore>, metrics: Arc<Metrics>, every: Duration) {
+pub async fn watch(store: Arc<RedisStore>, events: Arc<dyn StoreEvents>, every: Duration) {
     let mut saw: Option<Epoch> = None;
     let mut unreadable_logged = false;
     loop {
@@ -38,7 +38,7 @@ pub(crate) async fn watch(store: Arc<RedisStore>, metrics: Arc<Metrics>, every: 
         );
         match store.offer_epoch(&offered.to_text()).await {
             Err(e) => {
-                metrics.store_error("epoch");
+                events.store_error("epoch");
                 tracing::debug!(error = %e, "shared store: the epoch check failed");
             }
             Ok(reply) => match observe(saw.as_ref(), &offered, reply.as_deref()) {
@@ -51,7 +51,7 @@ pub(crate) async fn watch(store: Arc<RedisStore>, metrics: Arc<Metrics>, every: 
                 }
                 Seen::Same => {}
                 Seen::Lost { lost, now } => {
-                    metrics.store_reset();
+                    events.store_reset();
                     tracing::warn!(
                         lost_since = %shown(lost.since_unix_ms),
                         "the shared store lost its data: spend since {} is gone (tenants' budgets, rate-limit windows, idempotency records and parked tasks start again)",

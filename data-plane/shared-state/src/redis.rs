@@ -32,11 +32,12 @@ use tokio::time::Instant;
 use futures_util::future::BoxFuture;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
-use super::record::{self, Entry, Fingerprint, KeyState, Owner};
-use super::{ClaimResult, IdempotencyStore, StoreError};
+use crate::idempotency::record::{self, Entry, Fingerprint, KeyState, Owner};
+use crate::idempotency::{ClaimResult, IdempotencyStore};
+use crate::StoreError;
 
 /// The longest any one store call may take.
-pub(crate) const OP_TIMEOUT: Duration = Duration::from_millis(500);
+pub const OP_TIMEOUT: Duration = Duration::from_millis(500);
 
 /// Replaces (ARGV[2] non-empty, TTL ARGV[3] ms) or deletes the entry at
 /// KEYS[1] only if it is in flight and owned by ARGV[1]; 1 if it did.
@@ -117,7 +118,7 @@ thread_local! {
 }
 
 /// The Redis store.
-pub(crate) struct RedisStore {
+pub struct RedisStore {
     id: usize,
     client: redis::Client,
     config: ConnectionManagerConfig,
@@ -140,7 +141,7 @@ fn manager_config() -> ConnectionManagerConfig {
 impl RedisStore {
     /// Connects to `client`'s server in the background (retrying every
     /// half second until it answers) and returns at once.
-    pub(crate) fn connect(client: redis::Client, prefix: String) -> Self {
+    pub fn connect(client: redis::Client, prefix: String) -> Self {
         let conn = Arc::new(OnceLock::new());
         let slot = Arc::clone(&conn);
         let background = client.clone();
@@ -181,7 +182,7 @@ impl RedisStore {
     }
 
     /// The prefix of every key of this store (parked tasks share it).
-    pub(crate) fn prefix(&self) -> &str {
+    pub fn prefix(&self) -> &str {
         &self.prefix
     }
 
@@ -191,7 +192,7 @@ impl RedisStore {
 
     /// The connection to use: this worker thread's own (made on first
     /// use), else the shared one.
-    pub(crate) async fn conn(&self) -> Result<ConnectionManager, StoreError> {
+    pub async fn conn(&self) -> Result<ConnectionManager, StoreError> {
         let shared = self
             .conn
             .get()
@@ -242,8 +243,8 @@ impl RedisStore {
 
 impl RedisStore {
     /// One request against the rate limit kept at `key`: `None` when it
-    /// passes, else how long until one would (see [`GCRA`]).
-    pub(crate) async fn gcra(
+    /// passes, else how long until one would (see `GCRA`).
+    pub async fn gcra(
         &self,
         key: &str,
         limit: router_policy::tenant::Gcra,
@@ -266,8 +267,8 @@ impl RedisStore {
     /// Reserves `amount` on the day and month counters `keys` within
     /// `limits` (-1: none): `None` when reserved, else what is left of the
     /// budget that refused and which (1 the day, 2 the month). See
-    /// [`RESERVE`].
-    pub(crate) async fn reserve_spend(
+    /// `RESERVE`.
+    pub async fn reserve_spend(
         &self,
         keys: [&str; 3],
         amount: i64,
@@ -301,7 +302,7 @@ impl RedisStore {
 
     /// Writes the store's epoch marker `text` if there is none (see
     /// [`router_policy::store_epoch`]); the marker already there, if any.
-    pub(crate) async fn offer_epoch(&self, text: &str) -> Result<Option<String>, StoreError> {
+    pub async fn offer_epoch(&self, text: &str) -> Result<Option<String>, StoreError> {
         let mut conn = self.conn().await?;
         let mut cmd = redis::cmd("SET");
         cmd.arg(format!(
@@ -317,7 +318,7 @@ impl RedisStore {
     }
 
     /// Adds `delta` to the integer at `key` (a token limit's settlement).
-    pub(crate) async fn adjust_counter(&self, key: &str, delta: i64) -> Result<(), StoreError> {
+    pub async fn adjust_counter(&self, key: &str, delta: i64) -> Result<(), StoreError> {
         let mut conn = self.conn().await?;
         bounded(
             redis::cmd("INCRBY")
@@ -328,8 +329,8 @@ impl RedisStore {
         .await
     }
 
-    /// Takes a slot of the set at `key` for `member` (see [`TAKE_SLOT`]).
-    pub(crate) async fn take_slot(
+    /// Takes a slot of the set at `key` for `member` (see `TAKE_SLOT`).
+    pub async fn take_slot(
         &self,
         key: &str,
         member: &str,
@@ -350,7 +351,7 @@ impl RedisStore {
     }
 
     /// Gives `member`'s slot of the set at `key` back.
-    pub(crate) async fn release_slot(&self, key: &str, member: &str) -> Result<(), StoreError> {
+    pub async fn release_slot(&self, key: &str, member: &str) -> Result<(), StoreError> {
         let mut conn = self.conn().await?;
         bounded(
             redis::cmd("ZREM")
@@ -363,7 +364,7 @@ impl RedisStore {
 
     /// Adds `delta` to both counters and takes `reserved` off the
     /// in-flight one (a settlement), in one transaction.
-    pub(crate) async fn adjust_spend(
+    pub async fn adjust_spend(
         &self,
         keys: [&str; 3],
         delta: i64,
@@ -384,7 +385,7 @@ impl RedisStore {
 
 /// Runs a store call inside [`OP_TIMEOUT`] (the parked tasks' store
 /// calls too).
-pub(crate) async fn bounded<T>(
+pub async fn bounded<T>(
     call: impl std::future::Future<Output = redis::RedisResult<T>>,
 ) -> Result<T, StoreError> {
     match tokio::time::timeout(OP_TIMEOUT, call).await {

@@ -30,11 +30,12 @@ use futures_util::future::BoxFuture;
 use router_policy::park::{may_park, ParkCaps, ParkLoad, TaskRecord};
 use serde::{Deserialize, Serialize};
 
-use super::{unix_ms, ParkResult, TaskStore, Versioned};
-use crate::idempotency::StoreError;
+use super::{ParkResult, TaskStore, Versioned};
+use crate::StoreError;
+use router_policy::wall_clock::unix_ms;
 
 /// Ended tasks kept at most (each holds its answer).
-pub(crate) const MAX_ENDED: usize = 1024;
+pub const MAX_ENDED: usize = 1024;
 
 /// A task as the file keeps it.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -53,7 +54,7 @@ struct Entry {
 }
 
 /// Tasks in this process (and its file).
-pub(crate) struct LocalTasks {
+pub struct LocalTasks {
     tasks: Mutex<HashMap<String, Entry>>,
     file: Option<PathBuf>,
     /// The bodies' directory, with a file.
@@ -67,7 +68,7 @@ fn safe_id(id: &str) -> bool {
 
 /// Why the tasks file cannot be used at start ([`LocalTasks::open`]).
 #[derive(Debug, thiserror::Error)]
-pub(crate) enum OpenError {
+pub enum OpenError {
     /// Reading or writing the file or a body failed.
     #[error("{path}: {error}")]
     Io {
@@ -112,7 +113,7 @@ fn io_error(path: &Path, e: impl std::fmt::Display) -> StoreError {
 
 impl LocalTasks {
     /// Tasks kept in `file` (read now if it exists), or in memory only.
-    pub(crate) fn open(file: Option<PathBuf>) -> Result<Self, OpenError> {
+    pub fn open(file: Option<PathBuf>) -> Result<Self, OpenError> {
         let mut tasks = HashMap::new();
         let bodies = file
             .as_ref()
@@ -249,7 +250,7 @@ impl LocalTasks {
 async fn write_body(dir: &Path, id: &str, body: &Bytes) -> Result<PathBuf, StoreError> {
     let tmp = dir.join(format!(
         "{id}.{}.tmp",
-        super::hex(&crate::random::bytes::<6>())
+        super::hex(&router_endpoints::random::bytes::<6>())
     ));
     let (at, body) = (tmp.clone(), body.clone());
     tokio::task::spawn_blocking(move || std::fs::write(&at, &body))
@@ -419,42 +420,10 @@ impl TaskStore for LocalTasks {
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
+mod tests {
     use super::*;
-    use router_policy::park::{ParkRefusal, TaskState, Times};
-    use router_policy::Risk;
-
-    pub(crate) fn task(id: &str, route: &str, at: u64) -> TaskRecord {
-        let t = Times::new(at, Duration::from_secs(60), None);
-        TaskRecord {
-            id: id.into(),
-            state: TaskState::WaitingCapacity,
-            route: route.into(),
-            risk: Risk::Read,
-            approved: false,
-            operator: None,
-            operator_role: None,
-            operator_token: None,
-            request_id: id.into(),
-            tenant: None,
-            parked_at_ms: t.parked_at_ms,
-            expires_at_ms: t.expires_at_ms,
-            deadline_at_ms: None,
-            not_before_ms: None,
-            reason: String::new(),
-            method: "POST".into(),
-            path: "/v1/chat/completions".into(),
-            headers: Vec::new(),
-            body_b64: String::new(),
-            bytes: 100,
-            claimed_by: None,
-            lease_until_ms: None,
-            runs: 0,
-            run_request_id: None,
-            answer: None,
-            error: None,
-        }
-    }
+    use crate::testing::task;
+    use router_policy::park::{ParkRefusal, TaskState};
 
     fn caps(max_tasks: u32) -> ParkCaps {
         ParkCaps {

@@ -1,23 +1,33 @@
 //! A request's arrival: everything read and decided before any pool is
-//! tried.
+//! tried, as phases in order, each handing the next a typed value:
 //!
-//! In order: the admin paths are handed off; the request id, deadline and
-//! risk headers are read (one pass, [`RequestHeaders::scan`]); the body is
-//! read (bounded, with a timeout) and, on OpenAI-style JSON paths, peeked
-//! for its `model`, `stream`, `response_format` and token cap; the route is
-//! matched and its approval checked; the policy's decision picks the
-//! candidate pools; a body whose model a candidate pool rewrites is parsed
-//! (one serde_json cannot re-encode is refused); a request with an
-//! `Idempotency-Key` joins the one in flight, replays a stored answer, or
-//! leads; the router's own `X-Router-*` headers are stripped. What is left
-//! is an [`Exchange`] for the chain walk ([`super::chain`]).
+//! 0. hand-offs: the admin paths, a parked task's handle, the router's own
+//!    endpoints of another dialect;
+//! 1. [`arrive`]: the request id, deadline and risk headers, read in one
+//!    pass ([`RequestHeaders::scan`]): an [`Arrival`];
+//! 2. [`read_body`]: the body, bounded, with a timeout;
+//! 3. [`ask`]: on OpenAI-style JSON paths the body is peeked for its
+//!    `model`, `stream`, `response_format` and token caps; the route is
+//!    matched: an [`Asked`];
+//! 4. admitted: the tenant's limits (`tenancy`) and the route's approval;
+//! 5. [`plan`]: the policy's decision picks the candidate pools; the
+//!    `Idempotency-Key`'s fingerprint; what parking keeps: a [`Planned`]
+//!    (no pool may take it: parked or refused);
+//! 6. [`outbound`]: the body written for each pool's dialect, and parsed
+//!    when a pool rewrites its model (one serde_json cannot re-encode is
+//!    refused): an [`Outbound`];
+//! 7. the key: join the request in flight, replay a stored answer, or
+//!    lead;
+//! 8. [`exchange`]: the router's own `X-Router-*` headers stripped, the
+//!    forwarded ones added: the [`Exchange`] the chain walk
+//!    ([`super::chain`]) carries out.
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use http::header::HeaderValue;
-use http::{Method, Request, Response};
+use http::{HeaderMap, Method, Request, Response};
 use hyper::body::Incoming;
 use router_dialect::Dialect;
 use router_json_peek::RequestPeek;
@@ -35,7 +45,7 @@ use super::{full, spans, tenancy, ProxyBody, IDEMPOTENCY_KEY, X_REQUEST_ID};
 use crate::config::Snapshot;
 use crate::error::{ApprovalRefusal, ProxyError};
 use crate::forward::{self, ReadWholeError, UpstreamClient};
-use crate::idempotency::{self, Begin, KeyedRequest};
+use crate::idempotency::{self, Begin, Fingerprint, KeyedRequest};
 use crate::limits::Reservation;
 use crate::request_headers::RequestHeaders;
 use crate::route_log::IdempotencyRole;
@@ -57,6 +67,18 @@ const MAX_DEADLINE_MS: u64 = 24 * 3600 * 1000;
 /// go through `client`, the upstream connection pool of the worker thread
 /// serving the connection. Admin paths go to [`crate::admin`], which
 /// checks the peer.
+///
+/// The request walks its phases in order, each a function of this file
+/// that hands the next a typed value: [`arrive`] (the headers: an
+/// [`Arrival`]), [`read_body`], [`ask`] (what the body asks, and its
+/// route: an [`Asked`]), tenancy and approval (admitted), [`plan`] (the
+/// policy's decision, the key and parking: a [`Planned`]), [`outbound`]
+/// (the body each pool is sent: an [`Outbound`]), the `Idempotency-Key`
+/// (the leader's lease), and [`exchange`] (what the walk needs: an
+/// [`Exchange`]), then the walk ([`super::chain`]). The phases that wait
+/// (the body, tenancy, parking, the key) are awaited here, in one future;
+/// the others are plain functions, so no phase's future is moved into
+/// another's.
 ///
 /// Not an `async fn`: an `async fn` future keeps its arguments twice (as
 /// given, and as the body's locals), and every move of the future copies
@@ -110,113 +132,44 @@ pub(crate) fn handle(
             spans::start_server_span(&req, pending.rec());
         }
 
-        let seen = RequestHeaders::scan(req.headers());
-        // This proxy's own run of a parked task (see `crate::tasks`).
-        let task_run = if seen.router_headers {
-            shared.tasks.run_of(req.headers())
-        } else {
-            None
-        };
-        if let Some(run) = &task_run {
-            pending.rec().parked_task = Some(run.id.clone());
-        }
-        match request_id(&seen, pending.rec().offered_at.0) {
-            Ok((id, header)) => {
-                pending.id_header = header;
-                pending.rec().request_id = id;
-            }
-            Err(e) => return pending.reject(e),
-        }
-        let header_deadline = match deadline_header(seen.deadline_ms.as_ref()) {
-            Ok(d) => d,
+        // 1. The headers.
+        let arrival = match arrive(&shared, &snapshot, &req, &mut pending) {
+            Ok(a) => a,
             Err(e) => return pending.reject(e),
         };
-        let risk = match &seen.risk {
-            None => snapshot.policy.default_risk,
-            Some(v) => match v.to_str().ok().and_then(Risk::parse) {
-                Some(r) => r,
-                None => {
-                    return pending.reject(ProxyError::InvalidRequest(
-                        "X-Router-Risk must be READ, DRAFT, SEND or DESTRUCTIVE".into(),
-                    ))
-                }
-            },
-        };
-        pending.rec().risk = Some(risk);
+        // 2. The body. `reserved` holds its bytes under the proxy's cap
+        // until the request is done.
         let (parts, body) = req.into_parts();
-        // `reserved` holds the body's bytes under the proxy's cap until the
-        // request is done.
-        let (mut body, mut reserved) =
-            match read_body(&shared, pending.t0, seen.content_length.as_ref(), body).await {
-                Ok(b) => b,
-                Err(e) => return pending.reject(e),
-            };
-        // An Anthropic client's request must be one; it is routed as a
-        // chat completion, and written for each pool's dialect once the
-        // pools are known (`dialect`). Boxed: rare, and large.
-        // (Checked here, parsed again once the pools are known: nothing of
-        // it is kept across the waits in between, which every request's
-        // future would carry.)
-        let path = if pending.dialect == Dialect::OpenAi {
-            parts.uri.path()
-        } else {
-            if let Err(e) = dialect::parse_messages(&body) {
-                return pending.reject(e);
-            }
-            pending.rec().dialect = Some(pending.dialect.as_str());
-            dialect::CHAT_PATH
+        let read = read_body(
+            &shared,
+            pending.t0,
+            arrival.seen.content_length.as_ref(),
+            body,
+        );
+        let (mut body, mut reserved) = match read.await {
+            Ok(b) => b,
+            Err(e) => return pending.reject(e),
         };
-        let json_call = parts.method == Method::POST && OPENAI_JSON_PATHS.contains(&path);
-        let peek = if json_call {
-            match router_json_peek::peek_request(&body) {
-                Ok(p) => p,
-                Err(e) => {
-                    return pending.reject(ProxyError::InvalidRequest(format!(
-                        "request body is not valid JSON: {e}"
-                    )))
-                }
-            }
-        } else {
-            RequestPeek::default()
+        // 3. What it asks, and its route.
+        let asked = match ask(
+            &snapshot,
+            &parts.method,
+            &parts.uri,
+            &body,
+            &arrival,
+            &mut pending,
+        ) {
+            Ok(a) => a,
+            Err(e) => return pending.reject(e),
         };
-        // One copy of the model name, shared by the log record and the
-        // attempts.
-        let model: Option<Arc<str>> = peek.model.as_deref().map(Arc::from);
-        let streaming = peek.stream.unwrap_or(false);
-        // Structured output: only a non-streaming answer can be checked before
-        // it reaches the client.
-        let structured = match peek.response_format.as_ref().map(|r| r.kind.as_ref()) {
-            Some(kind) if router_policy::structured::is_structured_type(kind) => {
-                router_policy::structured::expected_in_body(&body)
-            }
-            _ => None,
-        };
-        pending.rec().model = model.clone();
-
-        let Some(route) = snapshot.policy.route_for_risk(risk, model.as_deref(), path) else {
-            return pending.reject(ProxyError::NoBackend {
-                detail: format!("no route matches risk {}", risk.as_str()),
-            });
-        };
-        pending.rec().route = Some(route.name.clone());
-        // What the call may use, estimated once (tenants' limits, the
-        // policy's cost gates).
-        let estimate = tenancy::CallEstimate {
-            input_tokens: (body.len() as u64).div_ceil(4),
-            // The largest cap given: engines differ in which they honour.
-            max_tokens: router_policy::tenant::output_cap([
-                peek.max_tokens,
-                peek.max_completion_tokens,
-                peek.max_output_tokens,
-            ]),
-        };
-        // Tenancy: who is calling, may they ask this, and what it draws on
-        // their limits (boxed: rare, and its store calls' state stays out of
-        // every request's future).
+        let route = asked.route;
+        // 4. Admitted: the tenant's limits (boxed: rare, and its store
+        // calls' state stays out of every request's future), then the
+        // route's approval.
         if let Some(tenants) = &snapshot.policy.tenants {
             // A parked task's run is admitted under the tenant that parked
             // it (its name is in the run's mark), as the policy has it now.
-            let caller = match &task_run {
+            let caller = match &arrival.task_run {
                 Some(run) => tenancy::Caller::Task(run.tenant.as_deref()),
                 None => tenancy::Caller::Key(
                     parts
@@ -235,9 +188,9 @@ pub(crate) fn handle(
                 tenants,
                 caller,
                 route,
-                risk,
-                estimate,
-                header_deadline.or(route.deadline),
+                arrival.risk,
+                asked.estimate,
+                arrival.header_deadline.or(route.deadline),
                 pending.rec(),
             ))
             .await;
@@ -245,96 +198,31 @@ pub(crate) fn handle(
                 return pending.reject(e);
             }
         }
-        // A parked task's run: the operator's approval stands for the token.
-        if route.requires_approval && task_run.is_none() {
-            let given = seen.approval.as_ref().map(HeaderValue::as_bytes);
-            let rec = pending.rec();
-            let now = unix_seconds(rec.offered_at.0);
-            let checked = approve(&shared, &snapshot, &route.name, &rec.request_id, given, now);
-            if let Err(why) = checked {
-                return pending.reject(ProxyError::ApprovalRequired {
-                    route: route.name.clone(),
-                    why,
-                });
-            }
+        if let Err(e) = check_approval(&shared, &snapshot, route, &arrival, &mut pending) {
+            return pending.reject(e);
         }
-        let deadline = header_deadline.or(route.deadline);
-        pending.rec().deadline_ms =
-            deadline.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
-        // Checked: a policy's deadline_ms may be anything up to u64::MAX.
-        let deadline_at =
-            deadline.map(|d| crate::clock::later(pending.t0, d, crate::clock::A_YEAR));
-
-        // The policy's decision, on live measurements: which pools of the
-        // chain pass their gates.
-        let facts = RequestFacts {
-            risk,
-            model: model.as_deref(),
-            path,
-            // One definition of structured output: what is gated is what
-            // is checked.
-            structured_output: structured.is_some(),
-            deadline_ms: pending.rec().deadline_ms,
-            input_tokens: Some(estimate.input_tokens),
-            max_tokens: estimate.max_tokens,
-        };
-        // Measured at the request's own start time: a few microseconds old,
-        // and one clock reading instead of one per pool call.
-        let mut decision = decide_on_route(&snapshot.policy, route, &facts, |_, name| {
-            snapshot
-                .pools
-                .get(name)
-                .map(|p| p.measurements_at(pending.t0))
-        });
-        let estimated_input_tokens = facts.input_tokens.unwrap_or(0);
-        pending.rec().reason = decision.reason;
-        // Safe mode: what a parking route keeps of the request. A parked
-        // task's own run is never parked again (it answers `no_backend`,
-        // and its task waits again).
-        // The request's `Idempotency-Key` and fingerprint, computed once
-        // (parking and idempotency both go by them). A parked task's run
-        // carries its client's key to the backend but is no keyed request
-        // of its own here: its task is what runs it once.
-        let keyed = seen
-            .idempotency_key
-            .as_ref()
-            .filter(|_| task_run.is_none())
-            .and_then(|v| v.to_str().ok())
-            .map(|k| {
-                // The client's own path: the same key on another dialect's
-                // path is another request.
-                let fp = idempotency::fingerprint(
-                    parts.method.as_str(),
-                    parts.uri.path(),
-                    &body,
-                    &parts.headers,
-                );
-                (k.trim().to_string(), fp)
-            });
-        let park = match &route.park {
-            Some(_) if task_run.is_some() => Some(crate::tasks::ParkIntent::run()),
-            Some(_) => Some(crate::tasks::ParkIntent::new(
-                &parts.headers,
-                header_deadline,
-                keyed.clone(),
-            )),
-            None => None,
-        };
-        match decision.refusal {
+        // 5. The policy's decision, the key, parking.
+        let mut planned = plan(&snapshot, &parts, &body, &asked, &arrival, &mut pending);
+        match planned.refusal {
             Some(Refusal::BudgetExceeded) => {
                 let detail = pending.rec().reason.clone();
                 return pending.reject(ProxyError::BudgetExceeded { detail });
             }
             Some(_) => {
                 let detail = pending.rec().reason.clone();
-                if let Some(intent) = &park {
+                if let Some(intent) = &planned.park {
                     // As its client sent it (its own path and body).
                     let path_and_query = parts
                         .uri
                         .path_and_query()
                         .map_or(parts.uri.path(), |p| p.as_str());
-                    let ctx =
-                        intent.context(&parts.method, path_and_query, &parts.headers, &body, risk);
+                    let ctx = intent.context(
+                        &parts.method,
+                        path_and_query,
+                        &parts.headers,
+                        &body,
+                        arrival.risk,
+                    );
                     return Box::pin(super::parking::park(pending, route, &ctx, detail)).await;
                 }
                 return pending.reject(ProxyError::NoBackend { detail });
@@ -343,7 +231,11 @@ pub(crate) fn handle(
         }
         // A keyed retry of a request parked earlier: its task's state, or
         // its answer (never a second run beside the task's).
-        if let Some(ctx) = park.as_ref().filter(|c| c.keyed.is_some() && !c.run) {
+        if let Some(ctx) = planned
+            .park
+            .as_ref()
+            .filter(|c| c.keyed.is_some() && !c.run)
+        {
             let found = Box::pin(super::parking::existing(
                 pending,
                 &ctx.task_id(),
@@ -355,90 +247,24 @@ pub(crate) fn handle(
                 Err(p) => p,
             };
         }
-
-        // Clients or pools of another dialect (`dialect`): the request is
-        // written for each pool's dialect; a pool whose dialect cannot
-        // carry it is passed over, saying why (none left: 400).
-        // (The request's own bindings are updated, not new ones made: the
-        // future keeps one of each across its waits.)
-        let mut translation = None;
-        if pending.dialect != Dialect::OpenAi
-            || (snapshot.translating_pools && json_call && path == dialect::CHAT_PATH)
-        {
-            let client = dialect::ClientRequest {
-                dialect: pending.dialect,
-                body: body.clone(),
-                path: parts.uri.path_and_query(),
-                stream: streaming,
-                created: unix_seconds(pending.rec().offered_at.0),
-            };
-            let policy = &snapshot.policy;
-            let prepared = dialect::prepare(client, &decision.candidates, |k| {
-                let name = route.chain.get(k).map_or("", String::as_str);
-                (name.to_owned(), dialect::pool_dialect(policy.pool(name)))
-            });
-            let prepared = match prepared {
-                Ok(p) => p,
-                Err(e) => return pending.reject(e),
-            };
-            if !prepared.notes.is_empty() {
-                let rec = pending.rec();
-                rec.reason = format!("{}; {}", rec.reason, prepared.notes.join("; "));
-            }
-            // Both bodies are held until the request is done.
-            if !reserved.grow_to(prepared.body.len() + body.len()) {
-                return pending.reject(OVERLOADED);
-            }
-            body = prepared.body;
-            decision.candidates = prepared.candidates;
-            translation = Some(prepared.translation);
-        }
-
-        // A pool that may take it rewrites the model: the body must be one
-        // serde_json can re-encode, else the request is refused (never sent
-        // with the client's own model instead).
-        let rewrites = json_call
-            && decision.candidates.iter().any(|k| {
-                route
-                    .chain
-                    .get(*k)
-                    .and_then(|name| snapshot.policy.pool(name))
-                    .and_then(|p| p.model.as_deref())
-                    .is_some_and(|m| model.as_deref() != Some(m))
-            });
-        // A stream a candidate pool asks usage for: the body is parsed to
-        // see whether the client asked itself, and to add the option.
-        let usage_wanted = streaming
-            && json_call
-            && super::upstream_request::STREAM_USAGE_PATHS.contains(&path)
-            && decision.candidates.iter().any(|k| {
-                route
-                    .chain
-                    .get(*k)
-                    .and_then(|name| snapshot.policy.pool(name))
-                    .is_some_and(|p| p.stream_usage && p.provider.speaks_openai())
-            });
-        let parsed = if rewrites {
-            match ParsedBody::parse(&body) {
-                Ok(p) => Some(p),
-                Err(e) => {
-                    return pending.reject(ProxyError::InvalidRequest(format!(
-                        "the request body cannot be re-encoded with the pool's model: {e}"
-                    )))
-                }
-            }
-        } else if usage_wanted {
-            // Optional: a body serde_json cannot take goes as it came.
-            ParsedBody::parse(&body).ok()
-        } else {
-            None
+        // 6. The body each pool is sent.
+        let outbound = match outbound(
+            &snapshot,
+            &parts.uri,
+            &mut body,
+            &mut reserved,
+            &asked,
+            &mut planned.candidates,
+            &mut pending,
+        ) {
+            Ok(o) => o,
+            Err(e) => return pending.reject(e),
         };
-        let client_asks_usage = parsed.as_ref().is_some_and(ParsedBody::asks_stream_usage);
-
-        // Idempotency: join a request in flight, or replay a stored answer.
+        // 7. Idempotency: join a request in flight, replay a stored
+        // answer, or lead.
         let mut leader = None;
-        if let Some((key, fp)) = keyed {
-            let wait_until = deadline_at.unwrap_or_else(|| {
+        if let Some((key, fp)) = planned.keyed.take() {
+            let wait_until = planned.deadline_at.unwrap_or_else(|| {
                 crate::clock::later(
                     pending.t0,
                     shared.settings.queue.timeout,
@@ -447,13 +273,13 @@ pub(crate) fn handle(
             });
             // A claim outlives a proxy that dies holding it by this much:
             // the request's own time bound, and a margin.
-            let bound = deadline.unwrap_or(shared.settings.attempt_timeout);
+            let bound = planned.deadline.unwrap_or(shared.settings.attempt_timeout);
             let begun = shared
                 .idempotency
                 .begin(KeyedRequest {
                     key: &key,
                     fp,
-                    risk,
+                    risk: arrival.risk,
                     inflight_ttl: bound.saturating_add(CLAIM_MARGIN),
                     wait_until,
                 })
@@ -473,70 +299,18 @@ pub(crate) fn handle(
                 Begin::Refuse(e) => return pending.reject(e.into()),
             }
         }
-
-        // The scan said which of these are there: absent ones are not looked up.
-        let mut headers = parts.headers;
-        if seen.hop_by_hop {
-            crate::hop_by_hop::strip_hop_by_hop(&mut headers);
-        }
-        // `Host` is replaced and `Content-Length` kept or replaced when the
-        // upstream request is made (`upstream_request`).
-        // The router's own headers (the approval token among them) never
-        // reach a backend.
-        if seen.router_headers {
-            crate::request_headers::strip_router_headers(&mut headers);
-        }
-        if snapshot.policy.tenants.is_some() {
-            // The tenant's key never leaves the router: a pool with a key of
-            // its own sends that one, any other nothing.
-            headers.remove(http::header::AUTHORIZATION);
-            headers.remove(dialect::X_API_KEY);
-        }
-        // Over HTTP/2 the host is the `:authority`, not a header.
-        let host = seen.host.clone().or_else(|| {
-            let authority = parts.uri.authority()?;
-            http::HeaderValue::from_str(authority.as_str()).ok()
-        });
-        let tls = shared.tls.is_some();
-        forward::add_forwarded(&mut headers, &client_ip, host, &seen, tls);
-        if let Some(id) = &pending.id_header {
-            headers.insert(X_REQUEST_ID, id.clone());
-            headers.insert(IDEMPOTENCY_KEY, id.clone());
-        }
-        let exchange = Exchange {
-            otel: pending.rec().otel.clone(),
-            operation: spans::operation_name(path),
-            risk,
-            structured,
-            candidates: decision.candidates,
-            estimated_input_tokens,
-            output_cap: estimate.max_tokens,
+        // 8. What the walk needs.
+        let request = (parts.method, &parts.uri, parts.headers, body);
+        let phases = (arrival, asked, planned, outbound);
+        let exchange = exchange(
             shared,
             client,
-            snapshot: Arc::clone(&snapshot),
-            method: parts.method,
-            path_and_query: match &translation {
-                // The client's query stays with it (a pool of Anthropic's
-                // dialect gets its own path: `upstream_request`).
-                Some(_) => http::uri::PathAndQuery::from_static(dialect::CHAT_PATH),
-                None => parts
-                    .uri
-                    .path_and_query()
-                    .cloned()
-                    .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/")),
-            },
-            headers,
-            body,
-            parsed,
-            client_asks_usage,
-            tenant_key: pending.rec().tenant.as_deref().map(tenant_key),
-            json_call,
-            streaming,
-            model,
-            deadline_at,
-            park,
-            translation,
-        };
+            &client_ip,
+            &snapshot,
+            request,
+            phases,
+            &mut pending,
+        );
         // With a key the client will retry: unless the route says
         // otherwise, the request runs in a task of its own, which a
         // client going away does not cancel, and its answer is kept.
@@ -562,6 +336,422 @@ pub(crate) fn handle(
             };
         }
         exchange.walk_chain(pending, route, leader).await
+    }
+}
+
+/// Phase 1: what the request's headers say.
+struct Arrival {
+    /// The headers the router reads, found in one pass.
+    seen: RequestHeaders,
+    /// This proxy's own run of a parked task (see `crate::tasks`).
+    task_run: Option<crate::tasks::TaskRun>,
+    /// `X-Router-Deadline-Ms`.
+    header_deadline: Option<Duration>,
+    /// `X-Router-Risk`, else the policy's default.
+    risk: Risk,
+}
+
+/// Reads the request id, deadline, risk and task-run headers, and notes
+/// them in the record.
+fn arrive(
+    shared: &Shared,
+    snapshot: &Snapshot,
+    req: &Request<Incoming>,
+    pending: &mut Pending,
+) -> Result<Arrival, ProxyError> {
+    let seen = RequestHeaders::scan(req.headers());
+    let task_run = if seen.router_headers {
+        shared.tasks.run_of(req.headers())
+    } else {
+        None
+    };
+    if let Some(run) = &task_run {
+        pending.rec().parked_task = Some(run.id.clone());
+    }
+    let (id, header) = request_id(&seen, pending.rec().offered_at.0)?;
+    pending.id_header = header;
+    pending.rec().request_id = id;
+    let header_deadline = deadline_header(seen.deadline_ms.as_ref())?;
+    let risk = match &seen.risk {
+        None => snapshot.policy.default_risk,
+        Some(v) => v.to_str().ok().and_then(Risk::parse).ok_or_else(|| {
+            ProxyError::InvalidRequest(
+                "X-Router-Risk must be READ, DRAFT, SEND or DESTRUCTIVE".into(),
+            )
+        })?,
+    };
+    pending.rec().risk = Some(risk);
+    Ok(Arrival {
+        seen,
+        task_run,
+        header_deadline,
+        risk,
+    })
+}
+
+/// Phase 3: what the request asks, read from its path and body, and the
+/// route that takes it.
+struct Asked<'a> {
+    /// The path routes match (a chat path for a client of another
+    /// dialect).
+    path: &'a str,
+    /// An OpenAI-style JSON call (its body was peeked).
+    json_call: bool,
+    /// One copy of the model name, shared by the record and the attempts.
+    model: Option<Arc<str>>,
+    streaming: bool,
+    /// Structured output: only a non-streaming answer can be checked
+    /// before it reaches the client.
+    structured: Option<router_policy::structured::Expected>,
+    route: &'a router_policy::Route,
+    /// What the call may use, estimated once (tenants' limits, the
+    /// policy's cost gates).
+    estimate: tenancy::CallEstimate,
+}
+
+/// Peeks the body (on OpenAI-style JSON paths) for its model, stream,
+/// response format and token caps, and matches the route.
+fn ask<'a>(
+    snapshot: &'a Snapshot,
+    method: &Method,
+    uri: &'a http::Uri,
+    body: &Bytes,
+    arrival: &Arrival,
+    pending: &mut Pending,
+) -> Result<Asked<'a>, ProxyError> {
+    // An Anthropic client's request must be one; it is routed as a chat
+    // completion, and written for each pool's dialect once the pools are
+    // known (`dialect`). (Checked here, parsed again once the pools are
+    // known: nothing of it is kept across the waits in between, which
+    // every request's future would carry.)
+    let path = if pending.dialect == Dialect::OpenAi {
+        uri.path()
+    } else {
+        dialect::parse_messages(body)?;
+        pending.rec().dialect = Some(pending.dialect.as_str());
+        dialect::CHAT_PATH
+    };
+    let json_call = method == Method::POST && OPENAI_JSON_PATHS.contains(&path);
+    let peek = if json_call {
+        router_json_peek::peek_request(body).map_err(|e| {
+            ProxyError::InvalidRequest(format!("request body is not valid JSON: {e}"))
+        })?
+    } else {
+        RequestPeek::default()
+    };
+    let model: Option<Arc<str>> = peek.model.as_deref().map(Arc::from);
+    let structured = match peek.response_format.as_ref().map(|r| r.kind.as_ref()) {
+        Some(kind) if router_policy::structured::is_structured_type(kind) => {
+            router_policy::structured::expected_in_body(body)
+        }
+        _ => None,
+    };
+    pending.rec().model = model.clone();
+    let risk = arrival.risk;
+    let Some(route) = snapshot.policy.route_for_risk(risk, model.as_deref(), path) else {
+        return Err(ProxyError::NoBackend {
+            detail: format!("no route matches risk {}", risk.as_str()),
+        });
+    };
+    pending.rec().route = Some(route.name.clone());
+    let estimate = tenancy::CallEstimate {
+        input_tokens: (body.len() as u64).div_ceil(4),
+        // The largest cap given: engines differ in which they honour.
+        max_tokens: router_policy::tenant::output_cap([
+            peek.max_tokens,
+            peek.max_completion_tokens,
+            peek.max_output_tokens,
+        ]),
+    };
+    Ok(Asked {
+        path,
+        json_call,
+        model,
+        streaming: peek.stream.unwrap_or(false),
+        structured,
+        route,
+        estimate,
+    })
+}
+
+/// The route's approval token, unless the request is a parked task's run
+/// (the operator's approval stands for it).
+fn check_approval(
+    shared: &Shared,
+    snapshot: &Snapshot,
+    route: &router_policy::Route,
+    arrival: &Arrival,
+    pending: &mut Pending,
+) -> Result<(), ProxyError> {
+    if !route.requires_approval || arrival.task_run.is_some() {
+        return Ok(());
+    }
+    let given = arrival.seen.approval.as_ref().map(HeaderValue::as_bytes);
+    let rec = pending.rec();
+    let now = unix_seconds(rec.offered_at.0);
+    approve(shared, snapshot, &route.name, &rec.request_id, given, now).map_err(|why| {
+        ProxyError::ApprovalRequired {
+            route: route.name.clone(),
+            why,
+        }
+    })
+}
+
+/// Phase 5: the policy's decision on live measurements, the request's
+/// deadline, its key and what parking keeps.
+struct Planned {
+    /// The request's time bound: its header's, else the route's.
+    deadline: Option<Duration>,
+    deadline_at: Option<Instant>,
+    /// Indices into the route's chain of the pools that may take it.
+    candidates: Vec<usize>,
+    /// Why none may, when so.
+    refusal: Option<Refusal>,
+    estimated_input_tokens: u64,
+    /// The `Idempotency-Key` and the request's fingerprint, computed
+    /// once (parking and idempotency both go by them).
+    keyed: Option<(String, Fingerprint)>,
+    /// On a parking route: what parking keeps of the request.
+    park: Option<Box<crate::tasks::ParkIntent>>,
+}
+
+fn plan(
+    snapshot: &Snapshot,
+    parts: &http::request::Parts,
+    body: &Bytes,
+    asked: &Asked<'_>,
+    arrival: &Arrival,
+    pending: &mut Pending,
+) -> Planned {
+    let route = asked.route;
+    let deadline = arrival.header_deadline.or(route.deadline);
+    pending.rec().deadline_ms = deadline.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+    // Checked: a policy's deadline_ms may be anything up to u64::MAX.
+    let deadline_at = deadline.map(|d| crate::clock::later(pending.t0, d, crate::clock::A_YEAR));
+    let facts = RequestFacts {
+        risk: arrival.risk,
+        model: asked.model.as_deref(),
+        path: asked.path,
+        // One definition of structured output: what is gated is what is
+        // checked.
+        structured_output: asked.structured.is_some(),
+        deadline_ms: pending.rec().deadline_ms,
+        input_tokens: Some(asked.estimate.input_tokens),
+        max_tokens: asked.estimate.max_tokens,
+    };
+    // Measured at the request's own start time: a few microseconds old,
+    // and one clock reading instead of one per pool call.
+    let t0 = pending.t0;
+    let decision = decide_on_route(&snapshot.policy, route, &facts, |_, name| {
+        snapshot.pools.get(name).map(|p| p.measurements_at(t0))
+    });
+    pending.rec().reason = decision.reason;
+    // A parked task's run carries its client's key to the backend but is
+    // no keyed request of its own here: its task is what runs it once.
+    let keyed = arrival
+        .seen
+        .idempotency_key
+        .as_ref()
+        .filter(|_| arrival.task_run.is_none())
+        .and_then(|v| v.to_str().ok())
+        .map(|k| {
+            // The client's own path: the same key on another dialect's
+            // path is another request.
+            let fp = idempotency::fingerprint(
+                parts.method.as_str(),
+                parts.uri.path(),
+                body,
+                &parts.headers,
+            );
+            (k.trim().to_string(), fp)
+        });
+    // Safe mode: a parked task's own run is never parked again (it
+    // answers `no_backend`, and its task waits again).
+    let park = match &route.park {
+        Some(_) if arrival.task_run.is_some() => Some(crate::tasks::ParkIntent::run()),
+        Some(_) => Some(crate::tasks::ParkIntent::new(
+            &parts.headers,
+            arrival.header_deadline,
+            keyed.clone(),
+        )),
+        None => None,
+    };
+    Planned {
+        deadline,
+        deadline_at,
+        candidates: decision.candidates,
+        refusal: decision.refusal,
+        estimated_input_tokens: facts.input_tokens.unwrap_or(0),
+        keyed,
+        park,
+    }
+}
+
+/// Phase 6: how the body goes to the pools.
+struct Outbound {
+    /// A client of another dialect: what was translated, and how its
+    /// answers are.
+    translation: Option<Box<super::dialect::Translation>>,
+    /// The body parsed for its model to be rewritten (or stream usage
+    /// asked), when a candidate pool does so.
+    parsed: Option<ParsedBody>,
+    /// The client asked for usage in its stream itself.
+    client_asks_usage: bool,
+}
+
+/// Writes the body for each candidate pool's dialect (a pool whose
+/// dialect cannot carry it is passed over, saying why; none left: 400),
+/// and parses it when a candidate pool rewrites the model (a body
+/// serde_json cannot re-encode is refused, never sent with the client's
+/// own model instead) or adds stream usage.
+fn outbound(
+    snapshot: &Snapshot,
+    uri: &http::Uri,
+    body: &mut Bytes,
+    reserved: &mut Reservation,
+    asked: &Asked<'_>,
+    candidates: &mut Vec<usize>,
+    pending: &mut Pending,
+) -> Result<Outbound, ProxyError> {
+    let (route, path, json_call) = (asked.route, asked.path, asked.json_call);
+    let mut translation = None;
+    if pending.dialect != Dialect::OpenAi
+        || (snapshot.translating_pools && json_call && path == dialect::CHAT_PATH)
+    {
+        let client = dialect::ClientRequest {
+            dialect: pending.dialect,
+            body: body.clone(),
+            path: uri.path_and_query(),
+            stream: asked.streaming,
+            created: unix_seconds(pending.rec().offered_at.0),
+        };
+        let policy = &snapshot.policy;
+        let prepared = dialect::prepare(client, candidates, |k| {
+            let name = route.chain.get(k).map_or("", String::as_str);
+            (name.to_owned(), dialect::pool_dialect(policy.pool(name)))
+        })?;
+        if !prepared.notes.is_empty() {
+            let rec = pending.rec();
+            rec.reason = format!("{}; {}", rec.reason, prepared.notes.join("; "));
+        }
+        // Both bodies are held until the request is done.
+        if !reserved.grow_to(prepared.body.len() + body.len()) {
+            return Err(OVERLOADED);
+        }
+        *body = prepared.body;
+        *candidates = prepared.candidates;
+        translation = Some(prepared.translation);
+    }
+    let candidate_pools = || {
+        candidates
+            .iter()
+            .filter_map(|k| route.chain.get(*k))
+            .filter_map(|name| snapshot.policy.pool(name))
+    };
+    let rewrites = json_call
+        && candidate_pools().any(|p| {
+            p.model
+                .as_deref()
+                .is_some_and(|m| asked.model.as_deref() != Some(m))
+        });
+    let usage_wanted = asked.streaming
+        && json_call
+        && super::upstream_request::STREAM_USAGE_PATHS.contains(&path)
+        && candidate_pools().any(|p| p.stream_usage && p.provider.speaks_openai());
+    let parsed = if rewrites {
+        Some(ParsedBody::parse(body).map_err(|e| {
+            ProxyError::InvalidRequest(format!(
+                "the request body cannot be re-encoded with the pool's model: {e}"
+            ))
+        })?)
+    } else if usage_wanted {
+        // Optional: a body serde_json cannot take goes as it came.
+        ParsedBody::parse(body).ok()
+    } else {
+        None
+    };
+    let client_asks_usage = parsed.as_ref().is_some_and(ParsedBody::asks_stream_usage);
+    Ok(Outbound {
+        translation,
+        parsed,
+        client_asks_usage,
+    })
+}
+
+/// Phase 8: the headers a backend gets, and the [`Exchange`] the walk
+/// carries out.
+///
+/// `request`: the client's method, URI, headers and body; `phases`: the
+/// values the earlier phases handed on.
+fn exchange(
+    shared: Arc<Shared>,
+    client: UpstreamClient,
+    client_ip: &HeaderValue,
+    snapshot: &Arc<Snapshot>,
+    (method, uri, mut headers, body): (Method, &http::Uri, HeaderMap, Bytes),
+    (arrival, asked, planned, outbound): (Arrival, Asked<'_>, Planned, Outbound),
+    pending: &mut Pending,
+) -> Exchange {
+    let seen = &arrival.seen;
+    // The scan said which of these are there: absent ones are not looked up.
+    if seen.hop_by_hop {
+        crate::hop_by_hop::strip_hop_by_hop(&mut headers);
+    }
+    // `Host` is replaced and `Content-Length` kept or replaced when the
+    // upstream request is made (`upstream_request`). The router's own
+    // headers (the approval token among them) never reach a backend.
+    if seen.router_headers {
+        crate::request_headers::strip_router_headers(&mut headers);
+    }
+    if snapshot.policy.tenants.is_some() {
+        // The tenant's key never leaves the router: a pool with a key of
+        // its own sends that one, any other nothing.
+        headers.remove(http::header::AUTHORIZATION);
+        headers.remove(dialect::X_API_KEY);
+    }
+    // Over HTTP/2 the host is the `:authority`, not a header.
+    let host = seen.host.clone().or_else(|| {
+        let authority = uri.authority()?;
+        http::HeaderValue::from_str(authority.as_str()).ok()
+    });
+    let tls = shared.tls.is_some();
+    forward::add_forwarded(&mut headers, client_ip, host, seen, tls);
+    if let Some(id) = &pending.id_header {
+        headers.insert(X_REQUEST_ID, id.clone());
+        headers.insert(IDEMPOTENCY_KEY, id.clone());
+    }
+    Exchange {
+        otel: pending.rec().otel.clone(),
+        operation: spans::operation_name(asked.path),
+        risk: arrival.risk,
+        structured: asked.structured,
+        candidates: planned.candidates,
+        estimated_input_tokens: planned.estimated_input_tokens,
+        output_cap: asked.estimate.max_tokens,
+        shared,
+        client,
+        snapshot: Arc::clone(snapshot),
+        method,
+        path_and_query: match &outbound.translation {
+            // The client's query stays with it (a pool of Anthropic's
+            // dialect gets its own path: `upstream_request`).
+            Some(_) => http::uri::PathAndQuery::from_static(dialect::CHAT_PATH),
+            None => uri
+                .path_and_query()
+                .cloned()
+                .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/")),
+        },
+        headers,
+        body,
+        parsed: outbound.parsed,
+        client_asks_usage: outbound.client_asks_usage,
+        tenant_key: pending.rec().tenant.as_deref().map(tenant_key),
+        json_call: asked.json_call,
+        streaming: asked.streaming,
+        model: asked.model,
+        deadline_at: planned.deadline_at,
+        park: planned.park,
+        translation: outbound.translation,
     }
 }
 

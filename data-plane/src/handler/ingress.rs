@@ -132,20 +132,17 @@ pub(crate) fn handle(
             spans::start_server_span(&req, pending.rec());
         }
 
-        // 1. The headers.
-        let arrival = match arrive(&shared, &snapshot, &req, &mut pending) {
+        // 1. The headers (`seen` stays where `scan` wrote it: it is large,
+        // and the phases borrow it).
+        let seen = RequestHeaders::scan(req.headers());
+        let arrival = match arrive(&shared, &snapshot, &req, &seen, &mut pending) {
             Ok(a) => a,
             Err(e) => return pending.reject(e),
         };
         // 2. The body. `reserved` holds its bytes under the proxy's cap
         // until the request is done.
         let (parts, body) = req.into_parts();
-        let read = read_body(
-            &shared,
-            pending.t0,
-            arrival.seen.content_length.as_ref(),
-            body,
-        );
+        let read = read_body(&shared, pending.t0, seen.content_length.as_ref(), body);
         let (mut body, mut reserved) = match read.await {
             Ok(b) => b,
             Err(e) => return pending.reject(e),
@@ -198,11 +195,19 @@ pub(crate) fn handle(
                 return pending.reject(e);
             }
         }
-        if let Err(e) = check_approval(&shared, &snapshot, route, &arrival, &mut pending) {
+        if let Err(e) = check_approval(&shared, &snapshot, route, &seen, &arrival, &mut pending) {
             return pending.reject(e);
         }
         // 5. The policy's decision, the key, parking.
-        let mut planned = plan(&snapshot, &parts, &body, &asked, &arrival, &mut pending);
+        let mut planned = plan(
+            &snapshot,
+            &parts,
+            &body,
+            &seen,
+            &asked,
+            &arrival,
+            &mut pending,
+        );
         match planned.refusal {
             Some(Refusal::BudgetExceeded) => {
                 let detail = pending.rec().reason.clone();
@@ -301,7 +306,7 @@ pub(crate) fn handle(
         }
         // 8. What the walk needs.
         let request = (parts.method, &parts.uri, parts.headers, body);
-        let phases = (arrival, asked, planned, outbound);
+        let phases = (&seen, &arrival, asked, planned, outbound);
         let exchange = exchange(
             shared,
             client,
@@ -339,10 +344,9 @@ pub(crate) fn handle(
     }
 }
 
-/// Phase 1: what the request's headers say.
+/// Phase 1: what the request's headers say (beside the headers the
+/// router reads, found in one pass: [`RequestHeaders`]).
 struct Arrival {
-    /// The headers the router reads, found in one pass.
-    seen: RequestHeaders,
     /// This proxy's own run of a parked task (see `crate::tasks`).
     task_run: Option<crate::tasks::TaskRun>,
     /// `X-Router-Deadline-Ms`.
@@ -357,9 +361,9 @@ fn arrive(
     shared: &Shared,
     snapshot: &Snapshot,
     req: &Request<Incoming>,
+    seen: &RequestHeaders,
     pending: &mut Pending,
 ) -> Result<Arrival, ProxyError> {
-    let seen = RequestHeaders::scan(req.headers());
     let task_run = if seen.router_headers {
         shared.tasks.run_of(req.headers())
     } else {
@@ -368,7 +372,7 @@ fn arrive(
     if let Some(run) = &task_run {
         pending.rec().parked_task = Some(run.id.clone());
     }
-    let (id, header) = request_id(&seen, pending.rec().offered_at.0)?;
+    let (id, header) = request_id(seen, pending.rec().offered_at.0)?;
     pending.id_header = header;
     pending.rec().request_id = id;
     let header_deadline = deadline_header(seen.deadline_ms.as_ref())?;
@@ -382,7 +386,6 @@ fn arrive(
     };
     pending.rec().risk = Some(risk);
     Ok(Arrival {
-        seen,
         task_run,
         header_deadline,
         risk,
@@ -480,13 +483,14 @@ fn check_approval(
     shared: &Shared,
     snapshot: &Snapshot,
     route: &router_policy::Route,
+    seen: &RequestHeaders,
     arrival: &Arrival,
     pending: &mut Pending,
 ) -> Result<(), ProxyError> {
     if !route.requires_approval || arrival.task_run.is_some() {
         return Ok(());
     }
-    let given = arrival.seen.approval.as_ref().map(HeaderValue::as_bytes);
+    let given = seen.approval.as_ref().map(HeaderValue::as_bytes);
     let rec = pending.rec();
     let now = unix_seconds(rec.offered_at.0);
     approve(shared, snapshot, &route.name, &rec.request_id, given, now).map_err(|why| {
@@ -519,6 +523,7 @@ fn plan(
     snapshot: &Snapshot,
     parts: &http::request::Parts,
     body: &Bytes,
+    seen: &RequestHeaders,
     asked: &Asked<'_>,
     arrival: &Arrival,
     pending: &mut Pending,
@@ -548,8 +553,7 @@ fn plan(
     pending.rec().reason = decision.reason;
     // A parked task's run carries its client's key to the backend but is
     // no keyed request of its own here: its task is what runs it once.
-    let keyed = arrival
-        .seen
+    let keyed = seen
         .idempotency_key
         .as_ref()
         .filter(|_| arrival.task_run.is_none())
@@ -689,10 +693,15 @@ fn exchange(
     client_ip: &HeaderValue,
     snapshot: &Arc<Snapshot>,
     (method, uri, mut headers, body): (Method, &http::Uri, HeaderMap, Bytes),
-    (arrival, asked, planned, outbound): (Arrival, Asked<'_>, Planned, Outbound),
+    (seen, arrival, asked, planned, outbound): (
+        &RequestHeaders,
+        &Arrival,
+        Asked<'_>,
+        Planned,
+        Outbound,
+    ),
     pending: &mut Pending,
 ) -> Exchange {
-    let seen = &arrival.seen;
     // The scan said which of these are there: absent ones are not looked up.
     if seen.hop_by_hop {
         crate::hop_by_hop::strip_hop_by_hop(&mut headers);

@@ -242,6 +242,10 @@ async fn handle(console: &Console, req: http::Request<Incoming>) -> Answer {
         (&Method::GET, "/static/console.js") => {
             return answer(StatusCode::OK, "text/javascript; charset=utf-8", pages::JS)
         }
+        // Browsers ask for it on their own; it is not a page to sign in for.
+        (&Method::GET, "/favicon.ico") => {
+            return pages::error_page(StatusCode::NOT_FOUND, "no icon")
+        }
         (&Method::GET, "/signin") => return pages::signin::get(console, &parts),
         (&Method::POST, "/signin") => {
             return match read_form(body).await {

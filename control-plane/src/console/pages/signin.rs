@@ -20,10 +20,24 @@ struct SigninPage<'a> {
     open: bool,
 }
 
-/// The form, with a fresh double-submit value, and `error` above it.
-fn form(console: &Console, status: StatusCode, error: &str) -> Answer {
-    let Ok(nonce) = console.sessions.random() else {
-        return error_page(StatusCode::INTERNAL_SERVER_ERROR, "no randomness");
+/// The form, with its double-submit value (the one the browser holds
+/// already, so that a second tab or a stray request for the form does not
+/// invalidate the first; else a fresh one), and `error` above it.
+fn form(
+    console: &Console,
+    parts: &http::request::Parts,
+    status: StatusCode,
+    error: &str,
+) -> Answer {
+    let held = super::super::cookie(parts, session::SIGNIN_COOKIE)
+        .filter(|v| v.len() == 64 && v.bytes().all(|b| b.is_ascii_hexdigit()))
+        .map(str::to_string);
+    let nonce = match held {
+        Some(n) => n,
+        None => match console.sessions.random() {
+            Ok(n) => n,
+            Err(_) => return error_page(StatusCode::INTERNAL_SERVER_ERROR, "no randomness"),
+        },
     };
     let page = render(
         status,
@@ -79,7 +93,7 @@ pub(in crate::console) fn get(console: &Console, parts: &http::request::Parts) -
                 )
             }
         },
-        None => form(console, StatusCode::OK, ""),
+        None => form(console, parts, StatusCode::OK, ""),
     }
 }
 
@@ -101,6 +115,7 @@ pub(in crate::console) fn post(
     if console.tokens.is_open() {
         return form(
             console,
+            parts,
             StatusCode::FORBIDDEN,
             "this control plane has no tokens: sign in with the one-time link it printed",
         );
@@ -110,7 +125,7 @@ pub(in crate::console) fn post(
         .map(|t| t.trim())
         .unwrap_or_default();
     if token.is_empty() {
-        return form(console, StatusCode::UNAUTHORIZED, "give a token");
+        return form(console, parts, StatusCode::UNAUTHORIZED, "give a token");
     }
     match console.tokens.role(Some(token.as_bytes())) {
         Some(role) if role.console_rank().is_some() => signed_in(console, role, "token"),
@@ -118,13 +133,14 @@ pub(in crate::console) fn post(
             tracing::warn!("console: a proxy token tried to sign in");
             form(
                 console,
+                parts,
                 StatusCode::FORBIDDEN,
                 "a proxy token does not sign in to the console",
             )
         }
         None => {
             tracing::warn!("console: a sign-in with an unknown token");
-            form(console, StatusCode::UNAUTHORIZED, "unknown token")
+            form(console, parts, StatusCode::UNAUTHORIZED, "unknown token")
         }
     }
 }

@@ -104,7 +104,7 @@ pub async fn run(args: UpArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let cp = match start(ControlPlaneOptions {
+    let options = ControlPlaneOptions {
         listen: args.grpc,
         store: router_control_plane::StoreLocation::Embedded(args.data_dir.join("control-plane")),
         token: token.clone(),
@@ -115,9 +115,25 @@ pub async fn run(args: UpArgs) -> ExitCode {
             ..Default::default()
         },
         ..Default::default()
-    })
-    .await
-    {
+    };
+    let started = match start(options.clone()).await {
+        // The console's port is taken (another `up`): go on without it.
+        Err(router_control_plane::StartError::Bind(addr, e))
+            if Some(addr) == args.console_listen.0 =>
+        {
+            eprintln!(
+                "routerctl up: the console cannot listen on {addr} ({e}); going on without it \
+                 (--console-listen ADDR to choose another address)"
+            );
+            start(ControlPlaneOptions {
+                console: router_control_plane::ConsoleOptions::default(),
+                ..options
+            })
+            .await
+        }
+        other => other,
+    };
+    let cp = match started {
         Ok(cp) => cp,
         Err(router_control_plane::StartError::ConsoleInsecure(addr)) => {
             eprintln!(

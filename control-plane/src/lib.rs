@@ -333,6 +333,16 @@ pub async fn start(options: ControlPlaneOptions) -> Result<RunningControlPlane, 
     } else if options.tls.is_none() && !options.listen.ip().is_loopback() {
         tracing::warn!(listen = %options.listen, "no TLS: bearer tokens cross the network in clear (--tls-cert/--tls-key, or a mesh)");
     }
+    // The console's port first: a port in use stops the start before
+    // anything is opened (so a caller may start again without a console).
+    let console_listener = match options.console.listen {
+        None => None,
+        Some(listen) => Some(
+            TcpListener::bind(listen)
+                .await
+                .map_err(|e| StartError::Bind(listen, e))?,
+        ),
+    };
     let shared_store = match &options.shared_store {
         None => None,
         Some(url) => Some(
@@ -405,11 +415,11 @@ pub async fn start(options: ControlPlaneOptions) -> Result<RunningControlPlane, 
     });
     let maintenance = tokio::spawn(hub::maintenance_loop(Arc::downgrade(&hub)));
     let mut tasks = vec![serve, maintenance];
-    let console = match options.console.listen {
+    let console = match console_listener {
         None => None,
-        Some(listen) => {
+        Some(listener) => {
             let c = match console::serve(
-                listen,
+                listener,
                 &options.console,
                 options.tls.as_ref(),
                 Arc::downgrade(&hub),

@@ -316,9 +316,9 @@ pub(crate) struct Serving {
     pub(crate) task: JoinHandle<()>,
 }
 
-/// Binds `listen` and serves the console in a background task.
+/// Serves the console on `listener` in a background task.
 pub(crate) async fn serve(
-    listen: SocketAddr,
+    listener: TcpListener,
     options: &ConsoleOptions,
     tls: Option<&(String, String)>,
     hub: Weak<Hub>,
@@ -329,12 +329,9 @@ pub(crate) async fn serve(
         Some((cert, key)) => Some(tls_acceptor(cert, key).map_err(crate::StartError::Tls)?),
         None => None,
     };
-    let listener = TcpListener::bind(listen)
-        .await
-        .map_err(|e| crate::StartError::Bind(listen, e))?;
     let addr = listener
         .local_addr()
-        .map_err(|e| crate::StartError::Bind(listen, e))?;
+        .map_err(|e| crate::StartError::Bind(SocketAddr::from(([127, 0, 0, 1], 0)), e))?;
     let console = Arc::new(Console {
         hub,
         shared_store,

@@ -118,6 +118,7 @@ fn assert_console_headers(r: &TestResponse, what: &str) {
         "{what}"
     );
     assert_eq!(r.header("referrer-policy"), Some("no-referrer"), "{what}");
+    assert_eq!(r.header("cache-control"), Some("no-store"), "{what}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -262,6 +263,92 @@ async fn sign_in_sessions_links_and_headers_hold_without_a_browser() {
     assert_eq!(tasks.status, StatusCode::OK);
     assert!(tasks.text().contains("--shared-store"), "{}", tasks.text());
 
+    cp.shutdown().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `curl -sk -i` (the console's answer head and body, over TLS).
+fn curl(args: &[&str]) -> String {
+    let o = std::process::Command::new("curl")
+        .args(["-sk", "-i", "--max-time", "10"])
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("curl (scripts/install-test-deps installs it): {e}"));
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// Under TLS (the control plane's certificate) the console speaks HTTPS
+/// only, and its cookies are `Secure`; a form body past 64 KiB is 413.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_tls_the_console_serves_https_and_its_cookies_are_secure() {
+    let ck = rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_string()]).unwrap();
+    let dir = std::env::temp_dir().join(format!("router-console-tls-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let cp = start(ControlPlaneOptions {
+        listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+        store: router_control_plane::StoreLocation::Embedded(dir.clone()),
+        token: Some(TOKEN.into()),
+        viewer_tokens: vec![OperatorToken {
+            token: "viewer-secret".into(),
+            name: None,
+        }],
+        tls: Some((ck.cert.pem(), ck.signing_key.serialize_pem())),
+        console: ConsoleOptions {
+            listen: Some(SocketAddr::from(([127, 0, 0, 1], 0))),
+            ..ConsoleOptions::default()
+        },
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let console = cp.console_url().unwrap();
+    assert!(console.starts_with("https://"), "{console}");
+    let url = |path: &str| format!("{console}{path}");
+    let form = tokio::task::spawn_blocking({
+        let u = url("/signin");
+        move || curl(&[&u])
+    })
+    .await
+    .unwrap();
+    assert!(form.starts_with("HTTP/1.1 200"), "{form}");
+    let nonce = field(&form, "nonce").unwrap();
+    assert!(
+        form.contains(&format!(
+            "router_console_signin={nonce}; HttpOnly; SameSite=Strict; Path=/; Max-Age=600; Secure"
+        )),
+        "{form}"
+    );
+    let signed = tokio::task::spawn_blocking({
+        let u = url("/signin");
+        let cookie = format!("router_console_signin={nonce}");
+        let body = format!("nonce={nonce}&token=viewer-secret");
+        move || curl(&["-b", &cookie, "--data", &body, &u])
+    })
+    .await
+    .unwrap();
+    assert!(signed.starts_with("HTTP/1.1 303"), "{signed}");
+    assert!(
+        signed.contains("; HttpOnly; SameSite=Strict; Path=/; Max-Age=28800; Secure"),
+        "{signed}"
+    );
+    // Plain HTTP on the TLS port gets no page.
+    let plain = tokio::task::spawn_blocking({
+        let u = url("/signin").replace("https://", "http://");
+        move || curl(&[&u])
+    })
+    .await
+    .unwrap();
+    assert!(!plain.contains("router console"), "{plain}");
+    // A form body past 64 KiB: 413, nothing read further.
+    let big = format!("nonce={nonce}&token={}", "x".repeat(70 * 1024));
+    let too_big = tokio::task::spawn_blocking({
+        let u = url("/signin");
+        let cookie = format!("router_console_signin={nonce}");
+        move || curl(&["-b", &cookie, "--data-binary", &big, &u])
+    })
+    .await
+    .unwrap();
+    assert!(too_big.starts_with("HTTP/1.1 413"), "{too_big}");
     cp.shutdown().await;
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -38,6 +38,23 @@ pub struct UpArgs {
     /// your own (kept otherwise).
     #[arg(long)]
     pub reset: bool,
+    /// The console's address (web pages: fleet, parked tasks), or `off`.
+    /// `up` prints a one-time sign-in link to it.
+    #[arg(long, default_value = "127.0.0.1:50052", value_parser = console_listen)]
+    pub console_listen: ConsoleListen,
+}
+
+/// `--console-listen`: an address, or `off`.
+#[derive(Debug, Clone, Copy)]
+pub struct ConsoleListen(pub Option<SocketAddr>);
+
+fn console_listen(s: &str) -> Result<ConsoleListen, String> {
+    if s.eq_ignore_ascii_case("off") {
+        return Ok(ConsoleListen(None));
+    }
+    s.parse()
+        .map(|a| ConsoleListen(Some(a)))
+        .map_err(|e| format!("an address (HOST:PORT) or `off`: {e}"))
 }
 
 /// The demo policy's name: `up` replaces only a policy of that name (its
@@ -87,17 +104,44 @@ pub async fn run(args: UpArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let cp = match start(ControlPlaneOptions {
+    let options = ControlPlaneOptions {
         listen: args.grpc,
         store: router_control_plane::StoreLocation::Embedded(args.data_dir.join("control-plane")),
         token: token.clone(),
         tls: None,
         guards,
+        console: router_control_plane::ConsoleOptions {
+            listen: args.console_listen.0,
+            ..Default::default()
+        },
         ..Default::default()
-    })
-    .await
-    {
+    };
+    let started = match start(options.clone()).await {
+        // The console's port is taken (another `up`): go on without it.
+        Err(router_control_plane::StartError::Bind(addr, e))
+            if Some(addr) == args.console_listen.0 =>
+        {
+            eprintln!(
+                "routerctl up: the console cannot listen on {addr} ({e}); going on without it \
+                 (--console-listen ADDR to choose another address)"
+            );
+            start(ControlPlaneOptions {
+                console: router_control_plane::ConsoleOptions::default(),
+                ..options
+            })
+            .await
+        }
+        other => other,
+    };
+    let cp = match started {
         Ok(cp) => cp,
+        Err(router_control_plane::StartError::ConsoleInsecure(addr)) => {
+            eprintln!(
+                "routerctl up: --console-listen {addr} is not a loopback address: the console \
+                 would serve sessions in clear (keep the default 127.0.0.1:50052, or `off`)"
+            );
+            return ExitCode::from(2);
+        }
         Err(router_control_plane::StartError::Insecure(addr)) => {
             eprintln!(
                 "routerctl up: --grpc {addr} is not a loopback address: set ROUTER_TOKEN so the \
@@ -212,6 +256,12 @@ pub async fn run(args: UpArgs) -> ExitCode {
         args.data_dir.display()
     );
     eprintln!("  admin API:     {}", proxy.admin_access());
+    if let Some(url) = cp.console_url() {
+        eprintln!("  console:       {url}");
+        if let Some(link) = cp.console_signin_link() {
+            eprintln!("                 sign in (once, within 5 minutes): {link}");
+        }
+    }
     if !mocks.is_empty() {
         eprintln!("  demo endpoints: local-gpu (40 ms, 4 at a time) then cloud (300 ms)");
     }

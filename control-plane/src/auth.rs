@@ -1,6 +1,6 @@
-//! Who may call what: operator tokens and proxy tokens.
+//! Who may call what: operator, approver, viewer and proxy tokens.
 //!
-//! Two roles, each with its own bearer tokens:
+//! Four roles, each with its own bearer tokens:
 //!
 //! - **operator** (`--token-file`): every call, admin and stream. Also
 //!   accepted on the config stream, so proxies deployed with the operator
@@ -9,11 +9,21 @@
 //!   per line as `TOKEN` or `TOKEN NAME` ([`parse_operator_tokens`]): a
 //!   name says whose token it is, and every approval or drop of a parked
 //!   task records the caller's role and token name;
+//! - **approver** (`--approver-token-file`, the same line format): signs in
+//!   to the console ([`crate::console`]), reads everything there but
+//!   secrets, and approves or drops parked tasks; nothing else;
+//! - **viewer** (`--viewer-token-file`, the same line format): signs in to
+//!   the console and reads; changes nothing;
 //! - **proxy** (`--proxy-token-file`, one token per line, optionally
 //!   `TOKEN NODE_ID`): only the config stream, and the circuit reports on
 //!   it. A token pinned to a node id opens the stream for that node id
 //!   only, so one proxy's secret cannot speak (or report circuits) for
 //!   another.
+//!
+//! Approver and viewer tokens are for people in the console: the gRPC
+//! `Admin` API refuses them (`PERMISSION_DENIED`), and so does the config
+//! stream. In the console the roles are ordered viewer < approver <
+//! operator ([`Role::console_rank`]); a proxy token never signs in there.
 //!
 //! With no token at all the API is open (every caller is an operator);
 //! [`crate::start`] allows that only on a loopback address unless told
@@ -47,16 +57,54 @@ pub enum Role {
         /// The node id the token is pinned to, if any.
         node: Option<String>,
     },
+    /// An approver token: the console, reading, and approving or dropping
+    /// parked tasks.
+    Approver {
+        /// The name the token carries (`TOKEN NAME` in `--approver-token-file`).
+        name: Option<String>,
+    },
+    /// A viewer token: the console, reading only.
+    Viewer {
+        /// The name the token carries (`TOKEN NAME` in `--viewer-token-file`).
+        name: Option<String>,
+    },
 }
 
 impl Role {
-    /// The role's name in records and logs: `operator`, `open`, `proxy`.
+    /// The role's name in records and logs: `operator`, `open`, `proxy`,
+    /// `approver`, `viewer`.
     pub fn as_str(&self) -> &'static str {
         match self {
             Self::Operator { .. } => "operator",
             Self::Open => "open",
             Self::Proxy { .. } => "proxy",
+            Self::Approver { .. } => "approver",
+            Self::Viewer { .. } => "viewer",
         }
+    }
+
+    /// The role's rank in the console: viewer 1 < approver 2 < operator 3
+    /// (an open API's caller is an operator); `None` for a proxy token,
+    /// which never signs in there.
+    pub fn console_rank(&self) -> Option<u8> {
+        match self {
+            Self::Viewer { .. } => Some(1),
+            Self::Approver { .. } => Some(2),
+            Self::Operator { .. } | Self::Open => Some(3),
+            Self::Proxy { .. } => None,
+        }
+    }
+
+    /// Whether the role may approve and drop parked tasks in the console
+    /// (approver and operator).
+    pub fn may_approve(&self) -> bool {
+        self.console_rank() >= Some(2)
+    }
+
+    /// Whether the role may change the policy, backends and circuits in the
+    /// console (operator).
+    pub fn may_operate(&self) -> bool {
+        self.console_rank() >= Some(3)
     }
 
     /// Whether the role may make admin calls.
@@ -67,7 +115,9 @@ impl Role {
     /// The name the caller's token carries, if any.
     pub fn token_name(&self) -> Option<&str> {
         match self {
-            Self::Operator { name } => name.as_deref(),
+            Self::Operator { name } | Self::Approver { name } | Self::Viewer { name } => {
+                name.as_deref()
+            }
             Self::Open | Self::Proxy { .. } => None,
         }
     }
@@ -208,6 +258,8 @@ pub fn parse_proxy_tokens(text: &str) -> Result<Vec<ProxyToken>, TokenFileError>
 pub struct Tokens {
     operators: Vec<(Secret, Option<String>)>,
     proxies: Vec<(Secret, Option<String>)>,
+    approvers: Vec<(Secret, Option<String>)>,
+    viewers: Vec<(Secret, Option<String>)>,
 }
 
 impl std::fmt::Debug for Tokens {
@@ -215,8 +267,20 @@ impl std::fmt::Debug for Tokens {
         f.debug_struct("Tokens")
             .field("operators", &self.operators.len())
             .field("proxies", &self.proxies.len())
+            .field("approvers", &self.approvers.len())
+            .field("viewers", &self.viewers.len())
             .finish()
     }
+}
+
+fn named_secrets(
+    tokens: &[OperatorToken],
+    what: &'static str,
+) -> Result<Vec<(Secret, Option<String>)>, TokenError> {
+    tokens
+        .iter()
+        .map(|o| Secret::new(&o.token, what).map(|s| (s, o.name.clone())))
+        .collect()
 }
 
 impl Tokens {
@@ -224,13 +288,7 @@ impl Tokens {
     /// cannot be one (empty, not visible ASCII).
     pub fn new(operators: &[OperatorToken], proxies: &[ProxyToken]) -> Result<Self, TokenError> {
         Ok(Self {
-            operators: operators
-                .iter()
-                .map(|o| {
-                    Secret::new(&o.token, "an operator token (--token-file)")
-                        .map(|s| (s, o.name.clone()))
-                })
-                .collect::<Result<_, _>>()?,
+            operators: named_secrets(operators, "an operator token (--token-file)")?,
             proxies: proxies
                 .iter()
                 .map(|p| {
@@ -238,38 +296,61 @@ impl Tokens {
                         .map(|s| (s, p.node.clone()))
                 })
                 .collect::<Result<_, _>>()?,
+            approvers: Vec::new(),
+            viewers: Vec::new(),
         })
+    }
+
+    /// These tokens, and the console's approver and viewer tokens
+    /// (`--approver-token-file`, `--viewer-token-file`).
+    pub fn with_console_roles(
+        mut self,
+        approvers: &[OperatorToken],
+        viewers: &[OperatorToken],
+    ) -> Result<Self, TokenError> {
+        self.approvers = named_secrets(approvers, "an approver token (--approver-token-file)")?;
+        self.viewers = named_secrets(viewers, "a viewer token (--viewer-token-file)")?;
+        Ok(self)
     }
 
     /// No token at all: every caller is an operator.
     pub fn is_open(&self) -> bool {
-        self.operators.is_empty() && self.proxies.is_empty()
+        self.operators.is_empty()
+            && self.proxies.is_empty()
+            && self.approvers.is_empty()
+            && self.viewers.is_empty()
     }
 
     /// The role `presented` (the bearer token, if any) grants; `None` when
     /// it matches no token. Every configured token is compared, each in
-    /// constant time.
+    /// constant time. A token in several files takes the highest role:
+    /// operator, approver, viewer, proxy.
     pub fn role(&self, presented: Option<&[u8]>) -> Option<Role> {
         if self.is_open() {
             return Some(Role::Open);
         }
         let given = presented.unwrap_or_default();
-        let mut operator = None;
-        for (secret, name) in &self.operators {
-            if secret.matches(given) {
-                operator = Some(name);
+        let matching = |list: &[(Secret, Option<String>)]| {
+            let mut found = None;
+            for (secret, second) in list {
+                if secret.matches(given) {
+                    found = Some(second.clone());
+                }
             }
-        }
-        let mut proxy = None;
-        for (secret, node) in &self.proxies {
-            if secret.matches(given) {
-                proxy = Some(node);
-            }
-        }
-        match (operator, proxy) {
-            (Some(name), _) => Some(Role::Operator { name: name.clone() }),
-            (None, Some(node)) => Some(Role::Proxy { node: node.clone() }),
-            (None, None) => None,
+            found
+        };
+        let operator = matching(&self.operators);
+        let approver = matching(&self.approvers);
+        let viewer = matching(&self.viewers);
+        let proxy = matching(&self.proxies);
+        if let Some(name) = operator {
+            Some(Role::Operator { name })
+        } else if let Some(name) = approver {
+            Some(Role::Approver { name })
+        } else if let Some(name) = viewer {
+            Some(Role::Viewer { name })
+        } else {
+            proxy.map(|node| Role::Proxy { node })
         }
     }
 }
@@ -292,6 +373,11 @@ pub fn stream_check(
         let role = tokens
             .role(bearer(&req))
             .ok_or_else(|| Status::unauthenticated("missing or invalid bearer token"))?;
+        if matches!(role, Role::Approver { .. } | Role::Viewer { .. }) {
+            return Err(Status::permission_denied(
+                "approver and viewer tokens sign in to the console only; proxies need a proxy token",
+            ));
+        }
         req.extensions_mut().insert(role);
         Ok(req)
     }
@@ -302,15 +388,20 @@ pub fn stream_check(
 pub fn admin_check(
     tokens: Arc<Tokens>,
 ) -> impl Fn(Request<()>) -> Result<Request<()>, Status> + Clone {
-    move |mut req: Request<()>| match tokens.role(bearer(&req)) {
+    move |mut req: Request<()>| {
+        match tokens.role(bearer(&req)) {
         Some(role) if role.is_admin() => {
             req.extensions_mut().insert(role);
             Ok(req)
         }
+        Some(Role::Approver { .. } | Role::Viewer { .. }) => Err(Status::permission_denied(
+            "approver and viewer tokens sign in to the console only; admin calls need the operator token",
+        )),
         Some(_) => Err(Status::permission_denied(
             "a proxy token may only open the config stream; admin calls need the operator token",
         )),
         None => Err(Status::unauthenticated("missing or invalid bearer token")),
+    }
     }
 }
 
@@ -452,5 +543,64 @@ mod tests {
             Tokens::default().role(None).map(|r| r.as_str()),
             Some("open")
         );
+    }
+
+    /// Issue 33: approver and viewer tokens sign in to the console only;
+    /// roles are ordered viewer < approver < operator, and a token in
+    /// several files takes the highest.
+    #[test]
+    fn approver_and_viewer_tokens_are_console_roles_below_the_operator() {
+        let named = |t: &str, n: &str| OperatorToken {
+            token: t.into(),
+            name: Some(n.into()),
+        };
+        let t = Tokens::new(
+            &[named("op-secret", "olga")],
+            &[ProxyToken {
+                token: "proxy-secret".into(),
+                node: None,
+            }],
+        )
+        .unwrap()
+        .with_console_roles(
+            &[named("ap-secret", "abe"), named("both-secret", "bo")],
+            &[named("view-secret", "vera"), named("both-secret", "bo")],
+        )
+        .unwrap();
+        let approver = t.role(Some(b"ap-secret")).unwrap();
+        assert_eq!(approver.as_str(), "approver");
+        assert_eq!(approver.token_name(), Some("abe"));
+        assert!(approver.may_approve() && !approver.may_operate() && !approver.is_admin());
+        let viewer = t.role(Some(b"view-secret")).unwrap();
+        assert_eq!(viewer.as_str(), "viewer");
+        assert!(!viewer.may_approve() && !viewer.is_admin());
+        assert_eq!(t.role(Some(b"both-secret")).unwrap().as_str(), "approver");
+        let operator = t.role(Some(b"op-secret")).unwrap();
+        assert!(operator.may_operate() && operator.may_approve());
+        assert!(viewer.console_rank() < approver.console_rank());
+        assert!(approver.console_rank() < operator.console_rank());
+        assert_eq!(Role::Open.console_rank(), operator.console_rank());
+        assert_eq!(t.role(Some(b"proxy-secret")).unwrap().console_rank(), None);
+        assert_eq!(t.role(Some(b"view-secre")), None);
+        // Neither opens the gRPC API nor the config stream.
+        let tokens = Arc::new(t);
+        let admin = admin_check(Arc::clone(&tokens));
+        let stream = stream_check(tokens);
+        for secret in ["ap-secret", "view-secret"] {
+            let call = || {
+                let mut r = Request::new(());
+                r.metadata_mut()
+                    .insert("authorization", format!("Bearer {secret}").parse().unwrap());
+                r
+            };
+            assert_eq!(
+                admin(call()).unwrap_err().code(),
+                tonic::Code::PermissionDenied
+            );
+            assert_eq!(
+                stream(call()).unwrap_err().code(),
+                tonic::Code::PermissionDenied
+            );
+        }
     }
 }

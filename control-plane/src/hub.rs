@@ -171,6 +171,9 @@ pub struct Hub {
     /// and `CUSTOM_ROUTER_ALLOW_BACKEND_HOSTS`. Each proxy checks again
     /// with its own and NACKs what it does not allow.
     guards: Guards,
+    /// Whether this replica held the singleton lease at the last
+    /// maintenance tick.
+    leading: std::sync::atomic::AtomicBool,
 }
 
 impl Inner {
@@ -344,11 +347,34 @@ impl Hub {
             writer: tokio::sync::Mutex::new(()),
             published,
             guards,
+            leading: std::sync::atomic::AtomicBool::new(false),
         });
         if let Some(changes) = changes {
             tokio::spawn(follow_store(Arc::downgrade(&hub), changes));
         }
         Ok(hub)
+    }
+
+    /// This replica's name (empty with a single control plane).
+    pub fn replica(&self) -> &str {
+        self.store.replica()
+    }
+
+    /// Whether this replica led (held the singleton lease) at the last
+    /// maintenance tick.
+    pub fn leading(&self) -> bool {
+        self.leading.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The replica that leads, as this one last saw it (`None`: unknown,
+    /// or a single control plane).
+    pub fn leader(&self) -> Option<String> {
+        self.store.singleton_holder()
+    }
+
+    /// The revision proxies are sent now.
+    pub fn published_revision(&self) -> u64 {
+        self.published.borrow().revision
     }
 
     /// Validates a policy document against this control plane's guards.
@@ -535,6 +561,8 @@ pub async fn maintenance_loop(hub: Weak<Hub>) {
             tracing::info!(leading = now_leading, "singleton lease changed hands");
             leading = now_leading;
         }
+        h.leading
+            .store(now_leading, std::sync::atomic::Ordering::Relaxed);
         if !leading {
             continue;
         }

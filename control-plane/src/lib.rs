@@ -5,8 +5,11 @@
 //!   redb file by default; etcd for several replicas);
 //! - [`hub`]: validated changes in, one published snapshot out;
 //! - [`service`]: the `Admin` and `ProxyConfig` gRPC services;
-//! - [`auth`]: operator and proxy tokens, and which calls each may make;
-//! - [`tasks`]: parked tasks in the proxies' shared store (list, approve, drop).
+//! - [`auth`]: operator, approver, viewer and proxy tokens, and which calls
+//!   each may make;
+//! - [`tasks`]: parked tasks in the proxies' shared store (list, approve, drop);
+//! - [`console`]: the operator's console, web pages on a listener of its
+//!   own (`--console-listen`).
 //!
 //! [`start`] runs a control plane in-process (what `main`, `routerctl up`
 //! and the tests do). It is secure by default: it refuses to serve a
@@ -17,6 +20,7 @@
 #![forbid(unsafe_code)]
 
 pub mod auth;
+pub mod console;
 pub mod hub;
 pub mod service;
 pub mod store;
@@ -34,6 +38,7 @@ use tokio::task::JoinHandle;
 use tokio_stream::wrappers::TcpListenerStream;
 
 use crate::auth::{OperatorToken, ProxyToken, Tokens};
+pub use crate::console::ConsoleOptions;
 use crate::hub::Hub;
 use crate::service::{AdminService, ProxyConfigService};
 
@@ -53,6 +58,16 @@ pub struct ControlPlaneOptions {
     /// Proxy tokens (`--proxy-token-file`): the config stream only. They
     /// need an operator token beside them.
     pub proxy_tokens: Vec<ProxyToken>,
+    /// Approver tokens (`--approver-token-file`): the console, reading and
+    /// approving or dropping parked tasks. They need an operator token
+    /// beside them.
+    pub approver_tokens: Vec<OperatorToken>,
+    /// Viewer tokens (`--viewer-token-file`): the console, reading only.
+    /// They need an operator token beside them.
+    pub viewer_tokens: Vec<OperatorToken>,
+    /// The console (`--console-listen`; none by default here, the binary
+    /// and `routerctl up` turn it on).
+    pub console: ConsoleOptions,
     /// Serve an open API on a non-loopback address on purpose
     /// (`--insecure`); without it, [`start`] refuses.
     pub insecure: bool,
@@ -78,6 +93,9 @@ impl Default for ControlPlaneOptions {
             token: None,
             operator_tokens: Vec::new(),
             proxy_tokens: Vec::new(),
+            approver_tokens: Vec::new(),
+            viewer_tokens: Vec::new(),
+            console: ConsoleOptions::default(),
             insecure: false,
             tls: None,
             limits: Limits::default(),
@@ -95,6 +113,9 @@ impl std::fmt::Debug for ControlPlaneOptions {
             .field("token", &self.token.as_ref().map(|_| "<redacted>"))
             .field("operator_tokens", &self.operator_tokens)
             .field("proxy_tokens", &self.proxy_tokens)
+            .field("approver_tokens", &self.approver_tokens)
+            .field("viewer_tokens", &self.viewer_tokens)
+            .field("console", &self.console)
             .field("insecure", &self.insecure)
             .field("tls", &self.tls.is_some())
             .field("limits", &self.limits)
@@ -179,17 +200,38 @@ pub enum StartError {
     /// Proxy tokens without an operator token: nobody could administer it.
     #[error("proxy tokens (--proxy-token-file) need an operator token (--token-file) beside them")]
     ProxyTokensWithoutOperator,
+    /// Approver or viewer tokens without an operator token.
+    #[error("approver and viewer tokens (--approver-token-file, --viewer-token-file) need an operator token (--token-file) beside them")]
+    ConsoleTokensWithoutOperator,
+    /// The console on an address other machines can reach, without TLS.
+    #[error(
+        "refusing to serve the console on {0} without TLS: it is not a loopback address, so \
+         session cookies and tokens would cross the network in clear. Give --tls-cert and \
+         --tls-key, keep --console-listen on loopback (or `off`), or pass --insecure to serve \
+         it in clear on purpose"
+    )]
+    ConsoleInsecure(SocketAddr),
     /// `--shared-store` is not a Redis URL.
     #[error("--shared-store: {0}")]
     SharedStore(String),
 }
 
-/// Refuses an open API on a non-loopback address unless `insecure`, and
-/// proxy tokens without an operator token.
+/// Refuses an open API on a non-loopback address unless `insecure`, a
+/// console off loopback without TLS unless `insecure`, and proxy, approver
+/// or viewer tokens without an operator token.
 pub fn check_exposure(options: &ControlPlaneOptions) -> Result<(), StartError> {
     let operator = options.token.is_some() || !options.operator_tokens.is_empty();
     if !operator && !options.proxy_tokens.is_empty() {
         return Err(StartError::ProxyTokensWithoutOperator);
+    }
+    let console_tokens = !options.approver_tokens.is_empty() || !options.viewer_tokens.is_empty();
+    if !operator && console_tokens {
+        return Err(StartError::ConsoleTokensWithoutOperator);
+    }
+    if let Some(console) = options.console.listen {
+        if options.tls.is_none() && !options.insecure && !console.ip().is_loopback() {
+            return Err(StartError::ConsoleInsecure(console));
+        }
     }
     if !operator && !options.insecure && !options.listen.ip().is_loopback() {
         return Err(StartError::Insecure(options.listen));
@@ -202,6 +244,7 @@ pub struct RunningControlPlane {
     addr: SocketAddr,
     hub: Arc<Hub>,
     tasks: Vec<JoinHandle<()>>,
+    console: Option<(SocketAddr, Arc<console::Console>, bool)>,
 }
 
 impl RunningControlPlane {
@@ -213,6 +256,35 @@ impl RunningControlPlane {
     /// Its state.
     pub fn hub(&self) -> &Arc<Hub> {
         &self.hub
+    }
+
+    /// The console's address, if it serves one.
+    pub fn console_addr(&self) -> Option<SocketAddr> {
+        self.console.as_ref().map(|(addr, _, _)| *addr)
+    }
+
+    /// The console's base URL (`http://` or `https://`, an unspecified
+    /// address shown as loopback), if it serves one.
+    pub fn console_url(&self) -> Option<String> {
+        let (addr, _, tls) = self.console.as_ref()?;
+        let mut shown = *addr;
+        if shown.ip().is_unspecified() {
+            shown.set_ip(if shown.is_ipv4() {
+                std::net::Ipv4Addr::LOCALHOST.into()
+            } else {
+                std::net::Ipv6Addr::LOCALHOST.into()
+            });
+        }
+        let scheme = if *tls { "https" } else { "http" };
+        Some(format!("{scheme}://{shown}"))
+    }
+
+    /// A one-time sign-in link to the console, as the operator who started
+    /// this control plane (what `routerctl up` prints): valid 5 minutes,
+    /// used once. `None` without a console.
+    pub fn console_signin_link(&self) -> Option<String> {
+        let (_, console, _) = self.console.as_ref()?;
+        Some(format!("{}{}", self.console_url()?, console.mint_link()?))
     }
 
     /// Stops serving: streams are cut, and the store is closed once every
@@ -252,12 +324,25 @@ pub async fn start(options: ControlPlaneOptions) -> Result<RunningControlPlane, 
         })
         .chain(options.operator_tokens.iter().cloned())
         .collect();
-    let tokens = Arc::new(Tokens::new(&operators, &options.proxy_tokens)?);
+    let tokens = Arc::new(
+        Tokens::new(&operators, &options.proxy_tokens)?
+            .with_console_roles(&options.approver_tokens, &options.viewer_tokens)?,
+    );
     if tokens.is_open() {
         tracing::warn!(listen = %options.listen, "no token: the admin and proxy APIs are open to anyone who can reach them");
     } else if options.tls.is_none() && !options.listen.ip().is_loopback() {
         tracing::warn!(listen = %options.listen, "no TLS: bearer tokens cross the network in clear (--tls-cert/--tls-key, or a mesh)");
     }
+    // The console's port first: a port in use stops the start before
+    // anything is opened (so a caller may start again without a console).
+    let console_listener = match options.console.listen {
+        None => None,
+        Some(listen) => Some(
+            TcpListener::bind(listen)
+                .await
+                .map_err(|e| StartError::Bind(listen, e))?,
+        ),
+    };
     let shared_store = match &options.shared_store {
         None => None,
         Some(url) => Some(
@@ -308,7 +393,7 @@ pub async fn start(options: ControlPlaneOptions) -> Result<RunningControlPlane, 
         .add_service(tonic::service::interceptor::InterceptedService::new(
             AdminServer::new(AdminService {
                 hub: Arc::downgrade(&hub),
-                shared_store,
+                shared_store: shared_store.clone(),
             })
             // Policy documents; answers (history) are not capped.
             .max_decoding_message_size(router_proto::MAX_MESSAGE_BYTES),
@@ -320,7 +405,7 @@ pub async fn start(options: ControlPlaneOptions) -> Result<RunningControlPlane, 
             })
             .max_decoding_message_size(router_proto::MAX_PROXY_MESSAGE_BYTES)
             .max_encoding_message_size(router_proto::MAX_MESSAGE_BYTES),
-            crate::auth::stream_check(tokens),
+            crate::auth::stream_check(Arc::clone(&tokens)),
         ))
         .serve_with_incoming(TcpListenerStream::new(listener));
     let serve = tokio::spawn(async move {
@@ -329,16 +414,78 @@ pub async fn start(options: ControlPlaneOptions) -> Result<RunningControlPlane, 
         }
     });
     let maintenance = tokio::spawn(hub::maintenance_loop(Arc::downgrade(&hub)));
+    let mut tasks = vec![serve, maintenance];
+    let console = match console_listener {
+        None => None,
+        Some(listener) => {
+            let c = match console::serve(
+                listener,
+                &options.console,
+                options.tls.as_ref(),
+                Arc::downgrade(&hub),
+                shared_store,
+                tokens,
+            )
+            .await
+            {
+                Ok(c) => c,
+                Err(e) => {
+                    for t in &tasks {
+                        t.abort();
+                    }
+                    return Err(e);
+                }
+            };
+            tracing::info!(addr = %c.addr, tls = options.tls.is_some(), "console listening");
+            tasks.push(c.task);
+            Some((c.addr, c.console, options.tls.is_some()))
+        }
+    };
     Ok(RunningControlPlane {
         addr,
         hub,
-        tasks: vec![serve, maintenance],
+        tasks,
+        console,
     })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 33: the console off loopback needs TLS or --insecure, as the
+    /// gRPC listener needs a token; the error names the flags.
+    #[test]
+    fn the_console_off_loopback_needs_tls_or_insecure() {
+        let with_console = |console: &str| ControlPlaneOptions {
+            token: Some("t".into()),
+            console: ConsoleOptions {
+                listen: Some(console.parse().unwrap_or_else(|e| panic!("{console}: {e}"))),
+                ..ConsoleOptions::default()
+            },
+            ..ControlPlaneOptions::default()
+        };
+        for public in ["0.0.0.0:50052", "[::]:50052", "10.1.2.3:50052"] {
+            let text = check_exposure(&with_console(public))
+                .unwrap_err()
+                .to_string();
+            for flag in ["--tls-cert", "--console-listen", "--insecure"] {
+                assert!(text.contains(flag), "{text}");
+            }
+            assert!(check_exposure(&ControlPlaneOptions {
+                tls: Some(("cert".into(), "key".into())),
+                ..with_console(public)
+            })
+            .is_ok());
+            assert!(check_exposure(&ControlPlaneOptions {
+                insecure: true,
+                ..with_console(public)
+            })
+            .is_ok());
+        }
+        assert!(check_exposure(&with_console("127.0.0.1:50052")).is_ok());
+        assert!(check_exposure(&ControlPlaneOptions::default()).is_ok());
+    }
 
     #[test]
     fn an_open_api_is_refused_off_loopback_unless_insecure() {
@@ -378,6 +525,17 @@ mod tests {
         assert!(matches!(
             check_exposure(&proxies_only),
             Err(StartError::ProxyTokensWithoutOperator)
+        ));
+        // Approver or viewer tokens alone: the same.
+        assert!(matches!(
+            check_exposure(&ControlPlaneOptions {
+                viewer_tokens: vec![OperatorToken {
+                    token: "v".into(),
+                    name: None,
+                }],
+                ..at("127.0.0.1:1")
+            }),
+            Err(StartError::ConsoleTokensWithoutOperator)
         ));
         // Debug never shows a token.
         let shown = format!(

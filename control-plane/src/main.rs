@@ -12,9 +12,41 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
+use router_control_plane::auth::OperatorToken;
 use router_control_plane::auth::{parse_operator_tokens, parse_proxy_tokens};
 use router_control_plane::store::etcd::{EtcdAccess, EtcdAccessFiles, EtcdAddress};
-use router_control_plane::{check_exposure, start, ControlPlaneOptions, Limits, StoreLocation};
+use router_control_plane::{
+    check_exposure, start, ConsoleOptions, ControlPlaneOptions, Limits, StoreLocation,
+};
+
+/// `--console-listen`: an address, or `off`.
+#[derive(Debug, Clone, Copy)]
+struct ConsoleListen(Option<SocketAddr>);
+
+fn console_listen(s: &str) -> Result<ConsoleListen, String> {
+    if s.eq_ignore_ascii_case("off") {
+        return Ok(ConsoleListen(None));
+    }
+    s.parse()
+        .map(|a| ConsoleListen(Some(a)))
+        .map_err(|e| format!("an address (HOST:PORT) or `off`: {e}"))
+}
+
+/// Reads a `TOKEN` / `TOKEN NAME` file (`--token-file`,
+/// `--approver-token-file`, `--viewer-token-file`); the error names `flag`
+/// and never a token.
+fn named_tokens(path: &std::path::Path, flag: &str) -> Result<Vec<OperatorToken>, String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read {flag} {}: {e}", path.display()))?;
+    let tokens =
+        parse_operator_tokens(&text).map_err(|e| format!("{flag} {}: {e}", path.display()))?;
+    for o in &tokens {
+        // Each checked as every token is (`router_proto::token`).
+        router_proto::token::normalize(&o.token, &format!("{flag} {}", path.display()))
+            .map_err(|e| e.to_string())?;
+    }
+    Ok(tokens)
+}
 
 /// The LLM router's control plane.
 #[derive(Parser, Debug)]
@@ -61,6 +93,25 @@ struct Args {
     /// open the config stream only (for NODE_ID only, when given).
     #[arg(long, requires = "token_file")]
     proxy_token_file: Option<PathBuf>,
+    /// File of approver tokens, `TOKEN` or `TOKEN NAME` per line: they sign
+    /// in to the console, read, and approve or drop parked tasks.
+    #[arg(long, requires = "token_file")]
+    approver_token_file: Option<PathBuf>,
+    /// File of viewer tokens, `TOKEN` or `TOKEN NAME` per line: they sign
+    /// in to the console and read.
+    #[arg(long, requires = "token_file")]
+    viewer_token_file: Option<PathBuf>,
+    /// The console's address (web pages for people), or `off`. Off
+    /// loopback it needs --tls-cert/--tls-key, or --insecure.
+    #[arg(long, env = "ROUTER_CONSOLE_LISTEN", default_value = "127.0.0.1:50052", value_parser = console_listen)]
+    console_listen: ConsoleListen,
+    /// How long a console session lasts.
+    #[arg(long, default_value = "8h", value_parser = humantime::parse_duration)]
+    console_session_ttl: Duration,
+    /// Console sessions kept at most (past it, the one closest to its
+    /// expiry ends).
+    #[arg(long, default_value_t = ConsoleOptions::default().max_sessions)]
+    console_max_sessions: usize,
     /// Serve without a token on a non-loopback address, on purpose (anyone
     /// who reaches the port can change the policy).
     #[arg(long)]
@@ -95,37 +146,26 @@ struct Args {
 fn main() -> ExitCode {
     let args = Args::parse();
     router_process::init_logs();
-    let operator_tokens = match &args.token_file {
-        None => Vec::new(),
-        Some(path) => match std::fs::read_to_string(path) {
-            // Each checked as every token is (`router_proto::token`).
-            Ok(t) => match parse_operator_tokens(&t) {
-                Ok(tokens) => {
-                    for o in &tokens {
-                        if let Err(e) = router_proto::token::normalize(
-                            &o.token,
-                            &format!("--token-file {}", path.display()),
-                        ) {
-                            eprintln!("router-control-plane: {e}");
-                            return ExitCode::from(2);
-                        }
-                    }
-                    tokens
-                }
+    let mut named = Vec::new();
+    for (path, flag) in [
+        (&args.token_file, "--token-file"),
+        (&args.approver_token_file, "--approver-token-file"),
+        (&args.viewer_token_file, "--viewer-token-file"),
+    ] {
+        named.push(match path {
+            None => Vec::new(),
+            Some(path) => match named_tokens(path, flag) {
+                Ok(t) => t,
                 Err(e) => {
-                    eprintln!("router-control-plane: --token-file {}: {e}", path.display());
+                    eprintln!("router-control-plane: {e}");
                     return ExitCode::from(2);
                 }
             },
-            Err(e) => {
-                eprintln!(
-                    "router-control-plane: cannot read --token-file {}: {e}",
-                    path.display()
-                );
-                return ExitCode::from(2);
-            }
-        },
-    };
+        });
+    }
+    let viewer_tokens = named.pop().unwrap_or_default();
+    let approver_tokens = named.pop().unwrap_or_default();
+    let operator_tokens = named.pop().unwrap_or_default();
     let proxy_tokens = match &args.proxy_token_file {
         None => Vec::new(),
         Some(path) => match std::fs::read_to_string(path).map(|t| parse_proxy_tokens(&t)) {
@@ -219,6 +259,13 @@ fn main() -> ExitCode {
         token: None,
         operator_tokens,
         proxy_tokens,
+        approver_tokens,
+        viewer_tokens,
+        console: ConsoleOptions {
+            listen: args.console_listen.0,
+            session_ttl: args.console_session_ttl,
+            max_sessions: args.console_max_sessions.max(1),
+        },
         insecure: args.insecure,
         tls,
         limits: Limits {
@@ -253,6 +300,9 @@ fn main() -> ExitCode {
             }
         };
         tracing::info!(addr = %cp.local_addr(), store = %store_name, "router-control-plane listening");
+        if let Some(url) = cp.console_url() {
+            tracing::info!(url = %url, "console: sign in with an operator, approver or viewer token");
+        }
         router_process::shutdown_signal().await;
         tracing::info!("shutting down");
         cp.shutdown().await;

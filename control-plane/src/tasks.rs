@@ -163,6 +163,29 @@ pub async fn list(
     Ok(out)
 }
 
+/// The tasks among `ids` whose records are still kept (a finished task's
+/// is kept for a while after it left the live set), in `ids`' order; one
+/// round trip. The console lists finished tasks it saw waiting with it.
+pub async fn get_many(client: &redis::Client, ids: &[String]) -> Result<Vec<pb::TaskView>, Status> {
+    if ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut conn = conn(client).await?;
+    let mut pipe = redis::pipe();
+    for id in ids {
+        pipe.cmd("HGET")
+            .arg(layout::task_key(PREFIX, id))
+            .arg("doc");
+    }
+    let docs: Vec<Option<String>> = bounded(pipe.query_async(&mut conn)).await?;
+    Ok(docs
+        .into_iter()
+        .flatten()
+        .filter_map(|doc| serde_json::from_str::<TaskRecord>(&doc).ok())
+        .map(|t| view(&t))
+        .collect())
+}
+
 /// One task.
 pub async fn get(client: &redis::Client, id: &str) -> Result<pb::TaskView, Status> {
     let mut conn = conn(client).await?;

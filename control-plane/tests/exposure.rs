@@ -40,6 +40,9 @@ fn run(args: &[&str]) -> Ended {
         .env_remove("ROUTER_ETCD_KEY_FILE")
         .env_remove("ROUTER_ETCD_USER")
         .env_remove("ROUTER_ETCD_PASSWORD_FILE")
+        // Tests run at once: each console on a port of its own (a test
+        // that gives --console-listen overrides it).
+        .env("ROUTER_CONSOLE_LISTEN", "127.0.0.1:0")
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
@@ -129,6 +132,65 @@ fn a_public_address_without_a_token_is_refused_unless_insecure() {
     match run(&["--listen", "127.0.0.1:0", "--data-dir", data]) {
         Ended::Listening(_) => {}
         other => panic!("did not start on loopback: {other:?}"),
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Issue 33: the console off loopback needs TLS or --insecure (the error
+/// names the flags); approver and viewer tokens need an operator token;
+/// `--console-listen off` serves none.
+#[test]
+fn the_console_off_loopback_is_refused_without_tls_and_its_tokens_need_an_operator() {
+    let dir = temp("console");
+    std::fs::create_dir_all(&dir).unwrap();
+    let data = dir.join("data");
+    let data = data.to_str().unwrap();
+    let token = dir.join("token");
+    let viewers = dir.join("viewers");
+    std::fs::write(&token, "operator-secret olga\n").unwrap();
+    std::fs::write(&viewers, "viewer-secret vera\n").unwrap();
+    let token = token.to_str().unwrap();
+    let viewers = viewers.to_str().unwrap();
+    let base = ["--listen", "127.0.0.1:0", "--data-dir", data];
+    match run(&[
+        &base[..],
+        &["--token-file", token, "--console-listen", "0.0.0.0:0"],
+    ]
+    .concat())
+    {
+        Ended::Exited(code, stderr) => {
+            assert_eq!(code, Some(2), "{stderr}");
+            for flag in ["--tls-cert", "--console-listen", "--insecure", "0.0.0.0:0"] {
+                assert!(stderr.contains(flag), "{flag}: {stderr}");
+            }
+        }
+        other => panic!("a console in clear on 0.0.0.0 started: {other:?}"),
+    }
+    // Viewer tokens alone: clap says they need --token-file.
+    match run(&[&base[..], &["--viewer-token-file", viewers]].concat()) {
+        Ended::Exited(code, stderr) => {
+            assert_eq!(code, Some(2), "{stderr}");
+            assert!(stderr.contains("--token-file"), "{stderr}");
+        }
+        other => panic!("viewer tokens alone started: {other:?}"),
+    }
+    // With an operator token beside them, it starts with a console, and
+    // logs no token.
+    match run(&[
+        &base[..],
+        &["--token-file", token, "--viewer-token-file", viewers],
+    ]
+    .concat())
+    {
+        Ended::Listening(stderr) => {
+            assert!(stderr.contains("console listening"), "{stderr}");
+            assert!(!stderr.contains("secret"), "a token was logged: {stderr}");
+        }
+        other => panic!("did not start: {other:?}"),
+    }
+    match run(&[&base[..], &["--console-listen", "off"]].concat()) {
+        Ended::Listening(stderr) => assert!(!stderr.contains("console listening"), "{stderr}"),
+        other => panic!("did not start: {other:?}"),
     }
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -15,4 +15,4 @@ pub mod netns;
 pub mod otlp;
 pub mod proxy_process;
 
-pub use router_test_kit::{etcd, redis, server_process};
+pub use router_test_kit::{etcd, redis, server_process, webdriver};

@@ -195,7 +195,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     for i in 0..args.replicas.max(1) {
         let port = free_port();
         let mut cmd = Command::new(&bin);
-        cmd.args(["--listen", &format!("127.0.0.1:{port}")]);
+        // Several replicas on one machine: no console (it would take one port for all).
+        cmd.args([
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--console-listen",
+            "off",
+        ]);
         match &store {
             Some(url) => cmd.args(["--store", url, "--node-id", &format!("cp-{i}")]),
             None => cmd.arg("--data-dir").arg(&dir),

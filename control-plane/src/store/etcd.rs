@@ -139,6 +139,8 @@ pub struct EtcdStore {
     node: String,
     lease: Mutex<Option<Lease>>,
     presence: Mutex<Option<Lease>>,
+    /// The replica that held the singleton lease when last asked.
+    holder: std::sync::Mutex<Option<String>>,
 }
 
 async fn call<T, F>(f: F) -> Result<T, StoreError>
@@ -180,6 +182,13 @@ fn to_i64(revision: u64) -> i64 {
 }
 
 impl EtcdStore {
+    fn set_holder(&self, holder: Option<String>) {
+        *self
+            .holder
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = holder;
+    }
+
     /// Connects once. Without a user nothing is sent yet (an unreachable
     /// etcd fails the first call, not this); with one, this signs in.
     /// `node` names this replica in the singleton key.
@@ -201,6 +210,7 @@ impl EtcdStore {
             node: node.to_string(),
             lease: Mutex::new(None),
             presence: Mutex::new(None),
+            holder: std::sync::Mutex::new(None),
         })
     }
 
@@ -419,18 +429,27 @@ impl Store for EtcdStore {
             let resp = call(self.client.txn(txn)).await?;
             if resp.succeeded {
                 tracing::info!(node = %self.node, "this replica now holds the singleton lease");
+                self.set_holder(Some(self.node.clone()));
                 return Ok(true);
             }
-            Ok(resp.responses.iter().any(|r| {
-                r.as_range()
-                    .and_then(|g| g.kvs.first())
-                    .is_some_and(|kv| kv.lease == lease.id())
-            }))
+            let kv = resp
+                .responses
+                .iter()
+                .find_map(|r| r.as_range().and_then(|g| g.kvs.first()));
+            self.set_holder(kv.map(|kv| String::from_utf8_lossy(&kv.value).into_owned()));
+            Ok(kv.is_some_and(|kv| kv.lease == lease.id()))
         })
     }
 
     fn replica(&self) -> &str {
         &self.node
+    }
+
+    fn singleton_holder(&self) -> Option<String> {
+        self.holder
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
     }
 
     fn publish_proxies<'a>(

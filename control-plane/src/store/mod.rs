@@ -280,6 +280,12 @@ pub trait Store: Send + Sync {
         ""
     }
 
+    /// The replica holding the singleton lease as [`Store::hold_singleton`]
+    /// last saw it (`None`: not known, or a single writer, which leads).
+    fn singleton_holder(&self) -> Option<String> {
+        None
+    }
+
     /// Shares this replica's view of its proxies with the other replicas,
     /// renewing the lease that makes those records vanish if this replica
     /// dies. `all` is every record; `changed` the node ids that changed

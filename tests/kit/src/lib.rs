@@ -8,6 +8,7 @@
 //!   dropped, and every live one stopped on an interrupt.
 //! - [`stats`]: percentiles and the load average.
 //! - [`proxy`]: a proxy in-process on a Redis store.
+//! - [`webdriver`]: a real headless Chromium, driven over WebDriver.
 //!
 //! Mock model endpoints are not here: they live in `router-mock`.
 #![forbid(unsafe_code)]
@@ -19,6 +20,7 @@ pub mod redis;
 pub mod server_process;
 pub mod stats;
 pub mod wait;
+pub mod webdriver;
 
 /// The error the fallible helpers return.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;

@@ -442,7 +442,7 @@ pub(super) async fn count_tokens(
     }
     let (parts, body) = req.into_parts();
     let length = parts.headers.get(header::CONTENT_LENGTH);
-    let (body, _reserved) = match super::ingress::read_body(shared, t0, length, body).await {
+    let (body, _reserved) = match super::arrival::read_body(shared, t0, length, body).await {
         Ok(b) => b,
         Err(e) => return refuse(e),
     };

@@ -46,6 +46,7 @@
 //! the backend can stop generating.
 
 mod answer;
+mod arrival;
 mod attempt;
 mod chain;
 mod dialect;

@@ -276,7 +276,7 @@ impl Situation {
 
 /// The decision for one request on a route already chosen, without copies
 /// of names: what [`decide_on_route`] answers.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Verdict {
     /// Indices into the route's `chain` of the pools that may take the
     /// request, in chain order; the first is the route's answer.
@@ -286,6 +286,10 @@ pub struct Verdict {
     pub refusal: Option<Refusal>,
     /// The same reason text [`decide`] gives for the same inputs.
     pub reason: String,
+    /// The pools passed over, by chain index, and the gate that failed
+    /// (typed; the reason says the same in words). Empty, and not
+    /// allocated, when every pool passes.
+    pub gated: Vec<(usize, Gated)>,
 }
 
 impl Verdict {
@@ -379,8 +383,11 @@ pub fn decide_on_route(
     measure: impl FnMut(usize, &str) -> Option<PoolMeasurements>,
 ) -> Verdict {
     let mut candidates = Vec::new();
+    let mut gated = Vec::new();
     let (refusal, reason) = decide_core(policy, route, facts, measure, |i, _, outcome| {
-        if outcome.is_ok() {
+        if let Err(g) = outcome {
+            gated.push((i, *g));
+        } else {
             if candidates.capacity() == 0 {
                 // Room for every pool that may still pass.
                 let room = if route.allow_downgrade {
@@ -397,6 +404,7 @@ pub fn decide_on_route(
         candidates,
         refusal,
         reason,
+        gated,
     }
 }
 
@@ -493,7 +501,7 @@ fn decide_core<'p>(
 /// Why a pool of the chain is passed over: the first gate that failed.
 /// Its text (`Display`) is the `why` of [`Skipped`] and the reason's.
 #[derive(Debug, Clone, Copy, PartialEq)]
-enum Gated {
+pub enum Gated {
     /// The chain names a pool the policy lacks.
     NotInPolicy,
     /// `allow_downgrade: false` and not the chain's first pool.
@@ -501,27 +509,67 @@ enum Gated {
     /// Unhealthy, with the caller's reason when it gave one.
     Unhealthy(Option<&'static str>),
     /// Queue depth above `max_queue_depth`.
-    QueueDepth { depth: u32, max: u32 },
+    QueueDepth {
+        /// The pool's queue depth.
+        depth: u32,
+        /// The gate's limit.
+        max: u32,
+    },
     /// Latency above the fraction of the deadline.
     Latency {
+        /// The pool's latency, ms.
         latency: f64,
+        /// The route's fraction of the deadline.
         fraction: f64,
+        /// The deadline, ms.
         deadline: u64,
+        /// `fraction` of `deadline`, ms.
         limit: f64,
     },
     /// Free VRAM at or below `min_vram_free_mb`.
-    Vram { free: u64, min: u64 },
+    Vram {
+        /// Free VRAM, MB.
+        free: u64,
+        /// The gate's minimum, MB.
+        min: u64,
+    },
     /// Every endpoint's time per output token above `max_tpot_ms`.
-    Tpot { tpot: f64, max: f64 },
+    Tpot {
+        /// The best endpoint's time per output token, ms.
+        tpot: f64,
+        /// The gate's limit, ms.
+        max: f64,
+    },
     /// Structured output asked of a pool without it.
     NoStructured,
     /// Structured output asked of a pool degraded for it.
     StructuredDegraded,
     /// Estimated cost above the route's ceiling.
-    Cost { cost: f64, ceiling: f64 },
+    Cost {
+        /// The estimate, USD.
+        cost: f64,
+        /// The route's ceiling, USD.
+        ceiling: f64,
+    },
 }
 
 impl Gated {
+    /// The gate as a label for logs and metrics.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Self::NotInPolicy => "not_in_policy",
+            Self::NoDowngrade => "no_downgrade",
+            Self::Unhealthy(_) => "unhealthy",
+            Self::QueueDepth { .. } => "queue_depth",
+            Self::Latency { .. } => "latency",
+            Self::Vram { .. } => "vram",
+            Self::Tpot { .. } => "tpot",
+            Self::NoStructured => "no_structured_output",
+            Self::StructuredDegraded => "structured_degraded",
+            Self::Cost { .. } => "cost",
+        }
+    }
+
     /// Appends the text to `out` (fixed texts without the formatter).
     fn write_to(&self, out: &mut String) {
         match self.fixed_text() {
@@ -926,6 +974,7 @@ spec:
         assert_eq!(v.refusal, None);
         assert_eq!(v.reason, "route \"default\" (risk READ); local chosen");
         assert_eq!(asked, [0, 1, 2]);
+        assert!(v.gated.is_empty() && v.gated.capacity() == 0);
         let names: Vec<&str> = v.candidate_names(&p.routes[0]).collect();
         let d = decision(&p, [4, 0, 0]);
         assert_eq!(names, d.candidates);
@@ -943,6 +992,13 @@ spec:
             "route \"default\" (risk READ); local skipped: queue depth 5 > 4; small chosen"
         );
         assert_eq!(v.reason, decision(&p, [5, 9, 9]).reason);
+        // The same gate, typed: what the route log's `walk` list carries.
+        assert_eq!(
+            v.gated,
+            [(0, Gated::QueueDepth { depth: 5, max: 4 })],
+            "{v:?}"
+        );
+        assert_eq!(v.gated[0].1.label(), "queue_depth");
     }
 
     #[test]
@@ -960,6 +1016,8 @@ spec:
              cloud skipped: estimated cost $0.0400 > ceiling $0.0020; \
              the pools the other gates allow are over the cost ceiling"
         );
+        let labels: Vec<&str> = v.gated.iter().map(|(_, g)| g.label()).collect();
+        assert_eq!(labels, ["queue_depth", "cost", "cost"]);
         let d = decision(&p, [5, 0, 0]);
         assert_eq!(d.refusal, v.refusal);
         assert_eq!(d.reason, v.reason);

@@ -232,9 +232,10 @@ fn serialize_method<S: serde::Serializer>(m: &http::Method, s: S) -> Result<S::O
 /// ([`router_policy::walk::Note`]), with its pool's name.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct WalkNote {
-    /// What happened (`failed`, `shed`, `retried_in_pool`, `unavailable`,
-    /// `skipped_for_time`, `passed_over_marked`, `tried_as_hedge`,
-    /// `stopped`).
+    /// What happened (`gated`: the policy's decision passed the pool over
+    /// before the walk; then the walk's `failed`, `shed`,
+    /// `retried_in_pool`, `unavailable`, `skipped_for_time`,
+    /// `passed_over_marked`, `tried_as_hedge`, `stopped`).
     pub note: &'static str,
     /// The pool, when the note is about one.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -248,6 +249,17 @@ pub struct WalkNote {
 }
 
 impl WalkNote {
+    /// `pool` passed over by the policy's decision, for `why` (the gate's
+    /// label, `router_policy::decide::Gated::label`).
+    pub fn gated(pool: Arc<str>, why: &'static str) -> Self {
+        Self {
+            note: "gated",
+            pool: Some(pool),
+            outcome: None,
+            why: Some(why),
+        }
+    }
+
     /// `note` with its pool's name from `pool` (by chain position).
     pub fn of(note: &router_policy::walk::Note, pool: impl Fn(usize) -> Option<Arc<str>>) -> Self {
         let f = note.fields();

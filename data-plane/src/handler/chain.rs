@@ -617,7 +617,9 @@ fn note_walk(walk: &Walk<'_>, view: &LivePools<'_>, pending: &mut Pending) -> St
     let route = view.route;
     // The pools' own shared names: no copy of the text.
     let pool = |at: usize| view.pool(at).map(|p| Arc::clone(p.shared_name()));
-    pending.rec().walk = walk.notes().iter().map(|n| WalkNote::of(n, pool)).collect();
+    // After the notes of the pools the decision passed over (`gated`).
+    let notes = walk.notes().iter().map(|n| WalkNote::of(n, pool));
+    pending.rec().walk.extend(notes);
     let name = |at: usize| route.chain.get(at).map_or("", |n| n.as_str());
     let mut out = String::new();
     for (i, note) in walk.notes().iter().enumerate() {

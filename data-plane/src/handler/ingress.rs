@@ -48,7 +48,7 @@ use crate::forward::{self, UpstreamClient};
 use crate::idempotency::{self, Begin, Fingerprint, KeyedRequest};
 use crate::limits::Reservation;
 use crate::request_headers::RequestHeaders;
-use crate::route_log::IdempotencyRole;
+use crate::route_log::{IdempotencyRole, WalkNote};
 use crate::Shared;
 
 /// Paths whose JSON body's `model` selects the route.
@@ -501,6 +501,22 @@ fn plan(
         snapshot.pools.get(name).map(|p| p.measurements_at(t0))
     });
     pending.rec().reason = decision.reason;
+    // The pools the decision passed over, typed (the reason says the same
+    // in words); none on the usual path.
+    if !decision.gated.is_empty() {
+        let name = |i: usize| {
+            let pool = route.chain.get(i).map_or("", String::as_str);
+            match snapshot.pools.get(pool) {
+                Some(p) => Arc::clone(p.shared_name()),
+                None => Arc::from(pool),
+            }
+        };
+        pending.rec().walk = decision
+            .gated
+            .iter()
+            .map(|&(i, g)| WalkNote::gated(name(i), g.label()))
+            .collect();
+    }
     // A parked task's run carries its client's key to the backend but is
     // no keyed request of its own here: its task is what runs it once.
     let keyed = seen

@@ -228,6 +228,11 @@ async fn a_claude_code_session_falls_over_from_an_overloaded_claude_to_a_local_p
         if tried_claude {
             assert_eq!(line["attempts"][0]["status"], 529, "turn {i}: {line}");
         } else {
+            assert_eq!(
+                line["walk"][0]["note"], "passed_over_marked",
+                "turn {i}: {line}"
+            );
+            assert_eq!(line["walk"][0]["pool"], "claude", "turn {i}: {line}");
             let reason = line["reason"].as_str().unwrap_or_default();
             assert!(
                 reason.contains("claude: skipped, every endpoint suspect"),

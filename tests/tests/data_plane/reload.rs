@@ -119,6 +119,9 @@ async fn the_policy_file_is_watched_and_bad_edits_are_rejected() {
     let r = proxy.chat("m").await;
     assert_eq!(r.header(MOCK_NAME_HEADER), Some("b"));
     let lines = proxy.log.wait_for(4).await;
+    assert_eq!(lines[3]["walk"][0]["note"], "gated", "{}", lines[3]);
+    assert_eq!(lines[3]["walk"][0]["pool"], "local", "{}", lines[3]);
+    assert_eq!(lines[3]["walk"][0]["why"], "unhealthy", "{}", lines[3]);
     let reason = lines[3]["reason"].as_str().unwrap();
     assert!(reason.contains("local skipped: no endpoints"), "{reason}");
     let _ = std::fs::remove_file(&path);

@@ -267,6 +267,9 @@ async fn time_per_output_token_is_measured_per_endpoint_and_gates_a_pool() {
     let r = proxy.chat_with(&[], STREAM).await;
     assert_eq!(r.header(MOCK_NAME_HEADER), Some("fallback"));
     let l = &proxy.log.wait_for(2).await[1];
+    assert_eq!(l["walk"][0]["note"], "gated", "{l}");
+    assert_eq!(l["walk"][0]["pool"], "primary", "{l}");
+    assert_eq!(l["walk"][0]["why"], "tpot", "{l}");
     let reason = l["reason"].as_str().unwrap();
     assert!(reason.contains("time per output token"), "{reason}");
 }

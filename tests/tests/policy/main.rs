@@ -450,7 +450,7 @@ async fn an_ollama_probe_gates_on_free_vram_and_failing_probes_mark_unhealthy() 
     assert_eq!(served, "local");
     // The probe starts failing: the pool is unhealthy, not "unknown = fine".
     local.set_page("/api/ps", 500, "oops");
-    let mut reason = String::new();
+    let mut line = serde_json::Value::Null;
     for _ in 0..100 {
         let r = proxy.chat_with(&[], CHAT).await;
         if r.header(MOCK_NAME_HEADER) == Some("strong") {
@@ -458,7 +458,7 @@ async fn an_ollama_probe_gates_on_free_vram_and_failing_probes_mark_unhealthy() 
             for _ in 0..100 {
                 let lines = proxy.log.lines();
                 if let Some(l) = lines.iter().find(|l| l["request_id"] == id.as_str()) {
-                    reason = l["reason"].as_str().unwrap().to_string();
+                    line = l.clone();
                     break;
                 }
                 tokio::time::sleep(Duration::from_millis(10)).await;
@@ -467,6 +467,11 @@ async fn an_ollama_probe_gates_on_free_vram_and_failing_probes_mark_unhealthy() 
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    // The decision's gate, typed, and the same in the reason's words.
+    assert_eq!(line["walk"][0]["note"], "gated", "{line}");
+    assert_eq!(line["walk"][0]["pool"], "local", "{line}");
+    assert_eq!(line["walk"][0]["why"], "unhealthy", "{line}");
+    let reason = line["reason"].as_str().unwrap_or_default();
     assert!(reason.contains("local skipped: unhealthy"), "{reason}");
 }
 
@@ -594,6 +599,13 @@ async fn a_send_request_that_may_have_reached_a_backend_is_never_resent() {
     assert_eq!(strong.stats().received, 1);
     // The route log says why the walk stopped.
     let l = &proxy.log.wait_for(2).await[0];
+    let stop = l["walk"]
+        .as_array()
+        .and_then(|w| w.last())
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(stop["note"], "stopped", "{l}");
+    assert_eq!(stop["why"], "may_have_reached", "{l}");
     assert!(
         l["reason"].as_str().unwrap().contains(
             "stopped: a SEND request that may have reached its backend is not sent again"

@@ -447,6 +447,14 @@ impl Hub {
             }])
         })
     }
+
+    /// The current policy, resolved against this control plane's guards
+    /// (`None` before one is applied), for the console's pools and explain
+    /// pages.
+    pub fn current_policy(&self) -> Option<Arc<Policy>> {
+        let inner = self.lock();
+        policy_of(&inner, inner.state.policy_version, &self.guards)
+    }
 }
 
 #[cfg(test)]

@@ -38,6 +38,8 @@ pub(super) struct VersionRow {
     author: String,
     operator: String,
     note: String,
+    /// The note as a sentence says it: `applied`, `rolled back to 3`.
+    did: String,
     message: String,
     current: bool,
 }
@@ -51,6 +53,11 @@ impl VersionRow {
             author: p.author.clone(),
             operator: p.operator.clone(),
             note: p.note.clone(),
+            did: match p.note.strip_prefix("rollback to ") {
+                _ if p.note == "apply" => "applied".into(),
+                Some(v) => format!("rolled back to {v}"),
+                None => p.note.clone(),
+            },
             message: p.message.clone(),
             current: p.version == current,
         }

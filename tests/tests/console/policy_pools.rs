@@ -47,6 +47,16 @@ fn draining(health: &Value, addr: &str) -> bool {
     })
 }
 
+/// `text` escaped as a form value.
+fn form_value(text: &str) -> String {
+    text.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
 /// The page's source, for a failure's message.
 async fn page(b: &Browser) -> String {
     format!(
@@ -262,6 +272,17 @@ async fn a_policy_edit_with_two_mistakes_shows_both_and_a_rollback_from_the_hist
     .await;
     assert_eq!(r.status, StatusCode::FORBIDDEN);
     assert_eq!(hub.state().policy_version, v3, "changed by a refused POST");
+    // An apply from an editor opened on an older version is a conflict:
+    // refused (409), nothing applied, the page says so.
+    let csrf = http_only::csrf_of(&client, &console, &operator).await;
+    let body = format!(
+        "csrf={csrf}&action=apply&expected={v2}&document={}",
+        form_value(&good)
+    );
+    let r = http_only::post(&client, &format!("{console}/policy/edit"), &operator, &body).await;
+    assert_eq!(r.status, StatusCode::CONFLICT, "{}", r.text());
+    assert!(r.text().contains("id=\"problem\""), "{}", r.text());
+    assert_eq!(hub.state().policy_version, v3, "a stale editor applied");
 
     b.quit().await.unwrap();
     fleet.stop().await;
@@ -431,6 +452,30 @@ async fn the_pools_drain_button_drains_an_endpoint_on_every_proxy_a_viewer_has_n
     assert!(source.contains("data-pool=\"\""), "a pool chosen: {source}");
     let reason = b.text(&b.find("#reason").await.unwrap()).await.unwrap();
     assert!(reason.contains("park"), "{reason}");
+
+    // With a tenant: whether the policy lets it use the route at that risk.
+    let with_tenant = format!(
+        "{}  tenants:\n    - {{name: reader, anonymous: true, max_risk: READ}}\n",
+        policy(&first)
+    );
+    hub.apply_policy(&with_tenant, false, 0, "test")
+        .await
+        .unwrap();
+    b.goto(&format!("{console}/explain?risk=SEND&tenant=reader"))
+        .await
+        .unwrap();
+    let verdict = b.wait_for("#tenant-verdict.error").await.unwrap();
+    let verdict = b.text(&verdict).await.unwrap();
+    assert!(verdict.starts_with("refused: "), "{verdict}");
+    b.goto(&format!("{console}/explain?risk=READ&tenant=reader"))
+        .await
+        .unwrap();
+    let verdict = b.wait_for("#tenant-verdict.ok").await.unwrap();
+    let verdict = b.text(&verdict).await.unwrap();
+    assert!(
+        verdict.starts_with("reader may send a READ request on route default"),
+        "{verdict}"
+    );
 
     b.quit().await.unwrap();
     fleet.stop().await;

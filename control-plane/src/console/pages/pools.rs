@@ -528,4 +528,39 @@ spec:
         assert_eq!(two.circuit, "closed");
         assert!(two.suspicions.is_empty());
     }
+
+    #[tokio::test]
+    async fn draining_a_pool_without_a_backend_set_makes_one_from_the_policy() {
+        let dir = std::env::temp_dir().join(format!("router-console-pools-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let store = crate::store::RedbStore::open(&dir).unwrap_or_else(|e| panic!("{e}"));
+        let hub = Hub::open(
+            Box::new(store),
+            router_policy::Guards::default(),
+            crate::Limits::default(),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+        hub.apply_policy(POLICY, false, 0, "test")
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let (endpoints, drained) =
+            with_drain(&hub, "a", "127.0.0.1:9002", true).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            endpoints,
+            ["http://127.0.0.1:9001", "http://127.0.0.1:9002"]
+        );
+        assert_eq!(drained, ["http://127.0.0.1:9002"]);
+        hub.set_backends("a", endpoints, drained)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let set = &hub.state().backends["a"];
+        assert_eq!(set.drained, ["http://127.0.0.1:9002"]);
+        let (_, drained) =
+            with_drain(&hub, "a", "http://127.0.0.1:9002", false).unwrap_or_else(|e| panic!("{e}"));
+        assert!(drained.is_empty());
+        assert!(with_drain(&hub, "a", "127.0.0.1:9999", true).is_err());
+        assert!(with_drain(&hub, "nope", "127.0.0.1:9001", true).is_err());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

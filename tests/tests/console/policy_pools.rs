@@ -272,6 +272,36 @@ async fn a_policy_edit_with_two_mistakes_shows_both_and_a_rollback_from_the_hist
     .await;
     assert_eq!(r.status, StatusCode::FORBIDDEN);
     assert_eq!(hub.state().policy_version, v3, "changed by a refused POST");
+    // The new pages, as an operator sees them: the console's headers, no
+    // inline script or style.
+    let header = format!("router_console={operator}");
+    for path in [
+        "/policy".to_string(),
+        format!("/policy?a={v1}&b={v3}"),
+        "/policy/edit".to_string(),
+        format!("/policy/rollback?to={v2}"),
+        "/pools".to_string(),
+        "/pools/confirm?action=open&pool=only".to_string(),
+        "/explain?risk=SEND".to_string(),
+    ] {
+        let r = client
+            .send(
+                http::Method::GET,
+                &format!("{console}{path}"),
+                &[("cookie", header.as_str())],
+                "",
+            )
+            .await;
+        assert_eq!(r.status, StatusCode::OK, "{path}: {}", r.text());
+        assert_eq!(
+            r.header("content-security-policy"),
+            Some("default-src 'self'; frame-ancestors 'none'"),
+            "{path}"
+        );
+        assert_eq!(r.header("cache-control"), Some("no-store"), "{path}");
+        assert!(!r.text().contains("<script>"), "{path}: inline script");
+        assert!(!r.text().contains("style="), "{path}: inline style");
+    }
     // An apply from an editor opened on an older version is a conflict:
     // refused (409), nothing applied, the page says so.
     let csrf = http_only::csrf_of(&client, &console, &operator).await;

@@ -15,7 +15,10 @@
 //!   records, the policy) and the proxies' shared store (parked tasks)
 //!   directly, and every change goes through the function the gRPC
 //!   `Admin` service calls: approving a task here is
-//!   [`crate::tasks::change`], exactly as `routerctl tasks approve`.
+//!   [`crate::tasks::change`], exactly as `routerctl tasks approve`;
+//!   applying, dry-running and rolling back the policy, draining and
+//!   forcing circuits are the hub's `apply_policy_by`, `rollback_by`,
+//!   `set_backends` and `set_circuit`.
 //! - **People, not programs.** A person signs in with a token (operator,
 //!   approver or viewer: [`crate::auth`]) or a one-time link the control
 //!   plane minted ([`crate::RunningControlPlane::console_signin_link`]);
@@ -38,7 +41,7 @@
 //!
 //! Files by job: this one serves and dispatches; [`session`] signs in,
 //! keeps sessions and checks CSRF tokens; `pages/` renders one page per
-//! file (sign-in, fleet, tasks).
+//! file (sign-in, fleet, tasks, pools, policy, explain).
 
 mod pages;
 pub(crate) mod session;

@@ -108,10 +108,10 @@ fn with_policy(inner: &Inner, document: &str, version: u64, guards: &Guards) -> 
 }
 
 /// Validates a policy document with the same rules as `routerctl policy
-/// validate`, against `guards`.
+/// validate`, against `guards`: every error at once, misspelt fields and
+/// what validation finds in the rest ([`router_policy::document::load_with`]).
 pub fn validate(document: &str, guards: &Guards) -> Result<(), Vec<FieldError>> {
-    PolicyDocument::parse(document)
-        .and_then(|d| d.validate_with(&QueueSettings::default(), guards))
+    load_with(document, &QueueSettings::default(), guards)
         .map(|_| ())
         .map_err(|e| e.errors)
 }
@@ -447,11 +447,32 @@ impl Hub {
             }])
         })
     }
+
+    /// The current policy, resolved against this control plane's guards
+    /// (`None` before one is applied), for the console's pools and explain
+    /// pages.
+    pub fn current_policy(&self) -> Option<Arc<Policy>> {
+        let inner = self.lock();
+        policy_of(&inner, inner.state.policy_version, &self.guards)
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The Admin API's dry run (and the console's) reports a misspelt field
+    /// and what validation finds in the rest in one answer, as `routerctl
+    /// policy validate` does.
+    #[test]
+    fn validation_reports_a_misspelt_field_and_the_rest_at_once() {
+        let document = "apiVersion: router/v1\nkind: RoutingPolicy\nspec:\n  pools:\n    - name: a\n      endpoints: [\"127.0.0.1:9\"]\n      max_concurency: 4\n  routes:\n    - name: r\n      chain: [nowhere]\n";
+        let errors = validate(document, &Guards::default()).unwrap_err();
+        let fields: Vec<&str> = errors.iter().map(|e| e.field.as_str()).collect();
+        assert_eq!(fields.len(), 2, "{errors:?}");
+        assert_eq!(fields[0], "spec.pools[0].max_concurency");
+        assert!(fields[1].starts_with("spec.routes[0].chain"), "{errors:?}");
+    }
 
     #[tokio::test]
     async fn a_tenant_the_policy_does_not_name_is_refused_with_those_it_names() {

@@ -5,9 +5,9 @@
 //! [`Browser::start`] starts `chromedriver` on a free loopback port as a
 //! child (stopped when dropped), opens a session with a headless Chromium
 //! (`--headless=new --no-sandbox --disable-gpu`), and offers what the tests
-//! need: navigate, find by CSS, click, type, read the page's source and an
-//! element's text, cookies, alerts, and screenshots (PNG). The client is
-//! hyper-util's, over HTTP/1.1: no WebDriver crate.
+//! need: navigate, find by CSS, click, type, clear a field, read the
+//! page's source and an element's text, cookies, alerts, and screenshots
+//! (PNG). The client is hyper-util's, over HTTP/1.1: no WebDriver crate.
 //!
 //! When Chromium or chromedriver is missing, [`Browser::start`] fails
 //! with a message saying to run `scripts/install-test-deps`: a browser
@@ -266,6 +266,17 @@ impl Browser {
             Method::POST,
             &self.at(&format!("/element/{}/value", e.0)),
             Some(json!({"text": text})),
+        )
+        .await
+        .map(|_| ())
+    }
+
+    /// Empties the form field `e` (a text input or a textarea).
+    pub async fn clear(&self, e: &Element) -> Result<(), BoxError> {
+        self.call(
+            Method::POST,
+            &self.at(&format!("/element/{}/clear", e.0)),
+            None,
         )
         .await
         .map(|_| ())

@@ -13,6 +13,7 @@
 #![allow(clippy::unwrap_used)]
 
 mod http_only;
+mod policy_pools;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

@@ -2,7 +2,10 @@
 //! who is signed in, the sign-out form with its CSRF token), the error
 //! page, times as people read them, and the dispatch by path.
 
+pub(super) mod explain;
 pub(super) mod fleet;
+pub(super) mod policy;
+pub(super) mod pools;
 pub(super) mod signin;
 pub(super) mod tasks;
 
@@ -83,6 +86,12 @@ pub(super) async fn get(console: &Console, s: &Session, path: &str, query: Optio
         "/" => redirect("/fleet"),
         "/fleet" => fleet::get(console, s).await,
         "/tasks" => tasks::list(console, s, query).await,
+        "/policy" => policy::get(console, s, query).await,
+        "/policy/edit" => policy::edit(console, s).await,
+        "/policy/rollback" => policy::confirm_rollback(console, s, query).await,
+        "/pools" => pools::get(console, s).await,
+        "/pools/confirm" => pools::confirm(console, s, query).await,
+        "/explain" => explain::get(console, s, query).await,
         _ => match path.strip_prefix("/tasks/") {
             Some(id) if !id.is_empty() && !id.contains('/') => tasks::show(console, s, id).await,
             _ => error_page(StatusCode::NOT_FOUND, "no such page"),
@@ -105,6 +114,12 @@ pub(super) async fn post(
             redirect("/signin"),
             &session::cookie(session::COOKIE, "", 0, console.secure),
         );
+    }
+    match path {
+        "/policy/edit" => return policy::post_edit(console, s, form).await,
+        "/policy/rollback" => return policy::rollback(console, s, form).await,
+        "/pools/act" => return pools::act(console, s, form).await,
+        _ => {}
     }
     if let Some(rest) = path.strip_prefix("/tasks/") {
         if let Some((id, action)) = rest.split_once('/') {

@@ -15,6 +15,7 @@ use serde_json::{json, Value};
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 
+use crate::error::CliError;
 use crate::policy_cmd::Output;
 
 // The commands of each noun live in its own file; their old paths here
@@ -32,26 +33,24 @@ pub async fn connect(
     server: &str,
     token: Option<String>,
     ca_pem: Option<&str>,
-) -> Result<Admin, String> {
+) -> Result<Admin, CliError> {
     // Checked before dialling: a token that cannot be sent is an error,
     // not a call without it.
-    let bearer =
-        BearerToken::new(token.as_deref(), "ROUTER_TOKEN (--token)").map_err(|e| e.to_string())?;
+    let bearer = BearerToken::new(token.as_deref(), "ROUTER_TOKEN (--token)")?;
     let url = if server.contains("://") {
         server.to_string()
     } else {
         format!("http://{server}")
     };
-    let channel = router_proxy::managed::grpc_endpoint(&url, ca_pem)
-        .map_err(|e| e.to_string())?
+    let channel = router_proxy::managed::grpc_endpoint(&url, ca_pem)?
         .connect()
         .await
         .map_err(|e| {
-            router_proxy::managed::connect_failure(
+            CliError::Unreachable(router_proxy::managed::connect_failure(
                 &url,
                 &e,
                 "--ca-file PATH (or ROUTERCTL_CA_FILE)",
-            )
+            ))
         })?;
     Ok(AdminClient::with_interceptor(channel, bearer))
 }
@@ -393,12 +392,12 @@ pub async fn rollback_noted(
 }
 
 /// `route explain` against the control plane's current policy.
-pub async fn explain(admin: &mut Admin, situation_json: String) -> Result<String, String> {
-    admin
+pub async fn explain(admin: &mut Admin, situation_json: String) -> Result<String, CliError> {
+    Ok(admin
         .explain(pb::ExplainRequest { situation_json })
-        .await
-        .map(|r| r.into_inner().explanation_json)
-        .map_err(|s| explain_status(&s))
+        .await?
+        .into_inner()
+        .explanation_json)
 }
 
 #[cfg(test)]

@@ -19,6 +19,8 @@ use std::time::{Duration, SystemTime};
 use clap::Args;
 use router_policy::approval::{ApprovalKey, MAX_TTL};
 
+use crate::error::CliError;
+
 /// The variable the key is read from when no `--key-file` is given (the
 /// proxies' own).
 pub const KEY_ENV: &str = "CUSTOM_ROUTER_APPROVAL_KEY";
@@ -69,30 +71,33 @@ pub fn mint(
     args: &ApproveArgs,
     env_key: Option<String>,
     now: u64,
-) -> Result<(String, u64), String> {
+) -> Result<(String, u64), CliError> {
     let (secret, origin) = match &args.key_file {
         Some(path) => (
-            std::fs::read_to_string(path)
-                .map_err(|e| format!("cannot read --key-file {}: {e}", path.display()))?,
+            std::fs::read_to_string(path).map_err(|source| CliError::Read {
+                what: "--key-file ",
+                path: path.clone(),
+                source,
+            })?,
             format!("--key-file {}", path.display()),
         ),
         None => (
-            env_key.ok_or_else(|| {
-                format!("no approval key: give --key-file, or set {KEY_ENV} (the proxies' key)")
-            })?,
+            env_key.ok_or(CliError::NoApprovalKey(KEY_ENV))?,
             KEY_ENV.to_string(),
         ),
     };
-    let key = ApprovalKey::new(&secret).map_err(|e| format!("{origin}: {e}"))?;
+    let key =
+        ApprovalKey::new(&secret).map_err(|source| CliError::ApprovalKey { origin, source })?;
     if args.ttl > MAX_TTL {
-        return Err(format!(
-            "--ttl {} is longer than the {} a token may last",
-            humantime::format_duration(args.ttl),
-            humantime::format_duration(MAX_TTL)
-        ));
+        return Err(CliError::Flag {
+            flag: format!("--ttl {}", humantime::format_duration(args.ttl)),
+            reason: format!(
+                "longer than the {} a token may last",
+                humantime::format_duration(MAX_TTL)
+            ),
+        });
     }
-    key.mint(args.route.trim(), args.request_id.trim(), args.ttl, now)
-        .map_err(|e| e.to_string())
+    Ok(key.mint(args.route.trim(), args.request_id.trim(), args.ttl, now)?)
 }
 
 /// The wall clock in Unix seconds (the token's expiry).
@@ -130,6 +135,8 @@ mod tests {
     #[test]
     fn errors_name_what_to_fix_and_never_show_the_key() {
         let e = mint(&args(Duration::from_secs(600)), None, 1000).unwrap_err();
+        assert!(matches!(e, CliError::NoApprovalKey(KEY_ENV)), "{e:?}");
+        let e = e.to_string();
         assert!(e.contains("--key-file") && e.contains(KEY_ENV), "{e}");
         let e = mint(
             &args(Duration::from_secs(600)),
@@ -137,6 +144,8 @@ mod tests {
             1000,
         )
         .unwrap_err();
+        assert!(matches!(e, CliError::ApprovalKey { .. }), "{e:?}");
+        let e = e.to_string();
         assert!(e.contains(KEY_ENV) && e.contains("32"), "{e}");
         assert!(!e.contains("short-secret"), "{e}");
         let e = mint(
@@ -145,10 +154,15 @@ mod tests {
             1000,
         )
         .unwrap_err();
-        assert!(e.contains("--ttl"), "{e}");
+        assert!(
+            matches!(&e, CliError::Flag { flag, .. } if flag.starts_with("--ttl")),
+            "{e:?}"
+        );
         let mut a = args(Duration::from_secs(60));
         a.key_file = Some(PathBuf::from("/nonexistent/approval.key"));
         let e = mint(&a, Some(KEY.into()), 1000).unwrap_err();
+        assert!(matches!(e, CliError::Read { .. }), "{e:?}");
+        let e = e.to_string();
         assert!(e.contains("--key-file /nonexistent/approval.key"), "{e}");
     }
 }

@@ -47,6 +47,7 @@
 //! [`DrillConfig::scaled`] divides every duration (and multiplies the
 //! rate), so the test suite replays the same scenarios at 1/20 scale.
 
+use crate::error::CliError;
 use std::collections::{BTreeMap, HashMap};
 use std::net::{Ipv4Addr, SocketAddr};
 use std::time::Duration;
@@ -367,8 +368,8 @@ spec:
     )
 }
 
-fn parse_policy(text: &str) -> Result<Policy, String> {
-    load(text, &QueueSettings::default()).map_err(|e| e.to_string())
+fn parse_policy(text: &str) -> Result<Policy, CliError> {
+    Ok(load(text, &QueueSettings::default())?)
 }
 
 /// The primary attempt timeout of `scenario`'s policy.
@@ -396,7 +397,10 @@ pub fn target_policy(scenario: Scenario, cfg: &DrillConfig) -> String {
 }
 
 /// Runs one scenario.
-pub async fn run_scenario(scenario: Scenario, cfg: &DrillConfig) -> Result<ScenarioReport, String> {
+pub async fn run_scenario(
+    scenario: Scenario,
+    cfg: &DrillConfig,
+) -> Result<ScenarioReport, CliError> {
     if scenario == Scenario::AllDown {
         if cfg.target.is_some() {
             return Ok(skipped(
@@ -446,7 +450,7 @@ pub async fn run_scenario(scenario: Scenario, cfg: &DrillConfig) -> Result<Scena
         },
     )
     .await
-    .map_err(|e| format!("cannot start the primary mock: {e}"))?;
+    .map_err(|e| start("primary mock", e))?;
     let fallback = MockModel::start_on(
         SocketAddr::from((Ipv4Addr::LOCALHOST, cfg.fallback_port)),
         MockConfig {
@@ -457,7 +461,7 @@ pub async fn run_scenario(scenario: Scenario, cfg: &DrillConfig) -> Result<Scena
         },
     )
     .await
-    .map_err(|e| format!("cannot start the fallback mock: {e}"))?;
+    .map_err(|e| start("fallback mock", e))?;
 
     let mut proxies = Vec::new();
     let bases: Vec<String> = match &cfg.target {
@@ -474,14 +478,8 @@ pub async fn run_scenario(scenario: Scenario, cfg: &DrillConfig) -> Result<Scena
             );
             let policy = parse_policy(&text)?;
             let shared_store = match &cfg.shared_store {
-                Some(url) => Some(
-                    router_proxy::SharedStore::new(url).map_err(|e| format!("--shared-store: {e}"))?,
-                ),
-                None if cfg.proxies > 1 => {
-                    return Err(
-                        "--proxies above 1 needs --shared-store redis://HOST:PORT (the proxies share their Idempotency-Keys there)".into(),
-                    )
-                }
+                Some(url) => Some(router_proxy::SharedStore::new(url)?),
+                None if cfg.proxies > 1 => return Err(CliError::ProxiesNeedStore),
                 None => None,
             };
             let settings = Settings {
@@ -498,7 +496,7 @@ pub async fn run_scenario(scenario: Scenario, cfg: &DrillConfig) -> Result<Scena
                     route_log: Box::new(std::io::sink()),
                 })
                 .await
-                .map_err(|e| format!("cannot start the router: {e}"))?;
+                .map_err(|e| start("router", e))?;
                 bases.push(format!("http://{}", proxy.local_addr()));
                 proxies.push(proxy);
             }
@@ -560,7 +558,7 @@ pub async fn run_scenario(scenario: Scenario, cfg: &DrillConfig) -> Result<Scena
     };
     let mut outcomes = Vec::with_capacity(cfg.count);
     for t in tasks {
-        outcomes.push(t.await.map_err(|e| format!("load task failed: {e}"))?);
+        outcomes.push(t.await?);
     }
     // Let abandoned work at the mocks settle, so a late double generation
     // would be counted.
@@ -641,22 +639,31 @@ fn skipped(scenario: Scenario, why: &str) -> ScenarioReport {
 
 /// Waits (up to 10 s) until every proxy has connected to its shared
 /// store (the first connection is made in the background).
-async fn wait_for_store(proxies: &[RunningProxy]) -> Result<(), String> {
-    let until = Instant::now() + Duration::from_secs(10);
+async fn wait_for_store(proxies: &[RunningProxy]) -> Result<(), CliError> {
+    const WAIT: Duration = Duration::from_secs(10);
+    let until = Instant::now() + WAIT;
     while !proxies.iter().all(RunningProxy::shared_store_connected) {
         if Instant::now() > until {
-            return Err("the proxies did not reach the shared store within 10 s".into());
+            return Err(CliError::StoreNotReached(WAIT));
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     Ok(())
 }
 
+/// A part of the drill that did not start.
+fn start(what: &'static str, e: impl std::fmt::Display) -> CliError {
+    CliError::Start {
+        what,
+        reason: e.to_string(),
+    }
+}
+
 /// Runs several scenarios one after another.
 pub async fn run_all(
     scenarios: &[Scenario],
     cfg: &DrillConfig,
-) -> Result<Vec<ScenarioReport>, String> {
+) -> Result<Vec<ScenarioReport>, CliError> {
     let mut reports = Vec::new();
     for s in scenarios {
         reports.push(run_scenario(*s, cfg).await?);

@@ -12,6 +12,7 @@ use router_proto::v1 as pb;
 use serde_json::{json, Value};
 
 use crate::admin_cmd::{explain_status, fail, print_value, when, Admin};
+use crate::error::CliError;
 use crate::policy_cmd::Output;
 use router_policy::wall_clock::unix_ms_i64;
 
@@ -25,14 +26,17 @@ pub async fn create_key(
     tenant: &str,
     name: &str,
     expires_in: Option<Duration>,
-) -> Result<(String, pb::TenantKey), String> {
+) -> Result<(String, pb::TenantKey), CliError> {
     let key = crate::tenants_cmd::mint_tenant_key()?;
     let expires_at_unix_ms = match expires_in {
         None => 0,
         Some(d) => i64::try_from(d.as_millis())
             .ok()
             .and_then(|ms| unix_ms_i64().checked_add(ms))
-            .ok_or_else(|| format!("--expires {}: too far", humantime::format_duration(d)))?,
+            .ok_or_else(|| CliError::Flag {
+                flag: format!("--expires {}", humantime::format_duration(d)),
+                reason: "too far".into(),
+            })?,
     };
     let stored = admin
         .create_key(pb::CreateKeyRequest {
@@ -42,8 +46,7 @@ pub async fn create_key(
             prefix: key.chars().take(PREFIX_CHARS).collect(),
             expires_at_unix_ms,
         })
-        .await
-        .map_err(|s| explain_status(&s))?
+        .await?
         .into_inner();
     Ok((key, stored))
 }

@@ -15,7 +15,8 @@
 //!   [`circuits_cmd`], [`proxies_cmd`], [`tenants_cmd`] (`list`, `usage`)
 //!   and [`keys_cmd`] (`tenants keys create|list|revoke`);
 //! - [`tasks_cmd`]: `routerctl tasks`, parked tasks through the control plane;
-//! - [`up`]: `routerctl up`, control plane and proxy in one process.
+//! - [`up`]: `routerctl up`, control plane and proxy in one process;
+//! - [`error`]: why a command failed ([`error::CliError`], one enum).
 
 #![forbid(unsafe_code)]
 
@@ -25,6 +26,7 @@ pub mod backends_cmd;
 pub mod circuits_cmd;
 pub mod connection_flags;
 pub mod drill;
+pub mod error;
 pub mod keys_cmd;
 pub mod mock_cmd;
 pub mod policy_cmd;

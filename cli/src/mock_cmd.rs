@@ -2,6 +2,7 @@
 //! `127.0.0.1:PORT` (or `--bind ADDR`) until Ctrl-C, for trying the router
 //! by hand and for the compose files' demo endpoints.
 
+use crate::error::CliError;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::process::ExitCode;
 use std::time::Duration;
@@ -63,7 +64,7 @@ enum BehaviorArg {
     Other(Behavior),
 }
 
-fn parse_behavior(text: &str) -> Result<BehaviorArg, String> {
+fn parse_behavior(text: &str) -> Result<BehaviorArg, CliError> {
     let behavior = match text {
         "json" => Behavior::Json,
         "chat" => Behavior::Chat,
@@ -79,15 +80,18 @@ fn parse_behavior(text: &str) -> Result<BehaviorArg, String> {
                     .parse::<u16>()
                     .ok()
                     .filter(|code| (100..=999).contains(code))
-                    .ok_or_else(|| format!("{code:?} is not an HTTP status code"))?;
+                    .ok_or_else(|| CliError::Value {
+                        expected: "status:<code>, an HTTP status code",
+                        reason: Some(format!("{code:?} is not one")),
+                    })?;
                 Behavior::Status(code)
             } else if let Some(url) = text.strip_prefix("redirect:") {
                 Behavior::Redirect(url.to_owned())
             } else {
-                return Err(
-                    "expected json, chat, anthropic, gemini, sse, hang, status:<code>, malformed, redirect:<url> or engine"
-                        .to_owned(),
-                );
+                return Err(CliError::Value {
+                    expected: "json, chat, anthropic, gemini, sse, hang, status:<code>, malformed, redirect:<url> or engine",
+                    reason: None,
+                });
             }
         }
     };

@@ -11,9 +11,11 @@ use std::process::ExitCode;
 use router_policy::decide::{check_situation, explain, Explanation, Situation};
 use router_policy::{Guards, Policy, QueueSettings};
 
+use crate::error::CliError;
+
 /// The guards of this environment, as a proxy would read them.
-fn guards() -> Result<Guards, String> {
-    Guards::from_lookup(|k| std::env::var(k).ok()).map_err(|e| e.to_string())
+fn guards() -> Result<Guards, CliError> {
+    Ok(Guards::from_lookup(|k| std::env::var(k).ok())?)
 }
 
 /// Output format.
@@ -27,17 +29,19 @@ pub enum Output {
     Yaml,
 }
 
-fn read_policy(path: &Path) -> Result<Policy, String> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+fn read_policy(path: &Path) -> Result<Policy, CliError> {
+    let text = std::fs::read_to_string(path).map_err(|source| CliError::Read {
+        what: "",
+        path: path.to_owned(),
+        source,
+    })?;
     let guards = guards()?;
-    router_policy::document::load_with(&text, &QueueSettings::default(), &guards).map_err(|e| {
-        let mut out = format!("{}: invalid policy\n", path.display());
-        for f in &e.errors {
-            out.push_str(&format!("  {}: {}\n", f.field, f.reason));
-        }
-        out
-    })
+    router_policy::document::load_with(&text, &QueueSettings::default(), &guards).map_err(
+        |source| CliError::InvalidPolicyFile {
+            path: path.to_owned(),
+            source,
+        },
+    )
 }
 
 /// `routerctl policy validate -f FILE`: exit 0 when valid, 1 with every

@@ -8,16 +8,17 @@ use router_proto::v1 as pb;
 use serde_json::{json, Value};
 
 use crate::admin_cmd::{explain_status, fail, print_value, when_given, Admin};
+use crate::error::CliError;
 use crate::policy_cmd::Output;
 
 /// A new tenant key: `rt_` and 32 random bytes, base64url.
-pub(crate) fn mint_tenant_key() -> Result<String, String> {
+pub(crate) fn mint_tenant_key() -> Result<String, CliError> {
     use base64::Engine;
     use ring::rand::SecureRandom;
     let mut bytes = [0u8; 32];
     ring::rand::SystemRandom::new()
         .fill(&mut bytes)
-        .map_err(|_| "the system random source failed".to_string())?;
+        .map_err(|_| CliError::Random)?;
     Ok(format!(
         "rt_{}",
         base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)

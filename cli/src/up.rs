@@ -2,6 +2,7 @@
 //! in one process; with no policy, built-in demo endpoints, so that a new
 //! user can send a request at once.
 
+use crate::error::CliError;
 use std::io::BufWriter;
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
@@ -48,13 +49,16 @@ pub struct UpArgs {
 #[derive(Debug, Clone, Copy)]
 pub struct ConsoleListen(pub Option<SocketAddr>);
 
-fn console_listen(s: &str) -> Result<ConsoleListen, String> {
+fn console_listen(s: &str) -> Result<ConsoleListen, CliError> {
     if s.eq_ignore_ascii_case("off") {
         return Ok(ConsoleListen(None));
     }
     s.parse()
         .map(|a| ConsoleListen(Some(a)))
-        .map_err(|e| format!("an address (HOST:PORT) or `off`: {e}"))
+        .map_err(|e| CliError::Value {
+            expected: "an address (HOST:PORT) or `off`",
+            reason: Some(e.to_string()),
+        })
 }
 
 /// The demo policy's name: `up` replaces only a policy of that name (its

@@ -23,7 +23,10 @@ use router_mock::{MockConfig, MockModel};
 use router_proxy::{Mode, ProxyOptions, RunningProxy, Settings};
 use tokio::time::Instant;
 
-use super::{check, parse_policy, percentile, secs, wait_for_store, DrillConfig, ScenarioReport};
+use super::{
+    check, parse_policy, percentile, secs, start, wait_for_store, DrillConfig, ScenarioReport,
+};
+use crate::error::CliError;
 
 type HttpClient = Client<HttpConnector, Full<Bytes>>;
 
@@ -61,20 +64,25 @@ async fn send(
     url: &str,
     headers: &[(&str, String)],
     body: &str,
-) -> Result<(u16, http::HeaderMap, Bytes), String> {
+) -> Result<(u16, http::HeaderMap, Bytes), CliError> {
     let mut b = Request::builder().method(method).uri(url);
     for (k, v) in headers {
         b = b.header(*k, v.as_str());
     }
     let req = b
         .body(Full::new(Bytes::from(body.to_string())))
-        .map_err(|e| e.to_string())?;
-    let resp = tokio::time::timeout(Duration::from_secs(30), client.request(req))
+        .map_err(|e| CliError::Request(e.to_string()))?;
+    const WAIT: Duration = Duration::from_secs(30);
+    let resp = tokio::time::timeout(WAIT, client.request(req))
         .await
-        .map_err(|_| "no answer in 30 s".to_string())?
-        .map_err(|e| e.to_string())?;
+        .map_err(|_| CliError::NoAnswer(WAIT))?
+        .map_err(|e| CliError::Request(e.to_string()))?;
     let (head, body) = resp.into_parts();
-    let body = body.collect().await.map_err(|e| e.to_string())?.to_bytes();
+    let body = body
+        .collect()
+        .await
+        .map_err(|e| CliError::Request(e.to_string()))?
+        .to_bytes();
     Ok((head.status.as_u16(), head.headers, body))
 }
 
@@ -89,7 +97,7 @@ struct Parked {
 }
 
 /// Runs the scenario.
-pub(super) async fn run(cfg: &DrillConfig) -> Result<ScenarioReport, String> {
+pub(super) async fn run(cfg: &DrillConfig) -> Result<ScenarioReport, CliError> {
     let start_mock = |name: &str| MockConfig {
         name: name.into(),
         latency: cfg.fallback_service,
@@ -97,19 +105,15 @@ pub(super) async fn run(cfg: &DrillConfig) -> Result<ScenarioReport, String> {
     };
     let primary = MockModel::start(start_mock("primary"))
         .await
-        .map_err(|e| format!("cannot start the primary mock: {e}"))?;
+        .map_err(|e| start("primary mock", e))?;
     let fallback = MockModel::start(start_mock("fallback"))
         .await
-        .map_err(|e| format!("cannot start the fallback mock: {e}"))?;
+        .map_err(|e| start("fallback mock", e))?;
     let down = parse_policy(&policy(cfg, &primary.url(), &fallback.url(), true))?;
     let up = parse_policy(&policy(cfg, &primary.url(), &fallback.url(), false))?;
     let shared_store = match &cfg.shared_store {
-        Some(url) => {
-            Some(router_proxy::SharedStore::new(url).map_err(|e| format!("--shared-store: {e}"))?)
-        }
-        None if cfg.proxies > 1 => {
-            return Err("--proxies above 1 needs --shared-store redis://HOST:PORT".into())
-        }
+        Some(url) => Some(router_proxy::SharedStore::new(url)?),
+        None if cfg.proxies > 1 => return Err(CliError::ProxiesNeedStore),
         None => None,
     };
     let mut proxies: Vec<RunningProxy> = Vec::new();
@@ -125,7 +129,7 @@ pub(super) async fn run(cfg: &DrillConfig) -> Result<ScenarioReport, String> {
             route_log: Box::new(std::io::sink()),
         })
         .await
-        .map_err(|e| format!("cannot start the router: {e}"))?;
+        .map_err(|e| start("router", e))?;
         proxies.push(p);
     }
     if shared_store.is_some() {
@@ -185,7 +189,7 @@ pub(super) async fn run(cfg: &DrillConfig) -> Result<ScenarioReport, String> {
     }
     let mut parked = Vec::new();
     for s in sent {
-        parked.push(s.await.map_err(|e| e.to_string())?);
+        parked.push(s.await?);
     }
 
     // The backends come back, on every proxy.

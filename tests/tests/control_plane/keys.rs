@@ -198,6 +198,11 @@ async fn a_stored_key_works_on_every_proxy_until_revoked_and_survives_the_policy
         .await
         .unwrap_err();
     assert!(
+        matches!(e, routerctl::error::CliError::Refused(_)),
+        "{e:?}"
+    );
+    let e = e.to_string();
+    assert!(
         e.contains("no tenant \"nobody\"") && e.contains("team-a"),
         "{e}"
     );

@@ -476,6 +476,11 @@ async fn the_control_plane_can_serve_tls() {
         .await
         .err()
         .unwrap();
+    assert!(
+        matches!(e, routerctl::error::CliError::Unreachable(_)),
+        "{e:?}"
+    );
+    let e = e.to_string();
     assert!(e.contains("not trusted") && e.contains("--ca-file"), "{e}");
     let plain = format!("http://localhost:{}", cp.local_addr().port());
     let status = match routerctl::admin_cmd::connect(&plain, Some(TOKEN.into()), None).await {
@@ -484,7 +489,7 @@ async fn the_control_plane_can_serve_tls() {
             .await
             .err()
             .map(|s| routerctl::admin_cmd::explain_status(&s)),
-        Err(e) => Some(e),
+        Err(e) => Some(e.to_string()),
     };
     let said = status.unwrap();
     assert!(said.contains("https://"), "{said}");

@@ -194,6 +194,9 @@ pub(crate) struct Shared {
     pub(crate) rate_limits: Arc<rate_limit::RateLimits>,
     /// Tenants' spend counters: the shared store's, or this process's own.
     pub(crate) spend: Arc<spend::SpendBudgets>,
+    /// Tenants' hourly rollups, written to the shared store as requests
+    /// settle (none without a shared store).
+    pub(crate) rollups: Option<router_shared_state::rollup::Rollups>,
     /// Parked tasks (`on_all_down: park`): the shared store's, or this
     /// process's own.
     pub(crate) tasks: Arc<tasks::Tasks>,
@@ -402,6 +405,12 @@ pub async fn start(options: ProxyOptions) -> Result<RunningProxy, StartError> {
         settings.task_lease,
         settings.park_max_bytes,
     ));
+    let rollups = redis.as_ref().map(|r| {
+        router_shared_state::rollup::Rollups::spawn(
+            Arc::clone(r),
+            Arc::clone(&metrics) as Arc<dyn router_shared_state::StoreEvents>,
+        )
+    });
     // Watched for a loss of its data once the proxy is up (below).
     let epoch_store = redis.clone();
     let shared_store = redis.map(|r| r as Arc<dyn idempotency::IdempotencyStore>);
@@ -437,6 +446,7 @@ pub async fn start(options: ProxyOptions) -> Result<RunningProxy, StartError> {
         idempotency: keys,
         rate_limits,
         spend,
+        rollups,
         tasks: Arc::clone(&parked),
         buffered: limits::ByteBudget::new(settings_buffered),
         connections: limits::ConnectionSlots::new(settings_connections, settings_per_peer),

@@ -2,9 +2,11 @@
 //! who is signed in, the sign-out form with its CSRF token), the error
 //! page, times as people read them, and the dispatch by path.
 
+pub(super) mod chart;
 pub(super) mod fleet;
 pub(super) mod signin;
 pub(super) mod tasks;
+pub(super) mod tenants;
 
 use askama::Template;
 use http::StatusCode;
@@ -83,6 +85,7 @@ pub(super) async fn get(console: &Console, s: &Session, path: &str, query: Optio
         "/" => redirect("/fleet"),
         "/fleet" => fleet::get(console, s).await,
         "/tasks" => tasks::list(console, s, query).await,
+        "/tenants" => tenants::get(console, s, query).await,
         _ => match path.strip_prefix("/tasks/") {
             Some(id) if !id.is_empty() && !id.contains('/') => tasks::show(console, s, id).await,
             _ => error_page(StatusCode::NOT_FOUND, "no such page"),

@@ -429,11 +429,22 @@ pub async fn start(options: ProxyOptions) -> Result<RunningProxy, StartError> {
         settings.max_connections,
         settings.connections_per_peer(),
     );
+    // The last route records, for the console: managed proxies only (the
+    // control plane asks for them over the config stream).
+    let decisions = (managed && settings.decision_ring > 0).then(|| {
+        Arc::new(router_route_log::ring::DecisionRing::new(
+            settings.decision_ring,
+        ))
+    });
     let shared = Arc::new(Shared {
-        route_log: RouteLog::spawn(route_log, {
-            let metrics = Arc::clone(&metrics);
-            move || metrics.route_log_dropped()
-        })?,
+        route_log: RouteLog::spawn_with_ring(
+            route_log,
+            {
+                let metrics = Arc::clone(&metrics);
+                move || metrics.route_log_dropped()
+            },
+            decisions.clone(),
+        )?,
         settings,
         config: Arc::clone(&config),
         metrics,
@@ -526,6 +537,7 @@ pub async fn start(options: ProxyOptions) -> Result<RunningProxy, StartError> {
             guards: shared.settings.guards.clone(),
             readiness: shared.readiness.clone().unwrap_or_default(),
             key_use: Arc::clone(&shared.key_use),
+            decisions,
         };
         tasks.push(tokio::spawn(managed::run(context, events_rx, applied)));
     }

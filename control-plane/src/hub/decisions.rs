@@ -62,6 +62,11 @@ impl Hub {
         (id, rx)
     }
 
+    /// Config streams open on this replica now.
+    pub fn open_streams(&self) -> usize {
+        self.queries().streams.len()
+    }
+
     /// Stream `id` closed.
     pub fn decision_stream_closed(&self, id: u64) {
         self.queries().streams.remove(&id);

@@ -3,6 +3,7 @@
 //! page, times as people read them, and the dispatch by path.
 
 pub(super) mod chart;
+pub(super) mod decisions;
 pub(super) mod fleet;
 pub(super) mod signin;
 pub(super) mod tasks;
@@ -86,6 +87,7 @@ pub(super) async fn get(console: &Console, s: &Session, path: &str, query: Optio
         "/fleet" => fleet::get(console, s).await,
         "/tasks" => tasks::list(console, s, query).await,
         "/tenants" => tenants::get(console, s, query).await,
+        "/decisions" => decisions::get(console, s, query).await,
         _ => match path.strip_prefix("/tasks/") {
             Some(id) if !id.is_empty() && !id.contains('/') => tasks::show(console, s, id).await,
             _ => error_page(StatusCode::NOT_FOUND, "no such page"),

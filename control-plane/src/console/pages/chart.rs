@@ -60,14 +60,19 @@ const RIGHT: u32 = 8;
 const TOP: u32 = 10;
 const BOTTOM: u32 = 22;
 
-/// The smallest of 1, 2, 5 × 10^k at or above `v` (1 for 0).
+/// The top of a plot for a highest value `v`: the smallest even number
+/// at or above it up to 10 (2 for 0), then the smallest of 2, 5, 10 ×
+/// 10^k: always even, so the middle gridline's value is whole.
 pub(super) fn nice_ceiling(v: u64) -> u64 {
-    let mut step: u64 = 1;
+    if v <= 10 {
+        return (v + v % 2).max(2);
+    }
+    let mut step: u64 = 10;
     loop {
-        for m in [1u64, 2, 5] {
+        for m in [2u64, 5, 10] {
             let c = step.saturating_mul(m);
             if c >= v || c == u64::MAX {
-                return c.max(1);
+                return c;
             }
         }
         if step > u64::MAX / 10 {
@@ -119,7 +124,11 @@ pub(super) fn bars(
     let x_labels = points
         .iter()
         .enumerate()
-        .filter(|(i, _)| i % every == 0 || *i + 1 == points.len())
+        // Every `every`-th, unless the last (always named) is too close.
+        .filter(|(i, _)| {
+            let last = points.len() - 1;
+            *i == last || (i % every == 0 && last - i >= every.div_ceil(2))
+        })
         .map(|(i, p)| XLabel {
             x: px(f64::from(LEFT) + slot * (i as f64 + 0.5)),
             text: p.label.clone(),
@@ -172,11 +181,14 @@ mod tests {
 
     #[test]
     fn tops_are_nice_and_formats_read_well() {
-        assert_eq!(nice_ceiling(0), 1);
-        assert_eq!(nice_ceiling(1), 1);
-        assert_eq!(nice_ceiling(3), 5);
-        assert_eq!(nice_ceiling(7), 10);
+        assert_eq!(nice_ceiling(0), 2);
+        assert_eq!(nice_ceiling(1), 2);
+        assert_eq!(nice_ceiling(3), 4);
+        assert_eq!(nice_ceiling(7), 8);
+        assert_eq!(nice_ceiling(11), 20);
+        assert_eq!(nice_ceiling(21), 50);
         assert_eq!(nice_ceiling(101), 200);
+        assert_eq!(nice_ceiling(501), 1000);
         assert_eq!(nice_ceiling(u64::MAX), u64::MAX);
         assert_eq!(count(950), "950");
         assert_eq!(count(12_500), "12.5k");
@@ -200,7 +212,7 @@ mod tests {
             c.total_raw,
             10 + (0..24).filter(|i| *i != 5).map(|i| i % 3).sum::<u64>()
         );
-        assert_eq!(c.y_top, "10");
+        assert_eq!((c.y_top.as_str(), c.y_mid.as_str()), ("10", "5"));
         let tallest = &c.bars[5];
         assert_eq!(
             tallest.y,
@@ -216,9 +228,19 @@ mod tests {
         // Every 6th bucket and the last are named.
         let named: Vec<&str> = c.x_labels.iter().map(|l| l.text.as_str()).collect();
         assert_eq!(named, ["00:00", "06:00", "12:00", "18:00", "23:00"]);
+        // Thirty days by seven: d28 is too close to the last to be named.
+        let days: Vec<Point> = (0..30)
+            .map(|i| Point {
+                label: format!("d{i}"),
+                value: 1,
+            })
+            .collect();
+        let c = bars("requests-30d", "Requests", &days, count, 7);
+        let named: Vec<&str> = c.x_labels.iter().map(|l| l.text.as_str()).collect();
+        assert_eq!(named, ["d0", "d7", "d14", "d21", "d29"]);
         // No data: an empty plot, not a division by zero.
         let c = bars("spend-30d", "Spend", &[], usd, 7);
         assert!(c.bars.is_empty());
-        assert_eq!(c.y_top, "$0.000001");
+        assert_eq!(c.y_top, "$0.000002");
     }
 }

@@ -173,6 +173,70 @@ mod tests {
         assert_eq!(packed.matches("PEXPIRE").count(), 1, "{packed}");
     }
 
+    /// What a usual tenant request writes: four commands (three
+    /// `HINCRBY`, a `PEXPIRE`) and their bytes on the wire, as the
+    /// benchmarks page says.
+    #[test]
+    fn a_usual_request_writes_four_commands_of_about_300_bytes() {
+        let mut pipe = redis::pipe();
+        let s = Settled {
+            tenant: Arc::from("team-search"),
+            at_unix_secs: 1_709_251_199,
+            tokens: 1_234,
+            micros: 5_678,
+            failed: false,
+        };
+        commands(&mut pipe, "router:", &s);
+        assert_eq!(pipe.cmd_iter().count(), 4);
+        let bytes = pipe.get_packed_pipeline().len();
+        println!("rollup of a usual request: 4 commands, {bytes} bytes");
+        assert!((250..=350).contains(&bytes), "{bytes} bytes");
+    }
+
+    /// What `record` costs the request's thread (docs/benchmarks.md, "The
+    /// console"): `cargo test -p router-shared-state --release --lib --
+    /// --ignored --nocapture record_cost`.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    #[ignore = "a measurement: run it in release"]
+    async fn record_cost() {
+        let (tx, mut rx) = mpsc::channel(QUEUE);
+        let drain = tokio::spawn(async move {
+            let mut batch = Vec::with_capacity(BATCH);
+            let mut n = 0usize;
+            while rx.recv_many(&mut batch, BATCH).await > 0 {
+                n += batch.len();
+                batch.clear();
+            }
+            n
+        });
+        let r = Rollups {
+            tx,
+            events: Arc::new(crate::NoEvents),
+            counts: Arc::default(),
+        };
+        let tenant: Arc<str> = Arc::from("team-search");
+        let calls = 1_000_000u32;
+        let t = tokio::time::Instant::now();
+        for i in 0..calls {
+            r.record(Settled {
+                tenant: Arc::clone(&tenant),
+                at_unix_secs: 1_709_251_199,
+                tokens: u64::from(i),
+                micros: 5,
+                failed: false,
+            });
+        }
+        let took = t.elapsed();
+        let dropped = r.counts().dropped.load(Ordering::Relaxed);
+        drop(r);
+        let drained = drain.await.unwrap();
+        println!(
+            "Rollups::record: {:.0} ns a call over {calls} calls ({dropped} dropped: the queue was full)",
+            took.as_nanos() as f64 / f64::from(calls)
+        );
+        assert_eq!(drained as u64 + dropped, u64::from(calls));
+    }
+
     #[tokio::test]
     async fn a_full_queue_drops_and_counts_and_never_waits() {
         // A store that never connects: the writer's first batch waits on

@@ -318,6 +318,55 @@ mod tests {
         ]
     }
 
+    /// The decisions page's work once the answers are in, with 50 proxies
+    /// of 256 records each (docs/benchmarks.md, "The console"): `cargo
+    /// test -p router-control-plane --release --lib -- --ignored
+    /// --nocapture render_cost`.
+    #[test]
+    #[ignore = "a measurement: run it in release"]
+    fn render_cost_of_the_decisions_page_with_50_proxies_of_256_records() {
+        use crate::console::pages::cost::{session, time_renders};
+        let answers: Vec<ProxyDecisions> = (0..50)
+            .map(|p| ProxyDecisions {
+                node: format!("edge-{p:02}"),
+                lines: (0..256)
+                    .map(|i| {
+                        let at = format!("2024-03-01T10:{:02}:{:02}.{p:03}Z", i / 60, i % 60);
+                        line(
+                            &format!("req-{p}-{i}"),
+                            &at,
+                            "default",
+                            "acme",
+                            200,
+                            &["a", "b"],
+                        )
+                    })
+                    .collect(),
+                capacity: 256,
+                complete: true,
+            })
+            .collect();
+        let s = session();
+        let bytes = time_renders("decisions page, 50 proxies x 256 records", || {
+            let filters = Filters::default();
+            let (decisions, passed, fetched) = select(answers.clone(), &filters);
+            DecisionsPage {
+                layout: Layout::new("Decisions", "decisions", &s, false),
+                filtered: false,
+                filters,
+                decisions,
+                passed,
+                fetched,
+                proxies: Vec::new(),
+                shown_max: SHOWN,
+            }
+            .render()
+            .map(|b| b.len())
+            .unwrap_or(0)
+        });
+        assert!(bytes > SHOWN * 500, "{bytes} bytes");
+    }
+
     #[test]
     fn decisions_merge_newest_first_and_filters_keep_what_matches() {
         let (rows, passed, fetched) = select(fleet(), &Filters::default());

@@ -3,6 +3,8 @@
 //! page, times as people read them, and the dispatch by path.
 
 pub(super) mod chart;
+#[cfg(test)]
+mod cost;
 pub(super) mod decisions;
 pub(super) mod fleet;
 pub(super) mod signin;

@@ -59,11 +59,13 @@ use crate::store::{
 
 mod backends;
 mod circuits;
+mod decisions;
 mod keys;
 mod policy;
 mod proxies;
 pub use circuits::check_circuit;
 use circuits::retain_valid_circuits;
+pub use decisions::ProxyDecisions;
 pub use keys::{KEY_KEPT_AFTER_EXPIRY_MS, MAX_KEYS_PER_TENANT, MAX_KEY_NAME};
 pub use policy::{validate, Applier, PolicyApplied, UnknownTenant, HISTORY_LIMIT, MAX_NOTE};
 use proxies::Link;
@@ -174,6 +176,8 @@ pub struct Hub {
     /// Whether this replica held the singleton lease at the last
     /// maintenance tick.
     leading: std::sync::atomic::AtomicBool,
+    /// The open streams and the decisions fetches waiting on them.
+    queries: Mutex<decisions::Queries>,
 }
 
 impl Inner {
@@ -274,6 +278,7 @@ fn stream_message_len(state: &State, document_len: usize, store_id: &str) -> usi
         nonce: uuid::Uuid::nil().to_string(),
         snapshot: Some(snapshot_for(state, String::new())),
         store_id: store_id.to_string(),
+        decisions: None,
     }
     .encoded_len();
     let document = if document_len == 0 {
@@ -348,6 +353,7 @@ impl Hub {
             published,
             guards,
             leading: std::sync::atomic::AtomicBool::new(false),
+            queries: Mutex::default(),
         });
         if let Some(changes) = changes {
             tokio::spawn(follow_store(Arc::downgrade(&hub), changes));
@@ -654,6 +660,7 @@ mod tests {
             nonce: uuid::Uuid::now_v7().to_string(),
             snapshot: Some(snapshot_for(&state, document)),
             store_id: "store".into(),
+            decisions: None,
         }
         .encoded_len();
         assert!(

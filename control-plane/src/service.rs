@@ -528,20 +528,43 @@ impl ProxyConfig for ProxyConfigService {
         // lets go of its store even while proxies are still connected.
         let hub = self.hub.clone();
         let out_node = node.clone();
+        // The console's requests for this proxy's route records go out on
+        // the same stream, between snapshots (`Hub::fetch_decisions`).
+        let (query_stream, mut queries) = upgrade(&self.hub)?.decision_stream_opened(&node);
         tokio::spawn(async move {
+            let mut snapshot_due = true;
             loop {
-                let published = updates.borrow_and_update().clone();
-                let msg = pb::ControlMessage {
-                    revision: published.revision,
-                    nonce: uuid::Uuid::now_v7().to_string(),
-                    snapshot: Some(published.snapshot.clone()),
-                    store_id: published.store_id.clone(),
-                };
-                let push = tracing::info_span!("config.push", router.node = %out_node, router.revision = published.revision);
-                if tx.send(Ok(msg)).instrument(push).await.is_err()
-                    || updates.changed().await.is_err()
-                {
-                    break;
+                if snapshot_due {
+                    let published = updates.borrow_and_update().clone();
+                    let msg = pb::ControlMessage {
+                        revision: published.revision,
+                        nonce: uuid::Uuid::now_v7().to_string(),
+                        snapshot: Some(published.snapshot.clone()),
+                        store_id: published.store_id.clone(),
+                        decisions: None,
+                    };
+                    let push = tracing::info_span!("config.push", router.node = %out_node, router.revision = published.revision);
+                    if tx.send(Ok(msg)).instrument(push).await.is_err() {
+                        break;
+                    }
+                }
+                tokio::select! {
+                    changed = updates.changed() => {
+                        if changed.is_err() {
+                            break;
+                        }
+                        snapshot_due = true;
+                    }
+                    Some(q) = queries.recv() => {
+                        snapshot_due = false;
+                        let ask = pb::ControlMessage {
+                            decisions: Some(q),
+                            ..Default::default()
+                        };
+                        if tx.send(Ok(ask)).await.is_err() {
+                            break;
+                        }
+                    }
                 }
             }
             tracing::debug!(node = %out_node, "stream writer ended");
@@ -574,6 +597,10 @@ impl ProxyConfig for ProxyConfigService {
                         hub.proxy_seen(&node, |_| {});
                         hub.keys_used(&k);
                     }
+                    Some(pb::proxy_message::Msg::Decisions(d)) => {
+                        hub.proxy_seen(&node, |_| {});
+                        hub.decisions_received(&node, d);
+                    }
                     Some(pb::proxy_message::Msg::Load(_))
                     | Some(pb::proxy_message::Msg::Hello(_))
                     | None => {
@@ -582,6 +609,7 @@ impl ProxyConfig for ProxyConfigService {
                 }
             }
             if let Some(hub) = hub.upgrade() {
+                hub.decision_stream_closed(query_stream);
                 hub.proxy_disconnected(&node);
             }
             tracing::info!(node = %node, "proxy disconnected");

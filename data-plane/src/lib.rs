@@ -194,6 +194,9 @@ pub(crate) struct Shared {
     pub(crate) rate_limits: Arc<rate_limit::RateLimits>,
     /// Tenants' spend counters: the shared store's, or this process's own.
     pub(crate) spend: Arc<spend::SpendBudgets>,
+    /// Tenants' hourly rollups, written to the shared store as requests
+    /// settle (none without a shared store).
+    pub(crate) rollups: Option<router_shared_state::rollup::Rollups>,
     /// Parked tasks (`on_all_down: park`): the shared store's, or this
     /// process's own.
     pub(crate) tasks: Arc<tasks::Tasks>,
@@ -402,6 +405,12 @@ pub async fn start(options: ProxyOptions) -> Result<RunningProxy, StartError> {
         settings.task_lease,
         settings.park_max_bytes,
     ));
+    let rollups = redis.as_ref().map(|r| {
+        router_shared_state::rollup::Rollups::spawn(
+            Arc::clone(r),
+            Arc::clone(&metrics) as Arc<dyn router_shared_state::StoreEvents>,
+        )
+    });
     // Watched for a loss of its data once the proxy is up (below).
     let epoch_store = redis.clone();
     let shared_store = redis.map(|r| r as Arc<dyn idempotency::IdempotencyStore>);
@@ -420,11 +429,22 @@ pub async fn start(options: ProxyOptions) -> Result<RunningProxy, StartError> {
         settings.max_connections,
         settings.connections_per_peer(),
     );
+    // The last route records, for the console: managed proxies only (the
+    // control plane asks for them over the config stream).
+    let decisions = (managed && settings.decision_ring > 0).then(|| {
+        Arc::new(router_route_log::ring::DecisionRing::new(
+            settings.decision_ring,
+        ))
+    });
     let shared = Arc::new(Shared {
-        route_log: RouteLog::spawn(route_log, {
-            let metrics = Arc::clone(&metrics);
-            move || metrics.route_log_dropped()
-        })?,
+        route_log: RouteLog::spawn_with_ring(
+            route_log,
+            {
+                let metrics = Arc::clone(&metrics);
+                move || metrics.route_log_dropped()
+            },
+            decisions.clone(),
+        )?,
         settings,
         config: Arc::clone(&config),
         metrics,
@@ -437,6 +457,7 @@ pub async fn start(options: ProxyOptions) -> Result<RunningProxy, StartError> {
         idempotency: keys,
         rate_limits,
         spend,
+        rollups,
         tasks: Arc::clone(&parked),
         buffered: limits::ByteBudget::new(settings_buffered),
         connections: limits::ConnectionSlots::new(settings_connections, settings_per_peer),
@@ -516,6 +537,7 @@ pub async fn start(options: ProxyOptions) -> Result<RunningProxy, StartError> {
             guards: shared.settings.guards.clone(),
             readiness: shared.readiness.clone().unwrap_or_default(),
             key_use: Arc::clone(&shared.key_use),
+            decisions,
         };
         tasks.push(tokio::spawn(managed::run(context, events_rx, applied)));
     }

@@ -45,6 +45,7 @@ use router_policy::health::SuspectCause;
 use router_policy::{Endpoint, Guards, Policy, QueueSettings};
 use router_proto::v1 as pb;
 use router_proto::v1::proxy_config_client::ProxyConfigClient;
+use router_route_log::ring::DecisionRing;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_stream::StreamExt;
@@ -660,6 +661,59 @@ pub(crate) struct StreamContext {
     pub(crate) readiness: Arc<Readiness>,
     /// Stored keys used since the last heartbeat, sent with it.
     pub(crate) key_use: Arc<crate::key_use::KeyUse>,
+    /// The last route records (`CUSTOM_ROUTER_DECISION_RING`), sent when
+    /// the control plane asks (`None`: a ring of 0).
+    pub(crate) decisions: Option<Arc<DecisionRing>>,
+}
+
+/// Bytes of lines in one `Decisions` part: well under the control
+/// plane's per-message limit (`router_proto::MAX_PROXY_MESSAGE_BYTES`,
+/// 64 KiB) with a line of up to `ring::LINE_MAX` (16 KiB) and the framing.
+const DECISIONS_PART_BYTES: usize = 40 * 1024;
+/// Bytes of lines sent for one request at most, all parts together.
+pub(crate) const DECISIONS_MAX_BYTES: usize = 1024 * 1024;
+
+/// The answer to a request for this proxy's latest route records: the
+/// newest first, within what was asked and [`DECISIONS_MAX_BYTES`], in
+/// parts of at most [`DECISIONS_PART_BYTES`]; the last one says so.
+pub(crate) fn decision_parts(
+    ring: Option<&DecisionRing>,
+    q: &pb::DecisionsRequest,
+) -> Vec<pb::ProxyMessage> {
+    let max_bytes = (q.max_bytes as usize).min(DECISIONS_MAX_BYTES);
+    let (lines, capacity) = match ring {
+        Some(r) => (
+            r.latest(q.max_records as usize, max_bytes),
+            u32::try_from(r.capacity()).unwrap_or(u32::MAX),
+        ),
+        None => (Vec::new(), 0),
+    };
+    let mut parts: Vec<Vec<String>> = vec![Vec::new()];
+    let mut bytes = 0usize;
+    for line in lines {
+        let line = String::from_utf8_lossy(&line).into_owned();
+        if bytes + line.len() > DECISIONS_PART_BYTES && bytes > 0 {
+            parts.push(Vec::new());
+            bytes = 0;
+        }
+        bytes += line.len();
+        if let Some(part) = parts.last_mut() {
+            part.push(line);
+        }
+    }
+    let n = parts.len();
+    parts
+        .into_iter()
+        .enumerate()
+        .map(|(i, lines)| pb::ProxyMessage {
+            msg: Some(pb::proxy_message::Msg::Decisions(pb::Decisions {
+                id: q.id.clone(),
+                lines,
+                last: i + 1 == n,
+                capacity,
+            })),
+        })
+        .collect()
 }
 
 /// Key uses per `KeysUsed` message: a key id is at most a few dozen bytes,
@@ -766,6 +820,16 @@ async fn stream_once(
                     Some(Err(e)) => return Err(StreamError::Status(Box::new(e))),
                     None => return Ok(()),
                 };
+                // The console asks for the latest route records: no
+                // snapshot comes with it, nothing is applied.
+                if let Some(q) = &msg.decisions {
+                    for part in decision_parts(context.decisions.as_deref(), q) {
+                        if tx.send(part).await.is_err() {
+                            return Ok(());
+                        }
+                    }
+                    continue;
+                }
                 let reply = handle(
                     &msg,
                     &context.store,
@@ -894,6 +958,54 @@ fn ack(msg: &pb::ControlMessage) -> pb::ProxyMessage {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn decisions_go_newest_first_in_parts_under_the_message_limit() {
+        let ring = DecisionRing::new(300);
+        let line = format!("{{\"request_id\":\"{}\"}}", "x".repeat(1000));
+        let mut buf = Vec::new();
+        let mut ends = Vec::new();
+        for i in 0..300 {
+            let start = buf.len();
+            buf.extend_from_slice(format!("{i:03}").as_bytes());
+            buf.extend_from_slice(line.as_bytes());
+            ends.push((start, buf.len()));
+            buf.push(b'\n');
+        }
+        ring.push_lines(&buf, &ends);
+        let ask = |max_records, max_bytes| pb::DecisionsRequest {
+            id: "q1".into(),
+            max_records,
+            max_bytes,
+        };
+        let parts = decision_parts(Some(&ring), &ask(256, 1 << 20));
+        let decisions: Vec<pb::Decisions> = parts
+            .iter()
+            .map(|p| {
+                assert!(p.encoded_len() < router_proto::MAX_PROXY_MESSAGE_BYTES);
+                match &p.msg {
+                    Some(pb::proxy_message::Msg::Decisions(d)) => d.clone(),
+                    other => panic!("{other:?}"),
+                }
+            })
+            .collect();
+        assert!(decisions.len() > 1, "in parts");
+        assert!(decisions.iter().all(|d| d.id == "q1" && d.capacity == 300));
+        let last: Vec<bool> = decisions.iter().map(|d| d.last).collect();
+        assert_eq!(last.iter().filter(|l| **l).count(), 1);
+        assert_eq!(last.last(), Some(&true));
+        let lines: Vec<&String> = decisions.iter().flat_map(|d| &d.lines).collect();
+        assert_eq!(lines.len(), 256);
+        assert!(lines[0].starts_with("299"), "the newest first");
+        // Bytes asked bound it; no ring: one empty last part.
+        let few = decision_parts(Some(&ring), &ask(256, 3000));
+        assert_eq!(few.len(), 1);
+        let none = decision_parts(None, &ask(10, 1000));
+        assert!(matches!(
+            &none[..],
+            [pb::ProxyMessage { msg: Some(pb::proxy_message::Msg::Decisions(d)) }] if d.last && d.lines.is_empty() && d.capacity == 0
+        ));
+    }
 
     #[test]
     fn backoff_grows_with_jitter_and_caps() {
@@ -1104,6 +1216,7 @@ mod tests {
             guards: Guards::default(),
             readiness: Arc::default(),
             key_use: Arc::default(),
+            decisions: None,
         };
         let (_tx, mut events) = mpsc::channel(1);
         let mut applied = Applied::default();

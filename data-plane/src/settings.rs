@@ -106,6 +106,11 @@ pub struct Settings {
     /// (`CUSTOM_ROUTER_PARK_MAX_BYTES`, 256 MiB). Past it, a request that
     /// would park gets `503 no_backend`.
     pub park_max_bytes: u64,
+    /// Route records a managed proxy keeps in memory for the control
+    /// plane's console (`CUSTOM_ROUTER_DECISION_RING`, 256; 0: none): the
+    /// last N lines its route log wrote, each at most
+    /// `router_route_log::ring::LINE_MAX` bytes.
+    pub decision_ring: usize,
     /// Connection-serving threads (`CUSTOM_ROUTER_WORKERS`, 0 = one per core).
     pub workers: usize,
     /// How new connections are placed on those threads
@@ -205,6 +210,7 @@ impl Default for Settings {
             tasks_file: None,
             task_lease: Duration::from_secs(10),
             park_max_bytes: 256 * 1024 * 1024,
+            decision_ring: 256,
             workers: 0,
             connection_balance: crate::balance_workers::ConnectionBalance::Pack,
             attempt_timeout: Duration::from_secs(1800),
@@ -338,6 +344,7 @@ static VARS: &[Var] = &[
     Var { name: "CUSTOM_ROUTER_IDEMPOTENCY_MAX_BYTES", default: "67108864", doc: "bytes the in-process idempotency store holds at most", shown: Quoted, set: |d, v| { d.s.idempotency_max_bytes = at_least(v, 1024 * 1024, "a number of bytes of at least 1048576 (1 MiB)")?; Ok(()) } },
     Var { name: "CUSTOM_ROUTER_TASK_LEASE_MS", default: "10000", doc: "ms a claim on a parked task holds without renewal", shown: Quoted, set: |d, v| { d.s.task_lease = Duration::from_millis(at_least(v, 100, "a number of milliseconds of at least 100")?); Ok(()) } },
     Var { name: "CUSTOM_ROUTER_PARK_MAX_BYTES", default: "268435456 (256 MiB)", doc: "bytes all live parked tasks hold at most", shown: Quoted, set: |d, v| { d.s.park_max_bytes = at_least(v, 1, "a positive number of bytes")?; Ok(()) } },
+    Var { name: "CUSTOM_ROUTER_DECISION_RING", default: "256", doc: "route records a managed proxy keeps for the console", shown: Quoted, set: |d, v| { d.s.decision_ring = decision_ring(v)?; Ok(()) } },
     Var { name: "CUSTOM_ROUTER_TASKS_FILE", default: "unset", doc: "without a shared store: the file parked tasks are kept in", shown: Quoted, set: |d, v| { d.s.tasks_file = Some(PathBuf::from(v)); Ok(()) } },
     Var { name: "CUSTOM_ROUTER_SHARED_STORE", default: "unset", doc: "the fleet's shared store, redis:// or rediss://", shown: Quoted, set: |d, v| { d.store = Some(v.to_owned()); Ok(()) } },
     Var { name: "CUSTOM_ROUTER_SHARED_STORE_PASSWORD", default: "unset", doc: "the shared store's password", shown: Hidden, set: |d, v| { d.store_password = Some(v.to_owned()); Ok(()) } },
@@ -401,6 +408,16 @@ fn seconds(v: &str) -> Result<Duration, Expected> {
 }
 
 /// An integer of at least `min`.
+/// The most route records a proxy's ring may keep.
+const DECISION_RING_MAX: usize = 65_536;
+
+fn decision_ring(v: &str) -> Result<usize, Expected> {
+    match v.trim().parse::<usize>() {
+        Ok(n) if n <= DECISION_RING_MAX => Ok(n),
+        _ => Err("a number of records from 0 (none) to 65536"),
+    }
+}
+
 fn at_least<T: std::str::FromStr + PartialOrd>(
     v: &str,
     min: T,
@@ -749,6 +766,28 @@ mod tests {
     }
 
     #[test]
+    fn the_decision_ring_is_read_and_bounded() {
+        assert_eq!(with(&[]).unwrap().decision_ring, 256);
+        assert_eq!(
+            with(&[("CUSTOM_ROUTER_DECISION_RING", "0")])
+                .unwrap()
+                .decision_ring,
+            0
+        );
+        assert_eq!(
+            with(&[("CUSTOM_ROUTER_DECISION_RING", " 1024\n")])
+                .unwrap()
+                .decision_ring,
+            1024
+        );
+        for bad in ["lots", "-1", "", "65537"] {
+            let err = with(&[("CUSTOM_ROUTER_DECISION_RING", bad)]).unwrap_err();
+            assert_eq!(err.var, "CUSTOM_ROUTER_DECISION_RING", "{bad}");
+            assert!(err.to_string().contains("from 0 (none) to 65536"), "{err}");
+        }
+    }
+
+    #[test]
     fn the_guards_are_read() {
         let s = with(&[
             ("CUSTOM_ROUTER_API_KEY_ENV_ALLOW", "HF_TOKEN,VAULT_*"),
@@ -844,7 +883,7 @@ mod tests {
             assert!(s == Settings::default(), "{} = {value}", var.name);
             read += 1;
         }
-        assert_eq!(read, 28);
+        assert_eq!(read, 29);
         // The computed one: half of the connection cap.
         assert_eq!(Settings::default().connections_per_peer(), 2048);
     }

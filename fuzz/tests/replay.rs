@@ -238,6 +238,7 @@ fn control_message(revision: u64, snapshot: Option<pb::Snapshot>) -> Vec<u8> {
         nonce: format!("n{revision}"),
         snapshot,
         store_id: "fuzz-seed".into(),
+        decisions: None,
     }
     .encode_to_vec()
 }

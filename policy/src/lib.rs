@@ -34,6 +34,8 @@
 //!   its route is down (states, approval, TTL, claim, oldest first).
 //! - [`probe`]: capacity probes: when what a probe said of an endpoint
 //!   lets it take requests (its own timeout; one failure marks nothing).
+//! - [`rollup`]: tenants' hourly rollups in the shared store (the key
+//!   layout the proxies write and the console reads).
 //! - [`store_epoch`]: telling that the shared store lost its data (a marker
 //!   key with a fresh id; a proxy that saw one epoch and finds another).
 //! - [`structured`]: structured-output (JSON schema) checks of answers.
@@ -62,6 +64,7 @@ pub mod prefix_cache;
 pub mod probe;
 pub mod request_path;
 pub mod retry_budget;
+pub mod rollup;
 pub mod store_epoch;
 pub mod stream;
 pub mod structured;

@@ -423,6 +423,16 @@ impl Hub {
             .unwrap_or_default()
     }
 
+    /// The tenants the current policy names, with their limits (none
+    /// before a policy).
+    pub fn tenants(&self) -> Vec<router_policy::tenant::Tenant> {
+        let inner = self.lock();
+        let version = inner.state.policy_version;
+        policy_of(&inner, version, &self.guards)
+            .and_then(|p| p.tenants.as_ref().map(|t| t.list().to_vec()))
+            .unwrap_or_default()
+    }
+
     /// Explains a situation against the current policy.
     pub fn explain(&self, situation_json: &str) -> Result<String, HubError> {
         let situation: router_policy::decide::Situation = serde_json::from_str(situation_json)

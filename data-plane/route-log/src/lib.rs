@@ -13,12 +13,15 @@
 //! - `encode`: [`RouteRecord::write_json`], the hand-written JSON line
 //!   encoder (byte for byte what `serde_json` writes from the records'
 //!   `Serialize` derives) with its fast string escaper;
-//! - `writer`: [`RouteLog`], the bounded queue and the writer thread.
+//! - `writer`: [`RouteLog`], the bounded queue and the writer thread;
+//! - [`ring`]: [`ring::DecisionRing`], the last N lines the writer wrote,
+//!   kept for the control plane's console.
 
 #![forbid(unsafe_code)]
 
 mod encode;
 mod record;
+pub mod ring;
 mod writer;
 
 pub use record::{

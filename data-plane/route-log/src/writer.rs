@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use crate::record::RouteRecord;
+use crate::ring::DecisionRing;
 
 /// Where route records go.
 ///
@@ -56,11 +57,22 @@ impl RouteLog {
         out: Box<dyn Write + Send>,
         on_dropped: impl Fn() + Send + Sync + 'static,
     ) -> std::io::Result<Self> {
+        Self::spawn_with_ring(out, on_dropped, None)
+    }
+
+    /// [`RouteLog::spawn`], and the writer thread also keeps the lines it
+    /// wrote in `ring` (the last N records, for the console), one lock per
+    /// flush: nothing more on the request path.
+    pub fn spawn_with_ring(
+        out: Box<dyn Write + Send>,
+        on_dropped: impl Fn() + Send + Sync + 'static,
+        ring: Option<Arc<DecisionRing>>,
+    ) -> std::io::Result<Self> {
         let queue = Arc::new(Mutex::new(Vec::with_capacity(1024)));
         let weak = Arc::downgrade(&queue);
         std::thread::Builder::new()
             .name("route-log".into())
-            .spawn(move || write_lines(&weak, out))?;
+            .spawn(move || write_lines(&weak, out, ring.as_deref()))?;
         Ok(Self {
             queue,
             on_dropped: Arc::new(on_dropped),
@@ -79,9 +91,11 @@ impl RouteLog {
     }
 }
 
-fn write_lines(queue: &Weak<Queue>, mut out: Box<dyn Write + Send>) {
+fn write_lines(queue: &Weak<Queue>, mut out: Box<dyn Write + Send>, ring: Option<&DecisionRing>) {
     let mut records: Vec<Box<dyn Line>> = Vec::with_capacity(1024);
     let mut lines: Vec<u8> = Vec::with_capacity(256 * 1024);
+    // Where each line of `lines` starts and ends (for the ring).
+    let mut ends: Vec<(usize, usize)> = Vec::new();
     loop {
         // Its own OS thread, not a runtime's: a blocking sleep is right.
         #[allow(clippy::disallowed_methods)]
@@ -99,8 +113,16 @@ fn write_lines(queue: &Weak<Queue>, mut out: Box<dyn Write + Send>) {
             continue;
         }
         for record in records.drain(..) {
+            let start = lines.len();
             record.record().write_json(&mut lines);
+            if ring.is_some() {
+                ends.push((start, lines.len()));
+            }
             lines.push(b'\n');
+        }
+        if let Some(ring) = ring {
+            ring.push_lines(&lines, &ends);
+            ends.clear();
         }
         // stdout gone: lines are lost, requests are not affected.
         let _ = out.write_all(&lines);
@@ -130,6 +152,34 @@ mod tests {
         fn flush(&mut self) -> std::io::Result<()> {
             Ok(())
         }
+    }
+
+    #[test]
+    #[allow(clippy::disallowed_methods)] // a plain thread waits for another
+    fn the_ring_keeps_the_last_lines_the_writer_wrote() {
+        let ring = Arc::new(DecisionRing::new(2));
+        let log =
+            RouteLog::spawn_with_ring(Box::new(std::io::sink()), || {}, Some(Arc::clone(&ring)))
+                .unwrap();
+        for id in ["a", "b", "c"] {
+            let mut r = Box::<RouteRecord>::default();
+            r.request_id = id.into();
+            log.emit(r);
+        }
+        let mut waited = 0;
+        while ring.held().0 < 2 && waited < 200 {
+            std::thread::sleep(FLUSH_INTERVAL);
+            waited += 1;
+        }
+        let ids: Vec<String> = ring
+            .latest(10, 1 << 20)
+            .iter()
+            .map(|l| {
+                let v: serde_json::Value = serde_json::from_slice(l).unwrap();
+                v["request_id"].as_str().unwrap().to_string()
+            })
+            .collect();
+        assert_eq!(ids, ["c", "b"], "the newest first, two at most");
     }
 
     #[test]

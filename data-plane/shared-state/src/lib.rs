@@ -15,6 +15,9 @@
 //!   after it;
 //! - [`tasks`]: where parked tasks are kept ([`tasks::TaskStore`]: a
 //!   local store written through to a file, or Redis);
+//! - [`rollup`]: tenants' hourly rollups, written as requests settle
+//!   (fire and forget, bounded; the key layout is
+//!   `router_policy::rollup`'s);
 //! - [`store_epoch`]: notices a shared store that lost its data;
 //! - [`prefix_share`]: pools' prompt placements shared between the
 //!   proxies of a fleet over the store's pub/sub;
@@ -37,6 +40,7 @@ pub mod idempotency;
 pub mod prefix_share;
 pub mod rate_limit;
 mod redis;
+pub mod rollup;
 pub mod spend;
 pub mod store_epoch;
 pub mod tasks;

@@ -85,6 +85,17 @@ pub(super) fn finish_record(
     if let Some(t) = &record.tenant {
         shared.metrics.tenant_request(t, outcome);
         shared.metrics.tenant_cost(t, charge.spend(0));
+        // Its hour's rollup in the shared store: queued, never awaited
+        // (`router_shared_state::rollup`).
+        if let Some(rollups) = &shared.rollups {
+            rollups.record(router_shared_state::rollup::Settled {
+                tenant: Arc::clone(t),
+                at_unix_secs: super::ingress::unix_seconds(record.offered_at.0),
+                tokens: charge.tokens(0),
+                micros: charge.spend(0),
+                failed: outcome != Outcome::Ok,
+            });
+        }
     }
     if let Some(holds) = record.tenant_holds.take() {
         super::tenancy::settle(shared, *holds, charge);

@@ -262,6 +262,27 @@ async fn sign_in_sessions_links_and_headers_hold_without_a_browser() {
     let tasks = get("/tasks", Some(&operator)).await;
     assert_eq!(tasks.status, StatusCode::OK);
     assert!(tasks.text().contains("--shared-store"), "{}", tasks.text());
+    // Tenants too; decisions without a proxy say so; an unknown tenant
+    // is a 404.
+    let tenants = get("/tenants", Some(&operator)).await;
+    assert_eq!(tenants.status, StatusCode::OK);
+    assert!(
+        tenants.text().contains("--shared-store"),
+        "{}",
+        tenants.text()
+    );
+    assert_eq!(
+        get("/tenants?tenant=nobody", Some(&operator)).await.status,
+        StatusCode::NOT_FOUND
+    );
+    let decisions = get("/decisions?route=%3Cb%3E", Some(&operator)).await;
+    assert_eq!(decisions.status, StatusCode::OK);
+    let page = decisions.text();
+    assert!(page.contains("No proxy is connected"), "{page}");
+    assert!(
+        page.contains("value=\"&#60;b&#62;\"") && !page.contains("<b>"),
+        "the filter, escaped: {page}"
+    );
 
     cp.shutdown().await;
     let _ = std::fs::remove_dir_all(&dir);

@@ -14,6 +14,7 @@
 
 mod http_only;
 mod policy_pools;
+mod insights;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -77,6 +78,12 @@ struct Fleet {
 
 impl Fleet {
     async fn start(name: &str) -> Self {
+        Self::start_with(name, policy).await
+    }
+
+    /// [`Fleet::start`] with the policy `policy` writes for the backend's
+    /// URL.
+    async fn start_with(name: &str, policy: fn(&str) -> String) -> Self {
         let redis = RedisServer::start(&format!("console-{name}")).await;
         let backend = mock("backend", Behavior::Json).await;
         let dir =

@@ -389,10 +389,18 @@ async fn a_concurrency_cap_holds_across_proxies_and_frees_as_requests_end() {
         assert_eq!(r.error_type(), "rate_limited");
         assert_eq!(r.header("retry-after"), Some("1"));
     }
-    // The slots came back with the answers: the one key left, if any, is
-    // the store's epoch marker (router_policy::store_epoch).
+    // The slots came back with the answers: the keys left are the store's
+    // epoch marker (router_policy::store_epoch), if any, and the tenant's
+    // hourly rollups (router_policy::rollup).
+    let rollups = || -> u64 {
+        redis
+            .query(&["EVAL", "return #redis.call('KEYS', 'router:rollup:*')", "0"])
+            .and_then(|v| String::from_utf8(v).ok())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
     router_tests::harness::eventually(std::time::Duration::from_secs(2), "slots freed", || {
-        redis.dbsize() == u64::from(redis.get("router:store:epoch").is_some())
+        redis.dbsize() == u64::from(redis.get("router:store:epoch").is_some()) + rollups()
     })
     .await;
     assert_eq!(p2.chat_with(&A, CHAT).await.status, StatusCode::OK);

@@ -141,6 +141,65 @@ pub(in crate::console) async fn get(console: &Console, s: &Session) -> Answer {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::console::pages::cost::{session, time_renders};
+
+    /// The fleet page's render time with 1,000 proxies (docs/benchmarks.md,
+    /// "The console"): `cargo test -p router-control-plane --release --lib
+    /// -- --ignored --nocapture render_cost`.
+    #[tokio::test]
+    #[ignore = "a measurement: run it in release"]
+    async fn render_cost_of_the_fleet_page_with_1000_proxies() {
+        let dir = std::env::temp_dir().join(format!("router-fleet-cost-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let store = crate::store::RedbStore::open(&dir).unwrap();
+        let hub = Hub::open(
+            Box::new(store),
+            router_policy::Guards::default(),
+            crate::Limits::default(),
+        )
+        .await
+        .unwrap();
+        let now = now_ms();
+        let proxies: BTreeMap<String, ProxyRecord> = (0..1000u32)
+            .map(|i| {
+                (
+                    format!("edge-{i:04}.eu-west-1.internal"),
+                    ProxyRecord {
+                        applied_revision: 41 + u64::from(i % 2),
+                        nacked_revision: if i % 100 == 0 { 42 } else { 0 },
+                        last_nack: if i % 100 == 0 {
+                            "pool \"gpu\": unknown api_key_env HF_TOKEN".into()
+                        } else {
+                            String::new()
+                        },
+                        last_seen_unix_ms: now - i64::from(i % 30) * 1000,
+                        connected: i % 50 != 0,
+                        control_plane: String::new(),
+                        circuit_reports_dropped: 0,
+                    },
+                )
+            })
+            .collect();
+        let s = session();
+        let bytes = time_renders("fleet page, 1,000 proxies", || {
+            let (proxies, replicas, leader_known) = rows(&hub, proxies.clone(), 42);
+            FleetPage {
+                layout: Layout::new("Fleet", "fleet", &s, true),
+                revision: 42,
+                policy_version: 7,
+                connected: proxies.iter().filter(|p| p.state != "gone").count(),
+                proxies,
+                replicas,
+                leader_known,
+            }
+            .render()
+            .map(|b| b.len())
+            .unwrap_or(0)
+        });
+        assert!(bytes > 1000 * 200, "{bytes} bytes");
+        drop(hub);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     #[test]
     fn a_proxy_state_is_ack_nack_waiting_or_gone() {

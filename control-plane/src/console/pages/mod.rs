@@ -3,11 +3,16 @@
 //! page, times as people read them, and the dispatch by path.
 
 pub(super) mod explain;
+pub(super) mod chart;
+#[cfg(test)]
+mod cost;
+pub(super) mod decisions;
 pub(super) mod fleet;
 pub(super) mod policy;
 pub(super) mod pools;
 pub(super) mod signin;
 pub(super) mod tasks;
+pub(super) mod tenants;
 
 use askama::Template;
 use http::StatusCode;
@@ -92,6 +97,8 @@ pub(super) async fn get(console: &Console, s: &Session, path: &str, query: Optio
         "/pools" => pools::get(console, s).await,
         "/pools/confirm" => pools::confirm(console, s, query).await,
         "/explain" => explain::get(console, s, query).await,
+        "/tenants" => tenants::get(console, s, query).await,
+        "/decisions" => decisions::get(console, s, query).await,
         _ => match path.strip_prefix("/tasks/") {
             Some(id) if !id.is_empty() && !id.contains('/') => tasks::show(console, s, id).await,
             _ => error_page(StatusCode::NOT_FOUND, "no such page"),

@@ -144,8 +144,20 @@ pub(in crate::console) async fn list(
             Err(e) => (Vec::new(), e.message().to_string()),
         },
     };
-    let now = now_ms();
-    let may = s.role.may_approve();
+    render(
+        StatusCode::OK,
+        &page(layout, problem, tasks, s.role.may_approve(), now_ms()),
+    )
+}
+
+/// The page of `tasks`, grouped by state.
+fn page(
+    layout: Layout,
+    problem: String,
+    tasks: Vec<pb::TaskView>,
+    may: bool,
+    now: i64,
+) -> TasksPage {
     let total = tasks.len();
     let mut rows: Vec<TaskRow> = tasks
         .into_iter()
@@ -164,15 +176,12 @@ pub(in crate::console) async fn list(
             }
         })
         .collect();
-    render(
-        StatusCode::OK,
-        &TasksPage {
-            layout,
-            problem,
-            groups,
-            total,
-        },
-    )
+    TasksPage {
+        layout,
+        problem,
+        groups,
+        total,
+    }
 }
 
 fn status_code(e: &tonic::Status) -> StatusCode {
@@ -236,5 +245,55 @@ pub(in crate::console) async fn act(
             redirect("/tasks")
         }
         Err(e) => error_page(status_code(&e), e.message()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::console::pages::cost::{session, time_renders};
+
+    /// The tasks page's render time with 10,000 tasks (docs/benchmarks.md,
+    /// "The console"): `cargo test -p router-control-plane --release --lib
+    /// -- --ignored --nocapture render_cost`.
+    #[test]
+    #[ignore = "a measurement: run it in release"]
+    fn render_cost_of_the_tasks_page_with_10000_tasks() {
+        let states = [
+            "waiting_approval",
+            "waiting_capacity",
+            "running",
+            "done",
+            "failed",
+            "expired",
+        ];
+        let tasks: Vec<pb::TaskView> = (0..10_000u64)
+            .map(|i| pb::TaskView {
+                id: format!("01j9task{i:08}"),
+                state: states[(i % 6) as usize].into(),
+                route: "send".into(),
+                risk: "SEND".into(),
+                tenant: format!("tenant-{}", i % 50),
+                request_id: format!("req-{i:08}"),
+                parked_at_unix_ms: 1_700_000_000_000 + i,
+                expires_at_unix_ms: 1_700_000_600_000 + i,
+                reason: "every pool of route \"send\" is down (only: circuit open)".into(),
+                ..Default::default()
+            })
+            .collect();
+        let s = session();
+        let bytes = time_renders("tasks page, 10,000 tasks", || {
+            page(
+                Layout::new("Tasks", "tasks", &s, true),
+                String::new(),
+                tasks.clone(),
+                true,
+                1_700_000_100_000,
+            )
+            .render()
+            .map(|b| b.len())
+            .unwrap_or(0)
+        });
+        assert!(bytes > 10_000 * 500, "{bytes} bytes");
     }
 }

@@ -781,3 +781,33 @@ fn encode_cost_per_record() {
         println!("encode {name}: {best:.1} ns/line ({} bytes)", out.len());
     }
 }
+
+/// Issue 33: what the decision ring holds per proxy, at its default of
+/// 256 records, filled with the usual line and with the pinned (long)
+/// one (docs/benchmarks.md, "The console"; `--nocapture` prints it).
+#[test]
+fn a_full_ring_of_usual_lines_holds_about_200_kib() {
+    for (name, r, per_line) in [
+        ("usual", usual_record(), 500..=900),
+        ("pinned", pinned_record(), 900..=2500),
+    ] {
+        let ring = crate::ring::DecisionRing::new(256);
+        let mut buf = Vec::new();
+        let mut ends = Vec::new();
+        for _ in 0..256 {
+            let start = buf.len();
+            r.write_json(&mut buf);
+            ends.push((start, buf.len()));
+            buf.push(b'\n');
+        }
+        ring.push_lines(&buf, &ends);
+        let (held, bytes) = ring.held();
+        assert_eq!(held, 256);
+        let each = bytes / 256;
+        println!(
+            "decision ring, 256 {name} lines: {bytes} bytes ({each} a record, {} of them the ring's own)",
+            crate::ring::RECORD_OVERHEAD
+        );
+        assert!(per_line.contains(&each), "{name}: {each} bytes a record");
+    }
+}

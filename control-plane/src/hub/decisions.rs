@@ -1,0 +1,211 @@
+//! The proxies' latest route records, fetched over their config streams
+//! when the console's Decisions page asks: each open stream registers a
+//! channel here ([`Hub::decision_stream_opened`]); [`Hub::fetch_decisions`]
+//! puts a `DecisionsRequest` on every one and gathers the `Decisions`
+//! parts the proxies send back ([`Hub::decisions_received`]) until each
+//! has sent its last part or the wait is over.
+//!
+//! Bounded: a request per stream waits in a channel of
+//! [`QUERIES_PER_STREAM`] (a stream that is that far behind is skipped),
+//! parts wait in one channel of [`PARTS_QUEUED`] per fetch (more are
+//! dropped), and what is kept of each proxy's answer is cut at the bytes
+//! the fetch asked of it. Only the proxies connected to this replica are
+//! asked.
+
+use super::*;
+
+use tokio::sync::mpsc;
+
+/// Requests queued per stream at most.
+pub(crate) const QUERIES_PER_STREAM: usize = 2;
+/// Parts queued per fetch at most.
+const PARTS_QUEUED: usize = 256;
+
+/// The open streams and the fetches waiting for their answers.
+#[derive(Default)]
+pub(super) struct Queries {
+    next: u64,
+    /// Per stream: its node and where its requests go.
+    streams: HashMap<u64, (String, mpsc::Sender<pb::DecisionsRequest>)>,
+    /// Per fetch id: where the parts go.
+    pending: HashMap<String, mpsc::Sender<(String, pb::Decisions)>>,
+}
+
+/// One proxy's answer.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ProxyDecisions {
+    /// Its node id.
+    pub node: String,
+    /// Its route records' JSON lines, newest first.
+    pub lines: Vec<String>,
+    /// The records its ring keeps at most.
+    pub capacity: u32,
+    /// Whether it sent its last part in time.
+    pub complete: bool,
+}
+
+impl Hub {
+    fn queries(&self) -> std::sync::MutexGuard<'_, Queries> {
+        self.queries.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A stream of `node` opened: its id and the requests to send on it.
+    pub fn decision_stream_opened(
+        &self,
+        node: &str,
+    ) -> (u64, mpsc::Receiver<pb::DecisionsRequest>) {
+        let (tx, rx) = mpsc::channel(QUERIES_PER_STREAM);
+        let mut q = self.queries();
+        q.next += 1;
+        let id = q.next;
+        q.streams.insert(id, (node.to_string(), tx));
+        (id, rx)
+    }
+
+    /// Config streams open on this replica now.
+    pub fn open_streams(&self) -> usize {
+        self.queries().streams.len()
+    }
+
+    /// Stream `id` closed.
+    pub fn decision_stream_closed(&self, id: u64) {
+        self.queries().streams.remove(&id);
+    }
+
+    /// A part of a proxy's answer, from the stream of `node`; one no fetch
+    /// waits for (late, or never asked) is dropped.
+    pub fn decisions_received(&self, node: &str, d: pb::Decisions) {
+        let to = self.queries().pending.get(&d.id).cloned();
+        if let Some(to) = to {
+            if to.try_send((node.to_string(), d)).is_err() {
+                tracing::debug!(
+                    node,
+                    "a decisions part dropped: the fetch has enough queued"
+                );
+            }
+        }
+    }
+
+    /// Asks every stream open on this replica for its latest `max_records`
+    /// records (`max_bytes` of lines at most each) and gathers the answers
+    /// for at most `wait`: one entry per stream asked, by node.
+    pub async fn fetch_decisions(
+        &self,
+        max_records: u32,
+        max_bytes: u32,
+        wait: Duration,
+    ) -> Vec<ProxyDecisions> {
+        let id = uuid::Uuid::now_v7().to_string();
+        let (tx, mut rx) = mpsc::channel(PARTS_QUEUED);
+        let streams: Vec<(String, mpsc::Sender<pb::DecisionsRequest>)> = {
+            let mut q = self.queries();
+            q.pending.insert(id.clone(), tx);
+            q.streams.values().cloned().collect()
+        };
+        let mut answers: BTreeMap<String, ProxyDecisions> = BTreeMap::new();
+        for (node, to) in &streams {
+            let asked = to
+                .try_send(pb::DecisionsRequest {
+                    id: id.clone(),
+                    max_records,
+                    max_bytes,
+                })
+                .is_ok();
+            if asked {
+                answers.insert(
+                    node.clone(),
+                    ProxyDecisions {
+                        node: node.clone(),
+                        ..ProxyDecisions::default()
+                    },
+                );
+            }
+        }
+        let mut bytes: HashMap<String, usize> = HashMap::new();
+        let deadline = Instant::now() + wait;
+        while answers.values().any(|a| !a.complete) {
+            let part = match tokio::time::timeout_at(deadline, rx.recv()).await {
+                Ok(Some(p)) => p,
+                Ok(None) | Err(_) => break,
+            };
+            let (node, d) = part;
+            let Some(a) = answers.get_mut(&node) else {
+                continue;
+            };
+            let used = bytes.entry(node).or_default();
+            for line in d.lines {
+                if a.lines.len() >= max_records as usize
+                    || used.saturating_add(line.len()) > max_bytes as usize
+                {
+                    break;
+                }
+                *used += line.len();
+                a.lines.push(line);
+            }
+            a.capacity = d.capacity;
+            a.complete |= d.last;
+        }
+        self.queries().pending.remove(&id);
+        answers.into_values().collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_fetch_asks_every_stream_and_gathers_the_parts_until_the_last() {
+        let dir = std::env::temp_dir().join(format!("router-hub-decisions-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let store = crate::store::RedbStore::open(&dir).unwrap();
+        let hub = Hub::open(Box::new(store), Guards::default(), Limits::default())
+            .await
+            .unwrap();
+        let (a, mut ra) = hub.decision_stream_opened("edge-a");
+        let (_b, mut rb) = hub.decision_stream_opened("edge-b");
+        let (c, _rc) = hub.decision_stream_opened("edge-c");
+        hub.decision_stream_closed(c);
+        let answering = Arc::clone(&hub);
+        let proxies = tokio::spawn(async move {
+            let qa = ra.recv().await.unwrap();
+            assert_eq!((qa.max_records, qa.max_bytes), (3, 100));
+            for (lines, last) in [(vec!["a1", "a2"], false), (vec!["a3", "a4"], true)] {
+                answering.decisions_received(
+                    "edge-a",
+                    pb::Decisions {
+                        id: qa.id.clone(),
+                        lines: lines.into_iter().map(String::from).collect(),
+                        last,
+                        capacity: 256,
+                    },
+                );
+            }
+            // edge-b is asked and never answers; a stranger's part is dropped.
+            let qb = rb.recv().await.unwrap();
+            answering.decisions_received(
+                "edge-z",
+                pb::Decisions {
+                    id: qb.id,
+                    lines: vec!["z".into()],
+                    last: true,
+                    capacity: 1,
+                },
+            );
+        });
+        let got = hub
+            .fetch_decisions(3, 100, Duration::from_millis(300))
+            .await;
+        proxies.await.unwrap();
+        assert_eq!(got.len(), 2, "{got:?}");
+        assert_eq!(got[0].node, "edge-a");
+        assert_eq!(got[0].lines, ["a1", "a2", "a3"], "at most max_records");
+        assert!(got[0].complete);
+        assert_eq!(got[1].node, "edge-b");
+        assert!(!got[1].complete && got[1].lines.is_empty());
+        assert!(hub.queries().pending.is_empty());
+        hub.decision_stream_closed(a);
+        drop(hub);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

@@ -41,7 +41,8 @@
 //!   headers, body reads), re-exported here under its old module names;
 //! - `route_log` (the request's record around `router_route_log`'s
 //!   line), `metrics`, [`telemetry`]: what the proxy tells operators;
-//! - `reload`: standalone mode's policy file watcher;
+//! - `reload`: standalone mode's policy file watcher; `state_log`: the
+//!   periodic backend-state log line;
 //! - [`managed`]: managed mode's control-plane stream and its cache;
 //! - `settings`, `error`: environment and typed errors;
 //! - `fuzzing` (the non-default `fuzzing` feature): entry points for
@@ -80,6 +81,7 @@ mod metrics;
 mod reload;
 mod route_log;
 mod settings;
+mod state_log;
 mod stop_signal;
 mod tasks;
 pub mod telemetry;
@@ -492,7 +494,7 @@ pub async fn start(options: ProxyOptions) -> Result<RunningProxy, StartError> {
             stamp,
         )));
     }
-    tasks.push(tokio::spawn(state_log(Arc::clone(&shared))));
+    tasks.push(tokio::spawn(state_log::state_log(Arc::clone(&shared))));
     if let Some(store) = epoch_store {
         tasks.push(tokio::spawn(store_epoch::watch(
             store,
@@ -874,38 +876,4 @@ async fn refuse_overloaded(mut stream: TcpStream, answer: &'static [u8]) {
         Ok::<_, std::io::Error>(())
     })
     .await;
-}
-
-/// The periodic backend-state log line, one per pool, on stderr.
-async fn state_log(shared: Arc<Shared>) {
-    let mut ticker = tokio::time::interval(shared.settings.state_log_interval);
-    ticker.tick().await;
-    loop {
-        ticker.tick().await;
-        let snapshot = shared.config.load();
-        for pool in snapshot.pool_status() {
-            let backends: Vec<String> = pool
-                .endpoints
-                .iter()
-                .map(|e| match e.ewma_s {
-                    Some(s) => format!(
-                        "{} in_flight={} ewma_ms={:.1}",
-                        e.addr,
-                        e.in_flight,
-                        s * 1e3
-                    ),
-                    None => format!("{} in_flight={} ewma_ms=untried", e.addr, e.in_flight),
-                })
-                .collect();
-            tracing::info!(
-                target: "router_proxy::state",
-                pool = &*pool.name,
-                queue_depth = pool.queue_depth,
-                oldest_wait_ms = pool.oldest_wait.map_or(0, |d| d.as_millis() as u64),
-                version = &*snapshot.version,
-                backends = %backends.join(", "),
-                "backend state"
-            );
-        }
-    }
 }

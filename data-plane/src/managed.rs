@@ -38,7 +38,6 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use prost::Message;
 use router_policy::document::load_with;
 use router_policy::guard::backend_refusal;
 use router_policy::health::SuspectCause;
@@ -53,7 +52,12 @@ use tokio_stream::StreamExt;
 use crate::config::ConfigStore;
 use crate::pool::CircuitEvent;
 
+mod cache;
+mod decisions;
 mod error;
+use cache::cache_in_background;
+pub(crate) use cache::read_cache;
+pub(crate) use decisions::decision_parts;
 pub use error::AddressError;
 pub(crate) use error::{DecodeError, OverrideError, StreamError};
 
@@ -106,8 +110,6 @@ pub fn grpc_endpoint(
     }
     Ok(endpoint)
 }
-
-const CACHE_FILE: &str = "snapshot.pb";
 
 /// Why a managed proxy has no config to serve yet. Until the first
 /// snapshot with a policy is applied (from the control plane or the
@@ -242,59 +244,6 @@ fn explain_refusal(status: tonic::Status, node_id: &str) -> StreamError {
         Code::ResourceExhausted => StreamError::Full { detail },
         _ => StreamError::Status(Box::new(status)),
     }
-}
-
-/// Reads the cached snapshot, if any.
-pub(crate) fn read_cache(dir: &Path) -> Option<pb::ControlMessage> {
-    let bytes = std::fs::read(dir.join(CACHE_FILE)).ok()?;
-    pb::ControlMessage::decode(bytes.as_slice()).ok()
-}
-
-/// Writes `msg` to the cache in `dir` off the stream's thread (two fsyncs:
-/// done inline, they held the thread, and every proxy's next snapshot,
-/// for milliseconds). Writes run one at a time, and one older than the
-/// last written (a slow write overtaken) is skipped.
-fn cache_in_background(dir: &Path, msg: &pb::ControlMessage) {
-    static WRITTEN: std::sync::Mutex<BTreeMap<PathBuf, (String, u64)>> =
-        std::sync::Mutex::new(BTreeMap::new());
-    let dir = dir.to_path_buf();
-    let bytes = msg.encode_to_vec();
-    let (store_id, revision) = (msg.store_id.clone(), msg.revision);
-    let write = move || {
-        let mut written = WRITTEN.lock().unwrap_or_else(|e| e.into_inner());
-        if written
-            .get(&dir)
-            .is_some_and(|(id, r)| *id == store_id && *r > revision)
-        {
-            return;
-        }
-        match write_cache(&dir, &bytes) {
-            Ok(()) => {
-                written.insert(dir, (store_id, revision));
-            }
-            Err(e) => tracing::warn!(error = %e, "cannot write the snapshot cache"),
-        }
-    };
-    match tokio::runtime::Handle::try_current() {
-        Ok(rt) => {
-            rt.spawn_blocking(write);
-        }
-        Err(_) => write(),
-    }
-}
-
-fn write_cache(dir: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    use std::io::Write;
-    std::fs::create_dir_all(dir)?;
-    let tmp = dir.join(format!("{CACHE_FILE}.tmp"));
-    let mut f = std::fs::File::create(&tmp)?;
-    f.write_all(bytes)?;
-    f.sync_all()?;
-    std::fs::rename(&tmp, dir.join(CACHE_FILE))?;
-    if let Ok(d) = std::fs::File::open(dir) {
-        let _ = d.sync_all();
-    }
-    Ok(())
 }
 
 /// A snapshot turned into what the proxy runs on.
@@ -666,56 +615,6 @@ pub(crate) struct StreamContext {
     pub(crate) decisions: Option<Arc<DecisionRing>>,
 }
 
-/// Bytes of lines in one `Decisions` part: well under the control
-/// plane's per-message limit (`router_proto::MAX_PROXY_MESSAGE_BYTES`,
-/// 64 KiB) with a line of up to `ring::LINE_MAX` (16 KiB) and the framing.
-const DECISIONS_PART_BYTES: usize = 40 * 1024;
-/// Bytes of lines sent for one request at most, all parts together.
-pub(crate) const DECISIONS_MAX_BYTES: usize = 1024 * 1024;
-
-/// The answer to a request for this proxy's latest route records: the
-/// newest first, within what was asked and [`DECISIONS_MAX_BYTES`], in
-/// parts of at most [`DECISIONS_PART_BYTES`]; the last one says so.
-pub(crate) fn decision_parts(
-    ring: Option<&DecisionRing>,
-    q: &pb::DecisionsRequest,
-) -> Vec<pb::ProxyMessage> {
-    let max_bytes = (q.max_bytes as usize).min(DECISIONS_MAX_BYTES);
-    let (lines, capacity) = match ring {
-        Some(r) => (
-            r.latest(q.max_records as usize, max_bytes),
-            u32::try_from(r.capacity()).unwrap_or(u32::MAX),
-        ),
-        None => (Vec::new(), 0),
-    };
-    let mut parts: Vec<Vec<String>> = vec![Vec::new()];
-    let mut bytes = 0usize;
-    for line in lines {
-        let line = String::from_utf8_lossy(&line).into_owned();
-        if bytes + line.len() > DECISIONS_PART_BYTES && bytes > 0 {
-            parts.push(Vec::new());
-            bytes = 0;
-        }
-        bytes += line.len();
-        if let Some(part) = parts.last_mut() {
-            part.push(line);
-        }
-    }
-    let n = parts.len();
-    parts
-        .into_iter()
-        .enumerate()
-        .map(|(i, lines)| pb::ProxyMessage {
-            msg: Some(pb::proxy_message::Msg::Decisions(pb::Decisions {
-                id: q.id.clone(),
-                lines,
-                last: i + 1 == n,
-                capacity,
-            })),
-        })
-        .collect()
-}
-
 /// Key uses per `KeysUsed` message: a key id is at most a few dozen bytes,
 /// so a message stays far below `router_proto::MAX_PROXY_MESSAGE_BYTES`.
 const KEYS_USED_PER_MESSAGE: usize = 500;
@@ -958,6 +857,7 @@ fn ack(msg: &pb::ControlMessage) -> pb::ProxyMessage {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use prost::Message;
 
     #[test]
     fn decisions_go_newest_first_in_parts_under_the_message_limit() {

@@ -13,8 +13,8 @@
 #![allow(clippy::unwrap_used)]
 
 mod http_only;
-mod policy_pools;
 mod insights;
+mod policy_pools;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

@@ -197,10 +197,7 @@ async fn a_stored_key_works_on_every_proxy_until_revoked_and_survives_the_policy
     let e = routerctl::keys_cmd::create_key(&mut cli, "nobody", "", None)
         .await
         .unwrap_err();
-    assert!(
-        matches!(e, routerctl::error::CliError::Refused(_)),
-        "{e:?}"
-    );
+    assert!(matches!(e, routerctl::error::CliError::Refused(_)), "{e:?}");
     let e = e.to_string();
     assert!(
         e.contains("no tenant \"nobody\"") && e.contains("team-a"),

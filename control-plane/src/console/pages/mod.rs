@@ -2,11 +2,11 @@
 //! who is signed in, the sign-out form with its CSRF token), the error
 //! page, times as people read them, and the dispatch by path.
 
-pub(super) mod explain;
 pub(super) mod chart;
 #[cfg(test)]
 mod cost;
 pub(super) mod decisions;
+pub(super) mod explain;
 pub(super) mod fleet;
 pub(super) mod policy;
 pub(super) mod pools;

@@ -9,20 +9,9 @@ use serde_json::{json, Value};
 use crate::admin_cmd::{explain_status, fail, print_value, when, Admin};
 use crate::policy_cmd::Output;
 
-/// A proxy's state in `proxies list`: `gone` (not connected), `NACK` (it
-/// refused the latest revision it was sent), `waiting` (connected, no
-/// revision applied yet: no policy exists, or none has reached it), `ACK`.
+/// A proxy's state in `proxies list` ([`router_proto::proxy_state`]).
 fn proxy_state(p: &pb::ProxyStatus) -> &'static str {
-    match (
-        p.connected,
-        p.nacked_revision > p.applied_revision,
-        p.applied_revision,
-    ) {
-        (false, _, _) => "gone",
-        (true, true, _) => "NACK",
-        (true, false, 0) => "waiting",
-        (true, false, _) => "ACK",
-    }
+    router_proto::proxy_state(p.connected, p.applied_revision, p.nacked_revision)
 }
 
 /// `proxies list`.

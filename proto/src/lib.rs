@@ -26,3 +26,32 @@ pub const MAX_MESSAGE_BYTES: usize = 4 * 1024 * 1024;
 pub const MAX_PROXY_MESSAGE_BYTES: usize = 64 * 1024;
 
 pub use token::BearerToken;
+
+/// A proxy's state as operators read it (`routerctl proxies list`, the
+/// console's fleet page): `gone` (not connected), `NACK` (it refused the
+/// latest revision it was sent), `waiting` (connected, no revision
+/// applied yet: no policy exists, or none has reached it), `ACK`.
+pub fn proxy_state(connected: bool, applied_revision: u64, nacked_revision: u64) -> &'static str {
+    match (
+        connected,
+        nacked_revision > applied_revision,
+        applied_revision,
+    ) {
+        (false, _, _) => "gone",
+        (true, true, _) => "NACK",
+        (true, false, 0) => "waiting",
+        (true, false, _) => "ACK",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_proxy_is_gone_nack_waiting_or_ack() {
+        use super::proxy_state;
+        assert_eq!(proxy_state(false, 3, 0), "gone");
+        assert_eq!(proxy_state(true, 2, 3), "NACK");
+        assert_eq!(proxy_state(true, 0, 0), "waiting");
+        assert_eq!(proxy_state(true, 3, 2), "ACK");
+    }
+}

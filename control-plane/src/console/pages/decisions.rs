@@ -26,7 +26,8 @@ pub(in crate::console) const WAIT: Duration = Duration::from_secs(2);
 /// Records asked of each proxy at most.
 const PER_PROXY: u32 = 256;
 /// Bytes of lines asked of the whole fleet at most (shared by the
-/// proxies asked, between 64 KiB and 1 MiB each).
+/// proxies asked, 1 MiB each at most: with many proxies each is asked
+/// for less, so the total stays within this).
 const FLEET_BYTES: usize = 16 * 1024 * 1024;
 /// Decisions shown at most (the newest that pass the filters).
 pub(in crate::console) const SHOWN: usize = 200;
@@ -220,7 +221,7 @@ pub(in crate::console) async fn get(console: &Console, s: &Session, query: Optio
     };
     let filters = Filters::of(query);
     let streams = hub.open_streams().max(1);
-    let per_proxy = (FLEET_BYTES / streams).clamp(64 * 1024, 1024 * 1024);
+    let per_proxy = (FLEET_BYTES / streams).min(1024 * 1024);
     let answers = hub
         .fetch_decisions(
             PER_PROXY,

@@ -45,20 +45,10 @@ struct FleetPage {
     leader_known: bool,
 }
 
-/// A proxy's state: `gone` (not connected), `NACK` (it refused the latest
-/// revision it was sent), `waiting` (connected, nothing applied yet),
-/// `ACK` (as `routerctl proxies list` says it).
+/// A proxy's state, as `routerctl proxies list` says it
+/// ([`router_proto::proxy_state`]).
 fn state(p: &ProxyRecord) -> &'static str {
-    match (
-        p.connected,
-        p.nacked_revision > p.applied_revision,
-        p.applied_revision,
-    ) {
-        (false, _, _) => "gone",
-        (true, true, _) => "NACK",
-        (true, false, 0) => "waiting",
-        (true, false, _) => "ACK",
-    }
+    router_proto::proxy_state(p.connected, p.applied_revision, p.nacked_revision)
 }
 
 fn rows(

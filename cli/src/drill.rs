@@ -13,13 +13,15 @@
 //! | `fallback-degraded` | cap 2, 6 s | 7 s | nothing after the deadline (+100 ms); every failure `deadline_exhausted`; no generation completes after its deadline |
 //! | `primary-hang` | accepts, answers after 30 s | 0.4 s | all 200 from the fallback, none later than attempt + fallback + 100 ms; once given up on, the primary is skipped at once |
 //! | `drain` | cap 2, 0.2 s, drained mid-run | 0.4 s | all 200; no request sent after the drain reaches the primary |
-//! | `stream-first-token` | cap 2, streams, first token after 6 s; `first_token_timeout_ms` 1 s | streams, first token after 0.4 s | all 200 and complete, all from the fallback; no primary generation completes; none waits more than attempt + 0.4 s + 2 × tolerance |
-//! | `stream-stall` | cap 2, streams 2 tokens, then nothing; `stall_timeout_ms` 1 s | streams, 0.4 s | every stream ends, with `[DONE]` or one `stream_stalled` event, at least one cut; none waits more than attempt + 0.4 s + 1 s + 2 × tolerance |
-//! | `stream-error` | cap 2, streams 2 tokens, then an error event | streams, 0.4 s | every stream ends, with `[DONE]` or one `stream_error` event, at least one cut; the backend's error text never reaches a client; none waits more than attempt + 0.4 s + 2 × tolerance |
+//! | `stream-first-token` | cap 2, streams, first token after 6 s; `first_token_timeout_ms` 1 s | streams, first token after 0.4 s | all 200 and complete, all from the fallback; no primary generation completes; none waits more than attempt + 0.4 s + the stream's body + 2 × tolerance |
+//! | `stream-stall` | cap 2, streams 2 tokens, then nothing; `stall_timeout_ms` 1 s | streams, 0.4 s | every stream ends, with `[DONE]` or one `stream_stalled` event, at least one cut; none waits more than attempt + 0.4 s + the stream's body + 1 s + 2 × tolerance |
+//! | `stream-error` | cap 2, streams 2 tokens, then an error event | streams, 0.4 s | every stream ends, with `[DONE]` or one `stream_error` event, at least one cut; the backend's error text never reaches a client; none waits more than attempt + 0.4 s + the stream's body + 2 × tolerance |
 //! | `all-down` | drained, then back; 0.4 s | drained, then back; 0.4 s | safe mode (`on_all_down: park`, see [`all_down`]): every request parked at once with a handle; after recovery every READ task answered once, fetched through another proxy; no SEND task sent without approval |
 //!
 //! The stream scenarios send `"stream": true` and read each answer to its
-//! end. Once the primary has failed three times its circuit opens and the
+//! end. A stream's *body* is its five chunks after the first token, a
+//! quarter of the tolerance apart (125 ms at full scale), and a client
+//! waits for it too. Once the primary has failed three times its circuit opens and the
 //! fallback takes the rest: a stall or an error costs a few requests, not
 //! all of them.
 //!
@@ -586,13 +588,27 @@ pub async fn run_scenario(
     Ok(report)
 }
 
+/// How many chunks a drill stream has after its first token.
+const STREAM_CHUNKS: u32 = 5;
+
+/// The time between a drill stream's chunks.
+fn chunk_interval(cfg: &DrillConfig) -> Duration {
+    cfg.tolerance / 4
+}
+
+/// A whole drill stream's chunks after its first token: a client waits
+/// for them too, so the stream scenarios' latency bound counts them.
+pub(crate) fn stream_body(cfg: &DrillConfig) -> Duration {
+    chunk_interval(cfg) * STREAM_CHUNKS
+}
+
 /// The mocks' behaviours: plain JSON, or, in a stream scenario, scripted
 /// streams (the primary's failing as the scenario says).
 fn behaviors(scenario: Scenario, cfg: &DrillConfig) -> (Behavior, Behavior) {
     let tokens = |first_token: Duration| StreamScript {
         first_token,
-        chunks: 5,
-        interval: cfg.tolerance / 4,
+        chunks: STREAM_CHUNKS as usize,
+        interval: chunk_interval(cfg),
         ..StreamScript::default()
     };
     let fallback = Behavior::Stream(tokens(cfg.fallback_service));

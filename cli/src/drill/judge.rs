@@ -209,12 +209,16 @@ pub(super) fn judge(
                 max <= limit,
             );
             // After the first attempt was given up on, the primary is
-            // skipped at once: later requests take the fallback's time only.
+            // skipped at once. The hung primary accepts and never answers,
+            // so a request that tried it waited its whole attempt timeout
+            // and then the fallback: that, not the fallback's time plus
+            // scheduling noise, is what tells a later request that waited
+            // on it from one that did not.
             let first_sent = outcomes.first().map(|o| o.sent_at);
             let later_slow = outcomes
                 .iter()
                 .filter(|o| first_sent.is_some_and(|f| o.sent_at > f + primary_attempt + tol))
-                .filter(|o| o.elapsed > fallback_latency + tol)
+                .filter(|o| o.elapsed >= primary_attempt)
                 .count();
             check(
                 &mut checks,
@@ -265,15 +269,16 @@ pub(super) fn judge(
     }
     if scenario.streams() {
         // A request may wait for the primary's slots for its attempt
-        // timeout, then be answered by the fallback; a stall adds its
-        // timeout. Without the watchdogs a stream would end at the
-        // deadline instead.
+        // timeout, then be answered by the fallback, whose stream takes
+        // its first token and its body; a stall adds its timeout. Without
+        // the watchdogs a stream would end at the deadline instead.
         let (cut, extra) = match scenario {
             Scenario::StreamFirstToken => ("", Duration::ZERO),
             Scenario::StreamStall => ("stream_stalled", cfg.deadline / 8),
             _ => ("stream_error", Duration::ZERO),
         };
-        let limit = primary_attempt + fallback_latency + extra + cfg.tolerance * 2;
+        let limit =
+            primary_attempt + fallback_latency + stream_body(cfg) + extra + cfg.tolerance * 2;
         check(
             &mut checks,
             format!("none waits more than {}", secs(limit)),

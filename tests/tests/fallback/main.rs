@@ -1,11 +1,10 @@
-//! Fallback inside the deadline, no double spend, shedding, draining, and
-//! the drill at 1/20 scale. Real sockets; mock model endpoints.
+//! Fallback inside the deadline, no double spend, shedding and draining
+//! (the drill at 1/20 scale is `--test drill`). Real sockets; mock model endpoints.
 
 #![allow(clippy::unwrap_used)]
 
 mod chain;
 mod deadline;
-mod drill;
 mod hedging;
 mod idempotency;
 mod in_pool;

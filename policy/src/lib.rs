@@ -9,6 +9,8 @@
 //!
 //! - [`affinity`]: prefix affinity by consistent hashing with bounded
 //!   loads (where a request whose prompt prefix an engine holds should go).
+//! - [`cache`]: the response cache's rules (which requests may be answered
+//!   from it, which answers are kept, what an entry's key is made of).
 //! - [`approval`]: signed approval tokens for `requires_approval` routes
 //!   (one route, one request id, until a time).
 //! - [`document`]: the policy document (YAML or JSON), parsed and validated
@@ -49,6 +51,7 @@
 pub mod affinity;
 pub mod approval;
 pub mod balance;
+pub mod cache;
 pub mod deadline;
 pub mod decide;
 pub mod document;

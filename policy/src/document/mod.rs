@@ -60,11 +60,12 @@ pub use resolved::{
     Probe, QueueSettings, Route, RouteMatch, SessionAffinity,
 };
 pub use spec::{
-    AffinityKind, ApprovalSpec, CircuitSpec, DefaultsSpec, EndpointOptions, EndpointSpec,
-    EngineAwareSpec, GatesSpec, HealthCheckSpec, HedgeQuantile, HedgeSpec, HedgeTarget, MatchSpec,
-    Metadata, OnAllDown, OutlierEjectionSpec, ParkSpec, PolicyDocument, PoolSpec, PriceSpec,
-    ProbeKind, ProbeSpec, Provider, QueueSpec, RetryBudgetSpec, RetryOn, Risk, RouteSpec,
-    SessionAffinitySpec, Spec, StoreDown, TenantLimitsSpec, TenantSpec, DEFAULT_AZURE_API_VERSION,
+    AffinityKind, ApprovalSpec, CacheSpec, CircuitSpec, DefaultsSpec, EndpointOptions,
+    EndpointSpec, EngineAwareSpec, GatesSpec, HealthCheckSpec, HedgeQuantile, HedgeSpec,
+    HedgeTarget, MatchSpec, Metadata, OnAllDown, OutlierEjectionSpec, ParkSpec, PolicyDocument,
+    PoolSpec, PriceSpec, ProbeKind, ProbeSpec, Provider, QueueSpec, RetryBudgetSpec, RetryOn, Risk,
+    RouteSpec, SessionAffinitySpec, Spec, StoreDown, TenantLimitsSpec, TenantSpec,
+    DEFAULT_AZURE_API_VERSION,
 };
 
 /// The API version this crate understands.

@@ -284,6 +284,8 @@ pub struct Route {
     /// `on_all_down: park`: the bounds of its parked tasks; `None`:
     /// `no_backend` when every pool is down.
     pub park: Option<ParkSettings>,
+    /// The response cache; `None`: off.
+    pub cache: Option<crate::cache::CacheSettings>,
 }
 
 /// A parking route's bounds, resolved.
@@ -402,6 +404,7 @@ impl Policy {
                 hedge: None,
                 retry_budget: crate::retry_budget::BudgetSettings::default(),
                 park: None,
+                cache: None,
             }],
             circuit: CircuitSettings::default(),
             default_risk: Risk::Read,
@@ -484,6 +487,7 @@ impl Route {
             hedge: None,
             retry_budget: crate::retry_budget::BudgetSettings::default(),
             park: None,
+            cache: None,
         }
     }
 }

@@ -688,6 +688,28 @@ pub struct RouteSpec {
     /// Bounds of parked tasks (with `on_all_down: park`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub park: Option<ParkSpec>,
+    /// The response cache (off without it; see `router_policy::cache`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache: Option<CacheSpec>,
+}
+
+/// A route's response cache as written.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CacheSpec {
+    /// How long an entry is kept, in seconds (required).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl_s: Option<u64>,
+    /// Largest answer kept, in bytes (default 1 MiB, at most 16 MiB).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_entry_bytes: Option<u64>,
+    /// Whose entries are shared: `tenant` (the default), `route`, or
+    /// `header:<name>`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partition: Option<String>,
+    /// Cache sampled requests (`temperature` above 0, or absent) too.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub sampled: bool,
 }
 
 /// What a route does when every pool of its chain is down.

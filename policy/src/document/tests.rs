@@ -1047,3 +1047,55 @@ fn an_azure_pool_needs_its_deployment_and_defaults_its_api_version() {
         "{err}"
     );
 }
+
+/// Issue 34: a route's cache, resolved with its defaults, and every
+/// mistake refused with its field (a SEND-only route may not cache).
+#[test]
+fn a_routes_cache_resolves_and_its_mistakes_are_refused_with_their_fields() {
+    let base = PARKING.replace("      on_all_down: park\n", "");
+    let text = base
+        .replace("      park: {ttl_s: 600, max_tasks: 5, max_bytes: 1000000}\n", "")
+        .replace(
+            "    - name: default\n      chain: [only]\n",
+            "    - name: default\n      chain: [only]\n      cache: {ttl_s: 300, partition: \"header:X-Team\"}\n",
+        );
+    let p = load(&text, &QueueSettings::default()).unwrap();
+    let c = p.routes[1].cache.clone().unwrap();
+    assert_eq!(c.ttl, Duration::from_secs(300));
+    assert_eq!(
+        c.max_entry_bytes,
+        crate::cache::CacheSettings::DEFAULT_MAX_ENTRY_BYTES
+    );
+    assert_eq!(
+        c.partition,
+        crate::cache::Partition::Header("x-team".into())
+    );
+    assert!(!c.sampled);
+    assert!(p.routes[0].cache.is_none(), "off by default");
+    let bad = text
+        .replace(
+            "      match: {risk: [SEND, DESTRUCTIVE]}\n      chain: [only]\n",
+            "      match: {risk: [SEND, DESTRUCTIVE]}\n      chain: [only]\n      cache: {ttl_s: 60}\n",
+        )
+        .replace(
+            "cache: {ttl_s: 300, partition: \"header:X-Team\"}",
+            "cache: {ttl_s: 0, max_entry_bytes: 0, partition: everyone}",
+        );
+    let err = load(&bad, &QueueSettings::default()).unwrap_err();
+    let fields: Vec<&str> = err.errors.iter().map(|e| e.field.as_str()).collect();
+    assert_eq!(
+        fields,
+        [
+            "spec.routes[0].cache",
+            "spec.routes[1].cache.ttl_s",
+            "spec.routes[1].cache.max_entry_bytes",
+            "spec.routes[1].cache.partition",
+        ],
+        "{err}"
+    );
+    let missing = text.replace("ttl_s: 300, ", "");
+    let err = load(&missing, &QueueSettings::default()).unwrap_err();
+    assert_eq!(err.errors[0].field, "spec.routes[1].cache.ttl_s", "{err}");
+    let unknown = text.replace("ttl_s: 300", "ttl_s: 300, semantic: true");
+    assert!(load(&unknown, &QueueSettings::default()).is_err());
+}

@@ -53,6 +53,10 @@ pub(super) fn route(
         .hedge
         .as_ref()
         .and_then(|h| hedge(h, &matches, &format!("{at}.hedge"), errs));
+    let cache = r
+        .cache
+        .as_ref()
+        .and_then(|c| cache(c, &matches, &format!("{at}.cache"), errs));
     Route {
         name: r.name.clone(),
         matches,
@@ -74,7 +78,82 @@ pub(super) fn route(
         hedge,
         retry_budget: retry_budget(r.retry_budget.as_ref(), &format!("{at}.retry_budget"), errs),
         park: park(r, at, errs),
+        cache,
     }
+}
+
+/// A route's response cache: a positive TTL (at most 30 days), an entry
+/// cap in (0, 16 MiB], a known partition, on a route that takes READ or
+/// DRAFT requests (a cached answer to a SEND request would be a silent
+/// no-op).
+fn cache(
+    c: &CacheSpec,
+    matches: &RouteMatch,
+    at: &str,
+    errs: &mut Errors,
+) -> Option<crate::cache::CacheSettings> {
+    use crate::cache::{CacheSettings, Partition};
+    let ttl = match c.ttl_s {
+        None => {
+            errs.push(
+                format!("{at}.ttl_s"),
+                "is required (how long an entry is kept, in seconds)",
+            );
+            None
+        }
+        Some(0) => {
+            errs.push(
+                format!("{at}.ttl_s"),
+                "must be a positive number of seconds",
+            );
+            None
+        }
+        Some(s) if Duration::from_secs(s) > CacheSettings::MAX_TTL => {
+            errs.push(format!("{at}.ttl_s"), "must be at most 2592000 (30 days)");
+            None
+        }
+        Some(s) => Some(Duration::from_secs(s)),
+    };
+    let max_entry_bytes = match c.max_entry_bytes {
+        None => Some(CacheSettings::DEFAULT_MAX_ENTRY_BYTES),
+        Some(n) if n == 0 || n > CacheSettings::MAX_ENTRY_BYTES as u64 => {
+            errs.push(
+                format!("{at}.max_entry_bytes"),
+                "must be at least 1 and at most 16777216 (16 MiB)",
+            );
+            None
+        }
+        Some(n) => usize::try_from(n).ok(),
+    };
+    let partition = match c.partition.as_deref() {
+        None | Some("tenant") => Some(Partition::Tenant),
+        Some("route") => Some(Partition::Route),
+        Some(p) => match p.strip_prefix("header:").map(str::trim) {
+            Some(name) if http::HeaderName::from_bytes(name.as_bytes()).is_ok() => {
+                Some(Partition::Header(name.to_ascii_lowercase()))
+            }
+            _ => {
+                errs.push(
+                    format!("{at}.partition"),
+                    format!("{p:?} is not tenant, route or header:<name>"),
+                );
+                None
+            }
+        },
+    };
+    if !matches.risks.is_empty() && matches.risks.iter().all(|r| r.has_side_effects()) {
+        errs.push(
+            at,
+            "this route only takes SEND or DESTRUCTIVE requests, which are never cached (a cached answer would act as a silent no-op)",
+        );
+        return None;
+    }
+    Some(CacheSettings {
+        ttl: ttl?,
+        max_entry_bytes: max_entry_bytes?,
+        partition: partition?,
+        sampled: c.sampled,
+    })
 }
 
 /// A route's safe mode: `park` bounds only with `on_all_down: park`; a

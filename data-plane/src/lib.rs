@@ -192,6 +192,8 @@ pub(crate) struct Shared {
     /// `Idempotency-Key` requests in flight and recent answers: the
     /// shared store, or this process's own.
     pub(crate) idempotency: Arc<idempotency::Keys>,
+    /// The response cache's entries (`router_policy::cache`).
+    pub(crate) cache: Arc<idempotency::Keys>,
     /// Tenants' rate limits: the shared store's, or this process's own.
     pub(crate) rate_limits: Arc<rate_limit::RateLimits>,
     /// Tenants' spend counters: the shared store's, or this process's own.
@@ -413,6 +415,18 @@ pub async fn start(options: ProxyOptions) -> Result<RunningProxy, StartError> {
             Arc::clone(&metrics) as Arc<dyn router_shared_state::StoreEvents>,
         )
     });
+    // The response cache: the same store, its entries under `cache:`
+    // (never a client's `Idempotency-Key`), and a local store of its own.
+    let cache = Arc::new(idempotency::Keys::new(
+        redis
+            .as_ref()
+            .map(|r| Arc::new(r.namespaced("cache:")) as Arc<dyn idempotency::IdempotencyStore>),
+        router_policy::cache::CacheSettings::MAX_TTL,
+        router_policy::cache::CacheSettings::MAX_ENTRY_BYTES,
+        (1_000_000, settings.cache_max_bytes),
+        Arc::new(metrics::CacheEvents(Arc::clone(&metrics)))
+            as Arc<dyn router_shared_state::StoreEvents>,
+    ));
     // Watched for a loss of its data once the proxy is up (below).
     let epoch_store = redis.clone();
     let shared_store = redis.map(|r| r as Arc<dyn idempotency::IdempotencyStore>);
@@ -457,6 +471,7 @@ pub async fn start(options: ProxyOptions) -> Result<RunningProxy, StartError> {
         key_use: Arc::default(),
         admin,
         idempotency: keys,
+        cache,
         rate_limits,
         spend,
         rollups,

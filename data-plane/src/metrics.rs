@@ -239,6 +239,7 @@ pub(crate) struct Metrics {
     route_log_dropped: Counter,
     circuit_overrides_skipped: Counter,
     idempotency: Family<EventLabel, Counter>,
+    cache: Family<EventLabel, Counter>,
     store_errors: Family<OpLabel, Counter>,
     store_resets: Counter,
     stream_events: Family<StreamEventLabels, Counter>,
@@ -288,6 +289,7 @@ impl Metrics {
             route_log_dropped: Counter::default(),
             circuit_overrides_skipped: Counter::default(),
             idempotency: Family::default(),
+            cache: Family::default(),
             store_errors: Family::default(),
             store_resets: Counter::default(),
             stream_events: Family::default(),
@@ -397,6 +399,11 @@ impl Metrics {
             "router_idempotency_events",
             "Idempotency-Key requests by event: claim, join, replay, mismatch, not_replayable, outcome_unknown (stored), outcome_unknown_refused (a retry told), store, store_not_replayable, over_budget (an answer larger than CUSTOM_ROUTER_IDEMPOTENCY_MAX_BYTES, kept as not replayable), release, fail_open, fail_closed",
             m.idempotency.clone(),
+        );
+        registry.register(
+            "router_cache_events",
+            "Response cache events: hit, miss, bypass, refresh (what a request on a cached route did); join (waited for an identical request in flight), store (an answer kept), store_not_replayable (an answer not kept: not a whole success, or too large), release, over_budget",
+            m.cache.clone(),
         );
         registry.register(
             "router_shared_store_errors",
@@ -788,6 +795,34 @@ impl Metrics {
 }
 
 /// The shared state's events (`router_shared_state`), counted here.
+impl Metrics {
+    /// Counts a response cache event.
+    pub(crate) fn cache_event(&self, event: &'static str) {
+        self.cache.get_or_create(&EventLabel { event }).inc();
+    }
+}
+
+/// The response cache's store events: counted as cache events, not as
+/// `Idempotency-Key` ones (the cache's store is built the same way).
+pub(crate) struct CacheEvents(pub(crate) std::sync::Arc<Metrics>);
+
+impl router_shared_state::StoreEvents for CacheEvents {
+    fn idempotency(&self, event: &'static str) {
+        // What a request did is counted where it is decided (hit, miss);
+        // the store's own events here.
+        if matches!(
+            event,
+            "join" | "store" | "store_not_replayable" | "release" | "over_budget"
+        ) {
+            self.0.cache_event(event);
+        }
+    }
+    fn store_error(&self, op: &'static str) {
+        router_shared_state::StoreEvents::store_error(&*self.0, op);
+    }
+    fn store_reset(&self) {}
+}
+
 impl router_shared_state::StoreEvents for Metrics {
     /// Counts an `Idempotency-Key` event.
     fn idempotency(&self, event: &'static str) {

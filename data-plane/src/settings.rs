@@ -83,6 +83,12 @@ pub struct Settings {
     /// past it the oldest finished entries go first. With the 256 MiB
     /// buffered-request cap it fits the shipped pod's 1 GiB limit.
     pub idempotency_max_bytes: usize,
+    /// Bytes the in-process response cache holds at most
+    /// (`CUSTOM_ROUTER_CACHE_MAX_BYTES`, 64 MiB), counted as the
+    /// idempotency store counts its entries; past it the oldest entries go
+    /// first. With a shared store, entries live there and this cache holds
+    /// only those made while the store was down.
+    pub cache_max_bytes: usize,
     /// The fleet's shared store (`CUSTOM_ROUTER_SHARED_STORE`,
     /// `redis://host:port/db` or `rediss://`; the password from the URL or
     /// `CUSTOM_ROUTER_SHARED_STORE_PASSWORD`). `None`: in-process keys.
@@ -205,6 +211,7 @@ impl Default for Settings {
             idempotency_max_keys: 10_000,
             idempotency_max_answer_bytes: 1024 * 1024,
             idempotency_max_bytes: 64 * 1024 * 1024,
+            cache_max_bytes: 64 * 1024 * 1024,
             shared_store: None,
             shared_store_check: Duration::from_secs(5),
             tasks_file: None,
@@ -342,6 +349,7 @@ static VARS: &[Var] = &[
     Var { name: "CUSTOM_ROUTER_IDEMPOTENCY_MAX_KEYS", default: "10000", doc: "keys the in-process store tracks at most", shown: Quoted, set: |d, v| { d.s.idempotency_max_keys = at_least(v, 1, "an integer of at least 1")?; Ok(()) } },
     Var { name: "CUSTOM_ROUTER_IDEMPOTENCY_MAX_ANSWER_BYTES", default: "1048576", doc: "largest answer kept for replay", shown: Quoted, set: |d, v| { d.s.idempotency_max_answer_bytes = at_least(v, 0, "a number of bytes (0: keep no answer)")?; Ok(()) } },
     Var { name: "CUSTOM_ROUTER_IDEMPOTENCY_MAX_BYTES", default: "67108864", doc: "bytes the in-process idempotency store holds at most", shown: Quoted, set: |d, v| { d.s.idempotency_max_bytes = at_least(v, 1024 * 1024, "a number of bytes of at least 1048576 (1 MiB)")?; Ok(()) } },
+    Var { name: "CUSTOM_ROUTER_CACHE_MAX_BYTES", default: "67108864", doc: "bytes the in-process response cache holds at most", shown: Quoted, set: |d, v| { d.s.cache_max_bytes = at_least(v, 1024 * 1024, "a number of bytes of at least 1048576 (1 MiB)")?; Ok(()) } },
     Var { name: "CUSTOM_ROUTER_TASK_LEASE_MS", default: "10000", doc: "ms a claim on a parked task holds without renewal", shown: Quoted, set: |d, v| { d.s.task_lease = Duration::from_millis(at_least(v, 100, "a number of milliseconds of at least 100")?); Ok(()) } },
     Var { name: "CUSTOM_ROUTER_PARK_MAX_BYTES", default: "268435456 (256 MiB)", doc: "bytes all live parked tasks hold at most", shown: Quoted, set: |d, v| { d.s.park_max_bytes = at_least(v, 1, "a positive number of bytes")?; Ok(()) } },
     Var { name: "CUSTOM_ROUTER_DECISION_RING", default: "256", doc: "route records a managed proxy keeps for the console", shown: Quoted, set: |d, v| { d.s.decision_ring = decision_ring(v)?; Ok(()) } },
@@ -750,6 +758,17 @@ mod tests {
             assert!(err
                 .to_string()
                 .contains("CUSTOM_ROUTER_IDEMPOTENCY_MAX_BYTES"));
+        }
+    }
+
+    #[test]
+    fn the_cache_byte_budget_is_read_and_an_unusable_one_stops_startup() {
+        assert_eq!(with(&[]).unwrap().cache_max_bytes, 64 * 1024 * 1024);
+        let s = with(&[("CUSTOM_ROUTER_CACHE_MAX_BYTES", "2097152")]).unwrap();
+        assert_eq!(s.cache_max_bytes, 2 * 1024 * 1024);
+        for bad in ["lots", "-1", "1000"] {
+            let err = with(&[("CUSTOM_ROUTER_CACHE_MAX_BYTES", bad)]).unwrap_err();
+            assert_eq!(err.var, "CUSTOM_ROUTER_CACHE_MAX_BYTES", "{bad}");
         }
     }
 

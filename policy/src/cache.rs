@@ -211,19 +211,32 @@ pub fn keep(ending: Ending, max_entry_bytes: usize) -> bool {
 /// Body fields that do not change the answer, left out of the key.
 pub const IGNORED_FIELDS: [&str; 2] = ["user", "stream_options"];
 
+/// A request body as the cache reads it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Normalized {
+    /// The body as the key sees it.
+    pub bytes: Vec<u8>,
+    /// Its `temperature`, if it gives a number.
+    pub temperature: Option<f64>,
+}
+
 /// The body as the key sees it: a JSON object with its keys sorted at
 /// every depth, without whitespace and without [`IGNORED_FIELDS`] at the
 /// top; `None` when the body is not a JSON object.
-pub fn normalized_body(body: &[u8]) -> Option<Vec<u8>> {
+pub fn normalized_body(body: &[u8]) -> Option<Normalized> {
     let serde_json::Value::Object(mut top) = serde_json::from_slice(body).ok()? else {
         return None;
     };
     for field in IGNORED_FIELDS {
         top.remove(field);
     }
+    let temperature = top.get("temperature").and_then(serde_json::Value::as_f64);
     let mut out = Vec::with_capacity(body.len());
     canonical(&serde_json::Value::Object(top), &mut out);
-    Some(out)
+    Some(Normalized {
+        bytes: out,
+        temperature,
+    })
 }
 
 /// Writes `v` with object keys sorted (whatever map type serde_json was
@@ -447,6 +460,8 @@ mod tests {
         let d = br#"{"model":"m","stop":["a","b"]}"#;
         let e = br#"{"model":"m","stop":["b","a"]}"#;
         assert_ne!(normalized_body(d), normalized_body(e));
+        assert_eq!(normalized_body(a).unwrap().temperature, Some(0.0));
+        assert_eq!(normalized_body(d).unwrap().temperature, None);
         assert_eq!(normalized_body(b"[1,2]"), None);
         assert_eq!(normalized_body(b"{not json"), None);
     }

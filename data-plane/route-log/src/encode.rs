@@ -676,6 +676,15 @@ impl RouteRecord {
             json_plain_contents(out, i.as_str());
             out.push(b'"');
         }
+        if let Some(c) = self.cache {
+            out.extend_from_slice(b",\"cache\":\"");
+            json_plain_contents(out, c);
+            out.push(b'"');
+        }
+        if let Some(usd) = self.cache_saved_usd {
+            out.extend_from_slice(b",\"cache_saved_usd\":");
+            json_f64(out, usd);
+        }
         if let Some(d) = self.dialect {
             out.extend_from_slice(b",\"dialect\":\"");
             json_plain_contents(out, d);

@@ -353,6 +353,15 @@ pub struct RouteRecord {
     /// What the `Idempotency-Key` did; absent without a key.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub idempotency: Option<IdempotencyRole>,
+    /// What the route's response cache did: `hit`, `miss`, `bypass` or
+    /// `refresh`; absent on a route without a cache.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cache: Option<&'static str>,
+    /// On a cache hit: what the answer cost when it was generated (its
+    /// tokens are `tokens_in` and `tokens_out`; this request's
+    /// `cost_usd` is 0).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cache_saved_usd: Option<f64>,
     /// The client's dialect when it is not OpenAI's (`anthropic`: the
     /// request was translated to the pools' and its answer back).
     #[serde(skip_serializing_if = "Option::is_none")]

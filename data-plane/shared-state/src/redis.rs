@@ -124,6 +124,10 @@ pub struct RedisStore {
     config: ConnectionManagerConfig,
     conn: Arc<OnceLock<ConnectionManager>>,
     prefix: String,
+    /// What follows the prefix in the keys of [`IdempotencyStore`] calls:
+    /// `idem:` for `Idempotency-Key`s, `cache:` for the response cache
+    /// ([`RedisStore::namespaced`]).
+    namespace: &'static str,
     settle: redis::Script,
     gcra: redis::Script,
     reserve: redis::Script,
@@ -174,6 +178,7 @@ impl RedisStore {
             config: manager_config(),
             conn,
             prefix,
+            namespace: "idem:",
             settle: redis::Script::new(SETTLE),
             gcra: redis::Script::new(GCRA),
             reserve: redis::Script::new(RESERVE),
@@ -186,8 +191,26 @@ impl RedisStore {
         &self.prefix
     }
 
+    /// The same store and connections, its [`IdempotencyStore`] keys
+    /// under `namespace` instead of `idem:` (the response cache's
+    /// entries: a client's `Idempotency-Key` can never name one).
+    pub fn namespaced(&self, namespace: &'static str) -> Self {
+        Self {
+            id: self.id,
+            client: self.client.clone(),
+            config: self.config.clone(),
+            conn: Arc::clone(&self.conn),
+            prefix: self.prefix.clone(),
+            namespace,
+            settle: redis::Script::new(SETTLE),
+            gcra: redis::Script::new(GCRA),
+            reserve: redis::Script::new(RESERVE),
+            take_slot: redis::Script::new(TAKE_SLOT),
+        }
+    }
+
     fn key(&self, key: &str) -> String {
-        format!("{}idem:{key}", self.prefix)
+        format!("{}{}{key}", self.prefix, self.namespace)
     }
 
     /// The connection to use: this worker thread's own (made on first
@@ -399,7 +422,61 @@ fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
 }
 
+/// Most keys one purge deletes (a SCAN of a store far larger stops
+/// there; the rest expire with their TTL).
+const PURGE_MAX_KEYS: u64 = 1_000_000;
+
+/// `text` with Redis glob characters escaped (a route name is matched as
+/// written).
+fn glob_escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
 impl IdempotencyStore for RedisStore {
+    fn forget<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            let mut conn = self.conn().await?;
+            let mut cmd = redis::cmd("DEL");
+            cmd.arg(self.key(key));
+            bounded(cmd.query_async::<i64>(&mut conn)).await?;
+            Ok(())
+        })
+    }
+
+    fn purge<'a>(&'a self, prefix: &'a str) -> BoxFuture<'a, Result<u64, StoreError>> {
+        Box::pin(async move {
+            let mut conn = self.conn().await?;
+            let pattern = format!("{}*", glob_escape(&self.key(prefix)));
+            let mut cursor: u64 = 0;
+            let mut deleted: u64 = 0;
+            loop {
+                let mut scan = redis::cmd("SCAN");
+                scan.arg(cursor)
+                    .arg("MATCH")
+                    .arg(&pattern)
+                    .arg("COUNT")
+                    .arg(1000);
+                let (next, keys): (u64, Vec<String>) = bounded(scan.query_async(&mut conn)).await?;
+                if !keys.is_empty() {
+                    let mut del = redis::cmd("UNLINK");
+                    del.arg(&keys);
+                    deleted += bounded(del.query_async::<u64>(&mut conn)).await?;
+                }
+                cursor = next;
+                if cursor == 0 || deleted >= PURGE_MAX_KEYS {
+                    return Ok(deleted);
+                }
+            }
+        })
+    }
+
     fn claim<'a>(
         &'a self,
         key: &'a str,

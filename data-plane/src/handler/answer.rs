@@ -24,8 +24,8 @@ use tokio::time::Instant;
 
 use super::finish::{finish_record, Finisher, KeyedStream, StreamTally};
 use super::{
-    full, ProxyBody, X_REQUEST_ID, X_ROUTER_ATTEMPTS, X_ROUTER_CONFIG_VERSION, X_ROUTER_REPLAYED,
-    X_ROUTER_ROUTE, X_UPSTREAM_REQUEST_ID,
+    full, ProxyBody, X_REQUEST_ID, X_ROUTER_ATTEMPTS, X_ROUTER_CACHE, X_ROUTER_CONFIG_VERSION,
+    X_ROUTER_REPLAYED, X_ROUTER_ROUTE, X_UPSTREAM_REQUEST_ID,
 };
 use crate::config::Snapshot;
 use crate::error::ProxyError;
@@ -200,6 +200,63 @@ impl Pending {
             .and_then(|v| v.to_str().ok())
             .map(Arc::<str>::from);
         // The stored answer keeps its own `x-router-route`.
+        self.stamp(&mut resp, &record, None, 0);
+        finish_record(
+            &self.shared,
+            record,
+            self.t0,
+            Outcome::Replayed,
+            stored.status.as_u16(),
+            pool,
+        );
+        full(resp)
+    }
+
+    /// Answers from the response cache: the stored answer, with
+    /// `x-router-cache: hit` and its `Age`. No attempt was made, so the
+    /// tenant's holds settle at 0 (a hit draws nothing from budgets); the
+    /// record gives the tokens the answer saved and what they cost when
+    /// it was generated (a whole JSON answer's `usage`, priced at the
+    /// pool that answered it).
+    pub(super) fn cache_hit(
+        mut self,
+        snapshot: &Snapshot,
+        stored: &StoredAnswer,
+        age: std::time::Duration,
+    ) -> Response<ProxyBody> {
+        let mut record = self.take_record();
+        record.first_outcome = Some(Outcome::Replayed);
+        record.reason = "answered from the route's response cache".into();
+        let mut resp = Response::new(stored.body.clone());
+        *resp.status_mut() = stored.status;
+        *resp.headers_mut() = stored.header_map();
+        resp.headers_mut()
+            .insert(header::AGE, HeaderValue::from(age.as_secs()));
+        let pool = resp
+            .headers()
+            .get(X_ROUTER_ROUTE)
+            .and_then(|v| v.to_str().ok())
+            .map(Arc::<str>::from);
+        if !stored.stream {
+            if let Some(usage) = saved_usage(&stored.body) {
+                record.tokens_in = usage.prompt;
+                record.tokens_out = usage.output;
+                let price = pool
+                    .as_deref()
+                    .and_then(|p| snapshot.policy.pool(p))
+                    .map(|p| p.price);
+                if let Some(price) = price {
+                    let tokens = router_policy::usage::Tokens {
+                        prompt: usage.prompt.unwrap_or(0),
+                        output: usage.output.unwrap_or(0),
+                        cache_read: 0,
+                        cache_write: 0,
+                    };
+                    record.cache_saved_usd = Some(price.cost_of(&tokens));
+                }
+            }
+            record.cost_usd = Some(0.0);
+        }
         self.stamp(&mut resp, &record, None, 0);
         finish_record(
             &self.shared,
@@ -390,9 +447,30 @@ fn set_router_headers<B>(
         h.insert(X_ROUTER_ROUTE, v);
     }
     h.insert(X_ROUTER_ATTEMPTS, count_header(attempts));
+    if let Some(c) = record.cache {
+        h.insert(X_ROUTER_CACHE, HeaderValue::from_static(c));
+    }
     if let Some(v) = version {
         h.insert(X_ROUTER_CONFIG_VERSION, v.clone());
     }
+}
+
+/// The tokens a whole JSON answer says it used (OpenAI's
+/// `prompt_tokens`/`completion_tokens`, Anthropic's
+/// `input_tokens`/`output_tokens`).
+struct SavedUsage {
+    prompt: Option<u64>,
+    output: Option<u64>,
+}
+
+fn saved_usage(body: &[u8]) -> Option<SavedUsage> {
+    let v: serde_json::Value = serde_json::from_slice(body).ok()?;
+    let u = v.get("usage")?;
+    let field = |names: [&str; 2]| names.iter().find_map(|n| u.get(*n)?.as_u64());
+    Some(SavedUsage {
+        prompt: field(["prompt_tokens", "input_tokens"]),
+        output: field(["completion_tokens", "output_tokens"]),
+    })
 }
 
 /// A header value for a small count, without an allocation below 10.

@@ -360,7 +360,10 @@ impl Exchange {
                 }
                 pending.note_attempt(record, attempted);
                 pending.rec().reason = reason(decided, &by, notes);
-                let keyed = leader.take().map(|l| (l, route.finish_on_client_gone));
+                let keyed = leader.take().map(|l| {
+                    let finish = l.is_idempotency_key() && route.finish_on_client_gone;
+                    (l, finish)
+                });
                 let price = self.snapshot.policy.pool(&by).map(|p| p.price);
                 Passed::Stream(pending.commit_stream(
                     resp,
@@ -476,7 +479,10 @@ impl Exchange {
             let mut pending = pending;
             match h {
                 Held::Stream(resp, lease, started) => {
-                    let keyed = leader.take().map(|l| (l, route.finish_on_client_gone));
+                    let keyed = leader.take().map(|l| {
+                        let finish = l.is_idempotency_key() && route.finish_on_client_gone;
+                        (l, finish)
+                    });
                     pending.commit_stream(
                         resp,
                         lease,

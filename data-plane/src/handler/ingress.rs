@@ -190,6 +190,33 @@ pub(crate) fn handle(
             ))
             .await;
             if let Err(e) = admitted {
+                // A hit draws nothing from budgets: a tenant past its
+                // budget is still answered from the route's cache.
+                if let (ProxyError::TenantBudgetExceeded { .. }, Some(settings)) =
+                    (&e, &route.cache)
+                {
+                    let looked = Box::pin(super::cache::look(
+                        &shared,
+                        &snapshot,
+                        route,
+                        settings,
+                        super::cache::CacheRequest {
+                            headers: &parts.headers,
+                            path: parts.uri.path(),
+                            body: &body,
+                            risk: arrival.risk,
+                            dialect: pending.dialect.as_str(),
+                            wait_until: Instant::now(),
+                            inflight_ttl: CLAIM_MARGIN,
+                            read_only: true,
+                        },
+                        &mut pending,
+                    ))
+                    .await;
+                    if let super::cache::Cached::Hit(answer, age) = looked {
+                        return pending.cache_hit(&snapshot, &answer, age);
+                    }
+                }
                 return pending.reject(e);
             }
         }
@@ -263,7 +290,44 @@ pub(crate) fn handle(
             Ok(o) => o,
             Err(e) => return pending.reject(e),
         };
-        // 7. Idempotency: join a request in flight, replay a stored
+        // 7. The route's response cache (`handler/cache.rs`): a hit
+        // answers here; a miss leads and keeps the answer.
+        let mut cache_lease = None;
+        if let Some(settings) = &route.cache {
+            let wait_until = planned.deadline_at.unwrap_or_else(|| {
+                crate::clock::later(
+                    pending.t0,
+                    shared.settings.queue.timeout,
+                    crate::clock::A_YEAR,
+                )
+            });
+            let bound = planned.deadline.unwrap_or(shared.settings.attempt_timeout);
+            let looked = Box::pin(super::cache::look(
+                &shared,
+                &snapshot,
+                route,
+                settings,
+                super::cache::CacheRequest {
+                    headers: &parts.headers,
+                    path: parts.uri.path(),
+                    body: &body,
+                    risk: arrival.risk,
+                    dialect: pending.dialect.as_str(),
+                    wait_until,
+                    inflight_ttl: bound.saturating_add(CLAIM_MARGIN),
+                    read_only: false,
+                },
+                &mut pending,
+            ))
+            .await;
+            match looked {
+                super::cache::Cached::Hit(answer, age) => {
+                    return pending.cache_hit(&snapshot, &answer, age)
+                }
+                super::cache::Cached::Walk(lease) => cache_lease = lease,
+            }
+        }
+        // 8. Idempotency: join a request in flight, replay a stored
         // answer, or lead.
         let mut leader = None;
         if let Some((key, fp)) = planned.keyed.take() {
@@ -302,7 +366,16 @@ pub(crate) fn handle(
                 Begin::Refuse(e) => return pending.reject(e.into()),
             }
         }
-        // 8. What the walk needs.
+        // With a key the client will retry: unless the route says
+        // otherwise, the request runs in a task of its own, which a
+        // client going away does not cancel, and its answer is kept.
+        let keyed = leader.is_some();
+        // The cache entry's lease is settled with the key's (one answer).
+        let leader = match (leader, cache_lease) {
+            (Some(key), Some(entry)) => Some(key.with(entry)),
+            (key, entry) => key.or(entry),
+        };
+        // 9. What the walk needs.
         let request = (parts.method, &parts.uri, parts.headers, body);
         let phases = (&seen, &arrival, asked, planned, outbound);
         let exchange = exchange(
@@ -314,10 +387,6 @@ pub(crate) fn handle(
             phases,
             &mut pending,
         );
-        // With a key the client will retry: unless the route says
-        // otherwise, the request runs in a task of its own, which a
-        // client going away does not cancel, and its answer is kept.
-        let keyed = leader.is_some();
         if router_policy::idempotency::finish_when_client_leaves(keyed, route.finish_on_client_gone)
         {
             let route = route.clone();

@@ -48,6 +48,7 @@
 mod answer;
 mod arrival;
 mod attempt;
+mod cache;
 mod chain;
 mod dialect;
 mod finish;
@@ -88,6 +89,8 @@ pub(crate) const X_ROUTER_ROUTE: HeaderName = HeaderName::from_static("x-router-
 const X_ROUTER_ATTEMPTS: HeaderName = HeaderName::from_static("x-router-attempts");
 const X_ROUTER_CONFIG_VERSION: HeaderName = HeaderName::from_static("x-router-config-version");
 const X_ROUTER_REPLAYED: HeaderName = HeaderName::from_static("x-router-replayed");
+/// What the route's response cache did: `hit`, `miss`, `bypass`, `refresh`.
+const X_ROUTER_CACHE: HeaderName = HeaderName::from_static("x-router-cache");
 
 /// The route record a retry of an `outcome_unknown` request is shown: the
 /// first request's id, route, pools and outcomes (no endpoint addresses:

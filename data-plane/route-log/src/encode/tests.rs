@@ -655,6 +655,8 @@ fn random_record(rng: &mut Rng) -> RouteRecord {
         trace_id: some(rng).then(|| pick(rng).into()),
         idempotency: some(rng)
             .then(|| IdempotencyRole::ALL[rng.below(IdempotencyRole::ALL.len() as u64) as usize]),
+        cache: some(rng).then(|| ["hit", "miss", "bypass", "refresh"][rng.below(4) as usize]),
+        cache_saved_usd: some(rng).then(|| float(rng)),
         dialect: some(rng).then_some("anthropic"),
         tenant: some(rng).then(|| pick(rng).into()),
         parked_task: some(rng).then(|| pick(rng).into()),

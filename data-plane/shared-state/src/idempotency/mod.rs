@@ -37,7 +37,9 @@ use router_policy::Risk;
 use tokio::time::Instant;
 
 pub use local::LocalStore;
-pub use record::{fingerprint, Corrupt, Entry, Fingerprint, KeyState, Owner, StoredAnswer};
+pub use record::{
+    fingerprint, Corrupt, Entry, Fingerprint, KeyState, Owner, StoredAnswer, CACHE_STORED_AT,
+};
 
 use crate::{StoreError, StoreEvents};
 
@@ -82,6 +84,17 @@ pub trait IdempotencyStore: Send + Sync + 'static {
     /// Waits at most `wait` for the key to change (a poll interval for a
     /// remote store; a wake-up for the local one).
     fn changed<'a>(&'a self, key: &'a str, wait: Duration) -> BoxFuture<'a, ()>;
+    /// Drops `key`'s entry, whatever its state (a cache entry refreshed).
+    fn forget<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<(), StoreError>> {
+        let _ = key;
+        Box::pin(async { Ok(()) })
+    }
+    /// Drops every entry whose key starts with `prefix` (a cache purge);
+    /// how many.
+    fn purge<'a>(&'a self, prefix: &'a str) -> BoxFuture<'a, Result<u64, StoreError>> {
+        let _ = prefix;
+        Box::pin(async { Ok(0) })
+    }
     /// `local` or `redis`, for logs and metrics.
     fn name(&self) -> &'static str;
     /// Whether the store is this process's own memory.
@@ -308,6 +321,8 @@ impl Keys {
                         risk: req.risk,
                         ttl: self.ttl,
                         cap: self.cap,
+                        rule: Rule::Idempotency,
+                        also: None,
                         settled: false,
                     });
                 }
@@ -390,6 +405,46 @@ impl Keys {
     }
 }
 
+impl Keys {
+    /// Drops `key` wherever it is held (the shared store, and this
+    /// proxy's own store it falls back to): a cache entry refreshed.
+    pub async fn forget(&self, key: &str) {
+        if let Some(s) = &self.shared {
+            if let Err(e) = s.forget(key).await {
+                self.health.failed("forget", &e);
+            }
+        }
+        let _ = self.local.forget(key).await;
+    }
+
+    /// Drops every entry whose key starts with `prefix`, in the shared
+    /// store and in this proxy's own: how many (a cache purge).
+    pub async fn purge(&self, prefix: &str) -> Result<u64, StoreError> {
+        let local = self.local.purge(prefix).await.unwrap_or(0);
+        let shared = match &self.shared {
+            Some(s) => s.purge(prefix).await?,
+            None => 0,
+        };
+        Ok(local + shared)
+    }
+}
+
+/// Which rule settles a lease.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Rule {
+    /// An `Idempotency-Key`: `router_policy::idempotency::settle`.
+    Idempotency,
+    /// A cache entry: `router_policy::cache::keep`; an answer not kept is
+    /// marked not replayable for `failed_for`, so that the requests that
+    /// joined it go to a backend each at once instead of one after
+    /// another.
+    Cache { failed_for: Duration },
+}
+
+/// How long a cache entry whose first request was not kept stays marked
+/// so: its joiners route on their own at once.
+pub const CACHE_FAILED_FOR: Duration = Duration::from_secs(1);
+
 /// When a settle that failed is tried again.
 const SETTLE_RETRIES: [Duration; 3] = [
     Duration::from_millis(250),
@@ -407,10 +462,38 @@ pub struct KeyLease {
     risk: Risk,
     ttl: Duration,
     cap: usize,
+    rule: Rule,
+    /// A second lease settled with this one (a keyed request on a cached
+    /// route: its key and its cache entry).
+    also: Option<Box<KeyLease>>,
     settled: bool,
 }
 
 impl KeyLease {
+    /// This lease as a cache entry's: kept for `ttl` when the answer is
+    /// whole, a success and at most `max_entry_bytes`.
+    pub fn for_cache(mut self, ttl: Duration, max_entry_bytes: usize) -> Self {
+        self.rule = Rule::Cache {
+            failed_for: CACHE_FAILED_FOR.min(ttl),
+        };
+        self.ttl = ttl;
+        self.cap = max_entry_bytes;
+        self
+    }
+
+    /// `other` settled with this one, with the same answer.
+    pub fn with(mut self, other: KeyLease) -> Self {
+        self.also = Some(Box::new(other));
+        self
+    }
+
+    /// Whether this lease holds a client's `Idempotency-Key` (its request
+    /// is finished for the retry when its client leaves), not only a
+    /// cache entry.
+    pub fn is_idempotency_key(&self) -> bool {
+        self.rule == Rule::Idempotency
+    }
+
     /// Whether the key is held in this proxy's own store.
     pub fn is_local(&self) -> bool {
         self.store.is_local()
@@ -418,7 +501,9 @@ impl KeyLease {
 
     /// Largest answer kept for replay.
     pub fn cap(&self) -> usize {
-        self.cap
+        self.also
+            .as_ref()
+            .map_or(self.cap, |also| self.cap.max(also.cap()))
     }
 
     /// Settles the key for a request that ended as `ending`: stores
@@ -433,7 +518,26 @@ impl KeyLease {
         route: impl FnOnce() -> Bytes,
     ) {
         self.settled = true;
-        let decision = settle(self.risk, ending, self.cap);
+        if let Some(also) = self.also.take() {
+            Box::pin(also.settle(ending, answer.clone(), Bytes::new)).await;
+        }
+        let (decision, ttl) = match self.rule {
+            Rule::Idempotency => (settle(self.risk, ending, self.cap), self.ttl),
+            Rule::Cache { failed_for } => {
+                if router_policy::cache::keep(ending, self.cap) {
+                    (Settle::Store, self.ttl)
+                } else {
+                    (Settle::NotReplayable, failed_for)
+                }
+            }
+        };
+        self.ttl = ttl;
+        let answer = answer
+            .filter(|a| a.body.len() <= self.cap)
+            .map(|a| match self.rule {
+                Rule::Idempotency => a,
+                Rule::Cache { .. } => a.stored_at(router_policy::wall_clock::unix_ms_i64()),
+            });
         let (state, event) = match (decision, answer) {
             (Settle::Store, Some(a)) => (Some(KeyState::Completed(Arc::new(a))), "store"),
             (Settle::Store | Settle::NotReplayable, _) => {

@@ -90,13 +90,44 @@ pub struct StoredAnswer {
 
 /// Headers a stored answer does not keep: the router stamps them anew on
 /// every answer, a replay included.
-pub(crate) const NOT_KEPT: [&str; 3] = [
+pub(crate) const NOT_KEPT: [&str; 6] = [
     "x-request-id",
     "x-router-attempts",
     "x-router-config-version",
+    "x-router-cache",
+    "age",
+    CACHE_STORED_AT,
 ];
 
+/// The header a cache entry keeps its store time in (Unix milliseconds):
+/// never sent to a client (a hit sends `Age` instead).
+pub const CACHE_STORED_AT: &str = "x-router-cache-stored-at";
+
 impl StoredAnswer {
+    /// This answer stamped as stored at `unix_ms` (a cache entry).
+    pub fn stored_at(mut self, unix_ms: i64) -> Self {
+        let mut headers: Vec<(HeaderName, HeaderValue)> = std::mem::take(&mut self.headers)
+            .into_vec()
+            .into_iter()
+            .filter(|(k, _)| k.as_str() != CACHE_STORED_AT)
+            .collect();
+        headers.push((
+            HeaderName::from_static(CACHE_STORED_AT),
+            HeaderValue::from(unix_ms),
+        ));
+        self.headers = headers.into_boxed_slice();
+        self
+    }
+
+    /// When a cache entry was stored (Unix milliseconds), if it says.
+    pub fn stored_at_ms(&self) -> Option<i64> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.as_str() == CACHE_STORED_AT)
+            .and_then(|(_, v)| v.to_str().ok())
+            .and_then(|v| v.parse().ok())
+    }
+
     /// An answer to keep: `body` and the header values are copied (never
     /// a slice of a larger buffer), headers in `NOT_KEPT` left out.
     pub fn keep(status: StatusCode, headers: &HeaderMap, body: &[u8], stream: bool) -> Self {
@@ -124,7 +155,11 @@ impl StoredAnswer {
     /// The headers as a map, for a replay.
     pub fn header_map(&self) -> HeaderMap {
         let mut map = HeaderMap::with_capacity(self.headers.len());
-        for (k, v) in self.headers.iter() {
+        for (k, v) in self
+            .headers
+            .iter()
+            .filter(|(k, _)| k.as_str() != CACHE_STORED_AT)
+        {
             map.append(k.clone(), v.clone());
         }
         map

@@ -1,0 +1,192 @@
+//! The response cache's phase (a route with `cache:`), between the body
+//! each pool is sent and the `Idempotency-Key`: what
+//! [`router_policy::cache::lookup`] decides for the request, carried out
+//! against the proxy's cache store (`Shared::cache`, built like the
+//! idempotency keys: the shared store's `cache:` keys, or this proxy's own
+//! byte-bounded store, which a store outage falls back to, so an outage is
+//! a miss, never an error).
+//!
+//! - a hit answers at once with the stored answer, `x-router-cache: hit`
+//!   and `Age`; it costs nothing and draws nothing from budgets (no
+//!   attempt was made, so the tenant's holds settle at 0);
+//! - a miss leads: the walk runs and its lease keeps the answer when
+//!   [`router_policy::cache::keep`] says so; identical requests arriving
+//!   meanwhile join it (single flight) and get its answer, or, when it is
+//!   not kept, go to a backend each;
+//! - `no-cache` drops the entry first, then leads (`refresh`);
+//! - a bypass reaches the walk untouched.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use router_policy::cache::{self, CacheSettings, KeyParts, Lookup, Partition};
+use router_policy::Risk;
+use tokio::time::Instant;
+
+use super::answer::Pending;
+use crate::config::Snapshot;
+use crate::idempotency::{Begin, KeyLease, KeyedRequest, StoredAnswer};
+use crate::Shared;
+
+/// What the phase hands on.
+pub(super) enum Cached {
+    /// Answered from the cache.
+    Hit(std::sync::Arc<StoredAnswer>, Duration),
+    /// Go on with the walk, keeping the answer with this lease if any.
+    Walk(Option<KeyLease>),
+}
+
+/// What the key needs from the request.
+pub(super) struct CacheRequest<'a> {
+    pub(super) headers: &'a http::HeaderMap,
+    pub(super) path: &'a str,
+    pub(super) body: &'a Bytes,
+    pub(super) risk: Risk,
+    pub(super) dialect: &'static str,
+    pub(super) wait_until: Instant,
+    pub(super) inflight_ttl: Duration,
+    /// Only a hit is wanted (a tenant past its budget): no entry is led,
+    /// and nothing is marked on a miss (the request is refused).
+    pub(super) read_only: bool,
+}
+
+/// The route's pools as the key sees them: a change of any of them in a
+/// new policy version leaves the old entries unreachable.
+fn pools_fingerprint(snapshot: &Snapshot, chain: &[String]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for name in chain {
+        if let Some(pool) = snapshot.policy.pool(name) {
+            out.extend_from_slice(format!("{pool:?}").as_bytes());
+        }
+        out.push(0);
+    }
+    out
+}
+
+/// Carries out the cache's decision for a request on a route with
+/// `settings`; `pending`'s record says what it did.
+pub(super) async fn look(
+    shared: &Shared,
+    snapshot: &Snapshot,
+    route: &router_policy::Route,
+    settings: &CacheSettings,
+    req: CacheRequest<'_>,
+    pending: &mut Pending,
+) -> Cached {
+    let cache_control = cache::CacheControl::parse(
+        req.headers
+            .get_all(http::header::CACHE_CONTROL)
+            .iter()
+            .map(http::HeaderValue::as_bytes),
+    );
+    let normalized = cache::normalized_body(req.body);
+    let temperature = normalized.as_ref().and_then(|n| n.temperature);
+    let mut decided = cache::lookup(settings, req.risk, temperature, cache_control);
+    let partition = match &settings.partition {
+        Partition::Tenant => pending.rec().tenant.as_deref().map(str::to_owned),
+        Partition::Route => Some(String::new()),
+        Partition::Header(name) => req
+            .headers
+            .get(name.as_str())
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned),
+    }
+    // Without tenants: one partition for every caller.
+    .or_else(|| (settings.partition == Partition::Tenant).then(String::new));
+    let key = match (&normalized, &partition, decided) {
+        (_, _, Lookup::Bypass(_)) => None,
+        (None, _, _) => {
+            decided = Lookup::Bypass(cache::Bypass::Unkeyable);
+            None
+        }
+        (_, None, _) => {
+            decided = Lookup::Bypass(cache::Bypass::NoPartition);
+            None
+        }
+        (Some(n), Some(p), _) => Some(cache::key(&KeyParts {
+            partition: p,
+            route: &route.name,
+            pools: &pools_fingerprint(snapshot, &route.chain),
+            dialect: req.dialect,
+            path: req.path,
+            body: &n.bytes,
+        })),
+    };
+    let (Some(key), false) = (key, matches!(decided, Lookup::Bypass(_))) else {
+        if !req.read_only {
+            mark(shared, pending, "bypass");
+        }
+        return Cached::Walk(None);
+    };
+    let max_age = match decided {
+        Lookup::Refresh if req.read_only => return Cached::Walk(None),
+        Lookup::Refresh => {
+            shared.cache.forget(&key).await;
+            None
+        }
+        Lookup::Read { max_age } => max_age,
+        Lookup::Bypass(_) => None,
+    };
+    // A hit too old for the client: dropped and led again (a refresh).
+    let mut stale = false;
+    for _ in 0..2 {
+        let begun = shared
+            .cache
+            .begin(KeyedRequest {
+                key: &key,
+                fp: crate::idempotency::Fingerprint(cache_fingerprint(&key)),
+                risk: Risk::Read,
+                inflight_ttl: req.inflight_ttl,
+                wait_until: req.wait_until,
+            })
+            .await;
+        match begun {
+            Begin::Lead(lease) if req.read_only => {
+                drop(lease);
+                return Cached::Walk(None);
+            }
+            Begin::Lead(lease) => {
+                let refreshed = stale || decided == Lookup::Refresh;
+                mark(shared, pending, if refreshed { "refresh" } else { "miss" });
+                return Cached::Walk(Some(
+                    lease.for_cache(settings.ttl, settings.max_entry_bytes),
+                ));
+            }
+            Begin::Replay { answer, .. } => {
+                let now = router_policy::wall_clock::unix_ms_i64();
+                let age = answer.stored_at_ms().map_or(Duration::ZERO, |at| {
+                    Duration::from_millis(u64::try_from(now.saturating_sub(at)).unwrap_or(0))
+                });
+                if cache::fresh_enough(age, max_age) {
+                    mark(shared, pending, "hit");
+                    return Cached::Hit(answer, age);
+                }
+                shared.cache.forget(&key).await;
+                stale = true;
+            }
+            // The first request's answer was not kept (or the store is
+            // full): this one goes to a backend on its own.
+            Begin::Untracked | Begin::Refuse(_) => break,
+        }
+    }
+    if req.read_only {
+        return Cached::Walk(None);
+    }
+    mark(shared, pending, "miss");
+    Cached::Walk(None)
+}
+
+fn mark(shared: &Shared, pending: &mut Pending, what: &'static str) {
+    shared.metrics.cache_event(what);
+    pending.rec().cache = Some(what);
+}
+
+/// A cache entry's fingerprint: its key's own hash (the key is the
+/// request).
+fn cache_fingerprint(key: &str) -> [u8; 16] {
+    let mut out = [0u8; 16];
+    for (i, b) in key.bytes().rev().take(32).enumerate() {
+        out[i % 16] ^= b;
+    }
+    out
+}

@@ -1,0 +1,291 @@
+//! Issue 34: the response cache, through the proxy, with a mock that
+//! counts the requests it gets. Real sockets; a real Redis where the fleet
+//! shares entries.
+
+#![allow(clippy::unwrap_used)]
+
+use std::time::Duration;
+
+use futures_util::future::join_all;
+use http::StatusCode;
+use router_mock::Behavior;
+use router_proxy::{Settings, SharedStore};
+use router_tests::harness::{tenant_item, TestProxy};
+use router_tests::mocks::{mock, mock_latency};
+use router_tests::redis::RedisServer;
+
+/// A greedy request (`temperature: 0`): cacheable by default.
+const BODY: &str =
+    r#"{"model":"m","temperature":0,"messages":[{"role":"user","content":"what is 2+2?"}]}"#;
+
+/// One pool at `url` (priced at $1 per 1k tokens); route `r` caches for a
+/// minute (`cache_extra` adds to its `cache:`); `tenants` if any.
+fn policy(url: &str, cache_extra: &str, tenants: &[String]) -> String {
+    let mut doc = format!(
+        r#"apiVersion: router/v1
+kind: RoutingPolicy
+spec:
+  pools:
+    - name: only
+      endpoints: ["{url}"]
+      price: {{input_per_1k_usd: 1.0, output_per_1k_usd: 1.0}}
+  routes:
+    - name: r
+      chain: [only]
+      cache: {{ttl_s: 60{cache_extra}}}
+"#
+    );
+    if !tenants.is_empty() {
+        doc.push_str("  tenants:\n");
+        doc.push_str(&tenants.concat());
+    }
+    doc
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_repeat_is_a_hit_with_its_age_and_the_backend_is_not_asked_again() {
+    let m = mock("m", Behavior::Json).await;
+    let proxy = TestProxy::with_policy(Settings::default(), &policy(&m.url(), "", &[])).await;
+    let first = proxy.chat_with(&[], BODY).await;
+    assert_eq!(first.status, StatusCode::OK);
+    assert_eq!(first.header("x-router-cache"), Some("miss"));
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    // The same request, keys in another order, another `user`.
+    let again = r#"{"messages":[{"content":"what is 2+2?","role":"user"}],"user":"u2","temperature":0,"model":"m"}"#;
+    let hit = proxy.chat_with(&[], again).await;
+    assert_eq!(hit.status, StatusCode::OK);
+    assert_eq!(hit.header("x-router-cache"), Some("hit"));
+    let age: u64 = hit.header("age").unwrap().parse().unwrap();
+    assert!(age >= 1, "age {age}");
+    assert_eq!(hit.text(), first.text(), "the same answer");
+    assert_eq!(m.stats().received, 1, "the backend was asked once");
+    // Another question is a miss.
+    let other = BODY.replace("2+2", "3+3");
+    assert_eq!(
+        proxy.chat_with(&[], &other).await.header("x-router-cache"),
+        Some("miss")
+    );
+    assert_eq!(m.stats().received, 2);
+    let metrics = proxy.metrics().await;
+    assert!(
+        metrics.contains(r#"router_cache_events_total{event="hit"} 1"#),
+        "{metrics}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failures_sends_and_sampled_requests_are_never_cached() {
+    let failing = mock("m", Behavior::Status(500)).await;
+    let proxy = TestProxy::with_policy(Settings::default(), &policy(&failing.url(), "", &[])).await;
+    for _ in 0..2 {
+        let r = proxy.chat_with(&[], BODY).await;
+        assert_ne!(r.status, StatusCode::OK);
+        assert_ne!(r.header("x-router-cache"), Some("hit"));
+    }
+    assert_eq!(failing.stats().received, 2, "a 500 is never served again");
+
+    let m = mock("ok", Behavior::Json).await;
+    let proxy = TestProxy::with_policy(Settings::default(), &policy(&m.url(), "", &[])).await;
+    // SEND: a cached "send the email" would be a silent no-op.
+    for _ in 0..2 {
+        let r = proxy.chat_with(&[("x-router-risk", "SEND")], BODY).await;
+        assert_eq!(r.status, StatusCode::OK);
+        assert_eq!(r.header("x-router-cache"), Some("bypass"));
+    }
+    assert_eq!(m.stats().received, 2);
+    // Sampled (no temperature: the providers' default is 1).
+    let sampled = r#"{"model":"m","messages":[{"role":"user","content":"a poem"}]}"#;
+    for _ in 0..2 {
+        let r = proxy.chat_with(&[], sampled).await;
+        assert_eq!(r.header("x-router-cache"), Some("bypass"));
+    }
+    assert_eq!(m.stats().received, 4);
+    // no-store: neither read nor written.
+    for _ in 0..2 {
+        let r = proxy
+            .chat_with(&[("cache-control", "no-store")], BODY)
+            .await;
+        assert_eq!(r.header("x-router-cache"), Some("bypass"));
+    }
+    assert_eq!(m.stats().received, 6);
+    assert_eq!(
+        proxy.chat_with(&[], BODY).await.header("x-router-cache"),
+        Some("miss"),
+        "no-store wrote nothing"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_route_that_says_sampled_caches_sampled_requests() {
+    let m = mock("m", Behavior::Json).await;
+    let proxy = TestProxy::with_policy(
+        Settings::default(),
+        &policy(&m.url(), ", sampled: true", &[]),
+    )
+    .await;
+    let sampled = r#"{"model":"m","temperature":0.8,"messages":[]}"#;
+    assert_eq!(
+        proxy.chat_with(&[], sampled).await.header("x-router-cache"),
+        Some("miss")
+    );
+    assert_eq!(
+        proxy.chat_with(&[], sampled).await.header("x-router-cache"),
+        Some("hit")
+    );
+    assert_eq!(m.stats().received, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_cache_refreshes_and_max_age_refuses_an_older_entry() {
+    let m = mock("m", Behavior::Json).await;
+    let proxy = TestProxy::with_policy(Settings::default(), &policy(&m.url(), "", &[])).await;
+    assert_eq!(proxy.chat_with(&[], BODY).await.status, StatusCode::OK);
+    let refreshed = proxy
+        .chat_with(&[("cache-control", "no-cache")], BODY)
+        .await;
+    assert_eq!(refreshed.header("x-router-cache"), Some("refresh"));
+    assert_eq!(m.stats().received, 2, "no-cache went to the backend");
+    let hit = proxy.chat_with(&[], BODY).await;
+    assert_eq!(hit.header("x-router-cache"), Some("hit"));
+    assert_eq!(m.stats().received, 2);
+    tokio::time::sleep(Duration::from_millis(2100)).await;
+    // Two seconds old: max-age=60 takes it, max-age=1 does not.
+    let fresh = proxy
+        .chat_with(&[("cache-control", "max-age=60")], BODY)
+        .await;
+    assert_eq!(fresh.header("x-router-cache"), Some("hit"));
+    let strict = proxy
+        .chat_with(&[("cache-control", "max-age=1")], BODY)
+        .await;
+    assert_eq!(strict.status, StatusCode::OK);
+    assert_eq!(strict.header("x-router-cache"), Some("refresh"));
+    assert_eq!(m.stats().received, 3);
+    // The refreshed entry is new.
+    let after = proxy
+        .chat_with(&[("cache-control", "max-age=1")], BODY)
+        .await;
+    assert_eq!(after.header("x-router-cache"), Some("hit"));
+    assert_eq!(m.stats().received, 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifty_concurrent_identical_misses_reach_the_backend_once() {
+    let m = mock_latency("m", 300).await;
+    let proxy = TestProxy::with_policy(Settings::default(), &policy(&m.url(), "", &[])).await;
+    let answers = join_all((0..50).map(|_| proxy.chat_with(&[], BODY))).await;
+    for a in &answers {
+        assert_eq!(a.status, StatusCode::OK, "{}", a.text());
+    }
+    assert_eq!(m.stats().received, 1, "one generation for the burst");
+    let misses = answers
+        .iter()
+        .filter(|a| a.header("x-router-cache") == Some("miss"))
+        .count();
+    assert_eq!(misses, 1);
+    assert!(answers.iter().all(|a| a.text() == answers[0].text()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_tenants_never_share_an_entry_and_a_hit_draws_nothing_from_the_budget() {
+    let m = mock(
+        "m",
+        Behavior::JsonUsage(r#"{"prompt_tokens":20,"completion_tokens":100}"#.into()),
+    )
+    .await;
+    // Each call's worst case: its estimated input and a 100-token cap;
+    // a budget of two and a half of them.
+    let body = BODY.replace(
+        "\"temperature\":0,",
+        "\"temperature\":0,\"max_tokens\":100,",
+    );
+    let worst = (body.len() as f64 / 4.0).ceil() + 100.0;
+    let budget = 2.5 * worst / 1000.0;
+    let tenants = [
+        tenant_item("team-a", "rt_a", &format!("budget_usd_per_day: {budget}")),
+        tenant_item("team-b", "rt_b", ""),
+    ];
+    let proxy = TestProxy::with_policy(Settings::default(), &policy(&m.url(), "", &tenants)).await;
+    let as_a = [("authorization", "Bearer rt_a")];
+    let as_b = [("authorization", "Bearer rt_b")];
+    let a1 = proxy.chat_with(&as_a, &body).await;
+    assert_eq!(a1.status, StatusCode::OK, "{}", a1.text());
+    assert_eq!(a1.header("x-router-cache"), Some("miss"));
+    // The other tenant, the same request: its own miss.
+    let b1 = proxy.chat_with(&as_b, &body).await;
+    assert_eq!(b1.header("x-router-cache"), Some("miss"));
+    assert_eq!(m.stats().received, 2);
+    // A second distinct call spends the rest of team-a's budget.
+    let other = body.replace("2+2", "5+5");
+    assert_eq!(proxy.chat_with(&as_a, &other).await.status, StatusCode::OK);
+    assert_eq!(m.stats().received, 3);
+    // A third distinct one is refused: the budget holds two calls.
+    let third = body.replace("2+2", "7+7");
+    assert_eq!(
+        proxy.chat_with(&as_a, &third).await.status,
+        StatusCode::PAYMENT_REQUIRED
+    );
+    // Hits are unlimited and cost nothing.
+    for _ in 0..10 {
+        let hit = proxy.chat_with(&as_a, &body).await;
+        assert_eq!(hit.status, StatusCode::OK, "{}", hit.text());
+        assert_eq!(hit.header("x-router-cache"), Some("hit"));
+    }
+    assert_eq!(m.stats().received, 3);
+    // Recorded spend: exactly the two calls (120 tokens each at $1/1k).
+    let metrics = proxy.metrics().await;
+    let spent = metrics
+        .lines()
+        .find(|l| l.starts_with("router_tenant_cost_usd_total{tenant=\"team-a\"}"))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse::<f64>().ok())
+        .unwrap_or_else(|| panic!("no spend line: {metrics}"));
+    assert!((spent - 0.24).abs() < 1e-9, "spent {spent}");
+}
+
+/// Two proxies on one Redis.
+async fn fleet(redis: &RedisServer, url: &str) -> (TestProxy, TestProxy) {
+    let mut s = Settings::default();
+    s.shared_store = Some(SharedStore::new(&redis.url()).unwrap());
+    let doc = policy(url, "", &[]);
+    let a = TestProxy::with_policy(s.clone(), &doc).await;
+    let b = TestProxy::with_policy(s, &doc).await;
+    // Both connected (the first connection is made in the background).
+    for p in [&a, &b] {
+        let mut connected = false;
+        for _ in 0..200 {
+            if p.health().await["shared_store"]["connected"] == true {
+                connected = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(connected, "proxy did not reach the shared store");
+    }
+    (a, b)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hit_on_the_other_proxy_and_a_store_outage_is_a_miss_never_an_error() {
+    let mut redis = RedisServer::start("cache").await;
+    let m = mock("m", Behavior::Json).await;
+    let (a, b) = fleet(&redis, &m.url()).await;
+    assert_eq!(
+        a.chat_with(&[], BODY).await.header("x-router-cache"),
+        Some("miss")
+    );
+    let hit = b.chat_with(&[], BODY).await;
+    assert_eq!(hit.status, StatusCode::OK);
+    assert_eq!(hit.header("x-router-cache"), Some("hit"), "shared entry");
+    assert_eq!(m.stats().received, 1);
+    assert!(redis.dbsize() >= 1);
+    // Redis killed: every request is still answered.
+    redis.stop();
+    let before = m.stats().received;
+    let other = BODY.replace("2+2", "4+4");
+    for p in [&a, &b, &a] {
+        let r = p.chat_with(&[], &other).await;
+        assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+        assert_ne!(r.header("x-router-cache"), Some("bypass"));
+    }
+    assert!(m.stats().received > before);
+}

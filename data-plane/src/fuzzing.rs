@@ -337,6 +337,8 @@ fn record(data: &[u8]) -> LogLine {
         idempotency: b
             .some()
             .then(|| IdempotencyRole::ALL[usize::from(b.byte()) % IdempotencyRole::ALL.len()]),
+        cache: b.some().then_some("hit"),
+        cache_saved_usd: b.some().then(|| b.float()),
         dialect: b.some().then_some("anthropic"),
         tenant: b.some().then(|| b.string().into()),
         parked_task: b.some().then(|| b.string()),

@@ -46,6 +46,7 @@ fn route() -> impl Strategy<Value = Route> {
         hedge: None,
         retry_budget: router_policy::retry_budget::BudgetSettings::default(),
         park: None,
+        cache: None,
     })
 }
 
@@ -119,6 +120,7 @@ fn every_outcome_is_decided_for_a_read_on_a_default_route() {
         hedge: None,
         retry_budget: router_policy::retry_budget::BudgetSettings::default(),
         park: None,
+        cache: None,
     };
     let moving: Vec<&str> = Outcome::ALL
         .into_iter()

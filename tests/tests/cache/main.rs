@@ -244,8 +244,10 @@ async fn two_tenants_never_share_an_entry_and_a_hit_draws_nothing_from_the_budge
 
 /// Two proxies on one Redis.
 async fn fleet(redis: &RedisServer, url: &str) -> (TestProxy, TestProxy) {
-    let mut s = Settings::default();
-    s.shared_store = Some(SharedStore::new(&redis.url()).unwrap());
+    let s = Settings {
+        shared_store: Some(SharedStore::new(&redis.url()).unwrap()),
+        ..Settings::default()
+    };
     let doc = policy(url, "", &[]);
     let a = TestProxy::with_policy(s.clone(), &doc).await;
     let b = TestProxy::with_policy(s, &doc).await;

@@ -37,3 +37,60 @@ pub(crate) fn status(e: StoreError) -> Status {
         StoreError::Corrupt(_) | StoreError::Malformed(_) => Status::internal(text),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use router_policy::park::Illegal;
+    use tonic::Code;
+
+    #[test]
+    fn each_store_error_has_its_status() {
+        let cases = [
+            (
+                StoreError::Timeout,
+                Code::Unavailable,
+                "did not answer within 2 s",
+            ),
+            (
+                StoreError::Unavailable("connection refused".into()),
+                Code::Unavailable,
+                "the shared store: connection refused",
+            ),
+            (
+                StoreError::NotFound("task \"x\"".into()),
+                Code::NotFound,
+                "no task \"x\"",
+            ),
+            (
+                StoreError::Illegal(Illegal::Terminal("dropped")),
+                Code::FailedPrecondition,
+                "dropped already",
+            ),
+            (
+                StoreError::Conflict("task x".into()),
+                Code::Aborted,
+                "task x changed",
+            ),
+            (
+                StoreError::Malformed("task x is not".into()),
+                Code::Internal,
+                "task x is not",
+            ),
+        ];
+        for (e, code, text) in cases {
+            let s = status(e.clone());
+            assert_eq!(s.code(), code, "{e:?}");
+            assert!(s.message().contains(text), "{e:?}: {}", s.message());
+        }
+        // A task's change says which task, and to try again after a conflict.
+        let s = crate::tasks::status("t1", StoreError::Conflict("task t1".into()));
+        assert_eq!(s.code(), Code::Aborted);
+        assert_eq!(s.message(), "task t1 kept changing; try again");
+        let s = crate::tasks::status("t1", StoreError::Illegal(Illegal::NotApproved));
+        assert_eq!(s.code(), Code::FailedPrecondition);
+        assert!(s.message().starts_with("task t1: "), "{}", s.message());
+        let s = crate::tasks::status("t1", StoreError::Timeout);
+        assert_eq!(s.code(), Code::Unavailable);
+    }
+}

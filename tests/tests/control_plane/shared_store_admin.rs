@@ -8,7 +8,9 @@
 //! or silent fails typed and in time.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use bytes::Bytes;
 use router_policy::park::{Event, Illegal, ParkCaps, TaskRecord, TaskState};

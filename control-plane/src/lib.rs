@@ -7,7 +7,8 @@
 //! - [`service`]: the `Admin` and `ProxyConfig` gRPC services;
 //! - [`auth`]: operator, approver, viewer and proxy tokens, and which calls
 //!   each may make;
-//! - [`tasks`]: parked tasks in the proxies' shared store (list, approve, drop);
+//! - [`tasks`]: parked tasks in the proxies' shared store (list, approve, drop),
+//!   through `router_shared_state::admin` (this crate does not link `redis`);
 //! - [`console`]: the operator's console, web pages on a listener of its
 //!   own (`--console-listen`).
 //!
@@ -23,6 +24,7 @@ pub mod auth;
 pub mod console;
 pub mod hub;
 pub mod service;
+mod shared_store;
 pub mod store;
 pub mod tasks;
 
@@ -345,10 +347,7 @@ pub async fn start(options: ControlPlaneOptions) -> Result<RunningControlPlane, 
     };
     let shared_store = match &options.shared_store {
         None => None,
-        Some(url) => Some(
-            redis::Client::open(url.as_str())
-                .map_err(|e| StartError::SharedStore(e.to_string()))?,
-        ),
+        Some(url) => Some(shared_store::open(url)?),
     };
     let store: Box<dyn store::Store> = match &options.store {
         StoreLocation::Embedded(dir) => {

@@ -87,12 +87,12 @@ pub struct AdminService {
     /// Shared state.
     pub hub: Weak<Hub>,
     /// The proxies' shared store, to read tenants' spend (`--shared-store`).
-    pub shared_store: Option<redis::Client>,
+    pub shared_store: Option<router_shared_state::SharedStoreClient>,
 }
 
 impl AdminService {
     /// The proxies' shared store, where parked tasks live.
-    fn task_store(&self) -> Result<&redis::Client, Status> {
+    fn task_store(&self) -> Result<&router_shared_state::SharedStoreClient, Status> {
         self.shared_store.as_ref().ok_or_else(|| {
             Status::failed_precondition(
                 "parked tasks live in the proxies' shared store: start the control plane with --shared-store (ROUTER_SHARED_STORE) pointing at it",
@@ -325,51 +325,21 @@ impl Admin for AdminService {
         upgrade(&self.hub)?
             .check_tenant(&tenant)
             .map_err(|e| Status::not_found(e.to_string()))?;
-        // Budgets are per UTC day and month.
+        // Budgets are per UTC day and month; the store's epoch marker
+        // (`router_policy::store_epoch`) is read with the counters.
         let now = u64::try_from(crate::hub::now_ms() / 1000).unwrap_or(0);
-        let (day, _, month, _) = router_policy::tenant::periods(now);
-        let mut conn = tokio::time::timeout(
-            std::time::Duration::from_secs(2),
-            client.get_multiplexed_async_connection(),
-        )
-        .await
-        .map_err(|_| Status::unavailable("the shared store did not answer within 2 s"))?
-        .map_err(|e| Status::unavailable(format!("the shared store: {e}")))?;
-        // The proxies' keys (`router:` prefix; `router_proxy::spend`), and
-        // the store's epoch marker (`router_policy::store_epoch`), read
-        // together.
-        let keys = [
-            format!("router:spend:{tenant}:{day}"),
-            format!("router:spend:{tenant}:{month}"),
-            format!("router:spend_pending:{tenant}:{day}"),
-            format!("router:{}", router_policy::store_epoch::KEY),
-        ];
-        let values: Vec<Option<String>> = tokio::time::timeout(
-            std::time::Duration::from_secs(2),
-            redis::cmd("MGET").arg(&keys).query_async(&mut conn),
-        )
-        .await
-        .map_err(|_| Status::unavailable("the shared store did not answer within 2 s"))?
-        .map_err(|e| Status::unavailable(format!("the shared store: {e}")))?;
-        let get = |i: usize| {
-            values
-                .get(i)
-                .and_then(|v| v.as_deref())
-                .and_then(|v| v.parse::<i64>().ok())
-                .unwrap_or(0)
-        };
-        let reserved = get(2).max(0);
-        let epoch = values
-            .get(3)
-            .and_then(|v| v.as_deref())
-            .and_then(router_policy::store_epoch::Epoch::parse);
+        let usage = client
+            .tenant_usage(&tenant, now)
+            .await
+            .map_err(crate::shared_store::status)?;
+        let epoch = usage.epoch;
         let ms = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
         Ok(Response::new(pb::TenantUsageResponse {
-            day,
-            month,
-            spent_today_micros: get(0).saturating_sub(reserved),
-            spent_month_micros: get(1).saturating_sub(reserved),
-            reserved_micros: reserved,
+            day: usage.day,
+            month: usage.month,
+            spent_today_micros: usage.spend.spent_today(),
+            spent_month_micros: usage.spend.spent_month(),
+            reserved_micros: usage.spend.reserved,
             store_since_unix_ms: epoch.as_ref().map_or(0, |e| ms(e.since_unix_ms)),
             store_reset_seen: epoch.as_ref().is_some_and(|e| e.replaces.is_some()),
             store_lost_since_unix_ms: epoch

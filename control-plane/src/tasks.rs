@@ -4,37 +4,20 @@
 //! a compare-and-set on the task's revision, as the proxies' are, so an
 //! approval never races a claim into an illegal state.
 
-use std::time::Duration;
-
-use router_policy::park::{layout, Event, Illegal, TaskRecord, TaskState};
+use router_policy::park::{Event, TaskRecord, TaskState};
 use router_proto::v1 as pb;
+use router_shared_state::admin::tasks::ChangedBy;
+use router_shared_state::{SharedStoreClient, StoreError};
 use tonic::Status;
 
-/// The proxies' key prefix (`router_proxy`'s shared store).
-const PREFIX: &str = "router:";
-/// Each store call's limit.
-const CALL: Duration = Duration::from_secs(2);
-/// Most tasks listed.
-const LIST_MAX: isize = 1000;
-
-fn unavailable(e: impl std::fmt::Display) -> Status {
-    Status::unavailable(format!("the shared store: {e}"))
-}
-
-async fn conn(client: &redis::Client) -> Result<redis::aio::MultiplexedConnection, Status> {
-    tokio::time::timeout(CALL, client.get_multiplexed_async_connection())
-        .await
-        .map_err(|_| Status::unavailable("the shared store did not answer within 2 s"))?
-        .map_err(unavailable)
-}
-
-async fn bounded<T>(
-    call: impl std::future::Future<Output = redis::RedisResult<T>>,
-) -> Result<T, Status> {
-    tokio::time::timeout(CALL, call)
-        .await
-        .map_err(|_| Status::unavailable("the shared store did not answer within 2 s"))?
-        .map_err(unavailable)
+/// A store error as the Admin API answers it, for task `id`.
+pub(crate) fn status(id: &str, e: StoreError) -> Status {
+    match e {
+        StoreError::NotFound(_) => Status::not_found(format!("no task {id:?}")),
+        StoreError::Illegal(e) => Status::failed_precondition(format!("task {id}: {e}")),
+        StoreError::Conflict(_) => Status::aborted(format!("task {id} kept changing; try again")),
+        e => crate::shared_store::status(e),
+    }
 }
 
 // Tasks carry wall-clock times shared by every proxy.
@@ -95,165 +78,82 @@ pub fn view(t: &TaskRecord) -> pb::TaskView {
     }
 }
 
-async fn read(
-    conn: &mut redis::aio::MultiplexedConnection,
-    id: &str,
-) -> Result<Option<(u64, TaskRecord)>, Status> {
-    let (rev, doc): (Option<u64>, Option<String>) = bounded(
-        redis::cmd("HMGET")
-            .arg(layout::task_key(PREFIX, id))
-            .arg("rev")
-            .arg("doc")
-            .query_async(conn),
-    )
-    .await?;
-    match (rev, doc) {
-        (Some(rev), Some(doc)) => serde_json::from_str(&doc)
-            .map(|t| Some((rev, t)))
-            .map_err(|e| Status::internal(format!("task {id} is not a task record: {e}"))),
-        _ => Ok(None),
-    }
-}
-
 /// The live tasks, oldest first, filtered by `state` and `route` when
 /// given.
 pub async fn list(
-    client: &redis::Client,
+    client: &SharedStoreClient,
     state: &str,
     route: &str,
 ) -> Result<Vec<pb::TaskView>, Status> {
-    if !state.is_empty() && TaskState::parse(state).is_none() {
-        return Err(Status::invalid_argument(format!(
-            "state: one of {}",
-            TaskState::ALL.map(TaskState::as_str).join(", ")
-        )));
-    }
-    let mut conn = conn(client).await?;
-    let ids: Vec<String> = bounded(
-        redis::cmd("ZRANGE")
-            .arg(layout::live_key(PREFIX))
-            .arg(0)
-            .arg(LIST_MAX - 1)
-            .query_async(&mut conn),
-    )
-    .await?;
-    // Every task in one round trip.
-    let mut pipe = redis::pipe();
-    for id in &ids {
-        pipe.cmd("HGET")
-            .arg(layout::task_key(PREFIX, id))
-            .arg("doc");
-    }
-    let docs: Vec<Option<String>> = if ids.is_empty() {
-        Vec::new()
+    let wanted = if state.is_empty() {
+        None
     } else {
-        bounded(pipe.query_async(&mut conn)).await?
+        Some(TaskState::parse(state).ok_or_else(|| {
+            Status::invalid_argument(format!(
+                "state: one of {}",
+                TaskState::ALL.map(TaskState::as_str).join(", ")
+            ))
+        })?)
     };
-    let mut out = Vec::new();
-    for doc in docs.into_iter().flatten() {
-        // A task being rewritten by hand is left out rather than failing the list.
-        let Ok(t) = serde_json::from_str::<TaskRecord>(&doc) else {
-            continue;
-        };
-        let v = view(&t);
-        if (state.is_empty() || v.state == state) && (route.is_empty() || t.route == route) {
-            out.push(v);
-        }
-    }
-    Ok(out)
+    let route = (!route.is_empty()).then_some(route);
+    let tasks = client
+        .list_tasks(wanted, route)
+        .await
+        .map_err(crate::shared_store::status)?;
+    Ok(tasks.iter().map(|v| view(&v.task)).collect())
 }
 
 /// The tasks among `ids` whose records are still kept (a finished task's
 /// is kept for a while after it left the live set), in `ids`' order; one
 /// round trip. The console lists finished tasks it saw waiting with it.
-pub async fn get_many(client: &redis::Client, ids: &[String]) -> Result<Vec<pb::TaskView>, Status> {
-    if ids.is_empty() {
-        return Ok(Vec::new());
-    }
-    let mut conn = conn(client).await?;
-    let mut pipe = redis::pipe();
-    for id in ids {
-        pipe.cmd("HGET")
-            .arg(layout::task_key(PREFIX, id))
-            .arg("doc");
-    }
-    let docs: Vec<Option<String>> = bounded(pipe.query_async(&mut conn)).await?;
-    Ok(docs
-        .into_iter()
-        .flatten()
-        .filter_map(|doc| serde_json::from_str::<TaskRecord>(&doc).ok())
-        .map(|t| view(&t))
-        .collect())
+pub async fn get_many(
+    client: &SharedStoreClient,
+    ids: &[String],
+) -> Result<Vec<pb::TaskView>, Status> {
+    let tasks = client
+        .tasks(ids)
+        .await
+        .map_err(crate::shared_store::status)?;
+    Ok(tasks.iter().map(|v| view(&v.task)).collect())
 }
 
 /// One task.
-pub async fn get(client: &redis::Client, id: &str) -> Result<pb::TaskView, Status> {
-    let mut conn = conn(client).await?;
-    read(&mut conn, id)
-        .await?
-        .map(|(_, t)| view(&t))
-        .ok_or_else(|| Status::not_found(format!("no task {id:?}")))
+pub async fn get(client: &SharedStoreClient, id: &str) -> Result<pb::TaskView, Status> {
+    match client.task(id).await {
+        Ok(Some(v)) => Ok(view(&v.task)),
+        Ok(None) => Err(Status::not_found(format!("no task {id:?}"))),
+        Err(e) => Err(status(id, e)),
+    }
 }
 
 /// Applies an operator's `event` (approve, drop) to task `id`, recording
-/// who: the caller's role, token name and given name.
+/// who: the caller's role, token name and given name. The store's
+/// compare-and-set retries when a proxy changed the task meanwhile
+/// (`router_shared_state::admin::tasks`).
 pub async fn change(
-    client: &redis::Client,
+    client: &SharedStoreClient,
     id: &str,
     event: Event,
     who: &Actor,
 ) -> Result<pb::TaskView, Status> {
-    let mut conn = conn(client).await?;
-    let script = redis::Script::new(layout::CAS_SCRIPT);
-    // A proxy may change the task between the read and the write (a
-    // claim, a renewal): read again and retry.
-    for _ in 0..8 {
-        let Some((rev, mut task)) = read(&mut conn, id).await? else {
-            return Err(Status::not_found(format!("no task {id:?}")));
-        };
-        // A waiting task past its time is expired, whatever the store says.
-        if task.state_at(now_ms()) == TaskState::Expired && task.state != TaskState::Expired {
-            task.state = TaskState::Expired;
-        }
-        task.apply(event)
-            .map_err(|e: Illegal| Status::failed_precondition(format!("task {id}: {e}")))?;
-        task.operator = Some(who.name().to_string());
-        task.operator_role = Some(who.role.to_string());
-        task.operator_token.clone_from(&who.token);
-        let doc = serde_json::to_string(&task).map_err(|e| Status::internal(e.to_string()))?;
-        let keep = task
-            .expires_at_ms
-            .saturating_sub(task.parked_at_ms)
-            .max(60_000);
-        let mut invocation = script.prepare_invoke();
-        for k in layout::script_keys(PREFIX, id, &task.route) {
-            invocation.key(k);
-        }
-        let r: u64 = bounded(
-            invocation
-                .arg(rev)
-                .arg(doc)
-                .arg(id)
-                .arg(if task.state.is_terminal() { "0" } else { "1" })
-                .arg(keep)
-                .invoke_async(&mut conn),
-        )
-        .await?;
-        if r > 0 {
-            tracing::info!(
-                task = id,
-                event = event.as_str(),
-                operator = who.name(),
-                role = who.role,
-                token = who.token.as_deref().unwrap_or(""),
-                said = who.said.as_deref().unwrap_or(""),
-                state = task.state.as_str(),
-                "parked task changed by an operator"
-            );
-            return Ok(view(&task));
-        }
-    }
-    Err(Status::aborted(format!(
-        "task {id} kept changing; try again"
-    )))
+    let by = ChangedBy {
+        name: who.name().to_string(),
+        role: who.role.to_string(),
+        token: who.token.clone(),
+    };
+    let task: TaskRecord = client
+        .change_task(id, event, &by)
+        .await
+        .map_err(|e| status(id, e))?;
+    tracing::info!(
+        task = id,
+        event = event.as_str(),
+        operator = who.name(),
+        role = who.role,
+        token = who.token.as_deref().unwrap_or(""),
+        said = who.said.as_deref().unwrap_or(""),
+        state = task.state.as_str(),
+        "parked task changed by an operator"
+    );
+    Ok(view(&task))
 }

@@ -385,7 +385,7 @@ pub async fn start(options: ProxyOptions) -> Result<RunningProxy, StartError> {
             }
             Some(Arc::new(router_shared_state::RedisStore::connect(
                 client,
-                "router:".into(),
+                router_shared_state::PREFIX.into(),
             )))
         }
     };

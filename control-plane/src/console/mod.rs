@@ -100,7 +100,7 @@ impl Default for ConsoleOptions {
 /// The console's state.
 pub(crate) struct Console {
     hub: Weak<Hub>,
-    shared_store: Option<redis::Client>,
+    shared_store: Option<router_shared_state::SharedStoreClient>,
     tokens: Arc<Tokens>,
     sessions: Sessions,
     /// Served over TLS: cookies are `Secure`.
@@ -325,7 +325,7 @@ pub(crate) async fn serve(
     options: &ConsoleOptions,
     tls: Option<&(String, String)>,
     hub: Weak<Hub>,
-    shared_store: Option<redis::Client>,
+    shared_store: Option<router_shared_state::SharedStoreClient>,
     tokens: Arc<Tokens>,
 ) -> Result<Serving, crate::StartError> {
     let acceptor = match tls {

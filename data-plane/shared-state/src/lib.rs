@@ -1,7 +1,8 @@
 //! What the router keeps either in this process or in the fleet's shared
 //! store (Redis or Valkey), behind one interface per kind, so that the
-//! proxy never asks which one it has. This is the only data-plane crate
-//! that links `redis`.
+//! proxy never asks which one it has. This is the only crate of the
+//! workspace that links `redis`: the control plane reads and changes the
+//! store through [`admin`].
 //!
 //! Module map:
 //!
@@ -21,6 +22,9 @@
 //! - [`store_epoch`]: notices a shared store that lost its data;
 //! - [`prefix_share`]: pools' prompt placements shared between the
 //!   proxies of a fleet over the store's pub/sub;
+//! - [`admin`]: the control plane's side ([`SharedStoreClient`]): parked
+//!   tasks listed, read and changed (the proxies' compare-and-set),
+//!   tenants' spend and hourly rollups read;
 //! - [`RedisStore`]: the connection (one per worker thread) and the
 //!   store's scripts; [`SharedStore`]: its URL, as configured;
 //! - [`StoreError`]: how a store call failed; [`StoreEvents`]: what the
@@ -34,6 +38,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod admin;
 mod error;
 mod events;
 pub mod idempotency;
@@ -48,9 +53,14 @@ pub mod tasks;
 pub mod testing;
 mod url;
 
+pub use admin::SharedStoreClient;
 pub use error::{Corrupt, StoreError};
 #[cfg(test)]
 pub(crate) use events::Counted;
 pub use events::{NoEvents, StoreEvents};
 pub use redis::{bounded, RedisStore, OP_TIMEOUT};
 pub use url::{InvalidStoreUrl, SharedStore};
+
+/// The prefix of every key the proxies of a fleet (and the control plane
+/// reading after them) use in the shared store.
+pub const PREFIX: &str = "router:";

@@ -411,7 +411,15 @@ impl RedisStore {
 pub async fn bounded<T>(
     call: impl std::future::Future<Output = redis::RedisResult<T>>,
 ) -> Result<T, StoreError> {
-    match tokio::time::timeout(OP_TIMEOUT, call).await {
+    within(OP_TIMEOUT, call).await
+}
+
+/// Runs a store call inside `limit`.
+pub(crate) async fn within<T>(
+    limit: Duration,
+    call: impl std::future::Future<Output = redis::RedisResult<T>>,
+) -> Result<T, StoreError> {
+    match tokio::time::timeout(limit, call).await {
         Err(_) => Err(StoreError::Timeout),
         Ok(Err(e)) => Err(StoreError::Unavailable(e.to_string())),
         Ok(Ok(v)) => Ok(v),

@@ -1,7 +1,7 @@
 //! The control plane with managed proxies, all in-process on 127.0.0.1:
 //! apply reaches every proxy; invalid policies, NACKs, conflicts and
 //! missing tokens; the control plane going away and coming back; circuits
-//! shared across the fleet.
+//! shared across the fleet; its handle on the proxies' shared store.
 
 #![allow(clippy::unwrap_used)]
 
@@ -9,6 +9,7 @@ mod fleet_health;
 mod keys;
 mod marks;
 mod security;
+mod shared_store_admin;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

@@ -115,7 +115,7 @@ const ORDER: [TaskState; 7] = [
 
 async fn all_tasks(
     console: &Console,
-    client: &redis::Client,
+    client: &router_shared_state::SharedStoreClient,
 ) -> Result<Vec<pb::TaskView>, tonic::Status> {
     let mut live = crate::tasks::list(client, "", "").await?;
     console.remember_tasks(live.iter().map(|t| t.id.as_str()));

@@ -6,18 +6,19 @@
 //! ([`super::chart`]) from the proxies' hourly rollups
 //! ([`router_policy::rollup`]). `/tenants?tenant=NAME`: one tenant.
 //!
-//! Reads: one pipelined `MGET` per tenant for its spend, and one
-//! pipelined `HMGET` per tenant and hour for the charts (up to 720 a
-//! tenant: the 30 days); charts are drawn for the first
-//! [`CHARTED`] tenants of the page, the others are one click away.
+//! Reads (`router_shared_state::admin::tenants`, one round trip): one
+//! pipelined `MGET` per tenant for its spend, and one pipelined `HMGET`
+//! per tenant and hour for the charts (up to 720 a tenant: the 30 days);
+//! charts are drawn for the first [`CHARTED`] tenants of the page, the
+//! others are one click away.
 
 use std::collections::HashMap;
-use std::time::Duration;
 
 use askama::Template;
 use http::StatusCode;
-use router_policy::rollup::{self, Totals};
+use router_policy::rollup::Totals;
 use router_policy::tenant::{Gcra, Tenant};
+use router_shared_state::SharedStoreClient;
 
 use super::super::session::Session;
 use super::super::{Answer, Console};
@@ -27,10 +28,6 @@ use crate::hub::now_ms;
 
 /// Tenants charted on one page at most (each costs up to 720 reads).
 pub(in crate::console) const CHARTED: usize = 20;
-/// The store's key prefix (the proxies').
-const PREFIX: &str = "router:";
-/// Each store call's limit.
-const CALL: Duration = Duration::from_secs(2);
 
 const NO_STORE: &str = "tenants' spend and rollups live in the proxies' shared store: start the control plane with --shared-store (ROUTER_SHARED_STORE) pointing at it";
 
@@ -136,61 +133,25 @@ struct Read {
 }
 
 async fn read(
-    client: &redis::Client,
+    client: &SharedStoreClient,
     tenants: &[Tenant],
     charted: usize,
     hours: &[u64],
     now_s: u64,
 ) -> Result<Read, String> {
-    let (day, _, month, _) = router_policy::tenant::periods(now_s);
-    let mut conn = tokio::time::timeout(CALL, client.get_multiplexed_async_connection())
+    let names: Vec<&str> = tenants.iter().map(|t| t.name.as_str()).collect();
+    let r = client
+        .tenants_page(&names, charted, hours, now_s)
         .await
-        .map_err(|_| "the shared store did not answer within 2 s".to_string())?
-        .map_err(|e| format!("the shared store: {e}"))?;
-    let mut pipe = redis::pipe();
-    for t in tenants {
-        pipe.cmd("MGET")
-            .arg(format!("{PREFIX}spend:{}:{day}", t.name))
-            .arg(format!("{PREFIX}spend:{}:{month}", t.name))
-            .arg(format!("{PREFIX}spend_pending:{}:{day}", t.name));
-    }
-    let names: Vec<String> = hours.iter().map(|h| rollup::hour(*h)).collect();
-    for t in tenants.iter().take(charted) {
-        for h in &names {
-            pipe.cmd("HMGET")
-                .arg(format!("{PREFIX}{}", rollup::key(&t.name, h)))
-                .arg(&rollup::FIELDS[..]);
-        }
-    }
-    let values: Vec<Vec<Option<String>>> = tokio::time::timeout(CALL, pipe.query_async(&mut conn))
-        .await
-        .map_err(|_| "the shared store did not answer within 2 s".to_string())?
-        .map_err(|e| format!("the shared store: {e}"))?;
-    let mut values = values.into_iter();
-    let spend = tenants
-        .iter()
-        .map(|_| {
-            let v = values.next().unwrap_or_default();
-            let at = |i: usize| {
-                v.get(i)
-                    .and_then(|x| x.as_deref())
-                    .and_then(|x| x.parse::<i64>().ok())
-                    .unwrap_or(0)
-            };
-            [at(0), at(1), at(2).max(0)]
-        })
-        .collect();
-    let hours = tenants
-        .iter()
-        .take(charted)
-        .map(|_| {
-            names
-                .iter()
-                .map(|_| Totals::from_fields(&values.next().unwrap_or_default()))
-                .collect()
-        })
-        .collect();
-    Ok(Read { spend, hours })
+        .map_err(|e| crate::shared_store::message(&e))?;
+    Ok(Read {
+        spend: r
+            .spend
+            .iter()
+            .map(|c| [c.day, c.month, c.reserved])
+            .collect(),
+        hours: r.hours,
+    })
 }
 
 /// The hours the charts need: from the start of the UTC day 29 days ago
@@ -376,6 +337,7 @@ pub(in crate::console) async fn get(console: &Console, s: &Session, query: Optio
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     #[test]
     fn the_charts_cover_24_hours_and_30_days_and_sum_them() {

@@ -1,0 +1,122 @@
+//! The control plane's handle on the proxies' shared store: what an
+//! operator reads and changes there (parked tasks, tenants' spend and
+//! hourly rollups), through [`SharedStoreClient`], so that this crate
+//! stays the only one that links `redis` and the key layout stays where
+//! the proxies' side of it is (`router_policy::park::layout`,
+//! `router_policy::rollup`, [`crate::spend`], `router_policy::store_epoch`).
+//!
+//! Unlike the proxies' [`crate::RedisStore`] (a connection per worker
+//! thread, kept open, every call within [`crate::OP_TIMEOUT`]), the
+//! control plane asks rarely and can wait a little longer: each call
+//! opens a multiplexed connection (within [`ADMIN_TIMEOUT`]) and sends
+//! its commands in one pipeline where it can (within [`ADMIN_TIMEOUT`]
+//! again), so a store that is down or slow costs a page or an RPC at
+//! most twice that, and nothing is held open between calls. Reads are
+//! bounded in count ([`MAX_TASKS`], [`MAX_ROLLUP_READS`]).
+//!
+//! - [`tasks`]: list (by state and route), get one or many, and change a
+//!   task (approve, drop) with the same compare-and-set script the
+//!   proxies use, so an approval never races a claim into an illegal
+//!   state: a change that lost the race is [`StoreError::Conflict`];
+//! - [`tenants`]: a tenant's spend today and this month with the store's
+//!   epoch (`routerctl tenants usage`), and the tenants page's spend and
+//!   hourly rollups in one round trip.
+//!
+//! Failures are [`StoreError`]s: `Unavailable` and `Timeout` (the store),
+//! `NotFound`, `Illegal` (a transition the task's rules refuse),
+//! `Conflict` and `Malformed` (a stored task that is not a task record).
+
+pub mod tasks;
+pub mod tenants;
+
+use std::future::Future;
+use std::time::Duration;
+
+use redis::aio::MultiplexedConnection;
+
+use crate::{InvalidStoreUrl, SharedStore, StoreError, PREFIX};
+
+/// The longest the control plane waits for a connection, and then for
+/// the answer to one call.
+pub const ADMIN_TIMEOUT: Duration = Duration::from_secs(2);
+/// Tasks read in one listing at most (the oldest live ones).
+pub const MAX_TASKS: usize = 1000;
+/// Tenant hours (rollup hashes) read in one call at most: 20 tenants
+/// over 31 days.
+pub const MAX_ROLLUP_READS: usize = 20 * 31 * 24;
+
+/// The control plane's handle on the proxies' shared store: its address
+/// (with the proxies' URL and TLS rules, [`SharedStore`]) and the
+/// prefix its keys are under. Cheap to clone; holds no connection.
+#[derive(Clone)]
+pub struct SharedStoreClient {
+    client: redis::Client,
+    shown: String,
+    prefix: String,
+    timeout: Duration,
+}
+
+impl std::fmt::Debug for SharedStoreClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SharedStoreClient")
+            .field("store", &self.shown)
+            .field("prefix", &self.prefix)
+            .finish()
+    }
+}
+
+impl SharedStoreClient {
+    /// A handle on the store at `url` (`redis://`, `rediss://`,
+    /// `valkey://`, `valkeys://`), checked as the proxies check theirs.
+    pub fn open(url: &str) -> Result<Self, InvalidStoreUrl> {
+        Self::new(&SharedStore::new(url)?)
+    }
+
+    /// A handle on `store`.
+    pub fn new(store: &SharedStore) -> Result<Self, InvalidStoreUrl> {
+        let client = store.client().map_err(|_| InvalidStoreUrl {
+            shown: format!("{:?}", store.shown()),
+        })?;
+        Ok(Self {
+            client,
+            shown: store.shown().to_string(),
+            prefix: PREFIX.to_string(),
+            timeout: ADMIN_TIMEOUT,
+        })
+    }
+
+    /// The same store with each wait bounded by `timeout` instead of
+    /// [`ADMIN_TIMEOUT`].
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// The address without credentials.
+    pub fn shown(&self) -> &str {
+        &self.shown
+    }
+
+    /// How long each wait may take.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    pub(crate) fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// A connection, within the timeout.
+    pub(crate) async fn conn(&self) -> Result<MultiplexedConnection, StoreError> {
+        self.within(self.client.get_multiplexed_async_connection())
+            .await
+    }
+
+    /// Runs one call within the timeout.
+    pub(crate) async fn within<T>(
+        &self,
+        call: impl Future<Output = redis::RedisResult<T>>,
+    ) -> Result<T, StoreError> {
+        crate::redis::within(self.timeout, call).await
+    }
+}

@@ -279,6 +279,7 @@ fn stream_message_len(state: &State, document_len: usize, store_id: &str) -> usi
         snapshot: Some(snapshot_for(state, String::new())),
         store_id: store_id.to_string(),
         decisions: None,
+        load: None,
     }
     .encoded_len();
     let document = if document_len == 0 {
@@ -661,6 +662,7 @@ mod tests {
             snapshot: Some(snapshot_for(&state, document)),
             store_id: "store".into(),
             decisions: None,
+            load: None,
         }
         .encoded_len();
         assert!(

@@ -262,7 +262,11 @@ mod tests {
         let o = p.outlook();
         assert!(!o.free_now);
         assert_eq!(o.p95, Some(Duration::from_millis(200)));
-        assert_eq!(p.status().endpoints[0].p95_s, Some(0.2), "the endpoint's own");
+        assert_eq!(
+            p.status().endpoints[0].p95_s,
+            Some(0.2),
+            "the endpoint's own"
+        );
         // One slot at 200 ms: this request would wait about 200 ms.
         assert_eq!(o.expected_wait, Some(Duration::from_millis(200)));
         drop(l);

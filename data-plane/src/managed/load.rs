@@ -7,16 +7,16 @@
 //! One message, bounded so it stays under the control plane's
 //! per-message limit (`router_proto::MAX_PROXY_MESSAGE_BYTES`, 64 KiB):
 //! every pool first (name and queue depth), then endpoints in the
-//! policy's order while there are at most [`LOAD_ENDPOINTS_MAX`] and
+//! policy's order while there are at most [`LOAD_ENDPOINTS_MAX`] (512) and
 //! their encoding fits in [`LOAD_BYTES_MAX`]. The endpoints past either
 //! cap are left out and `truncated` says so (the page shows it).
 
-use crate::pool::{EndpointStatus, PoolStatus};
 use prost::Message;
 use router_proto::v1 as pb;
+use router_proto::LOAD_ENDPOINTS_MAX;
 
-/// Endpoints reported at most, all pools together.
-pub(crate) const LOAD_ENDPOINTS_MAX: usize = 512;
+use crate::pool::{EndpointStatus, PoolStatus};
+
 /// Bytes the pools and endpoints may take encoded: 8 KiB under
 /// `router_proto::MAX_PROXY_MESSAGE_BYTES` for the id and the framing.
 pub(crate) const LOAD_BYTES_MAX: usize = router_proto::MAX_PROXY_MESSAGE_BYTES - 8 * 1024;

@@ -9,6 +9,7 @@ pub(super) mod decisions;
 pub(super) mod explain;
 pub(super) mod fleet;
 pub(super) mod policy;
+mod pool_load;
 pub(super) mod pools;
 pub(super) mod signin;
 pub(super) mod tasks;

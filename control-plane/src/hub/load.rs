@@ -9,9 +9,10 @@
 //! A proxy that does not answer in time (busy, or from before load
 //! reports: it NACKs the request) is listed without a load; the page does
 //! not wait past the wait for it. Bounded: answers wait in one channel per
-//! fetch with room for one answer per proxy asked (a proxy's second
+//! fetch with room for one answer per open stream (a proxy's second
 //! answer is dropped once it is full, and only the first counts); a
-//! stream whose request channel is full is not asked.
+//! stream whose request channel is full is not asked, and listed as not
+//! answering.
 
 use super::*;
 
@@ -41,8 +42,9 @@ impl Hub {
     }
 
     /// Asks every stream open on this replica for its load and gathers
-    /// the answers for at most `wait`: one entry per stream asked, by node
-    /// (`load: None` for those that did not answer in time).
+    /// the answers for at most `wait`: one entry per open stream, by node
+    /// (`load: None` for those that did not answer in time, or whose
+    /// stream was too far behind to be asked).
     pub async fn fetch_load(&self, wait: Duration) -> Vec<ProxyLoad> {
         let id = uuid::Uuid::now_v7().to_string();
         let streams: Vec<(String, mpsc::Sender<StreamQuery>)> =
@@ -50,21 +52,24 @@ impl Hub {
         let (tx, mut rx) = mpsc::channel(streams.len().max(1));
         self.queries().loads.insert(id.clone(), tx);
         let mut answers: BTreeMap<String, ProxyLoad> = BTreeMap::new();
+        let mut waiting = 0usize;
         for (node, to) in &streams {
-            let asked = to
+            // A stream too far behind to take the request is listed all
+            // the same, as a proxy that did not answer.
+            if to
                 .try_send(StreamQuery::Load(pb::LoadRequest { id: id.clone() }))
-                .is_ok();
-            if asked {
-                answers.insert(
-                    node.clone(),
-                    ProxyLoad {
-                        node: node.clone(),
-                        load: None,
-                    },
-                );
+                .is_ok()
+            {
+                waiting += 1;
             }
+            answers.insert(
+                node.clone(),
+                ProxyLoad {
+                    node: node.clone(),
+                    load: None,
+                },
+            );
         }
-        let mut waiting = answers.len();
         let deadline = Instant::now() + wait;
         while waiting > 0 {
             let (node, load) = match tokio::time::timeout_at(deadline, rx.recv()).await {
@@ -189,11 +194,17 @@ mod tests {
         );
         assert!(got.iter().all(|a| a.load.is_some()), "{got:?}");
         proxies.await.unwrap();
-        assert_eq!(
-            hub.fetch_load(Duration::ZERO).await.len(),
-            0,
-            "streams closed: none asked"
+        // Streams that cannot be asked (their receivers are gone) are
+        // listed as not answering, and nothing waits for them.
+        let started = std::time::Instant::now();
+        let got = hub.fetch_load(Duration::from_secs(10)).await;
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "{:?}",
+            started.elapsed()
         );
+        assert_eq!(got.len(), 2);
+        assert!(got.iter().all(|a| a.load.is_none()), "{got:?}");
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

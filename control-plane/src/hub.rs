@@ -34,7 +34,9 @@
 //! maintenance loop; each kind of change lives in its own file:
 //! `policy.rs` (apply, rollback, history, explain), `backends.rs`,
 //! `circuits.rs` (overrides and suspicion marks), `keys.rs` (tenants' keys)
-//! and `proxies.rs` (the proxies' records and report rate limits).
+//! and `proxies.rs` (the proxies' records and report rate limits); the
+//! console's questions to the proxies over their streams are in
+//! `decisions.rs` (route records) and `load.rs` (their pools' load).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
@@ -61,12 +63,14 @@ mod backends;
 mod circuits;
 mod decisions;
 mod keys;
+mod load;
 mod policy;
 mod proxies;
 pub use circuits::check_circuit;
 use circuits::retain_valid_circuits;
-pub use decisions::ProxyDecisions;
+pub use decisions::{ProxyDecisions, StreamQuery};
 pub use keys::{KEY_KEPT_AFTER_EXPIRY_MS, MAX_KEYS_PER_TENANT, MAX_KEY_NAME};
+pub use load::ProxyLoad;
 pub use policy::{validate, Applier, PolicyApplied, UnknownTenant, HISTORY_LIMIT, MAX_NOTE};
 use proxies::Link;
 #[cfg(test)]
@@ -279,6 +283,7 @@ fn stream_message_len(state: &State, document_len: usize, store_id: &str) -> usi
         snapshot: Some(snapshot_for(state, String::new())),
         store_id: store_id.to_string(),
         decisions: None,
+        load: None,
     }
     .encoded_len();
     let document = if document_len == 0 {
@@ -661,6 +666,7 @@ mod tests {
             snapshot: Some(snapshot_for(&state, document)),
             store_id: "store".into(),
             decisions: None,
+            load: None,
         }
         .encoded_len();
         assert!(

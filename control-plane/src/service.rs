@@ -498,8 +498,9 @@ impl ProxyConfig for ProxyConfigService {
         // lets go of its store even while proxies are still connected.
         let hub = self.hub.clone();
         let out_node = node.clone();
-        // The console's requests for this proxy's route records go out on
-        // the same stream, between snapshots (`Hub::fetch_decisions`).
+        // The console's requests for this proxy's route records and load
+        // go out on the same stream, between snapshots
+        // (`Hub::fetch_decisions`, `Hub::fetch_load`).
         let (query_stream, mut queries) = upgrade(&self.hub)?.decision_stream_opened(&node);
         tokio::spawn(async move {
             let mut snapshot_due = true;
@@ -512,6 +513,7 @@ impl ProxyConfig for ProxyConfigService {
                         snapshot: Some(published.snapshot.clone()),
                         store_id: published.store_id.clone(),
                         decisions: None,
+                        load: None,
                     };
                     let push = tracing::info_span!("config.push", router.node = %out_node, router.revision = published.revision);
                     if tx.send(Ok(msg)).instrument(push).await.is_err() {
@@ -527,11 +529,7 @@ impl ProxyConfig for ProxyConfigService {
                     }
                     Some(q) = queries.recv() => {
                         snapshot_due = false;
-                        let ask = pb::ControlMessage {
-                            decisions: Some(q),
-                            ..Default::default()
-                        };
-                        if tx.send(Ok(ask)).await.is_err() {
+                        if tx.send(Ok(q.into_message())).await.is_err() {
                             break;
                         }
                     }
@@ -570,6 +568,10 @@ impl ProxyConfig for ProxyConfigService {
                     Some(pb::proxy_message::Msg::Decisions(d)) => {
                         hub.proxy_seen(&node, |_| {});
                         hub.decisions_received(&node, d);
+                    }
+                    Some(pb::proxy_message::Msg::LoadAnswer(l)) => {
+                        hub.proxy_seen(&node, |_| {});
+                        hub.load_received(&node, l);
                     }
                     Some(pb::proxy_message::Msg::Load(_))
                     | Some(pb::proxy_message::Msg::Hello(_))

@@ -55,11 +55,13 @@ use crate::pool::CircuitEvent;
 mod cache;
 mod decisions;
 mod error;
+mod load;
 use cache::cache_in_background;
 pub(crate) use cache::read_cache;
 pub(crate) use decisions::decision_parts;
 pub use error::AddressError;
 pub(crate) use error::{DecodeError, OverrideError, StreamError};
+pub(crate) use load::load_answer;
 
 /// Managed mode's settings.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -726,6 +728,15 @@ async fn stream_once(
                         if tx.send(part).await.is_err() {
                             return Ok(());
                         }
+                    }
+                    continue;
+                }
+                // The console asks for this proxy's load: answered from the
+                // pools' status, nothing applied.
+                if let Some(q) = &msg.load {
+                    let answer = load_answer(&q.id, &context.store.load().pool_status());
+                    if tx.send(answer).await.is_err() {
+                        return Ok(());
                     }
                     continue;
                 }

@@ -239,6 +239,7 @@ fn control_message(revision: u64, snapshot: Option<pb::Snapshot>) -> Vec<u8> {
         snapshot,
         store_id: "fuzz-seed".into(),
         decisions: None,
+        load: None,
     }
     .encode_to_vec()
 }

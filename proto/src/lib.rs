@@ -25,6 +25,11 @@ pub const MAX_MESSAGE_BYTES: usize = 4 * 1024 * 1024;
 /// with a proxy token cannot make it buffer megabytes.
 pub const MAX_PROXY_MESSAGE_BYTES: usize = 64 * 1024;
 
+/// Endpoints a proxy reports at most in its answer to a load request
+/// (the console's Pools page), all pools together; its answer says when
+/// it left some out.
+pub const LOAD_ENDPOINTS_MAX: usize = 512;
+
 pub use token::BearerToken;
 
 /// A proxy's state as operators read it (`routerctl proxies list`, the

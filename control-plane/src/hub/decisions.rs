@@ -5,6 +5,9 @@
 //! parts the proxies send back ([`Hub::decisions_received`]) until each
 //! has sent its last part or the wait is over.
 //!
+//! The same channel per stream carries the Pools page's load requests
+//! ([`StreamQuery::Load`], `load.rs`).
+//!
 //! Bounded: a request per stream waits in a channel of
 //! [`QUERIES_PER_STREAM`] (a stream that is that far behind is skipped),
 //! parts wait in one channel of [`PARTS_QUEUED`] per fetch (more are
@@ -17,7 +20,7 @@ use super::*;
 use tokio::sync::mpsc;
 
 /// Requests queued per stream at most.
-pub(crate) const QUERIES_PER_STREAM: usize = 2;
+pub(crate) const QUERIES_PER_STREAM: usize = 4;
 /// Parts queued per fetch at most.
 const PARTS_QUEUED: usize = 256;
 
@@ -26,9 +29,38 @@ const PARTS_QUEUED: usize = 256;
 pub(super) struct Queries {
     next: u64,
     /// Per stream: its node and where its requests go.
-    streams: HashMap<u64, (String, mpsc::Sender<pb::DecisionsRequest>)>,
+    pub(super) streams: HashMap<u64, (String, mpsc::Sender<StreamQuery>)>,
     /// Per fetch id: where the parts go.
     pending: HashMap<String, mpsc::Sender<(String, pb::Decisions)>>,
+    /// Per load fetch id: where the answers go (`load.rs`).
+    pub(super) loads: HashMap<String, mpsc::Sender<(String, pb::Load)>>,
+}
+
+/// What the console asks of a proxy over its config stream, between
+/// snapshots.
+#[derive(Debug, Clone, PartialEq)]
+pub enum StreamQuery {
+    /// Its latest route records (the Decisions page).
+    Decisions(pb::DecisionsRequest),
+    /// Its pools' load (the Pools page).
+    Load(pb::LoadRequest),
+}
+
+impl StreamQuery {
+    /// The control message that carries it (no snapshot: a proxy applies
+    /// nothing; one from before NACKs it).
+    pub fn into_message(self) -> pb::ControlMessage {
+        match self {
+            Self::Decisions(q) => pb::ControlMessage {
+                decisions: Some(q),
+                ..Default::default()
+            },
+            Self::Load(q) => pb::ControlMessage {
+                load: Some(q),
+                ..Default::default()
+            },
+        }
+    }
 }
 
 /// One proxy's answer.
@@ -45,15 +77,13 @@ pub struct ProxyDecisions {
 }
 
 impl Hub {
-    fn queries(&self) -> std::sync::MutexGuard<'_, Queries> {
+    pub(super) fn queries(&self) -> std::sync::MutexGuard<'_, Queries> {
         self.queries.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// A stream of `node` opened: its id and the requests to send on it.
-    pub fn decision_stream_opened(
-        &self,
-        node: &str,
-    ) -> (u64, mpsc::Receiver<pb::DecisionsRequest>) {
+    /// A stream of `node` opened: its id and the console's requests to
+    /// send on it (decisions and load).
+    pub fn decision_stream_opened(&self, node: &str) -> (u64, mpsc::Receiver<StreamQuery>) {
         let (tx, rx) = mpsc::channel(QUERIES_PER_STREAM);
         let mut q = self.queries();
         q.next += 1;
@@ -97,7 +127,7 @@ impl Hub {
     ) -> Vec<ProxyDecisions> {
         let id = uuid::Uuid::now_v7().to_string();
         let (tx, mut rx) = mpsc::channel(PARTS_QUEUED);
-        let streams: Vec<(String, mpsc::Sender<pb::DecisionsRequest>)> = {
+        let streams: Vec<(String, mpsc::Sender<StreamQuery>)> = {
             let mut q = self.queries();
             q.pending.insert(id.clone(), tx);
             q.streams.values().cloned().collect()
@@ -105,11 +135,11 @@ impl Hub {
         let mut answers: BTreeMap<String, ProxyDecisions> = BTreeMap::new();
         for (node, to) in &streams {
             let asked = to
-                .try_send(pb::DecisionsRequest {
+                .try_send(StreamQuery::Decisions(pb::DecisionsRequest {
                     id: id.clone(),
                     max_records,
                     max_bytes,
-                })
+                }))
                 .is_ok();
             if asked {
                 answers.insert(
@@ -167,8 +197,12 @@ mod tests {
         let (c, _rc) = hub.decision_stream_opened("edge-c");
         hub.decision_stream_closed(c);
         let answering = Arc::clone(&hub);
+        let asked = |q: Option<StreamQuery>| match q {
+            Some(StreamQuery::Decisions(q)) => q,
+            other => panic!("not a decisions request: {other:?}"),
+        };
         let proxies = tokio::spawn(async move {
-            let qa = ra.recv().await.unwrap();
+            let qa = asked(ra.recv().await);
             assert_eq!((qa.max_records, qa.max_bytes), (3, 100));
             for (lines, last) in [(vec!["a1", "a2"], false), (vec!["a3", "a4"], true)] {
                 answering.decisions_received(
@@ -182,7 +216,7 @@ mod tests {
                 );
             }
             // edge-b is asked and never answers; a stranger's part is dropped.
-            let qb = rb.recv().await.unwrap();
+            let qb = asked(rb.recv().await);
             answering.decisions_received(
                 "edge-z",
                 pb::Decisions {

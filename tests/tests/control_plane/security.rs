@@ -433,6 +433,7 @@ async fn a_proxy_ignores_a_snapshot_older_than_the_one_it_applied() {
             ..Default::default()
         }),
         decisions: None,
+        load: None,
     };
     let ack = |m: &pb::proxy_message::Msg| match m {
         pb::proxy_message::Msg::Ack(a) => Some(a.revision),

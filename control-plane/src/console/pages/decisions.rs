@@ -242,7 +242,7 @@ pub(in crate::console) async fn get(console: &Console, s: &Session, query: Optio
     render(
         StatusCode::OK,
         &DecisionsPage {
-            layout: Layout::new("Decisions", "decisions", s, false),
+            layout: Layout::new("Decisions", "decisions", s, true),
             filtered: filters.any(),
             filters,
             decisions,

@@ -9,6 +9,7 @@ pub(super) mod decisions;
 pub(super) mod explain;
 pub(super) mod fleet;
 pub(super) mod policy;
+mod pool_load;
 pub(super) mod pools;
 pub(super) mod signin;
 pub(super) mod tasks;
@@ -37,7 +38,16 @@ pub(super) struct Layout {
     pub(super) csrf: String,
     /// Whether the page refreshes itself (`/static/console.js`).
     pub(super) live: bool,
+    /// How often a live page refreshes, seconds.
+    pub(super) refresh_seconds: u32,
 }
+
+/// How often a live page refreshes unless it says otherwise, seconds.
+pub(super) const REFRESH_SECONDS: u32 = 5;
+/// How often the Tenants page refreshes, seconds: each refresh reads up
+/// to 720 hours of rollups for each of 20 tenants from the proxies'
+/// shared store, and its numbers move by the hour and the day.
+pub(super) const TENANTS_REFRESH_SECONDS: u32 = 30;
 
 impl Layout {
     pub(super) fn new(title: &'static str, current: &'static str, s: &Session, live: bool) -> Self {
@@ -47,6 +57,16 @@ impl Layout {
             who: s.who(),
             csrf: s.csrf.clone(),
             live,
+            refresh_seconds: REFRESH_SECONDS,
+        }
+    }
+
+    /// A live page that refreshes every `seconds` instead (one whose
+    /// reads cost more than a page's worth of freshness).
+    pub(super) fn every(self, seconds: u32) -> Self {
+        Self {
+            refresh_seconds: seconds,
+            ..self
         }
     }
 }

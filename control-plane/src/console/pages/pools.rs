@@ -1,10 +1,24 @@
-//! `/pools`: each pool of the current policy and each of its endpoints as
-//! the control plane knows them: where the endpoints come from (a backend
-//! set or the policy), drain, the fleet's circuit overrides (operators'
-//! and those proxies report, with who raised them and for how long), the
-//! suspicions proxies raised (a failed health check, a failed first
-//! request), the pool's health-check and outlier-ejection settings. What
-//! `routerctl backends list` and `routerctl circuits list` show.
+//! `/pools`: each pool of the current policy and each of its endpoints:
+//! what the control plane knows of them (where the endpoints come from, a
+//! backend set or the policy; drain; the fleet's circuit overrides,
+//! operators' and those proxies report, with who raised them and for how
+//! long; the suspicions proxies raised, a failed health check or a failed
+//! first request; the pool's health-check and outlier-ejection settings:
+//! what `routerctl backends list` and `routerctl circuits list` show),
+//! and their load, live, as the proxies see it.
+//!
+//! The load is each proxy's own, so the page asks for it: every proxy
+//! connected to this replica is asked over its config stream when the
+//! page is rendered ([`Hub::fetch_load`]), and the page waits [`LOAD_WAIT`]
+//! at most. In flight and queue depth are summed over the proxies that
+//! answered; latency EWMA and p95 are the highest any of them reports,
+//! with its name; each proxy's own breaker, health checks, suspicion,
+//! outlier ejection and drain are counted and the first few named
+//! (`pool_load.rs`). A proxy that did not answer in time (busy, or from
+//! before load reports, which NACKs the request) is named and not
+//! counted; an endpoint no proxy reports shows "not reported". The page
+//! refreshes itself (`/static/console.js`), so the load follows without a
+//! reload.
 //!
 //! Operators drain, undrain, open and close from here, each after a
 //! confirmation page (`/pools/confirm`, a form that POSTs to
@@ -12,11 +26,8 @@
 //! [`Hub::set_circuit`], what the gRPC `Admin` service's `SetBackends`
 //! and `SetCircuit` call (`routerctl backends drain`, `circuits open`,
 //! `circuits close`).
-//!
-//! Proxies report circuit transitions and suspicions to the control plane,
-//! not their load: in-flight requests, queue depth, latency EWMA and p95,
-//! and outlier ejections are each proxy's own (its `/metrics` and health
-//! endpoint), so this page does not show them.
+
+use std::time::Duration;
 
 use askama::Template;
 use http::StatusCode;
@@ -24,9 +35,16 @@ use router_policy::{Endpoint, Policy};
 
 use super::super::session::Session;
 use super::super::{redirect, Answer, Console, Form};
+use super::pool_load::{seconds, EndpointLoad, FleetLoad, Highest, Nodes};
 use super::{error_page, left, render, span, Layout};
 use crate::hub::{now_ms, Hub, HubError};
 use crate::store::{CircuitRecord, State};
+
+/// How long the page waits for the proxies' load.
+pub(in crate::console) const LOAD_WAIT: Duration = Duration::from_secs(1);
+
+/// Proxies named at most in the page's note of those that did not answer.
+const SILENT_NAMED: usize = 10;
 
 /// How long an operator's forced-open circuit lasts, as offered.
 const OPEN_FOR: [(u64, &str); 4] = [
@@ -72,6 +90,94 @@ pub(super) struct EndpointRow {
     suspicions: Vec<MarkRow>,
     /// What the health checks say, as the fleet heard it.
     health: String,
+    /// Its load as the proxies that answered report it; `None`: none does.
+    live: Option<LiveRow>,
+}
+
+/// One endpoint's load and state across the proxies that report it.
+pub(super) struct LiveRow {
+    /// Proxies that report it.
+    proxies: usize,
+    /// Requests in flight, summed.
+    in_flight: u64,
+    /// The highest EWMA and the proxy that has it, or `—`.
+    ewma: String,
+    /// The highest p95 and the proxy that has it, or `—`.
+    p95: String,
+    /// Proxies whose own breaker is not closed (empty: none).
+    circuit: String,
+    /// What the proxies' health checks say (empty: the pool has none).
+    health: String,
+    /// Proxies that hold it suspect now (empty: none).
+    suspect: String,
+    /// Proxies that eject it now.
+    ejected_by: usize,
+    /// `no`, or by how many and which.
+    ejected: String,
+    /// On how many proxies it drains, when any does or the fleet drains it.
+    drain: String,
+}
+
+impl LiveRow {
+    fn of(e: &EndpointLoad, fleet_drains: bool) -> Self {
+        let n = e.proxies;
+        let on = |what: &str, nodes: &Nodes| {
+            if nodes.count == 0 {
+                String::new()
+            } else {
+                format!("{what} on {} of {n}: {}", nodes.count, nodes.names())
+            }
+        };
+        let highest = |h: &Option<Highest>| match h {
+            Some(h) => format!("{} ({})", seconds(h.seconds), h.node),
+            None => "—".into(),
+        };
+        let health: Vec<String> = [
+            ("healthy", &e.healthy),
+            ("unhealthy", &e.unhealthy),
+            ("not checked yet", &e.health_unknown),
+        ]
+        .into_iter()
+        .filter(|(_, nodes)| nodes.count > 0)
+        .map(|(what, nodes)| {
+            if nodes.count == n {
+                format!("{what} on all {n}")
+            } else {
+                on(what, nodes)
+            }
+        })
+        .collect();
+        Self {
+            proxies: n,
+            in_flight: e.in_flight,
+            ewma: highest(&e.ewma),
+            p95: highest(&e.p95),
+            circuit: on("not closed", &e.circuit_not_closed),
+            health: health.join("; "),
+            suspect: on("suspect", &e.suspect),
+            ejected_by: e.ejected.count,
+            ejected: if e.ejected.count == 0 {
+                "no".into()
+            } else {
+                format!("by {} of {n}: {}", e.ejected.count, e.ejected.names())
+            },
+            drain: if e.draining.count > 0 || fleet_drains {
+                format!("draining on {} of {n}", e.draining.count)
+            } else {
+                String::new()
+            },
+        }
+    }
+}
+
+/// One pool's load across the proxies that report it.
+pub(super) struct PoolLive {
+    /// Proxies that report it.
+    proxies: usize,
+    /// Requests waiting in its queues, summed.
+    queue_depth: u64,
+    /// Requests in flight on its endpoints, summed.
+    in_flight: u64,
 }
 
 /// One pool.
@@ -88,6 +194,47 @@ pub(super) struct PoolRow {
     /// Marks on the whole pool (no endpoint).
     marks: Vec<MarkRow>,
     endpoints: Vec<EndpointRow>,
+    /// Its load as the proxies that answered report it; `None`: none does.
+    live: Option<PoolLive>,
+}
+
+/// Who was asked for the load and who answered.
+pub(super) struct LoadNote {
+    asked: usize,
+    answered: usize,
+    /// Those that did not answer in time, the first [`SILENT_NAMED`].
+    silent: String,
+    /// Those whose answer left endpoints out.
+    truncated: String,
+    /// The wait, as people read it.
+    wait: String,
+    /// Endpoints a proxy reports at most.
+    cap: usize,
+}
+
+impl LoadNote {
+    fn of(fleet: &FleetLoad) -> Self {
+        let name = |nodes: &[String]| {
+            let mut s = nodes
+                .iter()
+                .take(SILENT_NAMED)
+                .cloned()
+                .collect::<Vec<_>>()
+                .join(", ");
+            if nodes.len() > SILENT_NAMED {
+                s.push_str(&format!(" and {} more", nodes.len() - SILENT_NAMED));
+            }
+            s
+        };
+        Self {
+            asked: fleet.asked,
+            answered: fleet.answered,
+            silent: name(&fleet.silent),
+            truncated: name(&fleet.truncated),
+            wait: span(i64::try_from(LOAD_WAIT.as_millis()).unwrap_or(i64::MAX)),
+            cap: router_proto::LOAD_ENDPOINTS_MAX,
+        }
+    }
 }
 
 #[derive(Template)]
@@ -97,6 +244,7 @@ struct PoolsPage {
     pools: Vec<PoolRow>,
     revision: u64,
     may_act: bool,
+    load: LoadNote,
 }
 
 #[derive(Template)]
@@ -160,7 +308,7 @@ fn duration_ms(d: std::time::Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
-fn rows(policy: &Policy, state: &State) -> Vec<PoolRow> {
+fn rows(policy: &Policy, state: &State, fleet: &FleetLoad) -> Vec<PoolRow> {
     let now = now_ms();
     let live: Vec<&CircuitRecord> = state
         .circuits
@@ -172,6 +320,7 @@ fn rows(policy: &Policy, state: &State) -> Vec<PoolRow> {
         .iter()
         .map(|pool| {
             let (endpoints, drained, from_set) = endpoints_of(state, pool);
+            let load = fleet.pool(&pool.name);
             let on_pool: Vec<&CircuitRecord> = live
                 .iter()
                 .copied()
@@ -207,8 +356,12 @@ fn rows(policy: &Policy, state: &State) -> Vec<PoolRow> {
                         (Some(_), true) => "no failure reported".to_string(),
                         (Some(_), false) => format!("failing (reported by {})", failing.join(", ")),
                     };
+                    let draining = drained.iter().any(|d| Endpoint::same_address(d, e));
                     EndpointRow {
-                        draining: drained.iter().any(|d| Endpoint::same_address(d, e)),
+                        live: load
+                            .and_then(|l| l.endpoint(e))
+                            .map(|l| LiveRow::of(l, draining || pool.drain)),
+                        draining,
                         circuit,
                         circuits: circuits.iter().map(|c| MarkRow::of(c, now)).collect(),
                         suspicions: mine
@@ -235,6 +388,11 @@ fn rows(policy: &Policy, state: &State) -> Vec<PoolRow> {
                     .map(|c| MarkRow::of(c, now))
                     .collect(),
                 endpoints,
+                live: load.map(|l| PoolLive {
+                    proxies: l.proxies,
+                    queue_depth: l.queue_depth,
+                    in_flight: l.in_flight,
+                }),
             }
         })
         .collect()
@@ -252,10 +410,11 @@ pub(in crate::console) async fn get(console: &Console, s: &Session) -> Answer {
     let Some(hub) = console.hub.upgrade() else {
         return shutting_down();
     };
+    let fleet = FleetLoad::of(&hub.fetch_load(LOAD_WAIT).await);
     let state = hub.state();
     let pools = hub
         .current_policy()
-        .map(|p| rows(&p, &state))
+        .map(|p| rows(&p, &state, &fleet))
         .unwrap_or_default();
     render(
         StatusCode::OK,
@@ -264,6 +423,7 @@ pub(in crate::console) async fn get(console: &Console, s: &Session) -> Answer {
             pools,
             revision: state.revision,
             may_act: s.role.may_operate(),
+            load: LoadNote::of(&fleet),
         },
     )
 }
@@ -457,7 +617,9 @@ pub(in crate::console) async fn act(console: &Console, s: &Session, form: &Form)
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::hub::ProxyLoad;
     use crate::store::BackendSet;
+    use router_proto::v1 as pb;
 
     const POLICY: &str = r#"apiVersion: router/v1
 kind: RoutingPolicy
@@ -491,7 +653,7 @@ spec:
         )
         .unwrap_or_else(|e| panic!("{e:?}"));
         let mut state = State::default();
-        let pools = rows(&policy, &state);
+        let pools = rows(&policy, &state, &FleetLoad::default());
         assert_eq!(pools[0].from, "policy");
         assert_eq!(pools[0].endpoints.len(), 2);
         assert!(pools[0].health_check.starts_with("GET /health every 2 s"));
@@ -515,7 +677,7 @@ spec:
                 ..mark("127.0.0.1:9002", true, "operator", "")
             },
         ];
-        let pools = rows(&policy, &state);
+        let pools = rows(&policy, &state, &FleetLoad::default());
         let p = &pools[0];
         assert_eq!(p.from, "backend set");
         let (one, two) = (&p.endpoints[0], &p.endpoints[1]);
@@ -527,6 +689,187 @@ spec:
         assert_eq!(one.health, "failing (reported by edge-b)");
         assert_eq!(two.circuit, "closed");
         assert!(two.suspicions.is_empty());
+    }
+
+    fn policy() -> Policy {
+        router_policy::document::load_with(
+            POLICY,
+            &router_policy::QueueSettings::default(),
+            &router_policy::Guards::default(),
+        )
+        .unwrap_or_else(|e| panic!("{e:?}"))
+    }
+
+    /// A proxy's answer: pool `a`'s queue and its first endpoint's load
+    /// (its address written another way than the policy's).
+    fn answer(node: &str, queue_depth: u32, in_flight: u32, ewma: f64, ejected: bool) -> ProxyLoad {
+        ProxyLoad {
+            node: node.into(),
+            load: Some(pb::Load {
+                id: "q".into(),
+                pools: vec![pb::PoolLoad {
+                    name: "a".into(),
+                    queue_depth,
+                    endpoints: vec![pb::EndpointLoad {
+                        addr: "127.0.0.1:9001".into(),
+                        in_flight,
+                        ewma_s: Some(ewma),
+                        p95_s: Some(ewma * 2.0),
+                        circuit: "closed".into(),
+                        health: "healthy".into(),
+                        ejected,
+                        ..Default::default()
+                    }],
+                }],
+                truncated: false,
+            }),
+        }
+    }
+
+    fn page(pools: Vec<PoolRow>, fleet: &FleetLoad) -> String {
+        PoolsPage {
+            layout: Layout::new(
+                "Pools",
+                "pools",
+                &crate::console::pages::cost::session(),
+                true,
+            ),
+            pools,
+            revision: 3,
+            may_act: true,
+            load: LoadNote::of(fleet),
+        }
+        .render()
+        .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    #[test]
+    fn the_page_shows_the_fleets_load_summed_the_highest_latency_and_who_did_not_answer() {
+        let fleet = FleetLoad::of(&[
+            answer("edge-a", 2, 1, 0.2, false),
+            answer("edge-b", 3, 4, 1.5, true),
+            ProxyLoad {
+                node: "edge-old".into(),
+                load: None,
+            },
+        ]);
+        let pools = rows(&policy(), &State::default(), &fleet);
+        let live = pools[0]
+            .live
+            .as_ref()
+            .unwrap_or_else(|| panic!("no pool load"));
+        assert_eq!((live.queue_depth, live.in_flight, live.proxies), (5, 5, 2));
+        let one = pools[0].endpoints[0]
+            .live
+            .as_ref()
+            .unwrap_or_else(|| panic!("no endpoint load"));
+        assert_eq!(one.in_flight, 5);
+        assert_eq!(one.ewma, "1.50 s (edge-b)");
+        assert_eq!(one.p95, "3.00 s (edge-b)");
+        assert_eq!(one.ejected, "by 1 of 2: edge-b");
+        assert_eq!(one.health, "healthy on all 2");
+        assert!(one.drain.is_empty() && one.circuit.is_empty() && one.suspect.is_empty());
+        assert!(pools[0].endpoints[1].live.is_none(), "no proxy reports it");
+        let html = page(pools, &fleet);
+        assert!(
+            html.contains(r#"data-in-flight="5" data-ejected-by="1""#),
+            "{html}"
+        );
+        assert!(html.contains(r#"data-queue-depth="5""#), "{html}");
+        assert!(html.contains("not reported"), "{html}");
+        assert!(
+            html.contains(r#"data-asked="3" data-answered="2""#),
+            "{html}"
+        );
+        assert!(
+            html.contains("busy, or a proxy from before load reports): edge-old."),
+            "{html}"
+        );
+        assert!(
+            html.contains(r#"data-refresh-seconds="5""#),
+            "the page is live"
+        );
+
+        // No proxy answers: every load is "not reported", nothing fails.
+        let none = FleetLoad::of(&[]);
+        let html = page(rows(&policy(), &State::default(), &none), &none);
+        assert!(html.contains(r#"data-in-flight="""#), "{html}");
+        assert!(html.contains(r#"data-queue-depth="""#), "{html}");
+        assert!(!html.contains("load-silent"), "{html}");
+    }
+
+    /// The pools page's work once 1,000 proxies answered, each with 4
+    /// pools of 8 endpoints (docs/benchmarks.md, "The console"): `cargo
+    /// test -p router-control-plane --release --lib -- --ignored
+    /// --nocapture render_cost`.
+    #[test]
+    #[ignore = "a measurement: run it in release"]
+    fn render_cost_of_the_pools_page_with_1000_proxies_answering() {
+        use crate::console::pages::cost::{session, time_renders};
+        let pools = ["gpu-a", "gpu-b", "cloud", "batch"];
+        let url = |p: usize, e: usize| format!("http://10.{p}.0.{e}:8000/v1");
+        let mut document =
+            String::from("apiVersion: router/v1\nkind: RoutingPolicy\nspec:\n  pools:\n");
+        for (p, name) in pools.iter().enumerate() {
+            let endpoints: Vec<String> = (0..8).map(|e| format!("\"{}\"", url(p, e))).collect();
+            document.push_str(&format!(
+                "    - name: {name}\n      endpoints: [{}]\n      health_check: {{path: /health}}\n",
+                endpoints.join(", ")
+            ));
+        }
+        document.push_str("  routes:\n    - name: r\n      chain: [gpu-a]\n");
+        let policy = router_policy::document::load_with(
+            &document,
+            &router_policy::QueueSettings::default(),
+            &router_policy::Guards::default(),
+        )
+        .unwrap_or_else(|e| panic!("{e:?}"));
+        let answers: Vec<ProxyLoad> = (0..1000u32)
+            .map(|i| ProxyLoad {
+                node: format!("edge-{i:04}.eu-west-1.internal"),
+                load: (i % 100 != 0).then(|| pb::Load {
+                    id: "q".into(),
+                    pools: pools
+                        .iter()
+                        .enumerate()
+                        .map(|(p, name)| pb::PoolLoad {
+                            name: (*name).into(),
+                            queue_depth: i % 3,
+                            endpoints: (0..8)
+                                .map(|e| pb::EndpointLoad {
+                                    addr: url(p, e),
+                                    in_flight: (i + e as u32) % 5,
+                                    ewma_s: Some(0.1 + f64::from(i % 17) / 10.0),
+                                    p95_s: Some(0.3 + f64::from(i % 13) / 5.0),
+                                    circuit: if i % 97 == 0 { "open" } else { "closed" }.into(),
+                                    draining: false,
+                                    health: "healthy".into(),
+                                    suspect: String::new(),
+                                    ejected: i % 211 == 0,
+                                })
+                                .collect(),
+                        })
+                        .collect(),
+                    truncated: false,
+                }),
+            })
+            .collect();
+        let s = session();
+        let state = State::default();
+        let bytes = time_renders("pools page, 1,000 proxies x 4 pools x 8 endpoints", || {
+            let fleet = FleetLoad::of(&answers);
+            PoolsPage {
+                layout: Layout::new("Pools", "pools", &s, true),
+                pools: rows(&policy, &state, &fleet),
+                revision: 42,
+                may_act: true,
+                load: LoadNote::of(&fleet),
+            }
+            .render()
+            .map(|b| b.len())
+            .unwrap_or(0)
+        });
+        assert!(bytes > 32 * 500, "{bytes} bytes");
     }
 
     #[tokio::test]

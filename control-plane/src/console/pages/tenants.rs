@@ -323,7 +323,8 @@ pub(in crate::console) async fn get(console: &Console, s: &Session, query: Optio
     render(
         StatusCode::OK,
         &TenantsPage {
-            layout: Layout::new("Tenants", "tenants", s, false),
+            layout: Layout::new("Tenants", "tenants", s, true)
+                .every(super::TENANTS_REFRESH_SECONDS),
             problem,
             not_charted: tenants.len() - charted,
             tenants: rows,

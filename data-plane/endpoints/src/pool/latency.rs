@@ -13,6 +13,12 @@
 //!   against. Computing it sorts the window, so it is cached and computed
 //!   again at most every [`P95_REFRESH`] under load; the first sample and
 //!   the window emptying always show at once.
+//! - Per endpoint, for people (the pool's status, the console's Pools
+//!   page): the p95 of that endpoint's samples among the same window
+//!   ([`LatencyWindow::endpoint_p95s`]), computed when asked, not cached.
+//!   It covers the endpoint's share of the pool's last [`LATENCY_WINDOW`]
+//!   samples of the last minute: in a busy pool, a rarely chosen
+//!   endpoint's p95 rests on few samples.
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -160,6 +166,28 @@ impl LatencyWindow {
         p95
     }
 
+    /// Each of `endpoints`' p95 (in the same order) over its samples in the
+    /// window younger than [`LATENCY_MAX_AGE`] as of `now`; `None` for an
+    /// endpoint without one. Not cached: for status, not the request path.
+    pub(super) fn endpoint_p95s(&self, endpoints: &[u64], now: Instant) -> Vec<Option<Duration>> {
+        let mut mine: Vec<Duration> = Vec::with_capacity(self.samples.len());
+        endpoints
+            .iter()
+            .map(|id| {
+                mine.clear();
+                mine.extend(
+                    self.samples
+                        .iter()
+                        .filter(|(at, _, e)| {
+                            e == id && now.saturating_duration_since(*at) <= LATENCY_MAX_AGE
+                        })
+                        .map(|(_, d, _)| *d),
+                );
+                percentile_95(&mut mine)
+            })
+            .collect()
+    }
+
     fn compute_p95(&self, left_out: &[u64]) -> Option<Duration> {
         let mut v: Vec<Duration> = self
             .samples
@@ -167,13 +195,18 @@ impl LatencyWindow {
             .filter(|(_, _, e)| !left_out.contains(e))
             .map(|(_, d, _)| *d)
             .collect();
-        if v.is_empty() {
-            return None;
-        }
-        v.sort_unstable();
-        let rank = (v.len() * 95).div_ceil(100).max(1) - 1;
-        v.get(rank).copied()
+        percentile_95(&mut v)
     }
+}
+
+/// The 95th percentile of `v` (nearest rank; sorts it); `None` when empty.
+fn percentile_95(v: &mut [Duration]) -> Option<Duration> {
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_unstable();
+    let rank = (v.len() * 95).div_ceil(100).max(1) - 1;
+    v.get(rank).copied()
 }
 
 #[cfg(test)]
@@ -212,6 +245,25 @@ mod tests {
         assert_eq!(w.p95(now, &[2]), Some(MS * 5), "left out at once");
         assert_eq!(w.p95(now, &[]), Some(MS * 400), "and back");
         assert_eq!(w.p95(now, &[1, 2]), None);
+    }
+
+    #[test]
+    fn each_endpoint_has_the_p95_of_its_own_recent_samples() {
+        let now = Instant::now();
+        let mut w = LatencyWindow::default();
+        for ms in 1..=20 {
+            w.record(Sample::Success(MS * ms), 1, now);
+        }
+        w.record(Sample::Timeout(MS * 400), 2, now);
+        // A failure carries no service time, for the endpoint either.
+        w.record(Sample::Failure(MS * 9_000), 3, now);
+        assert_eq!(
+            w.endpoint_p95s(&[1, 2, 3], now),
+            [Some(MS * 19), Some(MS * 400), None]
+        );
+        // Past the minute, none counts (with or without `expire`).
+        let late = now + LATENCY_MAX_AGE + MS;
+        assert_eq!(w.endpoint_p95s(&[1, 2], late), [None, None]);
     }
 
     #[test]

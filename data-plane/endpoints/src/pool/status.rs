@@ -34,6 +34,10 @@ pub struct EndpointStatus {
     pub ewma_s: Option<f64>,
     /// EWMA time per output token in seconds, from streams.
     pub tpot_s: Option<f64>,
+    /// The p95 of its latencies among the pool's recent ones (the pool's
+    /// window: its last 128 answers and timeouts of the last minute),
+    /// seconds; `None` without a sample there.
+    pub p95_s: Option<f64>,
     /// Circuit breaker state, overrides included: what admission goes by.
     pub circuit: CircuitState,
     /// Drained (no new requests).
@@ -187,6 +191,8 @@ impl PoolRuntime {
     pub fn status(&self) -> PoolStatus {
         let st = self.lock();
         let now = Instant::now();
+        let ids: Vec<u64> = st.endpoints.iter().map(|e| e.id).collect();
+        let p95s = st.latencies.endpoint_p95s(&ids, now);
         PoolStatus {
             name: Arc::clone(&self.name),
             queue_depth: st.queue.len(),
@@ -197,11 +203,13 @@ impl PoolRuntime {
             endpoints: st
                 .endpoints
                 .iter()
-                .map(|e| EndpointStatus {
+                .zip(p95s)
+                .map(|(e, p95)| EndpointStatus {
                     addr: Arc::clone(&e.addr),
                     in_flight: e.in_flight,
                     ewma_s: e.ewma,
                     tpot_s: e.tpot,
+                    p95_s: p95.map(|d| d.as_secs_f64()),
                     circuit: e.breaker.effective_state(now).reported(),
                     draining: e.draining,
                     health: st.settings.health_check.as_ref().map(|_| e.checks.health()),
@@ -254,6 +262,11 @@ mod tests {
         let o = p.outlook();
         assert!(!o.free_now);
         assert_eq!(o.p95, Some(Duration::from_millis(200)));
+        assert_eq!(
+            p.status().endpoints[0].p95_s,
+            Some(0.2),
+            "the endpoint's own"
+        );
         // One slot at 200 ms: this request would wait about 200 ms.
         assert_eq!(o.expected_wait, Some(Duration::from_millis(200)));
         drop(l);

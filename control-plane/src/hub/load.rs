@@ -1,0 +1,210 @@
+//! The proxies' load, fetched over their config streams when the
+//! console's Pools page asks: [`Hub::fetch_load`] puts a `LoadRequest` on
+//! every stream open on this replica (the channel `decisions.rs` keeps
+//! per stream) and gathers the `Load` answers ([`Hub::load_received`])
+//! until each proxy asked has answered or the wait is over. Each proxy
+//! answers with one message (its pools' queue depths and its endpoints'
+//! load and state, under `router_proto::MAX_PROXY_MESSAGE_BYTES`).
+//!
+//! A proxy that does not answer in time (busy, or from before load
+//! reports: it NACKs the request) is listed without a load; the page does
+//! not wait past the wait for it. Bounded: answers wait in one channel per
+//! fetch with room for one answer per open stream (a proxy's second
+//! answer is dropped once it is full, and only the first counts); a
+//! stream whose request channel is full is not asked, and listed as not
+//! answering.
+
+use super::*;
+
+use tokio::sync::mpsc;
+
+use super::decisions::StreamQuery;
+
+/// One proxy's answer to a load fetch.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ProxyLoad {
+    /// Its node id.
+    pub node: String,
+    /// What it sent; `None`: it did not answer in time.
+    pub load: Option<pb::Load>,
+}
+
+impl Hub {
+    /// A proxy's answer, from the stream of `node`; one no fetch waits for
+    /// (late, or never asked) is dropped.
+    pub fn load_received(&self, node: &str, load: pb::Load) {
+        let to = self.queries().loads.get(&load.id).cloned();
+        if let Some(to) = to {
+            if to.try_send((node.to_string(), load)).is_err() {
+                tracing::debug!(node, "a load answer dropped: the fetch has enough queued");
+            }
+        }
+    }
+
+    /// Asks every stream open on this replica for its load and gathers
+    /// the answers for at most `wait`: one entry per open stream, by node
+    /// (`load: None` for those that did not answer in time, or whose
+    /// stream was too far behind to be asked).
+    pub async fn fetch_load(&self, wait: Duration) -> Vec<ProxyLoad> {
+        let id = uuid::Uuid::now_v7().to_string();
+        let streams: Vec<(String, mpsc::Sender<StreamQuery>)> =
+            self.queries().streams.values().cloned().collect();
+        let (tx, mut rx) = mpsc::channel(streams.len().max(1));
+        self.queries().loads.insert(id.clone(), tx);
+        let mut answers: BTreeMap<String, ProxyLoad> = BTreeMap::new();
+        let mut waiting = 0usize;
+        for (node, to) in &streams {
+            // A stream too far behind to take the request is listed all
+            // the same, as a proxy that did not answer.
+            if to
+                .try_send(StreamQuery::Load(pb::LoadRequest { id: id.clone() }))
+                .is_ok()
+            {
+                waiting += 1;
+            }
+            answers.insert(
+                node.clone(),
+                ProxyLoad {
+                    node: node.clone(),
+                    load: None,
+                },
+            );
+        }
+        let deadline = Instant::now() + wait;
+        while waiting > 0 {
+            let (node, load) = match tokio::time::timeout_at(deadline, rx.recv()).await {
+                Ok(Some(a)) => a,
+                Ok(None) | Err(_) => break,
+            };
+            if let Some(a) = answers.get_mut(&node) {
+                if a.load.is_none() {
+                    a.load = Some(load);
+                    waiting -= 1;
+                }
+            }
+        }
+        self.queries().loads.remove(&id);
+        answers.into_values().collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn hub(name: &str) -> (Arc<Hub>, std::path::PathBuf) {
+        let dir =
+            std::env::temp_dir().join(format!("router-hub-load-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let store = crate::store::RedbStore::open(&dir).unwrap();
+        let hub = Hub::open(Box::new(store), Guards::default(), Limits::default())
+            .await
+            .unwrap();
+        (hub, dir)
+    }
+
+    fn asked(q: Option<StreamQuery>) -> pb::LoadRequest {
+        match q {
+            Some(StreamQuery::Load(q)) => q,
+            other => panic!("not a load request: {other:?}"),
+        }
+    }
+
+    fn answer(id: &str, queue_depth: u32) -> pb::Load {
+        pb::Load {
+            id: id.into(),
+            pools: vec![pb::PoolLoad {
+                name: "gpu".into(),
+                queue_depth,
+                endpoints: vec![],
+            }],
+            truncated: false,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_fetch_gathers_each_proxys_answer_and_names_the_silent_one_without_waiting_past_the_wait(
+    ) {
+        let (hub, dir) = hub("silent").await;
+        let (_a, mut ra) = hub.decision_stream_opened("edge-a");
+        let (_b, mut rb) = hub.decision_stream_opened("edge-b");
+        let (c, _rc) = hub.decision_stream_opened("edge-c");
+        hub.decision_stream_closed(c);
+        let answering = Arc::clone(&hub);
+        let proxies = tokio::spawn(async move {
+            let qa = asked(ra.recv().await);
+            answering.load_received("edge-a", answer(&qa.id, 3));
+            // A second answer from edge-a and a stranger's are not counted.
+            answering.load_received("edge-a", answer(&qa.id, 99));
+            answering.load_received("edge-z", answer(&qa.id, 7));
+            // edge-b is asked and never answers (a proxy from before NACKs).
+            asked(rb.recv().await)
+        });
+        let wait = Duration::from_millis(400);
+        let started = std::time::Instant::now();
+        let got = hub.fetch_load(wait).await;
+        let took = started.elapsed();
+        proxies.await.unwrap();
+        assert!(took >= wait, "gave up early: {took:?}");
+        assert!(
+            took < wait + Duration::from_millis(300),
+            "held past the wait: {took:?}"
+        );
+        assert_eq!(got.len(), 2, "{got:?}");
+        assert_eq!(got[0].node, "edge-a");
+        assert_eq!(
+            got[0].load.as_ref().map(|l| l.pools[0].queue_depth),
+            Some(3)
+        );
+        assert_eq!(
+            got[1],
+            ProxyLoad {
+                node: "edge-b".into(),
+                load: None
+            }
+        );
+        assert!(hub.queries().loads.is_empty(), "the fetch cleaned up");
+        // A late answer, after the fetch: dropped, nothing kept.
+        hub.load_received("edge-b", answer("gone", 1));
+        assert!(hub.queries().loads.is_empty());
+        drop(hub);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[tokio::test]
+    async fn a_fetch_ends_as_soon_as_every_proxy_answered() {
+        let (hub, dir) = hub("quick").await;
+        let mut receivers = Vec::new();
+        for node in ["edge-a", "edge-b"] {
+            receivers.push((node, hub.decision_stream_opened(node).1));
+        }
+        let answering = Arc::clone(&hub);
+        let proxies = tokio::spawn(async move {
+            for (node, mut rx) in receivers {
+                let q = asked(rx.recv().await);
+                answering.load_received(node, answer(&q.id, 1));
+            }
+        });
+        let started = std::time::Instant::now();
+        let got = hub.fetch_load(Duration::from_secs(10)).await;
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "{:?}",
+            started.elapsed()
+        );
+        assert!(got.iter().all(|a| a.load.is_some()), "{got:?}");
+        proxies.await.unwrap();
+        // Streams that cannot be asked (their receivers are gone) are
+        // listed as not answering, and nothing waits for them.
+        let started = std::time::Instant::now();
+        let got = hub.fetch_load(Duration::from_secs(10)).await;
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "{:?}",
+            started.elapsed()
+        );
+        assert_eq!(got.len(), 2);
+        assert!(got.iter().all(|a| a.load.is_none()), "{got:?}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

@@ -902,7 +902,7 @@ mod tests {
             assert!(s == Settings::default(), "{} = {value}", var.name);
             read += 1;
         }
-        assert_eq!(read, 29);
+        assert_eq!(read, 30);
         // The computed one: half of the connection cap.
         assert_eq!(Settings::default().connections_per_peer(), 2048);
     }

@@ -14,6 +14,7 @@
 
 mod http_only;
 mod insights;
+mod live;
 mod policy_pools;
 
 use std::net::SocketAddr;

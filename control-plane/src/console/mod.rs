@@ -9,11 +9,14 @@
 //!   which escape every value by default: a tenant or route named
 //!   `<script>` is shown as text. The stylesheet and the one small script
 //!   (the live pages' refresh: it fetches the page again every few seconds
-//!   and swaps its `<main>`, no reload) are compiled into the binary and
-//!   served from `/static/`. It works air-gapped.
+//!   and swaps its `<main>`, no reload, leaving alone a form being filled
+//!   in) are compiled into the binary and served from `/static/`. It
+//!   works air-gapped.
 //! - **Same state, same code.** Pages read the [`Hub`] (the proxies'
 //!   records, the policy) and the proxies' shared store (parked tasks)
-//!   directly, and every change goes through the function the gRPC
+//!   directly; what only the proxies know (their route records, their
+//!   load) they are asked for over their config streams when a page needs
+//!   it, with a bounded wait. Every change goes through the function the gRPC
 //!   `Admin` service calls: approving a task here is
 //!   [`crate::tasks::change`], exactly as `routerctl tasks approve`;
 //!   applying, dry-running and rolling back the policy, draining and

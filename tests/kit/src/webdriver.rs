@@ -294,6 +294,19 @@ impl Browser {
         Ok(v.as_str().unwrap_or_default().to_string())
     }
 
+    /// The current value of the form field `e` (what was typed into it,
+    /// not the `value` attribute it was drawn with).
+    pub async fn value(&self, e: &Element) -> Result<String, BoxError> {
+        let v = self
+            .call(
+                Method::GET,
+                &self.at(&format!("/element/{}/property/value", e.0)),
+                None,
+            )
+            .await?;
+        Ok(v.as_str().unwrap_or_default().to_string())
+    }
+
     /// The value of cookie `name` for the current page (HttpOnly ones
     /// included: WebDriver sees them), if set.
     pub async fn cookie(&self, name: &str) -> Result<Option<Value>, BoxError> {

@@ -4,7 +4,9 @@
 //! a mock backend. An approver signs in, sees the fleet, approves a SEND
 //! request parked while its backend was down and the backend gets it
 //! once; a viewer sees no buttons and forged POSTs change nothing; names
-//! from the store are escaped. The screenshots in `docs/console/` are
+//! from the store are escaped. The live pages follow the fleet without a
+//! reload (`live.rs`: the Pools page's load, the Decisions page's
+//! refresh and its focus rule). The screenshots in `docs/console/` are
 //! taken here.
 //!
 //! Chromium and chromedriver come from `scripts/install-test-deps`; when
@@ -14,6 +16,7 @@
 
 mod http_only;
 mod insights;
+mod live;
 mod policy_pools;
 
 use std::net::SocketAddr;

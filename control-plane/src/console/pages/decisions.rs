@@ -8,7 +8,9 @@
 //! ([`crate::hub::Hub::fetch_decisions`]) and waits at most
 //! [`WAIT`] for the answers. The records are the route log's JSON lines
 //! (docs/observability.md), read here field by field; every value shown
-//! is escaped, as everywhere in the console.
+//! is escaped, as everywhere in the console. The page refreshes itself
+//! (every 5 s, asking the proxies again), except while its filter form
+//! is being filled in (`/static/console.js`).
 
 use std::collections::HashMap;
 use std::time::Duration;

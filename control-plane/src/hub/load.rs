@@ -141,7 +141,7 @@ mod tests {
             asked(rb.recv().await)
         });
         let wait = Duration::from_millis(400);
-        let started = std::time::Instant::now();
+        let started = tokio::time::Instant::now();
         let got = hub.fetch_load(wait).await;
         let took = started.elapsed();
         proxies.await.unwrap();
@@ -185,7 +185,7 @@ mod tests {
                 answering.load_received(node, answer(&q.id, 1));
             }
         });
-        let started = std::time::Instant::now();
+        let started = tokio::time::Instant::now();
         let got = hub.fetch_load(Duration::from_secs(10)).await;
         assert!(
             started.elapsed() < Duration::from_secs(2),
@@ -196,7 +196,7 @@ mod tests {
         proxies.await.unwrap();
         // Streams that cannot be asked (their receivers are gone) are
         // listed as not answering, and nothing waits for them.
-        let started = std::time::Instant::now();
+        let started = tokio::time::Instant::now();
         let got = hub.fetch_load(Duration::from_secs(10)).await;
         assert!(
             started.elapsed() < Duration::from_secs(2),

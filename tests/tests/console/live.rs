@@ -151,7 +151,7 @@ async fn the_pools_page_shows_requests_in_flight_and_queued_live_and_a_silent_pr
     let client = TestClient::new();
     let cookie = http_only::sign_in(&client, &console, VIEWER).await;
     let header = format!("router_console={cookie}");
-    let started = std::time::Instant::now();
+    let started = tokio::time::Instant::now();
     let r = client
         .send(
             Method::GET,
@@ -192,9 +192,9 @@ async fn decisions(b: &Browser) -> usize {
 /// Waits ([`router_tests::webdriver::WAIT`] at most) until the decisions
 /// page shows `n` rows.
 async fn wait_decisions(b: &Browser, n: usize) {
-    let until = std::time::Instant::now() + router_tests::webdriver::WAIT;
+    let until = tokio::time::Instant::now() + router_tests::webdriver::WAIT;
     while decisions(b).await != n {
-        if std::time::Instant::now() > until {
+        if tokio::time::Instant::now() > until {
             panic!("not {n} decisions: {}", page(b).await);
         }
         tokio::time::sleep(Duration::from_millis(200)).await;

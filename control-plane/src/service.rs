@@ -545,6 +545,12 @@ impl ProxyConfig for ProxyConfigService {
                     Some(pb::proxy_message::Msg::Ack(a)) => {
                         hub.proxy_seen(&node, |p| p.applied_revision = a.revision)
                     }
+                    // A NACK without a nonce answers a console query (no
+                    // snapshot: a proxy from before the query NACKs it),
+                    // not a snapshot: it must not hide a real NACK.
+                    Some(pb::proxy_message::Msg::Nack(n)) if n.nonce.is_empty() => {
+                        hub.proxy_seen(&node, |_| {});
+                    }
                     Some(pb::proxy_message::Msg::Nack(n)) => {
                         tracing::warn!(node = %node, revision = n.revision, error = %n.error, "proxy NACKed a snapshot");
                         hub.proxy_seen(&node, |p| {

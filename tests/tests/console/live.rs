@@ -177,6 +177,9 @@ async fn the_pools_page_shows_requests_in_flight_and_queued_live_and_a_silent_pr
         text.contains("data-in-flight=\"0\""),
         "the others still count: {text}"
     );
+    // Its NACK answered a query, not a snapshot: its record keeps none.
+    let record = hub.proxies().remove("edge-old").unwrap();
+    assert_eq!((record.nacked_revision, record.last_nack.as_str()), (0, ""));
     fleet.stop().await;
     assert!(nacks.await.unwrap() >= 1, "edge-old was asked");
 }

@@ -15,8 +15,9 @@
 //!
 //! Endpoints are matched by address however written
 //! (`127.0.0.1:8001` and `http://127.0.0.1:8001/` are one endpoint),
-//! through one key per address computed once, so the work is linear in
-//! what the proxies sent.
+//! through one key per address, parsed once per distinct text (proxies
+//! name an endpoint alike), so the work is linear in what the proxies
+//! sent.
 
 use std::collections::HashMap;
 
@@ -155,6 +156,7 @@ impl FleetLoad {
             asked: answers.len(),
             ..Self::default()
         };
+        let mut keys: HashMap<&str, String> = HashMap::new();
         for a in answers {
             let Some(load) = &a.load else {
                 fleet.silent.push(a.node.clone());
@@ -171,7 +173,10 @@ impl FleetLoad {
                 pool.queue_depth += u64::from(p.queue_depth);
                 for e in &p.endpoints {
                     pool.in_flight += u64::from(e.in_flight);
-                    let agg = pool.endpoints.entry(address_key(&e.addr)).or_default();
+                    let key = keys
+                        .entry(e.addr.as_str())
+                        .or_insert_with(|| address_key(&e.addr));
+                    let agg = pool.endpoints.entry(key.clone()).or_default();
                     agg.proxies += 1;
                     agg.in_flight += u64::from(e.in_flight);
                     highest(&mut agg.ewma, e.ewma_s, node);

@@ -360,7 +360,7 @@ fn rows(policy: &Policy, state: &State, fleet: &FleetLoad) -> Vec<PoolRow> {
                     EndpointRow {
                         live: load
                             .and_then(|l| l.endpoint(e))
-                            .map(|l| LiveRow::of(l, draining || pool.drain)),
+                            .map(|l| LiveRow::of(l, draining)),
                         draining,
                         circuit,
                         circuits: circuits.iter().map(|c| MarkRow::of(c, now)).collect(),
@@ -854,6 +854,15 @@ spec:
                 }),
             })
             .collect();
+        let received: usize = answers
+            .iter()
+            .filter_map(|a| a.load.as_ref())
+            .map(prost::Message::encoded_len)
+            .sum();
+        println!(
+            "pools page: the 990 answers are {} KiB on the wire",
+            received / 1024
+        );
         let s = session();
         let state = State::default();
         let bytes = time_renders("pools page, 1,000 proxies x 4 pools x 8 endpoints", || {

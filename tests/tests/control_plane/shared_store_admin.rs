@@ -402,6 +402,8 @@ async fn a_store_down_or_silent_fails_typed_and_within_its_time() {
     // Nothing listens: unavailable.
     let port = router_tests::server_process::free_port();
     let down = SharedStoreClient::open(&format!("redis://127.0.0.1:{port}")).unwrap();
+    // The control plane's bound (docs/control-plane.md).
+    assert_eq!(down.timeout(), Duration::from_secs(2));
     let r = down.list_tasks(None, None).await;
     assert!(matches!(r, Err(StoreError::Unavailable(_))), "{r:?}");
     let r = down.tenant_usage("acme", 0).await;

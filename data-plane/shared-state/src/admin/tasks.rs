@@ -2,9 +2,9 @@
 //! with the proxies' layout ([`router_policy::park::layout`]).
 //!
 //! - **list**: `ZRANGE` of the live set (oldest first, at most
-//!   [`MAX_TASKS`](super::MAX_TASKS)), then every record's `rev` and
-//!   `doc` in one pipeline (never a body), filtered by state (as shown
-//!   now: a waiting task past its time is `expired`) and route. A record
+//!   [`MAX_TASKS`]), then every record's `rev` and `doc` in one pipeline
+//!   (never a body), filtered by state (as shown now: a waiting task past
+//!   its time is `expired`) and route. A record
 //!   that does not parse (being rewritten by hand) is left out rather than
 //!   failing the list.
 //! - **get / get many**: `HMGET rev doc`, one pipeline for many; a

@@ -21,6 +21,7 @@ use router_policy::park::{layout, Event, TaskRecord, TaskState};
 use router_policy::wall_clock::unix_ms;
 
 use super::{SharedStoreClient, MAX_TASKS};
+use crate::tasks::redis::{cas_invocation, decode, record_cmd, records_pipe};
 use crate::tasks::Versioned;
 use crate::StoreError;
 
@@ -40,27 +41,14 @@ pub struct ChangedBy {
     pub token: Option<String>,
 }
 
-/// A task's record from its `rev` and `doc` fields: `None` when either
-/// is missing, an error when `doc` is not a task record.
-fn decode(
-    id: &str,
-    rev: Option<u64>,
-    doc: Option<String>,
-) -> Result<Option<Versioned>, StoreError> {
-    let (Some(rev), Some(doc)) = (rev, doc) else {
-        return Ok(None);
-    };
-    serde_json::from_str::<TaskRecord>(&doc)
-        .map(|task| Some(Versioned { rev, task }))
-        .map_err(|e| StoreError::Malformed(format!("task {id} is not a task record: {e}")))
-}
-
 /// How long a changed task's record is kept once it ends: its park TTL,
 /// a minute at least.
-fn keep_ms(task: &TaskRecord) -> u64 {
-    task.expires_at_ms
-        .saturating_sub(task.parked_at_ms)
-        .max(60_000)
+fn keep(task: &TaskRecord) -> std::time::Duration {
+    std::time::Duration::from_millis(
+        task.expires_at_ms
+            .saturating_sub(task.parked_at_ms)
+            .max(60_000),
+    )
 }
 
 impl SharedStoreClient {
@@ -165,13 +153,7 @@ impl SharedStoreClient {
         id: &str,
     ) -> Result<Option<Versioned>, StoreError> {
         let (rev, doc): (Option<u64>, Option<String>) = self
-            .within(
-                redis::cmd("HMGET")
-                    .arg(layout::task_key(self.prefix(), id))
-                    .arg("rev")
-                    .arg("doc")
-                    .query_async(conn),
-            )
+            .within(record_cmd(self.prefix(), id).query_async(conn))
             .await?;
         decode(id, rev, doc)
     }
@@ -185,14 +167,8 @@ impl SharedStoreClient {
         if ids.is_empty() {
             return Ok(Vec::new());
         }
-        let mut pipe = redis::pipe();
-        for id in ids {
-            pipe.cmd("HMGET")
-                .arg(layout::task_key(self.prefix(), id))
-                .arg("rev")
-                .arg("doc");
-        }
-        self.within(pipe.query_async(conn)).await
+        self.within(records_pipe(self.prefix(), ids).query_async(conn))
+            .await
     }
 
     async fn cas(
@@ -201,24 +177,9 @@ impl SharedStoreClient {
         rev: u64,
         task: &TaskRecord,
     ) -> Result<u64, StoreError> {
-        let doc = serde_json::to_string(task)
-            .map_err(|e| StoreError::Malformed(format!("task {}: {e}", task.id)))?;
         let script = redis::Script::new(layout::CAS_SCRIPT);
-        let mut invocation = script.prepare_invoke();
-        for k in layout::script_keys(self.prefix(), &task.id, &task.route) {
-            invocation.key(k);
-        }
-        let r: u64 = self
-            .within(
-                invocation
-                    .arg(rev)
-                    .arg(doc)
-                    .arg(&task.id)
-                    .arg(if task.state.is_terminal() { "0" } else { "1" })
-                    .arg(keep_ms(task))
-                    .invoke_async(conn),
-            )
-            .await?;
+        let invocation = cas_invocation(&script, self.prefix(), rev, task, keep(task))?;
+        let r: u64 = self.within(invocation.invoke_async(conn)).await?;
         if r == 0 {
             return Err(StoreError::Conflict(format!("task {}", task.id)));
         }

@@ -13,7 +13,7 @@
 //! reading, listing and changing tasks never copies a body.
 
 mod local;
-mod redis;
+pub(crate) mod redis;
 
 use std::time::Duration;
 

@@ -36,22 +36,70 @@ impl RedisTasks {
     }
 }
 
-fn encode(task: &TaskRecord) -> Result<String, StoreError> {
-    serde_json::to_string(task).map_err(|e| StoreError::Unavailable(e.to_string()))
+/// A task's record from its `rev` and `doc` fields: `None` when either
+/// is missing, [`StoreError::Malformed`] when `doc` is not a task record.
+/// (The proxies' and the control plane's reads: `crate::admin::tasks`.)
+pub(crate) fn decode(
+    id: &str,
+    rev: Option<u64>,
+    doc: Option<String>,
+) -> Result<Option<Versioned>, StoreError> {
+    let (Some(rev), Some(doc)) = (rev, doc) else {
+        return Ok(None);
+    };
+    serde_json::from_str::<TaskRecord>(&doc)
+        .map(|task| Some(Versioned { rev, task }))
+        .map_err(|e| StoreError::Malformed(format!("task {id} is not a task record: {e}")))
 }
 
-/// A task's record from its `rev` and `doc` fields.
-fn decode(id: &str, rev: Option<u64>, doc: Option<String>) -> Option<Versioned> {
-    let (Some(rev), Some(doc)) = (rev, doc) else {
-        return None;
-    };
-    match serde_json::from_str::<TaskRecord>(&doc) {
-        Ok(task) => Some(Versioned { rev, task }),
-        Err(e) => {
-            tracing::warn!(task = id, error = %e, "task store: a task that is not a task record; ignored");
-            None
-        }
+/// A dispatcher's view of [`decode`]: a record that is not a task record
+/// is logged and skipped.
+fn decode_or_skip(id: &str, rev: Option<u64>, doc: Option<String>) -> Option<Versioned> {
+    decode(id, rev, doc).unwrap_or_else(|e| {
+        tracing::warn!(task = id, error = %e, "task store: ignored");
+        None
+    })
+}
+
+/// `HMGET <task> rev doc`: one task's record.
+pub(crate) fn record_cmd(prefix: &str, id: &str) -> redis::Cmd {
+    let mut cmd = redis::cmd("HMGET");
+    cmd.arg(layout::task_key(prefix, id)).arg("rev").arg("doc");
+    cmd
+}
+
+/// [`record_cmd`] for each of `ids`, in one pipeline (records only, never
+/// a body).
+pub(crate) fn records_pipe(prefix: &str, ids: &[String]) -> redis::Pipeline {
+    let mut pipe = redis::pipe();
+    for id in ids {
+        pipe.add_command(record_cmd(prefix, id));
     }
+    pipe
+}
+
+/// [`layout::CAS_SCRIPT`] replacing the task read at `rev` by `task`; an
+/// ended task's record is kept `keep` more.
+pub(crate) fn cas_invocation<'a>(
+    script: &'a redis::Script,
+    prefix: &str,
+    rev: u64,
+    task: &TaskRecord,
+    keep: Duration,
+) -> Result<redis::ScriptInvocation<'a>, StoreError> {
+    let doc = serde_json::to_string(task)
+        .map_err(|e| StoreError::Malformed(format!("task {}: {e}", task.id)))?;
+    let mut invocation = script.prepare_invoke();
+    for k in layout::script_keys(prefix, &task.id, &task.route) {
+        invocation.key(k);
+    }
+    invocation
+        .arg(rev)
+        .arg(doc)
+        .arg(&task.id)
+        .arg(if task.state.is_terminal() { "0" } else { "1" })
+        .arg(u64::try_from(keep.as_millis()).unwrap_or(u64::MAX).max(1));
+    Ok(invocation)
 }
 
 impl TaskStore for RedisTasks {
@@ -69,7 +117,10 @@ impl TaskStore for RedisTasks {
             }
             let r: i64 = bounded(
                 script
-                    .arg(encode(task)?)
+                    .arg(
+                        serde_json::to_string(task)
+                            .map_err(|e| StoreError::Malformed(format!("task {}: {e}", task.id)))?,
+                    )
                     .arg(task.parked_at_ms)
                     .arg(&task.id)
                     .arg(caps.max_tasks)
@@ -98,15 +149,9 @@ impl TaskStore for RedisTasks {
     fn get<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<Option<Versioned>, StoreError>> {
         Box::pin(async move {
             let mut conn = self.store.conn().await?;
-            let (rev, doc): (Option<u64>, Option<String>) = bounded(
-                redis::cmd("HMGET")
-                    .arg(layout::task_key(self.store.prefix(), id))
-                    .arg("rev")
-                    .arg("doc")
-                    .query_async(&mut conn),
-            )
-            .await?;
-            Ok(decode(id, rev, doc))
+            let (rev, doc): (Option<u64>, Option<String>) =
+                bounded(record_cmd(self.store.prefix(), id).query_async(&mut conn)).await?;
+            Ok(decode_or_skip(id, rev, doc))
         })
     }
 
@@ -132,20 +177,8 @@ impl TaskStore for RedisTasks {
     ) -> BoxFuture<'a, Result<Option<u64>, StoreError>> {
         Box::pin(async move {
             let mut conn = self.store.conn().await?;
-            let mut script = self.cas.prepare_invoke();
-            for k in self.keys(task) {
-                script.key(k);
-            }
-            let r: u64 = bounded(
-                script
-                    .arg(rev)
-                    .arg(encode(task)?)
-                    .arg(&task.id)
-                    .arg(if task.state.is_terminal() { "0" } else { "1" })
-                    .arg(u64::try_from(keep.as_millis()).unwrap_or(u64::MAX).max(1))
-                    .invoke_async(&mut conn),
-            )
-            .await?;
+            let invocation = cas_invocation(&self.cas, self.store.prefix(), rev, task, keep)?;
+            let r: u64 = bounded(invocation.invoke_async(&mut conn)).await?;
             Ok((r > 0).then_some(r))
         })
     }
@@ -167,19 +200,12 @@ impl TaskStore for RedisTasks {
                 return Ok(Vec::new());
             }
             // Every record (never a body) in one round trip.
-            let mut pipe = redis::pipe();
-            for id in &ids {
-                pipe.cmd("HMGET")
-                    .arg(layout::task_key(p, id))
-                    .arg("rev")
-                    .arg("doc");
-            }
             let rows: Vec<(Option<u64>, Option<String>)> =
-                bounded(pipe.query_async(&mut conn)).await?;
+                bounded(records_pipe(p, &ids).query_async(&mut conn)).await?;
             let mut out = Vec::with_capacity(ids.len());
             let mut gone = Vec::new();
             for (id, (rev, doc)) in ids.iter().zip(rows) {
-                match (rev.is_some() && doc.is_some(), decode(id, rev, doc)) {
+                match (rev.is_some() && doc.is_some(), decode_or_skip(id, rev, doc)) {
                     (_, Some(v)) => out.push(v),
                     // Listed, but its task is gone (deleted by hand):
                     // unlisted.

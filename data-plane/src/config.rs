@@ -190,6 +190,10 @@ pub(crate) struct Snapshot {
     /// Each route's retry budget, in `policy.routes` order (kept across
     /// changes while the route keeps its name and budget settings).
     pub budgets: Vec<Arc<RouteBudget>>,
+    /// Each cached route's pools as the policy document has them (before
+    /// `set-backends` overrides: a backend set changing is no policy
+    /// change), for the cache's keys (`router_policy::cache::pools_text`).
+    pub cache_pools: FnvHashMap<String, Arc<[u8]>>,
     /// False for a managed proxy's boot config (the empty sidecar pool it
     /// holds until a control plane, or its cache, gives it a policy).
     pub configured: bool,
@@ -481,6 +485,16 @@ fn build(
 ) -> Snapshot {
     src.changes += 1;
     let secrets = read_secrets(&src.policy);
+    let cache_pools = src
+        .policy
+        .routes
+        .iter()
+        .filter(|r| r.cache.is_some())
+        .map(|r| {
+            let text = router_policy::cache::pools_text(&src.policy, r);
+            (r.name.clone(), Arc::from(text))
+        })
+        .collect();
     let mut policy = src.policy.clone();
     for pool in &mut policy.pools {
         if let Some(eps) = src.overrides.get(&pool.name) {
@@ -560,6 +574,7 @@ fn build(
         policy: Arc::new(policy),
         pools,
         budgets,
+        cache_pools,
         configured: src.origin != BOOT_ORIGIN,
     }
 }

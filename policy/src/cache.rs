@@ -26,7 +26,8 @@
 //! entries unreachable: the purge on a policy change), the client's
 //! dialect, and the body normalized ([`normalized_body`]): object keys
 //! sorted, no whitespace, and the fields that do not change the answer
-//! (`user`, `stream_options`) left out. The route and the partition's own
+//! ([`IGNORED_FIELDS`]: the end user's identifiers in each dialect,
+//! `metadata`, `prompt_cache_key`, `store`, `stream_options`) left out. The route and the partition's own
 //! hash lead the key in clear, so that a purge can find a route's or a
 //! tenant's entries.
 
@@ -208,8 +209,19 @@ pub fn keep(ending: Ending, max_entry_bytes: usize) -> bool {
     }
 }
 
-/// Body fields that do not change the answer, left out of the key.
-pub const IGNORED_FIELDS: [&str; 2] = ["user", "stream_options"];
+/// Body fields that do not change the answer, left out of the key: who
+/// the end user is, in each dialect's spelling (OpenAI's `user` and
+/// `safety_identifier`, Anthropic's `metadata.user_id`, OpenAI's
+/// `metadata` tags), the provider's own prompt-cache routing key and
+/// storage flag, and how usage is reported in a stream.
+pub const IGNORED_FIELDS: [&str; 6] = [
+    "user",
+    "safety_identifier",
+    "metadata",
+    "prompt_cache_key",
+    "store",
+    "stream_options",
+];
 
 /// A request body as the cache reads it.
 #[derive(Debug, Clone, PartialEq)]
@@ -274,6 +286,22 @@ fn canonical(v: &serde_json::Value, out: &mut Vec<u8>) {
             let _ = serde_json::to_writer(&mut *out, other);
         }
     }
+}
+
+/// The route's pools as `policy` has them, as stable text for the key
+/// ([`KeyParts::pools`]): a policy version that changes any of them (an
+/// endpoint, a model rewrite, a provider) changes it, so the entries made
+/// before are never served again (they expire with their TTL). Computed
+/// once per policy, not per request.
+pub fn pools_text(policy: &crate::Policy, route: &crate::Route) -> Vec<u8> {
+    let mut out = Vec::new();
+    for name in &route.chain {
+        if let Some(pool) = policy.pool(name) {
+            out.extend_from_slice(format!("{pool:?}").as_bytes());
+        }
+        out.push(0);
+    }
+    out
 }
 
 /// What an entry's key is made of.
@@ -454,6 +482,10 @@ mod tests {
         let b = br#"{ "temperature": 0, "user": "u2", "stream_options": {"include_usage": true},
                       "messages": [ {"content": "hi", "role": "user"} ], "model": "m" }"#;
         assert_eq!(normalized_body(a), normalized_body(b));
+        // Every dialect's way of naming the end user is left out.
+        let anthropic = br#"{"model":"m","messages":[{"role":"user","content":"hi"}],"temperature":0,
+            "metadata":{"user_id":"u9"},"safety_identifier":"s","prompt_cache_key":"k","store":true}"#;
+        assert_eq!(normalized_body(a), normalized_body(anthropic));
         let c = br#"{"model":"m","messages":[{"role":"user","content":"hi!"}],"temperature":0}"#;
         assert_ne!(normalized_body(a), normalized_body(c));
         // Array order is meaning.

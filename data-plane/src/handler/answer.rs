@@ -189,27 +189,10 @@ impl Pending {
         } else {
             "Idempotency-Key retry: the stored answer of the first request".into()
         };
-        let mut resp = Response::new(stored.body.clone());
-        *resp.status_mut() = stored.status;
-        *resp.headers_mut() = stored.header_map();
+        let (mut resp, pool) = stored_response(stored);
         resp.headers_mut()
             .insert(X_ROUTER_REPLAYED, HeaderValue::from_static("true"));
-        let pool = resp
-            .headers()
-            .get(X_ROUTER_ROUTE)
-            .and_then(|v| v.to_str().ok())
-            .map(Arc::<str>::from);
-        // The stored answer keeps its own `x-router-route`.
-        self.stamp(&mut resp, &record, None, 0);
-        finish_record(
-            &self.shared,
-            record,
-            self.t0,
-            Outcome::Replayed,
-            stored.status.as_u16(),
-            pool,
-        );
-        full(resp)
+        self.send_stored(resp, record, pool)
     }
 
     /// Answers from the response cache: the stored answer, with
@@ -227,16 +210,9 @@ impl Pending {
         let mut record = self.take_record();
         record.first_outcome = Some(Outcome::Replayed);
         record.reason = "answered from the route's response cache".into();
-        let mut resp = Response::new(stored.body.clone());
-        *resp.status_mut() = stored.status;
-        *resp.headers_mut() = stored.header_map();
+        let (mut resp, pool) = stored_response(stored);
         resp.headers_mut()
             .insert(header::AGE, HeaderValue::from(age.as_secs()));
-        let pool = resp
-            .headers()
-            .get(X_ROUTER_ROUTE)
-            .and_then(|v| v.to_str().ok())
-            .map(Arc::<str>::from);
         if !stored.stream {
             if let Some(usage) = saved_usage(&stored.body) {
                 record.tokens_in = usage.prompt;
@@ -257,13 +233,25 @@ impl Pending {
             }
             record.cost_usd = Some(0.0);
         }
+        self.send_stored(resp, record, pool)
+    }
+
+    /// Sends a stored answer (a replay, a cache hit: no attempt made; the
+    /// stored answer keeps its own `x-router-route`) and logs `record`.
+    fn send_stored(
+        self,
+        mut resp: Response<Bytes>,
+        record: Box<RouteRecord>,
+        pool: Option<Arc<str>>,
+    ) -> Response<ProxyBody> {
         self.stamp(&mut resp, &record, None, 0);
+        let status = resp.status().as_u16();
         finish_record(
             &self.shared,
             record,
             self.t0,
             Outcome::Replayed,
-            stored.status.as_u16(),
+            status,
             pool,
         );
         full(resp)
@@ -453,6 +441,21 @@ fn set_router_headers<B>(
     if let Some(v) = version {
         h.insert(X_ROUTER_CONFIG_VERSION, v.clone());
     }
+}
+
+/// A stored answer as a response (a replay's, a cache hit's), and the
+/// pool that answered it (the stored answer keeps its own
+/// `x-router-route`).
+fn stored_response(stored: &StoredAnswer) -> (Response<Bytes>, Option<Arc<str>>) {
+    let mut resp = Response::new(stored.body.clone());
+    *resp.status_mut() = stored.status;
+    *resp.headers_mut() = stored.header_map();
+    let pool = resp
+        .headers()
+        .get(X_ROUTER_ROUTE)
+        .and_then(|v| v.to_str().ok())
+        .map(Arc::<str>::from);
+    (resp, pool)
 }
 
 /// The tokens a whole JSON answer says it used (OpenAI's

@@ -45,22 +45,6 @@ pub(super) struct CacheRequest<'a> {
     pub(super) dialect: &'static str,
     pub(super) wait_until: Instant,
     pub(super) inflight_ttl: Duration,
-    /// Only a hit is wanted (a tenant past its budget): no entry is led,
-    /// and nothing is marked on a miss (the request is refused).
-    pub(super) read_only: bool,
-}
-
-/// The route's pools as the key sees them: a change of any of them in a
-/// new policy version leaves the old entries unreachable.
-fn pools_fingerprint(snapshot: &Snapshot, chain: &[String]) -> Vec<u8> {
-    let mut out = Vec::new();
-    for name in chain {
-        if let Some(pool) = snapshot.policy.pool(name) {
-            out.extend_from_slice(format!("{pool:?}").as_bytes());
-        }
-        out.push(0);
-    }
-    out
 }
 
 /// Carries out the cache's decision for a request on a route with
@@ -106,20 +90,20 @@ pub(super) async fn look(
         (Some(n), Some(p), _) => Some(cache::key(&KeyParts {
             partition: p,
             route: &route.name,
-            pools: &pools_fingerprint(snapshot, &route.chain),
+            pools: snapshot
+                .cache_pools
+                .get(&route.name)
+                .map_or(&[][..], |p| &p[..]),
             dialect: req.dialect,
             path: req.path,
             body: &n.bytes,
         })),
     };
     let (Some(key), false) = (key, matches!(decided, Lookup::Bypass(_))) else {
-        if !req.read_only {
-            mark(shared, pending, "bypass");
-        }
+        mark(shared, pending, "bypass");
         return Cached::Walk(None);
     };
     let max_age = match decided {
-        Lookup::Refresh if req.read_only => return Cached::Walk(None),
         Lookup::Refresh => {
             shared.cache.forget(&key).await;
             None
@@ -134,17 +118,14 @@ pub(super) async fn look(
             .cache
             .begin(KeyedRequest {
                 key: &key,
-                fp: crate::idempotency::Fingerprint(cache_fingerprint(&key)),
+                // The key is the request: no other request can share it.
+                fp: crate::idempotency::Fingerprint([0; 16]),
                 risk: Risk::Read,
                 inflight_ttl: req.inflight_ttl,
                 wait_until: req.wait_until,
             })
             .await;
         match begun {
-            Begin::Lead(lease) if req.read_only => {
-                drop(lease);
-                return Cached::Walk(None);
-            }
             Begin::Lead(lease) => {
                 let refreshed = stale || decided == Lookup::Refresh;
                 mark(shared, pending, if refreshed { "refresh" } else { "miss" });
@@ -169,9 +150,6 @@ pub(super) async fn look(
             Begin::Untracked | Begin::Refuse(_) => break,
         }
     }
-    if req.read_only {
-        return Cached::Walk(None);
-    }
     mark(shared, pending, "miss");
     Cached::Walk(None)
 }
@@ -179,14 +157,4 @@ pub(super) async fn look(
 fn mark(shared: &Shared, pending: &mut Pending, what: &'static str) {
     shared.metrics.cache_event(what);
     pending.rec().cache = Some(what);
-}
-
-/// A cache entry's fingerprint: its key's own hash (the key is the
-/// request).
-fn cache_fingerprint(key: &str) -> [u8; 16] {
-    let mut out = [0u8; 16];
-    for (i, b) in key.bytes().rev().take(32).enumerate() {
-        out[i % 16] ^= b;
-    }
-    out
 }

@@ -9,18 +9,23 @@
 //! 3. [`ask`]: on OpenAI-style JSON paths the body is peeked for its
 //!    `model`, `stream`, `response_format` and token caps; the route is
 //!    matched: an [`Asked`];
-//! 4. admitted: the tenant's limits (`tenancy`) and the route's approval;
-//! 5. [`plan`]: the policy's decision picks the candidate pools; the
+//! 4. admitted: who is calling and the request rate
+//!    (`tenancy::identify`), and the route's approval;
+//! 5. the route's response cache (`handler/cache.rs`): a hit answers
+//!    here, having drawn on nothing but the request rate;
+//! 6. held: what the call draws on the tenant's other limits until it
+//!    ends (`tenancy::hold`: token rate, concurrency, budget);
+//! 7. [`plan`]: the policy's decision picks the candidate pools; the
 //!    `Idempotency-Key`'s fingerprint; what parking keeps: a [`Planned`]
 //!    (no pool may take it: parked or refused);
-//! 6. [`outbound`]: the body written for each pool's dialect, and parsed
+//! 8. [`outbound`]: the body written for each pool's dialect, and parsed
 //!    when a pool rewrites its model (one serde_json cannot re-encode is
 //!    refused): an [`Outbound`];
-//! 7. the key: join the request in flight, replay a stored answer, or
+//! 9. the key: join the request in flight, replay a stored answer, or
 //!    lead;
-//! 8. [`exchange`]: the router's own `X-Router-*` headers stripped, the
-//!    forwarded ones added: the [`Exchange`] the chain walk
-//!    ([`super::chain`]) carries out.
+//! 10. [`exchange`]: the router's own `X-Router-*` headers stripped, the
+//!     forwarded ones added: the [`Exchange`] the chain walk
+//!     ([`super::chain`]) carries out.
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -69,12 +74,13 @@ const OPENAI_JSON_PATHS: [&str; 4] = [
 /// next a typed value (the first two in `handler/arrival.rs`, the rest in
 /// this file): [`arrive`] (the headers: an
 /// [`Arrival`]), [`read_body`], [`ask`] (what the body asks, and its
-/// route: an [`Asked`]), tenancy and approval (admitted), [`plan`] (the
+/// route: an [`Asked`]), tenancy and approval (admitted), the response
+/// cache, the tenant's holds, [`plan`] (the
 /// policy's decision, the key and parking: a [`Planned`]), [`outbound`]
 /// (the body each pool is sent: an [`Outbound`]), the `Idempotency-Key`
 /// (the leader's lease), and [`exchange`] (what the walk needs: an
 /// [`Exchange`]), then the walk ([`super::chain`]). The phases that wait
-/// (the body, tenancy, parking, the key) are awaited here, in one future;
+/// (the body, tenancy, the cache, parking, the key) are awaited here, in one future;
 /// the others are plain functions, so no phase's future is moved into
 /// another's.
 ///
@@ -158,9 +164,12 @@ pub(crate) fn handle(
             Err(e) => return pending.reject(e),
         };
         let route = asked.route;
-        // 4. Admitted: the tenant's limits (boxed: rare, and its store
-        // calls' state stays out of every request's future), then the
-        // route's approval.
+        // The request's time bound: its header's, else the route's.
+        let deadline = arrival.header_deadline.or(route.deadline);
+        // 4. Admitted: who is calling and the request rate (boxed: rare,
+        // and its store calls' state stays out of every request's
+        // future), then the route's approval.
+        let mut tenant = None;
         if let Some(tenants) = &snapshot.policy.tenants {
             // A parked task's run is admitted under the tenant that parked
             // it (its name is in the run's mark), as the policy has it now.
@@ -177,53 +186,70 @@ pub(crate) fn handle(
                         .map(HeaderValue::as_bytes),
                 ),
             };
-            let admitted = Box::pin(tenancy::admit(
+            let identified = Box::pin(tenancy::identify(
                 &shared,
-                &snapshot,
                 tenants,
                 caller,
                 route,
                 arrival.risk,
-                asked.estimate,
-                arrival.header_deadline.or(route.deadline),
                 pending.rec(),
             ))
             .await;
-            if let Err(e) = admitted {
-                // A hit draws nothing from budgets: a tenant past its
-                // budget is still answered from the route's cache.
-                if let (ProxyError::TenantBudgetExceeded { .. }, Some(settings)) =
-                    (&e, &route.cache)
-                {
-                    let looked = Box::pin(super::cache::look(
-                        &shared,
-                        &snapshot,
-                        route,
-                        settings,
-                        super::cache::CacheRequest {
-                            headers: &parts.headers,
-                            path: parts.uri.path(),
-                            body: &body,
-                            risk: arrival.risk,
-                            dialect: pending.dialect.as_str(),
-                            wait_until: Instant::now(),
-                            inflight_ttl: CLAIM_MARGIN,
-                            read_only: true,
-                        },
-                        &mut pending,
-                    ))
-                    .await;
-                    if let super::cache::Cached::Hit(answer, age) = looked {
-                        return pending.cache_hit(&snapshot, &answer, age);
-                    }
-                }
-                return pending.reject(e);
+            match identified {
+                Ok(t) => tenant = Some(t),
+                Err(e) => return pending.reject(e),
             }
         }
         if let Err(e) = check_approval(&shared, &snapshot, route, &seen, &arrival, &mut pending) {
             return pending.reject(e);
         }
-        // 5. The policy's decision, the key, parking.
+        // 5. The route's response cache (`handler/cache.rs`): a hit
+        // answers here, having drawn nothing but the request rate; a miss
+        // leads and keeps the answer.
+        let mut cache_lease = None;
+        if let Some(settings) = &route.cache {
+            let (wait_until, inflight_ttl) = claim_bounds(&shared, pending.t0, deadline);
+            let looked = Box::pin(super::cache::look(
+                &shared,
+                &snapshot,
+                route,
+                settings,
+                super::cache::CacheRequest {
+                    headers: &parts.headers,
+                    path: parts.uri.path(),
+                    body: &body,
+                    risk: arrival.risk,
+                    dialect: pending.dialect.as_str(),
+                    wait_until,
+                    inflight_ttl,
+                },
+                &mut pending,
+            ))
+            .await;
+            match looked {
+                super::cache::Cached::Hit(answer, age) => {
+                    return pending.cache_hit(&snapshot, &answer, age)
+                }
+                super::cache::Cached::Walk(lease) => cache_lease = lease,
+            }
+        }
+        // 6. What the call draws on the tenant's limits until it ends.
+        if let Some(tenant) = tenant {
+            let held = Box::pin(tenancy::hold(
+                &shared,
+                &snapshot,
+                tenant,
+                route,
+                asked.estimate,
+                deadline,
+                pending.rec(),
+            ))
+            .await;
+            if let Err(e) = held {
+                return pending.reject(e);
+            }
+        }
+        // 7. The policy's decision, the key, parking.
         let mut planned = plan(
             &snapshot,
             &parts,
@@ -277,7 +303,7 @@ pub(crate) fn handle(
                 Err(p) => p,
             };
         }
-        // 6. The body each pool is sent.
+        // 8. The body each pool is sent.
         let outbound = match outbound(
             &snapshot,
             &parts.uri,
@@ -290,64 +316,18 @@ pub(crate) fn handle(
             Ok(o) => o,
             Err(e) => return pending.reject(e),
         };
-        // 7. The route's response cache (`handler/cache.rs`): a hit
-        // answers here; a miss leads and keeps the answer.
-        let mut cache_lease = None;
-        if let Some(settings) = &route.cache {
-            let wait_until = planned.deadline_at.unwrap_or_else(|| {
-                crate::clock::later(
-                    pending.t0,
-                    shared.settings.queue.timeout,
-                    crate::clock::A_YEAR,
-                )
-            });
-            let bound = planned.deadline.unwrap_or(shared.settings.attempt_timeout);
-            let looked = Box::pin(super::cache::look(
-                &shared,
-                &snapshot,
-                route,
-                settings,
-                super::cache::CacheRequest {
-                    headers: &parts.headers,
-                    path: parts.uri.path(),
-                    body: &body,
-                    risk: arrival.risk,
-                    dialect: pending.dialect.as_str(),
-                    wait_until,
-                    inflight_ttl: bound.saturating_add(CLAIM_MARGIN),
-                    read_only: false,
-                },
-                &mut pending,
-            ))
-            .await;
-            match looked {
-                super::cache::Cached::Hit(answer, age) => {
-                    return pending.cache_hit(&snapshot, &answer, age)
-                }
-                super::cache::Cached::Walk(lease) => cache_lease = lease,
-            }
-        }
-        // 8. Idempotency: join a request in flight, replay a stored
+        // 9. Idempotency: join a request in flight, replay a stored
         // answer, or lead.
         let mut leader = None;
         if let Some((key, fp)) = planned.keyed.take() {
-            let wait_until = planned.deadline_at.unwrap_or_else(|| {
-                crate::clock::later(
-                    pending.t0,
-                    shared.settings.queue.timeout,
-                    crate::clock::A_YEAR,
-                )
-            });
-            // A claim outlives a proxy that dies holding it by this much:
-            // the request's own time bound, and a margin.
-            let bound = planned.deadline.unwrap_or(shared.settings.attempt_timeout);
+            let (wait_until, inflight_ttl) = claim_bounds(&shared, pending.t0, planned.deadline);
             let begun = shared
                 .idempotency
                 .begin(KeyedRequest {
                     key: &key,
                     fp,
                     risk: arrival.risk,
-                    inflight_ttl: bound.saturating_add(CLAIM_MARGIN),
+                    inflight_ttl,
                     wait_until,
                 })
                 .await;
@@ -375,7 +355,7 @@ pub(crate) fn handle(
             (Some(key), Some(entry)) => Some(key.with(entry)),
             (key, entry) => key.or(entry),
         };
-        // 9. What the walk needs.
+        // 10. What the walk needs.
         let request = (parts.method, &parts.uri, parts.headers, body);
         let phases = (&seen, &arrival, asked, planned, outbound);
         let exchange = exchange(
@@ -409,6 +389,17 @@ pub(crate) fn handle(
         }
         exchange.walk_chain(pending, route, leader).await
     }
+}
+
+/// How long a keyed request (an `Idempotency-Key`, a cache entry) waits
+/// for the first one in flight, and how long its claim holds if this
+/// proxy dies holding it: the request's own time bound (`deadline` from
+/// `t0`, else the queue timeout and the attempt timeout), and a margin.
+fn claim_bounds(shared: &Shared, t0: Instant, deadline: Option<Duration>) -> (Instant, Duration) {
+    let wait = deadline.unwrap_or(shared.settings.queue.timeout);
+    let wait_until = crate::clock::later(t0, wait, crate::clock::A_YEAR);
+    let bound = deadline.unwrap_or(shared.settings.attempt_timeout);
+    (wait_until, bound.saturating_add(CLAIM_MARGIN))
 }
 
 /// Phase 3: what the request asks, read from its path and body, and the

@@ -2,11 +2,13 @@
 //! who is calling, whether they may ask this, and what the request draws
 //! on their limits until it ends.
 //!
-//! [`admit`] runs before routing: the key (`Authorization: Bearer`, or
-//! Anthropic's `x-api-key`) names the tenant (401 when it names none), the route and risk class must be the tenant's (403), then
-//! each limit the tenant has takes its part, in this order: the request
-//! rate, the token rate (the call's worst case), a concurrency slot, the
-//! spend budget (the worst-case cost, reserved). What was taken is kept in
+//! Admission runs before routing, in two parts. [`identify`]: the key
+//! (`Authorization: Bearer`, or Anthropic's `x-api-key`) names the tenant
+//! (401 when it names none), the route and risk class must be the
+//! tenant's (403), and the request rate takes its part. Then, unless the
+//! response cache answers (a hit draws on nothing else), [`hold`]: the
+//! token rate (the call's worst case), a concurrency slot, the spend
+//! budget (the worst-case cost, reserved). What was taken is kept in
 //! [`TenantHolds`] on the request's record; [`settle`] gives it back or
 //! settles it to the call's usage when the request ends, whichever way it
 //! ends. A limit whose store is down fails open or closed as the tenant
@@ -62,20 +64,18 @@ pub(super) enum Caller<'a> {
     Task(Option<&'a str>),
 }
 
-/// Admits a request to its tenant (see the module docs): the tenant and
-/// the holds go into `rec`; the error is the answer when it is refused.
-#[allow(clippy::too_many_arguments)]
-pub(super) async fn admit(
+/// Admission's first part (see the module docs): who is calling, whether
+/// the route and risk class are theirs, and the request rate. The tenant
+/// goes into `rec`. A request answered from the response cache is
+/// admitted by this part alone: it draws nothing else ([`hold`]).
+pub(super) async fn identify<'t>(
     shared: &Shared,
-    snapshot: &Snapshot,
-    tenants: &Tenants,
+    tenants: &'t Tenants,
     caller: Caller<'_>,
     route: &Route,
     risk: Risk,
-    estimate: CallEstimate,
-    deadline: Option<Duration>,
     rec: &mut RouteRecord,
-) -> Result<(), ProxyError> {
+) -> Result<&'t Tenant, ProxyError> {
     let now = router_policy::wall_clock::unix_ms_i64();
     let tenant = match caller {
         Caller::Key(authorization, api_key) => tenants
@@ -94,7 +94,6 @@ pub(super) async fn admit(
     tenant
         .admits(&route.name, risk)
         .map_err(ProxyError::Tenant)?;
-    let mut holds = TenantHolds::default();
     if let Some(limit) = tenant.rate {
         let verdict = shared
             .rate_limits
@@ -102,6 +101,22 @@ pub(super) async fn admit(
             .await;
         limit_verdict(shared, tenant, verdict, "rate limit", StoreNeed::RateLimit)?;
     }
+    Ok(tenant)
+}
+
+/// Admission's second part: what the call draws on `tenant`'s limits
+/// until it ends (the token rate, a concurrency slot, the spend budget),
+/// kept in `rec`'s holds; the error is the answer when one is refused.
+pub(super) async fn hold(
+    shared: &Shared,
+    snapshot: &Snapshot,
+    tenant: &Tenant,
+    route: &Route,
+    estimate: CallEstimate,
+    deadline: Option<Duration>,
+    rec: &mut RouteRecord,
+) -> Result<(), ProxyError> {
+    let mut holds = TenantHolds::default();
     if let Some(limit) = tenant.token_rate {
         // The call's worst case now, its actual tokens when it ends.
         let tokens = estimate.input_tokens.saturating_add(

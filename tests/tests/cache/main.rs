@@ -291,3 +291,75 @@ async fn a_hit_on_the_other_proxy_and_a_store_outage_is_a_miss_never_an_error() 
     }
     assert!(m.stats().received > before);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_past_its_token_rate_still_gets_hits() {
+    let m = mock(
+        "m",
+        Behavior::JsonUsage(r#"{"prompt_tokens":20,"completion_tokens":100}"#.into()),
+    )
+    .await;
+    let body = BODY.replace(
+        "\"temperature\":0,",
+        "\"temperature\":0,\"max_tokens\":100,",
+    );
+    // A call passes while the tokens drawn are under 100; the first
+    // draws about 120.
+    let tenants = [tenant_item(
+        "team-a",
+        "rt_a",
+        "tokens_per_minute: 100, tokens_burst: 100",
+    )];
+    let proxy = TestProxy::with_policy(Settings::default(), &policy(&m.url(), "", &tenants)).await;
+    let as_a = [("authorization", "Bearer rt_a")];
+    let first = proxy.chat_with(&as_a, &body).await;
+    assert_eq!(first.status, StatusCode::OK, "{}", first.text());
+    let other = body.replace("2+2", "5+5");
+    assert_eq!(
+        proxy.chat_with(&as_a, &other).await.status,
+        StatusCode::TOO_MANY_REQUESTS,
+        "the token rate holds for a miss"
+    );
+    for _ in 0..5 {
+        let hit = proxy.chat_with(&as_a, &body).await;
+        assert_eq!(hit.status, StatusCode::OK, "{}", hit.text());
+        assert_eq!(hit.header("x-router-cache"), Some("hit"));
+    }
+    assert_eq!(m.stats().received, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_policy_change_of_the_routes_pools_purges_and_a_backend_set_change_does_not() {
+    let m = mock("m", Behavior::Json).await;
+    let doc = policy(&m.url(), "", &[]);
+    let proxy = TestProxy::with_policy(Settings::default(), &doc).await;
+    assert_eq!(
+        proxy.chat_with(&[], BODY).await.header("x-router-cache"),
+        Some("miss")
+    );
+    // The same backends set again through the admin path: no policy change.
+    proxy.set_backends_pool("only", &[m.url()]).await;
+    assert_eq!(
+        proxy.chat_with(&[], BODY).await.header("x-router-cache"),
+        Some("hit")
+    );
+    assert_eq!(m.stats().received, 1);
+    // A new policy version that changes the route's pool (its price).
+    proxy.apply(&doc.replace("output_per_1k_usd: 1.0", "output_per_1k_usd: 2.0"));
+    assert_eq!(
+        proxy.chat_with(&[], BODY).await.header("x-router-cache"),
+        Some("miss"),
+        "entries made under the old pools are not served"
+    );
+    assert_eq!(m.stats().received, 2);
+    // A new version that leaves the route's pools alone keeps them.
+    proxy.apply(&doc.replace(
+        "output_per_1k_usd: 1.0",
+        "output_per_1k_usd: 2.0}\n    - name: spare\n      endpoints: [\"127.0.0.1:9\"]\n      price: {input_per_1k_usd: 1.0, output_per_1k_usd: 1.0",
+    ));
+    assert_eq!(
+        proxy.chat_with(&[], BODY).await.header("x-router-cache"),
+        Some("hit")
+    );
+    assert_eq!(m.stats().received, 2);
+}

@@ -27,9 +27,10 @@
 //! dialect, and the body normalized ([`normalized_body`]): object keys
 //! sorted, no whitespace, and the fields that do not change the answer
 //! ([`IGNORED_FIELDS`]: the end user's identifiers in each dialect,
-//! `metadata`, `prompt_cache_key`, `store`, `stream_options`) left out. The route and the partition's own
-//! hash lead the key in clear, so that a purge can find a route's or a
-//! tenant's entries.
+//! `metadata`, `prompt_cache_key`, `store`, `stream_options`) left out.
+//! The route and the partition's own hash lead the key in clear
+//! ([`partition_prefix`]), so that a purge (not built yet) can find a
+//! route's or a tenant's entries by prefix.
 
 use std::time::Duration;
 
@@ -323,11 +324,6 @@ pub struct KeyParts<'a> {
     pub body: &'a [u8],
 }
 
-/// The prefix of every entry of `route` (a purge of a route).
-pub fn route_prefix(route: &str) -> String {
-    format!("cache:{route}:")
-}
-
 /// The prefix of every entry of `route` in `partition` (a purge of a
 /// tenant's entries).
 pub fn partition_prefix(route: &str, partition: &str) -> String {
@@ -510,7 +506,7 @@ mod tests {
         };
         let k = key(&base);
         assert!(k.starts_with(&partition_prefix("r", "acme")));
-        assert!(k.starts_with(&route_prefix("r")));
+        assert!(k.starts_with("cache:r:"));
         assert_eq!(key(&base), k, "stable");
         let others = [
             KeyParts {

@@ -430,23 +430,6 @@ fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
 }
 
-/// Most keys one purge deletes (a SCAN of a store far larger stops
-/// there; the rest expire with their TTL).
-const PURGE_MAX_KEYS: u64 = 1_000_000;
-
-/// `text` with Redis glob characters escaped (a route name is matched as
-/// written).
-fn glob_escape(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
-        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
-            out.push('\\');
-        }
-        out.push(c);
-    }
-    out
-}
-
 impl IdempotencyStore for RedisStore {
     fn forget<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<(), StoreError>> {
         Box::pin(async move {
@@ -455,33 +438,6 @@ impl IdempotencyStore for RedisStore {
             cmd.arg(self.key(key));
             bounded(cmd.query_async::<i64>(&mut conn)).await?;
             Ok(())
-        })
-    }
-
-    fn purge<'a>(&'a self, prefix: &'a str) -> BoxFuture<'a, Result<u64, StoreError>> {
-        Box::pin(async move {
-            let mut conn = self.conn().await?;
-            let pattern = format!("{}*", glob_escape(&self.key(prefix)));
-            let mut cursor: u64 = 0;
-            let mut deleted: u64 = 0;
-            loop {
-                let mut scan = redis::cmd("SCAN");
-                scan.arg(cursor)
-                    .arg("MATCH")
-                    .arg(&pattern)
-                    .arg("COUNT")
-                    .arg(1000);
-                let (next, keys): (u64, Vec<String>) = bounded(scan.query_async(&mut conn)).await?;
-                if !keys.is_empty() {
-                    let mut del = redis::cmd("UNLINK");
-                    del.arg(&keys);
-                    deleted += bounded(del.query_async::<u64>(&mut conn)).await?;
-                }
-                cursor = next;
-                if cursor == 0 || deleted >= PURGE_MAX_KEYS {
-                    return Ok(deleted);
-                }
-            }
         })
     }
 

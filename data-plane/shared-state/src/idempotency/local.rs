@@ -267,24 +267,6 @@ impl IdempotencyStore for LocalStore {
         Box::pin(async { Ok(()) })
     }
 
-    fn purge<'a>(&'a self, prefix: &'a str) -> BoxFuture<'a, Result<u64, StoreError>> {
-        let n = {
-            let mut inner = self.lock();
-            let doomed: Vec<String> = inner
-                .entries
-                .keys()
-                .filter(|k| k.starts_with(prefix))
-                .cloned()
-                .collect();
-            for k in &doomed {
-                inner.remove(k);
-            }
-            doomed.len() as u64
-        };
-        self.settled.notify_waiters();
-        Box::pin(async move { Ok(n) })
-    }
-
     fn name(&self) -> &'static str {
         "local"
     }

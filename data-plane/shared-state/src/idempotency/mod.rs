@@ -89,12 +89,6 @@ pub trait IdempotencyStore: Send + Sync + 'static {
         let _ = key;
         Box::pin(async { Ok(()) })
     }
-    /// Drops every entry whose key starts with `prefix` (a cache purge);
-    /// how many.
-    fn purge<'a>(&'a self, prefix: &'a str) -> BoxFuture<'a, Result<u64, StoreError>> {
-        let _ = prefix;
-        Box::pin(async { Ok(0) })
-    }
     /// `local` or `redis`, for logs and metrics.
     fn name(&self) -> &'static str;
     /// Whether the store is this process's own memory.
@@ -415,17 +409,6 @@ impl Keys {
             }
         }
         let _ = self.local.forget(key).await;
-    }
-
-    /// Drops every entry whose key starts with `prefix`, in the shared
-    /// store and in this proxy's own: how many (a cache purge).
-    pub async fn purge(&self, prefix: &str) -> Result<u64, StoreError> {
-        let local = self.local.purge(prefix).await.unwrap_or(0);
-        let shared = match &self.shared {
-            Some(s) => s.purge(prefix).await?,
-            None => 0,
-        };
-        Ok(local + shared)
     }
 }
 

@@ -80,7 +80,7 @@ impl SharedStore {
 }
 
 /// `scheme://host:port/db` of a store URL, without user or password.
-fn redact(url: &str) -> String {
+pub(crate) fn redact(url: &str) -> String {
     match url.split_once("://") {
         Some((scheme, rest)) => {
             let rest = rest.rsplit_once('@').map_or(rest, |(_, after)| after);

@@ -67,8 +67,25 @@ impl std::fmt::Debug for SharedStoreClient {
 
 impl SharedStoreClient {
     /// A handle on the store at `url` (`redis://`, `rediss://`,
-    /// `valkey://`, `valkeys://`), checked as the proxies check theirs.
+    /// `valkey://`, `valkeys://`), checked as the proxies check theirs;
+    /// or at a Unix socket (`unix://`, `redis+unix://`), which the control
+    /// plane has always taken (it may run beside the store the proxies
+    /// reach over TCP).
     pub fn open(url: &str) -> Result<Self, InvalidStoreUrl> {
+        let url = url.trim();
+        if url.starts_with("unix://") || url.starts_with("redis+unix://") {
+            // Its password, if any, is in the query (`?pass=`): not shown.
+            let shown = crate::url::redact(url.split('?').next().unwrap_or(url));
+            let client = redis::Client::open(url).map_err(|_| InvalidStoreUrl {
+                shown: format!("{shown:?}"),
+            })?;
+            return Ok(Self {
+                client,
+                shown,
+                prefix: PREFIX.to_string(),
+                timeout: ADMIN_TIMEOUT,
+            });
+        }
         Self::new(&SharedStore::new(url)?)
     }
 
@@ -118,5 +135,31 @@ impl SharedStoreClient {
         call: impl Future<Output = redis::RedisResult<T>>,
     ) -> Result<T, StoreError> {
         crate::redis::within(self.timeout, call).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The control plane's `--shared-store` took a Unix socket before it
+    /// shared the proxies' URL rules; it still does.
+    #[test]
+    fn a_unix_socket_is_still_taken_and_shown_without_its_password() {
+        for url in [
+            "unix:///run/redis/redis.sock",
+            "redis+unix:///run/redis/redis.sock?pass=hunter22",
+        ] {
+            let c = SharedStoreClient::open(url).unwrap();
+            assert!(
+                c.shown().ends_with("/run/redis/redis.sock"),
+                "{}",
+                c.shown()
+            );
+            assert!(!format!("{c:?}").contains("hunter22"));
+        }
+        let c = SharedStoreClient::open("redis://:hunter22@127.0.0.1:6379/0").unwrap();
+        assert!(!c.shown().contains("hunter22"));
+        assert!(SharedStoreClient::open("localhost:6379").is_err());
     }
 }

@@ -363,3 +363,25 @@ async fn a_policy_change_of_the_routes_pools_purges_and_a_backend_set_change_doe
     );
     assert_eq!(m.stats().received, 2);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_that_joined_a_failed_first_one_go_to_a_backend_at_once_not_one_by_one() {
+    let failing = router_tests::mocks::start(router_mock::MockConfig {
+        name: "m".into(),
+        latency: Duration::from_millis(300),
+        behavior: Behavior::Status(500),
+        ..router_mock::MockConfig::default()
+    })
+    .await;
+    let proxy = TestProxy::with_policy(Settings::default(), &policy(&failing.url(), "", &[])).await;
+    let started = tokio::time::Instant::now();
+    let answers = join_all((0..10).map(|_| proxy.chat_with(&[], BODY))).await;
+    let took = started.elapsed();
+    assert!(answers.iter().all(|a| a.status != StatusCode::OK));
+    assert!(answers
+        .iter()
+        .all(|a| a.header("x-router-cache") != Some("hit")));
+    assert_eq!(failing.stats().received, 10, "each went to the backend");
+    // One after another they would take 10 × 0.3 s.
+    assert!(took < Duration::from_millis(2400), "took {took:?}");
+}

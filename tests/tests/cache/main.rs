@@ -385,3 +385,25 @@ async fn requests_that_joined_a_failed_first_one_go_to_a_backend_at_once_not_one
     // One after another they would take 10 × 0.3 s.
     assert!(took < Duration::from_millis(2400), "took {took:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keyed_miss_keeps_its_answer_for_the_key_and_for_the_cache() {
+    let m = mock("m", Behavior::Json).await;
+    let proxy = TestProxy::with_policy(Settings::default(), &policy(&m.url(), "", &[])).await;
+    let keyed = proxy.chat_with(&[("idempotency-key", "k-1")], BODY).await;
+    assert_eq!(keyed.header("x-router-cache"), Some("miss"));
+    // Another client, no key: the cache's entry.
+    let hit = proxy.chat_with(&[], BODY).await;
+    assert_eq!(hit.header("x-router-cache"), Some("hit"));
+    // Another request under the same key: the key's stored answer (a
+    // mismatch is refused, as without a cache).
+    let other = BODY.replace("2+2", "9+9");
+    let reused = proxy.chat_with(&[("idempotency-key", "k-1")], &other).await;
+    assert_eq!(
+        reused.status,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "{}",
+        reused.text()
+    );
+    assert_eq!(m.stats().received, 1);
+}

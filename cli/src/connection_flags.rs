@@ -1,7 +1,7 @@
 //! Where the connection flags may stand on `routerctl`'s command line.
 //!
 //! The control-plane commands come in groups (`policy`, `backends`,
-//! `circuits`, `proxies`, `route`, `tenants`, `tasks`), and the flags that
+//! `circuits`, `cache`, `proxies`, `route`, `tenants`, `tasks`), and the flags that
 //! say how to reach the control plane and how to print (`--server`,
 //! `--token`, `--ca-file`, `-o`/`--output`) belong to those groups only:
 //! `up`, `drill`, `mock` and `approve` neither take nor show them. Inside
@@ -21,8 +21,8 @@
 use std::ffi::OsString;
 
 /// The command groups that take the connection flags.
-pub const GROUPS: [&str; 7] = [
-    "policy", "backends", "circuits", "proxies", "route", "tenants", "tasks",
+pub const GROUPS: [&str; 8] = [
+    "policy", "backends", "circuits", "cache", "proxies", "route", "tenants", "tasks",
 ];
 
 /// The connection and output flags, long spellings; each takes a value.

@@ -23,6 +23,7 @@
 pub mod admin_cmd;
 pub mod approve_cmd;
 pub mod backends_cmd;
+pub mod cache_cmd;
 pub mod circuits_cmd;
 pub mod connection_flags;
 pub mod drill;

@@ -25,7 +25,7 @@ const LONG_ABOUT: &str = "The LLM router's command line.
 
   up            the control plane and a proxy in one process (demo endpoints
                 when no policy is given)
-  policy, backends, circuits, proxies, tenants, tasks, route explain
+  policy, backends, circuits, cache, proxies, tenants, tasks, route explain
                 operate a running control plane (--server, --token, -o:
                 before or after the group's name)
   policy validate, route explain -f FILE
@@ -96,6 +96,8 @@ enum Command {
     Backends(Group<BackendsCommand>),
     /// Circuit overrides.
     Circuits(Group<CircuitsCommand>),
+    /// The response cache.
+    Cache(Group<CacheCommand>),
     /// Connected proxies.
     Proxies(Group<ProxiesCommand>),
     /// Routes.
@@ -228,6 +230,20 @@ enum CircuitsCommand {
         /// Force closed for this long.
         #[arg(long = "for", value_parser = humantime::parse_duration)]
         duration: Option<Duration>,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum CacheCommand {
+    /// Drop a route's cached answers (every caller's, or one tenant's) on
+    /// every proxy and in the shared store.
+    Purge {
+        /// The route.
+        #[arg(long)]
+        route: String,
+        /// Only this tenant's entries (a route partitioned by tenant).
+        #[arg(long)]
+        tenant: Option<String>,
     },
 }
 
@@ -503,6 +519,23 @@ async fn run(cli: Cli) -> ExitCode {
                 } => {
                     let secs = duration.map_or(0, |d| d.as_secs().max(1));
                     admin_cmd::circuits_set(&mut admin, &pool, addr.as_deref(), false, secs).await
+                }
+            }
+        }
+        Command::Cache(g) => {
+            let mut admin = match connect(&g.connection).await {
+                Ok(a) => a,
+                Err(code) => return code,
+            };
+            match g.command {
+                CacheCommand::Purge { route, tenant } => {
+                    routerctl::cache_cmd::cache_purge(
+                        &mut admin,
+                        &route,
+                        tenant.as_deref(),
+                        g.printing.output,
+                    )
+                    .await
                 }
             }
         }

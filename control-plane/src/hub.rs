@@ -60,12 +60,14 @@ use crate::store::{
 };
 
 mod backends;
+mod cache;
 mod circuits;
 mod decisions;
 mod keys;
 mod load;
 mod policy;
 mod proxies;
+pub use cache::{purge_on_pool_change, MAX_PURGES};
 pub use circuits::check_circuit;
 use circuits::retain_valid_circuits;
 pub use decisions::{ProxyDecisions, StreamQuery};
@@ -270,6 +272,7 @@ fn snapshot_for(state: &State, document: String) -> pb::Snapshot {
             .map(|k| keys::key_view(k, 0))
             .collect(),
         config_revision: state.effective_config_revision(),
+        cache_purges: cache::purges_of(state),
     }
 }
 

@@ -414,6 +414,12 @@ pub async fn start(options: ControlPlaneOptions) -> Result<RunningControlPlane, 
     });
     let maintenance = tokio::spawn(hub::maintenance_loop(Arc::downgrade(&hub)));
     let mut tasks = vec![serve, maintenance];
+    if let Some(client) = shared_store.clone() {
+        tasks.push(tokio::spawn(hub::purge_on_pool_change(
+            Arc::downgrade(&hub),
+            client,
+        )));
+    }
     let console = match console_listener {
         None => None,
         Some(listener) => {

@@ -392,6 +392,32 @@ impl Admin for AdminService {
         }))
     }
 
+    async fn purge_cache(
+        &self,
+        req: Request<pb::PurgeCacheRequest>,
+    ) -> Result<Response<pb::PurgeCacheResponse>, Status> {
+        let r = req.into_inner();
+        let (revision, prefix) = upgrade(&self.hub)?
+            .purge_cache(&r.route, &r.tenant)
+            .await
+            .map_err(status)?;
+        // The proxies drop their own entries when they apply the mark; the
+        // shared store's are dropped here, once for the fleet.
+        let (shared_entries, shared_error) = match &self.shared_store {
+            None => (None, String::new()),
+            Some(client) => match client.purge_cache(&prefix).await {
+                Ok(n) => (Some(n), String::new()),
+                Err(e) => (None, crate::shared_store::message(&e)),
+            },
+        };
+        Ok(Response::new(pb::PurgeCacheResponse {
+            revision,
+            prefix,
+            shared_entries,
+            shared_error,
+        }))
+    }
+
     async fn revoke_key(
         &self,
         req: Request<pb::RevokeKeyRequest>,

@@ -276,6 +276,10 @@ pub struct ConfigStore {
     /// Prefix placements shared with the other proxies (with a shared
     /// store), given to every pool.
     prefix_share: std::sync::OnceLock<Arc<dyn router_endpoints::PlacementSink>>,
+    /// The response cache's store: a route whose pools a change alters has
+    /// its entries in this proxy's own store dropped (the shared store's
+    /// are dropped by the control plane, once for the fleet).
+    cache: std::sync::OnceLock<Arc<crate::idempotency::Keys>>,
 }
 
 /// Placements the fleet's other proxies made, learned by the pools they
@@ -324,7 +328,29 @@ impl ConfigStore {
             events,
             revision: std::sync::atomic::AtomicU64::new(0),
             prefix_share: std::sync::OnceLock::new(),
+            cache: std::sync::OnceLock::new(),
         }
+    }
+
+    /// The response cache whose entries a change purges (see
+    /// [`ConfigStore::purge_cache`]).
+    pub(crate) fn purges_cache_of(&self, cache: Arc<crate::idempotency::Keys>) {
+        let _ = self.cache.set(cache);
+    }
+
+    /// Drops the entries under `prefix` in this proxy's own cache store;
+    /// the number dropped.
+    pub(crate) fn purge_cache(&self, prefix: &str) -> u64 {
+        let gone = self
+            .cache
+            .get()
+            .map_or(0, |c| c.forget_local_prefix(prefix));
+        tracing::info!(
+            prefix,
+            entries = gone,
+            "response cache purged on this proxy"
+        );
+        gone
     }
 
     /// Shares every pool's prefix placements, now and after every change.
@@ -464,6 +490,14 @@ impl ConfigStore {
         for (name, pool) in &old.pools {
             if !next.pools.contains_key(name) {
                 pool.close();
+            }
+        }
+        // A cached route whose pools changed (or that is gone): its
+        // entries are unreachable under the new key, and purged here so that
+        // a change back does not serve them again.
+        for (route, pools) in &old.cache_pools {
+            if next.cache_pools.get(route) != Some(pools) {
+                self.purge_cache(&router_policy::cache::route_prefix(route));
             }
         }
         let version = Arc::clone(&next.version);

@@ -418,15 +418,17 @@ pub async fn start(options: ProxyOptions) -> Result<RunningProxy, StartError> {
     // The response cache: the same store, its entries under `cache:`
     // (never a client's `Idempotency-Key`), and a local store of its own.
     let cache = Arc::new(idempotency::Keys::new(
-        redis
-            .as_ref()
-            .map(|r| Arc::new(r.namespaced("cache:")) as Arc<dyn idempotency::IdempotencyStore>),
+        redis.as_ref().map(|r| {
+            Arc::new(r.namespaced(router_shared_state::CACHE_NAMESPACE))
+                as Arc<dyn idempotency::IdempotencyStore>
+        }),
         router_policy::cache::CacheSettings::MAX_TTL,
         router_policy::cache::CacheSettings::MAX_ENTRY_BYTES,
         (1_000_000, settings.cache_max_bytes),
         Arc::new(metrics::CacheEvents(Arc::clone(&metrics)))
             as Arc<dyn router_shared_state::StoreEvents>,
     ));
+    config.purges_cache_of(Arc::clone(&cache));
     // Watched for a loss of its data once the proxy is up (below).
     let epoch_store = redis.clone();
     let shared_store = redis.map(|r| r as Arc<dyn idempotency::IdempotencyStore>);

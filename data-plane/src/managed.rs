@@ -278,6 +278,9 @@ pub(crate) struct Applied {
     /// The policy and backend sets it was built from (for the fast path of
     /// a snapshot that changes only circuits or suspicions).
     pub basis: Option<Arc<Basis>>,
+    /// The response cache's purges applied (the ids of the last snapshot's
+    /// marks, at most the control plane's 64).
+    pub purged: std::collections::BTreeSet<String>,
 }
 
 /// A snapshot's policy and backend sets, as sent and as decoded.
@@ -552,6 +555,7 @@ pub(crate) fn apply_cache(
                 store_id: msg.store_id.clone(),
                 revision: msg.revision,
                 basis: None,
+                purged: Default::default(),
             })
         }
         Err(e) => {
@@ -819,6 +823,7 @@ pub(crate) fn handle(
         let marks = decode_marks(snapshot, &basis.policy, &basis.endpoints);
         let version = store.rename_managed(config_revision(msg));
         apply_marks(store, &marks, msg.revision);
+        apply_purges(store, snapshot, &mut applied.purged);
         store.set_revision(msg.revision);
         applied.store_id = msg.store_id.clone();
         applied.revision = msg.revision;
@@ -841,10 +846,13 @@ pub(crate) fn handle(
                 endpoints: d.backends.clone(),
             });
             let version = apply(store, d, msg);
+            let mut purged = std::mem::take(&mut applied.purged);
+            apply_purges(store, snapshot, &mut purged);
             *applied = Applied {
                 store_id: msg.store_id.clone(),
                 revision: msg.revision,
                 basis: Some(basis),
+                purged,
             };
             tracing::info!(version = &*version, "applied the control plane's snapshot");
             if let Some(dir) = cache_dir {
@@ -854,6 +862,24 @@ pub(crate) fn handle(
         }
         Err(e) => nack(e.to_string()),
     }
+}
+
+/// Carries out the response cache's purges of `snapshot` not applied yet
+/// (by id, in `purged`, which then holds the snapshot's ids): each drops
+/// the entries of this proxy's own store under its prefix. A prefix that
+/// is not a cache key's (`cache:`) is skipped: a purge never reaches the
+/// idempotency keys.
+fn apply_purges(
+    store: &ConfigStore,
+    snapshot: &pb::Snapshot,
+    purged: &mut std::collections::BTreeSet<String>,
+) {
+    for p in &snapshot.cache_purges {
+        if !purged.contains(&p.id) && p.prefix.starts_with("cache:") {
+            store.purge_cache(&p.prefix);
+        }
+    }
+    *purged = snapshot.cache_purges.iter().map(|p| p.id.clone()).collect();
 }
 
 fn ack(msg: &pb::ControlMessage) -> pb::ProxyMessage {

@@ -324,11 +324,19 @@ pub struct KeyParts<'a> {
     pub body: &'a [u8],
 }
 
+/// The prefix of every entry of `route` (a purge of the route, or of a
+/// route whose pools changed). The trailing `:` keeps route `a` from
+/// naming route `a-b`'s entries.
+pub fn route_prefix(route: &str) -> String {
+    format!("cache:{route}:")
+}
+
 /// The prefix of every entry of `route` in `partition` (a purge of a
 /// tenant's entries).
 pub fn partition_prefix(route: &str, partition: &str) -> String {
     format!(
-        "cache:{route}:{}:",
+        "{}{}:",
+        route_prefix(route),
         hex(&sha256(&[partition.as_bytes()])[..8])
     )
 }

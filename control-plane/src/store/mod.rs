@@ -153,6 +153,24 @@ pub struct State {
     /// proxy serves keeps its name through an outage's marks.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub config_revision: u64,
+    /// The response cache's purges, oldest first (at most
+    /// `hub::cache::MAX_PURGES`): marks each proxy applies to its own store.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cache_purges: Vec<CachePurgeRecord>,
+}
+
+/// A purge of the response cache's entries under a key prefix.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CachePurgeRecord {
+    /// Names it (a proxy applies each once).
+    pub id: String,
+    /// The route purged.
+    pub route: String,
+    /// The key prefix (`router_policy::cache::route_prefix`,
+    /// `partition_prefix`).
+    pub prefix: String,
+    /// When it was asked for.
+    pub at_unix_ms: i64,
 }
 
 fn is_zero(n: &u64) -> bool {

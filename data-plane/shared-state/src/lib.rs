@@ -58,7 +58,7 @@ pub use error::{Corrupt, StoreError};
 #[cfg(test)]
 pub(crate) use events::Counted;
 pub use events::{NoEvents, StoreEvents};
-pub use redis::{bounded, RedisStore, OP_TIMEOUT};
+pub use redis::{bounded, glob_escape, RedisStore, CACHE_NAMESPACE, OP_TIMEOUT, PURGE_LIMIT};
 pub use url::{InvalidStoreUrl, SharedStore};
 
 /// The prefix of every key the proxies of a fleet (and the control plane

@@ -430,7 +430,77 @@ fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
 }
 
+/// What follows the prefix in the response cache's keys
+/// ([`RedisStore::namespaced`]).
+pub const CACHE_NAMESPACE: &str = "cache:";
+
+/// `text` matched literally by a Redis glob pattern (`SCAN MATCH`):
+/// each of `* ? [ ] ^ - \\` escaped with a backslash, so that a route
+/// name can never widen a purge.
+pub fn glob_escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '^' | '-' | '\\') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// Keys `UNLINK`ed per `SCAN` page at most.
+const SCAN_PAGE: usize = 500;
+/// The longest a purge walks the keyspace.
+pub const PURGE_LIMIT: Duration = Duration::from_secs(30);
+
+/// Unlinks every key starting with `prefix` (matched literally): `SCAN`
+/// pages of [`SCAN_PAGE`], each page's keys unlinked at once, each call
+/// within `op` and the whole walk within [`PURGE_LIMIT`]
+/// ([`StoreError::Timeout`] past it: what was unlinked stays unlinked).
+/// The number unlinked.
+pub(crate) async fn unlink_prefix<C: redis::aio::ConnectionLike + Send>(
+    conn: &mut C,
+    prefix: &str,
+    op: Duration,
+) -> Result<u64, StoreError> {
+    let pattern = format!("{}*", glob_escape(prefix));
+    let until = tokio::time::Instant::now() + PURGE_LIMIT;
+    let mut cursor: u64 = 0;
+    let mut gone: u64 = 0;
+    loop {
+        if tokio::time::Instant::now() >= until {
+            return Err(StoreError::Timeout);
+        }
+        let mut scan = redis::cmd("SCAN");
+        scan.arg(cursor)
+            .arg("MATCH")
+            .arg(&pattern)
+            .arg("COUNT")
+            .arg(SCAN_PAGE);
+        let (next, keys): (u64, Vec<String>) = within(op, scan.query_async(conn)).await?;
+        if !keys.is_empty() {
+            let mut unlink = redis::cmd("UNLINK");
+            for k in &keys {
+                unlink.arg(k);
+            }
+            let n: u64 = within(op, unlink.query_async(conn)).await?;
+            gone = gone.saturating_add(n);
+        }
+        if next == 0 {
+            return Ok(gone);
+        }
+        cursor = next;
+    }
+}
+
 impl IdempotencyStore for RedisStore {
+    fn forget_prefix<'a>(&'a self, prefix: &'a str) -> BoxFuture<'a, Result<u64, StoreError>> {
+        Box::pin(async move {
+            let mut conn = self.conn().await?;
+            unlink_prefix(&mut conn, &self.key(prefix), OP_TIMEOUT).await
+        })
+    }
+
     fn forget<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<(), StoreError>> {
         Box::pin(async move {
             let mut conn = self.conn().await?;
@@ -524,5 +594,16 @@ impl IdempotencyStore for RedisStore {
 
     fn connected(&self) -> bool {
         self.conn.get().is_some()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_glob_escaped_text_matches_only_itself() {
+        assert_eq!(glob_escape("cache:a-b.c:"), "cache:a\\-b.c:");
+        assert_eq!(glob_escape("*?[x]^\\"), "\\*\\?\\[x\\]\\^\\\\");
     }
 }

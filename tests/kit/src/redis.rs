@@ -249,6 +249,15 @@ impl RedisServer {
             .and_then(|v| v.trim().parse().ok())
     }
 
+    /// The number of keys matching the glob `pattern` (`KEYS`, counted in
+    /// a script: a test store is small).
+    pub fn count_keys(&self, pattern: &str) -> u64 {
+        self.query(&["EVAL", "return #redis.call('KEYS', ARGV[1])", "0", pattern])
+            .and_then(|b| String::from_utf8(b).ok())
+            .and_then(|t| t.trim().parse().ok())
+            .unwrap_or_else(|| panic!("KEYS {pattern} failed"))
+    }
+
     /// The number of keys (`DBSIZE`).
     pub fn dbsize(&self) -> u64 {
         command(self.port, "DBSIZE")

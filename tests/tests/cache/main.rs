@@ -14,6 +14,8 @@ use router_tests::harness::{tenant_item, TestProxy};
 use router_tests::mocks::{mock, mock_latency};
 use router_tests::redis::RedisServer;
 
+mod purge;
+
 /// A greedy request (`temperature: 0`): cacheable by default.
 const BODY: &str =
     r#"{"model":"m","temperature":0,"messages":[{"role":"user","content":"what is 2+2?"}]}"#;
@@ -362,6 +364,15 @@ async fn a_policy_change_of_the_routes_pools_purges_and_a_backend_set_change_doe
         Some("hit")
     );
     assert_eq!(m.stats().received, 2);
+    // Back to the first version's pools: its entries were purged when the
+    // pools changed, so they are not served again.
+    proxy.apply(&doc);
+    assert_eq!(
+        proxy.chat_with(&[], BODY).await.header("x-router-cache"),
+        Some("miss"),
+        "a change back does not serve the purged entries"
+    );
+    assert_eq!(m.stats().received, 3);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

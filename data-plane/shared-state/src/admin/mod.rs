@@ -123,6 +123,21 @@ impl SharedStoreClient {
         &self.prefix
     }
 
+    /// Drops the response cache's entries whose keys start with
+    /// `key_prefix` (`router_policy::cache::route_prefix`,
+    /// `partition_prefix`), as the proxies name them: `SCAN` and `UNLINK`
+    /// in pages, the walk within [`crate::redis::PURGE_LIMIT`]. The
+    /// number dropped.
+    pub async fn purge_cache(&self, key_prefix: &str) -> Result<u64, StoreError> {
+        let mut conn = self.conn().await?;
+        let full = format!(
+            "{}{}{key_prefix}",
+            self.prefix,
+            crate::redis::CACHE_NAMESPACE
+        );
+        crate::redis::unlink_prefix(&mut conn, &full, self.timeout).await
+    }
+
     /// A connection, within the timeout.
     pub(crate) async fn conn(&self) -> Result<MultiplexedConnection, StoreError> {
         self.within(self.client.get_multiplexed_async_connection())

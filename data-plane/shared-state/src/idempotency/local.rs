@@ -9,9 +9,9 @@
 //! [`ENTRY_OVERHEAD`] for the map slot and index entries). A key cap
 //! alone did not bound memory: the same 10,000 keys are 3 MB of 300-byte
 //! answers or 10 GB of 1 MiB ones. Past either bound, finished entries
-//! are dropped oldest first (they all live for the same TTL, so the one
-//! closest to its expiry is the oldest); an entry in flight is never
-//! dropped, and when every entry is in flight a new key is not tracked.
+//! are dropped least recently used first (a finished entry is used when
+//! it is stored and each time it is read: a replay, a cache hit); an
+//! entry in flight is never dropped, and when every entry is in flight a new key is not tracked.
 //! An answer that does not fit even with every finished entry dropped is
 //! not kept: the key is settled as not replayable (a retry gets `409
 //! not_replayable`, never a second generation) and the event
@@ -53,14 +53,28 @@ pub(crate) fn entry_cost(key: &str, state: &KeyState) -> usize {
     ENTRY_OVERHEAD + 3 * key.len() + held
 }
 
+/// One key's entry in the map.
+struct Slot {
+    entry: Entry,
+    expires: Instant,
+    /// What it counts for (`entry_cost`).
+    cost: usize,
+    /// Finished: when it was last used (a tick of `Inner::uses`), its
+    /// place in `Inner::finished`.
+    used: Option<u64>,
+}
+
 struct Inner {
-    /// Each key's entry, expiry and cost (`entry_cost`).
-    entries: HashMap<String, (Entry, Instant, usize)>,
+    /// Each key's entry.
+    entries: HashMap<String, Slot>,
     /// Every entry by expiry (exactly the entries of the map), so that
     /// expiry is a look at the front, not a scan.
     by_expiry: BTreeSet<(Instant, String)>,
-    /// The finished ones among them, for eviction.
-    finished: BTreeSet<(Instant, String)>,
+    /// The finished ones among them by last use, for eviction (least
+    /// recently used first).
+    finished: BTreeSet<(u64, String)>,
+    /// Uses so far (the clock of `finished`).
+    uses: u64,
     /// The sum of the entries' costs.
     bytes: usize,
 }
@@ -83,6 +97,7 @@ impl LocalStore {
                 entries: HashMap::new(),
                 by_expiry: BTreeSet::new(),
                 finished: BTreeSet::new(),
+                uses: 0,
                 bytes: 0,
             }),
             max_entries: max_entries.max(1),
@@ -112,7 +127,7 @@ impl LocalStore {
     pub(crate) fn len(&self) -> usize {
         let inner = self.lock();
         assert_eq!(inner.by_expiry.len(), inner.entries.len());
-        let costs: usize = inner.entries.values().map(|(_, _, c)| c).sum();
+        let costs: usize = inner.entries.values().map(|s| s.cost).sum();
         assert_eq!(inner.bytes, costs);
         inner.entries.len()
     }
@@ -121,8 +136,8 @@ impl LocalStore {
         let now = Instant::now();
         let mut inner = self.lock();
         inner.expire(now);
-        if let Some((e, _, _)) = inner.entries.get(key) {
-            return ClaimResult::Found(e.clone());
+        if let Some(found) = inner.read(key) {
+            return ClaimResult::Found(found);
         }
         let cost = entry_cost(key, &KeyState::InFlight);
         while !self.fits(&inner, cost) {
@@ -140,10 +155,17 @@ impl LocalStore {
         ClaimResult::Claimed
     }
 
+    /// Drops every finished entry whose key starts with `prefix` (a
+    /// cache purge); the number dropped.
+    pub fn forget_prefix_now(&self, prefix: &str) -> u64 {
+        let gone = self.lock().remove_prefix(prefix);
+        u64::try_from(gone).unwrap_or(u64::MAX)
+    }
+
     fn settle_now(&self, key: &str, owner: Owner, state: Option<KeyState>, ttl: Duration) -> bool {
         let now = Instant::now();
         let mut inner = self.lock();
-        let Some((entry, _, _)) = inner.entries.get(key) else {
+        let Some(Slot { entry, .. }) = inner.entries.get(key) else {
             return false;
         };
         if entry.owner != owner || entry.state != KeyState::InFlight {
@@ -180,20 +202,58 @@ impl LocalStore {
 impl Inner {
     fn insert(&mut self, key: &str, entry: Entry, expires: Instant, finished: bool, cost: usize) {
         self.by_expiry.insert((expires, key.to_owned()));
-        if finished {
-            self.finished.insert((expires, key.to_owned()));
-        }
+        let used = finished.then(|| {
+            self.uses += 1;
+            self.finished.insert((self.uses, key.to_owned()));
+            self.uses
+        });
         self.bytes = self.bytes.saturating_add(cost);
-        self.entries.insert(key.to_owned(), (entry, expires, cost));
+        self.entries.insert(
+            key.to_owned(),
+            Slot {
+                entry,
+                expires,
+                cost,
+                used,
+            },
+        );
+    }
+
+    /// `key`'s entry, counted as a use when it is finished.
+    fn read(&mut self, key: &str) -> Option<Entry> {
+        let slot = self.entries.get_mut(key)?;
+        if let Some(used) = slot.used.as_mut() {
+            self.finished.remove(&(*used, key.to_owned()));
+            self.uses += 1;
+            *used = self.uses;
+            self.finished.insert((self.uses, key.to_owned()));
+        }
+        Some(slot.entry.clone())
     }
 
     fn remove(&mut self, key: &str) {
-        if let Some((_, expires, cost)) = self.entries.remove(key) {
-            self.bytes = self.bytes.saturating_sub(cost);
-            let k = (expires, key.to_owned());
-            self.by_expiry.remove(&k);
-            self.finished.remove(&k);
+        if let Some(slot) = self.entries.remove(key) {
+            self.bytes = self.bytes.saturating_sub(slot.cost);
+            self.by_expiry.remove(&(slot.expires, key.to_owned()));
+            if let Some(used) = slot.used {
+                self.finished.remove(&(used, key.to_owned()));
+            }
         }
+    }
+
+    /// Drops every finished entry whose key starts with `prefix`; the
+    /// number dropped. Entries in flight stay (their answers are new).
+    fn remove_prefix(&mut self, prefix: &str) -> usize {
+        let gone: Vec<String> = self
+            .entries
+            .iter()
+            .filter(|(k, s)| s.used.is_some() && k.starts_with(prefix))
+            .map(|(k, _)| k.clone())
+            .collect();
+        for key in &gone {
+            self.remove(key);
+        }
+        gone.len()
     }
 
     fn expire(&mut self, now: Instant) {
@@ -205,7 +265,7 @@ impl Inner {
         }
     }
 
-    /// Drops the finished entry closest to its expiry; false if none.
+    /// Drops the least recently used finished entry; false if none.
     fn evict_one(&mut self) -> bool {
         match self.finished.first().cloned() {
             Some((_, key)) => {
@@ -232,12 +292,9 @@ impl IdempotencyStore for LocalStore {
     fn get<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<Entry>, StoreError>> {
         let now = Instant::now();
         let found = {
-            let inner = self.lock();
-            inner
-                .entries
-                .get(key)
-                .filter(|(_, expires, _)| *expires > now)
-                .map(|(e, _, _)| e.clone())
+            let mut inner = self.lock();
+            inner.expire(now);
+            inner.read(key)
         };
         Box::pin(async move { Ok(found) })
     }
@@ -265,6 +322,11 @@ impl IdempotencyStore for LocalStore {
         self.lock().remove(key);
         self.settled.notify_waiters();
         Box::pin(async { Ok(()) })
+    }
+
+    fn forget_prefix<'a>(&'a self, prefix: &'a str) -> BoxFuture<'a, Result<u64, StoreError>> {
+        let gone = self.forget_prefix_now(prefix);
+        Box::pin(async move { Ok(gone) })
     }
 
     fn name(&self) -> &'static str {
@@ -458,7 +520,8 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn past_the_byte_budget_the_oldest_finished_entries_go_first_never_one_in_flight() {
+    async fn past_the_byte_budget_the_least_recently_used_finished_entries_go_first_never_one_in_flight(
+    ) {
         let one = entry_cost("k0", &answer_of(10_000));
         let s = LocalStore::new(100, 3 * one, Arc::new(crate::NoEvents));
         // In flight: never dropped for the budget.
@@ -514,5 +577,52 @@ mod tests {
         let _ = s.settle("k", OWNER, FP, None, MIN).await;
         let waited = waiter.await.unwrap_or_default();
         assert!(waited < Duration::from_secs(1), "{waited:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_read_entry_is_kept_over_one_stored_after_it_least_recently_used_goes() {
+        let one = entry_cost("k0", &answer_of(10_000));
+        let s = LocalStore::new(100, 3 * one, Arc::new(crate::NoEvents));
+        for key in ["k0", "k1", "k2"] {
+            keep(&s, key, answer_of(10_000)).await;
+        }
+        // k0, the oldest, is read (a cache hit): k1 is now the least
+        // recently used, and goes when k3 needs room.
+        assert!(matches!(s.get("k0").await, Ok(Some(_))));
+        keep(&s, "k3", answer_of(10_000)).await;
+        assert!(matches!(s.get("k1").await, Ok(None)));
+        for kept in ["k0", "k2", "k3"] {
+            assert!(matches!(s.get(kept).await, Ok(Some(_))), "{kept}");
+        }
+        // A claim that finds an entry is a use too.
+        assert!(matches!(claim(&s, "k2").await, ClaimResult::Found(_)));
+        keep(&s, "k4", answer_of(10_000)).await;
+        assert!(matches!(s.get("k0").await, Ok(None)));
+        assert!(matches!(s.get("k2").await, Ok(Some(_))));
+        assert_eq!(s.len(), 3);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_prefix_purge_drops_the_finished_entries_under_it_only() {
+        let s = store(100);
+        for key in ["cache:a:1", "cache:a:2", "cache:ab:1", "cache:b:1"] {
+            keep(&s, key, answer_of(10)).await;
+        }
+        assert!(matches!(
+            claim(&s, "cache:a:busy").await,
+            ClaimResult::Claimed
+        ));
+        assert_eq!(s.forget_prefix("cache:a:").await, Ok(2));
+        for gone in ["cache:a:1", "cache:a:2"] {
+            assert!(matches!(s.get(gone).await, Ok(None)), "{gone}");
+        }
+        for kept in ["cache:ab:1", "cache:b:1"] {
+            assert!(matches!(s.get(kept).await, Ok(Some(_))), "{kept}");
+        }
+        // The one in flight stays (its answer is new).
+        assert!(
+            matches!(s.get("cache:a:busy").await, Ok(Some(e)) if e.state == KeyState::InFlight)
+        );
+        assert_eq!(s.len(), 3);
     }
 }

@@ -89,6 +89,12 @@ pub trait IdempotencyStore: Send + Sync + 'static {
         let _ = key;
         Box::pin(async { Ok(()) })
     }
+    /// Drops every settled entry whose key starts with `prefix` (a cache
+    /// purge); the number dropped.
+    fn forget_prefix<'a>(&'a self, prefix: &'a str) -> BoxFuture<'a, Result<u64, StoreError>> {
+        let _ = prefix;
+        Box::pin(async { Ok(0) })
+    }
     /// `local` or `redis`, for logs and metrics.
     fn name(&self) -> &'static str;
     /// Whether the store is this process's own memory.
@@ -409,6 +415,21 @@ impl Keys {
             }
         }
         let _ = self.local.forget(key).await;
+    }
+
+    /// Drops the entries under `prefix` in this proxy's own store (a
+    /// cache purge, or a route whose pools changed); the number dropped.
+    pub fn forget_local_prefix(&self, prefix: &str) -> u64 {
+        self.local.forget_prefix_now(prefix)
+    }
+
+    /// Drops the entries under `prefix` in the shared store, if there is
+    /// one; the number dropped.
+    pub async fn forget_shared_prefix(&self, prefix: &str) -> Result<u64, StoreError> {
+        match &self.shared {
+            Some(s) => s.forget_prefix(prefix).await,
+            None => Ok(0),
+        }
     }
 }
 

@@ -27,9 +27,13 @@
 //! dialect, and the body normalized ([`normalized_body`]): object keys
 //! sorted, no whitespace, and the fields that do not change the answer
 //! ([`IGNORED_FIELDS`]: the end user's identifiers in each dialect,
-//! `metadata`, `prompt_cache_key`, `store`, `stream_options`) left out.
+//! `metadata`, `prompt_cache_key`, `store`, `stream_options`) left out,
+//! `stream` too: it chooses the answer's form, not its content, so on
+//! the paths where one form can be rebuilt from the other (chat
+//! completions, messages) a plain and a streamed request share an entry
+//! ([`KeyParts::form`] keeps them apart elsewhere).
 //! The route and the partition's own hash lead the key in clear
-//! ([`partition_prefix`]), so that a purge (not built yet) can find a
+//! ([`partition_prefix`], [`route_prefix`]), so that a purge finds a
 //! route's or a tenant's entries by prefix.
 
 use std::time::Duration;
@@ -231,15 +235,27 @@ pub struct Normalized {
     pub bytes: Vec<u8>,
     /// Its `temperature`, if it gives a number.
     pub temperature: Option<f64>,
+    /// It asks for a stream (`stream: true`): the answer's form, not its
+    /// content, so not in `bytes` ([`KeyParts::form`] says whether the
+    /// path's two forms share an entry).
+    pub stream: bool,
+    /// A stream that asks for its usage (`stream_options.include_usage`).
+    pub include_usage: bool,
 }
 
 /// The body as the key sees it: a JSON object with its keys sorted at
-/// every depth, without whitespace and without [`IGNORED_FIELDS`] at the
-/// top; `None` when the body is not a JSON object.
+/// every depth, without whitespace and without [`IGNORED_FIELDS`] and
+/// `stream` at the top; `None` when the body is not a JSON object.
 pub fn normalized_body(body: &[u8]) -> Option<Normalized> {
     let serde_json::Value::Object(mut top) = serde_json::from_slice(body).ok()? else {
         return None;
     };
+    let stream = top.remove("stream").and_then(|v| v.as_bool()) == Some(true);
+    let include_usage = top
+        .get("stream_options")
+        .and_then(|o| o.get("include_usage"))
+        .and_then(serde_json::Value::as_bool)
+        == Some(true);
     for field in IGNORED_FIELDS {
         top.remove(field);
     }
@@ -249,6 +265,8 @@ pub fn normalized_body(body: &[u8]) -> Option<Normalized> {
     Some(Normalized {
         bytes: out,
         temperature,
+        stream,
+        include_usage,
     })
 }
 
@@ -320,6 +338,10 @@ pub struct KeyParts<'a> {
     pub dialect: &'a str,
     /// The request's path.
     pub path: &'a str,
+    /// The answer's form where a path's plain and streamed answers do not
+    /// share an entry (`plain`, `stream`); empty where they do (chat
+    /// completions, messages: each form is rebuilt from the other).
+    pub form: &'a str,
     /// [`normalized_body`].
     pub body: &'a [u8],
 }
@@ -349,6 +371,7 @@ pub fn key(parts: &KeyParts<'_>) -> String {
         parts.pools,
         parts.dialect.as_bytes(),
         parts.path.as_bytes(),
+        parts.form.as_bytes(),
         parts.body,
     ]);
     format!(
@@ -484,8 +507,11 @@ mod tests {
     fn the_normalized_body_ignores_order_whitespace_and_the_user() {
         let a = br#"{"model":"m","messages":[{"role":"user","content":"hi"}],"temperature":0,"user":"u1"}"#;
         let b = br#"{ "temperature": 0, "user": "u2", "stream_options": {"include_usage": true},
-                      "messages": [ {"content": "hi", "role": "user"} ], "model": "m" }"#;
-        assert_eq!(normalized_body(a), normalized_body(b));
+                      "messages": [ {"content": "hi", "role": "user"} ], "model": "m", "stream": true }"#;
+        let (na, nb) = (normalized_body(a).unwrap(), normalized_body(b).unwrap());
+        assert_eq!(na.bytes, nb.bytes, "the form is not the content");
+        assert!(!na.stream && !na.include_usage);
+        assert!(nb.stream && nb.include_usage);
         // Every dialect's way of naming the end user is left out.
         let anthropic = br#"{"model":"m","messages":[{"role":"user","content":"hi"}],"temperature":0,
             "metadata":{"user_id":"u9"},"safety_identifier":"s","prompt_cache_key":"k","store":true}"#;
@@ -510,6 +536,7 @@ mod tests {
             pools: b"p1",
             dialect: "openai",
             path: "/v1/chat/completions",
+            form: "",
             body: b"{}",
         };
         let k = key(&base);
@@ -539,6 +566,10 @@ mod tests {
             },
             KeyParts {
                 body: b"{\"a\":1}",
+                ..base
+            },
+            KeyParts {
+                form: "stream",
                 ..base
             },
         ];

@@ -213,26 +213,29 @@ impl Pending {
         let (mut resp, pool) = stored_response(stored);
         resp.headers_mut()
             .insert(header::AGE, HeaderValue::from(age.as_secs()));
-        if !stored.stream {
-            if let Some(usage) = saved_usage(&stored.body) {
-                record.tokens_in = usage.prompt;
-                record.tokens_out = usage.output;
-                let price = pool
-                    .as_deref()
-                    .and_then(|p| snapshot.policy.pool(p))
-                    .map(|p| p.price);
-                if let Some(price) = price {
-                    let tokens = router_policy::usage::Tokens {
-                        prompt: usage.prompt.unwrap_or(0),
-                        output: usage.output.unwrap_or(0),
-                        cache_read: 0,
-                        cache_write: 0,
-                    };
-                    record.cache_saved_usd = Some(price.cost_of(&tokens));
-                }
+        let usage = if stored.stream {
+            streamed_usage(self.dialect, &stored.body)
+        } else {
+            saved_usage(&stored.body)
+        };
+        if let Some(usage) = usage {
+            record.tokens_in = usage.prompt;
+            record.tokens_out = usage.output;
+            let price = pool
+                .as_deref()
+                .and_then(|p| snapshot.policy.pool(p))
+                .map(|p| p.price);
+            if let Some(price) = price {
+                let tokens = router_policy::usage::Tokens {
+                    prompt: usage.prompt.unwrap_or(0),
+                    output: usage.output.unwrap_or(0),
+                    cache_read: 0,
+                    cache_write: 0,
+                };
+                record.cache_saved_usd = Some(price.cost_of(&tokens));
             }
-            record.cost_usd = Some(0.0);
         }
+        record.cost_usd = Some(0.0);
         self.send_stored(resp, record, pool)
     }
 
@@ -464,6 +467,17 @@ fn stored_response(stored: &StoredAnswer) -> (Response<Bytes>, Option<Arc<str>>)
 struct SavedUsage {
     prompt: Option<u64>,
     output: Option<u64>,
+}
+
+/// The tokens a complete stream reported (its last usage; none when it
+/// reported none, e.g. OpenAI without `stream_options.include_usage`).
+fn streamed_usage(dialect: Dialect, body: &[u8]) -> Option<SavedUsage> {
+    let answer = router_dialect::stream::collect_answer(dialect, body).ok()?;
+    let u = answer.usage;
+    (u.prompt() > 0 || u.output > 0).then_some(SavedUsage {
+        prompt: Some(u.prompt()),
+        output: Some(u.output),
+    })
 }
 
 fn saved_usage(body: &[u8]) -> Option<SavedUsage> {

@@ -16,9 +16,11 @@
 //! - `no-cache` drops the entry first, then leads (`refresh`);
 //! - a bypass reaches the walk untouched.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use router_dialect::Dialect;
 use router_policy::cache::{self, CacheSettings, KeyParts, Lookup, Partition};
 use router_policy::Risk;
 use tokio::time::Instant;
@@ -31,7 +33,7 @@ use crate::Shared;
 /// What the phase hands on.
 pub(super) enum Cached {
     /// Answered from the cache.
-    Hit(std::sync::Arc<StoredAnswer>, Duration),
+    Hit(Arc<StoredAnswer>, Duration),
     /// Go on with the walk, keeping the answer with this lease if any.
     Walk(Option<KeyLease>),
 }
@@ -42,7 +44,7 @@ pub(super) struct CacheRequest<'a> {
     pub(super) path: &'a str,
     pub(super) body: &'a Bytes,
     pub(super) risk: Risk,
-    pub(super) dialect: &'static str,
+    pub(super) dialect: Dialect,
     pub(super) wait_until: Instant,
     pub(super) inflight_ttl: Duration,
 }
@@ -94,8 +96,13 @@ pub(super) async fn look(
                 .cache_pools
                 .get(&route.name)
                 .map_or(&[][..], |p| &p[..]),
-            dialect: req.dialect,
+            dialect: req.dialect.as_str(),
             path: req.path,
+            form: match (shares_forms(req.dialect, req.path), n.stream) {
+                (true, _) => "",
+                (false, true) => "stream",
+                (false, false) => "plain",
+            },
             body: &n.bytes,
         })),
     };
@@ -139,6 +146,14 @@ pub(super) async fn look(
                     Duration::from_millis(u64::try_from(now.saturating_sub(at)).unwrap_or(0))
                 });
                 if cache::fresh_enough(age, max_age) {
+                    let (stream, include_usage) = normalized
+                        .as_ref()
+                        .map_or((false, false), |n| (n.stream, n.include_usage));
+                    // Stored in the other form and not rebuilt: a miss
+                    // that keeps the entry (no lease).
+                    let Some(answer) = in_form(answer, stream, include_usage, req.dialect) else {
+                        break;
+                    };
                     mark(shared, pending, "hit");
                     return Cached::Hit(answer, age);
                 }
@@ -152,6 +167,75 @@ pub(super) async fn look(
     }
     mark(shared, pending, "miss");
     Cached::Walk(None)
+}
+
+/// Whether a plain and a streamed request on `path` share an entry: chat
+/// completions and messages, whose whole answer and stream are rebuilt
+/// from each other ([`in_form`]); any other path keys the form.
+fn shares_forms(dialect: Dialect, path: &str) -> bool {
+    match dialect {
+        Dialect::OpenAi => path.ends_with("/chat/completions"),
+        Dialect::Anthropic => path.ends_with("/messages"),
+        Dialect::Gemini => false,
+    }
+}
+
+/// `stored` in the form the request asks for: as it is when the forms
+/// agree; else a stream's frames folded into the whole answer
+/// ([`router_dialect::stream::collect_answer`]), or a whole answer written
+/// as a stream ([`router_dialect::stream::answer_stream`], with the usage
+/// chunk when an OpenAI client asked for it). `None` when it cannot be
+/// rebuilt (a non-2xx entry is never stored, so only a body the dialect
+/// does not read).
+fn in_form(
+    stored: Arc<StoredAnswer>,
+    want_stream: bool,
+    include_usage: bool,
+    dialect: Dialect,
+) -> Option<Arc<StoredAnswer>> {
+    if stored.stream == want_stream {
+        return Some(stored);
+    }
+    let body = if want_stream {
+        let answer = router_dialect::parse_answer(dialect, &stored.body).ok()?;
+        let opts = router_dialect::stream::StreamOptions {
+            id: answer.id.clone(),
+            model: Some(answer.model.clone()),
+            created: router_policy::wall_clock::unix_ms() / 1000,
+            include_usage,
+            ..Default::default()
+        };
+        router_dialect::stream::answer_stream(&answer, dialect, &opts).ok()?
+    } else {
+        let answer = router_dialect::stream::collect_answer(dialect, &stored.body).ok()?;
+        router_dialect::write_answer(
+            &answer,
+            dialect,
+            router_policy::wall_clock::unix_ms() / 1000,
+        )
+        .ok()?
+    };
+    let content_type = if want_stream {
+        "text/event-stream"
+    } else {
+        "application/json"
+    };
+    let headers: Vec<(http::HeaderName, http::HeaderValue)> = stored
+        .headers
+        .iter()
+        .filter(|(k, _)| k != http::header::CONTENT_TYPE && k != http::header::CONTENT_LENGTH)
+        .cloned()
+        .chain(std::iter::once((
+            http::header::CONTENT_TYPE,
+            http::HeaderValue::from_static(content_type),
+        )))
+        .collect();
+    Some(Arc::new(StoredAnswer {
+        status: stored.status,
+        headers: headers.into_boxed_slice(),
+        body: Bytes::from(body),
+        stream: want_stream,
+    }))
 }
 
 fn mark(shared: &Shared, pending: &mut Pending, what: &'static str) {

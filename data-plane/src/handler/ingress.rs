@@ -219,7 +219,7 @@ pub(crate) fn handle(
                     path: parts.uri.path(),
                     body: &body,
                     risk: arrival.risk,
-                    dialect: pending.dialect.as_str(),
+                    dialect: pending.dialect,
                     wait_until,
                     inflight_ttl,
                 },

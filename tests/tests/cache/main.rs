@@ -418,3 +418,95 @@ async fn a_keyed_miss_keeps_its_answer_for_the_key_and_for_the_cache() {
     );
     assert_eq!(m.stats().received, 1);
 }
+
+/// The text of an SSE body's chunks, in each dialect a client streams.
+fn streamed_text(sse: &str) -> String {
+    let mut text = String::new();
+    for line in sse.lines() {
+        let Some(data) = line.strip_prefix("data: ") else {
+            continue;
+        };
+        let Ok(v) = serde_json::from_str::<serde_json::Value>(data) else {
+            continue;
+        };
+        if let Some(t) = v["choices"][0]["delta"]["content"].as_str() {
+            text.push_str(t);
+        }
+        if let Some(t) = v["delta"]["text"].as_str() {
+            text.push_str(t);
+        }
+    }
+    text
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plain_and_a_streamed_request_share_an_entry_each_replayed_in_its_own_form() {
+    let m = mock("m", Behavior::Chat).await;
+    let proxy = TestProxy::with_policy(Settings::default(), &policy(&m.url(), "", &[])).await;
+    let streamed = |body: &str| body.replacen('{', r#"{"stream":true,"#, 1);
+
+    // Plain first: a streamed request is answered from its entry as SSE.
+    let plain = proxy.chat_with(&[], BODY).await;
+    assert_eq!(plain.header("x-router-cache"), Some("miss"));
+    let said: serde_json::Value = serde_json::from_slice(&plain.body).unwrap();
+    let content = said["choices"][0]["message"]["content"].as_str().unwrap();
+    assert!(content.contains("what is 2+2?"), "{said}");
+    let hit = proxy.chat_with(&[], &streamed(BODY)).await;
+    assert_eq!(hit.status, StatusCode::OK);
+    assert_eq!(hit.header("x-router-cache"), Some("hit"), "{}", hit.text());
+    assert_eq!(hit.header("content-type"), Some("text/event-stream"));
+    assert_eq!(streamed_text(&hit.text()), content);
+    assert!(
+        hit.text().trim_end().ends_with("data: [DONE]"),
+        "{}",
+        hit.text()
+    );
+    assert_eq!(m.stats().received, 1);
+
+    // Streamed first: a plain request gets the whole answer it carried,
+    // and a streamed repeat the original's events as they came.
+    let other = BODY.replace("2+2", "3+3");
+    let first = proxy.chat_with(&[], &streamed(&other)).await;
+    assert_eq!(first.header("x-router-cache"), Some("miss"));
+    let text = streamed_text(&first.text());
+    assert!(text.contains("3+3"), "{}", first.text());
+    let hit = proxy.chat_with(&[], &other).await;
+    assert_eq!(hit.header("x-router-cache"), Some("hit"), "{}", hit.text());
+    assert!(hit
+        .header("content-type")
+        .is_some_and(|c| c.starts_with("application/json")));
+    let said: serde_json::Value = serde_json::from_slice(&hit.body).unwrap();
+    assert_eq!(said["choices"][0]["message"]["content"], text.as_str());
+    assert_eq!(said["object"], "chat.completion");
+    let again = proxy.chat_with(&[], &streamed(&other)).await;
+    assert_eq!(again.header("x-router-cache"), Some("hit"));
+    assert_eq!(again.body, first.body, "the original's events");
+    assert_eq!(m.stats().received, 2);
+
+    // An Anthropic client: the same sharing in its own dialect.
+    let messages = r#"{"model":"m","max_tokens":64,"temperature":0,"messages":[{"role":"user","content":"what is 5+5?"}]}"#;
+    let send = |body: String| {
+        let url = proxy.url("/v1/messages");
+        let client = &proxy.client;
+        async move {
+            client
+                .send(
+                    http::Method::POST,
+                    &url,
+                    &[("content-type", "application/json")],
+                    body,
+                )
+                .await
+        }
+    };
+    let plain = send(messages.to_string()).await;
+    assert_eq!(plain.status, StatusCode::OK, "{}", plain.text());
+    assert_eq!(plain.header("x-router-cache"), Some("miss"));
+    let said: serde_json::Value = serde_json::from_slice(&plain.body).unwrap();
+    let content = said["content"][0]["text"].as_str().unwrap().to_string();
+    let hit = send(streamed(messages)).await;
+    assert_eq!(hit.header("x-router-cache"), Some("hit"), "{}", hit.text());
+    assert!(hit.text().contains("event: message_stop"), "{}", hit.text());
+    assert_eq!(streamed_text(&hit.text()), content);
+    assert_eq!(m.stats().received, 3);
+}

@@ -77,6 +77,8 @@ mod chunk;
 mod decode;
 mod encode;
 
+mod collect;
+pub use collect::collect_answer;
 pub use decode::Decoder;
 pub use encode::Encoder;
 

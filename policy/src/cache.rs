@@ -42,7 +42,7 @@ use crate::idempotency::Ending;
 use crate::Risk;
 
 /// A route's cache, resolved (`cache: {ttl_s, max_entry_bytes,
-/// partition, sampled}`).
+/// partition, sampled, rate_limit_hits}`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CacheSettings {
     /// How long an entry is kept.
@@ -53,6 +53,9 @@ pub struct CacheSettings {
     pub partition: Partition,
     /// Whether sampled requests (`temperature` above 0) are cached too.
     pub sampled: bool,
+    /// Whether a hit counts against the tenant's request rate limit
+    /// (`rate_limit_hits`, default true).
+    pub rate_limit_hits: bool,
 }
 
 impl CacheSettings {
@@ -415,6 +418,7 @@ mod tests {
             max_entry_bytes: 1000,
             partition: Partition::Tenant,
             sampled,
+            rate_limit_hits: true,
         }
     }
 

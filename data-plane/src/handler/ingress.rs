@@ -204,8 +204,9 @@ pub(crate) fn handle(
             return pending.reject(e);
         }
         // 5. The route's response cache (`handler/cache.rs`): a hit
-        // answers here, having drawn nothing but the request rate; a miss
-        // leads and keeps the answer.
+        // answers here, having drawn nothing but the request rate (not
+        // even that with `rate_limit_hits: false`); a miss leads and keeps
+        // the answer.
         let mut cache_lease = None;
         if let Some(settings) = &route.cache {
             let (wait_until, inflight_ttl) = claim_bounds(&shared, pending.t0, deadline);
@@ -233,8 +234,14 @@ pub(crate) fn handle(
                 super::cache::Cached::Walk(lease) => cache_lease = lease,
             }
         }
-        // 6. What the call draws on the tenant's limits until it ends.
+        // 6. What the call draws on the tenant's limits until it ends
+        // (the request rate too, on a route whose hits do not count it).
         if let Some(tenant) = tenant {
+            if route.cache.as_ref().is_some_and(|c| !c.rate_limit_hits) {
+                if let Err(e) = tenancy::request_rate(&shared, tenant).await {
+                    return pending.reject(e);
+                }
+            }
             let held = Box::pin(tenancy::hold(
                 &shared,
                 &snapshot,

@@ -94,6 +94,15 @@ pub(super) async fn identify<'t>(
     tenant
         .admits(&route.name, risk)
         .map_err(ProxyError::Tenant)?;
+    if !route.cache.as_ref().is_some_and(|c| !c.rate_limit_hits) {
+        request_rate(shared, tenant).await?;
+    }
+    Ok(tenant)
+}
+
+/// The tenant's request rate limit: in [`identify`], or after the cache
+/// on a route whose hits do not count (`cache.rate_limit_hits: false`).
+pub(super) async fn request_rate(shared: &Shared, tenant: &Tenant) -> Result<(), ProxyError> {
     if let Some(limit) = tenant.rate {
         let verdict = shared
             .rate_limits
@@ -101,7 +110,7 @@ pub(super) async fn identify<'t>(
             .await;
         limit_verdict(shared, tenant, verdict, "rate limit", StoreNeed::RateLimit)?;
     }
-    Ok(tenant)
+    Ok(())
 }
 
 /// Admission's second part: what the call draws on `tenant`'s limits

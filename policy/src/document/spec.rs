@@ -710,6 +710,11 @@ pub struct CacheSpec {
     /// Cache sampled requests (`temperature` above 0, or absent) too.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub sampled: bool,
+    /// Whether a hit counts against the tenant's request rate limit
+    /// (default true; a hit never draws on the token rate, the
+    /// concurrency cap or the budget).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_limit_hits: Option<bool>,
 }
 
 /// What a route does when every pool of its chain is down.

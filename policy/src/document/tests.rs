@@ -1071,6 +1071,10 @@ fn a_routes_cache_resolves_and_its_mistakes_are_refused_with_their_fields() {
         crate::cache::Partition::Header("x-team".into())
     );
     assert!(!c.sampled);
+    assert!(
+        c.rate_limit_hits,
+        "hits count against the request rate by default"
+    );
     assert!(p.routes[0].cache.is_none(), "off by default");
     let bad = text
         .replace(

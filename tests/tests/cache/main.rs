@@ -510,3 +510,46 @@ async fn a_plain_and_a_streamed_request_share_an_entry_each_replayed_in_its_own_
     assert_eq!(streamed_text(&hit.text()), content);
     assert_eq!(m.stats().received, 3);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hits_count_against_the_request_rate_unless_the_route_says_otherwise() {
+    let m = mock("m", Behavior::Json).await;
+    // Two requests a minute, two at once.
+    let tenants = [tenant_item(
+        "team-a",
+        "rt_a",
+        "requests_per_minute: 2, requests_burst: 2",
+    )];
+    let as_a = [("authorization", "Bearer rt_a")];
+    for (extra, hits_limited) in [("", true), (", rate_limit_hits: false", false)] {
+        let proxy =
+            TestProxy::with_policy(Settings::default(), &policy(&m.url(), extra, &tenants)).await;
+        assert_eq!(proxy.chat_with(&as_a, BODY).await.status, StatusCode::OK);
+        let mut statuses = Vec::new();
+        for _ in 0..5 {
+            let r = proxy.chat_with(&as_a, BODY).await;
+            if r.status == StatusCode::OK {
+                assert_eq!(r.header("x-router-cache"), Some("hit"));
+            }
+            statuses.push(r.status);
+        }
+        let refused = statuses
+            .iter()
+            .filter(|s| **s == StatusCode::TOO_MANY_REQUESTS)
+            .count();
+        if hits_limited {
+            assert_eq!(refused, 4, "one hit within the rate: {statuses:?}");
+        } else {
+            assert_eq!(refused, 0, "hits are free: {statuses:?}");
+            // A miss still counts: the first request and this one are the
+            // two the rate allows, the next miss is refused.
+            let other = BODY.replace("2+2", "8+8");
+            assert_eq!(proxy.chat_with(&as_a, &other).await.status, StatusCode::OK);
+            let third = BODY.replace("2+2", "9+9");
+            assert_eq!(
+                proxy.chat_with(&as_a, &third).await.status,
+                StatusCode::TOO_MANY_REQUESTS
+            );
+        }
+    }
+}

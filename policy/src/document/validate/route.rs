@@ -153,6 +153,7 @@ fn cache(
         max_entry_bytes: max_entry_bytes?,
         partition: partition?,
         sampled: c.sampled,
+        rate_limit_hits: c.rate_limit_hits.unwrap_or(true),
     })
 }
 

@@ -94,7 +94,7 @@ pub(super) async fn identify<'t>(
     tenant
         .admits(&route.name, risk)
         .map_err(ProxyError::Tenant)?;
-    if !route.cache.as_ref().is_some_and(|c| !c.rate_limit_hits) {
+    if route.cache.as_ref().is_none_or(|c| c.rate_limit_hits) {
         request_rate(shared, tenant).await?;
     }
     Ok(tenant)

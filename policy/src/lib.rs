@@ -38,6 +38,8 @@
 //!   lets it take requests (its own timeout; one failure marks nothing).
 //! - [`rollup`]: tenants' hourly rollups in the shared store (the key
 //!   layout the proxies write and the console reads).
+//! - [`split`]: weighted splits in a route's chain (which side a request
+//!   takes, stable across a fleet and a ramp; the order it tries pools in).
 //! - [`store_epoch`]: telling that the shared store lost its data (a marker
 //!   key with a fresh id; a proxy that saw one epoch and finds another).
 //! - [`structured`]: structured-output (JSON schema) checks of answers.
@@ -68,6 +70,7 @@ pub mod probe;
 pub mod request_path;
 pub mod retry_budget;
 pub mod rollup;
+pub mod split;
 pub mod store_epoch;
 pub mod stream;
 pub mod structured;
@@ -79,8 +82,8 @@ pub mod wall_clock;
 pub use approval::{ApprovalKey, Refusal};
 pub use balance::{EndpointLoad, Scoring};
 pub use document::{
-    CircuitSettings, FieldError, Gates, Policy, PolicyError, Pool, Price, Probe, ProbeKind,
-    Provider, QueueSettings, RetryOn, Risk, Route, RouteMatch,
+    ChainStep, CircuitSettings, FieldError, Gates, Policy, PolicyError, Pool, Price, Probe,
+    ProbeKind, Provider, QueueSettings, RetryOn, Risk, Route, RouteMatch,
 };
 pub use endpoint::{Endpoint, EndpointError, Scheme};
 pub use fallback::{next_step, Step, StopReason};

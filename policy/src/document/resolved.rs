@@ -366,6 +366,26 @@ impl Route {
         self.chain.iter().flat_map(ChainStep::pools)
     }
 
+    /// The pools that take traffic: [`Route::pools`] without a split's
+    /// sides of weight 0 (which no request tries, not even as a fallback).
+    pub fn serving_pools(&self) -> impl Iterator<Item = &str> + '_ {
+        self.chain.iter().flat_map(|step| {
+            let (one, sides) = match step {
+                ChainStep::Pool(name) => (Some(name.as_str()), None),
+                ChainStep::Split(s) => (
+                    None,
+                    Some(
+                        s.sides
+                            .iter()
+                            .filter(|s| s.weight > 0)
+                            .map(|s| s.pool.as_str()),
+                    ),
+                ),
+            };
+            one.into_iter().chain(sides.into_iter().flatten())
+        })
+    }
+
     /// The pool at chain position `at` (an index into [`Route::pools`]).
     pub fn pool_at(&self, at: usize) -> Option<&str> {
         self.pools().nth(at)

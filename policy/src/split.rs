@@ -269,8 +269,8 @@ pub struct SplitChoice {
 /// `None` only for a split whose weights sum to 0 (validation refuses it).
 pub fn choose(route: &str, split: &Split, keys: &SplitKeys<'_>) -> Option<(usize, KeyKind, bool)> {
     let (key, kind) = key_of(&split.sticky, keys);
-    let sticky_missing =
-        split.sticky != Sticky::RequestId && !matches!(kind, KeyKind::Tenant | KeyKind::Header);
+    let sticky_missing = split.sticky != Sticky::RequestId
+        && matches!(kind, KeyKind::RequestId | KeyKind::IdempotencyKey);
     let side = match key {
         Some(k) => {
             let first = split.sides.first().map_or("", |s| s.pool.as_str());

@@ -34,6 +34,9 @@
 //!   settled when it ends, and what happens while the store is down.
 //! - [`park`]: safe mode: a request parked as a task when every pool of
 //!   its route is down (states, approval, TTL, claim, oldest first).
+//! - [`ramp`]: a split's ramp: when its new side advances a step, holds,
+//!   or is rolled back to 0 (against the old side), and the mergeable
+//!   latency summary it reads.
 //! - [`probe`]: capacity probes: when what a probe said of an endpoint
 //!   lets it take requests (its own timeout; one failure marks nothing).
 //! - [`rollup`]: tenants' hourly rollups in the shared store (the key
@@ -67,6 +70,7 @@ pub mod outcome;
 pub mod park;
 pub mod prefix_cache;
 pub mod probe;
+pub mod ramp;
 pub mod request_path;
 pub mod retry_budget;
 pub mod rollup;

@@ -100,6 +100,8 @@ pub struct Split {
     pub sides: Vec<SplitSide>,
     /// Whose requests stay together.
     pub sticky: Sticky,
+    /// Its ramp, if any ([`crate::ramp`]): the first side is the new one.
+    pub ramp: Option<crate::ramp::Ramp>,
 }
 
 impl Split {
@@ -363,6 +365,7 @@ mod tests {
                 })
                 .collect(),
             sticky: Sticky::RequestId,
+            ramp: None,
         }
     }
 

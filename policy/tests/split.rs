@@ -32,6 +32,7 @@ fn split(weights: &[u32]) -> Split {
             })
             .collect(),
         sticky: Sticky::RequestId,
+        ramp: None,
     }
 }
 

@@ -63,9 +63,9 @@ pub use spec::{
     AffinityKind, ApprovalSpec, CacheSpec, ChainStepSpec, CircuitSpec, DefaultsSpec,
     EndpointOptions, EndpointSpec, EngineAwareSpec, GatesSpec, HealthCheckSpec, HedgeQuantile,
     HedgeSpec, HedgeTarget, MatchSpec, Metadata, OnAllDown, OutlierEjectionSpec, ParkSpec,
-    PolicyDocument, PoolSpec, PriceSpec, ProbeKind, ProbeSpec, Provider, QueueSpec,
-    RetryBudgetSpec, RetryOn, Risk, RouteSpec, SessionAffinitySpec, Spec, SplitSideSpec, SplitSpec,
-    StoreDown, TenantLimitsSpec, TenantSpec, DEFAULT_AZURE_API_VERSION,
+    PolicyDocument, PoolSpec, PriceSpec, ProbeKind, ProbeSpec, Provider, QueueSpec, RampGuardSpec,
+    RampSpec, RetryBudgetSpec, RetryOn, Risk, RouteSpec, SessionAffinitySpec, Spec, SplitSideSpec,
+    SplitSpec, StoreDown, TenantLimitsSpec, TenantSpec, DEFAULT_AZURE_API_VERSION,
 };
 
 /// The API version this crate understands.

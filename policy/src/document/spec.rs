@@ -697,7 +697,7 @@ pub struct RouteSpec {
 /// split (`{split: [{pool: new, weight: 10}, {pool: old, weight: 90}],
 /// sticky: tenant}`). A name reads and writes as a plain string, so a
 /// chain of names is the same document it always was.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum ChainStepSpec {
     /// A pool, by name.
     Pool(String),
@@ -753,7 +753,7 @@ impl<'de> Deserialize<'de> for ChainStepSpec {
 }
 
 /// A split as written.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SplitSpec {
     /// The sides, at least two (a ramp's new side first).
@@ -762,6 +762,40 @@ pub struct SplitSpec {
     /// `Idempotency-Key` or request id), `tenant`, or `header:NAME`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sticky: Option<String>,
+    /// Move the first (new) side up step by step while it behaves
+    /// ([`crate::ramp`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ramp: Option<RampSpec>,
+}
+
+/// A split's ramp as written.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RampSpec {
+    /// The new side's weights, strictly increasing, each in 1..=100.
+    pub steps: Vec<u32>,
+    /// How long a step lasts at least, seconds.
+    pub step_s: u64,
+    /// What a step must show to advance.
+    #[serde(default)]
+    pub guard: RampGuardSpec,
+}
+
+/// A ramp's guard as written; every field optional.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RampGuardSpec {
+    /// How far the new side's error rate may exceed the old side's, in
+    /// [0, 1] (default 0.01).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_error_rate: Option<f64>,
+    /// The new side's p95 over the old side's, at most (default 1.5;
+    /// 0: latency not guarded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_p95_ratio: Option<f64>,
+    /// Requests a side needs in a step before it is judged (default 100).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_requests: Option<u64>,
 }
 
 /// One side of a split as written.

@@ -1222,3 +1222,58 @@ fn every_split_error_names_its_field_and_reason() {
     );
     assert!(errors[0].1.contains("did you mean `weight`?"), "{errors:?}");
 }
+
+#[test]
+fn a_ramp_on_a_split_resolves_its_defaults_and_every_error_names_its_field() {
+    let with = |ramp: &str, sides: &str| {
+        format!("apiVersion: router/v1\nkind: RoutingPolicy\nspec:\n  pools:\n    - {{name: a}}\n    - {{name: b}}\n    - {{name: c}}\n  routes:\n    - name: r\n      chain: [{{split: [{sides}], ramp: {ramp}}}]\n")
+    };
+    let two = "{pool: a, weight: 10}, {pool: b, weight: 90}";
+    let p = load(
+        &with("{steps: [10, 25, 50, 100], step_s: 600}", two),
+        &QueueSettings::default(),
+    )
+    .unwrap();
+    let ChainStep::Split(s) = &p.routes[0].chain[0] else {
+        panic!()
+    };
+    let r = s.ramp.as_ref().unwrap();
+    assert_eq!(r.steps, [10, 25, 50, 100]);
+    assert_eq!(r.step, Duration::from_secs(600));
+    assert_eq!(r.guard.max_error_rate, 0.01);
+    assert_eq!(r.guard.max_p95_ratio, Some(1.5));
+    assert_eq!(r.guard.min_requests, 100);
+    let errors = |text: String| {
+        load(&text, &QueueSettings::default())
+            .unwrap_err()
+            .errors
+            .into_iter()
+            .map(|e| format!("{}: {}", e.field, e.reason))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        errors(with(
+            "{steps: [25, 10, 101], step_s: 0, guard: {max_error_rate: 2, max_p95_ratio: 0.5, min_requests: 0}}",
+            two
+        )),
+        [
+            "spec.routes[0].chain[0].ramp.steps[1]: steps must be strictly increasing",
+            "spec.routes[0].chain[0].ramp.steps[2]: must be in 1..=100 (percent)",
+            "spec.routes[0].chain[0].ramp.step_s: must be a positive number of seconds",
+            "spec.routes[0].chain[0].ramp.guard.max_error_rate: must be in [0, 1]",
+            "spec.routes[0].chain[0].ramp.guard.max_p95_ratio: must be at least 1 (or 0: latency not guarded)",
+            "spec.routes[0].chain[0].ramp.guard.min_requests: must be at least 1",
+        ]
+    );
+    assert_eq!(
+        errors(with(
+            "{steps: [10], step_s: 1}",
+            "{pool: a, weight: 10}, {pool: b, weight: 80}, {pool: c, weight: 10}"
+        )),
+        ["spec.routes[0].chain[0].ramp: a ramp needs a split of exactly two sides: the new one first, the old one second"]
+    );
+    assert_eq!(
+        errors(with("{steps: [10], step_s: 1}", "{pool: a, weight: 1}, {pool: b, weight: 1}")),
+        ["spec.routes[0].chain[0].ramp: a ramp's split has weights that sum to 100 (the new side's weight is its step)"]
+    );
+}

@@ -335,6 +335,11 @@ fn split(s: &SplitSpec, at: &str, errs: &mut Errors) -> Option<crate::split::Spl
             }
         },
     };
+    let ramp = s.ramp.as_ref().and_then(|r| {
+        let ramp = ramp(r, s, &format!("{at}.ramp"), errs);
+        ok &= ramp.is_some();
+        ramp
+    });
     ok.then(|| Split {
         sides: s
             .split
@@ -345,6 +350,75 @@ fn split(s: &SplitSpec, at: &str, errs: &mut Errors) -> Option<crate::split::Spl
             })
             .collect(),
         sticky,
+        ramp,
+    })
+}
+
+/// A split's ramp: two sides whose weights sum to 100 (it writes `new: w,
+/// old: 100 - w`), steps strictly increasing in 1..=100, a positive step
+/// time, a guard in range.
+fn ramp(
+    r: &crate::document::RampSpec,
+    s: &SplitSpec,
+    at: &str,
+    errs: &mut Errors,
+) -> Option<crate::ramp::Ramp> {
+    use crate::ramp::{Guard, Ramp};
+    let before = errs.0.len();
+    if s.split.len() != 2 {
+        errs.push(
+            at,
+            "a ramp needs a split of exactly two sides: the new one first, the old one second",
+        );
+    } else if s.split.iter().map(|x| u64::from(x.weight)).sum::<u64>() != 100 {
+        errs.push(
+            at,
+            "a ramp's split has weights that sum to 100 (the new side's weight is its step)",
+        );
+    }
+    if r.steps.is_empty() {
+        errs.push(format!("{at}.steps"), "needs at least one step");
+    }
+    for (j, w) in r.steps.iter().enumerate() {
+        if !(1..=100).contains(w) {
+            errs.push(format!("{at}.steps[{j}]"), "must be in 1..=100 (percent)");
+        } else if j > 0 && r.steps[j - 1] >= *w {
+            errs.push(
+                format!("{at}.steps[{j}]"),
+                "steps must be strictly increasing",
+            );
+        }
+    }
+    if r.step_s == 0 {
+        errs.push(
+            format!("{at}.step_s"),
+            "must be a positive number of seconds",
+        );
+    }
+    let g = &r.guard;
+    let max_error_rate = g.max_error_rate.unwrap_or(Guard::DEFAULT_MAX_ERROR_RATE);
+    if !(0.0..=1.0).contains(&max_error_rate) {
+        errs.push(format!("{at}.guard.max_error_rate"), "must be in [0, 1]");
+    }
+    let ratio = g.max_p95_ratio.unwrap_or(Guard::DEFAULT_MAX_P95_RATIO);
+    if !(ratio == 0.0 || (ratio.is_finite() && ratio >= 1.0)) {
+        errs.push(
+            format!("{at}.guard.max_p95_ratio"),
+            "must be at least 1 (or 0: latency not guarded)",
+        );
+    }
+    let min_requests = g.min_requests.unwrap_or(Guard::DEFAULT_MIN_REQUESTS);
+    if min_requests == 0 {
+        errs.push(format!("{at}.guard.min_requests"), "must be at least 1");
+    }
+    (errs.0.len() == before).then(|| Ramp {
+        steps: r.steps.clone(),
+        step: Duration::from_secs(r.step_s),
+        guard: Guard {
+            max_error_rate,
+            max_p95_ratio: (ratio > 0.0).then_some(ratio),
+            min_requests,
+        },
     })
 }
 

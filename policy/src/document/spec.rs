@@ -726,12 +726,16 @@ impl<'de> Deserialize<'de> for ChainStepSpec {
         impl<'de> serde::de::Visitor<'de> for Step {
             type Value = ChainStepSpec;
             fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str("a pool name or a split ({split: [{pool, weight}, ...]})")
+                f.write_str(
+                    "a pool name (quoted if YAML reads it as a number or a boolean) or a split ({split: [{pool, weight}, ...]})",
+                )
             }
             fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Self::Value, E> {
                 Ok(ChainStepSpec::Pool(v.to_owned()))
             }
-            // A pool named `7` in YAML is a number to `deserialize_any`.
+            // A pool named `7` in YAML is a number to `deserialize_any`
+            // (a plain integer's text is its value's; other numbers and
+            // booleans must be quoted).
             fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<Self::Value, E> {
                 Ok(ChainStepSpec::Pool(v.to_string()))
             }

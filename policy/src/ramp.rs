@@ -281,7 +281,8 @@ impl LatencyBuckets {
 
     /// The bucket of a latency in ms.
     pub fn bucket(ms: f64) -> usize {
-        if !(ms > 1.0) {
+        // NaN and anything up to 1 ms: the first bucket.
+        if ms.is_nan() || ms <= 1.0 {
             return 0;
         }
         let i = (ms.log2() * 4.0).ceil();

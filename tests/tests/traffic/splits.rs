@@ -336,3 +336,43 @@ async fn explain_says_which_side_a_request_takes_and_why() {
     tokio::time::sleep(Duration::from_millis(10)).await;
     assert_eq!(new.stats().received + old.stats().received, 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sticky_tenant_keeps_each_tenants_requests_on_one_side() {
+    let (new, old, last) = (
+        mock("new", Behavior::Json).await,
+        mock("old", Behavior::Json).await,
+        mock("last", Behavior::Json).await,
+    );
+    let split =
+        "[{split: [{pool: new, weight: 50}, {pool: old, weight: 50}], sticky: tenant}, last]";
+    let mut text = policy(&new.url(), &old.url(), &last.url(), split, "");
+    text.push_str("  tenants:\n");
+    for t in 0..10 {
+        text.push_str(&router_tests::harness::tenant_item(
+            &format!("team-{t}"),
+            &format!("key-of-team-{t}"),
+            "",
+        ));
+    }
+    let proxy = TestProxy::with_policy(settings(), &text).await;
+    let mut per_tenant = Vec::new();
+    for t in 0..10 {
+        let auth = format!("Bearer key-of-team-{t}");
+        let mut seen = Vec::new();
+        for n in 0..5 {
+            let id = format!("team-{t}-request-{n}");
+            let r = proxy
+                .chat_with(&[("authorization", &auth), ("x-request-id", &id)], BODY)
+                .await;
+            assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+            seen.push(r.header(MOCK_NAME_HEADER).unwrap().to_string());
+        }
+        assert!(seen.iter().all(|x| x == &seen[0]), "team-{t}: {seen:?}");
+        per_tenant.push(seen[0].clone());
+    }
+    assert!(per_tenant.iter().any(|s| s == "new"), "{per_tenant:?}");
+    assert!(per_tenant.iter().any(|s| s == "old"), "{per_tenant:?}");
+    let lines = proxy.log.wait_for(50).await;
+    assert!(lines.iter().all(|l| l["walk"][0]["key"] == "tenant"));
+}

@@ -110,6 +110,7 @@ fn print_explanation(e: &Explanation, output: Output) {
             );
             println!("requires_approval: {}", e.requires_approval);
             println!("reason:            {}", e.reason);
+            print_splits(&serde_json::to_value(&e.splits).unwrap_or_default());
             for s in &e.skipped {
                 println!("skipped:           {}: {}", s.pool, s.why);
             }
@@ -120,6 +121,25 @@ fn print_explanation(e: &Explanation, output: Output) {
                 print_on_all_down(&serde_json::to_value(p).unwrap_or_default());
             }
         }
+    }
+}
+
+/// A line per split of the route's chain: the side chosen and what on
+/// (`split: new (weight 10 of 100, by request_id)`).
+fn print_splits(splits: &serde_json::Value) {
+    for s in splits.as_array().into_iter().flatten() {
+        let key = s["key"].as_str().unwrap_or("?");
+        let by = match (key, s["sticky_missing"] == true) {
+            ("none", _) => "no key given: the heaviest side".to_string(),
+            (key, true) => format!("by {key} (the sticky key is missing)"),
+            (key, false) => format!("by {key}"),
+        };
+        println!(
+            "split:             {} (weight {} of {}, {by})",
+            s["pool"].as_str().unwrap_or("?"),
+            s["weight"],
+            s["total"]
+        );
     }
 }
 
@@ -189,6 +209,7 @@ pub fn print_explanation_json(json: &str, output: Output) -> ExitCode {
             );
             println!("requires_approval: {}", v["requires_approval"]);
             println!("reason:            {}", v["reason"].as_str().unwrap_or(""));
+            print_splits(&v["splits"]);
             if let Some(skipped) = v["skipped"].as_array() {
                 for s in skipped {
                     println!(

@@ -1334,3 +1334,50 @@ fn mock_and_up_finish_the_requests_in_flight_on_sigterm() {
     let _ = exit_code(&mut backend);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Issue 35: `route explain -f` offline on a route whose chain has a split
+/// says which side the situation's request takes, and on what key.
+#[test]
+fn route_explain_says_which_side_of_a_split_a_request_takes() {
+    let dir = std::env::temp_dir().join(format!("routerctl-split-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("policy.yaml");
+    std::fs::write(
+        &file,
+        "apiVersion: router/v1\nkind: RoutingPolicy\nspec:\n  pools: [{name: new}, {name: old}, {name: last}]\n  routes:\n    - name: r\n      chain: [{split: [{pool: new, weight: 10}, {pool: old, weight: 90}], sticky: tenant}, last]\n",
+    )
+    .unwrap();
+    let explain = |situation: &str| {
+        let mut child = Command::new(BIN)
+            .args(["route", "explain", "-f", file.to_str().unwrap()])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        {
+            use std::io::Write;
+            let mut stdin = child.stdin.take().unwrap();
+            stdin.write_all(situation.as_bytes()).unwrap();
+        }
+        let o = child.wait_with_output().unwrap();
+        assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+        text(&o)
+    };
+    let said = explain("{}");
+    assert!(said.contains("pool:              old\n"), "{said}");
+    assert!(
+        said.contains(
+            "split:             old (weight 90 of 100, no key given: the heaviest side)\n"
+        ),
+        "{said}"
+    );
+    let said = explain(r#"{"request_id": "r-7"}"#);
+    assert!(
+        said.contains("by request_id (the sticky key is missing)"),
+        "{said}"
+    );
+    let said = explain(r#"{"tenant": "acme"}"#);
+    assert!(said.contains(" of 100, by tenant)\n"), "{said}");
+    std::fs::remove_dir_all(&dir).ok();
+}

@@ -141,6 +141,28 @@ fn json_peek_seeds() {
     );
 }
 
+/// Weighted splits (issue 35): a sticky header and a ramp, a pool whose
+/// name YAML reads as a number, a side of weight 0.
+const SPLIT_POLICY: &str = r#"apiVersion: router/v1
+kind: RoutingPolicy
+metadata: {name: split}
+spec:
+  pools:
+    - {name: new, endpoints: ["127.0.0.1:9001"]}
+    - {name: old, endpoints: ["127.0.0.1:9002"]}
+    - {name: "7", endpoints: ["127.0.0.1:9003"]}
+  routes:
+    - name: canary
+      match: {model: ["gpt-*"]}
+      chain:
+        - split: [{pool: new, weight: 10}, {pool: old, weight: 90}]
+          sticky: "header:X-Session-Id"
+          ramp: {steps: [10, 25, 50, 100], step_s: 600, guard: {max_error_rate: 0.01, max_p95_ratio: 1.5, min_requests: 100}}
+        - 7
+    - name: default
+      chain: [{split: [{pool: old, weight: 1}, {pool: new, weight: 0}], sticky: tenant}]
+"#;
+
 fn policy_document_seeds() {
     let t = "policy_document";
     seed(
@@ -170,6 +192,7 @@ fn policy_document_seeds() {
         "unknown-field.yaml",
         "apiVersion: router/v1\nkind: RoutingPolicy\nspec: {pools: [{name: a, endpoint: []}]}\n",
     );
+    seed(t, "split-ramp.yaml", SPLIT_POLICY);
     seed(t, "anchors.yaml", "apiVersion: router/v1\nkind: RoutingPolicy\nspec:\n  pools:\n    - {name: a, endpoints: &eps [\"127.0.0.1:1\", \"https://h/v1\"]}\n    - {name: b, endpoints: *eps}\n  routes: [{name: r, chain: &chain [a, b]}, {name: s, chain: *chain}]\n");
 }
 

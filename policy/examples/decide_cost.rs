@@ -80,11 +80,12 @@ fn old_path(
         prompt: None,
         prefix_last_served: None,
         request: None,
+        ..Situation::default()
     };
-    for (i, name) in route.chain.iter().enumerate().take(measured) {
+    for (i, name) in route.pools().enumerate().take(measured) {
         situation
             .pools
-            .insert(name.clone(), black_box(measurements(i)));
+            .insert(name.to_owned(), black_box(measurements(i)));
     }
     let decision = decide(policy, &situation);
     *model = situation.model.take();
@@ -104,6 +105,7 @@ fn new_path(policy: &Policy, route: &Route, model: &Option<String>, path: &str) 
         deadline_ms: Some(30_000),
         input_tokens: Some(200),
         max_tokens: Some(256),
+        keys: Default::default(),
     };
     let verdict = decide_on_route(policy, route, &facts, |i, _| {
         Some(black_box(measurements(i)))

@@ -317,7 +317,7 @@ fn canonical(v: &serde_json::Value, out: &mut Vec<u8>) {
 /// once per policy, not per request.
 pub fn pools_text(policy: &crate::Policy, route: &crate::Route) -> Vec<u8> {
     let mut out = Vec::new();
-    for name in &route.chain {
+    for name in route.pools() {
         if let Some(pool) = policy.pool(name) {
             out.extend_from_slice(format!("{pool:?}").as_bytes());
         }

@@ -45,9 +45,16 @@
 //!    A gate without a measurement holds (a pool the situation does not
 //!    list is taken as healthy with no measurements); the proxy marks a pool
 //!    unhealthy itself when a configured probe has no fresh data.
-//! 3. The pools that pass, in chain order, are the candidates; the first
-//!    is the route's answer. With `allow_downgrade: false` only the chain's
-//!    first pool may ever be a candidate.
+//!
+//!    The pools are checked in the request's order ([`crate::split`]): the
+//!    chain's steps in order, a split as its chosen side (by the request's
+//!    sticky key: [`RequestFacts::keys`]) then its other sides of non-zero
+//!    weight, heaviest first. The reason says which side each split chose
+//!    and why (`split: new (weight 10 of 100, by request_id)`).
+//! 3. The pools that pass, in that order, are the candidates; the first
+//!    is the route's answer. With `allow_downgrade: false` only the
+//!    request's first pool (the chain's first, or a first split's chosen
+//!    side) may ever be a candidate.
 //! 4. No candidate: `budget_exceeded` when the cost ceiling is what ruled
 //!    out every pool that passed the other gates, else `no_backend`.
 
@@ -57,6 +64,7 @@ use std::fmt::{self, Write as _};
 use serde::{Deserialize, Serialize};
 
 use crate::document::{FieldError, Policy, Pool, Risk, Route};
+use crate::split::{ChainOrder, Headers, KeyKind, SplitChoice, SplitKeys};
 
 /// Output tokens assumed for the cost estimate when a request does not set
 /// `max_tokens`.
@@ -137,6 +145,18 @@ pub struct Situation {
     /// field, as the proxy passes it over ([`explain`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub request: Option<serde_json::Value>,
+    /// The request's id (`X-Request-Id`), a split's default key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_id: Option<String>,
+    /// The request's `Idempotency-Key` (a split's key before the id).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idempotency_key: Option<String>,
+    /// The caller's tenant (a split's key with `sticky: tenant`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
+    /// Request headers by name (a split's key with `sticky: header:NAME`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub headers: BTreeMap<String, String>,
 }
 
 /// A pool passed over, and why.
@@ -146,6 +166,36 @@ pub struct Skipped {
     pub pool: String,
     /// The first gate that failed.
     pub why: String,
+}
+
+/// A split's choice as `explain` shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SplitExplained {
+    /// The chosen side's pool.
+    pub pool: String,
+    /// Its weight.
+    pub weight: u32,
+    /// The split's total weight.
+    pub total: u64,
+    /// What the choice was keyed on (`request_id`, `idempotency_key`,
+    /// `tenant`, `header`; `none`: no key given, the heaviest side).
+    pub key: KeyKind,
+    /// The split's sticky key (tenant or header) was missing: the request
+    /// id was used.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub sticky_missing: bool,
+}
+
+impl SplitExplained {
+    fn of(route: &Route, c: &SplitChoice) -> Self {
+        Self {
+            pool: route.pool_at(c.at).unwrap_or_default().to_owned(),
+            weight: c.weight,
+            total: c.total,
+            key: c.key,
+            sticky_missing: c.sticky_missing,
+        }
+    }
 }
 
 /// Why no pool can take the request.
@@ -182,6 +232,9 @@ pub struct Decision {
     pub estimated_cost_usd: BTreeMap<String, f64>,
     /// One line a person can read.
     pub reason: String,
+    /// Each split of the chain: the side chosen and why.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub splits: Vec<SplitExplained>,
 }
 
 /// The answer of `explain`: the decision as the contract shows it.
@@ -205,6 +258,9 @@ pub struct Explanation {
     pub candidates: Vec<String>,
     /// `no_route`, `no_backend` or `budget_exceeded` when nothing fits.
     pub refusal: Option<Refusal>,
+    /// Each split of the route's chain: the side chosen and why.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub splits: Vec<SplitExplained>,
     /// For an engine-aware chosen pool: the endpoint and the signals used.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub balance: Option<crate::engine_aware::BalanceExplanation>,
@@ -255,6 +311,9 @@ pub struct RequestFacts<'a> {
     pub input_tokens: Option<u64>,
     /// The request's `max_tokens` ([`DEFAULT_MAX_TOKENS`] when `None`).
     pub max_tokens: Option<u64>,
+    /// What a split of the chain is keyed on (request id, idempotency
+    /// key, tenant, headers).
+    pub keys: SplitKeys<'a>,
 }
 
 impl Situation {
@@ -270,6 +329,12 @@ impl Situation {
             deadline_ms: self.deadline_ms,
             input_tokens: self.input_tokens,
             max_tokens: self.max_tokens,
+            keys: SplitKeys {
+                request_id: self.request_id.as_deref(),
+                idempotency_key: self.idempotency_key.as_deref(),
+                tenant: self.tenant.as_deref(),
+                headers: Headers::Pairs(&self.headers),
+            },
         }
     }
 }
@@ -278,9 +343,16 @@ impl Situation {
 /// of names: what [`decide_on_route`] answers.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Verdict {
-    /// Indices into the route's `chain` of the pools that may take the
-    /// request, in chain order; the first is the route's answer.
+    /// Chain positions ([`Route::pool_at`]) of the pools that may take the
+    /// request, in the request's order; the first is the route's answer.
     pub candidates: Vec<usize>,
+    /// The request's first pool before any gate (the chain's first, or a
+    /// first split's chosen side): a walk that starts elsewhere passed it
+    /// over.
+    pub first: Option<usize>,
+    /// Each split's choice, in chain order (empty, and not allocated,
+    /// without a split).
+    pub splits: Vec<SplitChoice>,
     /// Why nothing can take the request, when so (never
     /// [`Refusal::NoRoute`]: finding the route is the caller's business).
     pub refusal: Option<Refusal>,
@@ -296,9 +368,7 @@ impl Verdict {
     /// The candidates' pool names, given the route the verdict is for (an
     /// index past that route's chain is left out rather than a panic).
     pub fn candidate_names<'r>(&'r self, route: &'r Route) -> impl Iterator<Item = &'r str> + 'r {
-        self.candidates
-            .iter()
-            .filter_map(|&i| route.chain.get(i).map(String::as_str))
+        self.candidates.iter().filter_map(|&i| route.pool_at(i))
     }
 }
 
@@ -322,14 +392,17 @@ pub fn decide(policy: &Policy, situation: &Situation) -> Decision {
                 "no route matches risk {}, model {model:?}, path {path:?}",
                 risk.as_str()
             ),
+            splits: Vec::new(),
         };
     };
+    let order = route.order(&facts.keys);
     let mut candidates = Vec::new();
     let mut skipped = Vec::new();
     let mut costs = BTreeMap::new();
     let (refusal, reason) = decide_core(
         policy,
         route,
+        &order,
         &facts,
         |_, name| situation.pools.get(name).copied(),
         |_, name, outcome| match outcome {
@@ -352,6 +425,11 @@ pub fn decide(policy: &Policy, situation: &Situation) -> Decision {
         refusal,
         estimated_cost_usd: costs,
         reason,
+        splits: order
+            .splits
+            .iter()
+            .map(|c| SplitExplained::of(route, c))
+            .collect(),
     }
 }
 
@@ -367,11 +445,13 @@ pub fn decide(policy: &Policy, situation: &Situation) -> Decision {
 /// indices), the same refusal and the same reason.
 ///
 /// `measure(index, name)` gives the live measurements of the pool at
-/// `route.chain[index]`, or `None` when the pool is not measured (taken as
-/// healthy with no measurements, as a pool a [`Situation`] does not list).
-/// It is called at most once per chain position, in chain order, and only
-/// for pools that reach the gates: not for a name the policy lacks, nor for
-/// any pool after the first when the route has `allow_downgrade: false`.
+/// chain position `index` (`route.pool_at(index)`), or `None` when the
+/// pool is not measured (taken as healthy with no measurements, as a pool
+/// a [`Situation`] does not list). It is called at most once per chain
+/// position, in the request's order ([`Route::order`] for `facts.keys`),
+/// and only for pools that reach the gates: not for a name the policy
+/// lacks, nor for any pool after the first when the route has
+/// `allow_downgrade: false`, nor for a split's side of weight 0.
 ///
 /// Allocates only [`Verdict::candidates`] (once, at the first candidate)
 /// and [`Verdict::reason`]: no name is copied and no map is built. Whether
@@ -384,14 +464,16 @@ pub fn decide_on_route(
 ) -> Verdict {
     let mut candidates = Vec::new();
     let mut gated = Vec::new();
-    let (refusal, reason) = decide_core(policy, route, facts, measure, |i, _, outcome| {
+    let order = route.order(&facts.keys);
+    let mut visited = 0;
+    let (refusal, reason) = decide_core(policy, route, &order, facts, measure, |i, _, outcome| {
         if let Err(g) = outcome {
             gated.push((i, *g));
         } else {
             if candidates.capacity() == 0 {
                 // Room for every pool that may still pass.
                 let room = if route.allow_downgrade {
-                    route.chain.len() - i
+                    order.len() - visited
                 } else {
                     1
                 };
@@ -399,12 +481,15 @@ pub fn decide_on_route(
             }
             candidates.push(i);
         }
+        visited += 1;
     });
     Verdict {
         candidates,
+        first: order.first(),
         refusal,
         reason,
         gated,
+        splits: order.splits,
     }
 }
 
@@ -419,14 +504,16 @@ fn estimate_cost(pool: &Pool, facts: &RequestFacts<'_>) -> f64 {
 
 /// The one gate loop behind [`decide`] and [`decide_on_route`].
 ///
-/// Walks `route.chain` in order and tells `visit` about each pool: its
-/// chain index, its name, and `Ok(estimated cost)` when it is a candidate
-/// or `Err` with the first gate that failed. Returns the refusal and the
-/// reason text, written as the loop goes (the skipped pools come before
-/// the chosen one in the text, and the chosen one is the first candidate).
+/// Walks the route's pools in the request's `order` and tells `visit`
+/// about each pool: its chain position, its name, and `Ok(estimated
+/// cost)` when it is a candidate or `Err` with the first gate that failed.
+/// Returns the refusal and the reason text, written as the loop goes (each
+/// split's choice first, then the skipped pools before the chosen one in
+/// the text, and the chosen one is the first candidate).
 fn decide_core<'p>(
     policy: &'p Policy,
     route: &'p Route,
+    order: &ChainOrder,
     facts: &RequestFacts<'_>,
     mut measure: impl FnMut(usize, &str) -> Option<PoolMeasurements>,
     mut visit: impl FnMut(usize, &'p str, Result<f64, &Gated>),
@@ -444,14 +531,20 @@ fn decide_core<'p>(
     reason.push_str(" (risk ");
     reason.push_str(facts.risk.as_str());
     reason.push(')');
+    for c in &order.splits {
+        write_split(&mut reason, route, c);
+    }
     let mut chosen: Option<&str> = None;
     let mut over_ceiling = false;
     // Whether a pool was passed over for something else than its cost.
     let mut other_gates = false;
-    for (i, name) in route.chain.iter().enumerate() {
+    for (k, i) in order.iter().enumerate() {
+        let Some(name) = route.pool_at(i) else {
+            continue;
+        };
         let outcome = match policy.pool(name) {
             None => Err(Gated::NotInPolicy),
-            Some(_) if !route.allow_downgrade && i > 0 => Err(Gated::NoDowngrade),
+            Some(_) if !route.allow_downgrade && k > 0 => Err(Gated::NoDowngrade),
             Some(pool) => {
                 let m = measure(i, name).unwrap_or_default();
                 let cost = estimate_cost(pool, facts);
@@ -496,6 +589,22 @@ fn decide_core<'p>(
         None => reason.push_str("; no pool can take it"),
     }
     (refusal, reason)
+}
+
+/// Appends a split's choice to the reason: `; split: new (weight 10 of
+/// 100, by request_id)`.
+fn write_split(out: &mut String, route: &Route, c: &SplitChoice) {
+    let pool = route.pool_at(c.at).unwrap_or_default();
+    let by = match (c.key, c.sticky_missing) {
+        (KeyKind::None, _) => "no key given: the heaviest side".to_owned(),
+        (key, true) => format!("by {} (the sticky key is missing)", key.label()),
+        (key, false) => format!("by {}", key.label()),
+    };
+    let _ = write!(
+        out,
+        "; split: {pool} (weight {} of {}, {by})",
+        c.weight, c.total
+    );
 }
 
 /// Why a pool of the chain is passed over: the first gate that failed.
@@ -841,6 +950,7 @@ pub fn explain(policy: &Policy, situation: &Situation) -> Explanation {
         route: d.route,
         candidates: d.candidates,
         refusal: d.refusal,
+        splits: d.splits,
         balance: chosen
             .filter(|p| p.queue.scoring == crate::balance::Scoring::EngineAware)
             .map(|p| {
@@ -923,6 +1033,7 @@ spec:
             deadline_ms: None,
             input_tokens: Some(1000),
             max_tokens: Some(1000),
+            keys: SplitKeys::default(),
         }
     }
 
@@ -940,7 +1051,7 @@ spec:
         let route = &policy.routes[0];
         let mut asked = Vec::new();
         let v = decide_on_route(policy, route, &facts(), |i, name| {
-            assert_eq!(name, route.chain[i]);
+            assert_eq!(Some(name), route.pool_at(i));
             asked.push(i);
             Some(queue(depths[i]))
         });

@@ -34,10 +34,15 @@
 //!   settled when it ends, and what happens while the store is down.
 //! - [`park`]: safe mode: a request parked as a task when every pool of
 //!   its route is down (states, approval, TTL, claim, oldest first).
+//! - [`ramp`]: a split's ramp: when its new side advances a step, holds,
+//!   or is rolled back to 0 (against the old side), and the mergeable
+//!   latency summary it reads.
 //! - [`probe`]: capacity probes: when what a probe said of an endpoint
 //!   lets it take requests (its own timeout; one failure marks nothing).
 //! - [`rollup`]: tenants' hourly rollups in the shared store (the key
 //!   layout the proxies write and the console reads).
+//! - [`split`]: weighted splits in a route's chain (which side a request
+//!   takes, stable across a fleet and a ramp; the order it tries pools in).
 //! - [`store_epoch`]: telling that the shared store lost its data (a marker
 //!   key with a fresh id; a proxy that saw one epoch and finds another).
 //! - [`structured`]: structured-output (JSON schema) checks of answers.
@@ -65,9 +70,11 @@ pub mod outcome;
 pub mod park;
 pub mod prefix_cache;
 pub mod probe;
+pub mod ramp;
 pub mod request_path;
 pub mod retry_budget;
 pub mod rollup;
+pub mod split;
 pub mod store_epoch;
 pub mod stream;
 pub mod structured;
@@ -79,8 +86,8 @@ pub mod wall_clock;
 pub use approval::{ApprovalKey, Refusal};
 pub use balance::{EndpointLoad, Scoring};
 pub use document::{
-    CircuitSettings, FieldError, Gates, Policy, PolicyError, Pool, Price, Probe, ProbeKind,
-    Provider, QueueSettings, RetryOn, Risk, Route, RouteMatch,
+    ChainStep, CircuitSettings, FieldError, Gates, Policy, PolicyError, Pool, Price, Probe,
+    ProbeKind, Provider, QueueSettings, RetryOn, Risk, Route, RouteMatch,
 };
 pub use endpoint::{Endpoint, EndpointError, Scheme};
 pub use fallback::{next_step, Step, StopReason};

@@ -232,8 +232,9 @@ fn serialize_method<S: serde::Serializer>(m: &http::Method, s: S) -> Result<S::O
 /// ([`router_policy::walk::Note`]), with its pool's name.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct WalkNote {
-    /// What happened (`gated`: the policy's decision passed the pool over
-    /// before the walk; then the walk's `failed`, `shed`,
+    /// What happened (`split`: a split of the chain chose this pool;
+    /// `gated`: the policy's decision passed the pool over before the
+    /// walk; then the walk's `failed`, `shed`,
     /// `retried_in_pool`, `unavailable`, `skipped_for_time`,
     /// `passed_over_marked`, `tried_as_hedge`, `stopped`).
     pub note: &'static str,
@@ -246,6 +247,13 @@ pub struct WalkNote {
     /// Why (the pool's unavailability, the skip, the stop).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub why: Option<&'static str>,
+    /// `split`: the chosen side's weight.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub weight: Option<u32>,
+    /// `split`: what the choice was keyed on (`request_id`,
+    /// `idempotency_key`, `tenant`, `header`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub key: Option<&'static str>,
 }
 
 impl WalkNote {
@@ -257,6 +265,21 @@ impl WalkNote {
             pool: Some(pool),
             outcome: None,
             why: Some(why),
+            weight: None,
+            key: None,
+        }
+    }
+
+    /// A split of the chain chose `pool` (its side's `weight`), keyed on
+    /// `key` (`router_policy::split::KeyKind::label`).
+    pub fn split(pool: Arc<str>, weight: u32, key: &'static str) -> Self {
+        Self {
+            note: "split",
+            pool: Some(pool),
+            outcome: None,
+            why: None,
+            weight: Some(weight),
+            key: Some(key),
         }
     }
 
@@ -268,6 +291,8 @@ impl WalkNote {
             pool: f.at.and_then(pool),
             outcome: f.outcome,
             why: f.why,
+            weight: None,
+            key: None,
         }
     }
 }

@@ -52,8 +52,12 @@ pub(super) struct Exchange {
     pub(super) operation: &'static str,
     pub(super) risk: Risk,
     pub(super) structured: Option<router_policy::structured::Expected>,
-    /// Indices into the route's chain of the pools that may take it.
+    /// Chain positions of the pools that may take it, in its order.
     pub(super) candidates: Vec<usize>,
+    /// The chain position of the request's first pool (the chain's first,
+    /// or a first split's chosen side): a walk that begins elsewhere
+    /// counts as a fallback from it.
+    pub(super) first: usize,
     pub(super) estimated_input_tokens: u64,
     /// The request's output cap, the largest it gave.
     pub(super) output_cap: Option<u64>,
@@ -143,9 +147,8 @@ impl Exchange {
                         if plan.first {
                             let rec = pending.rec();
                             rec.first_route = Some(Arc::clone(pool.shared_name()));
-                            if plan.at != 0 {
-                                rec.primary_passed_over =
-                                    route.chain.first().map(|p| Arc::from(&**p));
+                            if plan.at != self.first {
+                                rec.primary_passed_over = route.pool_at(self.first).map(Arc::from);
                             }
                         }
                         let avoid = if plan.in_pool {
@@ -294,7 +297,7 @@ fn attempt_deadline(now: Instant, timeout: Duration, request_deadline: Option<In
 impl Exchange {
     /// Carries out a signal of the walk: the log line, the metric, the span.
     fn signal(&self, signal: Signal, route: &Route, pending: &mut Pending) {
-        let name = |at: usize| route.chain.get(at).map_or("", |n| n.as_str());
+        let name = |at: usize| route.pool_at(at).unwrap_or("");
         match signal {
             Signal::FellBack { from, outcome } => {
                 if let Some(cx) = &self.otel {
@@ -532,8 +535,7 @@ impl<'a> LivePools<'a> {
     /// The pool at the route's chain position `at`.
     fn pool(&self, at: usize) -> Option<&Arc<PoolRuntime>> {
         self.route
-            .chain
-            .get(at)
+            .pool_at(at)
             .and_then(|name| self.snapshot.pools.get(name))
     }
 
@@ -546,8 +548,7 @@ impl<'a> LivePools<'a> {
         let snapshot: &'a Snapshot = self.snapshot;
         let found = self
             .route
-            .chain
-            .get(at)
+            .pool_at(at)
             .and_then(|name| snapshot.policy.pool(name));
         if let Some(p) = found {
             self.last.set(Some((at, p)));
@@ -626,7 +627,7 @@ fn note_walk(walk: &Walk<'_>, view: &LivePools<'_>, pending: &mut Pending) -> St
     // After the notes of the pools the decision passed over (`gated`).
     let notes = walk.notes().iter().map(|n| WalkNote::of(n, pool));
     pending.rec().walk.extend(notes);
-    let name = |at: usize| route.chain.get(at).map_or("", |n| n.as_str());
+    let name = |at: usize| route.pool_at(at).unwrap_or("");
     let mut out = String::new();
     for (i, note) in walk.notes().iter().enumerate() {
         if i > 0 {

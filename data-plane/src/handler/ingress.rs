@@ -38,6 +38,7 @@ use router_dialect::Dialect;
 use router_json_peek::RequestPeek;
 use router_policy::approval::Refusal as TokenRefusal;
 use router_policy::decide::{decide_on_route, Refusal, RequestFacts};
+use router_policy::split::{Headers, SplitKeys};
 use subtle::ConstantTimeEq;
 use tokio::time::Instant;
 
@@ -53,7 +54,7 @@ use crate::forward::{self, UpstreamClient};
 use crate::idempotency::{self, Begin, Fingerprint, KeyedRequest};
 use crate::limits::Reservation;
 use crate::request_headers::RequestHeaders;
-use crate::route_log::{IdempotencyRole, WalkNote};
+use crate::route_log::{IdempotencyRole, RouteRecord, WalkNote};
 use crate::Shared;
 
 /// Paths whose JSON body's `model` selects the route.
@@ -524,8 +525,10 @@ struct Planned {
     /// The request's time bound: its header's, else the route's.
     deadline: Option<Duration>,
     deadline_at: Option<Instant>,
-    /// Indices into the route's chain of the pools that may take it.
+    /// Chain positions of the pools that may take it, in its order.
     candidates: Vec<usize>,
+    /// The chain position of its first pool before any gate.
+    first: usize,
     /// Why none may, when so.
     refusal: Option<Refusal>,
     estimated_input_tokens: u64,
@@ -550,6 +553,23 @@ fn plan(
     pending.rec().deadline_ms = deadline.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
     // Checked: a policy's deadline_ms may be anything up to u64::MAX.
     let deadline_at = deadline.map(|d| crate::clock::later(pending.t0, d, crate::clock::A_YEAR));
+    // Measured at the request's own start time: a few microseconds old,
+    // and one clock reading instead of one per pool call.
+    let t0 = pending.t0;
+    // A split's key: the request's `Idempotency-Key` or id (the same for
+    // every retry of the request), its tenant, its headers
+    // (`router_policy::split`).
+    let rec: &RouteRecord = pending.rec();
+    let keys = SplitKeys {
+        request_id: Some(rec.request_id.as_str()),
+        idempotency_key: seen
+            .idempotency_key
+            .as_ref()
+            .and_then(|v| v.to_str().ok())
+            .map(str::trim),
+        tenant: rec.tenant.as_deref(),
+        headers: Headers::Map(&parts.headers),
+    };
     let facts = RequestFacts {
         risk: arrival.risk,
         model: asked.model.as_deref(),
@@ -557,32 +577,43 @@ fn plan(
         // One definition of structured output: what is gated is what is
         // checked.
         structured_output: asked.structured.is_some(),
-        deadline_ms: pending.rec().deadline_ms,
+        deadline_ms: rec.deadline_ms,
         input_tokens: Some(asked.estimate.input_tokens),
         max_tokens: asked.estimate.max_tokens,
+        keys,
     };
-    // Measured at the request's own start time: a few microseconds old,
-    // and one clock reading instead of one per pool call.
-    let t0 = pending.t0;
     let decision = decide_on_route(&snapshot.policy, route, &facts, |_, name| {
         snapshot.pools.get(name).map(|p| p.measurements_at(t0))
     });
     pending.rec().reason = decision.reason;
+    // Each split's choice, typed (the reason says the same in words):
+    // the walk's first notes.
+    for c in &decision.splits {
+        let pool = route.pool_at(c.at).unwrap_or("");
+        let pool = match snapshot.pools.get(pool) {
+            Some(p) => Arc::clone(p.shared_name()),
+            None => Arc::from(pool),
+        };
+        pending
+            .rec()
+            .walk
+            .push(WalkNote::split(pool, c.weight, c.key.label()));
+    }
     // The pools the decision passed over, typed (the reason says the same
     // in words); none on the usual path.
     if !decision.gated.is_empty() {
         let name = |i: usize| {
-            let pool = route.chain.get(i).map_or("", String::as_str);
+            let pool = route.pool_at(i).unwrap_or("");
             match snapshot.pools.get(pool) {
                 Some(p) => Arc::clone(p.shared_name()),
                 None => Arc::from(pool),
             }
         };
-        pending.rec().walk = decision
+        let gated = decision
             .gated
             .iter()
-            .map(|&(i, g)| WalkNote::gated(name(i), g.label()))
-            .collect();
+            .map(|&(i, g)| WalkNote::gated(name(i), g.label()));
+        pending.rec().walk.extend(gated);
     }
     // A parked task's run carries its client's key to the backend but is
     // no keyed request of its own here: its task is what runs it once.
@@ -617,8 +648,9 @@ fn plan(
         deadline,
         deadline_at,
         candidates: decision.candidates,
+        first: decision.first.unwrap_or(0),
         refusal: decision.refusal,
-        estimated_input_tokens: facts.input_tokens.unwrap_or(0),
+        estimated_input_tokens: asked.estimate.input_tokens,
         keyed,
         park,
     }
@@ -664,7 +696,7 @@ fn outbound(
         };
         let policy = &snapshot.policy;
         let prepared = dialect::prepare(client, candidates, |k| {
-            let name = route.chain.get(k).map_or("", String::as_str);
+            let name = route.pool_at(k).unwrap_or("");
             (name.to_owned(), dialect::pool_dialect(policy.pool(name)))
         })?;
         if !prepared.notes.is_empty() {
@@ -682,7 +714,7 @@ fn outbound(
     let candidate_pools = || {
         candidates
             .iter()
-            .filter_map(|k| route.chain.get(*k))
+            .filter_map(|k| route.pool_at(*k))
             .filter_map(|name| snapshot.policy.pool(name))
     };
     let rewrites = json_call
@@ -768,6 +800,7 @@ fn exchange(
         risk: arrival.risk,
         structured: asked.structured,
         candidates: planned.candidates,
+        first: planned.first,
         estimated_input_tokens: planned.estimated_input_tokens,
         output_cap: asked.estimate.max_tokens,
         shared,

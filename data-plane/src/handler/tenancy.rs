@@ -184,8 +184,7 @@ async fn reserve_spend(
     rec: &RouteRecord,
 ) -> Result<Option<SpendHold>, ProxyError> {
     let prices = route
-        .chain
-        .iter()
+        .pools()
         .filter_map(|name| snapshot.policy.pool(name))
         .map(|p| p.price);
     let amount = router_policy::tenant::worst_case_micros(

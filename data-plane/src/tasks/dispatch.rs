@@ -223,13 +223,14 @@ fn draining(shared: &Shared) -> bool {
     shared.draining.load(std::sync::atomic::Ordering::Relaxed)
 }
 
-/// Whether a pool of `route`'s chain can take work now.
+/// Whether a pool of `route`'s chain can take work now (a split's side
+/// of weight 0 takes none).
 fn chain_ready(snapshot: &Snapshot, route: &str) -> bool {
     let Some(route) = snapshot.policy.routes.iter().find(|r| r.name == route) else {
         return false;
     };
     let now = Instant::now();
-    route.chain.iter().any(|name| {
+    route.serving_pools().any(|name| {
         snapshot
             .pools
             .get(name)

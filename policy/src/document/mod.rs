@@ -56,16 +56,16 @@ mod validate;
 mod tests;
 
 pub use resolved::{
-    AzureDeployment, CircuitSettings, Gates, Hedge, HedgeDelay, ParkSettings, Policy, Pool, Price,
-    Probe, QueueSettings, Route, RouteMatch, SessionAffinity,
+    AzureDeployment, ChainStep, CircuitSettings, Gates, Hedge, HedgeDelay, ParkSettings, Policy,
+    Pool, Price, Probe, QueueSettings, Route, RouteMatch, SessionAffinity,
 };
 pub use spec::{
-    AffinityKind, ApprovalSpec, CacheSpec, CircuitSpec, DefaultsSpec, EndpointOptions,
-    EndpointSpec, EngineAwareSpec, GatesSpec, HealthCheckSpec, HedgeQuantile, HedgeSpec,
-    HedgeTarget, MatchSpec, Metadata, OnAllDown, OutlierEjectionSpec, ParkSpec, PolicyDocument,
-    PoolSpec, PriceSpec, ProbeKind, ProbeSpec, Provider, QueueSpec, RetryBudgetSpec, RetryOn, Risk,
-    RouteSpec, SessionAffinitySpec, Spec, StoreDown, TenantLimitsSpec, TenantSpec,
-    DEFAULT_AZURE_API_VERSION,
+    AffinityKind, ApprovalSpec, CacheSpec, ChainStepSpec, CircuitSpec, DefaultsSpec,
+    EndpointOptions, EndpointSpec, EngineAwareSpec, GatesSpec, HealthCheckSpec, HedgeQuantile,
+    HedgeSpec, HedgeTarget, MatchSpec, Metadata, OnAllDown, OutlierEjectionSpec, ParkSpec,
+    PolicyDocument, PoolSpec, PriceSpec, ProbeKind, ProbeSpec, Provider, QueueSpec, RampGuardSpec,
+    RampSpec, RetryBudgetSpec, RetryOn, Risk, RouteSpec, SessionAffinitySpec, Spec, SplitSideSpec,
+    SplitSpec, StoreDown, TenantLimitsSpec, TenantSpec, DEFAULT_AZURE_API_VERSION,
 };
 
 /// The API version this crate understands.

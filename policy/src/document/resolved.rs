@@ -254,8 +254,12 @@ pub struct Route {
     pub name: String,
     /// What it takes.
     pub matches: RouteMatch,
-    /// Pool names, in order; each names a pool of the policy.
-    pub chain: Vec<String>,
+    /// The chain's steps, in order: pools and splits. Each pool is named
+    /// once in the whole chain. Read it through [`Route::order`] (the
+    /// pools one request tries, in order), [`Route::pools`] (every pool
+    /// the route can reach) and [`Route::pool_at`] (a chain position's
+    /// pool).
+    pub chain: Vec<ChainStep>,
     /// Deadline of requests without a deadline header.
     pub deadline: Option<Duration>,
     /// Longest single attempt.
@@ -286,6 +290,32 @@ pub struct Route {
     pub park: Option<ParkSettings>,
     /// The response cache; `None`: off.
     pub cache: Option<crate::cache::CacheSettings>,
+}
+
+/// One step of a route's chain.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ChainStep {
+    /// A pool, by name.
+    Pool(String),
+    /// A weighted split between pools ([`crate::split`]).
+    Split(crate::split::Split),
+}
+
+impl From<&str> for ChainStep {
+    fn from(name: &str) -> Self {
+        Self::Pool(name.to_owned())
+    }
+}
+
+impl ChainStep {
+    /// The step's pools as written (a split's sides in order).
+    pub fn pools(&self) -> impl Iterator<Item = &str> + '_ {
+        let (one, sides) = match self {
+            Self::Pool(name) => (Some(name.as_str()), None),
+            Self::Split(s) => (None, Some(s.sides.iter().map(|s| s.pool.as_str()))),
+        };
+        one.into_iter().chain(sides.into_iter().flatten())
+    }
 }
 
 /// A parking route's bounds, resolved.
@@ -328,6 +358,100 @@ pub enum HedgeDelay {
 }
 
 impl Route {
+    /// Every pool the route can reach, in the order written (a split's
+    /// sides in place, weight 0 included): the chain positions. For gates,
+    /// validation and pages that list a route's pools; the order one
+    /// request tries them in is [`Route::order`].
+    pub fn pools(&self) -> impl Iterator<Item = &str> + '_ {
+        self.chain.iter().flat_map(ChainStep::pools)
+    }
+
+    /// The pools that take traffic: [`Route::pools`] without a split's
+    /// sides of weight 0 (which no request tries, not even as a fallback).
+    pub fn serving_pools(&self) -> impl Iterator<Item = &str> + '_ {
+        self.chain.iter().flat_map(|step| {
+            let (one, sides) = match step {
+                ChainStep::Pool(name) => (Some(name.as_str()), None),
+                ChainStep::Split(s) => (
+                    None,
+                    Some(
+                        s.sides
+                            .iter()
+                            .filter(|s| s.weight > 0)
+                            .map(|s| s.pool.as_str()),
+                    ),
+                ),
+            };
+            one.into_iter().chain(sides.into_iter().flatten())
+        })
+    }
+
+    /// The pool at chain position `at` (an index into [`Route::pools`]).
+    pub fn pool_at(&self, at: usize) -> Option<&str> {
+        self.pools().nth(at)
+    }
+
+    /// How many pools the route can reach.
+    pub fn pool_count(&self) -> usize {
+        self.chain
+            .iter()
+            .map(|s| match s {
+                ChainStep::Pool(_) => 1,
+                ChainStep::Split(s) => s.sides.len(),
+            })
+            .sum()
+    }
+
+    /// The first pool written (a split's first side): what a route is
+    /// named by when one pool must stand for it.
+    pub fn first_pool(&self) -> Option<&str> {
+        self.pools().next()
+    }
+
+    /// Whether the chain has a split.
+    pub fn has_split(&self) -> bool {
+        self.chain.iter().any(|s| matches!(s, ChainStep::Split(_)))
+    }
+
+    /// The pools one request tries, in order, as chain positions
+    /// ([`crate::split`]): each pool step in place; each split as its
+    /// chosen side for `keys`, then its other sides of non-zero weight,
+    /// heaviest first; then the next steps. Without a split, `0..n` and
+    /// nothing allocated.
+    pub fn order(&self, keys: &crate::split::SplitKeys<'_>) -> crate::split::ChainOrder {
+        use crate::split::{choose, fallback_sides, ChainOrder, SplitChoice};
+        if !self.has_split() {
+            return ChainOrder::identity(self.pool_count());
+        }
+        let mut positions = Vec::with_capacity(self.pool_count());
+        let mut splits = Vec::new();
+        let mut base = 0;
+        for step in &self.chain {
+            match step {
+                ChainStep::Pool(_) => {
+                    positions.push(base);
+                    base += 1;
+                }
+                ChainStep::Split(split) => {
+                    if let Some((side, key, sticky_missing)) = choose(&self.name, split, keys) {
+                        positions.push(base + side);
+                        positions.extend(fallback_sides(split, side).into_iter().map(|i| base + i));
+                        splits.push(SplitChoice {
+                            at: base + side,
+                            side,
+                            weight: split.sides[side].weight,
+                            total: split.total(),
+                            key,
+                            sticky_missing,
+                        });
+                    }
+                    base += split.sides.len();
+                }
+            }
+        }
+        ChainOrder::of(positions, splits)
+    }
+
     /// True when `failure` moves the request on.
     pub fn retries_on(&self, failure: RetryOn) -> bool {
         self.fallback && self.retry_on.contains(&failure)
@@ -390,7 +514,7 @@ impl Policy {
             routes: vec![Route {
                 name: "default".into(),
                 matches: RouteMatch::default(),
-                chain: vec!["default".into()],
+                chain: vec![ChainStep::Pool("default".into())],
                 deadline: None,
                 attempt_timeout: None,
                 retry_on: RetryOn::DEFAULT.to_vec(),
@@ -442,8 +566,7 @@ impl Policy {
                 .filter(|m| !m.ends_with('*'))
                 .map(String::as_str);
             let pools = r
-                .chain
-                .iter()
+                .pools()
                 .filter_map(|p| self.pool(p).and_then(|p| p.model.as_deref()));
             exact.chain(pools)
         });
@@ -473,7 +596,7 @@ impl Route {
         Self {
             name: "r".into(),
             matches: RouteMatch::default(),
-            chain,
+            chain: chain.into_iter().map(ChainStep::Pool).collect(),
             deadline: None,
             attempt_timeout: None,
             retry_on: retry_on.to_vec(),

@@ -638,9 +638,9 @@ pub struct RouteSpec {
     /// What requests the route takes; empty matches everything.
     #[serde(rename = "match", default)]
     pub matches: MatchSpec,
-    /// Pools to try, in order.
+    /// Pools to try, in order: each step a pool's name or a split.
     #[serde(default)]
-    pub chain: Vec<String>,
+    pub chain: Vec<ChainStepSpec>,
     /// End-to-end budget of a request without `X-Router-Deadline-Ms`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deadline_ms: Option<u64>,
@@ -691,6 +691,125 @@ pub struct RouteSpec {
     /// The response cache (off without it; see `router_policy::cache`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache: Option<CacheSpec>,
+}
+
+/// One step of a route's chain as written: a pool's name (`fast`), or a
+/// split (`{split: [{pool: new, weight: 10}, {pool: old, weight: 90}],
+/// sticky: tenant}`). A name reads and writes as a plain string, so a
+/// chain of names is the same document it always was.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ChainStepSpec {
+    /// A pool, by name.
+    Pool(String),
+    /// A weighted split ([`crate::split`]).
+    Split(SplitSpec),
+}
+
+impl From<&str> for ChainStepSpec {
+    fn from(name: &str) -> Self {
+        Self::Pool(name.to_owned())
+    }
+}
+
+impl Serialize for ChainStepSpec {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Self::Pool(name) => s.serialize_str(name),
+            Self::Split(split) => split.serialize(s),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for ChainStepSpec {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Step;
+        impl<'de> serde::de::Visitor<'de> for Step {
+            type Value = ChainStepSpec;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(
+                    "a pool name (quoted if YAML reads it as a number or a boolean) or a split ({split: [{pool, weight}, ...]})",
+                )
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Self::Value, E> {
+                Ok(ChainStepSpec::Pool(v.to_owned()))
+            }
+            // A pool named `7` in YAML is a number to `deserialize_any`
+            // (a plain integer's text is its value's; other numbers and
+            // booleans must be quoted).
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<Self::Value, E> {
+                Ok(ChainStepSpec::Pool(v.to_string()))
+            }
+            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<Self::Value, E> {
+                Ok(ChainStepSpec::Pool(v.to_string()))
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                map: A,
+            ) -> Result<Self::Value, A::Error> {
+                // The map's own deserializer: unknown fields and bad
+                // values keep their paths.
+                SplitSpec::deserialize(serde::de::value::MapAccessDeserializer::new(map))
+                    .map(ChainStepSpec::Split)
+            }
+        }
+        d.deserialize_any(Step)
+    }
+}
+
+/// A split as written.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SplitSpec {
+    /// The sides, at least two (a ramp's new side first).
+    pub split: Vec<SplitSideSpec>,
+    /// Whose requests stay on one side: absent (each request, by its
+    /// `Idempotency-Key` or request id), `tenant`, or `header:NAME`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sticky: Option<String>,
+    /// Move the first (new) side up step by step while it behaves
+    /// ([`crate::ramp`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ramp: Option<RampSpec>,
+}
+
+/// A split's ramp as written.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RampSpec {
+    /// The new side's weights, strictly increasing, each in 1..=100.
+    pub steps: Vec<u32>,
+    /// How long a step lasts at least, seconds.
+    pub step_s: u64,
+    /// What a step must show to advance.
+    #[serde(default)]
+    pub guard: RampGuardSpec,
+}
+
+/// A ramp's guard as written; every field optional.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RampGuardSpec {
+    /// How far the new side's error rate may exceed the old side's, in
+    /// [0, 1] (default 0.01).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_error_rate: Option<f64>,
+    /// The new side's p95 over the old side's, at most (default 1.5;
+    /// 0: latency not guarded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_p95_ratio: Option<f64>,
+    /// Requests a side needs in a step before it is judged (default 100).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_requests: Option<u64>,
+}
+
+/// One side of a split as written.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SplitSideSpec {
+    /// The pool.
+    pub pool: String,
+    /// Its weight: a non-negative integer (the share is weight / sum).
+    pub weight: u32,
 }
 
 /// A route's response cache as written.

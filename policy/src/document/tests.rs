@@ -420,7 +420,8 @@ spec:
 #[test]
 fn sidecar_policy_has_one_default_route() {
     let p = Policy::sidecar(QueueSettings::default(), None);
-    assert_eq!(p.route_for(Some("m"), "/x").unwrap().chain, vec!["default"]);
+    let route = p.route_for(Some("m"), "/x").unwrap();
+    assert_eq!(route.pools().collect::<Vec<_>>(), vec!["default"]);
     assert!(p.pool("default").unwrap().endpoints.is_empty());
 }
 
@@ -1102,4 +1103,181 @@ fn a_routes_cache_resolves_and_its_mistakes_are_refused_with_their_fields() {
     assert_eq!(err.errors[0].field, "spec.routes[1].cache.ttl_s", "{err}");
     let unknown = text.replace("ttl_s: 300", "ttl_s: 300, semantic: true");
     assert!(load(&unknown, &QueueSettings::default()).is_err());
+}
+
+const SPLIT: &str = "apiVersion: router/v1\nkind: RoutingPolicy\nspec:\n  pools:\n    - {name: new}\n    - {name: old}\n    - {name: fallback}\n  routes:\n    - name: r\n      chain: [{split: [{pool: new, weight: 10}, {pool: old, weight: 90}], sticky: tenant}, fallback]\n";
+
+#[test]
+fn a_split_step_parses_validates_and_lists_its_pools() {
+    let p = load(SPLIT, &QueueSettings::default()).unwrap();
+    let r = &p.routes[0];
+    assert_eq!(r.pools().collect::<Vec<_>>(), ["new", "old", "fallback"]);
+    assert_eq!(r.pool_count(), 3);
+    assert_eq!(r.pool_at(2), Some("fallback"));
+    assert_eq!(r.pool_at(3), None);
+    let ChainStep::Split(s) = &r.chain[0] else {
+        panic!("{:?}", r.chain)
+    };
+    assert_eq!(s.sticky, crate::split::Sticky::Tenant);
+    assert_eq!(s.total(), 100);
+    assert_eq!(r.chain[1], ChainStep::Pool("fallback".into()));
+    // The order of one request: its side, the other side, then the chain.
+    let order = r.order(&crate::split::SplitKeys {
+        tenant: Some("acme"),
+        ..Default::default()
+    });
+    let positions: Vec<usize> = order.iter().collect();
+    assert_eq!(positions.len(), 3);
+    assert_eq!(positions[2], 2);
+    assert_eq!(order.splits.len(), 1);
+    assert_eq!(order.first(), Some(order.splits[0].at));
+    assert_eq!(order.splits[0].key, crate::split::KeyKind::Tenant);
+}
+
+#[test]
+fn a_chain_of_names_reads_and_writes_as_it_always_did() {
+    let doc = PolicyDocument::parse(GOOD).unwrap();
+    assert_eq!(
+        doc.spec.routes[0].chain,
+        [ChainStepSpec::from("fast"), ChainStepSpec::from("cloud")]
+    );
+    let json = serde_json::to_value(&doc.spec.routes[0]).unwrap();
+    assert_eq!(json["chain"], serde_json::json!(["fast", "cloud"]));
+    let yaml = serde_yaml_ng::to_string(&doc.spec.routes[1]).unwrap();
+    assert!(yaml.contains("chain:\n- cloud\n"), "{yaml}");
+    // A split writes back as written, and reads again to the same.
+    let split = PolicyDocument::parse(SPLIT).unwrap();
+    let text = serde_json::to_string(&split).unwrap();
+    assert!(
+        text.contains(r#""chain":[{"split":[{"pool":"new","weight":10},{"pool":"old","weight":90}],"sticky":"tenant"},"fallback"]"#),
+        "{text}"
+    );
+    assert_eq!(PolicyDocument::parse(&text).unwrap(), split);
+    // A pool whose name YAML reads as a number is still a name.
+    let numbered = "apiVersion: router/v1\nkind: RoutingPolicy\nspec:\n  pools: [{name: \"7\"}]\n  routes: [{name: r, chain: [7]}]\n";
+    let p = load(numbered, &QueueSettings::default()).unwrap();
+    assert_eq!(p.routes[0].first_pool(), Some("7"));
+}
+
+#[test]
+fn every_split_error_names_its_field_and_reason() {
+    let bad = |chain: &str| {
+        let text = format!("apiVersion: router/v1\nkind: RoutingPolicy\nspec:\n  pools:\n    - {{name: a}}\n    - {{name: b}}\n    - {{name: c}}\n  routes:\n    - name: r\n      chain: {chain}\n");
+        load(&text, &QueueSettings::default())
+            .unwrap_err()
+            .errors
+            .into_iter()
+            .map(|e| (e.field, e.reason))
+            .collect::<Vec<_>>()
+    };
+    let one = |field: &str, reason: &str| vec![(field.to_string(), reason.to_string())];
+    assert_eq!(
+        bad("[{split: [{pool: a, weight: 0}, {pool: b, weight: 0}]}]"),
+        one(
+            "spec.routes[0].chain[0].split",
+            "the weights are all 0: at least one side must take traffic"
+        )
+    );
+    assert_eq!(
+        bad("[{split: [{pool: a, weight: 100}]}]"),
+        one(
+            "spec.routes[0].chain[0].split",
+            "a split needs at least two sides (a single pool is written as its name)"
+        )
+    );
+    assert_eq!(
+        bad("[{split: [{pool: a, weight: 1}, {pool: b, weight: 1}], sticky: session}]"),
+        one(
+            "spec.routes[0].chain[0].sticky",
+            "\"session\" is not request_id, tenant or header:<name>"
+        )
+    );
+    // A pool twice in one chain, a split's side counting.
+    assert_eq!(
+        bad("[a, {split: [{pool: b, weight: 1}, {pool: a, weight: 1}]}]"),
+        one(
+            "spec.routes[0].chain[1].split[1].pool",
+            "pool \"a\" appears twice"
+        )
+    );
+    assert_eq!(
+        bad("[{split: [{pool: a, weight: 1}, {pool: nope, weight: 1}]}, c]"),
+        one(
+            "spec.routes[0].chain[0].split[1].pool",
+            "unknown pool \"nope\""
+        )
+    );
+    // Weights are non-negative integers: the rest is a shape error.
+    for weight in ["-1", "2.5", "ten"] {
+        let errors = bad(&format!(
+            "[{{split: [{{pool: a, weight: {weight}}}, {{pool: b, weight: 1}}]}}]"
+        ));
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert_eq!(
+            errors[0].0, "spec.routes[0].chain[0].split[0].weight",
+            "{errors:?}"
+        );
+    }
+    // A misspelt field inside a split: its path and a "did you mean".
+    let errors = bad("[{split: [{pool: a, wieght: 1}, {pool: b, weight: 1}]}]");
+    assert_eq!(
+        errors[0].0, "spec.routes[0].chain[0].split[0].wieght",
+        "{errors:?}"
+    );
+    assert!(errors[0].1.contains("did you mean `weight`?"), "{errors:?}");
+}
+
+#[test]
+fn a_ramp_on_a_split_resolves_its_defaults_and_every_error_names_its_field() {
+    let with = |ramp: &str, sides: &str| {
+        format!("apiVersion: router/v1\nkind: RoutingPolicy\nspec:\n  pools:\n    - {{name: a}}\n    - {{name: b}}\n    - {{name: c}}\n  routes:\n    - name: r\n      chain: [{{split: [{sides}], ramp: {ramp}}}]\n")
+    };
+    let two = "{pool: a, weight: 10}, {pool: b, weight: 90}";
+    let p = load(
+        &with("{steps: [10, 25, 50, 100], step_s: 600}", two),
+        &QueueSettings::default(),
+    )
+    .unwrap();
+    let ChainStep::Split(s) = &p.routes[0].chain[0] else {
+        panic!()
+    };
+    let r = s.ramp.as_ref().unwrap();
+    assert_eq!(r.steps, [10, 25, 50, 100]);
+    assert_eq!(r.step, Duration::from_secs(600));
+    assert_eq!(r.guard.max_error_rate, 0.01);
+    assert_eq!(r.guard.max_p95_ratio, Some(1.5));
+    assert_eq!(r.guard.min_requests, 100);
+    let errors = |text: String| {
+        load(&text, &QueueSettings::default())
+            .unwrap_err()
+            .errors
+            .into_iter()
+            .map(|e| format!("{}: {}", e.field, e.reason))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        errors(with(
+            "{steps: [25, 10, 101], step_s: 0, guard: {max_error_rate: 2, max_p95_ratio: 0.5, min_requests: 0}}",
+            two
+        )),
+        [
+            "spec.routes[0].chain[0].ramp.steps[1]: steps must be strictly increasing",
+            "spec.routes[0].chain[0].ramp.steps[2]: must be in 1..=100 (percent)",
+            "spec.routes[0].chain[0].ramp.step_s: must be a positive number of seconds",
+            "spec.routes[0].chain[0].ramp.guard.max_error_rate: must be in [0, 1]",
+            "spec.routes[0].chain[0].ramp.guard.max_p95_ratio: must be at least 1 (or 0: latency not guarded)",
+            "spec.routes[0].chain[0].ramp.guard.min_requests: must be at least 1",
+        ]
+    );
+    assert_eq!(
+        errors(with(
+            "{steps: [10], step_s: 1}",
+            "{pool: a, weight: 10}, {pool: b, weight: 80}, {pool: c, weight: 10}"
+        )),
+        ["spec.routes[0].chain[0].ramp: a ramp needs a split of exactly two sides: the new one first, the old one second"]
+    );
+    assert_eq!(
+        errors(with("{steps: [10], step_s: 1}", "{pool: a, weight: 1}, {pool: b, weight: 1}")),
+        ["spec.routes[0].chain[0].ramp: a ramp's split has weights that sum to 100 (the new side's weight is its step)"]
+    );
 }

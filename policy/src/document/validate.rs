@@ -40,12 +40,12 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use super::{
-    positive_duration, ApprovalSpec, CacheSpec, CircuitSettings, CircuitSpec, DefaultsSpec,
-    EndpointSpec, FieldError, Gates, GatesSpec, Hedge, HedgeDelay, HedgeQuantile, HedgeSpec,
-    MatchSpec, OnAllDown, ParkSettings, Policy, PolicyDocument, PolicyError, Pool, PoolSpec, Price,
-    PriceSpec, Probe, ProbeKind, ProbeSpec, QueueSettings, QueueSpec, RetryBudgetSpec, RetryOn,
-    Risk, Route, RouteMatch, RouteSpec, SessionAffinity, SessionAffinitySpec, TenantSpec,
-    API_VERSION, KIND,
+    positive_duration, ApprovalSpec, CacheSpec, ChainStep, ChainStepSpec, CircuitSettings,
+    CircuitSpec, DefaultsSpec, EndpointSpec, FieldError, Gates, GatesSpec, Hedge, HedgeDelay,
+    HedgeQuantile, HedgeSpec, MatchSpec, OnAllDown, ParkSettings, Policy, PolicyDocument,
+    PolicyError, Pool, PoolSpec, Price, PriceSpec, Probe, ProbeKind, ProbeSpec, QueueSettings,
+    QueueSpec, RetryBudgetSpec, RetryOn, Risk, Route, RouteMatch, RouteSpec, SessionAffinity,
+    SessionAffinitySpec, SplitSpec, TenantSpec, API_VERSION, KIND,
 };
 use super::{AffinityKind, EngineAwareSpec};
 use crate::balance::Scoring;

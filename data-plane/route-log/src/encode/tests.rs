@@ -630,10 +630,14 @@ fn random_record(rng: &mut Rng) -> RouteRecord {
                     Note::Stopped(router_policy::StopReason::RetryBudgetExhausted),
                     Note::RetriedInPool(2),
                 ];
-                let k = rng.below(4) as usize;
+                let k = rng.below(5) as usize;
                 let name: std::sync::Arc<str> = std::sync::Arc::from(pick(rng));
                 let named = rng.below(2) == 0;
-                WalkNote::of(&notes[k], |_| named.then(|| name.clone()))
+                match notes.get(k) {
+                    Some(note) => WalkNote::of(note, |_| named.then(|| name.clone())),
+                    // A split's choice.
+                    None => WalkNote::split(name, rng.below(101) as u32, "request_id"),
+                }
             })
             .collect(),
         model: some(rng).then(|| pick(rng).into()),

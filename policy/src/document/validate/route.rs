@@ -21,7 +21,7 @@ pub(super) fn route(
     context: &RouteContext<'_>,
     errs: &mut Errors,
 ) -> Route {
-    chain(&r.chain, at, &context.pool_names, errs);
+    let chain = chain(&r.chain, at, &context.pool_names, errs);
     let matches = route_match(&r.matches, at, errs);
     if let Some(c) = r.cost_ceiling_per_call_usd {
         if !(c.is_finite() && c >= 0.0) {
@@ -60,7 +60,7 @@ pub(super) fn route(
     Route {
         name: r.name.clone(),
         matches,
-        chain: r.chain.clone(),
+        chain,
         deadline,
         attempt_timeout,
         retry_on,
@@ -264,22 +264,163 @@ fn retry_budget(b: Option<&RetryBudgetSpec>, at: &str, errs: &mut Errors) -> Bud
     settings
 }
 
-/// A route's chain: not empty, each name a pool, no pool twice.
-fn chain(chain: &[String], at: &str, pool_names: &HashSet<&str>, errs: &mut Errors) {
+/// A route's chain: not empty, each name a pool, no pool twice in the
+/// whole chain (a split's sides count), each split valid ([`split`]).
+fn chain(
+    chain: &[ChainStepSpec],
+    at: &str,
+    pool_names: &HashSet<&str>,
+    errs: &mut Errors,
+) -> Vec<ChainStep> {
     if chain.is_empty() {
         errs.push(format!("{at}.chain"), "must name at least one pool");
     }
     let mut seen = HashSet::new();
-    for (j, name) in chain.iter().enumerate() {
-        if !pool_names.contains(name.as_str()) {
-            errs.push(format!("{at}.chain[{j}]"), format!("unknown pool {name:?}"));
-        } else if !seen.insert(name.as_str()) {
+    let mut name = |name: &str, field: String, errs: &mut Errors| {
+        if !pool_names.contains(name) {
+            errs.push(field, format!("unknown pool {name:?}"));
+        } else if !seen.insert(name.to_owned()) {
+            errs.push(field, format!("pool {name:?} appears twice"));
+        }
+    };
+    let mut steps = Vec::with_capacity(chain.len());
+    for (j, step) in chain.iter().enumerate() {
+        let field = format!("{at}.chain[{j}]");
+        match step {
+            ChainStepSpec::Pool(pool) => {
+                name(pool, field, errs);
+                steps.push(ChainStep::Pool(pool.clone()));
+            }
+            ChainStepSpec::Split(s) => {
+                for (k, side) in s.split.iter().enumerate() {
+                    name(&side.pool, format!("{field}.split[{k}].pool"), errs);
+                }
+                if let Some(split) = split(s, &field, errs) {
+                    steps.push(ChainStep::Split(split));
+                }
+            }
+        }
+    }
+    steps
+}
+
+/// A split: at least two sides, weights with a positive sum (each a
+/// non-negative integer: serde refuses the rest), a known `sticky`.
+fn split(s: &SplitSpec, at: &str, errs: &mut Errors) -> Option<crate::split::Split> {
+    use crate::split::{Split, SplitSide, Sticky};
+    let mut ok = true;
+    if s.split.len() < 2 {
+        errs.push(
+            format!("{at}.split"),
+            "a split needs at least two sides (a single pool is written as its name)",
+        );
+        ok = false;
+    } else if s.split.iter().all(|side| side.weight == 0) {
+        errs.push(
+            format!("{at}.split"),
+            "the weights are all 0: at least one side must take traffic",
+        );
+        ok = false;
+    }
+    let sticky = match s.sticky.as_deref() {
+        None => Sticky::RequestId,
+        Some(text) => match Sticky::parse(text) {
+            Some(sticky) => sticky,
+            None => {
+                errs.push(
+                    format!("{at}.sticky"),
+                    format!("{text:?} is not request_id, tenant or header:<name>"),
+                );
+                ok = false;
+                Sticky::RequestId
+            }
+        },
+    };
+    let ramp = s.ramp.as_ref().and_then(|r| {
+        let ramp = ramp(r, s, &format!("{at}.ramp"), errs);
+        ok &= ramp.is_some();
+        ramp
+    });
+    ok.then(|| Split {
+        sides: s
+            .split
+            .iter()
+            .map(|side| SplitSide {
+                pool: side.pool.clone(),
+                weight: side.weight,
+            })
+            .collect(),
+        sticky,
+        ramp,
+    })
+}
+
+/// A split's ramp: two sides whose weights sum to 100 (it writes `new: w,
+/// old: 100 - w`), steps strictly increasing in 1..=100, a positive step
+/// time, a guard in range.
+fn ramp(
+    r: &crate::document::RampSpec,
+    s: &SplitSpec,
+    at: &str,
+    errs: &mut Errors,
+) -> Option<crate::ramp::Ramp> {
+    use crate::ramp::{Guard, Ramp};
+    let before = errs.0.len();
+    if s.split.len() != 2 {
+        errs.push(
+            at,
+            "a ramp needs a split of exactly two sides: the new one first, the old one second",
+        );
+    } else if s.split.iter().map(|x| u64::from(x.weight)).sum::<u64>() != 100 {
+        errs.push(
+            at,
+            "a ramp's split has weights that sum to 100 (the new side's weight is its step)",
+        );
+    }
+    if r.steps.is_empty() {
+        errs.push(format!("{at}.steps"), "needs at least one step");
+    }
+    for (j, w) in r.steps.iter().enumerate() {
+        if !(1..=100).contains(w) {
+            errs.push(format!("{at}.steps[{j}]"), "must be in 1..=100 (percent)");
+        } else if j > 0 && r.steps[j - 1] >= *w {
             errs.push(
-                format!("{at}.chain[{j}]"),
-                format!("pool {name:?} appears twice"),
+                format!("{at}.steps[{j}]"),
+                "steps must be strictly increasing",
             );
         }
     }
+    if r.step_s == 0 {
+        errs.push(
+            format!("{at}.step_s"),
+            "must be a positive number of seconds",
+        );
+    }
+    let g = &r.guard;
+    let max_error_rate = g.max_error_rate.unwrap_or(Guard::DEFAULT_MAX_ERROR_RATE);
+    if !(0.0..=1.0).contains(&max_error_rate) {
+        errs.push(format!("{at}.guard.max_error_rate"), "must be in [0, 1]");
+    }
+    let ratio = g.max_p95_ratio.unwrap_or(Guard::DEFAULT_MAX_P95_RATIO);
+    if !(ratio == 0.0 || (ratio.is_finite() && ratio >= 1.0)) {
+        errs.push(
+            format!("{at}.guard.max_p95_ratio"),
+            "must be at least 1 (or 0: latency not guarded)",
+        );
+    }
+    let min_requests = g.min_requests.unwrap_or(Guard::DEFAULT_MIN_REQUESTS);
+    if min_requests == 0 {
+        errs.push(format!("{at}.guard.min_requests"), "must be at least 1");
+    }
+    (errs.0.len() == before).then(|| Ramp {
+        steps: r.steps.clone(),
+        step: Duration::from_secs(r.step_s),
+        guard: Guard {
+            max_error_rate,
+            max_p95_ratio: (ratio > 0.0).then_some(ratio),
+            min_requests,
+        },
+    })
 }
 
 /// A route's match: model patterns that say something, an absolute path

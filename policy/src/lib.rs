@@ -36,6 +36,8 @@
 //!   its route is down (states, approval, TTL, claim, oldest first).
 //! - [`probe`]: capacity probes: when what a probe said of an endpoint
 //!   lets it take requests (its own timeout; one failure marks nothing).
+//! - [`quota`]: quota-aware admission: whether an (endpoint, key) may take
+//!   a request from what its provider's rate-limit headers said is left.
 //! - [`rollup`]: tenants' hourly rollups in the shared store (the key
 //!   layout the proxies write and the console reads).
 //! - [`store_epoch`]: telling that the shared store lost its data (a marker
@@ -65,6 +67,7 @@ pub mod outcome;
 pub mod park;
 pub mod prefix_cache;
 pub mod probe;
+pub mod quota;
 pub mod request_path;
 pub mod retry_budget;
 pub mod rollup;

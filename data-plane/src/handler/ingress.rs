@@ -557,8 +557,16 @@ fn plan(
     // Measured at the request's own start time: a few microseconds old,
     // and one clock reading instead of one per pool call.
     let t0 = pending.t0;
+    // The request's size against the pools' quotas (the `quota` gate).
+    let estimate = router_policy::quota::Estimate {
+        input: asked.estimate.input_tokens,
+        output: asked
+            .estimate
+            .max_tokens
+            .unwrap_or(router_policy::decide::DEFAULT_MAX_TOKENS),
+    };
     let decision = decide_on_route(&snapshot.policy, route, &facts, |_, name| {
-        snapshot.pools.get(name).map(|p| p.measurements_at(t0))
+        snapshot.pools.get(name).map(|p| p.measurements_for(t0, estimate))
     });
     pending.rec().reason = decision.reason;
     // The pools the decision passed over, typed (the reason says the same

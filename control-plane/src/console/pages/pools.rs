@@ -846,6 +846,7 @@ spec:
                                     health: "healthy".into(),
                                     suspect: String::new(),
                                     ejected: i % 211 == 0,
+                                    ..Default::default()
                                 })
                                 .collect(),
                         })

@@ -524,7 +524,11 @@ fn build(
         if let Some(eps) = src.overrides.get(&pool.name) {
             // With several keys, each address once per key.
             pool.endpoints = pool.keyed(eps);
-            if let Some(key) = secrets.api_keys.get(&pool.name).and_then(|k| k.all().next()) {
+            if let Some(key) = secrets
+                .api_keys
+                .get(&pool.name)
+                .and_then(|k| k.all().next())
+            {
                 for ep in eps.iter().filter(|ep| !key.sent_to(ep)) {
                     tracing::warn!(
                         pool = %pool.name,

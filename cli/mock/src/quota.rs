@@ -136,14 +136,23 @@ fn style_headers(
             let at = rfc3339(SystemTime::now() + reset_in);
             vec![
                 header("anthropic-ratelimit-requests-limit", q.requests.to_string()),
-                header("anthropic-ratelimit-requests-remaining", remaining.to_string()),
+                header(
+                    "anthropic-ratelimit-requests-remaining",
+                    remaining.to_string(),
+                ),
                 header("anthropic-ratelimit-requests-reset", at.clone()),
                 header("anthropic-ratelimit-tokens-limit", "1000000".into()),
                 header("anthropic-ratelimit-tokens-remaining", "999000".into()),
                 header("anthropic-ratelimit-tokens-reset", at.clone()),
-                header("anthropic-ratelimit-input-tokens-remaining", "800000".into()),
+                header(
+                    "anthropic-ratelimit-input-tokens-remaining",
+                    "800000".into(),
+                ),
                 header("anthropic-ratelimit-input-tokens-reset", at.clone()),
-                header("anthropic-ratelimit-output-tokens-remaining", "200000".into()),
+                header(
+                    "anthropic-ratelimit-output-tokens-remaining",
+                    "200000".into(),
+                ),
                 header("anthropic-ratelimit-output-tokens-reset", at),
             ]
         }

@@ -268,7 +268,10 @@ impl Exchange {
                 record.status = Some(status.as_u16());
                 // What the provider says is left of this key's quota, on
                 // every answer (2xx and 429 alike).
-                lease.observe_quota(resp.headers(), status == http::StatusCode::TOO_MANY_REQUESTS);
+                lease.observe_quota(
+                    resp.headers(),
+                    status == http::StatusCode::TOO_MANY_REQUESTS,
+                );
                 record.upstream_request_id = super::answer::upstream_request_id(resp.headers())
                     .map(|v| String::from_utf8_lossy(v.as_bytes()).into());
                 if let Some(ending) = AttemptEnding::of_status(status.as_u16()) {

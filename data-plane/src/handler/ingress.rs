@@ -566,7 +566,10 @@ fn plan(
             .unwrap_or(router_policy::decide::DEFAULT_MAX_TOKENS),
     };
     let decision = decide_on_route(&snapshot.policy, route, &facts, |_, name| {
-        snapshot.pools.get(name).map(|p| p.measurements_for(t0, estimate))
+        snapshot
+            .pools
+            .get(name)
+            .map(|p| p.measurements_for(t0, estimate))
     });
     pending.rec().reason = decision.reason;
     // The pools the decision passed over, typed (the reason says the same

@@ -150,7 +150,10 @@ async fn keys_with_headroom_take_the_traffic_and_rested_keys_come_back(
         let e = backend(&health, &format!("{cloud_url}#{var}"));
         assert_eq!(e["quota"]["requests_remaining"], 0, "{health}");
         assert_eq!(e["quota"]["resting"], "requests", "{health}");
-        assert!(e["quota"]["requests_reset_s"].as_f64().unwrap() > 0.0, "{health}");
+        assert!(
+            e["quota"]["requests_reset_s"].as_f64().unwrap() > 0.0,
+            "{health}"
+        );
     }
     let metrics = proxy.metrics().await;
     let gauge = format!(
@@ -178,7 +181,10 @@ async fn keys_with_headroom_take_the_traffic_and_rested_keys_come_back(
     // The route log names endpoints by variable too.
     let attempt = &lines[0]["attempts"][0]["endpoint"];
     assert!(
-        attempt.as_str().unwrap().starts_with(&format!("{cloud_url}#")),
+        attempt
+            .as_str()
+            .unwrap()
+            .starts_with(&format!("{cloud_url}#")),
         "{attempt}"
     );
     assert!(!format!("{lines:?}").contains("-secret"));
@@ -188,8 +194,17 @@ async fn keys_with_headroom_take_the_traffic_and_rested_keys_come_back(
     tokio::time::sleep(RESET + Duration::from_millis(200)).await;
     for i in 0..2 {
         let r = call(&proxy, style).await;
-        assert_eq!(r.status, StatusCode::OK, "after the reset {i}: {}", r.text());
-        assert_eq!(r.header("x-router-route"), Some("cloud"), "after the reset {i}");
+        assert_eq!(
+            r.status,
+            StatusCode::OK,
+            "after the reset {i}: {}",
+            r.text()
+        );
+        assert_eq!(
+            r.header("x-router-route"),
+            Some("cloud"),
+            "after the reset {i}"
+        );
     }
     let counts = cloud.quota_counts();
     assert_eq!(by_var(&counts.served, a) + by_var(&counts.served, b), 8);
@@ -263,12 +278,18 @@ async fn a_malformed_header_changes_nothing() {
         assert_eq!(r.header("x-router-route"), Some("cloud"));
     }
     let counts = cloud.quota_counts();
-    assert!(by_var(&counts.served, a) > 0 && by_var(&counts.served, b) > 0, "{counts:?}");
+    assert!(
+        by_var(&counts.served, a) > 0 && by_var(&counts.served, b) > 0,
+        "{counts:?}"
+    );
     assert_eq!(spare.stats().received, 0);
     let health = proxy.health().await;
     for var in [a, b] {
         let e = backend(&health, &format!("{}#{var}", cloud.url()));
         assert!(e.get("quota").is_none(), "{health}");
     }
-    assert!(!proxy.metrics().await.contains("router_endpoint_quota_remaining{"));
+    assert!(!proxy
+        .metrics()
+        .await
+        .contains("router_endpoint_quota_remaining{"));
 }

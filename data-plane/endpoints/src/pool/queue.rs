@@ -570,7 +570,8 @@ impl Lease {
             router_policy::wall_clock::unix_ms(),
         );
         if !reading.is_empty() {
-            self.pool.record_quota(self.endpoint_id, &reading, Instant::now());
+            self.pool
+                .record_quota(self.endpoint_id, &reading, Instant::now());
         }
     }
 

@@ -639,7 +639,11 @@ impl PoolState {
             return None;
         }
         let mut first: Option<(Instant, quota::Why, Option<u64>)> = None;
-        for e in self.endpoints.iter().filter(|e| e.usable(probe, checks, now)) {
+        for e in self
+            .endpoints
+            .iter()
+            .filter(|e| e.usable(probe, checks, now))
+        {
             match quota::admit(&e.quota, estimate, now) {
                 quota::Admission::Admit => return None,
                 quota::Admission::Skip { until, why } => {
@@ -650,7 +654,8 @@ impl PoolState {
             }
         }
         let (until, why, tokens) = first?;
-        let ms = u64::try_from(until.saturating_duration_since(now).as_millis()).unwrap_or(u64::MAX);
+        let ms =
+            u64::try_from(until.saturating_duration_since(now).as_millis()).unwrap_or(u64::MAX);
         Some(match why {
             quota::Why::Requests | quota::Why::RetryAfter => (0, None, ms),
             _ => (1, Some(tokens.unwrap_or(0)), ms),

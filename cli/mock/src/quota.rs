@@ -133,7 +133,7 @@ fn style_headers(
             header("x-ratelimit-reset-tokens", go_duration(reset_in)),
         ],
         QuotaStyle::Anthropic => {
-            let at = rfc3339(SystemTime::now() + reset_in);
+            let at = rfc3339(router_policy::wall_clock::now() + reset_in);
             vec![
                 header("anthropic-ratelimit-requests-limit", q.requests.to_string()),
                 header(

@@ -638,7 +638,10 @@ impl PoolState {
         if self.endpoints.iter().all(|e| !e.quota.is_known()) {
             return None;
         }
-        let mut first: Option<(Instant, quota::Why, Option<u64>)> = None;
+        // The first reset, and the most tokens left on a key that has a
+        // request left (when one has: then tokens are what is short).
+        let mut first: Option<Instant> = None;
+        let mut tokens: Option<u64> = None;
         for e in self
             .endpoints
             .iter()
@@ -647,18 +650,19 @@ impl PoolState {
             match quota::admit(&e.quota, estimate, now) {
                 quota::Admission::Admit => return None,
                 quota::Admission::Skip { until, why } => {
-                    if first.is_none_or(|(u, _, _)| until < u) {
-                        first = Some((until, why, e.quota.tokens_left(now)));
+                    first = Some(first.map_or(until, |f| f.min(until)));
+                    if !matches!(why, quota::Why::Requests | quota::Why::RetryAfter) {
+                        let left = e.quota.tokens_left(now).unwrap_or(0);
+                        tokens = Some(tokens.map_or(left, |t| t.max(left)));
                     }
                 }
             }
         }
-        let (until, why, tokens) = first?;
         let ms =
-            u64::try_from(until.saturating_duration_since(now).as_millis()).unwrap_or(u64::MAX);
-        Some(match why {
-            quota::Why::Requests | quota::Why::RetryAfter => (0, None, ms),
-            _ => (1, Some(tokens.unwrap_or(0)), ms),
+            u64::try_from(first?.saturating_duration_since(now).as_millis()).unwrap_or(u64::MAX);
+        Some(match tokens {
+            None => (0, None, ms),
+            Some(t) => (1, Some(t), ms),
         })
     }
 

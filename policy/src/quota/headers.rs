@@ -11,7 +11,7 @@
 //! | | `anthropic-ratelimit-input-tokens-remaining` | input tokens left |
 //! | | `anthropic-ratelimit-output-tokens-remaining` | output tokens left |
 //! | | `anthropic-ratelimit-{requests,tokens,input-tokens,output-tokens}-reset` | the reset instant, RFC 3339 (`2025-01-15T14:24:00Z`) |
-//! | any, on a 429 | `retry-after` | seconds to wait |
+//! | any, on a 429 | `retry-after` | seconds to wait (read beside the headers above only: alone it is the circuit breaker's) |
 //!
 //! A value that does not parse (not a whole number, a negative one, a
 //! duration or date that is not one) is ignored as if absent: a reading
@@ -76,7 +76,10 @@ pub fn read(headers: &HeaderMap, rate_limited: bool, now_unix_ms: u64) -> Readin
             "anthropic-ratelimit-tokens-reset",
         );
     }
-    if rate_limited {
+    // With the provider's limits only: a 429's `Retry-After` alone is the
+    // circuit breaker's (it opens after `consecutive_errors` of them, for
+    // at least that long), as it was before quotas were read.
+    if rate_limited && !r.is_empty() {
         r.retry_after = headers
             .get(http::header::RETRY_AFTER)
             .and_then(|v| text(v)?.parse::<u64>().ok())
@@ -332,6 +335,9 @@ mod tests {
             })
         );
         assert_eq!(read(&h, false, NOW).retry_after, None);
+        // Alone (no limits said), it is left to the circuit breaker.
+        let alone = headers(&[("retry-after", "2")]);
+        assert!(read(&alone, true, NOW).is_empty());
     }
 
     #[test]

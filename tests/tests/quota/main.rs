@@ -293,3 +293,59 @@ async fn a_malformed_header_changes_nothing() {
         .await
         .contains("router_endpoint_quota_remaining{"));
 }
+
+/// Health checks send each (endpoint, key) its own key: a provider that
+/// knows only one of them finds that endpoint healthy and not the other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_checks_send_each_endpoint_its_own_key() {
+    let (a, b) = ("QUOTA_CHECK_A_API_KEY", "QUOTA_CHECK_B_API_KEY");
+    std::env::set_var(a, format!("sk-{a}-secret"));
+    std::env::set_var(b, format!("sk-{b}-secret"));
+    let cloud = mock("cloud", Behavior::Json).await;
+    cloud.set_health(router_mock::HealthMode::RequiresKey(format!(
+        "sk-{a}-secret"
+    )));
+    let text = format!(
+        r#"apiVersion: router/v1
+kind: RoutingPolicy
+spec:
+  pools:
+    - name: cloud
+      endpoints: ["{}"]
+      api_keys_env: [{a}, {b}]
+      health_check: {{interval_ms: 100, timeout_ms: 50}}
+  routes:
+    - name: r
+      chain: [cloud]
+"#,
+        cloud.url()
+    );
+    let proxy = TestProxy::with_policy(Settings::default(), &text).await;
+    let (ka, kb) = (
+        format!("{}#{a}", cloud.url()),
+        format!("{}#{b}", cloud.url()),
+    );
+    let health = proxy
+        .wait_health("one key's endpoint healthy, the other's unhealthy", |h| {
+            let state = |addr: &str| {
+                h["backends"]
+                    .as_array()
+                    .and_then(|bs| bs.iter().find(|x| x["addr"] == addr))
+                    .map(|x| x["health"].clone())
+            };
+            state(&ka) == Some(json!("healthy")) && state(&kb) == Some(json!("unhealthy"))
+        })
+        .await;
+    assert!(!health.to_string().contains("-secret"), "{health}");
+    // Requests go to the endpoint whose key the provider accepts.
+    for _ in 0..3 {
+        let r = openai_call(&proxy).await;
+        assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    }
+    for sent in cloud.requests() {
+        assert_eq!(
+            sent.headers["authorization"],
+            format!("Bearer sk-{a}-secret").as_str()
+        );
+    }
+}

@@ -21,7 +21,30 @@ pub async fn backends_list(admin: &mut Admin, output: Output) -> ExitCode {
         Err(s) => return fail(explain_status(&s)),
     };
     let sets = pools.len();
-    for p in policy.map(|d| d.spec.pools).unwrap_or_default() {
+    let specs = policy.map(|d| d.spec.pools).unwrap_or_default();
+    // A pool with several keys serves each address once per key, named by
+    // the key's variable (`url#KEY_VARIABLE`), as its proxies do.
+    let keyed = |pool: &str, addrs: &[String]| -> Vec<String> {
+        let keys = specs
+            .iter()
+            .find(|p| p.name == pool)
+            .and_then(|p| p.api_keys_env.clone())
+            .unwrap_or_default();
+        if keys.is_empty() {
+            return addrs.to_vec();
+        }
+        addrs
+            .iter()
+            .flat_map(|a| match router_policy::Endpoint::parse(a) {
+                Ok(e) if e.key().is_none() => keys
+                    .iter()
+                    .map(|k| e.with_key(Some(k)).to_string())
+                    .collect(),
+                _ => vec![a.clone()],
+            })
+            .collect()
+    };
+    for p in &specs {
         if pools.iter().any(|b| b.pool == p.name) {
             continue;
         }
@@ -33,10 +56,14 @@ pub async fn backends_list(admin: &mut Admin, output: Output) -> ExitCode {
             .map(|(u, _)| u.clone())
             .collect();
         pools.push(pb::PoolBackends {
-            pool: p.name,
+            pool: p.name.clone(),
             endpoints,
             drained,
         });
+    }
+    for p in &mut pools {
+        p.endpoints = keyed(&p.pool, &p.endpoints);
+        p.drained = keyed(&p.pool, &p.drained);
     }
     let source = |i: usize| if i < sets { "backends set" } else { "policy" };
     // The fleet's marks on each endpoint: open circuits and suspicions

@@ -1381,3 +1381,82 @@ fn route_explain_says_which_side_of_a_split_a_request_takes() {
     assert!(said.contains(" of 100, by tenant)\n"), "{said}");
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// A pool with several keys (`api_keys_env`): `backends list` names each
+/// (endpoint, key) as the proxies do (`url#KEY_VARIABLE`, never the key),
+/// and a circuit can be opened for one key of an endpoint, not for a key
+/// the pool does not have.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backends_and_circuits_name_each_key_of_a_pool_with_several() {
+    let dir = std::env::temp_dir().join(format!("routerctl-keys-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let cp = control_plane_in(&dir).await;
+    let server = format!("http://{}", cp.local_addr());
+    let file = dir.join("keys.yaml");
+    std::fs::write(
+        &file,
+        "apiVersion: router/v1\nkind: RoutingPolicy\nspec:\n  pools: [{name: a, endpoints: [\"https://api.example.com/v1\"], api_keys_env: [A_API_KEY, B_API_KEY]}]\n  routes: [{name: r, chain: [a]}]\n",
+    )
+    .unwrap();
+    let file = file.to_str().unwrap().to_string();
+    tokio::task::spawn_blocking(move || {
+        let ok = |args: &[&str]| {
+            let o = run(&server, Some("tok"), args);
+            assert_eq!(o.status.code(), Some(0), "{args:?}: {}", text(&o));
+            text(&o)
+        };
+        ok(&["policy", "apply", "-f", &file]);
+        let listed: serde_json::Value =
+            serde_json::from_str(&ok(&["backends", "list", "-o", "json"])).unwrap();
+        assert_eq!(
+            listed[0]["endpoints"],
+            serde_json::json!([
+                "https://api.example.com/v1#A_API_KEY",
+                "https://api.example.com/v1#B_API_KEY"
+            ]),
+            "{listed}"
+        );
+        ok(&[
+            "circuits",
+            "open",
+            "a",
+            "https://api.example.com/v1#B_API_KEY",
+            "--for",
+            "10m",
+        ]);
+        let circuits = ok(&["circuits", "list"]);
+        assert!(circuits.contains("#B_API_KEY"), "{circuits}");
+        let o = run(
+            &server,
+            Some("tok"),
+            &[
+                "circuits",
+                "open",
+                "a",
+                "https://api.example.com/v1#C_API_KEY",
+            ],
+        );
+        assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+        assert!(
+            text(&o).contains("not an endpoint of pool a"),
+            "{}",
+            text(&o)
+        );
+        // A backend set of plain addresses: each once per key.
+        ok(&["backends", "set", "a", "127.0.0.1:8001"]);
+        let listed: serde_json::Value =
+            serde_json::from_str(&ok(&["backends", "list", "-o", "json"])).unwrap();
+        assert_eq!(
+            listed[0]["endpoints"],
+            serde_json::json!([
+                "http://127.0.0.1:8001#A_API_KEY",
+                "http://127.0.0.1:8001#B_API_KEY"
+            ]),
+            "{listed}"
+        );
+    })
+    .await
+    .unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -271,7 +271,7 @@ fn health(shared: &Shared, details: bool) -> Response<Bytes> {
         .iter()
         .flat_map(|p| {
             p.endpoints.iter().map(move |e| {
-                serde_json::json!({
+                let mut b = serde_json::json!({
                     "pool": &*p.name,
                     "addr": &*e.addr,
                     "in_flight": e.in_flight,
@@ -282,7 +282,19 @@ fn health(shared: &Shared, details: bool) -> Response<Bytes> {
                     "health": e.health.map(|h| h.as_str()),
                     "suspect": e.suspect.map(|c| c.as_str()),
                     "ejected": e.ejected,
-                })
+                });
+                // What its provider's rate-limit headers said is left, when
+                // they said anything (docs/traffic.md).
+                if let Some(q) = &e.quota {
+                    b["quota"] = serde_json::json!({
+                        "requests_remaining": q.requests_remaining,
+                        "requests_reset_s": q.requests_reset_s,
+                        "tokens_remaining": q.tokens_remaining,
+                        "tokens_reset_s": q.tokens_reset_s,
+                        "resting": q.resting,
+                    });
+                }
+                b
             })
         })
         .collect();

@@ -28,7 +28,7 @@ use router_policy::{Endpoint, Policy};
 use crate::forward::UpstreamClient;
 use crate::metrics::Metrics;
 use crate::pool::{PoolRuntime, PoolSettings, PoolStatus};
-pub(crate) use router_endpoints::PoolKey;
+pub(crate) use router_endpoints::{PoolKey, PoolKeys};
 
 /// The origin of a managed proxy's config before its first policy.
 pub(crate) const BOOT_ORIGIN: &str = "boot";
@@ -39,8 +39,9 @@ pub(crate) const BOOT_ORIGIN: &str = "boot";
 pub(crate) struct Secrets {
     /// The approval token for `requires_approval` routes.
     pub approval_token: Option<String>,
-    /// The key of each pool with `api_key_env`.
-    pub api_keys: FnvHashMap<String, PoolKey>,
+    /// The key of each pool with `api_key_env`, or its keys with
+    /// `api_keys_env`.
+    pub api_keys: FnvHashMap<String, PoolKeys>,
 }
 
 impl std::fmt::Debug for Secrets {
@@ -50,7 +51,14 @@ impl std::fmt::Debug for Secrets {
                 "approval_token",
                 &self.approval_token.as_ref().map(|_| "<redacted>"),
             )
-            .field("api_keys", &self.api_keys.keys().collect::<Vec<_>>())
+            .field(
+                "api_keys",
+                &self
+                    .api_keys
+                    .iter()
+                    .map(|(pool, k)| (pool, k.named.iter().map(|(n, _)| n).collect::<Vec<_>>()))
+                    .collect::<Vec<_>>(),
+            )
             .finish()
     }
 }
@@ -69,30 +77,46 @@ fn read_secrets(policy: &Policy) -> Secrets {
         }
     }
     for pool in &policy.pools {
-        let Some(var) = &pool.api_key_env else {
-            continue;
-        };
-        match std::env::var(var).ok().filter(|v| !v.trim().is_empty()) {
-            Some(key) => match pool_key_header(pool.provider, key.trim()) {
-                Ok((name, mut header)) => {
-                    header.set_sensitive(true);
-                    let key = PoolKey {
-                        name,
-                        header,
-                        origins: pool.endpoints.clone(),
-                    };
-                    secrets.api_keys.insert(pool.name.clone(), key);
-                }
-                Err(_) => {
-                    tracing::warn!(pool = %pool.name, variable = %var, "API key is not a valid header value; not sent")
-                }
-            },
-            None => {
-                tracing::warn!(pool = %pool.name, variable = %var, "API key variable is not set; requests go without a key")
+        let mut keys = PoolKeys::default();
+        if let Some(var) = &pool.api_key_env {
+            keys.one = read_key(pool, var);
+        }
+        for var in &pool.api_keys_env {
+            if let Some(key) = read_key(pool, var) {
+                keys.named.push((var.as_str().into(), key));
             }
+        }
+        if !keys.is_empty() {
+            secrets.api_keys.insert(pool.name.clone(), keys);
         }
     }
     secrets
+}
+
+/// The key in the variable `var` for `pool`'s endpoints (whose origins it
+/// may go to); `None`, with a warning naming the variable (never its
+/// value), when it is unset or not a header value.
+fn read_key(pool: &router_policy::Pool, var: &str) -> Option<PoolKey> {
+    match std::env::var(var).ok().filter(|v| !v.trim().is_empty()) {
+        Some(key) => match pool_key_header(pool.provider, key.trim()) {
+            Ok((name, mut header)) => {
+                header.set_sensitive(true);
+                Some(PoolKey {
+                    name,
+                    header,
+                    origins: pool.endpoints.clone(),
+                })
+            }
+            Err(_) => {
+                tracing::warn!(pool = %pool.name, variable = %var, "API key is not a valid header value; not sent");
+                None
+            }
+        },
+        None => {
+            tracing::warn!(pool = %pool.name, variable = %var, "API key variable is not set; requests go without a key");
+            None
+        }
+    }
 }
 
 /// The header a pool's key goes in, and its value: the key alone in
@@ -532,8 +556,13 @@ fn build(
     let mut policy = src.policy.clone();
     for pool in &mut policy.pools {
         if let Some(eps) = src.overrides.get(&pool.name) {
-            pool.endpoints = eps.clone();
-            if let Some(key) = secrets.api_keys.get(&pool.name) {
+            // With several keys, each address once per key.
+            pool.endpoints = pool.keyed(eps);
+            if let Some(key) = secrets
+                .api_keys
+                .get(&pool.name)
+                .and_then(|k| k.all().next())
+            {
                 for ep in eps.iter().filter(|ep| !key.sent_to(ep)) {
                     tracing::warn!(
                         pool = %pool.name,

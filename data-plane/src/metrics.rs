@@ -49,6 +49,17 @@ pub(crate) struct StreamEventLabels {
     pub event: &'static str,
 }
 
+/// `router_endpoint_quota_remaining`'s labels.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct QuotaLabels {
+    /// Pool.
+    pub pool: String,
+    /// The endpoint (with several keys, `url#KEY_VARIABLE`).
+    pub endpoint: String,
+    /// `requests` or `tokens`.
+    pub kind: &'static str,
+}
+
 /// `router_parked_tasks`' labels.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(crate) struct TaskLabels {
@@ -253,6 +264,7 @@ pub(crate) struct Metrics {
     ejections: Family<PoolLabel, Counter>,
     parked_tasks: Family<TaskLabels, Counter>,
     parked_live: Family<TaskLabels, Gauge>,
+    quota_remaining: Family<QuotaLabels, Gauge>,
 }
 
 impl Default for Metrics {
@@ -295,6 +307,7 @@ impl Metrics {
             stream_events: Family::default(),
             parked_tasks: Family::default(),
             parked_live: Family::default(),
+            quota_remaining: Family::default(),
             tenant_requests: Family::default(),
             tenant_cost: Family::default(),
             tpot: Family::default(),
@@ -369,6 +382,11 @@ impl Metrics {
             "router_cost_usd",
             "Cost of answered calls from usage and pool prices, USD",
             m.cost.clone(),
+        );
+        registry.register(
+            "router_endpoint_quota_remaining",
+            "What the provider's rate-limit headers said is left of an endpoint's key's quota, less what was sent since, until its reset (kind: requests, tokens)",
+            m.quota_remaining.clone(),
         );
         registry.register(
             "router_circuit_state",
@@ -742,6 +760,7 @@ impl Metrics {
         self.endpoint_health.clear();
         self.endpoint_suspect.clear();
         self.endpoint_ejected.clear();
+        self.quota_remaining.clear();
         for p in pools {
             let pl = PoolLabel {
                 pool: p.name.to_string(),
@@ -785,6 +804,23 @@ impl Metrics {
                 self.endpoint_ejected
                     .get_or_create(&bl)
                     .set(i64::from(e.ejected));
+                if let Some(q) = &e.quota {
+                    for (kind, left) in [
+                        ("requests", q.requests_remaining),
+                        ("tokens", q.tokens_remaining),
+                    ] {
+                        if let Some(left) = left {
+                            let labels = QuotaLabels {
+                                pool: p.name.to_string(),
+                                endpoint: e.addr.to_string(),
+                                kind,
+                            };
+                            self.quota_remaining
+                                .get_or_create(&labels)
+                                .set(i64::try_from(left).unwrap_or(i64::MAX));
+                        }
+                    }
+                }
             }
         }
         let mut out = String::with_capacity(8192);

@@ -54,6 +54,9 @@ fn measurements(i: usize) -> PoolMeasurements {
         structured_degraded: false,
         tpot_ms: None,
         unhealthy_because: None,
+        quota_requests_remaining: None,
+        quota_tokens_remaining: None,
+        quota_reset_ms: None,
     }
 }
 

@@ -30,6 +30,10 @@
 //!    and the first gate that fails is the pool's reason:
 //!    - `healthy`: fails when the pool is unhealthy (every circuit open, or
 //!      its capacity probe failing or stale);
+//!    - `quota`: fails when no key of the pool has quota for the request
+//!      until its reset ([`crate::quota`]): no request left, or fewer
+//!      tokens left than its estimate (prompt tokens + `max_tokens`, else
+//!      [`DEFAULT_MAX_TOKENS`]);
 //!    - `max_queue_depth`: fails when the queue depth is **greater than** it;
 //!    - `max_latency_budget_fraction`: fails when the observed latency is
 //!      **greater than** fraction × deadline;
@@ -97,6 +101,19 @@ pub struct PoolMeasurements {
     /// reason instead of the generic text; not part of the situation JSON).
     #[serde(skip)]
     pub unhealthy_because: Option<&'static str>,
+    /// Requests left on the pool's key with the most (its provider's
+    /// rate-limit headers, [`crate::quota`]); `None`: not limited. At 0
+    /// the pool is gated out (`quota`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quota_requests_remaining: Option<u64>,
+    /// Tokens left on the pool's key with the most; `None`: not limited.
+    /// Below the request's estimate the pool is gated out (`quota`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quota_tokens_remaining: Option<u64>,
+    /// How soon, ms, the first key of the pool gets quota back (for the
+    /// reason text).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quota_reset_ms: Option<u64>,
 }
 
 /// Everything the decision depends on.
@@ -548,7 +565,7 @@ fn decide_core<'p>(
             Some(pool) => {
                 let m = measure(i, name).unwrap_or_default();
                 let cost = estimate_cost(pool, facts);
-                gate(pool, route, &m, facts.structured_output, deadline_ms, cost).map(|()| cost)
+                gate(pool, route, &m, facts, deadline_ms, cost).map(|()| cost)
             }
         };
         match &outcome {
@@ -617,6 +634,16 @@ pub enum Gated {
     NoDowngrade,
     /// Unhealthy, with the caller's reason when it gave one.
     Unhealthy(Option<&'static str>),
+    /// No key of the pool has quota for the request until its reset.
+    Quota {
+        /// Tokens left on the best key, when tokens are what is short
+        /// (`None`: no request left).
+        tokens_left: Option<u64>,
+        /// The request's token estimate.
+        need: u64,
+        /// How soon the first key gets quota back, ms.
+        reset_ms: Option<u64>,
+    },
     /// Queue depth above `max_queue_depth`.
     QueueDepth {
         /// The pool's queue depth.
@@ -669,6 +696,7 @@ impl Gated {
             Self::NotInPolicy => "not_in_policy",
             Self::NoDowngrade => "no_downgrade",
             Self::Unhealthy(_) => "unhealthy",
+            Self::Quota { .. } => "quota",
             Self::QueueDepth { .. } => "queue_depth",
             Self::Latency { .. } => "latency",
             Self::Vram { .. } => "vram",
@@ -700,6 +728,7 @@ impl Gated {
                 "degraded for structured output (a recent malformed answer)"
             }
             Self::QueueDepth { .. }
+            | Self::Quota { .. }
             | Self::Latency { .. }
             | Self::Vram { .. }
             | Self::Tpot { .. }
@@ -715,6 +744,23 @@ impl fmt::Display for Gated {
         }
         match *self {
             Self::QueueDepth { depth, max } => write!(f, "queue depth {depth} > {max}"),
+            Self::Quota {
+                tokens_left,
+                need,
+                reset_ms,
+            } => {
+                match tokens_left {
+                    None => write!(f, "quota: no key has a request left")?,
+                    Some(left) => write!(
+                        f,
+                        "quota: no key has the {need} tokens the request may use ({left} left)"
+                    )?,
+                }
+                match reset_ms {
+                    Some(ms) => write!(f, " until its reset in {ms} ms"),
+                    None => write!(f, " until its reset"),
+                }
+            }
             Self::Latency {
                 latency,
                 fraction,
@@ -740,13 +786,32 @@ fn gate(
     pool: &Pool,
     route: &Route,
     m: &PoolMeasurements,
-    structured: bool,
+    facts: &RequestFacts<'_>,
     deadline_ms: Option<u64>,
     cost: f64,
 ) -> Result<(), Gated> {
+    let structured = facts.structured_output;
     let g = &pool.gates;
     if g.healthy && m.healthy == Some(false) {
         return Err(Gated::Unhealthy(m.unhealthy_because));
+    }
+    let need = facts
+        .input_tokens
+        .unwrap_or(0)
+        .saturating_add(facts.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS));
+    if m.quota_requests_remaining == Some(0) {
+        return Err(Gated::Quota {
+            tokens_left: None,
+            need,
+            reset_ms: m.quota_reset_ms,
+        });
+    }
+    if let Some(left) = m.quota_tokens_remaining.filter(|left| *left < need) {
+        return Err(Gated::Quota {
+            tokens_left: Some(left),
+            need,
+            reset_ms: m.quota_reset_ms,
+        });
     }
     if let (Some(max), Some(depth)) = (g.max_queue_depth, m.queue_depth) {
         if depth > max {
@@ -1110,6 +1175,53 @@ spec:
             "{v:?}"
         );
         assert_eq!(v.gated[0].1.label(), "queue_depth");
+    }
+
+    #[test]
+    fn a_pool_whose_keys_have_no_quota_for_the_request_is_gated_out() {
+        let p = policy("");
+        let mut f = facts();
+        let situation = |local: PoolMeasurements| Situation {
+            input_tokens: f.input_tokens,
+            max_tokens: f.max_tokens,
+            pools: [("local".to_string(), local)].into_iter().collect(),
+            ..Situation::default()
+        };
+        let out_of_requests = PoolMeasurements {
+            quota_requests_remaining: Some(0),
+            quota_reset_ms: Some(1500),
+            ..PoolMeasurements::default()
+        };
+        let d = decide(&p, &situation(out_of_requests));
+        assert_eq!(d.candidates, ["small", "cloud"]);
+        assert_eq!(
+            d.skipped[0].why,
+            "quota: no key has a request left until its reset in 1500 ms"
+        );
+        // 1000 prompt + 1000 max_tokens against 1500 tokens left.
+        let short = PoolMeasurements {
+            quota_requests_remaining: Some(3),
+            quota_tokens_remaining: Some(1500),
+            ..PoolMeasurements::default()
+        };
+        let d = decide(&p, &situation(short));
+        assert_eq!(
+            d.skipped[0].why,
+            "quota: no key has the 2000 tokens the request may use (1500 left) until its reset"
+        );
+        let v = decide_on_route(&p, &p.routes[0], &f, |i, _| (i == 0).then_some(short));
+        assert_eq!(v.gated[0].1.label(), "quota");
+        assert_eq!(v.candidates, [1, 2]);
+        // A smaller request fits in what is left.
+        f.max_tokens = Some(500);
+        let v = decide_on_route(&p, &p.routes[0], &f, |i, _| (i == 0).then_some(short));
+        assert_eq!(v.candidates, [0, 1, 2]);
+        // The situation as JSON names the fields so.
+        let m: PoolMeasurements = serde_json::from_str(
+            r#"{"quota_requests_remaining": 0, "quota_tokens_remaining": 10, "quota_reset_ms": 5}"#,
+        )
+        .unwrap();
+        assert_eq!(m.quota_requests_remaining, Some(0));
     }
 
     #[test]

@@ -4,6 +4,15 @@
 //! the endpoint's own path, the way the OpenAI SDKs treat `base_url`
 //! (`https://openrouter.ai/api/v1` + `/chat/completions`). The Hugging Face
 //! sidecar contract sends bare `host:port` pairs, which mean `http://host:port`.
+//!
+//! An endpoint may also name the API key it is used with: a pool with
+//! several keys (`api_keys_env: [A_API_KEY, B_API_KEY]`) balances each
+//! (endpoint, key) pair as an endpoint of its own, written
+//! `https://api.openai.com#A_API_KEY`. The part after `#` is the key's
+//! environment variable *name*, never its value: it is what health,
+//! metrics, the route log and the console show, and how an operator names
+//! one key's circuit. It is not part of the URL (requests go to the base
+//! URL; the key is chosen by its name).
 
 use std::fmt;
 
@@ -22,6 +31,10 @@ pub enum EndpointError {
     /// A query string or fragment was given; a base URL cannot carry one.
     #[error("a base URL cannot have a query or fragment")]
     Query,
+    /// What follows `#` is not an environment variable name (the key an
+    /// endpoint is used with: `#A_API_KEY`).
+    #[error("after `#` an endpoint names the environment variable of its API key (letters, digits, `_`), got {0:?}")]
+    KeyName(String),
 }
 
 /// URL scheme of an endpoint.
@@ -43,6 +56,20 @@ pub struct Endpoint {
     host_len: usize,
     /// The port, the scheme's default when none is written.
     port: u16,
+    /// The environment variable naming the API key this endpoint is used
+    /// with, for a pool with several keys (`None`: the pool's one key, or
+    /// none).
+    key: Option<Box<str>>,
+}
+
+/// Whether `name` can be an environment variable's name: letters, digits
+/// and `_`, not starting with a digit.
+pub fn is_env_name(name: &str) -> bool {
+    let mut chars = name.chars();
+    chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
 }
 
 impl Endpoint {
@@ -52,6 +79,14 @@ impl Endpoint {
         if input.is_empty() {
             return Err(EndpointError::Empty);
         }
+        let (input, key) = match input.split_once('#') {
+            Some((url, name)) if is_env_name(name) => (url, Some(Box::from(name))),
+            Some((_, name)) if !name.contains(['?', '#', '/']) => {
+                return Err(EndpointError::KeyName(name.to_string()))
+            }
+            Some(_) => return Err(EndpointError::Query),
+            None => (input, None),
+        };
         let (scheme, rest) = match input.split_once("://") {
             Some((s, rest)) => match s.to_ascii_lowercase().as_str() {
                 "http" => (Scheme::Http, rest),
@@ -97,7 +132,23 @@ impl Endpoint {
             base_path,
             host_len,
             port,
+            key,
         })
+    }
+
+    /// The same endpoint used with the key named `name` (an environment
+    /// variable's name; `None`: no key of its own).
+    pub fn with_key(&self, name: Option<&str>) -> Self {
+        Self {
+            key: name.map(Box::from),
+            ..self.clone()
+        }
+    }
+
+    /// The environment variable naming the key this endpoint is used with,
+    /// for a pool with several keys.
+    pub fn key(&self) -> Option<&str> {
+        self.key.as_deref()
     }
 
     /// The scheme.
@@ -132,14 +183,15 @@ impl Endpoint {
     }
 
     /// Whether two written addresses name the same endpoint: the same
-    /// origin and base path, however written (`127.0.0.1:8001` and
-    /// `http://127.0.0.1:8001/` are one endpoint). Addresses that do not
-    /// parse are the same only as the same text.
+    /// origin, base path and key name, however written (`127.0.0.1:8001`
+    /// and `http://127.0.0.1:8001/` are one endpoint). Addresses that do
+    /// not parse are the same only as the same text.
     pub fn same_address(a: &str, b: &str) -> bool {
         match (Endpoint::parse(a), Endpoint::parse(b)) {
             (Ok(x), Ok(y)) => {
                 x.same_origin(&y)
                     && x.base_path.trim_end_matches('/') == y.base_path.trim_end_matches('/')
+                    && x.key == y.key
             }
             _ => a.trim() == b.trim(),
         }
@@ -177,7 +229,11 @@ impl fmt::Display for Endpoint {
             Scheme::Http => "http",
             Scheme::Https => "https",
         };
-        write!(f, "{scheme}://{}{}", self.authority, self.base_path)
+        write!(f, "{scheme}://{}{}", self.authority, self.base_path)?;
+        match &self.key {
+            Some(k) => write!(f, "#{k}"),
+            None => Ok(()),
+        }
     }
 }
 
@@ -252,6 +308,47 @@ mod tests {
             Err(EndpointError::Invalid(_))
         ));
         assert_eq!(Endpoint::parse("http://h:1/?a"), Err(EndpointError::Query));
+        assert_eq!(
+            Endpoint::parse("http://h:1/#a?b"),
+            Err(EndpointError::Query)
+        );
+        assert_eq!(
+            Endpoint::parse("http://h:1#sk-live key"),
+            Err(EndpointError::KeyName("sk-live key".into()))
+        );
+        assert!(matches!(
+            Endpoint::parse("http://h:1#"),
+            Err(EndpointError::KeyName(_))
+        ));
+    }
+
+    #[test]
+    fn an_endpoint_may_name_its_key_and_shows_the_name_only() {
+        let e = Endpoint::parse("https://api.openai.com/v1#A_API_KEY").unwrap();
+        assert_eq!(e.key(), Some("A_API_KEY"));
+        assert_eq!(e.to_string(), "https://api.openai.com/v1#A_API_KEY");
+        assert_eq!(e.base_path(), "/v1");
+        assert_eq!(e.join("/v1/chat/completions"), "/v1/chat/completions");
+        // Another key is another endpoint, of the same origin.
+        let b = e.with_key(Some("B_API_KEY"));
+        assert_ne!(e, b);
+        assert!(e.same_origin(&b));
+        assert_eq!(
+            e.with_key(None),
+            Endpoint::parse("https://api.openai.com/v1").unwrap()
+        );
+        assert!(Endpoint::same_address(
+            "https://api.openai.com/v1/#A_API_KEY",
+            "https://API.openai.com:443/v1#A_API_KEY"
+        ));
+        assert!(!Endpoint::same_address(
+            "https://api.openai.com#A_API_KEY",
+            "https://api.openai.com#B_API_KEY"
+        ));
+        assert!(!Endpoint::same_address(
+            "https://api.openai.com#A_API_KEY",
+            "https://api.openai.com"
+        ));
     }
 
     #[test]

@@ -39,6 +39,8 @@
 //!   latency summary it reads.
 //! - [`probe`]: capacity probes: when what a probe said of an endpoint
 //!   lets it take requests (its own timeout; one failure marks nothing).
+//! - [`quota`]: quota-aware admission: whether an (endpoint, key) may take
+//!   a request from what its provider's rate-limit headers said is left.
 //! - [`rollup`]: tenants' hourly rollups in the shared store (the key
 //!   layout the proxies write and the console reads).
 //! - [`split`]: weighted splits in a route's chain (which side a request
@@ -70,6 +72,7 @@ pub mod outcome;
 pub mod park;
 pub mod prefix_cache;
 pub mod probe;
+pub mod quota;
 pub mod ramp;
 pub mod request_path;
 pub mod retry_budget;

@@ -136,10 +136,12 @@ pub(crate) async fn handle(
         .and_then(Value::as_bool)
         .unwrap_or(false);
 
-    let (behavior, latency) = {
+    let (behavior, latency, quota) = {
         let live = lock(&shared.live);
-        (live.behavior.clone(), live.latency)
+        (live.behavior.clone(), live.latency, live.quota)
     };
+    // The key's window, counted as the request arrives (as a provider's).
+    let quota = quota.map(|q| lock(&shared.quota_book).take(&q, &parts.headers));
     let engine_request = matches!(behavior, Behavior::Engine(_)).then(|| parse_request(&body));
     lock(&shared.requests).push(ReceivedRequest {
         received_at: Instant::now(),
@@ -153,6 +155,23 @@ pub(crate) async fn handle(
     });
     lock(&shared.stats).received += 1;
     let mut tracker = Tracker::new(Arc::clone(&shared), request_id.clone());
+    let quota_headers = match quota {
+        Some(t) if !t.served => {
+            tracker.reject();
+            let message = format!("mock {}: this key is over its rate limit", shared.name);
+            let mut response = if anthropic_path {
+                shared.anthropic_error_response(StatusCode::TOO_MANY_REQUESTS, &message, tracker)
+            } else {
+                shared.error_response(StatusCode::TOO_MANY_REQUESTS, &message, None)
+            };
+            for (name, value) in t.headers {
+                response.headers_mut().insert(name, value);
+            }
+            return Ok(response);
+        }
+        Some(t) => t.headers,
+        None => Vec::new(),
+    };
 
     let permit = match (&shared.slots, shared.over_cap) {
         (None, _) => None,
@@ -398,6 +417,10 @@ pub(crate) async fn handle(
             }
         }
     };
+    let mut response = response;
+    for (name, value) in quota_headers {
+        response.headers_mut().insert(name, value);
+    }
     Ok(response)
 }
 

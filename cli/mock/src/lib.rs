@@ -81,6 +81,7 @@ mod engine_http;
 pub mod fixed;
 pub mod gemini;
 mod prompt_cache;
+pub mod quota;
 mod server;
 #[cfg(feature = "tls")]
 pub mod tls;
@@ -93,6 +94,7 @@ use http::HeaderMap;
 use tokio::time::Instant;
 
 pub use engine_http::prompt_token_ids;
+pub use quota::{QuotaCounts, QuotaMock, QuotaStyle};
 pub use server::MockModel;
 
 /// Header echoed on every response with the mock's [`MockConfig::name`].

@@ -72,6 +72,7 @@ impl MockModel {
                 latency: config.latency,
                 health: HealthMode::Ok,
                 request_id: None,
+                quota: None,
             }),
             health_hits: AtomicU64::new(0),
             name: config.name,
@@ -84,6 +85,7 @@ impl MockModel {
             next_id: AtomicU64::new(1),
             engine: Mutex::new(None),
             prompt_cache: Mutex::default(),
+            quota_book: Mutex::default(),
         });
         let (shutdown, shutdown_rx) = oneshot::channel();
         let server = tokio::spawn(serve(listener, Arc::clone(&shared), shutdown_rx));
@@ -124,6 +126,17 @@ impl MockModel {
     /// Switches the latency for requests received from now on.
     pub fn set_latency(&self, latency: Duration) {
         lock(&self.shared.live).latency = latency;
+    }
+
+    /// From now on, each key has a rate limit and every answer says what is
+    /// left of it (see [`crate::quota`]); `None`: no limit, no headers.
+    pub fn set_quota(&self, quota: Option<crate::QuotaMock>) {
+        lock(&self.shared.live).quota = quota;
+    }
+
+    /// What each key was given under [`Self::set_quota`].
+    pub fn quota_counts(&self) -> crate::QuotaCounts {
+        lock(&self.shared.quota_book).counts.clone()
     }
 
     /// Switches how the health pages (`GET /health`, `/api/tags`,
@@ -229,6 +242,8 @@ pub(crate) struct Shared {
     pub(crate) engine: Mutex<Option<Arc<EngineDriver>>>,
     /// [`Behavior::Anthropic`]'s prompt cache.
     pub(crate) prompt_cache: Mutex<crate::prompt_cache::PromptCache>,
+    /// The per-key windows of [`MockModel::set_quota`].
+    pub(crate) quota_book: Mutex<crate::quota::QuotaBook>,
 }
 
 impl Shared {
@@ -256,6 +271,8 @@ pub(crate) struct Live {
     /// The `x-request-id` every answer carries, as a provider's does
     /// (OpenAI's `req_...`); `None`: no such header.
     pub(crate) request_id: Option<HeaderValue>,
+    /// A per-key rate limit, and its headers on every answer.
+    pub(crate) quota: Option<crate::quota::QuotaMock>,
 }
 
 /// Locks a mutex, ignoring poisoning (the data stays consistent: every

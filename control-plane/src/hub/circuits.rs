@@ -37,12 +37,15 @@ pub fn check_circuit(
         return Ok(());
     }
     let wanted = Endpoint::parse(endpoint).map_err(|e| field("endpoint", e.to_string()))?;
+    // With several keys, each address once per key (`url#KEY_VARIABLE`),
+    // as the proxies name them.
     let endpoints: Vec<Endpoint> = match state.backends.get(pool) {
-        Some(set) => set
-            .endpoints
-            .iter()
-            .filter_map(|e| Endpoint::parse(e).ok())
-            .collect(),
+        Some(set) => p.keyed(
+            &set.endpoints
+                .iter()
+                .filter_map(|e| Endpoint::parse(e).ok())
+                .collect::<Vec<_>>(),
+        ),
         None => p.endpoints.clone(),
     };
     if endpoints.contains(&wanted) {

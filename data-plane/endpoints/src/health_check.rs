@@ -20,6 +20,8 @@
 //! - **The pool's API key** (`api_key_env`) goes with each check to the
 //!   origins the policy lists for the pool, as it goes with requests (a
 //!   cloud API's `/v1/models` answers 401 without it), never elsewhere.
+//!   With several keys (`api_keys_env`) each (endpoint, key) is checked
+//!   with its own key.
 //!
 //! The path is requested from the server's root (`http://host:port/health`),
 //! whatever base path the endpoint has: health pages live at the root.
@@ -35,7 +37,7 @@ use tokio::time::Instant;
 
 use crate::pool::PoolRuntime;
 use crate::probe::Probed;
-use crate::PoolKey;
+use crate::PoolKeys;
 use router_upstream::forward::UpstreamClient;
 
 /// Largest health answer read (then dropped).
@@ -47,14 +49,15 @@ pub(crate) async fn run(
     pool: Weak<PoolRuntime>,
     client: UpstreamClient,
     check: HealthCheck,
-    key: Option<PoolKey>,
+    keys: Option<PoolKeys>,
 ) {
     let settings = check.clone();
     run_with(pool, settings, move |endpoint| {
         let (client, check) = (client.clone(), check.clone());
         // The pool's key, to the origins the policy lists for it only.
-        let auth = key
+        let auth = keys
             .as_ref()
+            .and_then(|k| k.for_endpoint(&endpoint))
             .filter(|k| k.sent_to(&endpoint))
             .map(|k| (k.name.clone(), k.header.clone()));
         async move { check_once(&client, &endpoint, &check, auth).await }

@@ -14,7 +14,8 @@
 //! - `health_check` (private): active health checks, one task per pool
 //!   that has them, started by the pool; the rules are
 //!   `router_policy::health`'s.
-//! - [`PoolKey`]: a pool's API key and the origins it may go to.
+//! - [`PoolKey`]: a pool's API key and the origins it may go to;
+//!   [`PoolKeys`]: its one key or its several, by the endpoint.
 //! - [`PlacementSink`]: where a pool reports the prompts it placed (the
 //!   proxy shares them with its fleet); the crate itself links no store.
 //! - [`clock`]: instants from outside input, capped and checked
@@ -35,4 +36,4 @@ mod probe;
 pub mod random;
 
 pub use pool::PlacementSink;
-pub use pool_key::PoolKey;
+pub use pool_key::{PoolKey, PoolKeys};

@@ -164,6 +164,7 @@ impl Exchange {
                 session_key: pool.session_key(&headers),
                 input_tokens: self.estimated_input_tokens,
                 tenant: self.tenant_key,
+                quota: self.quota_estimate(),
             };
             let acquired = match avoid {
                 None => pool.acquire_at(deadline, now, shape).await,
@@ -265,6 +266,12 @@ impl Exchange {
                 };
                 let status = resp.status();
                 record.status = Some(status.as_u16());
+                // What the provider says is left of this key's quota, on
+                // every answer (2xx and 429 alike).
+                lease.observe_quota(
+                    resp.headers(),
+                    status == http::StatusCode::TOO_MANY_REQUESTS,
+                );
                 record.upstream_request_id = super::answer::upstream_request_id(resp.headers())
                     .map(|v| String::from_utf8_lossy(v.as_bytes()).into());
                 if let Some(ending) = AttemptEnding::of_status(status.as_u16()) {

@@ -520,6 +520,20 @@ impl Exchange {
     }
 }
 
+impl Exchange {
+    /// The request's token estimate for the endpoints' quotas: its prompt
+    /// and its output cap (else the decision's default), as the `quota`
+    /// gate counts it.
+    pub(super) fn quota_estimate(&self) -> router_policy::quota::Estimate {
+        router_policy::quota::Estimate {
+            input: self.estimated_input_tokens,
+            output: self
+                .output_cap
+                .unwrap_or(router_policy::decide::DEFAULT_MAX_TOKENS),
+        }
+    }
+}
+
 /// The live pools as the walk reads them (see [`router_policy::walk::Pools`]).
 pub(super) struct LivePools<'a> {
     route: &'a Route,

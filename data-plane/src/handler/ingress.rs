@@ -582,8 +582,19 @@ fn plan(
         max_tokens: asked.estimate.max_tokens,
         keys,
     };
+    // The request's size against the pools' quotas (the `quota` gate).
+    let estimate = router_policy::quota::Estimate {
+        input: asked.estimate.input_tokens,
+        output: asked
+            .estimate
+            .max_tokens
+            .unwrap_or(router_policy::decide::DEFAULT_MAX_TOKENS),
+    };
     let decision = decide_on_route(&snapshot.policy, route, &facts, |_, name| {
-        snapshot.pools.get(name).map(|p| p.measurements_at(t0))
+        snapshot
+            .pools
+            .get(name)
+            .map(|p| p.measurements_for(t0, estimate))
     });
     pending.rec().reason = decision.reason;
     // Each split's choice, typed (the reason says the same in words):

@@ -266,7 +266,9 @@ impl Exchange {
         *req.method_mut() = self.method.clone();
         *req.uri_mut() = uri;
         *req.headers_mut() = headers;
-        if let Some(key) = self.snapshot.secrets.api_keys.get(pool) {
+        let keys = self.snapshot.secrets.api_keys.get(pool);
+        // The endpoint's own key (with several keys, the one it names).
+        if let Some(key) = keys.and_then(|k| k.for_endpoint(lease.endpoint())) {
             if key.name != header::AUTHORIZATION {
                 // A key of another header (Anthropic's, Azure's, Gemini's):
                 // the client's credential does not go along either.

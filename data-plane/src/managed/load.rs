@@ -1,7 +1,8 @@
 //! The proxy's load, sent when the control plane asks over the config
 //! stream (the console's Pools page): each pool's queue depth and each
 //! endpoint's requests in flight, latency EWMA and p95, circuit, drain,
-//! health, suspicion and ejection, from the pools' status
+//! health, suspicion, ejection and quota (what its provider's rate-limit
+//! headers said is left), from the pools' status
 //! (`Snapshot::pool_status`, what the health details show).
 //!
 //! One message, bounded so it stays under the control plane's
@@ -40,6 +41,14 @@ fn endpoint_load(e: &EndpointStatus) -> pb::EndpointLoad {
             .unwrap_or_default()
             .to_string(),
         ejected: e.ejected,
+        quota_requests_remaining: e.quota.and_then(|q| q.requests_remaining),
+        quota_tokens_remaining: e.quota.and_then(|q| q.tokens_remaining),
+        quota_requests_reset_s: e.quota.and_then(|q| q.requests_reset_s),
+        quota_resting: e
+            .quota
+            .and_then(|q| q.resting)
+            .unwrap_or_default()
+            .to_string(),
     }
 }
 
@@ -106,6 +115,7 @@ mod tests {
             health: None,
             suspect: None,
             ejected: false,
+            quota: None,
         }
     }
 
@@ -136,6 +146,13 @@ mod tests {
             health: Some(Health::Unhealthy),
             suspect: Some(SuspectCause::Check),
             ejected: true,
+            quota: Some(crate::pool::QuotaStatus {
+                requests_remaining: Some(0),
+                requests_reset_s: Some(1.5),
+                tokens_remaining: Some(900),
+                tokens_reset_s: Some(6.0),
+                resting: Some("requests"),
+            }),
             ..endpoint("http://10.0.0.1:8000/v1")
         };
         let got = load(load_answer(
@@ -162,6 +179,10 @@ mod tests {
                 health: "unhealthy".into(),
                 suspect: "check".into(),
                 ejected: true,
+                quota_requests_remaining: Some(0),
+                quota_tokens_remaining: Some(900),
+                quota_requests_reset_s: Some(1.5),
+                quota_resting: "requests".into(),
             }
         );
         let idle = &gpu.endpoints[1];

@@ -71,6 +71,10 @@ pub struct Pool {
     pub price: Price,
     /// Environment variable with the API key.
     pub api_key_env: Option<String>,
+    /// Environment variables of the pool's several keys (`api_keys_env`;
+    /// empty without). Each endpoint of [`Pool::endpoints`] then names the
+    /// key it is used with ([`Endpoint::key`]).
+    pub api_keys_env: Vec<String>,
     /// Capacity probe.
     pub probe: Option<Probe>,
     /// Longest wait for a stream's first content (wins over the route's).
@@ -89,6 +93,36 @@ pub struct Pool {
     pub outlier_ejection: Option<crate::health::OutlierEjection>,
     /// Session affinity; `None`: off.
     pub session_affinity: Option<SessionAffinity>,
+}
+
+impl Pool {
+    /// `endpoints` as this pool balances them: with several keys
+    /// (`api_keys_env`), each endpoint that names no key once per key
+    /// (`https://api.openai.com#A_API_KEY`, `…#B_API_KEY`), in the order
+    /// endpoint by endpoint, then key by key; one that names a key as it
+    /// is. Without, `endpoints` unchanged. (The policy's own endpoints are
+    /// already so; `set-backends` installs plain addresses, made so here.)
+    pub fn keyed(&self, endpoints: &[Endpoint]) -> Vec<Endpoint> {
+        if self.api_keys_env.is_empty() {
+            return endpoints.to_vec();
+        }
+        let mut out = Vec::with_capacity(endpoints.len() * self.api_keys_env.len());
+        for e in endpoints {
+            if e.key().is_some() {
+                if !out.contains(e) {
+                    out.push(e.clone());
+                }
+                continue;
+            }
+            for k in &self.api_keys_env {
+                let keyed = e.with_key(Some(k));
+                if !out.contains(&keyed) {
+                    out.push(keyed);
+                }
+            }
+        }
+        out
+    }
 }
 
 /// Resolved session affinity ([`crate::affinity::choose_session`]).
@@ -502,6 +536,7 @@ impl Policy {
                 structured_output: true,
                 price: Price::default(),
                 api_key_env: None,
+                api_keys_env: Vec::new(),
                 probe: None,
                 first_token_timeout: None,
                 stall_timeout: None,

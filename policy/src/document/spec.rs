@@ -520,6 +520,11 @@ pub struct PoolSpec {
     /// Environment variable holding the API key sent to the endpoints.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub api_key_env: Option<String>,
+    /// Several keys, each an environment variable: every (endpoint, key)
+    /// pair is balanced as an endpoint of its own (`api_key_env` and this
+    /// are never both set).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_keys_env: Option<Vec<String>>,
     /// Capacity probe.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub capacity_probe: Option<ProbeSpec>,

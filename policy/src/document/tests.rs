@@ -467,6 +467,109 @@ fn an_api_key_variable_the_guards_do_not_allow_is_refused_with_field_and_reason(
 }
 
 #[test]
+fn several_keys_make_each_endpoint_one_per_key() {
+    let text = r#"
+apiVersion: router/v1
+kind: RoutingPolicy
+spec:
+  pools:
+    - name: cloud
+      endpoints:
+        - https://api.openai.com/v1
+        - {url: "https://eu.api.openai.com/v1", drain: true}
+        - https://b.example.com#B_API_KEY
+      api_keys_env: [A_API_KEY, B_API_KEY]
+  routes:
+    - name: r
+      chain: [cloud]
+"#;
+    let p = load(text, &QueueSettings::default()).unwrap();
+    let pool = &p.pools[0];
+    assert_eq!(pool.api_keys_env, ["A_API_KEY", "B_API_KEY"]);
+    let names: Vec<String> = pool.endpoints.iter().map(|e| e.to_string()).collect();
+    assert_eq!(
+        names,
+        [
+            "https://api.openai.com/v1#A_API_KEY",
+            "https://api.openai.com/v1#B_API_KEY",
+            "https://eu.api.openai.com/v1#A_API_KEY",
+            "https://eu.api.openai.com/v1#B_API_KEY",
+            "https://b.example.com#B_API_KEY",
+        ]
+    );
+    assert_eq!(pool.drained.len(), 2);
+    assert!(pool.drained.iter().all(|e| e.host() == "eu.api.openai.com"));
+    // set-backends' plain addresses are made one per key the same way.
+    let plain = [Endpoint::parse("10.0.0.1:80").unwrap()];
+    let keyed: Vec<String> = pool.keyed(&plain).iter().map(|e| e.to_string()).collect();
+    assert_eq!(
+        keyed,
+        [
+            "http://10.0.0.1:80#A_API_KEY",
+            "http://10.0.0.1:80#B_API_KEY"
+        ]
+    );
+}
+
+#[test]
+fn several_keys_errors_name_their_field_and_reason() {
+    let text = r#"
+apiVersion: router/v1
+kind: RoutingPolicy
+spec:
+  pools:
+    - name: both
+      endpoints: ["https://api.openai.com"]
+      api_key_env: A_API_KEY
+      api_keys_env: [B_API_KEY]
+    - name: empty
+      api_keys_env: []
+    - name: twice
+      api_keys_env: [A_API_KEY, A_API_KEY, "not a name", AWS_SECRET_ACCESS_KEY]
+    - name: stranger
+      endpoints: ["https://h#C_API_KEY", "https://h2#X_API_KEY"]
+      api_keys_env: [C_API_KEY]
+    - name: one
+      endpoints: ["https://h#C_API_KEY", "https://h3#bad-name"]
+  routes:
+    - name: r
+      chain: [both]
+"#;
+    let err = load(text, &QueueSettings::default()).unwrap_err();
+    let got: Vec<(&str, &str)> = err
+        .errors
+        .iter()
+        .map(|e| (e.field.as_str(), e.reason.as_str()))
+        .collect();
+    let fields: Vec<&str> = got.iter().map(|(f, _)| *f).collect();
+    assert_eq!(
+        fields,
+        [
+            "spec.pools[0].api_keys_env",
+            "spec.pools[1].api_keys_env",
+            "spec.pools[2].api_keys_env[1]",
+            "spec.pools[2].api_keys_env[2]",
+            "spec.pools[2].api_keys_env[3]",
+            "spec.pools[3].endpoints[1]",
+            "spec.pools[4].endpoints[0]",
+            "spec.pools[4].endpoints[1]",
+        ],
+        "{err}"
+    );
+    assert!(got[0].1.contains("both set"), "{}", got[0].1);
+    assert!(got[1].1.contains("at least one"), "{}", got[1].1);
+    assert!(got[2].1.contains("twice"), "{}", got[2].1);
+    assert!(got[4].1.contains("AWS_SECRET_ACCESS_KEY"), "{}", got[4].1);
+    assert!(
+        got[5].1.contains("X_API_KEY") && got[5].1.contains("does not list"),
+        "{}",
+        got[5].1
+    );
+    assert!(got[6].1.contains("no api_keys_env"), "{}", got[6].1);
+    assert!(got[7].1.contains("bad-name"), "{}", got[7].1);
+}
+
+#[test]
 fn a_link_local_or_metadata_endpoint_is_refused_unless_the_guards_name_it() {
     let text = r#"
 apiVersion: router/v1
@@ -554,7 +657,7 @@ spec:
             ),
             (
                 "spec.pools[1].colour",
-                "unknown field `colour`, expected one of `name`, `provider`, `model`, `endpoints`, `max_concurrency`, `attempt_timeout_ms`, `drain`, `gates`, `structured_output`, `price`, `api_key_env`, `capacity_probe`, `queue`, `first_token_timeout_ms`, `stall_timeout_ms`, `stream_usage`, `deployment`, `api_version`, `balance`, `engine_aware`, `health_check`, `outlier_ejection`, `session_affinity`"
+                "unknown field `colour`, expected one of `name`, `provider`, `model`, `endpoints`, `max_concurrency`, `attempt_timeout_ms`, `drain`, `gates`, `structured_output`, `price`, `api_key_env`, `api_keys_env`, `capacity_probe`, `queue`, `first_token_timeout_ms`, `stall_timeout_ms`, `stream_usage`, `deployment`, `api_version`, `balance`, `engine_aware`, `health_check`, `outlier_ejection`, `session_affinity`"
             ),
             (
                 "spec.routes[0].retry_onn",

@@ -28,19 +28,22 @@ use crate::hub::ProxyLoad;
 /// Proxies named at most in one cell (then "and N more").
 const NAMED: usize = 3;
 
-/// One address's key: scheme, host, port and base path, whatever way it
-/// was written; the text itself when it does not parse.
+/// One address's key: scheme, host, port, base path and, for a pool with
+/// several API keys, the key's variable (`#A_API_KEY`: each key is an
+/// endpoint of its own), whatever way it was written; the text itself
+/// when it does not parse.
 pub(super) fn address_key(addr: &str) -> String {
     match Endpoint::parse(addr) {
         Ok(e) => format!(
-            "{}://{}:{}{}",
+            "{}://{}:{}{}{}",
             match e.scheme() {
                 Scheme::Http => "http",
                 Scheme::Https => "https",
             },
             e.host(),
             e.port(),
-            e.base_path()
+            e.base_path(),
+            e.key().map(|k| format!("#{k}")).unwrap_or_default()
         ),
         Err(_) => addr.trim().to_string(),
     }
@@ -233,6 +236,22 @@ pub(super) fn seconds(s: f64) -> String {
 mod tests {
     use super::*;
     use router_proto::v1 as pb;
+
+    #[test]
+    fn each_key_of_an_endpoint_is_an_endpoint_of_its_own() {
+        assert_eq!(
+            address_key("https://api.example.com/v1/#A_API_KEY"),
+            address_key("https://API.example.com:443/v1#A_API_KEY")
+        );
+        assert_ne!(
+            address_key("https://api.example.com/v1#A_API_KEY"),
+            address_key("https://api.example.com/v1#B_API_KEY")
+        );
+        assert_ne!(
+            address_key("https://api.example.com/v1#A_API_KEY"),
+            address_key("https://api.example.com/v1")
+        );
+    }
 
     fn endpoint(
         addr: &str,

@@ -263,10 +263,23 @@ struct ConfirmPage {
 }
 
 /// A pool's endpoints and those drained: its backend set's, else its
-/// policy's.
+/// policy's (with several keys, each address once per key, named as the
+/// proxies name it: `url#KEY_VARIABLE`).
 fn endpoints_of(state: &State, pool: &router_policy::Pool) -> (Vec<String>, Vec<String>, bool) {
+    let keyed = |addrs: &[String]| -> Vec<String> {
+        if pool.api_keys_env.is_empty() {
+            return addrs.to_vec();
+        }
+        addrs
+            .iter()
+            .flat_map(|a| match router_policy::Endpoint::parse(a) {
+                Ok(e) => pool.keyed(&[e]).iter().map(ToString::to_string).collect(),
+                Err(_) => vec![a.clone()],
+            })
+            .collect()
+    };
     match state.backends.get(&pool.name) {
-        Some(set) => (set.endpoints.clone(), set.drained.clone(), true),
+        Some(set) => (keyed(&set.endpoints), keyed(&set.drained), true),
         None => (
             pool.endpoints.iter().map(ToString::to_string).collect(),
             pool.drained.iter().map(ToString::to_string).collect(),
@@ -846,6 +859,7 @@ spec:
                                     health: "healthy".into(),
                                     suspect: String::new(),
                                     ejected: i % 211 == 0,
+                                    ..Default::default()
                                 })
                                 .collect(),
                         })

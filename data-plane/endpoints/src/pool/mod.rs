@@ -92,7 +92,7 @@ pub struct PrefixRequest {
     /// Its prompt tokens, estimated from its bytes and the pool's ratio.
     pub prompt_tokens: u64,
 }
-pub use status::{Availability, EndpointStatus, PoolStatus};
+pub use status::{Availability, EndpointStatus, PoolStatus, QuotaStatus};
 
 use state::{EndpointState, PoolState};
 
@@ -181,7 +181,7 @@ impl PoolSettings {
 /// A pool's running health check task and what it was started with.
 struct CheckTask {
     check: HealthCheck,
-    key: Option<crate::PoolKey>,
+    key: Option<crate::PoolKeys>,
     handle: tokio::task::JoinHandle<()>,
 }
 
@@ -491,6 +491,37 @@ impl PoolRuntime {
         }
     }
 
+    /// Keeps what an answer of `endpoint_id` said of its key's quota, read
+    /// at `now` ([`router_policy::quota::QuotaState::record`]); a reset
+    /// may make it eligible again, so waiters are dispatched.
+    pub(crate) fn record_quota(
+        self: &Arc<Self>,
+        endpoint_id: u64,
+        reading: &router_policy::quota::Reading,
+        now: Instant,
+    ) {
+        use router_policy::quota::{admit, Admission, Estimate};
+        let mut st = self.lock();
+        if let Some(e) = st.endpoint_mut(endpoint_id) {
+            let before = admit(&e.quota, Estimate::default(), now).admits();
+            e.quota.record(reading, now, |d| {
+                crate::clock::later(now, d, crate::clock::A_YEAR)
+            });
+            if let (true, Admission::Skip { until, why }) =
+                (before, admit(&e.quota, Estimate::default(), now))
+            {
+                tracing::info!(
+                    pool = &*self.name,
+                    endpoint = &*e.addr,
+                    why = why.label(),
+                    rest_s = until.saturating_duration_since(now).as_secs_f64(),
+                    "key out of quota: rested until its reset"
+                );
+            }
+        }
+        self.dispatch(&mut st);
+    }
+
     /// Folds a stream's time per output token into the endpoint's EWMA
     /// (the pool's smoothing factor; plain EWMA, no peak rule: a fast token
     /// rate after a slow one is believed at once only in part).
@@ -604,7 +635,7 @@ impl PoolRuntime {
     pub fn ensure_checks(
         self: &Arc<Self>,
         check: Option<HealthCheck>,
-        key: Option<&crate::PoolKey>,
+        key: Option<&crate::PoolKeys>,
         client: Option<&UpstreamClient>,
     ) {
         let mut task = self.check_task.lock().unwrap_or_else(|e| e.into_inner());

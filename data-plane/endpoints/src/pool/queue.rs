@@ -101,7 +101,7 @@ impl PoolRuntime {
         if st.closed || !st.queue.is_empty() {
             return false;
         }
-        st.fill_loads(now);
+        st.fill_loads(now, Default::default());
         let mut any = false;
         for (load, e) in st.loads.iter().zip(&st.endpoints) {
             any |= load.available && !avoid.contains(&e.id);
@@ -255,7 +255,7 @@ impl PoolRuntime {
         shape: &RequestShape,
         avoid: &[u64],
     ) -> Option<Lease> {
-        st.fill_loads(now);
+        st.fill_loads(now, shape.quota);
         if !avoid.is_empty() {
             for (load, e) in st.loads.iter_mut().zip(&st.endpoints) {
                 if avoid.contains(&e.id) {
@@ -290,6 +290,10 @@ impl PoolRuntime {
         let prefill_tokens = uncached.unwrap_or(shape.input_tokens);
         let e = &mut st.endpoints[i];
         e.in_flight += 1;
+        if e.quota.is_known() {
+            // Counted against what its provider last said is left.
+            e.quota.charge(shape.quota);
+        }
         e.pending_prefill_tokens = e.pending_prefill_tokens.saturating_add(prefill_tokens);
         let probe = e.breaker.on_grant();
         Some(Lease {
@@ -429,6 +433,9 @@ pub struct RequestShape {
     pub input_tokens: u64,
     /// Its tenant (a hash of the name), for fairness in the queue.
     pub tenant: Option<u64>,
+    /// Its token estimate, for the endpoints' quotas
+    /// ([`router_policy::quota::admit`]).
+    pub quota: router_policy::quota::Estimate,
 }
 
 /// How prefix affinity placed a request, for the route log: the matched
@@ -551,6 +558,21 @@ impl Lease {
     /// How long the request waited in the queue.
     pub fn queue_wait(&self) -> Duration {
         self.queue_wait
+    }
+
+    /// Reads the rate-limit headers of the endpoint's answer (`headers`;
+    /// `rate_limited`: a 429) into its quota ([`router_policy::quota`]);
+    /// an answer without them changes nothing (and takes no lock).
+    pub fn observe_quota(&self, headers: &http::HeaderMap, rate_limited: bool) {
+        let reading = router_policy::quota::headers::read(
+            headers,
+            rate_limited,
+            router_policy::wall_clock::unix_ms(),
+        );
+        if !reading.is_empty() {
+            self.pool
+                .record_quota(self.endpoint_id, &reading, Instant::now());
+        }
     }
 
     /// Folds what the attempt taught us into the endpoint's EWMA.

@@ -22,6 +22,7 @@ use router_policy::deadline::PoolOutlook;
 use router_policy::engine_aware::{self, EngineLoad, Picked, PrefixMatch, TokenLatency};
 use router_policy::health::{CheckState, Suspicion};
 use router_policy::prefix_cache::BlockIndex;
+use router_policy::quota::{self, Estimate, QuotaState};
 use router_policy::{Endpoint, Probe};
 use tokio::time::Instant;
 
@@ -88,6 +89,9 @@ pub(super) struct EndpointState {
     /// The prompt blocks it likely holds (prefix affinity; made on first
     /// use, sized by [`router_policy::engine_aware::PrefixAffinity::index_blocks`]).
     pub(super) prefix_index: Option<BlockIndex>,
+    /// What its provider's rate-limit headers said is left of its key's
+    /// quota ([`router_policy::quota`]).
+    pub(super) quota: QuotaState<Instant>,
 }
 
 /// Requests and errors of one endpoint in the current and the previous
@@ -165,7 +169,15 @@ impl EndpointState {
             prefix_index: None,
             peer_prefill: (0.0, None),
             peer_sent: 0,
+            quota: QuotaState::default(),
         }
+    }
+
+    /// Its quota admits a request of `estimate` at `now` (always, when its
+    /// provider said nothing of it).
+    #[inline]
+    pub(super) fn quota_admits(&self, estimate: Estimate, now: Instant) -> bool {
+        !self.quota.is_known() || quota::admit(&self.quota, estimate, now).admits()
     }
 
     /// The fleet's prompt tokens still to prefill here as of `now`.
@@ -366,7 +378,7 @@ impl PoolState {
     /// `now`.
     pub(super) fn outlook(&mut self, now: Instant) -> PoolOutlook {
         self.latencies.expire(now);
-        self.fill_loads(now);
+        self.fill_loads(now, Estimate::default());
         // The endpoints that would not take this request are left out of
         // the p95 (see LatencyWindow); none when none would. (In a buffer
         // kept across calls, like `loads`: no allocation per request.)
@@ -522,9 +534,12 @@ impl PoolState {
         }
     }
 
-    /// Refills [`Self::loads`] as of `now`.
+    /// Refills [`Self::loads`] as of `now`, for a request of `estimate`
+    /// (an endpoint whose quota cannot take it is not available: see
+    /// [`router_policy::quota`]; the default estimate leaves out only the
+    /// keys with no request left).
     #[inline]
-    pub(super) fn fill_loads(&mut self, now: Instant) {
+    pub(super) fn fill_loads(&mut self, now: Instant, estimate: Estimate) {
         let max_concurrency = self.settings.max_concurrency;
         let probe = self.settings.probe;
         let checks = self.settings.health_check.is_some();
@@ -532,7 +547,7 @@ impl PoolState {
         self.loads.clear();
         let (mut any_clean, mut any_marked) = (false, false);
         self.loads.extend(self.endpoints.iter().map(|e| {
-            let usable = e.usable(probe.as_ref(), checks, now);
+            let usable = e.usable(probe.as_ref(), checks, now) && e.quota_admits(estimate, now);
             let marked = usable && e.soft_marked(now);
             any_clean |= usable && !marked;
             any_marked |= marked;
@@ -597,13 +612,58 @@ impl PoolState {
     }
 
     /// The next instant at which an endpoint's circuit may start admitting
-    /// by time alone, if any.
+    /// by time alone, or a quota of its reset, if any.
     pub(super) fn next_circuit_change(&self, now: Instant) -> Option<Instant> {
         self.endpoints
             .iter()
             .filter(|e| !e.draining)
-            .filter_map(|e| e.breaker.next_change(now))
+            .flat_map(|e| [e.breaker.next_change(now), e.quota.next_change(now)])
+            .flatten()
             .min()
+    }
+
+    /// When no endpoint that can take requests (as of `now`) has quota for
+    /// a request of `estimate`: the requests left (0 when that is what is
+    /// short, else 1), the tokens left when tokens are what is short, and
+    /// the ms until the first of them gets quota back. `None` when one has
+    /// (or none can take requests: the health gate says so).
+    pub(super) fn quota_shortfall(
+        &self,
+        estimate: Estimate,
+        now: Instant,
+    ) -> Option<(u64, Option<u64>, u64)> {
+        let probe = self.settings.probe.as_ref();
+        let checks = self.settings.health_check.is_some();
+        // Most pools have no quota readings: nothing to compute.
+        if self.endpoints.iter().all(|e| !e.quota.is_known()) {
+            return None;
+        }
+        // The first reset, and the most tokens left on a key that has a
+        // request left (when one has: then tokens are what is short).
+        let mut first: Option<Instant> = None;
+        let mut tokens: Option<u64> = None;
+        for e in self
+            .endpoints
+            .iter()
+            .filter(|e| e.usable(probe, checks, now))
+        {
+            match quota::admit(&e.quota, estimate, now) {
+                quota::Admission::Admit => return None,
+                quota::Admission::Skip { until, why } => {
+                    first = Some(first.map_or(until, |f| f.min(until)));
+                    if !matches!(why, quota::Why::Requests | quota::Why::RetryAfter) {
+                        let left = e.quota.tokens_left(now).unwrap_or(0);
+                        tokens = Some(tokens.map_or(left, |t| t.max(left)));
+                    }
+                }
+            }
+        }
+        let ms =
+            u64::try_from(first?.saturating_duration_since(now).as_millis()).unwrap_or(u64::MAX);
+        Some(match tokens {
+            None => (0, None, ms),
+            Some(t) => (1, Some(t), ms),
+        })
     }
 
     /// Answers every waiter [`Shed::AllDown`] when the pool can take

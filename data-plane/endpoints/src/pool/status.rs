@@ -48,6 +48,59 @@ pub struct EndpointStatus {
     pub suspect: Option<router_policy::health::SuspectCause>,
     /// Ejected as an outlier now.
     pub ejected: bool,
+    /// What its provider's rate-limit headers said is left of its key's
+    /// quota; `None` before any answer said.
+    pub quota: Option<QuotaStatus>,
+}
+
+/// An endpoint's quota as its provider last reported it, less what the
+/// balancer sent since ([`router_policy::quota`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct QuotaStatus {
+    /// Requests left (`None`: no requests limit holds).
+    pub requests_remaining: Option<u64>,
+    /// Seconds until the requests limit resets.
+    pub requests_reset_s: Option<f64>,
+    /// Tokens left: the smallest of the token limits that hold.
+    pub tokens_remaining: Option<u64>,
+    /// Seconds until the token limit resets (the latest of those that
+    /// hold).
+    pub tokens_reset_s: Option<f64>,
+    /// Rested now (no request left, or a 429's `retry-after`): why
+    /// ([`router_policy::quota::Why::label`]).
+    pub resting: Option<&'static str>,
+}
+
+impl QuotaStatus {
+    /// The quota of `q` as of `now`; `None` when nothing of it holds.
+    pub(super) fn of(q: &router_policy::quota::QuotaState<Instant>, now: Instant) -> Option<Self> {
+        use router_policy::quota::{admit, Admission, Estimate};
+        if !q.is_known() {
+            return None;
+        }
+        let secs = |t: Instant| t.saturating_duration_since(now).as_secs_f64();
+        let requests = q.requests.filter(|w| w.reset_at > now);
+        let tokens_reset = [q.tokens, q.input_tokens, q.output_tokens]
+            .into_iter()
+            .flatten()
+            .filter(|w| w.reset_at > now)
+            .map(|w| w.reset_at)
+            .max();
+        let status = Self {
+            requests_remaining: q.requests_left(now),
+            requests_reset_s: requests.map(|w| secs(w.reset_at)),
+            tokens_remaining: q.tokens_left(now),
+            tokens_reset_s: tokens_reset.map(secs),
+            resting: match admit(q, Estimate::default(), now) {
+                Admission::Admit => None,
+                Admission::Skip { why, .. } => Some(why.label()),
+            },
+        };
+        (status.requests_remaining.is_some()
+            || status.tokens_remaining.is_some()
+            || status.resting.is_some())
+        .then_some(status)
+    }
 }
 
 /// A live view of one pool.
@@ -145,9 +198,24 @@ impl PoolRuntime {
         )
     }
 
-    /// The measurements the policy's gates look at, as of `now`.
+    /// The measurements the policy's gates look at, as of `now`, for any
+    /// request.
     pub fn measurements_at(&self, now: Instant) -> PoolMeasurements {
+        self.measurements_for(now, router_policy::quota::Estimate::default())
+    }
+
+    /// The measurements the policy's gates look at, as of `now`, for a
+    /// request of `estimate`: when no endpoint that can take requests has
+    /// quota for it, the quota fields say what the best one has left
+    /// (the `quota` gate, [`router_policy::decide`]); otherwise they are
+    /// empty.
+    pub fn measurements_for(
+        &self,
+        now: Instant,
+        estimate: router_policy::quota::Estimate,
+    ) -> PoolMeasurements {
         let st = self.lock();
+        let quota = st.quota_shortfall(estimate, now);
         let availability = st.availability(now);
         let fresh: Vec<&ProbeReading> = match st.settings.probe {
             None => Vec::new(),
@@ -184,6 +252,9 @@ impl PoolRuntime {
                 .reduce(f64::min)
                 .map(|s| s * 1000.0),
             unhealthy_because: (availability != Availability::Ready).then(|| availability.as_str()),
+            quota_requests_remaining: quota.map(|q| q.0),
+            quota_tokens_remaining: quota.and_then(|q| q.1),
+            quota_reset_ms: quota.map(|q| q.2),
         }
     }
 
@@ -220,6 +291,7 @@ impl PoolRuntime {
                         })
                     },
                     ejected: e.ejected_until.is_some_and(|u| u > now),
+                    quota: QuotaStatus::of(&e.quota, now),
                 })
                 .collect(),
         }

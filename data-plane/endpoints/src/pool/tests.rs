@@ -1042,3 +1042,122 @@ async fn a_standalone_proxy_does_not_say_it_told_a_fleet() {
         assert_eq!(logs.contains("fleet"), managed, "{logs}");
     }
 }
+
+/// OpenAI-style rate-limit headers: `requests` left, reset in `reset`.
+fn quota_headers(requests: u64, tokens: u64, reset: &str) -> http::HeaderMap {
+    let mut h = http::HeaderMap::new();
+    h.insert("x-ratelimit-remaining-requests", requests.into());
+    h.insert("x-ratelimit-remaining-tokens", tokens.into());
+    h.insert("x-ratelimit-reset-requests", reset.parse().unwrap());
+    h.insert("x-ratelimit-reset-tokens", reset.parse().unwrap());
+    h
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_key_out_of_quota_is_rested_and_its_waiters_are_served_at_its_reset() {
+    use router_policy::quota::Estimate;
+    let p = pool(10, 60_000, None, &["h:1#A_API_KEY", "h:1#B_API_KEY"]);
+    let a = p.acquire(None).await.unwrap();
+    let rested = a.endpoint().clone();
+    // Its answer says no request is left for a second.
+    a.observe_quota(&quota_headers(0, 1000, "1s"), false);
+    a.finish(Sample::Success(Duration::from_millis(10)), Instant::now());
+    for _ in 0..3 {
+        let l = p.acquire(None).await.unwrap();
+        assert_ne!(l.endpoint(), &rested, "a rested key takes nothing");
+        l.finish(Sample::Success(Duration::from_millis(10)), Instant::now());
+    }
+    let status = p.status();
+    let q = status
+        .endpoints
+        .iter()
+        .find(|e| *e.addr == *rested.to_string())
+        .and_then(|e| e.quota)
+        .unwrap();
+    assert_eq!(
+        (q.requests_remaining, q.resting),
+        (Some(0), Some("requests"))
+    );
+    assert_eq!(&*status.endpoints[0].addr, "http://h:1#A_API_KEY");
+    // The other key runs out too (for two seconds): the pool's gate says
+    // quota, and a request waits in the queue.
+    let b = p.acquire(None).await.unwrap();
+    b.observe_quota(&quota_headers(0, 1000, "2s"), false);
+    b.finish(Sample::Success(Duration::from_millis(10)), Instant::now());
+    let m = p.measurements_for(Instant::now(), Estimate::default());
+    assert_eq!(m.quota_requests_remaining, Some(0));
+    assert_eq!(m.quota_reset_ms, Some(1000));
+    let started = Instant::now();
+    let waiter = tokio::spawn({
+        let p = Arc::clone(&p);
+        async move { p.acquire(None).await.map(|l| l.endpoint().clone()) }
+    });
+    // Woken by the pool's timer at the first reset, no polling.
+    assert_eq!(waiter.await.unwrap().unwrap(), rested);
+    assert_eq!(started.elapsed(), Duration::from_secs(1));
+    assert_eq!(
+        p.measurements_for(Instant::now(), Estimate::default())
+            .quota_requests_remaining,
+        None
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_request_larger_than_a_keys_tokens_goes_to_a_key_with_room() {
+    use router_policy::quota::Estimate;
+    let p = pool(10, 60_000, None, &["h:1#A_API_KEY", "h:1#B_API_KEY"]);
+    let (a, b) = (
+        p.acquire(None).await.unwrap(),
+        p.acquire(None).await.unwrap(),
+    );
+    a.observe_quota(&quota_headers(50, 100, "6m0s"), false);
+    b.observe_quota(&quota_headers(50, 5000, "6m0s"), false);
+    let roomy = b.endpoint().clone();
+    drop((a, b));
+    let big = RequestShape {
+        quota: Estimate {
+            input: 1000,
+            output: 1000,
+        },
+        ..RequestShape::default()
+    };
+    for _ in 0..2 {
+        let l = p
+            .acquire_at(None, Instant::now(), big.clone())
+            .await
+            .unwrap();
+        assert_eq!(l.endpoint(), &roomy);
+    }
+    // The gate: 3000 tokens left after those two (charged) is enough for
+    // one more, not for a request of 4000.
+    let m = p.measurements_for(
+        Instant::now(),
+        Estimate {
+            input: 2000,
+            output: 2000,
+        },
+    );
+    assert_eq!(m.quota_tokens_remaining, Some(1000));
+    let m = p.measurements_for(
+        Instant::now(),
+        Estimate {
+            input: 10,
+            output: 10,
+        },
+    );
+    assert_eq!(m.quota_tokens_remaining, None);
+    // Malformed headers change nothing.
+    let mut bad = http::HeaderMap::new();
+    bad.insert("x-ratelimit-remaining-requests", "lots".parse().unwrap());
+    let c = p.acquire(None).await.unwrap();
+    c.observe_quota(&bad, true);
+    drop(c);
+    assert_eq!(
+        p.status()
+            .endpoints
+            .iter()
+            .filter(|e| e.quota.is_some())
+            .count(),
+        2
+    );
+}

@@ -13,7 +13,8 @@ pub(super) fn pool(
     guards: &Guards,
     errs: &mut Errors,
 ) -> Pool {
-    let (endpoints, drained) = endpoints(&p.endpoints, at, guards, errs);
+    let api_keys_env = api_keys(p, at, guards, errs);
+    let (endpoints, drained) = endpoints(&p.endpoints, &api_keys_env, at, guards, errs);
     let attempt_timeout = millis(
         p.attempt_timeout_ms,
         &format!("{at}.attempt_timeout_ms"),
@@ -72,6 +73,7 @@ pub(super) fn pool(
         structured_output: p.structured_output.unwrap_or(true),
         price,
         api_key_env: p.api_key_env.clone(),
+        api_keys_env,
         probe,
         first_token_timeout: millis(
             p.first_token_timeout_ms,
@@ -93,6 +95,44 @@ pub(super) fn pool(
             .as_ref()
             .map(|s| session_affinity(s, at, errs)),
     }
+}
+
+/// A pool's several keys (`api_keys_env`): at least one, each a variable
+/// name the guards allow, none twice, and not with `api_key_env` too.
+fn api_keys(p: &PoolSpec, at: &str, guards: &Guards, errs: &mut Errors) -> Vec<String> {
+    let Some(names) = &p.api_keys_env else {
+        return Vec::new();
+    };
+    let field = format!("{at}.api_keys_env");
+    if p.api_key_env.is_some() {
+        errs.push(
+            field.clone(),
+            "api_key_env and api_keys_env are both set: api_key_env names one key, api_keys_env several; keep one",
+        );
+    }
+    if names.is_empty() {
+        errs.push(
+            field.clone(),
+            "must name at least one variable (leave it out for no key)",
+        );
+    }
+    let mut out: Vec<String> = Vec::with_capacity(names.len());
+    for (j, env) in names.iter().enumerate() {
+        let field = format!("{field}[{j}]");
+        if !check_env_name(env, field.clone(), errs) {
+            continue;
+        }
+        if let Err(why) = guards.api_key_env.check(env) {
+            errs.push(field, why.to_string());
+            continue;
+        }
+        if out.contains(env) {
+            errs.push(field, format!("{env} is listed twice"));
+            continue;
+        }
+        out.push(env.clone());
+    }
+    out
 }
 
 /// A pool's session affinity: a header name (any case; kept lowercase)
@@ -289,9 +329,13 @@ fn outlier_ejection(
 
 /// A pool's endpoints: each parses, is not a link-local or metadata
 /// address the guards do not allow, and none appears twice. Returns all of
-/// them and, apart, those drained one by one.
+/// them and, apart, those drained one by one. With several keys (`keys`),
+/// an endpoint that names none stands for one endpoint per key; one that
+/// names a key (`https://h#A_API_KEY`) must name one of them (without
+/// several keys, none may).
 fn endpoints(
     specs: &[EndpointSpec],
+    keys: &[String],
     at: &str,
     guards: &Guards,
     errs: &mut Errors,
@@ -300,19 +344,39 @@ fn endpoints(
     let mut drained = Vec::new();
     for (j, e) in specs.iter().enumerate() {
         match Endpoint::parse(e.url()) {
-            Ok(ep) if endpoints.contains(&ep) => errs.push(
+            Ok(ep) if ep.key().is_some_and(|k| !keys.iter().any(|x| x == k)) => errs.push(
                 format!("{at}.endpoints[{j}]"),
-                format!("duplicate endpoint {ep}"),
+                match keys.is_empty() {
+                    true => format!(
+                        "names the key {} but the pool has no api_keys_env",
+                        ep.key().unwrap_or_default()
+                    ),
+                    false => format!(
+                        "names the key {}, which api_keys_env does not list",
+                        ep.key().unwrap_or_default()
+                    ),
+                },
             ),
             Ok(ep) => {
                 if let Some(why) = backend_refusal(&ep, &guards.backend_hosts) {
                     errs.push(format!("{at}.endpoints[{j}]"), why);
                     continue;
                 }
-                if e.drain() {
-                    drained.push(ep.clone());
+                let keyed: Vec<Endpoint> = match (ep.key(), keys.is_empty()) {
+                    (None, false) => keys.iter().map(|k| ep.with_key(Some(k))).collect(),
+                    _ => vec![ep],
+                };
+                if let Some(dup) = keyed.iter().find(|k| endpoints.contains(*k)) {
+                    errs.push(
+                        format!("{at}.endpoints[{j}]"),
+                        format!("duplicate endpoint {dup}"),
+                    );
+                    continue;
                 }
-                endpoints.push(ep);
+                if e.drain() {
+                    drained.extend(keyed.iter().cloned());
+                }
+                endpoints.extend(keyed);
             }
             Err(err) => errs.push(format!("{at}.endpoints[{j}]"), err.to_string()),
         }

@@ -1,0 +1,351 @@
+//! Several keys per pool and quota-aware balancing (issue 35, items 3 and
+//! 4), through a real proxy: mock providers that count each key's
+//! requests down in their rate-limit headers (OpenAI's and Anthropic's)
+//! and answer 429 past the limit, until the window resets
+//! (`router_mock::QuotaMock`).
+//!
+//! - the router moves to the key with headroom before either answers 429,
+//!   and no client sees a 429 while any key has quota; with every key
+//!   out, the pool is gated out (`quota`) and the walk moves on;
+//! - a key whose reset passes takes traffic again;
+//! - the same with Anthropic's headers;
+//! - a malformed header changes nothing;
+//! - the keys' values are never shown: endpoints are named by their
+//!   variable (`url#VAR`) in health, metrics and the route log.
+
+#![allow(clippy::unwrap_used)]
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use http::{Method, StatusCode};
+use router_mock::{Behavior, MockModel, QuotaMock, QuotaStyle};
+use router_proxy::Settings;
+use router_tests::harness::{TestProxy, TestResponse};
+use router_tests::mocks::mock;
+use serde_json::{json, Value};
+
+const CHAT: &str = r#"{"model":"any","messages":[{"role":"user","content":"hi"}],"max_tokens":16}"#;
+
+/// The window the mocks reset their counts after.
+const RESET: Duration = Duration::from_millis(1500);
+
+/// A policy whose pool `cloud` (`provider`) has two keys, with a pool
+/// `spare` after it.
+fn policy(provider: &str, cloud: &str, spare: &str, a: &str, b: &str) -> String {
+    format!(
+        r#"apiVersion: router/v1
+kind: RoutingPolicy
+spec:
+  pools:
+    - name: cloud
+      provider: {provider}
+      endpoints: ["{cloud}"]
+      api_keys_env: [{a}, {b}]
+    - name: spare
+      provider: {provider}
+      endpoints: ["{spare}"]
+  routes:
+    - name: r
+      chain: [cloud, spare]
+"#
+    )
+}
+
+/// Starts the mock `cloud` (with `quota`), the mock `spare`, and a proxy
+/// for them, the keys' variables set to `sk-<name>-secret`.
+async fn setup(
+    behavior: Behavior,
+    provider: &str,
+    quota: QuotaMock,
+    a: &str,
+    b: &str,
+) -> (TestProxy, MockModel, MockModel) {
+    std::env::set_var(a, format!("sk-{a}-secret"));
+    std::env::set_var(b, format!("sk-{b}-secret"));
+    let cloud = mock("cloud", behavior.clone()).await;
+    cloud.set_quota(Some(quota));
+    let spare = mock("spare", behavior).await;
+    let text = policy(provider, &cloud.url(), &spare.url(), a, b);
+    let proxy = TestProxy::with_policy(Settings::default(), &text).await;
+    (proxy, cloud, spare)
+}
+
+async fn openai_call(proxy: &TestProxy) -> TestResponse {
+    proxy.chat_with(&[], CHAT).await
+}
+
+async fn anthropic_call(proxy: &TestProxy) -> TestResponse {
+    let body = json!({"model": "any", "max_tokens": 16,
+        "messages": [{"role": "user", "content": "hi"}]});
+    proxy
+        .client
+        .send(
+            Method::POST,
+            &proxy.url("/v1/messages"),
+            &[("anthropic-version", "2023-06-01")],
+            body.to_string(),
+        )
+        .await
+}
+
+/// The counts a mock keeps per key, by the key's variable (the mock sees
+/// `Bearer sk-VAR-secret` or `sk-VAR-secret`).
+fn by_var(counts: &HashMap<String, u64>, var: &str) -> u64 {
+    counts
+        .iter()
+        .filter(|(k, _)| k.contains(&format!("sk-{var}-secret")))
+        .map(|(_, n)| *n)
+        .sum()
+}
+
+/// The health details' backend of `addr`.
+fn backend<'a>(health: &'a Value, addr: &str) -> &'a Value {
+    health["backends"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|b| b["addr"] == addr)
+        .unwrap_or_else(|| panic!("no backend {addr} in {health}"))
+}
+
+/// One request in the dialect of `style`.
+async fn call(proxy: &TestProxy, style: QuotaStyle) -> TestResponse {
+    match style {
+        QuotaStyle::Anthropic => anthropic_call(proxy).await,
+        _ => openai_call(proxy).await,
+    }
+}
+
+/// The scenario of issue 35, for either dialect.
+async fn keys_with_headroom_take_the_traffic_and_rested_keys_come_back(
+    style: QuotaStyle,
+    behavior: Behavior,
+    provider: &str,
+    (a, b): (&str, &str),
+) {
+    let quota = QuotaMock {
+        style,
+        requests: 3,
+        reset: RESET,
+    };
+    let (proxy, cloud, spare) = setup(behavior, provider, quota, a, b).await;
+    let cloud_url = cloud.url();
+    // Six requests: three per key, each key's answers counting down to 0.
+    for i in 0..6 {
+        let r = call(&proxy, style).await;
+        assert_eq!(r.status, StatusCode::OK, "request {i}: {}", r.text());
+        assert_eq!(r.header("x-router-route"), Some("cloud"), "request {i}");
+    }
+    let counts = cloud.quota_counts();
+    assert_eq!(by_var(&counts.served, a), 3, "{counts:?}");
+    assert_eq!(by_var(&counts.served, b), 3, "{counts:?}");
+    // Each key was left before its 429: the provider refused nothing.
+    assert!(counts.refused.is_empty(), "{counts:?}");
+
+    // Health names each (endpoint, key) by the key's variable, with what
+    // is left; the values of the keys are nowhere.
+    let health = proxy.health().await;
+    for var in [a, b] {
+        let e = backend(&health, &format!("{cloud_url}#{var}"));
+        assert_eq!(e["quota"]["requests_remaining"], 0, "{health}");
+        assert_eq!(e["quota"]["resting"], "requests", "{health}");
+        assert!(
+            e["quota"]["requests_reset_s"].as_f64().unwrap() > 0.0,
+            "{health}"
+        );
+    }
+    let metrics = proxy.metrics().await;
+    let gauge = format!(
+        "router_endpoint_quota_remaining{{pool=\"cloud\",endpoint=\"{cloud_url}#{a}\",kind=\"requests\"}} 0"
+    );
+    assert!(metrics.contains(&gauge), "{gauge} not in:\n{metrics}");
+    for text in [health.to_string(), metrics] {
+        assert!(!text.contains("-secret"), "a key's value shown: {text}");
+    }
+
+    // Every key out: the pool is gated out for quota, the walk moves on.
+    let r = call(&proxy, style).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    assert_eq!(r.header("x-router-route"), Some("spare"));
+    assert!(cloud.quota_counts().refused.is_empty());
+    let lines = proxy.log.wait_for(7).await;
+    let last = &lines[6];
+    let reason = last["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("cloud skipped: quota: no key has a request left"),
+        "{last}"
+    );
+    assert_eq!(last["walk"][0]["note"], "gated", "{last}");
+    assert_eq!(last["walk"][0]["why"], "quota", "{last}");
+    // The route log names endpoints by variable too.
+    let attempt = &lines[0]["attempts"][0]["endpoint"];
+    assert!(
+        attempt
+            .as_str()
+            .unwrap()
+            .starts_with(&format!("{cloud_url}#")),
+        "{attempt}"
+    );
+    assert!(!format!("{lines:?}").contains("-secret"));
+    assert_eq!(spare.stats().received, 1);
+
+    // Once the reset passes, the keys take traffic again, and still no 429.
+    tokio::time::sleep(RESET + Duration::from_millis(200)).await;
+    for i in 0..2 {
+        let r = call(&proxy, style).await;
+        assert_eq!(
+            r.status,
+            StatusCode::OK,
+            "after the reset {i}: {}",
+            r.text()
+        );
+        assert_eq!(
+            r.header("x-router-route"),
+            Some("cloud"),
+            "after the reset {i}"
+        );
+    }
+    let counts = cloud.quota_counts();
+    assert_eq!(by_var(&counts.served, a) + by_var(&counts.served, b), 8);
+    assert!(counts.refused.is_empty(), "{counts:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn openai_headers_move_traffic_to_the_key_with_headroom_before_a_429() {
+    keys_with_headroom_take_the_traffic_and_rested_keys_come_back(
+        QuotaStyle::OpenAi,
+        Behavior::Json,
+        "openai",
+        ("QUOTA_OPENAI_A_API_KEY", "QUOTA_OPENAI_B_API_KEY"),
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn anthropic_headers_move_traffic_to_the_key_with_headroom_before_a_429() {
+    keys_with_headroom_take_the_traffic_and_rested_keys_come_back(
+        QuotaStyle::Anthropic,
+        Behavior::Anthropic,
+        "anthropic",
+        ("QUOTA_ANTHROPIC_A_API_KEY", "QUOTA_ANTHROPIC_B_API_KEY"),
+    )
+    .await;
+}
+
+/// Each key goes only with its own endpoint, in its provider's header.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_endpoint_sends_its_own_key() {
+    let (a, b) = ("QUOTA_SENT_A_API_KEY", "QUOTA_SENT_B_API_KEY");
+    let quota = QuotaMock {
+        style: QuotaStyle::OpenAi,
+        requests: 100,
+        reset: RESET,
+    };
+    let (proxy, cloud, _spare) = setup(Behavior::Json, "openai", quota, a, b).await;
+    for _ in 0..6 {
+        let r = proxy
+            .chat_with(&[("authorization", "Bearer client-own")], CHAT)
+            .await;
+        assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    }
+    let lines = proxy.log.wait_for(6).await;
+    for (line, sent) in lines.iter().zip(cloud.requests()) {
+        let endpoint = line["attempts"][0]["endpoint"].as_str().unwrap();
+        let var = endpoint.rsplit('#').next().unwrap();
+        assert_eq!(
+            sent.headers["authorization"],
+            format!("Bearer sk-{var}-secret").as_str(),
+            "{endpoint}"
+        );
+    }
+}
+
+/// Headers that do not parse are ignored: no quota is shown, nothing is
+/// rested, traffic is balanced over both keys as without them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_malformed_header_changes_nothing() {
+    let (a, b) = ("QUOTA_BAD_A_API_KEY", "QUOTA_BAD_B_API_KEY");
+    let quota = QuotaMock {
+        style: QuotaStyle::Malformed,
+        requests: 100,
+        reset: RESET,
+    };
+    let (proxy, cloud, spare) = setup(Behavior::Json, "openai", quota, a, b).await;
+    for i in 0..10 {
+        let r = openai_call(&proxy).await;
+        assert_eq!(r.status, StatusCode::OK, "request {i}: {}", r.text());
+        assert_eq!(r.header("x-router-route"), Some("cloud"));
+    }
+    let counts = cloud.quota_counts();
+    assert!(
+        by_var(&counts.served, a) > 0 && by_var(&counts.served, b) > 0,
+        "{counts:?}"
+    );
+    assert_eq!(spare.stats().received, 0);
+    let health = proxy.health().await;
+    for var in [a, b] {
+        let e = backend(&health, &format!("{}#{var}", cloud.url()));
+        assert!(e.get("quota").is_none(), "{health}");
+    }
+    assert!(!proxy
+        .metrics()
+        .await
+        .contains("router_endpoint_quota_remaining{"));
+}
+
+/// Health checks send each (endpoint, key) its own key: a provider that
+/// knows only one of them finds that endpoint healthy and not the other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_checks_send_each_endpoint_its_own_key() {
+    let (a, b) = ("QUOTA_CHECK_A_API_KEY", "QUOTA_CHECK_B_API_KEY");
+    std::env::set_var(a, format!("sk-{a}-secret"));
+    std::env::set_var(b, format!("sk-{b}-secret"));
+    let cloud = mock("cloud", Behavior::Json).await;
+    cloud.set_health(router_mock::HealthMode::RequiresKey(format!(
+        "sk-{a}-secret"
+    )));
+    let text = format!(
+        r#"apiVersion: router/v1
+kind: RoutingPolicy
+spec:
+  pools:
+    - name: cloud
+      endpoints: ["{}"]
+      api_keys_env: [{a}, {b}]
+      health_check: {{interval_ms: 100, timeout_ms: 50}}
+  routes:
+    - name: r
+      chain: [cloud]
+"#,
+        cloud.url()
+    );
+    let proxy = TestProxy::with_policy(Settings::default(), &text).await;
+    let (ka, kb) = (
+        format!("{}#{a}", cloud.url()),
+        format!("{}#{b}", cloud.url()),
+    );
+    let health = proxy
+        .wait_health("one key's endpoint healthy, the other's unhealthy", |h| {
+            let state = |addr: &str| {
+                h["backends"]
+                    .as_array()
+                    .and_then(|bs| bs.iter().find(|x| x["addr"] == addr))
+                    .map(|x| x["health"].clone())
+            };
+            state(&ka) == Some(json!("healthy")) && state(&kb) == Some(json!("unhealthy"))
+        })
+        .await;
+    assert!(!health.to_string().contains("-secret"), "{health}");
+    // Requests go to the endpoint whose key the provider accepts.
+    for _ in 0..3 {
+        let r = openai_call(&proxy).await;
+        assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    }
+    for sent in cloud.requests() {
+        assert_eq!(
+            sent.headers["authorization"],
+            format!("Bearer sk-{a}-secret").as_str()
+        );
+    }
+}

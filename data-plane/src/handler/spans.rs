@@ -136,6 +136,7 @@ pub(super) fn end_server_span(cx: &opentelemetry::Context, record: &RouteRecord,
             record.tenant.as_deref().map(str::to_string),
         ),
         ("router.dialect", record.dialect.map(str::to_string)),
+        ("router.cache", record.cache.map(str::to_string)),
     ];
     for (k, v) in optional {
         if let Some(v) = v {

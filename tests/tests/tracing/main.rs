@@ -353,5 +353,44 @@ spec:
         assert!(read > 100 && read < input, "read {read} of {input}");
         assert_eq!(attr(span, "gen_ai.usage.cache_creation.input_tokens"), None);
     }
+
+    // A route with a response cache (issue 34): the server span says
+    // whether the request was a miss or a hit.
+    let answering = mock("answering", Behavior::Json).await;
+    let with_cache = format!(
+        "apiVersion: router/v1\nkind: RoutingPolicy\nspec:\n  pools:\n    - name: only\n      endpoints: [\"{}\"]\n  routes:\n    - name: r\n      chain: [only]\n      cache: {{ttl_s: 60}}\n",
+        answering.url()
+    );
+    let caching = TestProxy::with_policy(Settings::default(), &with_cache).await;
+    let traces = [
+        "7bf92f3577b34da6a3ce929d0e0e4731",
+        "7bf92f3577b34da6a3ce929d0e0e4732",
+    ];
+    for trace in traces {
+        let traceparent = format!("00-{trace}-{PARENT}-01");
+        let r = caching
+            .chat_with(
+                &[("traceparent", traceparent.as_str())],
+                r#"{"model":"m","temperature":0,"messages":[{"role":"user","content":"hi"}]}"#,
+            )
+            .await;
+        assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    }
+    let spans = wait_spans(&receiver, &provider, |s| {
+        traces.iter().all(|t| {
+            s.iter()
+                .any(|s| hex(&s.trace_id) == *t && s.kind == SpanKind::Server as i32)
+        })
+    })
+    .await;
+    let server_of = |trace: &str| {
+        spans
+            .iter()
+            .find(|s| hex(&s.trace_id) == trace && s.kind == SpanKind::Server as i32)
+            .unwrap()
+    };
+    assert_eq!(attr(server_of(traces[0]), "router.cache").as_deref(), Some("miss"));
+    assert_eq!(attr(server_of(traces[1]), "router.cache").as_deref(), Some("hit"));
+    assert_eq!(answering.stats().received, 1);
     let _ = provider.shutdown();
 }

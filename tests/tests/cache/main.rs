@@ -553,3 +553,54 @@ async fn hits_count_against_the_request_rate_unless_the_route_says_otherwise() {
         }
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_splits_sides_share_the_routes_entries() {
+    let a = mock("a", Behavior::Json).await;
+    let b = mock("b", Behavior::Json).await;
+    let doc = format!(
+        r#"apiVersion: router/v1
+kind: RoutingPolicy
+spec:
+  pools:
+    - name: new
+      endpoints: ["{}"]
+    - name: old
+      endpoints: ["{}"]
+  routes:
+    - name: r
+      chain: [{{split: [{{pool: new, weight: 50}}, {{pool: old, weight: 50}}]}}]
+      cache: {{ttl_s: 60}}
+"#,
+        a.url(),
+        b.url()
+    );
+    let proxy = TestProxy::with_policy(Settings::default(), &doc).await;
+    assert_eq!(
+        proxy.chat_with(&[], BODY).await.header("x-router-cache"),
+        Some("miss")
+    );
+    // Requests whose ids would land on either side: all answered from the
+    // one entry.
+    for i in 0..20 {
+        let id = format!("req-{i}");
+        let r = proxy
+            .chat_with(&[("x-request-id", id.as_str())], BODY)
+            .await;
+        assert_eq!(r.header("x-router-cache"), Some("hit"), "{id}");
+    }
+    assert_eq!(a.stats().received + b.stats().received, 1);
+    // A weight change leaves the route's pools as they are: no purge.
+    let reweighted = doc.replace(
+        "weight: 50}, {pool: old, weight: 50",
+        "weight: 90}, {pool: old, weight: 10",
+    );
+    assert_ne!(reweighted, doc);
+    let before = proxy.health().await["config_version"].clone();
+    proxy.apply(&reweighted);
+    assert_ne!(proxy.health().await["config_version"], before, "applied");
+    assert_eq!(
+        proxy.chat_with(&[], BODY).await.header("x-router-cache"),
+        Some("hit")
+    );
+}

@@ -389,8 +389,14 @@ spec:
             .find(|s| hex(&s.trace_id) == trace && s.kind == SpanKind::Server as i32)
             .unwrap()
     };
-    assert_eq!(attr(server_of(traces[0]), "router.cache").as_deref(), Some("miss"));
-    assert_eq!(attr(server_of(traces[1]), "router.cache").as_deref(), Some("hit"));
+    assert_eq!(
+        attr(server_of(traces[0]), "router.cache").as_deref(),
+        Some("miss")
+    );
+    assert_eq!(
+        attr(server_of(traces[1]), "router.cache").as_deref(),
+        Some("hit")
+    );
     assert_eq!(answering.stats().received, 1);
     let _ = provider.shutdown();
 }

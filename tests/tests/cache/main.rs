@@ -604,3 +604,37 @@ spec:
         Some("hit")
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_with_an_error_event_or_that_stalls_is_never_cached() {
+    use router_mock::{StreamEnding, StreamScript};
+    let streamed = BODY.replacen('{', r#"{"stream":true,"#, 1);
+    for ending in [
+        StreamEnding::Error,
+        StreamEnding::Stall,
+        StreamEnding::Malformed,
+    ] {
+        let m = mock(
+            "m",
+            Behavior::Stream(StreamScript {
+                ending,
+                ..StreamScript::default()
+            }),
+        )
+        .await;
+        // A stall is cut after 300 ms of silence.
+        let doc = policy(&m.url(), "", &[]).replace(
+            "      chain: [only]\n",
+            "      chain: [only]\n      stall_timeout_ms: 300\n",
+        );
+        let proxy = TestProxy::with_policy(Settings::default(), &doc).await;
+        for _ in 0..2 {
+            let r = proxy.chat_with(&[], &streamed).await;
+            assert_ne!(r.header("x-router-cache"), Some("hit"), "{ending:?}");
+        }
+        // And a plain request does not find it either.
+        let r = proxy.chat_with(&[], BODY).await;
+        assert_ne!(r.header("x-router-cache"), Some("hit"), "{ending:?}");
+        assert_eq!(m.stats().received, 3, "{ending:?}: never served again");
+    }
+}

@@ -29,10 +29,23 @@ use super::{Limit, Reading, MAX_RESET};
 /// Longest header value read (a longer one is ignored).
 const MAX_VALUE: usize = 64;
 
+/// Whether `headers` has any provider rate-limit header: one pass over
+/// the names (an answer has a dozen), so that an answer without them —
+/// a local engine's, most answers — costs no lookup by name.
+pub fn has_limits(headers: &HeaderMap) -> bool {
+    headers.keys().any(|k| {
+        let k = k.as_str();
+        k.starts_with("x-ratelimit-") || k.starts_with("anthropic-ratelimit-")
+    })
+}
+
 /// The limits `headers` report. `rate_limited`: the answer is a 429 (its
 /// `retry-after` is read); `now_unix_ms`: the wall clock when it was read
 /// (for Anthropic's absolute resets).
 pub fn read(headers: &HeaderMap, rate_limited: bool, now_unix_ms: u64) -> Reading {
+    if !has_limits(headers) {
+        return Reading::default();
+    }
     let openai = |count: &str, reset: &str| {
         limit(headers, count, |_| {
             headers.get(reset).and_then(|r| go_duration(text(r)?))
@@ -438,5 +451,25 @@ mod tests {
                 prop_assert!(l.reset.is_none_or(|d| d <= MAX_RESET));
             }
         }
+    }
+
+    #[test]
+    fn an_answer_without_rate_limit_headers_is_told_apart_by_its_names() {
+        let mut h = HeaderMap::new();
+        h.insert("content-type", "application/json".parse().unwrap());
+        h.insert("retry-after", "5".parse().unwrap());
+        assert!(!has_limits(&h));
+        assert!(
+            read(&h, true, 0).is_empty(),
+            "retry-after alone says nothing"
+        );
+        h.insert(
+            "anthropic-ratelimit-requests-remaining",
+            "3".parse().unwrap(),
+        );
+        assert!(has_limits(&h));
+        let mut o = HeaderMap::new();
+        o.insert("x-ratelimit-remaining-tokens", "10".parse().unwrap());
+        assert!(has_limits(&o));
     }
 }

@@ -564,6 +564,9 @@ impl Lease {
     /// `rate_limited`: a 429) into its quota ([`router_policy::quota`]);
     /// an answer without them changes nothing (and takes no lock).
     pub fn observe_quota(&self, headers: &http::HeaderMap, rate_limited: bool) {
+        if !router_policy::quota::headers::has_limits(headers) {
+            return;
+        }
         let reading = router_policy::quota::headers::read(
             headers,
             rate_limited,

@@ -605,9 +605,11 @@ impl ProxyConfig for ProxyConfigService {
                         hub.proxy_seen(&node, |_| {});
                         hub.load_received(&node, l);
                     }
-                    Some(pb::proxy_message::Msg::Load(_))
-                    | Some(pb::proxy_message::Msg::Hello(_))
-                    | None => {
+                    Some(pb::proxy_message::Msg::Load(l)) => {
+                        hub.proxy_seen(&node, |_| {});
+                        hub.ramp_reported(&l.outcomes);
+                    }
+                    Some(pb::proxy_message::Msg::Hello(_)) | None => {
                         hub.proxy_seen(&node, |_| {});
                     }
                 }

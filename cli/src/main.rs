@@ -100,6 +100,8 @@ enum Command {
     Cache(Group<CacheCommand>),
     /// Connected proxies.
     Proxies(Group<ProxiesCommand>),
+    /// Ramps (a split's new side moved up step by step).
+    Rollout(Group<RolloutCommand>),
     /// Routes.
     Route(Group<RouteCommand>),
     /// Tenants (who may call).
@@ -333,6 +335,30 @@ enum TasksCommand {
 }
 
 #[derive(Subcommand, Debug)]
+enum RolloutCommand {
+    /// Each ramped split of the route: step, weight, window and verdict.
+    Status {
+        /// The route.
+        route: String,
+    },
+    /// Keep the route's ramps from moving (the windows keep counting).
+    Pause {
+        /// The route.
+        route: String,
+    },
+    /// Let the route's ramps move again.
+    Resume {
+        /// The route.
+        route: String,
+    },
+    /// Set each new side's weight to 0 (a new policy version).
+    Abort {
+        /// The route.
+        route: String,
+    },
+}
+
+#[derive(Subcommand, Debug)]
 enum ProxiesCommand {
     /// Each proxy: revision applied, ACK/NACK, last seen.
     List,
@@ -538,6 +564,19 @@ async fn run(cli: Cli) -> ExitCode {
                     .await
                 }
             }
+        }
+        Command::Rollout(g) => {
+            let mut admin = match connect(&g.connection).await {
+                Ok(a) => a,
+                Err(code) => return code,
+            };
+            let (action, route) = match g.command {
+                RolloutCommand::Status { route } => ("status", route),
+                RolloutCommand::Pause { route } => ("pause", route),
+                RolloutCommand::Resume { route } => ("resume", route),
+                RolloutCommand::Abort { route } => ("abort", route),
+            };
+            routerctl::rollout_cmd::rollout(&mut admin, action, &route, g.printing.output).await
         }
         Command::Proxies(g) => {
             let mut admin = match connect(&g.connection).await {

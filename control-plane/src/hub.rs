@@ -79,7 +79,7 @@ pub use policy::{validate, Applier, PolicyApplied, UnknownTenant, HISTORY_LIMIT,
 use proxies::Link;
 #[cfg(test)]
 use proxies::TokenBucket;
-pub use ramp::{ramp_loop, with_weight, RampWindow, SideSums, RAMP_AUTHOR};
+pub use ramp::{ramp_loop, with_weight, RampWindow, RolloutAction, SideSums, RAMP_AUTHOR};
 
 /// How many times a change is planned again after losing a
 /// compare-and-swap to another replica.

@@ -328,6 +328,135 @@ impl Hub {
     }
 }
 
+/// The words of a verdict: its detail.
+fn detail(v: &Verdict) -> String {
+    use router_policy::ramp::Hold;
+    match v {
+        Verdict::Hold(Hold::InStep { left }) => {
+            format!("the step has {} ms left", left.as_millis())
+        }
+        Verdict::Hold(Hold::TooFewRequests { side, have, need }) => {
+            format!("the {side} side has {have} of {need} requests")
+        }
+        Verdict::Advance { from, to, why } => format!("{from}% -> {to}%: {why}"),
+        Verdict::RollBack { from, why } => format!("{from}% -> 0: {why}"),
+        Verdict::Done => "at the last step".into(),
+        Verdict::Stopped => "at 0 (rolled back or aborted): apply a step to start again".into(),
+    }
+}
+
+/// What `routerctl rollout` asks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RolloutAction {
+    /// Each ramp's step, weight, window and verdict.
+    Status,
+    /// Keep the route's ramps from moving.
+    Pause,
+    /// Let them move again.
+    Resume,
+    /// Set the new sides to 0 (`ramp: aborted by operator`).
+    Abort,
+}
+
+impl RolloutAction {
+    /// `status`, `pause`, `resume`, `abort`.
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "status" | "" => Some(Self::Status),
+            "pause" => Some(Self::Pause),
+            "resume" => Some(Self::Resume),
+            "abort" => Some(Self::Abort),
+            _ => None,
+        }
+    }
+}
+
+impl Hub {
+    /// `routerctl rollout ACTION ROUTE`: the route's ramps after it.
+    pub async fn rollout(
+        &self,
+        route: &str,
+        action: RolloutAction,
+    ) -> Result<pb::RolloutResponse, HubError> {
+        let splits: Vec<_> = self
+            .current_policy()
+            .map_or_else(Vec::new, |p| ramped(&p))
+            .into_iter()
+            .filter(|s| s.0 == route)
+            .collect();
+        if splits.is_empty() {
+            return Err(HubError::NotFound(format!(
+                "route {route:?} has no ramped split in the current policy"
+            )));
+        }
+        match action {
+            RolloutAction::Status => {}
+            RolloutAction::Pause => self.pause_ramp(route, true),
+            RolloutAction::Resume => self.pause_ramp(route, false),
+            RolloutAction::Abort => {
+                for (_, step, _, _, weight, _) in &splits {
+                    if *weight > 0 {
+                        self.set_ramp_weight(route, *step, 0, "ramp: aborted by operator")
+                            .await?;
+                    }
+                }
+            }
+        }
+        let version = self.lock().state.policy_version;
+        let splits = self
+            .current_policy()
+            .map_or_else(Vec::new, |p| ramped(&p))
+            .into_iter()
+            .filter(|s| s.0 == route);
+        let windows = self.ramp_windows(Some(route));
+        let paused = self.ramp_paused(route);
+        let ramps = splits
+            .map(|(route, step, new_pool, old_pool, weight, ramp)| {
+                let w = windows
+                    .iter()
+                    .find(|w| w.step == step && w.weight == weight && w.new_pool == new_pool);
+                let verdict = match w {
+                    Some(w) => w.verdict(),
+                    None => decide(
+                        &ramp,
+                        weight,
+                        Duration::ZERO,
+                        &SideWindow::default(),
+                        &SideWindow::default(),
+                    ),
+                };
+                let (new, old) = w.map_or_else(
+                    || (SideWindow::default(), SideWindow::default()),
+                    |w| (w.new.window(), w.old.window()),
+                );
+                pb::RampStatus {
+                    route,
+                    step: u32::try_from(step).unwrap_or(u32::MAX),
+                    new_pool,
+                    old_pool,
+                    weight,
+                    steps: ramp.steps.clone(),
+                    step_seconds: ramp.step.as_secs(),
+                    paused,
+                    window: w.is_some(),
+                    elapsed_ms: w.map_or(0, |w| {
+                        u64::try_from(w.started.elapsed().as_millis()).unwrap_or(u64::MAX)
+                    }),
+                    new_requests: new.requests,
+                    new_errors: new.errors,
+                    new_p95_ms: new.p95_ms,
+                    old_requests: old.requests,
+                    old_errors: old.errors,
+                    old_p95_ms: old.p95_ms,
+                    verdict: verdict.label().into(),
+                    detail: detail(&verdict),
+                }
+            })
+            .collect();
+        Ok(pb::RolloutResponse { ramps, version })
+    }
+}
+
 /// Every second, until the hub is gone: [`Hub::ramp_tick`].
 pub async fn ramp_loop(hub: Weak<Hub>) {
     let mut tick = tokio::time::interval(Duration::from_secs(1));

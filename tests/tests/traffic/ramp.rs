@@ -234,3 +234,68 @@ async fn a_new_side_that_fails_at_the_second_step_is_rolled_back_within_the_step
     );
     assert_eq!(weight(&cp), Some(0));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rollout_status_pause_resume_and_abort() {
+    let (new, old, last) = (
+        mock_latency("new", 20).await,
+        mock_latency("old", 20).await,
+        mock_latency("last", 20).await,
+    );
+    let doc = policy(&new.url(), &old.url(), &last.url(), RAMPED, "");
+    let (cp, proxy) = fleet("rollout", &doc).await;
+    let mut admin =
+        routerctl::admin_cmd::connect(&cp.local_addr().to_string(), Some(TOKEN.into()), None)
+            .await
+            .unwrap();
+    let ask = |action: &str| pb::RolloutRequest {
+        route: "default".into(),
+        action: action.into(),
+    };
+    let paused = admin.rollout(ask("pause")).await.unwrap().into_inner();
+    assert!(paused.ramps[0].paused, "{paused:?}");
+    let traffic = Traffic::start(&proxy);
+    // Paused: the step's evidence comes, nothing moves.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let s = admin.rollout(ask("status")).await.unwrap().into_inner();
+    let r = &s.ramps[0];
+    assert_eq!((r.weight, r.paused, r.window), (10, true, true), "{r:?}");
+    assert!(r.new_requests >= 20 && r.old_requests >= 20, "{r:?}");
+    assert_eq!(r.new_errors, 0);
+    assert_eq!(r.verdict, "advance", "{r:?}");
+    assert!(r.detail.starts_with("10% -> 50%: errors 0.0%"), "{r:?}");
+    assert!(ramp_versions(&cp).is_empty());
+    let text = routerctl::rollout_cmd::table(&s);
+    assert!(
+        text.contains(
+            "route default step 0: new 10% / old 90% (steps 10, 50, 100, 1 s each), PAUSED"
+        ),
+        "{text}"
+    );
+    // Resumed: the next tick advances.
+    admin.rollout(ask("resume")).await.unwrap();
+    wait_weight(&cp, 50, 5).await;
+    // Aborted: at 0 at once, noted, and stopped.
+    let aborted = admin.rollout(ask("abort")).await.unwrap().into_inner();
+    assert_eq!(aborted.ramps[0].weight, 0, "{aborted:?}");
+    assert_eq!(aborted.ramps[0].verdict, "stopped");
+    let versions = ramp_versions(&cp);
+    assert_eq!(
+        versions.last().map(|v| v.1.as_str()),
+        Some("ramp: aborted by operator"),
+        "{versions:?}"
+    );
+    let (sent, failed) = traffic.stop().await;
+    assert_eq!(failed, 0, "of {sent}");
+    // A route without a ramp, an unknown action: refused.
+    let e = admin
+        .rollout(pb::RolloutRequest {
+            route: "nope".into(),
+            action: "status".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::NotFound, "{e:?}");
+    let e = admin.rollout(ask("faster")).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
+}

@@ -341,12 +341,12 @@ enum RolloutCommand {
         /// The route.
         route: String,
     },
-    /// Keep the route's ramps from moving (the windows keep counting).
+    /// Keep the route's ramps from advancing (a rollback still happens).
     Pause {
         /// The route.
         route: String,
     },
-    /// Let the route's ramps move again.
+    /// Let the route's ramps advance again.
     Resume {
         /// The route.
         route: String,

@@ -1,7 +1,8 @@
 //! `routerctl rollout status|pause|resume|abort ROUTE`: a route's ramps
 //! (docs/traffic.md "Ramps"). `status` shows each ramped split's step,
 //! weight, window counts and verdict as the answering replica sees them;
-//! `pause` and `resume` keep its ramps from moving or let them move again;
+//! `pause` and `resume` keep its ramps from advancing (a rollback still
+//! happens) or let them advance again;
 //! `abort` sets each new side's weight to 0 (a new policy version noted
 //! `ramp: aborted by operator`).
 

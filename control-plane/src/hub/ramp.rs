@@ -24,8 +24,9 @@
 //! version's note, expecting the current version (a concurrent apply wins;
 //! the driver judges again on the next tick).
 //!
-//! **Operators.** `pause` keeps a route's ramps from moving (the windows
-//! keep counting), `resume` lets them move again, `abort` sets the new
+//! **Operators.** `pause` keeps a route's ramps from advancing (the
+//! windows keep counting, and a rollback still happens), `resume` lets
+//! them advance again, `abort` sets the new
 //! side to 0 with the note `ramp: aborted by operator`. Pauses are kept in
 //! memory, like the windows.
 
@@ -289,25 +290,25 @@ impl Hub {
                         ramp,
                     },
                 };
-                if !ramps.paused.contains(&window.route) {
-                    match window.verdict() {
-                        Verdict::Advance { from, to, why } => actions.push((
-                            window.route.clone(),
-                            step,
-                            to,
-                            format!("ramp: route {} new {from}% -> {to}% ({why})", window.route),
-                        )),
-                        Verdict::RollBack { from, why } => actions.push((
-                            window.route.clone(),
-                            step,
-                            0,
-                            format!(
-                                "ramp: route {} rolled back to 0 from {from}%: {why}",
-                                window.route
-                            ),
-                        )),
-                        _ => {}
-                    }
+                // Paused: no advance; a rollback still protects.
+                let paused = ramps.paused.contains(&window.route);
+                match window.verdict() {
+                    Verdict::Advance { from, to, why } if !paused => actions.push((
+                        window.route.clone(),
+                        step,
+                        to,
+                        format!("ramp: route {} new {from}% -> {to}% ({why})", window.route),
+                    )),
+                    Verdict::RollBack { from, why } => actions.push((
+                        window.route.clone(),
+                        step,
+                        0,
+                        format!(
+                            "ramp: route {} rolled back to 0 from {from}%: {why}",
+                            window.route
+                        ),
+                    )),
+                    _ => {}
                 }
                 kept.push(window);
             }
@@ -350,9 +351,9 @@ fn detail(v: &Verdict) -> String {
 pub enum RolloutAction {
     /// Each ramp's step, weight, window and verdict.
     Status,
-    /// Keep the route's ramps from moving.
+    /// Keep the route's ramps from advancing (a rollback still happens).
     Pause,
-    /// Let them move again.
+    /// Let them advance again.
     Resume,
     /// Set the new sides to 0 (`ramp: aborted by operator`).
     Abort,

@@ -236,7 +236,7 @@ async fn a_new_side_that_fails_at_the_second_step_is_rolled_back_within_the_step
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn rollout_status_pause_resume_and_abort() {
+async fn rollout_status_pause_resume_and_abort_and_a_paused_ramp_still_rolls_back() {
     let (new, old, last) = (
         mock_latency("new", 20).await,
         mock_latency("old", 20).await,
@@ -283,6 +283,28 @@ async fn rollout_status_pause_resume_and_abort() {
     assert_eq!(
         versions.last().map(|v| v.1.as_str()),
         Some("ramp: aborted by operator"),
+        "{versions:?}"
+    );
+    // Started again by an apply at the first step, and paused: a new side
+    // that fails is still rolled back.
+    let applied = admin
+        .apply_policy(pb::ApplyPolicyRequest {
+            document: doc.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(applied.applied, "{applied:?}");
+    assert_eq!(weight(&cp), Some(10));
+    admin.rollout(ask("pause")).await.unwrap();
+    new.set_behavior(Behavior::Status(500));
+    wait_weight(&cp, 0, 5).await;
+    let versions = ramp_versions(&cp);
+    assert!(
+        versions.last().is_some_and(|v| v
+            .1
+            .starts_with("ramp: route default rolled back to 0 from 10%: ")),
         "{versions:?}"
     );
     let (sent, failed) = traffic.stop().await;

@@ -500,4 +500,78 @@ mod tests {
         assert!(with_weight(doc, "nope", 0, 50).is_err());
         assert!(with_weight(doc, "r", 1, 50).is_err());
     }
+
+    fn outcomes(pool: &str, requests: u64, errors: u64) -> pb::RampOutcomes {
+        let mut latency_buckets = vec![0; LatencyBuckets::LEN];
+        latency_buckets[LatencyBuckets::bucket(20.0)] = requests;
+        pb::RampOutcomes {
+            route: "r".into(),
+            pool: pool.into(),
+            requests,
+            errors,
+            latency_buckets,
+        }
+    }
+
+    /// Windows live on the leading replica only, in memory: a report with
+    /// no window open is dropped, and a replica that loses and regains the
+    /// lead starts the step afresh. A failing new side is rolled back as a
+    /// new version authored `ramp` with its reason.
+    #[tokio::test]
+    async fn windows_are_the_leaders_and_a_failing_new_side_is_rolled_back() {
+        let dir = std::env::temp_dir().join(format!("router-hub-ramp-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let store = crate::store::RedbStore::open(&dir).unwrap();
+        let hub = Hub::open(Box::new(store), Guards::default(), Limits::default())
+            .await
+            .unwrap();
+        let doc = "apiVersion: router/v1\nkind: RoutingPolicy\nspec:\n  pools:\n    - {name: new, endpoints: [\"127.0.0.1:9\"]}\n    - {name: old, endpoints: [\"127.0.0.1:8\"]}\n  routes:\n    - name: r\n      chain: [{split: [{pool: new, weight: 10}, {pool: old, weight: 90}], ramp: {steps: [10, 50, 100], step_s: 60, guard: {min_requests: 20}}}]\n";
+        hub.apply_policy(doc, false, 0, "test").await.unwrap();
+        let lead = |on: bool| hub.leading.store(on, std::sync::atomic::Ordering::Relaxed);
+        hub.ramp_tick().await;
+        assert!(hub.ramp_windows(None).is_empty(), "not leading");
+        lead(true);
+        hub.ramp_reported(&[outcomes("new", 5, 0)]);
+        hub.ramp_tick().await;
+        let w = hub.ramp_windows(Some("r"));
+        assert_eq!(
+            (w.len(), w[0].weight, w[0].new.requests),
+            (1, 10, 0),
+            "dropped"
+        );
+        hub.ramp_reported(&[outcomes("new", 30, 0), outcomes("old", 270, 1)]);
+        hub.ramp_reported(&[outcomes("new", 10, 0)]);
+        let w = &hub.ramp_windows(None)[0];
+        assert_eq!((w.new.requests, w.old.requests, w.old.errors), (40, 270, 1));
+        assert_eq!(
+            w.new.window().p95_ms,
+            Some(LatencyBuckets::upper_ms(LatencyBuckets::bucket(20.0)))
+        );
+        assert_eq!(w.verdict().label(), "hold", "the step lasts 60 s");
+        // Lost and regained: afresh.
+        lead(false);
+        hub.ramp_tick().await;
+        assert!(hub.ramp_windows(None).is_empty());
+        lead(true);
+        hub.ramp_tick().await;
+        assert_eq!(hub.ramp_windows(None)[0].new.requests, 0);
+        // Failing: rolled back at the next tick, without waiting for the step.
+        hub.ramp_reported(&[outcomes("new", 10, 5), outcomes("old", 90, 0)]);
+        hub.ramp_tick().await;
+        let current = hub.policy(0).unwrap();
+        assert_eq!(current.author, RAMP_AUTHOR);
+        assert_eq!(
+            current.message,
+            "ramp: route r rolled back to 0 from 10%: error rate 50.0% > 1.0% + old 0.0% (5 of 10 requests)"
+        );
+        assert!(
+            current.document.contains("weight: 0"),
+            "{}",
+            current.document
+        );
+        hub.ramp_tick().await;
+        let w = &hub.ramp_windows(None)[0];
+        assert_eq!((w.weight, w.verdict().label()), (0, "stopped"));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

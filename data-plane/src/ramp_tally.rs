@@ -14,6 +14,8 @@
 //! one relaxed load of a flag ([`crate::config::ConfigStore::ramped`]).
 //! Tallies of a (route, pool) that stays ramped across a policy change are
 //! kept (counts not yet reported are not lost); the others are dropped.
+//! A proxy that is not managed tallies too (its policy may have a ramp),
+//! but nothing takes the counts: no control plane drives its ramps.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;

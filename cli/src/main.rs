@@ -25,8 +25,8 @@ const LONG_ABOUT: &str = "The LLM router's command line.
 
   up            the control plane and a proxy in one process (demo endpoints
                 when no policy is given)
-  policy, backends, circuits, cache, proxies, tenants, tasks, route explain
-                operate a running control plane (--server, --token, -o:
+  policy, backends, circuits, cache, proxies, tenants, tasks, rollout,
+  route explain operate a running control plane (--server, --token, -o:
                 before or after the group's name)
   policy validate, route explain -f FILE
                 offline: check a policy, explain a routing decision

@@ -21,8 +21,8 @@
 use std::ffi::OsString;
 
 /// The command groups that take the connection flags.
-pub const GROUPS: [&str; 8] = [
-    "policy", "backends", "circuits", "cache", "proxies", "route", "tenants", "tasks",
+pub const GROUPS: [&str; 9] = [
+    "policy", "backends", "circuits", "cache", "proxies", "route", "tenants", "tasks", "rollout",
 ];
 
 /// The connection and output flags, long spellings; each takes a value.

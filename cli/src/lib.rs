@@ -32,6 +32,7 @@ pub mod keys_cmd;
 pub mod mock_cmd;
 pub mod policy_cmd;
 pub mod proxies_cmd;
+pub mod rollout_cmd;
 pub mod tasks_cmd;
 pub mod tenants_cmd;
 pub mod up;

@@ -25,8 +25,8 @@ const LONG_ABOUT: &str = "The LLM router's command line.
 
   up            the control plane and a proxy in one process (demo endpoints
                 when no policy is given)
-  policy, backends, circuits, cache, proxies, tenants, tasks, route explain
-                operate a running control plane (--server, --token, -o:
+  policy, backends, circuits, cache, proxies, tenants, tasks, rollout,
+  route explain operate a running control plane (--server, --token, -o:
                 before or after the group's name)
   policy validate, route explain -f FILE
                 offline: check a policy, explain a routing decision
@@ -100,6 +100,8 @@ enum Command {
     Cache(Group<CacheCommand>),
     /// Connected proxies.
     Proxies(Group<ProxiesCommand>),
+    /// Ramps (a split's new side moved up step by step).
+    Rollout(Group<RolloutCommand>),
     /// Routes.
     Route(Group<RouteCommand>),
     /// Tenants (who may call).
@@ -333,6 +335,30 @@ enum TasksCommand {
 }
 
 #[derive(Subcommand, Debug)]
+enum RolloutCommand {
+    /// Each ramped split of the route: step, weight, window and verdict.
+    Status {
+        /// The route.
+        route: String,
+    },
+    /// Keep the route's ramps from advancing (a rollback still happens).
+    Pause {
+        /// The route.
+        route: String,
+    },
+    /// Let the route's ramps advance again.
+    Resume {
+        /// The route.
+        route: String,
+    },
+    /// Set each new side's weight to 0 (a new policy version).
+    Abort {
+        /// The route.
+        route: String,
+    },
+}
+
+#[derive(Subcommand, Debug)]
 enum ProxiesCommand {
     /// Each proxy: revision applied, ACK/NACK, last seen.
     List,
@@ -538,6 +564,19 @@ async fn run(cli: Cli) -> ExitCode {
                     .await
                 }
             }
+        }
+        Command::Rollout(g) => {
+            let mut admin = match connect(&g.connection).await {
+                Ok(a) => a,
+                Err(code) => return code,
+            };
+            let (action, route) = match g.command {
+                RolloutCommand::Status { route } => ("status", route),
+                RolloutCommand::Pause { route } => ("pause", route),
+                RolloutCommand::Resume { route } => ("resume", route),
+                RolloutCommand::Abort { route } => ("abort", route),
+            };
+            routerctl::rollout_cmd::rollout(&mut admin, action, &route, g.printing.output).await
         }
         Command::Proxies(g) => {
             let mut admin = match connect(&g.connection).await {

@@ -49,7 +49,7 @@ fn help_lists_the_real_subcommands() {
             .collect();
         for name in [
             "up", "drill", "mock", "policy", "backends", "circuits", "proxies", "route", "approve",
-            "tasks",
+            "tasks", "rollout",
         ] {
             assert!(listed.contains(&name), "{name} missing from {listed:?}");
         }

@@ -33,8 +33,9 @@
 //! compare-and-swap in `change_with`), the snapshot proxies receive and the
 //! maintenance loop; each kind of change lives in its own file:
 //! `policy.rs` (apply, rollback, history, explain), `backends.rs`,
-//! `circuits.rs` (overrides and suspicion marks), `keys.rs` (tenants' keys)
-//! and `proxies.rs` (the proxies' records and report rate limits); the
+//! `circuits.rs` (overrides and suspicion marks), `keys.rs` (tenants' keys),
+//! `proxies.rs` (the proxies' records and report rate limits) and
+//! `ramp.rs` (ramps driven from the proxies' reports); the
 //! console's questions to the proxies over their streams are in
 //! `decisions.rs` (route records) and `load.rs` (their pools' load).
 
@@ -67,6 +68,7 @@ mod keys;
 mod load;
 mod policy;
 mod proxies;
+mod ramp;
 pub use cache::{purge_on_pool_change, MAX_PURGES};
 pub use circuits::check_circuit;
 use circuits::retain_valid_circuits;
@@ -77,6 +79,7 @@ pub use policy::{validate, Applier, PolicyApplied, UnknownTenant, HISTORY_LIMIT,
 use proxies::Link;
 #[cfg(test)]
 use proxies::TokenBucket;
+pub use ramp::{ramp_loop, with_weight, RampWindow, RolloutAction, SideSums, RAMP_AUTHOR};
 
 /// How many times a change is planned again after losing a
 /// compare-and-swap to another replica.
@@ -184,6 +187,8 @@ pub struct Hub {
     leading: std::sync::atomic::AtomicBool,
     /// The open streams and the decisions fetches waiting on them.
     queries: Mutex<decisions::Queries>,
+    /// Ramps' step windows and paused routes (`ramp.rs`).
+    ramps: Mutex<ramp::Ramps>,
 }
 
 impl Inner {
@@ -362,6 +367,7 @@ impl Hub {
             guards,
             leading: std::sync::atomic::AtomicBool::new(false),
             queries: Mutex::default(),
+            ramps: Mutex::default(),
         });
         if let Some(changes) = changes {
             tokio::spawn(follow_store(Arc::downgrade(&hub), changes));

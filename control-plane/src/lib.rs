@@ -413,7 +413,8 @@ pub async fn start(options: ControlPlaneOptions) -> Result<RunningControlPlane, 
         }
     });
     let maintenance = tokio::spawn(hub::maintenance_loop(Arc::downgrade(&hub)));
-    let mut tasks = vec![serve, maintenance];
+    let ramps = tokio::spawn(hub::ramp_loop(Arc::downgrade(&hub)));
+    let mut tasks = vec![serve, maintenance, ramps];
     if let Some(client) = shared_store.clone() {
         tasks.push(tokio::spawn(hub::purge_on_pool_change(
             Arc::downgrade(&hub),

@@ -418,6 +418,24 @@ impl Admin for AdminService {
         }))
     }
 
+    async fn rollout(
+        &self,
+        req: Request<pb::RolloutRequest>,
+    ) -> Result<Response<pb::RolloutResponse>, Status> {
+        let r = req.into_inner();
+        let action = crate::hub::RolloutAction::parse(&r.action).ok_or_else(|| {
+            Status::invalid_argument(format!(
+                "action: {:?} is not one of status, pause, resume, abort",
+                r.action
+            ))
+        })?;
+        upgrade(&self.hub)?
+            .rollout(&r.route, action)
+            .await
+            .map(Response::new)
+            .map_err(status)
+    }
+
     async fn revoke_key(
         &self,
         req: Request<pb::RevokeKeyRequest>,
@@ -605,9 +623,11 @@ impl ProxyConfig for ProxyConfigService {
                         hub.proxy_seen(&node, |_| {});
                         hub.load_received(&node, l);
                     }
-                    Some(pb::proxy_message::Msg::Load(_))
-                    | Some(pb::proxy_message::Msg::Hello(_))
-                    | None => {
+                    Some(pb::proxy_message::Msg::Load(l)) => {
+                        hub.proxy_seen(&node, |_| {});
+                        hub.ramp_reported(&l.outcomes);
+                    }
+                    Some(pb::proxy_message::Msg::Hello(_)) | None => {
                         hub.proxy_seen(&node, |_| {});
                     }
                 }

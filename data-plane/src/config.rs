@@ -225,6 +225,9 @@ pub(crate) struct Snapshot {
     /// or `gemini`): an OpenAI chat request may need translating (see
     /// `handler::dialect`).
     pub translating_pools: bool,
+    /// One tally per (route, pool) a ramped split names; empty without a
+    /// ramp ([`crate::ramp_tally`]).
+    pub ramp_sides: Arc<[Arc<crate::ramp_tally::SideTally>]>,
 }
 
 /// Where a new snapshot finds the budgets of the routes it keeps.
@@ -304,6 +307,9 @@ pub struct ConfigStore {
     /// its entries in this proxy's own store dropped (the shared store's
     /// are dropped by the control plane, once for the fleet).
     cache: std::sync::OnceLock<Arc<crate::idempotency::Keys>>,
+    /// Whether the current snapshot tallies a ramp's sides: the one thing
+    /// a request reads when the policy has no ramp.
+    ramped: std::sync::atomic::AtomicBool,
 }
 
 /// Placements the fleet's other proxies made, learned by the pools they
@@ -339,12 +345,15 @@ impl ConfigStore {
             &mut source,
             &FnvHashMap::default(),
             &NoBudgets,
+            &[],
             &metrics,
             client.as_ref(),
             events.as_ref(),
         );
         metrics.config_change(Some(&snapshot.version));
+        let ramped = std::sync::atomic::AtomicBool::new(!snapshot.ramp_sides.is_empty());
         Self {
+            ramped,
             current: ArcSwap::from_pointee(snapshot),
             source: Mutex::new(source),
             metrics,
@@ -400,6 +409,12 @@ impl ConfigStore {
     /// The version of the config being served.
     pub fn version(&self) -> Arc<str> {
         Arc::clone(&self.load().version)
+    }
+
+    /// Whether the current policy has a ramped split whose sides are
+    /// tallied (one relaxed load: what a request without a ramp pays).
+    pub(crate) fn ramped(&self) -> bool {
+        self.ramped.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The snapshot to route by.
@@ -502,6 +517,7 @@ impl ConfigStore {
             &mut src,
             &old.pools,
             &*old,
+            &old.ramp_sides,
             &self.metrics,
             self.client.as_ref(),
             self.events.as_ref(),
@@ -526,6 +542,10 @@ impl ConfigStore {
         }
         let version = Arc::clone(&next.version);
         span.record("router.config_version", &*version);
+        self.ramped.store(
+            !next.ramp_sides.is_empty(),
+            std::sync::atomic::Ordering::Relaxed,
+        );
         self.current.store(Arc::new(next));
         self.metrics.config_change(Some(&version));
         Ok(version)
@@ -537,6 +557,7 @@ fn build(
     src: &mut Source,
     old: &FnvHashMap<String, Arc<PoolRuntime>>,
     old_budgets: &dyn BudgetOf,
+    old_sides: &[Arc<crate::ramp_tally::SideTally>],
     metrics: &Metrics,
     client: Option<&UpstreamClient>,
     events: Option<&tokio::sync::mpsc::Sender<crate::pool::CircuitEvent>>,
@@ -629,7 +650,9 @@ fn build(
         .take()
         .unwrap_or_else(|| format!("{}-{}", src.origin, src.changes))
         .into();
+    let ramp_sides = crate::ramp_tally::sides_of(&policy, old_sides).into();
     Snapshot {
+        ramp_sides,
         version_header: HeaderValue::from_str(&version).ok(),
         version,
         secrets,

@@ -78,6 +78,7 @@ mod limits;
 mod listener_tls;
 pub mod managed;
 mod metrics;
+mod ramp_tally;
 mod reload;
 mod route_log;
 mod settings;

@@ -694,8 +694,14 @@ async fn stream_once(
     loop {
         tokio::select! {
             _ = heartbeat.tick() => {
+                // With it, what each ramped split's sides did since the
+                // last beat (empty without a ramp).
+                let outcomes = crate::ramp_tally::take_all(&context.store.load().ramp_sides);
                 let alive = pb::ProxyMessage {
-                    msg: Some(pb::proxy_message::Msg::Load(pb::LoadReport::default())),
+                    msg: Some(pb::proxy_message::Msg::Load(pb::LoadReport {
+                        outcomes,
+                        ..pb::LoadReport::default()
+                    })),
                 };
                 if tx.send(alive).await.is_err() {
                     return Ok(());

@@ -257,6 +257,30 @@ pub fn decide(
     }
 }
 
+/// How an attempt's outcome counts in a side's window: `None` not at all
+/// (a cancelled hedge, a client that went away, an answer replayed or
+/// refused before any backend was asked), `Some(true)` an error the client
+/// did not cause (a 5xx, a timeout, a connection failure, a stream cut or
+/// broken), `Some(false)` a request that went well or whose failure is
+/// the client's or the quota's (a 4xx, a 429: rate limits are the
+/// balancer's, not the side's health).
+pub fn counts_as_error(outcome: crate::Outcome) -> Option<bool> {
+    use crate::Outcome as O;
+    match outcome {
+        O::Ok | O::Status429 | O::InvalidRequest | O::PayloadTooLarge => Some(false),
+        O::ConnectError
+        | O::UpstreamError
+        | O::Timeout
+        | O::Status5xx
+        | O::MalformedJson
+        | O::UpstreamReset
+        | O::FirstTokenTimeout
+        | O::StreamError
+        | O::StreamStalled => Some(true),
+        _ => None,
+    }
+}
+
 /// A latency summary that merges across proxies: counts in fixed
 /// logarithmic buckets (bucket `i` holds latencies up to `2^(i/4)` ms,
 /// about 19% wide; the last holds the rest), so the fleet's p95 is the
@@ -441,6 +465,20 @@ mod tests {
             v,
             Verdict::Hold(Hold::TooFewRequests { side: "new", .. })
         ));
+    }
+
+    #[test]
+    fn only_failures_the_client_did_not_cause_are_errors() {
+        use crate::Outcome as O;
+        for o in [O::Status5xx, O::Timeout, O::ConnectError, O::StreamError] {
+            assert_eq!(counts_as_error(o), Some(true), "{o:?}");
+        }
+        for o in [O::Ok, O::InvalidRequest, O::Status429] {
+            assert_eq!(counts_as_error(o), Some(false), "{o:?}");
+        }
+        for o in [O::ClientCancelled, O::HedgeCancelled, O::Replayed] {
+            assert_eq!(counts_as_error(o), None, "{o:?}");
+        }
     }
 
     #[test]

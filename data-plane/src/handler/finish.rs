@@ -76,6 +76,13 @@ pub(super) fn finish_record(
         outcome,
         elapsed.as_secs_f64(),
     );
+    // A ramped split's sides: each attempt on one of them counted for the
+    // control plane (nothing but one flag read without a ramp). The last
+    // attempt of a stream that broke after its head counts as the stream
+    // ended.
+    if shared.config.ramped() {
+        tally_ramp_sides(shared, &record, outcome);
+    }
     // Every attempt that generated is paid for, whichever answered.
     // (A few additions: one per attempt.)
     let charge = record
@@ -116,6 +123,34 @@ pub(super) fn finish_record(
         );
     }
     record.emit(&shared.route_log);
+}
+
+/// Adds `record`'s attempts to the tallies of the ramped (route, pool)s
+/// they were on ([`crate::ramp_tally`]).
+fn tally_ramp_sides(shared: &Shared, record: &RouteRecord, outcome: Outcome) {
+    let Some(route) = record.route.as_deref() else {
+        return;
+    };
+    let snapshot = shared.config.load();
+    let last = record.attempts.len().saturating_sub(1);
+    for (i, attempt) in record.attempts.iter().enumerate() {
+        let Some(tally) = snapshot
+            .ramp_sides
+            .iter()
+            .find(|t| *t.route == *route && t.pool == attempt.pool)
+        else {
+            continue;
+        };
+        let ended = if i == last
+            && attempt.outcome == Outcome::Ok
+            && router_policy::ramp::counts_as_error(outcome) == Some(true)
+        {
+            outcome
+        } else {
+            attempt.outcome
+        };
+        tally.note(ended, attempt.latency_ms);
+    }
 }
 
 /// Runs when a streamed answer's body ends.

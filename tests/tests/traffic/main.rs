@@ -4,6 +4,7 @@
 
 #![allow(clippy::unwrap_used)]
 
+mod ramp;
 mod splits;
 
 use router_proxy::Settings;

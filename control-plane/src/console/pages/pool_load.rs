@@ -110,6 +110,34 @@ pub(super) struct EndpointLoad {
     pub(super) suspect: Nodes,
     /// Proxies that have it ejected as an outlier now.
     pub(super) ejected: Nodes,
+    /// The fewest requests left of its key's quota, and the proxy that
+    /// says so (`None`: no proxy has a reading).
+    pub(super) quota_requests: Option<Least>,
+    /// The fewest tokens left, and the proxy that says so.
+    pub(super) quota_tokens: Option<Least>,
+    /// Proxies that rest its key now (out of quota until its reset).
+    pub(super) resting: Nodes,
+}
+
+/// The lowest count a proxy reports, and that proxy.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct Least {
+    /// The count.
+    pub(super) count: u64,
+    /// The proxy.
+    pub(super) node: String,
+}
+
+fn least(current: &mut Option<Least>, count: Option<u64>, node: &str) {
+    let Some(count) = count else {
+        return;
+    };
+    if current.as_ref().is_none_or(|l| count < l.count) {
+        *current = Some(Least {
+            count,
+            node: node.to_string(),
+        });
+    }
 }
 
 /// One pool across the proxies that report it.
@@ -201,6 +229,11 @@ impl FleetLoad {
                     }
                     if e.ejected {
                         agg.ejected.add(node);
+                    }
+                    least(&mut agg.quota_requests, e.quota_requests_remaining, node);
+                    least(&mut agg.quota_tokens, e.quota_tokens_remaining, node);
+                    if !e.quota_resting.is_empty() {
+                        agg.resting.add(node);
                     }
                 }
             }

@@ -116,6 +116,9 @@ pub(super) struct LiveRow {
     ejected: String,
     /// On how many proxies it drains, when any does or the fleet drains it.
     drain: String,
+    /// What is left of its key's quota, the fewest any proxy reports, and
+    /// where it is rested (empty: no reading; docs/traffic.md).
+    quota: String,
 }
 
 impl LiveRow {
@@ -160,6 +163,19 @@ impl LiveRow {
                 "no".into()
             } else {
                 format!("by {} of {n}: {}", e.ejected.count, e.ejected.names())
+            },
+            quota: {
+                let mut parts = Vec::new();
+                if let Some(l) = &e.quota_requests {
+                    parts.push(format!("{} requests left ({})", l.count, l.node));
+                }
+                if let Some(l) = &e.quota_tokens {
+                    parts.push(format!("{} tokens left ({})", l.count, l.node));
+                }
+                if e.resting.count > 0 {
+                    parts.push(on("rested", &e.resting));
+                }
+                parts.join("; ")
             },
             drain: if e.draining.count > 0 || fleet_drains {
                 format!("draining on {} of {n}", e.draining.count)
@@ -711,6 +727,47 @@ spec:
             &router_policy::Guards::default(),
         )
         .unwrap_or_else(|e| panic!("{e:?}"))
+    }
+
+    #[test]
+    fn the_page_shows_the_fewest_requests_and_tokens_left_of_a_keys_quota_and_who_rests_it() {
+        let with_quota = |node: &str, requests: u64, tokens: u64, resting: &str| {
+            let mut a = answer(node, 0, 0, 0.1, false);
+            if let Some(load) = a.load.as_mut() {
+                let e = &mut load.pools[0].endpoints[0];
+                e.quota_requests_remaining = Some(requests);
+                e.quota_tokens_remaining = Some(tokens);
+                e.quota_resting = resting.into();
+            }
+            a
+        };
+        let fleet = FleetLoad::of(&[
+            with_quota("edge-a", 7, 1200, ""),
+            with_quota("edge-b", 0, 5000, "requests"),
+        ]);
+        let pools = rows(&policy(), &State::default(), &fleet);
+        let one = pools[0].endpoints[0]
+            .live
+            .as_ref()
+            .unwrap_or_else(|| panic!("no endpoint load"));
+        assert_eq!(
+            one.quota,
+            "0 requests left (edge-b); 1200 tokens left (edge-a); rested on 1 of 2: edge-b"
+        );
+        // Without readings: nothing said.
+        let plain = FleetLoad::of(&[answer("edge-a", 0, 0, 0.1, false)]);
+        let rows_plain = rows(&policy(), &State::default(), &plain);
+        let live = rows_plain[0].endpoints[0]
+            .live
+            .as_ref()
+            .unwrap_or_else(|| panic!("no load"));
+        assert!(live.quota.is_empty());
+        let html = page(pools, &fleet);
+        assert!(
+            html.contains(r#"<td class="quota">0 requests left (edge-b); 1200 tokens left (edge-a); rested on 1 of 2: edge-b</td>"#),
+            "{html}"
+        );
+        assert!(page(rows_plain, &plain).contains(r#"<td class="quota">—</td>"#));
     }
 
     /// A proxy's answer: pool `a`'s queue and its first endpoint's load

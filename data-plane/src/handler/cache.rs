@@ -169,13 +169,15 @@ pub(super) async fn look(
     Cached::Walk(None)
 }
 
-/// Whether a plain and a streamed request on `path` share an entry: chat
-/// completions and messages, whose whole answer and stream are rebuilt
-/// from each other ([`in_form`]); any other path keys the form.
+/// Whether a plain and a streamed request on `path` (normalized on
+/// arrival, `router_policy::request_path`) share an entry: chat
+/// completions and messages, the paths the router itself reads in each
+/// dialect, whose whole answer and stream are rebuilt from each other
+/// ([`in_form`]); any other path keys the form.
 fn shares_forms(dialect: Dialect, path: &str) -> bool {
     match dialect {
-        Dialect::OpenAi => path.ends_with("/chat/completions"),
-        Dialect::Anthropic => path.ends_with("/messages"),
+        Dialect::OpenAi => path == super::dialect::CHAT_PATH,
+        Dialect::Anthropic => path == super::dialect::MESSAGES_PATH,
         Dialect::Gemini => false,
     }
 }

@@ -255,15 +255,10 @@ async fn fleet(redis: &RedisServer, url: &str) -> (TestProxy, TestProxy) {
     let b = TestProxy::with_policy(s, &doc).await;
     // Both connected (the first connection is made in the background).
     for p in [&a, &b] {
-        let mut connected = false;
-        for _ in 0..200 {
-            if p.health().await["shared_store"]["connected"] == true {
-                connected = true;
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        assert!(connected, "proxy did not reach the shared store");
+        p.wait_health("the shared store connected", |h| {
+            h["shared_store"]["connected"] == true
+        })
+        .await;
     }
     (a, b)
 }

@@ -65,13 +65,11 @@ async fn proxy(
         )),
     )
     .await;
-    for _ in 0..300 {
-        if p.health().await["revision"].as_u64().is_some_and(|r| r > 0) {
-            return p;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("{node} never got its policy: {}", p.health().await);
+    p.wait_health("the control plane's policy applied", |h| {
+        h["revision"].as_u64().is_some_and(|r| r > 0)
+    })
+    .await;
+    p
 }
 
 async fn cache_word(p: &TestProxy, headers: &[(&str, &str)], body: &str) -> String {
@@ -185,12 +183,10 @@ async fn a_purge_empties_the_shared_store_once_for_the_fleet_and_a_pool_change_p
     let p1 = proxy(&cp, "p1", s.clone()).await;
     let p2 = proxy(&cp, "p2", s).await;
     for p in [&p1, &p2] {
-        for _ in 0..200 {
-            if p.health().await["shared_store"]["connected"] == true {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        p.wait_health("the shared store connected", |h| {
+            h["shared_store"]["connected"] == true
+        })
+        .await;
     }
     let other = BODY.replace("2+2", "3+3");
     assert_eq!(cache_word(&p1, &[], BODY).await, "miss");

@@ -307,9 +307,6 @@ pub struct ConfigStore {
     /// its entries in this proxy's own store dropped (the shared store's
     /// are dropped by the control plane, once for the fleet).
     cache: std::sync::OnceLock<Arc<crate::idempotency::Keys>>,
-    /// Whether the current snapshot tallies a ramp's sides: the one thing
-    /// a request reads when the policy has no ramp.
-    ramped: std::sync::atomic::AtomicBool,
 }
 
 /// Placements the fleet's other proxies made, learned by the pools they
@@ -351,9 +348,7 @@ impl ConfigStore {
             events.as_ref(),
         );
         metrics.config_change(Some(&snapshot.version));
-        let ramped = std::sync::atomic::AtomicBool::new(!snapshot.ramp_sides.is_empty());
         Self {
-            ramped,
             current: ArcSwap::from_pointee(snapshot),
             source: Mutex::new(source),
             metrics,
@@ -412,9 +407,10 @@ impl ConfigStore {
     }
 
     /// Whether the current policy has a ramped split whose sides are
-    /// tallied (one relaxed load: what a request without a ramp pays).
+    /// tallied: read from the snapshot through a guard (no reference count
+    /// taken), what a request without a ramp pays.
     pub(crate) fn ramped(&self) -> bool {
-        self.ramped.load(std::sync::atomic::Ordering::Relaxed)
+        !self.current.load().ramp_sides.is_empty()
     }
 
     /// The snapshot to route by.
@@ -542,10 +538,6 @@ impl ConfigStore {
         }
         let version = Arc::clone(&next.version);
         span.record("router.config_version", &*version);
-        self.ramped.store(
-            !next.ramp_sides.is_empty(),
-            std::sync::atomic::Ordering::Relaxed,
-        );
         self.current.store(Arc::new(next));
         self.metrics.config_change(Some(&version));
         Ok(version)

@@ -11,7 +11,8 @@
 //! to 0) and sends them with the `LoadReport`.
 //!
 //! A policy without a ramped split has no tallies, and a request then pays
-//! one relaxed load of a flag ([`crate::config::ConfigStore::ramped`]).
+//! one look at the snapshot's empty list through an `arc_swap` guard
+//! ([`crate::config::ConfigStore::ramped`]).
 //! Tallies of a (route, pool) that stays ramped across a policy change are
 //! kept (counts not yet reported are not lost); the others are dropped.
 //! A proxy that is not managed tallies too (its policy may have a ramp),

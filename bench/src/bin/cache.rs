@@ -34,7 +34,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use router_test_kit::redis::RedisServer;
-use router_test_kit::stats::{loadavg, pct};
+use router_test_kit::stats::{in_alternating_blocks, loadavg, p50_p90_p99};
 use router_test_kit::BoxError;
 
 /// Measure the response cache's hit and miss latency, local and on Redis.
@@ -213,17 +213,10 @@ async fn measure(args: &Args, url: &str) -> Result<[Row; 3], BoxError> {
             }
         }
     }
-    let mut samples: [Vec<Duration>; 3] = Default::default();
-    while samples[0].len() < args.requests {
-        for (i, k) in KINDS.iter().enumerate() {
-            for _ in 0..args.block.min(args.requests - samples[i].len()).max(1) {
-                samples[i].push(one(*k).await?);
-            }
-        }
-    }
-    for s in &mut samples {
-        s.sort_unstable();
-    }
-    let row = |s: &[Duration]| (pct(s, 0.5), pct(s, 0.9), pct(s, 0.99));
-    Ok([row(&samples[0]), row(&samples[1]), row(&samples[2])])
+    let samples = in_alternating_blocks(&KINDS, args.requests, args.block.max(1), one).await?;
+    Ok([
+        p50_p90_p99(&samples[0]),
+        p50_p90_p99(&samples[1]),
+        p50_p90_p99(&samples[2]),
+    ])
 }

@@ -45,7 +45,7 @@ struct Args {
 
 use router_test_kit::proxy::on_redis as proxy_on_redis;
 use router_test_kit::redis::RedisServer;
-use router_test_kit::stats::{loadavg, pct};
+use router_test_kit::stats::{in_alternating_blocks, loadavg, p50_p90_p99};
 use router_test_kit::BoxError;
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -113,21 +113,14 @@ async fn run(args: Args) -> Result<(), BoxError> {
             one(k).await?;
         }
     }
-    let mut samples: [Vec<Duration>; 3] = Default::default();
     let started = Instant::now();
-    while samples[0].len() < args.requests {
-        for (i, k) in kinds.iter().enumerate() {
-            for _ in 0..args.block.min(args.requests - samples[i].len()).max(1) {
-                samples[i].push(one(*k).await?);
-            }
-        }
-    }
+    let samples = in_alternating_blocks(&kinds, args.requests, args.block.max(1), one).await?;
     let wall = started.elapsed();
-    for s in &mut samples {
-        s.sort_unstable();
-    }
-    let row = |s: &[Duration]| (pct(s, 0.5), pct(s, 0.9), pct(s, 0.99));
-    let (u, k, r) = (row(&samples[0]), row(&samples[1]), row(&samples[2]));
+    let (u, k, r) = (
+        p50_p90_p99(&samples[0]),
+        p50_p90_p99(&samples[1]),
+        p50_p90_p99(&samples[2]),
+    );
     if args.json {
         println!(
             "{}",

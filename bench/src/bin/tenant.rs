@@ -28,7 +28,7 @@ use hyper_util::rt::TokioExecutor;
 
 use router_test_kit::proxy::on_redis as proxy_on_redis;
 use router_test_kit::redis::RedisServer;
-use router_test_kit::stats::{loadavg, pct};
+use router_test_kit::stats::{in_alternating_blocks, loadavg, p50_p90_p99};
 use router_test_kit::BoxError;
 
 /// Measure the added latency of a tenant's checks with Redis on loopback.
@@ -103,21 +103,10 @@ async fn run(args: Args) -> Result<(), BoxError> {
             one(k).await?;
         }
     }
-    let mut samples: [Vec<Duration>; 2] = Default::default();
     let started = Instant::now();
-    while samples[0].len() < args.requests {
-        for (k, s) in samples.iter_mut().enumerate() {
-            for _ in 0..args.block.min(args.requests - s.len()).max(1) {
-                s.push(one(k).await?);
-            }
-        }
-    }
+    let samples = in_alternating_blocks(&[0, 1], args.requests, args.block.max(1), one).await?;
     let wall = started.elapsed();
-    for s in &mut samples {
-        s.sort_unstable();
-    }
-    let row = |s: &[Duration]| (pct(s, 0.5), pct(s, 0.9), pct(s, 0.99));
-    let (p, t) = (row(&samples[0]), row(&samples[1]));
+    let (p, t) = (p50_p90_p99(&samples[0]), p50_p90_p99(&samples[1]));
     println!(
         "{} requests of each kind, blocks of {}, one keep-alive connection each, Redis on loopback ({:.1} s)",
         args.requests,

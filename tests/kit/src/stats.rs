@@ -12,6 +12,40 @@ pub fn pct(sorted: &[Duration], p: f64) -> f64 {
     sorted[rank].as_secs_f64() * 1e3
 }
 
+/// p50, p90 and p99 of `sorted`, in milliseconds.
+pub fn p50_p90_p99(sorted: &[Duration]) -> (f64, f64, f64) {
+    (pct(sorted, 0.5), pct(sorted, 0.9), pct(sorted, 0.99))
+}
+
+/// Each kind's latencies (`one(kind)`, one request), sampled in
+/// alternating blocks of `block` requests until each kind has
+/// `requests`, so that the machine's other load falls on every kind
+/// alike; each kind's list sorted.
+pub async fn in_alternating_blocks<K, E, F, Fut>(
+    kinds: &[K],
+    requests: usize,
+    block: usize,
+    mut one: F,
+) -> Result<Vec<Vec<Duration>>, E>
+where
+    K: Copy,
+    F: FnMut(K) -> Fut,
+    Fut: std::future::Future<Output = Result<Duration, E>>,
+{
+    let mut samples = vec![Vec::with_capacity(requests); kinds.len()];
+    while samples.iter().any(|s| s.len() < requests) {
+        for (kind, s) in kinds.iter().zip(samples.iter_mut()) {
+            for _ in 0..block.min(requests.saturating_sub(s.len())) {
+                s.push(one(*kind).await?);
+            }
+        }
+    }
+    for s in &mut samples {
+        s.sort_unstable();
+    }
+    Ok(samples)
+}
+
 /// `/proc/loadavg`'s first three fields (the machine's other load shows
 /// in the tail).
 pub fn loadavg() -> String {
@@ -32,5 +66,27 @@ mod tests {
         assert_eq!(pct(&ms, 1.0), 100.0);
         assert_eq!(pct(&ms, 0.0), 1.0);
         assert_eq!(pct(&[], 0.5), 0.0);
+    }
+
+    #[test]
+    fn kinds_are_sampled_in_alternating_blocks_to_the_same_count_and_sorted() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap_or_else(|e| panic!("{e}"));
+        let mut order = Vec::new();
+        let mut n = 0u64;
+        let samples = rt
+            .block_on(in_alternating_blocks(&['a', 'b'], 5, 2, |k| {
+                order.push(k);
+                n += 1;
+                // Falling latencies: the lists come back sorted.
+                let took = Duration::from_millis(100 - n);
+                async move { Ok::<_, ()>(took) }
+            }))
+            .unwrap_or_else(|()| panic!("no error was returned"));
+        assert_eq!(order.iter().collect::<String>(), "aabbaabbab");
+        assert!(samples.iter().all(|s| s.len() == 5));
+        assert!(samples.iter().all(|s| s.windows(2).all(|w| w[0] <= w[1])));
+        assert_eq!(p50_p90_p99(&samples[0]).0, pct(&samples[0], 0.5));
     }
 }

@@ -161,3 +161,53 @@ pub async fn purge_on_pool_change(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn the_latest_purges_are_kept_at_most_and_each_names_its_prefix() {
+        let dir = std::env::temp_dir().join(format!("router-hub-purge-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let store = crate::store::RedbStore::open(&dir).unwrap_or_else(|e| panic!("{e}"));
+        let hub = Hub::open(Box::new(store), Guards::default(), crate::Limits::default())
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let doc = "apiVersion: router/v1\nkind: RoutingPolicy\nspec:\n  pools:\n    - name: only\n      endpoints: [\"127.0.0.1:9\"]\n  routes:\n    - name: r\n      chain: [only]\n      cache: {ttl_s: 60}\n";
+        hub.apply_policy(doc, false, 0, "test")
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let mut first_id = String::new();
+        for i in 0..MAX_PURGES + 6 {
+            let tenant = if i % 2 == 0 { "" } else { "team-a" };
+            let (_, prefix) = hub
+                .purge_cache("r", tenant)
+                .await
+                .unwrap_or_else(|e| panic!("{e}"));
+            let want = if tenant.is_empty() {
+                cache::route_prefix("r")
+            } else {
+                cache::partition_prefix("r", "team-a")
+            };
+            assert_eq!(prefix, want);
+            if i == 0 {
+                first_id = hub.state().cache_purges[0].id.clone();
+            }
+        }
+        let state = hub.state();
+        assert_eq!(state.cache_purges.len(), MAX_PURGES);
+        assert!(
+            state.cache_purges.iter().all(|p| p.id != first_id),
+            "the oldest went first"
+        );
+        // Every mark reaches the proxies' snapshot.
+        assert_eq!(purges_of(&state).len(), MAX_PURGES);
+        // An unknown route is refused, as is no cache to purge.
+        assert!(matches!(
+            hub.purge_cache("nope", "").await,
+            Err(HubError::Invalid(_))
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

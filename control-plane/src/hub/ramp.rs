@@ -3,18 +3,28 @@
 //! its step's window, and an advance or a rollback is applied as a new
 //! policy version (docs/traffic.md "Ramps").
 //!
-//! **The window.** Proxies send, with each heartbeat, what each side of a
+//! **Totals.** Proxies send, with each heartbeat, what each side of a
 //! ramped split did since the last one (requests, errors, latency counts
-//! in the ramp's fixed log buckets: `LoadReport.outcomes`). The hub adds
-//! them into one window per (route, split): both sides' sums since the
-//! step began. A step begins when the driver first sees the split at its
-//! current weight (a new version that changes the weight, an operator's
-//! apply, this replica taking the lead): the window is kept in memory
-//! only, so a replica that takes over starts the step's window afresh,
-//! and reports that arrive while no window is open are dropped. A report
-//! sent within one heartbeat of a change may count in the next step.
-//! Only the reports of the proxies connected to the leading replica count
-//! (each proxy reports to the replica it is connected to).
+//! in the ramp's fixed log buckets: `LoadReport.outcomes`). Every replica
+//! adds its own proxies' reports into running totals per (route, pool)
+//! of the current policy's ramped splits (reports for other pairs are
+//! dropped), and each second shares them with the other replicas through
+//! the store ([`Store::publish_replica_value`], kind `ramp-totals`, with
+//! a random id of this process so a restarted replica is told apart).
+//!
+//! **The window.** The leader reads every replica's totals each tick. A
+//! step's window is, per (replica, process), what its totals grew by since
+//! the leader first saw them in this step, summed over the fleet, so the
+//! proxies on every replica count, whichever replica they talk to. A step
+//! begins when the leader first sees the split at its current weight (a
+//! new version that changes the weight, an operator's apply, this replica
+//! taking the lead): a replica that takes over starts the step's window
+//! afresh. A replica that goes away keeps, in the window, what it had
+//! added; one seen for the first time mid-step counts from then on (at
+//! most its last second of reports is not counted). A report sent within
+//! one heartbeat of a change may count in the next step. The leader
+//! shares its windows too (kind `ramp-windows`), so `routerctl rollout
+//! status` through any replica shows them.
 //!
 //! **The change.** An advance sets the split's weights to `new: to, old:
 //! 100 - to`, a rollback to `new: 0, old: 100`: the current document is
@@ -26,23 +36,36 @@
 //!
 //! **Operators.** `pause` keeps a route's ramps from advancing (the
 //! windows keep counting, and a rollback still happens), `resume` lets
-//! them advance again, `abort` sets the new
-//! side to 0 with the note `ramp: aborted by operator`. Pauses are kept in
-//! memory, like the windows.
+//! them advance again, `abort` sets the new side to 0 with the note
+//! `ramp: aborted by operator`. Pauses are stored in the state
+//! ([`State::ramps_paused`]), so every replica and the next leader keep
+//! them.
+//!
+//! Bounded: totals for at most [`MAX_PAIRS`] (route, pool) pairs, at most
+//! [`MAX_SOURCES`] (replica, process) sources per window.
 
 use std::collections::BTreeSet;
 
 use router_policy::document::ChainStepSpec;
 use router_policy::ramp::{decide, LatencyBuckets, Ramp, SideWindow, Verdict};
 use router_policy::ChainStep;
+use serde::{Deserialize, Serialize};
 
 use super::*;
 
 /// The author of the versions a ramp writes.
 pub const RAMP_AUTHOR: &str = "ramp";
+/// The store kind of a replica's totals.
+const TOTALS_KIND: &str = "ramp-totals";
+/// The store kind of the leader's windows.
+const WINDOWS_KIND: &str = "ramp-windows";
+/// (route, pool) pairs a replica keeps totals for, at most.
+pub(super) const MAX_PAIRS: usize = 256;
+/// (replica, process) sources a window sums, at most (more are ignored).
+pub(super) const MAX_SOURCES: usize = 64;
 
 /// One side's sums over a window.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SideSums {
     /// Attempts.
     pub requests: u64,
@@ -61,6 +84,34 @@ impl SideSums {
         }
     }
 
+    fn plus(&mut self, other: &SideSums) {
+        self.requests = self.requests.saturating_add(other.requests);
+        self.errors = self.errors.saturating_add(other.errors);
+        for (sum, c) in self.latency.counts.iter_mut().zip(&other.latency.counts) {
+            *sum = sum.saturating_add(*c);
+        }
+    }
+
+    /// `self - base`, when every count of `self` is at least `base`'s
+    /// (totals only grow: `None` means they were started again).
+    fn since(&self, base: &SideSums) -> Option<SideSums> {
+        let mut out = SideSums {
+            requests: self.requests.checked_sub(base.requests)?,
+            errors: self.errors.checked_sub(base.errors)?,
+            latency: LatencyBuckets::default(),
+        };
+        for ((o, now), then) in out
+            .latency
+            .counts
+            .iter_mut()
+            .zip(&self.latency.counts)
+            .zip(&base.latency.counts)
+        {
+            *o = now.checked_sub(*then)?;
+        }
+        Some(out)
+    }
+
     /// What `router_policy::ramp::decide` reads.
     pub fn window(&self) -> SideWindow {
         SideWindow {
@@ -69,6 +120,82 @@ impl SideSums {
             p95_ms: self.latency.quantile_ms(0.95),
         }
     }
+}
+
+/// [`SideSums`] as replicas share them.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+struct SumsWire {
+    requests: u64,
+    errors: u64,
+    /// Counts per latency bucket (extra ones ignored, missing ones 0).
+    latency: Vec<u64>,
+}
+
+impl From<&SideSums> for SumsWire {
+    fn from(s: &SideSums) -> Self {
+        Self {
+            requests: s.requests,
+            errors: s.errors,
+            latency: s.latency.counts.to_vec(),
+        }
+    }
+}
+
+impl From<&SumsWire> for SideSums {
+    fn from(w: &SumsWire) -> Self {
+        let mut latency = LatencyBuckets::default();
+        for (c, v) in latency.counts.iter_mut().zip(&w.latency) {
+            *c = *v;
+        }
+        Self {
+            requests: w.requests,
+            errors: w.errors.min(w.requests),
+            latency,
+        }
+    }
+}
+
+/// A replica's totals as it shares them.
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct TotalsWire {
+    /// This process (a restarted replica has another).
+    process: String,
+    /// (route, pool, totals).
+    sides: Vec<(String, String, SumsWire)>,
+}
+
+/// A window as the leader shares it.
+#[derive(Debug, Serialize, Deserialize)]
+struct WindowWire {
+    route: String,
+    step: usize,
+    new_pool: String,
+    old_pool: String,
+    weight: u32,
+    /// How long the step had run when published.
+    elapsed_ms: u64,
+    new: SumsWire,
+    old: SumsWire,
+}
+
+/// The leader's windows as it shares them.
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct WindowsWire {
+    at_unix_ms: i64,
+    windows: Vec<WindowWire>,
+}
+
+/// What one (replica, process) added to a window.
+#[derive(Debug, Clone)]
+struct Source {
+    replica: String,
+    process: String,
+    /// Its totals when first seen in this step.
+    base_new: SideSums,
+    base_old: SideSums,
+    /// What they grew by since.
+    new: SideSums,
+    old: SideSums,
 }
 
 /// One ramped split's step window.
@@ -84,7 +211,7 @@ pub struct RampWindow {
     pub old_pool: String,
     /// The new side's weight the window is about.
     pub weight: u32,
-    /// When the step began (for this replica).
+    /// When the step began (for the leader).
     pub started: Instant,
     /// The new side's sums.
     pub new: SideSums,
@@ -92,6 +219,7 @@ pub struct RampWindow {
     pub old: SideSums,
     /// The ramp, as the policy has it.
     pub ramp: Ramp,
+    sources: Vec<Source>,
 }
 
 impl RampWindow {
@@ -105,13 +233,85 @@ impl RampWindow {
             &self.old.window(),
         )
     }
+
+    /// Takes every replica's totals in: each source's growth since first
+    /// seen, summed.
+    fn take_totals(&mut self, fleet: &[(String, String, BTreeMap<(String, String), SideSums>)]) {
+        let zero = SideSums::default();
+        for (replica, process, totals) in fleet {
+            let side = |pool: &str| {
+                totals
+                    .get(&(self.route.clone(), pool.to_string()))
+                    .unwrap_or(&zero)
+                    .clone()
+            };
+            let (now_new, now_old) = (side(&self.new_pool), side(&self.old_pool));
+            let known = self
+                .sources
+                .iter()
+                .position(|s| &s.replica == replica && &s.process == process);
+            if let Some(s) = known.and_then(|i| self.sources.get_mut(i)) {
+                match (now_new.since(&s.base_new), now_old.since(&s.base_old)) {
+                    (Some(new), Some(old)) => {
+                        s.new = new;
+                        s.old = old;
+                    }
+                    // Totals started again (the pair left the policy and
+                    // came back): count from zero.
+                    _ => {
+                        s.base_new = SideSums::default();
+                        s.base_old = SideSums::default();
+                        s.new = now_new;
+                        s.old = now_old;
+                    }
+                }
+            } else if self.sources.len() < MAX_SOURCES {
+                self.sources.push(Source {
+                    replica: replica.clone(),
+                    process: process.clone(),
+                    base_new: now_new,
+                    base_old: now_old,
+                    new: SideSums::default(),
+                    old: SideSums::default(),
+                });
+            }
+        }
+        let (mut new, mut old) = (SideSums::default(), SideSums::default());
+        for s in &self.sources {
+            new.plus(&s.new);
+            old.plus(&s.old);
+        }
+        self.new = new;
+        self.old = old;
+    }
 }
 
-/// The driver's memory: windows and paused routes.
-#[derive(Debug, Default)]
+/// The driver's memory.
+#[derive(Debug)]
 pub(super) struct Ramps {
+    /// This process, in the totals it shares.
+    process: String,
+    /// The (route, pool) pairs of the current policy's ramped splits.
+    pairs: BTreeSet<(String, String)>,
+    /// This replica's proxies' reports, summed per pair.
+    totals: BTreeMap<(String, String), SideSums>,
+    /// Whether totals (and windows) were shared, to remove them when none.
+    shared_totals: bool,
+    shared_windows: bool,
     windows: Vec<RampWindow>,
-    paused: BTreeSet<String>,
+}
+
+impl Default for Ramps {
+    fn default() -> Self {
+        Self {
+            process: uuid::Uuid::now_v7().to_string(),
+            pairs: BTreeSet::new(),
+            totals: BTreeMap::new(),
+            shared_totals: false,
+            shared_windows: false,
+            windows: Vec::new(),
+        }
+    }
 }
 
 /// The ramped splits of `policy`: (route, chain position, new pool, old
@@ -172,24 +372,28 @@ pub fn with_weight(
 }
 
 impl Hub {
-    /// Adds a proxy's heartbeat outcomes to the open windows.
+    /// Adds a proxy's heartbeat outcomes to this replica's totals.
     pub fn ramp_reported(&self, outcomes: &[pb::RampOutcomes]) {
         if outcomes.is_empty() {
             return;
         }
         let mut ramps = self.ramps.lock().unwrap_or_else(|e| e.into_inner());
+        let ramps = &mut *ramps;
         for o in outcomes {
-            for w in ramps.windows.iter_mut().filter(|w| w.route == o.route) {
-                if w.new_pool == o.pool {
-                    w.new.add(o);
-                } else if w.old_pool == o.pool {
-                    w.old.add(o);
-                }
+            let pair = (o.route.clone(), o.pool.clone());
+            if !ramps.pairs.contains(&pair) {
+                continue;
+            }
+            if let Some(t) = ramps.totals.get_mut(&pair) {
+                t.add(o);
+            } else if ramps.totals.len() < MAX_PAIRS {
+                ramps.totals.entry(pair).or_default().add(o);
             }
         }
     }
 
-    /// The open windows (a route's only with `route`).
+    /// This replica's open windows (a route's only with `route`): the
+    /// leader's; empty on the others.
     pub fn ramp_windows(&self, route: Option<&str>) -> Vec<RampWindow> {
         let ramps = self.ramps.lock().unwrap_or_else(|e| e.into_inner());
         ramps
@@ -200,20 +404,108 @@ impl Hub {
             .collect()
     }
 
-    /// Whether `route`'s ramps are paused.
-    pub fn ramp_paused(&self, route: &str) -> bool {
-        let ramps = self.ramps.lock().unwrap_or_else(|e| e.into_inner());
-        ramps.paused.contains(route)
+    /// The step windows as the leader keeps them: this replica's own when
+    /// it leads, else the newest the leader shared (`rollout status`).
+    pub async fn fleet_ramp_windows(&self, route: &str) -> Vec<RampWindow> {
+        if self.leading() {
+            // Up to now, not the last tick.
+            let fleet = self.fleet_totals().await;
+            let mut ramps = self.ramps.lock().unwrap_or_else(|e| e.into_inner());
+            for w in ramps.windows.iter_mut().filter(|w| w.route == route) {
+                w.take_totals(&fleet);
+            }
+        }
+        let own = self.ramp_windows(Some(route));
+        if self.leading() || !own.is_empty() {
+            return own;
+        }
+        let shared = match self.store.replica_values(WINDOWS_KIND).await {
+            Ok(Some(v)) => v,
+            Ok(None) => return own,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read the leader's ramp windows");
+                return own;
+            }
+        };
+        let Some(newest) = shared
+            .iter()
+            .filter_map(|(_, v)| serde_json::from_slice::<WindowsWire>(v).ok())
+            .max_by_key(|w| w.at_unix_ms)
+        else {
+            return own;
+        };
+        let since = u64::try_from(now_ms().saturating_sub(newest.at_unix_ms)).unwrap_or(0);
+        let ramps: Vec<_> = self.current_policy().map_or_else(Vec::new, |p| ramped(&p));
+        newest
+            .windows
+            .into_iter()
+            .filter(|w| w.route == route)
+            .filter_map(|w| {
+                let ramp = ramps
+                    .iter()
+                    .find(|r| r.0 == w.route && r.1 == w.step)?
+                    .5
+                    .clone();
+                let elapsed = Duration::from_millis(w.elapsed_ms.saturating_add(since));
+                Some(RampWindow {
+                    started: Instant::now()
+                        .checked_sub(elapsed)
+                        .unwrap_or_else(Instant::now),
+                    new: SideSums::from(&w.new),
+                    old: SideSums::from(&w.old),
+                    route: w.route,
+                    step: w.step,
+                    new_pool: w.new_pool,
+                    old_pool: w.old_pool,
+                    weight: w.weight,
+                    ramp,
+                    sources: Vec::new(),
+                })
+            })
+            .collect()
     }
 
-    /// Pauses (or resumes) `route`'s ramps on this replica.
-    pub fn pause_ramp(&self, route: &str, paused: bool) {
-        let mut ramps = self.ramps.lock().unwrap_or_else(|e| e.into_inner());
-        if paused {
-            ramps.paused.insert(route.to_string());
-        } else {
-            ramps.paused.remove(route);
-        }
+    /// Whether `route`'s ramps are paused.
+    pub fn ramp_paused(&self, route: &str) -> bool {
+        self.lock()
+            .state
+            .ramps_paused
+            .binary_search_by(|r| r.as_str().cmp(route))
+            .is_ok()
+    }
+
+    /// Pauses (or resumes) `route`'s ramps: stored in the state, so every
+    /// replica keeps it. Routes without a ramped split leave the list.
+    pub async fn pause_ramp(&self, route: &str, paused: bool) -> Result<(), HubError> {
+        let ramped_routes: BTreeSet<String> = self
+            .current_policy()
+            .map_or_else(Vec::new, |p| ramped(&p))
+            .into_iter()
+            .map(|r| r.0)
+            .collect();
+        self.change(|inner| {
+            let mut list: BTreeSet<String> = inner
+                .state
+                .ramps_paused
+                .iter()
+                .filter(|r| ramped_routes.contains(*r))
+                .cloned()
+                .collect();
+            if paused {
+                list.insert(route.to_string());
+            } else {
+                list.remove(route);
+            }
+            let list: Vec<String> = list.into_iter().collect();
+            if list == inner.state.ramps_paused {
+                return Ok(None);
+            }
+            let mut next = inner.state.clone();
+            next.ramps_paused = list;
+            Ok(Some((next, None)))
+        })
+        .await?;
+        Ok(())
     }
 
     /// Sets the new side of `route`'s split at `step` to `weight` as a new
@@ -250,18 +542,115 @@ impl Hub {
         Ok(applied)
     }
 
-    /// One tick: windows opened for the current policy's ramped splits
-    /// (and closed for the others), and, when leading, each verdict
-    /// applied. Not leading: no windows are kept.
-    pub async fn ramp_tick(&self) {
-        if !self.leading() {
+    /// Shares this replica's totals (removes them when it has none).
+    async fn share_totals(&self) {
+        let (value, shared) = {
             let mut ramps = self.ramps.lock().unwrap_or_else(|e| e.into_inner());
-            ramps.windows.clear();
+            let value = (!ramps.totals.is_empty()).then(|| TotalsWire {
+                process: ramps.process.clone(),
+                sides: ramps
+                    .totals
+                    .iter()
+                    .map(|((route, pool), sums)| {
+                        (route.clone(), pool.clone(), SumsWire::from(sums))
+                    })
+                    .collect(),
+            });
+            let shared = ramps.shared_totals;
+            ramps.shared_totals = value.is_some();
+            (value, shared)
+        };
+        if value.is_none() && !shared {
             return;
         }
-        let splits = self.current_policy().map_or_else(Vec::new, |p| ramped(&p));
-        let mut actions = Vec::new();
+        let bytes = value.and_then(|v| serde_json::to_vec(&v).ok());
+        if let Err(e) = self.store.publish_replica_value(TOTALS_KIND, bytes).await {
+            tracing::warn!(error = %e, "cannot share the ramp totals");
+        }
+    }
+
+    /// Every replica's totals: this one's, and the others' as shared.
+    async fn fleet_totals(&self) -> Vec<(String, String, BTreeMap<(String, String), SideSums>)> {
+        let me = self.store.replica().to_string();
+        let mut fleet = {
+            let ramps = self.ramps.lock().unwrap_or_else(|e| e.into_inner());
+            vec![(me.clone(), ramps.process.clone(), ramps.totals.clone())]
+        };
+        let shared = match self.store.replica_values(TOTALS_KIND).await {
+            Ok(v) => v.unwrap_or_default(),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read the other replicas' ramp totals");
+                Vec::new()
+            }
+        };
+        for (replica, bytes) in shared {
+            if replica == me {
+                continue;
+            }
+            let Ok(wire) = serde_json::from_slice::<TotalsWire>(&bytes) else {
+                tracing::warn!(replica, "undecodable ramp totals; ignored");
+                continue;
+            };
+            let totals = wire
+                .sides
+                .iter()
+                .take(MAX_PAIRS)
+                .map(|(route, pool, sums)| ((route.clone(), pool.clone()), SideSums::from(sums)))
+                .collect();
+            fleet.push((replica, wire.process, totals));
+        }
+        fleet
+    }
+
+    /// Shares the leader's windows (removes them when `windows` is `None`).
+    async fn share_windows(&self, windows: Option<WindowsWire>) {
         {
+            let mut ramps = self.ramps.lock().unwrap_or_else(|e| e.into_inner());
+            if windows.is_none() && !ramps.shared_windows {
+                return;
+            }
+            ramps.shared_windows = windows.is_some();
+        }
+        let bytes = windows.and_then(|w| serde_json::to_vec(&w).ok());
+        if let Err(e) = self.store.publish_replica_value(WINDOWS_KIND, bytes).await {
+            tracing::warn!(error = %e, "cannot share the ramp windows");
+        }
+    }
+
+    /// One tick: this replica's totals kept to the current policy's
+    /// ramped pairs and shared; on the leader, windows opened for the
+    /// current policy's ramped splits (and closed for the others), the
+    /// fleet's totals taken in, and each verdict applied. Not leading: no
+    /// windows are kept.
+    pub async fn ramp_tick(&self) {
+        let splits = self.current_policy().map_or_else(Vec::new, |p| ramped(&p));
+        {
+            let mut ramps = self.ramps.lock().unwrap_or_else(|e| e.into_inner());
+            ramps.pairs = splits
+                .iter()
+                .flat_map(|s| [(s.0.clone(), s.2.clone()), (s.0.clone(), s.3.clone())])
+                .collect();
+            let ramps = &mut *ramps;
+            ramps.totals.retain(|pair, _| ramps.pairs.contains(pair));
+        }
+        self.share_totals().await;
+        if !self.leading() {
+            self.ramps
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .windows
+                .clear();
+            self.share_windows(None).await;
+            return;
+        }
+        let fleet = if splits.is_empty() {
+            Vec::new()
+        } else {
+            self.fleet_totals().await
+        };
+        let paused: BTreeSet<String> = self.lock().state.ramps_paused.iter().cloned().collect();
+        let mut actions = Vec::new();
+        let shared = {
             let mut ramps = self.ramps.lock().unwrap_or_else(|e| e.into_inner());
             let mut kept = Vec::with_capacity(splits.len());
             for (route, step, new_pool, old_pool, weight, ramp) in splits {
@@ -272,7 +661,7 @@ impl Hub {
                         && w.old_pool == old_pool
                         && w.weight == weight
                 });
-                let window = match found {
+                let mut window = match found {
                     Some(i) => {
                         let mut w = ramps.windows.swap_remove(i);
                         w.ramp = ramp;
@@ -288,10 +677,12 @@ impl Hub {
                         new: SideSums::default(),
                         old: SideSums::default(),
                         ramp,
+                        sources: Vec::new(),
                     },
                 };
+                window.take_totals(&fleet);
                 // Paused: no advance; a rollback still protects.
-                let paused = ramps.paused.contains(&window.route);
+                let paused = paused.contains(&window.route);
                 match window.verdict() {
                     Verdict::Advance { from, to, why } if !paused => actions.push((
                         window.route.clone(),
@@ -313,7 +704,26 @@ impl Hub {
                 kept.push(window);
             }
             ramps.windows = kept;
-        }
+            (!ramps.windows.is_empty()).then(|| WindowsWire {
+                at_unix_ms: now_ms(),
+                windows: ramps
+                    .windows
+                    .iter()
+                    .map(|w| WindowWire {
+                        route: w.route.clone(),
+                        step: w.step,
+                        new_pool: w.new_pool.clone(),
+                        old_pool: w.old_pool.clone(),
+                        weight: w.weight,
+                        elapsed_ms: u64::try_from(w.started.elapsed().as_millis())
+                            .unwrap_or(u64::MAX),
+                        new: SumsWire::from(&w.new),
+                        old: SumsWire::from(&w.old),
+                    })
+                    .collect(),
+            })
+        };
+        self.share_windows(shared).await;
         for (route, step, weight, note) in actions {
             let mut note = note;
             while note.len() > MAX_NOTE {
@@ -392,8 +802,8 @@ impl Hub {
         }
         match action {
             RolloutAction::Status => {}
-            RolloutAction::Pause => self.pause_ramp(route, true),
-            RolloutAction::Resume => self.pause_ramp(route, false),
+            RolloutAction::Pause => self.pause_ramp(route, true).await?,
+            RolloutAction::Resume => self.pause_ramp(route, false).await?,
             RolloutAction::Abort => {
                 for (_, step, _, _, weight, _) in &splits {
                     if *weight > 0 {
@@ -409,7 +819,7 @@ impl Hub {
             .map_or_else(Vec::new, |p| ramped(&p))
             .into_iter()
             .filter(|s| s.0 == route);
-        let windows = self.ramp_windows(Some(route));
+        let windows = self.fleet_ramp_windows(route).await;
         let paused = self.ramp_paused(route);
         let ramps = splits
             .map(|(route, step, new_pool, old_pool, weight, ramp)| {
@@ -541,6 +951,7 @@ mod tests {
         );
         hub.ramp_reported(&[outcomes("new", 30, 0), outcomes("old", 270, 1)]);
         hub.ramp_reported(&[outcomes("new", 10, 0)]);
+        hub.ramp_tick().await;
         let w = &hub.ramp_windows(None)[0];
         assert_eq!((w.new.requests, w.old.requests, w.old.errors), (40, 270, 1));
         assert_eq!(
@@ -573,5 +984,83 @@ mod tests {
         let w = &hub.ramp_windows(None)[0];
         assert_eq!((w.weight, w.verdict().label()), (0, "stopped"));
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    fn sums(requests: u64, errors: u64) -> SideSums {
+        let mut s = SideSums::default();
+        s.add(&outcomes("x", requests, errors));
+        s
+    }
+
+    fn totals(new: SideSums, old: SideSums) -> BTreeMap<(String, String), SideSums> {
+        BTreeMap::from([
+            (("r".to_string(), "new".to_string()), new),
+            (("r".to_string(), "old".to_string()), old),
+        ])
+    }
+
+    /// A window sums what each (replica, process)'s totals grew by since
+    /// the leader first saw them: a replica's counts from before the step
+    /// do not count, one that goes away keeps what it added, a restarted
+    /// replica (another process) counts from its first sight, and totals
+    /// that went down are counted from zero.
+    #[test]
+    fn a_window_sums_each_replicas_growth_since_it_was_first_seen() {
+        let mut w = RampWindow {
+            route: "r".into(),
+            step: 0,
+            new_pool: "new".into(),
+            old_pool: "old".into(),
+            weight: 10,
+            started: Instant::now(),
+            new: SideSums::default(),
+            old: SideSums::default(),
+            ramp: Ramp {
+                steps: vec![10, 50, 100],
+                step: Duration::from_secs(60),
+                guard: router_policy::ramp::Guard {
+                    max_error_rate: 0.01,
+                    max_p95_ratio: None,
+                    min_requests: 20,
+                },
+            },
+            sources: Vec::new(),
+        };
+        let a = |n, o, p: &str| ("a".to_string(), p.to_string(), totals(n, o));
+        let b = |n, o, p: &str| ("b".to_string(), p.to_string(), totals(n, o));
+        // First sight: the step starts from here.
+        w.take_totals(&[
+            a(sums(100, 5), sums(900, 0), "a1"),
+            b(sums(7, 7), sums(70, 0), "b1"),
+        ]);
+        assert_eq!((w.new.requests, w.old.requests), (0, 0));
+        // Both grow.
+        w.take_totals(&[
+            a(sums(110, 5), sums(990, 1), "a1"),
+            b(sums(12, 8), sums(110, 0), "b1"),
+        ]);
+        assert_eq!((w.new.requests, w.new.errors), (15, 1));
+        assert_eq!((w.old.requests, w.old.errors), (130, 1));
+        // b goes away: what it added stays; b comes back as a new process
+        // and counts from its first sight.
+        w.take_totals(&[a(sums(120, 5), sums(1000, 1), "a1")]);
+        assert_eq!(w.new.requests, 25);
+        w.take_totals(&[
+            a(sums(120, 5), sums(1000, 1), "a1"),
+            b(sums(3, 0), sums(30, 0), "b2"),
+        ]);
+        assert_eq!(w.new.requests, 25);
+        w.take_totals(&[
+            a(sums(120, 5), sums(1000, 1), "a1"),
+            b(sums(8, 4), sums(50, 0), "b2"),
+        ]);
+        assert_eq!((w.new.requests, w.new.errors, w.old.requests), (30, 5, 160));
+        // a's totals started again: counted from zero.
+        w.take_totals(&[
+            a(sums(2, 2), sums(20, 0), "a1"),
+            b(sums(8, 4), sums(50, 0), "b2"),
+        ]);
+        assert_eq!((w.new.requests, w.new.errors), (2 + 5 + 5, 2 + 1 + 4));
+        assert!(w.sources.len() <= MAX_SOURCES);
     }
 }

@@ -9,6 +9,7 @@
 //! | `store_id` | the store's identity (created by the first replica; see [`Store::identity`]) |
 //! | `singleton` | the node id of the replica holding the singleton lease |
 //! | `proxies/<replica>/<proxy>` | a replica's record of a proxy, on that replica's presence lease |
+//! | `replicas/<kind>/<replica>` | a replica's value of a kind ([`Store::publish_replica_value`]: the ramp's totals and windows), on the same lease |
 //!
 //! **Writes** are one etcd transaction: *if `mod_revision(state)` is still
 //! the revision the writer read, put the state (and the new policy
@@ -101,6 +102,9 @@ impl Keys {
     }
     fn proxy(&self, replica: &str, node: &str) -> String {
         format!("{}proxies/{replica}/{node}", self.prefix)
+    }
+    fn replica_values(&self, kind: &str) -> String {
+        format!("{}replicas/{kind}/", self.prefix)
     }
 }
 
@@ -518,6 +522,54 @@ impl Store for EtcdStore {
                     .iter()
                     .filter_map(|kv| serde_json::from_slice::<PublishedProxy>(&kv.value).ok())
                     .map(|p| (p.node, p.record))
+                    .collect(),
+            ))
+        })
+    }
+
+    fn publish_replica_value<'a>(
+        &'a self,
+        kind: &'a str,
+        value: Option<Vec<u8>>,
+    ) -> StoreFuture<'a, ()> {
+        Box::pin(async move {
+            let key = format!("{}{}", self.keys.replica_values(kind), self.node);
+            let Some(value) = value else {
+                call(self.client.txn(TxnRequest {
+                    success: vec![RequestOp::delete(key)],
+                    ..TxnRequest::default()
+                }))
+                .await?;
+                return Ok(());
+            };
+            let mut presence = self.presence.lock().await;
+            self.keep_lease(&mut presence, PRESENCE_TTL).await?;
+            let Some(lease) = presence.as_ref().map(Lease::id) else {
+                return Ok(());
+            };
+            call(self.client.txn(TxnRequest {
+                success: vec![RequestOp::put(key, value, lease)],
+                ..TxnRequest::default()
+            }))
+            .await?;
+            Ok(())
+        })
+    }
+
+    fn replica_values<'a>(
+        &'a self,
+        kind: &'a str,
+    ) -> StoreFuture<'a, Option<Vec<(String, Vec<u8>)>>> {
+        Box::pin(async move {
+            let prefix = self.keys.replica_values(kind);
+            let resp = call(self.client.range(RangeRequest::prefix(prefix.clone()))).await?;
+            Ok(Some(
+                resp.kvs
+                    .into_iter()
+                    .filter_map(|kv| {
+                        let replica = kv.key_str()?.strip_prefix(&prefix)?.to_string();
+                        Some((replica, kv.value))
+                    })
                     .collect(),
             ))
         })

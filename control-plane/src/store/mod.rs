@@ -157,6 +157,10 @@ pub struct State {
     /// `hub::cache::MAX_PURGES`): marks each proxy applies to its own store.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub cache_purges: Vec<CachePurgeRecord>,
+    /// Routes whose ramps an operator paused (`routerctl rollout pause`),
+    /// sorted: kept here so every replica, and the next leader, knows.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ramps_paused: Vec<String>,
 }
 
 /// A purge of the response cache's entries under a key prefix.
@@ -323,6 +327,29 @@ pub trait Store: Send + Sync {
     /// Every replica's proxies, as each replica published them: node id →
     /// one record per replica. `None` when this process is the only one.
     fn fleet_proxies(&self) -> StoreFuture<'_, Option<Vec<(String, ProxyRecord)>>> {
+        Box::pin(std::future::ready(Ok(None)))
+    }
+
+    /// Shares a small value of this replica's with the other replicas under
+    /// `kind` (one value per replica and kind, on the same presence lease
+    /// as the proxy records, so a dead replica's values vanish with them);
+    /// `None` removes it. A no-op for a single writer.
+    fn publish_replica_value<'a>(
+        &'a self,
+        kind: &'a str,
+        value: Option<Vec<u8>>,
+    ) -> StoreFuture<'a, ()> {
+        let _ = (kind, value);
+        Box::pin(std::future::ready(Ok(())))
+    }
+
+    /// Every replica's value of `kind` (this replica's too): (replica,
+    /// value). `None` when this process is the only one.
+    fn replica_values<'a>(
+        &'a self,
+        kind: &'a str,
+    ) -> StoreFuture<'a, Option<Vec<(String, Vec<u8>)>>> {
+        let _ = kind;
         Box::pin(std::future::ready(Ok(None)))
     }
 

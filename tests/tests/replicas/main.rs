@@ -8,6 +8,7 @@
 
 #![allow(clippy::unwrap_used)]
 
+mod ramp;
 mod secure;
 
 use std::net::SocketAddr;

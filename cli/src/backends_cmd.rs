@@ -10,9 +10,19 @@ use crate::policy_cmd::Output;
 
 /// `backends list`.
 pub async fn backends_list(admin: &mut Admin, output: Output) -> ExitCode {
-    let mut pools = match admin.list_backends(pb::ListBackendsRequest {}).await {
-        Ok(r) => r.into_inner().pools,
+    let listed = match admin
+        .list_backends(pb::ListBackendsRequest { quota: true })
+        .await
+    {
+        Ok(r) => r.into_inner(),
         Err(s) => return fail(explain_status(&s)),
+    };
+    let mut pools = listed.pools;
+    // What the proxies said is left of each key's quota.
+    let quota_of = |pool: &str, endpoint: &str| -> Option<&pb::EndpointQuota> {
+        listed.quota.iter().find(|q| {
+            q.pool == pool && router_policy::Endpoint::same_address(&q.endpoint, endpoint)
+        })
     };
     // Pools without a backend set serve the endpoints their policy lists:
     // listed too, after the sets (a policy that does not parse lists none).
@@ -90,8 +100,8 @@ pub async fn backends_list(admin: &mut Admin, output: Output) -> ExitCode {
     match output {
         Output::Table => {
             println!(
-                "{:<20} {:<40} {:<9} {:<13} FLEET",
-                "POOL", "ENDPOINT", "STATE", "FROM"
+                "{:<20} {:<40} {:<9} {:<13} {:<40} QUOTA",
+                "POOL", "ENDPOINT", "STATE", "FROM", "FLEET"
             );
             for (i, p) in pools.iter().enumerate() {
                 for e in &p.endpoints {
@@ -106,8 +116,9 @@ pub async fn backends_list(admin: &mut Admin, output: Output) -> ExitCode {
                     } else {
                         m.join(", ")
                     };
+                    let quota = quota_of(&p.pool, e).map_or_else(|| "-".to_string(), quota_text);
                     println!(
-                        "{:<20} {:<40} {state:<9} {:<13} {fleet}",
+                        "{:<20} {:<40} {state:<9} {:<13} {fleet:<40} {quota}",
                         p.pool,
                         e,
                         source(i)
@@ -126,7 +137,12 @@ pub async fn backends_list(admin: &mut Admin, output: Output) -> ExitCode {
                             .iter()
                             .map(|e| (e.clone(), json!(marks(&p.pool, e))))
                             .collect();
-                        json!({"pool": p.pool, "endpoints": p.endpoints, "drained": p.drained, "fleet": marks, "source": source(i)})
+                        let quota: serde_json::Map<String, Value> = p
+                            .endpoints
+                            .iter()
+                            .filter_map(|e| Some((e.clone(), quota_json(quota_of(&p.pool, e)?))))
+                            .collect();
+                        json!({"pool": p.pool, "endpoints": p.endpoints, "drained": p.drained, "fleet": marks, "source": source(i), "quota": quota})
                     })
                     .collect(),
             ),
@@ -134,6 +150,53 @@ pub async fn backends_list(admin: &mut Admin, output: Output) -> ExitCode {
         ),
     }
     ExitCode::SUCCESS
+}
+
+/// A quota cell: `40 requests, 9000 tokens left (edge-2)`, and
+/// `resting: requests (2 proxies)` when proxies rest the key.
+fn quota_text(q: &pb::EndpointQuota) -> String {
+    let mut left = Vec::new();
+    if let Some(n) = q.requests_remaining {
+        left.push(format!("{n} requests"));
+    }
+    if let Some(n) = q.tokens_remaining {
+        left.push(format!("{n} tokens"));
+    }
+    let mut text = String::new();
+    if !left.is_empty() {
+        let node = if q.requests_node.is_empty() {
+            &q.tokens_node
+        } else {
+            &q.requests_node
+        };
+        text = format!("{} left ({node})", left.join(", "));
+        if let Some(s) = q.requests_reset_s {
+            text.push_str(&format!(", resets in {s:.0} s"));
+        }
+    }
+    if q.resting > 0 {
+        if !text.is_empty() {
+            text.push_str("; ");
+        }
+        let proxies = if q.resting == 1 { "proxy" } else { "proxies" };
+        text.push_str(&format!(
+            "resting: {} ({} {proxies})",
+            q.resting_why, q.resting
+        ));
+    }
+    text
+}
+
+fn quota_json(q: &pb::EndpointQuota) -> Value {
+    json!({
+        "requests_remaining": q.requests_remaining,
+        "requests_node": q.requests_node,
+        "tokens_remaining": q.tokens_remaining,
+        "tokens_node": q.tokens_node,
+        "requests_reset_s": q.requests_reset_s,
+        "resting": q.resting,
+        "resting_why": q.resting_why,
+    })
 }
 
 /// `backends set POOL ADDR...`.
@@ -159,7 +222,10 @@ pub async fn backends_set(admin: &mut Admin, pool: &str, endpoints: Vec<String>)
 
 /// `backends drain POOL ADDR`.
 pub async fn backends_drain(admin: &mut Admin, pool: &str, addr: &str) -> ExitCode {
-    let pools = match admin.list_backends(pb::ListBackendsRequest {}).await {
+    let pools = match admin
+        .list_backends(pb::ListBackendsRequest::default())
+        .await
+    {
         Ok(r) => r.into_inner().pools,
         Err(s) => return fail(explain_status(&s)),
     };
@@ -201,5 +267,39 @@ pub async fn backends_drain(admin: &mut Admin, pool: &str, addr: &str) -> ExitCo
             ExitCode::SUCCESS
         }
         Err(s) => fail(explain_status(&s)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The QUOTA cell: what is left and who says so, the reset, and the
+    /// proxies resting the key; nothing said, nothing shown.
+    #[test]
+    fn a_quota_cell_says_what_is_left_who_says_so_and_who_rests_the_key() {
+        let q = pb::EndpointQuota {
+            pool: "cloud".into(),
+            endpoint: "http://h:1#A_KEY".into(),
+            requests_remaining: Some(0),
+            requests_node: "edge-2".into(),
+            tokens_remaining: Some(9000),
+            tokens_node: "edge-1".into(),
+            requests_reset_s: Some(41.6),
+            resting: 2,
+            resting_why: "requests".into(),
+        };
+        assert_eq!(
+            quota_text(&q),
+            "0 requests, 9000 tokens left (edge-2), resets in 42 s; resting: requests (2 proxies)"
+        );
+        let tokens_only = pb::EndpointQuota {
+            tokens_remaining: Some(5),
+            tokens_node: "edge-1".into(),
+            ..Default::default()
+        };
+        assert_eq!(quota_text(&tokens_only), "5 tokens left (edge-1)");
+        assert_eq!(quota_json(&q)["resting"], 2);
+        assert_eq!(quota_json(&tokens_only)["requests_remaining"], Value::Null);
     }
 }

@@ -74,7 +74,7 @@ pub use circuits::check_circuit;
 use circuits::retain_valid_circuits;
 pub use decisions::{ProxyDecisions, StreamQuery};
 pub use keys::{KEY_KEPT_AFTER_EXPIRY_MS, MAX_KEYS_PER_TENANT, MAX_KEY_NAME};
-pub use load::ProxyLoad;
+pub use load::{endpoint_quotas, ProxyLoad};
 pub use policy::{validate, Applier, PolicyApplied, UnknownTenant, HISTORY_LIMIT, MAX_NOTE};
 use proxies::Link;
 #[cfg(test)]

@@ -29,6 +29,8 @@ const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The longest node id a proxy may give (a DNS name's length).
 const NODE_ID_MAX: usize = 253;
+/// How long `backends list` waits for the proxies' quota readings.
+const QUOTA_WAIT: Duration = Duration::from_secs(1);
 
 fn status(e: HubError) -> Status {
     match e {
@@ -224,20 +226,32 @@ impl Admin for AdminService {
 
     async fn list_backends(
         &self,
-        _req: Request<pb::ListBackendsRequest>,
+        req: Request<pb::ListBackendsRequest>,
     ) -> Result<Response<pb::ListBackendsResponse>, Status> {
-        Ok(Response::new(pb::ListBackendsResponse {
-            pools: upgrade(&self.hub)?
-                .state()
-                .backends
-                .into_iter()
-                .map(|(pool, b)| pb::PoolBackends {
-                    pool,
-                    endpoints: b.endpoints,
-                    drained: b.drained,
-                })
-                .collect(),
-        }))
+        let hub = upgrade(&self.hub)?;
+        let pools = hub
+            .state()
+            .backends
+            .into_iter()
+            .map(|(pool, b)| pb::PoolBackends {
+                pool,
+                endpoints: b.endpoints,
+                drained: b.drained,
+            })
+            .collect();
+        let mut answer = pb::ListBackendsResponse {
+            pools,
+            ..Default::default()
+        };
+        if req.into_inner().quota {
+            let loads = hub.fetch_load(QUOTA_WAIT).await;
+            answer.proxies_asked = u32::try_from(loads.len()).unwrap_or(u32::MAX);
+            answer.proxies_answered =
+                u32::try_from(loads.iter().filter(|l| l.load.is_some()).count())
+                    .unwrap_or(u32::MAX);
+            answer.quota = crate::hub::endpoint_quotas(&loads);
+        }
+        Ok(Response::new(answer))
     }
 
     async fn set_backends(

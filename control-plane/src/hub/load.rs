@@ -88,6 +88,60 @@ impl Hub {
     }
 }
 
+/// Each endpoint's quota across the proxies that answered
+/// (`routerctl backends list`): the fewest requests and tokens left any
+/// of them reports, with its name, the latest requests reset, and how
+/// many rest the key now. Endpoints are taken as each proxy names them
+/// (proxies of one policy name them alike); only those some proxy has a
+/// reading for, or rests, are listed. Sorted by pool and endpoint.
+pub fn endpoint_quotas(answers: &[ProxyLoad]) -> Vec<pb::EndpointQuota> {
+    let mut by: BTreeMap<(&str, &str), pb::EndpointQuota> = BTreeMap::new();
+    for a in answers {
+        let Some(load) = &a.load else { continue };
+        for p in &load.pools {
+            for e in &p.endpoints {
+                let reading = e.quota_requests_remaining.is_some()
+                    || e.quota_tokens_remaining.is_some()
+                    || !e.quota_resting.is_empty();
+                if !reading {
+                    continue;
+                }
+                let q = by
+                    .entry((p.name.as_str(), e.addr.as_str()))
+                    .or_insert_with(|| pb::EndpointQuota {
+                        pool: p.name.clone(),
+                        endpoint: e.addr.clone(),
+                        ..Default::default()
+                    });
+                if let Some(n) = e.quota_requests_remaining {
+                    if q.requests_remaining.is_none_or(|m| n < m) {
+                        q.requests_remaining = Some(n);
+                        q.requests_node = a.node.clone();
+                    }
+                }
+                if let Some(n) = e.quota_tokens_remaining {
+                    if q.tokens_remaining.is_none_or(|m| n < m) {
+                        q.tokens_remaining = Some(n);
+                        q.tokens_node = a.node.clone();
+                    }
+                }
+                if let Some(s) = e.quota_requests_reset_s.filter(|s| s.is_finite()) {
+                    if q.requests_reset_s.is_none_or(|m| s > m) {
+                        q.requests_reset_s = Some(s);
+                    }
+                }
+                if !e.quota_resting.is_empty() {
+                    q.resting += 1;
+                    if q.resting_why.is_empty() {
+                        q.resting_why = e.quota_resting.clone();
+                    }
+                }
+            }
+        }
+    }
+    by.into_values().collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -206,5 +260,82 @@ mod tests {
         assert_eq!(got.len(), 2);
         assert!(got.iter().all(|a| a.load.is_none()), "{got:?}");
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    fn endpoint(
+        addr: &str,
+        requests: Option<u64>,
+        tokens: Option<u64>,
+        resting: &str,
+    ) -> pb::EndpointLoad {
+        pb::EndpointLoad {
+            addr: addr.into(),
+            circuit: "closed".into(),
+            quota_requests_remaining: requests,
+            quota_tokens_remaining: tokens,
+            quota_requests_reset_s: requests.map(|_| 2.0),
+            quota_resting: resting.into(),
+            ..Default::default()
+        }
+    }
+
+    fn proxy(node: &str, endpoints: Vec<pb::EndpointLoad>) -> ProxyLoad {
+        ProxyLoad {
+            node: node.into(),
+            load: Some(pb::Load {
+                id: "x".into(),
+                pools: vec![pb::PoolLoad {
+                    name: "openai".into(),
+                    queue_depth: 0,
+                    endpoints,
+                }],
+                truncated: false,
+            }),
+        }
+    }
+
+    /// The fewest left any proxy reports, with its name; resting counted;
+    /// an endpoint without a reading, and a silent proxy, add nothing.
+    #[test]
+    fn quotas_take_the_fewest_left_and_count_the_proxies_resting_the_key() {
+        let a = "http://127.0.0.1:1#A_KEY";
+        let b = "http://127.0.0.1:1#B_KEY";
+        let quotas = endpoint_quotas(&[
+            proxy(
+                "edge-1",
+                vec![
+                    endpoint(a, Some(40), Some(9000), ""),
+                    endpoint(b, None, None, ""),
+                ],
+            ),
+            proxy(
+                "edge-2",
+                vec![
+                    endpoint(a, Some(0), Some(12000), "requests"),
+                    endpoint(b, Some(300), None, ""),
+                ],
+            ),
+            ProxyLoad {
+                node: "edge-3".into(),
+                load: None,
+            },
+        ]);
+        assert_eq!(quotas.len(), 2, "{quotas:?}");
+        let qa = &quotas[0];
+        assert_eq!(qa.endpoint, a);
+        assert_eq!(
+            (qa.requests_remaining, qa.requests_node.as_str()),
+            (Some(0), "edge-2")
+        );
+        assert_eq!(
+            (qa.tokens_remaining, qa.tokens_node.as_str()),
+            (Some(9000), "edge-1")
+        );
+        assert_eq!((qa.resting, qa.resting_why.as_str()), (1, "requests"));
+        let qb = &quotas[1];
+        assert_eq!(
+            (qb.requests_remaining, qb.tokens_remaining, qb.resting),
+            (Some(300), None, 0)
+        );
     }
 }

@@ -185,6 +185,18 @@ struct WindowsWire {
     windows: Vec<WindowWire>,
 }
 
+/// A (route, pool) pair.
+type Pair = (String, String);
+
+/// One replica's totals, as the leader reads them.
+#[derive(Debug, Clone)]
+struct ReplicaTotals {
+    replica: String,
+    /// Its process (a restarted replica has another).
+    process: String,
+    totals: BTreeMap<Pair, SideSums>,
+}
+
 /// What one (replica, process) added to a window.
 #[derive(Debug, Clone)]
 struct Source {
@@ -236,9 +248,14 @@ impl RampWindow {
 
     /// Takes every replica's totals in: each source's growth since first
     /// seen, summed.
-    fn take_totals(&mut self, fleet: &[(String, String, BTreeMap<(String, String), SideSums>)]) {
+    fn take_totals(&mut self, fleet: &[ReplicaTotals]) {
         let zero = SideSums::default();
-        for (replica, process, totals) in fleet {
+        for ReplicaTotals {
+            replica,
+            process,
+            totals,
+        } in fleet
+        {
             let side = |pool: &str| {
                 totals
                     .get(&(self.route.clone(), pool.to_string()))
@@ -292,9 +309,9 @@ pub(super) struct Ramps {
     /// This process, in the totals it shares.
     process: String,
     /// The (route, pool) pairs of the current policy's ramped splits.
-    pairs: BTreeSet<(String, String)>,
+    pairs: BTreeSet<Pair>,
     /// This replica's proxies' reports, summed per pair.
-    totals: BTreeMap<(String, String), SideSums>,
+    totals: BTreeMap<Pair, SideSums>,
     /// Whether totals (and windows) were shared, to remove them when none.
     shared_totals: bool,
     shared_windows: bool,
@@ -570,11 +587,15 @@ impl Hub {
     }
 
     /// Every replica's totals: this one's, and the others' as shared.
-    async fn fleet_totals(&self) -> Vec<(String, String, BTreeMap<(String, String), SideSums>)> {
+    async fn fleet_totals(&self) -> Vec<ReplicaTotals> {
         let me = self.store.replica().to_string();
         let mut fleet = {
             let ramps = self.ramps.lock().unwrap_or_else(|e| e.into_inner());
-            vec![(me.clone(), ramps.process.clone(), ramps.totals.clone())]
+            vec![ReplicaTotals {
+                replica: me.clone(),
+                process: ramps.process.clone(),
+                totals: ramps.totals.clone(),
+            }]
         };
         let shared = match self.store.replica_values(TOTALS_KIND).await {
             Ok(v) => v.unwrap_or_default(),
@@ -597,7 +618,11 @@ impl Hub {
                 .take(MAX_PAIRS)
                 .map(|(route, pool, sums)| ((route.clone(), pool.clone()), SideSums::from(sums)))
                 .collect();
-            fleet.push((replica, wire.process, totals));
+            fleet.push(ReplicaTotals {
+                replica,
+                process: wire.process,
+                totals,
+            });
         }
         fleet
     }
@@ -992,7 +1017,7 @@ mod tests {
         s
     }
 
-    fn totals(new: SideSums, old: SideSums) -> BTreeMap<(String, String), SideSums> {
+    fn totals(new: SideSums, old: SideSums) -> BTreeMap<Pair, SideSums> {
         BTreeMap::from([
             (("r".to_string(), "new".to_string()), new),
             (("r".to_string(), "old".to_string()), old),
@@ -1026,8 +1051,13 @@ mod tests {
             },
             sources: Vec::new(),
         };
-        let a = |n, o, p: &str| ("a".to_string(), p.to_string(), totals(n, o));
-        let b = |n, o, p: &str| ("b".to_string(), p.to_string(), totals(n, o));
+        let of = |replica: &str, n, o, p: &str| ReplicaTotals {
+            replica: replica.into(),
+            process: p.into(),
+            totals: totals(n, o),
+        };
+        let a = |n, o, p: &str| of("a", n, o, p);
+        let b = |n, o, p: &str| of("b", n, o, p);
         // First sight: the step starts from here.
         w.take_totals(&[
             a(sums(100, 5), sums(900, 0), "a1"),

@@ -53,8 +53,8 @@ use tokio::sync::{mpsc, Mutex};
 use std::collections::BTreeMap;
 
 use super::{
-    backend, Contents, PolicyRecord, ProxyRecord, State, Store, StoreChange, StoreError,
-    StoreEvent, StoreFuture,
+    backend, Contents, PolicyRecord, ProxyRecord, ReplicaValues, State, Store, StoreChange,
+    StoreError, StoreEvent, StoreFuture,
 };
 
 /// Longest wait for one etcd call.
@@ -556,10 +556,7 @@ impl Store for EtcdStore {
         })
     }
 
-    fn replica_values<'a>(
-        &'a self,
-        kind: &'a str,
-    ) -> StoreFuture<'a, Option<Vec<(String, Vec<u8>)>>> {
+    fn replica_values<'a>(&'a self, kind: &'a str) -> StoreFuture<'a, Option<ReplicaValues>> {
         Box::pin(async move {
             let prefix = self.keys.replica_values(kind);
             let resp = call(self.client.range(RangeRequest::prefix(prefix.clone()))).await?;

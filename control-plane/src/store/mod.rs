@@ -261,6 +261,9 @@ pub enum StoreEvent {
     PolicyRemoved(u64),
 }
 
+/// Every replica's value of one kind: (replica, value).
+pub type ReplicaValues = Vec<(String, Vec<u8>)>;
+
 /// The future every [`Store`] call returns.
 pub type StoreFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send + 'a>>;
 
@@ -345,10 +348,7 @@ pub trait Store: Send + Sync {
 
     /// Every replica's value of `kind` (this replica's too): (replica,
     /// value). `None` when this process is the only one.
-    fn replica_values<'a>(
-        &'a self,
-        kind: &'a str,
-    ) -> StoreFuture<'a, Option<Vec<(String, Vec<u8>)>>> {
+    fn replica_values<'a>(&'a self, kind: &'a str) -> StoreFuture<'a, Option<ReplicaValues>> {
         let _ = kind;
         Box::pin(std::future::ready(Ok(None)))
     }

@@ -185,7 +185,7 @@ async fn apply_reaches_every_proxy_and_bad_changes_do_not() {
         wait_version(p, &good_version).await;
     }
     let pools = admin
-        .list_backends(pb::ListBackendsRequest {})
+        .list_backends(pb::ListBackendsRequest::default())
         .await
         .unwrap()
         .into_inner()
@@ -525,7 +525,7 @@ async fn the_control_plane_can_serve_tls() {
 /// The control plane's backend sets.
 async fn backends(admin: &mut router_tests::control::Admin) -> Vec<pb::PoolBackends> {
     admin
-        .list_backends(pb::ListBackendsRequest {})
+        .list_backends(pb::ListBackendsRequest::default())
         .await
         .unwrap()
         .into_inner()

@@ -349,3 +349,115 @@ spec:
         );
     }
 }
+
+/// `routerctl backends list` (the Admin API's `ListBackends` with
+/// `quota`): what each key has left, as the fleet's proxies read it from
+/// their providers' headers, with the proxy that says so and whether it
+/// rests the key; no key's value anywhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backends_list_shows_what_each_key_has_left_from_the_proxies() {
+    use router_proto::v1 as pb;
+    use router_tests::control::{managed_options, TOKEN};
+    let (a, b) = ("QUOTA_LIST_A_API_KEY", "QUOTA_LIST_B_API_KEY");
+    std::env::set_var(a, format!("sk-{a}-secret"));
+    std::env::set_var(b, format!("sk-{b}-secret"));
+    let cloud = mock("cloud", Behavior::Json).await;
+    cloud.set_quota(Some(QuotaMock {
+        style: QuotaStyle::OpenAi,
+        requests: 3,
+        reset: Duration::from_secs(60),
+    }));
+    let spare = mock("spare", Behavior::Json).await;
+    let dir = std::env::temp_dir().join(format!("router-quota-list-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let cp = router_tests::control::control_plane_with(&dir, &[], Default::default()).await;
+    let mut admin =
+        routerctl::admin_cmd::connect(&cp.local_addr().to_string(), Some(TOKEN.into()), None)
+            .await
+            .unwrap();
+    let applied = admin
+        .apply_policy(pb::ApplyPolicyRequest {
+            document: policy("openai", &cloud.url(), &spare.url(), a, b),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(applied.applied, "{applied:?}");
+    let proxy = TestProxy::start(
+        Settings::default(),
+        router_proxy::Mode::Managed(managed_options(
+            format!("http://{}", cp.local_addr()),
+            Some(TOKEN),
+            "edge-quota",
+        )),
+    )
+    .await;
+    proxy
+        .wait_health("the policy", |h| {
+            h["revision"].as_u64().is_some_and(|r| r > 0)
+        })
+        .await;
+    // Before any answer: nothing read, nothing listed.
+    let listed = admin
+        .list_backends(pb::ListBackendsRequest { quota: true })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!((listed.proxies_asked, listed.proxies_answered), (1, 1));
+    assert!(listed.quota.is_empty(), "{listed:?}");
+    // Four requests: balanced over the two keys, one key has 1 left, the
+    // other 0 and is rested.
+    for i in 0..4 {
+        let r = openai_call(&proxy).await;
+        assert_eq!(r.status, StatusCode::OK, "request {i}: {}", r.text());
+    }
+    let listed = admin
+        .list_backends(pb::ListBackendsRequest { quota: true })
+        .await
+        .unwrap()
+        .into_inner();
+    let left: Vec<(String, Option<u64>, String, u32)> = listed
+        .quota
+        .iter()
+        .map(|q| {
+            assert_eq!(q.pool, "cloud", "{q:?}");
+            (
+                q.endpoint.clone(),
+                q.requests_remaining,
+                q.requests_node.clone(),
+                q.resting,
+            )
+        })
+        .collect();
+    let url = cloud.url();
+    let keys: Vec<&str> = left.iter().map(|l| l.0.as_str()).collect();
+    assert_eq!(
+        keys,
+        [format!("{url}#{a}"), format!("{url}#{b}")],
+        "{left:?}"
+    );
+    // Which key took which request is the balancer's call: 6 allowed, 4
+    // sent, so 2 left in all; a key at 0 is rested, one with some is not.
+    assert_eq!(left.iter().filter_map(|l| l.1).sum::<u64>(), 2, "{left:?}");
+    for (_, remaining, node, resting) in &left {
+        assert_eq!(node, "edge-quota");
+        assert_eq!(*resting, u32::from(*remaining == Some(0)), "{left:?}");
+    }
+    assert!(listed
+        .quota
+        .iter()
+        .all(|q| q.requests_reset_s.is_some_and(|s| s > 0.0)));
+    assert!(!format!("{listed:?}").contains("-secret"));
+    // Without `quota`, the proxies are not asked.
+    let plain = admin
+        .list_backends(pb::ListBackendsRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(
+        plain.quota.is_empty() && plain.proxies_asked == 0,
+        "{plain:?}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

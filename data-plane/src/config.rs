@@ -80,10 +80,18 @@ fn read_secrets(policy: &Policy) -> Secrets {
         let mut keys = PoolKeys::default();
         if let Some(var) = &pool.api_key_env {
             keys.one = read_key(pool, var);
+            if keys.one.is_none() {
+                tracing::warn!(pool = %pool.name, variable = %var, "API key not set; requests go without a key");
+            }
         }
         for var in &pool.api_keys_env {
-            if let Some(key) = read_key(pool, var) {
-                keys.named.push((var.as_str().into(), key));
+            match read_key(pool, var) {
+                Some(key) => keys.named.push((var.as_str().into(), key)),
+                None => tracing::warn!(
+                    pool = %pool.name,
+                    variable = %var,
+                    "API key not set; its endpoints take no traffic while another key of the pool is set"
+                ),
             }
         }
         if !keys.is_empty() {
@@ -93,9 +101,28 @@ fn read_secrets(policy: &Policy) -> Secrets {
     secrets
 }
 
+/// The endpoints of a pool with several keys whose key's variable is not
+/// set, while another key of the pool is: they take no new traffic, as
+/// if drained (a request without a key would only earn the provider's
+/// 401). With none of the keys set, nothing is held back: the pool works
+/// as one without a key, as with an unset `api_key_env`.
+fn unkeyed(pool: &router_policy::Pool, keys: Option<&PoolKeys>) -> Vec<router_policy::Endpoint> {
+    let Some(keys) = keys.filter(|k| !k.named.is_empty()) else {
+        return Vec::new();
+    };
+    pool.endpoints
+        .iter()
+        .filter(|e| {
+            e.key()
+                .is_some_and(|var| !keys.named.iter().any(|(n, _)| **n == *var))
+        })
+        .cloned()
+        .collect()
+}
+
 /// The key in the variable `var` for `pool`'s endpoints (whose origins it
-/// may go to); `None`, with a warning naming the variable (never its
-/// value), when it is unset or not a header value.
+/// may go to); `None` when it is unset (the caller warns) or not a header
+/// value (warned here, naming the variable, never its value).
 fn read_key(pool: &router_policy::Pool, var: &str) -> Option<PoolKey> {
     match std::env::var(var).ok().filter(|v| !v.trim().is_empty()) {
         Some(key) => match pool_key_header(pool.provider, key.trim()) {
@@ -112,10 +139,7 @@ fn read_key(pool: &router_policy::Pool, var: &str) -> Option<PoolKey> {
                 None
             }
         },
-        None => {
-            tracing::warn!(pool = %pool.name, variable = %var, "API key variable is not set; requests go without a key");
-            None
-        }
+        None => None,
     }
 }
 
@@ -588,12 +612,14 @@ fn build(
     }
     let mut pools = FnvHashMap::with_capacity_and_hasher(policy.pools.len(), Default::default());
     for p in &policy.pools {
+        let mut drained = p.drained.clone();
+        drained.extend(unkeyed(p, secrets.api_keys.get(&p.name)));
         let settings = PoolSettings {
             queue: p.queue,
             max_concurrency: p.max_concurrency,
             circuit: policy.circuit,
             drain: p.drain,
-            drained: p.drained.clone(),
+            drained,
             probe: p.probe,
             model: p.model.clone(),
             health_check: p.health_check.clone(),

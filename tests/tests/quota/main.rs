@@ -461,3 +461,43 @@ async fn backends_list_shows_what_each_key_has_left_from_the_proxies() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A key whose variable is not set: its endpoint takes no traffic while
+/// another key of the pool is set (it is held as drained), so no request
+/// goes to the provider without a key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_whose_variable_is_unset_takes_no_traffic_while_another_is_set() {
+    let (a, b) = ("QUOTA_UNSET_A_API_KEY", "QUOTA_UNSET_B_API_KEY");
+    std::env::set_var(a, format!("sk-{a}-secret"));
+    std::env::remove_var(b);
+    let cloud = mock("cloud", Behavior::Json).await;
+    cloud.set_quota(Some(QuotaMock {
+        style: QuotaStyle::OpenAi,
+        requests: 1000,
+        reset: Duration::from_secs(60),
+    }));
+    let spare = mock("spare", Behavior::Json).await;
+    let text = policy("openai", &cloud.url(), &spare.url(), a, b);
+    let proxy = TestProxy::with_policy(Settings::default(), &text).await;
+    for i in 0..6 {
+        let r = openai_call(&proxy).await;
+        assert_eq!(r.status, StatusCode::OK, "request {i}: {}", r.text());
+        assert_eq!(r.header("x-router-route"), Some("cloud"), "request {i}");
+    }
+    let counts = cloud.quota_counts();
+    assert_eq!(by_var(&counts.served, a), 6, "{counts:?}");
+    let keyed: u64 = counts.served.values().sum();
+    assert_eq!(keyed, 6, "a request went without a key: {counts:?}");
+    let health = proxy.health().await;
+    let url = cloud.url();
+    assert_eq!(
+        backend(&health, &format!("{url}#{b}"))["draining"],
+        true,
+        "{health}"
+    );
+    assert_eq!(
+        backend(&health, &format!("{url}#{a}"))["draining"],
+        false,
+        "{health}"
+    );
+}

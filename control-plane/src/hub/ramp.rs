@@ -27,9 +27,11 @@
 //! status` through any replica shows them.
 //!
 //! **The change.** An advance sets the split's weights to `new: to, old:
-//! 100 - to`, a rollback to `new: 0, old: 100`: the current document is
-//! parsed, the split's weights changed and the document serialized again
-//! (its comments and layout are lost), then applied through
+//! 100 - to`, a rollback to `new: 0, old: 100`: the two numbers are
+//! replaced in the current document's text, which keeps its comments and
+//! layout, when a check shows the edit changes exactly those weights
+//! ([`with_weight`]); otherwise the document is parsed, changed and
+//! serialized again (comments and layout lost). Then it is applied through
 //! [`Hub::apply_policy_by`] as author `ramp` with the reason as the
 //! version's note, expecting the current version (a concurrent apply wins;
 //! the driver judges again on the next tick).
@@ -357,7 +359,9 @@ fn ramped(policy: &Policy) -> Vec<(String, usize, String, String, u32, Ramp)> {
 }
 
 /// `document` with the split at `step` of `route` weighted `new: weight,
-/// old: 100 - weight`, serialized again (comments and layout are lost).
+/// old: 100 - weight`: the two weights edited in the text when that can
+/// be done safely (comments and layout kept), else the document parsed,
+/// changed and serialized again (comments and layout lost).
 pub fn with_weight(
     document: &str,
     route: &str,
@@ -371,21 +375,124 @@ pub fn with_weight(
         }])
     };
     let mut doc = PolicyDocument::parse(document).map_err(|e| invalid(e.to_string()))?;
-    let spec = doc
-        .spec
-        .routes
-        .iter_mut()
-        .find(|r| r.name == route)
-        .ok_or_else(|| invalid("no such route".into()))?;
-    let Some(ChainStepSpec::Split(split)) = spec.chain.get_mut(step) else {
-        return Err(invalid(format!("chain step {step} is not a split")));
-    };
+    let split = split_at(&mut doc, route, step).map_err(invalid)?;
     let [new, old] = split.split.as_mut_slice() else {
         return Err(invalid("the split does not have two sides".into()));
     };
     new.weight = weight.min(100);
     old.weight = 100 - new.weight;
+    let (new_weight, old_weight) = (new.weight, old.weight);
+    if let Some(text) = edited_in_place(document, &doc, route, step, new_weight, old_weight) {
+        return Ok(text);
+    }
     serde_yaml_ng::to_string(&doc).map_err(|e| invalid(e.to_string()))
+}
+
+/// The split at `step` of `route` in `doc`.
+fn split_at<'a>(
+    doc: &'a mut PolicyDocument,
+    route: &str,
+    step: usize,
+) -> Result<&'a mut router_policy::document::SplitSpec, String> {
+    let spec = doc
+        .spec
+        .routes
+        .iter_mut()
+        .find(|r| r.name == route)
+        .ok_or_else(|| "no such route".to_string())?;
+    match spec.chain.get_mut(step) {
+        Some(ChainStepSpec::Split(split)) => Ok(split),
+        _ => Err(format!("chain step {step} is not a split")),
+    }
+}
+
+/// `document` with the two weights of the split at `step` of `route`
+/// replaced in the text, keeping everything else byte for byte; `None`
+/// when that cannot be done safely.
+///
+/// Every number after a `weight:` key (quoted or not) is a candidate;
+/// each is tried alone with a marker value, and the text parsed: the
+/// candidate whose marker lands on the split's new side (or old side) is
+/// that side's weight. Both are replaced, and the result is kept only if
+/// it parses to exactly `want` (the document as the structured edit made
+/// it). Anchors, merges, or a weight written any other way fail that
+/// check and fall back to serializing.
+fn edited_in_place(
+    document: &str,
+    want: &PolicyDocument,
+    route: &str,
+    step: usize,
+    new_weight: u32,
+    old_weight: u32,
+) -> Option<String> {
+    const MARKER: u32 = 987_654_321;
+    const MAX_CANDIDATES: usize = 256;
+    let candidates = weight_numbers(document);
+    if candidates.len() > MAX_CANDIDATES {
+        return None;
+    }
+    let (mut new_at, mut old_at) = (None, None);
+    for range in &candidates {
+        let mut text = document.to_string();
+        text.replace_range(range.clone(), &MARKER.to_string());
+        let Ok(mut doc) = PolicyDocument::parse(&text) else {
+            continue;
+        };
+        let Ok(split) = split_at(&mut doc, route, step) else {
+            continue;
+        };
+        let sides: Vec<u32> = split.split.iter().map(|s| s.weight).collect();
+        match sides.as_slice() {
+            [MARKER, _] if new_at.is_none() => new_at = Some(range.clone()),
+            [_, MARKER] if old_at.is_none() => old_at = Some(range.clone()),
+            _ => {}
+        }
+    }
+    let (new_at, old_at) = (new_at?, old_at?);
+    let mut text = document.to_string();
+    // The later one first, so the earlier one's range still holds.
+    let (first, second) = if new_at.start > old_at.start {
+        ((new_at, new_weight), (old_at, old_weight))
+    } else {
+        ((old_at, old_weight), (new_at, new_weight))
+    };
+    text.replace_range(first.0, &first.1.to_string());
+    text.replace_range(second.0, &second.1.to_string());
+    let parsed = PolicyDocument::parse(&text).ok()?;
+    (parsed == *want).then_some(text)
+}
+
+/// The byte ranges of the numbers written after a `weight` key
+/// (`weight: 10`, `"weight": 10`, `'weight' : 10`).
+fn weight_numbers(text: &str) -> Vec<std::ops::Range<usize>> {
+    let bytes = text.as_bytes();
+    let mut out = Vec::new();
+    let mut from = 0;
+    while let Some(found) = text.get(from..).and_then(|t| t.find("weight")) {
+        let mut i = from + found + "weight".len();
+        from = i;
+        if matches!(bytes.get(i), Some(b'"' | b'\'')) {
+            i += 1;
+        }
+        while matches!(bytes.get(i), Some(b' ' | b'\t')) {
+            i += 1;
+        }
+        if bytes.get(i) != Some(&b':') {
+            continue;
+        }
+        i += 1;
+        while matches!(bytes.get(i), Some(b' ' | b'\t')) {
+            i += 1;
+        }
+        let start = i;
+        while bytes.get(i).is_some_and(u8::is_ascii_digit) {
+            i += 1;
+        }
+        if i > start {
+            out.push(start..i);
+        }
+    }
+    out
 }
 
 impl Hub {
@@ -934,6 +1041,56 @@ mod tests {
         assert_eq!(before, after, "nothing else changed");
         assert!(with_weight(doc, "nope", 0, 50).is_err());
         assert!(with_weight(doc, "r", 1, 50).is_err());
+        // Edited in the text: the comment and the layout stay, only the
+        // two numbers move.
+        assert_eq!(
+            next,
+            doc.replace("weight: 10}", "weight: 50}")
+                .replace("weight: 90}", "weight: 50}")
+        );
+    }
+
+    /// The text edit finds the right split among several (block style,
+    /// quoted keys, another route's split with the same weights), and a
+    /// weight written through an anchor falls back to serializing, which
+    /// still changes only the split.
+    #[test]
+    fn the_weights_are_edited_in_the_text_only_where_it_is_safe() {
+        let doc = r#"apiVersion: router/v1
+kind: RoutingPolicy
+spec:
+  pools:
+    - {name: new, endpoints: ["127.0.0.1:9"]}
+    - {name: old, endpoints: ["127.0.0.1:8"]}
+  routes:
+    # the first route: left alone
+    - name: a
+      chain: [{split: [{pool: new, weight: 10}, {pool: old, weight: 90}]}]
+    - name: r
+      chain:
+        - old
+        - split:
+            - pool: new
+              "weight": 10   # the canary
+            - pool: old
+              weight:   90
+          ramp: {steps: [10, 50, 100], step_s: 1, guard: {min_requests: 20}}
+"#;
+        let next = with_weight(doc, "r", 1, 50).unwrap();
+        assert_eq!(
+            next,
+            doc.replace("\"weight\": 10   #", "\"weight\": 50   #")
+                .replace("weight:   90", "weight:   50")
+        );
+        let anchored = doc.replace("\"weight\": 10", "\"weight\": &w 10");
+        let next = with_weight(&anchored, "r", 1, 25).unwrap();
+        assert!(!next.contains("# the canary"), "serialized: {next}");
+        let mut want = PolicyDocument::parse(doc).unwrap();
+        if let Ok(split) = split_at(&mut want, "r", 1) {
+            split.split[0].weight = 25;
+            split.split[1].weight = 75;
+        }
+        assert_eq!(PolicyDocument::parse(&next).unwrap(), want);
     }
 
     fn outcomes(pool: &str, requests: u64, errors: u64) -> pb::RampOutcomes {

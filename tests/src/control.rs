@@ -333,3 +333,45 @@ impl Drop for FakeControlPlane {
         self.task.abort();
     }
 }
+
+/// A control plane in a fresh directory named after `name`, with
+/// `document` applied (asserted), and an admin client of it.
+pub async fn control_plane_applying(
+    name: &str,
+    document: &str,
+) -> (router_control_plane::RunningControlPlane, Admin) {
+    let dir = std::env::temp_dir().join(format!("router-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let cp = control_plane_with(&dir, &[], router_control_plane::Limits::default()).await;
+    let mut client = admin(cp.local_addr(), Some(TOKEN)).await;
+    let applied = client
+        .apply_policy(pb::ApplyPolicyRequest {
+            document: document.to_string(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_or_else(|e| panic!("apply: {e}"))
+        .into_inner();
+    assert!(applied.applied, "{applied:?}");
+    (cp, client)
+}
+
+/// A managed proxy named `node` on the control plane at `cp`, sending its
+/// heartbeat (load and ramp reports) every `heartbeat`; returned once it
+/// serves its first policy.
+pub async fn managed_proxy_reporting(cp: SocketAddr, node: &str, heartbeat: Duration) -> TestProxy {
+    let proxy = TestProxy::start(
+        Settings::default(),
+        Mode::Managed(ManagedOptions {
+            heartbeat,
+            ..managed_options(format!("http://{cp}"), Some(TOKEN), node)
+        }),
+    )
+    .await;
+    proxy
+        .wait_health("its first policy", |h| {
+            h["revision"].as_u64().is_some_and(|r| r > 0)
+        })
+        .await;
+    proxy
+}

@@ -357,7 +357,7 @@ spec:
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn backends_list_shows_what_each_key_has_left_from_the_proxies() {
     use router_proto::v1 as pb;
-    use router_tests::control::{managed_options, TOKEN};
+    use router_tests::control::{control_plane_applying, managed_proxy_reporting};
     let (a, b) = ("QUOTA_LIST_A_API_KEY", "QUOTA_LIST_B_API_KEY");
     std::env::set_var(a, format!("sk-{a}-secret"));
     std::env::set_var(b, format!("sk-{b}-secret"));
@@ -368,36 +368,13 @@ async fn backends_list_shows_what_each_key_has_left_from_the_proxies() {
         reset: Duration::from_secs(60),
     }));
     let spare = mock("spare", Behavior::Json).await;
-    let dir = std::env::temp_dir().join(format!("router-quota-list-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let cp = router_tests::control::control_plane_with(&dir, &[], Default::default()).await;
-    let mut admin =
-        routerctl::admin_cmd::connect(&cp.local_addr().to_string(), Some(TOKEN.into()), None)
-            .await
-            .unwrap();
-    let applied = admin
-        .apply_policy(pb::ApplyPolicyRequest {
-            document: policy("openai", &cloud.url(), &spare.url(), a, b),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    assert!(applied.applied, "{applied:?}");
-    let proxy = TestProxy::start(
-        Settings::default(),
-        router_proxy::Mode::Managed(managed_options(
-            format!("http://{}", cp.local_addr()),
-            Some(TOKEN),
-            "edge-quota",
-        )),
+    let (cp, mut admin) = control_plane_applying(
+        "quota-list",
+        &policy("openai", &cloud.url(), &spare.url(), a, b),
     )
     .await;
-    proxy
-        .wait_health("the policy", |h| {
-            h["revision"].as_u64().is_some_and(|r| r > 0)
-        })
-        .await;
+    let proxy =
+        managed_proxy_reporting(cp.local_addr(), "edge-quota", Duration::from_secs(10)).await;
     // Before any answer: nothing read, nothing listed.
     let listed = admin
         .list_backends(pb::ListBackendsRequest { quota: true })
@@ -459,7 +436,6 @@ async fn backends_list_shows_what_each_key_has_left_from_the_proxies() {
         plain.quota.is_empty() && plain.proxies_asked == 0,
         "{plain:?}"
     );
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// A key whose variable is not set: its endpoint takes no traffic while

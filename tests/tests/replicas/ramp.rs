@@ -4,17 +4,14 @@
 //! windows, and a pause is stored in the shared state, so every replica
 //! and the next leader keep it (docs/traffic.md "Ramps").
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
-use http::{Method, StatusCode};
 use router_mock::Behavior;
 use router_policy::ChainStep;
-use router_proxy::{Mode, Settings};
-use router_tests::control::managed_options;
-use router_tests::harness::{eventually, TestClient, TestProxy};
+use router_tests::control::managed_proxy_reporting;
+use router_tests::harness::eventually;
 use router_tests::mocks::mock_latency;
+use router_tests::steady::Steady;
 
 use super::*;
 
@@ -98,27 +95,12 @@ async fn a_ramp_counts_the_proxies_of_every_replica_and_its_pause_is_shared() {
     .unwrap();
     assert!(applied.applied, "{applied:?}");
     // The only proxy talks to the replica that does not lead.
-    let proxy = TestProxy::start(
-        Settings::default(),
-        Mode::Managed(router_proxy::managed::ManagedOptions {
-            heartbeat: Duration::from_millis(100),
-            ..managed_options(
-                format!("http://{}", follower.local_addr()),
-                Some(TOKEN),
-                "ramp-proxy",
-            )
-        }),
+    let proxy = managed_proxy_reporting(
+        follower.local_addr(),
+        "ramp-proxy",
+        Duration::from_millis(100),
     )
     .await;
-    for _ in 0..300 {
-        if proxy.health().await["revision"]
-            .as_u64()
-            .is_some_and(|r| r > 0)
-        {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
     assert_eq!(connected_proxies(leader.local_addr()).await.len(), 0);
 
     // Paused through the leader: stored, so the follower knows it too.
@@ -130,33 +112,7 @@ async fn a_ramp_counts_the_proxies_of_every_replica_and_its_pause_is_shared() {
     )
     .await;
 
-    let stop = Arc::new(AtomicBool::new(false));
-    let failed = Arc::new(AtomicU64::new(0));
-    let sent = Arc::new(AtomicU64::new(0));
-    let url = proxy.url("/v1/chat/completions");
-    let tasks: Vec<_> = (0..4)
-        .map(|_| {
-            let (stop, failed, sent, url) =
-                (stop.clone(), failed.clone(), sent.clone(), url.clone());
-            tokio::spawn(async move {
-                let client = TestClient::new();
-                while !stop.load(Ordering::Relaxed) {
-                    let r = client
-                        .send(
-                            Method::POST,
-                            &url,
-                            &[("content-type", "application/json")],
-                            BODY,
-                        )
-                        .await;
-                    sent.fetch_add(1, Ordering::Relaxed);
-                    if r.status != StatusCode::OK {
-                        failed.fetch_add(1, Ordering::Relaxed);
-                    }
-                }
-            })
-        })
-        .collect();
+    let traffic = Steady::start(proxy.url("/v1/chat/completions"), BODY, 4);
 
     // The leader's window counts the follower's proxy, and the follower
     // answers status with the leader's window.
@@ -188,16 +144,8 @@ async fn a_ramp_counts_the_proxies_of_every_replica_and_its_pause_is_shared() {
     new.set_behavior(Behavior::Status(500));
     wait_weight(&leader, 0, 10).await;
     wait_weight(&follower, 0, 5).await;
-    stop.store(true, Ordering::Relaxed);
-    for t in tasks {
-        let _ = t.await;
-    }
-    assert_eq!(
-        failed.load(Ordering::Relaxed),
-        0,
-        "of {}",
-        sent.load(Ordering::Relaxed)
-    );
+    let (sent, failed) = traffic.stop().await;
+    assert_eq!(failed, 0, "of {sent}");
     let notes: Vec<String> = leader
         .hub()
         .history()

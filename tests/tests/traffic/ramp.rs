@@ -3,18 +3,15 @@
 //! pools, steady traffic; each step and each rollback a policy version
 //! authored `ramp` with its reason (docs/traffic.md "Ramps").
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
-use http::{Method, StatusCode};
 use router_mock::Behavior;
 use router_policy::ChainStep;
 use router_proto::v1 as pb;
-use router_proxy::{Mode, Settings};
-use router_tests::control::{managed_options, TOKEN};
-use router_tests::harness::{TestClient, TestProxy};
+use router_tests::control::{control_plane_applying, managed_proxy_reporting, TOKEN};
+use router_tests::harness::TestProxy;
 use router_tests::mocks::mock_latency;
+use router_tests::steady::Steady;
 
 use crate::policy;
 
@@ -26,98 +23,14 @@ const RAMPED: &str = "[{split: [{pool: new, weight: 10}, {pool: old, weight: 90}
 /// A control plane with `doc` applied, and a managed proxy on it that
 /// reports every 100 ms.
 async fn fleet(name: &str, doc: &str) -> (router_control_plane::RunningControlPlane, TestProxy) {
-    let dir = std::env::temp_dir().join(format!("router-ramp-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let cp = router_tests::control::control_plane_with(&dir, &[], Default::default()).await;
-    let mut admin =
-        routerctl::admin_cmd::connect(&cp.local_addr().to_string(), Some(TOKEN.into()), None)
-            .await
-            .unwrap();
-    let applied = admin
-        .apply_policy(pb::ApplyPolicyRequest {
-            document: doc.to_string(),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    assert!(applied.applied, "{applied:?}");
-    let proxy = TestProxy::start(
-        Settings::default(),
-        Mode::Managed(router_proxy::managed::ManagedOptions {
-            heartbeat: Duration::from_millis(100),
-            ..managed_options(format!("http://{}", cp.local_addr()), Some(TOKEN), name)
-        }),
-    )
-    .await;
-    for _ in 0..300 {
-        if proxy.health().await["revision"]
-            .as_u64()
-            .is_some_and(|r| r > 0)
-        {
-            return (cp, proxy);
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("the proxy never got its policy: {}", proxy.health().await);
+    let (cp, _) = control_plane_applying(&format!("ramp-{name}"), doc).await;
+    let proxy = managed_proxy_reporting(cp.local_addr(), name, Duration::from_millis(100)).await;
+    (cp, proxy)
 }
 
-/// Requests sent, 4 at a time, until `stop`; counts of those sent and
-/// those that did not get a 200.
-struct Traffic {
-    stop: Arc<AtomicBool>,
-    sent: Arc<AtomicU64>,
-    failed: Arc<AtomicU64>,
-    tasks: Vec<tokio::task::JoinHandle<()>>,
-}
-
-impl Traffic {
-    fn start(proxy: &TestProxy) -> Self {
-        let stop = Arc::new(AtomicBool::new(false));
-        let sent = Arc::new(AtomicU64::new(0));
-        let failed = Arc::new(AtomicU64::new(0));
-        let url = proxy.url("/v1/chat/completions");
-        let tasks = (0..4)
-            .map(|_| {
-                let (stop, sent, failed, url) =
-                    (stop.clone(), sent.clone(), failed.clone(), url.clone());
-                tokio::spawn(async move {
-                    let client = TestClient::new();
-                    while !stop.load(Ordering::Relaxed) {
-                        let r = client
-                            .send(
-                                Method::POST,
-                                &url,
-                                &[("content-type", "application/json")],
-                                BODY,
-                            )
-                            .await;
-                        sent.fetch_add(1, Ordering::Relaxed);
-                        if r.status != StatusCode::OK {
-                            failed.fetch_add(1, Ordering::Relaxed);
-                        }
-                    }
-                })
-            })
-            .collect();
-        Self {
-            stop,
-            sent,
-            failed,
-            tasks,
-        }
-    }
-
-    async fn stop(self) -> (u64, u64) {
-        self.stop.store(true, Ordering::Relaxed);
-        for t in self.tasks {
-            let _ = t.await;
-        }
-        (
-            self.sent.load(Ordering::Relaxed),
-            self.failed.load(Ordering::Relaxed),
-        )
-    }
+/// Four clients sending [`BODY`] to the proxy's chat path.
+fn traffic(proxy: &TestProxy) -> Steady {
+    Steady::start(proxy.url("/v1/chat/completions"), BODY, 4)
 }
 
 /// The new side's weight in the current policy.
@@ -164,7 +77,7 @@ async fn a_healthy_new_side_walks_every_step_to_100_each_a_version_with_its_evid
     );
     let doc = policy(&new.url(), &old.url(), &last.url(), RAMPED, "");
     let (cp, proxy) = fleet("healthy", &doc).await;
-    let traffic = Traffic::start(&proxy);
+    let traffic = traffic(&proxy);
     wait_weight(&cp, 50, 20).await;
     wait_weight(&cp, 100, 20).await;
     let (sent, failed) = traffic.stop().await;
@@ -198,7 +111,7 @@ async fn a_new_side_that_fails_at_the_second_step_is_rolled_back_within_the_step
     );
     let doc = policy(&new.url(), &old.url(), &last.url(), RAMPED, "");
     let (cp, proxy) = fleet("failing", &doc).await;
-    let traffic = Traffic::start(&proxy);
+    let traffic = traffic(&proxy);
     wait_weight(&cp, 50, 20).await;
     new.set_behavior(Behavior::Status(500));
     let failing_since = tokio::time::Instant::now();
@@ -254,7 +167,7 @@ async fn rollout_status_pause_resume_and_abort_and_a_paused_ramp_still_rolls_bac
     };
     let paused = admin.rollout(ask("pause")).await.unwrap().into_inner();
     assert!(paused.ramps[0].paused, "{paused:?}");
-    let traffic = Traffic::start(&proxy);
+    let traffic = traffic(&proxy);
     // Paused: the step's evidence comes, nothing moves.
     tokio::time::sleep(Duration::from_millis(2500)).await;
     let s = admin.rollout(ask("status")).await.unwrap().into_inner();

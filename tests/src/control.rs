@@ -375,3 +375,43 @@ pub async fn managed_proxy_reporting(cp: SocketAddr, node: &str, heartbeat: Dura
         .await;
     proxy
 }
+
+/// The new side's weight of the split that starts the first route's chain
+/// in `cp`'s current policy (`None`: no policy, or not a split).
+pub fn split_weight(cp: &router_control_plane::RunningControlPlane) -> Option<u32> {
+    let policy = cp.hub().current_policy()?;
+    match &policy.routes.first()?.chain.first()? {
+        router_policy::ChainStep::Split(s) => s.sides.first().map(|side| side.weight),
+        router_policy::ChainStep::Pool(_) => None,
+    }
+}
+
+/// Waits (`secs` at most) until [`split_weight`] is `want`; panics with
+/// the policy history's notes otherwise.
+pub async fn wait_split_weight(
+    cp: &router_control_plane::RunningControlPlane,
+    want: u32,
+    secs: u64,
+) {
+    for _ in 0..secs * 20 {
+        if split_weight(cp) == Some(want) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let notes: Vec<String> = cp.hub().history().into_iter().map(|h| h.message).collect();
+    panic!(
+        "the new side never reached {want}: at {:?}; history {notes:?}",
+        split_weight(cp)
+    );
+}
+
+/// The versions a ramp wrote: (author, note), oldest first.
+pub fn ramp_versions(cp: &router_control_plane::RunningControlPlane) -> Vec<(String, String)> {
+    cp.hub()
+        .history()
+        .into_iter()
+        .filter(|h| h.author == router_control_plane::hub::RAMP_AUTHOR)
+        .map(|h| (h.author, h.message))
+        .collect()
+}

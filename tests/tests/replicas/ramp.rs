@@ -7,8 +7,9 @@
 use std::time::Duration;
 
 use router_mock::Behavior;
-use router_policy::ChainStep;
-use router_tests::control::managed_proxy_reporting;
+use router_tests::control::{
+    managed_proxy_reporting, ramp_versions, split_weight, wait_split_weight,
+};
 use router_tests::harness::eventually;
 use router_tests::mocks::mock_latency;
 use router_tests::steady::Steady;
@@ -33,29 +34,6 @@ spec:
       chain: [{{split: [{{pool: new, weight: 10}}, {{pool: old, weight: 90}}], ramp: {{steps: [10, 50, 100], step_s: 1, guard: {{min_requests: 20}}}}}}, last]
 "#
     )
-}
-
-/// The new side's weight in `cp`'s current policy.
-fn weight(cp: &RunningControlPlane) -> Option<u32> {
-    let policy = cp.hub().current_policy()?;
-    match &policy.routes[0].chain[0] {
-        ChainStep::Split(s) => Some(s.sides[0].weight),
-        ChainStep::Pool(_) => None,
-    }
-}
-
-async fn wait_weight(cp: &RunningControlPlane, want: u32, secs: u64) {
-    for _ in 0..secs * 20 {
-        if weight(cp) == Some(want) {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let notes: Vec<String> = cp.hub().history().into_iter().map(|h| h.message).collect();
-    panic!(
-        "the new side never reached {want}: at {:?}; history {notes:?}",
-        weight(cp)
-    );
 }
 
 async fn rollout(cp: &RunningControlPlane, action: &str) -> pb::RolloutResponse {
@@ -135,24 +113,18 @@ async fn a_ramp_counts_the_proxies_of_every_replica_and_its_pause_is_shared() {
         follower.hub().ramp_windows(None).is_empty(),
         "the follower keeps none"
     );
-    assert_eq!(weight(&leader), Some(10), "paused: nothing moved");
+    assert_eq!(split_weight(&leader), Some(10), "paused: nothing moved");
 
     // Resumed through the follower: the leader advances.
     assert!(!rollout(&follower, "resume").await.ramps[0].paused);
-    wait_weight(&leader, 50, 10).await;
+    wait_split_weight(&leader, 50, 10).await;
     // The new side fails: rolled back on the follower's proxy's reports.
     new.set_behavior(Behavior::Status(500));
-    wait_weight(&leader, 0, 10).await;
-    wait_weight(&follower, 0, 5).await;
+    wait_split_weight(&leader, 0, 10).await;
+    wait_split_weight(&follower, 0, 5).await;
     let (sent, failed) = traffic.stop().await;
     assert_eq!(failed, 0, "of {sent}");
-    let notes: Vec<String> = leader
-        .hub()
-        .history()
-        .into_iter()
-        .filter(|h| h.author == "ramp")
-        .map(|h| h.message)
-        .collect();
+    let notes: Vec<String> = ramp_versions(&leader).into_iter().map(|v| v.1).collect();
     assert_eq!(notes.len(), 2, "{notes:?}");
     assert!(
         notes[0].starts_with("ramp: route default new 10% -> 50% ("),

@@ -6,9 +6,11 @@
 use std::time::Duration;
 
 use router_mock::Behavior;
-use router_policy::ChainStep;
 use router_proto::v1 as pb;
-use router_tests::control::{control_plane_applying, managed_proxy_reporting, TOKEN};
+use router_tests::control::{
+    control_plane_applying, managed_proxy_reporting, ramp_versions, split_weight,
+    wait_split_weight, TOKEN,
+};
 use router_tests::harness::TestProxy;
 use router_tests::mocks::mock_latency;
 use router_tests::steady::Steady;
@@ -33,40 +35,6 @@ fn traffic(proxy: &TestProxy) -> Steady {
     Steady::start(proxy.url("/v1/chat/completions"), BODY, 4)
 }
 
-/// The new side's weight in the current policy.
-fn weight(cp: &router_control_plane::RunningControlPlane) -> Option<u32> {
-    let policy = cp.hub().current_policy()?;
-    match &policy.routes[0].chain[0] {
-        ChainStep::Split(s) => Some(s.sides[0].weight),
-        ChainStep::Pool(_) => None,
-    }
-}
-
-/// Waits (`secs` at most) until the new side's weight is `want`.
-async fn wait_weight(cp: &router_control_plane::RunningControlPlane, want: u32, secs: u64) {
-    for _ in 0..secs * 20 {
-        if weight(cp) == Some(want) {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let notes: Vec<String> = cp.hub().history().into_iter().map(|h| h.message).collect();
-    panic!(
-        "the new side never reached {want}: at {:?}; history {notes:?}",
-        weight(cp)
-    );
-}
-
-/// The ramp's versions: (author, note), oldest first.
-fn ramp_versions(cp: &router_control_plane::RunningControlPlane) -> Vec<(String, String)> {
-    cp.hub()
-        .history()
-        .into_iter()
-        .filter(|h| h.author == "ramp")
-        .map(|h| (h.author, h.message))
-        .collect()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_healthy_new_side_walks_every_step_to_100_each_a_version_with_its_evidence() {
     // Both sides answer in 20 ms: the default p95 guard (1.5) holds.
@@ -78,8 +46,8 @@ async fn a_healthy_new_side_walks_every_step_to_100_each_a_version_with_its_evid
     let doc = policy(&new.url(), &old.url(), &last.url(), RAMPED, "");
     let (cp, proxy) = fleet("healthy", &doc).await;
     let traffic = traffic(&proxy);
-    wait_weight(&cp, 50, 20).await;
-    wait_weight(&cp, 100, 20).await;
+    wait_split_weight(&cp, 50, 20).await;
+    wait_split_weight(&cp, 100, 20).await;
     let (sent, failed) = traffic.stop().await;
     assert_eq!(failed, 0, "of {sent}");
     let versions = ramp_versions(&cp);
@@ -112,10 +80,10 @@ async fn a_new_side_that_fails_at_the_second_step_is_rolled_back_within_the_step
     let doc = policy(&new.url(), &old.url(), &last.url(), RAMPED, "");
     let (cp, proxy) = fleet("failing", &doc).await;
     let traffic = traffic(&proxy);
-    wait_weight(&cp, 50, 20).await;
+    wait_split_weight(&cp, 50, 20).await;
     new.set_behavior(Behavior::Status(500));
     let failing_since = tokio::time::Instant::now();
-    wait_weight(&cp, 0, 10).await;
+    wait_split_weight(&cp, 0, 10).await;
     let took = failing_since.elapsed();
     // Within one step (1 s), plus a heartbeat and a tick.
     assert!(took < Duration::from_millis(2500), "{took:?}");
@@ -145,7 +113,7 @@ async fn a_new_side_that_fails_at_the_second_step_is_rolled_back_within_the_step
             .starts_with("ramp: route default rolled back to 0 from 50%: error rate "),
         "{versions:?}"
     );
-    assert_eq!(weight(&cp), Some(0));
+    assert_eq!(split_weight(&cp), Some(0));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -187,7 +155,7 @@ async fn rollout_status_pause_resume_and_abort_and_a_paused_ramp_still_rolls_bac
     );
     // Resumed: the next tick advances.
     admin.rollout(ask("resume")).await.unwrap();
-    wait_weight(&cp, 50, 5).await;
+    wait_split_weight(&cp, 50, 5).await;
     // Aborted: at 0 at once, noted, and stopped.
     let aborted = admin.rollout(ask("abort")).await.unwrap().into_inner();
     assert_eq!(aborted.ramps[0].weight, 0, "{aborted:?}");
@@ -209,10 +177,10 @@ async fn rollout_status_pause_resume_and_abort_and_a_paused_ramp_still_rolls_bac
         .unwrap()
         .into_inner();
     assert!(applied.applied, "{applied:?}");
-    assert_eq!(weight(&cp), Some(10));
+    assert_eq!(split_weight(&cp), Some(10));
     admin.rollout(ask("pause")).await.unwrap();
     new.set_behavior(Behavior::Status(500));
-    wait_weight(&cp, 0, 5).await;
+    wait_split_weight(&cp, 0, 5).await;
     let versions = ramp_versions(&cp);
     assert!(
         versions.last().is_some_and(|v| v

@@ -27,7 +27,10 @@
 //!   says nothing about whether generation works: a model that failed to
 //!   load often serves a fine `/health` and a 500 on every completion).
 //!   Either way it expires on its own, so a lost "clear" never strands an
-//!   endpoint.
+//!   endpoint. A proxy that rests a key because its provider said none of
+//!   its quota is left ([`crate::quota`]) marks it the same way, until
+//!   the reset: the other proxies stop sending to that key before their
+//!   own next answer from it would tell them.
 //! - **Outlier ejection** ([`OutlierEjection`], [`ejections`]): an endpoint
 //!   whose error rate over a window is far above the rest of its pool's is
 //!   ejected for a while, at most `max_ejection_percent` of the pool at
@@ -231,6 +234,10 @@ pub enum SuspectCause {
     Check,
     /// A proxy's first request there failed.
     Attempt,
+    /// A proxy rests the key there: its provider said none of its quota is
+    /// left until its reset ([`crate::quota`]). Ends at the reset, not on
+    /// an answer.
+    Quota,
 }
 
 impl SuspectCause {
@@ -239,6 +246,7 @@ impl SuspectCause {
         match self {
             Self::Check => "check",
             Self::Attempt => "attempt",
+            Self::Quota => "quota",
         }
     }
 
@@ -247,6 +255,7 @@ impl SuspectCause {
         match s {
             "check" => Some(Self::Check),
             "attempt" => Some(Self::Attempt),
+            "quota" => Some(Self::Quota),
             _ => None,
         }
     }
@@ -260,6 +269,8 @@ pub struct Suspicion<T> {
     pub check_until: Option<T>,
     /// Raised by a failed first request, until then.
     pub attempt_until: Option<T>,
+    /// Raised by a key out of quota, until its reset.
+    pub quota_until: Option<T>,
 }
 
 impl<T> Suspicion<T> {
@@ -268,6 +279,7 @@ impl<T> Suspicion<T> {
         Self {
             check_until: None,
             attempt_until: None,
+            quota_until: None,
         }
     }
 }
@@ -275,7 +287,10 @@ impl<T> Suspicion<T> {
 impl<T: Copy + Ord> Suspicion<T> {
     /// Whether a mark holds at `now`.
     pub fn holds(&self, now: T) -> bool {
-        self.check_until.is_some_and(|u| u > now) || self.attempt_until.is_some_and(|u| u > now)
+        [self.check_until, self.attempt_until, self.quota_until]
+            .into_iter()
+            .flatten()
+            .any(|u| u > now)
     }
 
     /// Whether a mark of `cause` holds at `now`. A passing check ends the
@@ -299,6 +314,7 @@ impl<T: Copy + Ord> Suspicion<T> {
         match cause {
             SuspectCause::Check => self.check_until,
             SuspectCause::Attempt => self.attempt_until,
+            SuspectCause::Quota => self.quota_until,
         }
     }
 
@@ -306,6 +322,7 @@ impl<T: Copy + Ord> Suspicion<T> {
         match cause {
             SuspectCause::Check => &mut self.check_until,
             SuspectCause::Attempt => &mut self.attempt_until,
+            SuspectCause::Quota => &mut self.quota_until,
         }
     }
 }
@@ -592,18 +609,28 @@ mod tests {
         let s = Suspicion {
             check_until: Some(10),
             attempt_until: None,
+            quota_until: None,
         };
         assert!(s.holds(5) && s.held_for(SuspectCause::Check, 5));
         assert!(!s.holds(10), "expires on its own");
         let mut a = Suspicion {
             check_until: None,
             attempt_until: Some(10),
+            quota_until: None,
         };
         assert!(a.holds(5) && !a.held_for(SuspectCause::Check, 5));
         a.clear(SuspectCause::Attempt);
         assert!(!a.holds(5));
         a.set(SuspectCause::Check, 7);
         assert!(a.held_for(SuspectCause::Check, 5) && !a.held_for(SuspectCause::Attempt, 5));
+        // A key out of quota: its own slot, until the reset.
+        let mut q = Suspicion::none();
+        q.set(SuspectCause::Quota, 9);
+        assert!(q.holds(5) && q.held_for(SuspectCause::Quota, 5) && !q.holds(9));
+        assert_eq!(
+            SuspectCause::parse(SuspectCause::Quota.as_str()),
+            Some(SuspectCause::Quota)
+        );
     }
 
     #[test]

@@ -174,7 +174,10 @@ impl Hub {
                 if !report.suspect.is_empty() && SuspectCause::parse(&report.suspect).is_none() {
                     return Err(HubError::Invalid(vec![FieldError {
                         field: "suspect".into(),
-                        reason: format!("unknown cause {:?} (check, attempt)", report.suspect),
+                        reason: format!(
+                            "unknown cause {:?} (check, attempt, quota)",
+                            report.suspect
+                        ),
                     }]));
                 }
                 let mut next = inner.state.clone();

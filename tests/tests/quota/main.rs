@@ -477,3 +477,80 @@ async fn a_key_whose_variable_is_unset_takes_no_traffic_while_another_is_set() {
         "{health}"
     );
 }
+
+/// A key one proxy rests (its provider said none is left) is rested by
+/// the fleet: the control plane marks it (`suspect: quota`) for every
+/// proxy until its reset, so a proxy that never had an answer from that
+/// key sends it nothing, and no client request meets a 429.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_one_proxy_rests_is_rested_by_the_fleet_until_its_reset() {
+    use router_tests::control::{control_plane_applying, managed_proxy_reporting};
+    let (a, b) = ("QUOTA_FLEET_A_API_KEY", "QUOTA_FLEET_B_API_KEY");
+    std::env::set_var(a, format!("sk-{a}-secret"));
+    std::env::set_var(b, format!("sk-{b}-secret"));
+    let cloud = mock("cloud", Behavior::Json).await;
+    cloud.set_quota(Some(QuotaMock {
+        style: QuotaStyle::OpenAi,
+        requests: 2,
+        reset: Duration::from_secs(4),
+    }));
+    let spare = mock("spare", Behavior::Json).await;
+    let (cp, _admin) = control_plane_applying(
+        "quota-fleet",
+        &policy("openai", &cloud.url(), &spare.url(), a, b),
+    )
+    .await;
+    let heartbeat = Duration::from_secs(10);
+    let first = managed_proxy_reporting(cp.local_addr(), "edge-first", heartbeat).await;
+    let second = managed_proxy_reporting(cp.local_addr(), "edge-second", heartbeat).await;
+    let url = cloud.url();
+    let resting = |health: &Value| -> Option<String> {
+        [a, b].into_iter().find_map(|var| {
+            let e = backend(health, &format!("{url}#{var}"));
+            (e["quota"]["resting"] == "requests").then(|| format!("{url}#{var}"))
+        })
+    };
+    // Through the first proxy until it rests a key (two requests a key:
+    // three requests at most).
+    let mut rested = None;
+    for i in 0..3 {
+        let r = openai_call(&first).await;
+        assert_eq!(r.status, StatusCode::OK, "request {i}: {}", r.text());
+        rested = resting(&first.health().await);
+        if rested.is_some() {
+            break;
+        }
+    }
+    let rested = rested.expect("the first proxy never rested a key");
+    // The second proxy, which never had an answer from it, has it marked.
+    let health = second
+        .wait_health("the fleet's quota mark", |h| {
+            backend(h, &rested)["suspect"] == "quota"
+        })
+        .await;
+    assert!(
+        resting(&health).is_none(),
+        "no reading of its own: {health}"
+    );
+    let other = if rested.ends_with(a) { b } else { a };
+    let other = format!("{url}#{other}");
+    assert_eq!(backend(&health, &other)["suspect"], Value::Null, "{health}");
+    // Its next request goes to the other key, and the provider refuses
+    // nothing.
+    let r = openai_call(&second).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    let line = &second.log.wait_for(1).await[0];
+    assert_eq!(line["attempts"][0]["endpoint"], other.as_str(), "{line}");
+    assert!(
+        cloud.quota_counts().refused.is_empty(),
+        "{:?}",
+        cloud.quota_counts()
+    );
+    // At the reset the mark is gone.
+    let health = second
+        .wait_health("the mark's end at the reset", |h| {
+            backend(h, &rested)["suspect"].is_null()
+        })
+        .await;
+    assert_eq!(backend(&health, &rested)["suspect"], Value::Null);
+}

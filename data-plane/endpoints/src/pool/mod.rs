@@ -507,16 +507,23 @@ impl PoolRuntime {
             e.quota.record(reading, now, |d| {
                 crate::clock::later(now, d, crate::clock::A_YEAR)
             });
-            if let (true, Admission::Skip { until, why }) =
-                (before, admit(&e.quota, Estimate::default(), now))
-            {
-                tracing::info!(
-                    pool = &*self.name,
-                    endpoint = &*e.addr,
-                    why = why.label(),
-                    rest_s = until.saturating_duration_since(now).as_secs_f64(),
-                    "key out of quota: rested until its reset"
-                );
+            // Just read, nothing spent since: what the provider says.
+            if let Admission::Skip { until, why } = admit(&e.quota, Estimate::default(), now) {
+                if before {
+                    tracing::info!(
+                        pool = &*self.name,
+                        endpoint = &*e.addr,
+                        why = why.label(),
+                        rest_s = until.saturating_duration_since(now).as_secs_f64(),
+                        "key out of quota: rested until its reset"
+                    );
+                }
+                // The fleet rests it too, until the same reset: told once
+                // a window.
+                if e.quota_reported_until.is_none_or(|r| r <= now) {
+                    e.quota_reported_until = Some(until);
+                    self.report(e, true, Some(until), Some(SuspectCause::Quota));
+                }
             }
         }
         self.dispatch(&mut st);
@@ -573,6 +580,7 @@ impl PoolRuntime {
             };
             e.fleet_suspect.check_until = of(SuspectCause::Check);
             e.fleet_suspect.attempt_until = of(SuspectCause::Attempt);
+            e.fleet_suspect.quota_until = of(SuspectCause::Quota);
         }
         self.dispatch(&mut st);
     }

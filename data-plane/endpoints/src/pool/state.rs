@@ -92,6 +92,9 @@ pub(super) struct EndpointState {
     /// What its provider's rate-limit headers said is left of its key's
     /// quota ([`router_policy::quota`]).
     pub(super) quota: QuotaState<Instant>,
+    /// Until when the fleet was told this key is out of quota (a
+    /// `quota` suspicion), so one window is reported once.
+    pub(super) quota_reported_until: Option<Instant>,
 }
 
 /// Requests and errors of one endpoint in the current and the previous
@@ -170,6 +173,7 @@ impl EndpointState {
             peer_prefill: (0.0, None),
             peer_sent: 0,
             quota: QuotaState::default(),
+            quota_reported_until: None,
         }
     }
 

@@ -285,8 +285,8 @@ impl PoolRuntime {
                     draining: e.draining,
                     health: st.settings.health_check.as_ref().map(|_| e.checks.health()),
                     suspect: {
-                        use router_policy::health::SuspectCause::{Attempt, Check};
-                        [Check, Attempt].into_iter().find(|c| {
+                        use router_policy::health::SuspectCause::{Attempt, Check, Quota};
+                        [Check, Attempt, Quota].into_iter().find(|c| {
                             e.suspect.held_for(*c, now) || e.fleet_suspect.held_for(*c, now)
                         })
                     },

@@ -1161,3 +1161,39 @@ async fn a_request_larger_than_a_keys_tokens_goes_to_a_key_with_room() {
         2
     );
 }
+
+/// An answer that says a key has nothing left tells the fleet once per
+/// window (a `quota` suspicion until the reset); the next answer of the
+/// same window says nothing more, and the next window's does.
+#[tokio::test(start_paused = true)]
+async fn a_key_out_of_quota_is_reported_to_the_fleet_once_a_window() {
+    let (tx, mut rx) = tokio::sync::mpsc::channel(8);
+    let p = PoolRuntime::new(
+        "p",
+        settings(10, 60_000, None),
+        &eps(&["h:1#A_API_KEY", "h:1#B_API_KEY"]),
+        PoolCounters {
+            events: Some(tx),
+            ..PoolCounters::default()
+        },
+    );
+    let a = p.acquire(None).await.unwrap();
+    let rested = a.endpoint().to_string();
+    // Some left: nothing said.
+    a.observe_quota(&quota_headers(3, 1000, "1s"), false);
+    assert!(rx.try_recv().is_err());
+    a.observe_quota(&quota_headers(0, 1000, "1s"), false);
+    let report = rx.try_recv().expect("reported to the fleet");
+    assert_eq!(
+        (report.endpoint.as_str(), report.open, report.suspect),
+        (rested.as_str(), true, Some(SuspectCause::Quota))
+    );
+    let until = report.until.expect("until the reset");
+    assert_eq!(until - Instant::now(), Duration::from_secs(1));
+    a.observe_quota(&quota_headers(0, 1000, "900ms"), false);
+    assert!(rx.try_recv().is_err(), "once a window");
+    tokio::time::advance(Duration::from_secs(1)).await;
+    a.observe_quota(&quota_headers(0, 1000, "1s"), false);
+    assert!(rx.try_recv().is_ok(), "the next window's");
+    a.finish(Sample::Success(Duration::from_millis(10)), Instant::now());
+}

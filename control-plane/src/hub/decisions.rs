@@ -63,8 +63,9 @@ impl StreamQuery {
     }
 }
 
-/// One proxy's answer.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// One proxy's answer (also what a replica passes on to another, as
+/// JSON: `fleet.rs`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ProxyDecisions {
     /// Its node id.
     pub node: String,
@@ -74,6 +75,18 @@ pub struct ProxyDecisions {
     pub capacity: u32,
     /// Whether it sent its last part in time.
     pub complete: bool,
+    /// Its oldest records left out by the replica it is connected to, to
+    /// keep its answer to this one under the cap (`fleet.rs`).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub cut: u32,
+    /// The replica it is connected to, when that is another one (empty:
+    /// this one).
+    #[serde(skip)]
+    pub replica: String,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 impl Hub {

@@ -27,6 +27,9 @@ pub struct ProxyLoad {
     pub node: String,
     /// What it sent; `None`: it did not answer in time.
     pub load: Option<pb::Load>,
+    /// The replica it is connected to, when that is another one (empty:
+    /// this one).
+    pub replica: String,
 }
 
 impl Hub {
@@ -66,7 +69,7 @@ impl Hub {
                 node.clone(),
                 ProxyLoad {
                     node: node.clone(),
-                    load: None,
+                    ..ProxyLoad::default()
                 },
             );
         }
@@ -160,7 +163,7 @@ mod tests {
             got[1],
             ProxyLoad {
                 node: "edge-b".into(),
-                load: None
+                ..ProxyLoad::default()
             }
         );
         assert!(hub.queries().loads.is_empty(), "the fetch cleaned up");

@@ -4,9 +4,12 @@
 //!
 //! Each managed proxy keeps its last route records in a ring
 //! (`CUSTOM_ROUTER_DECISION_RING`); when the page is asked for, the
-//! control plane asks every proxy connected to it over its config stream
-//! ([`crate::hub::Hub::fetch_decisions`]) and waits at most
-//! [`WAIT`] for the answers. The records are the route log's JSON lines
+//! control plane asks every proxy connected to it over its config stream,
+//! and the other control-plane replicas for theirs through the store
+//! ([`crate::hub::Hub::fleet_decisions`]), and waits at most [`WAIT`]
+//! for the answers. A proxy connected to another replica is shown with
+//! that replica's name; a replica that did not answer in time is named,
+//! and its proxies listed as not answering. The records are the route log's JSON lines
 //! (docs/observability.md), read here field by field; every value shown
 //! is escaped, as everywhere in the console. The page refreshes itself
 //! (every 5 s, asking the proxies again), except while its filter form
@@ -198,6 +201,10 @@ pub(super) struct ProxyNote {
     records: usize,
     capacity: u32,
     complete: bool,
+    /// The replica it is connected to when that is another (empty: this).
+    replica: String,
+    /// Its older records the other replica left out to fit its answer.
+    cut: u32,
 }
 
 #[derive(Template)]
@@ -211,6 +218,10 @@ struct DecisionsPage {
     fetched: usize,
     proxies: Vec<ProxyNote>,
     shown_max: usize,
+    /// Other replicas that did not answer in time, named.
+    silent_replicas: String,
+    /// Whether the other replicas were left unasked.
+    unasked: bool,
 }
 
 /// `GET /decisions?tenant=&route=&pool=&outcome=&status=`.
@@ -224,13 +235,14 @@ pub(in crate::console) async fn get(console: &Console, s: &Session, query: Optio
     let filters = Filters::of(query);
     let streams = hub.open_streams().max(1);
     let per_proxy = (FLEET_BYTES / streams).min(1024 * 1024);
-    let answers = hub
-        .fetch_decisions(
+    let fleet = hub
+        .fleet_decisions(
             PER_PROXY,
             u32::try_from(per_proxy).unwrap_or(u32::MAX),
             WAIT,
         )
         .await;
+    let answers = fleet.proxies;
     let proxies = answers
         .iter()
         .map(|a| ProxyNote {
@@ -238,6 +250,8 @@ pub(in crate::console) async fn get(console: &Console, s: &Session, query: Optio
             records: a.lines.len(),
             capacity: a.capacity,
             complete: a.complete,
+            replica: a.replica.clone(),
+            cut: a.cut,
         })
         .collect();
     let (decisions, passed, fetched) = select(answers, &filters);
@@ -252,6 +266,8 @@ pub(in crate::console) async fn get(console: &Console, s: &Session, query: Optio
             fetched,
             proxies,
             shown_max: SHOWN,
+            silent_replicas: fleet.silent.join(", "),
+            unasked: fleet.unasked,
         },
     )
 }
@@ -304,6 +320,7 @@ mod tests {
                 ],
                 capacity: 256,
                 complete: true,
+                ..ProxyDecisions::default()
             },
             ProxyDecisions {
                 node: "edge-b".into(),
@@ -317,6 +334,7 @@ mod tests {
                 )],
                 capacity: 256,
                 complete: true,
+                ..ProxyDecisions::default()
             },
         ]
     }
@@ -347,6 +365,7 @@ mod tests {
                     .collect(),
                 capacity: 256,
                 complete: true,
+                ..ProxyDecisions::default()
             })
             .collect();
         let s = session();
@@ -362,6 +381,8 @@ mod tests {
                 fetched,
                 proxies: Vec::new(),
                 shown_max: SHOWN,
+                silent_replicas: String::new(),
+                unasked: false,
             }
             .render()
             .map(|b| b.len())

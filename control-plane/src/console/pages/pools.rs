@@ -9,8 +9,10 @@
 //!
 //! The load is each proxy's own, so the page asks for it: every proxy
 //! connected to this replica is asked over its config stream when the
-//! page is rendered ([`Hub::fetch_load`]), and the page waits [`LOAD_WAIT`]
-//! at most. In flight and queue depth are summed over the proxies that
+//! page is rendered, and the other control-plane replicas for their
+//! proxies' through the store ([`Hub::fleet_load`]); the page waits
+//! [`LOAD_WAIT`] at most. A replica that did not answer is named, and its
+//! proxies counted as not answering. In flight and queue depth are summed over the proxies that
 //! answered; latency EWMA and p95 are the highest any of them reports,
 //! with its name; each proxy's own breaker, health checks, suspicion,
 //! outlier ejection and drain are counted and the first few named
@@ -226,6 +228,10 @@ pub(super) struct LoadNote {
     wait: String,
     /// Endpoints a proxy reports at most.
     cap: usize,
+    /// Other replicas that did not answer in time, named.
+    silent_replicas: String,
+    /// Whether the other replicas were left unasked.
+    unasked: bool,
 }
 
 impl LoadNote {
@@ -249,7 +255,16 @@ impl LoadNote {
             truncated: name(&fleet.truncated),
             wait: span(i64::try_from(LOAD_WAIT.as_millis()).unwrap_or(i64::MAX)),
             cap: router_proto::LOAD_ENDPOINTS_MAX,
+            silent_replicas: String::new(),
+            unasked: false,
         }
+    }
+
+    /// With the other replicas that did not answer, or were not asked.
+    fn with_replicas(mut self, silent: &[String], unasked: bool) -> Self {
+        self.silent_replicas = silent.join(", ");
+        self.unasked = unasked;
+        self
     }
 }
 
@@ -439,7 +454,8 @@ pub(in crate::console) async fn get(console: &Console, s: &Session) -> Answer {
     let Some(hub) = console.hub.upgrade() else {
         return shutting_down();
     };
-    let fleet = FleetLoad::of(&hub.fetch_load(LOAD_WAIT).await);
+    let answers = hub.fleet_load(LOAD_WAIT).await;
+    let fleet = FleetLoad::of(&answers.proxies);
     let state = hub.state();
     let pools = hub
         .current_policy()
@@ -452,7 +468,7 @@ pub(in crate::console) async fn get(console: &Console, s: &Session) -> Answer {
             pools,
             revision: state.revision,
             may_act: s.role.may_operate(),
-            load: LoadNote::of(&fleet),
+            load: LoadNote::of(&fleet).with_replicas(&answers.silent, answers.unasked),
         },
     )
 }
@@ -793,6 +809,7 @@ spec:
                 }],
                 truncated: false,
             }),
+            ..ProxyLoad::default()
         }
     }
 
@@ -820,7 +837,7 @@ spec:
             answer("edge-b", 3, 4, 1.5, true),
             ProxyLoad {
                 node: "edge-old".into(),
-                load: None,
+                ..ProxyLoad::default()
             },
         ]);
         let pools = rows(&policy(), &State::default(), &fleet);
@@ -923,6 +940,7 @@ spec:
                         .collect(),
                     truncated: false,
                 }),
+                ..ProxyLoad::default()
             })
             .collect();
         let received: usize = answers

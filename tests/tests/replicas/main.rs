@@ -8,6 +8,7 @@
 
 #![allow(clippy::unwrap_used)]
 
+mod console;
 mod secure;
 
 use std::net::SocketAddr;

@@ -12,8 +12,10 @@
 //! [`QUERIES_PER_STREAM`] (a stream that is that far behind is skipped),
 //! parts wait in one channel of [`PARTS_QUEUED`] per fetch (more are
 //! dropped), and what is kept of each proxy's answer is cut at the bytes
-//! the fetch asked of it. Only the proxies connected to this replica are
-//! asked.
+//! the fetch asked of it. [`Hub::fetch_decisions`] asks the proxies
+//! connected to this replica; [`Hub::fleet_decisions`] (`fleet.rs`, what
+//! the page calls) asks the other replicas for theirs through the store
+//! at the same time, and each of them answers with this same fetch.
 
 use super::*;
 

@@ -13,6 +13,11 @@
 //! answer is dropped once it is full, and only the first counts); a
 //! stream whose request channel is full is not asked, and listed as not
 //! answering.
+//!
+//! This asks the proxies connected to this replica; [`Hub::fleet_load`]
+//! (`fleet.rs`, what the Pools page calls) asks the other replicas for
+//! theirs through the store at the same time, and each of them answers
+//! with this same fetch.
 
 use super::*;
 

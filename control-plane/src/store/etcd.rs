@@ -43,7 +43,7 @@
 //! [`crate::store::exchange`]): a page that asks the proxies asks the
 //! other replicas too, through `queries/` and `answers/`; both live on the
 //! query's short lease. The follower reads only the keys from `policies/`
-//! to `state` ([`Keys::followed`]), so answers (up to 512 KiB each) never
+//! to `state` (`Keys::followed`), so answers (up to 512 KiB each) never
 //! reach it.
 
 use std::time::Duration;

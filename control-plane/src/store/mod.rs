@@ -17,6 +17,10 @@
 //!   `mod_revision` of the state key, so every replica names the same state
 //!   with the same number; each replica follows the others' writes by
 //!   list-then-watch ([`Store::follow`]).
+//!
+//! Replicas also ask each other the console's questions through the store
+//! ([`exchange`]: [`Store::ask_replicas`], [`Store::questions`],
+//! [`Store::answer`]); with one writer those do nothing.
 
 use std::collections::BTreeMap;
 use std::future::Future;

@@ -44,6 +44,9 @@ pub struct Fleet<T> {
     /// Whether the other replicas were left unasked (too many questions
     /// in flight from this replica).
     pub unasked: bool,
+    /// Proxies the other replicas left out of their answers (or sent
+    /// without their load) to keep them under [`ANSWER_MAX_BYTES`].
+    pub proxies_cut: u64,
 }
 
 /// A replica's answer, as it travels (JSON).
@@ -396,6 +399,7 @@ impl Hub {
                 silent.push(replica.clone());
                 continue;
             };
+            fleet.proxies_cut += answer.proxies_cut;
             for mut p in answer.decisions {
                 replica.clone_into(&mut p.replica);
                 let better = by_node.get(&p.node).is_none_or(|have| {
@@ -443,6 +447,7 @@ impl Hub {
                 silent.push(replica.clone());
                 continue;
             };
+            fleet.proxies_cut += answer.proxies_cut;
             for entry in answer.load {
                 let p = decode_load(entry, replica);
                 if by_node.get(&p.node).is_none_or(|have| have.load.is_none()) {

@@ -222,6 +222,8 @@ struct DecisionsPage {
     silent_replicas: String,
     /// Whether the other replicas were left unasked.
     unasked: bool,
+    /// Proxies the other replicas left out to fit their answers.
+    proxies_cut: u64,
 }
 
 /// `GET /decisions?tenant=&route=&pool=&outcome=&status=`.
@@ -268,6 +270,7 @@ pub(in crate::console) async fn get(console: &Console, s: &Session, query: Optio
             shown_max: SHOWN,
             silent_replicas: fleet.silent.join(", "),
             unasked: fleet.unasked,
+            proxies_cut: fleet.proxies_cut,
         },
     )
 }
@@ -339,6 +342,62 @@ mod tests {
         ]
     }
 
+    #[test]
+    fn the_page_names_each_proxys_replica_what_it_cut_and_the_replicas_that_did_not_answer() {
+        let note = |node: &str, records, complete, replica: &str, cut| ProxyNote {
+            node: node.into(),
+            records,
+            capacity: 256,
+            complete,
+            replica: replica.into(),
+            cut,
+        };
+        let html = DecisionsPage {
+            layout: Layout::new(
+                "Decisions",
+                "decisions",
+                &crate::console::pages::cost::session(),
+                true,
+            ),
+            filters: Filters::default(),
+            filtered: false,
+            decisions: Vec::new(),
+            passed: 0,
+            fetched: 0,
+            proxies: vec![
+                note("p-a", 2, true, "", 0),
+                note("p-b", 3, true, "cp-b", 40),
+                note("p-c", 0, false, "cp-c", 0),
+            ],
+            shown_max: SHOWN,
+            silent_replicas: "cp-c".into(),
+            unasked: true,
+            proxies_cut: 2,
+        }
+        .render()
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert!(html.contains(">p-a: 2 record(s), keeps 256<"), "{html}");
+        assert!(
+            html.contains(
+                "p-b (through cp-b): 3 record(s), keeps 256, 40 older left out by its replica"
+            ),
+            "{html}"
+        );
+        assert!(
+            html.contains("replicas that did not answer in time: cp-c."),
+            "{html}"
+        );
+        assert!(
+            html.contains("p-c (through cp-c) did not answer in time"),
+            "{html}"
+        );
+        assert!(
+            html.contains("2 proxies of other replicas left out"),
+            "{html}"
+        );
+        assert!(html.contains(r#"id="decision-unasked""#), "{html}");
+    }
+
     /// The decisions page's work once the answers are in, with 50 proxies
     /// of 256 records each (docs/benchmarks.md, "The console"): `cargo
     /// test -p router-control-plane --release --lib -- --ignored
@@ -383,6 +442,7 @@ mod tests {
                 shown_max: SHOWN,
                 silent_replicas: String::new(),
                 unasked: false,
+                proxies_cut: 0,
             }
             .render()
             .map(|b| b.len())

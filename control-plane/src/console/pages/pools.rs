@@ -232,6 +232,9 @@ pub(super) struct LoadNote {
     silent_replicas: String,
     /// Whether the other replicas were left unasked.
     unasked: bool,
+    /// Proxies the other replicas left out (or sent without a load) to
+    /// fit their answers.
+    proxies_cut: u64,
 }
 
 impl LoadNote {
@@ -257,13 +260,15 @@ impl LoadNote {
             cap: router_proto::LOAD_ENDPOINTS_MAX,
             silent_replicas: String::new(),
             unasked: false,
+            proxies_cut: 0,
         }
     }
 
-    /// With the other replicas that did not answer, or were not asked.
-    fn with_replicas(mut self, silent: &[String], unasked: bool) -> Self {
-        self.silent_replicas = silent.join(", ");
-        self.unasked = unasked;
+    /// With what the other replicas did not answer, or cut.
+    fn with_replicas(mut self, fleet: &crate::hub::Fleet<crate::hub::ProxyLoad>) -> Self {
+        self.silent_replicas = fleet.silent.join(", ");
+        self.unasked = fleet.unasked;
+        self.proxies_cut = fleet.proxies_cut;
         self
     }
 }
@@ -468,7 +473,7 @@ pub(in crate::console) async fn get(console: &Console, s: &Session) -> Answer {
             pools,
             revision: state.revision,
             may_act: s.role.may_operate(),
-            load: LoadNote::of(&fleet).with_replicas(&answers.silent, answers.unasked),
+            load: LoadNote::of(&fleet).with_replicas(&answers),
         },
     )
 }
@@ -828,6 +833,52 @@ spec:
         }
         .render()
         .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    #[test]
+    fn the_page_names_the_replicas_that_did_not_answer_and_what_the_others_cut() {
+        let answers = crate::hub::Fleet {
+            proxies: vec![
+                answer("edge-a", 1, 1, 0.2, false),
+                ProxyLoad {
+                    node: "edge-c".into(),
+                    replica: "cp-c".into(),
+                    ..ProxyLoad::default()
+                },
+            ],
+            silent: vec!["cp-c".into()],
+            unasked: false,
+            proxies_cut: 3,
+        };
+        let fleet = FleetLoad::of(&answers.proxies);
+        let html = PoolsPage {
+            layout: Layout::new(
+                "Pools",
+                "pools",
+                &crate::console::pages::cost::session(),
+                true,
+            ),
+            pools: rows(&policy(), &State::default(), &fleet),
+            revision: 3,
+            may_act: true,
+            load: LoadNote::of(&fleet).with_replicas(&answers),
+        }
+        .render()
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert!(
+            html.contains(r#"data-asked="2" data-answered="1""#),
+            "{html}"
+        );
+        assert!(html.contains("reports): edge-c (through cp-c)."), "{html}");
+        assert!(
+            html.contains("replicas that did not answer within 1 s: cp-c."),
+            "{html}"
+        );
+        assert!(
+            html.contains("3 proxies of other replicas left out"),
+            "{html}"
+        );
+        assert!(!html.contains("load-unasked"), "{html}");
     }
 
     #[test]

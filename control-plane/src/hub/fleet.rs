@@ -32,6 +32,10 @@ use crate::store::exchange::{
     Asked, Query, Question, ANSWERS_AT_ONCE, ANSWER_MAX_BYTES, ASKS_AT_ONCE,
 };
 
+/// The longest a page waits, past its wait, to learn the proxies of the
+/// replicas that did not answer.
+const SILENT_LOOKUP: Duration = Duration::from_millis(500);
+
 /// A fleet-wide fetch: every proxy once, and the replicas that did not
 /// answer.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -351,18 +355,19 @@ impl Hub {
         }
     }
 
-    /// The proxies the silent replicas' presence records list as connected.
+    /// The proxies the silent replicas' presence records list as connected
+    /// (none if the store does not say within [`SILENT_LOOKUP`]).
     async fn proxies_of(&self, replicas: &[String]) -> Vec<(String, String)> {
         if replicas.is_empty() {
             return Vec::new();
         }
-        match self.store.fleet_proxies().await {
-            Ok(Some(records)) => records
+        match tokio::time::timeout(SILENT_LOOKUP, self.store.fleet_proxies()).await {
+            Ok(Ok(Some(records))) => records
                 .into_iter()
                 .filter(|(_, r)| r.connected && replicas.contains(&r.control_plane))
                 .map(|(node, r)| (node, r.control_plane))
                 .collect(),
-            Ok(None) | Err(_) => Vec::new(),
+            Ok(Ok(None) | Err(_)) | Err(_) => Vec::new(),
         }
     }
 

@@ -31,9 +31,11 @@
 //! to address, authenticate or open in a firewall; every key is under the
 //! store's prefix, so a store user scoped to it (`--etcd-user`) is all a
 //! replica needs; and a question leaves nothing behind whatever fails.
-//! The cost is two etcd writes per replica per page drawn, and answers
-//! that travel through etcd (at most [`ANSWER_MAX_BYTES`] each, removed
-//! within the wait). A replica that does not answer in time (dead but not
+//! The cost, per page drawn: the asker reads the presence records,
+//! grants and revokes a lease, opens a watch and puts the query; each
+//! other replica puts one answer, which travels through etcd (at most
+//! [`ANSWER_MAX_BYTES`], removed with the lease). Every call of the asker
+//! is bounded by the page's wait. A replica that does not answer in time (dead but not
 //! yet expired, partitioned, busy) is named by the asker; the pages list
 //! its proxies as not answering.
 //!

@@ -25,6 +25,23 @@ fn valid_id(id: &str) -> bool {
     !id.is_empty() && id.len() <= 64 && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
 }
 
+/// The longest the asker waits for etcd to revoke a query's lease once
+/// it is done (the lease expires on its own anyway).
+const REVOKE_WAIT: Duration = Duration::from_secs(1);
+
+/// `call` bounded by the asker's deadline (at the end of `wait`) as
+/// well as its own.
+async fn by<T>(
+    deadline: tokio::time::Instant,
+    wait: Duration,
+    f: impl std::future::Future<Output = Result<T, StoreError>>,
+) -> Result<T, StoreError> {
+    match tokio::time::timeout_at(deadline, f).await {
+        Ok(r) => r,
+        Err(_) => Err(StoreError::Timeout(wait)),
+    }
+}
+
 /// How long the answering replicas may wait for their proxies: three
 /// quarters of the asker's wait, the rest for the answers to travel.
 fn answer_wait(wait: Duration) -> Duration {
@@ -51,17 +68,22 @@ impl EtcdStore {
         question: &Question,
         wait: Duration,
     ) -> Result<Asked, StoreError> {
+        // Every etcd call within the page's wait, not only its own 5 s.
         let deadline = tokio::time::Instant::now() + wait;
-        let expected = self.other_replicas().await?;
+        let expected = by(deadline, wait, self.other_replicas()).await?;
         if expected.is_empty() {
             return Ok(Asked::default());
         }
         let ttl = i64::try_from(QUERY_TTL.as_secs()).unwrap_or(10);
-        let lease = call(self.client.lease_grant(ttl)).await?.id;
+        let lease = by(deadline, wait, call(self.client.lease_grant(ttl)))
+            .await?
+            .id;
         let asked = self.ask_on(lease, question, wait, deadline, expected).await;
         // The query and every answer go with the lease, whatever happened.
-        if let Err(e) = call(self.client.lease_revoke(lease)).await {
-            tracing::debug!(error = %e, "a query's lease not revoked; it expires on its own");
+        let revoked =
+            tokio::time::timeout(REVOKE_WAIT, call(self.client.lease_revoke(lease))).await;
+        if !matches!(revoked, Ok(Ok(()))) {
+            tracing::debug!("a query's lease not revoked; it expires on its own");
         }
         asked
     }
@@ -76,13 +98,17 @@ impl EtcdStore {
     ) -> Result<Asked, StoreError> {
         let id = uuid::Uuid::now_v7().to_string();
         let answers_at = self.keys.answers(&id);
-        let mut watch = call(self.client.watch(WatchCreateRequest {
-            key: answers_at.clone().into_bytes(),
-            range_end: prefix_end(answers_at.as_bytes()),
-            fragment: true,
-            filters: vec![FilterType::Nodelete as i32],
-            ..WatchCreateRequest::default()
-        }))
+        let mut watch = by(
+            deadline,
+            wait,
+            call(self.client.watch(WatchCreateRequest {
+                key: answers_at.clone().into_bytes(),
+                range_end: prefix_end(answers_at.as_bytes()),
+                fragment: true,
+                filters: vec![FilterType::Nodelete as i32],
+                ..WatchCreateRequest::default()
+            })),
+        )
         .await?;
         let query = Query {
             id: id.clone(),
@@ -91,12 +117,17 @@ impl EtcdStore {
             question: question.clone(),
             lease,
         };
-        call(self.client.put(PutRequest {
-            key: self.keys.query(&id).into_bytes(),
-            value: serde_json::to_vec(&query).map_err(backend)?,
-            lease,
-            ..PutRequest::default()
-        }))
+        let value = serde_json::to_vec(&query).map_err(backend)?;
+        by(
+            deadline,
+            wait,
+            call(self.client.put(PutRequest {
+                key: self.keys.query(&id).into_bytes(),
+                value,
+                lease,
+                ..PutRequest::default()
+            })),
+        )
         .await?;
         let mut asked = Asked {
             expected: expected.iter().cloned().collect(),

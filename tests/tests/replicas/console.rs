@@ -154,6 +154,7 @@ async fn the_decisions_and_pools_of_one_replica_show_the_proxies_of_every_replic
         assert_eq!(record["status"], 200, "{line}");
     }
     // Every replica answered: no waiting out the wait.
+    eprintln!("decisions of both replicas' proxies through A in {took:?}");
     assert!(took < Duration::from_secs(1), "took {took:?}");
 
     // Load through A likewise.
@@ -232,6 +233,7 @@ async fn a_replica_that_stopped_answering_is_named_and_the_page_waits_no_longer_
     let started = tokio::time::Instant::now();
     let d = a.hub().fleet_decisions(256, 1024 * 1024, wait).await;
     let took = started.elapsed();
+    eprintln!("decisions with B silent: {took:?} (wait {wait:?})");
     assert!(
         took >= wait - Duration::from_millis(100),
         "gave up early: {took:?}"

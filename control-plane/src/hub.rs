@@ -37,7 +37,9 @@
 //! `proxies.rs` (the proxies' records and report rate limits) and
 //! `ramp.rs` (ramps driven from the proxies' reports); the
 //! console's questions to the proxies over their streams are in
-//! `decisions.rs` (route records) and `load.rs` (their pools' load).
+//! `decisions.rs` (route records) and `load.rs` (their pools' load), and
+//! `fleet.rs` asks the same of the other replicas' proxies through the
+//! store.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
@@ -64,6 +66,7 @@ mod backends;
 mod cache;
 mod circuits;
 mod decisions;
+mod fleet;
 mod keys;
 mod load;
 mod policy;
@@ -73,6 +76,7 @@ pub use cache::{purge_on_pool_change, MAX_PURGES};
 pub use circuits::check_circuit;
 use circuits::retain_valid_circuits;
 pub use decisions::{ProxyDecisions, StreamQuery};
+pub use fleet::{answer_loop, Fleet};
 pub use keys::{KEY_KEPT_AFTER_EXPIRY_MS, MAX_KEYS_PER_TENANT, MAX_KEY_NAME};
 pub use load::{endpoint_quotas, ProxyLoad};
 pub use policy::{validate, Applier, PolicyApplied, UnknownTenant, HISTORY_LIMIT, MAX_NOTE};
@@ -189,6 +193,8 @@ pub struct Hub {
     queries: Mutex<decisions::Queries>,
     /// Ramps' step windows and paused routes (`ramp.rs`).
     ramps: Mutex<ramp::Ramps>,
+    /// Questions to the other replicas in flight (`fleet.rs`).
+    asking: tokio::sync::Semaphore,
 }
 
 impl Inner {
@@ -368,6 +374,7 @@ impl Hub {
             leading: std::sync::atomic::AtomicBool::new(false),
             queries: Mutex::default(),
             ramps: Mutex::default(),
+            asking: tokio::sync::Semaphore::new(crate::store::exchange::ASKS_AT_ONCE),
         });
         if let Some(changes) = changes {
             tokio::spawn(follow_store(Arc::downgrade(&hub), changes));

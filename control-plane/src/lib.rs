@@ -414,7 +414,11 @@ pub async fn start(options: ControlPlaneOptions) -> Result<RunningControlPlane, 
     });
     let maintenance = tokio::spawn(hub::maintenance_loop(Arc::downgrade(&hub)));
     let ramps = tokio::spawn(hub::ramp_loop(Arc::downgrade(&hub)));
-    let mut tasks = vec![serve, maintenance, ramps];
+    // Other replicas' questions (the console's pages), answered with this
+    // replica's proxies; aborted with the rest, so a stopped replica is
+    // silent.
+    let answers = tokio::spawn(hub::answer_loop(Arc::downgrade(&hub)));
+    let mut tasks = vec![serve, maintenance, ramps, answers];
     if let Some(client) = shared_store.clone() {
         tasks.push(tokio::spawn(hub::purge_on_pool_change(
             Arc::downgrade(&hub),

@@ -244,7 +244,8 @@ impl Admin for AdminService {
             ..Default::default()
         };
         if req.into_inner().quota {
-            let loads = hub.fetch_load(QUOTA_WAIT).await;
+            // Every replica's proxies (the others' through the store).
+            let loads = hub.fleet_load(QUOTA_WAIT).await.proxies;
             answer.proxies_asked = u32::try_from(loads.len()).unwrap_or(u32::MAX);
             answer.proxies_answered =
                 u32::try_from(loads.iter().filter(|l| l.load.is_some()).count())

@@ -12,8 +12,10 @@
 //! [`QUERIES_PER_STREAM`] (a stream that is that far behind is skipped),
 //! parts wait in one channel of [`PARTS_QUEUED`] per fetch (more are
 //! dropped), and what is kept of each proxy's answer is cut at the bytes
-//! the fetch asked of it. Only the proxies connected to this replica are
-//! asked.
+//! the fetch asked of it. [`Hub::fetch_decisions`] asks the proxies
+//! connected to this replica; [`Hub::fleet_decisions`] (`fleet.rs`, what
+//! the page calls) asks the other replicas for theirs through the store
+//! at the same time, and each of them answers with this same fetch.
 
 use super::*;
 
@@ -63,8 +65,9 @@ impl StreamQuery {
     }
 }
 
-/// One proxy's answer.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// One proxy's answer (also what a replica passes on to another, as
+/// JSON: `fleet.rs`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ProxyDecisions {
     /// Its node id.
     pub node: String,
@@ -74,6 +77,18 @@ pub struct ProxyDecisions {
     pub capacity: u32,
     /// Whether it sent its last part in time.
     pub complete: bool,
+    /// Its oldest records left out by the replica it is connected to, to
+    /// keep its answer to this one under the cap (`fleet.rs`).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub cut: u32,
+    /// The replica it is connected to, when that is another one (empty:
+    /// this one).
+    #[serde(skip)]
+    pub replica: String,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 impl Hub {

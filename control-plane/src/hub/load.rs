@@ -13,6 +13,11 @@
 //! answer is dropped once it is full, and only the first counts); a
 //! stream whose request channel is full is not asked, and listed as not
 //! answering.
+//!
+//! This asks the proxies connected to this replica; [`Hub::fleet_load`]
+//! (`fleet.rs`, what the Pools page calls) asks the other replicas for
+//! theirs through the store at the same time, and each of them answers
+//! with this same fetch.
 
 use super::*;
 
@@ -27,6 +32,9 @@ pub struct ProxyLoad {
     pub node: String,
     /// What it sent; `None`: it did not answer in time.
     pub load: Option<pb::Load>,
+    /// The replica it is connected to, when that is another one (empty:
+    /// this one).
+    pub replica: String,
 }
 
 impl Hub {
@@ -66,7 +74,7 @@ impl Hub {
                 node.clone(),
                 ProxyLoad {
                     node: node.clone(),
-                    load: None,
+                    ..ProxyLoad::default()
                 },
             );
         }
@@ -214,7 +222,7 @@ mod tests {
             got[1],
             ProxyLoad {
                 node: "edge-b".into(),
-                load: None
+                ..ProxyLoad::default()
             }
         );
         assert!(hub.queries().loads.is_empty(), "the fetch cleaned up");
@@ -291,6 +299,7 @@ mod tests {
                 }],
                 truncated: false,
             }),
+            ..ProxyLoad::default()
         }
     }
 
@@ -317,7 +326,7 @@ mod tests {
             ),
             ProxyLoad {
                 node: "edge-3".into(),
-                load: None,
+                ..ProxyLoad::default()
             },
         ]);
         assert_eq!(quotas.len(), 2, "{quotas:?}");

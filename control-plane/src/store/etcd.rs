@@ -10,6 +10,8 @@
 //! | `singleton` | the node id of the replica holding the singleton lease |
 //! | `proxies/<replica>/<proxy>` | a replica's record of a proxy, on that replica's presence lease |
 //! | `replicas/<kind>/<replica>` | a replica's value of a kind ([`Store::publish_replica_value`]: the ramp's totals and windows), on the same lease |
+//! | `queries/<id>` | a replica's question to the others (the console's Decisions and Pools pages), a [`Query`] as JSON, on a lease of [`QUERY_TTL`](crate::store::exchange::QUERY_TTL) |
+//! | `answers/<id>/<replica>` | a replica's answer to it (JSON, at most [`ANSWER_MAX_BYTES`](crate::store::exchange::ANSWER_MAX_BYTES)), on the query's lease |
 //!
 //! **Writes** are one etcd transaction: *if `mod_revision(state)` is still
 //! the revision the writer read, put the state (and the new policy
@@ -37,6 +39,13 @@
 //! proxy, attached to its own presence lease, so `proxies list` through any
 //! replica shows the whole fleet and a dead replica's records vanish within
 //! [`PRESENCE_TTL`]. No two replicas write the same key, so no write races.
+//!
+//! **Questions between replicas** (`exchange.rs`, the algorithm in
+//! [`crate::store::exchange`]): a page that asks the proxies asks the
+//! other replicas too, through `queries/` and `answers/`; both live on the
+//! query's short lease. The follower reads only the keys from `policies/`
+//! to `state` (`Keys::followed`), so answers (up to 512 KiB each) never
+//! reach it.
 
 use std::time::Duration;
 
@@ -53,8 +62,8 @@ use tokio::sync::{mpsc, Mutex};
 use std::collections::BTreeMap;
 
 use super::{
-    backend, Contents, PolicyRecord, ProxyRecord, ReplicaValues, State, Store, StoreChange,
-    StoreError, StoreEvent, StoreFuture,
+    backend, Asked, Contents, PolicyRecord, ProxyRecord, Query, Question, ReplicaValues, State,
+    Store, StoreChange, StoreError, StoreEvent, StoreFuture,
 };
 
 /// Longest wait for one etcd call.
@@ -70,6 +79,7 @@ const BACKOFF_MIN: Duration = Duration::from_millis(100);
 const BACKOFF_MAX: Duration = Duration::from_secs(5);
 
 mod access;
+mod exchange;
 mod follow;
 
 pub use access::{EtcdAccess, EtcdAccessError, EtcdAccessFiles, EtcdAddress, EtcdAddressError};
@@ -105,6 +115,29 @@ impl Keys {
     }
     fn replica_values(&self, kind: &str) -> String {
         format!("{}replicas/{kind}/", self.prefix)
+    }
+    fn queries(&self) -> String {
+        format!("{}queries/", self.prefix)
+    }
+    fn query(&self, id: &str) -> String {
+        format!("{}queries/{id}", self.prefix)
+    }
+    fn answers(&self, id: &str) -> String {
+        format!("{}answers/{id}/", self.prefix)
+    }
+    fn answer(&self, id: &str, replica: &str) -> String {
+        format!("{}answers/{id}/{replica}", self.prefix)
+    }
+    /// The range the follower lists and watches, `[start, end)`: from
+    /// `policies/` to `state` inclusive. It holds the state and the
+    /// policies (and the small `proxies/`, `queries/`, `replicas/` and `singleton`
+    /// keys, which the follower skips), and leaves out `answers/`, whose
+    /// values are large and meant for one replica only.
+    fn followed(&self) -> (Vec<u8>, Vec<u8>) {
+        (
+            self.policies().into_bytes(),
+            prefix_end(self.state().as_bytes()),
+        )
     }
 }
 
@@ -572,6 +605,22 @@ impl Store for EtcdStore {
         })
     }
 
+    fn ask_replicas<'a>(
+        &'a self,
+        question: &'a Question,
+        wait: Duration,
+    ) -> StoreFuture<'a, Option<Asked>> {
+        Box::pin(async move { self.ask(question, wait).await.map(Some) })
+    }
+
+    fn questions(&self) -> Option<mpsc::Receiver<Query>> {
+        Some(self.spawn_questions())
+    }
+
+    fn answer<'a>(&'a self, query: &'a Query, answer: Vec<u8>) -> StoreFuture<'a, ()> {
+        Box::pin(self.put_answer(query, answer))
+    }
+
     fn release_leases(&self) -> StoreFuture<'_, ()> {
         Box::pin(async move {
             for slot in [&self.lease, &self.presence] {
@@ -588,6 +637,21 @@ impl Store for EtcdStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_follower_reads_the_state_and_the_policies_and_never_the_answers() {
+        let keys = Keys {
+            prefix: "/router/".into(),
+        };
+        let (start, end) = keys.followed();
+        let inside = |key: String| key.as_bytes() >= &start[..] && key.as_bytes() < &end[..];
+        assert!(inside(keys.state()));
+        assert!(inside(keys.policy(1)) && inside(keys.policy(u64::MAX)));
+        assert!(!inside(keys.answer("0190-ab", "cp-b")));
+        assert!(!inside(keys.answers("0190-ab")));
+        assert!(!inside(keys.store_id()));
+        assert!(!inside("/router0".into()) && !inside("/routea/state".into()));
+    }
 
     #[test]
     fn store_urls_parse_with_every_member_and_a_prefix() {

@@ -17,11 +17,16 @@
 //!   `mod_revision` of the state key, so every replica names the same state
 //!   with the same number; each replica follows the others' writes by
 //!   list-then-watch ([`Store::follow`]).
+//!
+//! Replicas also ask each other the console's questions through the store
+//! ([`exchange`]: [`Store::ask_replicas`], [`Store::questions`],
+//! [`Store::answer`]); with one writer those do nothing.
 
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::path::Path;
 use std::pin::Pin;
+use std::time::Duration;
 
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 use serde::{Deserialize, Serialize};
@@ -29,6 +34,9 @@ use tokio::sync::mpsc;
 
 #[cfg(feature = "etcd")]
 pub mod etcd;
+pub mod exchange;
+
+pub use exchange::{Asked, Query, Question};
 
 const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
 const POLICIES: TableDefinition<u64, &[u8]> = TableDefinition::new("policies");
@@ -351,6 +359,33 @@ pub trait Store: Send + Sync {
     fn replica_values<'a>(&'a self, kind: &'a str) -> StoreFuture<'a, Option<ReplicaValues>> {
         let _ = kind;
         Box::pin(std::future::ready(Ok(None)))
+    }
+
+    /// Asks the other replicas `question` and gathers their answers until
+    /// each replica with presence records answered or `wait` is over
+    /// ([`exchange`]). `None` when this process is the only one.
+    fn ask_replicas<'a>(
+        &'a self,
+        question: &'a Question,
+        wait: Duration,
+    ) -> StoreFuture<'a, Option<Asked>> {
+        let _ = (question, wait);
+        Box::pin(std::future::ready(Ok(None)))
+    }
+
+    /// The other replicas' questions, as they are asked (bounded: more
+    /// than [`exchange::QUESTIONS_QUEUED`] waiting are dropped). `None`
+    /// when this process is the only one. The feed ends when the receiver
+    /// is dropped.
+    fn questions(&self) -> Option<mpsc::Receiver<Query>> {
+        None
+    }
+
+    /// Answers `query` with `answer` (at most [`exchange::ANSWER_MAX_BYTES`];
+    /// a larger one is refused). A no-op for a single writer.
+    fn answer<'a>(&'a self, query: &'a Query, answer: Vec<u8>) -> StoreFuture<'a, ()> {
+        let _ = (query, answer);
+        Box::pin(std::future::ready(Ok(())))
     }
 
     /// Gives this replica's leases up (on shutdown): another replica takes

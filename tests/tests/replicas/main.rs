@@ -8,6 +8,7 @@
 
 #![allow(clippy::unwrap_used)]
 
+mod console;
 mod ramp;
 mod secure;
 

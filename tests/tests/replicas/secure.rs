@@ -142,6 +142,24 @@ async fn replicas_share_state_through_etcd_with_tls_client_certs_and_a_user() {
     })
     .await;
     wait_version(&on_b, &format!("cp-{}", revision)).await;
+    // The console's questions between replicas (a lease, `queries/` and
+    // `answers/`) pass under the user's prefix: A's load fetch has B's
+    // proxy, through B (once B's presence record is published).
+    let mut through_b = Vec::new();
+    for _ in 0..50 {
+        let load = a.hub().fleet_load(Duration::from_secs(1)).await;
+        through_b = load
+            .proxies
+            .iter()
+            .filter(|p| p.replica == "cp-b" && p.load.is_some())
+            .map(|p| p.node.clone())
+            .collect();
+        if !through_b.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(through_b, ["p-b"]);
     // It is the router user's writing, under its prefix.
     let kvs = etcd
         .client()

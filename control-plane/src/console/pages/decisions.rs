@@ -4,9 +4,12 @@
 //!
 //! Each managed proxy keeps its last route records in a ring
 //! (`CUSTOM_ROUTER_DECISION_RING`); when the page is asked for, the
-//! control plane asks every proxy connected to it over its config stream
-//! ([`crate::hub::Hub::fetch_decisions`]) and waits at most
-//! [`WAIT`] for the answers. The records are the route log's JSON lines
+//! control plane asks every proxy connected to it over its config stream,
+//! and the other control-plane replicas for theirs through the store
+//! ([`crate::hub::Hub::fleet_decisions`]), and waits at most [`WAIT`]
+//! for the answers. A proxy connected to another replica is shown with
+//! that replica's name; a replica that did not answer in time is named,
+//! and its proxies listed as not answering. The records are the route log's JSON lines
 //! (docs/observability.md), read here field by field; every value shown
 //! is escaped, as everywhere in the console. The page refreshes itself
 //! (every 5 s, asking the proxies again), except while its filter form
@@ -198,6 +201,10 @@ pub(super) struct ProxyNote {
     records: usize,
     capacity: u32,
     complete: bool,
+    /// The replica it is connected to when that is another (empty: this).
+    replica: String,
+    /// Its older records the other replica left out to fit its answer.
+    cut: u32,
 }
 
 #[derive(Template)]
@@ -211,6 +218,12 @@ struct DecisionsPage {
     fetched: usize,
     proxies: Vec<ProxyNote>,
     shown_max: usize,
+    /// Other replicas that did not answer in time, named.
+    silent_replicas: String,
+    /// Whether the other replicas were left unasked.
+    unasked: bool,
+    /// Proxies the other replicas left out to fit their answers.
+    proxies_cut: u64,
 }
 
 /// `GET /decisions?tenant=&route=&pool=&outcome=&status=`.
@@ -224,13 +237,14 @@ pub(in crate::console) async fn get(console: &Console, s: &Session, query: Optio
     let filters = Filters::of(query);
     let streams = hub.open_streams().max(1);
     let per_proxy = (FLEET_BYTES / streams).min(1024 * 1024);
-    let answers = hub
-        .fetch_decisions(
+    let fleet = hub
+        .fleet_decisions(
             PER_PROXY,
             u32::try_from(per_proxy).unwrap_or(u32::MAX),
             WAIT,
         )
         .await;
+    let answers = fleet.proxies;
     let proxies = answers
         .iter()
         .map(|a| ProxyNote {
@@ -238,6 +252,8 @@ pub(in crate::console) async fn get(console: &Console, s: &Session, query: Optio
             records: a.lines.len(),
             capacity: a.capacity,
             complete: a.complete,
+            replica: a.replica.clone(),
+            cut: a.cut,
         })
         .collect();
     let (decisions, passed, fetched) = select(answers, &filters);
@@ -252,6 +268,9 @@ pub(in crate::console) async fn get(console: &Console, s: &Session, query: Optio
             fetched,
             proxies,
             shown_max: SHOWN,
+            silent_replicas: fleet.silent.join(", "),
+            unasked: fleet.unasked,
+            proxies_cut: fleet.proxies_cut,
         },
     )
 }
@@ -304,6 +323,7 @@ mod tests {
                 ],
                 capacity: 256,
                 complete: true,
+                ..ProxyDecisions::default()
             },
             ProxyDecisions {
                 node: "edge-b".into(),
@@ -317,8 +337,65 @@ mod tests {
                 )],
                 capacity: 256,
                 complete: true,
+                ..ProxyDecisions::default()
             },
         ]
+    }
+
+    #[test]
+    fn the_page_names_each_proxys_replica_what_it_cut_and_the_replicas_that_did_not_answer() {
+        let note = |node: &str, records, complete, replica: &str, cut| ProxyNote {
+            node: node.into(),
+            records,
+            capacity: 256,
+            complete,
+            replica: replica.into(),
+            cut,
+        };
+        let html = DecisionsPage {
+            layout: Layout::new(
+                "Decisions",
+                "decisions",
+                &crate::console::pages::cost::session(),
+                true,
+            ),
+            filters: Filters::default(),
+            filtered: false,
+            decisions: Vec::new(),
+            passed: 0,
+            fetched: 0,
+            proxies: vec![
+                note("p-a", 2, true, "", 0),
+                note("p-b", 3, true, "cp-b", 40),
+                note("p-c", 0, false, "cp-c", 0),
+            ],
+            shown_max: SHOWN,
+            silent_replicas: "cp-c".into(),
+            unasked: true,
+            proxies_cut: 2,
+        }
+        .render()
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert!(html.contains(">p-a: 2 record(s), keeps 256<"), "{html}");
+        assert!(
+            html.contains(
+                "p-b (through cp-b): 3 record(s), keeps 256, 40 older left out by its replica"
+            ),
+            "{html}"
+        );
+        assert!(
+            html.contains("replicas that did not answer in time: cp-c."),
+            "{html}"
+        );
+        assert!(
+            html.contains("p-c (through cp-c) did not answer in time"),
+            "{html}"
+        );
+        assert!(
+            html.contains("2 proxies of other replicas left out"),
+            "{html}"
+        );
+        assert!(html.contains(r#"id="decision-unasked""#), "{html}");
     }
 
     /// The decisions page's work once the answers are in, with 50 proxies
@@ -347,6 +424,7 @@ mod tests {
                     .collect(),
                 capacity: 256,
                 complete: true,
+                ..ProxyDecisions::default()
             })
             .collect();
         let s = session();
@@ -362,6 +440,9 @@ mod tests {
                 fetched,
                 proxies: Vec::new(),
                 shown_max: SHOWN,
+                silent_replicas: String::new(),
+                unasked: false,
+                proxies_cut: 0,
             }
             .render()
             .map(|b| b.len())

@@ -156,7 +156,7 @@ pub(super) struct PoolLoad {
 /// What the proxies asked said, combined.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub(super) struct FleetLoad {
-    /// Proxies asked (those connected to this replica).
+    /// Proxies asked (through every replica that was asked).
     pub(super) asked: usize,
     /// Proxies that answered in time.
     pub(super) answered: usize,
@@ -190,7 +190,11 @@ impl FleetLoad {
         let mut keys: HashMap<&str, String> = HashMap::new();
         for a in answers {
             let Some(load) = &a.load else {
-                fleet.silent.push(a.node.clone());
+                fleet.silent.push(if a.replica.is_empty() {
+                    a.node.clone()
+                } else {
+                    format!("{} (through {})", a.node, a.replica)
+                });
                 continue;
             };
             fleet.answered += 1;
@@ -314,6 +318,7 @@ mod tests {
                 }],
                 truncated: false,
             }),
+            ..ProxyLoad::default()
         }
     }
 
@@ -341,7 +346,7 @@ mod tests {
             c,
             ProxyLoad {
                 node: "edge-old".into(),
-                load: None,
+                ..ProxyLoad::default()
             },
         ]);
         assert_eq!((fleet.asked, fleet.answered), (4, 3));

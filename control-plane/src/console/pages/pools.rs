@@ -9,8 +9,10 @@
 //!
 //! The load is each proxy's own, so the page asks for it: every proxy
 //! connected to this replica is asked over its config stream when the
-//! page is rendered ([`Hub::fetch_load`]), and the page waits [`LOAD_WAIT`]
-//! at most. In flight and queue depth are summed over the proxies that
+//! page is rendered, and the other control-plane replicas for their
+//! proxies' through the store ([`Hub::fleet_load`]); the page waits
+//! [`LOAD_WAIT`] at most. A replica that did not answer is named, and its
+//! proxies counted as not answering. In flight and queue depth are summed over the proxies that
 //! answered; latency EWMA and p95 are the highest any of them reports,
 //! with its name; each proxy's own breaker, health checks, suspicion,
 //! outlier ejection and drain are counted and the first few named
@@ -226,6 +228,13 @@ pub(super) struct LoadNote {
     wait: String,
     /// Endpoints a proxy reports at most.
     cap: usize,
+    /// Other replicas that did not answer in time, named.
+    silent_replicas: String,
+    /// Whether the other replicas were left unasked.
+    unasked: bool,
+    /// Proxies the other replicas left out (or sent without a load) to
+    /// fit their answers.
+    proxies_cut: u64,
 }
 
 impl LoadNote {
@@ -249,7 +258,18 @@ impl LoadNote {
             truncated: name(&fleet.truncated),
             wait: span(i64::try_from(LOAD_WAIT.as_millis()).unwrap_or(i64::MAX)),
             cap: router_proto::LOAD_ENDPOINTS_MAX,
+            silent_replicas: String::new(),
+            unasked: false,
+            proxies_cut: 0,
         }
+    }
+
+    /// With what the other replicas did not answer, or cut.
+    fn with_replicas(mut self, fleet: &crate::hub::Fleet<crate::hub::ProxyLoad>) -> Self {
+        self.silent_replicas = fleet.silent.join(", ");
+        self.unasked = fleet.unasked;
+        self.proxies_cut = fleet.proxies_cut;
+        self
     }
 }
 
@@ -439,7 +459,8 @@ pub(in crate::console) async fn get(console: &Console, s: &Session) -> Answer {
     let Some(hub) = console.hub.upgrade() else {
         return shutting_down();
     };
-    let fleet = FleetLoad::of(&hub.fetch_load(LOAD_WAIT).await);
+    let answers = hub.fleet_load(LOAD_WAIT).await;
+    let fleet = FleetLoad::of(&answers.proxies);
     let state = hub.state();
     let pools = hub
         .current_policy()
@@ -452,7 +473,7 @@ pub(in crate::console) async fn get(console: &Console, s: &Session) -> Answer {
             pools,
             revision: state.revision,
             may_act: s.role.may_operate(),
-            load: LoadNote::of(&fleet),
+            load: LoadNote::of(&fleet).with_replicas(&answers),
         },
     )
 }
@@ -793,6 +814,7 @@ spec:
                 }],
                 truncated: false,
             }),
+            ..ProxyLoad::default()
         }
     }
 
@@ -814,13 +836,59 @@ spec:
     }
 
     #[test]
+    fn the_page_names_the_replicas_that_did_not_answer_and_what_the_others_cut() {
+        let answers = crate::hub::Fleet {
+            proxies: vec![
+                answer("edge-a", 1, 1, 0.2, false),
+                ProxyLoad {
+                    node: "edge-c".into(),
+                    replica: "cp-c".into(),
+                    ..ProxyLoad::default()
+                },
+            ],
+            silent: vec!["cp-c".into()],
+            unasked: false,
+            proxies_cut: 3,
+        };
+        let fleet = FleetLoad::of(&answers.proxies);
+        let html = PoolsPage {
+            layout: Layout::new(
+                "Pools",
+                "pools",
+                &crate::console::pages::cost::session(),
+                true,
+            ),
+            pools: rows(&policy(), &State::default(), &fleet),
+            revision: 3,
+            may_act: true,
+            load: LoadNote::of(&fleet).with_replicas(&answers),
+        }
+        .render()
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert!(
+            html.contains(r#"data-asked="2" data-answered="1""#),
+            "{html}"
+        );
+        assert!(html.contains("reports): edge-c (through cp-c)."), "{html}");
+        assert!(
+            html.contains("replicas that did not answer within 1 s: cp-c."),
+            "{html}"
+        );
+        assert!(
+            html.contains("3 proxies of other replicas left out"),
+            "{html}"
+        );
+        assert!(!html.contains("load-unasked"), "{html}");
+    }
+
+    #[test]
     fn the_page_shows_the_fleets_load_summed_the_highest_latency_and_who_did_not_answer() {
         let fleet = FleetLoad::of(&[
             answer("edge-a", 2, 1, 0.2, false),
             answer("edge-b", 3, 4, 1.5, true),
             ProxyLoad {
                 node: "edge-old".into(),
-                load: None,
+                ..ProxyLoad::default()
             },
         ]);
         let pools = rows(&policy(), &State::default(), &fleet);
@@ -923,6 +991,7 @@ spec:
                         .collect(),
                     truncated: false,
                 }),
+                ..ProxyLoad::default()
             })
             .collect();
         let received: usize = answers

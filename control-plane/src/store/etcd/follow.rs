@@ -1,11 +1,19 @@
 //! Following the other replicas' writes: list the keys, then watch from
-//! the listed revision; a compacted or broken watch lists again.
+//! the listed revision; a compacted or broken watch lists again. Only the
+//! followed range ([`Keys::followed`]) is read.
 
 use super::*;
 
-/// Reads everything under the prefix; returns it with the etcd revision it was read at.
+/// Reads the state and the policies ([`Keys::followed`]); returns them
+/// with the etcd revision they were read at.
 pub(super) async fn list(client: &Client, keys: &Keys) -> Result<(Contents, i64), StoreError> {
-    let resp = call(client.range(RangeRequest::prefix(keys.prefix.clone()))).await?;
+    let (key, range_end) = keys.followed();
+    let resp = call(client.range(RangeRequest {
+        key,
+        range_end,
+        ..RangeRequest::default()
+    }))
+    .await?;
     let revision = resp.header.map_or(0, |h| h.revision);
     let mut contents = Contents::default();
     for kv in &resp.kvs {
@@ -121,9 +129,10 @@ async fn watch(
     start: i64,
     tx: &mpsc::Sender<StoreChange>,
 ) -> WatchEnd {
+    let (key, range_end) = keys.followed();
     let create = WatchCreateRequest {
-        key: keys.prefix.clone().into_bytes(),
-        range_end: prefix_end(keys.prefix.as_bytes()),
+        key,
+        range_end,
         start_revision: start,
         ..WatchCreateRequest::default()
     };

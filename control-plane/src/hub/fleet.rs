@@ -383,15 +383,56 @@ impl Hub {
             max_records,
             max_bytes,
         };
-        let (local, (asked, unasked)) = tokio::join!(
+        let (local, asked) = tokio::join!(
             self.fetch_decisions(max_records, max_bytes, wait),
             self.ask_replicas(question, wait)
         );
-        let mut by_node: BTreeMap<String, ProxyDecisions> =
-            local.into_iter().map(|p| (p.node.clone(), p)).collect();
+        self.merge(local, asked, |answer, replica| {
+            let mut decisions = answer.decisions;
+            for p in &mut decisions {
+                replica.clone_into(&mut p.replica);
+            }
+            decisions
+        })
+        .await
+    }
+
+    /// [`Hub::fetch_load`] across the fleet: this replica's proxies and
+    /// the other replicas', each proxy once, within `wait`.
+    pub async fn fleet_load(&self, wait: Duration) -> Fleet<ProxyLoad> {
+        let (local, asked) = tokio::join!(
+            self.fetch_load(wait),
+            self.ask_replicas(Question::Load, wait)
+        );
+        self.merge(local, asked, |answer, replica| {
+            answer
+                .load
+                .into_iter()
+                .map(|entry| decode_load(entry, replica))
+                .collect()
+        })
+        .await
+    }
+
+    /// This replica's entries and the other replicas' answers as one
+    /// fleet: each proxy once (the entry that says more when two replicas
+    /// list it), the replicas that did not answer named and their proxies
+    /// listed as not answering.
+    async fn merge<T: FleetEntry>(
+        &self,
+        local: Vec<T>,
+        (asked, unasked): (Option<Asked>, bool),
+        entries: impl Fn(Answer, &str) -> Vec<T>,
+    ) -> Fleet<T> {
+        let mut by_node: BTreeMap<String, T> = local
+            .into_iter()
+            .map(|p| (p.node().to_string(), p))
+            .collect();
         let mut fleet = Fleet {
+            proxies: Vec::new(),
+            silent: Vec::new(),
             unasked,
-            ..Fleet::default()
+            proxies_cut: 0,
         };
         let Some(asked) = asked else {
             fleet.proxies = by_node.into_values().collect();
@@ -405,72 +446,68 @@ impl Hub {
                 continue;
             };
             fleet.proxies_cut += answer.proxies_cut;
-            for mut p in answer.decisions {
-                replica.clone_into(&mut p.replica);
-                let better = by_node.get(&p.node).is_none_or(|have| {
-                    (p.complete, p.lines.len()) > (have.complete, have.lines.len())
-                });
-                if better {
-                    by_node.insert(p.node.clone(), p);
+            for p in entries(answer, replica) {
+                if by_node.get(p.node()).is_none_or(|have| p.better_than(have)) {
+                    by_node.insert(p.node().to_string(), p);
                 }
             }
         }
         for (node, replica) in self.proxies_of(&silent).await {
-            by_node.entry(node.clone()).or_insert(ProxyDecisions {
-                node,
-                replica,
-                ..ProxyDecisions::default()
-            });
+            by_node
+                .entry(node.clone())
+                .or_insert_with(|| T::not_answered(node, replica));
         }
         silent.sort();
         fleet.silent = silent;
         fleet.proxies = by_node.into_values().collect();
         fleet
     }
+}
 
-    /// [`Hub::fetch_load`] across the fleet: this replica's proxies and
-    /// the other replicas', each proxy once, within `wait`.
-    pub async fn fleet_load(&self, wait: Duration) -> Fleet<ProxyLoad> {
-        let (local, (asked, unasked)) = tokio::join!(
-            self.fetch_load(wait),
-            self.ask_replicas(Question::Load, wait)
-        );
-        let mut by_node: BTreeMap<String, ProxyLoad> =
-            local.into_iter().map(|p| (p.node.clone(), p)).collect();
-        let mut fleet = Fleet {
-            unasked,
-            ..Fleet::default()
-        };
-        let Some(asked) = asked else {
-            fleet.proxies = by_node.into_values().collect();
-            return fleet;
-        };
-        let mut silent = asked.silent();
-        for (replica, bytes) in &asked.answers {
-            let Some(answer) = decode(bytes) else {
-                tracing::warn!(%replica, "a replica's answer does not decode");
-                silent.push(replica.clone());
-                continue;
-            };
-            fleet.proxies_cut += answer.proxies_cut;
-            for entry in answer.load {
-                let p = decode_load(entry, replica);
-                if by_node.get(&p.node).is_none_or(|have| have.load.is_none()) {
-                    by_node.insert(p.node.clone(), p);
-                }
-            }
+/// One proxy's entry in a [`Fleet`].
+trait FleetEntry {
+    /// Its node id.
+    fn node(&self) -> &str;
+    /// A proxy of a replica that did not answer.
+    fn not_answered(node: String, replica: String) -> Self;
+    /// Whether it says more than `have`, the entry of the same proxy
+    /// another replica sent.
+    fn better_than(&self, have: &Self) -> bool;
+}
+
+impl FleetEntry for ProxyDecisions {
+    fn node(&self) -> &str {
+        &self.node
+    }
+
+    fn not_answered(node: String, replica: String) -> Self {
+        ProxyDecisions {
+            node,
+            replica,
+            ..ProxyDecisions::default()
         }
-        for (node, replica) in self.proxies_of(&silent).await {
-            by_node.entry(node.clone()).or_insert(ProxyLoad {
-                node,
-                load: None,
-                replica,
-            });
+    }
+
+    fn better_than(&self, have: &Self) -> bool {
+        (self.complete, self.lines.len()) > (have.complete, have.lines.len())
+    }
+}
+
+impl FleetEntry for ProxyLoad {
+    fn node(&self) -> &str {
+        &self.node
+    }
+
+    fn not_answered(node: String, replica: String) -> Self {
+        ProxyLoad {
+            node,
+            load: None,
+            replica,
         }
-        silent.sort();
-        fleet.silent = silent;
-        fleet.proxies = by_node.into_values().collect();
-        fleet
+    }
+
+    fn better_than(&self, have: &Self) -> bool {
+        have.load.is_none() && self.load.is_some()
     }
 }
 

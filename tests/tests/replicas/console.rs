@@ -7,16 +7,15 @@
 use std::time::Duration;
 
 use http::{Method, StatusCode};
-use router_control_plane::store::etcd::EtcdAddress;
-use router_control_plane::{start, ConsoleOptions, ControlPlaneOptions, StoreLocation};
+use router_control_plane::{start, ConsoleOptions, ControlPlaneOptions, RunningControlPlane};
 use router_etcd::pb::etcdserverpb::RangeRequest;
 use router_mock::Behavior;
-use router_tests::control::{managed_proxy, policy, wait_version, TOKEN};
+use router_tests::control::{managed_proxy, policy, wait_version};
 use router_tests::etcd::EtcdServer;
 use router_tests::harness::{TestClient, TestProxy};
 use router_tests::mocks::mock;
 
-use super::{apply, fleet, replica};
+use super::{apply, fleet, replica, replica_options};
 
 /// A replica with a console on loopback.
 async fn replica_with_console(
@@ -24,21 +23,43 @@ async fn replica_with_console(
     node: &str,
 ) -> router_control_plane::RunningControlPlane {
     start(ControlPlaneOptions {
-        listen: "127.0.0.1:0".parse().unwrap(),
-        store: StoreLocation::Etcd {
-            address: EtcdAddress::parse(&etcd.store_url("router")).unwrap(),
-            node_id: node.into(),
-            access: Default::default(),
-        },
-        token: Some(TOKEN.into()),
         console: ConsoleOptions {
             listen: Some("127.0.0.1:0".parse().unwrap()),
             ..ConsoleOptions::default()
         },
-        ..Default::default()
+        ..replica_options(etcd, node)
     })
     .await
     .unwrap()
+}
+
+/// Replica `cp-a` (with a console) and `cp-b` on `etcd`, a policy applied,
+/// proxy `p-a` on A and `p-b` on B serving it, `on_a` requests through
+/// `p-a` and `on_b` through `p-b`, and `p-b` listed through `cp-b`.
+async fn two_replicas_with_traffic(
+    etcd: &EtcdServer,
+    on_a: usize,
+    on_b: usize,
+) -> (
+    RunningControlPlane,
+    RunningControlPlane,
+    TestProxy,
+    TestProxy,
+) {
+    let x = mock("x", Behavior::Json).await;
+    let a = replica_with_console(etcd, "cp-a").await;
+    let b = replica(etcd, "cp-b").await;
+    let (ra, rb) = (a.local_addr(), b.local_addr());
+    let r = apply(ra, policy(&x.url(), &x.url()), 0).await.unwrap();
+    let pa = managed_proxy(&[ra], "p-a", None).await;
+    let pb = managed_proxy(&[rb], "p-b", None).await;
+    for p in [&pa, &pb] {
+        wait_version(p, &format!("cp-{}", r.revision)).await;
+    }
+    traffic(&pa, on_a).await;
+    traffic(&pb, on_b).await;
+    wait_listed(ra, "p-b", "cp-b").await;
+    (a, b, pa, pb)
 }
 
 /// Waits (5 s at most) until the replica at `cp` lists `node` as connected
@@ -115,19 +136,7 @@ async fn page(cp: &router_control_plane::RunningControlPlane, path: &str) -> Str
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_decisions_and_pools_of_one_replica_show_the_proxies_of_every_replica() {
     let etcd = EtcdServer::start("console-fleet").await;
-    let x = mock("x", Behavior::Json).await;
-    let a = replica_with_console(&etcd, "cp-a").await;
-    let b = replica(&etcd, "cp-b").await;
-    let (ra, rb) = (a.local_addr(), b.local_addr());
-    let r = apply(ra, policy(&x.url(), &x.url()), 0).await.unwrap();
-    let on_a = managed_proxy(&[ra], "p-a", None).await;
-    let on_b = managed_proxy(&[rb], "p-b", None).await;
-    for p in [&on_a, &on_b] {
-        wait_version(p, &format!("cp-{}", r.revision)).await;
-    }
-    traffic(&on_a, 3).await;
-    traffic(&on_b, 2).await;
-    wait_listed(ra, "p-b", "cp-b").await;
+    let (a, b, _on_a, _on_b) = two_replicas_with_traffic(&etcd, 3, 2).await;
 
     // Decisions through A: A's own proxy, and B's through B.
     let wait = Duration::from_secs(2);
@@ -205,19 +214,7 @@ async fn the_decisions_and_pools_of_one_replica_show_the_proxies_of_every_replic
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_that_stopped_answering_is_named_and_the_page_waits_no_longer_than_its_wait() {
     let etcd = EtcdServer::start("console-silent").await;
-    let x = mock("x", Behavior::Json).await;
-    let a = replica_with_console(&etcd, "cp-a").await;
-    let b = replica(&etcd, "cp-b").await;
-    let (ra, rb) = (a.local_addr(), b.local_addr());
-    let r = apply(ra, policy(&x.url(), &x.url()), 0).await.unwrap();
-    let on_a = managed_proxy(&[ra], "p-a", None).await;
-    let on_b = managed_proxy(&[rb], "p-b", None).await;
-    for p in [&on_a, &on_b] {
-        wait_version(p, &format!("cp-{}", r.revision)).await;
-    }
-    traffic(&on_a, 2).await;
-    traffic(&on_b, 1).await;
-    wait_listed(ra, "p-b", "cp-b").await;
+    let (a, b, _on_a, _on_b) = two_replicas_with_traffic(&etcd, 2, 1).await;
     // B answers while it runs.
     let d = a
         .hub()

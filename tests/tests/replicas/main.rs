@@ -37,6 +37,17 @@ async fn replica(etcd: &EtcdServer, node: &str) -> RunningControlPlane {
 
 async fn replica_with(etcd: &EtcdServer, node: &str, limits: Limits) -> RunningControlPlane {
     start(ControlPlaneOptions {
+        limits,
+        ..replica_options(etcd, node)
+    })
+    .await
+    .unwrap()
+}
+
+/// A replica `node` on `etcd` (prefix `/router`), on loopback, with the
+/// tests' token.
+fn replica_options(etcd: &EtcdServer, node: &str) -> ControlPlaneOptions {
+    ControlPlaneOptions {
         listen: "127.0.0.1:0".parse().unwrap(),
         store: StoreLocation::Etcd {
             address: EtcdAddress::parse(&etcd.store_url("router")).unwrap(),
@@ -44,13 +55,8 @@ async fn replica_with(etcd: &EtcdServer, node: &str, limits: Limits) -> RunningC
             access: Default::default(),
         },
         token: Some(TOKEN.into()),
-        tls: None,
-        guards: Default::default(),
-        limits,
         ..Default::default()
-    })
-    .await
-    .unwrap()
+    }
 }
 
 /// The replica holding the singleton lease, as etcd says.

@@ -34,21 +34,15 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use router_test_kit::redis::RedisServer;
-use router_test_kit::stats::{in_alternating_blocks, loadavg, p50_p90_p99};
+use router_test_kit::stats::{loadavg, p50_p90_p99, Blocks};
 use router_test_kit::BoxError;
 
 /// Measure the response cache's hit and miss latency, local and on Redis.
 #[derive(Parser, Debug)]
 struct Args {
-    /// Requests of each kind on each proxy.
-    #[arg(long, default_value_t = 5000)]
-    requests: usize,
-    /// Requests per block (kinds alternate block by block).
-    #[arg(long, default_value_t = 250)]
-    block: usize,
-    /// Warm-up requests of each kind (not counted).
-    #[arg(long, default_value_t = 500)]
-    warmup: usize,
+    /// Requests of each kind (on each proxy), per block, warm-up.
+    #[command(flatten)]
+    blocks: Blocks,
     /// Print one JSON object.
     #[arg(long)]
     json: bool,
@@ -110,7 +104,7 @@ async fn run(args: Args) -> Result<(), BoxError> {
                 }),
             );
         }
-        out.insert("requests_per_kind".into(), args.requests.into());
+        out.insert("requests_per_kind".into(), args.blocks.requests.into());
         out.insert("loadavg".into(), loadavg().into());
         out.insert("wall_s".into(), wall.as_secs_f64().into());
         println!("{}", serde_json::Value::Object(out));
@@ -118,8 +112,8 @@ async fn run(args: Args) -> Result<(), BoxError> {
     }
     println!(
         "{} requests of each kind per proxy, blocks of {}, one keep-alive connection, a backend that answers at once ({:.1} s)",
-        args.requests,
-        args.block,
+        args.blocks.requests,
+        args.blocks.block,
         wall.as_secs_f64()
     );
     println!("store  kind                  p50 ms    p90 ms    p99 ms");
@@ -202,7 +196,7 @@ async fn measure(args: &Args, url: &str) -> Result<[Row; 3], BoxError> {
     // The repeated question is stored by the first hit's warm-up (a
     // miss).
     for k in KINDS {
-        for i in 0..args.warmup {
+        for i in 0..args.blocks.warmup {
             match (k, i) {
                 (Kind::Hit, 0) => {
                     let _ = one(k).await;
@@ -213,7 +207,7 @@ async fn measure(args: &Args, url: &str) -> Result<[Row; 3], BoxError> {
             }
         }
     }
-    let samples = in_alternating_blocks(&KINDS, args.requests, args.block.max(1), one).await?;
+    let samples = args.blocks.sample(&KINDS, one).await?;
     Ok([
         p50_p90_p99(&samples[0]),
         p50_p90_p99(&samples[1]),

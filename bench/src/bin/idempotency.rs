@@ -29,15 +29,9 @@ use hyper_util::rt::TokioExecutor;
 /// Measure the added latency of keyed requests with Redis on loopback.
 #[derive(Parser, Debug)]
 struct Args {
-    /// Requests of each kind.
-    #[arg(long, default_value_t = 5000)]
-    requests: usize,
-    /// Requests per block (kinds alternate block by block).
-    #[arg(long, default_value_t = 250)]
-    block: usize,
-    /// Warm-up requests of each kind (not counted).
-    #[arg(long, default_value_t = 500)]
-    warmup: usize,
+    /// Requests of each kind (on each proxy), per block, warm-up.
+    #[command(flatten)]
+    blocks: Blocks,
     /// Print one JSON object.
     #[arg(long)]
     json: bool,
@@ -45,7 +39,7 @@ struct Args {
 
 use router_test_kit::proxy::on_redis as proxy_on_redis;
 use router_test_kit::redis::RedisServer;
-use router_test_kit::stats::{in_alternating_blocks, loadavg, p50_p90_p99};
+use router_test_kit::stats::{loadavg, p50_p90_p99, Blocks};
 use router_test_kit::BoxError;
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -109,12 +103,12 @@ async fn run(args: Args) -> Result<(), BoxError> {
     };
     let kinds = [Kind::Unkeyed, Kind::Keyed, Kind::Replay];
     for k in kinds {
-        for _ in 0..args.warmup {
+        for _ in 0..args.blocks.warmup {
             one(k).await?;
         }
     }
     let started = Instant::now();
-    let samples = in_alternating_blocks(&kinds, args.requests, args.block.max(1), one).await?;
+    let samples = args.blocks.sample(&kinds, one).await?;
     let wall = started.elapsed();
     let (u, k, r) = (
         p50_p90_p99(&samples[0]),
@@ -125,7 +119,7 @@ async fn run(args: Args) -> Result<(), BoxError> {
         println!(
             "{}",
             serde_json::json!({
-                "requests_per_kind": args.requests,
+                "requests_per_kind": args.blocks.requests,
                 "unkeyed_ms": {"p50": u.0, "p90": u.1, "p99": u.2},
                 "keyed_lead_ms": {"p50": k.0, "p90": k.1, "p99": k.2},
                 "keyed_replay_ms": {"p50": r.0, "p90": r.1, "p99": r.2},
@@ -137,8 +131,8 @@ async fn run(args: Args) -> Result<(), BoxError> {
     } else {
         println!(
             "{} requests of each kind, blocks of {}, one keep-alive connection, Redis on loopback ({:.1} s)",
-            args.requests,
-            args.block,
+            args.blocks.requests,
+            args.blocks.block,
             wall.as_secs_f64()
         );
         println!("kind                    p50 ms    p90 ms    p99 ms");

@@ -28,21 +28,15 @@ use hyper_util::rt::TokioExecutor;
 
 use router_test_kit::proxy::on_redis as proxy_on_redis;
 use router_test_kit::redis::RedisServer;
-use router_test_kit::stats::{in_alternating_blocks, loadavg, p50_p90_p99};
+use router_test_kit::stats::{loadavg, p50_p90_p99, Blocks};
 use router_test_kit::BoxError;
 
 /// Measure the added latency of a tenant's checks with Redis on loopback.
 #[derive(Parser, Debug)]
 struct Args {
-    /// Requests of each kind.
-    #[arg(long, default_value_t = 5000)]
-    requests: usize,
-    /// Requests per block (kinds alternate block by block).
-    #[arg(long, default_value_t = 250)]
-    block: usize,
-    /// Warm-up requests of each kind (not counted).
-    #[arg(long, default_value_t = 500)]
-    warmup: usize,
+    /// Requests of each kind (on each proxy), per block, warm-up.
+    #[command(flatten)]
+    blocks: Blocks,
 }
 
 fn main() -> Result<(), BoxError> {
@@ -99,18 +93,18 @@ async fn run(args: Args) -> Result<(), BoxError> {
         }
     };
     for k in 0..2 {
-        for _ in 0..args.warmup {
+        for _ in 0..args.blocks.warmup {
             one(k).await?;
         }
     }
     let started = Instant::now();
-    let samples = in_alternating_blocks(&[0, 1], args.requests, args.block.max(1), one).await?;
+    let samples = args.blocks.sample(&[0, 1], one).await?;
     let wall = started.elapsed();
     let (p, t) = (p50_p90_p99(&samples[0]), p50_p90_p99(&samples[1]));
     println!(
         "{} requests of each kind, blocks of {}, one keep-alive connection each, Redis on loopback ({:.1} s)",
-        args.requests,
-        args.block,
+        args.blocks.requests,
+        args.blocks.block,
         wall.as_secs_f64()
     );
     println!("kind                         p50 ms    p90 ms    p99 ms");

@@ -17,6 +17,33 @@ pub fn p50_p90_p99(sorted: &[Duration]) -> (f64, f64, f64) {
     (pct(sorted, 0.5), pct(sorted, 0.9), pct(sorted, 0.99))
 }
 
+/// The flags of a benchmark that samples kinds of request in alternating
+/// blocks ([`in_alternating_blocks`]).
+#[derive(clap::Args, Debug, Clone, Copy)]
+pub struct Blocks {
+    /// Requests of each kind.
+    #[arg(long, default_value_t = 5000)]
+    pub requests: usize,
+    /// Requests per block (kinds alternate block by block).
+    #[arg(long, default_value_t = 250)]
+    pub block: usize,
+    /// Warm-up requests of each kind (not counted).
+    #[arg(long, default_value_t = 500)]
+    pub warmup: usize,
+}
+
+impl Blocks {
+    /// [`in_alternating_blocks`] with these flags.
+    pub async fn sample<K, E, F, Fut>(&self, kinds: &[K], one: F) -> Result<Vec<Vec<Duration>>, E>
+    where
+        K: Copy,
+        F: FnMut(K) -> Fut,
+        Fut: std::future::Future<Output = Result<Duration, E>>,
+    {
+        in_alternating_blocks(kinds, self.requests, self.block.max(1), one).await
+    }
+}
+
 /// Each kind's latencies (`one(kind)`, one request), sampled in
 /// alternating blocks of `block` requests until each kind has
 /// `requests`, so that the machine's other load falls on every kind

@@ -575,8 +575,13 @@ impl Store for EtcdStore {
                 .await?;
                 return Ok(());
             };
+            // The presence lease, which `publish_proxies` renews each
+            // second; granted here only if there is none yet. A value on a
+            // lease that expired is put again by the next call.
             let mut presence = self.presence.lock().await;
-            self.keep_lease(&mut presence, PRESENCE_TTL).await?;
+            if presence.is_none() {
+                self.keep_lease(&mut presence, PRESENCE_TTL).await?;
+            }
             let Some(lease) = presence.as_ref().map(Lease::id) else {
                 return Ok(());
             };
